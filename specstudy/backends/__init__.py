@@ -1,0 +1,1 @@
+"""Backends: every engine is driven through :class:`specstudy.backends.base.Backend`."""

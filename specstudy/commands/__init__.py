@@ -1,0 +1,1 @@
+"""Subcommands of the ``specstudy`` console script (see :mod:`specstudy.cli`)."""

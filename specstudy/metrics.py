@@ -1,0 +1,283 @@
+"""The one definition of every metric: pure functions over numbers and :class:`RequestRecord`s.
+
+Conventions (the seed article's metric table):
+
+* **α (acceptance rate)** = accepted draft tokens / drafted tokens.  This is the *empirical*
+  rate over all drafted positions; it is not the i.i.d. α of Leviathan et al. (positions after a
+  rejection are never reached but still counted as drafted).  :func:`alpha_hat` estimates the
+  i.i.d. α from per-position counts.
+* **τ (mean accepted length)** = tokens emitted per target verification step, the bonus /
+  corrected token included, so plain AR has τ = 1 and a chain of γ drafts has τ ∈ [1, γ+1].
+  vLLM's "mean acceptance length" 1 + accepted/drafts is the same quantity
+  (:func:`vllm_mean_acceptance_length`).
+* **TTFT** = time from sending the request to the first output token.
+* **TPOT** = (E2E − TTFT) / (n − 1) for n output tokens; NaN when n ≤ 1.
+* **ITL** = gaps between consecutive arrivals of output chunks.
+* **speedup** = paired baseline latency / speculative latency, same prompts, sampling, engine.
+* **memory overhead** = peak(speculative) − peak(baseline).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Iterable
+
+import numpy as np
+
+from .records import RequestRecord
+
+NAN = float("nan")
+
+# --------------------------------------------------------------------------------------------
+# acceptance
+
+
+def acceptance_rate(accepted: int, drafted: int) -> float:
+    """α = accepted / drafted; NaN when nothing was drafted."""
+    if drafted < 0 or accepted < 0 or accepted > drafted:
+        raise ValueError(f"need 0 <= accepted ({accepted}) <= drafted ({drafted})")
+    return accepted / drafted if drafted else NAN
+
+
+def mean_accepted_length(emitted_tokens: int, verify_steps: int) -> float:
+    """τ = emitted tokens / verification steps (bonus token included; AR gives 1)."""
+    return emitted_tokens / verify_steps if verify_steps else NAN
+
+
+def vllm_mean_acceptance_length(accepted: int, num_drafts: int) -> float:
+    """vLLM's convention, 1 + accepted / drafts: equal to τ when every step ends in a bonus token."""
+    return 1.0 + accepted / num_drafts if num_drafts else NAN
+
+
+def per_position_acceptance(accepted_per_position: Sequence[int], drafts: int) -> list[float]:
+    """a_k = P(position k accepted) per verification step, k = 1..γ (unconditional)."""
+    return [a / drafts if drafts else NAN for a in accepted_per_position]
+
+
+def alpha_hat(accepted_per_position: Sequence[int], drafts_per_position: Sequence[int]) -> float:
+    """Maximum-likelihood i.i.d. α from per-position counts.
+
+    Position k is *reached* in a step when positions 1..k−1 were accepted, i.e. in
+    ``accepted_per_position[k-2]`` steps (all ``drafts_per_position[0]`` steps for k = 1), capped
+    by how many steps drafted position k.  α̂ = Σ accepted / Σ reached.
+    """
+    acc = list(accepted_per_position)
+    drafted = list(drafts_per_position)
+    if not drafted:
+        return NAN
+    reached = 0
+    for k in range(len(drafted)):
+        prev = drafted[0] if k == 0 else acc[k - 1]
+        reached += min(prev, drafted[k])
+    return sum(acc) / reached if reached else NAN
+
+
+def expected_tau(alpha: float, gamma: int) -> float:
+    """τ(α, γ) = (1 − α^(γ+1)) / (1 − α): expected tokens per step under i.i.d. acceptance."""
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"alpha={alpha!r}: must lie in [0, 1]")
+    if gamma < 0:
+        raise ValueError(f"gamma={gamma!r}: must be >= 0")
+    if alpha == 1.0:
+        return float(gamma + 1)
+    return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
+
+
+def alpha_from_tau(tau: float, gamma: int, tol: float = 1e-12) -> float:
+    """Inverse of :func:`expected_tau` in α (monotone increasing), by bisection."""
+    if not 1.0 <= tau <= gamma + 1:
+        raise ValueError(f"tau={tau!r}: must lie in [1, gamma+1={gamma + 1}]")
+    lo, hi = 0.0, 1.0
+    while hi - lo > tol:
+        mid = (lo + hi) / 2
+        if expected_tau(mid, gamma) < tau:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+# --------------------------------------------------------------------------------------------
+# latency
+
+
+def ttft(rec: RequestRecord) -> float:
+    return rec.first_token_s if rec.first_token_s is not None else NAN
+
+
+def e2e(rec: RequestRecord) -> float:
+    return rec.end_s if rec.end_s is not None else NAN
+
+
+def tpot(rec: RequestRecord) -> float:
+    """(E2E − TTFT) / (n − 1); NaN for a one-token (or empty) output."""
+    n = rec.output_tokens
+    if n <= 1 or rec.end_s is None or rec.first_token_s is None:
+        return NAN
+    return (rec.end_s - rec.first_token_s) / (n - 1)
+
+
+def itl(rec: RequestRecord) -> list[float]:
+    """Inter-chunk latencies (seconds) between consecutive output arrivals."""
+    t = rec.chunk_times_s
+    return [b - a for a, b in zip(t, t[1:])]
+
+
+def output_throughput(records: Sequence[RequestRecord], wall_s: float | None = None) -> float:
+    """Total output tokens / wall time.  Wall time defaults to the span of the requests."""
+    ok = [r for r in records if r.status == "ok"]
+    tokens = sum(r.output_tokens for r in ok)
+    if wall_s is None:
+        if not ok:
+            return NAN
+        starts = [r.start_epoch for r in ok]
+        ends = [r.start_epoch + (r.end_s or 0.0) for r in ok]
+        wall_s = max(ends) - min(starts)
+    return tokens / wall_s if wall_s > 0 else NAN
+
+
+def percentiles(values: Iterable[float], qs: Sequence[float] = (50, 90, 99)) -> dict[str, float]:
+    v = np.asarray([x for x in values if x == x], dtype=float)
+    return {f"p{int(q) if float(q).is_integer() else q}": (float(np.percentile(v, q)) if v.size else NAN) for q in qs}
+
+
+# --------------------------------------------------------------------------------------------
+# aggregation over records
+
+
+def acceptance_summary(records: Sequence[RequestRecord]) -> dict[str, float | list[float] | None]:
+    """α, τ, α̂ and per-position acceptance pooled over requests that expose counters."""
+    seen = [r for r in records if r.status == "ok" and r.drafted_tokens is not None]
+    if not seen:
+        return {"alpha": None, "tau": None, "alpha_hat": None, "per_position": None, "verify_steps": None}
+    drafted = sum(r.drafted_tokens or 0 for r in seen)
+    accepted = sum(r.accepted_tokens or 0 for r in seen)
+    steps = sum(r.verify_steps or 0 for r in seen)
+    emitted = sum(r.output_tokens for r in seen)
+    depth = max((len(r.drafts_per_position or []) for r in seen), default=0)
+    acc_k = [sum((r.accepted_per_position or [])[k] if k < len(r.accepted_per_position or []) else 0 for r in seen) for k in range(depth)]
+    dr_k = [sum((r.drafts_per_position or [])[k] if k < len(r.drafts_per_position or []) else 0 for r in seen) for k in range(depth)]
+    return {
+        "alpha": acceptance_rate(accepted, drafted),
+        "tau": mean_accepted_length(emitted, steps),
+        "alpha_hat": alpha_hat(acc_k, dr_k) if depth else NAN,
+        "per_position": [a / d if d else NAN for a, d in zip(acc_k, dr_k)],
+        "verify_steps": steps,
+    }
+
+
+def latency_summary(records: Sequence[RequestRecord]) -> dict[str, float]:
+    ok = [r for r in records if r.status == "ok"]
+    out: dict[str, float] = {"n": float(len(ok))}
+    for name, fn in (("ttft_s", ttft), ("tpot_s", tpot), ("e2e_s", e2e)):
+        vals = [fn(r) for r in ok]
+        out[f"{name}_mean"] = float(np.nanmean(vals)) if any(v == v for v in vals) else NAN
+        for k, v in percentiles(vals).items():
+            out[f"{name}_{k}"] = v
+    itls = [x for r in ok for x in itl(r)]
+    for k, v in percentiles(itls).items():
+        out[f"itl_s_{k}"] = v
+    out["output_tokens_per_s"] = per_request_throughput(ok)
+    return out
+
+
+def per_request_throughput(records: Sequence[RequestRecord]) -> float:
+    """Σ output tokens / Σ E2E: tokens/s of one stream when requests run one after another."""
+    ok = [r for r in records if r.status == "ok" and r.end_s]
+    total_t = sum(r.end_s for r in ok)  # type: ignore[misc]
+    return sum(r.output_tokens for r in ok) / total_t if total_t > 0 else NAN
+
+
+# --------------------------------------------------------------------------------------------
+# paired comparisons
+
+
+def paired_latencies(
+    baseline: Sequence[RequestRecord], spec: Sequence[RequestRecord]
+) -> tuple[np.ndarray, np.ndarray]:
+    """E2E latencies of requests present and ok in both runs, matched on (prompt, repeat)."""
+    key = lambda r: (r.prompt_id, r.repeat)  # noqa: E731
+    base = {key(r): r for r in baseline if r.status == "ok" and r.end_s is not None}
+    pairs = [(base[key(r)].end_s, r.end_s) for r in spec if r.status == "ok" and r.end_s is not None and key(r) in base]
+    if not pairs:
+        return np.empty(0), np.empty(0)
+    b, s = np.asarray(pairs, dtype=float).T
+    return b, s
+
+
+def speedup(baseline_latency: Sequence[float], spec_latency: Sequence[float]) -> float:
+    """Σ baseline latency / Σ speculative latency over paired requests (a ratio of means)."""
+    b, s = np.asarray(baseline_latency, float), np.asarray(spec_latency, float)
+    if b.shape != s.shape:
+        raise ValueError(f"paired samples differ in length: {b.shape} vs {s.shape}")
+    return float(b.sum() / s.sum()) if s.size and s.sum() > 0 else NAN
+
+
+def bootstrap_ci(
+    baseline_latency: Sequence[float],
+    spec_latency: Sequence[float],
+    n_boot: int = 2000,
+    level: float = 0.95,
+    seed: int = 0,
+) -> tuple[float, float]:
+    """Percentile bootstrap CI of :func:`speedup`, resampling prompt pairs together."""
+    b, s = np.asarray(baseline_latency, float), np.asarray(spec_latency, float)
+    if b.size < 2:
+        return (NAN, NAN)
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, b.size, size=(n_boot, b.size))
+    ratios = b[idx].sum(axis=1) / s[idx].sum(axis=1)
+    lo, hi = np.percentile(ratios, [(1 - level) / 2 * 100, (1 + level) / 2 * 100])
+    return float(lo), float(hi)
+
+
+def paired_speedup(baseline: Sequence[RequestRecord], spec: Sequence[RequestRecord], **kw) -> dict[str, float]:
+    b, s = paired_latencies(baseline, spec)
+    lo, hi = bootstrap_ci(b, s, **kw)
+    return {"speedup": speedup(b, s), "ci_low": lo, "ci_high": hi, "n_pairs": float(b.size)}
+
+
+def mean_ci(values: Sequence[float], level: float = 0.95, n_boot: int = 2000, seed: int = 0) -> tuple[float, float, float]:
+    """Mean and percentile-bootstrap CI of a sample (NaNs dropped)."""
+    v = np.asarray([x for x in values if x == x], dtype=float)
+    if v.size == 0:
+        return NAN, NAN, NAN
+    if v.size == 1:
+        return float(v[0]), NAN, NAN
+    rng = np.random.default_rng(seed)
+    means = v[rng.integers(0, v.size, size=(n_boot, v.size))].mean(axis=1)
+    lo, hi = np.percentile(means, [(1 - level) / 2 * 100, (1 + level) / 2 * 100])
+    return float(v.mean()), float(lo), float(hi)
+
+
+def memory_overhead(peak_spec_bytes: int | None, peak_baseline_bytes: int | None) -> float:
+    """peak(spec) − peak(baseline) in bytes; NaN when either is unknown."""
+    if peak_spec_bytes is None or peak_baseline_bytes is None:
+        return NAN
+    return float(peak_spec_bytes - peak_baseline_bytes)
+
+
+def perplexity(logprobs: Sequence[float]) -> float:
+    """exp(− mean log p) of generated tokens under the target."""
+    if len(logprobs) == 0:
+        return NAN
+    return float(math.exp(-float(np.mean(logprobs))))
+
+
+def perplexity_of_records(records: Sequence[RequestRecord]) -> float:
+    lps = [x for r in records if r.status == "ok" and r.target_logprobs for x in r.target_logprobs]
+    return perplexity(lps)
+
+
+def exact_match_rate(baseline: Sequence[RequestRecord], spec: Sequence[RequestRecord]) -> float:
+    """Share of paired requests whose output token ids are identical (a greedy losslessness check)."""
+    key = lambda r: (r.prompt_id, r.repeat)  # noqa: E731
+    base = {key(r): r.output_ids for r in baseline if r.status == "ok"}
+    pairs = [(base[key(r)], r.output_ids) for r in spec if r.status == "ok" and key(r) in base]
+    return sum(a == b for a, b in pairs) / len(pairs) if pairs else NAN
+
+
+def mean_entropy(records: Sequence[RequestRecord]) -> float:
+    vals = [x for r in records if r.status == "ok" and r.token_entropy for x in r.token_entropy]
+    return float(np.mean(vals)) if vals else NAN

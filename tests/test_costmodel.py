@@ -1,0 +1,111 @@
+"""The cost model against physics and against the seed article's hardware tables."""
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from specstudy import costmodel as C
+from specstudy.params import ParamsError, load_hardware_profile
+
+
+@given(st.floats(0.0, 1.0), st.integers(1, 12), st.floats(0.0, 1.0))
+def test_leviathan_bounds(alpha, gamma, c):
+    s = C.leviathan_speedup(alpha, gamma, c)
+    assert s <= gamma + 1 + 1e-9
+    assert s >= 1.0 / (gamma * c + 1) - 1e-12
+
+
+def test_leviathan_known_values():
+    # Leviathan et al. 2023: α=0.8, γ=5, c=0 gives τ = (1-0.8^6)/0.2 = 3.689
+    assert C.leviathan_speedup(0.8, 5, 0.0) == pytest.approx((1 - 0.8**6) / 0.2)
+    assert C.leviathan_speedup(0.0, 3, 0.1) == pytest.approx(1 / 1.3)
+
+
+def test_optimal_gamma_grows_with_alpha_and_shrinks_with_c():
+    g_low, _ = C.optimal_gamma(0.5, 0.1)
+    g_high, _ = C.optimal_gamma(0.9, 0.1)
+    g_cheap, _ = C.optimal_gamma(0.8, 0.01)
+    g_dear, _ = C.optimal_gamma(0.8, 0.3)
+    assert g_low < g_high and g_dear < g_cheap
+    # a rising verification cost lowers the optimum
+    g_flat, _ = C.optimal_gamma(0.8, 0.05)
+    g_rising, _ = C.optimal_gamma(0.8, 0.05, verify_ratio=lambda g: 1 + 0.2 * g)
+    assert g_rising < g_flat
+
+
+def test_roofline_turns_compute_bound_with_batch():
+    hw = load_hardware_profile("a100")
+    t1 = C.step_time(7e9, hw, "bf16", batch=1, tokens=1)
+    t_verify = C.step_time(7e9, hw, "bf16", batch=1, tokens=5)
+    assert t_verify == pytest.approx(t1)  # bandwidth-bound: verifying 5 tokens costs one step
+    big = C.step_time(7e9, hw, "bf16", batch=256, tokens=5)
+    assert big > 3 * t1  # compute-bound: cost grows with batch x tokens
+    p1 = C.predict(hw, 70e9, 7e9, 0.75, batch=1)
+    p64 = C.predict(hw, 70e9, 7e9, 0.75, batch=64, gamma=p1.gamma)
+    assert p1.regime == "memory-bound" and p64.speedup < p1.speedup
+    be = C.break_even_batch(hw, 70e9, 7e9, 0.75, p1.gamma)
+    assert be is not None and C.predict(hw, 70e9, 7e9, 0.75, batch=be, gamma=p1.gamma).speedup < 1
+
+
+def test_70b_needs_two_80gb_gpus():
+    hw = load_hardware_profile("a100")
+    assert C.min_gpus(70e9, "bf16", hw) == 2
+    assert C.min_gpus(7e9, "bf16", hw) == 1
+
+
+# Seed article, Llama-2-70B target, Llama-2-7B draft, α = 0.75 (speculative sampling rows):
+#            AR tok/s  spec tok/s  speedup
+SEED = {"a100": (18.5, 42.3, 2.3), "h100": (32.1, 68.5, 2.1)}
+TOL = 0.10  # 10 %: the profiles use one achievable-bandwidth fraction (0.65) for every GPU
+
+
+@pytest.mark.parametrize("gpu", sorted(SEED))
+def test_seed_hardware_tables(gpu):
+    ar, spec, sp = SEED[gpu]
+    p = C.predict(load_hardware_profile(gpu), 70e9, 7e9, 0.75, dtype="fp16")
+    assert p.n_devices == 2  # 140 GB of fp16 weights: tensor parallel over two 80 GB cards
+    assert p.baseline_tokens_per_s == pytest.approx(ar, rel=TOL)
+    assert p.speculative_tokens_per_s == pytest.approx(spec, rel=TOL)
+    assert p.speedup == pytest.approx(sp, rel=TOL)
+
+
+def test_seed_h100_vs_a100_speedup_is_not_physics():
+    """The seed says H100's speedup is smaller (2.1x vs 2.3x) because its baseline is faster.
+
+    In a bandwidth-bound roofline both the target and the draft step scale with bandwidth, so c
+    and the speedup are the same on both cards (within the fixed per-step overhead); the seed's
+    gap comes from engine overheads, not from the hardware.  Documented, not reproduced.
+    """
+    a = C.predict(load_hardware_profile("a100"), 70e9, 7e9, 0.75, dtype="fp16")
+    h = C.predict(load_hardware_profile("h100"), 70e9, 7e9, 0.75, dtype="fp16")
+    assert h.baseline_tokens_per_s > 1.5 * a.baseline_tokens_per_s
+    assert abs(h.speedup - a.speedup) / a.speedup < 0.03
+
+
+def test_seed_rtx4090_13b_fp16_does_not_fit_one_card():
+    """Seed: Llama-2-13B AR 35.2 tok/s on one RTX 4090 (24 GB).  26 GB of fp16 weights do not fit
+    on one card; in int8 (13 GB) the roofline predicts ~50 tok/s, so the seed's figure matches a
+    quantised model at lower efficiency, not fp16.  Documented here.
+    """
+    hw = load_hardware_profile("rtx4090")
+    assert C.min_gpus(13e9, "fp16", hw) == 2
+    p = C.predict(hw, 13e9, 1.1e9, 0.62, dtype="int8", n_devices=1)
+    assert 35.2 < p.baseline_tokens_per_s < 2 * 35.2
+
+
+def test_cpu_profile_is_measured():
+    hw = load_hardware_profile("cpu")
+    assert hw.source == "measured" and hw.memory_bandwidth_gbps > 0.1
+
+
+def test_bad_inputs_are_named():
+    hw = load_hardware_profile("a100")
+    with pytest.raises(ValueError, match="dtype='fp12'"):
+        C.predict(hw, 7e9, None, 0.5, dtype="fp12")
+    with pytest.raises(ValueError, match="alpha=1.5"):
+        C.predict(hw, 7e9, None, 1.5)
+    with pytest.raises(ParamsError, match="hardware='tpu'.*a100"):
+        load_hardware_profile("tpu")
+    assert math.isfinite(C.predict(hw, 7e9, None, 0.5).speedup)

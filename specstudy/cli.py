@@ -13,6 +13,11 @@ import sys
 # subcommand -> module under specstudy.commands
 COMMANDS = {
     "predict": "predict",
+    "generate": "generate",
+    "tasks": "tasks",
+    "train-drafter": "train_drafter",
+    "serve-bench": "serve_bench",
+    "run": "run", "report": "report",
 }
 
 

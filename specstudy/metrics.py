@@ -137,6 +137,47 @@ def output_throughput(records: Sequence[RequestRecord], wall_s: float | None = N
     return tokens / wall_s if wall_s > 0 else NAN
 
 
+def _run_span(records: Sequence[RequestRecord]) -> float:
+    """Wall time from the first request's send to the last ok request's end (NaN if none)."""
+    ok = [r for r in records if r.status == "ok"]
+    if not ok:
+        return NAN
+    return max(r.start_epoch + (r.end_s or 0.0) for r in ok) - min(r.start_epoch for r in records)
+
+
+def request_throughput(records: Sequence[RequestRecord], wall_s: float | None = None) -> float:
+    """Completed (ok) requests / wall time; wall time defaults to the span of the run."""
+    wall = _run_span(records) if wall_s is None else wall_s
+    n = sum(1 for r in records if r.status == "ok")
+    return n / wall if wall and wall > 0 else NAN
+
+
+def meets_slo(rec: RequestRecord, ttft_s: float | None = None, tpot_s: float | None = None,
+              e2e_s: float | None = None) -> bool:
+    """An ok request within every given SLO (TTFT, TPOT, E2E in seconds; None = no limit).
+
+    A one-token output has no TPOT and passes a TPOT limit (nothing to exceed), as in vLLM's
+    benchmark.
+    """
+    if rec.status != "ok":
+        return False
+    if ttft_s is not None and not ttft(rec) <= ttft_s:  # NaN (unknown) fails
+        return False
+    if e2e_s is not None and not e2e(rec) <= e2e_s:
+        return False
+    t = tpot(rec)
+    return tpot_s is None or t != t or t <= tpot_s
+
+
+def goodput(records: Sequence[RequestRecord], wall_s: float | None = None, ttft_s: float | None = None,
+            tpot_s: float | None = None, e2e_s: float | None = None) -> float:
+    """Requests per second that met every SLO (DistServe's goodput); wall time as in
+    :func:`request_throughput`."""
+    wall = _run_span(records) if wall_s is None else wall_s
+    n = sum(1 for r in records if meets_slo(r, ttft_s, tpot_s, e2e_s))
+    return n / wall if wall and wall > 0 else NAN
+
+
 def percentiles(values: Iterable[float], qs: Sequence[float] = (50, 90, 99)) -> dict[str, float]:
     v = np.asarray([x for x in values if x == x], dtype=float)
     return {f"p{int(q) if float(q).is_integer() else q}": (float(np.percentile(v, q)) if v.size else NAN) for q in qs}

@@ -1,0 +1,177 @@
+"""The reference backend: the in-process engine (:mod:`specstudy.engine`) behind the Backend API.
+
+It loads the target (and a drafter when the method needs one) once, tokenizes each request
+(the chat template when the request carries messages or the cell sets ``chat: true``), decodes
+the requests in batches of ``cell.batch_size`` with ``cell.method`` and yields one
+RequestRecord per request with every verification step, the target log-probs and entropies,
+and the batch's peak memory.  A failing batch becomes records with status oom/error.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from typing import Any, Iterator, Sequence
+
+from ..records import Cell, Request, RequestRecord, Sampling
+from .base import Backend
+
+#: cell options the backend itself reads (the rest go to the method)
+BACKEND_CELL_OPTIONS = ("chat", "rate")
+CONSTRUCTOR_OPTIONS = ("threads", "tokenizer", "chat")
+
+
+class ReferenceBackend(Backend):
+    framework = "reference"
+
+    def __init__(self, model: Any, drafter: str | None = None, device: str = "cpu", dtype: str = "float32",
+                 **options: Any):
+        from ..engine.methods import method_names
+        from ..models import DTYPES, get_entry
+
+        unknown = sorted(set(options) - set(CONSTRUCTOR_OPTIONS))
+        if unknown:
+            raise ValueError(f"reference backend: unknown option(s) {unknown}; allowed: {list(CONSTRUCTOR_OPTIONS)}")
+        if dtype not in DTYPES:
+            raise ValueError(f"reference backend: dtype={dtype!r}; allowed: {list(DTYPES)}")
+        if not (device == "cpu" or str(device).startswith("cuda")):
+            raise ValueError(f"reference backend: device={device!r}; allowed: 'cpu', 'cuda', 'cuda:N'")
+        self.methods = tuple(method_names())
+        self.device, self.dtype = str(device), dtype
+        self.chat_default = bool(options.get("chat", False))
+        if options.get("threads"):
+            import torch
+
+            torch.set_num_threads(int(options["threads"]))
+        # names are checked (no download) before anything is loaded
+        self.model_name = model if isinstance(model, str) else getattr(model, "name_or_path", type(model).__name__)
+        if isinstance(model, str):
+            target_entry = get_entry(model)
+        self.drafter_name = drafter
+        if drafter is not None and isinstance(model, str):
+            self._check_tokenizer_match(target_entry, drafter)
+        if isinstance(model, str):
+            from ..models import load_model
+
+            self.model, self.tokenizer = load_model(model, self.device, dtype)
+        else:  # an already loaded module (tests, notebooks); requests then need prompt_ids or a tokenizer
+            self.model, self.tokenizer = model, options.get("tokenizer")
+        self._drafters: dict[tuple[str, str], Any] = {}
+
+    # ---------------------------------------------------------------------------------------
+    @staticmethod
+    def _check_tokenizer_match(target_entry: Any, drafter: str) -> None:
+        from ..models import get_entry, model_names
+
+        if drafter not in model_names():
+            return  # not a model entry (e.g. a heads checkpoint a method loads itself)
+        d = get_entry(drafter)
+        if d.tokenizer_family != target_entry.tokenizer_family:
+            raise ValueError(f"drafter {drafter!r} (tokenizer {d.tokenizer_family!r}) does not share the target "
+                             f"{target_entry.name!r}'s tokenizer ({target_entry.tokenizer_family!r})")
+
+    def _drafter(self, spec: Any, name: str | None) -> Any:
+        if not spec.needs_drafter:
+            return None
+        key = (spec.name, name)
+        if key not in self._drafters:
+            if not isinstance(name, str):
+                self._drafters[key] = name  # a module passed directly
+            elif spec.load_drafter is not None:
+                self._drafters[key] = spec.load_drafter(name, self.model, self.device, self.dtype)
+            else:
+                from ..models import load_model
+
+                self._drafters[key] = load_model(name, self.device, self.dtype)[0]
+        return self._drafters[key]
+
+    def eos_token_ids(self) -> list[int]:
+        ids: set[int] = set()
+        for src in (getattr(self.model, "generation_config", None), getattr(self.model, "config", None), self.tokenizer):
+            v = getattr(src, "eos_token_id", None) if src is not None else None
+            if isinstance(v, int):
+                ids.add(v)
+            elif isinstance(v, (list, tuple)):
+                ids.update(int(x) for x in v)
+        return sorted(ids)
+
+    def encode(self, request: Request, chat: bool) -> list[int]:
+        """Prompt token ids: given ids, else the chat template (messages or ``chat``), else plain text."""
+        if request.prompt_ids is not None:
+            return list(request.prompt_ids)
+        if self.tokenizer is None:
+            raise ValueError(f"request {request.prompt_id!r} has no prompt_ids and the backend has no tokenizer")
+        if request.messages or chat:
+            turns = request.messages or (("user", request.prompt),)
+            msgs = [{"role": r, "content": c} for r, c in turns]
+            out = self.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+            if hasattr(out, "keys") and "input_ids" in out:  # a BatchEncoding in newer transformers
+                out = out["input_ids"]
+            return [int(x) for x in out]
+        return [int(x) for x in self.tokenizer(request.prompt)["input_ids"]]
+
+    def decode_text(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True) if self.tokenizer is not None else ""
+
+    # ---------------------------------------------------------------------------------------
+    def run(self, requests: Sequence[Request], sampling: Sampling, cell: Cell) -> Iterator[RequestRecord]:
+        from ..engine.methods import DecodeJob, get_method
+
+        spec = get_method(cell.method)
+        raw = dict(cell.options)
+        chat = bool(raw.pop("chat", self.chat_default))
+        rate = raw.pop("rate", None)
+        drafter_name = cell.drafter if cell.drafter is not None else self.drafter_name
+        options = spec.check(cell.gamma, cell.batch_size, drafter_name if spec.needs_drafter else cell.drafter, raw)
+        drafter = self._drafter(spec, drafter_name)
+        prompts = [self.encode(r, chat) for r in requests]
+        eos = self.eos_token_ids()
+        for start in range(0, len(requests), cell.batch_size):
+            batch = list(requests[start:start + cell.batch_size])
+            ids = prompts[start:start + cell.batch_size]
+            job = DecodeJob(target=self.model, prompts=ids, sampling=sampling, gamma=cell.gamma, drafter=drafter,
+                            options=options, eos_token_ids=eos, device=self.device)
+            yield from self._run_batch(spec, job, batch, ids, sampling, cell, rate)
+
+    def _run_batch(self, spec: Any, job: Any, batch: list[Request], ids: list[list[int]], sampling: Sampling,
+                   cell: Cell, rate: Any) -> Iterator[RequestRecord]:
+        import torch
+
+        from ..engine.trace import peak_memory, reset_peak_memory
+
+        reset_peak_memory(self.device)
+        start_epoch = time.time()
+        status, error, rows = "ok", "", None
+        try:
+            rows = spec.decode(job)
+        except (torch.OutOfMemoryError, MemoryError) as e:
+            status, error = "oom", f"{type(e).__name__}: {e}"
+        except Exception as e:  # a failed batch is records with a status, not a lost cell
+            status, error = "error", f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=6)}"
+        peak, source = peak_memory(self.device)
+        if status != "ok" and self.device.startswith("cuda"):
+            torch.cuda.empty_cache()
+        for i, req in enumerate(batch):
+            extra: dict[str, Any] = {"device": self.device, "dtype": self.dtype}
+            if rate is not None:
+                extra["rate_ignored"] = rate  # the reference engine decodes offline batches
+            fields: dict[str, Any] = dict(input_tokens=len(ids[i]), start_epoch=start_epoch,
+                                          input_policy=getattr(req, "input_policy", "") or "",
+                                          peak_memory_bytes=peak, memory_source=source, status=status,
+                                          error=error, extra=extra)
+            if rows is not None:
+                r = rows[i]
+                extra["stop_reason"] = r.stop_reason
+                fields.update(output_tokens=len(r.output_ids), output_ids=list(r.output_ids),
+                              output_text=self.decode_text(r.output_ids), first_token_s=r.first_token_s,
+                              end_s=r.end_s, chunk_times_s=list(r.chunk_times_s), chunk_tokens=list(r.chunk_tokens),
+                              steps=list(r.steps), target_logprobs=list(r.target_logprobs),
+                              token_entropy=list(r.token_entropy))
+            rec = cell.new_record(req, sampling, **fields)
+            if cell.drafter is None and job.drafter is not None and isinstance(self.drafter_name, str):
+                rec.drafter = self.drafter_name
+            yield rec.fill_acceptance_from_steps()
+
+    def close(self) -> None:
+        self._drafters.clear()
+        self.model = None

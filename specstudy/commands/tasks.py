@@ -1,0 +1,106 @@
+"""specstudy tasks: list the task categories and their data; ``tasks show NAME`` prints prompts."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+
+HELP = "list task categories with their sources, offline record counts, licences and sha256 status; " \
+       "'tasks show NAME' prints sample prompts"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("action", nargs="?", choices=("list", "show"), default="list",
+                   help="list (default) or show one task's prompts")
+    p.add_argument("name", nargs="?", help="task name for 'show' (see 'specstudy tasks')")
+    p.add_argument("--no-fetch", action="store_true",
+                   help="list: report only what is already cached, download nothing")
+    p.add_argument("--n", default="3", help="show: how many prompts (an integer or 'all')")
+    p.add_argument("--seed", type=int, default=None, help="show: sampling seed (default: the task's)")
+    p.add_argument("--online", action="store_true", help="show: use the task's hub datasets (needs network)")
+    p.add_argument("--data-file", default=None, help="show: prompts from this .jsonl/.json/.csv/.parquet file")
+    p.add_argument("--field-map", default=None,
+                   help="with --data-file: name=path pairs (text=question,id=qid) or a JSON object, which may also hold "
+                        "a 'template' such as 'Q: {text}'")
+    p.add_argument("--tokenizer", default=None,
+                   help="show: a model name from params/models (e.g. smollm2-135m) or a local tokenizer directory; "
+                        "applies the chat template and the task's input-length control")
+    p.add_argument("--max-chars", type=int, default=800, help="show: cut each printed prompt after this many characters")
+
+
+def _run_list(args: argparse.Namespace) -> int:
+    from ..tasks import task_names, task_summary
+
+    summaries = [task_summary(name, fetch=not args.no_fetch) for name in task_names()]
+    if args.json:
+        print(json.dumps(summaries, indent=2, ensure_ascii=False))
+        return 0
+    for s in summaries:
+        verified = "all sha256 verified" if s["all_verified"] else "NOT all verified"
+        print(f"{s['task']:<17} {s['category']:<17} {s['offline_records']:>4} prompts offline  ({verified}; "
+              f"input {s['input_policy']}, max_new_tokens {s['output']['max_new_tokens']})")
+        for src in s["sources"]:
+            rec = "-" if src["records"] is None else src["records"]
+            print(f"    {src['name']:<18} {src['status']:<16} {rec!s:>4}  {src['location']}  [{src['licence']}]")
+            if src.get("error") and src["status"] != "not fetched":
+                print(f"        {src['error']}")
+        for src in s["online_sources"]:
+            print(f"    {src['name']:<18} {'online (hub)':<16} {'':>4}  {src['location']}  [{src['licence']}]")
+    return 0
+
+
+def _load_tokenizer(spec: str):
+    """A local tokenizer directory, or a model name from params/models (its tokenizer only)."""
+    from pathlib import Path
+
+    if Path(spec).is_dir():
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(spec)
+    from ..models import load_tokenizer
+
+    return load_tokenizer(spec)
+
+
+def _run_show(args: argparse.Namespace) -> int:
+    from ..params import ParamsError
+    from ..tasks import load_requests, parse_field_map, task_names
+
+    if not args.name:
+        raise ParamsError(None, "name", None, task_names(), "usage: specstudy tasks show NAME")
+    field_map = parse_field_map(args.field_map) if args.field_map else None
+    tokenizer = _load_tokenizer(args.tokenizer) if args.tokenizer else None
+    reqs = load_requests(args.name, n=args.n, seed=args.seed, tokenizer=tokenizer, online=args.online,
+                         data_file=args.data_file, field_map=field_map)
+    if args.json:
+        print(json.dumps([dataclasses.asdict(r) for r in reqs], indent=2, ensure_ascii=False))
+        return 0
+    for r in reqs:
+        tokens = f", {len(r.prompt_ids)} tokens" if r.prompt_ids is not None else ""
+        extra = f", {len(r.followups)} later turn(s)" if r.followups else ""
+        print(f"=== {r.prompt_id}  (input {r.input_policy}{tokens}{', truncated' if r.truncated else ''}{extra})")
+        text = r.prompt if len(r.prompt) <= args.max_chars else r.prompt[: args.max_chars] + " [...]"
+        print(text)
+        if r.reference:
+            ref = r.reference if len(r.reference) <= 200 else r.reference[:200] + " [...]"
+            print(f"--- reference: {ref}")
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    import sys
+
+    from ..tasks import TaskDataError
+
+    if args.action == "show":
+        try:
+            return _run_show(args)
+        except TaskDataError as e:
+            print(f"specstudy tasks: error: {e}", file=sys.stderr)
+            return 2
+    if args.name:
+        from ..params import ParamsError
+
+        raise ParamsError(None, "action", args.name, ["list", "show NAME"])
+    return _run_list(args)

@@ -1,0 +1,210 @@
+"""specstudy train-drafter: distil a small drafter (Medusa heads or a layer-skip adapter) from a target.
+
+The target generates greedy continuations of the kit's task prompts (prompts *outside* the
+study's own sample of each task, so the measured acceptance is on unseen prompts), then the
+drafter is trained to match the target's next-token distributions on that text.  Writes
+``<out>.safetensors`` and ``<out>.json`` (the exact command, settings, prompts used, training
+log, held-out top-1 agreement and the acceptance measured by decoding held-out study prompts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import sys
+import time
+from pathlib import Path
+
+HELP = "distil a small drafter (Medusa heads or a layer-skip adapter) from the target on its own generations"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--kind", required=True, help="heads | layer_skip_adapter")
+    p.add_argument("--model", default="smollm2-135m", help="target model (params/models entry or a local path)")
+    p.add_argument("--out", default=None,
+                   help="output path without suffix (default params/drafters/<model>-<kind>)")
+    p.add_argument("--tasks", default="code,summarization,translation,qa,math,chat,creative_writing",
+                   help="task categories whose prompts the target continues (comma-separated)")
+    p.add_argument("--prompts-per-task", type=int, default=24, help="training prompts per task")
+    p.add_argument("--max-new-tokens", type=int, default=128, help="tokens the target generates per prompt")
+    p.add_argument("--max-prompt-tokens", type=int, default=384, help="skip longer prompts (keeps generation cheap)")
+    p.add_argument("--gen-batch", type=int, default=8, help="prompts per batched generate call")
+    p.add_argument("--num-heads", type=int, default=4, help="heads: K (head k predicts k+1 tokens ahead)")
+    p.add_argument("--num-layers", type=int, default=1, help="residual blocks per head / adapter")
+    p.add_argument("--exit-layer", type=int, default=None,
+                   help="layer_skip_adapter: layers kept (default: half the target's, as layer_skip)")
+    p.add_argument("--steps", type=int, default=600)
+    p.add_argument("--batch-tokens", type=int, default=256, help="positions per head per step")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--label-top-k", type=int, default=32, help="target probabilities kept per position")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=1, help="torch threads (1 is as fast as 2 for decoding here)")
+    p.add_argument("--eval-tasks", default="code,summarization", help="tasks whose study prompts measure α")
+    p.add_argument("--eval-prompts", type=int, default=4, help="study prompts per eval task decoded (0: skip)")
+    p.add_argument("--eval-max-new-tokens", type=int, default=64)
+
+
+def _check(args: argparse.Namespace) -> None:
+    from ..engine.drafters import KINDS
+    from ..tasks import task_names
+
+    if args.kind not in KINDS:
+        raise ValueError(f"--kind={args.kind!r}: allowed {list(KINDS)}")
+    known = task_names()
+    for flag in ("tasks", "eval_tasks"):
+        for t in [x for x in getattr(args, flag).split(",") if x]:
+            if t not in known:
+                raise ValueError(f"--{flag.replace('_', '-')}: task {t!r} is not known; allowed: {known}")
+    for name in ("prompts_per_task", "max_new_tokens", "max_prompt_tokens", "gen_batch", "num_heads", "num_layers",
+                 "steps", "batch_tokens", "label_top_k", "threads", "eval_max_new_tokens"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')}={getattr(args, name)!r}: must be >= 1")
+    if args.eval_prompts < 0:
+        raise ValueError(f"--eval-prompts={args.eval_prompts!r}: must be >= 0")
+    if args.exit_layer is not None and args.exit_layer < 1:
+        raise ValueError(f"--exit-layer={args.exit_layer!r}: must be >= 1")
+    if not args.lr > 0:
+        raise ValueError(f"--lr={args.lr!r}: must be > 0")
+
+
+def training_prompts(tasks: list[str], per_task: int, tokenizer, max_tokens: int) -> list[tuple[str, list[int]]]:
+    """(prompt_id, ids) per task, skipping the study's own sample (the first ``sample.n`` of the
+    task's seed order) so acceptance is later measured on prompts the drafter never saw."""
+    from ..tasks import load_requests, load_task_config
+
+    out = []
+    for t in tasks:
+        cfg = load_task_config(t)
+        reqs = load_requests(cfg, n="all", tokenizer=tokenizer)
+        pool = [r for r in reqs[cfg.n:] if r.prompt_ids and len(r.prompt_ids) <= max_tokens]
+        out += [(r.prompt_id, list(r.prompt_ids)) for r in pool[:per_task]]
+    return out
+
+
+def eval_prompts(tasks: list[str], n: int, tokenizer) -> list[tuple[str, str, list[int]]]:
+    """The first ``n`` prompts of each task's study sample: (task, prompt_id, ids)."""
+    from ..tasks import load_requests
+
+    out = []
+    for t in tasks:
+        out += [(t, r.prompt_id, list(r.prompt_ids)) for r in load_requests(t, n=n, tokenizer=tokenizer)]
+    return out
+
+
+def measure_acceptance(model, module, kind: str, prompts, max_new_tokens: int, gamma: int,
+                       path: Path) -> dict:
+    """Greedy decode with the trained drafter through the engine's own method; α per task."""
+    import torch
+
+    from ..engine.methods import DecodeJob, get_method
+    from ..metrics import acceptance_rate, mean_accepted_length
+    from ..records import Sampling
+
+    sampling = Sampling(temperature=0.0, max_new_tokens=max_new_tokens, ignore_eos=True)
+    if kind == "heads":
+        spec = get_method("heads")
+        options = spec.check(gamma, 1, None, {"heads_path": str(path)})
+    else:
+        spec = get_method("layer_skip")
+        options = spec.check(gamma, 1, None, {"exit_layer": module.exit_layer, "adapter": module})
+    per_task: dict[str, dict[str, int]] = {}
+    with torch.no_grad():
+        for task, pid, ids in prompts:
+            row = spec.decode(DecodeJob(target=model, prompts=[ids], sampling=sampling, gamma=gamma, options=options))[0]
+            c = per_task.setdefault(task, {"drafted": 0, "accepted": 0, "emitted": 0, "steps": 0, "prompts": 0})
+            c["drafted"] += sum(s.drafted for s in row.steps)
+            c["accepted"] += sum(s.accepted for s in row.steps)
+            c["emitted"] += sum(s.emitted for s in row.steps)
+            c["steps"] += len(row.steps)
+            c["prompts"] += 1
+    for c in per_task.values():
+        c["alpha"] = acceptance_rate(c["accepted"], c["drafted"])
+        c["tau"] = mean_accepted_length(c["emitted"], c["steps"])
+    return {"gamma": gamma, "max_new_tokens": max_new_tokens, "sampling": "greedy", "per_task": per_task}
+
+
+def run(args: argparse.Namespace) -> int:
+    _check(args)
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    import torch
+
+    from .. import __version__
+    from ..engine import drafters as D
+    from ..models import load_model
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    out = Path(args.out) if args.out else Path("params/drafters") / f"{Path(args.model).name}-{args.kind.replace('_', '-')}"
+    t_start = time.perf_counter()
+    say = (lambda m: print(m, file=sys.stderr, flush=True))
+
+    model, tokenizer = load_model(args.model)
+    n_layers = model.config.num_hidden_layers
+    exit_layer = args.exit_layer if args.exit_layer is not None else n_layers // 2
+    if args.kind == "layer_skip_adapter" and not 1 <= exit_layer < n_layers:
+        raise ValueError(f"--exit-layer={exit_layer}: need 1 <= k < num_hidden_layers={n_layers}")
+    settings = D.TrainSettings(kind=args.kind, num_heads=args.num_heads, num_layers=args.num_layers,
+                               exit_layer=exit_layer, steps=args.steps, batch_tokens=args.batch_tokens, lr=args.lr,
+                               label_top_k=args.label_top_k, seed=args.seed)
+    tasks = [t for t in args.tasks.split(",") if t]
+    prompts = training_prompts(tasks, args.prompts_per_task, tokenizer, args.max_prompt_tokens)
+    say(f"{len(prompts)} training prompts from {tasks}")
+
+    t0 = time.perf_counter()
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    corpus = D.generate_corpus(model, [ids for _, ids in prompts], args.max_new_tokens, args.gen_batch,
+                               pad_id=pad, progress=say)
+    gen_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    features = D.collect_features(model, corpus, args.kind, exit_layer, args.label_top_k)
+    feat_s = time.perf_counter() - t0
+    say(f"generation {gen_s:.0f} s, features {feat_s:.0f} s: {len(features.seq)} positions")
+
+    t0 = time.perf_counter()
+    result = D.train_drafter(model, features, settings, progress=say)
+    train_s = time.perf_counter() - t0
+
+    command = "specstudy train-drafter " + " ".join(shlex.quote(a) for a in sys.argv[2:]) \
+        if len(sys.argv) > 1 and sys.argv[1] == "train-drafter" else None
+    info = {
+        "command": command,
+        "arguments": {k: v for k, v in vars(args).items() if not k.startswith("_") and k != "json"},
+        "settings": D.settings_dict(settings),
+        "target": args.model,
+        "training_prompts": [pid for pid, _ in prompts],
+        "corpus": {"sequences": len(corpus), "positions": int(len(features.seq)),
+                   "generated_tokens": sum(len(ids) - plen for ids, plen in corpus),
+                   "generation": f"greedy, {args.max_new_tokens} new tokens, EOS not stopping (as the study's ignore_eos)"},
+        "log": result.log,
+        "heldout_sequences_eval": result.eval,
+        "timing_s": {"generation": round(gen_s, 1), "features": round(feat_s, 1), "training": round(train_s, 1)},
+        "environment": {"specstudy": __version__, "torch": torch.__version__, "threads": args.threads,
+                        "python": platform.python_version(), "machine": platform.machine(),
+                        "loadavg": os.getloadavg()},
+    }
+    path = D.save_drafter(result.module, out, target=args.model, info=info)
+    if args.eval_prompts:
+        t0 = time.perf_counter()
+        ev = eval_prompts([t for t in args.eval_tasks.split(",") if t], args.eval_prompts, tokenizer)
+        gamma = args.num_heads if args.kind == "heads" else 4
+        info["acceptance"] = measure_acceptance(model, result.module, args.kind, ev, args.eval_max_new_tokens,
+                                                gamma, path)
+        info["acceptance"]["prompts"] = [pid for _, pid, _ in ev]
+        info["timing_s"]["acceptance_eval"] = round(time.perf_counter() - t0, 1)
+    info["timing_s"]["total"] = round(time.perf_counter() - t_start, 1)
+    path = D.save_drafter(result.module, out, target=args.model, info=info)
+    summary = {"weights": str(path), "bytes": path.stat().st_size, "json": str(path.with_suffix(".json")),
+               "final_loss": result.log[-1]["loss"] if result.log else None,
+               "heldout_top1": result.eval.get("top1"), "acceptance": info.get("acceptance", {}).get("per_task"),
+               "timing_s": info["timing_s"]}
+    if args.json:
+        print(json.dumps(summary, indent=2, default=str))
+    else:
+        print(f"wrote {path} ({summary['bytes'] / 1e6:.1f} MB) and {summary['json']}")
+        print(f"final train loss {summary['final_loss']:.4f}; held-out top-1 per head {summary['heldout_top1']}")
+        for task, c in (summary["acceptance"] or {}).items():
+            print(f"  {task}: alpha {c['alpha']:.3f}, tau {c['tau']:.2f} over {c['prompts']} prompts")
+    return 0

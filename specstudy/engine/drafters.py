@@ -1,0 +1,418 @@
+"""Small trained drafters for a target that has no smaller sibling: architectures, files, training.
+
+No package ships a small model with SmolLM2's tokenizer, so the kit distils its own drafters
+from the target, on text the target itself generates from the kit's prompts:
+
+* ``heads`` — Medusa-style heads (Cai et al. 2024).  Head k (k = 1..K) reads the target's last
+  hidden state h_t (after the final norm) and predicts token t+1+k through a residual block
+  x + SiLU(W x + b) followed by the target's own frozen LM head, so only the blocks are stored
+  (K × (H² + H) parameters: 4 heads of SmolLM2-135M ≈ 5.3 MB in fp32).
+* ``layer_skip_adapter`` — self-speculation helper: the hidden state after the first ``exit_layer``
+  layers goes through a residual block, then the target's final norm and LM head, trained to
+  predict the target's next-token distribution (what plain early exit only approximates).
+
+Both are trained by distillation: the loss is the cross-entropy of the drafter's distribution
+against the target's own next-token distribution (its top-``label_top_k`` probabilities,
+renormalised) at the position the drafter predicts.  Files: ``<name>.safetensors`` (weights,
+with the architecture in the safetensors metadata) and ``<name>.json`` (command, settings,
+training log, held-out acceptance).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import nn
+
+KINDS = ("heads", "layer_skip_adapter")
+
+# --------------------------------------------------------------------------------------------
+# architectures
+
+
+class ResBlock(nn.Module):
+    """x + SiLU(W x + b), W initialised to zero so an untrained block is the identity."""
+
+    def __init__(self, hidden_size: int):
+        super().__init__()
+        self.linear = nn.Linear(hidden_size, hidden_size)
+        nn.init.zeros_(self.linear.weight)
+        nn.init.zeros_(self.linear.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + nn.functional.silu(self.linear(x))
+
+
+class MedusaHeads(nn.Module):
+    """K heads on the target's last hidden state; head k predicts the token k+1 places ahead.
+
+    The LM head is the target's (frozen, passed at call time), so a head file holds only its
+    residual blocks.
+    """
+
+    kind = "heads"
+
+    def __init__(self, hidden_size: int, num_heads: int, num_layers: int = 1):
+        super().__init__()
+        if num_heads < 1 or num_layers < 1:
+            raise ValueError(f"num_heads={num_heads!r} and num_layers={num_layers!r} must be >= 1")
+        self.hidden_size, self.num_heads, self.num_layers = hidden_size, num_heads, num_layers
+        self.blocks = nn.ModuleList(
+            [nn.Sequential(*[ResBlock(hidden_size) for _ in range(num_layers)]) for _ in range(num_heads)])
+
+    def config(self) -> dict[str, Any]:
+        return {"kind": self.kind, "hidden_size": self.hidden_size, "num_heads": self.num_heads,
+                "num_layers": self.num_layers}
+
+    def forward(self, hidden: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
+        """``hidden [..., H]`` → logits ``[..., K, V]`` (head k at index k-1)."""
+        return torch.stack([lm_head(block(hidden)) for block in self.blocks], dim=-2)
+
+
+class LayerSkipAdapter(nn.Module):
+    """Residual blocks mapping the hidden state after ``exit_layer`` layers towards the last one."""
+
+    kind = "layer_skip_adapter"
+
+    def __init__(self, hidden_size: int, exit_layer: int, num_layers: int = 1):
+        super().__init__()
+        if exit_layer < 1 or num_layers < 1:
+            raise ValueError(f"exit_layer={exit_layer!r} and num_layers={num_layers!r} must be >= 1")
+        self.hidden_size, self.exit_layer, self.num_layers = hidden_size, exit_layer, num_layers
+        self.blocks = nn.Sequential(*[ResBlock(hidden_size) for _ in range(num_layers)])
+
+    def config(self) -> dict[str, Any]:
+        return {"kind": self.kind, "hidden_size": self.hidden_size, "exit_layer": self.exit_layer,
+                "num_layers": self.num_layers}
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Hidden after ``exit_layer`` layers (pre-norm) → a hidden state for the final norm and LM
+        head (the ``adapter`` option of :mod:`specstudy.engine.methods.layer_skip`)."""
+        return self.blocks(hidden)
+
+
+def build_drafter(config: dict[str, Any]) -> nn.Module:
+    kind = config.get("kind")
+    if kind == "heads":
+        return MedusaHeads(int(config["hidden_size"]), int(config["num_heads"]), int(config.get("num_layers", 1)))
+    if kind == "layer_skip_adapter":
+        return LayerSkipAdapter(int(config["hidden_size"]), int(config["exit_layer"]), int(config.get("num_layers", 1)))
+    raise ValueError(f"drafter kind={kind!r}: allowed {KINDS}")
+
+
+# --------------------------------------------------------------------------------------------
+# files
+
+
+def save_drafter(module: nn.Module, path: str | Path, target: str, info: dict[str, Any] | None = None) -> Path:
+    """Write ``path`` (.safetensors, fp32, architecture + target in the metadata) and a .json beside it."""
+    from safetensors.torch import save_file
+
+    path = Path(path).with_suffix(".safetensors")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    meta = {k: str(v) for k, v in module.config().items()}
+    meta["target"] = target
+    tensors = {k: v.detach().to(torch.float32).contiguous() for k, v in module.state_dict().items()}
+    save_file(tensors, str(path), metadata=meta)
+    doc = {"weights": path.name, "target": target, "architecture": module.config(), **(info or {})}
+    path.with_suffix(".json").write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    return path
+
+
+def load_drafter(path: str | Path, kind: str | None = None, target: str | None = None,
+                 hidden_size: int | None = None) -> nn.Module:
+    """Load a drafter file; refuse one built for another kind, target or hidden size."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    p = Path(path)
+    if p.suffix != ".safetensors":
+        p = p.with_suffix(".safetensors")
+    if not p.exists():
+        raise FileNotFoundError(f"drafter weights {str(p)!r} not found (train one with `specstudy train-drafter`)")
+    with safe_open(str(p), framework="pt") as f:
+        meta = dict(f.metadata() or {})
+    if "kind" not in meta:
+        raise ValueError(f"{p}: no drafter metadata (kind) — not written by specstudy.engine.drafters")
+    if kind is not None and meta["kind"] != kind:
+        raise ValueError(f"{p}: drafter kind {meta['kind']!r}, but {kind!r} is needed")
+    if target is not None and meta.get("target") not in (None, "", target):
+        raise ValueError(f"{p}: trained for target {meta.get('target')!r}, not {target!r}")
+    if hidden_size is not None and int(meta["hidden_size"]) != hidden_size:
+        raise ValueError(f"{p}: hidden_size {meta['hidden_size']} does not match the target's {hidden_size}")
+    module = build_drafter(meta)
+    module.load_state_dict(load_file(str(p)))
+    return module.eval()
+
+
+# --------------------------------------------------------------------------------------------
+# training data: the target's own generations
+
+
+def target_parts(model: nn.Module) -> tuple[nn.Module, nn.Module, nn.Module]:
+    """(decoder stack, final norm, LM head) of a transformers causal LM."""
+    base = getattr(model, model.base_model_prefix)
+    return base, base.norm, model.get_output_embeddings()
+
+
+@torch.no_grad()
+def generate_corpus(model: nn.Module, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+                    batch_size: int = 8, pad_id: int = 0, eos_id: int | None = None,
+                    progress: Callable[[str], None] | None = None) -> list[tuple[list[int], int]]:
+    """Greedy continuations of ``prompts`` by the target: (prompt + generation ids, prompt length).
+
+    Batched with left padding through transformers' ``generate`` — data preparation, not a
+    measurement.  Generation stops at EOS (tokens after it are dropped).
+    """
+    import copy
+
+    config = copy.deepcopy(model.generation_config)
+    config.eos_token_id = eos_id  # None: never stop early (the study decodes with ignore_eos)
+    config.update(max_new_tokens=max_new_tokens, min_new_tokens=0, do_sample=False, pad_token_id=pad_id,
+                  temperature=None, top_p=None, top_k=None)
+    out: list[tuple[list[int], int]] = []
+    for i in range(0, len(prompts), batch_size):
+        chunk = [list(p) for p in prompts[i:i + batch_size]]
+        w = max(len(p) for p in chunk)
+        ids = torch.tensor([[pad_id] * (w - len(p)) + p for p in chunk])
+        att = torch.tensor([[0] * (w - len(p)) + [1] * len(p) for p in chunk])
+        gen = model.generate(input_ids=ids, attention_mask=att, generation_config=config)
+        for p, row in zip(chunk, gen[:, w:].tolist()):
+            if eos_id is not None and eos_id in row:
+                row = row[: row.index(eos_id)]
+            out.append((p + row, len(p)))
+        if progress:
+            progress(f"generated {len(out)}/{len(prompts)} continuations")
+    return out
+
+
+@dataclass
+class Features:
+    """Per training position: the drafter's input hidden state and the target's label distribution.
+
+    ``label_ids/label_probs [N, top_k]`` hold the target's next-token distribution at the position
+    and ``final [N, H]`` its last hidden state there (the vector the LM head turns into that
+    distribution; the same tensor as ``hidden`` for heads); ``seq [N]`` and ``pos [N]`` say where
+    each row came from (heads pair row t with row t+k of the same sequence).
+    """
+
+    hidden: torch.Tensor
+    final: torch.Tensor
+    label_ids: torch.Tensor
+    label_probs: torch.Tensor
+    seq: torch.Tensor
+    pos: torch.Tensor
+
+
+@torch.no_grad()
+def collect_features(model: nn.Module, corpus: Sequence[tuple[list[int], int]], kind: str,
+                     exit_layer: int | None = None, label_top_k: int = 32) -> Features:
+    """Run the target over each sequence once; keep positions from the last prompt token on."""
+    base, norm, lm_head = target_parts(model)
+    hs, fin, lid, lpr, seqs, poss = [], [], [], [], [], []
+    for s, (ids, plen) in enumerate(corpus):
+        x = torch.tensor([ids])
+        out = base(input_ids=x, output_hidden_states=kind == "layer_skip_adapter")
+        last = out.last_hidden_state[0]
+        probs = torch.softmax(lm_head(last).float(), dim=-1)
+        top = torch.topk(probs, label_top_k, dim=-1)
+        start = max(plen - 1, 0)
+        h = out.hidden_states[exit_layer][0] if kind == "layer_skip_adapter" else last
+        hs.append(h[start:])
+        fin.append(last[start:])
+        lid.append(top.indices[start:])
+        lpr.append(top.values[start:] / top.values[start:].sum(-1, keepdim=True))
+        seqs.append(torch.full((len(ids) - start,), s))
+        poss.append(torch.arange(start, len(ids)))
+    final = torch.cat(fin)
+    hidden = final if kind == "heads" else torch.cat(hs)
+    return Features(hidden, final, torch.cat(lid), torch.cat(lpr), torch.cat(seqs), torch.cat(poss))
+
+
+def head_pairs(features: Features, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row indices (src, dst): dst is the position k after src in the same sequence."""
+    n = len(features.seq)
+    src = torch.arange(n - k)
+    dst = src + k
+    ok = (features.seq[src] == features.seq[dst]) & (features.pos[dst] == features.pos[src] + k)
+    return src[ok], dst[ok]
+
+
+def distill_loss(logits: torch.Tensor, label_ids: torch.Tensor, label_probs: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of the drafter against the target's (top-k, renormalised) distribution."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    return -(label_probs * logp.gather(-1, label_ids)).sum(-1).mean()
+
+
+def candidate_distill_loss(vectors: torch.Tensor, lm_head: nn.Module, label_ids: torch.Tensor,
+                           label_probs: torch.Tensor) -> torch.Tensor:
+    """:func:`distill_loss` with the softmax restricted to the tokens labelled anywhere in the batch.
+
+    The full LM head (49k × 576 for SmolLM2) would make every CPU step cost several GFLOP per
+    head; the batch's labelled tokens (a few thousand) carry nearly all of the target's mass.
+    """
+    cand, inverse = torch.unique(label_ids, return_inverse=True)
+    logits = vectors @ lm_head.weight[cand].T
+    if getattr(lm_head, "bias", None) is not None:
+        logits = logits + lm_head.bias[cand]
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    return -(label_probs * logp.gather(-1, inverse)).sum(-1).mean()
+
+
+def regression_loss(vectors: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Mean squared error to the target's own hidden state, relative to its mean square (EAGLE-style
+    feature regression: keeps the drafter's vector where the LM head reads the right token)."""
+    return ((vectors - target) ** 2).mean() / (target ** 2).mean().clamp(min=1e-12)
+
+
+# --------------------------------------------------------------------------------------------
+# training
+
+
+@dataclass
+class TrainSettings:
+    kind: str = "heads"
+    num_heads: int = 4
+    num_layers: int = 1
+    exit_layer: int = 8
+    steps: int = 600
+    batch_tokens: int = 256
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    label_top_k: int = 32
+    regression_weight: float = 1.0
+    seed: int = 0
+    eval_fraction: float = 0.1
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"kind={self.kind!r}: allowed {KINDS}")
+        for name in ("num_heads", "num_layers", "exit_layer", "steps", "batch_tokens", "label_top_k"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)!r}: must be >= 1")
+        if not 0.0 <= self.eval_fraction < 1.0:
+            raise ValueError(f"eval_fraction={self.eval_fraction!r}: must lie in [0, 1)")
+
+
+@dataclass
+class TrainResult:
+    module: nn.Module
+    log: list[dict[str, float]] = field(default_factory=list)
+    eval: dict[str, Any] = field(default_factory=dict)
+
+
+def _split_sequences(features: Features, eval_fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    seqs = sorted(set(features.seq.tolist()))
+    rng = random.Random(seed)
+    rng.shuffle(seqs)
+    n_eval = int(round(len(seqs) * eval_fraction))
+    held = torch.tensor(sorted(seqs[:n_eval]), dtype=torch.long)
+    is_eval = torch.isin(features.seq, held) if n_eval else torch.zeros(len(features.seq), dtype=torch.bool)
+    return ~is_eval, is_eval
+
+
+def _pairs_by_head(features: Features, settings: TrainSettings, rows: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """For each head k: (src, dst) row pairs with both ends in ``rows`` (bool over rows)."""
+    if settings.kind == "layer_skip_adapter":
+        idx = torch.nonzero(rows).squeeze(1)
+        return [(idx, idx)]
+    out = []
+    for k in range(1, settings.num_heads + 1):
+        src, dst = head_pairs(features, k)
+        keep = rows[src]
+        out.append((src[keep], dst[keep]))
+    return out
+
+
+def _drafter_vectors(module: nn.Module, model: nn.Module, hidden: torch.Tensor, head: int) -> torch.Tensor:
+    """What the drafter hands to the LM head (after the final norm for the adapter)."""
+    _, norm, _ = target_parts(model)
+    if isinstance(module, MedusaHeads):
+        return module.blocks[head](hidden)
+    return norm(module(hidden))
+
+
+def _drafter_logits(module: nn.Module, model: nn.Module, hidden: torch.Tensor, head: int) -> torch.Tensor:
+    return target_parts(model)[2](_drafter_vectors(module, model, hidden, head))
+
+
+@torch.no_grad()
+def evaluate(module: nn.Module, model: nn.Module, features: Features,
+             pairs: list[tuple[torch.Tensor, torch.Tensor]], chunk: int = 512) -> dict[str, Any]:
+    """Held-out loss and top-1 agreement with the target's argmax, per head (or for the adapter)."""
+    res = {"loss": [], "top1": [], "n": []}
+    for k, (src, dst) in enumerate(pairs):
+        tot_loss, tot_hit, n = 0.0, 0, len(src)
+        for i in range(0, n, chunk):
+            s, d = src[i:i + chunk], dst[i:i + chunk]
+            logits = _drafter_logits(module, model, features.hidden[s], k)
+            tot_loss += float(distill_loss(logits, features.label_ids[d], features.label_probs[d])) * len(s)
+            tot_hit += int((logits.argmax(-1) == features.label_ids[d, 0]).sum())
+        res["loss"].append(tot_loss / n if n else math.nan)
+        res["top1"].append(tot_hit / n if n else math.nan)
+        res["n"].append(n)
+    return res
+
+
+def train_drafter(model: nn.Module, features: Features, settings: TrainSettings,
+                  progress: Callable[[str], None] | None = None) -> TrainResult:
+    """Distil a drafter on ``features`` (target frozen); log train loss every ~5 % of the steps."""
+    torch.manual_seed(settings.seed)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    hidden_size = features.hidden.shape[-1]
+    if settings.kind == "heads":
+        module: nn.Module = MedusaHeads(hidden_size, settings.num_heads, settings.num_layers)
+    else:
+        module = LayerSkipAdapter(hidden_size, settings.exit_layer, settings.num_layers)
+    train_rows, eval_rows = _split_sequences(features, settings.eval_fraction, settings.seed)
+    train_pairs = _pairs_by_head(features, settings, train_rows)
+    eval_pairs = _pairs_by_head(features, settings, eval_rows)
+    if any(len(src) == 0 for src, _ in train_pairs):
+        raise ValueError("no training pairs for some head: generate longer continuations or more prompts")
+    lm_head = target_parts(model)[2]
+    opt = torch.optim.AdamW(module.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / 20) * 0.5 * (1 + math.cos(math.pi * min(s, settings.steps) / settings.steps)))
+    gen = torch.Generator().manual_seed(settings.seed)
+    log: list[dict[str, float]] = []
+    every = max(1, settings.steps // 20)
+    t0 = time.perf_counter()
+    module.train()
+    running = []
+    for step in range(settings.steps):
+        losses = []
+        for k, (src, dst) in enumerate(train_pairs):
+            pick = torch.randint(len(src), (settings.batch_tokens,), generator=gen)
+            s, d = src[pick], dst[pick]
+            vec = _drafter_vectors(module, model, features.hidden[s], k)
+            ce = candidate_distill_loss(vec, lm_head, features.label_ids[d], features.label_probs[d])
+            losses.append(ce + settings.regression_weight * regression_loss(vec, features.final[d]))
+        loss = torch.stack(losses).sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sched.step()
+        running.append([float(x.detach()) for x in losses])
+        if (step + 1) % every == 0 or step == 0 or step + 1 == settings.steps:
+            mean = [sum(r[k] for r in running) / len(running) for k in range(len(losses))]
+            entry = {"step": step + 1, "loss": sum(mean), "loss_per_head": mean, "lr": sched.get_last_lr()[0],
+                     "elapsed_s": round(time.perf_counter() - t0, 2)}
+            log.append(entry)
+            running = []
+            if progress:
+                progress(f"step {step + 1}/{settings.steps} loss {entry['loss']:.4f}")
+    module.eval()
+    ev = evaluate(module, model, features, eval_pairs) if bool(eval_rows.any()) else {}
+    return TrainResult(module=module, log=log, eval=ev)
+
+
+def settings_dict(settings: TrainSettings) -> dict[str, Any]:
+    return asdict(settings)

@@ -1,0 +1,144 @@
+"""Method registry of the reference engine: name → module defining ``SPEC`` (a MethodSpec).
+
+Add a method with one line in :data:`METHODS` and a module ``specstudy/engine/methods/<m>.py``
+that defines ``SPEC = MethodSpec(name=..., decode=..., ...)``.  ``decode(job) -> list[RowTrace]``
+decodes a batch of prompts (one :class:`~specstudy.engine.trace.RowTrace` per prompt, in order).
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+
+from ...records import Sampling
+
+# method name -> module under specstudy.engine.methods
+METHODS: dict[str, str] = {
+    "ar": "ar",
+    "draft_target": "draft_target",
+    "ngram": "ngram",
+    "layer_skip": "layer_skip",
+    "heads": "heads",
+    "tree": "tree",
+}
+
+
+@dataclass
+class DecodeJob:
+    """Everything a method needs to decode one batch."""
+
+    target: Any  # a transformers causal LM (eval mode, on ``device``)
+    prompts: Sequence[Sequence[int]]
+    sampling: Sampling
+    gamma: int | None = None
+    drafter: Any = None  # a causal LM sharing the target's tokenizer (draft_target)
+    options: Mapping[str, Any] = field(default_factory=dict)
+    eos_token_ids: Sequence[int] = ()
+    device: str | torch.device = "cpu"
+
+    def generator(self) -> torch.Generator:
+        from ..sampling import make_generator
+
+        return make_generator(self.sampling.seed, self.device)
+
+    def option(self, name: str, default: Any = None) -> Any:
+        return self.options.get(name, default)
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """What a method is and needs, checked before any model is loaded."""
+
+    name: str
+    decode: Callable[[DecodeJob], list]
+    description: str = ""
+    needs_drafter: bool = False
+    uses_gamma: bool = True
+    max_batch: int | None = None  # None: any batch size
+    options: Mapping[str, Callable[[Any], Any]] = field(default_factory=dict)  # name -> validator/converter
+    cross_check: Callable[[dict], None] | None = None  # checks between options (raises ValueError)
+    #: how the backend turns cell.drafter (a name) into DecodeJob.drafter; None: a causal LM from
+    #: specstudy.models.  Called as load_drafter(name, target, device, dtype).
+    load_drafter: Callable[[str, Any, str, str], Any] | None = None
+
+    def check(self, gamma: int | None, batch_size: int, drafter: Any, options: Mapping[str, Any]) -> dict[str, Any]:
+        """Validate a cell's settings for this method; returns the converted options."""
+        if self.uses_gamma and (gamma is None or not isinstance(gamma, int) or gamma < 1):
+            raise ValueError(f"method {self.name!r}: gamma={gamma!r}, need an int >= 1")
+        if self.needs_drafter and not drafter:
+            raise ValueError(f"method {self.name!r} needs a drafter model (--drafter / cell.drafter)")
+        if not self.needs_drafter and drafter:
+            raise ValueError(f"method {self.name!r} takes no drafter model; got drafter={drafter!r}")
+        if self.max_batch is not None and batch_size > self.max_batch:
+            raise ValueError(f"method {self.name!r}: batch_size={batch_size} > {self.max_batch} (not supported)")
+        out: dict[str, Any] = {}
+        for k, v in options.items():
+            if k not in self.options:
+                raise ValueError(f"method {self.name!r}: option {k!r} is not known; allowed: {sorted(self.options)}")
+            try:
+                out[k] = self.options[k](v)
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"method {self.name!r}: option {k}={v!r}: {e}") from None
+        if self.cross_check is not None:
+            self.cross_check(out)
+        return out
+
+
+def method_names() -> list[str]:
+    return sorted(METHODS)
+
+
+def get_method(name: str) -> MethodSpec:
+    if name not in METHODS:
+        raise ValueError(f"method={name!r} is not known to the reference engine; allowed: {method_names()}")
+    return importlib.import_module(f"{__name__}.{METHODS[name]}").SPEC
+
+
+# ---- option validators shared by the method modules
+
+
+def _as_int(v: Any) -> int:
+    """An int from an int, an integral float or a decimal string (CLI options arrive as text)."""
+    if isinstance(v, bool):
+        raise ValueError("need an int, not a bool")
+    if isinstance(v, str):
+        v = v.strip()
+        if not v.lstrip("-").isdigit():
+            raise ValueError("need an int")
+        return int(v)
+    if int(v) != v:
+        raise ValueError("need an int")
+    return int(v)
+
+
+def positive_int(v: Any) -> int:
+    n = _as_int(v)
+    if n < 1:
+        raise ValueError("need an int >= 1")
+    return n
+
+
+def non_negative_int(v: Any) -> int:
+    n = _as_int(v)
+    if n < 0:
+        raise ValueError("need an int >= 0")
+    return n
+
+
+def probability(v: Any) -> float:
+    f = float(v)
+    if not 0.0 <= f <= 1.0:
+        raise ValueError("need a number in [0, 1]")
+    return f
+
+
+def one_of(*allowed: Any) -> Callable[[Any], Any]:
+    def check(v: Any) -> Any:
+        if v not in allowed:
+            raise ValueError(f"allowed: {list(allowed)}")
+        return v
+
+    return check

@@ -1,0 +1,54 @@
+"""draft_target: speculative sampling with a separate draft model (Leviathan et al. / Chen et al.).
+
+The draft model proposes γ tokens autoregressively with the shared sampling transform; the
+target verifies them in one pass (:mod:`specstudy.engine.verify`); both KV caches roll back
+the rejected tokens.  γ is static, or dynamic:
+
+* ``dynamic_gamma: heuristic`` — per row, +2 after a fully accepted step, −1 otherwise
+  (HF's "heuristic" schedule), between 1 and ``gamma_max``;
+* ``dynamic_gamma: confidence`` — a row stops drafting after a token the draft model itself
+  gives probability < ``draft_confidence`` (HF's assistant_confidence_threshold), at most γ.
+"""
+
+from __future__ import annotations
+
+from ..speculate import HeuristicGamma, ModelDrafter, StaticGamma, speculative_decode
+from ..trace import RowTrace
+from . import DecodeJob, MethodSpec, one_of, positive_int, probability
+
+
+def gamma_policy(job: DecodeJob):
+    if job.option("dynamic_gamma", "off") == "heuristic":
+        return HeuristicGamma(job.gamma, job.option("gamma_max", max(16, job.gamma)))
+    return StaticGamma(job.gamma)
+
+
+def confidence(job: DecodeJob) -> float | None:
+    if job.option("dynamic_gamma", "off") == "confidence":
+        return job.option("draft_confidence", 0.4)
+    return None
+
+
+def check_vocab(target, drafter) -> None:
+    vt, vd = target.config.vocab_size, drafter.config.vocab_size
+    if vt != vd:
+        raise ValueError(f"draft vocab_size={vd} differs from the target's {vt}: the drafter must share the "
+                         "target's tokenizer and output layer size")
+
+
+def decode(job: DecodeJob) -> list[RowTrace]:
+    check_vocab(job.target, job.drafter)
+    gen = job.generator()
+    drafter = ModelDrafter(job.drafter, len(job.prompts), job.sampling, gen, job.device, confidence(job))
+    return speculative_decode(job.target, drafter, job.prompts, job.sampling, gamma_policy(job), gen,
+                              job.eos_token_ids, job.device)
+
+
+OPTIONS = {
+    "dynamic_gamma": one_of("off", "heuristic", "confidence"),
+    "gamma_max": positive_int,
+    "draft_confidence": probability,
+}
+
+SPEC = MethodSpec(name="draft_target", decode=decode, needs_drafter=True, options=OPTIONS,
+                  description="speculative sampling with a draft model (static or dynamic gamma)")

@@ -1,0 +1,210 @@
+"""``heads`` — Medusa-style drafting from extra heads on the target's last hidden state.
+
+Head k (k = 1..K, a trained :class:`~specstudy.engine.drafters.MedusaHeads` file) reads the
+hidden state h_t at the last accepted token and predicts token t+1+k; token t+1 is the pending
+token the target itself produced from h_t.  No drafter forward: the heads cost K residual
+blocks and one batched LM-head product per step.
+
+Two verification modes:
+
+* linear (default): the chain head_1..head_γ (argmax, or a sample from each head's distribution
+  q_k under T > 0) goes through the shared chain loop and verify step
+  (:func:`specstudy.engine.speculate.speculative_decode`), any batch size.  The hidden state
+  comes from a forward hook on the target's final norm, i.e. from the verification pass the
+  loop runs anyway.
+* tree (option ``heads_tree="3,2,1"``): the children of every node at depth d-1 are head d's
+  top-b_d tokens (greedy) or b_d i.i.d. samples from q_d, verified in one pass with a tree
+  mask (:mod:`specstudy.engine.methods.tree`), batch 1.
+
+Under sampling, head k's distribution q_k is the draft distribution of position k: it depends
+only on h_t, not on the drafted tokens before it, which rejection sampling allows — the output
+is distributed exactly as the target's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from ..drafters import MedusaHeads, load_drafter
+from ..sampling import probs_for
+from ..speculate import Draft, StaticGamma, speculative_decode
+from ..trace import RowTrace
+from . import DecodeJob, MethodSpec
+from .tree import TokenTree, parse_branching, pick_children, tree_decode
+
+
+class HiddenCapture:
+    """Keeps the output of the target's final norm (its last hidden state) from every forward."""
+
+    def __init__(self, target: Any):
+        base = getattr(target, target.base_model_prefix)
+        self.last: torch.Tensor | None = None
+        self._handle = base.norm.register_forward_hook(self._hook)
+
+    def _hook(self, module, inputs, output) -> None:
+        self.last = output
+
+    def close(self) -> None:
+        self._handle.remove()
+
+
+def head_logits(heads: MedusaHeads, target: Any, hidden: torch.Tensor, n: int) -> torch.Tensor:
+    """Logits of the first ``n`` heads at ``hidden [..., H]`` → ``[..., n, V]`` (one LM-head call)."""
+    lm_head = target.get_output_embeddings()
+    h = torch.stack([heads.blocks[k](hidden) for k in range(n)], dim=-2)
+    return lm_head(h.to(lm_head.weight.dtype))
+
+
+class HeadsChainDrafter:
+    """The :class:`~specstudy.engine.speculate.Drafter` of linear mode."""
+
+    def __init__(self, heads: MedusaHeads, target: Any, capture: HiddenCapture, sampling, generator):
+        self.heads, self.target, self.capture = heads, target, capture
+        self.sampling, self.generator = sampling, generator
+        self.hidden: torch.Tensor | None = None  # [B, H] at each row's last accepted token
+
+    def _ensure_hidden(self) -> None:
+        if self.hidden is None:  # first call after the prefill (left-padded: last column)
+            self.hidden = self.capture.last[:, -1]
+
+    @torch.no_grad()
+    def propose(self, contexts: list[list[int]], max_draft: list[int]) -> Draft:
+        self._ensure_hidden()
+        g = max(max_draft)
+        logits = head_logits(self.heads, self.target, self.hidden, g)  # [B, g, V]
+        n_draft = torch.as_tensor(max_draft, dtype=torch.long, device=logits.device)
+        if self.sampling.greedy:
+            return Draft(logits.argmax(-1), n_draft, None)
+        q = probs_for(logits, self.sampling)
+        tokens = torch.multinomial(q.reshape(-1, q.shape[-1]), 1, generator=self.generator).reshape(q.shape[:2])
+        return Draft(tokens, n_draft, q)
+
+    def accepted(self, n_accepted: torch.Tensor, draft: Draft) -> None:
+        # the verification block is [pending, d_1..d_n] (right-padded): the last accepted token
+        # of row b sits at column n_accepted[b]
+        last = self.capture.last
+        rows = torch.arange(last.shape[0], device=last.device)
+        self.hidden = last[rows, n_accepted.to(last.device)]
+
+    def select_rows(self, keep: list[int]) -> None:
+        self._ensure_hidden()
+        self.hidden = self.hidden[torch.as_tensor(keep, dtype=torch.long, device=self.hidden.device)]
+
+
+class HeadsTreeDrafter:
+    """Tree mode: depth d's children come from head d (the tree loop's drafter protocol)."""
+
+    def __init__(self, heads: MedusaHeads, target: Any, branching: Sequence[int], sampling):
+        self.heads, self.target, self.branching, self.sampling = heads, target, tuple(branching), sampling
+        self.hidden: torch.Tensor | None = None
+
+    def start(self, prompt_hidden: torch.Tensor) -> None:
+        self.hidden = prompt_hidden
+
+    @torch.no_grad()
+    def propose(self, committed: Sequence[int], root: int, max_depth: int,
+                generator: torch.Generator | None) -> TokenTree:
+        shape = self.branching[:max_depth]
+        tree = TokenTree(tokens=[int(root)], parents=[-1])
+        if not shape:
+            return tree
+        logits = head_logits(self.heads, self.target, self.hidden, len(shape))  # [D, V]
+        dists = logits if self.sampling.greedy else probs_for(logits, self.sampling)
+        frontier = [0]
+        for d, b in enumerate(shape):
+            new = []
+            for f in frontier:
+                if not self.sampling.greedy:
+                    tree.child_q[f] = dists[d]
+                new += [tree.add(f, t) for t in pick_children(dists[d], b, self.sampling.greedy, generator)]
+            frontier = new
+        return tree
+
+    def accept(self, path: Sequence[int], hidden: torch.Tensor) -> None:
+        self.hidden = hidden
+
+
+def load_heads(job: DecodeJob) -> MedusaHeads:
+    target = job.target
+    heads = load_drafter(job.option("heads_path"), kind="heads", hidden_size=target.config.hidden_size)
+    dtype = next(target.parameters()).dtype
+    return heads.to(device=job.device, dtype=dtype)
+
+
+def decode(job: DecodeJob) -> list[RowTrace]:
+    branching = job.option("heads_tree")
+    if branching is not None and len(job.prompts) > 1:
+        raise ValueError(f"method 'heads' with heads_tree={branching!r} decodes one request at a time: "
+                         f"batch_size={len(job.prompts)} is not supported (use linear mode, or batch 1)")
+    heads = load_heads(job)
+    depth = len(branching) if branching is not None else job.gamma
+    if depth > heads.num_heads:
+        what = f"heads_tree={branching!r} (depth {depth})" if branching is not None else f"gamma={job.gamma}"
+        raise ValueError(f"method 'heads': {what} needs {depth} heads; {job.option('heads_path')} has "
+                         f"{heads.num_heads}")
+    gen = job.generator()
+    if branching is not None:
+        drafter = HeadsTreeDrafter(heads, job.target, branching, job.sampling)
+        return [tree_decode(job.target, job.prompts[0], job.sampling, drafter, gen, job.eos_token_ids, job.device)]
+    capture = HiddenCapture(job.target)
+    try:
+        drafter = HeadsChainDrafter(heads, job.target, capture, job.sampling, gen)
+        return speculative_decode(job.target, drafter, job.prompts, job.sampling, StaticGamma(job.gamma), gen,
+                                  job.eos_token_ids, job.device)
+    finally:
+        capture.close()
+
+
+def _heads_path(v: Any) -> str:
+    """A heads file that exists and was written by train-drafter (checked before model loading)."""
+    from safetensors import safe_open
+
+    p = Path(str(v))
+    if p.suffix != ".safetensors":
+        p = p.with_suffix(".safetensors")
+    if not p.exists():
+        raise ValueError(f"no heads file at {str(p)!r} (train one with `specstudy train-drafter --kind heads`)")
+    with safe_open(str(p), framework="pt") as f:
+        kind = (f.metadata() or {}).get("kind")
+    if kind != "heads":
+        raise ValueError(f"{p} holds drafter kind {kind!r}, not 'heads'")
+    return str(p)
+
+
+def _num_heads(path: str) -> int:
+    from safetensors import safe_open
+
+    with safe_open(path, framework="pt") as f:
+        return int((f.metadata() or {})["num_heads"])
+
+
+@dataclass(frozen=True)
+class HeadsSpec(MethodSpec):
+    """Checks the heads file against γ and the tree shape before any model is loaded."""
+
+    def check(self, gamma, batch_size, drafter, options):
+        out = MethodSpec.check(self, gamma, batch_size, drafter, options)
+        if "heads_path" not in out:
+            raise ValueError("method 'heads' needs option heads_path (a file written by `specstudy train-drafter "
+                             "--kind heads`, e.g. params/drafters/smollm2-135m-heads.safetensors)")
+        if "heads_tree" in out:
+            if len(out["heads_tree"]) != gamma:
+                raise ValueError(f"method 'heads': heads_tree={','.join(map(str, out['heads_tree']))} has depth "
+                                 f"{len(out['heads_tree'])}, but gamma={gamma}: the tree depth is gamma")
+            if batch_size > 1:
+                raise ValueError(f"method 'heads' with heads_tree decodes one request at a time: "
+                                 f"batch_size={batch_size} is not supported (use linear mode, or batch 1)")
+        k = _num_heads(out["heads_path"])
+        if gamma > k:
+            raise ValueError(f"method 'heads': gamma={gamma} needs {gamma} heads; {out['heads_path']} has {k}")
+        return out
+
+
+OPTIONS = {"heads_path": _heads_path, "heads_tree": parse_branching}
+
+SPEC = HeadsSpec(name="heads", decode=decode, options=OPTIONS,
+                 description="Medusa-style heads on the target's last hidden state (linear or tree verification)")

@@ -1,0 +1,110 @@
+"""layer_skip: self-speculation — the target's first k layers, its final norm and LM head draft.
+
+No second model: the drafter is a view of the target that exits after layer k (LayerSkip /
+"early exit" drafting).  Untrained, the early exit's acceptance is whatever the model gives
+(report it honestly); an optional ``adapter`` module (trained by ``specstudy train-drafter``)
+maps the layer-k hidden state before the final norm.  The draft keeps its own KV cache for
+its k layers (the target's cache of those layers is not shared: simpler, and the same cost).
+
+Options: ``exit_layer`` (k, layers kept) or ``skip_layers`` (layers skipped, k = L − skip);
+default k = L // 2.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+from ..speculate import ModelDrafter, StaticGamma, speculative_decode
+from ..trace import RowTrace
+from . import DecodeJob, MethodSpec, positive_int
+
+
+def _decoder(target: Any) -> Any:
+    base = getattr(target, "model", None)
+    for name in ("embed_tokens", "layers", "norm", "rotary_emb"):
+        if base is None or not hasattr(base, name):
+            raise ValueError(f"layer_skip needs a Llama-style decoder (model.embed_tokens/layers/norm/rotary_emb); "
+                             f"{type(target).__name__} has no model.{name}")
+    types = getattr(target.config, "layer_types", None) or []
+    if any(t != "full_attention" for t in types):
+        raise ValueError(f"layer_skip supports full-attention layers only; config.layer_types={sorted(set(types))}")
+    return base
+
+
+def exit_layer(target: Any, options: dict) -> int:
+    n_layers = target.config.num_hidden_layers
+    if "exit_layer" in options and "skip_layers" in options:
+        raise ValueError("give exit_layer or skip_layers, not both")
+    k = options.get("exit_layer", n_layers - options["skip_layers"] if "skip_layers" in options else n_layers // 2)
+    if not 1 <= k < n_layers:
+        raise ValueError(f"exit layer k={k}: need 1 <= k < num_hidden_layers={n_layers}")
+    return k
+
+
+class LayerSkipDraft(torch.nn.Module):
+    """The target's first ``k`` layers + final norm + LM head, called like a causal LM.
+
+    Holds references to the target's modules (no copy of any weight).
+    """
+
+    cache_config = None  # its cache has k layers, not the target config's L
+
+    def __init__(self, target: Any, k: int, adapter: torch.nn.Module | None = None):
+        super().__init__()
+        _decoder(target)
+        object.__setattr__(self, "_target", target)  # not registered: parameters stay the target's
+        self.config = target.config
+        self.k = k
+        self.adapter = adapter
+
+    @torch.no_grad()
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None, cache: Any = None, use_cache: bool = True,
+                logits_to_keep: int = 0) -> SimpleNamespace:
+        from transformers.masking_utils import create_causal_mask
+
+        base = self._target.model
+        h = base.embed_tokens(input_ids)
+        if position_ids is None:
+            past = cache.get_seq_length() if cache is not None else 0
+            position_ids = (torch.arange(h.shape[1], device=h.device) + past)[None]
+        mask = create_causal_mask(config=self.config, inputs_embeds=h, attention_mask=attention_mask,
+                                  cache=cache, position_ids=position_ids)
+        pos_emb = base.rotary_emb(h, position_ids=position_ids)
+        for layer in base.layers[: self.k]:
+            h = layer(h, attention_mask=mask, position_embeddings=pos_emb, position_ids=position_ids,
+                      cache=cache, use_cache=use_cache)
+        if self.adapter is not None:
+            h = self.adapter(h)
+        h = base.norm(h)
+        if logits_to_keep:
+            h = h[:, -logits_to_keep:]
+        return SimpleNamespace(logits=self._target.lm_head(h))
+
+
+def decode(job: DecodeJob) -> list[RowTrace]:
+    draft = LayerSkipDraft(job.target, exit_layer(job.target, dict(job.options)), job.option("adapter"))
+    gen = job.generator()
+    drafter = ModelDrafter(draft, len(job.prompts), job.sampling, gen, job.device)
+    return speculative_decode(job.target, drafter, job.prompts, job.sampling, StaticGamma(job.gamma), gen,
+                              job.eos_token_ids, job.device)
+
+
+def _adapter(v: Any) -> Any:
+    if v is not None and not isinstance(v, torch.nn.Module):
+        raise ValueError("need a torch.nn.Module mapping hidden states (or None)")
+    return v
+
+
+def _cross_check(options: dict) -> None:
+    if "exit_layer" in options and "skip_layers" in options:
+        raise ValueError("method 'layer_skip': give exit_layer or skip_layers, not both")
+
+
+SPEC = MethodSpec(name="layer_skip", decode=decode,
+                  options={"exit_layer": positive_int, "skip_layers": positive_int, "adapter": _adapter},
+                  cross_check=_cross_check,
+                  description="self-speculation: the target's first k layers + LM head draft")

@@ -1,0 +1,74 @@
+"""ngram: prompt lookup decoding — draft-free, the drafts are copied from the context.
+
+For n from ``ngram_max`` down to ``ngram_min``: find the *first* (leftmost) earlier occurrence
+of the context's last n tokens that has a continuation, and propose up to γ tokens that followed
+it.  This is the rule of HF transformers' ``prompt_lookup_num_tokens`` (its
+PromptLookupCandidateGenerator, ngram_max = max_matching_ngram_size, ngram_min = 1), so the two
+engines' acceptance counts can be compared.  Drafts are deterministic: under sampling the verify
+step treats q as one-hot, which keeps the output distribution exact.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from ..speculate import Draft, StaticGamma, speculative_decode
+from ..trace import RowTrace
+from . import DecodeJob, MethodSpec, positive_int
+
+
+def lookup(context: Sequence[int], max_tokens: int, ngram_min: int, ngram_max: int) -> list[int]:
+    """The continuation of the leftmost earlier match of the longest matching suffix n-gram."""
+    if max_tokens <= 0:
+        return []
+    n_ctx = len(context)
+    for n in range(min(ngram_max, n_ctx - 1), ngram_min - 1, -1):
+        suffix = list(context[n_ctx - n:])
+        first = suffix[0]
+        for start in range(0, n_ctx - n):
+            if context[start] == first and list(context[start:start + n]) == suffix:
+                cont = list(context[start + n: min(start + n + max_tokens, n_ctx)])
+                if cont:
+                    return cont
+    return []
+
+
+class NgramDrafter:
+    def __init__(self, ngram_min: int, ngram_max: int, device: str | torch.device):
+        if ngram_min > ngram_max:
+            raise ValueError(f"ngram_min={ngram_min} > ngram_max={ngram_max}")
+        self.ngram_min, self.ngram_max, self.device = ngram_min, ngram_max, torch.device(device)
+
+    def propose(self, contexts: list[list[int]], max_draft: list[int]) -> Draft:
+        found = [lookup(c, m, self.ngram_min, self.ngram_max) for c, m in zip(contexts, max_draft)]
+        width = max((len(f) for f in found), default=0)
+        tokens = torch.zeros((len(found), width), dtype=torch.long)
+        for b, f in enumerate(found):
+            tokens[b, : len(f)] = torch.as_tensor(f, dtype=torch.long)
+        n = torch.as_tensor([len(f) for f in found], dtype=torch.long)
+        return Draft(tokens.to(self.device), n.to(self.device), None)
+
+    def accepted(self, n_accepted: torch.Tensor, draft: Draft) -> None:
+        pass
+
+    def select_rows(self, keep: list[int]) -> None:
+        pass
+
+
+def decode(job: DecodeJob) -> list[RowTrace]:
+    drafter = NgramDrafter(job.option("ngram_min", 1), job.option("ngram_max", 3), job.device)
+    return speculative_decode(job.target, drafter, job.prompts, job.sampling, StaticGamma(job.gamma),
+                              job.generator(), job.eos_token_ids, job.device)
+
+
+def _cross_check(options: dict) -> None:
+    lo, hi = options.get("ngram_min", 1), options.get("ngram_max", 3)
+    if lo > hi:
+        raise ValueError(f"method 'ngram': ngram_min={lo} > ngram_max={hi}")
+
+
+SPEC = MethodSpec(name="ngram", decode=decode, options={"ngram_min": positive_int, "ngram_max": positive_int},
+                  cross_check=_cross_check,
+                  description="prompt lookup (n-gram) drafting, draft-free")

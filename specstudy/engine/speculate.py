@@ -1,0 +1,210 @@
+"""The chain speculative loop shared by draft_target, ngram and layer_skip (gpt-fast style).
+
+Per verification step, for every active row:
+
+1. the drafter proposes up to γ tokens after the row's context;
+2. the target runs once over ``[pending, d_1..d_n]`` (the pending token is the last emitted
+   one, not yet in the target's cache);
+3. :func:`specstudy.engine.verify.verify_step` accepts a prefix and picks the next token;
+4. both caches roll back the rejected drafts; the accepted drafts and the next token are
+   emitted (the next token becomes the new pending one).
+
+The prompt's prefill is a step of its own (it emits the first token, drafted = 0), so
+τ = emitted tokens / steps counts every target forward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+import torch
+
+from ..records import Sampling
+from .kv import KVState, pad_ragged
+from .sampling import next_tokens, probs_for
+from .trace import BatchTrace, RowTrace, Timer
+from .verify import verify_step
+
+
+@dataclass
+class Draft:
+    """A batch of drafted chains: ``tokens [B, G]`` (row b real up to ``n_draft[b]``) and the
+    draft distributions ``probs [B, G, V]`` they were sampled from (None: deterministic)."""
+
+    tokens: torch.Tensor
+    n_draft: torch.Tensor
+    probs: torch.Tensor | None = None
+
+
+class Drafter(Protocol):
+    def propose(self, contexts: list[list[int]], max_draft: list[int]) -> Draft:
+        """Draft up to ``max_draft[b]`` tokens after ``contexts[b]`` (prompt + emitted)."""
+
+    def accepted(self, n_accepted: torch.Tensor, draft: Draft) -> None:
+        """The target accepted ``n_accepted[b]`` drafts of row b: roll back the rest."""
+
+    def select_rows(self, keep: list[int]) -> None:
+        """Only rows ``keep`` (positions in the current batch) go on."""
+
+
+def empty_draft(batch: int, device: torch.device) -> Draft:
+    return Draft(torch.zeros((batch, 0), dtype=torch.long, device=device),
+                 torch.zeros(batch, dtype=torch.long, device=device))
+
+
+# --------------------------------------------------------------------------------------------
+# γ policies
+
+
+class StaticGamma:
+    """The same γ every step."""
+
+    def __init__(self, gamma: int):
+        self.gamma = gamma
+
+    def gammas(self, rows: Sequence[int]) -> list[int]:
+        return [self.gamma] * len(rows)
+
+    def update(self, rows: Sequence[int], drafted: Sequence[int], accepted: Sequence[int]) -> None:
+        pass
+
+
+class HeuristicGamma:
+    """Per-row dynamic γ (the rule of HF's "heuristic" schedule): +2 after a step whose drafts
+    were all accepted, −1 (not below 1) otherwise, capped at ``gamma_max``."""
+
+    def __init__(self, gamma: int, gamma_max: int):
+        self.start, self.gamma_max = gamma, gamma_max
+        self.current: dict[int, int] = {}
+
+    def gammas(self, rows: Sequence[int]) -> list[int]:
+        return [self.current.get(r, self.start) for r in rows]
+
+    def update(self, rows: Sequence[int], drafted: Sequence[int], accepted: Sequence[int]) -> None:
+        for r, d, a in zip(rows, drafted, accepted):
+            if d == 0:
+                continue
+            g = self.current.get(r, self.start)
+            self.current[r] = min(g + 2, self.gamma_max) if a == d else max(1, g - 1)
+
+
+# --------------------------------------------------------------------------------------------
+# the loop
+
+
+def prefill(state: KVState, prompts: Sequence[Sequence[int]]) -> torch.Tensor:
+    """Run the prompts (left-padded) through ``state``; returns the last position's logits [B, V]."""
+    ids, valid = pad_ragged(prompts, "left", device=state.device)
+    return state.forward(ids, valid, logits_to_keep=1)[:, -1]
+
+
+def speculative_decode(
+    target: torch.nn.Module,
+    drafter: Drafter,
+    prompts: Sequence[Sequence[int]],
+    sampling: Sampling,
+    gamma_policy: StaticGamma | HeuristicGamma,
+    generator: torch.Generator | None,
+    eos_token_ids: Sequence[int] = (),
+    device: str | torch.device = "cpu",
+) -> list[RowTrace]:
+    trace = BatchTrace(prompts, sampling.max_new_tokens, eos_token_ids, sampling.ignore_eos, device)
+    tstate = KVState(target, len(prompts), device)
+
+    with Timer(device) as tv:
+        last = prefill(tstate, [trace.rows[i].prompt_ids for i in trace.active])
+    first = next_tokens(last, sampling, generator)
+    keep = trace.emit([[t] for t in first.tolist()], last[:, None], 0, 0, None, tv.s)
+    _keep_rows(keep, tstate, drafter)
+
+    while not trace.done:
+        contexts = trace.contexts()
+        rows = list(trace.active)
+        max_draft = [max(0, min(g, r - 1)) for g, r in zip(gamma_policy.gammas(rows), trace.remaining())]
+        with Timer(device) as td:
+            draft = drafter.propose(contexts, max_draft) if max(max_draft) > 0 else empty_draft(len(rows), tstate.device)
+        n_draft = draft.n_draft.tolist()
+        drafts = draft.tokens.tolist()
+        block = [[c[-1]] + d[:n] for c, d, n in zip(contexts, drafts, n_draft)]
+        ids, valid = pad_ragged(block, "right", width=draft.tokens.shape[1] + 1, device=tstate.device)
+        with Timer(device) as tv:
+            logits = tstate.forward(ids, valid)
+        outcome = verify_step(draft.tokens, draft.n_draft.to(logits.device), logits, sampling, draft.probs, generator)
+        accepted = outcome.accepted.tolist()
+        tstate.rollback([n - a for n, a in zip(n_draft, accepted)])
+        drafter.accepted(outcome.accepted, draft)
+        gamma_policy.update(rows, n_draft, accepted)
+        keep = trace.emit(outcome.emitted(draft.tokens), logits, n_draft, accepted, td.s, tv.s)
+        _keep_rows(keep, tstate, drafter, before=len(rows))
+    return trace.rows
+
+
+def _keep_rows(keep: list[int], state: KVState, drafter: Drafter, before: int | None = None) -> None:
+    n = state.batch_size if before is None else before
+    if keep and len(keep) < n:
+        state.select_rows(keep)
+        drafter.select_rows(keep)
+
+
+# --------------------------------------------------------------------------------------------
+# a drafter that is a causal LM (a draft model, or the target's first layers)
+
+
+class ModelDrafter:
+    """Drafts with a causal LM that has its own KV cache.
+
+    Its cache holds a prefix of each row's context; :meth:`propose` first feeds the tokens it
+    has not seen (the prompt on the first call, then the pending token, plus the last draft when
+    all were accepted), then samples γ tokens one by one with the shared sampling transform.
+    ``confidence``: a row stops drafting after a token whose draft probability (untempered) is
+    below it (the dynamic-γ "confidence" policy); the first draft is always proposed.
+    """
+
+    def __init__(self, model: torch.nn.Module, batch_size: int, sampling: Sampling,
+                 generator: torch.Generator | None, device: str | torch.device = "cpu",
+                 confidence: float | None = None):
+        self.state = KVState(model, batch_size, device)
+        self.sampling = sampling
+        self.generator = generator
+        self.confidence = confidence
+        self._fed = 0  # draft tokens fed into the cache in the last propose
+
+    def propose(self, contexts: list[list[int]], max_draft: list[int]) -> Draft:
+        lengths = self.state.lengths.tolist()
+        unseen = [c[n:] for c, n in zip(contexts, lengths)]
+        ids, valid = pad_ragged(unseen, "left", device=self.state.device)
+        logits = self.state.forward(ids, valid, logits_to_keep=1)[:, -1]
+        g = max(max_draft)
+        limit = torch.as_tensor(max_draft, device=self.state.device)
+        n_draft = torch.zeros_like(limit)
+        running = limit > 0
+        tokens, probs = [], []
+        self._fed = 0
+        for i in range(g):
+            if self.sampling.greedy:
+                tok = torch.argmax(logits, dim=-1)
+            else:
+                q = probs_for(logits, self.sampling)
+                tok = torch.multinomial(q, 1, generator=self.generator).squeeze(-1)
+                probs.append(q)
+            tokens.append(tok)
+            n_draft = n_draft + running.long()
+            running = running & (n_draft < limit)
+            if self.confidence is not None:
+                # HF's assistant_confidence_threshold rule: keep the token, stop after it when the
+                # draft's own (untempered) probability of it is below the threshold
+                conf = torch.softmax(logits.float(), dim=-1).gather(1, tok[:, None]).squeeze(1)
+                running = running & (conf >= self.confidence)
+            if i == g - 1 or not bool(running.any()):
+                break
+            logits = self.state.forward(tok[:, None], logits_to_keep=1)[:, -1]
+            self._fed += 1
+        return Draft(torch.stack(tokens, dim=1), n_draft, torch.stack(probs, dim=1) if probs else None)
+
+    def accepted(self, n_accepted: torch.Tensor, draft: Draft) -> None:
+        keep = torch.clamp(n_accepted.to(self.state.device), max=self._fed)
+        self.state.rollback(self._fed - keep)
+
+    def select_rows(self, keep: list[int]) -> None:
+        self.state.select_rows(keep)

@@ -1,0 +1,307 @@
+"""Serving benchmark: offered load (Poisson / gamma arrivals or fixed concurrency) against a server,
+with speculation on and off against the same server build, speedup per rate.
+
+One *run* = one method (the speculative one or the ``ar`` baseline) at one load point.  Each run:
+warm-up requests (not recorded), a ``/metrics`` scrape, the timed requests, another scrape (so
+acceptance is scoped to the run), records written as one parquet part, and a summary computed
+only with :mod:`specstudy.metrics`.  Every request has a deadline and the run has one: requests
+the run deadline leaves unsent become ``timeout`` records, so a sweep never hangs.
+
+Arrivals: inter-arrival gaps ~ Gamma(shape=b, scale=1/(λ·b)); b = 1 is a Poisson process,
+b < 1 is burstier, b > 1 smoother (the convention of vLLM's ``benchmark_serving``).  λ = inf
+sends everything at once; ``concurrency`` then means a closed loop of that many clients, and
+with finite λ it caps the requests in flight.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from . import metrics
+from .records import Cell, Request, RequestRecord, Sampling, write_part
+
+INF = float("inf")
+
+
+def parse_rates(text: str) -> list[float]:
+    """``"0.5,1,inf"`` → [0.5, 1.0, inf]; rates must be > 0."""
+    rates = []
+    for part in str(text).split(","):
+        part = part.strip().lower()
+        if not part:
+            continue
+        try:
+            r = INF if part in ("inf", "infinity") else float(part)
+        except ValueError:
+            raise ValueError(f"rates: {part!r} is not a number; give requests/s like 0.5,1,inf") from None
+        if not r > 0:
+            raise ValueError(f"rates: {part!r} must be > 0 requests/s (or inf)")
+        rates.append(r)
+    if not rates:
+        raise ValueError(f"rates={text!r}: give at least one rate, e.g. 0.5,1,inf")
+    return rates
+
+
+def arrival_offsets(n: int, rate: float, burstiness: float = 1.0, seed: int = 0) -> list[float]:
+    """Send times (seconds from the run start) of ``n`` requests; the first at 0."""
+    if n < 0:
+        raise ValueError(f"n={n!r}: must be >= 0")
+    if not rate > 0:
+        raise ValueError(f"rate={rate!r}: must be > 0")
+    if not burstiness > 0:
+        raise ValueError(f"burstiness={burstiness!r}: must be > 0 (1 = Poisson)")
+    if n == 0:
+        return []
+    if math.isinf(rate):
+        return [0.0] * n
+    rng = np.random.default_rng(seed)
+    gaps = rng.gamma(shape=burstiness, scale=1.0 / (rate * burstiness), size=n - 1)
+    return [0.0] + np.cumsum(gaps).tolist()
+
+
+@dataclass(frozen=True)
+class Load:
+    """One load point: requests/s, burstiness, and the concurrency cap (None = unbounded)."""
+
+    rate: float
+    burstiness: float = 1.0
+    concurrency: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.concurrency is not None and self.concurrency < 1:
+            raise ValueError(f"concurrency={self.concurrency!r}: must be >= 1")
+
+    @property
+    def label(self) -> str:
+        r = "inf" if math.isinf(self.rate) else f"{self.rate:g}"
+        return f"rate={r}" + (f",conc={self.concurrency}" if self.concurrency else "")
+
+    def options(self) -> tuple[tuple[str, Any], ...]:
+        return (("rate", "inf" if math.isinf(self.rate) else self.rate), ("burstiness", self.burstiness),
+                ("concurrency", self.concurrency))
+
+
+def _unsent(request: Request, sampling: Sampling, cell: Cell, why: str) -> RequestRecord:
+    rec = cell.new_record(request, sampling, input_policy=getattr(request, "input_policy", "") or "")
+    rec.start_epoch, rec.status, rec.error = time.time(), "timeout", why
+    return rec
+
+
+def drive(send, requests: Sequence[Request], sampling: Sampling, cell: Cell, load: Load, *,
+          request_timeout_s: float, run_timeout_s: float, seed: int = 0) -> tuple[list[RequestRecord], float]:
+    """Offer ``requests`` at ``load`` through ``send(request, sampling, cell, timeout_s)``.
+
+    Returns the records in request order and the run's wall time.  No request gets more time
+    than is left of ``run_timeout_s``; requests not sent by then are ``timeout`` records.
+    """
+    if run_timeout_s <= 0 or request_timeout_s <= 0:
+        raise ValueError("request_timeout_s and run_timeout_s must be > 0")
+    n = len(requests)
+    offsets = arrival_offsets(n, load.rate, load.burstiness, seed)
+    records: list[RequestRecord | None] = [None] * n
+    t_start = time.monotonic()
+    deadline = t_start + run_timeout_s
+    gate = threading.Semaphore(load.concurrency) if load.concurrency else None
+
+    def one(i: int) -> None:
+        try:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                records[i] = _unsent(requests[i], sampling, cell, f"not sent: run time limit {run_timeout_s:.0f} s")
+                return
+            records[i] = send(requests[i], sampling, cell, min(request_timeout_s, left))
+        finally:
+            if gate is not None:
+                gate.release()
+
+    with ThreadPoolExecutor(max_workers=max(1, min(n, load.concurrency or n))) as pool:
+        for i, off in enumerate(offsets):
+            wait = t_start + off - time.monotonic()
+            if wait > 0:
+                time.sleep(min(wait, max(0.0, deadline - time.monotonic())))
+            if gate is not None:
+                got = gate.acquire(timeout=max(0.0, deadline - time.monotonic()))
+                if not got:
+                    records[i] = _unsent(requests[i], sampling, cell, "not sent: run time limit while waiting for a slot")
+                    continue
+            if time.monotonic() >= deadline:
+                records[i] = _unsent(requests[i], sampling, cell, f"not sent: run time limit {run_timeout_s:.0f} s")
+                if gate is not None:
+                    gate.release()
+                continue
+            pool.submit(one, i)
+    wall = time.monotonic() - t_start
+    return [r for r in records if r is not None], wall
+
+
+# --------------------------------------------------------------------------------------------
+# summaries (numbers only from specstudy.metrics)
+
+
+@dataclass(frozen=True)
+class Slo:
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+    e2e_s: float | None = None
+
+
+def summarize(records: Sequence[RequestRecord], wall_s: float, slo: Slo) -> dict[str, Any]:
+    """Latency percentiles, throughputs, goodput, per-request acceptance and outcome counts."""
+    out: dict[str, Any] = {"n_requests": len(records)}
+    for status in ("ok", "timeout", "error", "oom"):
+        out[f"n_{status}"] = sum(1 for r in records if r.status == status)
+    out["wall_s"] = wall_s
+    out.update(metrics.latency_summary(records))
+    out["request_throughput_rps"] = metrics.request_throughput(records)
+    out["output_throughput_tps"] = metrics.output_throughput(records)
+    out["goodput_rps"] = metrics.goodput(records, ttft_s=slo.ttft_s, tpot_s=slo.tpot_s, e2e_s=slo.e2e_s)
+    out["slo"] = {"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s, "e2e_s": slo.e2e_s}
+    out["acceptance_per_request"] = metrics.acceptance_summary(records)
+    return out
+
+
+def compare(baseline: Sequence[RequestRecord], spec: Sequence[RequestRecord]) -> dict[str, Any]:
+    """Paired speedup (E2E, bootstrap CI) and throughput / TTFT / TPOT ratios at one load point."""
+    out: dict[str, Any] = dict(metrics.paired_speedup(baseline, spec))
+    out["exact_match_rate"] = metrics.exact_match_rate(baseline, spec)
+    b, s = metrics.latency_summary(baseline), metrics.latency_summary(spec)
+    tb, ts = metrics.output_throughput(baseline), metrics.output_throughput(spec)
+    out["output_throughput_ratio"] = ts / tb if tb and tb == tb and ts == ts else metrics.NAN
+    for k in ("ttft_s_p50", "tpot_s_p50", "e2e_s_p50"):
+        out[f"{k}_ratio_base_over_spec"] = b[k] / s[k] if s[k] and s[k] == s[k] and b[k] == b[k] else metrics.NAN
+    return out
+
+
+def stops_paying(comparisons: Sequence[tuple[float, dict[str, Any]]]) -> float | None:
+    """The lowest rate whose paired speedup is ≤ 1 (speculation no longer pays); None if none."""
+    for rate, c in sorted(comparisons, key=lambda rc: rc[0]):
+        sp = c.get("speedup")
+        if sp is not None and sp == sp and sp <= 1.0:
+            return rate
+    return None
+
+
+# --------------------------------------------------------------------------------------------
+# the sweep
+
+
+@dataclass
+class SweepConfig:
+    spec_method: str
+    gamma: int | None
+    rates: list[float]
+    burstiness: float = 1.0
+    concurrency: int | None = None
+    warmup: int = 2
+    request_timeout_s: float = 120.0
+    run_timeout_s: float = 1800.0
+    slo: Slo = field(default_factory=Slo)
+    baseline: bool = True
+    seed: int = 0
+    method_options: tuple[tuple[str, Any], ...] = ()
+    telemetry_period_s: float = 0.5
+
+
+def _json_safe(x: Any) -> Any:
+    if isinstance(x, float):
+        return None if (x != x or math.isinf(x)) else x
+    if isinstance(x, dict):
+        return {str(k): _json_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_json_safe(v) for v in x]
+    return x
+
+
+def run_sweep(backends: dict[str, Any], requests: Sequence[Request], warmup_requests: Sequence[Request],
+              sampling: Sampling, base_cell: Cell, cfg: SweepConfig, out_dir: str | Path,
+              progress=print) -> dict[str, Any]:
+    """Run every rate with the speculative method and (if ``cfg.baseline``) with ``ar``.
+
+    ``backends`` maps ``"spec"`` / ``"baseline"`` to server backends (they may be the same
+    object: it restarts its server per configuration).  Returns the summary (also written as
+    ``summary.json`` next to ``records/``).
+    """
+    out_dir = Path(out_dir)
+    arms = [("spec", cfg.spec_method, cfg.gamma)]
+    if cfg.baseline:
+        arms.insert(0, ("baseline", "ar", None))
+    runs: dict[str, dict[float, list[RequestRecord]]] = {}
+    summary: dict[str, Any] = {"sampling": sampling.__dict__, "config": {
+        "spec_method": cfg.spec_method, "gamma": cfg.gamma, "rates": ["inf" if math.isinf(r) else r for r in cfg.rates],
+        "burstiness": cfg.burstiness, "concurrency": cfg.concurrency, "warmup": cfg.warmup,
+        "request_timeout_s": cfg.request_timeout_s, "run_timeout_s": cfg.run_timeout_s,
+        "n_requests": len(requests), "method_options": dict(cfg.method_options)}, "servers": {}, "runs": []}
+    for arm, method, gamma in arms:
+        backend = backends[arm]
+        runs[arm] = {}
+        for rate in cfg.rates:
+            load = Load(rate, cfg.burstiness, cfg.concurrency)
+            opts = tuple(cfg.method_options) + load.options() if method != "ar" else load.options()
+            cell = replace(base_cell, method=method, gamma=gamma, options=opts)
+            info = backend.ensure_server(cell)
+            summary["servers"][arm] = info.as_dict()
+            progress(f"[serve-bench] {arm} ({method}) {load.label}: warm-up {len(warmup_requests)}, "
+                     f"{len(requests)} requests")
+            warm = [backend.send(r, sampling, cell, cfg.request_timeout_s) for r in warmup_requests]
+            before = backend.scrape()
+            records, wall, tele = _timed_run(backend, requests, sampling, cell, load, cfg)
+            after = backend.scrape()
+            run_acc = backend.run_acceptance(before, after, records)
+            for rec in records:
+                rec.extra["run_scope"] = {"acceptance": run_acc, "n_requests": len(records), "wall_s": wall,
+                                          "load": load.label}
+                if tele and tele.get("gpu_mem_used_max_bytes") is not None:
+                    rec.peak_memory_bytes, rec.memory_source = int(tele["gpu_mem_used_max_bytes"]), "nvml_device"
+            part = write_part(records, out_dir / "records" / f"{cell.cell_id}.parquet")
+            s = summarize(records, wall, cfg.slo)
+            s.update(arm=arm, method=method, gamma=gamma, rate="inf" if math.isinf(rate) else rate, load=load.label,
+                     cell_id=cell.cell_id, records=str(part), run_acceptance=run_acc, telemetry=tele,
+                     warmup={"n": len(warm), "n_ok": sum(1 for w in warm if w.status == "ok")})
+            summary["runs"].append(s)
+            runs[arm][rate] = records
+            progress(f"[serve-bench]   ok {s['n_ok']}/{s['n_requests']}  out {s['output_throughput_tps']:.2f} tok/s  "
+                     f"TTFT p50 {s['ttft_s_p50']:.3f} s  TPOT p50 {s['tpot_s_p50']:.4f} s")
+        if arm == "baseline" and backends.get("spec") is not backend:
+            backend.stop_server()
+    comparisons = []
+    if cfg.baseline:
+        for rate in cfg.rates:
+            c = compare(runs["baseline"][rate], runs["spec"][rate])
+            c["rate"] = "inf" if math.isinf(rate) else rate
+            comparisons.append((rate, c))
+    summary["comparison"] = [c for _, c in comparisons]
+    stop = stops_paying(comparisons)
+    summary["stops_paying_at_rate"] = None if stop is None else ("inf" if math.isinf(stop) else stop)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    import json
+
+    (out_dir / "summary.json").write_text(json.dumps(_json_safe(summary), indent=2, default=str))
+    return summary
+
+
+def _timed_run(backend, requests, sampling, cell, load, cfg):
+    """Drive one run under the telemetry sampler (GPU memory of a server comes from NVML)."""
+    try:
+        from .telemetry import TelemetrySampler
+    except ImportError:  # telemetry is optional for the benchmark itself
+        TelemetrySampler = None
+    if TelemetrySampler is None:
+        records, wall = drive(backend.send, requests, sampling, cell, load, request_timeout_s=cfg.request_timeout_s,
+                              run_timeout_s=cfg.run_timeout_s, seed=cfg.seed)
+        return records, wall, None
+    sampler = TelemetrySampler(period_s=cfg.telemetry_period_s)
+    sampler.start()
+    try:
+        records, wall = drive(backend.send, requests, sampling, cell, load, request_timeout_s=cfg.request_timeout_s,
+                              run_timeout_s=cfg.run_timeout_s, seed=cfg.seed)
+    finally:
+        tele = sampler.stop().summary()
+    return records, wall, tele

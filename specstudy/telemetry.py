@@ -1,0 +1,300 @@
+"""Hardware telemetry sampled during each cell, so thermal throttling and load are visible.
+
+A :class:`TelemetrySampler` is a daemon thread that reads, every ``period_s`` seconds, through
+pynvml for each NVIDIA GPU: temperature, SM and memory clocks, power, utilisation, memory used,
+and the clock-event (throttle) reasons; and through psutil for the host: process RSS, CPU
+frequency, CPU utilisation, load average and (where the kernel exposes them) CPU temperatures.
+The seed article's hygiene table asks for GPU temperature monitoring during long benchmarks;
+on this shared CPU machine the load average is what explains a slow cell.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+# NVML clock-event reason bits (nvml.h, nvmlClocksEventReason*): stable since NVML 3.
+THROTTLE_REASONS = {
+    0x1: "gpu_idle",
+    0x2: "applications_clocks_setting",
+    0x4: "sw_power_cap",
+    0x8: "hw_slowdown",
+    0x10: "sync_boost",
+    0x20: "sw_thermal_slowdown",
+    0x40: "hw_thermal_slowdown",
+    0x80: "hw_power_brake_slowdown",
+    0x100: "display_clock_setting",
+}
+#: reasons that mean the GPU ran slower than it could for thermal or power reasons
+PERFORMANCE_THROTTLES = {"sw_power_cap", "hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown",
+                         "hw_power_brake_slowdown"}
+#: a CPU whose clock falls below this share of its highest sampled clock is flagged
+CPU_FREQ_DROP = 0.85
+
+
+def decode_throttle_reasons(mask: int) -> list[str]:
+    """Names of the NVML clock-event reason bits set in ``mask``."""
+    return [name for bit, name in THROTTLE_REASONS.items() if mask & bit]
+
+
+def load_average() -> tuple[float, float, float]:
+    """The 1, 5 and 15 minute load averages (NaN where the OS has none)."""
+    try:
+        return os.getloadavg()
+    except (OSError, AttributeError):  # pragma: no cover - Windows
+        nan = float("nan")
+        return (nan, nan, nan)
+
+
+class _Nvml:
+    """pynvml handles, or nothing when there is no driver."""
+
+    def __init__(self) -> None:
+        self.handles: list[Any] = []
+        self.names: list[str] = []
+        self.driver = ""
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self.nv = pynvml
+        except Exception:
+            self.nv = None
+            return
+        try:
+            d = pynvml.nvmlSystemGetDriverVersion()
+            self.driver = d.decode() if isinstance(d, bytes) else str(d)
+        except Exception:
+            pass
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            n = pynvml.nvmlDeviceGetName(h)
+            self.handles.append(h)
+            self.names.append(n.decode() if isinstance(n, bytes) else str(n))
+
+    def sample(self) -> list[dict[str, Any]]:
+        nv = self.nv
+        out = []
+        for i, h in enumerate(self.handles):
+            s: dict[str, Any] = {"gpu": i}
+            for key, fn in (
+                ("gpu_temp_c", lambda: nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)),
+                ("gpu_sm_clock_mhz", lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)),
+                ("gpu_mem_clock_mhz", lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM)),
+                ("gpu_power_w", lambda: nv.nvmlDeviceGetPowerUsage(h) / 1000.0),
+                ("gpu_util_pct", lambda: nv.nvmlDeviceGetUtilizationRates(h).gpu),
+                ("gpu_mem_used_bytes", lambda: nv.nvmlDeviceGetMemoryInfo(h).used),
+                ("gpu_fan_pct", lambda: nv.nvmlDeviceGetFanSpeed(h)),
+            ):
+                try:
+                    s[key] = fn()
+                except Exception:
+                    s[key] = None
+            mask = None
+            for name in ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"):
+                fn = getattr(nv, name, None)
+                if fn is not None:
+                    try:
+                        mask = int(fn(h))
+                        break
+                    except Exception:
+                        continue
+            s["gpu_throttle_mask"] = mask
+            out.append(s)
+        return out
+
+    def close(self) -> None:
+        if self.nv is not None:
+            try:
+                self.nv.nvmlShutdown()
+            except Exception:
+                pass
+
+
+def _host_sample(proc) -> dict[str, Any]:
+    import psutil
+
+    s: dict[str, Any] = {}
+    try:
+        s["rss_bytes"] = proc.memory_info().rss
+    except Exception:
+        s["rss_bytes"] = None
+    try:
+        f = psutil.cpu_freq()
+        s["cpu_freq_mhz"] = f.current if f else None
+    except Exception:
+        s["cpu_freq_mhz"] = None
+    s["cpu_util_pct"] = psutil.cpu_percent(interval=None)
+    s["load_1m"], s["load_5m"], s["load_15m"] = load_average()
+    try:
+        temps = psutil.sensors_temperatures() if hasattr(psutil, "sensors_temperatures") else {}
+        vals = [t.current for ts in temps.values() for t in ts if t.current]
+        s["cpu_temp_c"] = max(vals) if vals else None
+    except Exception:
+        s["cpu_temp_c"] = None
+    return s
+
+
+@dataclass
+class Telemetry:
+    """Samples of one cell: one row per (time, device); host fields on every row."""
+
+    period_s: float
+    samples: list[dict[str, Any]] = field(default_factory=list)
+    gpu_names: list[str] = field(default_factory=list)
+    driver: str = ""
+
+    def frame(self):
+        import pandas as pd
+
+        return pd.DataFrame(self.samples)
+
+    def summary(self) -> dict[str, Any]:
+        """Peaks, means and the throttling flag over the cell (None where not measured)."""
+        def col(name):
+            return [s[name] for s in self.samples if s.get(name) is not None]
+
+        def agg(name, fn):
+            v = col(name)
+            return fn(v) if v else None
+
+        mean = lambda v: sum(v) / len(v)  # noqa: E731
+        reasons = sorted({r for m in col("gpu_throttle_mask") for r in decode_throttle_reasons(m)})
+        perf = sorted(set(reasons) & PERFORMANCE_THROTTLES)
+        freqs = col("cpu_freq_mhz")
+        cpu_drop = bool(freqs) and min(freqs) < CPU_FREQ_DROP * max(freqs)
+        ts = col("t_s")
+        return {
+            "telemetry_samples": len({s.get("t_s") for s in self.samples}),
+            "telemetry_period_s": self.period_s,
+            "duration_s": (max(ts) - min(ts)) if ts else 0.0,
+            "gpu_names": list(self.gpu_names),
+            "gpu_driver": self.driver,
+            "gpu_temp_max_c": agg("gpu_temp_c", max),
+            "gpu_temp_mean_c": agg("gpu_temp_c", mean),
+            "gpu_sm_clock_min_mhz": agg("gpu_sm_clock_mhz", min),
+            "gpu_sm_clock_mean_mhz": agg("gpu_sm_clock_mhz", mean),
+            "gpu_mem_clock_mean_mhz": agg("gpu_mem_clock_mhz", mean),
+            "gpu_power_mean_w": agg("gpu_power_w", mean),
+            "gpu_power_max_w": agg("gpu_power_w", max),
+            "gpu_util_mean_pct": agg("gpu_util_pct", mean),
+            "gpu_mem_used_max_bytes": agg("gpu_mem_used_bytes", max),
+            "gpu_throttle_reasons": reasons,
+            "gpu_throttled": bool(perf),
+            "rss_peak_bytes": agg("rss_bytes", max),
+            "cpu_freq_mean_mhz": agg("cpu_freq_mhz", mean),
+            "cpu_freq_min_mhz": agg("cpu_freq_mhz", min),
+            "cpu_freq_max_mhz": agg("cpu_freq_mhz", max),
+            "cpu_freq_dropped": cpu_drop,
+            "cpu_util_mean_pct": agg("cpu_util_pct", mean),
+            "cpu_temp_max_c": agg("cpu_temp_c", max),
+            "load_1m_mean": agg("load_1m", mean),
+            "load_1m_max": agg("load_1m", max),
+            "throttled": bool(perf) or cpu_drop,
+        }
+
+
+class TelemetrySampler:
+    """A background thread sampling GPU (pynvml) and host (psutil) state every ``period_s``.
+
+    Use as a context manager; :attr:`telemetry` holds the samples afterwards.  Sampling costs a
+    few NVML calls per period, negligible against a decode step.
+    """
+
+    def __init__(self, period_s: float = 0.5, gpus: bool = True) -> None:
+        if period_s <= 0:
+            raise ValueError(f"period_s={period_s!r}: must be > 0")
+        self.period_s = period_s
+        self._nvml = _Nvml() if gpus else None
+        self.telemetry = Telemetry(period_s=period_s,
+                                   gpu_names=list(self._nvml.names) if self._nvml else [],
+                                   driver=self._nvml.driver if self._nvml else "")
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._t0 = 0.0
+
+    def _sample_once(self) -> None:
+        t = time.perf_counter() - self._t0
+        host = _host_sample(self._proc)
+        host["t_s"] = t
+        host["epoch"] = time.time()
+        gpus = self._nvml.sample() if self._nvml and self._nvml.handles else []
+        if gpus:
+            for g in gpus:
+                self.telemetry.samples.append({**host, **g})
+        else:
+            self.telemetry.samples.append(host)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._sample_once()
+            except Exception:  # a sensor read failing must never kill the measurement
+                pass
+            self._stop.wait(self.period_s)
+
+    def start(self) -> "TelemetrySampler":
+        import psutil
+
+        self._proc = psutil.Process()
+        psutil.cpu_percent(interval=None)  # prime the utilisation counter
+        self._t0 = time.perf_counter()
+        self._thread = threading.Thread(target=self._loop, name="specstudy-telemetry", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> Telemetry:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=max(5.0, 2 * self.period_s))
+        try:
+            self._sample_once()  # a closing sample so short cells have at least two
+        except Exception:
+            pass
+        if self._nvml is not None:
+            self._nvml.close()
+        return self.telemetry
+
+    def __enter__(self) -> "TelemetrySampler":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def host_info() -> dict[str, Any]:
+    """Static facts about this machine for provenance: CPU model, cores, memory, GPUs, driver."""
+    import platform
+
+    import psutil
+
+    cpu = platform.processor() or ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    nv = _Nvml()
+    info = {
+        "cpu_model": cpu,
+        "cpu_cores_logical": psutil.cpu_count(logical=True),
+        "cpu_cores_physical": psutil.cpu_count(logical=False),
+        "memory_gb": round(psutil.virtual_memory().total / 1e9, 2),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "gpus": list(nv.names),
+        "gpu_driver": nv.driver,
+    }
+    if nv.nv is not None and nv.handles:
+        try:
+            info["gpu_max_sm_clock_mhz"] = nv.nv.nvmlDeviceGetMaxClockInfo(nv.handles[0], nv.nv.NVML_CLOCK_SM)
+        except Exception:
+            pass
+    nv.close()
+    return info

@@ -1,0 +1,122 @@
+"""Real engines (``make test-engines``): vLLM CPU serving the embedded SmolLM2-135M.
+
+Starts real vLLM servers (from the separate ``.venv-engines``; first start ~12 min on 2 cores
+while torch compiles, later ones ~3 min), runs a paired serve-bench sweep with n-gram
+speculation on and off, and checks the run-scoped acceptance against the server's own counters.
+Also runs the offline ``vllm.LLM`` backend in that environment.
+
+Not covered live here: llama.cpp's ``llama-server`` (its build takes ~34 min on this machine;
+the openai backend is tested against llama.cpp-format fixtures) and SGLang (no CPU build
+installs here; fixtures only).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.engines
+
+REPO = Path(__file__).resolve().parents[2]
+ENGINES_PY = os.environ.get("SPECSTUDY_ENGINES_PYTHON") or str(REPO / ".venv-engines" / "bin" / "python")
+COPY_PROMPT = ("Repeat the following code exactly, then stop.\n\n"
+               "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n\n\n"
+               "def mul(a, b):\n    return a * b\n\nRepeated code:\n")
+
+
+def _engines_python() -> str:
+    if not Path(ENGINES_PY).exists():
+        pytest.skip(f"no engines environment at {ENGINES_PY}: run `make test-engines`")
+    return ENGINES_PY
+
+
+@pytest.fixture(scope="module")
+def model_dir() -> str:
+    from specstudy import models
+
+    return str(models.resolve("smollm2-135m"))
+
+
+def test_serve_bench_vllm_ngram_paired(tmp_path, model_dir):
+    from specstudy import metrics
+    from specstudy.backends import get_backend
+    from specstudy.records import Cell, Request, Sampling, read_records
+    from specstudy.servebench import SweepConfig, run_sweep
+
+    py = _engines_python()
+    backend = get_backend("vllm-server", model="smollm2-135m", python=py, dtype="float32", max_model_len=2048,
+                          prefix_cache=False, ready_timeout_s=1800, request_timeout_s=300,
+                          env={"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}, log_dir=tmp_path / "servers")
+    reqs = [Request(f"copy{i}", COPY_PROMPT + "#" * i) for i in range(3)]
+    cell = Cell("serve-bench", "cpu", "vllm-server", "ngram", "code", "smollm2-135m", gamma=4)
+    cfg = SweepConfig(spec_method="ngram", gamma=4, rates=[1.0, math.inf], warmup=1, request_timeout_s=300,
+                      run_timeout_s=1200, method_options=(("ngram_min", 2), ("ngram_max", 4)))
+    try:
+        summary = run_sweep({"spec": backend, "baseline": backend}, reqs, [Request("warm", COPY_PROMPT)],
+                            Sampling(max_new_tokens=48), cell, cfg, tmp_path, progress=print)
+    finally:
+        backend.close()
+    assert backend.server is None  # stopped
+    print(json.dumps(summary["comparison"], indent=1, default=str))
+    for run in summary["runs"]:
+        assert run["n_ok"] == 3, run
+    spec_runs = [r for r in summary["runs"] if r["arm"] == "spec"]
+    for run in spec_runs:
+        acc = run["run_acceptance"]
+        assert acc["source"] == "server_counters"
+        per_req = acc["per_request_sum"]
+        # run-scoped /metrics deltas == the sum of the per-request stats the server returned
+        assert acc["drafted_tokens"] == per_req["drafted_tokens"] > 0
+        assert acc["accepted_tokens"] == per_req["accepted_tokens"]
+        assert sum(acc["accepted_per_position"]) == acc["accepted_tokens"]
+        assert acc["vllm_mean_acceptance_length"] > 1.0
+        print(run["load"], "alpha", acc["alpha"], "vLLM mean acceptance length", acc["vllm_mean_acceptance_length"],
+              "tau (records)", run["acceptance_per_request"]["tau"])
+    server = summary["servers"]["spec"]
+    assert server["started_by_kit"] and "--speculative-config" in server["command"] and server["version"]
+    assert Path(server["log_path"]).exists()
+    recs = read_records(tmp_path / "records")
+    assert len(recs) == 12 and all(r.status == "ok" for r in recs)
+    spec_recs = [r for r in recs if r.method == "ngram"]
+    assert all(r.drafted_tokens is not None and r.verify_steps for r in spec_recs)
+    assert metrics.acceptance_summary(spec_recs)["alpha"] > 0
+
+
+def test_offline_llm_backend(tmp_path, model_dir):
+    """vllm.LLM in the engines environment (specstudy imported from the source tree)."""
+    py = _engines_python()
+    code = f"""
+import json, sys
+sys.path.insert(0, {str(REPO)!r})
+from specstudy.backends.vllm_offline import VllmOfflineBackend
+from specstudy.records import Cell, Request, Sampling
+b = VllmOfflineBackend({model_dir!r}, dtype="float32", max_model_len=1024)
+reqs = [Request("c0", {COPY_PROMPT!r}), Request("c1", {COPY_PROMPT!r} + "#")]
+out = {{}}
+for method, gamma in (("ar", None), ("ngram", 4)):
+    cell = Cell("t", "cpu", "vllm", method, "code", "smollm2-135m", gamma=gamma, batch_size=2,
+                options=(("ngram_max", 4), ("ngram_min", 2)) if gamma else ())
+    recs = list(b.run(reqs, Sampling(max_new_tokens=32), cell))
+    out[method] = {{"status": [r.status for r in recs], "tokens": [r.output_tokens for r in recs],
+                    "drafted": [r.drafted_tokens for r in recs], "accepted": [r.accepted_tokens for r in recs],
+                    "run": b.last_run_acceptance, "ttft": [r.first_token_s for r in recs],
+                    "timing": recs[0].extra.get("timing_source")}}
+print("RESULT" + json.dumps(out))
+"""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    proc = subprocess.run([py, "-c", code], capture_output=True, text=True, timeout=1800, env=env)
+    line = next((l for l in proc.stdout.splitlines() if l.startswith("RESULT")), None)
+    assert line, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = json.loads(line[len("RESULT"):])
+    print(json.dumps(out, indent=1))
+    assert out["ar"]["status"] == ["ok", "ok"] and out["ar"]["tokens"] == [32, 32]
+    assert out["ar"]["drafted"] == [None, None]
+    ng = out["ngram"]
+    assert ng["status"] == ["ok", "ok"] and all(d and d > 0 for d in ng["drafted"])
+    assert ng["run"]["drafted_tokens"] == sum(ng["drafted"]) and ng["run"]["accepted_tokens"] == sum(ng["accepted"])

@@ -1,0 +1,76 @@
+"""Generic OpenAI-compatible backend against a llama.cpp-format fixture (not a measurement; the
+live llama-server is not built here)."""
+
+import pytest
+
+from specstudy.backends import get_backend
+from specstudy.backends.openai_server import OpenAIBackend, iter_sse
+from specstudy.records import Cell, Request, Sampling
+
+from fake_servers import K, FakeServer, script
+
+
+def cell(method="draft_target", gamma=4):
+    return Cell("t", "cpu", "openai", method, "adhoc", "m", gamma=gamma)
+
+
+def test_llamacpp_timings_give_drafted_and_accepted_but_no_steps():
+    with FakeServer(mode="llamacpp") as fake:
+        b = get_backend("openai", model="m", base_url=fake.url, request_timeout_s=10)
+        recs = list(b.run([Request("a", "hi"), Request("b", "ho")], Sampling(max_new_tokens=9), cell()))
+    steps = [c for c in script(9, True) if c["drafted"] is not None]
+    for r in recs:
+        assert r.status == "ok", r.error
+        assert r.output_tokens == 9 == len(r.chunk_times_s) and r.extra["chunk_token_count"] == "one_per_chunk"
+        assert (r.drafted_tokens, r.accepted_tokens) == (K * len(steps), sum(c["accepted"] for c in steps))
+        assert r.verify_steps is None and r.accepted_per_position is None  # not reported: not invented
+        assert r.input_tokens == 5
+    acc = b.last_run_acceptance
+    assert acc["source"] == "per_request_sum" and acc["tau"] is None
+    assert acc["alpha"] == pytest.approx(sum(c["accepted"] for c in steps) / (K * len(steps)))
+
+
+def test_server_without_acceptance_reports_none():
+    with FakeServer(mode="llamacpp", spec=False) as fake:
+        b = get_backend("openai", model="m", base_url=fake.url)
+        recs = list(b.run([Request("a", "hi")], Sampling(max_new_tokens=4), cell("ar", None)))
+    assert recs[0].status == "ok" and recs[0].drafted_tokens is None and b.last_run_acceptance is None
+
+
+def test_llamacpp_preset_command_lines():
+    b = OpenAIBackend("/m.gguf", preset="llama.cpp", llama_server="/bin/llama-server")
+    ng = b.server_argv(cell("ngram", 5))
+    assert ng[:3] == ["/bin/llama-server", "-m", "/m.gguf"] and "--metrics" in ng
+    assert ng[ng.index("--spec-type") + 1] == "ngram-simple" and ng[ng.index("--draft-max") + 1] == "5"
+    dt = OpenAIBackend("/m.gguf", "/d.gguf", preset="llama.cpp").server_argv(cell("draft_target", 3))
+    assert dt[dt.index("-md") + 1] == "/d.gguf" and dt[dt.index("--spec-type") + 1] == "draft-simple"
+    assert "--spec-type" not in b.server_argv(cell("ar", None))
+    with pytest.raises(ValueError, match="eagle"):
+        b.server_argv(cell("eagle", 3))
+
+
+def test_generic_needs_a_url_or_a_command():
+    with pytest.raises(ValueError, match="base_url"):
+        OpenAIBackend("m").server_argv(cell())
+    argv = OpenAIBackend("m", command="trtllm-serve {model} --port {port} --max_draft_len {gamma}").server_argv(cell("draft_target", 3))
+    assert argv == ["trtllm-serve", "m", "--port", "{port}", "--max_draft_len", "3"]
+
+
+def test_bad_request_timeout_and_url_fail_fast():
+    with pytest.raises(ValueError, match="request_timeout_s"):
+        OpenAIBackend("m", request_timeout_s=0)
+    with pytest.raises(ValueError, match="https"):
+        OpenAIBackend("m", base_url="https://x")
+
+
+class _Lines:
+    def __init__(self, text):
+        self.lines = [l.encode() for l in text.splitlines(keepends=True)]
+
+    def readline(self):
+        return self.lines.pop(0) if self.lines else b""
+
+
+def test_sse_events_comments_and_multiline_data():
+    text = ": keep-alive\n\ndata: {\"a\": 1}\n\ndata: line1\ndata: line2\n\nevent: x\ndata: [DONE]\n\n"
+    assert list(iter_sse(_Lines(text))) == ['{"a": 1}', "line1\nline2", "[DONE]"]

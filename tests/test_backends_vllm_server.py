@@ -1,0 +1,188 @@
+"""vLLM server backend against a format fixture (tests/fake_servers.py), not a measurement.
+
+Checks: the launch command, SSE parsing into records, per-request spec stats, run-scoped
+/metrics counters, and that failures and stalls become records with a status in bounded time.
+"""
+
+import json
+import sys
+import time
+
+import pytest
+
+from specstudy import metrics
+from specstudy.backends import get_backend
+from specstudy.backends.vllm_server import VllmServerBackend, spec_fields, speculative_config
+from specstudy.records import Cell, Request, Sampling
+
+from fake_servers import ACCEPT_CYCLE, K, FakeServer, script
+
+SAMPLING = Sampling(max_new_tokens=13)
+
+
+def cell(method="ngram", gamma=4, batch=1, **opts):
+    return Cell("t", "cpu", "vllm-server", method, "adhoc", "m", gamma=gamma, batch_size=batch,
+                options=tuple(sorted(opts.items())))
+
+
+def reqs(n=3):
+    return [Request(f"p{i}", f"prompt number {i} with words") for i in range(n)]
+
+
+def expected(n_tokens):
+    steps = [c for c in script(n_tokens, True) if c["drafted"] is not None]
+    return len(steps), K * len(steps), sum(c["accepted"] for c in steps), steps
+
+
+def test_speculative_config_mapping_and_errors():
+    assert speculative_config("ar", None, None, {}) is None
+    assert speculative_config("ngram", 4, None, {"ngram_min": 2, "ngram_max": 4}) == {
+        "method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+    assert speculative_config("draft_target", 3, "/models/draft", {}) == {
+        "method": "draft_model", "num_speculative_tokens": 3, "model": "/models/draft"}
+    assert speculative_config("eagle3", 2, "/models/eagle", {})["method"] == "eagle3"
+    with pytest.raises(ValueError, match="tree"):
+        speculative_config("tree", 4, None, {})
+    with pytest.raises(ValueError, match="drafter"):
+        speculative_config("eagle", 4, None, {})
+    with pytest.raises(ValueError, match="gamma"):
+        speculative_config("ngram", 0, None, {})
+    with pytest.raises(ValueError, match="ngram_min"):
+        speculative_config("ngram", 4, None, {"ngram_min": 5, "ngram_max": 3})
+
+
+def test_server_command_line():
+    b = VllmServerBackend("/models/smol", python="/venv/bin/python", dtype="float32", max_model_len=2048,
+                          prefix_cache=False, server_args=["--max-num-seqs", "4"])
+    argv = b.server_argv(cell("ngram", 4, ngram_min=2, ngram_max=4))
+    assert argv[:3] == ["/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
+    i = argv.index("--speculative-config")
+    assert json.loads(argv[i + 1]) == speculative_config("ngram", 4, None, {"ngram_min": 2, "ngram_max": 4})
+    for flag in ("--per-request-spec-decode-metrics", "--enable-per-request-metrics", "--no-enable-prefix-caching",
+                 "{port}", "float32", "2048", "--max-num-seqs"):
+        assert flag in argv
+    base = b.server_argv(cell("ar", None))
+    assert "--speculative-config" not in base and "--per-request-spec-decode-metrics" not in base
+    # load settings do not force a restart; the speculative configuration does
+    assert b.server_key(cell("ngram", 4, rate=1.0)) == b.server_key(cell("ngram", 4, rate=2.0))
+    assert b.server_key(cell("ngram", 4)) != b.server_key(cell("ngram", 3))
+
+
+@pytest.mark.parametrize("level", ["detailed", "summary"])
+def test_stream_parsing_and_per_request_acceptance(level):
+    with FakeServer(mode="vllm", spec_level=level) as fake:
+        b = get_backend("vllm-server", model="m", base_url=fake.url, request_timeout_s=10)
+        recs = list(b.run(reqs(3), SAMPLING, cell()))
+    steps, drafted, accepted, step_list = expected(13)
+    assert [r.prompt_id for r in recs] == ["p0", "p1", "p2"]
+    for r in recs:
+        assert r.status == "ok", r.error
+        assert r.output_tokens == 13 == sum(r.chunk_tokens) == len(r.output_ids)
+        assert r.chunk_tokens[0] == 1 and max(r.chunk_tokens) > 1  # several tokens per verify step
+        assert 0 <= r.first_token_s <= r.chunk_times_s[-1] <= r.end_s
+        assert r.output_text.startswith("t100 ")
+        assert (r.verify_steps, r.drafted_tokens, r.accepted_tokens) == (steps, drafted, accepted)
+        assert r.accepted_per_position == [sum(1 for s in step_list if s["accepted"] >= k) for k in range(1, K + 1)]
+        assert r.drafts_per_position == [steps] * K  # every fixture step drafted K tokens
+        assert r.extra["server"]["started_by_kit"] is False and r.extra["server"]["version"] == "0.32.0-fake"
+        assert r.extra["chunk_token_count"] == "token_ids"
+    s = metrics.acceptance_summary(recs)
+    assert s["alpha"] == pytest.approx(accepted / drafted)
+    assert s["tau"] == pytest.approx(13 / steps)  # completion tokens / spec steps
+
+
+def test_run_scoped_counters_subtract_earlier_traffic():
+    with FakeServer(mode="vllm") as fake:
+        b = get_backend("vllm-server", model="m", base_url=fake.url, request_timeout_s=10)
+        list(b.run(reqs(2), SAMPLING, cell()))  # earlier traffic on the same server
+        recs = list(b.run(reqs(3), SAMPLING, cell()))
+        absolute = dict(fake.state.counters)
+    run = b.last_run_acceptance
+    steps, drafted, accepted, _ = expected(13)
+    assert run["source"] == "server_counters"
+    assert (run["drafts"], run["drafted_tokens"], run["accepted_tokens"]) == (3 * steps, 3 * drafted, 3 * accepted)
+    assert run["drafted_tokens"] < absolute["draft_tokens"]  # scoped, not the server's lifetime total
+    per_req = run["per_request_sum"]
+    assert (per_req["drafted_tokens"], per_req["accepted_tokens"]) == (run["drafted_tokens"], run["accepted_tokens"])
+    assert sum(run["accepted_per_position"]) == run["accepted_tokens"]
+    assert run["vllm_mean_acceptance_length"] == pytest.approx(1 + 3 * accepted / (3 * steps))
+    assert recs[0].extra["run_scope"]["acceptance"] is run
+
+
+def test_ar_baseline_has_no_invented_acceptance():
+    with FakeServer(mode="vllm", spec=False) as fake:
+        b = get_backend("vllm-server", model="m", base_url=fake.url, request_timeout_s=10)
+        recs = list(b.run(reqs(2), SAMPLING, cell("ar", None)))
+    for r in recs:
+        assert r.status == "ok" and r.output_tokens == 13 and r.chunk_tokens == [1] * 13
+        assert r.verify_steps is r.drafted_tokens is r.accepted_tokens is None
+    assert metrics.acceptance_summary(recs)["alpha"] is None
+
+
+def test_concurrent_batch_keeps_request_order():
+    with FakeServer(mode="vllm", delay_s=0.02) as fake:
+        b = get_backend("vllm-server", model="m", base_url=fake.url, request_timeout_s=10)
+        recs = list(b.run(reqs(6), SAMPLING, cell(batch=3)))
+        assert fake.state.max_in_flight == 3
+    assert [r.prompt_id for r in recs] == [f"p{i}" for i in range(6)]
+
+
+@pytest.mark.parametrize("behavior, status, text", [("http_error", "error", "HTTP 500"),
+                                                     ("stream_error", "error", "fixture stream failure")])
+def test_failures_are_records(behavior, status, text):
+    with FakeServer(mode="vllm", behavior=behavior) as fake:
+        b = get_backend("vllm-server", model="m", base_url=fake.url, request_timeout_s=10)
+        recs = list(b.run(reqs(2), SAMPLING, cell()))
+    assert [r.status for r in recs] == [status] * 2
+    assert text in recs[0].error
+
+
+def test_stalled_server_times_out_in_bounded_time():
+    with FakeServer(mode="vllm", behavior="stall") as fake:
+        b = get_backend("vllm-server", model="m", base_url=fake.url, request_timeout_s=1.0)
+        t0 = time.monotonic()
+        rec = b.send(reqs(1)[0], SAMPLING, cell())
+        assert time.monotonic() - t0 < 3.0
+    assert rec.status == "timeout" and "1.0 s" in rec.error and rec.end_s is None
+
+
+def test_trickling_server_hits_the_request_deadline():
+    """Chunks keep arriving (no idle timeout) but the whole answer takes too long."""
+    with FakeServer(mode="vllm", delay_s=0.3) as fake:
+        b = get_backend("vllm-server", model="m", base_url=fake.url, request_timeout_s=1.0)
+        t0 = time.monotonic()
+        rec = b.send(reqs(1)[0], Sampling(max_new_tokens=40), cell("ar", None))
+        assert time.monotonic() - t0 < 3.0
+    assert rec.status == "timeout" and 0 < len(rec.chunk_times_s) < 40
+
+
+def test_unreachable_server_is_an_error_record():
+    from specstudy.backends.servers import ServerInfo, free_port
+
+    b = VllmServerBackend("m", request_timeout_s=2)
+    b.server_info = ServerInfo(url=f"http://127.0.0.1:{free_port()}", started_by_kit=False)
+    rec = b.send(reqs(1)[0], SAMPLING, cell())
+    assert rec.status == "error" and "Connection" in rec.error
+
+
+def test_spec_fields_without_uniform_drafts_leaves_drafts_per_position_unknown():
+    out = spec_fields({"num_spec_steps": 3, "num_draft_tokens": 10, "num_accepted_draft_tokens": 4,
+                       "num_spec_tokens": 4, "acceptance_histogram": [1, 0, 2, 0, 0]})
+    assert out["accepted_per_position"] == [2, 2, 0, 0]
+    assert out["drafts_per_position"] is None  # 10 != 3 * 4: not invented
+
+
+def test_lifecycle_with_a_started_fixture_subprocess(tmp_path):
+    """The kit starts a (fixture) server subprocess, uses it, and stops it at close()."""
+    from pathlib import Path
+
+    fixture = str(Path(__file__).with_name("fake_servers.py"))
+    b = get_backend("openai", model="m", command=[sys.executable, fixture, "--port", "{port}", "--mode", "vllm"],
+                    log_dir=tmp_path, ready_timeout_s=60)
+    recs = list(b.run(reqs(2), SAMPLING, cell()))
+    proc = b.server.proc
+    assert all(r.status == "ok" for r in recs)
+    assert recs[0].extra["server"]["started_by_kit"] and "fake_servers.py" in recs[0].extra["server"]["command"]
+    b.close()
+    assert proc.poll() is not None
+    assert "listening" in next(tmp_path.glob("*.log")).read_text()

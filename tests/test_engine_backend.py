@@ -1,0 +1,75 @@
+"""The reference backend over tiny models: records, batching, statuses, option checks."""
+
+import pytest
+import torch
+
+from specstudy import metrics
+from specstudy.backends import get_backend
+from specstudy.backends.reference import ReferenceBackend
+from specstudy.models import tiny_model
+from specstudy.records import Cell, Request, Sampling
+
+torch.set_num_threads(1)
+
+REQS = [Request(f"p{i}", "", prompt_ids=tuple(p)) for i, p in
+        enumerate([[1, 2, 3, 4, 1, 2, 3], [7, 8, 9], [4, 4, 4, 4, 5], [2, 3]])]
+S = Sampling(temperature=0.0, max_new_tokens=10)
+
+
+def cell(method, gamma=None, batch=1, drafter=None, **options):
+    return Cell(study="t", hardware="cpu", framework="reference", method=method, task="adhoc", model="tiny",
+                drafter=drafter, gamma=gamma, batch_size=batch, options=tuple(sorted(options.items())))
+
+
+@pytest.fixture(scope="module")
+def backend():
+    b = ReferenceBackend(tiny_model(seed=0, num_layers=3, logit_scale=8.0))
+    b._drafters[("draft_target", "small")] = tiny_model(seed=1, num_layers=1, logit_scale=8.0)
+    return b
+
+
+def test_registry_builds_the_reference_backend():
+    b = get_backend("reference", model=tiny_model(seed=0))
+    assert b.framework == "reference" and "ngram" in b.methods
+
+
+def test_records_for_every_method_and_batch_size(backend):
+    base = list(backend.run(REQS, S, cell("ar")))
+    assert [r.status for r in base] == ["ok"] * 4
+    assert all(r.output_tokens == 10 and r.verify_steps == 10 for r in base)
+    for c in [cell("ngram", 3, batch=2, ngram_max=2), cell("draft_target", 3, batch=3, drafter="small"),
+              cell("layer_skip", 2, batch=4, exit_layer=1), cell("ar", batch=4)]:
+        recs = list(backend.run(REQS, S, c))
+        assert metrics.exact_match_rate(base, recs) == 1.0, c
+        for r in recs:
+            assert r.method == c.method and r.batch_size == c.batch_size and r.cell_id == c.cell_id
+            assert r.first_token_s is not None and r.end_s >= r.first_token_s > 0
+            assert r.peak_memory_bytes and r.memory_source in ("rss_peak", "rss_peak_lifetime")
+            assert r.drafted_tokens == sum(s.drafted for s in r.steps)
+            assert len(r.token_entropy) == len(r.target_logprobs) == r.output_tokens
+        summ = metrics.acceptance_summary(recs)
+        assert summ["tau"] == pytest.approx(sum(r.output_tokens for r in recs) / sum(r.verify_steps for r in recs))
+
+
+def test_bad_method_and_options_fail_before_decoding(backend):
+    with pytest.raises(ValueError, match="allowed"):
+        list(backend.run(REQS, S, cell("speculative-magic", 3)))
+    with pytest.raises(ValueError, match="option 'ngram_size'"):
+        list(backend.run(REQS, S, cell("ngram", 3, ngram_size=3)))
+    with pytest.raises(ValueError, match="needs a drafter"):
+        list(backend.run(REQS, S, cell("draft_target", 3)))
+
+
+def test_a_failing_batch_becomes_error_records(backend):
+    bad = [Request("ok", "", prompt_ids=(1, 2)), Request("bad", "", prompt_ids=(1, 10_000))]  # id > vocab
+    recs = list(backend.run(bad, S, cell("ar", batch=2)))
+    assert [r.status for r in recs] == ["error", "error"] and "Error" in recs[0].error
+
+
+def test_constructor_checks_names_before_loading():
+    with pytest.raises(ValueError, match="allowed"):
+        ReferenceBackend("no-such-model")
+    with pytest.raises(ValueError, match="dtype"):
+        ReferenceBackend(tiny_model(), dtype="int3")
+    with pytest.raises(ValueError, match="unknown option"):
+        ReferenceBackend(tiny_model(), flash=True)

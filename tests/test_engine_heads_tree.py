@@ -1,0 +1,385 @@
+"""Token trees and Medusa-style heads: masks, cache, losslessness, exact sampling, training.
+
+* tree mask: each node attends to exactly its ancestors (and the cache); a tree pass gives the
+  same logits as running every root-to-node path causally; keeping the accepted path leaves
+  the cache a plain causal decode would have.
+* greedy: ``tree`` (self-drafter, a drafter model, the target as its own drafter) and ``heads``
+  (linear at batch 2, tree) return exactly the ``ar`` tokens on tiny random float64 models.
+* sampling: the first K tokens of ``tree`` and of ``heads`` in tree mode follow the target's
+  exactly computed distribution (chi-square goodness of fit, significance 0.001, cells with
+  expected count < 5 pooled, fixed seeds: deterministic).  The multi-draft rule itself is also
+  checked on synthetic distributions, with a negative control (siblings tested against p
+  without the residual update) that the same test rejects.
+* per-step counts: drafted = tree depth, accepted = accepted path length, emitted sums to the
+  output, τ = tokens / steps.
+* training: a few steps on a tiny model lower the distillation loss; files round-trip.
+"""
+
+import itertools
+import json
+import random
+
+import pytest
+import torch
+
+from specstudy.engine import drafters as D
+from specstudy.engine.methods import DecodeJob, get_method
+from specstudy.engine.methods import tree as T
+from specstudy.engine.methods.heads import head_logits
+from specstudy.engine.sampling import logits_to_probs
+from specstudy.metrics import mean_accepted_length
+from specstudy.models import tiny_model
+from specstudy.records import RequestRecord, Sampling
+
+torch.set_num_threads(1)
+SIGNIFICANCE = 1e-3
+
+
+def chi_square_p(counts: torch.Tensor, expected: torch.Tensor) -> float:
+    """Upper-tail p-value of Pearson's statistic (cells with expected < 5 pooled into one)."""
+    big = expected >= 5
+    obs = torch.cat([counts[big], counts[~big].sum()[None]]).double()
+    exp = torch.cat([expected[big], expected[~big].sum()[None]]).double()
+    keep = exp > 0
+    stat = ((obs[keep] - exp[keep]) ** 2 / exp[keep]).sum()
+    dof = int(keep.sum()) - 1
+    return float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64), stat / 2))
+
+
+def random_tree(n: int, seed: int) -> T.TokenTree:
+    rng = random.Random(seed)
+    tree = T.TokenTree(tokens=[rng.randrange(50)], parents=[-1])
+    for i in range(1, n):
+        tree.add(rng.randrange(i), rng.randrange(50))
+    return tree
+
+
+def ancestors(tree: T.TokenTree, i: int) -> set[int]:
+    out = set()
+    while i >= 0:
+        out.add(i)
+        i = tree.parents[i]
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# masks and cache
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_each_node_attends_exactly_to_its_ancestors(seed):
+    tree = random_tree(12, seed)
+    past = 5
+    mask = T.tree_attention_mask(tree.parents, past)
+    assert mask.shape == (1, 1, len(tree), past + len(tree))
+    allowed = mask[0, 0] == 0
+    assert allowed[:, :past].all()  # the committed prefix is visible to every node
+    for i in range(len(tree)):
+        seen = {j for j in range(len(tree)) if allowed[i, past + j]}
+        assert seen == ancestors(tree, i)
+    pos = T.tree_position_ids(tree.parents, past)[0].tolist()
+    assert pos == [past + d for d in tree.depths]
+
+
+def test_tree_order_is_enforced():
+    with pytest.raises(ValueError, match="precede"):
+        T.TokenTree(tokens=[1, 2, 3], parents=[-1, 2, 0])
+    with pytest.raises(ValueError, match="root"):
+        T.TokenTree(tokens=[1, 2], parents=[0, 0])
+    with pytest.raises(ValueError, match="positive integers"):
+        T.parse_branching("2,0")
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_tree_pass_equals_causal_paths_and_cache_keeps_the_path(attn):
+    from specstudy.engine.kv import new_cache
+
+    model = tiny_model(seed=3, num_layers=2, attn_implementation=attn)
+    prompt = [5, 9, 2, 7, 1]
+    tree = random_tree(9, seed=7)
+    cache = new_cache(model)
+    T.causal_forward(model, cache, 0, prompt)
+    _, logits = T.tree_forward(model, cache, len(prompt), tree)
+    with torch.no_grad():
+        for i in range(len(tree)):
+            path = sorted(ancestors(tree, i))  # breadth-first order = root-to-node order on a path
+            ref = model(torch.tensor([prompt + [tree.tokens[j] for j in path]])).logits[0, -1]
+            assert torch.allclose(logits[i], ref, atol=1e-10)
+        leaf = max(range(len(tree)), key=lambda i: tree.depths[i])
+        path = sorted(ancestors(tree, leaf))
+        T.keep_cache_positions(cache, len(prompt), path)
+        assert cache.get_seq_length() == len(prompt) + len(path)
+        _, nxt = T.causal_forward(model, cache, len(prompt) + len(path), [4])
+        ref = model(torch.tensor([prompt + [tree.tokens[j] for j in path] + [4]])).logits[0, -1]
+        assert torch.allclose(nxt[-1], ref, atol=1e-10)
+
+
+# --------------------------------------------------------------------------------------------
+# greedy losslessness and per-step counts
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_model(seed=1, num_layers=3, logit_scale=4.0)
+
+
+@pytest.fixture(scope="module")
+def heads_file(tmp_path_factory, target):
+    """Heads with random (not identity) blocks: some drafts hit, most miss."""
+    torch.manual_seed(0)
+    heads = D.MedusaHeads(target.config.hidden_size, num_heads=3)
+    for p in heads.parameters():
+        torch.nn.init.normal_(p, std=0.2)
+    return D.save_drafter(heads, tmp_path_factory.mktemp("heads") / "h", target="tiny")
+
+
+PROMPTS = [[1, 2, 3, 4, 5], [7, 8, 9], [11, 3, 11, 3, 11, 3, 40, 41]]
+
+
+def decode(method, target, prompts, sampling, gamma=3, drafter=None, **options):
+    spec = get_method(method)
+    opts = spec.check(gamma, len(prompts), drafter, options)
+    return spec.decode(DecodeJob(target=target, prompts=prompts, sampling=sampling, gamma=gamma, drafter=drafter,
+                                 options=opts))
+
+
+def check_counts(row, depth_max):
+    assert sum(s.emitted for s in row.steps) == len(row.output_ids)
+    for s in row.steps[1:]:
+        assert s.drafted <= depth_max and s.accepted <= s.drafted and s.emitted <= s.accepted + 1
+    rec = RequestRecord(study="t", hardware="cpu", framework="reference", method="m", task="t", prompt_id="p",
+                        repeat=0, cell_id="c", model="tiny", output_tokens=len(row.output_ids), steps=row.steps)
+    rec.fill_acceptance_from_steps()
+    assert mean_accepted_length(sum(s.emitted for s in rec.steps), rec.verify_steps) == \
+        len(row.output_ids) / len(row.steps)
+
+
+@pytest.mark.parametrize("case", ["self", "self_branching", "other_model", "target_as_drafter"])
+def test_tree_greedy_equals_ar(target, case):
+    s = Sampling(temperature=0.0, max_new_tokens=24)
+    drafter = {"other_model": tiny_model(seed=5, num_layers=1, logit_scale=4.0),
+               "target_as_drafter": target}.get(case)
+    options = {"self": {"tree_width": 2}, "self_branching": {"tree_branching": "3,2,1", "exit_layer": 2},
+               "other_model": {"tree_width": 3}, "target_as_drafter": {"tree_branching": "2,2,1"}}[case]
+    for p in PROMPTS:
+        ref = decode("ar", target, [p], s)[0].output_ids
+        row = decode("tree", target, [p], s, drafter=drafter, **options)[0]
+        assert row.output_ids == ref
+        check_counts(row, 3)
+        assert row.tree_nodes >= sum(s.drafted for s in row.steps)
+        if case == "target_as_drafter":  # a perfect drafter: every full-depth path is accepted
+            assert all(st.accepted == st.drafted for st in row.steps)
+            assert [st.drafted for st in row.steps[1:-1]] == [3] * (len(row.steps) - 2)
+
+
+def test_tree_options_are_checked_before_decoding(target):
+    spec = get_method("tree")
+    with pytest.raises(ValueError, match="depth 2, but gamma=3"):
+        spec.check(3, 1, None, {"tree_branching": "2,1"})
+    with pytest.raises(ValueError, match="batch_size=2"):
+        spec.check(3, 2, None, {})
+    with pytest.raises(ValueError, match="cannot be combined"):
+        spec.check(3, 1, "some-draft-model", {"exit_layer": 1})
+    with pytest.raises(ValueError, match="not known"):
+        spec.check(3, 1, None, {"tree_wdth": 2})
+
+
+def test_heads_linear_batch_and_tree_greedy_equal_ar(target, heads_file):
+    s = Sampling(temperature=0.0, max_new_tokens=24)
+    refs = [decode("ar", target, [p], s)[0].output_ids for p in PROMPTS]
+    rows = decode("heads", target, PROMPTS, s, gamma=3, heads_path=str(heads_file))
+    assert [r.output_ids for r in rows] == refs
+    for r in rows:
+        check_counts(r, 3)
+    for p, ref in zip(PROMPTS, refs):
+        row = decode("heads", target, [p], s, gamma=3, heads_path=str(heads_file), heads_tree="3,2,2")[0]
+        assert row.output_ids == ref
+        check_counts(row, 3)
+
+
+def test_heads_options_are_checked(heads_file, tmp_path):
+    spec = get_method("heads")
+    with pytest.raises(ValueError, match="needs option heads_path"):
+        spec.check(3, 1, None, {})
+    with pytest.raises(ValueError, match="no heads file"):
+        spec.check(3, 1, None, {"heads_path": str(tmp_path / "missing")})
+    with pytest.raises(ValueError, match="needs 4 heads"):
+        spec.check(4, 1, None, {"heads_path": str(heads_file)})
+    with pytest.raises(ValueError, match="depth 2, but gamma=3"):
+        spec.check(3, 1, None, {"heads_path": str(heads_file), "heads_tree": "2,2"})
+
+
+def test_heads_read_the_verification_hidden_state(target, heads_file):
+    """Head drafts equal heads applied to the hidden state at the last accepted token, computed
+    independently by a full forward over the emitted text."""
+    heads = D.load_drafter(heads_file, kind="heads").to(torch.float64)
+    s = Sampling(temperature=0.0, max_new_tokens=12)
+    prompt = PROMPTS[2]
+    row = decode("heads", target, [prompt], s, gamma=3, heads_path=str(heads_file))[0]
+    # after a step the pending token is the last emitted one (index emitted-1 of seq); the next
+    # step's drafts come from the hidden state at the token before it and predict seq[emitted:]
+    seq = prompt + row.output_ids
+    with torch.no_grad():
+        hidden = target.model(input_ids=torch.tensor([seq])).last_hidden_state[0]
+    emitted = len(prompt)
+    for st in row.steps[:-1]:
+        emitted += st.emitted
+        drafts = head_logits(heads, target, hidden[emitted - 2], 3).argmax(-1).tolist()
+        nxt = seq[emitted: emitted + 3]
+        n_match = next((i for i, (a, b) in enumerate(zip(drafts, nxt)) if a != b), len(nxt))
+        # the step after this one accepted exactly the drafts that match the target's text
+        following = row.steps[row.steps.index(st) + 1]
+        assert following.accepted == min(n_match, following.drafted)
+
+
+# --------------------------------------------------------------------------------------------
+# exact sampling: the multi-draft rule on synthetic distributions
+
+
+def _simplex(g: torch.Generator, v: int) -> torch.Tensor:
+    x = torch.rand(v, generator=g, dtype=torch.float64) ** 3
+    return x / x.sum()
+
+
+def _multi_draft_first_two(trials: int, v: int, step, seed: int) -> torch.Tensor:
+    """Counts of the first two emitted tokens; each step grows a 2-level tree (3 then 2 children
+    per node, drawn i.i.d. from per-node draft distributions) and verifies it with ``step``."""
+    g = torch.Generator().manual_seed(seed)
+    p1, q1 = _simplex(g, v), _simplex(g, v)
+    p2 = torch.stack([_simplex(g, v) for _ in range(v)])  # target after token x
+    q2 = torch.stack([_simplex(g, v) for _ in range(v)])
+    p3 = torch.stack([_simplex(g, v) for _ in range(v)])  # target two levels down (leaves)
+    counts = torch.zeros(v * v, dtype=torch.float64)
+
+    def one_step(p_root, root_tok_dist_children, target_after):
+        tree = T.TokenTree(tokens=[0], parents=[-1], child_q={0: root_tok_dist_children})
+        for t in torch.multinomial(root_tok_dist_children, 3, replacement=True, generator=g).tolist():
+            tree.add(0, t)
+        for c in (1, 2, 3):
+            tree.child_q[c] = q2[tree.tokens[c]]
+            for t in torch.multinomial(q2[tree.tokens[c]], 2, replacement=True, generator=g).tolist():
+                tree.add(c, t)
+        probs = torch.stack([p_root] + [target_after(tree, i) for i in range(1, len(tree))])
+        verdict = T.accept_sampling(tree, probs, step, lambda p, gen: int(torch.multinomial(p, 1, generator=gen)), g)
+        return [tree.tokens[n] for n in verdict.path[1:]] + [verdict.next_token]
+
+    def after(tree, i):
+        return p2[tree.tokens[i]] if tree.depths[i] == 1 else p3[tree.tokens[i]]
+
+    for _ in range(trials):
+        out = one_step(p1, q1, after)
+        if len(out) == 1:  # the next step starts at x1: its first token is the second one
+            x1 = out[0]
+            out = out + one_step(p2[x1], q2[x1], lambda tree, i: p3[tree.tokens[i]])[:1]
+        counts[out[0] * v + out[1]] += 1
+    exact = (p1[:, None] * p2).reshape(-1)
+    return counts, exact
+
+
+def test_multi_draft_rule_is_exact_and_the_test_has_power():
+    trials, v = 6000, 4
+    counts, exact = _multi_draft_first_two(trials, v, T.sibling_step, seed=1)
+    assert chi_square_p(counts, trials * exact) > SIGNIFICANCE
+
+    def no_residual(p, q, token, gen):  # a plausible bug: every sibling tested against p itself
+        ok, _ = T.sibling_step(p, q, token, gen)
+        return ok, p
+
+    counts, exact = _multi_draft_first_two(trials, v, no_residual, seed=1)
+    assert chi_square_p(counts, trials * exact) < SIGNIFICANCE
+
+
+# --------------------------------------------------------------------------------------------
+# exact sampling end to end
+
+
+V, K, N = 5, 3, 1500
+PROMPT = [0, 3, 1]
+
+
+def exact_joint(model, sampling):
+    seqs = torch.tensor(list(itertools.product(range(V), repeat=K)))
+    ids = torch.cat([torch.tensor(PROMPT).expand(len(seqs), -1), seqs], dim=1)
+    with torch.no_grad():
+        logits = model(ids).logits[:, len(PROMPT) - 1: len(PROMPT) - 1 + K]
+    probs = logits_to_probs(logits, sampling.temperature, sampling.top_k, sampling.top_p)
+    return probs.gather(2, seqs[..., None]).squeeze(2).prod(dim=1)
+
+
+@pytest.fixture(scope="module")
+def small_vocab():
+    target = tiny_model(seed=11, vocab_size=V, num_layers=2, logit_scale=15.0)
+    drafter = tiny_model(seed=12, vocab_size=V, num_layers=1, logit_scale=15.0)
+    return target, drafter
+
+
+def _counts(rows):
+    index = torch.tensor([sum(t * V ** (K - 1 - i) for i, t in enumerate(r.output_ids)) for r in rows])
+    return torch.bincount(index, minlength=V ** K).double()
+
+
+@pytest.mark.parametrize("sampling", [Sampling(temperature=1.0, max_new_tokens=K),
+                                      Sampling(temperature=0.8, top_k=4, max_new_tokens=K)], ids=["t1", "t0.8-topk4"])
+def test_tree_samples_the_target_distribution(small_vocab, sampling):
+    from dataclasses import replace
+
+    target, drafter = small_vocab
+    p = exact_joint(target, sampling)
+    assert 0.5 * (p - exact_joint(drafter, sampling)).abs().sum() > 0.2  # the draft really differs
+    spec = get_method("tree")
+    opts = spec.check(2, 1, drafter, {"tree_branching": "3,2"})
+    rows = [spec.decode(DecodeJob(target, [PROMPT], replace(sampling, seed=i), gamma=2, drafter=drafter,
+                                  options=opts))[0] for i in range(N)]
+    assert sum(s.accepted for r in rows for s in r.steps) > 0.2 * N  # trees were really accepted
+    assert chi_square_p(_counts(rows), N * p) > SIGNIFICANCE
+
+
+def test_heads_tree_samples_the_target_distribution(small_vocab, tmp_path):
+    target, _ = small_vocab
+    torch.manual_seed(2)
+    heads = D.MedusaHeads(target.config.hidden_size, num_heads=2)
+    for prm in heads.parameters():
+        torch.nn.init.normal_(prm, std=0.5)
+    path = D.save_drafter(heads, tmp_path / "h", target="tiny")
+    s = Sampling(temperature=1.0, max_new_tokens=K)
+    spec = get_method("heads")
+    opts = spec.check(2, 1, None, {"heads_path": str(path), "heads_tree": "3,2"})
+    from dataclasses import replace
+
+    rows = [spec.decode(DecodeJob(target, [PROMPT], replace(s, seed=i), gamma=2, options=opts))[0] for i in range(N)]
+    assert chi_square_p(_counts(rows), N * exact_joint(target, s)) > SIGNIFICANCE
+
+
+# --------------------------------------------------------------------------------------------
+# training
+
+
+@pytest.mark.parametrize("kind", D.KINDS)
+def test_training_lowers_the_loss_and_files_round_trip(kind, tmp_path):
+    model = tiny_model(seed=1, dtype="float32", logit_scale=4.0)
+    rng = random.Random(0)
+    prompts = [[rng.randrange(96) for _ in range(rng.randint(3, 8))] for _ in range(12)]
+    corpus = D.generate_corpus(model, prompts, 24, batch_size=6)
+    assert all(len(ids) == plen + 24 for ids, plen in corpus)
+    feats = D.collect_features(model, corpus, kind, exit_layer=1, label_top_k=8)
+    settings = D.TrainSettings(kind=kind, num_heads=2, exit_layer=1, steps=40, batch_tokens=64, lr=3e-3,
+                               label_top_k=8, eval_fraction=0.25)
+    result = D.train_drafter(model, feats, settings)
+    assert result.log[-1]["loss"] < result.log[0]["loss"]
+    assert result.eval["n"] and all(n > 0 for n in result.eval["n"])
+    path = D.save_drafter(result.module, tmp_path / "d", target="tiny", info={"log": result.log})
+    again = D.load_drafter(path, kind=kind, target="tiny", hidden_size=model.config.hidden_size)
+    for a, b in zip(result.module.state_dict().values(), again.state_dict().values()):
+        assert torch.equal(a, b)
+    assert json.loads(path.with_suffix(".json").read_text())["architecture"]["kind"] == kind
+    with pytest.raises(ValueError, match="trained for target"):
+        D.load_drafter(path, target="other")
+
+
+def test_train_drafter_cli_rejects_bad_input_before_loading(capsys):
+    from specstudy.cli import main
+
+    assert main(["train-drafter", "--kind", "eagle"]) == 2
+    assert "--kind='eagle'" in capsys.readouterr().err
+    assert main(["train-drafter", "--kind", "heads", "--tasks", "code,poetry"]) == 2
+    assert "poetry" in capsys.readouterr().err

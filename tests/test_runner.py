@@ -1,0 +1,254 @@
+"""The runner: warm-up, paired baselines, one part per cell, resume after a kill, failed cells.
+
+Cells run through the real reference engine on a tiny random Llama (no download): prompts are
+token ids with repeats in them so n-gram drafting has something to find.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from specstudy.records import Request, part_paths, read_records
+from specstudy.runner import BackendPool, run_study
+from specstudy.study import expand, load_study
+
+TINY_STUDY = """
+study:
+  name: tiny
+  models:
+    - {name: tiny, target: smollm2-135m, dtype: float64}
+  methods:
+    - {method: ar}
+    - {method: ngram, label: Prompt lookup, options: {ngram_min: 1, ngram_max: 2}}
+    - {method: layer_skip, label: Early exit, options: {exit_layer: 1}, max_batch_size: 1}
+  frameworks: [reference]
+  tasks: [code, chat]
+  gammas: [2]
+  batch_sizes: [1, 2]
+  repeats: 1
+  warmup: {requests: 1, max_new_tokens: 2}
+  max_new_tokens: 6
+  prompts_per_task: 2
+  telemetry_period_s: 0.05
+"""
+
+
+def write_study(tmp_path: Path, text: str = TINY_STUDY) -> Path:
+    p = tmp_path / "tiny.yaml"
+    p.write_text(textwrap.dedent(text))
+    return p
+
+
+def tiny_requests(task: str, n: int, seed: int, tokenizer) -> list[Request]:
+    """Deterministic id prompts with a repeated phrase (something for prompt lookup to copy)."""
+    import random
+
+    rng = random.Random(f"{task}-{seed}")
+    out = []
+    for i in range(n):
+        phrase = [rng.randrange(3, 90) for _ in range(4)]
+        ids = [rng.randrange(3, 90) for _ in range(3)] + phrase + [rng.randrange(3, 90)] + phrase
+        out.append(Request(prompt_id=f"{task}/{i}", prompt="", task=task, prompt_ids=tuple(ids)))
+    return out
+
+
+class TinyFactory:
+    """Builds reference backends around a tiny random model; counts loads; can slow or break cells."""
+
+    def __init__(self, delay_s: float = 0.0, fail_method: str | None = None):
+        self.loads: list[tuple] = []
+        self.delay_s, self.fail_method = delay_s, fail_method
+
+    def __call__(self, framework: str, model: str, drafter=None, device: str = "cpu", dtype: str = "float64", **kw):
+        import torch
+
+        from specstudy.backends.reference import ReferenceBackend
+        from specstudy.models import tiny_model
+
+        torch.set_num_threads(1)
+        self.loads.append((framework, model, drafter))
+        backend = ReferenceBackend(tiny_model(seed=0, logit_scale=4.0, num_layers=2), device="cpu", dtype="float64")
+        run, factory = backend.run, self
+
+        def slow_run(requests, sampling, cell):
+            if factory.fail_method and cell.method == factory.fail_method:
+                raise RuntimeError(f"injected failure for {cell.method}")
+            for rec in run(requests, sampling, cell):
+                time.sleep(factory.delay_s)
+                yield rec
+
+        backend.run = slow_run
+        return backend
+
+
+def _run(cfg, plans, out, factory, **kw):
+    return run_study(cfg, plans, out, factory=factory, request_loader=tiny_requests, progress=False,
+                     log=lambda m: None, **kw)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("study")
+    cfg = load_study("cpu", write_study(tmp))
+    return cfg, expand(cfg)
+
+
+def test_expansion_pairs_every_speculative_cell_with_a_baseline(tiny):
+    cfg, plans = tiny
+    ids = [p.cell_id for p in plans]
+    assert len(ids) == len(set(ids))
+    # 2 tasks x (ar b1, ar b2, ngram b1, ngram b2, layer_skip b1 only)
+    assert len(plans) == 2 * 5
+    seen = set()
+    for p in plans:
+        if p.baseline_cell_id:
+            base = next(q for q in plans if q.cell_id == p.baseline_cell_id)
+            assert base.cell.method == "ar" and base.cell.task == p.cell.task
+            assert base.cell.batch_size == p.cell.batch_size and base.sampling == p.sampling
+            assert p.baseline_cell_id in seen, "baseline must run before the cells paired with it"
+        seen.add(p.cell_id)
+
+
+def test_run_writes_one_part_per_cell_with_pairing_and_telemetry(tiny, tmp_path):
+    cfg, plans = tiny
+    factory = TinyFactory()
+    res = _run(cfg, plans, tmp_path, factory)
+    assert [r.status for r in res] == ["done"] * len(plans)
+    parts = part_paths(tmp_path / "records")
+    assert sorted(p.stem for p in parts) == sorted(p.cell_id for p in plans)
+    recs = read_records(tmp_path / "records")
+    assert len(recs) == sum(p.prompts for p in plans)
+    # one engine for the whole study (all cells share framework, target and no drafter)
+    assert len(factory.loads) == 1
+    spec = [r for r in res if r.speedup is not None]
+    assert spec and all(r.speedup == r.speedup and r.speedup > 0 for r in spec)
+    for r in recs:
+        assert r.extra["warmup_requests"] == 1 and "load_1m" in r.extra and "tel_rss_peak_bytes" in r.extra
+        assert r.cell_id in {p.cell_id for p in plans}
+        assert not r.prompt_id.startswith("warmup")
+    ngram = [r for r in recs if r.method == "ngram"]
+    assert sum(r.accepted_tokens or 0 for r in ngram) > 0  # the repeated phrase gets copied
+    assert (tmp_path / "study.json").exists() and (tmp_path / "provenance.json").exists()
+    assert len(list((tmp_path / "telemetry").glob("*.parquet"))) == len(plans)
+
+
+def test_rerun_skips_finished_cells_without_duplicates(tiny, tmp_path):
+    cfg, plans = tiny
+    first = _run(cfg, plans, tmp_path, TinyFactory(), max_cells=3)
+    assert sum(r.status == "done" for r in first) == 3
+    mtimes = {p.name: p.stat().st_mtime_ns for p in part_paths(tmp_path / "records")}
+    factory = TinyFactory()
+    second = _run(cfg, plans, tmp_path, factory)
+    assert sum(r.status == "skipped" for r in second) == 3
+    assert sum(r.status == "done" for r in second) == len(plans) - 3
+    for name, m in mtimes.items():
+        assert (tmp_path / "records" / name).stat().st_mtime_ns == m, "a finished cell was redone"
+    recs = read_records(tmp_path / "records")
+    keys = [(r.cell_id, r.prompt_id, r.repeat) for r in recs]
+    assert len(keys) == len(set(keys)) == sum(p.prompts for p in plans)
+
+
+def test_failed_cell_is_reported_and_others_continue(tiny, tmp_path):
+    cfg, plans = tiny
+    res = _run(cfg, plans, tmp_path, TinyFactory(fail_method="layer_skip"))
+    failed = [r for r in res if r.status == "failed"]
+    assert failed and all("injected failure" in r.message for r in failed)
+    assert all(r.status == "done" for r in res if r not in failed)
+    assert sorted(p.stem for p in (tmp_path / "failed").glob("*.json")) == sorted(r.cell_id for r in failed)
+    from specstudy.runner import failed_cells
+
+    assert len(failed_cells(tmp_path)) == len(failed)
+    again = _run(cfg, plans, tmp_path, TinyFactory())  # fixed: only the failed cells run
+    assert sorted(r.cell_id for r in again if r.status == "done") == sorted(r.cell_id for r in failed)
+    assert failed_cells(tmp_path) == []
+
+
+def test_engine_failure_fails_its_cells_once(tiny, tmp_path):
+    cfg, plans = tiny
+    calls = []
+
+    def broken(framework, **kw):
+        calls.append(kw)
+        raise OSError("no such model")
+
+    res = _run(cfg, plans, tmp_path, broken)
+    assert all(r.status == "failed" for r in res) and len(calls) == 1
+    assert "no such model" in res[-1].message
+
+
+def test_backend_pool_reuses_an_engine_for_drafterless_cells(tiny):
+    cfg, plans = tiny
+    made = []
+    pool = BackendPool(cfg, lambda fw, **o: made.append(o.get("drafter")) or object(), log=lambda m: None)
+    p0 = plans[0]
+    import dataclasses
+
+    with_drafter = dataclasses.replace(p0, drafter_id="some-drafter")
+    a = pool.get(with_drafter)
+    assert pool.get(p0) is a  # AR on the engine that also holds a drafter
+    assert made == ["some-drafter"]
+
+
+def test_second_runner_on_the_same_outputs_is_refused(tiny, tmp_path):
+    from specstudy.runner import study_lock
+
+    with study_lock(tmp_path):
+        with pytest.raises(RuntimeError, match="another `specstudy run`"):
+            with study_lock(tmp_path):
+                pass
+
+
+KILL_SCRIPT = """
+import sys
+sys.path.insert(0, {tests!r})
+from test_runner import TinyFactory, tiny_requests
+from specstudy.runner import run_study
+from specstudy.study import expand, load_study
+cfg = load_study("cpu", {yaml!r})
+run_study(cfg, expand(cfg), {out!r}, factory=TinyFactory(delay_s={delay}), request_loader=tiny_requests,
+          progress=False)
+"""
+
+
+def test_killed_study_resumes_without_redoing_or_duplicating(tmp_path):
+    """SIGKILL a running study mid-cell, rerun it: finished parts untouched, nothing lost or doubled."""
+    yaml = write_study(tmp_path)
+    out = tmp_path / "out"
+    script = tmp_path / "run.py"
+    script.write_text(KILL_SCRIPT.format(tests=str(Path(__file__).parent), yaml=str(yaml), out=str(out), delay=0.4))
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.time() + 120
+    try:
+        while time.time() < deadline and len(part_paths(out / "records")) < 2:
+            assert proc.poll() is None, proc.stdout.read().decode()[-2000:]
+            time.sleep(0.05)
+        time.sleep(0.5)  # into the next cell (each record takes >= 0.4 s)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    before = {p.name: p.stat().st_mtime_ns for p in part_paths(out / "records")}
+    cfg = load_study("cpu", yaml)
+    plans = expand(cfg)
+    assert 2 <= len(before) < len(plans), "the kill must land mid-study"
+    res = _run(cfg, plans, out, TinyFactory())
+    assert sum(r.status == "skipped" for r in res) == len(before)
+    assert all(r.status in ("done", "skipped") for r in res)
+    for name, m in before.items():
+        assert (out / "records" / name).stat().st_mtime_ns == m
+    recs = read_records(out / "records")
+    keys = [(r.cell_id, r.prompt_id, r.repeat) for r in recs]
+    assert len(keys) == len(set(keys)) == sum(p.prompts for p in plans)
+    assert {r.cell_id for r in recs} == {p.cell_id for p in plans}
+    log = (out / "run.log").read_text()
+    assert "done earlier, skipped" in log or "done earlier" in log
+    json.loads((out / "study.json").read_text())

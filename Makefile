@@ -77,3 +77,36 @@ engines-venv: $(ENGINES_STAMP)
 
 test-engines: $(STAMP) $(ENGINES_STAMP)
 	SPECSTUDY_ENGINES_PYTHON=$(abspath $(ENGINES_VENV))/bin/python $(BIN)/python -m pytest -q -rs -m engines tests/engines $(PYTEST_ARGS)
+
+# The study (issue 5).  `make study GPU=cpu` (the default): `specstudy run` validates
+# params/hardware/$(GPU).yaml (< 5 s, before any model loads), runs every cell not yet in
+# $(OUT)/records/ (resume: finished cells are skipped; a failed cell is reported and the others
+# go on) and writes $(OUT)/notebooks.mk, one papermill execution per (notebook x parameter set);
+# that fragment executes them into $(OUT)/notebooks/ (in parallel under `make -j`; each writes its
+# own files, report.ipynb last), which writes $(OUT)/report.md, report.html, figures/ and tables/.
+# Failed cells make the target fail at the very end, after the report is rendered.
+STUDY_ARGS ?=
+
+study: $(STAMP)
+	@mkdir -p $(OUT)
+	@$(BIN)/specstudy run --hardware $(GPU) --outputs outputs $(STUDY_ARGS); rc=$$?; echo $$rc > $(OUT)/.run-status; \
+	  if [ $$rc -ne 0 ] && [ $$rc -ne 3 ]; then exit $$rc; fi
+	@$(MAKE) --no-print-directory -f $(OUT)/notebooks.mk BIN=$(BIN) all
+	@echo "report: $(OUT)/report.md ($(OUT)/report.html)"
+	@if [ "$$(cat $(OUT)/.run-status)" = 3 ]; then \
+	  echo "make study: some cells failed (see $(OUT)/failed/ and the report); rerun to retry only them"; exit 1; fi
+
+# Re-render the notebooks and the report from the records already in $(OUT) (nothing is measured).
+report: $(STAMP)
+	$(BIN)/specstudy report --hardware $(GPU) --outputs outputs
+
+clean-study:
+	rm -rf $(OUT)
+
+# Reference engine benchmark (issue 3): per method tok/s, speedup, alpha, tau, c, T(k)/T(1), the
+# cost model's prediction, HF transformers' own implementations, AR bandwidth.  Timing: run it on
+# a quiet machine.  BENCH_ARGS e.g. "--max-new-tokens 64 --prompts 3 --drafter NAME".
+BENCH_ARGS ?=
+.PHONY: bench-engine
+bench-engine: $(STAMP)
+	$(BIN)/python bench/engine.py $(BENCH_ARGS)

@@ -290,6 +290,8 @@ def resolve(name: str) -> Path | str:
         return p
     if entry.source == "hub":
         return entry.get("repo")
+    if entry.sha256 and (cache_dir() / "hf" / entry.sha256 / "specstudy-source.json").exists():
+        return cache_dir() / "hf" / entry.sha256  # converted earlier from the verified GGUF
     gguf = gguf_file(entry)
     return _converted_dir(gguf, entry.sha256 or sha256_file(gguf))
 

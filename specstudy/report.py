@@ -389,6 +389,11 @@ def _style():
     return sns
 
 
+def _legend(ax, size: int) -> None:
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=size)
+
+
 def _in_notebook() -> bool:
     try:
         from IPython import get_ipython
@@ -560,6 +565,8 @@ def method_rows(data: StudyData, family: str, sweep: str | None = "method_family
         sweep = None
     mnt = _headline_max_new(data)
     cells = [c for c in _spec_cells(data, sweep, method=family) if data.meta(c)["max_new_tokens"] == mnt]
+    if not cells and sweep is not None:  # a family measured only in other sweeps (e.g. the hardware table)
+        cells = [c for c in _spec_cells(data, None, method=family) if data.meta(c)["max_new_tokens"] == mnt]
     groups: dict[tuple, list[str]] = {}
     for c in cells:
         m = data.meta(c)
@@ -637,7 +644,7 @@ def method_family_section(data: StudyData, family: str) -> Section:
         axes[1].set(xlabel="speculation length γ (tokens)", ylabel="α (ratio) / τ (tokens/step)", title="acceptance")
         axes[2].set(xlabel="draft position k", ylabel="P(position k accepted)", title="per-position acceptance", ylim=(0, 1.02))
         for ax in axes:
-            ax.legend(fontsize=6)
+            _legend(ax, 6)
         sec.figures.append(save_figure(fig, figdir / f"method_{family}_gamma"))
     # τ histogram
     hist = _tau_histogram(data, _spec_cells(data, None, method=family))
@@ -648,7 +655,7 @@ def method_family_section(data: StudyData, family: str) -> Section:
             if vals:
                 ax.hist(vals, bins=np.arange(0.5, maxg + 1.5), histtype="step", lw=1.5, density=True, label=f"{label} γ={g}")
         ax.set(xlabel="tokens emitted per verification step", ylabel="share of steps", title="τ distribution (batch 1)")
-        ax.legend(fontsize=7)
+        _legend(ax, 7)
         sec.figures.append(save_figure(fig, figdir / f"method_{family}_tau_hist"))
     # speedup vs batch, break-even marked
     multi = raw.groupby(["label", "gamma"]).filter(lambda g: g["batch_size"].nunique() > 1)
@@ -659,7 +666,10 @@ def method_family_section(data: StudyData, family: str) -> Section:
             g = g.sort_values("batch_size")
             line = ax.plot(g["batch_size"], g["speedup"], "o-", label=f"{label} γ={gamma}")[0]
             be = break_even(g["batch_size"].tolist(), g["speedup"].tolist())
-            if be is not None:
+            first = g["speedup"].iloc[0]
+            if be is not None and _isnum(first) and first < 1.0:
+                notes.append(f"{label} γ={gamma}: below 1× already at batch {g['batch_size'].iloc[0]} (no break-even to mark)")
+            elif be is not None:
                 ax.axvline(be, color=line.get_color(), ls=":", lw=1)
                 notes.append(f"{label} γ={gamma}: speedup falls below 1× at batch ≈ {be:.1f} (measured, interpolated)")
             else:
@@ -922,7 +932,8 @@ def when_it_fails_section(data: StudyData) -> Section:
 
     # (3) short outputs
     parts.append("\n### (3) Short outputs (≤ 10 tokens)\n")
-    short = [c for c in spec_all if (data.meta(c)["max_new_tokens"] or 99) <= 10]
+    short = [c for c in spec_all if (data.meta(c)["max_new_tokens"] or 99) <= 10
+             and (data.meta(c)["max_new_tokens"] or 99) < (mnt or 0)]
     if short:
         tab = []
         for label in sorted({data.meta(c)["label"] for c in short}):
@@ -1059,7 +1070,7 @@ def hygiene_section(data: StudyData) -> Section:
     ins_txt = f"{int(np.min(ins))}–{int(np.max(ins))} tokens, median {int(np.median(ins))}" if ins else "—"
     lines = [
         "| Item | This study |", "| --- | --- |",
-        f"| Warm-up | {', '.join(map(str, warm))} untimed request(s) per cell before timing, plus one engine load per (framework, model, drafter) |",
+        f"| Warm-up | {max(warm) if warm else 0} untimed request(s) of ≤ {data.config.get('warmup_max_new_tokens', '?')} tokens before the first cell of each (engine, method, γ, batch size); one engine load per (framework, model, drafter) |",
         f"| Input length | policy: {', '.join(pol)}; measured {ins_txt} |",
         f"| Output length | max_new_tokens {', '.join(map(str, mnt))}; {stopped} of {len(ins)} ok requests stopped early (EOS) |",
         f"| Sampling | (temperature, top_p, top_k) {samp}, identical for each method and its paired AR baseline |",
@@ -1367,3 +1378,12 @@ def execute_notebooks(jobs: Sequence[NotebookJob], log=print) -> list[tuple[Note
             results.append((j, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"))
             log(f"notebook {j.name}: FAILED {results[-1][1]}")
     return results
+
+
+def render_report(out_dir: str | os.PathLike, merge: str | Sequence[str] = "", html: bool = True) -> Path:
+    """What report.ipynb runs: the study report of ``out_dir``, or with ``merge`` (comma-separated
+    or a list of outputs/<gpu>/ folders) the cross-hardware report written into ``out_dir``."""
+    folders = [m for m in (merge.split(",") if isinstance(merge, str) else merge) if m]
+    if folders:
+        return write_cross_report(folders, dest=out_dir)
+    return write_report(out_dir, html=html)

@@ -245,7 +245,8 @@ def run_cell(plan: CellPlan, backend: Any, requests: Sequence[Request], warmup: 
     policies = {r.prompt_id: getattr(r, "input_policy", "") for r in requests}
     records: list[RequestRecord] = []
     tokens = 0
-    bar = _progress(len(requests), cell.cell_id, progress)
+    c = plan.cell
+    bar = _progress(len(requests), f"{plan.label} {c.task} γ={c.gamma or '-'} b={c.batch_size}", progress)
     sampler = TelemetrySampler(telemetry_period_s).start()
     t0 = time.perf_counter()
     try:
@@ -270,7 +271,7 @@ def _annotate(records: list[RequestRecord], plan: CellPlan, warmup: int, wall_s:
     for r in records:
         r.extra.update(
             label=plan.label, sweeps=list(plan.sweeps), baseline_cell_id=plan.baseline_cell_id,
-            warmup_requests=warmup, cell_wall_s=wall_s, prefix_cache=plan.prefix_cache,
+            warmup_requests=warmup, warmup_scope="engine, method, gamma, batch size", cell_wall_s=wall_s, prefix_cache=plan.prefix_cache,
             request_rate=plan.request_rate, cell_options={k: v for k, v in plan.cell.options},
             throttle_reasons=tel_summary.get("gpu_throttle_reasons", []),
             **{f"tel_{k}": v for k, v in keep.items()},
@@ -348,6 +349,7 @@ def run_study(
         prompts_cache: dict[tuple, list[Request]] = {}
         baseline_cache: dict[str, list[RequestRecord]] = {}
         failed_engines: dict[tuple, str] = {}
+        warmed: set[tuple] = set()
         todo = [p for p in plans if not is_done(out, p.cell_id)]
         say(f"study {cfg.name} on {cfg.hardware}: {len(plans)} cells, {len(plans) - len(todo)} done earlier, "
             f"{len(todo)} to run")
@@ -360,7 +362,8 @@ def run_study(
                 if max_cells is not None and ran >= max_cells:
                     break
                 ran += 1
-                res = _run_one(cfg, plan, out, pool, loader, prompts_cache, baseline_cache, failed_engines, progress)
+                res = _run_one(cfg, plan, out, pool, loader, prompts_cache, baseline_cache, failed_engines, progress,
+                               warmed)
                 results.append(res)
                 say(res.line(i, len(plans)))
         finally:
@@ -376,7 +379,8 @@ def run_study(
 
 
 def _run_one(cfg: StudyConfig, plan: CellPlan, out: Path, pool: BackendPool, loader: RequestLoader,
-             prompts_cache: dict, baseline_cache: dict, failed_engines: dict, progress: bool) -> CellResult:
+             prompts_cache: dict, baseline_cache: dict, failed_engines: dict, progress: bool,
+             warmed: set) -> CellResult:
     key = plan.backend_key()
     try:
         if key in failed_engines:
@@ -392,6 +396,12 @@ def _run_one(cfg: StudyConfig, plan: CellPlan, out: Path, pool: BackendPool, loa
             prompts_cache[pkey] = loader(plan.cell.task, plan.prompts + cfg.warmup_requests,
                                          plan.sampling.seed - plan.cell.repeat, tok)
         requests, warm = split_warmup(prompts_cache[pkey], plan.prompts, cfg.warmup_requests)
+        # warm-up is about the engine state (caches, allocator, JIT/graph capture for this shape):
+        # once per (engine, method, γ, batch size, method options) in this process
+        wkey = (key, plan.cell.method, plan.cell.gamma, plan.cell.batch_size, plan.method_options)
+        if wkey in warmed:
+            warm = []
+        warmed.add(wkey)
         if not requests:
             raise RuntimeError(f"task {plan.cell.task!r} returned no prompts")
         t0 = time.perf_counter()

@@ -26,6 +26,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from . import metrics
+from .backends.servers import ServerStartError
 from .records import Cell, Request, RequestRecord, Sampling, write_part
 
 INF = float("inf")
@@ -118,6 +119,10 @@ def drive(send, requests: Sequence[Request], sampling: Sampling, cell: Cell, loa
                 records[i] = _unsent(requests[i], sampling, cell, f"not sent: run time limit {run_timeout_s:.0f} s")
                 return
             records[i] = send(requests[i], sampling, cell, min(request_timeout_s, left))
+        except Exception as e:  # a client bug must still leave a record, not a hole
+            rec = _unsent(requests[i], sampling, cell, f"{type(e).__name__}: {e}"[:2000])
+            rec.status = "error"
+            records[i] = rec
         finally:
             if gate is not None:
                 gate.release()
@@ -246,7 +251,12 @@ def run_sweep(backends: dict[str, Any], requests: Sequence[Request], warmup_requ
             load = Load(rate, cfg.burstiness, cfg.concurrency)
             opts = tuple(cfg.method_options) + load.options() if method != "ar" else load.options()
             cell = replace(base_cell, method=method, gamma=gamma, options=opts)
-            info = backend.ensure_server(cell)
+            try:
+                info = backend.ensure_server(cell)
+            except ServerStartError as e:  # recorded; the other arm's results are kept
+                summary.setdefault("errors", []).append({"arm": arm, "method": method, "error": str(e)[-4000:]})
+                progress(f"[serve-bench] {arm} ({method}): server failed to start: {str(e)[:500]}")
+                break
             summary["servers"][arm] = info.as_dict()
             progress(f"[serve-bench] {arm} ({method}) {load.label}: warm-up {len(warmup_requests)}, "
                      f"{len(requests)} requests")
@@ -274,6 +284,8 @@ def run_sweep(backends: dict[str, Any], requests: Sequence[Request], warmup_requ
     comparisons = []
     if cfg.baseline:
         for rate in cfg.rates:
+            if rate not in runs.get("baseline", {}) or rate not in runs.get("spec", {}):
+                continue
             c = compare(runs["baseline"][rate], runs["spec"][rate])
             c["rate"] = "inf" if math.isinf(rate) else rate
             comparisons.append((rate, c))

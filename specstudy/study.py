@@ -58,6 +58,10 @@ METHOD_ALIASES = {"eagle": "heads", "eagle3": "heads", "medusa": "heads", "mtp":
 NEEDS_DRAFTER = ("draft_target",)  # heads: a drafter model (vLLM/SGLang) or heads_path option (reference)
 #: frameworks whose speculation is fixed when the engine starts (one engine per method config)
 SERVER_FRAMEWORKS = ("vllm", "vllm-server", "sglang", "openai")
+#: in-process engines that load the drafter named in each cell themselves (one engine per target)
+DRAFTER_PER_CELL = ("reference",)
+#: the reference engine's own-layers drafter: "self" (half the layers) or "self:K"
+SELF_DRAFTER = "self"
 #: framework -> (python module that must be importable, pip extra that provides it)
 FRAMEWORK_REQUIREMENTS: dict[str, tuple[str, str]] = {
     "reference": ("torch", "the base install (pip install -e .)"),
@@ -189,8 +193,9 @@ class CellPlan:
 
         Server backends restart their server themselves when a cell's speculative config changes.
         """
-        return (self.cell.framework, self.target, self.drafter_id, self.dtype, self.tensor_parallel_size,
-                self.prefix_cache)
+        # the reference engine loads each cell's drafter itself (cached), so one engine per target
+        drafter = None if self.cell.framework in DRAFTER_PER_CELL else self.drafter_id
+        return (self.cell.framework, self.target, drafter, self.dtype, self.tensor_parallel_size, self.prefix_cache)
 
     def backend_cell(self) -> Cell:
         """The cell handed to ``backend.run``: method options only (plus the arrival rate for servers).
@@ -314,6 +319,8 @@ def _backend_methods(framework: str) -> tuple[str, ...] | None:
     """Method names a backend class declares (its module is imported, the engine is not)."""
     from .backends import BACKENDS
 
+    if framework == "reference":  # the in-process engine runs every family (issue 3); no torch import here
+        return METHOD_FAMILIES
     spec = BACKENDS.get(framework)
     if not spec:
         return None
@@ -494,6 +501,8 @@ def _known_model(name: str) -> bool:
         names: list[str] = []
     else:
         names = model_names()
+    if name == SELF_DRAFTER or (name.startswith(SELF_DRAFTER + ":") and name.partition(":")[2].isdigit()):
+        return True
     return name in names or Path(name).expanduser().exists() or (name.count("/") == 1 and not name.startswith((".", "/")))
 
 
@@ -559,18 +568,19 @@ def tokenizer_signature(model: str) -> dict[str, Any]:
         pass
     p = Path(model).expanduser()
     if p.exists():
-        for name in ("drafter.json", "config.json"):
-            f = p / name if p.is_dir() else p
+        cands = [p / "drafter.json", p / "config.json"] if p.is_dir() else [p, p.with_suffix(".json")]
+        for f in cands:
             if not (f.is_file() and f.suffix == ".json"):
                 continue
             try:
                 cfg = json.loads(f.read_text())
             except (OSError, ValueError):
                 continue
+            target = cfg.get("target") or cfg.get("model") or (cfg.get("settings") or {}).get("model")
             if isinstance(cfg.get("tokenizer"), str):
                 sig["family"] = cfg["tokenizer"]
-            elif isinstance(cfg.get("target"), str) and sig["family"] is None:
-                sig["family"] = tokenizer_signature(cfg["target"])["family"]
+            elif isinstance(target, str) and sig["family"] is None and Path(target).expanduser() != p:
+                sig["family"] = tokenizer_signature(target)["family"]  # a drafter trained for this target
             for key in ("vocab_size", "n_vocab"):
                 if isinstance(cfg.get(key), int) and sig["vocab_size"] is None:
                     sig["vocab_size"] = cfg[key]
@@ -646,6 +656,8 @@ def check_draft_tokenizers(cfg: StudyConfig, signature=tokenizer_signature) -> l
         tsig = dict(signature(pair.target))
         tsig["vocab_size"] = tsig["vocab_size"] or pair.vocab_size.get("target")
         for short in used:
+            if pair.drafters[short].partition(":")[0] == SELF_DRAFTER:
+                continue  # the target's own layers: its own tokenizer
             dsig = dict(signature(pair.drafters[short]))
             dsig["vocab_size"] = dsig["vocab_size"] or pair.vocab_size.get(short)
             ok = tokenizers_match(tsig, dsig)
@@ -848,7 +860,9 @@ def plan_summary(plans: Iterable[CellPlan], warmup_requests: int = 0, warmup_tok
         "baseline_cells": sum(p.is_baseline for p in plans),
         "requests": requests,
         "output_tokens": tokens,
-        "warmup_tokens": len(plans) * warmup_requests * warmup_tokens,
+        # warm-up runs once per (engine, method, γ, batch size, method options)
+        "warmup_tokens": len({(p.backend_key(), p.cell.method, p.cell.gamma, p.cell.batch_size, p.method_options)
+                              for p in plans}) * warmup_requests * warmup_tokens,
         "engines": len({p.backend_key() for p in plans}),
         "by_sweep": {s: sum(s in p.sweeps for p in plans) for s in sorted({s for p in plans for s in p.sweeps})},
     }

@@ -929,10 +929,10 @@ def load_requests(name: str | TaskConfig, n: int | str | None = None, seed: int 
     length = cfg.input_length
     applied = tokenizer is not None and length.policy != "none"
     quotas: dict[tuple[int, int], int] = {}
-    if applied and length.policy == "bucket":
-        total = want if want is not None else len(rows)
-        k = len(length.buckets)
-        quotas = {b: total // k + (1 if i < total % k else 0) for i, b in enumerate(length.buckets)}
+    if applied and length.policy == "bucket":  # n spread evenly; "all" keeps every prompt in a bucket
+        k, total = len(length.buckets), want if want is not None else len(rows)
+        quotas = {b: (total // k + (1 if i < total % k else 0)) if want is not None else len(rows)
+                  for i, b in enumerate(length.buckets)}
 
     out: list[TaskRequest] = []
     for row in rows:

@@ -113,3 +113,37 @@ def test_sampling_runs_and_counts_stay_consistent(backend):
     for r in recs:
         assert r.output_tokens == 12 == sum(s.emitted for s in r.steps)
         assert all(0 <= s.accepted <= s.drafted for s in r.steps)
+
+
+@pytest.mark.slow
+def test_hf_prompt_lookup_agrees_with_reference_ngram_on_default_model():
+    """Same greedy prompts, same n-gram rule (n = 2..1, γ = 4): identical tokens and identical
+    per-step (drafted, accepted) except where the engines differ by design — HF already drafts
+    from the prompt in its prefill pass (the reference's first step is the plain prefill), and HF
+    does not shorten drafts near the max_new_tokens budget (the reference does)."""
+    from specstudy import models, tasks
+
+    tok = models.load_tokenizer("smollm2-135m")
+    reqs = tasks.load_requests("code", n=2, tokenizer=tok)
+    sampling, gamma = Sampling(max_new_tokens=40), 4
+    opts = (("ngram_max", 2), ("ngram_min", 1))
+    ref = get_backend("reference", model="smollm2-135m")
+    ref_recs = list(ref.run(reqs, sampling, Cell("t", "cpu", "reference", "ngram", "code", "smollm2-135m",
+                                                   gamma=gamma, options=opts)))
+    ref.close()
+    hf = get_backend("hf", model="smollm2-135m")
+    hf_recs = list(hf.run(reqs, sampling, Cell("t", "cpu", "hf", "ngram", "code", "smollm2-135m", gamma=gamma,
+                                                 options=opts)))
+    compared = 0
+    for a, b in zip(ref_recs, hf_recs):
+        assert a.status == b.status == "ok"
+        assert a.output_ids == b.output_ids
+        assert a.verify_steps == b.verify_steps
+        assert (a.steps[0].drafted, a.steps[0].emitted) == (0, 1) and b.steps[0].emitted == 1
+        done = 1
+        for sa, sb in zip(a.steps[1:], b.steps[1:]):
+            if sampling.max_new_tokens - done >= gamma + 1:
+                assert (sa.drafted, sa.accepted, sa.emitted) == (sb.drafted, sb.accepted, sb.emitted)
+                compared += 1
+            done += sa.emitted
+    assert compared >= 10

@@ -81,14 +81,16 @@ def test_stream_parsing_and_per_request_acceptance(level):
         assert r.chunk_tokens[0] == 1 and max(r.chunk_tokens) > 1  # several tokens per verify step
         assert 0 <= r.first_token_s <= r.chunk_times_s[-1] <= r.end_s
         assert r.output_text.startswith("t100 ")
-        assert (r.verify_steps, r.drafted_tokens, r.accepted_tokens) == (steps, drafted, accepted)
+        # every target forward counts: the prefill plus the fixture's spec steps
+        assert (r.verify_steps, r.drafted_tokens, r.accepted_tokens) == (steps + 1, drafted, accepted)
+        assert r.extra["vllm_spec"]["num_spec_steps"] == steps
         assert r.accepted_per_position == [sum(1 for s in step_list if s["accepted"] >= k) for k in range(1, K + 1)]
         assert r.drafts_per_position == [steps] * K  # every fixture step drafted K tokens
         assert r.extra["server"]["started_by_kit"] is False and r.extra["server"]["version"] == "0.32.0-fake"
         assert r.extra["chunk_token_count"] == "token_ids"
     s = metrics.acceptance_summary(recs)
     assert s["alpha"] == pytest.approx(accepted / drafted)
-    assert s["tau"] == pytest.approx(13 / steps)  # completion tokens / spec steps
+    assert s["tau"] == pytest.approx(13 / (steps + 1))  # tokens / target forwards
 
 
 def test_run_scoped_counters_subtract_earlier_traffic():
@@ -165,9 +167,20 @@ def test_unreachable_server_is_an_error_record():
     assert rec.status == "error" and "Connection" in rec.error
 
 
+def test_steps_without_drafts_still_count_as_forwards():
+    """Live vLLM n-gram numbers (4 requests x 32 tokens): 25 spec steps, 63 accepted drafts.
+    vLLM's spec steps omit decode steps where the drafter found no match; 128 / 25 = 5.1 > γ+1
+    would be impossible, 128 / (128 − 63) is the per-forward τ."""
+    spec = {"num_spec_steps": 25, "num_draft_tokens": 100, "num_accepted_draft_tokens": 63, "num_spec_tokens": 4,
+            "acceptance_histogram": [6, 1, 4, 2, 12]}
+    out = spec_fields(spec, output_tokens=128)
+    assert out["verify_steps"] == 65 and out["drafts_per_position"] == [25] * 4
+    assert metrics.mean_accepted_length(128, out["verify_steps"]) <= 4 + 1
+
+
 def test_spec_fields_without_uniform_drafts_leaves_drafts_per_position_unknown():
     out = spec_fields({"num_spec_steps": 3, "num_draft_tokens": 10, "num_accepted_draft_tokens": 4,
-                       "num_spec_tokens": 4, "acceptance_histogram": [1, 0, 2, 0, 0]})
+                       "num_spec_tokens": 4, "acceptance_histogram": [1, 0, 2, 0, 0]}, output_tokens=9)
     assert out["accepted_per_position"] == [2, 2, 0, 0]
     assert out["drafts_per_position"] is None  # 10 != 3 * 4: not invented
 

@@ -73,3 +73,14 @@ def test_constructor_checks_names_before_loading():
         ReferenceBackend(tiny_model(), dtype="int3")
     with pytest.raises(ValueError, match="unknown option"):
         ReferenceBackend(tiny_model(), flash=True)
+
+
+def test_drafter_with_another_tokenizer_is_refused_before_loading(monkeypatch):
+    import specstudy.models as models
+
+    def no_load(*a, **k):
+        raise AssertionError("must not load a model")
+
+    monkeypatch.setattr(models, "load_model", no_load)
+    with pytest.raises(ValueError, match="tokenizer"):
+        ReferenceBackend("smollm2-135m", drafter="qwen2.5-coder-0.5b")

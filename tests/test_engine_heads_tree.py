@@ -137,8 +137,11 @@ PROMPTS = [[1, 2, 3, 4, 5], [7, 8, 9], [11, 3, 11, 3, 11, 3, 40, 41]]
 
 
 def decode(method, target, prompts, sampling, gamma=3, drafter=None, **options):
+    """As the reference backend does: check with the drafter's name, then load it."""
     spec = get_method(method)
     opts = spec.check(gamma, len(prompts), drafter, options)
+    if isinstance(drafter, str):
+        drafter = spec.load_drafter(drafter, target, "cpu", "float64")
     return spec.decode(DecodeJob(target=target, prompts=prompts, sampling=sampling, gamma=gamma, drafter=drafter,
                                  options=opts))
 
@@ -157,9 +160,9 @@ def check_counts(row, depth_max):
 @pytest.mark.parametrize("case", ["self", "self_branching", "other_model", "target_as_drafter"])
 def test_tree_greedy_equals_ar(target, case):
     s = Sampling(temperature=0.0, max_new_tokens=24)
-    drafter = {"other_model": tiny_model(seed=5, num_layers=1, logit_scale=4.0),
-               "target_as_drafter": target}.get(case)
-    options = {"self": {"tree_width": 2}, "self_branching": {"tree_branching": "3,2,1", "exit_layer": 2},
+    drafter = {"self": "self", "self_branching": "self:2", "other_model": tiny_model(seed=5, num_layers=1, logit_scale=4.0),
+               "target_as_drafter": target}[case]
+    options = {"self": {"tree_width": 2}, "self_branching": {"tree_branching": "3,2,1"},
                "other_model": {"tree_width": 3}, "target_as_drafter": {"tree_branching": "2,2,1"}}[case]
     for p in PROMPTS:
         ref = decode("ar", target, [p], s)[0].output_ids
@@ -175,38 +178,46 @@ def test_tree_greedy_equals_ar(target, case):
 def test_tree_options_are_checked_before_decoding(target):
     spec = get_method("tree")
     with pytest.raises(ValueError, match="depth 2, but gamma=3"):
-        spec.check(3, 1, None, {"tree_branching": "2,1"})
+        spec.check(3, 1, "self", {"tree_branching": "2,1"})
     with pytest.raises(ValueError, match="batch_size=2"):
-        spec.check(3, 2, None, {})
-    with pytest.raises(ValueError, match="cannot be combined"):
-        spec.check(3, 1, "some-draft-model", {"exit_layer": 1})
+        spec.check(3, 2, "self", {})
+    with pytest.raises(ValueError, match="needs a drafter"):
+        spec.check(3, 1, None, {})
+    with pytest.raises(ValueError, match="'self:K'"):
+        spec.check(3, 1, "self:x", {})
+    with pytest.raises(ValueError, match="no such file"):
+        spec.check(3, 1, "missing-adapter.safetensors", {})
     with pytest.raises(ValueError, match="not known"):
-        spec.check(3, 1, None, {"tree_wdth": 2})
+        spec.check(3, 1, "self", {"tree_wdth": 2})
+    with pytest.raises(ValueError, match="need 1 <= k"):
+        get_method("tree").load_drafter("self:3", target, "cpu", "float64")  # k must leave a layer out
 
 
 def test_heads_linear_batch_and_tree_greedy_equal_ar(target, heads_file):
     s = Sampling(temperature=0.0, max_new_tokens=24)
     refs = [decode("ar", target, [p], s)[0].output_ids for p in PROMPTS]
-    rows = decode("heads", target, PROMPTS, s, gamma=3, heads_path=str(heads_file))
+    rows = decode("heads", target, PROMPTS, s, gamma=3, drafter=str(heads_file))
     assert [r.output_ids for r in rows] == refs
     for r in rows:
         check_counts(r, 3)
     for p, ref in zip(PROMPTS, refs):
-        row = decode("heads", target, [p], s, gamma=3, heads_path=str(heads_file), heads_tree="3,2,2")[0]
+        row = decode("heads", target, [p], s, gamma=3, drafter=str(heads_file), heads_tree="3,2,2")[0]
         assert row.output_ids == ref
         check_counts(row, 3)
 
 
 def test_heads_options_are_checked(heads_file, tmp_path):
     spec = get_method("heads")
-    with pytest.raises(ValueError, match="needs option heads_path"):
+    with pytest.raises(ValueError, match="needs a drafter"):
         spec.check(3, 1, None, {})
     with pytest.raises(ValueError, match="no heads file"):
-        spec.check(3, 1, None, {"heads_path": str(tmp_path / "missing")})
+        spec.check(3, 1, str(tmp_path / "missing"), {})
     with pytest.raises(ValueError, match="needs 4 heads"):
-        spec.check(4, 1, None, {"heads_path": str(heads_file)})
+        spec.check(4, 1, str(heads_file), {})
     with pytest.raises(ValueError, match="depth 2, but gamma=3"):
-        spec.check(3, 1, None, {"heads_path": str(heads_file), "heads_tree": "2,2"})
+        spec.check(3, 1, str(heads_file), {"heads_tree": "2,2"})
+    with pytest.raises(ValueError, match="one request at a time"):
+        spec.check(3, 2, str(heads_file), {"heads_tree": "2,2,1"})
 
 
 def test_heads_read_the_verification_hidden_state(target, heads_file):
@@ -215,7 +226,7 @@ def test_heads_read_the_verification_hidden_state(target, heads_file):
     heads = D.load_drafter(heads_file, kind="heads").to(torch.float64)
     s = Sampling(temperature=0.0, max_new_tokens=12)
     prompt = PROMPTS[2]
-    row = decode("heads", target, [prompt], s, gamma=3, heads_path=str(heads_file))[0]
+    row = decode("heads", target, [prompt], s, gamma=3, drafter=str(heads_file))[0]
     # after a step the pending token is the last emitted one (index emitted-1 of seq); the next
     # step's drafts come from the hidden state at the token before it and predict seq[emitted:]
     seq = prompt + row.output_ids
@@ -277,7 +288,7 @@ def _multi_draft_first_two(trials: int, v: int, step, seed: int) -> torch.Tensor
 
 
 def test_multi_draft_rule_is_exact_and_the_test_has_power():
-    trials, v = 6000, 4
+    trials, v = 4000, 4
     counts, exact = _multi_draft_first_two(trials, v, T.sibling_step, seed=1)
     assert chi_square_p(counts, trials * exact) > SIGNIFICANCE
 
@@ -293,7 +304,8 @@ def test_multi_draft_rule_is_exact_and_the_test_has_power():
 # exact sampling end to end
 
 
-V, K, N = 5, 3, 1500
+V, K = 4, 3
+N_FAST, N_SLOW = 500, 2000  # decodes are batch-1 here, so N costs N separate decodes
 PROMPT = [0, 3, 1]
 
 
@@ -318,22 +330,25 @@ def _counts(rows):
     return torch.bincount(index, minlength=V ** K).double()
 
 
-@pytest.mark.parametrize("sampling", [Sampling(temperature=1.0, max_new_tokens=K),
-                                      Sampling(temperature=0.8, top_k=4, max_new_tokens=K)], ids=["t1", "t0.8-topk4"])
-def test_tree_samples_the_target_distribution(small_vocab, sampling):
+@pytest.mark.parametrize("sampling,n", [
+    (Sampling(temperature=1.0, max_new_tokens=K), N_FAST),
+    pytest.param(Sampling(temperature=0.8, top_k=3, max_new_tokens=K), N_SLOW, marks=pytest.mark.slow),
+], ids=["t1", "t0.8-topk3"])
+def test_tree_samples_the_target_distribution(small_vocab, sampling, n):
     from dataclasses import replace
 
     target, drafter = small_vocab
     p = exact_joint(target, sampling)
     assert 0.5 * (p - exact_joint(drafter, sampling)).abs().sum() > 0.2  # the draft really differs
     spec = get_method("tree")
-    opts = spec.check(2, 1, drafter, {"tree_branching": "3,2"})
+    opts = spec.check(2, 1, drafter, {"tree_branching": "2,2"})
     rows = [spec.decode(DecodeJob(target, [PROMPT], replace(sampling, seed=i), gamma=2, drafter=drafter,
-                                  options=opts))[0] for i in range(N)]
-    assert sum(s.accepted for r in rows for s in r.steps) > 0.2 * N  # trees were really accepted
-    assert chi_square_p(_counts(rows), N * p) > SIGNIFICANCE
+                                  options=opts))[0] for i in range(n)]
+    assert sum(s.accepted for r in rows for s in r.steps) > 0.2 * n  # trees were really accepted
+    assert chi_square_p(_counts(rows), n * p) > SIGNIFICANCE
 
 
+@pytest.mark.slow
 def test_heads_tree_samples_the_target_distribution(small_vocab, tmp_path):
     target, _ = small_vocab
     torch.manual_seed(2)
@@ -343,11 +358,13 @@ def test_heads_tree_samples_the_target_distribution(small_vocab, tmp_path):
     path = D.save_drafter(heads, tmp_path / "h", target="tiny")
     s = Sampling(temperature=1.0, max_new_tokens=K)
     spec = get_method("heads")
-    opts = spec.check(2, 1, None, {"heads_path": str(path), "heads_tree": "3,2"})
+    opts = spec.check(2, 1, str(path), {"heads_tree": "3,2"})
+    heads = spec.load_drafter(str(path), target, "cpu", "float64")
     from dataclasses import replace
 
-    rows = [spec.decode(DecodeJob(target, [PROMPT], replace(s, seed=i), gamma=2, options=opts))[0] for i in range(N)]
-    assert chi_square_p(_counts(rows), N * exact_joint(target, s)) > SIGNIFICANCE
+    rows = [spec.decode(DecodeJob(target, [PROMPT], replace(s, seed=i), gamma=2, drafter=heads, options=opts))[0]
+            for i in range(N_SLOW)]
+    assert chi_square_p(_counts(rows), N_SLOW * exact_joint(target, s)) > SIGNIFICANCE
 
 
 # --------------------------------------------------------------------------------------------
@@ -359,10 +376,9 @@ def test_training_lowers_the_loss_and_files_round_trip(kind, tmp_path):
     model = tiny_model(seed=1, dtype="float32", logit_scale=4.0)
     rng = random.Random(0)
     prompts = [[rng.randrange(96) for _ in range(rng.randint(3, 8))] for _ in range(12)]
-    corpus = D.generate_corpus(model, prompts, 24, batch_size=6)
+    corpus, feats = D.generate_with_features(model, prompts, 24, kind, exit_layer=1, label_top_k=8, batch_size=5)
     assert all(len(ids) == plen + 24 for ids, plen in corpus)
-    feats = D.collect_features(model, corpus, kind, exit_layer=1, label_top_k=8)
-    settings = D.TrainSettings(kind=kind, num_heads=2, exit_layer=1, steps=40, batch_tokens=64, lr=3e-3,
+    settings = D.TrainSettings(kind=kind, num_heads=2, exit_layer=1, steps=60, batch_tokens=64, lr=1e-2,
                                label_top_k=8, eval_fraction=0.25)
     result = D.train_drafter(model, feats, settings)
     assert result.log[-1]["loss"] < result.log[0]["loss"]
@@ -376,6 +392,23 @@ def test_training_lowers_the_loss_and_files_round_trip(kind, tmp_path):
         D.load_drafter(path, target="other")
 
 
+@pytest.mark.parametrize("kind", D.KINDS)
+def test_features_from_generation_equal_a_teacher_forced_pass(kind):
+    """The features read from batched, left-padded generation steps are those of one causal pass
+    over each finished sequence (the last token, never fed during generation, excepted)."""
+    model = tiny_model(seed=1, dtype="float32", logit_scale=4.0, num_layers=3)
+    rng = random.Random(1)
+    prompts = [[rng.randrange(96) for _ in range(rng.randint(3, 8))] for _ in range(5)]
+    corpus, got = D.generate_with_features(model, prompts, 10, kind, exit_layer=1, label_top_k=5, batch_size=3)
+    ref = D.collect_features(model, corpus, kind, exit_layer=1, label_top_k=5)
+    keep = torch.tensor([int(ref.pos[i]) != len(corpus[int(ref.seq[i])][0]) - 1 for i in range(len(ref.seq))])
+    assert torch.equal(got.seq, ref.seq[keep]) and torch.equal(got.pos, ref.pos[keep])
+    assert torch.allclose(got.hidden, ref.hidden[keep], atol=1e-5)
+    assert torch.allclose(got.final, ref.final[keep], atol=1e-5)
+    assert torch.equal(got.label_ids, ref.label_ids[keep])
+    assert torch.allclose(got.label_probs, ref.label_probs[keep], atol=1e-5)
+
+
 def test_train_drafter_cli_rejects_bad_input_before_loading(capsys):
     from specstudy.cli import main
 
@@ -383,3 +416,33 @@ def test_train_drafter_cli_rejects_bad_input_before_loading(capsys):
     assert "--kind='eagle'" in capsys.readouterr().err
     assert main(["train-drafter", "--kind", "heads", "--tasks", "code,poetry"]) == 2
     assert "poetry" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------------------------
+# through the reference backend (cell.method, cell.drafter, cell.options)
+
+
+def test_heads_and_tree_run_through_the_reference_backend(target, heads_file):
+    from specstudy.backends import get_backend
+    from specstudy.records import Cell, Request
+
+    backend = get_backend("reference", model=target, dtype="float64")
+    requests = [Request(prompt_id=f"p{i}", prompt="", prompt_ids=tuple(p)) for i, p in enumerate(PROMPTS)]
+    s = Sampling(temperature=0.0, max_new_tokens=16)
+    base = Cell(study="t", hardware="cpu", framework="reference", method="ar", task="t", model="tiny")
+    ref = [r.output_ids for r in backend.run(requests, s, base)]
+    cells = [
+        Cell(study="t", hardware="cpu", framework="reference", method="heads", task="t", model="tiny",
+             drafter=str(heads_file), gamma=3, batch_size=2),
+        Cell(study="t", hardware="cpu", framework="reference", method="heads", task="t", model="tiny",
+             drafter=str(heads_file), gamma=2, options=(("heads_tree", "2,2"),)),
+        Cell(study="t", hardware="cpu", framework="reference", method="tree", task="t", model="tiny",
+             drafter="self:2", gamma=3, options=(("tree_width", 2),)),
+    ]
+    for cell in cells:
+        recs = list(backend.run(requests, s, cell))
+        assert [r.status for r in recs] == ["ok"] * len(PROMPTS), [r.error for r in recs]
+        assert [r.output_ids for r in recs] == ref
+        for r in recs:
+            assert r.drafter == cell.drafter and r.verify_steps == len(r.steps)
+            assert r.accepted_tokens + r.verify_steps == r.output_tokens  # every step ends in one target token

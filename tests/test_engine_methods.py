@@ -162,3 +162,16 @@ def test_draft_vocab_mismatch_is_refused(target):
 def test_empty_prompt_is_refused(target):
     with pytest.raises(ValueError, match="empty"):
         get_method("ar").decode(DecodeJob(target, [[]], GREEDY))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_methods_run_on_cuda_and_match_cpu(target, drafter, ar_tokens):
+    dev = "cuda"
+    t, d = tiny_model(seed=0, num_layers=4, logit_scale=8.0).to(dev), tiny_model(seed=1, num_layers=1, logit_scale=8.0).to(dev)
+    for name, kw in [("ar", {}), ("draft_target", dict(drafter=d, gamma=4)), ("ngram", dict(gamma=3)),
+                     ("layer_skip", dict(gamma=2, options={"exit_layer": 2}))]:
+        rows = get_method(name).decode(DecodeJob(t, PROMPTS, GREEDY, device=dev, **kw))
+        assert [r.output_ids for r in rows] == ar_tokens, name
+    s = Sampling(temperature=1.0, seed=3, max_new_tokens=8)
+    rows = get_method("draft_target").decode(DecodeJob(t, PROMPTS, s, drafter=d, gamma=3, device=dev))
+    assert all(len(r.output_ids) == 8 for r in rows)

@@ -167,3 +167,26 @@ def test_cli_rejects_bad_values_before_starting(capsys):
     assert "ngram-min" in capsys.readouterr().err
     assert main(["serve-bench", "--model", "m", "--spec", "ar"]) == 2
     assert main(["serve-bench", "--model", "m", "--spec", "ngram", "--num-requests", "0"]) == 2
+
+
+def test_a_server_that_fails_to_start_is_reported_not_raised(tmp_path):
+    import sys
+
+    with FakeServer(mode="vllm", spec=False) as base_srv:
+        broken = get_backend("openai", model="m", command=[sys.executable, "-c", "raise SystemExit(4)"],
+                             log_dir=tmp_path / "logs", ready_timeout_s=30)
+        backends = {"spec": broken,
+                    "baseline": get_backend("vllm-server", model="m", base_url=base_srv.url, request_timeout_s=10)}
+        cfg = SweepConfig(spec_method="ngram", gamma=4, rates=[math.inf], warmup=0, request_timeout_s=10, run_timeout_s=60)
+        summary = run_sweep(backends, _reqs(2), [], SAMPLING, CELL, cfg, tmp_path, progress=lambda m: None)
+    assert [r["arm"] for r in summary["runs"]] == ["baseline"]
+    assert summary["errors"][0]["arm"] == "spec" and "code 4" in summary["errors"][0]["error"]
+    assert summary["comparison"] == [] and summary["stops_paying_at_rate"] is None
+
+
+def test_a_crashing_client_leaves_an_error_record():
+    def send(request, sampling, cell, timeout_s):
+        raise RuntimeError("client bug")
+
+    recs, _ = drive(send, _reqs(2), SAMPLING, CELL, Load(math.inf), request_timeout_s=5, run_timeout_s=10)
+    assert [r.status for r in recs] == ["error", "error"] and "client bug" in recs[0].error

@@ -320,6 +320,14 @@ def test_buckets_spread_n_evenly(tmp_path, cache):
         by.setdefault(r.input_policy, []).append(len(r.prompt_ids))
     assert sorted(by) == ["bucket:0-80", "bucket:80-400"] and all(len(v) == 3 for v in by.values())
     assert all(n < 80 for n in by["bucket:0-80"]) and all(80 <= n < 400 for n in by["bucket:80-400"])
+    raw = load_requests(str(task_yaml(tmp_path, [file_source(tmp_path)], name="raw")), n="all", tokenizer=tok)
+    in_range = {r.prompt_id for r in raw if len(r.prompt_ids) < 400}
+    everything = load_requests(path, n="all", tokenizer=tok)
+    assert 6 < len(in_range) < 30 and {r.prompt_id for r in everything} == in_range and {r.input_policy for r in everything} == {"bucket:0-80", "bucket:80-400"}
+    narrow = str(task_yaml(tmp_path, [file_source(tmp_path)], name="narrow",
+                           input_length={"policy": "bucket", "buckets": [[0, 40], [80, 400]]}))
+    with pytest.raises(ParamsError, match="unfilled buckets: 0-40 short by 3"):
+        load_requests(narrow, n=6, tokenizer=tok)
 
 
 def test_without_tokenizer_the_policy_says_unapplied(tmp_path, cache):

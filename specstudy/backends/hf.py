@@ -14,6 +14,12 @@ growth of ``input_ids``; accepted = the longest prefix of the candidates equal t
 choices under greedy decoding (exact even when the last step is cut by ``max_new_tokens``),
 transformers' ``num_matches`` otherwise.  Chunk times come from a streamer.
 
+Against the reference engine's ``ngram`` (same n-gram rule) on SmolLM2 the tokens and the
+per-step counts agree except where transformers works differently: its first verification is
+the prefill pass, which already checks drafts looked up in the prompt (the reference's first
+step is a plain prefill), and it does not shorten drafts that run past ``max_new_tokens``
+(see the slow test in ``tests/test_backends_hf.py``).
+
 Assisted generation in transformers is batch-size 1 only: a cell with ``batch_size > 1`` is
 refused up front, and every record says ``extra["batching"] = "sequential (HF assisted
 generation supports batch size 1 only)"``.

@@ -7,7 +7,10 @@ accepted counts under the names of the version at hand — ``spec_num_proposed_d
 ``spec_num_correct_drafts`` (with ``spec_proposed_drafts`` / ``spec_accepted_drafts`` aliases),
 older ``spec_draft_token_num`` / ``spec_accept_token_num`` — plus, where offered,
 ``spec_num_*_drafts_by_position`` and ``spec_correct_drafts_histogram`` / ``spec_accept_histogram``.
-τ = completion_tokens / spec_verify_ct falls out of :mod:`specstudy.metrics` unchanged.
+Every SGLang decode forward is a verification when speculation is on, so a record counts
+``verify_steps = spec_verify_ct + 1`` target forwards (the prefill is the first, as in the
+reference engine and the vLLM backend); SGLang's own τ = completion_tokens / spec_verify_ct is
+kept in ``extra["sglang_tau"]``.
 
 SGLang has no CPU build that installs here: this module is tested against responses in the
 documented format only; the live check belongs on a GPU machine.
@@ -58,7 +61,7 @@ def meta_fields(meta: dict[str, Any]) -> dict[str, Any] | None:
     steps = meta.get("spec_verify_ct")
     if not steps:
         return None
-    out: dict[str, Any] = {"verify_steps": int(steps), "drafted_tokens": None, "accepted_tokens": None,
+    out: dict[str, Any] = {"verify_steps": int(steps) + 1, "drafted_tokens": None, "accepted_tokens": None,
                            "accepted_per_position": None, "drafts_per_position": None}
     drafted, accepted = _first(meta, _DRAFTED_KEYS), _first(meta, _ACCEPTED_KEYS)
     if drafted is not None and accepted is not None:
@@ -156,5 +159,8 @@ class SglangServerBackend(ServerBackend):
             return
         for k, v in fields.items():
             setattr(rec, k, v)
-        rec.extra["sglang_spec"] = {k: v for k, v in (st.meta_info or {}).items() if k.startswith("spec_")}
+        meta = st.meta_info or {}
+        rec.extra["sglang_spec"] = {k: v for k, v in meta.items() if k.startswith("spec_")}
+        if meta.get("completion_tokens") and meta.get("spec_verify_ct"):
+            rec.extra["sglang_tau"] = int(meta["completion_tokens"]) / int(meta["spec_verify_ct"])
         rec.extra["acceptance_source"] = "sglang meta_info"

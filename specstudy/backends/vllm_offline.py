@@ -154,9 +154,10 @@ class VllmOfflineBackend(Backend):
                 rec.extra["timing_source"] = "batch wall time (no per-request timestamps)"
             spec = getattr(comp, "spec_decode_metrics", None)
             if spec is not None:
-                for k, v in spec_fields(spec.to_dict()).items():
+                for k, v in spec_fields(spec.to_dict(), rec.output_tokens).items():
                     setattr(rec, k, v)
                 rec.extra["acceptance_source"] = "vllm CompletionOutput.spec_decode_metrics"
+                rec.extra["vllm_spec"] = spec.to_dict()
             rec.extra["finish_reason"] = comp.finish_reason
             recs.append(rec)
         return recs

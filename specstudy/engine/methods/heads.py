@@ -128,26 +128,24 @@ class HeadsTreeDrafter:
         self.hidden = hidden
 
 
-def load_heads(job: DecodeJob) -> MedusaHeads:
-    target = job.target
-    heads = load_drafter(job.option("heads_path"), kind="heads", hidden_size=target.config.hidden_size)
-    dtype = next(target.parameters()).dtype
-    return heads.to(device=job.device, dtype=dtype)
+def load_heads(name: str, target: Any, device: str = "cpu", dtype: str = "float32") -> MedusaHeads:
+    """cell.drafter (a heads file from ``specstudy train-drafter --kind heads``) → the heads,
+    in the target's dtype."""
+    heads = load_drafter(name, kind="heads", hidden_size=target.config.hidden_size)
+    return heads.to(device=device, dtype=next(target.parameters()).dtype)
 
 
 def decode(job: DecodeJob) -> list[RowTrace]:
+    heads = job.drafter
+    if not isinstance(heads, MedusaHeads):
+        raise ValueError(f"method 'heads' needs MedusaHeads as its drafter, got {type(heads).__name__}")
+    heads = heads.to(device=job.device, dtype=next(job.target.parameters()).dtype)
     branching = job.option("heads_tree")
-    if branching is not None and len(job.prompts) > 1:
-        raise ValueError(f"method 'heads' with heads_tree={branching!r} decodes one request at a time: "
-                         f"batch_size={len(job.prompts)} is not supported (use linear mode, or batch 1)")
-    heads = load_heads(job)
-    depth = len(branching) if branching is not None else job.gamma
-    if depth > heads.num_heads:
-        what = f"heads_tree={branching!r} (depth {depth})" if branching is not None else f"gamma={job.gamma}"
-        raise ValueError(f"method 'heads': {what} needs {depth} heads; {job.option('heads_path')} has "
-                         f"{heads.num_heads}")
     gen = job.generator()
     if branching is not None:
+        if len(job.prompts) > 1:
+            raise ValueError(f"method 'heads' with heads_tree decodes one request at a time: "
+                             f"batch_size={len(job.prompts)}")
         drafter = HeadsTreeDrafter(heads, job.target, branching, job.sampling)
         return [tree_decode(job.target, job.prompts[0], job.sampling, drafter, gen, job.eos_token_ids, job.device)]
     capture = HiddenCapture(job.target)
@@ -159,27 +157,21 @@ def decode(job: DecodeJob) -> list[RowTrace]:
         capture.close()
 
 
-def _heads_path(v: Any) -> str:
-    """A heads file that exists and was written by train-drafter (checked before model loading)."""
+def _heads_file(name: str) -> int:
+    """Number of heads in a heads file (checked before any model is loaded)."""
     from safetensors import safe_open
 
-    p = Path(str(v))
+    p = Path(str(name))
     if p.suffix != ".safetensors":
         p = p.with_suffix(".safetensors")
     if not p.exists():
-        raise ValueError(f"no heads file at {str(p)!r} (train one with `specstudy train-drafter --kind heads`)")
+        raise ValueError(f"drafter={name!r}: no heads file at {str(p)!r} (train one with "
+                         "`specstudy train-drafter --kind heads`)")
     with safe_open(str(p), framework="pt") as f:
-        kind = (f.metadata() or {}).get("kind")
-    if kind != "heads":
-        raise ValueError(f"{p} holds drafter kind {kind!r}, not 'heads'")
-    return str(p)
-
-
-def _num_heads(path: str) -> int:
-    from safetensors import safe_open
-
-    with safe_open(path, framework="pt") as f:
-        return int((f.metadata() or {})["num_heads"])
+        meta = f.metadata() or {}
+    if meta.get("kind") != "heads":
+        raise ValueError(f"drafter={name!r} holds drafter kind {meta.get('kind')!r}, not 'heads'")
+    return int(meta["num_heads"])
 
 
 @dataclass(frozen=True)
@@ -188,9 +180,6 @@ class HeadsSpec(MethodSpec):
 
     def check(self, gamma, batch_size, drafter, options):
         out = MethodSpec.check(self, gamma, batch_size, drafter, options)
-        if "heads_path" not in out:
-            raise ValueError("method 'heads' needs option heads_path (a file written by `specstudy train-drafter "
-                             "--kind heads`, e.g. params/drafters/smollm2-135m-heads.safetensors)")
         if "heads_tree" in out:
             if len(out["heads_tree"]) != gamma:
                 raise ValueError(f"method 'heads': heads_tree={','.join(map(str, out['heads_tree']))} has depth "
@@ -198,13 +187,14 @@ class HeadsSpec(MethodSpec):
             if batch_size > 1:
                 raise ValueError(f"method 'heads' with heads_tree decodes one request at a time: "
                                  f"batch_size={batch_size} is not supported (use linear mode, or batch 1)")
-        k = _num_heads(out["heads_path"])
+        k = drafter.num_heads if isinstance(drafter, MedusaHeads) else _heads_file(drafter)
         if gamma > k:
-            raise ValueError(f"method 'heads': gamma={gamma} needs {gamma} heads; {out['heads_path']} has {k}")
+            what = drafter if isinstance(drafter, str) else f"{type(drafter).__name__} module"
+            raise ValueError(f"method 'heads': gamma={gamma} needs {gamma} heads; drafter {what!r} has {k}")
         return out
 
 
-OPTIONS = {"heads_path": _heads_path, "heads_tree": parse_branching}
-
-SPEC = HeadsSpec(name="heads", decode=decode, options=OPTIONS,
-                 description="Medusa-style heads on the target's last hidden state (linear or tree verification)")
+SPEC = HeadsSpec(name="heads", decode=decode, needs_drafter=True, load_drafter=load_heads,
+                 options={"heads_tree": parse_branching},
+                 description="Medusa-style heads on the target's last hidden state (linear or tree verification); "
+                             "drafter: a heads file from `specstudy train-drafter --kind heads`")

@@ -441,75 +441,93 @@ def tree_decode(target, prompt: Sequence[int], sampling, drafter, generator: tor
 
 
 # --------------------------------------------------------------------------------------------
-# the method: a draft model's tree, or the target's own first layers (no drafter given)
+# the method: the drafter is a draft model, or the target's own first layers
 
 
-def _branching(job_or_options, gamma: int | None) -> tuple[int, ...]:
-    opts = dict(job_or_options)
+SELF_PREFIX = "self"
+
+
+def _branching(options, gamma: int | None) -> tuple[int, ...]:
+    opts = dict(options)
     if "tree_branching" in opts:
         return tuple(opts["tree_branching"])
     return default_branching(opts.get("tree_width", 2), gamma)
 
 
-def _self_drafter(job):
-    """The target's first k layers (+ an optional trained adapter) as the tree's drafter LM."""
-    from ..drafters import load_drafter
+def _self_exit_layer(name: str) -> int | None:
+    """``self`` → None (half the layers), ``self:K`` → K; raises on a malformed suffix."""
+    _, _, k = name.partition(":")
+    if not k:
+        return None
+    if not k.isdigit() or int(k) < 1:
+        raise ValueError(f"drafter={name!r}: expected 'self' or 'self:K' with K >= 1 layers kept")
+    return int(k)
+
+
+def load_tree_drafter(name: str, target, device: str = "cpu", dtype: str = "float32"):
+    """cell.drafter → the LM that grows the tree.
+
+    ``self`` / ``self:K``: the target's first K layers (default half) with its norm and LM head;
+    a ``layer_skip_adapter`` file from ``specstudy train-drafter``: the same plus the trained
+    adapter (K from the file); anything else: a draft model from :mod:`specstudy.models`.
+    """
     from .layer_skip import LayerSkipDraft, exit_layer
 
-    opts = dict(job.options)
-    adapter = opts.pop("adapter", None)
-    path = opts.pop("adapter_path", None)
-    if path is not None:
-        adapter = load_drafter(path, kind="layer_skip_adapter", hidden_size=job.target.config.hidden_size)
-        adapter = adapter.to(device=job.device, dtype=next(job.target.parameters()).dtype)
-        if "exit_layer" not in opts and "skip_layers" not in opts:
-            opts["exit_layer"] = adapter.exit_layer
-        elif opts.get("exit_layer") not in (None, adapter.exit_layer):
-            raise ValueError(f"adapter {path} was trained for exit_layer={adapter.exit_layer}, "
-                             f"not {opts.get('exit_layer')}")
-    return LayerSkipDraft(job.target, exit_layer(job.target, opts), adapter)
+    if name == SELF_PREFIX or name.startswith(SELF_PREFIX + ":"):
+        k = _self_exit_layer(name)
+        return LayerSkipDraft(target, exit_layer(target, {} if k is None else {"exit_layer": k}))
+    if str(name).endswith(".safetensors"):
+        from ..drafters import load_drafter
+
+        adapter = load_drafter(name, kind="layer_skip_adapter", hidden_size=target.config.hidden_size)
+        adapter = adapter.to(device=device, dtype=next(target.parameters()).dtype)
+        return LayerSkipDraft(target, exit_layer(target, {"exit_layer": adapter.exit_layer}), adapter)
+    from ...models import load_model
+
+    return load_model(name, device, dtype)[0]
 
 
 def decode(job) -> list:
     if len(job.prompts) != 1:
         raise ValueError(f"method 'tree' decodes one request at a time: batch_size={len(job.prompts)}")
-    if job.drafter is not None and job.drafter.config.vocab_size != job.target.config.vocab_size:
-        raise ValueError(f"draft vocab_size={job.drafter.config.vocab_size} differs from the target's "
+    model = job.drafter
+    if model.config.vocab_size != job.target.config.vocab_size:
+        raise ValueError(f"draft vocab_size={model.config.vocab_size} differs from the target's "
                          f"{job.target.config.vocab_size}")
-    model = job.drafter if job.drafter is not None else _self_drafter(job)
     drafter = ModelTreeDrafter(model, _branching(job.options, job.gamma), job.sampling)
     return [tree_decode(job.target, job.prompts[0], job.sampling, drafter, job.generator(),
                         job.eos_token_ids, job.device)]
 
 
-def _adapter_path(v) -> str:
+def _check_drafter_name(name: str) -> None:
     from pathlib import Path
 
-    p = Path(str(v)).with_suffix(".safetensors")
-    if not p.exists():
-        raise ValueError(f"no adapter file at {str(p)!r} (train one with `specstudy train-drafter "
-                         "--kind layer_skip_adapter`)")
-    return str(p)
+    if name == SELF_PREFIX or name.startswith(SELF_PREFIX + ":"):
+        _self_exit_layer(name)
+    elif name.endswith(".safetensors"):
+        from safetensors import safe_open
+
+        if not Path(name).exists():
+            raise ValueError(f"drafter={name!r}: no such file (train one with `specstudy train-drafter "
+                             "--kind layer_skip_adapter`)")
+        with safe_open(name, framework="pt") as f:
+            kind = (f.metadata() or {}).get("kind")
+        if kind != "layer_skip_adapter":
+            raise ValueError(f"drafter={name!r} holds drafter kind {kind!r}; the tree method grows trees with an LM: "
+                             "a draft model, 'self[:K]' or a layer_skip_adapter file")
 
 
 def _make_spec():
-    from dataclasses import dataclass, replace
+    from dataclasses import dataclass
 
     from . import MethodSpec, positive_int
-    from .layer_skip import _adapter
 
     @dataclass(frozen=True)
     class TreeSpec(MethodSpec):
-        """A drafter model is optional: with one, it grows the tree; without, the target's first
-        layers do (self-speculation)."""
-
         def check(self, gamma, batch_size, drafter, options):
-            out = MethodSpec.check(replace(self, needs_drafter=bool(drafter)), gamma, batch_size, drafter, options)
-            if drafter and {"exit_layer", "skip_layers", "adapter", "adapter_path"} & set(out):
-                raise ValueError("method 'tree': exit_layer/skip_layers/adapter/adapter_path configure the "
-                                 "self-drafter; they cannot be combined with a drafter model")
-            if "exit_layer" in out and "skip_layers" in out:
-                raise ValueError("method 'tree': give exit_layer or skip_layers, not both")
+            out = MethodSpec.check(self, gamma, batch_size, drafter, options)
+            if isinstance(drafter, str):
+                _check_drafter_name(drafter)
             if "tree_branching" in out:
                 if "tree_width" in out:
                     raise ValueError("method 'tree': give tree_branching or tree_width, not both")
@@ -519,10 +537,11 @@ def _make_spec():
                                      "is gamma")
             return out
 
-    options = {"tree_width": positive_int, "tree_branching": parse_branching, "exit_layer": positive_int,
-               "skip_layers": positive_int, "adapter": _adapter, "adapter_path": _adapter_path}
-    return TreeSpec(name="tree", decode=decode, max_batch=1, options=options,
-                    description="multi-draft token tree verified in one target pass (tree attention mask)")
+    return TreeSpec(name="tree", decode=decode, needs_drafter=True, max_batch=1, load_drafter=load_tree_drafter,
+                    options={"tree_width": positive_int, "tree_branching": parse_branching},
+                    description="multi-draft token tree verified in one target pass (tree attention mask); "
+                                "drafter: a draft model, 'self[:K]' (the target's first K layers) or a "
+                                "layer_skip_adapter file")
 
 
 SPEC = _make_spec()

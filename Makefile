@@ -86,12 +86,13 @@ test-engines: $(STAMP) $(ENGINES_STAMP)
 # own files, report.ipynb last), which writes $(OUT)/report.md, report.html, figures/ and tables/.
 # Failed cells make the target fail at the very end, after the report is rendered.
 STUDY_ARGS ?=
+NOTEBOOK_JOBS ?= 2
 
 study: $(STAMP)
 	@mkdir -p $(OUT)
 	@$(BIN)/specstudy run --hardware $(GPU) --outputs outputs $(STUDY_ARGS); rc=$$?; echo $$rc > $(OUT)/.run-status; \
 	  if [ $$rc -ne 0 ] && [ $$rc -ne 3 ]; then exit $$rc; fi
-	@$(MAKE) --no-print-directory -f $(OUT)/notebooks.mk BIN=$(BIN) all
+	@$(MAKE) --no-print-directory -j$(NOTEBOOK_JOBS) -f $(OUT)/notebooks.mk BIN=$(BIN) all
 	@echo "report: $(OUT)/report.md ($(OUT)/report.html)"
 	@if [ "$$(cat $(OUT)/.run-status)" = 3 ]; then \
 	  echo "make study: some cells failed (see $(OUT)/failed/ and the report); rerun to retry only them"; exit 1; fi

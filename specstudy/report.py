@@ -55,6 +55,7 @@ class StudyData:
     provenance: dict[str, Any]
     failed: list[dict[str, Any]]
     telemetry: Any = None  # pandas frame or None
+    stale_cells: list[str] = field(default_factory=list)  # parts on disk that the current plan no longer has
 
     # -- cell metadata (plan first, records' extra as a fallback for folders without study.json)
     def meta(self, cell_id: str) -> dict[str, Any]:
@@ -103,8 +104,8 @@ class StudyData:
     def hardware_profile(self):
         from .params import load_hardware_profile
 
-        try:
-            return load_hardware_profile(self.hardware, measure=False)
+        try:  # a cpu profile is measured on the spot (copy benchmark), like the runner's machine
+            return load_hardware_profile(self.hardware, measure=True)
         except Exception:
             return None
 
@@ -135,6 +136,9 @@ def load_study_data(out: str | os.PathLike) -> StudyData:
     if (out / "study.json").exists():
         plan_doc = json.loads((out / "study.json").read_text())
     plans = {c["cell_id"]: c for c in plan_doc.get("cells", [])}
+    stale = sorted(set(recs) - set(plans)) if plans else []
+    for cid in stale:  # parts of cells no longer in the params (the plan changed since they ran)
+        del recs[cid]
     hardware = plan_doc.get("hardware") or (next(iter(recs.values()))[0].hardware if recs else out.name)
     prov = {}
     if (out / "provenance.json").exists():
@@ -147,8 +151,11 @@ def load_study_data(out: str | os.PathLike) -> StudyData:
         import pandas as pd
 
         tel = pd.concat([pd.read_parquet(f) for f in tfiles], ignore_index=True)
+    if tel is not None and stale and "cell_id" in tel:
+        tel = tel[~tel["cell_id"].isin(stale)]
     return StudyData(out=out, hardware=hardware, records=recs, plans=plans, config=plan_doc.get("config", {}),
-                     provenance=prov, failed=failed_cells(out), telemetry=tel)
+                     provenance=prov, failed=[f for f in failed_cells(out) if not plans or f.get("cell_id") in plans],
+                     telemetry=tel, stale_cells=stale)
 
 
 # --------------------------------------------------------------------------------------------
@@ -205,7 +212,16 @@ def _throughput(ok: Sequence[RequestRecord]) -> tuple[float, tuple[float, float]
         by_cell.setdefault(r.cell_id, []).append(r)
     vals = [metrics.output_throughput(v) for v in by_cell.values()]
     if len(vals) == 1:
-        return vals[0], (NAN, NAN)
+        # one cell of batches run one after another: bootstrap over its batches (rows of a batch
+        # share their start), Σ batch tokens / Σ batch wall time
+        batches: dict[float, list[RequestRecord]] = {}
+        for r in ok:
+            batches.setdefault(r.start_epoch, []).append(r)
+        if len(batches) < 2:
+            return vals[0], (NAN, NAN)
+        toks = [sum(r.output_tokens for r in b) for b in batches.values()]
+        walls = [max(r.end_s or 0.0 for r in b) for b in batches.values()]
+        return vals[0], ratio_ci(toks, walls)
     m, lo, hi = metrics.mean_ci(vals)
     return m, (lo, hi)
 
@@ -332,6 +348,11 @@ def markdown_table(df) -> str:
 def short_model(name: str | None) -> str:
     if not name:
         return "—"
+    if str(name) == "self" or str(name).startswith("self:"):
+        k = str(name).partition(":")[2]
+        return f"target's first {k} layers" if k else "target's first half"
+    if str(name).endswith(".safetensors"):
+        return Path(str(name)).stem
     return Path(str(name)).name if ("/" in str(name) and Path(str(name)).exists()) else str(name).split("/")[-1]
 
 
@@ -731,8 +752,10 @@ def task_rows(data: StudyData, tasks: Sequence[str] | None = None, sweep: str | 
             if _isnum(lab_all.alpha_hat) and _isnum(lab_all.c) and _isnum(lab_all.verify_ratio):
                 ratios = {g: p.verify_ratio for g, p in pg.items() if _isnum(p.verify_ratio)}
                 vr = _verify_curve(ratios)
-                g_opt, s_opt = costmodel.optimal_gamma(min(lab_all.alpha_hat, 1.0), lab_all.c, 16, vr)
-                model_opt.append(f"{label}: γ={g_opt} ({s_opt:.2f}×)")
+                g_max = 2 * max(pg)  # verification cost is only measured up to the γ values run
+                g_opt, s_opt = costmodel.optimal_gamma(min(lab_all.alpha_hat, 1.0), lab_all.c, g_max, vr)
+                model_opt.append(f"{label}: γ={g_opt} ({s_opt:.2f}×, searched γ ≤ {g_max})")
+        seed = _seed_reference(task)
         rows.append({
             "Task": TASK_TITLES.get(task, task),
             "Entropy (nats/token)": fmt_ci(ent.entropy, ent.entropy_ci),
@@ -741,12 +764,29 @@ def task_rows(data: StudyData, tasks: Sequence[str] | None = None, sweep: str | 
             "Best γ measured": "; ".join(best) or "—",
             "Optimal γ (cost model from measured α̂, c; prediction)": "; ".join(model_opt) or "—",
             "n": allp.n_pairs,
+            "Seed article (quoted, not measured)": seed,
         })
         raw.append({"task": task, "entropy": ent.entropy, "entropy_ci": ent.entropy_ci,
                     "alpha_min": min(alphas) if alphas else NAN, "alpha_max": max(alphas) if alphas else NAN,
                     "alpha": allp.alpha, "alpha_ci": allp.alpha_ci, "alpha_hat": allp.alpha_hat,
                     "best_gamma": "; ".join(best), "model_optimal_gamma": "; ".join(model_opt), "n_pairs": allp.n_pairs})
     return pd.DataFrame(rows), pd.DataFrame(raw)
+
+
+def _seed_reference(task: str) -> str:
+    """The seed article's row for this task (from params/tasks/<task>.yaml), quoted for comparison."""
+    try:
+        from .tasks import load_task_config
+
+        ref = dict(load_task_config(task).seed_reference or {})
+    except Exception:
+        return "—"
+    if not ref:
+        return "—"
+    a, g = ref.get("alpha_range"), ref.get("gamma_range")
+    parts = [str(ref["entropy"]) + " entropy" if ref.get("entropy") else "",
+             f"α {a[0]:.2f}–{a[1]:.2f}" if a else "", f"γ {g[0]}–{g[1]}" if g else ""]
+    return ", ".join(p for p in parts if p) or "—"
 
 
 def _verify_curve(ratios: dict[int, float]):
@@ -830,8 +870,11 @@ def framework_rows(data: StudyData):
             if _isnum(p.speedup) and (best_p is None or p.speedup > best_p.speedup):
                 best, best_p = label, p
         base = pooled(data, [c for c in cells if data.meta(c)["method"] == "ar" and data.meta(c)["batch_size"] == 1])
+        dtypes = sorted({str(dict((data.plans.get(c) or {}).get("cell", {}).get("options") or []).get("dtype", "—"))
+                         for c in cells})
         rows.append({"Framework": fw, "Methods measured": ", ".join(fams),
                      "Tree verification": "○" if "tree" in fams else "×",
+                     "Precision": ", ".join(dtypes),
                      "Batch sizes (speculative)": ", ".join(map(str, batches)) or "—",
                      "AR tokens/s (batch 1)": fmt_ci(base.tokens_per_s, base.tokens_per_s_ci, 1),
                      "Best method (batch 1)": best or "—",
@@ -910,13 +953,16 @@ def when_it_fails_section(data: StudyData) -> Section:
         _save_table(data, "fails_low_alpha", df)
         parts.append(markdown_table(df))
         # prediction: the α below which the cost model says γ=any loses, at the measured c
-        cs = pc["c"].dropna()
-        vr = pc["verify_ratio"].dropna()
-        if len(cs) and len(vr):
-            c_med, v_med = float(cs.median()), float(vr.median())
-            a_be = _break_even_alpha(c_med, v_med)
-            parts.append(f"\nPrediction (cost model at the median measured c = {c_med:.3f} and verification cost "
-                         f"{v_med:.2f}×T1): speculation loses for every γ when α̂ < {fmt(a_be)}.\n")
+        preds = []
+        for label, g in pc.groupby("label"):
+            cs, vr = g["c"].dropna(), g["verify_ratio"].dropna()
+            if len(cs) and len(vr):
+                c_med, v_med = float(cs.median()), float(vr.median())
+                preds.append(f"- {label}: measured c = {c_med:.3f}, verification cost {v_med:.2f}×T1 → speculation "
+                             f"loses for every γ when α̂ < {fmt(_break_even_alpha(c_med, v_med))}")
+        if preds:
+            parts.append("\nPrediction (cost model with each method's measured draft and verification costs):\n"
+                         + "\n".join(preds) + "\n")
         sns = _style()
         import matplotlib.pyplot as plt
 
@@ -980,8 +1026,14 @@ def when_it_fails_section(data: StudyData) -> Section:
 
 
 def _cm_dtype(data: StudyData, target: str) -> str:
+    """The cost model's weight format of a target: its quantization, else its dtype."""
     for pair in data.config.get("models", []):
         if pair.get("target") == target:
+            q = pair.get("quantization", "none")
+            if q in ("awq", "gptq"):
+                return "int4"
+            if q in ("fp8", "int8"):
+                return q
             d = pair.get("dtype", "bf16")
             return {"auto": "bf16", "float64": "fp32"}.get(d, d)
     return "bf16"
@@ -1034,16 +1086,22 @@ def _memory_prediction(data: StudyData, prof, params: dict[str, float]) -> str:
         if tgt not in params:
             continue
         dt = _cm_dtype(data, tgt)
+        d_dt = {"auto": "bf16", "float64": "fp32"}.get(pair.get("dtype", "bf16"), pair.get("dtype", "bf16"))
         tp = int(pair.get("tensor_parallel_size") or 1)
         cap = prof.memory_gb * tp
         t_gb = params[tgt] * costmodel.dtype_bytes(dt) / 1e9
         for short, mid in (pair.get("drafters") or {}).items():
             if mid not in params:
                 continue
-            d_gb = params[mid] * costmodel.dtype_bytes(dt) / 1e9
+            d_gb = params[mid] * costmodel.dtype_bytes(d_dt) / 1e9
             fits = t_gb + d_gb <= 0.9 * cap
+            n_min = 1
+            while t_gb + d_gb > 0.9 * n_min * prof.memory_gb and n_min < 64:
+                n_min *= 2
             lines.append(f"- {short_model(tgt)} ({t_gb:.1f} GB {dt}) + {short_model(mid)} ({d_gb:.2f} GB) on "
-                         f"{tp}× {prof.memory_gb:.0f} GB: {'fits' if fits else 'does NOT fit'} with 10 % headroom"
+                         f"{tp}× {prof.memory_gb:.0f} GB: {'fits' if fits else 'does NOT fit'} with 10 % headroom "
+                         f"(needs ≥ {n_min} GPU{'s' if n_min > 1 else ''}; the target alone "
+                         f"{costmodel.min_gpus(params[tgt], dt, prof)})"
                          + ("" if fits else f"; the target would need ≤ {8 * (0.9 * cap - d_gb) * 1e9 / params[tgt]:.1f} bits/weight"))
     if not lines:
         return ""
@@ -1178,7 +1236,9 @@ def build_report(data: StudyData) -> str:
     head = [
         f"# Speculative decoding study — `{data.config.get('name', data.hardware)}` on `{data.hardware}`\n",
         f"{len(data.records)} of {planned} planned cells measured ({n_req} requests, {n_ok} ok); "
-        f"{len(data.failed)} failed. Every number below is measured on this machine unless labelled "
+        f"{len(data.failed)} failed"
+        + (f"; {len(data.stale_cells)} record part(s) of cells no longer in the params ignored" if data.stale_cells else "")
+        + ". Every number below is measured on this machine unless labelled "
         "*prediction* (the roofline / Leviathan cost model). Brackets are 95 % bootstrap confidence intervals; "
         "n counts paired requests.\n",
     ]
@@ -1353,7 +1413,7 @@ def write_notebook_makefile(jobs: Sequence[NotebookJob], path: str | os.PathLike
         tmp = str(Path(j.output).with_suffix(".tmp.ipynb"))
         lines.append(f"{j.output}: {' '.join(deps)}")
         lines.append(f"\t@mkdir -p {shlex.quote(str(Path(j.output).parent))}")
-        lines.append(f"\t$(PAPERMILL) --log-level WARNING --kernel python3 --cwd {shlex.quote(str(NOTEBOOKS_DIR))} "
+        lines.append(f"\t$(PAPERMILL) --log-level WARNING --no-progress-bar --kernel python3 --cwd {shlex.quote(str(NOTEBOOKS_DIR))} "
                      f"{shlex.quote(str(NOTEBOOKS_DIR / (j.notebook + '.ipynb')))} {shlex.quote(tmp)} {params} "
                      f"&& mv {shlex.quote(tmp)} {shlex.quote(j.output)}")
         lines.append("")

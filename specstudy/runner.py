@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from . import metrics
 from .records import Cell, Request, RequestRecord, Sampling, read_part, write_part
-from .study import SERVER_FRAMEWORKS, CellPlan, StudyConfig, plan_summary
+from .study import DRAFTER_PER_CELL, SERVER_FRAMEWORKS, CellPlan, StudyConfig, plan_summary
 from .telemetry import TelemetrySampler, load_average
 
 RequestLoader = Callable[[str, int, int, Any], list[Request]]
@@ -110,7 +110,8 @@ class BackendPool:
     def _options(self, plan: CellPlan) -> dict[str, Any]:
         fw = plan.cell.framework
         opts: dict[str, Any] = dict(self.cfg.framework_options.get(fw, {}))
-        opts.update(model=plan.target, drafter=plan.drafter_id)
+        # engines that load each cell's drafter themselves start without one
+        opts.update(model=plan.target, drafter=None if fw in DRAFTER_PER_CELL else plan.drafter_id)
         if plan.dtype != "auto":
             opts["dtype"] = plan.dtype
         if fw in ("reference", "hf"):
@@ -238,6 +239,8 @@ def run_cell(plan: CellPlan, backend: Any, requests: Sequence[Request], warmup: 
              warmup_tokens: int, telemetry_period_s: float, progress: bool = True) -> tuple[list[RequestRecord], Any]:
     """Warm up (untimed, discarded), then decode ``requests`` under telemetry; return records + telemetry."""
     cell: Cell = plan.backend_cell()
+    if plan.request_rate is not None:
+        return _run_at_rate(plan, backend, cell, requests, warmup, warmup_tokens, telemetry_period_s)
     if warmup:
         warm_sampling = dataclasses.replace(plan.sampling, max_new_tokens=min(warmup_tokens, plan.sampling.max_new_tokens))
         for _ in backend.run(list(warmup), warm_sampling, cell):
@@ -262,6 +265,47 @@ def run_cell(plan: CellPlan, backend: Any, requests: Sequence[Request], warmup: 
     finally:
         tel = sampler.stop()
         bar.close()
+    return records, tel
+
+
+#: bounds of one serving cell (a server that stops answering must not hang the study)
+RATE_REQUEST_TIMEOUT_S = 600.0
+RATE_RUN_TIMEOUT_S = 3600.0
+
+
+def _run_at_rate(plan: CellPlan, backend: Any, cell: Cell, requests: Sequence[Request], warmup: Sequence[Request],
+                 warmup_tokens: int, telemetry_period_s: float) -> tuple[list[RequestRecord], Any]:
+    """A serving cell: requests arrive as a Poisson process at ``plan.request_rate`` (the serving
+    benchmark's driver), against a server started for this cell's speculative config; acceptance
+    is scoped to the run from the server's counters before and after."""
+    from .servebench import Load, drive
+
+    for name in ("ensure_server", "send"):
+        if not hasattr(backend, name):
+            raise ValueError(f"request_rate needs a server backend (vllm-server, sglang, openai); "
+                             f"{type(backend).__name__} has no {name}()")
+    backend.ensure_server(cell)
+    if warmup:
+        warm_sampling = dataclasses.replace(plan.sampling, max_new_tokens=min(warmup_tokens, plan.sampling.max_new_tokens))
+        for r in warmup:
+            backend.send(r, warm_sampling, cell, RATE_REQUEST_TIMEOUT_S)
+    before = backend.scrape() if hasattr(backend, "scrape") else None
+    sampler = TelemetrySampler(telemetry_period_s).start()
+    try:
+        records, wall = drive(backend.send, list(requests), plan.sampling, cell, Load(plan.request_rate),
+                              request_timeout_s=RATE_REQUEST_TIMEOUT_S, run_timeout_s=RATE_RUN_TIMEOUT_S,
+                              seed=plan.sampling.seed)
+    finally:
+        tel = sampler.stop()
+    after = backend.scrape() if hasattr(backend, "scrape") else None
+    run_acc = backend.run_acceptance(before, after, records) if hasattr(backend, "run_acceptance") else None
+    policies = {r.prompt_id: getattr(r, "input_policy", "") for r in requests}
+    for rec in records:
+        l1, l5, l15 = load_average()
+        rec.cell_id = plan.cell_id
+        rec.input_policy = rec.input_policy or policies.get(rec.prompt_id) or ""
+        rec.extra = {**(rec.extra or {}), "load_1m": l1, "load_5m": l5, "load_15m": l15, "run_wall_s": wall,
+                     "run_acceptance": run_acc}
     return records, tel
 
 
@@ -330,13 +374,18 @@ def run_study(
     progress: bool = True,
     log: Callable[[str], None] = print,
     max_cells: int | None = None,
+    full_plan: Sequence[CellPlan] | None = None,
 ) -> list[CellResult]:
-    """Run every plan not already done; return one result per plan (done / skipped / failed)."""
+    """Run every plan not already done; return one result per plan (done / skipped / failed).
+
+    ``full_plan`` (default ``plans``) is what ``study.json`` records when only a subset is run,
+    so the report keeps the other sweeps' records.
+    """
     out = Path(out)
     loader = request_loader or default_request_loader
     results: list[CellResult] = []
     with study_lock(out):
-        write_plan(cfg, plans, out)
+        write_plan(cfg, full_plan if full_plan is not None else plans, out)
         _write_provenance(out)
         log_file = open(out / "run.log", "a")
 

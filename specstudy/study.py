@@ -82,8 +82,10 @@ SWEEP_KEYS = {
     "models", "methods", "frameworks", "tasks", "gammas", "batch_sizes", "request_rates", "repeats",
     "sampling", "max_new_tokens", "prompts_per_task", "prefix_cache", "description",
 }
-MODEL_KEYS = {"name", "target", "dtype", "tensor_parallel_size", "drafters", "params", "vocab_size"}
-METHOD_KEYS = {"method", "family", "label", "drafter", "options", "gammas", "max_batch_size", "frameworks"}
+MODEL_KEYS = {"name", "target", "dtype", "tensor_parallel_size", "drafters", "params", "vocab_size", "quantization"}
+#: weight quantization of a target checkpoint (the engine reads it from the checkpoint; the cost model needs it)
+QUANTIZATIONS = ("none", "awq", "gptq", "fp8", "int8")
+METHOD_KEYS = {"method", "family", "label", "drafter", "options", "gammas", "max_batch_size", "frameworks", "optional"}
 SAMPLING_KEYS = {f.name for f in dataclasses.fields(Sampling)} - {"max_new_tokens"}
 WARMUP_KEYS = {"requests", "max_new_tokens"}
 DTYPES = ("float32", "bfloat16", "float16", "float64", "auto")  # torch / vLLM names
@@ -104,6 +106,7 @@ class ModelPair:
     drafters: Mapping[str, str] = field(default_factory=dict)
     params: Mapping[str, float] = field(default_factory=dict)  # parameter counts, for the cost model
     vocab_size: Mapping[str, int] = field(default_factory=dict)  # declared, when no config is reachable
+    quantization: str = "none"
 
 
 @dataclass(frozen=True)
@@ -118,6 +121,7 @@ class MethodSpec:
     gammas: tuple[int, ...] | None = None  # overrides the sweep's γ values for this method
     max_batch_size: int | None = None
     frameworks: tuple[str, ...] | None = None
+    optional: bool = False  # dropped (with a warning) when its drafter file is not there
 
 
 @dataclass(frozen=True)
@@ -307,12 +311,15 @@ def _model_pair(i: int, data: Any, file: Any) -> ModelPair:
         unknown = set(v) - {"target"} - set(drafters)
         if unknown:
             raise ParamsError(file, f"{prefix}{key}", sorted(unknown)[0], ["target", *sorted(drafters)])
+    quant = data.get("quantization", "none")
+    if quant not in QUANTIZATIONS:
+        raise ParamsError(file, f"{prefix}quantization", quant, list(QUANTIZATIONS))
     name = data.get("name", target.split("/")[-1])
     if not isinstance(name, str):
         raise ParamsError(file, f"{prefix}name", name, "a string")
     return ModelPair(name=name, target=target, dtype=dtype, tensor_parallel_size=tp, drafters=dict(drafters),
                      params={k: float(v) for k, v in (data.get("params") or {}).items()},
-                     vocab_size={k: int(v) for k, v in (data.get("vocab_size") or {}).items()})
+                     vocab_size={k: int(v) for k, v in (data.get("vocab_size") or {}).items()}, quantization=quant)
 
 
 def _backend_methods(framework: str) -> tuple[str, ...] | None:
@@ -365,7 +372,10 @@ def _method(i: int, data: Any, file: Any, frameworks: Sequence[str]) -> MethodSp
     if mb is not None and (isinstance(mb, bool) or not isinstance(mb, int) or mb < 1):
         raise ParamsError(file, f"{prefix}max_batch_size", mb, "an integer >= 1")
     fws = _list(data, "frameworks", file, prefix, str, allowed=frameworks) if "frameworks" in data else None
-    return MethodSpec(family=family, label=label, method=method, drafter=drafter, options=dict(options),
+    optional = data.get("optional", False)
+    if not isinstance(optional, bool):
+        raise ParamsError(file, f"{prefix}optional", optional, [True, False])
+    return MethodSpec(family=family, label=label, method=method, drafter=drafter, options=dict(options), optional=optional,
                       gammas=gammas, max_batch_size=mb, frameworks=fws)
 
 
@@ -444,6 +454,17 @@ def load_study(hardware: str, path: str | os.PathLike | None = None, check_token
             raise ParamsError(file, f"study.methods[{i}].drafter", m.drafter, all_drafters or "a drafter declared in study.models[].drafters")
     if "ar" not in {m.family for m in methods}:
         methods = (MethodSpec(family="ar", label="ar", method="ar"),) + methods  # every speculative cell needs its baseline
+    dropped: set[str] = set()
+    for m in methods:  # an optional method whose drafter (a trained file) is not here yet
+        if m.optional and m.drafter and not any(_known_model(p.drafters[m.drafter]) for p in models if m.drafter in p.drafters):
+            dropped.add(m.label)
+            where = ", ".join(p.drafters[m.drafter] for p in models if m.drafter in p.drafters)
+            warnings.warn(f"{file}: method {m.label!r} skipped: its drafter {where} does not exist here "
+                          f"(optional: true; train it with `specstudy train-drafter`)", stacklevel=2)
+    methods = tuple(m for m in methods if m.label not in dropped)
+    models = tuple(dataclasses.replace(p, drafters={k: v for k, v in p.drafters.items()
+                                                    if k in {m.drafter for m in methods} or _known_model(v)})
+                   for p in models)
 
     warm = study.get("warmup", {"requests": 1})
     if isinstance(warm, int) and not isinstance(warm, bool):
@@ -476,9 +497,16 @@ def load_study(hardware: str, path: str | os.PathLike | None = None, check_token
         raise ParamsError(file, "study.sweeps", raw_sweeps, "a mapping sweep-name -> axes")
     sweeps = []
     for name, sw in raw_sweeps.items():
+        sw = {} if sw is None else sw
         if not isinstance(sw, dict):
             raise ParamsError(file, f"study.sweeps.{name}", sw, "a mapping of axes: " + ", ".join(sorted(SWEEP_KEYS)))
-        sweeps.append(_sweep(str(name), sw or {}, base, file, models, methods, frameworks, tasks))
+        sw = dict(sw or {})
+        if isinstance(sw.get("methods"), list):
+            kept = [l for l in sw["methods"] if l not in dropped]
+            if sw["methods"] and not kept:
+                continue  # a sweep of skipped optional methods only
+            sw["methods"] = kept
+        sweeps.append(_sweep(str(name), sw, base, file, models, methods, frameworks, tasks))
 
     cfg = StudyConfig(
         name=str(study.get("name", f"{hardware}-study")), hardware=hardware, file=str(file), device=device,

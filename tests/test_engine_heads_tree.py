@@ -25,7 +25,7 @@ import torch
 from specstudy.engine import drafters as D
 from specstudy.engine.methods import DecodeJob, get_method
 from specstudy.engine.methods import tree as T
-from specstudy.engine.methods.heads import head_logits
+from specstudy.engine.methods.heads import draft_chain
 from specstudy.engine.sampling import logits_to_probs
 from specstudy.metrics import mean_accepted_length
 from specstudy.models import tiny_model
@@ -123,11 +123,11 @@ def target():
     return tiny_model(seed=1, num_layers=3, logit_scale=4.0)
 
 
-@pytest.fixture(scope="module")
-def heads_file(tmp_path_factory, target):
+@pytest.fixture(scope="module", params=[False, True], ids=["medusa", "token_conditioned"])
+def heads_file(tmp_path_factory, target, request):
     """Heads with random (not identity) blocks: some drafts hit, most miss."""
     torch.manual_seed(0)
-    heads = D.MedusaHeads(target.config.hidden_size, num_heads=3)
+    heads = D.MedusaHeads(target.config.hidden_size, num_heads=3, num_layers=2, token_conditioned=request.param)
     for p in heads.parameters():
         torch.nn.init.normal_(p, std=0.2)
     return D.save_drafter(heads, tmp_path_factory.mktemp("heads") / "h", target="tiny")
@@ -235,7 +235,8 @@ def test_heads_read_the_verification_hidden_state(target, heads_file):
     emitted = len(prompt)
     for st in row.steps[:-1]:
         emitted += st.emitted
-        drafts = head_logits(heads, target, hidden[emitted - 2], 3).argmax(-1).tolist()
+        drafts = draft_chain(heads, target, hidden[emitted - 2][None], torch.tensor([seq[emitted - 1]]), 3,
+                             s, None)[0][0].tolist()
         nxt = seq[emitted: emitted + 3]
         n_match = next((i for i, (a, b) in enumerate(zip(drafts, nxt)) if a != b), len(nxt))
         # the step after this one accepted exactly the drafts that match the target's text
@@ -352,7 +353,7 @@ def test_tree_samples_the_target_distribution(small_vocab, sampling, n):
 def test_heads_tree_samples_the_target_distribution(small_vocab, tmp_path):
     target, _ = small_vocab
     torch.manual_seed(2)
-    heads = D.MedusaHeads(target.config.hidden_size, num_heads=2)
+    heads = D.MedusaHeads(target.config.hidden_size, num_heads=2, token_conditioned=True)
     for prm in heads.parameters():
         torch.nn.init.normal_(prm, std=0.5)
     path = D.save_drafter(heads, tmp_path / "h", target="tiny")
@@ -378,7 +379,7 @@ def test_training_lowers_the_loss_and_files_round_trip(kind, tmp_path):
     prompts = [[rng.randrange(96) for _ in range(rng.randint(3, 8))] for _ in range(12)]
     corpus, feats = D.generate_with_features(model, prompts, 24, kind, exit_layer=1, label_top_k=8, batch_size=5)
     assert all(len(ids) == plen + 24 for ids, plen in corpus)
-    settings = D.TrainSettings(kind=kind, num_heads=2, exit_layer=1, steps=60, batch_tokens=64, lr=1e-2,
+    settings = D.TrainSettings(kind=kind, num_heads=2, exit_layer=1, token_conditioned=True, steps=60, batch_tokens=64, lr=1e-2,
                                label_top_k=8, eval_fraction=0.25)
     result = D.train_drafter(model, feats, settings)
     assert result.log[-1]["loss"] < result.log[0]["loss"]
@@ -446,3 +447,36 @@ def test_heads_and_tree_run_through_the_reference_backend(target, heads_file):
         for r in recs:
             assert r.drafter == cell.drafter and r.verify_steps == len(r.steps)
             assert r.accepted_tokens + r.verify_steps == r.output_tokens  # every step ends in one target token
+
+
+# --------------------------------------------------------------------------------------------
+# the default model and its committed heads (slow: loads SmolLM2-135M)
+
+DEFAULT_HEADS = "params/drafters/smollm2-135m-heads.safetensors"
+
+
+@pytest.mark.slow
+def test_heads_and_tree_are_lossless_on_the_default_model():
+    from pathlib import Path
+
+    from specstudy.models import load_model
+    from specstudy.params import REPO_ROOT
+
+    model, tok = load_model("smollm2-135m")
+    heads = str(Path(REPO_ROOT) / DEFAULT_HEADS)
+    meta = json.loads(Path(heads).with_suffix(".json").read_text())
+    assert meta["target"] == "smollm2-135m" and meta["command"].startswith("specstudy train-drafter")
+    assert Path(heads).stat().st_size <= 20e6
+    ids = [tok(p)["input_ids"] for p in ("def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+                                         "Summarize: The council met on Tuesday about the new park, opening in May.")]
+    s = Sampling(temperature=0.0, max_new_tokens=20)
+    for p in ids:
+        want = decode("ar", model, [p], s)[0].output_ids
+        for method, drafter, opts in [("heads", heads, {}), ("heads", heads, {"heads_tree": "3,2,1"}),
+                                      ("tree", "self:20", {"tree_width": 2})]:
+            spec = get_method(method)
+            o = spec.check(3, 1, drafter, opts)
+            d = spec.load_drafter(drafter, model, "cpu", "float32")
+            row = spec.decode(DecodeJob(model, [p], s, gamma=3, drafter=d, options=o))[0]
+            assert row.output_ids == want, (method, opts)
+            check_counts(row, 3)

@@ -128,10 +128,13 @@ def test_step_costs_and_prediction_from_measured_timings(study_out):
 def test_failed_cells_are_listed(study_out, tmp_path):
     out = tmp_path / "cpu"
     shutil.copytree(study_out, out)
+    part = sorted((out / "records").glob("*layer_skip*.parquet"))[0]
+    part.unlink()  # as if this cell had failed
     (out / "failed").mkdir(exist_ok=True)
-    (out / "failed" / "reference_x.json").write_text('{"cell_id": "reference_x", "error": "RuntimeError: boom"}')
+    (out / "failed" / f"{part.stem}.json").write_text(f'{{"cell_id": "{part.stem}", "error": "RuntimeError: boom"}}')
     md = report.write_report(out, html=False).read_text()
-    assert "reference_x" in md.split("## Failed cells")[1] and "boom" in md
+    assert part.stem in md.split("## Failed cells")[1] and "boom" in md
+    assert "1 failed" in md
 
 
 def test_cross_hardware_report_merges_folders(study_out, tmp_path):
@@ -163,3 +166,30 @@ def test_notebook_matrix_and_makefile(study_out, tmp_path):
     assert mk.count("$(PAPERMILL)") == len(jobs)
     report_rule = next(l for l in mk.splitlines() if l.startswith(str(study_out / "notebooks" / "report.ipynb") + ":"))
     assert all(j.output in report_rule for j in jobs if j.notebook != "report")  # the report runs last
+
+
+def test_report_cli_without_notebooks(study_out, capsys):
+    import json
+
+    from specstudy.cli import main
+
+    assert main(["report", "--outputs", str(study_out.parent), "--hardware", "cpu", "--no-notebooks", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert Path(doc["report"]).exists() and doc["notebook_errors"] == []
+    assert main(["report", "--outputs", str(study_out.parent), "--hardware", "h100"]) == 2  # nothing measured there
+    assert "specstudy run --hardware h100" in capsys.readouterr().err
+
+
+def test_stale_parts_of_an_older_plan_are_ignored(study_out, tmp_path):
+    out = tmp_path / "cpu"
+    shutil.copytree(study_out, out)
+    part = next((out / "records").glob("*.parquet"))
+    shutil.copy(part, out / "records" / "reference_old_cell.parquet")
+    from specstudy.records import read_part, write_part
+
+    recs = read_part(out / "records" / "reference_old_cell.parquet")
+    for r in recs:
+        r.cell_id = "reference_old_cell"
+    write_part(recs, out / "records" / "reference_old_cell.parquet")
+    data = report.load_study_data(out)
+    assert data.stale_cells == ["reference_old_cell"] and "reference_old_cell" not in data.records

@@ -193,13 +193,18 @@ def test_backend_pool_reuses_an_engine_for_drafterless_cells(tiny):
     cfg, plans = tiny
     made = []
     pool = BackendPool(cfg, lambda fw, **o: made.append(o.get("drafter")) or object(), log=lambda m: None)
-    p0 = plans[0]
     import dataclasses
 
-    with_drafter = dataclasses.replace(p0, drafter_id="some-drafter")
-    a = pool.get(with_drafter)
-    assert pool.get(p0) is a  # AR on the engine that also holds a drafter
-    assert made == ["some-drafter"]
+    p0 = plans[0]
+    # the reference engine loads each cell's drafter itself: one engine per target, started without one
+    ref_drafter = dataclasses.replace(p0, drafter_id="self:1")
+    a = pool.get(ref_drafter)
+    assert pool.get(p0) is a and made == [None]
+    # an engine that takes its drafter at start (hf): AR cells reuse it, no second load
+    hf = dataclasses.replace(p0, cell=dataclasses.replace(p0.cell, framework="hf"))
+    hf_drafter = dataclasses.replace(hf, drafter_id="some-drafter")
+    b = pool.get(hf_drafter)
+    assert pool.get(hf) is b and made == [None, "some-drafter"]
 
 
 def test_second_runner_on_the_same_outputs_is_refused(tiny, tmp_path):
@@ -256,3 +261,52 @@ def test_killed_study_resumes_without_redoing_or_duplicating(tmp_path):
     log = (out / "run.log").read_text()
     assert "done earlier, skipped" in log or "done earlier" in log
     json.loads((out / "study.json").read_text())
+
+
+class FakeServer:
+    """A server backend stand-in (no process): records what the runner asks of it."""
+
+    framework = "openai"
+
+    def __init__(self, **opts):
+        self.opts, self.started, self.sent = opts, [], 0
+        self.tokenizer = None
+
+    def ensure_server(self, cell):
+        self.started.append((cell.method, cell.gamma, dict(cell.options).get("rate")))
+
+    def send(self, request, sampling, cell, timeout_s=None):
+        self.sent += 1
+        rec = cell.new_record(request, sampling, output_tokens=4, first_token_s=0.01, end_s=0.02, start_epoch=time.time())
+        return rec
+
+    def scrape(self):
+        return {"sent": self.sent}
+
+    def run_acceptance(self, before, after, records):
+        return {"source": "fake counters", "requests": after["sent"] - before["sent"]}
+
+    def run(self, requests, sampling, cell):  # pragma: no cover - rate cells must not use it
+        raise AssertionError("a request-rate cell must go through the arrival-process driver")
+
+    def close(self):
+        pass
+
+
+def test_request_rate_cells_drive_a_server_at_that_rate(tmp_path):
+    text = TINY_STUDY.replace("frameworks: [reference]", "frameworks: [openai]\n  request_rates: [2, inf]") \
+        .replace("    - {method: layer_skip, label: Early exit, options: {exit_layer: 1}, max_batch_size: 1}\n", "") \
+        .replace("batch_sizes: [1, 2]", "batch_sizes: [1]")
+    cfg = load_study("cpu", write_study(tmp_path, text))
+    plans = expand(cfg)
+    assert {p.request_rate for p in plans} == {2.0, float("inf")}
+    servers = []
+    res = run_study(cfg, plans, tmp_path / "out", factory=lambda fw, **o: servers.append(FakeServer(**o)) or servers[-1],
+                    request_loader=tiny_requests, progress=False, log=lambda m: None)
+    assert all(r.status == "done" for r in res), [r.message for r in res]
+    recs = read_records(tmp_path / "out" / "records")
+    assert len(recs) == sum(p.prompts for p in plans)
+    assert all(r.extra["run_acceptance"]["requests"] == 2 for r in recs)  # scoped to the cell's own run
+    started = [s for srv in servers for s in srv.started]
+    assert {s[2] for s in started} == {2.0, "inf"}
+    assert all(srv.opts.get("prefix_cache") is False for srv in servers)

@@ -197,3 +197,24 @@ def test_cli_dry_run_and_bad_file_fail_fast(tmp_path):
 
     doc = json.loads(ok.stdout)
     assert doc["cells"] == 12 and doc["validated_in_s"] < 5.0
+
+
+def test_optional_method_is_skipped_with_a_warning_until_its_drafter_exists(tmp_path):
+    heads = tmp_path / "heads.safetensors"
+    study = {**BASE, "models": [{"name": "m", "target": "smollm2-135m", "drafters": {"h": str(heads)}}],
+             "methods": [{"method": "ar"}, {"method": "heads", "label": "Heads", "drafter": "h", "optional": True}],
+             "sweeps": {"s": {"methods": ["ar", "Heads"]}, "only_heads": {"methods": ["Heads"]}}}
+    path = write(tmp_path, study)
+    with pytest.warns(UserWarning, match="Heads.*skipped"):
+        cfg = load_study("cpu", path)
+    assert "Heads" not in {m.label for m in cfg.methods} and [s.name for s in cfg.sweeps] == ["s"]
+    assert all(p.cell.method == "ar" for p in expand(cfg))
+    heads.write_bytes(b"")  # the trained file appears; its json names the target it was distilled from
+    heads.with_suffix(".json").write_text('{"target": "smollm2-135m"}')
+    cfg = load_study("cpu", path)
+    assert {p.cell.method for p in expand(cfg)} == {"ar", "heads"}
+    # without optional, a missing drafter file is an error naming it
+    heads.unlink()
+    study["methods"][1].pop("optional")
+    err = bad(tmp_path, study)
+    assert err.key == "study.models[0].drafters.h" and err.value == str(heads)

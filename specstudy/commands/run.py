@@ -28,7 +28,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import os
     import time
+
+    # a busy 2-core machine decoded 4x slower with spinning OpenMP threads (engine issue): set it
+    # before torch is imported, unless the caller chose otherwise
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
     t0 = time.perf_counter()
     from ..report import plan_notebook_jobs, write_notebook_makefile
@@ -41,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
         check_environment(cfg, force=args.force)
     for w in caught:
         print(f"specstudy run: warning: {w.message}", file=sys.stderr)
-    plans = expand(cfg)
+    plans = all_plans = expand(cfg)
     if args.sweep:
         unknown = sorted(set(args.sweep) - {s.name for s in cfg.sweeps})
         if unknown:
@@ -65,11 +70,13 @@ def run(args: argparse.Namespace) -> int:
                   f"{summary['engines']} engine load(s); by sweep {summary['by_sweep']}")
         return 0
     out.mkdir(parents=True, exist_ok=True)
-    write_plan(cfg, plans, out)
+    write_plan(cfg, all_plans, out)
     stamp = out / ".records-updated"
     write_notebook_makefile(plan_notebook_jobs(out), out / "notebooks.mk", stamp)
     try:
-        results = run_study(cfg, plans, out, progress=not args.no_progress, max_cells=args.max_cells)
+        log = (lambda m: print(m, file=sys.stderr, flush=True)) if args.json else (lambda m: print(m, flush=True))
+        results = run_study(cfg, plans, out, progress=not args.no_progress, max_cells=args.max_cells, log=log,
+                            full_plan=all_plans)
     except RuntimeError as e:  # another runner holds the outputs folder
         print(f"specstudy run: error: {e}", file=sys.stderr)
         return 2

@@ -34,6 +34,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gen-batch", type=int, default=8, help="prompts per batched generate call")
     p.add_argument("--num-heads", type=int, default=4, help="heads: K (head k predicts k+1 tokens ahead)")
     p.add_argument("--num-layers", type=int, default=1, help="residual blocks per head / adapter")
+    p.add_argument("--token-conditioned", action="store_true",
+                   help="heads: each head also reads the embedding of the token before the one it predicts "
+                        "(Hydra-style; drafting runs head by head)")
     p.add_argument("--exit-layer", type=int, default=None,
                    help="layer_skip_adapter: layers kept (default: half the target's, as layer_skip)")
     p.add_argument("--steps", type=int, default=600)
@@ -62,6 +65,8 @@ def _check(args: argparse.Namespace) -> None:
                  "steps", "batch_tokens", "label_top_k", "threads", "eval_max_new_tokens"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')}={getattr(args, name)!r}: must be >= 1")
+    if args.token_conditioned and args.kind != "heads":
+        raise ValueError("--token-conditioned applies to --kind heads only")
     if args.eval_prompts < 0:
         raise ValueError(f"--eval-prompts={args.eval_prompts!r}: must be >= 0")
     if args.exit_layer is not None and args.exit_layer < 1:
@@ -150,6 +155,7 @@ def run(args: argparse.Namespace) -> int:
     if args.kind == "layer_skip_adapter" and not 1 <= exit_layer < n_layers:
         raise ValueError(f"--exit-layer={exit_layer}: need 1 <= k < num_hidden_layers={n_layers}")
     settings = D.TrainSettings(kind=args.kind, num_heads=args.num_heads, num_layers=args.num_layers,
+                               token_conditioned=args.token_conditioned,
                                exit_layer=exit_layer, steps=args.steps, batch_tokens=args.batch_tokens, lr=args.lr,
                                label_top_k=args.label_top_k, seed=args.seed)
     tasks = [t for t in args.tasks.split(",") if t]

@@ -4,16 +4,20 @@ No package ships a small model with SmolLM2's tokenizer, so the kit distils its 
 from the target, on text the target itself generates from the kit's prompts:
 
 * ``heads`` — Medusa-style heads (Cai et al. 2024).  Head k (k = 1..K) reads the target's last
-  hidden state h_t (after the final norm) and predicts token t+1+k through a residual block
+  hidden state h_t (after the final norm) and predicts token t+1+k through residual blocks
   x + SiLU(W x + b) followed by the target's own frozen LM head, so only the blocks are stored
-  (K × (H² + H) parameters: 4 heads of SmolLM2-135M ≈ 5.3 MB in fp32).
+  (K × (H² + H) parameters per block: 4 one-block heads of SmolLM2-135M ≈ 5.3 MB in fp32).
+  ``token_conditioned`` heads (Hydra-style, Ankner et al. 2024) also read the embedding of the
+  token just before the one they predict, through a first block on [h; e] (2H² + H more).
 * ``layer_skip_adapter`` — self-speculation helper: the hidden state after the first ``exit_layer``
   layers goes through a residual block, then the target's final norm and LM head, trained to
   predict the target's next-token distribution (what plain early exit only approximates).
 
-Both are trained by distillation: the loss is the cross-entropy of the drafter's distribution
-against the target's own next-token distribution (its top-``label_top_k`` probabilities,
-renormalised) at the position the drafter predicts.  Files: ``<name>.safetensors`` (weights,
+Both are trained by distillation: the cross-entropy of the drafter's distribution against the
+target's own next-token distribution (its top-``label_top_k`` probabilities, renormalised) at
+the position the drafter predicts — the softmax restricted to the tokens labelled in the batch,
+which keeps a CPU step cheap — plus an EAGLE-style regression of the drafter's vector onto the
+target's own last hidden state there.  Features come from the generation passes themselves.  Files: ``<name>.safetensors`` (weights,
 with the architecture in the safetensors metadata) and ``<name>.json`` (command, settings,
 training log, held-out acceptance).
 """
@@ -50,30 +54,60 @@ class ResBlock(nn.Module):
         return x + nn.functional.silu(self.linear(x))
 
 
-class MedusaHeads(nn.Module):
-    """K heads on the target's last hidden state; head k predicts the token k+1 places ahead.
+class TokenResBlock(nn.Module):
+    """h + SiLU(W [h; e] + b): mixes in the embedding e of the token just before the one to predict
+    (Hydra-style sequential dependence); W zero-initialised, so untrained it is the identity."""
 
-    The LM head is the target's (frozen, passed at call time), so a head file holds only its
-    residual blocks.
+    def __init__(self, hidden_size: int):
+        super().__init__()
+        self.linear = nn.Linear(2 * hidden_size, hidden_size)
+        nn.init.zeros_(self.linear.weight)
+        nn.init.zeros_(self.linear.bias)
+
+    def forward(self, x: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+        return x + nn.functional.silu(self.linear(torch.cat([x, e.to(x.dtype)], dim=-1)))
+
+
+class MedusaHeads(nn.Module):
+    """K heads on the target's last hidden state h_t; head k predicts token t+1+k.
+
+    Plain (Medusa): head k is ``num_layers`` residual blocks on h_t.  ``token_conditioned``
+    (Hydra-style): head k's first block also reads the embedding of token t+k, the token right
+    before the one it predicts — the pending token for head 1, the previous head's draft after
+    that — so drafting runs head by head.  The LM head and the embedding are the target's
+    (frozen, passed at call time): a head file holds only the blocks.
     """
 
     kind = "heads"
 
-    def __init__(self, hidden_size: int, num_heads: int, num_layers: int = 1):
+    def __init__(self, hidden_size: int, num_heads: int, num_layers: int = 1, token_conditioned: bool = False):
         super().__init__()
         if num_heads < 1 or num_layers < 1:
             raise ValueError(f"num_heads={num_heads!r} and num_layers={num_layers!r} must be >= 1")
         self.hidden_size, self.num_heads, self.num_layers = hidden_size, num_heads, num_layers
+        self.token_conditioned = bool(token_conditioned)
         self.blocks = nn.ModuleList(
-            [nn.Sequential(*[ResBlock(hidden_size) for _ in range(num_layers)]) for _ in range(num_heads)])
+            [nn.Sequential(*[ResBlock(hidden_size) for _ in range(num_layers - int(self.token_conditioned))])
+             for _ in range(num_heads)])
+        self.token_blocks = nn.ModuleList(
+            [TokenResBlock(hidden_size) for _ in range(num_heads)] if self.token_conditioned else [])
 
     def config(self) -> dict[str, Any]:
         return {"kind": self.kind, "hidden_size": self.hidden_size, "num_heads": self.num_heads,
-                "num_layers": self.num_layers}
+                "num_layers": self.num_layers, "token_conditioned": int(self.token_conditioned)}
 
-    def forward(self, hidden: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
-        """``hidden [..., H]`` → logits ``[..., K, V]`` (head k at index k-1)."""
-        return torch.stack([lm_head(block(hidden)) for block in self.blocks], dim=-2)
+    def vectors(self, head: int, hidden: torch.Tensor, prev_embedding: torch.Tensor | None = None) -> torch.Tensor:
+        """Head ``head`` (0-based) at ``hidden [..., H]`` → the vector the LM head reads.
+
+        ``prev_embedding [..., H]``: the embedding of the token before the predicted one (needed
+        when token-conditioned, ignored otherwise).
+        """
+        x = hidden
+        if self.token_conditioned:
+            if prev_embedding is None:
+                raise ValueError("token-conditioned heads need the previous token's embedding")
+            x = self.token_blocks[head](x, prev_embedding)
+        return self.blocks[head](x)
 
 
 class LayerSkipAdapter(nn.Module):
@@ -101,7 +135,8 @@ class LayerSkipAdapter(nn.Module):
 def build_drafter(config: dict[str, Any]) -> nn.Module:
     kind = config.get("kind")
     if kind == "heads":
-        return MedusaHeads(int(config["hidden_size"]), int(config["num_heads"]), int(config.get("num_layers", 1)))
+        return MedusaHeads(int(config["hidden_size"]), int(config["num_heads"]), int(config.get("num_layers", 1)),
+                           bool(int(config.get("token_conditioned", 0))))
     if kind == "layer_skip_adapter":
         return LayerSkipAdapter(int(config["hidden_size"]), int(config["exit_layer"]), int(config.get("num_layers", 1)))
     raise ValueError(f"drafter kind={kind!r}: allowed {KINDS}")
@@ -178,6 +213,7 @@ class Features:
     label_probs: torch.Tensor
     seq: torch.Tensor
     pos: torch.Tensor
+    token: torch.Tensor  # [N] the token at the position (token-conditioned heads read it)
 
 
 @torch.no_grad()
@@ -185,7 +221,7 @@ def collect_features(model: nn.Module, corpus: Sequence[tuple[list[int], int]], 
                      exit_layer: int | None = None, label_top_k: int = 32) -> Features:
     """Run the target over each sequence once; keep positions from the last prompt token on."""
     base, norm, lm_head = target_parts(model)
-    hs, fin, lid, lpr, seqs, poss = [], [], [], [], [], []
+    hs, fin, lid, lpr, seqs, poss, toks = [], [], [], [], [], [], []
     for s, (ids, plen) in enumerate(corpus):
         x = torch.tensor([ids])
         out = base(input_ids=x, output_hidden_states=kind == "layer_skip_adapter")
@@ -200,9 +236,10 @@ def collect_features(model: nn.Module, corpus: Sequence[tuple[list[int], int]], 
         lpr.append(top.values[start:] / top.values[start:].sum(-1, keepdim=True))
         seqs.append(torch.full((len(ids) - start,), s))
         poss.append(torch.arange(start, len(ids)))
+        toks.append(torch.tensor(ids[start:]))
     final = torch.cat(fin)
     hidden = final if kind == "heads" else torch.cat(hs)
-    return Features(hidden, final, torch.cat(lid), torch.cat(lpr), torch.cat(seqs), torch.cat(poss))
+    return Features(hidden, final, torch.cat(lid), torch.cat(lpr), torch.cat(seqs), torch.cat(poss), torch.cat(toks))
 
 
 @torch.no_grad()
@@ -228,7 +265,7 @@ def generate_with_features(model: nn.Module, prompts: Sequence[Sequence[int]], m
                   output_hidden_states=True, output_logits=True)
     layer = -1 if kind == "heads" else exit_layer
     corpus: list[tuple[list[int], int]] = []
-    hs, fin, lid, lpr, seqs, poss = [], [], [], [], [], []
+    hs, fin, lid, lpr, seqs, poss, toks = [], [], [], [], [], [], []
     for i in range(0, len(prompts), batch_size):
         chunk = [list(p) for p in prompts[i:i + batch_size]]
         w = max(len(p) for p in chunk)
@@ -243,6 +280,7 @@ def generate_with_features(model: nn.Module, prompts: Sequence[Sequence[int]], m
         for b, p in enumerate(chunk):
             s_id = len(corpus)
             corpus.append((p + out.sequences[b, w:].tolist(), len(p)))
+            toks.append(torch.tensor(corpus[-1][0][len(p) - 1: len(p) - 1 + steps]))
             hs.append(hidden[b])
             fin.append(final[b])
             lid.append(top.indices[b])
@@ -253,7 +291,7 @@ def generate_with_features(model: nn.Module, prompts: Sequence[Sequence[int]], m
             progress(f"generated {len(corpus)}/{len(prompts)} continuations")
     f_final = torch.cat(fin)
     features = Features(f_final if kind == "heads" else torch.cat(hs), f_final, torch.cat(lid), torch.cat(lpr),
-                        torch.cat(seqs), torch.cat(poss))
+                        torch.cat(seqs), torch.cat(poss), torch.cat(toks))
     return corpus, features
 
 
@@ -302,6 +340,7 @@ class TrainSettings:
     kind: str = "heads"
     num_heads: int = 4
     num_layers: int = 1
+    token_conditioned: bool = False
     exit_layer: int = 8
     steps: int = 600
     batch_tokens: int = 256
@@ -352,16 +391,16 @@ def _pairs_by_head(features: Features, settings: TrainSettings, rows: torch.Tens
     return out
 
 
-def _drafter_vectors(module: nn.Module, model: nn.Module, hidden: torch.Tensor, head: int) -> torch.Tensor:
-    """What the drafter hands to the LM head (after the final norm for the adapter)."""
+def _drafter_vectors(module: nn.Module, model: nn.Module, features: Features, src: torch.Tensor,
+                     dst: torch.Tensor, head: int) -> torch.Tensor:
+    """What the drafter hands to the LM head for rows ``src`` predicting the label at ``dst``
+    (after the final norm for the adapter).  Token-conditioned heads read the token at ``dst``
+    (the one right before the predicted token)."""
     _, norm, _ = target_parts(model)
     if isinstance(module, MedusaHeads):
-        return module.blocks[head](hidden)
-    return norm(module(hidden))
-
-
-def _drafter_logits(module: nn.Module, model: nn.Module, hidden: torch.Tensor, head: int) -> torch.Tensor:
-    return target_parts(model)[2](_drafter_vectors(module, model, hidden, head))
+        prev = model.get_input_embeddings()(features.token[dst]) if module.token_conditioned else None
+        return module.vectors(head, features.hidden[src], prev)
+    return norm(module(features.hidden[src]))
 
 
 @torch.no_grad()
@@ -373,7 +412,7 @@ def evaluate(module: nn.Module, model: nn.Module, features: Features,
         tot_loss, tot_hit, n = 0.0, 0, len(src)
         for i in range(0, n, chunk):
             s, d = src[i:i + chunk], dst[i:i + chunk]
-            logits = _drafter_logits(module, model, features.hidden[s], k)
+            logits = target_parts(model)[2](_drafter_vectors(module, model, features, s, d, k))
             tot_loss += float(distill_loss(logits, features.label_ids[d], features.label_probs[d])) * len(s)
             tot_hit += int((logits.argmax(-1) == features.label_ids[d, 0]).sum())
         res["loss"].append(tot_loss / n if n else math.nan)
@@ -390,7 +429,7 @@ def train_drafter(model: nn.Module, features: Features, settings: TrainSettings,
         p.requires_grad_(False)
     hidden_size = features.hidden.shape[-1]
     if settings.kind == "heads":
-        module: nn.Module = MedusaHeads(hidden_size, settings.num_heads, settings.num_layers)
+        module: nn.Module = MedusaHeads(hidden_size, settings.num_heads, settings.num_layers, settings.token_conditioned)
     else:
         module = LayerSkipAdapter(hidden_size, settings.exit_layer, settings.num_layers)
     train_rows, eval_rows = _split_sequences(features, settings.eval_fraction, settings.seed)
@@ -413,7 +452,7 @@ def train_drafter(model: nn.Module, features: Features, settings: TrainSettings,
         for k, (src, dst) in enumerate(train_pairs):
             pick = torch.randint(len(src), (settings.batch_tokens,), generator=gen)
             s, d = src[pick], dst[pick]
-            vec = _drafter_vectors(module, model, features.hidden[s], k)
+            vec = _drafter_vectors(module, model, features, s, d, k)
             ce = candidate_distill_loss(vec, lm_head, features.label_ids[d], features.label_probs[d])
             losses.append(ce + settings.regression_weight * regression_loss(vec, features.final[d]))
         loss = torch.stack(losses).sum()

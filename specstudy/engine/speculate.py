@@ -131,8 +131,9 @@ def speculative_decode(
         contexts = trace.contexts()
         rows = list(trace.active)
         max_draft = [max(0, min(g, r - 1)) for g, r in zip(gamma_policy.gammas(rows), trace.remaining())]
+        proposed = max(max_draft) > 0  # the last token of every row needs no draft
         with Timer(device) as td:
-            draft = drafter.propose(contexts, max_draft) if max(max_draft) > 0 else empty_draft(len(rows), tstate.device)
+            draft = drafter.propose(contexts, max_draft) if proposed else empty_draft(len(rows), tstate.device)
         n_draft = draft.n_draft.tolist()
         drafts = draft.tokens.tolist()
         block = [[c[-1]] + d[:n] for c, d, n in zip(contexts, drafts, n_draft)]
@@ -142,7 +143,8 @@ def speculative_decode(
         outcome = verify_step(draft.tokens, draft.n_draft.to(logits.device), logits, sampling, draft.probs, generator)
         accepted = outcome.accepted.tolist()
         tstate.rollback([n - a for n, a in zip(n_draft, accepted)])
-        drafter.accepted(outcome.accepted, draft)
+        if proposed:
+            drafter.accepted(outcome.accepted, draft)
         gamma_policy.update(rows, n_draft, accepted)
         keep = trace.emit(outcome.emitted(draft.tokens), logits, n_draft, accepted, td.s, tv.s)
         _keep_rows(keep, tstate, drafter, before=len(rows))

@@ -2,8 +2,9 @@
 
 Head k (k = 1..K, a trained :class:`~specstudy.engine.drafters.MedusaHeads` file) reads the
 hidden state h_t at the last accepted token and predicts token t+1+k; token t+1 is the pending
-token the target itself produced from h_t.  No drafter forward: the heads cost K residual
-blocks and one batched LM-head product per step.
+token the target itself produced from h_t.  Token-conditioned (Hydra-style) heads also read
+the embedding of token t+k (the pending token, then the previous head's draft).  No drafter
+forward: the heads cost K small blocks and K LM-head products per step.
 
 Two verification modes:
 
@@ -52,11 +53,32 @@ class HiddenCapture:
         self._handle.remove()
 
 
-def head_logits(heads: MedusaHeads, target: Any, hidden: torch.Tensor, n: int) -> torch.Tensor:
-    """Logits of the first ``n`` heads at ``hidden [..., H]`` → ``[..., n, V]`` (one LM-head call)."""
-    lm_head = target.get_output_embeddings()
-    h = torch.stack([heads.blocks[k](hidden) for k in range(n)], dim=-2)
-    return lm_head(h.to(lm_head.weight.dtype))
+def head_distributions(heads: MedusaHeads, target: Any, head: int, hidden: torch.Tensor,
+                       prev_tokens: torch.Tensor, sampling) -> torch.Tensor:
+    """Head ``head`` (0-based) at ``hidden [B, H]`` after ``prev_tokens [B]`` → logits (greedy)
+    or the sampling distribution q ``[B, V]`` (the shared transform)."""
+    prev = target.get_input_embeddings()(prev_tokens) if heads.token_conditioned else None
+    logits = target.get_output_embeddings()(heads.vectors(head, hidden, prev))
+    return logits if sampling.greedy else probs_for(logits, sampling)
+
+
+def draft_chain(heads: MedusaHeads, target: Any, hidden: torch.Tensor, pending: torch.Tensor, n: int, sampling,
+                generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Heads 1..n in turn: ``tokens [B, n]`` and (sampling) their distributions ``[B, n, V]``.
+
+    Each head's draft is the next head's previous token (token-conditioned heads read it).
+    """
+    prev, tokens, probs = pending, [], []
+    for k in range(n):
+        d = head_distributions(heads, target, k, hidden, prev, sampling)
+        if sampling.greedy:
+            tok = d.argmax(-1)
+        else:
+            tok = torch.multinomial(d, 1, generator=generator).squeeze(-1)
+            probs.append(d)
+        tokens.append(tok)
+        prev = tok
+    return torch.stack(tokens, dim=1), (torch.stack(probs, dim=1) if probs else None)
 
 
 class HeadsChainDrafter:
@@ -74,14 +96,10 @@ class HeadsChainDrafter:
     @torch.no_grad()
     def propose(self, contexts: list[list[int]], max_draft: list[int]) -> Draft:
         self._ensure_hidden()
-        g = max(max_draft)
-        logits = head_logits(self.heads, self.target, self.hidden, g)  # [B, g, V]
-        n_draft = torch.as_tensor(max_draft, dtype=torch.long, device=logits.device)
-        if self.sampling.greedy:
-            return Draft(logits.argmax(-1), n_draft, None)
-        q = probs_for(logits, self.sampling)
-        tokens = torch.multinomial(q.reshape(-1, q.shape[-1]), 1, generator=self.generator).reshape(q.shape[:2])
-        return Draft(tokens, n_draft, q)
+        pending = torch.tensor([c[-1] for c in contexts], dtype=torch.long, device=self.hidden.device)
+        tokens, probs = draft_chain(self.heads, self.target, self.hidden, pending, max(max_draft), self.sampling,
+                                    self.generator)
+        return Draft(tokens, torch.as_tensor(max_draft, dtype=torch.long, device=tokens.device), probs)
 
     def accepted(self, n_accepted: torch.Tensor, draft: Draft) -> None:
         # the verification block is [pending, d_1..d_n] (right-padded): the last accepted token
@@ -96,7 +114,8 @@ class HeadsChainDrafter:
 
 
 class HeadsTreeDrafter:
-    """Tree mode: depth d's children come from head d (the tree loop's drafter protocol)."""
+    """Tree mode: the children of a node at depth d come from head d+1 (the tree loop's drafter
+    protocol); token-conditioned heads read the node's own token."""
 
     def __init__(self, heads: MedusaHeads, target: Any, branching: Sequence[int], sampling):
         self.heads, self.target, self.branching, self.sampling = heads, target, tuple(branching), sampling
@@ -108,19 +127,19 @@ class HeadsTreeDrafter:
     @torch.no_grad()
     def propose(self, committed: Sequence[int], root: int, max_depth: int,
                 generator: torch.Generator | None) -> TokenTree:
-        shape = self.branching[:max_depth]
         tree = TokenTree(tokens=[int(root)], parents=[-1])
-        if not shape:
-            return tree
-        logits = head_logits(self.heads, self.target, self.hidden, len(shape))  # [D, V]
-        dists = logits if self.sampling.greedy else probs_for(logits, self.sampling)
         frontier = [0]
-        for d, b in enumerate(shape):
+        for d, b in enumerate(self.branching[:max_depth]):
+            rows = frontier if self.heads.token_conditioned else frontier[:1]  # plain heads: one distribution
+            prev = torch.tensor([tree.tokens[f] for f in rows], dtype=torch.long, device=self.hidden.device)
+            dists = head_distributions(self.heads, self.target, d, self.hidden.expand(len(rows), -1), prev,
+                                       self.sampling)
             new = []
-            for f in frontier:
+            for i, f in enumerate(frontier):
+                dist = dists[i if self.heads.token_conditioned else 0]
                 if not self.sampling.greedy:
-                    tree.child_q[f] = dists[d]
-                new += [tree.add(f, t) for t in pick_children(dists[d], b, self.sampling.greedy, generator)]
+                    tree.child_q[f] = dist
+                new += [tree.add(f, t) for t in pick_children(dist, b, self.sampling.greedy, generator)]
             frontier = new
         return tree
 

@@ -22,8 +22,13 @@ Acceptance along the tree:
 
 Per-step counts (:class:`~specstudy.records.StepRecord`): ``drafted`` is the tree depth (the
 longest candidate path, the quantity per-position acceptance is defined over), ``accepted`` the
-accepted path length; the number of tree nodes verified per step goes to
-``record.extra["tree_nodes"]``.
+accepted path length; the drafted nodes verified over a request are counted on its
+:class:`~specstudy.engine.trace.RowTrace` as ``tree_nodes``.
+
+Drafters (cell.drafter): a draft model (its top-k / samples at every node, one drafter forward
+per tree level, with the same tree mask on its own cache), ``self[:K]`` (the target's first K
+layers, self-speculation) or a trained ``layer_skip_adapter`` file.  Medusa-style heads grow
+trees too (:mod:`specstudy.engine.methods.heads`, option ``heads_tree``).  Batch size 1.
 """
 
 from __future__ import annotations
@@ -140,15 +145,6 @@ def default_branching(width: int, depth: int) -> tuple[int, ...]:
     return (width,) + (1,) * (depth - 1)
 
 
-def tree_size(branching: Sequence[int]) -> int:
-    """Nodes of a full tree with this shape, root included."""
-    n, level = 1, 1
-    for b in branching:
-        level *= b
-        n += level
-    return n
-
-
 def pick_children(q: torch.Tensor, k: int, greedy: bool, generator: torch.Generator | None) -> list[int]:
     """k child tokens from draft distribution ``q`` (V,).
 
@@ -244,6 +240,8 @@ def keep_cache_positions(cache, past_len: int, keep: Sequence[int]) -> None:
     """
     idx = torch.tensor(list(keep), dtype=torch.long) + past_len
     for layer in cache.layers:
+        if getattr(layer, "is_sliding", False):
+            raise ValueError("tree verification needs full-attention KV layers; this cache has a sliding-window layer")
         if getattr(layer, "keys", None) is None or layer.keys.numel() == 0:
             continue
         dev = layer.keys.device

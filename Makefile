@@ -111,3 +111,12 @@ BENCH_ARGS ?=
 .PHONY: bench-engine
 bench-engine: $(STAMP)
 	$(BIN)/python bench/engine.py $(BENCH_ARGS)
+
+# Trained drafters for the default model (issue 3): re-create the committed heads file with the
+# exact command recorded in params/drafters/smollm2-135m-heads.json (CPU, ~15-25 min on 2 busy
+# cores; seeded, so the same data and training order).
+.PHONY: drafters
+drafters: $(STAMP)
+	$(BIN)/specstudy train-drafter --kind heads --model smollm2-135m --token-conditioned --prompts-per-task 14 \
+	  --max-new-tokens 112 --gen-batch 16 --num-heads 4 --num-layers 2 --steps 1000 --batch-tokens 256 --lr 2e-3 \
+	  --seed 0 --threads 1 --json

@@ -898,9 +898,14 @@ def when_it_fails_section(data: StudyData) -> Section:
     rows = []
     groups: dict[tuple, dict[int, list[str]]] = {}
     mnt = _headline_max_new(data)
+    by_task: dict[tuple, set] = {}
     for c in spec_all:
         m = data.meta(c)
-        if m["max_new_tokens"] != mnt:
+        if m["max_new_tokens"] == mnt:
+            by_task.setdefault((m["framework"], m["label"], m["gamma"], m["task"]), set()).add(m["batch_size"])
+    for c in spec_all:  # only tasks measured at several batch sizes, so every batch row has the same prompts mix
+        m = data.meta(c)
+        if m["max_new_tokens"] != mnt or len(by_task[(m["framework"], m["label"], m["gamma"], m["task"])]) < 2:
             continue
         groups.setdefault((m["framework"], m["label"], m["gamma"]), {}).setdefault(m["batch_size"], []).append(c)
     for (fw, label, g), by_b in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2] or 0)):

@@ -19,12 +19,12 @@ import sys
 import time
 import traceback
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Sequence
 
 from . import metrics
-from .records import Cell, Request, RequestRecord, Sampling, read_part, write_part
+from .records import Cell, Request, RequestRecord, read_part, write_part
 from .study import DRAFTER_PER_CELL, SERVER_FRAMEWORKS, CellPlan, StudyConfig, plan_summary
 from .telemetry import TelemetrySampler, load_average
 

@@ -14,13 +14,18 @@ Schema (every key optional except ``models``; sweeps inherit the top-level axes)
       models:                     # targets, each with the drafters it can use
         - name: smollm2           # short name used in sweeps
           target: smollm2-135m    # registry name, local dir or hub id
-          dtype: fp32
-          tensor_parallel_size: 1
-          drafters: {adapter: params/drafters/...}
-      methods:                    # method families and their variants (the table rows)
-        - {family: ngram, label: Prompt lookup, options: {min_n: 1, max_n: 3}}
-        - {family: draft_target, label: Speculative sampling, drafter: adapter}
-      frameworks: [reference]
+          dtype: float32          # float32, bfloat16, float16, float64, auto
+          quantization: none      # none, awq, gptq, fp8, int8 (the cost model's weight bytes)
+          tensor_parallel_size: 1 # >1: handed to vLLM / SGLang tensor parallelism
+          drafters: {heads: params/drafters/x.safetensors, self15: "self:15", d: org/draft-model}
+          params: {target: 1.35e+8}   # parameter counts for the cost model's predictions
+          vocab_size: {target: 49152} # only used when no registry entry or config is reachable
+      methods:                    # the table rows: engine method name, family, label, drafter, options
+        - {method: ngram, label: Prompt lookup, options: {ngram_min: 1, ngram_max: 3}}
+        - {method: heads, label: Heads, drafter: heads, gammas: [3], max_batch_size: 1, optional: true}
+        - {method: eagle, family: heads, label: EAGLE-2, drafter: eagle, frameworks: [vllm, sglang]}
+      frameworks: [reference]     # reference, hf, vllm, vllm-server, sglang, openai
+      framework_options: {vllm: {max_model_len: 4096}}   # passed to the backend's constructor
       tasks: [code, translation, ...]
       gammas: [2, 4]
       batch_sizes: [1, 2, 4]
@@ -767,6 +772,12 @@ def check_environment(cfg: StudyConfig, force: bool = False, gpus: Sequence[str]
         module, extra = FRAMEWORK_REQUIREMENTS.get(fw, (None, None))
         if module is None:
             continue
+        python = cfg.framework_options.get(fw, {}).get("python")
+        if python and fw in SERVER_FRAMEWORKS:  # the server runs under its own interpreter (e.g. .venv-engines)
+            if not Path(str(python)).expanduser().exists():
+                raise ParamsError(cfg.file, f"study.framework_options.{fw}.python", python,
+                                  "an existing Python interpreter with the engine installed", f"install {extra} there")
+            continue
         try:
             found = find_module(module) is not None
         except (ImportError, ValueError):
@@ -854,7 +865,10 @@ def expand(cfg: StudyConfig) -> list[CellPlan]:
                       p.prefix_cache)
             return (engine, config, p.cell.task, p.cell.batch_size, p.cell.repeat, str(p.request_rate))
         group = p.baseline_cell_id or p.cell_id
-        return (engine, str(p.drafter_id or ""), group, not p.is_baseline, p.cell.method, p.cell.gamma or 0)
+        # an engine that loads drafters per cell runs each baseline next to its speculative cells;
+        # one that takes its drafter at start groups cells by drafter (one load each)
+        drafter = "" if p.cell.framework in DRAFTER_PER_CELL else str(p.drafter_id or "")
+        return (engine, drafter, group, not p.is_baseline, p.cell.method, p.cell.gamma or 0)
 
     engine_first = sorted(out, key=order)
     if any(p.cell.framework in SERVER_FRAMEWORKS for p in out):

@@ -391,6 +391,13 @@ def test_training_lowers_the_loss_and_files_round_trip(kind, tmp_path):
     assert json.loads(path.with_suffix(".json").read_text())["architecture"]["kind"] == kind
     with pytest.raises(ValueError, match="trained for target"):
         D.load_drafter(path, target="other")
+    # the command's acceptance measurement decodes through the engine's own method
+    from specstudy.commands.train_drafter import measure_acceptance
+
+    acc = measure_acceptance(model, again, kind, [("code", "p0", prompts[0]), ("code", "p1", prompts[1])], 12, 2, path)
+    c = acc["per_task"]["code"]
+    assert c["prompts"] == 2 and c["emitted"] == 24 and 0 <= c["accepted"] <= c["drafted"]
+    assert c["tau"] == c["emitted"] / c["steps"]
 
 
 @pytest.mark.parametrize("kind", D.KINDS)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import re
 import shutil
-import textwrap
 from pathlib import Path
 
 import numpy as np

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -218,3 +217,15 @@ def test_optional_method_is_skipped_with_a_warning_until_its_drafter_exists(tmp_
     study["methods"][1].pop("optional")
     err = bad(tmp_path, study)
     assert err.key == "study.models[0].drafters.h" and err.value == str(heads)
+
+
+def test_server_engine_in_its_own_interpreter_is_accepted(tmp_path):
+    study = {**BASE, "frameworks": ["vllm-server"], "methods": [{"method": "ar"}],
+             "framework_options": {"vllm-server": {"python": sys.executable}}}
+    cfg = load_study("cpu", write(tmp_path, study))
+    assert check_environment(cfg, find_module=lambda m: None) == []
+    study["framework_options"]["vllm-server"]["python"] = str(tmp_path / "no-python")
+    cfg = load_study("cpu", write(tmp_path, study, "b.yaml"))
+    with pytest.raises(ParamsError) as e:
+        check_environment(cfg, find_module=lambda m: None)
+    assert e.value.key == "study.framework_options.vllm-server.python"

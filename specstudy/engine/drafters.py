@@ -146,6 +146,19 @@ def build_drafter(config: dict[str, Any]) -> nn.Module:
 # files
 
 
+def resolve_drafter_path(name: str | Path) -> Path:
+    """A drafter file by path: as given (from the working directory), else relative to the
+    repository root, so ``params/drafters/...`` works from notebooks/ too; ``.safetensors`` added."""
+    from ..params import REPO_ROOT
+
+    p = Path(name).expanduser()
+    if p.suffix != ".safetensors":
+        p = p.with_suffix(".safetensors")
+    if not p.exists() and not p.is_absolute() and (Path(REPO_ROOT) / p).exists():
+        p = Path(REPO_ROOT) / p
+    return p
+
+
 def save_drafter(module: nn.Module, path: str | Path, target: str, info: dict[str, Any] | None = None) -> Path:
     """Write ``path`` (.safetensors, fp32, architecture + target in the metadata) and a .json beside it."""
     from safetensors.torch import save_file
@@ -167,9 +180,7 @@ def load_drafter(path: str | Path, kind: str | None = None, target: str | None =
     from safetensors import safe_open
     from safetensors.torch import load_file
 
-    p = Path(path)
-    if p.suffix != ".safetensors":
-        p = p.with_suffix(".safetensors")
+    p = resolve_drafter_path(path)
     if not p.exists():
         raise FileNotFoundError(f"drafter weights {str(p)!r} not found (train one with `specstudy train-drafter`)")
     with safe_open(str(p), framework="pt") as f:

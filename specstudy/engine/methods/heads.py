@@ -25,12 +25,11 @@ is distributed exactly as the target's.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Sequence
 
 import torch
 
-from ..drafters import MedusaHeads, load_drafter
+from ..drafters import MedusaHeads, load_drafter, resolve_drafter_path
 from ..sampling import probs_for
 from ..speculate import Draft, StaticGamma, speculative_decode
 from ..trace import RowTrace
@@ -180,9 +179,7 @@ def _heads_file(name: str) -> int:
     """Number of heads in a heads file (checked before any model is loaded)."""
     from safetensors import safe_open
 
-    p = Path(str(name))
-    if p.suffix != ".safetensors":
-        p = p.with_suffix(".safetensors")
+    p = resolve_drafter_path(str(name))
     if not p.exists():
         raise ValueError(f"drafter={name!r}: no heads file at {str(p)!r} (train one with "
                          "`specstudy train-drafter --kind heads`)")

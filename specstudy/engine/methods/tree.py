@@ -18,7 +18,7 @@ Acceptance along the tree:
   norm(max(p − q, 0)) — the one rejection step of :mod:`specstudy.engine.verify` applied
   sibling after sibling.  When every child is rejected, the next token is drawn from the
   final residual.  Each sibling test is an ordinary speculative-sampling step against the
-  current residual, so the emitted token is distributed exactly as p (Miao et al. 2024, Thm 4.2).
+  current residual, so the emitted token is distributed exactly as p (SpecInfer, Miao et al. 2024).
 
 Per-step counts (:class:`~specstudy.records.StepRecord`): ``drafted`` is the tree depth (the
 longest candidate path, the quantity per-position acceptance is defined over), ``accepted`` the
@@ -505,6 +505,9 @@ def _check_drafter_name(name: str) -> None:
     elif name.endswith(".safetensors"):
         from safetensors import safe_open
 
+        from ..drafters import resolve_drafter_path
+
+        name = str(resolve_drafter_path(name))
         if not Path(name).exists():
             raise ValueError(f"drafter={name!r}: no such file (train one with `specstudy train-drafter "
                              "--kind layer_skip_adapter`)")

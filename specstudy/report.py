@@ -840,12 +840,12 @@ def task_category_section(data: StudyData, task: str | None = None) -> Section:
         sns = _style()
         import matplotlib.pyplot as plt
 
-        fig, ax = plt.subplots(figsize=(5.5, 3.6))
+        fig, ax = plt.subplots(figsize=(7.5, 3.6))
         sns.scatterplot(data=pts, x="entropy", y="alpha", hue="task" if not task else "label", style="label" if not task else None,
                         ax=ax, s=25, palette=PALETTE)
         ax.set(xlabel="target entropy along the output (nats/token)", ylabel="acceptance rate α (accepted/drafted)",
                ylim=(-0.02, 1.02), title="acceptance vs entropy (one point per request)")
-        ax.legend(fontsize=6, ncol=2)
+        ax.legend(fontsize=6, bbox_to_anchor=(1.02, 1), loc="upper left", borderaxespad=0)
         sec.figures.append(save_figure(fig, _fig_dir(data) / f"{name}_alpha_vs_entropy"))
         if len(pts) > 2 and pts["entropy"].nunique() > 1:
             r = float(np.corrcoef(pts["entropy"], pts["alpha"])[0, 1])
@@ -971,12 +971,12 @@ def when_it_fails_section(data: StudyData) -> Section:
         sns = _style()
         import matplotlib.pyplot as plt
 
-        fig, ax = plt.subplots(figsize=(5.5, 3.4))
+        fig, ax = plt.subplots(figsize=(7.5, 3.4))
         sns.scatterplot(data=pc, x="alpha", y="speedup", hue="label", style="task", ax=ax, s=30, palette=PALETTE)
         ax.axhline(1.0, color="k", lw=0.8, ls="--")
         ax.axvline(0.4, color="grey", lw=0.8, ls=":")
         ax.set(xlabel="acceptance rate α (accepted/drafted)", ylabel="speedup over AR (×)", title="speedup vs α, one point per cell (batch 1)")
-        ax.legend(fontsize=6, ncol=2)
+        ax.legend(fontsize=6, bbox_to_anchor=(1.02, 1), loc="upper left", borderaxespad=0)
         sec.figures.append(save_figure(fig, _fig_dir(data) / "fails_alpha"))
     else:
         parts.append("_no speculative cell with both α and a paired baseline_\n")

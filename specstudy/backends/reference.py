@@ -162,6 +162,8 @@ class ReferenceBackend(Backend):
             if rows is not None:
                 r = rows[i]
                 extra["stop_reason"] = r.stop_reason
+                if getattr(r, "tree_nodes", None) is not None:
+                    extra["tree_nodes"] = r.tree_nodes  # nodes verified by tree methods
                 fields.update(output_tokens=len(r.output_ids), output_ids=list(r.output_ids),
                               output_text=self.decode_text(r.output_ids), first_token_s=r.first_token_s,
                               end_s=r.end_s, chunk_times_s=list(r.chunk_times_s), chunk_tokens=list(r.chunk_tokens),

@@ -64,8 +64,8 @@ def run(args: argparse.Namespace) -> int:
     options = parse_options(args.option)
     spec.check(gamma, 1, args.drafter, options)
     entry = get_entry(args.model)
-    if args.drafter is not None:
-        get_entry(args.drafter)
+    if args.drafter is not None and spec.load_drafter is None:
+        get_entry(args.drafter)  # a draft model; heads files and self:K are checked by the method's loader
     chat = {"yes": True, "no": False, "auto": bool(entry.get("chat", False))}[args.chat]
 
     from ..backends.reference import ReferenceBackend

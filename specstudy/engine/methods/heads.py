@@ -17,9 +17,9 @@ Two verification modes:
   top-b_d tokens (greedy) or b_d i.i.d. samples from q_d, verified in one pass with a tree
   mask (:mod:`specstudy.engine.methods.tree`), batch 1.
 
-Under sampling, head k's distribution q_k is the draft distribution of position k: it depends
-only on h_t, not on the drafted tokens before it, which rejection sampling allows — the output
-is distributed exactly as the target's.
+Under sampling, head k's distribution q_k (a function of h_t and, token-conditioned, of the
+draft before it) is exactly the distribution draft k was drawn from, which is all rejection
+sampling needs: the output is distributed exactly as the target's.
 """
 
 from __future__ import annotations

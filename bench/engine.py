@@ -119,6 +119,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--drafter", default=None, help="a draft model entry for draft_target / HF assistant_model")
+    ap.add_argument("--heads", default="params/drafters/smollm2-135m-heads.json",
+                    help="a trained heads drafter for the heads method ('' to skip)")
     ap.add_argument("--tasks", default="code,summarization")
     ap.add_argument("--prompts", type=int, default=3, help="prompts per task")
     ap.add_argument("--max-new-tokens", type=int, default=64)
@@ -151,25 +153,27 @@ def main() -> int:
     sampling = Sampling(temperature=0.0, max_new_tokens=args.max_new_tokens)
     load0 = os.getloadavg()
 
-    methods: list[tuple[str, int | None, dict, object]] = [
-        ("ar", None, {}, None),
-        ("ngram", args.gamma, {"ngram_max": args.ngram_max}, None),
-        ("layer_skip", args.gamma, {"exit_layer": exit_layer}, None),
+    # (method, gamma, options, drafter model object or None, drafter name for the cell)
+    methods: list[tuple[str, int | None, dict, object, str | None]] = [
+        ("ar", None, {}, None, None),
+        ("ngram", args.gamma, {"ngram_max": args.ngram_max}, None, None),
+        ("layer_skip", args.gamma, {"exit_layer": exit_layer}, None, None),
     ]
     if drafter is not None:
-        methods.append(("draft_target", args.gamma, {}, drafter))
+        methods.append(("draft_target", args.gamma, {}, drafter, args.drafter))
+    if args.heads and Path(args.heads).exists():
+        methods.append(("heads", args.gamma, {}, None, args.heads))
 
-    def cell(name, gamma, opts, d):
+    def cell(name, gamma, opts, dname):
         return Cell(study="bench", hardware="local", framework="reference", method=name, task="mixed",
-                    model=args.model, drafter=None if d is None else args.drafter, gamma=gamma,
-                    options=tuple(sorted(opts.items())))
+                    model=args.model, drafter=dname, gamma=gamma, options=tuple(sorted(opts.items())))
 
     # warm-up (untimed): one short request per method
     warm = Sampling(temperature=0.0, max_new_tokens=8)
-    for name, gamma, opts, d in methods:
+    for name, gamma, opts, d, dname in methods:
         if d is not None:
-            backend._drafters[(name, args.drafter)] = d
-        list(backend.run(requests[:1], warm, cell(name, gamma, opts, d)))
+            backend._drafters[(name, dname)] = d
+        list(backend.run(requests[:1], warm, cell(name, gamma, opts, dname)))
 
     print(f"model {args.model}: {n_layers} layers, {model_bytes(model) / 1e6:.0f} MB fp32; prompts: "
           f"{len(requests)} from {source} ({', '.join(tasks)}), {args.max_new_tokens} new tokens, greedy, "
@@ -183,8 +187,8 @@ def main() -> int:
 
     results = {}
     records = {}
-    for name, gamma, opts, d in methods:
-        recs = list(backend.run(requests, sampling, cell(name, gamma, opts, d)))
+    for name, gamma, opts, d, dname in methods:
+        recs = list(backend.run(requests, sampling, cell(name, gamma, opts, dname)))
         bad = [r for r in recs if r.status != "ok"]
         if bad:
             print(f"{name}: {len(bad)} failed requests: {bad[0].error.splitlines()[0]}")

@@ -8,9 +8,27 @@ of metrics.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 from ..records import Cell, Request, RequestRecord, Sampling
+
+
+def encode_request(tokenizer: Any, request: Request, chat: bool = False) -> list[int]:
+    """Prompt token ids, the same for every in-process backend so frameworks see identical inputs:
+    the request's own ids, else the chat template (when the request carries messages or ``chat``
+    is set), else the plain text."""
+    if request.prompt_ids is not None:
+        return list(request.prompt_ids)
+    if tokenizer is None:
+        raise ValueError(f"request {request.prompt_id!r} has no prompt_ids and the backend has no tokenizer")
+    if request.messages or chat:
+        turns = request.messages or (("user", request.prompt),)
+        msgs = [{"role": r, "content": c} for r, c in turns]
+        out = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+        if hasattr(out, "keys") and "input_ids" in out:  # a BatchEncoding in newer transformers
+            out = out["input_ids"]
+        return [int(x) for x in out]
+    return [int(x) for x in tokenizer(request.prompt)["input_ids"]]
 
 
 class BackendUnavailable(RuntimeError):

@@ -31,7 +31,7 @@ import time
 from typing import Any, Iterator, Sequence
 
 from ..records import Cell, Request, RequestRecord, Sampling, StepRecord
-from .base import Backend
+from .base import Backend, encode_request
 from .openai_server import resolve_model
 
 BATCH_NOTE = "sequential (HF assisted generation supports batch size 1 only)"
@@ -187,12 +187,7 @@ class HfBackend(Backend):
         raise ValueError(f"method={cell.method!r} is not available in HF transformers; allowed: {self.methods}")
 
     def _input_ids(self, request: Request):
-        if request.prompt_ids is not None:
-            ids = list(request.prompt_ids)
-        else:
-            if self.tokenizer is None:
-                raise ValueError(f"request {request.prompt_id!r} has text but this backend has no tokenizer")
-            ids = self.tokenizer(request.prompt)["input_ids"]
+        ids = encode_request(self.tokenizer, request)  # the chat template when the request has messages
         return self.torch.tensor([ids], dtype=self.torch.long, device=self.device)
 
     # ---- run ----------------------------------------------------------------------------------

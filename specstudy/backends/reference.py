@@ -14,7 +14,7 @@ import traceback
 from typing import Any, Iterator, Sequence
 
 from ..records import Cell, Request, RequestRecord, Sampling
-from .base import Backend
+from .base import Backend, encode_request
 
 #: cell options the backend itself reads (the rest go to the method)
 BACKEND_CELL_OPTIONS = ("chat", "rate")
@@ -96,19 +96,8 @@ class ReferenceBackend(Backend):
         return sorted(ids)
 
     def encode(self, request: Request, chat: bool) -> list[int]:
-        """Prompt token ids: given ids, else the chat template (messages or ``chat``), else plain text."""
-        if request.prompt_ids is not None:
-            return list(request.prompt_ids)
-        if self.tokenizer is None:
-            raise ValueError(f"request {request.prompt_id!r} has no prompt_ids and the backend has no tokenizer")
-        if request.messages or chat:
-            turns = request.messages or (("user", request.prompt),)
-            msgs = [{"role": r, "content": c} for r, c in turns]
-            out = self.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
-            if hasattr(out, "keys") and "input_ids" in out:  # a BatchEncoding in newer transformers
-                out = out["input_ids"]
-            return [int(x) for x in out]
-        return [int(x) for x in self.tokenizer(request.prompt)["input_ids"]]
+        """Prompt token ids (:func:`specstudy.backends.base.encode_request`)."""
+        return encode_request(self.tokenizer, request, chat)
 
     def decode_text(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True) if self.tokenizer is not None else ""

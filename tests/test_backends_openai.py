@@ -74,3 +74,28 @@ class _Lines:
 def test_sse_events_comments_and_multiline_data():
     text = ": keep-alive\n\ndata: {\"a\": 1}\n\ndata: line1\ndata: line2\n\nevent: x\ndata: [DONE]\n\n"
     assert list(iter_sse(_Lines(text))) == ['{"a": 1}', "line1\nline2", "[DONE]"]
+
+
+class _ChatTokenizer:
+    """A stand-in tokenizer: renders messages to ids deterministically (no files needed)."""
+
+    def apply_chat_template(self, msgs, add_generation_prompt=True, tokenize=True):
+        return [len(m["content"]) for m in msgs] + [7]
+
+
+def test_chat_requests_are_sent_as_template_ids_like_the_in_process_engines():
+    from specstudy.backends.base import encode_request
+    from specstudy.backends.openai_server import OpenAIBackend
+    from specstudy.backends.sglang_server import SglangServerBackend
+    from specstudy.records import Request, Sampling
+
+    chat = Request("p", "hello", messages=(("system", "be brief"), ("user", "hello")))
+    plain = Request("q", "just text")
+    for cls in (OpenAIBackend, SglangServerBackend):
+        b = cls("some-model", base_url="http://127.0.0.1:9")
+        b._tokenizer = _ChatTokenizer()
+        body = b.request_body(chat, Sampling())
+        sent = body.get("prompt", body.get("input_ids"))
+        assert sent == encode_request(b._tokenizer, chat) == [8, 5, 7]
+        body = b.request_body(plain, Sampling())
+        assert body.get("prompt", body.get("text")) == "just text"

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from ..records import Cell, Request, RequestRecord, Sampling
-from .base import Backend
+from .base import Backend, encode_request
 from .servers import (ManagedServer, MetricSamples, ServerInfo, connect, http_get, parse_prometheus,
                       split_url)
 
@@ -204,10 +204,29 @@ class ServerBackend(Backend):
                 continue
         return None
 
+    def prompt_ids(self, request: Request) -> list[int] | None:
+        """Token ids to send, so a server decodes the same input as the in-process engines: the
+        request's own ids, else its chat messages rendered by the target's tokenizer (loaded once,
+        locally).  None sends the text as it is (no messages, or no local tokenizer for a hub id
+        without network)."""
+        if request.prompt_ids is not None:
+            return list(request.prompt_ids)
+        if not request.messages:
+            return None
+        if not hasattr(self, "_tokenizer"):
+            try:
+                from transformers import AutoTokenizer
+
+                self._tokenizer = AutoTokenizer.from_pretrained(resolve_model(self.model))
+            except (OSError, ValueError):
+                self._tokenizer = None
+        return encode_request(self._tokenizer, request) if self._tokenizer is not None else None
+
     def request_body(self, request: Request, sampling: Sampling) -> dict[str, Any]:
+        ids = self.prompt_ids(request)
         body: dict[str, Any] = {
             "model": self.served_model or self.model,
-            "prompt": list(request.prompt_ids) if request.prompt_ids is not None else request.prompt,
+            "prompt": ids if ids is not None else request.prompt,
             "max_tokens": sampling.max_new_tokens,
             "temperature": sampling.temperature,
             "top_p": sampling.top_p,

@@ -113,8 +113,9 @@ class SglangServerBackend(ServerBackend):
                                   "top_p": sampling.top_p, "top_k": sampling.top_k if sampling.top_k > 0 else -1,
                                   "ignore_eos": sampling.ignore_eos}
         body: dict[str, Any] = {"sampling_params": params, "stream": True}
-        if request.prompt_ids is not None:
-            body["input_ids"] = list(request.prompt_ids)
+        ids = self.prompt_ids(request)
+        if ids is not None:
+            body["input_ids"] = ids
         else:
             body["text"] = request.prompt
         return {**body, **self.extra_body}

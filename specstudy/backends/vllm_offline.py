@@ -17,7 +17,7 @@ import time
 from typing import Any, Iterator, Sequence
 
 from ..records import Cell, Request, RequestRecord, Sampling
-from .base import Backend, BackendUnavailable
+from .base import Backend, BackendUnavailable, encode_request
 from .openai_server import resolve_model
 from .vllm_server import VLLM_METHODS, speculative_config, spec_fields
 
@@ -109,8 +109,14 @@ class VllmOfflineBackend(Backend):
             top_k=sampling.top_k if sampling.top_k > 0 else -1, seed=sampling.seed, ignore_eos=sampling.ignore_eos)
 
     @staticmethod
-    def _prompt(request: Request) -> Any:
-        return {"prompt_token_ids": list(request.prompt_ids)} if request.prompt_ids is not None else request.prompt
+    def _prompt(request: Request, llm: Any) -> Any:
+        """Token ids when the request has ids or chat messages (rendered by the engine's own
+        tokenizer, as the in-process engines do), else the text."""
+        if request.prompt_ids is not None:
+            return {"prompt_token_ids": list(request.prompt_ids)}
+        if request.messages:
+            return {"prompt_token_ids": encode_request(llm.get_tokenizer(), request)}
+        return request.prompt
 
     def run(self, requests: Sequence[Request], sampling: Sampling, cell: Cell) -> Iterator[RequestRecord]:
         if cell.method not in self.methods:
@@ -132,7 +138,7 @@ class VllmOfflineBackend(Backend):
     def _run_batch(self, llm, batch: list[Request], params, sampling: Sampling, cell: Cell) -> list[RequestRecord]:
         epoch, t0 = time.time(), time.monotonic()
         try:
-            outputs = llm.generate([self._prompt(r) for r in batch], params, use_tqdm=False)
+            outputs = llm.generate([self._prompt(r, llm) for r in batch], params, use_tqdm=False)
         except Exception as e:  # one failed batch is records with a status, not a lost cell
             status = "oom" if "out of memory" in str(e).lower() else "error"
             return [cell.new_record(r, sampling, start_epoch=epoch, status=status, error=f"{type(e).__name__}: {e}"[:2000])

@@ -168,8 +168,8 @@ def main() -> int:
         return Cell(study="bench", hardware="local", framework="reference", method=name, task="mixed",
                     model=args.model, drafter=dname, gamma=gamma, options=tuple(sorted(opts.items())))
 
-    # warm-up (untimed): one short request per method
-    warm = Sampling(temperature=0.0, max_new_tokens=8)
+    # warm-up (untimed): one full-length request per method
+    warm = Sampling(temperature=0.0, max_new_tokens=args.max_new_tokens)  # full length: CPU kernel set-up is per shape
     for name, gamma, opts, d, dname in methods:
         if d is not None:
             backend._drafters[(name, dname)] = d

@@ -5,19 +5,18 @@ tokens (the prefill token, then a step with up to 2 drafts, their acceptance or 
 the bonus token).  The joint distribution of the 4 tokens (625 outcomes) is computed exactly
 from the target's logits under the same sampling transform, and compared with a chi-square
 goodness-of-fit test at significance 0.001 (cells with expected count < 5 pooled; the p-value
-from the Wilson–Hilferty normal approximation of the chi-square tail).  Seeds are fixed, so the
+from the exact chi-square upper tail, tests/exact_distribution.py).  Seeds are fixed, so the
 test is deterministic.  A negative control shows the test rejects the draft's own distribution.
 """
 
-import itertools
-import math
 
 import pytest
 import torch
 
 from specstudy.engine.methods import DecodeJob, get_method
-from specstudy.engine.sampling import logits_to_probs
 from specstudy.models import tiny_model
+from exact_distribution import chi_square_p
+from exact_distribution import exact_joint as _exact_joint
 from specstudy.records import Sampling
 
 torch.set_num_threads(1)
@@ -26,25 +25,6 @@ V, K, N, SIGNIFICANCE = 5, 4, 12000, 1e-3
 PROMPT = [0, 3, 1]
 
 
-def exact_joint(model, sampling: Sampling) -> torch.Tensor:
-    """P(t_1..t_K | prompt) for every sequence, by one forward over all V^K continuations."""
-    seqs = torch.tensor(list(itertools.product(range(V), repeat=K)))
-    ids = torch.cat([torch.tensor(PROMPT).expand(len(seqs), -1), seqs], dim=1)
-    with torch.no_grad():
-        logits = model(ids).logits[:, len(PROMPT) - 1: len(PROMPT) - 1 + K]
-    probs = logits_to_probs(logits, sampling.temperature, sampling.top_k, sampling.top_p)
-    return probs.gather(2, seqs[..., None]).squeeze(2).prod(dim=1)
-
-
-def chi_square_p(counts: torch.Tensor, expected: torch.Tensor) -> float:
-    big = expected >= 5
-    obs = torch.cat([counts[big], counts[~big].sum()[None]])
-    exp = torch.cat([expected[big], expected[~big].sum()[None]])
-    keep = exp > 0
-    stat = float(((obs[keep] - exp[keep]) ** 2 / exp[keep]).sum())
-    dof = int(keep.sum()) - 1
-    z = ((stat / dof) ** (1 / 3) - (1 - 2 / (9 * dof))) / math.sqrt(2 / (9 * dof))
-    return 0.5 * math.erfc(z / math.sqrt(2))
 
 
 def sampled_counts(method: str, sampling: Sampling, target, **kw) -> torch.Tensor:
@@ -85,3 +65,7 @@ def test_negative_control_the_test_rejects_the_draft_distribution(models):
     s = Sampling(temperature=1.0, seed=4, max_new_tokens=K)
     counts = sampled_counts("ar", s, drafter)  # samples of q, not p
     assert chi_square_p(counts, N * exact_joint(target, s)) < SIGNIFICANCE
+
+
+def exact_joint(model, sampling):
+    return _exact_joint(model, sampling, V, K, PROMPT)

@@ -15,7 +15,6 @@
 * training: a few steps on a tiny model lower the distillation loss; files round-trip.
 """
 
-import itertools
 import json
 import random
 
@@ -26,24 +25,15 @@ from specstudy.engine import drafters as D
 from specstudy.engine.methods import DecodeJob, get_method
 from specstudy.engine.methods import tree as T
 from specstudy.engine.methods.heads import draft_chain
-from specstudy.engine.sampling import logits_to_probs
 from specstudy.metrics import mean_accepted_length
 from specstudy.models import tiny_model
+from exact_distribution import chi_square_p
+from exact_distribution import exact_joint as _exact_joint
 from specstudy.records import RequestRecord, Sampling
 
 torch.set_num_threads(1)
 SIGNIFICANCE = 1e-3
 
-
-def chi_square_p(counts: torch.Tensor, expected: torch.Tensor) -> float:
-    """Upper-tail p-value of Pearson's statistic (cells with expected < 5 pooled into one)."""
-    big = expected >= 5
-    obs = torch.cat([counts[big], counts[~big].sum()[None]]).double()
-    exp = torch.cat([expected[big], expected[~big].sum()[None]]).double()
-    keep = exp > 0
-    stat = ((obs[keep] - exp[keep]) ** 2 / exp[keep]).sum()
-    dof = int(keep.sum()) - 1
-    return float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64), stat / 2))
 
 
 def random_tree(n: int, seed: int) -> T.TokenTree:
@@ -310,14 +300,6 @@ N_FAST, N_SLOW = 500, 2000  # decodes are batch-1 here, so N costs N separate de
 PROMPT = [0, 3, 1]
 
 
-def exact_joint(model, sampling):
-    seqs = torch.tensor(list(itertools.product(range(V), repeat=K)))
-    ids = torch.cat([torch.tensor(PROMPT).expand(len(seqs), -1), seqs], dim=1)
-    with torch.no_grad():
-        logits = model(ids).logits[:, len(PROMPT) - 1: len(PROMPT) - 1 + K]
-    probs = logits_to_probs(logits, sampling.temperature, sampling.top_k, sampling.top_p)
-    return probs.gather(2, seqs[..., None]).squeeze(2).prod(dim=1)
-
 
 @pytest.fixture(scope="module")
 def small_vocab():
@@ -487,3 +469,7 @@ def test_heads_and_tree_are_lossless_on_the_default_model():
             row = spec.decode(DecodeJob(model, [p], s, gamma=3, drafter=d, options=o))[0]
             assert row.output_ids == want, (method, opts)
             check_counts(row, 3)
+
+
+def exact_joint(model, sampling):
+    return _exact_joint(model, sampling, V, K, PROMPT)

@@ -1067,13 +1067,14 @@ def _predicted_break_even(data: StudyData, prof, params: dict[str, float]) -> st
         tgt = pair.get("target")
         if tgt not in params:
             continue
+        dt = _cm_dtype(data, tgt)
         for short, mid in (pair.get("drafters") or {}).items():
             if mid not in params:
                 continue
+            c = costmodel.step_time(params[mid], prof, dt) / costmodel.step_time(params[tgt], prof, dt)
             for a in (0.6, 0.8):
-                g, _ = costmodel.optimal_gamma(a, costmodel.step_time(params[mid], prof, _cm_dtype(data, tgt)) /
-                                               costmodel.step_time(params[tgt], prof, _cm_dtype(data, tgt)))
-                be = costmodel.break_even_batch(prof, params[tgt], params[mid], a, g, _cm_dtype(data, tgt))
+                g, _ = costmodel.optimal_gamma(a, c)
+                be = costmodel.break_even_batch(prof, params[tgt], params[mid], a, g, dt)
                 lines.append(f"- {short_model(tgt)} + {short_model(mid)}, α={a}, γ={g}: break-even batch {be if be else '> 4096'}")
     if not lines:
         return ""

@@ -1,12 +1,16 @@
 """Benchmark of the reference engine on the embedded default model (a benchmark, not a test).
 
 Side by side in one run, on code and summarization prompts, per method: tokens/s, speedup over
-the engine's own AR, α, α̂, τ, c (measured draft cost per drafted token / target step cost),
+the engine's own AR (tokens/s, prefill included) and decode speedup (AR's TPOT / the method's),
+α, α̂, τ, c (measured draft cost per drafted token / target step cost),
 the target's verification-cost curve T(k)/T(1), the cost model's predicted speedup
 (:func:`specstudy.costmodel.speedup_with_verify_cost` from α̂, γ, c and T(γ+1)/T(1)) and
-measured / predicted; beside each, HF transformers' own implementation of the same idea on
-the same prompts (plain ``generate``, ``prompt_lookup_num_tokens``, ``assistant_early_exit``,
-``assistant_model`` with a constant draft length) and whether its greedy tokens equal ours.
+measured / predicted (the decode speedup over the prediction: the cost model describes decoding
+steps, not the prefill); beside each, HF transformers' own implementation of the same idea on
+the same prompts through the kit's ``hf`` backend (plain ``generate``, ``prompt_lookup_num_tokens``,
+``assistant_early_exit``, ``assistant_model``, at the row's γ with a constant schedule and no
+confidence cut-off), prompt by prompt in turn with the engine's rows, its τ, and whether its
+greedy tokens equal ours.
 Last, the AR baseline's achieved memory bandwidth (model bytes × tokens/s) against the CPU's
 measured copy bandwidth.
 
@@ -24,7 +28,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import argparse  # noqa: E402
-import copy  # noqa: E402
 import json  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
@@ -74,51 +77,16 @@ def build_requests(tasks: list[str], n: int, tokenizer) -> tuple[list[Request], 
         return reqs, "inline"
 
 
-def verify_cost_curve(model, prompt_ids: list[int], ks: list[int], repeats: int) -> dict[int, float]:
-    """Median time of one target forward over k new tokens on a cached prefix, for each k."""
-    from specstudy.engine.kv import KVState
-
-    state = KVState(model, 1)
-    state.forward(torch.tensor([prompt_ids]))
-    out: dict[int, float] = {}
-    for k in ks:
-        block = torch.tensor([prompt_ids[-k:] if len(prompt_ids) >= k else (prompt_ids * k)[:k]])
-        times = []
-        for _ in range(repeats + 1):
-            t0 = time.perf_counter()
-            state.forward(block)
-            times.append(time.perf_counter() - t0)
-            state.rollback(k)
-        out[k] = statistics.median(times[1:])
-    return out
-
-
-def hf_generate(model, tokenizer, ids_list: list[list[int]], max_new: int, **kw) -> tuple[float, list[list[int]]]:
-    """tokens/s of HF generate (greedy, EOS ignored) over the prompts, and its output ids."""
-    assistant = kw.pop("assistant_model", None)
-    gc = copy.deepcopy(model.generation_config)
-    gc.eos_token_id = None  # fixed-length outputs, like the engine's ignore_eos
-    gc.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    gc.do_sample, gc.max_new_tokens, gc.min_new_tokens = False, max_new, None
-    for k, v in kw.items():
-        setattr(gc, k, v)
-    extra = {"assistant_model": assistant} if assistant is not None else {}
-    total_t, total_n, outs = 0.0, 0, []
-    for ids in ids_list:
-        x = torch.tensor([ids])
-        t0 = time.perf_counter()
-        y = model.generate(x, generation_config=gc, **extra)
-        total_t += time.perf_counter() - t0
-        new = y[0, len(ids):].tolist()
-        total_n += len(new)
-        outs.append(new)
-    return total_n / total_t, outs
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--drafter", default=None, help="a draft model entry for draft_target / HF assistant_model")
+    ap.add_argument("--draft-quantization", choices=("none", "int8"), default="none",
+                    help="draft_target's draft model in int8 dynamic quantization (HF's assistant gets the same module)")
+    ap.add_argument("--methods", default="ar,ngram,ngram+cost,ngram@2,layer_skip,draft_target,draft_target+cost,heads",
+                    help="which rows to run (ar is always run: it is the baseline); ngram+cost is ngram with "
+                         "dynamic_gamma: cost (draft length chosen from the measured verification-cost curve), "
+                         "ngram@2 static ngram at γ = 2 (HF's prompt lookup at the same γ beside it)")
     ap.add_argument("--heads", default="params/drafters/smollm2-135m-heads.json",
                     help="a trained heads drafter for the heads method ('' to skip)")
     ap.add_argument("--tasks", default="code,summarization")
@@ -138,6 +106,7 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     from specstudy.backends.reference import ReferenceBackend
     from specstudy.models import load_model, model_bytes
+    from specstudy.engine.stepcost import measure_verify_time
     from specstudy.params import measure_cpu
 
     model, tok = load_model(args.model)
@@ -154,41 +123,83 @@ def main() -> int:
     load0 = os.getloadavg()
 
     # (method, gamma, options, drafter model object or None, drafter name for the cell)
+    wanted = {m.strip() for m in args.methods.split(",") if m.strip()} | {"ar"}
     methods: list[tuple[str, int | None, dict, object, str | None]] = [
         ("ar", None, {}, None, None),
         ("ngram", args.gamma, {"ngram_max": args.ngram_max}, None, None),
+        ("ngram+cost", args.gamma, {"ngram_max": args.ngram_max, "dynamic_gamma": "cost"}, None, None),
+        ("ngram@2", 2, {"ngram_max": args.ngram_max}, None, None),  # HF's prompt lookup at its best γ here
         ("layer_skip", args.gamma, {"exit_layer": exit_layer}, None, None),
     ]
     if drafter is not None:
-        methods.append(("draft_target", args.gamma, {}, drafter, args.drafter))
-    if args.heads and Path(args.heads).exists():
+        dq = {"draft_quantization": args.draft_quantization} if args.draft_quantization != "none" else {}
+        methods.append(("draft_target", args.gamma, dq, drafter, args.drafter))
+        methods.append(("draft_target+cost", args.gamma, {**dq, "dynamic_gamma": "cost"}, drafter, args.drafter))
+    if args.heads and Path(args.heads).exists() and json.loads(Path(args.heads).read_text()).get("target") == args.model:
         methods.append(("heads", args.gamma, {}, None, args.heads))
+    methods = [m for m in methods if m[0] in wanted]
+
+    def method_of(label: str) -> str:  # "ngram+cost", "ngram@2" -> "ngram"
+        return label.split("+")[0].split("@")[0]
 
     def cell(name, gamma, opts, dname):
-        return Cell(study="bench", hardware="local", framework="reference", method=name, task="mixed",
+        return Cell(study="bench", hardware="local", framework="reference", method=method_of(name), task="mixed",
                     model=args.model, drafter=dname, gamma=gamma, options=tuple(sorted(opts.items())))
 
     # warm-up (untimed): one full-length request per method
     warm = Sampling(temperature=0.0, max_new_tokens=args.max_new_tokens)  # full length: CPU kernel set-up is per shape
     for name, gamma, opts, d, dname in methods:
         if d is not None:
-            backend._drafters[(name, dname)] = d
+            backend._drafters[(method_of(name), dname)] = d
         list(backend.run(requests[:1], warm, cell(name, gamma, opts, dname)))
+    if drafter is not None and args.draft_quantization != "none" and any(method_of(m[0]) == "draft_target" for m in methods):
+        drafter = backend._drafters[("draft_target", args.drafter, args.draft_quantization)]  # HF gets the same module
 
+    if drafter is not None:
+        print(f"draft model {args.drafter}: {model_bytes(drafter) / 1e6:.0f} MB in parameters, quantization "
+              f"{args.draft_quantization}")
     print(f"model {args.model}: {n_layers} layers, {model_bytes(model) / 1e6:.0f} MB fp32; prompts: "
           f"{len(requests)} from {source} ({', '.join(tasks)}), {args.max_new_tokens} new tokens, greedy, "
           f"gamma {args.gamma}, threads {args.threads}, load avg {load0[0]:.2f}")
 
     ks = sorted({int(k) for k in args.curve.split(",")} | {args.gamma + 1})
-    curve = verify_cost_curve(model, prompt_ids[0], ks, args.curve_repeats)
+    curve = measure_verify_time(model, prompt_ids[0], ks, args.curve_repeats)
     ratio = {k: curve[k] / curve[1] for k in ks}
     print("verification cost T(k)/T(1): " + "  ".join(f"k={k}:{ratio[k]:.2f}" for k in ks)
           + f"   (T(1) = {curve[1] * 1e3:.1f} ms)")
 
-    results = {}
-    records = {}
+    # HF transformers' own implementation of each row, through the kit's hf backend (the same
+    # records and metrics; it sets the draft length on the *drafting* model's generation_config,
+    # which transformers 5 reads instead of generate()'s: passed to generate(), γ is ignored and
+    # the assistant drafts its default 20 tokens with a confidence cut-off)
+    from specstudy.backends.hf import HfBackend
+
+    hf_backend = HfBackend(args.model, model_obj=model, drafter_obj=drafter, tokenizer=tok)
+
+    def hf_cell(name: str, gamma: int | None) -> Cell | None:
+        """The HF row beside an engine row, at the row's γ (a dynamic-γ row: at its cap)."""
+        m = method_of(name)
+        if args.skip_hf or m not in HfBackend.methods:
+            return None
+        opts = {"ngram": {"ngram_max": args.ngram_max}, "layer_skip": {"exit_layer": exit_layer}}.get(m, {})
+        return Cell(study="bench", hardware="local", framework="hf", method=m, task="mixed", model=args.model,
+                    drafter=args.drafter if m == "draft_target" else None, gamma=gamma if m != "ar" else None,
+                    options=tuple(sorted(opts.items())))
+
+    results: dict[str, dict] = {}
+    records: dict[str, list] = {}
+    hf_cells = {name: c for name, gamma, *_ in methods if (c := hf_cell(name, gamma)) is not None}
+    for c in hf_cells.values():
+        list(hf_backend.run(requests[:1], warm, c))  # untimed full-length warm-up, as every engine row gets
+    ours: dict[str, list] = {name: [] for name, *_ in methods}
+    hf_recs: dict[str, list] = {name: [] for name in hf_cells}
+    for req in requests:  # round robin per prompt: this machine's speed drifts by 10 %+
+        for name, gamma, opts, d, dname in methods:
+            ours[name] += list(backend.run([req], sampling, cell(name, gamma, opts, dname)))
+            if name in hf_cells:
+                hf_recs[name] += list(hf_backend.run([req], sampling, hf_cells[name]))
     for name, gamma, opts, d, dname in methods:
-        recs = list(backend.run(requests, sampling, cell(name, gamma, opts, dname)))
+        recs = ours[name]
         bad = [r for r in recs if r.status != "ok"]
         if bad:
             print(f"{name}: {len(bad)} failed requests: {bad[0].error.splitlines()[0]}")
@@ -198,53 +209,56 @@ def main() -> int:
         steps = [s for r in recs for s in r.steps[1:]]  # without the prefill step
         drafted = sum(s.drafted for s in steps)
         results[name] = {"tokens_per_s": metrics.per_request_throughput(recs), "alpha": acc["alpha"],
+                         "tpot_s": statistics.mean(metrics.tpot(r) for r in recs),
                          "alpha_hat": acc["alpha_hat"], "tau": acc["tau"], "gamma": gamma,
                          "draft_s_per_token": (sum(s.draft_s or 0.0 for s in steps) / drafted) if drafted else None,
                          "verify_s_per_step": statistics.median([s.verify_s for s in steps if s.verify_s])}
+        by_k: dict[int, list[float]] = {}
+        for s in steps:
+            by_k.setdefault(s.drafted, []).append(s.verify_s)
+        results[name]["verify_s_by_drafted"] = {k: statistics.median(v) for k, v in sorted(by_k.items())}
 
     base = results.get("ar")
     t1 = base["verify_s_per_step"] if base else curve[1]  # the target's one-token step, measured in AR decoding
-    hf_kw = {
-        "ar": {},
-        "ngram": {"prompt_lookup_num_tokens": args.gamma, "max_matching_ngram_size": args.ngram_max},
-        "layer_skip": {"assistant_early_exit": exit_layer, "num_assistant_tokens": args.gamma,
-                       "num_assistant_tokens_schedule": "constant"},
-        "draft_target": {"assistant_model": drafter, "num_assistant_tokens": args.gamma,
-                         "num_assistant_tokens_schedule": "constant"},
-    }
     for name, r in results.items():
         r["speedup"] = r["tokens_per_s"] / base["tokens_per_s"] if base else float("nan")
+        # the cost model describes decoding steps: compare it with the TPOT ratio (prefill excluded)
+        r["decode_speedup"] = base["tpot_s"] / r["tpot_s"] if base else float("nan")
         r["exact_match_vs_ar"] = metrics.exact_match_rate(records["ar"], records[name]) if base else float("nan")
         if r["gamma"]:
             r["c"] = (r["draft_s_per_token"] or 0.0) / t1
+        if r["gamma"] and "+" not in name:  # dynamic γ has no single γ for the static-γ formula
             k = r["gamma"] + 1
             r["verify_ratio"] = ratio.get(k, float("nan"))
             a = r["alpha_hat"]
             r["predicted"] = (costmodel.speedup_with_verify_cost(min(max(a, 0.0), 1.0), r["gamma"], r["c"], r["verify_ratio"])
                               if a == a else float("nan"))
-            r["measured_over_predicted"] = r["speedup"] / r["predicted"] if r["predicted"] else float("nan")
-        if not args.skip_hf and name in hf_kw:
-            try:
-                tps, outs = hf_generate(model, tok, prompt_ids, args.max_new_tokens, **dict(hf_kw[name]))
-                r["hf_tokens_per_s"] = tps
-                r["ours_over_hf"] = r["tokens_per_s"] / tps
-                r["hf_same_tokens"] = sum(o == rec.output_ids for o, rec in zip(outs, records[name])) / len(outs)
-            except Exception as e:  # an HF feature missing for this model is a row note, not a crash
-                r["hf_error"] = f"{type(e).__name__}: {e}"
+            r["measured_over_predicted"] = r["decode_speedup"] / r["predicted"] if r["predicted"] else float("nan")
+        hf = hf_recs.get(name)
+        if hf:
+            bad = [x for x in hf if x.status != "ok"]
+            if bad:  # an HF feature missing for this model is a row note, not a crash
+                r["hf_error"] = bad[0].error.splitlines()[0]
+            else:
+                r["hf_tokens_per_s"] = metrics.per_request_throughput(hf)
+                r["hf_tau"] = metrics.acceptance_summary(hf)["tau"]
+                r["ours_over_hf"] = r["tokens_per_s"] / r["hf_tokens_per_s"]
+                r["hf_same_tokens"] = metrics.exact_match_rate(hf, records[name])
 
     cpu = measure_cpu()
     if base:
         bw = model_bytes(model) * base["tokens_per_s"] / 1e9
         base["achieved_bandwidth_gbps"] = bw
     f = lambda v, p=2: "-" if v is None or v != v else f"{v:.{p}f}"  # noqa: E731
-    head = (f"{'method':<12}{'tok/s':>8}{'speedup':>9}{'alpha':>7}{'a_hat':>7}{'tau':>6}{'c':>7}{'T(g+1)/T1':>10}"
-            f"{'pred':>7}{'meas/pred':>10}{'HF tok/s':>10}{'ours/HF':>9}{'HF=ours':>8}{'=ar':>5}")
+    head = (f"{'method':<12}{'tok/s':>8}{'speedup':>9}{'dec.sp':>8}{'alpha':>7}{'a_hat':>7}{'tau':>6}{'c':>7}{'T(g+1)/T1':>10}"
+            f"{'pred':>7}{'meas/pred':>10}{'HF tok/s':>10}{'HF tau':>7}{'ours/HF':>9}{'HF=ours':>8}{'=ar':>5}")
     print(head)
     print("-" * len(head))
     for name, r in results.items():
-        print(f"{name:<12}{f(r['tokens_per_s']):>8}{f(r['speedup']):>9}{f(r['alpha']):>7}{f(r['alpha_hat']):>7}"
+        print(f"{name:<12}{f(r['tokens_per_s']):>8}{f(r['speedup']):>9}{f(r['decode_speedup']):>8}{f(r['alpha']):>7}{f(r['alpha_hat']):>7}"
               f"{f(r['tau']):>6}{f(r.get('c'), 3):>7}{f(r.get('verify_ratio')):>10}{f(r.get('predicted')):>7}"
-              f"{f(r.get('measured_over_predicted')):>10}{f(r.get('hf_tokens_per_s')):>10}{f(r.get('ours_over_hf')):>9}"
+              f"{f(r.get('measured_over_predicted')):>10}{f(r.get('hf_tokens_per_s')):>10}{f(r.get('hf_tau')):>7}"
+              f"{f(r.get('ours_over_hf')):>9}"
               f"{f(r.get('hf_same_tokens')):>8}{f(r['exact_match_vs_ar']):>5}")
         if "hf_error" in r:
             print(f"    HF comparison failed: {r['hf_error']}")
@@ -253,6 +267,12 @@ def main() -> int:
               f"CPU copy bandwidth {cpu['copy_bandwidth_gbps']:.2f} GB/s "
               f"({base['achieved_bandwidth_gbps'] / cpu['copy_bandwidth_gbps']:.0%})")
     load1 = os.getloadavg()
+    if base:
+        t1 = base["verify_s_per_step"]
+        for name, r in results.items():
+            if r["gamma"]:
+                print(f"{name}: verification step time / AR step, by tokens drafted: " + "  ".join(
+                    f"{k}:{v / t1:.2f}" for k, v in r["verify_s_by_drafted"].items()))
     print(f"load average before {load0[0]:.2f}, after {load1[0]:.2f}")
     if args.json:
         Path(args.json).write_text(json.dumps({"results": results, "verify_ratio": ratio, "curve_s": curve,

@@ -55,22 +55,24 @@ def per_position_acceptance(accepted_per_position: Sequence[int], drafts: int) -
     return [a / drafts if drafts else NAN for a in accepted_per_position]
 
 
-def alpha_hat(accepted_per_position: Sequence[int], drafts_per_position: Sequence[int]) -> float:
+def alpha_hat(accepted_per_position: Sequence[int], drafts_per_position: Sequence[int],
+              prior: tuple[float, float] = (0.0, 0.0)) -> float:
     """Maximum-likelihood i.i.d. α from per-position counts.
 
     Position k is *reached* in a step when positions 1..k−1 were accepted, i.e. in
     ``accepted_per_position[k-2]`` steps (all ``drafts_per_position[0]`` steps for k = 1), capped
-    by how many steps drafted position k.  α̂ = Σ accepted / Σ reached.
+    by how many steps drafted position k.  α̂ = Σ accepted / Σ reached.  A Beta(a, b) ``prior``
+    gives the posterior mean (Σ accepted + a) / (Σ reached + a + b) instead, defined before any
+    draft (what an online γ policy needs).
     """
     acc = list(accepted_per_position)
     drafted = list(drafts_per_position)
-    if not drafted:
-        return NAN
     reached = 0
     for k in range(len(drafted)):
         prev = drafted[0] if k == 0 else acc[k - 1]
         reached += min(prev, drafted[k])
-    return sum(acc) / reached if reached else NAN
+    a, b = prior
+    return (sum(acc) + a) / (reached + a + b) if reached + a + b else NAN
 
 
 def expected_tau(alpha: float, gamma: int) -> float:

@@ -334,6 +334,26 @@ def load_model(name: str, device: str = "cpu", dtype: str = "float32"):
     return model, load_tokenizer(name)
 
 
+def quantize_dynamic_int8(model: Any, device: str = "cpu") -> Any:
+    """A copy of ``model`` with every ``nn.Linear`` int8-dynamically quantized (CPU kernels only).
+
+    For drafters: on this kind of CPU it runs about 2.5x faster than fp32 but changes the
+    logits, so it is for a model whose outputs are verified by another (a draft), and a greedy
+    comparison must be made at the same precision.
+    """
+    import copy
+
+    import torch
+
+    if str(device) != "cpu":
+        raise ValueError(f"int8 dynamic quantization runs on the CPU only; device={device!r}")
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # torch's deprecation notice of quantized tensors
+        return torch.ao.quantization.quantize_dynamic(copy.deepcopy(model), {torch.nn.Linear}, dtype=torch.qint8)
+
+
 def model_bytes(model: Any) -> int:
     """Bytes of the model's parameters and buffers (what one decode step streams)."""
     seen, total = set(), 0

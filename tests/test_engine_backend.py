@@ -84,3 +84,18 @@ def test_drafter_with_another_tokenizer_is_refused_before_loading(monkeypatch):
     monkeypatch.setattr(models, "load_model", no_load)
     with pytest.raises(ValueError, match="tokenizer"):
         ReferenceBackend("smollm2-135m", drafter="qwen2.5-coder-0.5b")
+
+
+def test_int8_draft_changes_the_draft_not_the_output():
+    b = ReferenceBackend(tiny_model(seed=0, num_layers=3, logit_scale=8.0, dtype="float32"))
+    small = tiny_model(seed=1, num_layers=1, logit_scale=8.0, dtype="float32")
+    b._drafters[("draft_target", "small")] = small
+    base = list(b.run(REQS, S, cell("ar")))
+    fp32 = list(b.run(REQS, S, cell("draft_target", 3, drafter="small")))
+    int8 = list(b.run(REQS, S, cell("draft_target", 3, drafter="small", draft_quantization="int8")))
+    assert metrics.exact_match_rate(base, int8) == metrics.exact_match_rate(base, fp32) == 1.0
+    q = b._drafters[("draft_target", "small", "int8")]
+    assert q is not small and "DynamicQuantizedLinear" in repr(q)
+    assert all(type(m).__name__ == "Linear" for m in small.modules() if "Linear" in type(m).__name__)
+    with pytest.raises(ValueError, match="draft_quantization"):
+        list(b.run(REQS, S, cell("draft_target", 3, drafter="small", draft_quantization="int4")))

@@ -39,6 +39,8 @@ def configs(target, drafter):
         ("draft_target", dict(drafter=drafter, gamma=5, options={"dynamic_gamma": "confidence"})),
         ("ngram", dict(gamma=4, options={"ngram_min": 1, "ngram_max": 3})),
         ("layer_skip", dict(gamma=3, options={"exit_layer": 2})),
+        ("ngram", dict(gamma=4, options={"ngram_max": 2, "dynamic_gamma": "cost"})),
+        ("draft_target", dict(drafter=drafter, gamma=3, options={"dynamic_gamma": "cost", "gamma_max": 5})),
     ]
 
 
@@ -54,7 +56,7 @@ def test_ar_batch_equals_single(target, ar_tokens):
     assert all(len(t) == GREEDY.max_new_tokens for t in ar_tokens)
 
 
-@pytest.mark.parametrize("index", range(6))
+@pytest.mark.parametrize("index", range(8))
 def test_greedy_is_lossless_batched_and_single(target, drafter, ar_tokens, index):
     name, kw = configs(target, drafter)[index]
     spec = get_method(name)
@@ -71,7 +73,7 @@ def test_self_drafting_accepts_everything(target):
     assert len(steps) == 1 + -(-(GREEDY.max_new_tokens - 1) // 4)  # prefill + ceil(23 / (γ+1))
 
 
-@pytest.mark.parametrize("index", range(6))
+@pytest.mark.parametrize("index", range(8))
 def test_step_counts_sum_to_emitted_and_tau_matches(target, drafter, index):
     name, kw = configs(target, drafter)[index]
     rows = get_method(name).decode(DecodeJob(target, PROMPTS, GREEDY, **kw))
@@ -175,3 +177,24 @@ def test_methods_run_on_cuda_and_match_cpu(target, drafter, ar_tokens):
     s = Sampling(temperature=1.0, seed=3, max_new_tokens=8)
     rows = get_method("draft_target").decode(DecodeJob(t, PROMPTS, s, drafter=d, gamma=3, device=dev))
     assert all(len(r.output_ids) == 8 for r in rows)
+
+
+def test_layer_skip_reads_a_trained_adapter_file(target, ar_tokens, tmp_path):
+    from specstudy.engine.drafters import LayerSkipAdapter, save_drafter
+
+    adapter = LayerSkipAdapter(target.config.hidden_size, exit_layer=2)
+    torch.nn.init.normal_(adapter.blocks[0].linear.weight, std=0.5)  # not the identity
+    path = save_drafter(adapter.double(), tmp_path / "a", target="tiny")
+    spec = get_method("layer_skip")
+    options = spec.check(3, 1, None, {"adapter": str(path)})
+    assert options["adapter"].exit_layer == 2
+    rows = spec.decode(DecodeJob(target, PROMPTS, GREEDY, gamma=3, options=options))  # exit layer from the file
+    assert [r.output_ids for r in rows] == ar_tokens
+    with pytest.raises(ValueError, match="trained at exit layer 2"):
+        spec.decode(DecodeJob(target, PROMPTS, GREEDY, gamma=3, options={**options, "exit_layer": 3}))
+    with pytest.raises(ValueError, match="kind"):
+        heads = tmp_path / "h.safetensors"
+        from specstudy.engine.drafters import MedusaHeads
+
+        save_drafter(MedusaHeads(target.config.hidden_size, 2), heads, target="tiny")
+        spec.check(3, 1, None, {"adapter": str(heads)})

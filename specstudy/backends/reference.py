@@ -70,10 +70,14 @@ class ReferenceBackend(Backend):
             raise ValueError(f"drafter {drafter!r} (tokenizer {d.tokenizer_family!r}) does not share the target "
                              f"{target_entry.name!r}'s tokenizer ({target_entry.tokenizer_family!r})")
 
-    def _drafter(self, spec: Any, name: str | None) -> Any:
+    def _drafter(self, spec: Any, name: str | None, quantization: str = "none") -> Any:
         if not spec.needs_drafter:
             return None
-        key = (spec.name, name)
+        key = (spec.name, name) if quantization == "none" else (spec.name, name, quantization)
+        if key not in self._drafters and quantization != "none":
+            from ..models import quantize_dynamic_int8
+
+            self._drafters[key] = quantize_dynamic_int8(self._drafter(spec, name), self.device)
         if key not in self._drafters:
             if not isinstance(name, str):
                 self._drafters[key] = name  # a module passed directly
@@ -112,7 +116,7 @@ class ReferenceBackend(Backend):
         rate = raw.pop("rate", None)
         drafter_name = cell.drafter if cell.drafter is not None else self.drafter_name
         options = spec.check(cell.gamma, cell.batch_size, drafter_name if spec.needs_drafter else cell.drafter, raw)
-        drafter = self._drafter(spec, drafter_name)
+        drafter = self._drafter(spec, drafter_name, options.get("draft_quantization", "none"))
         prompts = [self.encode(r, chat) for r in requests]
         eos = self.eos_token_ids()
         for start in range(0, len(requests), cell.batch_size):

@@ -20,6 +20,8 @@ from typing import Protocol, Sequence
 
 import torch
 
+from ..costmodel import optimal_gamma
+from ..metrics import alpha_hat
 from ..records import Sampling
 from .kv import KVState, pad_ragged
 from .sampling import next_tokens, probs_for
@@ -92,6 +94,39 @@ class HeuristicGamma:
             self.current[r] = min(g + 2, self.gamma_max) if a == d else max(1, g - 1)
 
 
+class CostAwareGamma:
+    """Per row and step, the draft length the cost model says pays most.
+
+    γ* = argmax over 1..``gamma_max`` of τ(α̂, γ) / (γ·c + T(γ+1)/T(1))
+    (:func:`specstudy.costmodel.optimal_gamma`), where α̂ is the row's acceptance so far
+    (:func:`specstudy.metrics.alpha_hat` with a Beta(1, 1) prior, so 0.5 before any draft) and
+    T(k)/T(1) the target's measured verification-cost curve (:mod:`.stepcost`).  It pays where
+    verifying more tokens costs more (CPUs: the curve jumps between k = 3 and k = 4 here) and
+    reduces to γ = ``gamma_max`` where verification is flat and acceptance high.
+    """
+
+    def __init__(self, gamma_max: int, verify_ratio: Sequence[float], c: float = 0.0):
+        if len(verify_ratio) < gamma_max + 1:
+            raise ValueError(f"verify_ratio has {len(verify_ratio)} entries; need gamma_max + 1 = {gamma_max + 1}")
+        self.gamma_max, self.verify_ratio, self.c = gamma_max, list(verify_ratio), c
+        self.accepted_at: dict[int, list[int]] = {}
+        self.drafted_at: dict[int, list[int]] = {}
+
+    def alpha(self, row: int) -> float:
+        return alpha_hat(self.accepted_at.get(row, []), self.drafted_at.get(row, []), prior=(1.0, 1.0))
+
+    def gammas(self, rows: Sequence[int]) -> list[int]:
+        return [optimal_gamma(self.alpha(r), self.c, self.gamma_max, self.verify_ratio)[0] for r in rows]
+
+    def update(self, rows: Sequence[int], drafted: Sequence[int], accepted: Sequence[int]) -> None:
+        for r, d, a in zip(rows, drafted, accepted):
+            acc = self.accepted_at.setdefault(r, [0] * self.gamma_max)
+            dr = self.drafted_at.setdefault(r, [0] * self.gamma_max)
+            for i in range(min(d, self.gamma_max)):
+                dr[i] += 1
+                acc[i] += i < a
+
+
 # --------------------------------------------------------------------------------------------
 # the loop
 
@@ -107,7 +142,7 @@ def speculative_decode(
     drafter: Drafter,
     prompts: Sequence[Sequence[int]],
     sampling: Sampling,
-    gamma_policy: StaticGamma | HeuristicGamma,
+    gamma_policy: StaticGamma | HeuristicGamma | CostAwareGamma,
     generator: torch.Generator | None,
     eos_token_ids: Sequence[int] = (),
     device: str | torch.device = "cpu",

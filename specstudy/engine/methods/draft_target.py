@@ -6,20 +6,31 @@ the rejected tokens.  γ is static, or dynamic:
 
 * ``dynamic_gamma: heuristic`` — per row, +2 after a fully accepted step, −1 otherwise
   (HF's "heuristic" schedule), between 1 and ``gamma_max``;
+* ``dynamic_gamma: cost`` — per row, the draft length the cost model says pays most, from the
+  row's acceptance so far, the measured c and the target's measured verification-cost curve
+  (:class:`specstudy.engine.speculate.CostAwareGamma`), at most ``gamma_max`` (default γ);
 * ``dynamic_gamma: confidence`` — a row stops drafting after a token the draft model itself
   gives probability < ``draft_confidence`` (HF's assistant_confidence_threshold), at most γ.
 """
 
 from __future__ import annotations
 
-from ..speculate import HeuristicGamma, ModelDrafter, StaticGamma, speculative_decode
+from ..speculate import CostAwareGamma, HeuristicGamma, ModelDrafter, StaticGamma, speculative_decode
+from ..stepcost import draft_cost_ratio, verify_ratio
 from ..trace import RowTrace
 from . import DecodeJob, MethodSpec, one_of, positive_int, probability
 
 
 def gamma_policy(job: DecodeJob):
-    if job.option("dynamic_gamma", "off") == "heuristic":
+    mode = job.option("dynamic_gamma", "off")
+    if mode == "heuristic":
         return HeuristicGamma(job.gamma, job.option("gamma_max", max(16, job.gamma)))
+    if mode == "cost":
+        gamma_max = job.option("gamma_max", job.gamma)
+        batch = len(job.prompts)
+        ratio = verify_ratio(job.target, job.prompts[0], gamma_max, batch, job.device)
+        c = draft_cost_ratio(job.drafter, job.target, job.prompts[0], batch, job.device)
+        return CostAwareGamma(gamma_max, ratio, c)
     return StaticGamma(job.gamma)
 
 
@@ -45,9 +56,10 @@ def decode(job: DecodeJob) -> list[RowTrace]:
 
 
 OPTIONS = {
-    "dynamic_gamma": one_of("off", "heuristic", "confidence"),
+    "dynamic_gamma": one_of("off", "heuristic", "confidence", "cost"),
     "gamma_max": positive_int,
     "draft_confidence": probability,
+    "draft_quantization": one_of("none", "int8"),
 }
 
 SPEC = MethodSpec(name="draft_target", decode=decode, needs_drafter=True, options=OPTIONS,

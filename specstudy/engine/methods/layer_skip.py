@@ -7,11 +7,13 @@ maps the layer-k hidden state before the final norm.  The draft keeps its own KV
 its k layers (the target's cache of those layers is not shared: simpler, and the same cost).
 
 Options: ``exit_layer`` (k, layers kept) or ``skip_layers`` (layers skipped, k = L − skip);
-default k = L // 2.
+default k = L // 2, or the adapter's own exit layer.  ``adapter`` is a module or the path of a
+``layer_skip_adapter`` file (``params/drafters/...``), so a study cell can name it.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -86,7 +88,18 @@ class LayerSkipDraft(torch.nn.Module):
 
 
 def decode(job: DecodeJob) -> list[RowTrace]:
-    draft = LayerSkipDraft(job.target, exit_layer(job.target, dict(job.options)), job.option("adapter"))
+    options = dict(job.options)
+    adapter = options.get("adapter")
+    if getattr(adapter, "hidden_size", None) not in (None, job.target.config.hidden_size):
+        raise ValueError(f"method 'layer_skip': the adapter's hidden_size {adapter.hidden_size} is not the target's "
+                         f"{job.target.config.hidden_size}")
+    if adapter is not None and hasattr(adapter, "exit_layer"):
+        if options.setdefault("exit_layer", adapter.exit_layer) != adapter.exit_layer or "skip_layers" in options:
+            raise ValueError(f"method 'layer_skip': the adapter was trained at exit layer {adapter.exit_layer}; "
+                             f"got exit_layer={options.get('exit_layer')!r}, skip_layers={options.get('skip_layers')!r}")
+    if adapter is not None:  # a file loads in fp32 on the CPU: follow the target
+        adapter = adapter.to(device=job.device, dtype=next(job.target.parameters()).dtype)
+    draft = LayerSkipDraft(job.target, exit_layer(job.target, options), adapter)
     gen = job.generator()
     drafter = ModelDrafter(draft, len(job.prompts), job.sampling, gen, job.device)
     return speculative_decode(job.target, drafter, job.prompts, job.sampling, StaticGamma(job.gamma), gen,
@@ -94,8 +107,13 @@ def decode(job: DecodeJob) -> list[RowTrace]:
 
 
 def _adapter(v: Any) -> Any:
+    """A module, or the path of a ``layer_skip_adapter`` file written by ``train-drafter``."""
+    if isinstance(v, (str, Path)):
+        from ..drafters import load_drafter
+
+        return load_drafter(v, kind="layer_skip_adapter")
     if v is not None and not isinstance(v, torch.nn.Module):
-        raise ValueError("need a torch.nn.Module mapping hidden states (or None)")
+        raise ValueError("need a torch.nn.Module mapping hidden states, a layer_skip_adapter file path, or None")
     return v
 
 

@@ -6,6 +6,11 @@ it.  This is the rule of HF transformers' ``prompt_lookup_num_tokens`` (its
 PromptLookupCandidateGenerator, ngram_max = max_matching_ngram_size, ngram_min = 1), so the two
 engines' acceptance counts can be compared.  Drafts are deterministic: under sampling the verify
 step treats q as one-hot, which keeps the output distribution exact.
+
+``dynamic_gamma: cost`` caps each row's draft at the length the cost model says pays most, from
+the row's acceptance so far and the target's measured verification-cost curve
+(:class:`specstudy.engine.speculate.CostAwareGamma`; the curve is measured once per model and
+batch size in the process, a few forwards).  ``off`` (the default) drafts up to γ, as HF does.
 """
 
 from __future__ import annotations
@@ -14,9 +19,10 @@ from typing import Sequence
 
 import torch
 
-from ..speculate import Draft, StaticGamma, speculative_decode
+from ..speculate import CostAwareGamma, Draft, StaticGamma, speculative_decode
+from ..stepcost import verify_ratio
 from ..trace import RowTrace
-from . import DecodeJob, MethodSpec, positive_int
+from . import DecodeJob, MethodSpec, one_of, positive_int
 
 
 def lookup(context: Sequence[int], max_tokens: int, ngram_min: int, ngram_max: int) -> list[int]:
@@ -59,8 +65,15 @@ class NgramDrafter:
 
 def decode(job: DecodeJob) -> list[RowTrace]:
     drafter = NgramDrafter(job.option("ngram_min", 1), job.option("ngram_max", 3), job.device)
-    return speculative_decode(job.target, drafter, job.prompts, job.sampling, StaticGamma(job.gamma),
+    return speculative_decode(job.target, drafter, job.prompts, job.sampling, gamma_policy(job),
                               job.generator(), job.eos_token_ids, job.device)
+
+
+def gamma_policy(job: DecodeJob) -> StaticGamma | CostAwareGamma:
+    if job.option("dynamic_gamma", "off") == "cost":
+        ratio = verify_ratio(job.target, job.prompts[0], job.gamma, len(job.prompts), job.device)
+        return CostAwareGamma(job.gamma, ratio, c=0.0)  # a lookup costs ~0.1 % of a target step
+    return StaticGamma(job.gamma)
 
 
 def _cross_check(options: dict) -> None:
@@ -69,6 +82,7 @@ def _cross_check(options: dict) -> None:
         raise ValueError(f"method 'ngram': ngram_min={lo} > ngram_max={hi}")
 
 
-SPEC = MethodSpec(name="ngram", decode=decode, options={"ngram_min": positive_int, "ngram_max": positive_int},
+SPEC = MethodSpec(name="ngram", decode=decode, options={"ngram_min": positive_int, "ngram_max": positive_int,
+                           "dynamic_gamma": one_of("off", "cost")},
                   cross_check=_cross_check,
                   description="prompt lookup (n-gram) drafting, draft-free")

@@ -1,0 +1,82 @@
+"""The target's verification-cost curve T(k)/T(1), measured on the machine it runs on.
+
+One target forward over k new tokens does not cost one forward over one token: on a GPU at
+small batch it costs about the same (memory-bound), on a CPU it grows, and not monotonically
+(SmolLM2-135M on the 2-core dev machine: 1.11 at k=2, 1.64 at k=4, 2.0 at k=16).  The cost
+model (:func:`specstudy.costmodel.optimal_gamma`) needs this curve to say how long a draft pays;
+``bench/engine.py`` prints it and the cost-aware γ policy decides with it.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+import weakref
+from typing import Sequence
+
+import torch
+
+from .kv import KVState
+
+_CACHE: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure_verify_time(model: torch.nn.Module, prompt_ids: Sequence[int], ks: Sequence[int], repeats: int = 5,
+                        batch_size: int = 1, device: str | torch.device = "cpu") -> dict[int, float]:
+    """Median seconds of one forward over k new tokens on a cached ``prompt_ids`` prefix, per k.
+
+    Each k is timed ``repeats`` times after one untimed call (kernel set-up is per shape), the
+    cache rolled back after every call, so every k sees the same prefix.
+    """
+    if not prompt_ids:
+        raise ValueError("prompt_ids is empty: the curve is measured on a cached prefix")
+    if repeats < 1 or any(k < 1 for k in ks):
+        raise ValueError(f"repeats={repeats}, ks={list(ks)}: need repeats >= 1 and every k >= 1")
+    device = torch.device(device)
+    ids = list(prompt_ids)
+    state = KVState(model, batch_size, device)
+    with torch.inference_mode():
+        state.forward(torch.tensor([ids] * batch_size, device=device))
+        out: dict[int, float] = {}
+        for k in ks:
+            block = torch.tensor([(ids * k)[-k:]] * batch_size, device=device)
+            times = []
+            for _ in range(repeats + 1):
+                _sync(device)
+                t0 = time.perf_counter()
+                state.forward(block)
+                _sync(device)
+                times.append(time.perf_counter() - t0)
+                state.rollback(k)
+            out[k] = statistics.median(times[1:])
+    return out
+
+
+def verify_ratio(model: torch.nn.Module, prompt_ids: Sequence[int], gamma_max: int, batch_size: int = 1,
+                 device: str | torch.device = "cpu", repeats: int = 5) -> list[float]:
+    """``r[g] = T(g+1)/T(1)`` for g = 0..gamma_max (r[0] = 1), measured once per model, batch size
+    and device in this process and cached (the indexing :func:`costmodel.optimal_gamma` takes)."""
+    key = (gamma_max, batch_size, str(device))
+    cached = _CACHE.setdefault(model, {})
+    if key not in cached:
+        times = measure_verify_time(model, prompt_ids, range(1, gamma_max + 2), repeats, batch_size, device)
+        cached[key] = [times[g + 1] / times[1] for g in range(gamma_max + 1)]
+    return list(cached[key])
+
+
+def draft_cost_ratio(draft: torch.nn.Module, target: torch.nn.Module, prompt_ids: Sequence[int], batch_size: int = 1,
+                     device: str | torch.device = "cpu", repeats: int = 5) -> float:
+    """c = T_draft(1) / T_target(1): one draft token's forward over one target step, measured
+    once per (draft, target, batch size, device) in this process and cached."""
+    key = ("c", id(target), batch_size, str(device))
+    cached = _CACHE.setdefault(draft, {})
+    if key not in cached:
+        t_draft = measure_verify_time(draft, prompt_ids, [1], repeats, batch_size, device)[1]
+        t_target = measure_verify_time(target, prompt_ids, [1], repeats, batch_size, device)[1]
+        cached[key] = t_draft / t_target
+    return cached[key]

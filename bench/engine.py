@@ -77,13 +77,17 @@ def build_requests(tasks: list[str], n: int, tokenizer) -> tuple[list[Request], 
         return reqs, "inline"
 
 
+#: the rows --methods can name: a method, "+cost" its cost-aware γ, "@2" static γ = 2
+ROWS = ("ar", "ngram", "ngram+cost", "ngram@2", "layer_skip", "draft_target", "draft_target+cost", "heads")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--drafter", default=None, help="a draft model entry for draft_target / HF assistant_model")
     ap.add_argument("--draft-quantization", choices=("none", "int8"), default="none",
                     help="draft_target's draft model in int8 dynamic quantization (HF's assistant gets the same module)")
-    ap.add_argument("--methods", default="ar,ngram,ngram+cost,ngram@2,layer_skip,draft_target,draft_target+cost,heads",
+    ap.add_argument("--methods", default=",".join(ROWS),
                     help="which rows to run (ar is always run: it is the baseline); ngram+cost is ngram with "
                          "dynamic_gamma: cost (draft length chosen from the measured verification-cost curve), "
                          "ngram@2 static ngram at γ = 2 (HF's prompt lookup at the same γ beside it)")
@@ -102,6 +106,9 @@ def main() -> int:
     ap.add_argument("--chat", choices=("yes", "no"), default="yes")
     ap.add_argument("--json", default=None, help="also write the results to this JSON file")
     args = ap.parse_args()
+    unknown = sorted({m.strip() for m in args.methods.split(",") if m.strip()} - set(ROWS))
+    if unknown:  # before any model is loaded
+        ap.error(f"--methods: unknown row(s) {unknown}; allowed: {list(ROWS)}")
 
     torch.set_num_threads(args.threads)
     from specstudy.backends.reference import ReferenceBackend
@@ -146,12 +153,11 @@ def main() -> int:
         return Cell(study="bench", hardware="local", framework="reference", method=method_of(name), task="mixed",
                     model=args.model, drafter=dname, gamma=gamma, options=tuple(sorted(opts.items())))
 
-    # warm-up (untimed): one full-length request per method
-    warm = Sampling(temperature=0.0, max_new_tokens=args.max_new_tokens)  # full length: CPU kernel set-up is per shape
+    # warm-up (untimed): one full-length request per method (CPU kernel set-up is per shape)
     for name, gamma, opts, d, dname in methods:
         if d is not None:
             backend._drafters[(method_of(name), dname)] = d
-        list(backend.run(requests[:1], warm, cell(name, gamma, opts, dname)))
+        list(backend.run(requests[:1], sampling, cell(name, gamma, opts, dname)))
     if drafter is not None and args.draft_quantization != "none" and any(method_of(m[0]) == "draft_target" for m in methods):
         drafter = backend._drafters[("draft_target", args.drafter, args.draft_quantization)]  # HF gets the same module
 
@@ -190,7 +196,7 @@ def main() -> int:
     records: dict[str, list] = {}
     hf_cells = {name: c for name, gamma, *_ in methods if (c := hf_cell(name, gamma)) is not None}
     for c in hf_cells.values():
-        list(hf_backend.run(requests[:1], warm, c))  # untimed full-length warm-up, as every engine row gets
+        list(hf_backend.run(requests[:1], sampling, c))  # untimed full-length warm-up, as every engine row gets
     ours: dict[str, list] = {name: [] for name, *_ in methods}
     hf_recs: dict[str, list] = {name: [] for name in hf_cells}
     for req in requests:  # round robin per prompt: this machine's speed drifts by 10 %+

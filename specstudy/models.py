@@ -334,6 +334,12 @@ def load_model(name: str, device: str = "cpu", dtype: str = "float32"):
     return model, load_tokenizer(name)
 
 
+def require_int8_device(device: Any) -> None:
+    """int8 dynamic quantization has CPU kernels only: refuse any other device up front."""
+    if str(device) != "cpu":
+        raise ValueError(f"int8 dynamic quantization runs on the CPU only; device={str(device)!r}")
+
+
 def quantize_dynamic_int8(model: Any, device: str = "cpu") -> Any:
     """A copy of ``model`` with every ``nn.Linear`` int8-dynamically quantized (CPU kernels only).
 
@@ -345,8 +351,7 @@ def quantize_dynamic_int8(model: Any, device: str = "cpu") -> Any:
 
     import torch
 
-    if str(device) != "cpu":
-        raise ValueError(f"int8 dynamic quantization runs on the CPU only; device={device!r}")
+    require_int8_device(device)
     import warnings
 
     with warnings.catch_warnings():

@@ -235,6 +235,11 @@ def _progress(total: int, desc: str, enabled: bool):
                 dynamic_ncols=True)
 
 
+def _warmup_sampling(plan: CellPlan, warmup_tokens: int):
+    """The cell's sampling, capped at the warm-up length (untimed requests, discarded)."""
+    return dataclasses.replace(plan.sampling, max_new_tokens=min(warmup_tokens, plan.sampling.max_new_tokens))
+
+
 def run_cell(plan: CellPlan, backend: Any, requests: Sequence[Request], warmup: Sequence[Request],
              warmup_tokens: int, telemetry_period_s: float, progress: bool = True) -> tuple[list[RequestRecord], Any]:
     """Warm up (untimed, discarded), then decode ``requests`` under telemetry; return records + telemetry."""
@@ -242,8 +247,7 @@ def run_cell(plan: CellPlan, backend: Any, requests: Sequence[Request], warmup: 
     if plan.request_rate is not None:
         return _run_at_rate(plan, backend, cell, requests, warmup, warmup_tokens, telemetry_period_s)
     if warmup:
-        warm_sampling = dataclasses.replace(plan.sampling, max_new_tokens=min(warmup_tokens, plan.sampling.max_new_tokens))
-        for _ in backend.run(list(warmup), warm_sampling, cell):
+        for _ in backend.run(list(warmup), _warmup_sampling(plan, warmup_tokens), cell):
             pass
     policies = {r.prompt_id: getattr(r, "input_policy", "") for r in requests}
     records: list[RequestRecord] = []
@@ -286,7 +290,7 @@ def _run_at_rate(plan: CellPlan, backend: Any, cell: Cell, requests: Sequence[Re
                              f"{type(backend).__name__} has no {name}()")
     backend.ensure_server(cell)
     if warmup:
-        warm_sampling = dataclasses.replace(plan.sampling, max_new_tokens=min(warmup_tokens, plan.sampling.max_new_tokens))
+        warm_sampling = _warmup_sampling(plan, warmup_tokens)
         for r in warmup:
             backend.send(r, warm_sampling, cell, RATE_REQUEST_TIMEOUT_S)
     before = backend.scrape() if hasattr(backend, "scrape") else None

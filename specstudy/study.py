@@ -505,7 +505,7 @@ def load_study(hardware: str, path: str | os.PathLike | None = None, check_token
         sw = {} if sw is None else sw
         if not isinstance(sw, dict):
             raise ParamsError(file, f"study.sweeps.{name}", sw, "a mapping of axes: " + ", ".join(sorted(SWEEP_KEYS)))
-        sw = dict(sw or {})
+        sw = dict(sw)
         if isinstance(sw.get("methods"), list):
             kept = [l for l in sw["methods"] if l not in dropped]
             if sw["methods"] and not kept:

@@ -99,3 +99,7 @@ def test_int8_draft_changes_the_draft_not_the_output():
     assert all(type(m).__name__ == "Linear" for m in small.modules() if "Linear" in type(m).__name__)
     with pytest.raises(ValueError, match="draft_quantization"):
         list(b.run(REQS, S, cell("draft_target", 3, drafter="small", draft_quantization="int4")))
+    from specstudy.models import quantize_dynamic_int8
+
+    with pytest.raises(ValueError, match="CPU only; device='cuda'"):
+        quantize_dynamic_int8(small, "cuda")

@@ -75,8 +75,9 @@ class ReferenceBackend(Backend):
             return None
         key = (spec.name, name) if quantization == "none" else (spec.name, name, quantization)
         if key not in self._drafters and quantization != "none":
-            from ..models import quantize_dynamic_int8
+            from ..models import quantize_dynamic_int8, require_int8_device
 
+            require_int8_device(self.device)  # before the fp32 drafter is loaded
             self._drafters[key] = quantize_dynamic_int8(self._drafter(spec, name), self.device)
         if key not in self._drafters:
             if not isinstance(name, str):

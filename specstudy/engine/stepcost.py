@@ -57,26 +57,30 @@ def measure_verify_time(model: torch.nn.Module, prompt_ids: Sequence[int], ks: S
     return out
 
 
+def _cached_times(model: torch.nn.Module, prompt_ids: Sequence[int], ks: Sequence[int], batch_size: int,
+                  device: str | torch.device, repeats: int) -> dict[int, float]:
+    """:func:`measure_verify_time` for the ks not yet measured for this model, batch size and
+    device in this process; the cache holds every k measured so far."""
+    times = _CACHE.setdefault(model, {}).setdefault((batch_size, str(device)), {})
+    missing = [k for k in ks if k not in times]
+    if missing:
+        times.update(measure_verify_time(model, prompt_ids, missing, repeats, batch_size, device))
+    return times
+
+
 def verify_ratio(model: torch.nn.Module, prompt_ids: Sequence[int], gamma_max: int, batch_size: int = 1,
                  device: str | torch.device = "cpu", repeats: int = 5) -> list[float]:
     """``r[g] = T(g+1)/T(1)`` for g = 0..gamma_max (r[0] = 1), measured once per model, batch size
     and device in this process and cached (the indexing :func:`costmodel.optimal_gamma` takes)."""
-    key = (gamma_max, batch_size, str(device))
-    cached = _CACHE.setdefault(model, {})
-    if key not in cached:
-        times = measure_verify_time(model, prompt_ids, range(1, gamma_max + 2), repeats, batch_size, device)
-        cached[key] = [times[g + 1] / times[1] for g in range(gamma_max + 1)]
-    return list(cached[key])
+    times = _cached_times(model, prompt_ids, range(1, gamma_max + 2), batch_size, device, repeats)
+    return [times[g + 1] / times[1] for g in range(gamma_max + 1)]
 
 
 def draft_cost_ratio(draft: torch.nn.Module, target: torch.nn.Module, prompt_ids: Sequence[int], batch_size: int = 1,
                      device: str | torch.device = "cpu", repeats: int = 5) -> float:
-    """c = T_draft(1) / T_target(1): one draft token's forward over one target step, measured
-    once per (draft, target, batch size, device) in this process and cached."""
-    key = ("c", id(target), batch_size, str(device))
-    cached = _CACHE.setdefault(draft, {})
-    if key not in cached:
-        t_draft = measure_verify_time(draft, prompt_ids, [1], repeats, batch_size, device)[1]
-        t_target = measure_verify_time(target, prompt_ids, [1], repeats, batch_size, device)[1]
-        cached[key] = t_draft / t_target
-    return cached[key]
+    """c = T_draft(1) / T_target(1): one draft token's forward over one target step, each
+    measured once per model, batch size and device in this process (the target's T(1) is the
+    one :func:`verify_ratio` measured)."""
+    t_draft = _cached_times(draft, prompt_ids, [1], batch_size, device, repeats)[1]
+    t_target = _cached_times(target, prompt_ids, [1], batch_size, device, repeats)[1]
+    return t_draft / t_target

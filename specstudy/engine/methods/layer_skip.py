@@ -87,19 +87,27 @@ class LayerSkipDraft(torch.nn.Module):
         return SimpleNamespace(logits=self._target.lm_head(h))
 
 
-def decode(job: DecodeJob) -> list[RowTrace]:
-    options = dict(job.options)
+def early_exit_draft(target: Any, options: dict, device: Any) -> LayerSkipDraft:
+    """The target's first k layers as a draft model (``layer_skip``, and ``tree``'s ``self[:K]``
+    and adapter-file drafters).  With ``options["adapter"]`` (a trained module) k defaults to the
+    adapter's own exit layer and must agree with it, as must its width; the adapter follows the
+    target's device and dtype (a file loads in fp32 on the CPU)."""
+    options = dict(options)
     adapter = options.get("adapter")
-    if getattr(adapter, "hidden_size", None) not in (None, job.target.config.hidden_size):
+    if getattr(adapter, "hidden_size", None) not in (None, target.config.hidden_size):
         raise ValueError(f"method 'layer_skip': the adapter's hidden_size {adapter.hidden_size} is not the target's "
-                         f"{job.target.config.hidden_size}")
+                         f"{target.config.hidden_size}")
     if adapter is not None and hasattr(adapter, "exit_layer"):
         if options.setdefault("exit_layer", adapter.exit_layer) != adapter.exit_layer or "skip_layers" in options:
             raise ValueError(f"method 'layer_skip': the adapter was trained at exit layer {adapter.exit_layer}; "
                              f"got exit_layer={options.get('exit_layer')!r}, skip_layers={options.get('skip_layers')!r}")
-    if adapter is not None:  # a file loads in fp32 on the CPU: follow the target
-        adapter = adapter.to(device=job.device, dtype=next(job.target.parameters()).dtype)
-    draft = LayerSkipDraft(job.target, exit_layer(job.target, options), adapter)
+    if adapter is not None:
+        adapter = adapter.to(device=device, dtype=next(target.parameters()).dtype)
+    return LayerSkipDraft(target, exit_layer(target, options), adapter)
+
+
+def decode(job: DecodeJob) -> list[RowTrace]:
+    draft = early_exit_draft(job.target, dict(job.options), job.device)
     gen = job.generator()
     drafter = ModelDrafter(draft, len(job.prompts), job.sampling, gen, job.device)
     return speculative_decode(job.target, drafter, job.prompts, job.sampling, StaticGamma(job.gamma), gen,

@@ -469,17 +469,16 @@ def load_tree_drafter(name: str, target, device: str = "cpu", dtype: str = "floa
     a ``layer_skip_adapter`` file from ``specstudy train-drafter``: the same plus the trained
     adapter (K from the file); anything else: a draft model from :mod:`specstudy.models`.
     """
-    from .layer_skip import LayerSkipDraft, exit_layer
+    from .layer_skip import early_exit_draft
 
     if name == SELF_PREFIX or name.startswith(SELF_PREFIX + ":"):
         k = _self_exit_layer(name)
-        return LayerSkipDraft(target, exit_layer(target, {} if k is None else {"exit_layer": k}))
+        return early_exit_draft(target, {} if k is None else {"exit_layer": k}, device)
     if str(name).endswith(".safetensors"):
         from ..drafters import load_drafter
 
         adapter = load_drafter(name, kind="layer_skip_adapter", hidden_size=target.config.hidden_size)
-        adapter = adapter.to(device=device, dtype=next(target.parameters()).dtype)
-        return LayerSkipDraft(target, exit_layer(target, {"exit_layer": adapter.exit_layer}), adapter)
+        return early_exit_draft(target, {"adapter": adapter}, device)
     from ...models import load_model
 
     return load_model(name, device, dtype)[0]

@@ -78,7 +78,9 @@ def build_requests(tasks: list[str], n: int, tokenizer) -> tuple[list[Request], 
 
 
 #: the rows --methods can name: a method, "+cost" its cost-aware γ, "@2" static γ = 2
-ROWS = ("ar", "ngram", "ngram+cost", "ngram@2", "layer_skip", "draft_target", "draft_target+cost", "heads")
+ROWS = ("ar", "ngram", "ngram+cost", "ngram@2", "layer_skip", "draft_target", "draft_target+cost", "heads", "eagle",
+        "ngram+prefill", "ngram+cost+prefill", "draft_target+prefill", "draft_target+cost+prefill")
+PREFILL = "+prefill"  # a row suffix: the same row with draft_in_prefill: on (HF's first step)
 
 
 def main() -> int:
@@ -87,12 +89,15 @@ def main() -> int:
     ap.add_argument("--drafter", default=None, help="a draft model entry for draft_target / HF assistant_model")
     ap.add_argument("--draft-quantization", choices=("none", "int8"), default="none",
                     help="draft_target's draft model in int8 dynamic quantization (HF's assistant gets the same module)")
-    ap.add_argument("--methods", default=",".join(ROWS),
+    ap.add_argument("--methods", default=",".join(r for r in ROWS if not r.endswith(PREFILL)),
                     help="which rows to run (ar is always run: it is the baseline); ngram+cost is ngram with "
                          "dynamic_gamma: cost (draft length chosen from the measured verification-cost curve), "
-                         "ngram@2 static ngram at γ = 2 (HF's prompt lookup at the same γ beside it)")
+                         "ngram@2 static ngram at γ = 2 (HF's prompt lookup at the same γ beside it); a "
+                         "+prefill row also verifies drafts in the prompt pass (draft_in_prefill: on), as HF does")
     ap.add_argument("--heads", default="params/drafters/smollm2-135m-heads.json",
                     help="a trained heads drafter for the heads method ('' to skip)")
+    ap.add_argument("--eagle", default="params/drafters/smollm2-135m-eagle.json",
+                    help="a trained EAGLE-style drafter for the eagle method ('' to skip)")
     ap.add_argument("--tasks", default="code,summarization")
     ap.add_argument("--prompts", type=int, default=3, help="prompts per task")
     ap.add_argument("--max-new-tokens", type=int, default=64)
@@ -144,6 +149,10 @@ def main() -> int:
         methods.append(("draft_target+cost", args.gamma, {**dq, "dynamic_gamma": "cost"}, drafter, args.drafter))
     if args.heads and Path(args.heads).exists() and json.loads(Path(args.heads).read_text()).get("target") == args.model:
         methods.append(("heads", args.gamma, {}, None, args.heads))
+    if args.eagle and Path(args.eagle).exists() and json.loads(Path(args.eagle).read_text()).get("target") == args.model:
+        methods.append(("eagle", args.gamma, {}, None, args.eagle))
+    methods += [(name + PREFILL, gamma, {**opts, "draft_in_prefill": "on"}, d, dname)
+                for name, gamma, opts, d, dname in list(methods) if name + PREFILL in ROWS]
     methods = [m for m in methods if m[0] in wanted]
 
     def method_of(label: str) -> str:  # "ngram+cost", "ngram@2" -> "ngram"
@@ -192,18 +201,23 @@ def main() -> int:
                     drafter=args.drafter if m == "draft_target" else None, gamma=gamma if m != "ar" else None,
                     options=tuple(sorted(opts.items())))
 
+    def hf_key(name: str) -> str:  # a +prefill row is compared with the same HF row as its plain twin
+        return name.removesuffix(PREFILL)
+
     results: dict[str, dict] = {}
     records: dict[str, list] = {}
-    hf_cells = {name: c for name, gamma, *_ in methods if (c := hf_cell(name, gamma)) is not None}
+    hf_cells = {hf_key(name): c for name, gamma, *_ in methods if (c := hf_cell(name, gamma)) is not None}
     for c in hf_cells.values():
         list(hf_backend.run(requests[:1], sampling, c))  # untimed full-length warm-up, as every engine row gets
     ours: dict[str, list] = {name: [] for name, *_ in methods}
-    hf_recs: dict[str, list] = {name: [] for name in hf_cells}
+    hf_recs: dict[str, list] = {key: [] for key in hf_cells}
     for req in requests:  # round robin per prompt: this machine's speed drifts by 10 %+
+        hf_done = set()
         for name, gamma, opts, d, dname in methods:
             ours[name] += list(backend.run([req], sampling, cell(name, gamma, opts, dname)))
-            if name in hf_cells:
-                hf_recs[name] += list(hf_backend.run([req], sampling, hf_cells[name]))
+            if (key := hf_key(name)) in hf_cells and key not in hf_done:
+                hf_recs[key] += list(hf_backend.run([req], sampling, hf_cells[key]))
+                hf_done.add(key)
     for name, gamma, opts, d, dname in methods:
         recs = ours[name]
         bad = [r for r in recs if r.status != "ok"]
@@ -217,6 +231,7 @@ def main() -> int:
         results[name] = {"tokens_per_s": metrics.per_request_throughput(recs), "alpha": acc["alpha"],
                          "tpot_s": statistics.mean(metrics.tpot(r) for r in recs),
                          "alpha_hat": acc["alpha_hat"], "tau": acc["tau"], "gamma": gamma,
+                         "dynamic_gamma": opts.get("dynamic_gamma", "off") != "off",
                          "draft_s_per_token": (sum(s.draft_s or 0.0 for s in steps) / drafted) if drafted else None,
                          "verify_s_per_step": statistics.median([s.verify_s for s in steps if s.verify_s])}
         by_k: dict[int, list[float]] = {}
@@ -233,14 +248,16 @@ def main() -> int:
         r["exact_match_vs_ar"] = metrics.exact_match_rate(records["ar"], records[name]) if base else float("nan")
         if r["gamma"]:
             r["c"] = (r["draft_s_per_token"] or 0.0) / t1
-        if r["gamma"] and "+" not in name:  # dynamic γ has no single γ for the static-γ formula
+        # dynamic γ has no single γ for the static-γ formula; a +prefill row's first chunk holds
+        # several tokens, so its TPOT (and decode speedup) is not the per-step quantity predicted
+        if r["gamma"] and not r["dynamic_gamma"] and not name.endswith(PREFILL):
             k = r["gamma"] + 1
             r["verify_ratio"] = ratio.get(k, float("nan"))
             a = r["alpha_hat"]
             r["predicted"] = (costmodel.speedup_with_verify_cost(min(max(a, 0.0), 1.0), r["gamma"], r["c"], r["verify_ratio"])
                               if a == a else float("nan"))
             r["measured_over_predicted"] = r["decode_speedup"] / r["predicted"] if r["predicted"] else float("nan")
-        hf = hf_recs.get(name)
+        hf = hf_recs.get(hf_key(name))
         if hf:
             bad = [x for x in hf if x.status != "ok"]
             if bad:  # an HF feature missing for this model is a row note, not a crash
@@ -256,12 +273,12 @@ def main() -> int:
         bw = model_bytes(model) * base["tokens_per_s"] / 1e9
         base["achieved_bandwidth_gbps"] = bw
     f = lambda v, p=2: "-" if v is None or v != v else f"{v:.{p}f}"  # noqa: E731
-    head = (f"{'method':<12}{'tok/s':>8}{'speedup':>9}{'dec.sp':>8}{'alpha':>7}{'a_hat':>7}{'tau':>6}{'c':>7}{'T(g+1)/T1':>10}"
+    head = (f"{'method':<27}{'tok/s':>8}{'speedup':>9}{'dec.sp':>8}{'alpha':>7}{'a_hat':>7}{'tau':>6}{'c':>7}{'T(g+1)/T1':>10}"
             f"{'pred':>7}{'meas/pred':>10}{'HF tok/s':>10}{'HF tau':>7}{'ours/HF':>9}{'HF=ours':>8}{'=ar':>5}")
     print(head)
     print("-" * len(head))
     for name, r in results.items():
-        print(f"{name:<12}{f(r['tokens_per_s']):>8}{f(r['speedup']):>9}{f(r['decode_speedup']):>8}{f(r['alpha']):>7}{f(r['alpha_hat']):>7}"
+        print(f"{name:<27}{f(r['tokens_per_s']):>8}{f(r['speedup']):>9}{f(r['decode_speedup']):>8}{f(r['alpha']):>7}{f(r['alpha_hat']):>7}"
               f"{f(r['tau']):>6}{f(r.get('c'), 3):>7}{f(r.get('verify_ratio')):>10}{f(r.get('predicted')):>7}"
               f"{f(r.get('measured_over_predicted')):>10}{f(r.get('hf_tokens_per_s')):>10}{f(r.get('hf_tau')):>7}"
               f"{f(r.get('ours_over_hf')):>9}"

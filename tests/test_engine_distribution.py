@@ -53,6 +53,17 @@ def test_draft_target_samples_the_target_distribution(models, sampling):
     assert chi_square_p(counts, N * p) > SIGNIFICANCE
 
 
+def test_drafts_verified_in_the_prefill_sample_the_target_distribution_too(models):
+    """draft_in_prefill: the first token is itself a verified draft (accepted or resampled)."""
+    target, drafter = models
+    s = Sampling(temperature=1.0, seed=5, max_new_tokens=K)
+    rows = get_method("draft_target").decode(DecodeJob(target, [PROMPT] * 8, s, drafter=drafter, gamma=2,
+                                                       options={"draft_in_prefill": "on"}))
+    assert all(r.steps[0].drafted == 2 for r in rows)
+    counts = sampled_counts("draft_target", s, target, drafter=drafter, gamma=2, options={"draft_in_prefill": "on"})
+    assert chi_square_p(counts, N * exact_joint(target, s)) > SIGNIFICANCE
+
+
 def test_ngram_sampling_is_exact_too(models):
     target, _ = models
     s = Sampling(temperature=1.0, seed=3, max_new_tokens=K)

@@ -363,7 +363,7 @@ def test_training_lowers_the_loss_and_files_round_trip(kind, tmp_path):
     assert all(len(ids) == plen + 24 for ids, plen in corpus)
     settings = D.TrainSettings(kind=kind, num_heads=2, exit_layer=1, token_conditioned=True, steps=60, batch_tokens=64, lr=1e-2,
                                label_top_k=8, eval_fraction=0.25)
-    result = D.train_drafter(model, feats, settings)
+    result = D.train_drafter(model, feats, settings, prompt_lengths=[p for _, p in corpus])
     assert result.log[-1]["loss"] < result.log[0]["loss"]
     assert result.eval["n"] and all(n > 0 for n in result.eval["n"])
     path = D.save_drafter(result.module, tmp_path / "d", target="tiny", info={"log": result.log})
@@ -382,7 +382,7 @@ def test_training_lowers_the_loss_and_files_round_trip(kind, tmp_path):
     assert c["tau"] == c["emitted"] / c["steps"]
 
 
-@pytest.mark.parametrize("kind", D.KINDS)
+@pytest.mark.parametrize("kind", [k for k in D.KINDS if k != "eagle"])  # eagle's features are such a pass
 def test_features_from_generation_equal_a_teacher_forced_pass(kind):
     """The features read from batched, left-padded generation steps are those of one causal pass
     over each finished sequence (the last token, never fed during generation, excepted)."""
@@ -402,8 +402,8 @@ def test_features_from_generation_equal_a_teacher_forced_pass(kind):
 def test_train_drafter_cli_rejects_bad_input_before_loading(capsys):
     from specstudy.cli import main
 
-    assert main(["train-drafter", "--kind", "eagle"]) == 2
-    assert "--kind='eagle'" in capsys.readouterr().err
+    assert main(["train-drafter", "--kind", "hydra"]) == 2
+    assert "--kind='hydra'" in capsys.readouterr().err
     assert main(["train-drafter", "--kind", "heads", "--tasks", "code,poetry"]) == 2
     assert "poetry" in capsys.readouterr().err
 

@@ -41,7 +41,14 @@ def configs(target, drafter):
         ("layer_skip", dict(gamma=3, options={"exit_layer": 2})),
         ("ngram", dict(gamma=4, options={"ngram_max": 2, "dynamic_gamma": "cost"})),
         ("draft_target", dict(drafter=drafter, gamma=3, options={"dynamic_gamma": "cost", "gamma_max": 5})),
+        ("draft_target", dict(drafter=drafter, gamma=4, options={"draft_in_prefill": "on"})),
+        ("ngram", dict(gamma=3, options={"draft_in_prefill": "on"})),
+        ("layer_skip", dict(gamma=2, options={"exit_layer": 3, "draft_in_prefill": "on"})),
+        ("draft_target", dict(drafter=drafter, gamma=2, options={"draft_in_prefill": "on", "dynamic_gamma": "confidence"})),
     ]
+
+
+N_CONFIGS = 12
 
 
 def test_registry_lists_the_core_methods():
@@ -56,7 +63,7 @@ def test_ar_batch_equals_single(target, ar_tokens):
     assert all(len(t) == GREEDY.max_new_tokens for t in ar_tokens)
 
 
-@pytest.mark.parametrize("index", range(8))
+@pytest.mark.parametrize("index", range(N_CONFIGS))
 def test_greedy_is_lossless_batched_and_single(target, drafter, ar_tokens, index):
     name, kw = configs(target, drafter)[index]
     spec = get_method(name)
@@ -71,9 +78,35 @@ def test_self_drafting_accepts_everything(target):
     steps = rows[0].steps
     assert all(s.accepted == s.drafted for s in steps)
     assert len(steps) == 1 + -(-(GREEDY.max_new_tokens - 1) // 4)  # prefill + ceil(23 / (γ+1))
+    assert steps[0].drafted == 0 and steps[0].emitted == 1
 
 
-@pytest.mark.parametrize("index", range(8))
+def test_drafts_verified_in_the_prefill_save_a_target_pass(target):
+    """draft_in_prefill: the prompt pass verifies γ drafts, so the self-drafting run needs
+    ceil(24 / (γ+1)) target forwards instead of 1 + ceil(23 / (γ+1))."""
+    job = DecodeJob(target, PROMPTS, GREEDY, drafter=target, gamma=3, options={"draft_in_prefill": "on"})
+    rows = get_method("draft_target").decode(job)
+    for r in rows:
+        assert r.steps[0].drafted == 3 and r.steps[0].accepted == 3 and r.steps[0].emitted == 4
+        assert len(r.steps) == -(-GREEDY.max_new_tokens // 4)
+    # the first chunk arrives with the first step: TTFT covers 4 tokens
+    assert rows[0].chunk_tokens[0] == 4
+
+
+def test_draft_in_prefill_takes_the_plain_prefill_for_a_one_token_prompt(target, drafter):
+    job = DecodeJob(target, [[7], PROMPTS[0]], GREEDY, drafter=drafter, gamma=3, options={"draft_in_prefill": "on"})
+    rows = get_method("draft_target").decode(job)
+    plain = get_method("ar").decode(DecodeJob(target, [[7], PROMPTS[0]], GREEDY))
+    assert [r.output_ids for r in rows] == [r.output_ids for r in plain]
+    assert rows[0].steps[0].drafted == 0
+
+
+def test_draft_in_prefill_value_is_checked():
+    with pytest.raises(ValueError, match="draft_in_prefill"):
+        get_method("ngram").check(3, 1, None, {"draft_in_prefill": "yes"})
+
+
+@pytest.mark.parametrize("index", range(N_CONFIGS))
 def test_step_counts_sum_to_emitted_and_tau_matches(target, drafter, index):
     name, kw = configs(target, drafter)[index]
     rows = get_method(name).decode(DecodeJob(target, PROMPTS, GREEDY, **kw))

@@ -1,4 +1,5 @@
-"""specstudy train-drafter: distil a small drafter (Medusa heads or a layer-skip adapter) from a target.
+"""specstudy train-drafter: distil a small drafter (Medusa heads, a layer-skip adapter or an EAGLE-style
+layer) from a target.
 
 The target generates greedy continuations of the kit's task prompts (prompts *outside* the
 study's own sample of each task, so the measured acceptance is on unseen prompts), then the
@@ -18,11 +19,12 @@ import sys
 import time
 from pathlib import Path
 
-HELP = "distil a small drafter (Medusa heads or a layer-skip adapter) from the target on its own generations"
+HELP = ("distil a small drafter (Medusa heads, a layer-skip adapter or an EAGLE-style layer) from the target "
+        "on its own generations")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--kind", required=True, help="heads | layer_skip_adapter")
+    p.add_argument("--kind", required=True, help="heads | layer_skip_adapter | eagle")
     p.add_argument("--model", default="smollm2-135m", help="target model (params/models entry or a local path)")
     p.add_argument("--out", default=None,
                    help="output path without suffix (default params/drafters/<model>-<kind>)")
@@ -109,8 +111,8 @@ def measure_acceptance(model, module, kind: str, prompts, max_new_tokens: int, g
     from ..records import Sampling
 
     sampling = Sampling(temperature=0.0, max_new_tokens=max_new_tokens, ignore_eos=True)
-    if kind == "heads":
-        spec = get_method("heads")
+    if kind in ("heads", "eagle"):
+        spec = get_method(kind)
         options = spec.check(gamma, 1, str(path), {})
         drafter = spec.load_drafter(str(path), model, "cpu", "float32")
     else:
@@ -171,7 +173,7 @@ def run(args: argparse.Namespace) -> int:
     say(f"generation {gen_s:.0f} s wall, {gen_cpu:.0f} s CPU: {len(features.seq)} positions")
 
     t0, c0 = time.perf_counter(), time.process_time()
-    result = D.train_drafter(model, features, settings, progress=say)
+    result = D.train_drafter(model, features, settings, progress=say, prompt_lengths=[p for _, p in corpus])
     train_s, train_cpu = time.perf_counter() - t0, time.process_time() - c0
 
     command = "specstudy train-drafter " + " ".join(shlex.quote(a) for a in sys.argv[2:]) \
@@ -185,7 +187,9 @@ def run(args: argparse.Namespace) -> int:
         "corpus": {"sequences": len(corpus), "positions": int(len(features.seq)),
                    "generated_tokens": sum(len(ids) - plen for ids, plen in corpus),
                    "generation": f"greedy, {args.max_new_tokens} new tokens, EOS not stopping (as the study's "
-                                 "ignore_eos); features read from the generation passes"},
+                                 "ignore_eos); features read from "
+                                 + ("one target pass over each whole sequence (prompt included)" if args.kind == "eagle"
+                                    else "the generation passes")},
         "log": result.log,
         "heldout_sequences_eval": result.eval,
         "timing_s": {"generation": round(gen_s, 1), "generation_cpu": round(gen_cpu, 1),
@@ -198,7 +202,7 @@ def run(args: argparse.Namespace) -> int:
     if args.eval_prompts:
         t0 = time.perf_counter()
         ev = eval_prompts([t for t in args.eval_tasks.split(",") if t], args.eval_prompts, tokenizer)
-        gamma = args.num_heads if args.kind == "heads" else 4
+        gamma = args.num_heads if args.kind == "heads" else 4  # eagle drafts any length: γ = 4, as the study
         info["acceptance"] = measure_acceptance(model, result.module, args.kind, ev, args.eval_max_new_tokens,
                                                 gamma, path)
         info["acceptance"]["prompts"] = [pid for _, pid, _ in ev]

@@ -12,6 +12,11 @@ from the target, on text the target itself generates from the kit's prompts:
 * ``layer_skip_adapter`` — self-speculation helper: the hidden state after the first ``exit_layer``
   layers goes through a residual block, then the target's final norm and LM head, trained to
   predict the target's next-token distribution (what plain early exit only approximates).
+* ``eagle`` — EAGLE-style feature drafter (Li et al. 2024): one decoder layer (transformers'
+  Llama layer, the target's attention shape) reads, per position j, the target's last hidden
+  state f_j and the embedding of token j+1 (through a linear map of [e; f]) and predicts
+  f_{j+1}; the target's LM head turns it into token j+2.  Drafting feeds its own predicted
+  feature back in, so it drafts autoregressively at the feature level with its own KV cache.
 
 Both are trained by distillation: the cross-entropy of the drafter's distribution against the
 target's own next-token distribution (its top-``label_top_k`` probabilities, renormalised) at
@@ -35,7 +40,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import nn
 
-KINDS = ("heads", "layer_skip_adapter")
+KINDS = ("heads", "layer_skip_adapter", "eagle")
 
 # --------------------------------------------------------------------------------------------
 # architectures
@@ -132,8 +137,66 @@ class LayerSkipAdapter(nn.Module):
         return self.blocks(hidden)
 
 
+class EagleDraft(nn.Module):
+    """One decoder layer over (feature, next token) pairs: ``f_j, e_{j+1} → f̂_{j+1}``.
+
+    ``fc`` maps [e; f] (2H) to H, initialised to pass f through; ``decoder`` is a one-layer
+    ``LlamaModel`` (its embedding table is unused, vocab 1) with the target's head layout, so
+    the KV cache, rotary positions and masks are transformers' own.  Its output (after the
+    decoder's own norm) is what the target's LM head reads.
+    """
+
+    kind = "eagle"
+
+    def __init__(self, hidden_size: int, intermediate_size: int, num_attention_heads: int,
+                 num_key_value_heads: int, head_dim: int, rope_theta: float = 10000.0, rms_norm_eps: float = 1e-5):
+        super().__init__()
+        from transformers import LlamaConfig, LlamaModel
+
+        self.arch = {"hidden_size": int(hidden_size), "intermediate_size": int(intermediate_size),
+                     "num_attention_heads": int(num_attention_heads), "num_key_value_heads": int(num_key_value_heads),
+                     "head_dim": int(head_dim), "rope_theta": float(rope_theta), "rms_norm_eps": float(rms_norm_eps)}
+        self.hidden_size = int(hidden_size)
+        self.cache_config = LlamaConfig(
+            vocab_size=1, hidden_size=hidden_size, intermediate_size=intermediate_size, num_hidden_layers=1,
+            num_attention_heads=num_attention_heads, num_key_value_heads=num_key_value_heads, head_dim=head_dim,
+            rms_norm_eps=rms_norm_eps, max_position_embeddings=32768, pad_token_id=None, bos_token_id=None,
+            eos_token_id=None, rope_parameters={"rope_type": "default", "rope_theta": rope_theta})
+        self.fc = nn.Linear(2 * hidden_size, hidden_size)
+        with torch.no_grad():
+            self.fc.weight.zero_()
+            self.fc.weight[:, hidden_size:] = torch.eye(hidden_size)
+            self.fc.bias.zero_()
+        self.decoder = LlamaModel(self.cache_config)
+
+    @classmethod
+    def for_target(cls, config: Any) -> "EagleDraft":
+        """Shaped like one layer of the target (transformers config of a Llama-style model)."""
+        rope = getattr(config, "rope_parameters", None) or {}
+        return cls(config.hidden_size, config.intermediate_size, config.num_attention_heads,
+                   getattr(config, "num_key_value_heads", None) or config.num_attention_heads,
+                   getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads,
+                   float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))),
+                   float(getattr(config, "rms_norm_eps", 1e-5)))
+
+    def config(self) -> dict[str, Any]:
+        return {"kind": self.kind, **self.arch}
+
+    def forward(self, embeddings: torch.Tensor, features: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None, cache: Any = None, use_cache: bool = False) -> torch.Tensor:
+        """``embeddings [B, T, H]`` of tokens j+1 and ``features [B, T, H]`` f_j → f̂_{j+1} ``[B, T, H]``."""
+        x = self.fc(torch.cat([embeddings, features.to(embeddings.dtype)], dim=-1))
+        out = self.decoder(inputs_embeds=x, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
+                           use_cache=use_cache)
+        return out.last_hidden_state
+
+
 def build_drafter(config: dict[str, Any]) -> nn.Module:
     kind = config.get("kind")
+    if kind == "eagle":
+        return EagleDraft(int(config["hidden_size"]), int(config["intermediate_size"]),
+                          int(config["num_attention_heads"]), int(config["num_key_value_heads"]),
+                          int(config["head_dim"]), float(config["rope_theta"]), float(config["rms_norm_eps"]))
     if kind == "heads":
         return MedusaHeads(int(config["hidden_size"]), int(config["num_heads"]), int(config.get("num_layers", 1)),
                            bool(int(config.get("token_conditioned", 0))))
@@ -230,7 +293,8 @@ class Features:
 @torch.no_grad()
 def collect_features(model: nn.Module, corpus: Sequence[tuple[list[int], int]], kind: str,
                      exit_layer: int | None = None, label_top_k: int = 32) -> Features:
-    """Run the target over each sequence once; keep positions from the last prompt token on."""
+    """Run the target over each sequence once; keep positions from the last prompt token on
+    (``eagle``: every position, since its drafter attends to the prompt's features too)."""
     base, norm, lm_head = target_parts(model)
     hs, fin, lid, lpr, seqs, poss, toks = [], [], [], [], [], [], []
     for s, (ids, plen) in enumerate(corpus):
@@ -239,7 +303,7 @@ def collect_features(model: nn.Module, corpus: Sequence[tuple[list[int], int]], 
         last = out.last_hidden_state[0]
         probs = torch.softmax(lm_head(last).float(), dim=-1)
         top = torch.topk(probs, label_top_k, dim=-1)
-        start = max(plen - 1, 0)
+        start = 0 if kind == "eagle" else max(plen - 1, 0)
         h = out.hidden_states[exit_layer][0] if kind == "layer_skip_adapter" else last
         hs.append(h[start:])
         fin.append(last[start:])
@@ -265,9 +329,16 @@ def generate_with_features(model: nn.Module, prompts: Sequence[Sequence[int]], m
     measurement).  EOS does not stop generation, as in the study (``ignore_eos``).  Returns the
     corpus — (prompt + generation ids, prompt length) per prompt — and :class:`Features` for
     positions plen-1 .. plen+max_new_tokens-2 of each sequence (each generation step's input
-    token, whose next-token distribution the step computed).
+    token, whose next-token distribution the step computed).  ``eagle``: features of every
+    position, prompt included, from one target pass over each finished sequence
+    (:func:`collect_features`), since its drafter attends to the prompt's features too.
     """
     import copy
+
+    if kind == "eagle":
+        corpus, _ = generate_with_features(model, prompts, max_new_tokens, "heads", None, label_top_k, batch_size,
+                                           pad_id, progress)
+        return corpus, collect_features(model, corpus, "eagle", label_top_k=label_top_k)
 
     config = copy.deepcopy(model.generation_config)
     config.eos_token_id = None
@@ -433,11 +504,18 @@ def evaluate(module: nn.Module, model: nn.Module, features: Features,
 
 
 def train_drafter(model: nn.Module, features: Features, settings: TrainSettings,
-                  progress: Callable[[str], None] | None = None) -> TrainResult:
-    """Distil a drafter on ``features`` (target frozen); log train loss every ~5 % of the steps."""
+                  progress: Callable[[str], None] | None = None,
+                  prompt_lengths: Sequence[int] | None = None) -> TrainResult:
+    """Distil a drafter on ``features`` (target frozen); log train loss every ~5 % of the steps.
+
+    ``prompt_lengths[s]`` (eagle): sequence s's prompt length, so the held-out top-1 is
+    reported on generated positions, as for the other kinds.
+    """
     torch.manual_seed(settings.seed)
     for p in model.parameters():
         p.requires_grad_(False)
+    if settings.kind == "eagle":
+        return _train_eagle(model, features, settings, progress, prompt_lengths)
     hidden_size = features.hidden.shape[-1]
     if settings.kind == "heads":
         module: nn.Module = MedusaHeads(hidden_size, settings.num_heads, settings.num_layers, settings.token_conditioned)
@@ -482,6 +560,89 @@ def train_drafter(model: nn.Module, features: Features, settings: TrainSettings,
                 progress(f"step {step + 1}/{settings.steps} loss {entry['loss']:.4f}")
     module.eval()
     ev = evaluate(module, model, features, eval_pairs) if bool(eval_rows.any()) else {}
+    return TrainResult(module=module, log=log, eval=ev)
+
+
+def _sequence_rows(features: Features, rows: torch.Tensor) -> dict[int, torch.Tensor]:
+    """Row indices of each sequence with rows in ``rows``, in position order."""
+    out: dict[int, torch.Tensor] = {}
+    for s in sorted(set(features.seq[rows].tolist())):
+        idx = torch.nonzero((features.seq == s) & rows).squeeze(1)
+        out[s] = idx[torch.argsort(features.pos[idx])]
+    return out
+
+
+def eagle_sequence_loss(module: EagleDraft, model: nn.Module, features: Features, idx: torch.Tensor,
+                        regression_weight: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Teacher-forced pass over one sequence (rows ``idx``): pairs (f_j, token_{j+1}) predict
+    f_{j+1} and the target's distribution there.  Returns (loss, predicted vectors [L-1, H])."""
+    emb = model.get_input_embeddings()
+    lm_head = target_parts(model)[2]
+    f = features.final[idx]
+    pred = module(emb(features.token[idx[1:]])[None], f[:-1][None],
+                  position_ids=torch.arange(len(idx) - 1)[None])[0]
+    nxt = idx[1:]
+    ce = candidate_distill_loss(pred, lm_head, features.label_ids[nxt], features.label_probs[nxt])
+    return ce + regression_weight * regression_loss(pred, f[1:]), pred
+
+
+def _train_eagle(model: nn.Module, features: Features, settings: TrainSettings,
+                 progress: Callable[[str], None] | None, prompt_lengths: Sequence[int] | None) -> TrainResult:
+    """EAGLE-style training: whole sequences, teacher-forced with the target's own features;
+    each step takes random sequences until ``batch_tokens`` positions, loss weighted by length."""
+    module = EagleDraft.for_target(model.config).to(dtype=features.final.dtype)
+    train_rows, eval_rows = _split_sequences(features, settings.eval_fraction, settings.seed)
+    train_seqs = [v for v in _sequence_rows(features, train_rows).values() if len(v) >= 2]
+    if not train_seqs:
+        raise ValueError("no training sequence of two or more positions")
+    opt = torch.optim.AdamW(module.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / 20) * 0.5 * (1 + math.cos(math.pi * min(s, settings.steps) / settings.steps)))
+    gen = torch.Generator().manual_seed(settings.seed)
+    log: list[dict[str, float]] = []
+    every = max(1, settings.steps // 20)
+    t0 = time.perf_counter()
+    module.train()
+    running: list[float] = []
+    for step in range(settings.steps):
+        picked, n = [], 0
+        while n < settings.batch_tokens:
+            idx = train_seqs[int(torch.randint(len(train_seqs), (1,), generator=gen))]
+            picked.append(idx)
+            n += len(idx) - 1
+        loss = sum(eagle_sequence_loss(module, model, features, idx, settings.regression_weight)[0] * (len(idx) - 1)
+                   for idx in picked) / n
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sched.step()
+        running.append(float(loss.detach()))
+        if (step + 1) % every == 0 or step == 0 or step + 1 == settings.steps:
+            entry = {"step": step + 1, "loss": sum(running) / len(running), "lr": sched.get_last_lr()[0],
+                     "elapsed_s": round(time.perf_counter() - t0, 2)}
+            log.append(entry)
+            running = []
+            if progress:
+                progress(f"step {step + 1}/{settings.steps} loss {entry['loss']:.4f}")
+    module.eval()
+    ev: dict[str, Any] = {}
+    if bool(eval_rows.any()):
+        hits = total = 0
+        loss_sum = 0.0
+        with torch.no_grad():
+            for s, idx in _sequence_rows(features, eval_rows).items():
+                if len(idx) < 2:
+                    continue
+                _, pred = eagle_sequence_loss(module, model, features, idx, settings.regression_weight)
+                start = max(int(prompt_lengths[s]) - 2, 0) if prompt_lengths is not None else 0
+                logits = target_parts(model)[2](pred[start:])
+                nxt = idx[1:][start:]
+                hits += int((logits.argmax(-1) == features.label_ids[nxt, 0]).sum())
+                loss_sum += float(distill_loss(logits, features.label_ids[nxt], features.label_probs[nxt])) * len(nxt)
+                total += len(nxt)
+        ev = {"loss": [loss_sum / total if total else math.nan], "top1": [hits / total if total else math.nan],
+              "n": [total], "positions": "generated" if prompt_lengths is not None else "all",
+              "mode": "teacher-forced (the target's own features as input): the first draft of a step"}
     return TrainResult(module=module, log=log, eval=ev)
 
 

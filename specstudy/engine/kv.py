@@ -78,11 +78,13 @@ class KVState:
         return self.mask.shape[1]
 
     @torch.no_grad()
-    def forward(self, ids: torch.Tensor, valid: torch.Tensor | None = None, logits_to_keep: int = 0) -> torch.Tensor:
+    def forward(self, ids: torch.Tensor, valid: torch.Tensor | None = None, logits_to_keep: int = 0,
+                **inputs: Any) -> torch.Tensor:
         """Append ``ids [B, k]`` (``valid`` marks real tokens; False = hole) and return logits.
 
         ``logits_to_keep=1`` computes the LM head only for the last column (prefill, draft
-        catch-up); 0 returns all ``k`` columns.
+        catch-up); 0 returns all ``k`` columns.  ``inputs``: further per-token model inputs
+        (an EAGLE drafter's features); the whole model output stays in :attr:`last_output`.
         """
         if ids.dim() != 2 or ids.shape[0] != self.batch_size:
             raise ValueError(f"ids shape {tuple(ids.shape)}: need [{self.batch_size}, k]")
@@ -101,7 +103,9 @@ class KVState:
             cache=self.cache,
             use_cache=True,
             logits_to_keep=logits_to_keep,
+            **inputs,
         )
+        self.last_output = out
         self.mask = new_mask
         self.lengths = self.lengths + valid.long().sum(dim=1)
         return out.logits

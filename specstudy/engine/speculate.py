@@ -10,7 +10,8 @@ Per verification step, for every active row:
    emitted (the next token becomes the new pending one).
 
 The prompt's prefill is a step of its own (it emits the first token, drafted = 0), so
-τ = emitted tokens / steps counts every target forward.
+τ = emitted tokens / steps counts every target forward.  With ``draft_in_prefill`` the first
+step drafts from the prompt and the prompt pass verifies those drafts as well.
 """
 
 from __future__ import annotations
@@ -146,44 +147,99 @@ def speculative_decode(
     generator: torch.Generator | None,
     eos_token_ids: Sequence[int] = (),
     device: str | torch.device = "cpu",
+    draft_in_prefill: bool = False,
 ) -> list[RowTrace]:
+    """Decode ``prompts`` with the chain loop; one :class:`RowTrace` per prompt.
+
+    ``draft_in_prefill``: the first step drafts from the prompt and the target's prompt pass
+    verifies those drafts too (HF assisted generation's first step), which saves one target
+    forward per request; the first step then emits up to γ + 1 tokens, so TTFT includes drafting.
+    Off (the default), the prompt pass is a step of its own that emits one token, as in
+    ``ar``.  Prompts of one token always take the separate prefill.
+    """
     trace = BatchTrace(prompts, sampling.max_new_tokens, eos_token_ids, sampling.ignore_eos, device)
     tstate = KVState(target, len(prompts), device)
 
     prompt_ids = [trace.rows[i].prompt_ids for i in trace.active]
-    with Timer(device) as tv:
-        last = prefill(tstate, prompt_ids)
-    draft_prefill = getattr(drafter, "prefill", None)
-    with Timer(device) as td:  # the drafter's own prompt pass belongs to the prefill step, not to step 1
-        if draft_prefill is not None:
-            draft_prefill(prompt_ids)
-    first = next_tokens(last, sampling, generator)
-    keep = trace.emit([[t] for t in first.tolist()], last[:, None], 0, 0,
-                      td.s if draft_prefill is not None else None, tv.s)
-    _keep_rows(keep, tstate, drafter)
+    if draft_in_prefill and min(len(p) for p in prompt_ids) >= 2:
+        prefill_with_drafts(tstate, drafter, trace, sampling, gamma_policy, generator, device)
+    else:
+        with Timer(device) as tv:
+            last = prefill(tstate, prompt_ids)
+        draft_prefill = getattr(drafter, "prefill", None)
+        with Timer(device) as td:  # the drafter's own prompt pass belongs to the prefill step, not to step 1
+            if draft_prefill is not None:
+                draft_prefill(prompt_ids)
+        first = next_tokens(last, sampling, generator)
+        keep = trace.emit([[t] for t in first.tolist()], last[:, None], 0, 0,
+                          td.s if draft_prefill is not None else None, tv.s)
+        _keep_rows(keep, tstate, drafter)
 
     while not trace.done:
         contexts = trace.contexts()
         rows = list(trace.active)
-        max_draft = [max(0, min(g, r - 1)) for g, r in zip(gamma_policy.gammas(rows), trace.remaining())]
-        proposed = max(max_draft) > 0  # the last token of every row needs no draft
         with Timer(device) as td:
-            draft = drafter.propose(contexts, max_draft) if proposed else empty_draft(len(rows), tstate.device)
+            draft, max_draft = _propose(drafter, contexts, trace, gamma_policy, tstate.device)
         n_draft = draft.n_draft.tolist()
         drafts = draft.tokens.tolist()
         block = [[c[-1]] + d[:n] for c, d, n in zip(contexts, drafts, n_draft)]
         ids, valid = pad_ragged(block, "right", width=draft.tokens.shape[1] + 1, device=tstate.device)
         with Timer(device) as tv:
             logits = tstate.forward(ids, valid)
-        outcome = verify_step(draft.tokens, draft.n_draft.to(logits.device), logits, sampling, draft.probs, generator)
-        accepted = outcome.accepted.tolist()
-        tstate.rollback([n - a for n, a in zip(n_draft, accepted)])
-        if proposed:
-            drafter.accepted(outcome.accepted, draft)
-        gamma_policy.update(rows, n_draft, accepted)
-        keep = trace.emit(outcome.emitted(draft.tokens), logits, n_draft, accepted, td.s, tv.s)
-        _keep_rows(keep, tstate, drafter, before=len(rows))
+        _verify_and_emit(tstate, drafter, trace, gamma_policy, rows, draft, max_draft, logits, sampling,
+                         generator, td.s, tv.s)
     return trace.rows
+
+
+def prefill_with_drafts(tstate: KVState, drafter: Drafter, trace: BatchTrace, sampling: Sampling,
+                        gamma_policy: StaticGamma | HeuristicGamma | CostAwareGamma,
+                        generator: torch.Generator | None, device: str | torch.device) -> None:
+    """The first step with drafts: the drafter reads the prompt and drafts after it, and one
+    target pass over ``prompt + drafts`` (left-padded) both fills the cache and verifies them."""
+    rows = list(trace.active)
+    contexts = trace.contexts()
+    draft_prefill = getattr(drafter, "prefill", None)
+    with Timer(device) as td:
+        if draft_prefill is not None:  # all but the last prompt token: propose feeds that one
+            draft_prefill([c[:-1] for c in contexts])
+        draft, max_draft = _propose(drafter, contexts, trace, gamma_policy, tstate.device)
+    n_draft = draft.n_draft.to(tstate.device)
+    width = draft.tokens.shape[1]
+    blocks = [c + d[:n] for c, d, n in zip(contexts, draft.tokens.tolist(), n_draft.tolist())]
+    ids, valid = pad_ragged(blocks, "left", device=tstate.device)
+    with Timer(device) as tv:
+        tail = tstate.forward(ids, valid, logits_to_keep=width + 1)  # [B, width + 1, V]
+    # left padding ends every row in the last column: row b's last prompt token and its n_b
+    # drafts are its last n_b + 1 columns; shift them to column 0 like a verification block
+    cols = torch.arange(width + 1, device=tail.device)[None, :] + (width - n_draft.to(tail.device))[:, None]
+    logits = tail.gather(1, cols.clamp(max=width)[:, :, None].expand(-1, -1, tail.shape[-1]))
+    _verify_and_emit(tstate, drafter, trace, gamma_policy, rows, draft, max_draft, logits, sampling,
+                     generator, td.s, tv.s)
+
+
+def _propose(drafter: Drafter, contexts: list[list[int]], trace: BatchTrace,
+             gamma_policy: StaticGamma | HeuristicGamma | CostAwareGamma, device: torch.device) -> tuple[Draft, list[int]]:
+    """The step's drafts, each row's at most its γ and its budget − 1 (the last token needs none)."""
+    max_draft = [max(0, min(g, r - 1)) for g, r in zip(gamma_policy.gammas(list(trace.active)), trace.remaining())]
+    if max(max_draft) > 0:
+        return drafter.propose(contexts, max_draft), max_draft
+    return empty_draft(len(contexts), device), max_draft
+
+
+def _verify_and_emit(tstate: KVState, drafter: Drafter, trace: BatchTrace,
+                     gamma_policy: StaticGamma | HeuristicGamma | CostAwareGamma, rows: list[int], draft: Draft,
+                     max_draft: list[int], logits: torch.Tensor, sampling: Sampling,
+                     generator: torch.Generator | None, draft_s: float, verify_s: float) -> None:
+    """Accept a prefix of each row's drafts, roll both caches back, emit and drop finished rows."""
+    n_draft = draft.n_draft.tolist()
+    outcome = verify_step(draft.tokens, draft.n_draft.to(logits.device), logits, sampling, draft.probs, generator)
+    accepted = outcome.accepted.tolist()
+    tstate.rollback([n - a for n, a in zip(n_draft, accepted)])
+    if max(max_draft) > 0:
+        drafter.accepted(outcome.accepted, draft)
+    gamma_policy.update(rows, n_draft, accepted)
+    keep = trace.emit(outcome.emitted(draft.tokens), logits, n_draft, accepted, draft_s, verify_s)
+    _keep_rows(keep, tstate, drafter, before=len(rows))
 
 
 def _keep_rows(keep: list[int], state: KVState, drafter: Drafter, before: int | None = None) -> None:

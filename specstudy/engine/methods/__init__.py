@@ -23,6 +23,7 @@ METHODS: dict[str, str] = {
     "layer_skip": "layer_skip",
     "heads": "heads",
     "tree": "tree",
+    "eagle": "eagle",
 }
 
 
@@ -133,6 +134,11 @@ def probability(v: Any) -> float:
     if not 0.0 <= f <= 1.0:
         raise ValueError("need a number in [0, 1]")
     return f
+
+
+#: the chain methods' ``draft_in_prefill`` option: the prompt pass also verifies drafts proposed
+#: from the prompt (see :func:`specstudy.engine.speculate.speculative_decode`)
+DRAFT_IN_PREFILL_VALUES = ("off", "on")
 
 
 def one_of(*allowed: Any) -> Callable[[Any], Any]:

@@ -11,6 +11,9 @@ the rejected tokens.  γ is static, or dynamic:
   (:class:`specstudy.engine.speculate.CostAwareGamma`), at most ``gamma_max`` (default γ);
 * ``dynamic_gamma: confidence`` — a row stops drafting after a token the draft model itself
   gives probability < ``draft_confidence`` (HF's assistant_confidence_threshold), at most γ.
+
+``draft_in_prefill: on`` drafts from the prompt and verifies those drafts in the target's
+prompt pass (one target forward fewer per request, as HF's assisted generation does).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from __future__ import annotations
 from ..speculate import CostAwareGamma, HeuristicGamma, ModelDrafter, StaticGamma, speculative_decode
 from ..stepcost import draft_cost_ratio, verify_ratio
 from ..trace import RowTrace
-from . import DecodeJob, MethodSpec, one_of, positive_int, probability
+from . import DRAFT_IN_PREFILL_VALUES, DecodeJob, MethodSpec, one_of, positive_int, probability
 
 
 def gamma_policy(job: DecodeJob):
@@ -52,7 +55,7 @@ def decode(job: DecodeJob) -> list[RowTrace]:
     gen = job.generator()
     drafter = ModelDrafter(job.drafter, len(job.prompts), job.sampling, gen, job.device, confidence(job))
     return speculative_decode(job.target, drafter, job.prompts, job.sampling, gamma_policy(job), gen,
-                              job.eos_token_ids, job.device)
+                              job.eos_token_ids, job.device, job.option("draft_in_prefill", "off") == "on")
 
 
 OPTIONS = {
@@ -60,6 +63,7 @@ OPTIONS = {
     "gamma_max": positive_int,
     "draft_confidence": probability,
     "draft_quantization": one_of("none", "int8"),
+    "draft_in_prefill": one_of(*DRAFT_IN_PREFILL_VALUES),
 }
 
 SPEC = MethodSpec(name="draft_target", decode=decode, needs_drafter=True, options=OPTIONS,

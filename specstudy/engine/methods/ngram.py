@@ -11,6 +11,8 @@ step treats q as one-hot, which keeps the output distribution exact.
 the row's acceptance so far and the target's measured verification-cost curve
 (:class:`specstudy.engine.speculate.CostAwareGamma`; the curve is measured once per model and
 batch size in the process, a few forwards).  ``off`` (the default) drafts up to γ, as HF does.
+``draft_in_prefill: on`` looks up drafts in the prompt and verifies them in the prompt pass
+(HF's first step).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import torch
 from ..speculate import CostAwareGamma, Draft, StaticGamma, speculative_decode
 from ..stepcost import verify_ratio
 from ..trace import RowTrace
-from . import DecodeJob, MethodSpec, one_of, positive_int
+from . import DRAFT_IN_PREFILL_VALUES, DecodeJob, MethodSpec, one_of, positive_int
 
 
 def lookup(context: Sequence[int], max_tokens: int, ngram_min: int, ngram_max: int) -> list[int]:
@@ -66,7 +68,8 @@ class NgramDrafter:
 def decode(job: DecodeJob) -> list[RowTrace]:
     drafter = NgramDrafter(job.option("ngram_min", 1), job.option("ngram_max", 3), job.device)
     return speculative_decode(job.target, drafter, job.prompts, job.sampling, gamma_policy(job),
-                              job.generator(), job.eos_token_ids, job.device)
+                              job.generator(), job.eos_token_ids, job.device,
+                              job.option("draft_in_prefill", "off") == "on")
 
 
 def gamma_policy(job: DecodeJob) -> StaticGamma | CostAwareGamma:
@@ -83,6 +86,7 @@ def _cross_check(options: dict) -> None:
 
 
 SPEC = MethodSpec(name="ngram", decode=decode, options={"ngram_min": positive_int, "ngram_max": positive_int,
-                           "dynamic_gamma": one_of("off", "cost")},
+                           "dynamic_gamma": one_of("off", "cost"),
+                           "draft_in_prefill": one_of(*DRAFT_IN_PREFILL_VALUES)},
                   cross_check=_cross_check,
                   description="prompt lookup (n-gram) drafting, draft-free")

@@ -1,0 +1,188 @@
+"""``eagle`` — EAGLE-style drafting: a one-layer drafter that runs at the feature level.
+
+Position j of a context has the target's last hidden state f_j (captured from the target's
+final norm during its own passes) and token j+1 after it.  The drafter
+(:class:`~specstudy.engine.drafters.EagleDraft`, a file from ``specstudy train-drafter --kind
+eagle``) reads each pair (f_j, token j+1) and predicts f̂_{j+1}; the target's LM head turns that
+into a distribution for token j+2.  Per step:
+
+1. the pairs whose features the last target pass produced (the pending token's and the accepted
+   drafts') go into the drafter's KV cache;
+2. drafting feeds its own f̂ back with each drafted token, γ times (those cache entries are
+   rolled back after verification: the target's true features replace them);
+3. the chain goes through the shared loop and verify step
+   (:func:`specstudy.engine.speculate.speculative_decode`), any batch size.
+
+Under sampling each draft is drawn from the drafter's distribution q (the shared sampling
+transform on its logits), which is all exact rejection sampling needs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+from ..drafters import EagleDraft, load_drafter, resolve_drafter_path
+from ..kv import KVState, pad_ragged
+from ..sampling import probs_for
+from ..speculate import Draft, StaticGamma, speculative_decode
+from ..trace import RowTrace
+from . import DecodeJob, MethodSpec
+from .heads import HiddenCapture
+
+
+class EagleModel(torch.nn.Module):
+    """The drafter called like a causal LM (what :class:`KVState` drives): token ids j+1 and
+    features f_j in, logits and predicted features out.  Holds the target's embedding and LM head
+    by reference (no copy)."""
+
+    def __init__(self, target: Any, draft: EagleDraft):
+        super().__init__()
+        object.__setattr__(self, "_target", target)  # not registered: the target's weights stay its own
+        self.draft = draft
+        self.cache_config = draft.cache_config
+
+    @torch.no_grad()
+    def forward(self, input_ids: torch.Tensor, features: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None, cache: Any = None, use_cache: bool = True,
+                logits_to_keep: int = 0) -> SimpleNamespace:
+        e = self._target.get_input_embeddings()(input_ids)
+        f = self.draft(e, features, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
+                       use_cache=use_cache)
+        if logits_to_keep:
+            f = f[:, -logits_to_keep:]
+        return SimpleNamespace(logits=self._target.get_output_embeddings()(f), features=f)
+
+
+class EagleDrafter:
+    """The :class:`~specstudy.engine.speculate.Drafter` of ``eagle``.
+
+    ``known[b]``: the target features of row b's positions whose pair is not in the drafter's
+    cache yet (cache length = pairs fed = the position of the first of them).
+    """
+
+    def __init__(self, target: Any, draft: EagleDraft, capture: HiddenCapture, batch_size: int, sampling,
+                 generator: torch.Generator | None, device: str | torch.device = "cpu"):
+        self.state = KVState(EagleModel(target, draft), batch_size, device)
+        self.capture, self.sampling, self.generator = capture, sampling, generator
+        self.known: list[torch.Tensor] = []
+        self._fed = 0
+
+    def prefill(self, prompts: list[list[int]]) -> None:
+        """After the target's prompt pass (left-padded): every prompt position's feature is known."""
+        last = self.capture.last
+        w = last.shape[1]
+        self.known = [last[b, w - len(p):] for b, p in enumerate(prompts)]
+
+    def _feed_known(self, contexts: list[list[int]]) -> torch.Tensor:
+        """Pairs (f_j, token j+1) of the known features → the logits after the last one [B, V]."""
+        lengths = self.state.lengths.tolist()
+        toks = [c[n + 1: n + 1 + len(k)] for c, n, k in zip(contexts, lengths, self.known)]
+        for b, (t, k) in enumerate(zip(toks, self.known)):
+            if len(t) != len(k) or not len(t):
+                raise RuntimeError(f"eagle row {b}: {len(k)} known features but {len(t)} tokens after them")
+        ids, valid = pad_ragged(toks, "left", device=self.state.device)
+        feats = torch.zeros((*ids.shape, self.known[0].shape[-1]), dtype=self.known[0].dtype, device=self.state.device)
+        for b, k in enumerate(self.known):
+            feats[b, ids.shape[1] - len(k):] = k
+        logits = self.state.forward(ids, valid, logits_to_keep=1, features=feats)[:, -1]
+        self.known = []
+        return logits
+
+    def propose(self, contexts: list[list[int]], max_draft: list[int]) -> Draft:
+        logits = self._feed_known(contexts)
+        feature = self.state.last_output.features[:, -1:]
+        g = max(max_draft)
+        limit = torch.as_tensor(max_draft, device=self.state.device)
+        n_draft = torch.zeros_like(limit)
+        running = limit > 0
+        tokens, probs = [], []
+        self._fed = 0
+        for i in range(g):
+            if self.sampling.greedy:
+                tok = torch.argmax(logits, dim=-1)
+            else:
+                q = probs_for(logits, self.sampling)
+                tok = torch.multinomial(q, 1, generator=self.generator).squeeze(-1)
+                probs.append(q)
+            tokens.append(tok)
+            n_draft = n_draft + running.long()
+            running = running & (n_draft < limit)
+            if i == g - 1 or not bool(running.any()):
+                break
+            logits = self.state.forward(tok[:, None], logits_to_keep=1, features=feature)[:, -1]
+            feature = self.state.last_output.features[:, -1:]
+            self._fed += 1
+        return Draft(torch.stack(tokens, dim=1), n_draft, torch.stack(probs, dim=1) if probs else None)
+
+    def accepted(self, n_accepted: torch.Tensor, draft: Draft) -> None:
+        # drop every pair fed with a predicted feature; the verification pass ([pending, d_1..d_n],
+        # right-padded) gave the true features of the pending token and the accepted drafts
+        self.state.rollback(self._fed)
+        self._fed = 0
+        last = self.capture.last
+        self.known = [last[b, : int(a) + 1] for b, a in enumerate(n_accepted.tolist())]
+
+    def select_rows(self, keep: list[int]) -> None:
+        self.state.select_rows(keep)
+        if self.known:
+            self.known = [self.known[i] for i in keep]
+
+
+def load_eagle(name: str, target: Any, device: str = "cpu", dtype: str = "float32") -> EagleDraft:
+    """cell.drafter (a file from ``specstudy train-drafter --kind eagle``) → the drafter, in the
+    target's dtype."""
+    draft = load_drafter(name, kind="eagle", hidden_size=target.config.hidden_size)
+    return draft.to(device=device, dtype=next(target.parameters()).dtype)
+
+
+def decode(job: DecodeJob) -> list[RowTrace]:
+    draft = job.drafter
+    if not isinstance(draft, EagleDraft):
+        raise ValueError(f"method 'eagle' needs an EagleDraft as its drafter, got {type(draft).__name__}")
+    if draft.hidden_size != job.target.config.hidden_size:
+        raise ValueError(f"method 'eagle': the drafter's hidden_size {draft.hidden_size} is not the target's "
+                         f"{job.target.config.hidden_size}")
+    draft = draft.to(device=job.device, dtype=next(job.target.parameters()).dtype)
+    gen = job.generator()
+    capture = HiddenCapture(job.target)
+    try:
+        drafter = EagleDrafter(job.target, draft, capture, len(job.prompts), job.sampling, gen, job.device)
+        return speculative_decode(job.target, drafter, job.prompts, job.sampling, StaticGamma(job.gamma), gen,
+                                  job.eos_token_ids, job.device)
+    finally:
+        capture.close()
+
+
+def _eagle_file(name: Any) -> None:
+    """A named drafter must be an eagle file (checked before any model is loaded)."""
+    if isinstance(name, EagleDraft):
+        return
+    from safetensors import safe_open
+
+    p = resolve_drafter_path(str(name))
+    if not p.exists():
+        raise ValueError(f"drafter={name!r}: no eagle file at {str(p)!r} (train one with "
+                         "`specstudy train-drafter --kind eagle`)")
+    with safe_open(str(p), framework="pt") as f:
+        kind = (f.metadata() or {}).get("kind")
+    if kind != "eagle":
+        raise ValueError(f"drafter={name!r} holds drafter kind {kind!r}, not 'eagle'")
+
+
+@dataclass(frozen=True)
+class EagleSpec(MethodSpec):
+    """Checks that the drafter is an eagle file before any model is loaded."""
+
+    def check(self, gamma, batch_size, drafter, options):
+        out = MethodSpec.check(self, gamma, batch_size, drafter, options)
+        _eagle_file(drafter)
+        return out
+
+
+SPEC = EagleSpec(name="eagle", decode=decode, needs_drafter=True, load_drafter=load_eagle,
+                 description="EAGLE-style feature-level drafter (one decoder layer on the target's last hidden "
+                             "state); drafter: a file from `specstudy train-drafter --kind eagle`")

@@ -121,11 +121,13 @@ bench-engine-pair: $(STAMP)
 	  --draft-quantization int8 --methods ar,ngram,ngram+cost,draft_target,draft_target+cost --tasks code --prompts 2 \
 	  --max-new-tokens 48 --curve 1,2,3,4,5,8 --curve-repeats 3 $(BENCH_ARGS)
 
-# Trained drafters for the default model (issue 3): re-create the committed heads file with the
-# exact command recorded in params/drafters/smollm2-135m-heads.json (CPU, ~15-25 min on 2 busy
-# cores; seeded, so the same data and training order).
+# Trained drafters for the default model (issue 3): re-create the committed heads and EAGLE-style
+# files with the exact commands recorded in params/drafters/smollm2-135m-{heads,eagle}.json (CPU,
+# ~15-25 min each on 2 cores; seeded, so the same data and training order).
 .PHONY: drafters
 drafters: $(STAMP)
 	$(BIN)/specstudy train-drafter --kind heads --model smollm2-135m --token-conditioned --prompts-per-task 14 \
 	  --max-new-tokens 112 --gen-batch 16 --num-heads 4 --num-layers 2 --steps 1000 --batch-tokens 256 --lr 2e-3 \
 	  --seed 0 --threads 1 --json
+	$(BIN)/specstudy train-drafter --kind eagle --model smollm2-135m --prompts-per-task 60 --max-new-tokens 112 \
+	  --gen-batch 16 --steps 1000 --batch-tokens 1024 --lr 1e-3 --seed 0 --threads 2 --json

@@ -119,3 +119,28 @@ def test_the_study_knows_the_engine_runs_eagle():
 
     assert sorted(REFERENCE_METHODS) == method_names()
     assert METHOD_ALIASES["eagle"] == "heads"  # reported in the heads family (Medusa/EAGLE)
+
+
+@pytest.mark.slow
+def test_the_committed_eagle_drafter_is_lossless_on_the_default_model():
+    import json
+    from pathlib import Path
+
+    from specstudy.models import load_model
+    from specstudy.params import REPO_ROOT
+
+    path = Path(REPO_ROOT) / "params/drafters/smollm2-135m-eagle.safetensors"
+    meta = json.loads(path.with_suffix(".json").read_text())
+    assert meta["target"] == "smollm2-135m" and meta["command"].startswith("specstudy train-drafter --kind eagle")
+    assert path.stat().st_size <= 20e6
+    model, tok = load_model("smollm2-135m")
+    spec = get_method("eagle")
+    spec.check(3, 2, str(path), {})
+    d = spec.load_drafter(str(path), model, "cpu", "float32")
+    prompts = [tok(p)["input_ids"] for p in ("def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+                                             "Summarize: The council met on Tuesday about the new park, opening in May.")]
+    s = Sampling(temperature=0.0, max_new_tokens=24)
+    want = [r.output_ids for r in get_method("ar").decode(DecodeJob(model, prompts, s))]
+    rows = spec.decode(DecodeJob(model, prompts, s, gamma=3, drafter=d))
+    assert [r.output_ids for r in rows] == want
+    assert sum(st.accepted for r in rows for st in r.steps) > 0  # the trained layer does draft real tokens

@@ -406,6 +406,8 @@ def test_train_drafter_cli_rejects_bad_input_before_loading(capsys):
     assert "--kind='hydra'" in capsys.readouterr().err
     assert main(["train-drafter", "--kind", "heads", "--tasks", "code,poetry"]) == 2
     assert "poetry" in capsys.readouterr().err
+    assert main(["train-drafter", "--kind", "eagle", "--weight-decay", "-1"]) == 2
+    assert "--weight-decay=-1.0" in capsys.readouterr().err
 
 
 # --------------------------------------------------------------------------------------------

@@ -44,6 +44,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=600)
     p.add_argument("--batch-tokens", type=int, default=256, help="positions per head per step")
     p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay")
     p.add_argument("--label-top-k", type=int, default=32, help="target probabilities kept per position")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1, help="torch threads (1 is as fast as 2 for decoding here)")
@@ -75,6 +76,8 @@ def _check(args: argparse.Namespace) -> None:
         raise ValueError(f"--exit-layer={args.exit_layer!r}: must be >= 1")
     if not args.lr > 0:
         raise ValueError(f"--lr={args.lr!r}: must be > 0")
+    if not args.weight_decay >= 0:
+        raise ValueError(f"--weight-decay={args.weight_decay!r}: must be >= 0")
 
 
 def training_prompts(tasks: list[str], per_task: int, tokenizer, max_tokens: int) -> list[tuple[str, list[int]]]:
@@ -159,6 +162,7 @@ def run(args: argparse.Namespace) -> int:
     settings = D.TrainSettings(kind=args.kind, num_heads=args.num_heads, num_layers=args.num_layers,
                                token_conditioned=args.token_conditioned,
                                exit_layer=exit_layer, steps=args.steps, batch_tokens=args.batch_tokens, lr=args.lr,
+                               weight_decay=args.weight_decay,
                                label_top_k=args.label_top_k, seed=args.seed)
     tasks = [t for t in args.tasks.split(",") if t]
     prompts = training_prompts(tasks, args.prompts_per_task, tokenizer, args.max_prompt_tokens)

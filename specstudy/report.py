@@ -69,6 +69,8 @@ class StudyData:
             "cell_id": cell_id,
             "framework": cell.get("framework", r.framework if r else ""),
             "method": cell.get("method", r.method if r else ""),
+            # the method family (eagle and medusa are "heads"): plan first, else the study's aliases
+            "family": (p or {}).get("family") or _family_of(cell.get("method", r.method if r else "")),
             "label": (p or {}).get("label", extra.get("label", r.method if r else "")),
             "task": cell.get("task", r.task if r else ""),
             "model": cell.get("model", r.model if r else ""),
@@ -585,9 +587,9 @@ def method_rows(data: StudyData, family: str, sweep: str | None = "method_family
     if sweep is not None and sweep not in data.sweeps():
         sweep = None
     mnt = _headline_max_new(data)
-    cells = [c for c in _spec_cells(data, sweep, method=family) if data.meta(c)["max_new_tokens"] == mnt]
+    cells = [c for c in _spec_cells(data, sweep, family=family) if data.meta(c)["max_new_tokens"] == mnt]
     if not cells and sweep is not None:  # a family measured only in other sweeps (e.g. the hardware table)
-        cells = [c for c in _spec_cells(data, None, method=family) if data.meta(c)["max_new_tokens"] == mnt]
+        cells = [c for c in _spec_cells(data, None, family=family) if data.meta(c)["max_new_tokens"] == mnt]
     groups: dict[tuple, list[str]] = {}
     for c in cells:
         m = data.meta(c)
@@ -668,7 +670,7 @@ def method_family_section(data: StudyData, family: str) -> Section:
             _legend(ax, 6)
         sec.figures.append(save_figure(fig, figdir / f"method_{family}_gamma"))
     # τ histogram
-    hist = _tau_histogram(data, _spec_cells(data, None, method=family))
+    hist = _tau_histogram(data, _spec_cells(data, None, family=family))
     if hist:
         fig, ax = plt.subplots(figsize=(5, 3))
         maxg = max(max(v) for v in hist.values() if v) if any(hist.values()) else 1
@@ -851,6 +853,12 @@ def task_category_section(data: StudyData, task: str | None = None) -> Section:
             r = float(np.corrcoef(pts["entropy"], pts["alpha"])[0, 1])
             sec.markdown += f"\nPearson correlation of α with entropy over {len(pts)} requests: r = {r:.2f}.\n"
     return sec
+
+
+def _family_of(method: str) -> str:
+    from .study import METHOD_ALIASES
+
+    return METHOD_ALIASES.get(method, method)
 
 
 def framework_rows(data: StudyData):
@@ -1225,7 +1233,7 @@ def failures_section(data: StudyData) -> Section:
 
 
 def families_in(data: StudyData) -> list[str]:
-    fams = {data.meta(c)["method"] for c in data.records} - {"ar"}
+    fams = {data.meta(c)["family"] for c in data.records} - {"ar"}
     return [f for f in FAMILY_TITLES if f in fams] + sorted(fams - set(FAMILY_TITLES))
 
 

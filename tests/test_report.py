@@ -192,3 +192,25 @@ def test_stale_parts_of_an_older_plan_are_ignored(study_out, tmp_path):
     write_part(recs, out / "records" / "reference_old_cell.parquet")
     data = report.load_study_data(out)
     assert data.stale_cells == ["reference_old_cell"] and "reference_old_cell" not in data.records
+
+
+def test_eagle_and_medusa_cells_are_one_family_in_the_report():
+    """A vLLM/SGLang or reference ``eagle`` cell belongs to the heads family (Medusa/EAGLE), with or
+    without the plan's family field; the report has one section for it, not one per method name."""
+    from specstudy.records import Cell
+
+    def rec(method):
+        cell = Cell(study="s", hardware="cpu", framework="reference", method=method, task="code", model="m",
+                    drafter="d" if method != "ar" else None, gamma=3 if method != "ar" else None)
+        return cell.new_record(Request("p0", ""), Sampling(temperature=0.0, max_new_tokens=4))
+
+    from specstudy.records import Request, Sampling
+
+    records = {"c_ar": [rec("ar")], "c_heads": [rec("heads")], "c_eagle": [rec("eagle")]}
+    plans = {"c_eagle": {"cell": {"method": "eagle", "framework": "reference"}, "family": "heads"}}
+    data = report.StudyData(out=Path("."), hardware="cpu", records=records, plans=plans, config={}, provenance={},
+                            failed=[])
+    assert data.meta("c_eagle")["family"] == "heads" and data.meta("c_heads")["family"] == "heads"
+    del plans["c_eagle"]  # a folder without study.json: the study's aliases decide
+    assert data.meta("c_eagle")["family"] == "heads" and data.meta("c_eagle")["method"] == "eagle"
+    assert report.families_in(data) == ["heads"]

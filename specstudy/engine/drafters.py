@@ -527,16 +527,8 @@ def train_drafter(model: nn.Module, features: Features, settings: TrainSettings,
     if any(len(src) == 0 for src, _ in train_pairs):
         raise ValueError("no training pairs for some head: generate longer continuations or more prompts")
     lm_head = target_parts(model)[2]
-    opt = torch.optim.AdamW(module.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / 20) * 0.5 * (1 + math.cos(math.pi * min(s, settings.steps) / settings.steps)))
-    gen = torch.Generator().manual_seed(settings.seed)
-    log: list[dict[str, float]] = []
-    every = max(1, settings.steps // 20)
-    t0 = time.perf_counter()
-    module.train()
-    running = []
-    for step in range(settings.steps):
+
+    def step_losses(gen: torch.Generator) -> list[torch.Tensor]:
         losses = []
         for k, (src, dst) in enumerate(train_pairs):
             pick = torch.randint(len(src), (settings.batch_tokens,), generator=gen)
@@ -544,6 +536,28 @@ def train_drafter(model: nn.Module, features: Features, settings: TrainSettings,
             vec = _drafter_vectors(module, model, features, s, d, k)
             ce = candidate_distill_loss(vec, lm_head, features.label_ids[d], features.label_probs[d])
             losses.append(ce + settings.regression_weight * regression_loss(vec, features.final[d]))
+        return losses
+
+    log = _optimise(module, settings, step_losses, progress)
+    ev = evaluate(module, model, features, eval_pairs) if bool(eval_rows.any()) else {}
+    return TrainResult(module=module, log=log, eval=ev)
+
+
+def _optimise(module: nn.Module, settings: TrainSettings, step_losses: Callable[[torch.Generator], list[torch.Tensor]],
+              progress: Callable[[str], None] | None) -> list[dict[str, Any]]:
+    """AdamW with 20 warm-up steps and a cosine decay; each step minimises the sum of
+    ``step_losses(gen)`` (one per head, or one); logs their means every ~5 % of the steps."""
+    opt = torch.optim.AdamW(module.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / 20) * 0.5 * (1 + math.cos(math.pi * min(s, settings.steps) / settings.steps)))
+    gen = torch.Generator().manual_seed(settings.seed)
+    log: list[dict[str, Any]] = []
+    every = max(1, settings.steps // 20)
+    t0 = time.perf_counter()
+    module.train()
+    running: list[list[float]] = []
+    for step in range(settings.steps):
+        losses = step_losses(gen)
         loss = torch.stack(losses).sum()
         opt.zero_grad()
         loss.backward()
@@ -559,8 +573,7 @@ def train_drafter(model: nn.Module, features: Features, settings: TrainSettings,
             if progress:
                 progress(f"step {step + 1}/{settings.steps} loss {entry['loss']:.4f}")
     module.eval()
-    ev = evaluate(module, model, features, eval_pairs) if bool(eval_rows.any()) else {}
-    return TrainResult(module=module, log=log, eval=ev)
+    return log
 
 
 def _sequence_rows(features: Features, rows: torch.Tensor) -> dict[int, torch.Tensor]:
@@ -595,36 +608,17 @@ def _train_eagle(model: nn.Module, features: Features, settings: TrainSettings,
     train_seqs = [v for v in _sequence_rows(features, train_rows).values() if len(v) >= 2]
     if not train_seqs:
         raise ValueError("no training sequence of two or more positions")
-    opt = torch.optim.AdamW(module.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / 20) * 0.5 * (1 + math.cos(math.pi * min(s, settings.steps) / settings.steps)))
-    gen = torch.Generator().manual_seed(settings.seed)
-    log: list[dict[str, float]] = []
-    every = max(1, settings.steps // 20)
-    t0 = time.perf_counter()
-    module.train()
-    running: list[float] = []
-    for step in range(settings.steps):
+
+    def step_losses(gen: torch.Generator) -> list[torch.Tensor]:
         picked, n = [], 0
         while n < settings.batch_tokens:
             idx = train_seqs[int(torch.randint(len(train_seqs), (1,), generator=gen))]
             picked.append(idx)
             n += len(idx) - 1
-        loss = sum(eagle_sequence_loss(module, model, features, idx, settings.regression_weight)[0] * (len(idx) - 1)
-                   for idx in picked) / n
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        sched.step()
-        running.append(float(loss.detach()))
-        if (step + 1) % every == 0 or step == 0 or step + 1 == settings.steps:
-            entry = {"step": step + 1, "loss": sum(running) / len(running), "lr": sched.get_last_lr()[0],
-                     "elapsed_s": round(time.perf_counter() - t0, 2)}
-            log.append(entry)
-            running = []
-            if progress:
-                progress(f"step {step + 1}/{settings.steps} loss {entry['loss']:.4f}")
-    module.eval()
+        return [sum(eagle_sequence_loss(module, model, features, idx, settings.regression_weight)[0] * (len(idx) - 1)
+                    for idx in picked) / n]
+
+    log = _optimise(module, settings, step_losses, progress)
     ev: dict[str, Any] = {}
     if bool(eval_rows.any()):
         hits = total = 0

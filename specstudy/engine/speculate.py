@@ -17,7 +17,7 @@ step drafts from the prompt and the prompt pass verifies those drafts as well.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 import torch
 
@@ -249,6 +249,37 @@ def _keep_rows(keep: list[int], state: KVState, drafter: Drafter, before: int | 
         drafter.select_rows(keep)
 
 
+def sample_chain(logits: torch.Tensor, max_draft: list[int], sampling: Sampling, generator: torch.Generator | None,
+                 feed: Callable[[torch.Tensor], torch.Tensor],
+                 stop: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None) -> Draft:
+    """Draft autoregressively: a token from ``logits [B, V]`` (argmax, or a sample of the shared
+    sampling transform q, kept for rejection sampling), then ``feed(tokens) -> next logits``, up
+    to ``max_draft[b]`` tokens per row.  ``stop(logits, tokens)`` ends rows early (the token is
+    kept).  Every row is fed on every round, so a drafter's cache grows alike in all rows."""
+    device = logits.device
+    g = max(max_draft)
+    limit = torch.as_tensor(max_draft, device=device)
+    n_draft = torch.zeros_like(limit)
+    running = limit > 0
+    tokens, probs = [], []
+    for i in range(g):
+        if sampling.greedy:
+            tok = torch.argmax(logits, dim=-1)
+        else:
+            q = probs_for(logits, sampling)
+            tok = torch.multinomial(q, 1, generator=generator).squeeze(-1)
+            probs.append(q)
+        tokens.append(tok)
+        n_draft = n_draft + running.long()
+        running = running & (n_draft < limit)
+        if stop is not None:
+            running = running & ~stop(logits, tok)
+        if i == g - 1 or not bool(running.any()):
+            break
+        logits = feed(tok)
+    return Draft(torch.stack(tokens, dim=1), n_draft, torch.stack(probs, dim=1) if probs else None)
+
+
 # --------------------------------------------------------------------------------------------
 # a drafter that is a causal LM (a draft model, or the target's first layers)
 
@@ -282,32 +313,20 @@ class ModelDrafter:
         unseen = [c[n:] for c, n in zip(contexts, lengths)]
         ids, valid = pad_ragged(unseen, "left", device=self.state.device)
         logits = self.state.forward(ids, valid, logits_to_keep=1)[:, -1]
-        g = max(max_draft)
-        limit = torch.as_tensor(max_draft, device=self.state.device)
-        n_draft = torch.zeros_like(limit)
-        running = limit > 0
-        tokens, probs = [], []
         self._fed = 0
-        for i in range(g):
-            if self.sampling.greedy:
-                tok = torch.argmax(logits, dim=-1)
-            else:
-                q = probs_for(logits, self.sampling)
-                tok = torch.multinomial(q, 1, generator=self.generator).squeeze(-1)
-                probs.append(q)
-            tokens.append(tok)
-            n_draft = n_draft + running.long()
-            running = running & (n_draft < limit)
-            if self.confidence is not None:
+
+        def feed(tok: torch.Tensor) -> torch.Tensor:
+            self._fed += 1
+            return self.state.forward(tok[:, None], logits_to_keep=1)[:, -1]
+
+        stop = None
+        if self.confidence is not None:
+            def stop(logits: torch.Tensor, tok: torch.Tensor) -> torch.Tensor:
                 # HF's assistant_confidence_threshold rule: keep the token, stop after it when the
                 # draft's own (untempered) probability of it is below the threshold
-                conf = torch.softmax(logits.float(), dim=-1).gather(1, tok[:, None]).squeeze(1)
-                running = running & (conf >= self.confidence)
-            if i == g - 1 or not bool(running.any()):
-                break
-            logits = self.state.forward(tok[:, None], logits_to_keep=1)[:, -1]
-            self._fed += 1
-        return Draft(torch.stack(tokens, dim=1), n_draft, torch.stack(probs, dim=1) if probs else None)
+                return torch.softmax(logits.float(), dim=-1).gather(1, tok[:, None]).squeeze(1) < self.confidence
+
+        return sample_chain(logits, max_draft, self.sampling, self.generator, feed, stop)
 
     def accepted(self, n_accepted: torch.Tensor, draft: Draft) -> None:
         keep = torch.clamp(n_accepted.to(self.state.device), max=self._fed)

@@ -27,8 +27,7 @@ import torch
 
 from ..drafters import EagleDraft, load_drafter, resolve_drafter_path
 from ..kv import KVState, pad_ragged
-from ..sampling import probs_for
-from ..speculate import Draft, StaticGamma, speculative_decode
+from ..speculate import Draft, StaticGamma, sample_chain, speculative_decode
 from ..trace import RowTrace
 from . import DecodeJob, MethodSpec
 from .heads import HiddenCapture
@@ -95,28 +94,16 @@ class EagleDrafter:
     def propose(self, contexts: list[list[int]], max_draft: list[int]) -> Draft:
         logits = self._feed_known(contexts)
         feature = self.state.last_output.features[:, -1:]
-        g = max(max_draft)
-        limit = torch.as_tensor(max_draft, device=self.state.device)
-        n_draft = torch.zeros_like(limit)
-        running = limit > 0
-        tokens, probs = [], []
         self._fed = 0
-        for i in range(g):
-            if self.sampling.greedy:
-                tok = torch.argmax(logits, dim=-1)
-            else:
-                q = probs_for(logits, self.sampling)
-                tok = torch.multinomial(q, 1, generator=self.generator).squeeze(-1)
-                probs.append(q)
-            tokens.append(tok)
-            n_draft = n_draft + running.long()
-            running = running & (n_draft < limit)
-            if i == g - 1 or not bool(running.any()):
-                break
-            logits = self.state.forward(tok[:, None], logits_to_keep=1, features=feature)[:, -1]
-            feature = self.state.last_output.features[:, -1:]
+
+        def feed(tok: torch.Tensor) -> torch.Tensor:  # the drafted token with the feature predicted before it
+            nonlocal feature
             self._fed += 1
-        return Draft(torch.stack(tokens, dim=1), n_draft, torch.stack(probs, dim=1) if probs else None)
+            out = self.state.forward(tok[:, None], logits_to_keep=1, features=feature)[:, -1]
+            feature = self.state.last_output.features[:, -1:]
+            return out
+
+        return sample_chain(logits, max_draft, self.sampling, self.generator, feed)
 
     def accepted(self, n_accepted: torch.Tensor, draft: Draft) -> None:
         # drop every pair fed with a predicted feature; the verification pass ([pending, d_1..d_n],

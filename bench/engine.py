@@ -77,7 +77,8 @@ def build_requests(tasks: list[str], n: int, tokenizer) -> tuple[list[Request], 
         return reqs, "inline"
 
 
-#: the rows --methods can name: a method, "+cost" its cost-aware γ, "@2" static γ = 2
+#: the rows --methods can name: a method, "+cost" its cost-aware γ, "@2" static γ = 2, "+prefill"
+#: drafts verified in the prompt pass
 ROWS = ("ar", "ngram", "ngram+cost", "ngram@2", "layer_skip", "draft_target", "draft_target+cost", "heads", "eagle",
         "ngram+prefill", "ngram+cost+prefill", "draft_target+prefill", "draft_target+cost+prefill")
 PREFILL = "+prefill"  # a row suffix: the same row with draft_in_prefill: on (HF's first step)
@@ -147,10 +148,9 @@ def main() -> int:
         dq = {"draft_quantization": args.draft_quantization} if args.draft_quantization != "none" else {}
         methods.append(("draft_target", args.gamma, dq, drafter, args.drafter))
         methods.append(("draft_target+cost", args.gamma, {**dq, "dynamic_gamma": "cost"}, drafter, args.drafter))
-    if args.heads and Path(args.heads).exists() and json.loads(Path(args.heads).read_text()).get("target") == args.model:
-        methods.append(("heads", args.gamma, {}, None, args.heads))
-    if args.eagle and Path(args.eagle).exists() and json.loads(Path(args.eagle).read_text()).get("target") == args.model:
-        methods.append(("eagle", args.gamma, {}, None, args.eagle))
+    for name, path in (("heads", args.heads), ("eagle", args.eagle)):  # trained drafters, when there for this model
+        if path and Path(path).exists() and json.loads(Path(path).read_text()).get("target") == args.model:
+            methods.append((name, args.gamma, {}, None, path))
     methods += [(name + PREFILL, gamma, {**opts, "draft_in_prefill": "on"}, d, dname)
                 for name, gamma, opts, d, dname in list(methods) if name + PREFILL in ROWS]
     methods = [m for m in methods if m[0] in wanted]

@@ -57,10 +57,10 @@ from .params import ParamsError, check_keys, hardware_file, hardware_names, load
 from .records import Cell, Sampling
 
 METHOD_FAMILIES = ("ar", "draft_target", "ngram", "layer_skip", "heads", "tree")
-#: engine-specific method names (vLLM / SGLang speculative configs) and the family they belong to
 #: what the in-process reference engine runs (specstudy.engine.methods.METHODS, named here so a
 #: study validates without importing torch; a test keeps the two equal)
 REFERENCE_METHODS = METHOD_FAMILIES + ("eagle",)
+#: engine-specific method names (vLLM / SGLang speculative configs) and the family they belong to
 METHOD_ALIASES = {"eagle": "heads", "eagle3": "heads", "medusa": "heads", "mtp": "heads", "suffix": "ngram"}
 #: families that need a drafter (a model, heads or an adapter) named in the model pair
 NEEDS_DRAFTER = ("draft_target",)  # heads: a drafter model (vLLM/SGLang) or heads_path option (reference)

@@ -222,6 +222,22 @@ def resolve_drafter_path(name: str | Path) -> Path:
     return p
 
 
+def drafter_file_metadata(name: str | Path, kind: str) -> dict[str, str]:
+    """The metadata of drafter file ``name``, which must exist and hold ``kind`` (a method's check
+    before any model is loaded: a ValueError naming the file and the kind found)."""
+    from safetensors import safe_open
+
+    p = resolve_drafter_path(str(name))
+    if not p.exists():
+        raise ValueError(f"drafter={name!r}: no {kind} file at {str(p)!r} (train one with "
+                         f"`specstudy train-drafter --kind {kind}`)")
+    with safe_open(str(p), framework="pt") as f:
+        meta = dict(f.metadata() or {})
+    if meta.get("kind") != kind:
+        raise ValueError(f"drafter={name!r} holds drafter kind {meta.get('kind')!r}, not {kind!r}")
+    return meta
+
+
 def save_drafter(module: nn.Module, path: str | Path, target: str, info: dict[str, Any] | None = None) -> Path:
     """Write ``path`` (.safetensors, fp32, architecture + target in the metadata) and a .json beside it."""
     from safetensors.torch import save_file

@@ -10,20 +10,15 @@ model (:func:`specstudy.costmodel.optimal_gamma`) needs this curve to say how lo
 from __future__ import annotations
 
 import statistics
-import time
 import weakref
 from typing import Sequence
 
 import torch
 
 from .kv import KVState
+from .trace import Timer
 
 _CACHE: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def measure_verify_time(model: torch.nn.Module, prompt_ids: Sequence[int], ks: Sequence[int], repeats: int = 5,
@@ -47,11 +42,9 @@ def measure_verify_time(model: torch.nn.Module, prompt_ids: Sequence[int], ks: S
             block = torch.tensor([(ids * k)[-k:]] * batch_size, device=device)
             times = []
             for _ in range(repeats + 1):
-                _sync(device)
-                t0 = time.perf_counter()
-                state.forward(block)
-                _sync(device)
-                times.append(time.perf_counter() - t0)
+                with Timer(device) as t:
+                    state.forward(block)
+                times.append(t.s)
                 state.rollback(k)
             out[k] = statistics.median(times[1:])
     return out

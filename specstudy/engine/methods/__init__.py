@@ -136,11 +136,6 @@ def probability(v: Any) -> float:
     return f
 
 
-#: the chain methods' ``draft_in_prefill`` option: the prompt pass also verifies drafts proposed
-#: from the prompt (see :func:`specstudy.engine.speculate.speculative_decode`)
-DRAFT_IN_PREFILL_VALUES = ("off", "on")
-
-
 def one_of(*allowed: Any) -> Callable[[Any], Any]:
     def check(v: Any) -> Any:
         if v not in allowed:
@@ -148,3 +143,13 @@ def one_of(*allowed: Any) -> Callable[[Any], Any]:
         return v
 
     return check
+
+
+#: the chain methods' ``draft_in_prefill`` option: the prompt pass also verifies drafts proposed
+#: from the prompt (see :func:`specstudy.engine.speculate.speculative_decode`)
+DRAFT_IN_PREFILL = one_of("off", "on")
+
+
+def draft_in_prefill(job: DecodeJob) -> bool:
+    """The job's ``draft_in_prefill`` option as the flag speculative_decode takes."""
+    return job.option("draft_in_prefill", "off") == "on"

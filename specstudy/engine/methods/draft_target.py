@@ -21,7 +21,7 @@ from __future__ import annotations
 from ..speculate import CostAwareGamma, HeuristicGamma, ModelDrafter, StaticGamma, speculative_decode
 from ..stepcost import draft_cost_ratio, verify_ratio
 from ..trace import RowTrace
-from . import DRAFT_IN_PREFILL_VALUES, DecodeJob, MethodSpec, one_of, positive_int, probability
+from . import DRAFT_IN_PREFILL, DecodeJob, MethodSpec, draft_in_prefill, one_of, positive_int, probability
 
 
 def gamma_policy(job: DecodeJob):
@@ -55,7 +55,7 @@ def decode(job: DecodeJob) -> list[RowTrace]:
     gen = job.generator()
     drafter = ModelDrafter(job.drafter, len(job.prompts), job.sampling, gen, job.device, confidence(job))
     return speculative_decode(job.target, drafter, job.prompts, job.sampling, gamma_policy(job), gen,
-                              job.eos_token_ids, job.device, job.option("draft_in_prefill", "off") == "on")
+                              job.eos_token_ids, job.device, draft_in_prefill(job))
 
 
 OPTIONS = {
@@ -63,7 +63,7 @@ OPTIONS = {
     "gamma_max": positive_int,
     "draft_confidence": probability,
     "draft_quantization": one_of("none", "int8"),
-    "draft_in_prefill": one_of(*DRAFT_IN_PREFILL_VALUES),
+    "draft_in_prefill": DRAFT_IN_PREFILL,
 }
 
 SPEC = MethodSpec(name="draft_target", decode=decode, needs_drafter=True, options=OPTIONS,

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from ..drafters import EagleDraft, load_drafter, resolve_drafter_path
+from ..drafters import EagleDraft, drafter_file_metadata, load_drafter
 from ..kv import KVState, pad_ragged
 from ..speculate import Draft, StaticGamma, sample_chain, speculative_decode
 from ..trace import RowTrace
@@ -144,29 +144,14 @@ def decode(job: DecodeJob) -> list[RowTrace]:
         capture.close()
 
 
-def _eagle_file(name: Any) -> None:
-    """A named drafter must be an eagle file (checked before any model is loaded)."""
-    if isinstance(name, EagleDraft):
-        return
-    from safetensors import safe_open
-
-    p = resolve_drafter_path(str(name))
-    if not p.exists():
-        raise ValueError(f"drafter={name!r}: no eagle file at {str(p)!r} (train one with "
-                         "`specstudy train-drafter --kind eagle`)")
-    with safe_open(str(p), framework="pt") as f:
-        kind = (f.metadata() or {}).get("kind")
-    if kind != "eagle":
-        raise ValueError(f"drafter={name!r} holds drafter kind {kind!r}, not 'eagle'")
-
-
 @dataclass(frozen=True)
 class EagleSpec(MethodSpec):
     """Checks that the drafter is an eagle file before any model is loaded."""
 
     def check(self, gamma, batch_size, drafter, options):
         out = MethodSpec.check(self, gamma, batch_size, drafter, options)
-        _eagle_file(drafter)
+        if not isinstance(drafter, EagleDraft):
+            drafter_file_metadata(drafter, "eagle")
         return out
 
 

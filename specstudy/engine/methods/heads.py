@@ -29,7 +29,7 @@ from typing import Any, Sequence
 
 import torch
 
-from ..drafters import MedusaHeads, load_drafter, resolve_drafter_path
+from ..drafters import MedusaHeads, drafter_file_metadata, load_drafter
 from ..sampling import probs_for
 from ..speculate import Draft, StaticGamma, speculative_decode
 from ..trace import RowTrace
@@ -177,17 +177,7 @@ def decode(job: DecodeJob) -> list[RowTrace]:
 
 def _heads_file(name: str) -> int:
     """Number of heads in a heads file (checked before any model is loaded)."""
-    from safetensors import safe_open
-
-    p = resolve_drafter_path(str(name))
-    if not p.exists():
-        raise ValueError(f"drafter={name!r}: no heads file at {str(p)!r} (train one with "
-                         "`specstudy train-drafter --kind heads`)")
-    with safe_open(str(p), framework="pt") as f:
-        meta = f.metadata() or {}
-    if meta.get("kind") != "heads":
-        raise ValueError(f"drafter={name!r} holds drafter kind {meta.get('kind')!r}, not 'heads'")
-    return int(meta["num_heads"])
+    return int(drafter_file_metadata(name, "heads")["num_heads"])
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ import torch
 
 from ..speculate import ModelDrafter, StaticGamma, speculative_decode
 from ..trace import RowTrace
-from . import DRAFT_IN_PREFILL_VALUES, DecodeJob, MethodSpec, one_of, positive_int
+from . import DRAFT_IN_PREFILL, DecodeJob, MethodSpec, draft_in_prefill, positive_int
 
 
 def _decoder(target: Any) -> Any:
@@ -111,7 +111,7 @@ def decode(job: DecodeJob) -> list[RowTrace]:
     gen = job.generator()
     drafter = ModelDrafter(draft, len(job.prompts), job.sampling, gen, job.device)
     return speculative_decode(job.target, drafter, job.prompts, job.sampling, StaticGamma(job.gamma), gen,
-                              job.eos_token_ids, job.device, job.option("draft_in_prefill", "off") == "on")
+                              job.eos_token_ids, job.device, draft_in_prefill(job))
 
 
 def _adapter(v: Any) -> Any:
@@ -132,6 +132,6 @@ def _cross_check(options: dict) -> None:
 
 SPEC = MethodSpec(name="layer_skip", decode=decode,
                   options={"exit_layer": positive_int, "skip_layers": positive_int, "adapter": _adapter,
-                           "draft_in_prefill": one_of(*DRAFT_IN_PREFILL_VALUES)},
+                           "draft_in_prefill": DRAFT_IN_PREFILL},
                   cross_check=_cross_check,
                   description="self-speculation: the target's first k layers + LM head draft")

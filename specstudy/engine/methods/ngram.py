@@ -24,7 +24,7 @@ import torch
 from ..speculate import CostAwareGamma, Draft, StaticGamma, speculative_decode
 from ..stepcost import verify_ratio
 from ..trace import RowTrace
-from . import DRAFT_IN_PREFILL_VALUES, DecodeJob, MethodSpec, one_of, positive_int
+from . import DRAFT_IN_PREFILL, DecodeJob, MethodSpec, draft_in_prefill, one_of, positive_int
 
 
 def lookup(context: Sequence[int], max_tokens: int, ngram_min: int, ngram_max: int) -> list[int]:
@@ -69,7 +69,7 @@ def decode(job: DecodeJob) -> list[RowTrace]:
     drafter = NgramDrafter(job.option("ngram_min", 1), job.option("ngram_max", 3), job.device)
     return speculative_decode(job.target, drafter, job.prompts, job.sampling, gamma_policy(job),
                               job.generator(), job.eos_token_ids, job.device,
-                              job.option("draft_in_prefill", "off") == "on")
+                              draft_in_prefill(job))
 
 
 def gamma_policy(job: DecodeJob) -> StaticGamma | CostAwareGamma:
@@ -87,6 +87,6 @@ def _cross_check(options: dict) -> None:
 
 SPEC = MethodSpec(name="ngram", decode=decode, options={"ngram_min": positive_int, "ngram_max": positive_int,
                            "dynamic_gamma": one_of("off", "cost"),
-                           "draft_in_prefill": one_of(*DRAFT_IN_PREFILL_VALUES)},
+                           "draft_in_prefill": DRAFT_IN_PREFILL},
                   cross_check=_cross_check,
                   description="prompt lookup (n-gram) drafting, draft-free")

@@ -135,13 +135,10 @@ def decode(job: DecodeJob) -> list[RowTrace]:
                          f"{job.target.config.hidden_size}")
     draft = draft.to(device=job.device, dtype=next(job.target.parameters()).dtype)
     gen = job.generator()
-    capture = HiddenCapture(job.target)
-    try:
+    with HiddenCapture(job.target) as capture:
         drafter = EagleDrafter(job.target, draft, capture, len(job.prompts), job.sampling, gen, job.device)
         return speculative_decode(job.target, drafter, job.prompts, job.sampling, StaticGamma(job.gamma), gen,
                                   job.eos_token_ids, job.device)
-    finally:
-        capture.close()
 
 
 @dataclass(frozen=True)

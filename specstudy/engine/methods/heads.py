@@ -38,7 +38,8 @@ from .tree import TokenTree, parse_branching, pick_children, tree_decode
 
 
 class HiddenCapture:
-    """Keeps the output of the target's final norm (its last hidden state) from every forward."""
+    """Keeps the output of the target's final norm (its last hidden state) from every forward;
+    a context manager that removes its hook on exit."""
 
     def __init__(self, target: Any):
         base = getattr(target, target.base_model_prefix)
@@ -50,6 +51,12 @@ class HiddenCapture:
 
     def close(self) -> None:
         self._handle.remove()
+
+    def __enter__(self) -> "HiddenCapture":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def head_distributions(heads: MedusaHeads, target: Any, head: int, hidden: torch.Tensor,
@@ -166,13 +173,10 @@ def decode(job: DecodeJob) -> list[RowTrace]:
                              f"batch_size={len(job.prompts)}")
         drafter = HeadsTreeDrafter(heads, job.target, branching, job.sampling)
         return [tree_decode(job.target, job.prompts[0], job.sampling, drafter, gen, job.eos_token_ids, job.device)]
-    capture = HiddenCapture(job.target)
-    try:
+    with HiddenCapture(job.target) as capture:
         drafter = HeadsChainDrafter(heads, job.target, capture, job.sampling, gen)
         return speculative_decode(job.target, drafter, job.prompts, job.sampling, StaticGamma(job.gamma), gen,
                                   job.eos_token_ids, job.device)
-    finally:
-        capture.close()
 
 
 def _heads_file(name: str) -> int:

@@ -296,6 +296,18 @@ def resolve(name: str) -> Path | str:
     return _converted_dir(gguf, entry.sha256 or sha256_file(gguf))
 
 
+def resolve_for_engine(name: str) -> str:
+    """A model name as an engine loads it: a registry entry (the embedded GGUF is converted once
+    to a safetensors directory), a local path made absolute, or else the string itself (a hub id)."""
+    if not name:
+        return name
+    try:
+        get_entry(name)
+    except ValueError:
+        return str(Path(name).resolve()) if os.path.exists(name) else name
+    return str(resolve(name))
+
+
 def _torch_dtype(dtype: str):
     import torch
 

@@ -26,7 +26,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from . import metrics
-from .backends.servers import ServerStartError
+from .backends.lifecycle import ServerStartError
 from .records import Cell, Request, RequestRecord, Sampling, write_part
 
 INF = float("inf")

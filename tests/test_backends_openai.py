@@ -4,7 +4,8 @@ live llama-server is not built here)."""
 import pytest
 
 from specstudy.backends import get_backend
-from specstudy.backends.openai_server import OpenAIBackend, iter_sse
+from specstudy.backends.openai_server import OpenAIBackend
+from specstudy.backends.sse import iter_sse
 from specstudy.records import Cell, Request, Sampling
 
 from fake_servers import K, FakeServer, script

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from specstudy.backends.servers import (ManagedServer, ServerStartError, connect, free_port, http_get,
-                                        metric_by_label, metric_total, parse_prometheus, split_url)
+from specstudy.backends.lifecycle import ManagedServer, ServerStartError, connect, free_port, http_get, split_url
+from specstudy.backends.prometheus import metric_by_label, metric_total, parse_prometheus
 
 from fake_servers import FakeServer
 

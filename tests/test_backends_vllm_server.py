@@ -159,7 +159,7 @@ def test_trickling_server_hits_the_request_deadline():
 
 
 def test_unreachable_server_is_an_error_record():
-    from specstudy.backends.servers import ServerInfo, free_port
+    from specstudy.backends.lifecycle import ServerInfo, free_port
 
     b = VllmServerBackend("m", request_timeout_s=2)
     b.server_info = ServerInfo(url=f"http://127.0.0.1:{free_port()}", started_by_kit=False)

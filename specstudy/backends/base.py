@@ -57,3 +57,28 @@ class Backend(ABC):
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class ServingBackend(Backend):
+    """A backend behind a server: requests can be offered one by one at a rate (serving sweeps).
+
+    The runner's serving driver calls exactly these: :meth:`ensure_server` once per cell,
+    :meth:`send` per request (from many threads), :meth:`scrape` before and after the run and
+    :meth:`run_acceptance` to scope the engine's counters to it.
+    """
+
+    @abstractmethod
+    def ensure_server(self, cell: Cell) -> Any:
+        """Start (or attach to) the server that runs ``cell``'s configuration."""
+
+    @abstractmethod
+    def send(self, request: Request, sampling: Sampling, cell: Cell, timeout_s: float | None = None) -> RequestRecord:
+        """One request, one record; never raises for a server or network failure."""
+
+    def scrape(self) -> Any:
+        """The engine's counters now (None when it has none)."""
+        return None
+
+    def run_acceptance(self, before: Any, after: Any, records: Sequence[RequestRecord]) -> dict[str, Any] | None:
+        """Acceptance of exactly one run, from two scrapes and its records (None when unknown)."""
+        return None

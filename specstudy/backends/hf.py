@@ -32,7 +32,7 @@ from typing import Any, Iterator, Sequence
 
 from ..records import Cell, Request, RequestRecord, Sampling, StepRecord
 from .base import Backend, encode_request
-from .openai_server import resolve_model
+from ..models import resolve_for_engine as resolve_model
 
 BATCH_NOTE = "sequential (HF assisted generation supports batch size 1 only)"
 

@@ -22,7 +22,9 @@ import sys
 from typing import Any
 
 from ..records import Cell, Request, RequestRecord, Sampling
-from .openai_server import ServerBackend, StreamState, resolve_model
+from ..models import resolve_for_engine as resolve_model
+from .server import ServerBackend
+from .sse import StreamState
 
 SGLANG_ALGORITHMS = {"eagle": "EAGLE", "eagle3": "EAGLE3", "ngram": "NGRAM", "draft_target": "STANDALONE"}
 
@@ -100,7 +102,7 @@ class SglangServerBackend(ServerBackend):
     def version_probe(self, url: str) -> str | None:
         import json
 
-        from .servers import http_get
+        from .lifecycle import http_get
 
         try:
             status, body = http_get(url + "/get_server_info", 10.0)

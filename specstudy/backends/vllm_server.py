@@ -29,8 +29,10 @@ import sys
 from typing import Any, Sequence
 
 from ..records import Cell, Request, RequestRecord, Sampling
-from .openai_server import ServerBackend, StreamState, resolve_model
-from .servers import MetricSamples, metric_by_label, metric_total
+from ..models import resolve_for_engine as resolve_model
+from .server import ServerBackend
+from .sse import StreamState
+from .prometheus import MetricSamples, metric_by_label, metric_total
 
 SPEC_COUNTERS = {
     "drafts": "vllm:spec_decode_num_drafts_total",

@@ -1,12 +1,11 @@
-"""Inference-server lifecycle and the small HTTP helpers every server backend shares.
+"""Inference-server lifecycle: start, wait for readiness, log, stop; or attach to a running one.
 
 A measured server must be reproducible and must never outlive the run: :class:`ManagedServer`
 starts it with the configured flags on a free loopback port, waits for readiness with a
 timeout, captures its log into a file, records the exact command line and version, and stops
 its whole process group at the end, on error, on Ctrl-C and at interpreter exit.  A server
 someone else runs is attached with :func:`connect` (the kit then records that it did not start
-it).  :func:`parse_prometheus` reads ``/metrics`` so counters can be scoped to a run by taking
-the difference of two scrapes.
+it).
 """
 
 from __future__ import annotations
@@ -14,7 +13,6 @@ from __future__ import annotations
 import atexit
 import http.client
 import os
-import re
 import shlex
 import signal
 import socket
@@ -59,48 +57,6 @@ def http_get(url: str, timeout_s: float = 5.0) -> tuple[int, str]:
         return resp.status, resp.read().decode("utf-8", errors="replace")
     finally:
         conn.close()
-
-
-_SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{(.*)\})?\s+(\S+)(\s+\S+)?$")
-_LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
-
-MetricSamples = dict[str, list[tuple[dict[str, str], float]]]
-
-
-def parse_prometheus(text: str) -> MetricSamples:
-    """Prometheus text exposition → {metric name: [(labels, value), ...]} (comments skipped)."""
-    out: MetricSamples = {}
-    for line in text.splitlines():
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        m = _SAMPLE.match(line)
-        if not m:
-            continue
-        name, _, labels, value = m.group(1), m.group(2), m.group(3), m.group(4)
-        try:
-            v = float(value)
-        except ValueError:
-            continue
-        lab = {k: bytes(val, "utf-8").decode("unicode_escape") for k, val in _LABEL.findall(labels or "")}
-        out.setdefault(name, []).append((lab, v))
-    return out
-
-
-def metric_total(samples: MetricSamples, name: str) -> float | None:
-    """Sum of a metric over all its label sets; None when the server does not export it."""
-    if name not in samples:
-        return None
-    return float(sum(v for _, v in samples[name]))
-
-
-def metric_by_label(samples: MetricSamples, name: str, label: str) -> dict[str, float]:
-    """{label value: summed value} of a metric, e.g. per ``position`` of a per-position counter."""
-    out: dict[str, float] = {}
-    for lab, v in samples.get(name, []):
-        if label in lab:
-            out[lab[label]] = out.get(lab[label], 0.0) + v
-    return out
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,0 +1,384 @@
+"""The shared machinery of every server backend (vLLM, SGLang, llama.cpp, any OpenAI-compatible).
+
+:class:`ServerBackend` starts (or attaches to) the server that matches the cell's method, sends
+each request with a hard per-request deadline, turns the SSE stream into a
+:class:`~specstudy.records.RequestRecord`, and scopes acceptance to the run.  A failed or
+timed-out request is a record with ``status`` set, never an exception.  Acceptance a server does
+not report stays ``None``.  Subclasses say how to start their server (:meth:`server_argv`), how
+to build a request (:meth:`request_body`), how to read a chunk (:meth:`consume`) and where the
+acceptance counters are (:meth:`fill_acceptance`, :meth:`run_acceptance`).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import shlex
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+from ..models import resolve_for_engine as resolve_model
+from ..records import Cell, Request, RequestRecord, Sampling
+from .base import ServingBackend, encode_request
+from .lifecycle import ManagedServer, ServerInfo, connect, http_get, split_url
+from .prometheus import MetricSamples, parse_prometheus
+from .sse import Deadline, RequestFailed, StreamState, iter_sse
+
+# cell options that describe the offered load (serving benchmark), not the server's configuration
+LOAD_OPTIONS = frozenset({"rate", "burstiness", "concurrency", "load"})
+
+
+class ServerBackend(ServingBackend):
+    """Shared client of a streaming HTTP inference server.
+
+    Options: ``base_url`` attaches to a running server (the kit then cannot change its
+    speculative configuration: the records say ``started_by_kit: False``); otherwise the server
+    is started from :meth:`server_argv` for each distinct speculative configuration a cell asks
+    for.  ``request_timeout_s`` bounds every request (connect to last byte); ``idle_timeout_s``
+    bounds the silence between two chunks.
+    """
+
+    framework = "openai"
+    methods: tuple[str, ...] = ("ar",)
+    api_path = "/v1/completions"
+    health_path = "/health"
+    metrics_path: str | None = None
+
+    def __init__(
+        self,
+        model: str,
+        drafter: str | None = None,
+        *,
+        base_url: str | None = None,
+        served_model: str | None = None,
+        request_timeout_s: float = 300.0,
+        idle_timeout_s: float | None = None,
+        ready_timeout_s: float = 1200.0,
+        log_dir: str | os.PathLike = "outputs/servers",
+        server_args: Sequence[str] = (),
+        env: dict[str, str] | None = None,
+        extra_body: dict[str, Any] | None = None,
+        api_key: str | None = None,
+        python: str | None = None,
+        **options: Any,
+    ):
+        if request_timeout_s <= 0:
+            raise ValueError(f"request_timeout_s={request_timeout_s!r}: must be > 0")
+        if base_url is not None:
+            split_url(base_url)
+        self.model = model
+        self.drafter = drafter
+        self.base_url = base_url.rstrip("/") if base_url else None
+        self.served_model = served_model
+        self.request_timeout_s = float(request_timeout_s)
+        self.idle_timeout_s = float(idle_timeout_s) if idle_timeout_s else self.request_timeout_s
+        self.ready_timeout_s = float(ready_timeout_s)
+        self.log_dir = Path(log_dir)
+        self.server_args = [str(a) for a in server_args]
+        self.env = dict(env or {})
+        self.extra_body = dict(extra_body or {})
+        self.api_key = api_key
+        self.python = python
+        self.options = options
+        self.server: ManagedServer | None = None
+        self.server_info: ServerInfo | None = None
+        self._server_key: Any = None
+        self.last_run_acceptance: dict[str, Any] | None = None
+        self._start_lock = threading.Lock()
+
+    # ---- what subclasses define -----------------------------------------------------------
+
+    def server_argv(self, cell: Cell) -> list[str]:
+        """Command line (with ``{port}``/``{host}`` placeholders) for the cell's configuration."""
+        command = self.options.get("command")
+        if not command:
+            raise ValueError("framework 'openai' needs base_url=URL of a running server or "
+                             "command='... --port {port}' to start one")
+        argv = shlex.split(command) if isinstance(command, str) else [str(a) for a in command]
+        subst = {"{model}": resolve_model(self.model), "{drafter}": resolve_model(self.drafter or ""),
+                 "{gamma}": str(cell.gamma or "")}
+        out = []
+        for a in argv:
+            for k, v in subst.items():
+                a = a.replace(k, v)
+            out.append(a)
+        return out + self.server_args
+
+    def server_env(self, cell: Cell) -> dict[str, str]:
+        return dict(self.env)
+
+    def server_key(self, cell: Cell) -> Any:
+        """Cells with equal keys can share one server process (load settings do not matter)."""
+        return (cell.method, cell.gamma, cell.drafter, tuple(o for o in cell.options if o[0] not in LOAD_OPTIONS))
+
+    def version_probe(self, url: str) -> str | None:
+        """The server build, asked over HTTP (``/version``, else ``/props`` build info)."""
+        for path, key in (("/version", "version"), ("/props", "build_info")):
+            try:
+                status, body = http_get(url + path, 5.0)
+                if status == 200:
+                    value = json.loads(body).get(key)
+                    if value:
+                        return str(value)
+            except (OSError, ValueError, AttributeError):
+                continue
+        return None
+
+    def prompt_ids(self, request: Request) -> list[int] | None:
+        """Token ids to send, so a server decodes the same input as the in-process engines: the
+        request's own ids, else its chat messages rendered by the target's tokenizer (loaded once,
+        locally).  None sends the text as it is (no messages, or no local tokenizer for a hub id
+        without network)."""
+        if request.prompt_ids is not None:
+            return list(request.prompt_ids)
+        if not request.messages:
+            return None
+        if not hasattr(self, "_tokenizer"):
+            try:
+                from transformers import AutoTokenizer
+
+                self._tokenizer = AutoTokenizer.from_pretrained(resolve_model(self.model))
+            except (OSError, ValueError):
+                self._tokenizer = None
+        return encode_request(self._tokenizer, request) if self._tokenizer is not None else None
+
+    def request_body(self, request: Request, sampling: Sampling) -> dict[str, Any]:
+        ids = self.prompt_ids(request)
+        body: dict[str, Any] = {
+            "model": self.served_model or self.model,
+            "prompt": ids if ids is not None else request.prompt,
+            "max_tokens": sampling.max_new_tokens,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "seed": sampling.seed,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        if sampling.top_k > 0:
+            body["top_k"] = sampling.top_k
+        if sampling.ignore_eos:
+            body["ignore_eos"] = True
+        body.update(self.extra_body)
+        return body
+
+    def consume(self, obj: dict[str, Any], st: StreamState) -> int:
+        """Fold one OpenAI completions chunk into ``st``; return the output tokens it carried."""
+        n = 0
+        usage = obj.get("usage")
+        if usage:
+            st.usage = usage
+        for key in ("timings", "metrics"):
+            if isinstance(obj.get(key), dict):
+                setattr(st, key, obj[key])
+        for ch in obj.get("choices") or []:
+            text = ch.get("text")
+            if text is None:
+                text = (ch.get("delta") or {}).get("content") or ""
+            ids = ch.get("token_ids")
+            if ids is not None:
+                st.output_ids.extend(int(i) for i in ids)
+                n += len(ids)
+                st.count_source = "token_ids"
+            elif usage and usage.get("completion_tokens") is not None:
+                n += int(usage["completion_tokens"]) - st.tokens - n
+                st.count_source = st.count_source or "usage"
+            elif text:
+                n += 1
+                st.count_source = "one_per_chunk"
+            st.text_parts.append(text)
+            if ch.get("finish_reason"):
+                st.finish_reason = ch["finish_reason"]
+        st.tokens += max(n, 0)
+        return max(n, 0)
+
+    def fill_acceptance(self, rec: RequestRecord, st: StreamState) -> None:
+        """Per-request acceptance the server reported (llama.cpp timings); None otherwise."""
+        t = st.timings or {}
+        if "draft_n" in t and "draft_n_accepted" in t:
+            rec.drafted_tokens = int(t["draft_n"])
+            rec.accepted_tokens = int(t["draft_n_accepted"])
+            rec.extra["acceptance_source"] = "llama.cpp timings.draft_n/draft_n_accepted"
+
+    def scrape(self) -> MetricSamples | None:
+        """The server's /metrics now, or None when it has none."""
+        if self.metrics_path is None or self.url is None:
+            return None
+        try:
+            status, body = http_get(self.url + self.metrics_path, 10.0)
+        except OSError:
+            return None
+        return parse_prometheus(body) if status == 200 else None
+
+    def run_acceptance(self, before: MetricSamples | None, after: MetricSamples | None,
+                       records: Sequence[RequestRecord]) -> dict[str, Any] | None:
+        """Acceptance of exactly this run: counter differences, else sums of per-request counts."""
+        seen = [r for r in records if r.drafted_tokens is not None]
+        if not seen:
+            return None
+        out: dict[str, Any] = {
+            "source": "per_request_sum",
+            "drafted_tokens": sum(r.drafted_tokens or 0 for r in seen),
+            "accepted_tokens": sum(r.accepted_tokens or 0 for r in seen),
+            "verify_steps": (sum(r.verify_steps or 0 for r in seen)
+                             if all(r.verify_steps is not None for r in seen) else None),
+            "output_tokens": sum(r.output_tokens for r in seen),
+            "n_requests": len(seen),
+        }
+        from ..metrics import acceptance_rate, mean_accepted_length
+
+        out["alpha"] = acceptance_rate(out["accepted_tokens"], out["drafted_tokens"])
+        out["tau"] = (mean_accepted_length(out["output_tokens"], out["verify_steps"])
+                      if out["verify_steps"] else None)
+        return out
+
+    # ---- lifecycle --------------------------------------------------------------------------
+
+    @property
+    def url(self) -> str | None:
+        return self.server_info.url if self.server_info else None
+
+    def ensure_server(self, cell: Cell) -> ServerInfo:
+        """Attach, or start the server for this cell's configuration (restarting if it differs)."""
+        if self.base_url is not None:
+            if self.server_info is None:
+                self.server_info = connect(self.base_url, self.health_path, version=self.version_probe)
+            return self.server_info
+        key = self.server_key(cell)
+        if self.server is not None and self._server_key == key and self.server.running():
+            assert self.server_info is not None
+            return self.server_info
+        self.stop_server()
+        argv = self.server_argv(cell)
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        log = self.log_dir / f"{self.framework}_{cell.method}_g{cell.gamma}_{stamp}_{os.getpid()}.log"
+        self.server = ManagedServer(argv, log_path=log, env=self.server_env(cell), health_path=self.health_path,
+                                    ready_timeout_s=self.ready_timeout_s, version=self.version_probe)
+        self.server_info = self.server.start()
+        self._server_key = key
+        return self.server_info
+
+    def stop_server(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+        self.server = None
+        if self.base_url is None:
+            self.server_info = None
+        self._server_key = None
+
+    def close(self) -> None:
+        self.stop_server()
+
+    # ---- one request ----------------------------------------------------------------------
+
+    def send(self, request: Request, sampling: Sampling, cell: Cell, timeout_s: float | None = None) -> RequestRecord:
+        """One streamed request → one record; never raises for a server or network failure."""
+        budget = self.request_timeout_s if timeout_s is None else min(timeout_s, self.request_timeout_s)
+        rec = cell.new_record(request, sampling, input_policy=getattr(request, "input_policy", "") or "")
+        rec.extra["endpoint"] = self.api_path
+        if self.server_info is not None:
+            rec.extra["server"] = self.server_info.as_dict()
+        st = StreamState()
+        if self.url is None:
+            try:
+                with self._start_lock:
+                    self.ensure_server(cell)
+            except (OSError, ValueError, RuntimeError) as e:  # ServerStartError is a RuntimeError
+                rec.status, rec.error = "error", f"no server: {e}"[:2000]
+                return rec
+        host, port, base = split_url(self.url)
+        body = json.dumps(self.request_body(request, sampling)).encode()
+        headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        conn = http.client.HTTPConnection(host, port, timeout=min(self.idle_timeout_s, budget))
+        expired = threading.Event()
+
+        def on_deadline() -> None:  # unblocks a read that the socket timeout alone cannot bound
+            expired.set()
+            sock = conn.sock
+            if sock is not None:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+        timer = threading.Timer(budget, on_deadline)
+        timer.daemon = True
+        t0 = time.perf_counter()
+        rec.start_epoch = time.time()
+        timer.start()
+        try:
+            conn.request("POST", base + self.api_path, body=body, headers=headers)
+            resp = conn.getresponse()
+            if resp.status != 200:
+                raise RequestFailed(f"HTTP {resp.status}: {resp.read(2000).decode('utf-8', 'replace')}")
+            for data in iter_sse(resp):
+                if expired.is_set():
+                    raise Deadline()
+                if data.strip() == "[DONE]":
+                    break
+                obj = json.loads(data)
+                if isinstance(obj, dict) and obj.get("error"):
+                    raise RequestFailed(f"server error in stream: {obj['error']}")
+                n = self.consume(obj, st)
+                if n > 0:
+                    t = time.perf_counter() - t0
+                    if rec.first_token_s is None:
+                        rec.first_token_s = t
+                    rec.chunk_times_s.append(t)
+                    rec.chunk_tokens.append(n)
+            if expired.is_set():
+                raise Deadline()
+            rec.end_s = time.perf_counter() - t0
+        except (Deadline, TimeoutError, socket.timeout) as e:
+            rec.status = "timeout"
+            rec.error = (f"no complete answer within {budget:.1f} s" if isinstance(e, Deadline) or expired.is_set()
+                         else f"no data for {self.idle_timeout_s:.1f} s")
+        except (OSError, http.client.HTTPException, ValueError, RequestFailed) as e:
+            if expired.is_set():
+                rec.status, rec.error = "timeout", f"no complete answer within {budget:.1f} s"
+            else:
+                rec.status, rec.error = "error", f"{type(e).__name__}: {e}"[:2000]
+        finally:
+            timer.cancel()
+            conn.close()
+        self._finish(rec, request, st)
+        return rec
+
+    def _finish(self, rec: RequestRecord, request: Request, st: StreamState) -> None:
+        usage = st.usage or {}
+        rec.output_tokens = int(usage.get("completion_tokens", st.tokens) or st.tokens)
+        if usage.get("prompt_tokens") is not None:
+            rec.input_tokens = int(usage["prompt_tokens"])
+        elif request.prompt_ids is not None:
+            rec.input_tokens = len(request.prompt_ids)
+        rec.output_text = st.text
+        rec.output_ids = list(st.output_ids)
+        rec.extra["chunk_token_count"] = st.count_source or "none"
+        if st.finish_reason:
+            rec.extra["finish_reason"] = st.finish_reason
+        if rec.status == "ok" and rec.output_tokens == 0:
+            rec.status, rec.error = "error", "stream ended without output tokens"
+        self.fill_acceptance(rec, st)
+
+    # ---- a batch --------------------------------------------------------------------------
+
+    def run(self, requests: Sequence[Request], sampling: Sampling, cell: Cell) -> Iterator[RequestRecord]:
+        """Send the cell's requests ``cell.batch_size`` at a time; acceptance scoped to this run."""
+        if cell.batch_size < 1:
+            raise ValueError(f"batch_size={cell.batch_size!r}: must be >= 1")
+        self.ensure_server(cell)
+        before = self.scrape()
+        with ThreadPoolExecutor(max_workers=cell.batch_size) as pool:
+            records = list(pool.map(lambda r: self.send(r, sampling, cell), requests))
+        after = self.scrape()
+        self.last_run_acceptance = self.run_acceptance(before, after, records)
+        for rec in records:
+            # the same run-level block on every record of the run: NOT a per-request number
+            rec.extra["run_scope"] = {"acceptance": self.last_run_acceptance, "n_requests": len(records)}
+            yield rec

@@ -40,9 +40,9 @@ def acceptance_rate(accepted: int, drafted: int) -> float:
     return accepted / drafted if drafted else NAN
 
 
-def mean_accepted_length(emitted_tokens: int, verify_steps: int) -> float:
+def mean_accepted_length(emitted_tokens: int, target_forwards: int) -> float:
     """τ = emitted tokens / verification steps (bonus token included; AR gives 1)."""
-    return emitted_tokens / verify_steps if verify_steps else NAN
+    return emitted_tokens / target_forwards if target_forwards else NAN
 
 
 def vllm_mean_acceptance_length(accepted: int, num_drafts: int) -> float:
@@ -193,10 +193,10 @@ def acceptance_summary(records: Sequence[RequestRecord]) -> dict[str, float | li
     """α, τ, α̂ and per-position acceptance pooled over requests that expose counters."""
     seen = [r for r in records if r.status == "ok" and r.drafted_tokens is not None]
     if not seen:
-        return {"alpha": None, "tau": None, "alpha_hat": None, "per_position": None, "verify_steps": None}
+        return {"alpha": None, "tau": None, "alpha_hat": None, "per_position": None, "target_forwards": None}
     drafted = sum(r.drafted_tokens or 0 for r in seen)
     accepted = sum(r.accepted_tokens or 0 for r in seen)
-    steps = sum(r.verify_steps or 0 for r in seen)
+    steps = sum(r.target_forwards or 0 for r in seen)
     emitted = sum(r.output_tokens for r in seen)
     depth = max((len(r.drafts_per_position or []) for r in seen), default=0)
     acc_k = [sum((r.accepted_per_position or [])[k] if k < len(r.accepted_per_position or []) else 0 for r in seen) for k in range(depth)]
@@ -206,7 +206,7 @@ def acceptance_summary(records: Sequence[RequestRecord]) -> dict[str, float | li
         "tau": mean_accepted_length(emitted, steps),
         "alpha_hat": alpha_hat(acc_k, dr_k) if depth else NAN,
         "per_position": [a / d if d else NAN for a, d in zip(acc_k, dr_k)],
-        "verify_steps": steps,
+        "target_forwards": steps,
     }
 
 

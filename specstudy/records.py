@@ -119,13 +119,15 @@ class RequestRecord:
     end_s: float | None = None
     chunk_times_s: list[float] = field(default_factory=list)
     chunk_tokens: list[int] = field(default_factory=list)
-    # speculation
+    # speculation (None when the backend cannot see it; never guessed)
     steps: list[StepRecord] = field(default_factory=list)
-    verify_steps: int | None = None
+    target_forwards: int | None = None  # every target forward: the prompt pass and steps without drafts included
+    draft_steps: int | None = None  # target forwards that verified at least one drafted token
     drafted_tokens: int | None = None
     accepted_tokens: int | None = None
-    accepted_per_position: list[int] | None = None  # how many steps accepted position k (k=1..)
-    drafts_per_position: list[int] | None = None  # how many steps drafted position k
+    accepted_per_position: list[int] | None = None  # how many draft steps accepted position k (k=1..)
+    drafts_per_position: list[int] | None = None  # how many draft steps drafted position k
+    synthetic_acceptance: str | None = None  # e.g. "alpha=0.8": acceptance fixed for timing, not measured
     # quality and entropy
     output_ids: list[int] = field(default_factory=list)
     output_text: str = ""
@@ -143,11 +145,17 @@ class RequestRecord:
         if self.status not in STATUSES:
             raise ValueError(f"status={self.status!r}: allowed {STATUSES}")
 
+    @property
+    def verify_steps(self) -> int | None:
+        """Old name of :attr:`target_forwards` (records written before the rename)."""
+        return self.target_forwards
+
     def fill_acceptance_from_steps(self) -> "RequestRecord":
         """Set the aggregate counters from ``steps`` so every consumer reads one set of counts."""
         if not self.steps:
             return self
-        self.verify_steps = len(self.steps)
+        self.target_forwards = len(self.steps)
+        self.draft_steps = sum(1 for s in self.steps if s.drafted > 0)
         self.drafted_tokens = sum(s.drafted for s in self.steps)
         self.accepted_tokens = sum(s.accepted for s in self.steps)
         depth = max((s.drafted for s in self.steps), default=0)
@@ -214,8 +222,13 @@ def _to_row(rec: RequestRecord) -> dict[str, Any]:
     return row
 
 
+#: columns renamed since records were first written: old name -> new name
+_RENAMED = {"verify_steps": "target_forwards"}
+
+
 def _from_row(row: dict[str, Any]) -> RequestRecord:
     names = {f.name for f in dataclasses.fields(RequestRecord)}
+    row = {_RENAMED.get(k, k): v for k, v in row.items()}
     kw = {k: v for k, v in row.items() if k in names}
     kw["steps"] = [StepRecord(**s) for s in json.loads(kw.get("steps") or "[]")]
     kw["extra"] = json.loads(kw.get("extra") or "{}")

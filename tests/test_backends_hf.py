@@ -44,7 +44,7 @@ def test_counts_consistent_and_lossless(backend, ar_outputs, method, gamma, opts
         assert r.status == "ok", r.error
         assert r.output_ids == ar_outputs[r.prompt_id]  # greedy: identical to AR
         assert r.output_tokens == 17 == sum(s.emitted for s in r.steps) == sum(r.chunk_tokens)
-        assert r.verify_steps == len(r.steps) and r.drafted_tokens == sum(s.drafted for s in r.steps)
+        assert r.target_forwards == len(r.steps) and r.drafted_tokens == sum(s.drafted for s in r.steps)
         assert r.accepted_tokens == sum(s.accepted for s in r.steps)
         for s in r.steps:
             assert s.drafted <= (gamma or 0) and s.emitted <= s.accepted + 1
@@ -138,7 +138,7 @@ def test_hf_prompt_lookup_agrees_with_reference_ngram_on_default_model():
     for a, b in zip(ref_recs, hf_recs):
         assert a.status == b.status == "ok"
         assert a.output_ids == b.output_ids
-        assert a.verify_steps == b.verify_steps
+        assert a.target_forwards == b.target_forwards
         assert (a.steps[0].drafted, a.steps[0].emitted) == (0, 1) and b.steps[0].emitted == 1
         done = 1
         for sa, sb in zip(a.steps[1:], b.steps[1:]):

@@ -24,7 +24,7 @@ def test_llamacpp_timings_give_drafted_and_accepted_but_no_steps():
         assert r.status == "ok", r.error
         assert r.output_tokens == 9 == len(r.chunk_times_s) and r.extra["chunk_token_count"] == "one_per_chunk"
         assert (r.drafted_tokens, r.accepted_tokens) == (K * len(steps), sum(c["accepted"] for c in steps))
-        assert r.verify_steps is None and r.accepted_per_position is None  # not reported: not invented
+        assert r.target_forwards is None and r.accepted_per_position is None  # not reported: not invented
         assert r.input_tokens == 5
     acc = b.last_run_acceptance
     assert acc["source"] == "per_request_sum" and acc["tau"] is None

@@ -35,7 +35,7 @@ def test_meta_fields_both_name_generations_and_by_position():
     new = {"completion_tokens": 20, "spec_verify_ct": 8, "spec_num_correct_drafts": 12,
            "spec_num_proposed_drafts": 24, "spec_correct_drafts_histogram": [2, 1, 1, 4]}
     f = meta_fields(new)
-    assert (f["verify_steps"], f["drafted_tokens"], f["accepted_tokens"]) == (9, 24, 12)  # + the prefill
+    assert (f["target_forwards"], f["drafted_tokens"], f["accepted_tokens"]) == (9, 24, 12)  # + the prefill
     assert f["accepted_per_position"] == [6, 5, 4] and f["drafts_per_position"] == [8, 8, 8]
     old = {"spec_verify_ct": 8, "spec_accept_token_num": 12, "spec_draft_token_num": 24}
     assert meta_fields(old)["accepted_tokens"] == 12 and meta_fields(old)["accepted_per_position"] is None
@@ -56,7 +56,7 @@ def test_native_stream_parsing(names):
         assert r.output_tokens == 11 == sum(r.chunk_tokens) and r.output_ids == [i for c in script(11, True) for i in c["ids"]]
         assert r.output_text.count("t") == 11  # cumulative text kept once, not concatenated
         assert r.input_tokens == 5
-        assert r.verify_steps == len(steps) + 1  # the prefill forward + spec_verify_ct
+        assert r.target_forwards == len(steps) + 1  # the prefill forward + spec_verify_ct
         assert r.extra["sglang_tau"] == pytest.approx(11 / len(steps))  # SGLang's own convention
         assert (r.drafted_tokens, r.accepted_tokens) == (K * len(steps), sum(c["accepted"] for c in steps))
         assert r.extra["server"]["version"] == "0.5.23-fake"

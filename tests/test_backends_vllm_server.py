@@ -82,7 +82,7 @@ def test_stream_parsing_and_per_request_acceptance(level):
         assert 0 <= r.first_token_s <= r.chunk_times_s[-1] <= r.end_s
         assert r.output_text.startswith("t100 ")
         # every target forward counts: the prefill plus the fixture's spec steps
-        assert (r.verify_steps, r.drafted_tokens, r.accepted_tokens) == (steps + 1, drafted, accepted)
+        assert (r.target_forwards, r.drafted_tokens, r.accepted_tokens) == (steps + 1, drafted, accepted)
         assert r.extra["vllm_spec"]["num_spec_steps"] == steps
         assert r.accepted_per_position == [sum(1 for s in step_list if s["accepted"] >= k) for k in range(1, K + 1)]
         assert r.drafts_per_position == [steps] * K  # every fixture step drafted K tokens
@@ -117,7 +117,7 @@ def test_ar_baseline_has_no_invented_acceptance():
         recs = list(b.run(reqs(2), SAMPLING, cell("ar", None)))
     for r in recs:
         assert r.status == "ok" and r.output_tokens == 13 and r.chunk_tokens == [1] * 13
-        assert r.verify_steps is r.drafted_tokens is r.accepted_tokens is None
+        assert r.target_forwards is r.drafted_tokens is r.accepted_tokens is None
     assert metrics.acceptance_summary(recs)["alpha"] is None
 
 
@@ -174,8 +174,8 @@ def test_steps_without_drafts_still_count_as_forwards():
     spec = {"num_spec_steps": 25, "num_draft_tokens": 100, "num_accepted_draft_tokens": 63, "num_spec_tokens": 4,
             "acceptance_histogram": [6, 1, 4, 2, 12]}
     out = spec_fields(spec, output_tokens=128)
-    assert out["verify_steps"] == 65 and out["drafts_per_position"] == [25] * 4
-    assert metrics.mean_accepted_length(128, out["verify_steps"]) <= 4 + 1
+    assert out["target_forwards"] == 65 and out["drafts_per_position"] == [25] * 4
+    assert metrics.mean_accepted_length(128, out["target_forwards"]) <= 4 + 1
 
 
 def test_spec_fields_without_uniform_drafts_leaves_drafts_per_position_unknown():

@@ -36,7 +36,7 @@ def test_registry_builds_the_reference_backend():
 def test_records_for_every_method_and_batch_size(backend):
     base = list(backend.run(REQS, S, cell("ar")))
     assert [r.status for r in base] == ["ok"] * 4
-    assert all(r.output_tokens == 10 and r.verify_steps == 10 for r in base)
+    assert all(r.output_tokens == 10 and r.target_forwards == 10 for r in base)
     for c in [cell("ngram", 3, batch=2, ngram_max=2), cell("draft_target", 3, batch=3, drafter="small"),
               cell("layer_skip", 2, batch=4, exit_layer=1), cell("ar", batch=4)]:
         recs = list(backend.run(REQS, S, c))
@@ -48,7 +48,7 @@ def test_records_for_every_method_and_batch_size(backend):
             assert r.drafted_tokens == sum(s.drafted for s in r.steps)
             assert len(r.token_entropy) == len(r.target_logprobs) == r.output_tokens
         summ = metrics.acceptance_summary(recs)
-        assert summ["tau"] == pytest.approx(sum(r.output_tokens for r in recs) / sum(r.verify_steps for r in recs))
+        assert summ["tau"] == pytest.approx(sum(r.output_tokens for r in recs) / sum(r.target_forwards for r in recs))
 
 
 def test_bad_method_and_options_fail_before_decoding(backend):

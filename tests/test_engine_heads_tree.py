@@ -143,7 +143,7 @@ def check_counts(row, depth_max):
     rec = RequestRecord(study="t", hardware="cpu", framework="reference", method="m", task="t", prompt_id="p",
                         repeat=0, cell_id="c", model="tiny", output_tokens=len(row.output_ids), steps=row.steps)
     rec.fill_acceptance_from_steps()
-    assert mean_accepted_length(sum(s.emitted for s in rec.steps), rec.verify_steps) == \
+    assert mean_accepted_length(sum(s.emitted for s in rec.steps), rec.target_forwards) == \
         len(row.output_ids) / len(row.steps)
 
 
@@ -436,8 +436,8 @@ def test_heads_and_tree_run_through_the_reference_backend(target, heads_file):
         assert [r.status for r in recs] == ["ok"] * len(PROMPTS), [r.error for r in recs]
         assert [r.output_ids for r in recs] == ref
         for r in recs:
-            assert r.drafter == cell.drafter and r.verify_steps == len(r.steps)
-            assert r.accepted_tokens + r.verify_steps == r.output_tokens  # every step ends in one target token
+            assert r.drafter == cell.drafter and r.target_forwards == len(r.steps)
+            assert r.accepted_tokens + r.target_forwards == r.output_tokens  # every step ends in one target token
 
 
 # --------------------------------------------------------------------------------------------

@@ -85,14 +85,14 @@ def test_empirical_alpha_differs_from_iid_alpha():
 def test_vllm_convention_equals_tau_when_steps_end_in_bonus():
     steps = [StepRecord(3, a, a + 1, 0.0) for a in (0, 1, 3, 2)]
     r = rec(n=sum(s.emitted for s in steps), steps=steps)
-    assert M.vllm_mean_acceptance_length(r.accepted_tokens, r.verify_steps) == M.mean_accepted_length(
-        r.output_tokens, r.verify_steps)
+    assert M.vllm_mean_acceptance_length(r.accepted_tokens, r.target_forwards) == M.mean_accepted_length(
+        r.output_tokens, r.target_forwards)
 
 
 def test_ar_has_tau_one():
     steps = [StepRecord(0, 0, 1, float(i)) for i in range(7)]
     r = rec(n=7, steps=steps)
-    assert M.mean_accepted_length(r.output_tokens, r.verify_steps) == 1.0
+    assert M.mean_accepted_length(r.output_tokens, r.target_forwards) == 1.0
     assert math.isnan(M.acceptance_summary([r])["alpha"])
 
 

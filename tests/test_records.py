@@ -29,7 +29,7 @@ def test_cell_identity_and_new_record():
 
 def test_fill_acceptance_from_steps():
     rec = _record(Cell("s", "cpu", "reference", "ngram", "code", "m", gamma=4))
-    assert rec.verify_steps == 3
+    assert rec.target_forwards == 3
     assert rec.drafted_tokens == 8 and rec.accepted_tokens == 2
     assert rec.drafts_per_position == [2, 2, 2, 2]
     assert rec.accepted_per_position == [1, 1, 0, 0]

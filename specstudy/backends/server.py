@@ -224,16 +224,16 @@ class ServerBackend(ServingBackend):
             "source": "per_request_sum",
             "drafted_tokens": sum(r.drafted_tokens or 0 for r in seen),
             "accepted_tokens": sum(r.accepted_tokens or 0 for r in seen),
-            "verify_steps": (sum(r.verify_steps or 0 for r in seen)
-                             if all(r.verify_steps is not None for r in seen) else None),
+            "target_forwards": (sum(r.target_forwards or 0 for r in seen)
+                             if all(r.target_forwards is not None for r in seen) else None),
             "output_tokens": sum(r.output_tokens for r in seen),
             "n_requests": len(seen),
         }
         from ..metrics import acceptance_rate, mean_accepted_length
 
         out["alpha"] = acceptance_rate(out["accepted_tokens"], out["drafted_tokens"])
-        out["tau"] = (mean_accepted_length(out["output_tokens"], out["verify_steps"])
-                      if out["verify_steps"] else None)
+        out["tau"] = (mean_accepted_length(out["output_tokens"], out["target_forwards"])
+                      if out["target_forwards"] else None)
         return out
 
     # ---- lifecycle --------------------------------------------------------------------------

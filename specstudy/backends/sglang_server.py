@@ -8,7 +8,7 @@ accepted counts under the names of the version at hand — ``spec_num_proposed_d
 older ``spec_draft_token_num`` / ``spec_accept_token_num`` — plus, where offered,
 ``spec_num_*_drafts_by_position`` and ``spec_correct_drafts_histogram`` / ``spec_accept_histogram``.
 Every SGLang decode forward is a verification when speculation is on, so a record counts
-``verify_steps = spec_verify_ct + 1`` target forwards (the prefill is the first, as in the
+``target_forwards = spec_verify_ct + 1`` target forwards (the prefill is the first, as in the
 reference engine and the vLLM backend); SGLang's own τ = completion_tokens / spec_verify_ct is
 kept in ``extra["sglang_tau"]``.
 
@@ -63,7 +63,8 @@ def meta_fields(meta: dict[str, Any]) -> dict[str, Any] | None:
     steps = meta.get("spec_verify_ct")
     if not steps:
         return None
-    out: dict[str, Any] = {"verify_steps": int(steps) + 1, "drafted_tokens": None, "accepted_tokens": None,
+    out: dict[str, Any] = {"target_forwards": int(steps) + 1, "draft_steps": int(steps), "drafted_tokens": None,
+                           "accepted_tokens": None,
                            "accepted_per_position": None, "drafts_per_position": None}
     drafted, accepted = _first(meta, _DRAFTED_KEYS), _first(meta, _ACCEPTED_KEYS)
     if drafted is not None and accepted is not None:

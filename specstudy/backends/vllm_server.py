@@ -16,7 +16,7 @@ vLLM counts a *spec step* only when the request had drafts scheduled: decode ste
 n-gram drafter found nothing are not in ``num_spec_steps`` (measured here: 25 spec steps for 128
 tokens, so completion tokens / spec steps gave an impossible τ = 5.1 at γ = 4).  Records
 therefore count every target forward, as the reference engine does (its prefill is step 1):
-each forward emits its accepted drafts plus one token, so ``verify_steps = output tokens −
+each forward emits its accepted drafts plus one token, so ``target_forwards = output tokens −
 accepted drafts`` (exact unless the last step's accepted drafts ran past ``max_tokens``; never
 below spec steps + 1).  vLLM's own numbers (``num_spec_steps``, ``mean_acceptance_length`` =
 1 + accepted / spec steps) are kept in ``extra["vllm_spec"]``.
@@ -71,7 +71,7 @@ def speculative_config(method: str, gamma: int | None, drafter: str | None,
 def spec_fields(spec: dict[str, Any], output_tokens: int) -> dict[str, Any]:
     """Record fields from a response's ``metrics.speculative_decoding`` block.
 
-    ``verify_steps`` counts every target forward (see the module docstring).  Per-position counts
+    ``target_forwards`` counts every target forward (see the module docstring).  Per-position counts
     come from the per-step arrays (``detailed``) when present; otherwise the accepted ones from
     the histogram, and the drafted ones only when every spec step drafted γ tokens.
     """
@@ -80,7 +80,8 @@ def spec_fields(spec: dict[str, Any], output_tokens: int) -> dict[str, Any]:
     accepted = int(spec["num_accepted_draft_tokens"])
     k = int(spec.get("num_spec_tokens") or 0)
     forwards = max(output_tokens - accepted, steps + 1) if output_tokens > 0 else steps
-    out: dict[str, Any] = {"verify_steps": forwards, "drafted_tokens": drafted, "accepted_tokens": accepted,
+    out: dict[str, Any] = {"target_forwards": forwards, "draft_steps": steps, "drafted_tokens": drafted,
+                           "accepted_tokens": accepted,
                            "accepted_per_position": None, "drafts_per_position": None}
     per_d, per_a = spec.get("per_step_drafted"), spec.get("per_step_accepted")
     if per_d and per_a and len(per_d) == len(per_a):

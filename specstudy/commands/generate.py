@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
         "text": rec.output_text, "token_ids": rec.output_ids,
         "input_tokens": rec.input_tokens, "output_tokens": rec.output_tokens,
         "alpha": acc["alpha"], "tau": acc["tau"], "alpha_hat": acc["alpha_hat"],
-        "per_position_acceptance": acc["per_position"], "verify_steps": acc["verify_steps"],
+        "per_position_acceptance": acc["per_position"], "target_forwards": acc["target_forwards"],
         "ttft_s": metrics.ttft(rec), "tpot_s": metrics.tpot(rec), "e2e_s": metrics.e2e(rec),
         "tokens_per_s": metrics.per_request_throughput([rec]),
         "mean_entropy_nats": metrics.mean_entropy([rec]), "perplexity": metrics.perplexity_of_records([rec]),
@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"token ids ({rec.output_tokens}): {rec.output_ids}")
     fmt = lambda v: "n/a" if v is None or v != v else f"{v:.3f}"  # noqa: E731
     print(f"alpha {fmt(out['alpha'])}   tau {fmt(out['tau'])}   alpha_hat {fmt(out['alpha_hat'])}   "
-          f"steps {out['verify_steps']}")
+          f"steps {out['target_forwards']}")
     if out["per_position_acceptance"]:
         print("per-position acceptance: " + " ".join(fmt(a) for a in out["per_position_acceptance"]))
     print(f"TTFT {out['ttft_s'] * 1e3:.1f} ms   TPOT {out['tpot_s'] * 1e3:.1f} ms   "

@@ -84,7 +84,7 @@ def test_serve_bench_vllm_ngram_paired(tmp_path, model_dir):
     recs = read_records(tmp_path / "records")
     assert len(recs) == 12 and all(r.status == "ok" for r in recs)
     spec_recs = [r for r in recs if r.method == "ngram"]
-    assert all(r.drafted_tokens is not None and r.verify_steps for r in spec_recs)
+    assert all(r.drafted_tokens is not None and r.target_forwards for r in spec_recs)
     assert metrics.acceptance_summary(spec_recs)["alpha"] > 0
 
 

@@ -16,14 +16,40 @@ paying (the seed article's FAQ Q4 (1)).
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
 from typing import Callable, Sequence
 
 from .metrics import expected_tau
-from .params import HardwareProfile
 
 DTYPE_BYTES = {"fp32": 4.0, "float32": 4.0, "fp16": 2.0, "float16": 2.0, "bf16": 2.0, "bfloat16": 2.0,
                "fp8": 1.0, "int8": 1.0, "int4": 0.5, "q4": 0.5625}
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    """Roofline figures of one device (datasheet values; the cpu profile is measured)."""
+
+    name: str
+    device: str
+    memory_bandwidth_gbps: float
+    peak_tflops_by_dtype: Mapping[str, float] = field(default_factory=dict)
+    memory_gb: float = 0.0
+    bandwidth_efficiency: float = 0.65
+    compute_efficiency: float = 0.6
+    step_overhead_ms: float = 0.2
+    kind: str = "gpu"  # "gpu" or "cpu"
+    source: str = "datasheet"
+
+    def peak_tflops(self, dtype: str) -> float:
+        canon = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "q4": "int4"}.get(dtype, dtype)
+        if canon in self.peak_tflops_by_dtype:
+            return float(self.peak_tflops_by_dtype[canon])
+        if canon in ("int8", "fp8", "int4") and "bf16" in self.peak_tflops_by_dtype:
+            return float(self.peak_tflops_by_dtype["bf16"])  # weight-only quantization computes in bf16
+        if canon in ("bf16", "fp16") and "fp32" in self.peak_tflops_by_dtype:
+            return float(self.peak_tflops_by_dtype["fp32"])
+        raise ValueError(f"dtype={dtype!r} has no peak on {self.name}; allowed: {sorted(self.peak_tflops_by_dtype)}")
 
 
 def dtype_bytes(dtype: str) -> float:

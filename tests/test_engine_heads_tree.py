@@ -26,7 +26,7 @@ from specstudy.engine.methods import DecodeJob, get_method
 from specstudy.engine.methods import tree as T
 from specstudy.engine.methods.heads import draft_chain
 from specstudy.metrics import mean_accepted_length
-from specstudy.models import tiny_model
+from specstudy.data.models import tiny_model
 from exact_distribution import chi_square_p
 from exact_distribution import exact_joint as _exact_joint
 from specstudy.records import RequestRecord, Sampling
@@ -450,8 +450,8 @@ DEFAULT_HEADS = "params/drafters/smollm2-135m-heads.safetensors"
 def test_heads_and_tree_are_lossless_on_the_default_model():
     from pathlib import Path
 
-    from specstudy.models import load_model
-    from specstudy.params import REPO_ROOT
+    from specstudy.data.models import load_model
+    from specstudy.config import REPO_ROOT
 
     model, tok = load_model("smollm2-135m")
     heads = str(Path(REPO_ROOT) / DEFAULT_HEADS)

@@ -6,7 +6,7 @@ import torch
 from specstudy import metrics
 from specstudy.engine.methods import DecodeJob, get_method, method_names
 from specstudy.engine.methods.ngram import lookup
-from specstudy.models import tiny_model
+from specstudy.data.models import tiny_model
 from specstudy.records import Cell, Request, Sampling
 
 torch.set_num_threads(1)

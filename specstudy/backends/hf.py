@@ -32,7 +32,7 @@ from typing import Any, Iterator, Sequence
 
 from ..records import Cell, Request, RequestRecord, Sampling, StepRecord
 from .base import Backend, encode_request
-from ..models import resolve_for_engine as resolve_model
+from ..data.models import resolve_for_engine as resolve_model
 
 BATCH_NOTE = "sequential (HF assisted generation supports batch size 1 only)"
 
@@ -140,7 +140,7 @@ class HfBackend(Backend):
             self.tokenizer = AutoTokenizer.from_pretrained(resolve_model(model))
 
     def _load(self, name: str):
-        """Registry names and local paths through :mod:`specstudy.models`; hub ids directly."""
+        """Registry names and local paths through :mod:`specstudy.data.models`; hub ids directly."""
         from transformers import AutoModelForCausalLM
 
         m = AutoModelForCausalLM.from_pretrained(resolve_model(name), dtype=self.dtype)

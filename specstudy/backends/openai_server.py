@@ -7,7 +7,7 @@ The server is started from ``command=`` (with ``{port}``, ``{host}``, ``{model}`
 
 from __future__ import annotations
 
-from ..models import resolve_for_engine as resolve_model
+from ..data.models import resolve_for_engine as resolve_model
 from ..records import Cell
 from .server import ServerBackend
 

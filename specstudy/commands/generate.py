@@ -6,8 +6,6 @@ import argparse
 import json
 import os
 
-HELP = "decode one prompt with the reference engine (any method) and print text, ids, alpha, tau, TTFT, TPOT, tok/s"
-
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="smollm2-135m", help="a params/models entry, a local HF dir or a .gguf path")
@@ -53,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     from .. import metrics
     from ..engine.methods import get_method
-    from ..models import get_entry
+    from ..config import get_entry
     from ..records import Cell, Request, Sampling
 
     # every check before the model loads

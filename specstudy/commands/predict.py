@@ -5,11 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 
-HELP = "predict baseline tokens/s, c, tau, optimal gamma and speedup from the roofline cost model"
-
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from ..params import hardware_names
+    from ..config import hardware_names
 
     p.add_argument("--hardware", required=True, help=f"a profile in params/hardware: {', '.join(hardware_names())}")
     p.add_argument("--target-params", type=float, required=True, help="target parameter count, e.g. 70e9")
@@ -24,7 +22,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..costmodel import break_even_batch, predict
-    from ..params import load_hardware_profile
+    from ..config import load_hardware_profile
 
     hw = load_hardware_profile(args.hardware)
     pred = predict(hw, args.target_params, args.draft_params, args.alpha, args.dtype, args.batch,

@@ -11,9 +11,6 @@ import sys
 import time
 from pathlib import Path
 
-HELP = ("serving benchmark: Poisson/bursty or fixed-concurrency load on a vLLM / SGLang / OpenAI-compatible "
-        "server, paired runs with and without speculation, speedup per rate")
-
 SERVER_BACKENDS = ("vllm-server", "sglang", "openai")
 REPO = Path(__file__).resolve().parents[2]
 
@@ -63,7 +60,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _check(args: argparse.Namespace):
     """Every bad value named before anything starts."""
     from ..backends import get_backend  # noqa: F401  (import errors surface here)
-    from ..servebench import Slo, parse_rates
+    from ..analysis.serving import Slo
+    from ..run.serving import parse_rates
 
     if args.backend not in SERVER_BACKENDS:
         raise ValueError(f"--backend={args.backend!r}: serve-bench drives servers; allowed: {SERVER_BACKENDS}")
@@ -101,13 +99,12 @@ def _prompts(args: argparse.Namespace, n: int):
         else:
             texts = [line for line in path.read_text().splitlines() if line.strip()]
     else:
-        from .. import tasks
+        from ..config import get_entry
+        from ..data import models, tasks
 
         tokenizer = None
         try:
-            from .. import models
-
-            models.get_entry(args.model)
+            get_entry(args.model)
             tokenizer = models.load_tokenizer(args.model)
         except Exception:  # a remote/hub model: send the task's text prompts untokenized
             tokenizer = None
@@ -143,7 +140,7 @@ def _backend(args, envs, url):
 
 def run(args: argparse.Namespace) -> int:
     from ..records import Cell, Sampling
-    from ..servebench import SweepConfig, run_sweep
+    from ..run.serving import SweepConfig, run_sweep
 
     rates, slo, envs = _check(args)
     sampling = Sampling(temperature=args.temperature, seed=args.seed, max_new_tokens=args.max_new_tokens)
@@ -175,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, previous)
     summary["out"] = args.out
     if args.json:
-        from ..servebench import _json_safe
+        from ..analysis.serving import json_safe as _json_safe
 
         print(json.dumps(_json_safe(summary), indent=2, default=str))
         return 0

@@ -19,9 +19,6 @@ import sys
 import time
 from pathlib import Path
 
-HELP = ("distil a small drafter (Medusa heads, a layer-skip adapter or an EAGLE-style layer) from the target "
-        "on its own generations")
-
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kind", required=True, help="heads | layer_skip_adapter | eagle")
@@ -55,7 +52,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _check(args: argparse.Namespace) -> None:
     from ..engine.drafters import KINDS
-    from ..tasks import task_names
+    from ..config import task_names
 
     if args.kind not in KINDS:
         raise ValueError(f"--kind={args.kind!r}: allowed {list(KINDS)}")
@@ -83,7 +80,8 @@ def _check(args: argparse.Namespace) -> None:
 def training_prompts(tasks: list[str], per_task: int, tokenizer, max_tokens: int) -> list[tuple[str, list[int]]]:
     """(prompt_id, ids) per task, skipping the study's own sample (the first ``sample.n`` of the
     task's seed order) so acceptance is later measured on prompts the drafter never saw."""
-    from ..tasks import load_requests, load_task_config
+    from ..config import load_task_config
+    from ..data.tasks import load_requests
 
     out = []
     for t in tasks:
@@ -96,7 +94,7 @@ def training_prompts(tasks: list[str], per_task: int, tokenizer, max_tokens: int
 
 def eval_prompts(tasks: list[str], n: int, tokenizer) -> list[tuple[str, str, list[int]]]:
     """The first ``n`` prompts of each task's study sample: (task, prompt_id, ids)."""
-    from ..tasks import load_requests
+    from ..data.tasks import load_requests
 
     out = []
     for t in tasks:
@@ -146,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
 
     from .. import __version__
     from ..engine import drafters as D
-    from ..models import load_model
+    from ..data.models import load_model
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)

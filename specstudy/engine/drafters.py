@@ -212,7 +212,7 @@ def build_drafter(config: dict[str, Any]) -> nn.Module:
 def resolve_drafter_path(name: str | Path) -> Path:
     """A drafter file by path: as given (from the working directory), else relative to the
     repository root, so ``params/drafters/...`` works from notebooks/ too; ``.safetensors`` added."""
-    from ..params import REPO_ROOT
+    from ..config import REPO_ROOT
 
     p = Path(name).expanduser()
     if p.suffix != ".safetensors":

@@ -38,7 +38,7 @@ def _engines_python() -> str:
 
 @pytest.fixture(scope="module")
 def model_dir() -> str:
-    from specstudy import models
+    from specstudy.data import models
 
     return str(models.resolve("smollm2-135m"))
 
@@ -47,7 +47,7 @@ def test_serve_bench_vllm_ngram_paired(tmp_path, model_dir):
     from specstudy import metrics
     from specstudy.backends import get_backend
     from specstudy.records import Cell, Request, Sampling, read_records
-    from specstudy.servebench import SweepConfig, run_sweep
+    from specstudy.run.serving import SweepConfig, run_sweep
 
     py = _engines_python()
     backend = get_backend("vllm-server", model="smollm2-135m", python=py, dtype="float32", max_model_len=2048,

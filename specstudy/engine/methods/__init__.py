@@ -62,7 +62,7 @@ class MethodSpec:
     options: Mapping[str, Callable[[Any], Any]] = field(default_factory=dict)  # name -> validator/converter
     cross_check: Callable[[dict], None] | None = None  # checks between options (raises ValueError)
     #: how the backend turns cell.drafter (a name) into DecodeJob.drafter; None: a causal LM from
-    #: specstudy.models.  Called as load_drafter(name, target, device, dtype).
+    #: specstudy.data.models.  Called as load_drafter(name, target, device, dtype).
     load_drafter: Callable[[str, Any, str, str], Any] | None = None
 
     def check(self, gamma: int | None, batch_size: int, drafter: Any, options: Mapping[str, Any]) -> dict[str, Any]:

@@ -467,7 +467,7 @@ def load_tree_drafter(name: str, target, device: str = "cpu", dtype: str = "floa
 
     ``self`` / ``self:K``: the target's first K layers (default half) with its norm and LM head;
     a ``layer_skip_adapter`` file from ``specstudy train-drafter``: the same plus the trained
-    adapter (K from the file); anything else: a draft model from :mod:`specstudy.models`.
+    adapter (K from the file); anything else: a draft model from :mod:`specstudy.data.models`.
     """
     from .layer_skip import early_exit_draft
 

@@ -11,88 +11,28 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
 import pytest
+from support import TINY_STUDY, TinyFactory, run_tiny_study, tiny_requests, write_study
 
-from specstudy.records import Request, part_paths, read_records
-from specstudy.runner import BackendPool, run_study
-from specstudy.study import expand, load_study
+from specstudy.backends.base import ServingBackend
+from specstudy.config import load_study
+from specstudy.layout import StudyLayout
+from specstudy.run.plan import expand
+from specstudy.run.pool import BackendPool
+from specstudy.run.study import run_study
 
-TINY_STUDY = """
-study:
-  name: tiny
-  models:
-    - {name: tiny, target: smollm2-135m, dtype: float64}
-  methods:
-    - {method: ar}
-    - {method: ngram, label: Prompt lookup, options: {ngram_min: 1, ngram_max: 2}}
-    - {method: layer_skip, label: Early exit, options: {exit_layer: 1}, max_batch_size: 1}
-  frameworks: [reference]
-  tasks: [code, chat]
-  gammas: [2]
-  batch_sizes: [1, 2]
-  repeats: 1
-  warmup: {requests: 1, max_new_tokens: 2}
-  max_new_tokens: 6
-  prompts_per_task: 2
-  telemetry_period_s: 0.05
-"""
+_run = run_tiny_study
 
 
-def write_study(tmp_path: Path, text: str = TINY_STUDY) -> Path:
-    p = tmp_path / "tiny.yaml"
-    p.write_text(textwrap.dedent(text))
-    return p
+def part_paths(folder):
+    return StudyLayout(folder).part_paths()
 
 
-def tiny_requests(task: str, n: int, seed: int, tokenizer) -> list[Request]:
-    """Deterministic id prompts with a repeated phrase (something for prompt lookup to copy)."""
-    import random
-
-    rng = random.Random(f"{task}-{seed}")
-    out = []
-    for i in range(n):
-        phrase = [rng.randrange(3, 90) for _ in range(4)]
-        ids = [rng.randrange(3, 90) for _ in range(3)] + phrase + [rng.randrange(3, 90)] + phrase
-        out.append(Request(prompt_id=f"{task}/{i}", prompt="", task=task, prompt_ids=tuple(ids)))
-    return out
-
-
-class TinyFactory:
-    """Builds reference backends around a tiny random model; counts loads; can slow or break cells."""
-
-    def __init__(self, delay_s: float = 0.0, fail_method: str | None = None):
-        self.loads: list[tuple] = []
-        self.delay_s, self.fail_method = delay_s, fail_method
-
-    def __call__(self, framework: str, model: str, drafter=None, device: str = "cpu", dtype: str = "float64", **kw):
-        import torch
-
-        from specstudy.backends.reference import ReferenceBackend
-        from specstudy.models import tiny_model
-
-        torch.set_num_threads(1)
-        self.loads.append((framework, model, drafter))
-        backend = ReferenceBackend(tiny_model(seed=0, logit_scale=4.0, num_layers=2), device="cpu", dtype="float64")
-        run, factory = backend.run, self
-
-        def slow_run(requests, sampling, cell):
-            if factory.fail_method and cell.method == factory.fail_method:
-                raise RuntimeError(f"injected failure for {cell.method}")
-            for rec in run(requests, sampling, cell):
-                time.sleep(factory.delay_s)
-                yield rec
-
-        backend.run = slow_run
-        return backend
-
-
-def _run(cfg, plans, out, factory, **kw):
-    return run_study(cfg, plans, out, factory=factory, request_loader=tiny_requests, progress=False,
-                     log=lambda m: None, **kw)
+def read_records(folder):
+    return StudyLayout(folder).read_all()
 
 
 @pytest.fixture(scope="module")
@@ -123,9 +63,9 @@ def test_run_writes_one_part_per_cell_with_pairing_and_telemetry(tiny, tmp_path)
     factory = TinyFactory()
     res = _run(cfg, plans, tmp_path, factory)
     assert [r.status for r in res] == ["done"] * len(plans)
-    parts = part_paths(tmp_path / "records")
+    parts = part_paths(tmp_path)
     assert sorted(p.stem for p in parts) == sorted(p.cell_id for p in plans)
-    recs = read_records(tmp_path / "records")
+    recs = read_records(tmp_path)
     assert len(recs) == sum(p.prompts for p in plans)
     # one engine for the whole study (all cells share framework, target and no drafter)
     assert len(factory.loads) == 1
@@ -149,14 +89,14 @@ def test_rerun_skips_finished_cells_without_duplicates(tiny, tmp_path):
     cfg, plans = tiny
     first = _run(cfg, plans, tmp_path, TinyFactory(), max_cells=3)
     assert sum(r.status == "done" for r in first) == 3
-    mtimes = {p.name: p.stat().st_mtime_ns for p in part_paths(tmp_path / "records")}
+    mtimes = {p.name: p.stat().st_mtime_ns for p in part_paths(tmp_path)}
     factory = TinyFactory()
     second = _run(cfg, plans, tmp_path, factory)
     assert sum(r.status == "skipped" for r in second) == 3
     assert sum(r.status == "done" for r in second) == len(plans) - 3
     for name, m in mtimes.items():
         assert (tmp_path / "records" / name).stat().st_mtime_ns == m, "a finished cell was redone"
-    recs = read_records(tmp_path / "records")
+    recs = read_records(tmp_path)
     keys = [(r.cell_id, r.prompt_id, r.repeat) for r in recs]
     assert len(keys) == len(set(keys)) == sum(p.prompts for p in plans)
 
@@ -168,12 +108,10 @@ def test_failed_cell_is_reported_and_others_continue(tiny, tmp_path):
     assert failed and all("injected failure" in r.message for r in failed)
     assert all(r.status == "done" for r in res if r not in failed)
     assert sorted(p.stem for p in (tmp_path / "failed").glob("*.json")) == sorted(r.cell_id for r in failed)
-    from specstudy.runner import failed_cells
-
-    assert len(failed_cells(tmp_path)) == len(failed)
+    assert len(StudyLayout(tmp_path).failed_cells()) == len(failed)
     again = _run(cfg, plans, tmp_path, TinyFactory())  # fixed: only the failed cells run
     assert sorted(r.cell_id for r in again if r.status == "done") == sorted(r.cell_id for r in failed)
-    assert failed_cells(tmp_path) == []
+    assert StudyLayout(tmp_path).failed_cells() == []
 
 
 def test_engine_failure_fails_its_cells_once(tiny, tmp_path):
@@ -207,24 +145,14 @@ def test_backend_pool_reuses_an_engine_for_drafterless_cells(tiny):
     assert pool.get(hf) is b and made == [None, "some-drafter"]
 
 
-def test_second_runner_on_the_same_outputs_is_refused(tiny, tmp_path):
-    from specstudy.runner import study_lock
-
-    with study_lock(tmp_path):
-        with pytest.raises(RuntimeError, match="another `specstudy run`"):
-            with study_lock(tmp_path):
-                pass
-
-
 KILL_SCRIPT = """
 import sys
-sys.path.insert(0, {tests!r})
-from test_runner import TinyFactory, tiny_requests
-from specstudy.runner import run_study
-from specstudy.study import expand, load_study
+sys.path[:0] = [{repo!r}, {tests!r}]
+from support import TinyFactory, run_tiny_study
+from specstudy.config import load_study
+from specstudy.run.plan import expand
 cfg = load_study("cpu", {yaml!r})
-run_study(cfg, expand(cfg), {out!r}, factory=TinyFactory(delay_s={delay}), request_loader=tiny_requests,
-          progress=False)
+run_tiny_study(cfg, expand(cfg), {out!r}, TinyFactory(delay_s={delay}))
 """
 
 
@@ -233,19 +161,19 @@ def test_killed_study_resumes_without_redoing_or_duplicating(tmp_path):
     yaml = write_study(tmp_path)
     out = tmp_path / "out"
     script = tmp_path / "run.py"
-    script.write_text(KILL_SCRIPT.format(tests=str(Path(__file__).parent), yaml=str(yaml), out=str(out), delay=0.4))
+    script.write_text(KILL_SCRIPT.format(repo=str(Path(__file__).parents[2]), tests=str(Path(__file__).parents[1]), yaml=str(yaml), out=str(out), delay=0.4))
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     deadline = time.time() + 120
     try:
-        while time.time() < deadline and len(part_paths(out / "records")) < 2:
+        while time.time() < deadline and len(part_paths(out)) < 2:
             assert proc.poll() is None, proc.stdout.read().decode()[-2000:]
             time.sleep(0.05)
         time.sleep(0.5)  # into the next cell (each record takes >= 0.4 s)
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-    before = {p.name: p.stat().st_mtime_ns for p in part_paths(out / "records")}
+    before = {p.name: p.stat().st_mtime_ns for p in part_paths(out)}
     cfg = load_study("cpu", yaml)
     plans = expand(cfg)
     assert 2 <= len(before) < len(plans), "the kill must land mid-study"
@@ -254,7 +182,7 @@ def test_killed_study_resumes_without_redoing_or_duplicating(tmp_path):
     assert all(r.status in ("done", "skipped") for r in res)
     for name, m in before.items():
         assert (out / "records" / name).stat().st_mtime_ns == m
-    recs = read_records(out / "records")
+    recs = read_records(out)
     keys = [(r.cell_id, r.prompt_id, r.repeat) for r in recs]
     assert len(keys) == len(set(keys)) == sum(p.prompts for p in plans)
     assert {r.cell_id for r in recs} == {p.cell_id for p in plans}
@@ -263,7 +191,7 @@ def test_killed_study_resumes_without_redoing_or_duplicating(tmp_path):
     json.loads((out / "study.json").read_text())
 
 
-class FakeServer:
+class FakeServer(ServingBackend):
     """A server backend stand-in (no process): records what the runner asks of it."""
 
     framework = "openai"
@@ -301,10 +229,11 @@ def test_request_rate_cells_drive_a_server_at_that_rate(tmp_path):
     plans = expand(cfg)
     assert {p.request_rate for p in plans} == {2.0, float("inf")}
     servers = []
-    res = run_study(cfg, plans, tmp_path / "out", factory=lambda fw, **o: servers.append(FakeServer(**o)) or servers[-1],
+    res = run_study(cfg, plans, StudyLayout(tmp_path / "out"),
+                    factory=lambda fw, **o: servers.append(FakeServer(**o)) or servers[-1],
                     request_loader=tiny_requests, progress=False, log=lambda m: None)
     assert all(r.status == "done" for r in res), [r.message for r in res]
-    recs = read_records(tmp_path / "out" / "records")
+    recs = read_records(tmp_path / "out")
     assert len(recs) == sum(p.prompts for p in plans)
     assert all(r.extra["run_acceptance"]["requests"] == 2 for r in recs)  # scoped to the cell's own run
     started = [s for srv in servers for s in srv.started]

@@ -11,15 +11,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from specstudy.params import ParamsError, hardware_names
-from specstudy.study import (
-    check_draft_tokenizers,
-    check_environment,
-    expand,
-    load_study,
-    plan_summary,
-    tokenizers_match,
-)
+from specstudy.config import ParamsError, hardware_names, load_study
+from specstudy.config.checks import draft_tokenizers, tokenizers_match
+from specstudy.run.environment import check_environment
+from specstudy.run.plan import check_backends, expand, plan_summary
 
 BASE = {
     "name": "t",
@@ -44,7 +39,7 @@ def bad(tmp_path: Path, study: dict) -> ParamsError:
     path = write(tmp_path, study)
     t0 = time.perf_counter()
     with pytest.raises(ParamsError) as e:
-        load_study("cpu", path)
+        check_backends(load_study("cpu", path))
     assert time.perf_counter() - t0 < 5.0
     assert str(path) in str(e.value)
     return e.value
@@ -53,7 +48,7 @@ def bad(tmp_path: Path, study: dict) -> ParamsError:
 @pytest.mark.parametrize("hw", hardware_names())
 def test_shipped_profiles_validate_and_expand(hw):
     t0 = time.perf_counter()
-    cfg = load_study(hw)
+    cfg = check_backends(load_study(hw))
     plans = expand(cfg)
     assert time.perf_counter() - t0 < 5.0
     assert plans and len({p.cell_id for p in plans}) == len(plans)
@@ -112,18 +107,27 @@ def test_max_batch_size_and_method_gammas(tmp_path):
     ({**BASE, "methods": [{"method": "medusa2"}]}, "study.methods[0].method", "medusa2", "draft_target"),
     ({**BASE, "frameworks": ["tensorrt"]}, "study.frameworks", "tensorrt", "reference"),
     ({**BASE, "tasks": ["poetry"]}, "study.tasks", "poetry", "creative_writing"),
-    ({**BASE, "gammas": [0]}, "study.gammas", 0, "positive"),
-    ({**BASE, "batch_sizes": ["big"]}, "study.batch_sizes", "big", "int"),
-    ({**BASE, "request_rates": [-1]}, "study.request_rates", -1, "inf"),
+    ({**BASE, "gammas": [0]}, "study.gammas[0]", 0, "positive"),
+    ({**BASE, "gammas": 0}, "study.gammas[0]", 0, "positive"),
+    ({**BASE, "batch_sizes": ["big"]}, "study.batch_sizes[0]", "big", "integer"),
+    ({**BASE, "batch_sizes": [True]}, "study.batch_sizes[0]", True, "integer"),
+    ({**BASE, "request_rates": [-1]}, "study.request_rates[0]", -1, "inf"),
     ({**BASE, "sampling": {"temperature": 0.0, "top_q": 1}}, "study.sampling.top_q", "top_q", "top_p"),
-    ({**BASE, "sampling": {"temperature": -1}}, "study.sampling", None, "temperature"),
+    ({**BASE, "sampling": {"temperature": -1}}, "study.sampling.temperature", -1, ">= 0"),
+    ({**BASE, "sampling": {"top_p": 0}}, "study.sampling.top_p", 0, "(0, 1]"),
     ({**BASE, "models": [{"name": "x", "target": "smollm2-135m", "dtype": "fp12"}]}, "study.models[0].dtype", "fp12", "bfloat16"),
     ({**BASE, "models": [{"name": "x", "target": "no-such-model"}]}, "study.models[0].target", "no-such-model", "smollm2-135m"),
     ({**BASE, "sweeps": {"s": {"methods": ["Nope"]}}}, "study.sweeps.s.methods", "Nope", "Prompt lookup"),
     ({**BASE, "sweeps": {"s": {"gamas": [2]}}}, "study.sweeps.s.gamas", "gamas", "gammas"),
+    ({**BASE, "sweeps": {"s": {"gammas": [2, -1]}}}, "study.sweeps.s.gammas[1]", -1, "positive"),
+    ({**BASE, "sweeps": {"s": {"tasks": ["code", "poetry"]}}}, "study.sweeps.s.tasks", "poetry", "chat"),
+    ({**BASE, "models": [{"name": "x", "target": "smollm2-135m", "params": {"d": 1}}]}, "study.models[0].params", "d",
+     "target"),
     ({**BASE, "methods": [{"method": "draft_target"}]}, "study.methods[0].drafter", None, "drafter"),
     ({**BASE, "warmup": {"requests": 1, "tokens": 3}}, "study.warmup.tokens", "tokens", "max_new_tokens"),
     ({**BASE, "telemetry_period_s": 0}, "study.telemetry_period_s", 0, "positive"),
+    ({**BASE, "models": []}, "study.models", [], "non-empty"),
+    ({k: v for k, v in BASE.items() if k != "models"}, "study.models", None, "required"),
 ])
 def test_bad_values_name_file_key_value_and_allowed(tmp_path, study, key, value, allowed):
     err = bad(tmp_path, study)
@@ -155,8 +159,8 @@ def test_declared_vocab_sizes_are_compared_when_no_config_is_reachable(tmp_path)
              "methods": [{"method": "draft_target", "drafter": "d"}]}
     path = write(tmp_path, study)
     with pytest.raises(ParamsError) as e:
-        load_study("cpu", path, check_tokenizers=False) and check_draft_tokenizers(
-            load_study("cpu", path, check_tokenizers=False), signature=lambda m: {"family": None, "vocab_size": None})
+        draft_tokenizers(load_study("cpu", path, check_tokenizers=False),
+                         signature=lambda m: {"family": None, "vocab_size": None})
     assert "32001" in str(e.value) and "32000" in str(e.value)
     assert tokenizers_match({"family": "a"}, {"family": "a"}) is True
     assert tokenizers_match({"vocab_size": 5}, {"family": "b"}) is None

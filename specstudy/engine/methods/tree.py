@@ -44,7 +44,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import torch
 
@@ -283,7 +283,7 @@ class ModelTreeDrafter:
 # the loop (batch 1: every request is its own tree)
 
 
-class TreeDrafter:
+class TreeDrafter(Protocol):
     """What :func:`tree_decode` needs from a drafter (a protocol; :class:`ModelTreeDrafter`
     and the heads' tree drafter implement it)."""
 

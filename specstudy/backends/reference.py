@@ -4,7 +4,9 @@ It loads the target (and a drafter when the method needs one) once, tokenizes ea
 (the chat template when the request carries messages or the cell sets ``chat: true``), decodes
 the requests in batches of ``cell.batch_size`` with ``cell.method`` and yields one
 RequestRecord per request with every verification step, the target log-probs and entropies,
-and the batch's peak memory.  A failing batch becomes records with status oom/error.
+and the batch's peak memory.  A failing batch becomes records with status oom/error.  A cell
+with the method option ``synthetic_acceptance`` (benchmark-only: drafts kept at a fixed rate)
+marks every record's ``synthetic_acceptance`` with the rule, e.g. ``"alpha=0.8"``.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any, Iterator, Sequence
 
 from ..config.vocab import TORCH_DTYPES
 from ..data.models import get_entry, load_model, model_names, quantize_dynamic_int8, require_int8_device
-from ..engine.methods import DecodeJob, get_method, method_names
+from ..engine.methods import SYNTHETIC, DecodeJob, get_method, method_names
 from ..engine.trace import peak_memory, reset_peak_memory
 from ..records import Cell, Request, RequestRecord, Sampling
 from .base import Backend, encode_request
@@ -153,6 +155,8 @@ class ReferenceBackend(Backend):
                               steps=list(r.steps), target_logprobs=list(r.target_logprobs),
                               token_entropy=list(r.token_entropy))
             rec = cell.new_record(req, sampling, **fields)
+            if job.options.get(SYNTHETIC) is not None:  # acceptance fixed for timing: not measured, not lossless
+                rec.synthetic_acceptance = job.options[SYNTHETIC].label
             if cell.drafter is None and job.drafter is not None and isinstance(self.drafter_name, str):
                 rec.drafter = self.drafter_name
             yield rec.fill_acceptance_from_steps()

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Sequence
 
-from .metrics import expected_tau
+from .metrics import expected_acceptance_length
 
 DTYPE_BYTES = {"fp32": 4.0, "float32": 4.0, "fp16": 2.0, "float16": 2.0, "bf16": 2.0, "bfloat16": 2.0,
                "fp8": 1.0, "int8": 1.0, "int4": 0.5, "q4": 0.5625}
@@ -71,12 +71,12 @@ def leviathan_speedup(alpha: float, gamma: int, c: float) -> float:
     """
     if c < 0:
         raise ValueError(f"c={c!r}: must be >= 0")
-    return expected_tau(alpha, gamma) / (gamma * c + 1.0)
+    return expected_acceptance_length(alpha, gamma) / (gamma * c + 1.0)
 
 
 def speedup_with_verify_cost(alpha: float, gamma: int, c: float, verify_ratio: float) -> float:
     """Like :func:`leviathan_speedup` but a verification step costs ``verify_ratio`` target steps."""
-    return expected_tau(alpha, gamma) / (gamma * c + verify_ratio)
+    return expected_acceptance_length(alpha, gamma) / (gamma * c + verify_ratio)
 
 
 def optimal_gamma(
@@ -151,7 +151,7 @@ class Prediction:
     baseline_tokens_per_s: float
     c: float | None
     gamma: int
-    tau: float
+    acceptance_length: float  # AL(α, γ), the tokens one verification yields
     verify_ratio: float
     speedup: float
     leviathan_speedup: float
@@ -174,7 +174,7 @@ def predict(
     max_gamma: int = 16,
     c: float | None = None,
 ) -> Prediction:
-    """Baseline tokens/s, c, τ, optimal (or given) γ and speedup of one configuration.
+    """Baseline tokens/s, c, acceptance length AL(α, γ), optimal (or given) γ and speedup of one configuration.
 
     Without ``draft_params`` (draft-free methods such as n-gram lookup) c defaults to 0 unless
     given.  The verification cost T(batch, γ+1)/T(batch, 1) comes from the roofline.
@@ -197,7 +197,7 @@ def predict(
     return Prediction(
         hardware=hw.name, target_params=target_params, draft_params=draft_params, dtype=dtype,
         batch=batch, n_devices=n, alpha=alpha, target_step_s=t1, draft_step_s=td if draft_params else None,
-        baseline_tokens_per_s=base_tps, c=c, gamma=gamma, tau=expected_tau(alpha, gamma),
+        baseline_tokens_per_s=base_tps, c=c, gamma=gamma, acceptance_length=expected_acceptance_length(alpha, gamma),
         verify_ratio=ratio(gamma), speedup=sp, leviathan_speedup=leviathan_speedup(alpha, gamma, c),
         speculative_tokens_per_s=base_tps * sp, regime=regime,
     )

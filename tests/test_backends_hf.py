@@ -54,10 +54,10 @@ def test_counts_consistent_and_lossless(backend, ar_outputs, method, gamma, opts
         assert r.extra["batching"].startswith("sequential")
     s = metrics.acceptance_summary(recs)
     if method == "ar":
-        assert s["tau"] == 1.0 and recs[0].drafted_tokens == 0
+        assert s["tokens_per_forward"] == 1.0 and recs[0].drafted_tokens == 0 and s["draft_steps"] == 0
     else:
-        assert 1.0 <= s["tau"] <= gamma + 1
-        assert s["tau"] == pytest.approx(sum(r.output_tokens for r in recs) / sum(len(r.steps) for r in recs))
+        assert 1.0 <= s["acceptance_length"] <= gamma + 1
+        assert s["tokens_per_forward"] == pytest.approx(sum(r.output_tokens for r in recs) / sum(len(r.steps) for r in recs))
         assert recs[0].drafts_per_position is not None
 
 

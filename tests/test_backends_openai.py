@@ -27,7 +27,7 @@ def test_llamacpp_timings_give_drafted_and_accepted_but_no_steps():
         assert r.target_forwards is None and r.accepted_per_position is None  # not reported: not invented
         assert r.input_tokens == 5
     acc = b.last_run_acceptance
-    assert acc["source"] == "per_request_sum" and acc["tau"] is None
+    assert acc["source"] == "per_request_sum" and acc["acceptance_length"] is None  # draft steps unknown
     assert acc["alpha"] == pytest.approx(sum(c["accepted"] for c in steps) / (K * len(steps)))
 
 

@@ -48,7 +48,10 @@ def test_records_for_every_method_and_batch_size(backend):
             assert r.drafted_tokens == sum(s.drafted for s in r.steps)
             assert len(r.token_entropy) == len(r.target_logprobs) == r.output_tokens
         summ = metrics.acceptance_summary(recs)
-        assert summ["tau"] == pytest.approx(sum(r.output_tokens for r in recs) / sum(r.target_forwards for r in recs))
+        assert summ["tokens_per_forward"] == pytest.approx(sum(r.output_tokens for r in recs) / sum(r.target_forwards for r in recs))
+        draft_steps = sum(1 for r in recs for s in r.steps if s.drafted > 0)
+        if draft_steps:  # AL: the tokens one draft step yields, 1 + accepted / draft steps
+            assert summ["acceptance_length"] == pytest.approx(1 + sum(r.accepted_tokens for r in recs) / draft_steps)
 
 
 def test_bad_method_and_options_fail_before_decoding(backend):

@@ -25,7 +25,7 @@ from specstudy.engine import drafters as D
 from specstudy.engine.methods import DecodeJob, get_method
 from specstudy.engine.methods import tree as T
 from specstudy.engine.methods.heads import draft_chain
-from specstudy.metrics import mean_accepted_length
+from specstudy.metrics import acceptance_length, tokens_per_forward
 from specstudy.data.models import tiny_model
 from exact_distribution import chi_square_p
 from exact_distribution import exact_joint as _exact_joint
@@ -146,8 +146,11 @@ def check_counts(row, depth_max):
     rec = RequestRecord(study="t", hardware="cpu", framework="reference", method="m", task="t", prompt_id="p",
                         repeat=0, cell_id="c", model="tiny", output_tokens=len(row.output_ids), steps=row.steps)
     rec.fill_acceptance_from_steps()
-    assert mean_accepted_length(sum(s.emitted for s in rec.steps), rec.target_forwards) == \
-        len(row.output_ids) / len(row.steps)
+    assert tokens_per_forward(sum(s.emitted for s in rec.steps), rec.target_forwards) == len(row.output_ids) / len(row.steps)
+    if rec.draft_steps:  # every draft step ends in one target token, so AL = emitted per draft step there
+        drafted = [s for s in rec.steps if s.drafted > 0]
+        assert acceptance_length(rec.accepted_tokens, rec.draft_steps) == pytest.approx(
+            sum(s.accepted + 1 for s in drafted) / len(drafted))
 
 
 @pytest.mark.parametrize("case", ["self", "self_branching", "other_model", "target_as_drafter"])
@@ -381,8 +384,8 @@ def test_training_lowers_the_loss_and_files_round_trip(kind, tmp_path):
 
     acc = measure_acceptance(model, again, kind, [("code", "p0", prompts[0]), ("code", "p1", prompts[1])], 12, 2, path)
     c = acc["per_task"]["code"]
-    assert c["prompts"] == 2 and c["emitted"] == 24 and 0 <= c["accepted"] <= c["drafted"]
-    assert c["tau"] == c["emitted"] / c["steps"]
+    assert c["prompts"] == 2 and 0 <= c["accepted"] <= c["drafted"] and c["draft_steps"] > 0
+    assert c["acceptance_length"] == 1 + c["accepted"] / c["draft_steps"]
 
 
 @pytest.mark.parametrize("kind", [k for k in D.KINDS if k != "eagle"])  # eagle's features are such a pass

@@ -8,10 +8,13 @@ numbers came from (git, packages, host).  Tables are DataFrames, the rest plain 
 from __future__ import annotations
 
 import datetime as _dt
+import json
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from ..config import REPO_ROOT
 from ..provenance import provenance
 from .format import fmt
 from .study import Study
@@ -92,3 +95,32 @@ def provenance_lines(study: Study) -> list[str]:
         f"- platform: {host.get('platform', '?')}, Python {host.get('python', '?')}",
         f"- params file: `{study.config.get('file', '?')}`; plan snapshot `study.json`",
     ]
+
+
+def drafter_notes(study: Study) -> list[str]:
+    """What each trained drafter of the study is: its training budget and held-out top-1, from its own file.
+
+    The kit distils tiny drafters on this CPU (no published checkpoint shares SmolLM2's tokenizer);
+    a reader must not mistake their rows for the published Medusa or EAGLE results.
+    """
+    notes = []
+    for cid, m in study.cells.items():
+        d = m["drafter"]
+        if not d or not str(d).endswith(".safetensors") or any(str(d) in n for n in notes):
+            continue
+        meta = Path(str(d)).with_suffix(".json")
+        if not meta.is_absolute():
+            meta = REPO_ROOT / meta
+        try:
+            doc = json.loads(meta.read_text())
+        except (OSError, ValueError):
+            continue
+        st, corpus, held = doc.get("settings", {}), doc.get("corpus", {}), doc.get("heldout_sequences_eval", {})
+        top1 = (held.get("top1") or [None])[0]
+        secs = (doc.get("timing_s") or {}).get("training")
+        notes.append(f"- `{d}` ({m['label']}): {st.get('kind')} drafter distilled by `specstudy train-drafter` in "
+                     f"{st.get('steps')} steps on {corpus.get('positions')} positions the target generated"
+                     + (f" ({secs:.0f} s of training on this CPU)" if isinstance(secs, (int, float)) else "")
+                     + (f"; held-out top-1 {top1:.2f}" if isinstance(top1, (int, float)) else "")
+                     + ". A small CPU-trained drafter, not the published method's checkpoint.")
+    return notes

@@ -85,7 +85,7 @@ def telemetry(samples: pd.DataFrame, hardware: str) -> Figure:
 
 
 def speedup_vs_gamma(b1: pd.DataFrame) -> Figure:
-    """Batch 1: speedup vs γ (measured with CI, prediction dashed), α and τ vs γ, per-position acceptance."""
+    """Batch 1: speedup vs γ (measured with CI, prediction dashed), α and AL vs γ, per-position acceptance."""
     sns = _sns()
     fig, axes = _subplots(1, 3, figsize=(11, 3.3))
     pal = sns.color_palette(PALETTE)
@@ -96,30 +96,32 @@ def speedup_vs_gamma(b1: pd.DataFrame) -> Figure:
                          color=col, capsize=3, label=f"{label} measured")
         axes[0].plot(g["gamma"], g["predicted_speedup"], "x--", color=col, label=f"{label} prediction")
         axes[1].plot(g["gamma"], g["alpha"], "o-", color=col, label=f"{label} α")
-        axes[1].plot(g["gamma"], g["tau"], "s:", color=col, label=f"{label} τ")
+        axes[1].plot(g["gamma"], g["acceptance_length"], "s:", color=col, label=f"{label} AL")
         for _, row in g.iterrows():
-            pp = row["per_position"]
+            pp = row["per_position_conditional"]
             if pp is not None and len(pp):
                 axes[2].plot(range(1, len(pp) + 1), pp, "o-", color=col, alpha=0.5 + 0.5 * (row["gamma"] / max(g["gamma"])),
                              label=f"{label} γ={row['gamma']}")
     axes[0].axhline(1.0, color="k", lw=0.8, ls="--")
     axes[0].set(xlabel="speculation length γ (tokens)", ylabel="speedup over AR (×)", title="speedup vs γ (batch 1)")
-    axes[1].set(xlabel="speculation length γ (tokens)", ylabel="α (ratio) / τ (tokens/step)", title="acceptance")
-    axes[2].set(xlabel="draft position k", ylabel="P(position k accepted)", title="per-position acceptance", ylim=(0, 1.02))
+    axes[1].set(xlabel="speculation length γ (tokens)", ylabel="α (ratio) / AL (tokens per draft step)",
+                title="acceptance")
+    axes[2].set(xlabel="draft position k", ylabel="P(k accepted | k reached)", title="per-position acceptance (conditional)",
+                ylim=(0, 1.02))
     for ax in axes:
         _legend(ax, 6)
     return fig
 
 
 def tau_distribution(hist: dict[tuple, list[int]]) -> Figure:
-    """Share of verification steps by tokens emitted, per (label, γ)."""
+    """Share of draft steps by tokens emitted (the AL distribution), per (label, γ)."""
     _sns()
     fig, ax = _subplots(figsize=(5, 3))
     maxg = max(max(v) for v in hist.values() if v) if any(hist.values()) else 1
     for (label, g), vals in sorted(hist.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)):
         if vals:
             ax.hist(vals, bins=np.arange(0.5, maxg + 1.5), histtype="step", lw=1.5, density=True, label=f"{label} γ={g}")
-    ax.set(xlabel="tokens emitted per verification step", ylabel="share of steps", title="τ distribution (batch 1)")
+    ax.set(xlabel="tokens emitted per draft step", ylabel="share of draft steps", title="acceptance-length distribution (batch 1)")
     _legend(ax, 7)
     return fig
 

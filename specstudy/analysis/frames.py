@@ -78,7 +78,7 @@ def entropy_points(study: Study, tasks: Sequence[str] | None = None) -> pd.DataF
 
 
 def tau_histogram(study: Study, cells: Sequence[str]) -> dict[tuple, list[int]]:
-    """Tokens emitted per verification step (the τ distribution) per (label, γ), batch 1."""
+    """Tokens emitted per draft step (the acceptance-length distribution) per (label, γ), batch 1."""
     out: dict[tuple, list[int]] = {}
     for c in cells:
         m = study.meta(c)

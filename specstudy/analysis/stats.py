@@ -29,7 +29,11 @@ def isnum(x: Any) -> bool:
 
 @dataclass
 class Pooled:
-    """Headline numbers of a set of cells, each with its n and 95 % CI."""
+    """Headline numbers of a set of cells, each with its n and 95 % CI.
+
+    Acceptance and quality stay unset (None / NaN) for synthetic-acceptance cells: their drafts
+    were accepted at a chosen rate for timing, so nothing about acceptance or quality was measured.
+    """
 
     n_requests: int = 0
     n_cells: int = 0
@@ -38,23 +42,37 @@ class Pooled:
     alpha: float | None = None
     alpha_ci: tuple[float, float] = (NAN, NAN)
     alpha_hat: float | None = None
-    tau: float | None = None
-    tau_ci: tuple[float, float] = (NAN, NAN)
-    per_position: list[float] | None = None
+    acceptance_length: float | None = None
+    acceptance_length_ci: tuple[float, float] = (NAN, NAN)
+    tokens_per_forward: float | None = None
+    per_position_conditional: list[float] | None = None
+    per_position_unconditional: list[float] | None = None
     speedup: float = NAN
     speedup_ci: tuple[float, float] = (NAN, NAN)
+    speedup_runs: tuple[float, float] = (NAN, NAN)  # lowest and highest per-repeat speedup (run-to-run)
+    n_repeats: int = 0
     n_pairs: int = 0
     exact_match: float = NAN
+    ppl_diff: float = NAN  # PPL(speculative) − PPL(paired baseline) under the target
+    logprob_p: float = NAN  # sign-flip test: outputs score alike under the target (large p: no shift)
     entropy: float = NAN
     entropy_ci: tuple[float, float] = (NAN, NAN)
     ttft_s: float = NAN
+    ttft_p50_s: float = NAN
+    ttft_p99_s: float = NAN
     tpot_s: float = NAN
     tpot_ci: tuple[float, float] = (NAN, NAN)
+    tpot_p50_s: float = NAN
+    tpot_p99_s: float = NAN
+    e2e_s: float = NAN
     e2e_p50_s: float = NAN
+    e2e_p99_s: float = NAN
     memory_overhead_bytes: float = NAN
     c: float = NAN
     verify_ratio: float = NAN
     n_errors: int = 0
+    synthetic: str | None = None  # the synthetic-acceptance rule when the cells used one
+    greedy: bool = True
 
 
 def _throughput(ok: Sequence[RequestRecord]) -> tuple[float, tuple[float, float]]:
@@ -108,6 +126,92 @@ def step_costs(spec: Sequence[RequestRecord], baseline: Sequence[RequestRecord])
     return c, v
 
 
+def _acceptance(out: Pooled, ok: Sequence[RequestRecord]) -> None:
+    acc = metrics.acceptance_summary(ok)
+    if acc["alpha"] is None:
+        return
+    out.alpha, out.alpha_hat = acc["alpha"], acc["alpha_hat"]
+    out.acceptance_length, out.tokens_per_forward = acc["acceptance_length"], acc["tokens_per_forward"]
+    out.per_position_conditional = acc["per_position_conditional"]
+    out.per_position_unconditional = acc["per_position_unconditional"]
+    seen = [r for r in ok if r.drafted_tokens]
+    out.alpha_ci = metrics.bootstrap_ci([r.accepted_tokens or 0 for r in seen], [r.drafted_tokens or 0 for r in seen])
+    steps = [(r.accepted_tokens or 0, metrics.draft_steps_of(r)) for r in ok if metrics.draft_steps_of(r)]
+    if steps:  # AL = 1 + Σ accepted / Σ draft steps: the CI of the ratio, shifted by one
+        lo, hi = metrics.bootstrap_ci([a for a, _ in steps], [float(d or 0) for _, d in steps])
+        out.acceptance_length_ci = (1.0 + lo, 1.0 + hi)
+
+
+def _latency(out: Pooled, ok: Sequence[RequestRecord]) -> None:
+    lat = metrics.latency_summary(ok)
+    out.ttft_s, out.ttft_p50_s, out.ttft_p99_s = lat["ttft_s_mean"], lat["ttft_s_p50"], lat["ttft_s_p99"]
+    out.tpot_s, out.tpot_p50_s, out.tpot_p99_s = lat["tpot_s_mean"], lat["tpot_s_p50"], lat["tpot_s_p99"]
+    out.e2e_s, out.e2e_p50_s, out.e2e_p99_s = lat["e2e_s_mean"], lat["e2e_s_p50"], lat["e2e_s_p99"]
+    _, lo, hi = metrics.mean_ci([metrics.tpot(r) for r in ok])
+    out.tpot_ci = (lo, hi)
+
+
+@dataclass
+class _Pairs:
+    """What the cells' paired comparisons collect before they are pooled."""
+
+    base: list[np.ndarray]
+    spec: list[np.ndarray]
+    repeats: dict[int, tuple[list[np.ndarray], list[np.ndarray]]]
+    exact: list[tuple[float, int]]
+    mem: list[float]
+    costs: list[tuple[float, float]]
+    base_recs: list[RequestRecord]
+    spec_recs: list[RequestRecord]
+
+
+def _collect_pairs(data: Study, cell_ids: Sequence[str]) -> _Pairs:
+    acc = _Pairs([], [], {}, [], [], [], [], [])
+    for cid in cell_ids:
+        base, spec = data.baseline(cid), data.records.get(cid, [])
+        if not base or not spec:
+            continue
+        b, s = metrics.paired_latencies(base, spec)
+        acc.base.append(b)
+        acc.spec.append(s)
+        rb, rs = acc.repeats.setdefault(data.meta(cid)["repeat"], ([], []))
+        rb.append(b)
+        rs.append(s)
+        acc.exact.append((metrics.exact_match_rate(base, spec), len(b)))
+        pk_s = [r.peak_memory_bytes for r in spec if r.peak_memory_bytes is not None]
+        pk_b = [r.peak_memory_bytes for r in base if r.peak_memory_bytes is not None]
+        if pk_s and pk_b:
+            acc.mem.append(metrics.memory_overhead(max(pk_s), max(pk_b)))
+        acc.costs.append(step_costs(spec, base))
+        acc.base_recs += base
+        acc.spec_recs += spec
+    return acc
+
+
+def _paired(out: Pooled, pairs: _Pairs) -> None:
+    if pairs.base:
+        b, s = np.concatenate(pairs.base), np.concatenate(pairs.spec)
+        out.speedup = metrics.speedup(list(b), list(s))
+        out.speedup_ci = metrics.bootstrap_ci(list(b), list(s))
+        out.n_pairs = int(b.size)
+    runs = [metrics.speedup(list(np.concatenate(rb)), list(np.concatenate(rs))) for rb, rs in pairs.repeats.values()]
+    out.n_repeats = len(runs)
+    if len(runs) > 1:
+        out.speedup_runs = (float(min(runs)), float(max(runs)))
+    n = sum(k for e, k in pairs.exact if e == e)
+    out.exact_match = sum(e * k for e, k in pairs.exact if e == e) / n if n and out.greedy else NAN
+    if pairs.mem:
+        out.memory_overhead_bytes = float(np.max(pairs.mem))
+    cs = [c for c, _ in pairs.costs if c == c]
+    vs = [v for _, v in pairs.costs if v == v]
+    out.c = float(np.mean(cs)) if cs else NAN
+    out.verify_ratio = float(np.mean(vs)) if vs else NAN
+    if pairs.spec_recs and any(r.target_logprobs for r in pairs.spec_recs):
+        out.ppl_diff = metrics.perplexity_difference(pairs.base_recs, pairs.spec_recs)
+        if not out.greedy:  # greedy outputs are compared token by token (exact match), not in distribution
+            out.logprob_p = metrics.logprob_shift_test(pairs.base_recs, pairs.spec_recs)["p_value"]
+
+
 def pooled(data: Study, cell_ids: Iterable[str]) -> Pooled:
     """Pool the requests of ``cell_ids`` (each paired with its own baseline cell)."""
     cell_ids = list(cell_ids)
@@ -116,57 +220,20 @@ def pooled(data: Study, cell_ids: Iterable[str]) -> Pooled:
     out = Pooled(n_requests=len(recs), n_cells=len(cell_ids), n_errors=len(recs) - len(ok))
     if not ok:
         return out
+    out.synthetic = next((r.synthetic_acceptance for r in ok if r.synthetic_acceptance), None)
+    out.greedy = all(r.temperature == 0.0 for r in ok)
     out.tokens_per_s, out.tokens_per_s_ci = _throughput(ok)
-    acc = metrics.acceptance_summary(ok)
-    if acc["alpha"] is not None:
-        out.alpha, out.tau, out.alpha_hat = acc["alpha"], acc["tau"], acc["alpha_hat"]
-        out.per_position = acc["per_position"]
-        seen = [r for r in ok if r.drafted_tokens]
-        out.alpha_ci = metrics.bootstrap_ci([r.accepted_tokens or 0 for r in seen], [r.drafted_tokens for r in seen])
-        seen = [r for r in ok if r.verify_steps]
-        out.tau_ci = metrics.bootstrap_ci([r.output_tokens for r in seen], [r.verify_steps for r in seen])
+    if out.synthetic is None:  # fixed acceptance measures step costs, not acceptance or quality
+        _acceptance(out, ok)
     out.entropy = metrics.mean_entropy(ok)
     ent = [float(np.mean(r.token_entropy)) for r in ok if r.token_entropy]
     if len(ent) > 1:
         _, lo, hi = metrics.mean_ci(ent)
         out.entropy_ci = (lo, hi)
-    lat = metrics.latency_summary(ok)
-    out.ttft_s, out.tpot_s, out.e2e_p50_s = lat["ttft_s_mean"], lat["tpot_s_mean"], lat["e2e_s_p50"]
-    _, lo, hi = metrics.mean_ci([metrics.tpot(r) for r in ok])
-    out.tpot_ci = (lo, hi)
-    # paired comparisons, cell by cell against each cell's own baseline
-    bl, sl, em_n, em_w, mem, cs, vs = [], [], 0, 0.0, [], [], []
-    for cid in cell_ids:
-        base = data.baseline(cid)
-        spec = data.records.get(cid, [])
-        if not base or not spec:
-            continue
-        b, s = metrics.paired_latencies(base, spec)
-        bl.append(b)
-        sl.append(s)
-        em = metrics.exact_match_rate(base, spec)
-        if em == em:
-            k = len(b)
-            em_n, em_w = em_n + k, em_w + em * k
-        pk_s = [r.peak_memory_bytes for r in spec if r.peak_memory_bytes is not None]
-        pk_b = [r.peak_memory_bytes for r in base if r.peak_memory_bytes is not None]
-        if pk_s and pk_b:
-            mem.append(metrics.memory_overhead(max(pk_s), max(pk_b)))
-        c, v = step_costs(spec, base)
-        if c == c:
-            cs.append(c)
-        if v == v:
-            vs.append(v)
-    if bl:
-        b, s = np.concatenate(bl), np.concatenate(sl)
-        out.speedup = metrics.speedup(b, s)
-        out.speedup_ci = metrics.bootstrap_ci(b, s)
-        out.n_pairs = int(b.size)
-        out.exact_match = em_w / em_n if em_n else NAN
-    if mem:
-        out.memory_overhead_bytes = float(np.max(mem))
-    out.c = float(np.mean(cs)) if cs else NAN
-    out.verify_ratio = float(np.mean(vs)) if vs else NAN
+    _latency(out, ok)
+    _paired(out, _collect_pairs(data, cell_ids))
+    if out.synthetic is not None:
+        out.exact_match, out.ppl_diff, out.logprob_p = NAN, NAN, NAN
     return out
 
 

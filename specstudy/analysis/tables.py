@@ -34,42 +34,93 @@ def _sweep_or_all(study: Study, sweep: str | None) -> str | None:
     return sweep if sweep is None or sweep in study.sweeps() else None
 
 
-def hardware_table(study: Study, sweep: str | None = "hardware") -> Frames:
-    """The seed's hardware table (method, target, draft, α, tokens/s, speedup) at batch 1.
+def _label(m: dict[str, Any], p: Pooled) -> str:
+    """A row's method name, marked where its acceptance was fixed for timing."""
+    return f"{m['label']} (synthetic acceptance {p.synthetic})" if p.synthetic else m["label"]
 
-    One row per (framework, method label, drafter, γ), pooled over the sweep's tasks; the AR
-    rows pool the baseline cells.
-    """
+
+def _ms(p: Pooled, name: str) -> str:
+    """``mean / p50 / p99`` of a latency in milliseconds."""
+    vals = [getattr(p, f"{name}_s"), getattr(p, f"{name}_p50_s"), getattr(p, f"{name}_p99_s")]
+    return " / ".join(fmt(v * 1e3 if isnum(v) else NAN, 1) for v in vals)
+
+
+def _quality(p: Pooled, is_ar: bool) -> dict[str, str]:
+    """The seed's quality columns: PPL difference under the target, the shift test, greedy exact match."""
+    if is_ar:
+        return {"PPL Δ (spec − AR)": "—", "log-prob shift p": "—", "Exact match (greedy)": "—"}
+    return {"PPL Δ (spec − AR)": fmt(p.ppl_diff, 3), "log-prob shift p": fmt(p.logprob_p),
+            "Exact match (greedy)": fmt(p.exact_match)}
+
+
+def hardware_groups(study: Study, sweep: str | None = "hardware") -> dict[tuple, list[str]]:
+    """Batch-1 cells at the headline output length, one group per table row."""
     sweep = _sweep_or_all(study, sweep)
     mnt = headline_max_new(study)
-    cells = [c for c in study.cell_ids(sweep, batch_size=1) if study.meta(c)["max_new_tokens"] == mnt]
     groups: dict[tuple, list[str]] = {}
-    for c in cells:
+    for c in study.cell_ids(sweep, batch_size=1):
         m = study.meta(c)
-        key = (m["framework"], m["method"], m["label"], m["model"], m["drafter"] or "", m["gamma"] or 0)
-        groups.setdefault(key, []).append(c)
+        if m["max_new_tokens"] == mnt:
+            key = (m["framework"], m["method"], m["label"], m["model"], m["drafter"] or "", m["gamma"] or 0, m["sampling"])
+            groups.setdefault(key, []).append(c)
+    return groups
+
+
+def hardware_table(study: Study, sweep: str | None = "hardware") -> Frames:
+    """The seed's hardware table at batch 1 (method, target, draft, α, AL, tokens/s, speedup).
+
+    One row per (framework, method label, drafter, γ, sampling), pooled over the sweep's tasks; AR
+    rows pool the baseline cells.  :func:`metric_table` gives the rest of the seed's metric table
+    for the same rows.
+    """
+    groups = hardware_groups(study, sweep)
     rows, raw = [], []
     order = {f: i for i, f in enumerate(FAMILY_TITLES)}
-    for key in sorted(groups, key=lambda k: (k[0], order.get(k[1], 9), k[2], k[5])):
-        fw, method, label, model, drafter, gamma = key
+    for key in sorted(groups, key=lambda k: (k[0], order.get(k[1], 9), k[2], k[5], k[6])):
+        fw, method, label, model, drafter, gamma, sampling = key
         p = pooled(study, groups[key])
+        m = study.meta(groups[key][0])
         is_ar = method == "ar"
         draft = short_model(drafter) if drafter else {"ngram": "prompt n-grams", "layer_skip": "target's first layers"}.get(method, "—")
         rows.append({
-            "Method": "Baseline (AR)" if is_ar else label, "Framework": fw, "Target": short_model(model),
-            "Draft": "—" if is_ar else draft, "γ": "—" if is_ar else gamma,
-            "α": "—" if is_ar else fmt_ci(p.alpha, p.alpha_ci), "τ": "—" if is_ar else fmt_ci(p.tau, p.tau_ci),
+            "Method": "Baseline (AR)" if is_ar else _label(m, p), "Framework": fw, "Precision": m["precision"],
+            "Target": short_model(model), "Draft": "—" if is_ar else draft, "γ": "—" if is_ar else gamma,
+            "Sampling": sampling, "α": "—" if is_ar else fmt_ci(p.alpha, p.alpha_ci),
+            "AL": "—" if is_ar else fmt_ci(p.acceptance_length, p.acceptance_length_ci),
             "tokens/s": fmt_ci(p.tokens_per_s, p.tokens_per_s_ci, 1),
             "Speedup": "1.0×" if is_ar else fmt_ci(p.speedup, p.speedup_ci, 2, "×"),
-            "n": p.n_pairs if not is_ar else p.n_requests, "Exact match": "—" if is_ar else fmt(p.exact_match),
+            "n": p.n_pairs if not is_ar else p.n_requests,
         })
         raw.append({"framework": fw, "method": method, "label": label, "model": model, "drafter": drafter,
-                    "gamma": gamma, **dataclasses.asdict(p)})
+                    "gamma": gamma, "sampling": sampling, "precision": m["precision"], **dataclasses.asdict(p)})
     return pd.DataFrame(rows), pd.DataFrame(raw)
 
 
+def metric_table(study: Study, sweep: str | None = "hardware") -> pd.DataFrame:
+    """The rest of the seed's metric table for the hardware table's rows: latency (mean / p50 / p99),
+    tokens per target forward, memory overhead, quality, and the run-to-run spread of the speedup."""
+    groups = hardware_groups(study, sweep)
+    order = {f: i for i, f in enumerate(FAMILY_TITLES)}
+    rows = []
+    for key in sorted(groups, key=lambda k: (k[0], order.get(k[1], 9), k[2], k[5], k[6])):
+        fw, method, _, _, _, gamma, sampling = key
+        p = pooled(study, groups[key])
+        is_ar = method == "ar"
+        lo, hi = p.speedup_runs
+        rows.append({
+            "Method": "Baseline (AR)" if is_ar else _label(study.meta(groups[key][0]), p), "Framework": fw,
+            "γ": "—" if is_ar else gamma, "Sampling": sampling, "tokens/s": fmt(p.tokens_per_s, 1),
+            "TTFT ms (mean / p50 / p99)": _ms(p, "ttft"), "TPOT ms (mean / p50 / p99)": _ms(p, "tpot"),
+            "E2E ms (mean / p50 / p99)": _ms(p, "e2e"), "tokens / target forward": fmt(p.tokens_per_forward),
+            "Memory overhead (MB)": "—" if is_ar else fmt(p.memory_overhead_bytes / 1e6 if isnum(p.memory_overhead_bytes) else NAN, 1),
+            **_quality(p, is_ar),
+            "Speedup run-to-run (min–max)": "—" if is_ar or lo != lo else f"{lo:.2f}–{hi:.2f} ({p.n_repeats} runs)",
+        })
+    return pd.DataFrame(rows)
+
+
 def method_table(study: Study, family: str, sweep: str | None = "method_family") -> Frames:
-    """α, τ, α̂, per-position acceptance, speedup (measured and predicted) per (label, γ, batch)."""
+    """α, AL, α̂, per-position acceptance, speedup (measured and predicted) per (label, γ, batch, sampling)."""
     sweep = _sweep_or_all(study, sweep)
     mnt = headline_max_new(study)
     cells = [c for c in study.spec_cell_ids(sweep, family=family) if study.meta(c)["max_new_tokens"] == mnt]
@@ -78,22 +129,25 @@ def method_table(study: Study, family: str, sweep: str | None = "method_family")
     groups: dict[tuple, list[str]] = {}
     for c in cells:
         m = study.meta(c)
-        groups.setdefault((m["framework"], m["label"], m["gamma"] or 0, m["batch_size"], m["drafter"] or ""), []).append(c)
+        key = (m["framework"], m["label"], m["gamma"] or 0, m["batch_size"], m["drafter"] or "", m["sampling"])
+        groups.setdefault(key, []).append(c)
     rows, raw = [], []
     for key in sorted(groups):
-        fw, label, gamma, batch, drafter = key
+        fw, label, gamma, batch, drafter, sampling = key
         p = pooled(study, groups[key])
         pred = predicted_speedup(p.alpha_hat, gamma, p.c, p.verify_ratio)
-        rows.append({"Framework": fw, "Method": label, "γ": gamma, "Batch": batch,
-                     "α": fmt_ci(p.alpha, p.alpha_ci), "α̂ (i.i.d.)": fmt(p.alpha_hat), "τ": fmt_ci(p.tau, p.tau_ci),
+        rows.append({"Framework": fw, "Method": _label(study.meta(groups[key][0]), p), "γ": gamma, "Batch": batch,
+                     "Sampling": sampling, "α": fmt_ci(p.alpha, p.alpha_ci), "α̂ (i.i.d.)": fmt(p.alpha_hat),
+                     "AL": fmt_ci(p.acceptance_length, p.acceptance_length_ci),
+                     "tokens / target forward": fmt(p.tokens_per_forward),
                      "c (measured)": fmt(p.c, 3), "verify cost (×T1)": fmt(p.verify_ratio),
                      "tokens/s": fmt_ci(p.tokens_per_s, p.tokens_per_s_ci, 1),
                      "Speedup (measured)": fmt_ci(p.speedup, p.speedup_ci, 2, "×"),
                      "Speedup (cost model, prediction)": fmt(pred, 2, "×"),
                      "measured/predicted": fmt(p.speedup / pred if pred == pred and pred > 0 else NAN),
-                     "n": p.n_pairs, "Exact match": fmt(p.exact_match)})
+                     "n": p.n_pairs, "Exact match (greedy)": fmt(p.exact_match)})
         raw.append({"framework": fw, "label": label, "gamma": gamma, "batch_size": batch, "drafter": drafter,
-                    "predicted_speedup": pred, **dataclasses.asdict(p)})
+                    "sampling": sampling, "predicted_speedup": pred, **dataclasses.asdict(p)})
     return pd.DataFrame(rows), pd.DataFrame(raw)
 
 
@@ -183,18 +237,30 @@ def framework_table(study: Study) -> pd.DataFrame:
         fams = sorted({study.meta(c)["method"] for c in cells})
         batches = sorted({study.meta(c)["batch_size"] for c in spec})
         best, best_p = None, None
-        for label in sorted({study.meta(c)["label"] for c in spec}):
-            p = pooled(study, [c for c in spec if study.meta(c)["label"] == label and study.meta(c)["batch_size"] == 1])
+        rows_b1: dict[tuple, list[str]] = {}
+        for c in spec:
+            m = study.meta(c)
+            if m["batch_size"] == 1 and not m["synthetic"]:
+                rows_b1.setdefault((m["label"], m["gamma"] or 0, m["sampling"]), []).append(c)
+        for (label, gamma, sampling), cs in sorted(rows_b1.items()):
+            p = pooled(study, cs)
             if isnum(p.speedup) and (best_p is None or p.speedup > best_p.speedup):
-                best, best_p = label, p
+                best, best_p = f"{label} γ={gamma} ({sampling})", p
         base = pooled(study, [c for c in cells if study.meta(c)["method"] == "ar" and study.meta(c)["batch_size"] == 1])
-        dtypes = sorted({str(study.meta(c)["dtype"]) for c in cells})
+        precisions = sorted({str(study.meta(c)["precision"]) for c in cells})
         rows.append({"Framework": fw, "Methods measured": ", ".join(fams),
-                     "Tree verification": "○" if "tree" in fams else "×", "Precision": ", ".join(dtypes),
+                     "Tree verification": "○" if "tree" in fams else "×", "Precision": ", ".join(precisions),
                      "Batch sizes (speculative)": ", ".join(map(str, batches)) or "—",
                      "AR tokens/s (batch 1)": fmt_ci(base.tokens_per_s, base.tokens_per_s_ci, 1),
+                     "AR TPOT ms (mean / p50 / p99)": _ms(base, "tpot"),
                      "Best method (batch 1)": best or "—",
                      "Its speedup": fmt_ci(best_p.speedup, best_p.speedup_ci, 2, "×") if best_p else "—",
+                     "Its tokens/s": fmt_ci(best_p.tokens_per_s, best_p.tokens_per_s_ci, 1) if best_p else "—",
+                     "Its TTFT / TPOT / E2E ms (p50)": (" / ".join(fmt(v * 1e3 if isnum(v) else NAN, 1) for v in
+                                                          (best_p.ttft_p50_s, best_p.tpot_p50_s, best_p.e2e_p50_s))
+                                                 if best_p else "—"),
+                     "Its memory overhead (MB)": (fmt(best_p.memory_overhead_bytes / 1e6, 1)
+                                                  if best_p and isnum(best_p.memory_overhead_bytes) else "—"),
                      "n": best_p.n_pairs if best_p else 0})
     return pd.DataFrame(rows)
 

@@ -1,4 +1,4 @@
-"""specstudy predict: the cost model's baseline tokens/s, c, τ, optimal γ and speedup."""
+"""specstudy predict: the cost model's baseline tokens/s, c, acceptance length, optimal γ and speedup."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"{hw.name} ({hw.device}, {hw.source}): {pred.n_devices} device(s), {pred.regime} at batch {pred.batch}")
         print(f"  baseline      {pred.baseline_tokens_per_s:9.2f} tok/s  (target step {pred.target_step_s * 1e3:.2f} ms)")
         print(f"  c             {pred.c:9.4f}")
-        print(f"  optimal gamma {pred.gamma:9d}   tau {pred.tau:.3f}   verify cost {pred.verify_ratio:.3f}x")
+        print(f"  optimal gamma {pred.gamma:9d}   AL {pred.acceptance_length:.3f}   verify cost {pred.verify_ratio:.3f}x")
         print(f"  speedup       {pred.speedup:9.3f}x  (Leviathan formula {pred.leviathan_speedup:.3f}x)")
         print(f"  speculative   {pred.speculative_tokens_per_s:9.2f} tok/s")
         print(f"  break-even batch (speedup < 1): {out['break_even_batch']}")

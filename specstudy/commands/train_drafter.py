@@ -108,7 +108,7 @@ def measure_acceptance(model, module, kind: str, prompts, max_new_tokens: int, g
     import torch
 
     from ..engine.methods import DecodeJob, get_method
-    from ..metrics import acceptance_rate, mean_accepted_length
+    from ..metrics import acceptance_length, acceptance_rate
     from ..records import Sampling
 
     sampling = Sampling(temperature=0.0, max_new_tokens=max_new_tokens, ignore_eos=True)
@@ -125,15 +125,14 @@ def measure_acceptance(model, module, kind: str, prompts, max_new_tokens: int, g
         for task, pid, ids in prompts:
             row = spec.decode(DecodeJob(target=model, prompts=[ids], sampling=sampling, gamma=gamma, drafter=drafter,
                                         options=options))[0]
-            c = per_task.setdefault(task, {"drafted": 0, "accepted": 0, "emitted": 0, "steps": 0, "prompts": 0})
+            c = per_task.setdefault(task, {"drafted": 0, "accepted": 0, "draft_steps": 0, "prompts": 0})
             c["drafted"] += sum(s.drafted for s in row.steps)
             c["accepted"] += sum(s.accepted for s in row.steps)
-            c["emitted"] += sum(s.emitted for s in row.steps)
-            c["steps"] += len(row.steps)
+            c["draft_steps"] += sum(1 for s in row.steps if s.drafted > 0)
             c["prompts"] += 1
     for c in per_task.values():
         c["alpha"] = acceptance_rate(c["accepted"], c["drafted"])
-        c["tau"] = mean_accepted_length(c["emitted"], c["steps"])
+        c["acceptance_length"] = acceptance_length(c["accepted"], c["draft_steps"])
     return {"gamma": gamma, "max_new_tokens": max_new_tokens, "sampling": "greedy", "per_task": per_task}
 
 
@@ -222,5 +221,5 @@ def run(args: argparse.Namespace) -> int:
         print(f"wrote {path} ({summary['bytes'] / 1e6:.1f} MB) and {summary['json']}")
         print(f"final train loss {summary['final_loss']:.4f}; held-out top-1 per head {summary['heldout_top1']}")
         for task, c in (summary["acceptance"] or {}).items():
-            print(f"  {task}: alpha {c['alpha']:.3f}, tau {c['tau']:.2f} over {c['prompts']} prompts")
+            print(f"  {task}: alpha {c['alpha']:.3f}, AL {c['acceptance_length']:.2f} over {c['prompts']} prompts")
     return 0

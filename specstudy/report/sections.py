@@ -16,6 +16,7 @@ from matplotlib.figure import Figure
 from ..analysis import conditions, fails, figures, frames, stats, tables
 from ..analysis.format import FAMILY_TITLES, TASK_TITLES
 from ..analysis.study import Study
+from .summary import summary_markdown
 
 
 def markdown_table(df: pd.DataFrame | None) -> str:
@@ -64,20 +65,30 @@ def telemetry_section(study: Study) -> Section:
     return sec
 
 
-def hardware_section(study: Study) -> Section:
-    """The hardware notebook: the seed's per-GPU table measured, plus telemetry over the run."""
+def hardware_section(study: Study, hardware: tuple[pd.DataFrame, pd.DataFrame] | None = None) -> Section:
+    """The hardware notebook: the seed's per-GPU table measured, the rest of its metric table, telemetry."""
     prof = study.profile
     host = study.provenance.get("host", {})
     device = host.get("gpus") or [host.get("cpu_model", "")]
-    table, raw = tables.hardware_table(study)
+    table, raw = hardware if hardware is not None else tables.hardware_table(study)
+    metrics_table = tables.metric_table(study)
     sec = Section(f"Hardware table — {study.hardware} ({', '.join(d for d in device if d) or (prof.device if prof else '')})")
     sec.tables["hardware"] = (table, raw)
+    sec.tables["hardware_metrics"] = (metrics_table, None)
+    notes = conditions.drafter_notes(study)
     sec.markdown = (
         f"Measured on this machine, batch 1, max_new_tokens={tables.headline_max_new(study)}, pooled over the "
-        "`hardware` sweep's tasks. α = accepted/drafted, τ = tokens per target verification step (bonus token "
-        "included), tokens/s = Σ output tokens / Σ end-to-end time, speedup = paired AR latency / speculative latency "
-        "on the same prompts, sampling and engine. Brackets: 95 % bootstrap CI; n = paired requests (AR rows: requests).\n\n"
+        "`hardware` sweep's tasks. α = accepted/drafted; AL = 1 + accepted / draft steps (the tokens one verification "
+        "step yields, bonus token included: the seed's expected accepted length, vLLM's mean acceptance length); "
+        "tokens/s = Σ output tokens / Σ end-to-end time; speedup = paired AR latency / speculative latency on the same "
+        "prompts, sampling and engine. Brackets: 95 % bootstrap CI over prompts; n = paired requests (AR rows: requests).\n\n"
         + markdown_table(table)
+        + "\nThe rest of the seed's metric table for the same rows: latency (mean / p50 / p99), tokens per target "
+        "forward (a cost figure: prompt pass and forwards without drafts included), memory overhead (peak of the "
+        "speculative cell minus its baseline's), and quality (perplexity under the target minus the baseline's; the "
+        "p value of a sign-flip test that both outputs score alike under the target; greedy exact match).\n\n"
+        + markdown_table(metrics_table)
+        + ("\nTrained drafters in this study:\n" + "\n".join(notes) + "\n" if notes else "")
     )
     if len(raw):
         sec.figures["hardware_methods"] = figures.hardware_methods(raw, study.hardware)
@@ -98,7 +109,7 @@ def method_family_section(study: Study, family: str) -> Section:
         sec.markdown = f"_no measured cells for family `{family}`_\n"
         return sec
     sec.markdown = (
-        "Predicted speedup = τ(α̂, γ) / (γ·c + verify cost), the Leviathan et al. formula with the *measured* "
+        "Predicted speedup = AL(α̂, γ) / (γ·c + verify cost), the Leviathan et al. formula with the *measured* "
         "i.i.d. acceptance α̂, draft cost c and verification cost (both in units of one AR decode step T1). "
         "Predictions are labelled as such; measured speedups are paired against AR on the same prompts.\n\n"
         + markdown_table(table)
@@ -237,9 +248,15 @@ def report_head(study: Study) -> str:
     ])
 
 
+def summary_section(study: Study, hw_raw: pd.DataFrame) -> Section:
+    """The opening summary, computed from the report's own tables (each sentence links to its table)."""
+    return Section("Summary", summary_markdown(study, hw_raw))
+
+
 def report_sections(study: Study) -> list[Section]:
     """Every section of the report, in order."""
-    secs = [hardware_section(study), frameworks_section(study)]
+    hardware = tables.hardware_table(study)
+    secs = [summary_section(study, hardware[1]), hardware_section(study, hardware), frameworks_section(study)]
     secs += [method_family_section(study, fam) for fam in tables.families_in(study)]
     secs += [task_category_section(study), when_it_fails_section(study), hygiene_section(study),
              provenance_section(study), failures_section(study)]

@@ -17,14 +17,16 @@ from matplotlib.figure import Figure
 
 from ..analysis import tables
 from ..analysis.study import Study, load
+from .latex import latex_table
 from .sections import Section, extra_sections, markdown_table, report_head, report_sections
 
 
 def save_table(out: Path, name: str, display: pd.DataFrame, raw: pd.DataFrame | None = None) -> None:
-    """``tables/<name>.md`` (what a reader sees) and ``tables/<name>.csv`` (the numbers behind it)."""
+    """``tables/<name>.md`` and ``.tex`` (what a reader sees, booktabs for a paper) and ``.csv`` (the numbers)."""
     d = out / "tables"
     d.mkdir(parents=True, exist_ok=True)
     (d / f"{name}.md").write_text(markdown_table(display))
+    (d / f"{name}.tex").write_text(latex_table(display, caption=name.replace("_", " "), label=f"tab:{name}"))
     (raw if raw is not None else display).to_csv(d / f"{name}.csv", index=False)
 
 

@@ -40,7 +40,7 @@ class CellResult:
     wall_s: float = 0.0
     tokens_per_s: float = float("nan")
     alpha: float | None = None
-    tau: float | None = None
+    acceptance_length: float | None = None
     speedup: float | None = None
     speedup_ci: tuple[float, float] | None = None
     load_1m: float = float("nan")
@@ -57,7 +57,8 @@ class CellResult:
         parts = [f"{self.ok}/{self.requests} ok", f"{self.output_tokens} tok in {self.wall_s:.1f}s",
                  f"{self.tokens_per_s:.1f} tok/s"]
         if self.alpha is not None and self.alpha == self.alpha:
-            parts.append(f"alpha {self.alpha:.2f} tau {self.tau:.2f}")
+            al = self.acceptance_length
+            parts.append(f"alpha {self.alpha:.2f} AL {al:.2f}" if al is not None and al == al else f"alpha {self.alpha:.2f}")
         if self.speedup is not None and self.speedup == self.speedup:
             lo, hi = self.speedup_ci or (float("nan"), float("nan"))
             parts.append(f"speedup {self.speedup:.2f}x [{lo:.2f}, {hi:.2f}]")
@@ -163,7 +164,7 @@ def summarize(plan: CellPlan, records: list[RequestRecord], wall_s: float, basel
     res = CellResult(
         cell_id=plan.cell_id, label=plan.label, status="done", requests=len(records), ok=len(ok),
         output_tokens=sum(r.output_tokens for r in ok), wall_s=wall_s,
-        tokens_per_s=metrics.output_throughput(records), alpha=acc["alpha"], tau=acc["tau"],
+        tokens_per_s=metrics.output_throughput(records), alpha=acc["alpha"], acceptance_length=acc["acceptance_length"],
         load_1m=load_average()[0], throttled=bool(tel_summary.get("throttled")), sweeps=plan.sweeps,
     )
     errors = sorted({f"{r.status}: {r.error}"[:120] for r in records if r.status != "ok"})

@@ -46,11 +46,18 @@ def test_report_has_every_section_with_measured_numbers(study_out):
                     "## Failed cells"):
         assert heading in md, heading
     hw = _table(md, "## Hardware table")
-    assert hw[0][:6] == ["Method", "Framework", "Target", "Draft", "γ", "α"] and "Speedup" in hw[0] and "n" in hw[0]
+    assert hw[0][:8] == ["Method", "Framework", "Precision", "Target", "Draft", "γ", "Sampling", "α"]
+    assert {"AL", "tokens/s", "Speedup", "n"} <= set(hw[0])
+    seed_metrics = _table(md, "The rest of the seed's metric table")
+    assert {"TTFT ms (mean / p50 / p99)", "TPOT ms (mean / p50 / p99)", "E2E ms (mean / p50 / p99)",
+            "Memory overhead (MB)", "PPL Δ (spec − AR)", "Exact match (greedy)", "tokens / target forward"} <= set(seed_metrics[0])
+    assert "## Summary" in md.split("## Hardware table")[0] and "(tables/hardware.md)" in md.split("## Hardware table")[0]
+    tex = (study_out / "tables" / "hardware.tex").read_text()
+    assert "\\toprule" in tex and "$\\alpha$" in tex and "\\bottomrule" in tex
     body = {r[0]: dict(zip(hw[0], r)) for r in hw[2:]}
     assert {"Baseline (AR)", "Prompt lookup", "Early exit"} <= set(body)
     ci = re.compile(r"^\d+\.\d+(×)? \[\d+\.\d+, \d+\.\d+\]$")
-    assert ci.match(body["Early exit"]["Speedup"]) and ci.match(body["Early exit"]["α"])
+    assert ci.match(body["Early exit"]["Speedup"]) and ci.match(body["Early exit"]["α"]) and ci.match(body["Early exit"]["AL"])
     assert ci.match(body["Baseline (AR)"]["tokens/s"])
     assert int(body["Early exit"]["n"]) == 6  # 2 tasks x 3 prompts, paired
     tasks = _table(md, "## Task categories")

@@ -9,6 +9,7 @@ import re
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import ClassVar
 
 import gguf
 import numpy as np
@@ -17,8 +18,19 @@ import pytest
 from specstudy import models
 from specstudy.backends import get_backend
 from specstudy.backends.gguf_meta import file_type_name, read_metadata, vocab_mismatch
-from specstudy.backends.llamacpp import LlamaCppBackend, chunk_trace, counter_acceptance, steps_from_trace
-from specstudy.backends.llamacpp_config import GgufFile, Plan, SpecConfig, server_argv, spec_config
+from specstudy.backends.llamacpp import (
+    LlamaCppBackend,
+    chunk_trace,
+    counter_acceptance,
+    steps_from_trace,
+)
+from specstudy.backends.llamacpp_config import (
+    GgufFile,
+    Plan,
+    SpecConfig,
+    server_argv,
+    spec_config,
+)
 from specstudy.backends.prometheus import parse_prometheus
 from specstudy.backends.rss import TreeRssSampler
 from specstudy.backends.sse import StreamState
@@ -142,6 +154,16 @@ def test_backend_argv_follows_the_cell_and_restarts_per_configuration(tmp_path):
     assert len(keys) == 3  # the offered rate does not restart the server; γ and the method do
 
 
+def test_the_study_run_options_on_every_cell_are_not_server_options(tmp_path):
+    run = {"max_new_tokens": 64, "prompts": 3, "prefix_cache": False, "temperature": 0.0, "top_p": 1.0, "top_k": 0,
+           "ignore_eos": True, "dtype": "float32", "tp": 1, "request_rate": "inf"}
+    assert spec_config("ngram", 4, {**run, "ngram_max": 3}) == spec_config("ngram", 4, {"ngram_max": 3})
+    b = LlamaCppBackend(str(write_gguf(tmp_path / "t.gguf", ["a", "b"])), prefix_cache=False)
+    assert b.server_key(cell("ar", None, **run)) == b.server_key(cell("ar", None))
+    with pytest.raises(ValueError, match="asks prefix_cache=True but this llamacpp backend was built with prefix_cache=False"):
+        b.server_argv(cell("ar", None, prefix_cache=True))
+
+
 def test_ngram_options_map_to_llamacpp_sizes():
     assert dict(spec_config("ngram", 2, {"ngram_max": 4}).ngram) == {"size_n": 4, "size_m": 4}
     assert dict(spec_config("ngram", 8, {"ngram_min": 2, "ngram_max": 2}).ngram) == {"size_n": 2, "size_m": 8}
@@ -162,6 +184,7 @@ def test_ngram_options_map_to_llamacpp_sizes():
     ("draft_target", 4, {"draft_p_min": 2}, r"draft_p_min=2: must be a number in \[0, 1\]"),
     ("draft_target", 4, {"dynamic_gamma": "cost"}, r"\['dynamic_gamma'\] not understood; allowed: \['draft_min', 'draft_p_min'\]"),
     ("ar", None, {"ngram_max": 3}, r"\['ngram_max'\] not understood; allowed: \[\]"),
+    ("ar", None, {"tp": 2}, "tp=2: the llamacpp backend runs one CPU process"),
 ])
 def test_bad_cells_are_refused_naming_value_and_allowed(method, gamma, options, match):
     with pytest.raises(ValueError, match=match):
@@ -262,7 +285,7 @@ def test_inconsistent_traces_are_not_turned_into_steps():
 class _Replay(BaseHTTPRequestHandler):
     """Serves a captured llama.cpp exchange verbatim: /health, /props, /metrics, streamed /completion."""
 
-    fx: dict = {}
+    fx: ClassVar[dict] = {}
     posted = False
     protocol_version = "HTTP/1.1"
 
@@ -412,3 +435,47 @@ def test_live_qwen_pair_draft_target(tmp_path):
     assert dt[0].extra["llamacpp"]["draft"]["precision"] == "Q4_K_M" and dt[0].extra["llamacpp"]["spec"]["n_max"] == 4
     assert max(dt[0].drafts_per_position and [len(dt[0].drafts_per_position)]) <= 4
     print("greedy exact match AR vs draft_target:", ar[0].output_ids == dt[0].output_ids)
+
+
+# ---- cost measurement logic (a stub server answers in llama.cpp's timings format) ----------
+
+
+class _StubServer:
+    """Answers like a llama.cpp slot whose cache holds the previous prompt: prompt_n = tokens past
+    the common prefix, prompt_ms = 10 + 2 per evaluated token (a fixed rule, not a measurement)."""
+
+    model, prefix_cache = "stub", True
+
+    def __init__(self):
+        self.cached: list[int] = []
+
+    def ensure_server(self, cell):
+        return None
+
+    def send(self, request, sampling, cell):
+        from specstudy.records import RequestRecord
+
+        ids = list(request.prompt_ids)
+        common = 0
+        while common < min(len(ids), len(self.cached)) and ids[common] == self.cached[common]:
+            common += 1
+        common = min(common, len(ids) - 1) if self.prefix_cache else 0
+        self.cached = ids
+        rec = RequestRecord("s", "cpu", "llamacpp", "ar", "adhoc", "p", 0, "c", "stub")
+        rec.extra["llamacpp_timings"] = {"prompt_n": len(ids) - common, "cache_n": common,
+                                         "prompt_ms": 10.0 + 2.0 * (len(ids) - common), "predicted_per_token_ms": 5.0}
+        return rec
+
+
+def test_verification_curve_times_exact_k_token_extensions_of_the_cached_prompt():
+    from specstudy.backends.llamacpp_costs import verification_curve
+
+    res = verification_curve(_StubServer(), list(range(100, 140)), ks=range(1, 5), repeats=3)
+    assert res["verify_ms"] == {1: 12.0, 2: 14.0, 3: 16.0, 4: 18.0} and res["verify_ratio"][4] == 1.5
+    assert all(len(v) == 3 for v in res["samples_ms"].values()) and res["prompt_tokens"] == 40
+    stub = _StubServer()
+    stub.prefix_cache = False
+    with pytest.raises(ValueError, match="prefix_cache=True"):
+        verification_curve(stub, [1, 2, 3])
+    with pytest.raises(ValueError, match="including k = 1"):
+        verification_curve(_StubServer(), [1, 2, 3], ks=[2, 4])

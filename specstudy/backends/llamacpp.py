@@ -48,14 +48,16 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Any, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 from ..records import Cell, Request, RequestRecord, Sampling, StepRecord
 from .lifecycle import http_get
-from .llamacpp_config import METHODS, Plan, check as _check, server_argv
+from .llamacpp_config import METHODS, NOT_SERVER_KEYS, Plan, server_argv
+from .llamacpp_config import check as _check
 from .prometheus import MetricSamples, metric_by_label, metric_total
 from .rss import TreeRssSampler
-from .server import LOAD_OPTIONS, ServerBackend
+from .server import ServerBackend
 from .sse import StreamState
 
 COUNTERS = {
@@ -114,12 +116,32 @@ def steps_from_trace(trace: Sequence[tuple[int, float | None, int, int]], times:
 
 def counter_acceptance(before: MetricSamples, after: MetricSamples) -> dict[str, Any]:
     """The run's llama.cpp counters (after − before) and llama.cpp's own acceptance length."""
-    d = {k: int(round((metric_total(after, n) or 0.0) - (metric_total(before, n) or 0.0))) for k, n in COUNTERS.items()}
+    d = {k: round((metric_total(after, n) or 0.0) - (metric_total(before, n) or 0.0)) for k, n in COUNTERS.items()}
     pa, pb = metric_by_label(after, PER_POS_COUNTER, "position"), metric_by_label(before, PER_POS_COUNTER, "position")
-    per_pos = [int(round(pa[p] - pb.get(p, 0.0))) for p in sorted(pa, key=int)]
+    per_pos = [round(pa[p] - pb.get(p, 0.0)) for p in sorted(pa, key=int)]
     return {"source": "server_counters", **d, "accepted_per_position": per_pos,
             "alpha": d["accepted_tokens"] / d["drafted_tokens"] if d["drafted_tokens"] else None,
             "acceptance_length": 1 + d["accepted_tokens"] / d["drafts"] if d["drafts"] else None}
+
+
+def _get_json(url: str) -> Any:
+    try:
+        status, body = http_get(url, 5.0)
+        return json.loads(body) if status == 200 else None
+    except (OSError, ValueError):
+        return None
+
+
+def self_report(url: str, attached: bool) -> dict[str, Any]:
+    """What a llama.cpp server says about itself: ``/props`` build, model, quantization, slots, and,
+    for a server the kit did not start, the speculative type its ``/slots`` shows."""
+    props = _get_json(url + "/props") or {}
+    out = {k: props[k] for k in ("build_info", "model_path", "model_ftype", "total_slots") if props.get(k) is not None}
+    if attached:
+        slots = _get_json(url + "/slots")
+        first = slots[0] if isinstance(slots, list) and slots and isinstance(slots[0], dict) else {}
+        out["speculative_types"] = (first.get("params") or {}).get("speculative.types")
+    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -171,10 +193,15 @@ class LlamaCppBackend(ServerBackend):
 
     @staticmethod
     def _server_options(cell: Cell) -> dict[str, Any]:
-        return {k: v for k, v in cell.options if k not in LOAD_OPTIONS}
+        """The options that shape the server (``tp`` kept so a multi-GPU cell is refused)."""
+        return {k: v for k, v in cell.options if k not in NOT_SERVER_KEYS or k == "tp"}
 
     def plan(self, cell: Cell) -> Plan:
         """The checked plan of a cell (files hashed once per configuration)."""
+        wanted = cell.option("prefix_cache")
+        if wanted is not None and bool(wanted) != self.prefix_cache:
+            raise ValueError(f"cell {cell.cell_id} asks prefix_cache={wanted!r} but this llamacpp backend was built "
+                             f"with prefix_cache={self.prefix_cache}: pass prefix_cache to the backend")
         drafter = (cell.drafter or self.drafter) if cell.method == "draft_target" else None
         key = json.dumps([cell.method, cell.gamma if cell.method != "ar" else None, drafter,
                           sorted(self._server_options(cell).items())], default=str)
@@ -195,14 +222,7 @@ class LlamaCppBackend(ServerBackend):
         """llama.cpp's ``/props`` build info, plus the xllamacpp wheel when the kit's entry point runs."""
         build: dict[str, Any] = {"launcher": "attached" if self.base_url else
                                  ("llama-server" if self.llama_server else "xllamacpp")}
-        try:
-            status, body = http_get(url + "/props", 5.0)
-            props = json.loads(body) if status == 200 else {}
-        except (OSError, ValueError):
-            props = {}
-        for k in ("build_info", "model_path", "model_ftype", "total_slots"):
-            if props.get(k) is not None:
-                build[k] = props[k]
+        build.update(self_report(url, attached=self.base_url is not None))
         if build["launcher"] == "xllamacpp" and self.python in (None, sys.executable):
             from .llamacpp_serve import build_info
 

@@ -30,9 +30,10 @@ Every default is passed explicitly, so the records hold the values that ran.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from .gguf_meta import file_type_name, read_metadata, vocab_mismatch
 from .llamacpp_serve import SPEC_TYPE_ENUM
@@ -48,8 +49,11 @@ REFUSED_TYPES = {
     "draft-dspark": "needs a DSpark drafter GGUF; none exists for the kit's models",
 }
 _REFUSED_METHODS = {"eagle": "draft-eagle3", "eagle3": "draft-eagle3", "mtp": "draft-mtp", "dflash": "draft-dflash"}
-# cell options that describe the offered load, not the server (see server.LOAD_OPTIONS)
-_LOAD_KEYS = frozenset({"rate", "burstiness", "concurrency", "load"})
+# cell options that are not the server's: the offered load (server.LOAD_OPTIONS) and the run and
+# sampling settings the study puts on every cell and its baseline (study._run_options), which
+# reach llama.cpp per request or through the constructor (prefix_cache)
+NOT_SERVER_KEYS = frozenset({"rate", "burstiness", "concurrency", "load", "request_rate", "max_new_tokens", "prompts",
+                        "prefix_cache", "temperature", "top_p", "top_k", "ignore_eos", "seed", "dtype", "tp"})
 _SIZED_KEYS = {"ngram_size_n": "size_n", "ngram_size_m": "size_m", "ngram_min_hits": "min_hits"}
 _MOD_KEYS = {"ngram_mod_n_match": "n_match", "ngram_mod_n_min": "mod_n_min", "ngram_mod_n_max": "mod_n_max"}
 _NGRAM_KEYS = {
@@ -119,7 +123,10 @@ def _int_option(options: Mapping[str, Any], key: str, default: int | None, lo: i
 
 
 def _check_keys(method: str, options: Mapping[str, Any], allowed: set[str]) -> None:
-    bad = sorted(k for k in options if k not in allowed and k not in _LOAD_KEYS)
+    if options.get("tp", 1) != 1:
+        raise ValueError(f"tp={options['tp']!r}: the llamacpp backend runs one CPU process (tensor parallelism: "
+                         "vllm, vllm-server or sglang)")
+    bad = sorted(k for k in options if k not in allowed and k not in NOT_SERVER_KEYS)
     if bad:
         raise ValueError(f"llamacpp method={method!r}: option(s) {bad} not understood; allowed: {sorted(allowed)}")
 

@@ -16,7 +16,8 @@ import os
 import signal
 import sys
 import threading
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 # llama.cpp's --spec-type names -> xllamacpp's common_speculative_type members
 SPEC_TYPE_ENUM = {
@@ -94,8 +95,9 @@ def build_params(a: argparse.Namespace) -> Any:
 
 def build_info() -> dict[str, Any]:
     """What this process runs: the xllamacpp wheel's version and revision, llama.cpp's BUILD_INFO."""
-    import xllamacpp as xl
     from importlib import metadata
+
+    import xllamacpp as xl
 
     try:
         from xllamacpp import _version

@@ -49,7 +49,7 @@ class TreeRssSampler:
         while not self._stop.wait(self.period_s):
             self._sample()
 
-    def __enter__(self) -> "TreeRssSampler":
+    def __enter__(self) -> TreeRssSampler:
         self._sample()
         self._thread.start()
         return self

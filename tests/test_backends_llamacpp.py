@@ -22,6 +22,7 @@ from specstudy.backends.llamacpp import (
     LlamaCppBackend,
     chunk_trace,
     counter_acceptance,
+    forward_ms,
     steps_from_trace,
 )
 from specstudy.backends.llamacpp_config import (
@@ -31,10 +32,11 @@ from specstudy.backends.llamacpp_config import (
     server_argv,
     spec_config,
 )
+from specstudy.backends.llamacpp_costs import forward_ms_by_tokens
 from specstudy.backends.prometheus import parse_prometheus
 from specstudy.backends.rss import TreeRssSampler
 from specstudy.backends.sse import StreamState
-from specstudy.records import Cell, Request, Sampling
+from specstudy.records import Cell, Request, RequestRecord, Sampling
 
 FIXTURES = Path(__file__).parent / "fixtures" / "llamacpp"
 
@@ -261,6 +263,12 @@ def test_fixture_steps_equal_llamacpp_own_counters():
     depth = max(s.drafted for s in steps)
     assert [sum(1 for s in drafted if s.accepted >= k) for k in range(1, depth + 1)] == c["accepted_per_position"]
     assert sum(s.emitted for s in steps) == final["tokens_predicted"] == len(st.output_ids)
+    ms = forward_ms(chunk_trace(st), [0.0] * len(chunk_trace(st)))
+    assert len(ms) == len(steps) - 1 and all(m > 0 for m in ms)
+    rec = RequestRecord("s", "cpu", "llamacpp", "ngram", "adhoc", "p", 0, "c", "m", steps=steps,
+                        extra={"llamacpp_forward_ms": ms})
+    by_k = forward_ms_by_tokens([rec])
+    assert sum(len(v) for v in by_k.values()) == len(ms) and len(by_k[5]) == len(drafted)  # 4 drafts + 1
     assert st.finish_reason == "length" and st.usage["prompt_tokens"] == len(fx["request"]["prompt"])
 
 

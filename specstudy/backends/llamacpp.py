@@ -32,6 +32,9 @@ What llama.cpp reports, and how the kit counts (checked on xllamacpp 2026.10.115
   ``draft_steps``/``target_forwards`` stay None with the reason in ``extra["llamacpp_steps"]``.
   Measured on SmolLM2 with ngram-simple γ 4: the reconstructed draft steps, drafted, accepted and
   per-position counts equalled the ``/metrics`` deltas of every request.
+* ``extra["llamacpp_forward_ms"]``: llama.cpp's own ms of each forward after the prompt pass
+  (Δ ``predicted_ms``; drafting and sampling included), from which
+  :mod:`specstudy.backends.llamacpp_costs` reads the cost of real verification forwards.
 * ``target_forwards`` counts every group, the prompt pass included (as the reference engine);
   ``draft_steps`` those that verified ≥ 1 draft, so AL = 1 + accepted / draft_steps is
   llama.cpp's own "mean len".
@@ -80,16 +83,17 @@ def chunk_trace(st: StreamState) -> list[tuple[int, float | None, int, int]]:
     return st.__dict__.setdefault("llamacpp_chunks", [])
 
 
-def steps_from_trace(trace: Sequence[tuple[int, float | None, int, int]], times: Sequence[float],
-                     final: Mapping[str, Any]) -> tuple[list[StepRecord] | None, str]:
-    """Target forwards rebuilt from per-token timings (see the module docstring), or (None, why)."""
+def forward_groups(trace: Sequence[tuple[int, float | None, int, int]],
+                   times: Sequence[float]) -> tuple[list[list[Any]] | None, str]:
+    """Consecutive chunks with one ``predicted_ms`` (one target forward):
+    [predicted_ms, draft_n, accepted, tokens, last arrival s] each, or (None, why)."""
     if not trace:
         return None, "no token chunks"
     if any(ms is None for _, ms, _, _ in trace):
         return None, "chunks carry no per-token timings (server ignores timings_per_token)"
     if len(times) != len(trace):
         return None, f"{len(trace)} token chunks but {len(times)} chunk times"
-    groups: list[list[Any]] = []  # [predicted_ms, draft_n, accepted, emitted, t_s]
+    groups: list[list[Any]] = []
     for (n, ms, d, a), t in zip(trace, times):
         if groups and groups[-1][0] == ms:
             if (groups[-1][1], groups[-1][2]) != (d, a):
@@ -98,6 +102,15 @@ def steps_from_trace(trace: Sequence[tuple[int, float | None, int, int]], times:
             groups[-1][4] = t
         else:
             groups.append([ms, d, a, n, t])
+    return groups, "ok"
+
+
+def steps_from_trace(trace: Sequence[tuple[int, float | None, int, int]], times: Sequence[float],
+                     final: Mapping[str, Any]) -> tuple[list[StepRecord] | None, str]:
+    """Target forwards rebuilt from per-token timings (see the module docstring), or (None, why)."""
+    groups, why = forward_groups(trace, times)
+    if groups is None:
+        return None, why
     steps, prev_d, prev_a = [], 0, 0
     for i, (_, d, a, emitted, t) in enumerate(groups):
         drafted, accepted = d - prev_d, a - prev_a
@@ -112,6 +125,15 @@ def steps_from_trace(trace: Sequence[tuple[int, float | None, int, int]], times:
     if (prev_d, prev_a) != want:
         return None, f"chunk counters end at {(prev_d, prev_a)}, final timings say {want}"
     return steps, "ok"
+
+
+def forward_ms(trace: Sequence[tuple[int, float | None, int, int]], times: Sequence[float]) -> list[float] | None:
+    """llama.cpp's own ms of each forward after the prompt pass (Δ ``predicted_ms``: drafting,
+    the forward and sampling), aligned with the steps from the second on."""
+    groups, _ = forward_groups(trace, times)
+    if groups is None:
+        return None
+    return [round(b[0] - a[0], 3) for a, b in zip(groups, groups[1:])]
 
 
 def counter_acceptance(before: MetricSamples, after: MetricSamples) -> dict[str, Any]:
@@ -288,6 +310,7 @@ class LlamaCppBackend(ServerBackend):
         if steps is not None:
             rec.steps = steps
             rec.fill_acceptance_from_steps()
+            rec.extra["llamacpp_forward_ms"] = forward_ms(chunk_trace(st), rec.chunk_times_s)
             rec.extra["acceptance_source"] = "llama.cpp per-token timings (draft_n, draft_n_accepted) grouped by forward"
             return
         rec.extra["llamacpp_steps"] = f"draft steps unknown: {why}"

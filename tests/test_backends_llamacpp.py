@@ -169,9 +169,10 @@ def test_the_study_run_options_on_every_cell_are_not_server_options(tmp_path):
 def test_ngram_options_map_to_llamacpp_sizes():
     assert dict(spec_config("ngram", 2, {"ngram_max": 4}).ngram) == {"size_n": 4, "size_m": 4}
     assert dict(spec_config("ngram", 8, {"ngram_min": 2, "ngram_max": 2}).ngram) == {"size_n": 2, "size_m": 8}
-    mod = spec_config("ngram", 4, {"spec_type": "ngram-mod", "ngram_mod_n_match": 8})
-    assert mod.spec_type == "ngram-mod" and dict(mod.ngram) == {"n_match": 8}
-    assert spec_config("ngram", 4, {"spec_type": "ngram-cache", "rate": 2.0}).ngram == ()  # load options ignored
+    mod = spec_config("ngram", 4, {"spec_type": "ngram-mod", "ngram_mod_n_match": 8, "rate": 2.0})
+    assert mod.spec_type == "ngram-mod" and dict(mod.ngram) == {"n_match": 8, "mod_n_min": 1, "mod_n_max": 4}
+    argv = server_argv(plan(mod), 1, 64, 1, llama_server="/x")
+    assert (val(argv, "--spec-ngram-mod-n-max"), val(argv, "--spec-draft-n-max")) == ("4", "4")
 
 
 @pytest.mark.parametrize("method, gamma, options, match", [
@@ -182,6 +183,8 @@ def test_ngram_options_map_to_llamacpp_sizes():
     ("ngram", 4, {"prompt_lookup_max": 3}, r"\['prompt_lookup_max'\] not understood; allowed: \["),
     ("ngram", 4, {"spec_type": "draft-mtp"}, r"spec_type='draft-mtp' .*multi-token-prediction.*allowed: \['ngram-simple'"),
     ("ngram", 4, {"spec_type": "ngram-mod", "ngram_size_n": 3}, r"does not use option\(s\) \['ngram_size_n'\]"),
+    ("ngram", 2, {"spec_type": "ngram-mod", "ngram_mod_n_min": 3}, "ngram_mod_n_min=3 > gamma=2"),
+    ("ngram", 4, {"spec_type": "ngram-cache"}, r"'ngram-cache' .*ignores the draft n_max.*allowed: \["),
     ("ngram", 4, {"ngram_size_n": 0}, "ngram_size_n=0: must be an integer >= 1"),
     ("draft_target", 4, {"draft_p_min": 2}, r"draft_p_min=2: must be a number in \[0, 1\]"),
     ("draft_target", 4, {"dynamic_gamma": "cost"}, r"\['dynamic_gamma'\] not understood; allowed: \['draft_min', 'draft_p_min'\]"),

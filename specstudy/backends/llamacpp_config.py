@@ -11,15 +11,18 @@ Methods and options
 * ``ar``: no speculation; no options.
 * ``ngram``: self-speculation from the token history, γ = ``n_max`` (most tokens drafted per
   step).  ``spec_type`` picks llama.cpp's variant (default ``ngram-simple``; also
-  ``ngram-map-k``, ``ngram-map-k4v``, ``ngram-mod``, ``ngram-cache``).  llama.cpp's n-gram
+  ``ngram-map-k``, ``ngram-map-k4v``, ``ngram-mod``).  llama.cpp's n-gram
   lookups use **one** key length (``size_n``), not a min..max range like the reference engine and
   vLLM: ``ngram_size_n`` sets it, and the kit's ``ngram_max`` is read as that length; an
   ``ngram_min`` below it is refused (llama.cpp never falls back to shorter n-grams).  Default
   ``size_n`` = 3 (the reference engine's ``ngram_max``; llama.cpp's own default is 12).
   ``ngram_size_m`` (the m-gram copied after a match) defaults to max(γ, size_n): llama.cpp drops
   a match followed by fewer than ``size_n`` tokens and cuts every draft to ``n_max``, so this is
-  the smallest value that lets γ bind.  ``ngram_min_hits`` (map-k4v), ``ngram_mod_n_match``,
-  ``ngram_mod_n_min``, ``ngram_mod_n_max`` (ngram-mod) pass through.
+  the smallest value that lets γ bind.  ``ngram_min_hits`` (map-k4v) passes through.
+  ``ngram-mod`` ignores the draft ``n_max`` (measured: 8-token drafts at n_max 4 with its own
+  n_max 8), so γ is also its ``n_max``; ``ngram_mod_n_match`` (lookup length, default 3) and
+  ``ngram_mod_n_min`` (default 1, at most γ) pass through.  ``ngram-cache`` is refused: it
+  ignores ``n_max`` too and has no setting that bounds its drafts.
 * ``draft_target``: a draft GGUF (``draft-simple``), γ = ``n_max``; ``draft_min`` (n_min,
   default 0) and ``draft_p_min`` (default 0.0: always draft γ tokens, as the study's fixed γ
   means).  The draft's vocabulary must equal the target's.
@@ -39,7 +42,7 @@ from .gguf_meta import file_type_name, read_metadata, vocab_mismatch
 from .llamacpp_serve import SPEC_TYPE_ENUM
 
 METHODS = ("ar", "ngram", "draft_target")
-NGRAM_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
+NGRAM_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod")
 #: speculative types this build exposes that the kit cannot run, and why
 REFUSED_TYPES = {
     "draft-eagle3": "needs an EAGLE-3 drafter converted to llama.cpp's GGUF; none exists for the kit's models "
@@ -47,6 +50,7 @@ REFUSED_TYPES = {
     "draft-mtp": "needs a target GGUF with multi-token-prediction layers (SmolLM2 and Qwen2.5 have none)",
     "draft-dflash": "needs a DFlash drafter GGUF; none exists for the kit's models",
     "draft-dspark": "needs a DSpark drafter GGUF; none exists for the kit's models",
+    "ngram-cache": "ignores the draft n_max (measured: 8-token drafts at n_max 4), so γ would not be γ",
 }
 _REFUSED_METHODS = {"eagle": "draft-eagle3", "eagle3": "draft-eagle3", "mtp": "draft-mtp", "dflash": "draft-dflash"}
 # cell options that are not the server's: the offered load (server.LOAD_OPTIONS) and the run and
@@ -55,13 +59,12 @@ _REFUSED_METHODS = {"eagle": "draft-eagle3", "eagle3": "draft-eagle3", "mtp": "d
 NOT_SERVER_KEYS = frozenset({"rate", "burstiness", "concurrency", "load", "request_rate", "max_new_tokens", "prompts",
                         "prefix_cache", "temperature", "top_p", "top_k", "ignore_eos", "seed", "dtype", "tp"})
 _SIZED_KEYS = {"ngram_size_n": "size_n", "ngram_size_m": "size_m", "ngram_min_hits": "min_hits"}
-_MOD_KEYS = {"ngram_mod_n_match": "n_match", "ngram_mod_n_min": "mod_n_min", "ngram_mod_n_max": "mod_n_max"}
+_MOD_KEYS = {"ngram_mod_n_match": "n_match", "ngram_mod_n_min": "mod_n_min"}
 _NGRAM_KEYS = {
     "ngram-simple": {"ngram_size_n", "ngram_size_m"},
     "ngram-map-k": {"ngram_size_n", "ngram_size_m"},
     "ngram-map-k4v": {"ngram_size_n", "ngram_size_m", "ngram_min_hits"},
     "ngram-mod": set(_MOD_KEYS),
-    "ngram-cache": set(),
 }
 DEFAULT_NGRAM_N = 3
 
@@ -152,11 +155,16 @@ def _ngram_sizes(stype: str, gamma: int, options: Mapping[str, Any]) -> tuple[tu
     given = sorted(k for k in (*_SIZED_KEYS, *_MOD_KEYS) if k in options and k not in allowed)
     if given:
         raise ValueError(f"spec_type={stype!r} does not use option(s) {given}; it takes {sorted(allowed)}")
-    if stype in ("ngram-mod", "ngram-cache"):
+    if stype == "ngram-mod":
         if "ngram_min" in options or "ngram_max" in options:
-            raise ValueError(f"spec_type={stype!r} has no n-gram length option; drop ngram_min/ngram_max "
+            raise ValueError(f"spec_type={stype!r} has no n-gram range; drop ngram_min/ngram_max "
                              f"(it takes {sorted(allowed)})")
-        return tuple((_MOD_KEYS[k], _int_option(options, k, None)) for k in sorted(allowed) if k in options), None
+        n_min = _int_option(options, "ngram_mod_n_min", 1)
+        if n_min > gamma:
+            raise ValueError(f"ngram_mod_n_min={n_min} > gamma={gamma}: ngram-mod would never draft γ or fewer tokens")
+        fields = (("n_match", _int_option(options, "ngram_mod_n_match", DEFAULT_NGRAM_N)), ("mod_n_min", n_min),
+                  ("mod_n_max", gamma))
+        return fields, "ngram-mod drafts up to its own n_max, set to gamma"
     size_n = _int_option(options, "ngram_size_n", None) or _int_option(options, "ngram_max", None) or DEFAULT_NGRAM_N
     if "ngram_size_n" in options and "ngram_max" in options and options["ngram_max"] != size_n:
         raise ValueError(f"ngram_size_n={size_n} and ngram_max={options['ngram_max']!r} disagree; give one")

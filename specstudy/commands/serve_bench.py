@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-SERVER_BACKENDS = ("vllm-server", "sglang", "openai")
+SERVER_BACKENDS = ("vllm-server", "sglang", "llamacpp", "openai")
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -47,7 +47,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--python", default=None,
                    help="interpreter of the engine's environment (default .venv-engines/bin/python if present)")
     p.add_argument("--server-command", default=None, help="openai backend: server command line with {port} {model} {drafter} {gamma}")
-    p.add_argument("--preset", default=None, help="openai backend: 'llama.cpp' builds the llama-server command")
     p.add_argument("--server-arg", action="append", default=[], help="extra server flag (repeatable; use --server-arg=--x)")
     p.add_argument("--env", action="append", default=[], help="KEY=VALUE for the server process (repeatable)")
     p.add_argument("--dtype", default=None, help="vLLM --dtype (default float32 without a GPU, else auto)")
@@ -131,8 +130,10 @@ def _backend(args, envs, url):
                     prefix_cache=args.prefix_cache == "on")
         if not gpu:
             env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    if args.backend == "llamacpp":
+        opts.update(prefix_cache=args.prefix_cache == "on", python=None)
     if args.backend == "openai":
-        opts.update(command=args.server_command, preset=args.preset)
+        opts.update(command=args.server_command)
     env.setdefault("HF_HUB_OFFLINE", os.environ.get("HF_HUB_OFFLINE", "1"))
     opts["env"] = env
     return get_backend(args.backend, **opts)

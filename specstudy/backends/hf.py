@@ -30,6 +30,7 @@ from __future__ import annotations
 import time
 from typing import Any, Iterator, Sequence
 
+from ..engine.trace import cell_memory, current_rss, reset_peak_memory
 from ..records import Cell, Request, RequestRecord, Sampling, StepRecord
 from .base import Backend, encode_request
 from ..data.models import resolve_for_engine as resolve_model
@@ -239,9 +240,8 @@ class HfBackend(Backend):
                 return counter.wrap(original(*args, **kw))
 
             self.model._get_candidate_generator = get_candidate_generator
-        on_cuda = torch.cuda.is_available() and str(self.device).startswith("cuda")
-        if on_cuda:
-            torch.cuda.reset_peak_memory_stats()
+        reset_peak_memory(self.device)
+        rss_before = current_rss()
         torch.manual_seed(sampling.seed)
         rec.start_epoch = time.time()
         try:
@@ -267,8 +267,8 @@ class HfBackend(Backend):
         else:  # plain generate: one target forward per token, each an AR "step"
             rec.steps = [StepRecord(drafted=0, accepted=0, emitted=c, t_s=t) for t, c in zip(streamer.times, streamer.counts)]
         rec.fill_acceptance_from_steps()
-        if on_cuda:
-            rec.peak_memory_bytes, rec.memory_source = int(torch.cuda.max_memory_allocated()), "torch_cuda"
+        drafter = method_kwargs.get("assistant_model")
+        rec.peak_memory_bytes, rec.memory_source = cell_memory(self.device, rss_before, self.model, drafter)
         return rec
 
     def close(self) -> None:

@@ -18,7 +18,7 @@ from typing import Any, Iterator, Sequence
 from ..config.vocab import TORCH_DTYPES
 from ..data.models import get_entry, load_model, model_names, quantize_dynamic_int8, require_int8_device
 from ..engine.methods import SYNTHETIC, DecodeJob, get_method, method_names
-from ..engine.trace import peak_memory, reset_peak_memory
+from ..engine.trace import cell_memory, current_rss, reset_peak_memory
 from ..records import Cell, Request, RequestRecord, Sampling
 from .base import Backend, encode_request
 
@@ -125,6 +125,7 @@ class ReferenceBackend(Backend):
         import torch
 
         reset_peak_memory(self.device)
+        rss_before = current_rss()
         start_epoch = time.time()
         status, error, rows = "ok", "", None
         try:
@@ -133,7 +134,7 @@ class ReferenceBackend(Backend):
             status, error = "oom", f"{type(e).__name__}: {e}"
         except Exception as e:  # a failed batch is records with a status, not a lost cell
             status, error = "error", f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=6)}"
-        peak, source = peak_memory(self.device)
+        peak, source = cell_memory(self.device, rss_before, self.model, job.drafter)
         if status != "ok" and self.device.startswith("cuda"):
             torch.cuda.empty_cache()
         for i, req in enumerate(batch):

@@ -149,7 +149,7 @@ class _Axes(BaseModel):
     batch_sizes: Annotated[list[PositiveInt], BeforeValidator(_as_list)] | None = None
     request_rates: Annotated[list[Rate], BeforeValidator(_as_list)] | None = None
     repeats: PositiveInt | None = None
-    sampling: SamplingSpec | None = None
+    sampling: Annotated[list[SamplingSpec], BeforeValidator(_as_list)] | None = None  # one setting or an axis of them
     max_new_tokens: PositiveInt | None = None
     prompts_per_task: PositiveInt | None = None
     prefix_cache: Annotated[list[bool], BeforeValidator(_as_list)] | None = None

@@ -31,7 +31,9 @@ Schema (every key optional except ``models``; sweeps inherit the top-level axes)
       request_rates: []           # serving sweeps (server frameworks only; inf = all at once)
       repeats: 1
       warmup: {requests: 1, max_new_tokens: 8}
-      sampling: {temperature: 0.0, top_p: 1.0, top_k: 0, seed: 0, ignore_eos: true}
+      sampling:                   # one setting, or a list: an axis (each method and its baseline share it)
+        - {temperature: 0.0, top_p: 1.0, top_k: 0, seed: 0, ignore_eos: true}
+        - {temperature: 0.7, top_p: 0.9}
       max_new_tokens: 48
       prompts_per_task: 4
       prefix_cache: [false]
@@ -73,7 +75,7 @@ class Sweep:
     batch_sizes: tuple[int, ...]
     request_rates: tuple[float, ...]
     repeats: int
-    sampling: Sampling
+    samplings: tuple[Sampling, ...]
     prompts_per_task: int
     prefix_cache: tuple[bool, ...]
     description: str = ""
@@ -111,7 +113,7 @@ class StudyConfig:
 
 
 _DEFAULTS: dict[str, Any] = {"frameworks": ["reference"], "gammas": [4], "batch_sizes": [1], "request_rates": [],
-                             "repeats": 1, "sampling": SamplingSpec(), "max_new_tokens": 64, "prompts_per_task": 4,
+                             "repeats": 1, "sampling": [SamplingSpec()], "max_new_tokens": 64, "prompts_per_task": 4,
                              "prefix_cache": [False]}
 
 
@@ -148,7 +150,7 @@ def _resolve_sweep(name: str, spec: SweepSpec, top: StudySpec, file: Any, models
         name=name, models=names("models", sweep_models, prefix, [m.name for m in models]),
         methods=names("methods", sweep_methods, prefix, labels), frameworks=names("frameworks", fws, fw_at, frameworks),
         tasks=names("tasks", ts, ts_at, tasks), repeats=axis("repeats")[0],
-        sampling=axis("sampling")[0].sampling(max_new), prompts_per_task=axis("prompts_per_task")[0],
+        samplings=tuple(s.sampling(max_new) for s in axis("sampling")[0]), prompts_per_task=axis("prompts_per_task")[0],
         description=spec.description, **resolved,
     )
 

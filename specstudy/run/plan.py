@@ -126,9 +126,8 @@ def check_backends(cfg: StudyConfig) -> StudyConfig:
     return cfg
 
 
-def _run_options(sw: Sweep, pair: ModelPair, prefix_cache: bool, rate: float | None, prompts: int) -> tuple:
+def _run_options(s: Sampling, pair: ModelPair, prefix_cache: bool, rate: float | None, prompts: int) -> tuple:
     """Settings shared by a cell and its baseline: part of both identities."""
-    s = sw.sampling
     opts = {
         "max_new_tokens": s.max_new_tokens, "prompts": prompts, "prefix_cache": prefix_cache,
         "temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k, "ignore_eos": s.ignore_eos,
@@ -161,8 +160,9 @@ def expand(cfg: StudyConfig) -> list[CellPlan]:
 
     for sw in cfg.sweeps:
         rates: tuple[float | None, ...] = sw.request_rates or (None,)
-        for model_name, fw, task, batch, pc, rate, label, rep in itertools.product(
-            sw.models, sw.frameworks, sw.tasks, sw.batch_sizes, sw.prefix_cache, rates, sw.methods, range(sw.repeats)
+        for model_name, fw, task, batch, pc, rate, smp, label, rep in itertools.product(
+            sw.models, sw.frameworks, sw.tasks, sw.batch_sizes, sw.prefix_cache, rates, sw.samplings, sw.methods,
+            range(sw.repeats)
         ):
             if rate is not None and fw not in SERVER_FRAMEWORKS:
                 continue  # request-rate sweeps are for servers; offline engines run batches
@@ -174,8 +174,8 @@ def expand(cfg: StudyConfig) -> list[CellPlan]:
                 continue
             if m.drafter is not None and m.drafter not in pair.drafters:
                 continue
-            sampling = dataclasses.replace(sw.sampling, seed=sw.sampling.seed + rep)
-            run_opts = _run_options(sw, pair, pc, rate, sw.prompts_per_task)
+            sampling = dataclasses.replace(smp, seed=smp.seed + rep)
+            run_opts = _run_options(smp, pair, pc, rate, sw.prompts_per_task)
             base_cell = _with_id(Cell(study=cfg.name, hardware=cfg.hardware, framework=fw, method="ar", task=task,
                                       model=pair.target, drafter=None, gamma=None, batch_size=batch, repeat=rep,
                                       options=run_opts))

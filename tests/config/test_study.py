@@ -112,9 +112,9 @@ def test_max_batch_size_and_method_gammas(tmp_path):
     ({**BASE, "batch_sizes": ["big"]}, "study.batch_sizes[0]", "big", "integer"),
     ({**BASE, "batch_sizes": [True]}, "study.batch_sizes[0]", True, "integer"),
     ({**BASE, "request_rates": [-1]}, "study.request_rates[0]", -1, "inf"),
-    ({**BASE, "sampling": {"temperature": 0.0, "top_q": 1}}, "study.sampling.top_q", "top_q", "top_p"),
-    ({**BASE, "sampling": {"temperature": -1}}, "study.sampling.temperature", -1, ">= 0"),
-    ({**BASE, "sampling": {"top_p": 0}}, "study.sampling.top_p", 0, "(0, 1]"),
+    ({**BASE, "sampling": {"temperature": 0.0, "top_q": 1}}, "study.sampling[0].top_q", "top_q", "top_p"),
+    ({**BASE, "sampling": {"temperature": -1}}, "study.sampling[0].temperature", -1, ">= 0"),
+    ({**BASE, "sampling": {"top_p": 0}}, "study.sampling[0].top_p", 0, "(0, 1]"),
     ({**BASE, "models": [{"name": "x", "target": "smollm2-135m", "dtype": "fp12"}]}, "study.models[0].dtype", "fp12", "bfloat16"),
     ({**BASE, "models": [{"name": "x", "target": "no-such-model"}]}, "study.models[0].target", "no-such-model", "smollm2-135m"),
     ({**BASE, "sweeps": {"s": {"methods": ["Nope"]}}}, "study.sweeps.s.methods", "Nope", "Prompt lookup"),
@@ -233,3 +233,15 @@ def test_server_engine_in_its_own_interpreter_is_accepted(tmp_path):
     with pytest.raises(ParamsError) as e:
         check_environment(cfg, find_module=lambda m: None)
     assert e.value.key == "study.framework_options.vllm-server.python"
+
+
+def test_sampling_is_an_axis_shared_by_each_method_and_its_baseline(tmp_path):
+    study = {**BASE, "batch_sizes": [1], "sampling": [{"temperature": 0.0}, {"temperature": 0.7, "top_p": 0.9}]}
+    plans = expand(check_backends(load_study("cpu", write(tmp_path, study))))
+    # 2 tasks x 2 samplings x (ar + ngram x 2 gammas)
+    assert len(plans) == 2 * 2 * 3
+    by_id = {p.cell_id: p for p in plans}
+    for p in plans:
+        if p.baseline_cell_id:
+            assert by_id[p.baseline_cell_id].sampling == p.sampling
+    assert {(p.sampling.temperature, p.sampling.top_p) for p in plans} == {(0.0, 1.0), (0.7, 0.9)}

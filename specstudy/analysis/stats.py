@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from .. import costmodel, metrics
-from ..records import RequestRecord
+from ..records import RequestRecord, StepRecord
 from .study import Study
 
 NAN = float("nan")
@@ -103,26 +103,45 @@ def _throughput(ok: Sequence[RequestRecord]) -> tuple[float, tuple[float, float]
     return m, (lo, hi)
 
 
+def _step_times(rec: RequestRecord) -> tuple[list[tuple[StepRecord, float]], bool]:
+    """(decode step, its seconds) after the prompt pass, and whether the time is the whole step.
+
+    The reference engine times drafting (``draft_s``) and the target's forward (``verify_s``)
+    apart; llama.cpp reports each forward's own time with its drafting inside
+    (``extra["llamacpp_forward_ms"]``), so there the whole step is the verification cost and c is 0.
+    """
+    timed = [(st, st.verify_s) for st in rec.steps[1:] if st.verify_s is not None]
+    if timed:
+        return timed, False
+    ms = rec.extra.get("llamacpp_forward_ms") if rec.extra else None
+    if ms:
+        return [(st, m / 1e3) for st, m in zip(rec.steps[1:], ms)], True
+    return [], False
+
+
 def step_costs(spec: Sequence[RequestRecord], baseline: Sequence[RequestRecord]) -> tuple[float, float]:
     """(c, verify_ratio) from step timings, in units of the baseline's AR decode step T1.
 
     c = draft time per drafted token / T1 (the c of Leviathan et al. and DESIGN.md); verify_ratio =
-    time of one verification forward over γ+1 tokens / T1.  T1 is the mean verify time of the
-    baseline's decode steps (the prefill step, which emits the first token, is excluded).  NaN when
-    the engine does not time its steps.
+    time of one verification forward over γ+1 tokens / T1.  T1 is the mean time of the baseline's
+    decode steps (the prefill step, which emits the first token, is excluded).  NaN when the engine
+    does not time its steps.
     """
-    t1 = [s.verify_s for r in baseline if r.status == "ok" for s in r.steps[1:] if s.verify_s is not None]
-    steps = [s for r in spec if r.status == "ok" for s in r.steps[1:] if s.drafted > 0]
-    ds = [s.draft_s for s in steps if s.draft_s is not None]
-    vs = [s.verify_s for s in steps if s.verify_s is not None]
+    t1 = [t for r in baseline if r.status == "ok" for _, t in _step_times(r)[0]]
+    timed = [(_step_times(r)) for r in spec if r.status == "ok"]
+    steps = [(st, t, whole) for pairs, whole in timed for st, t in pairs if st.drafted > 0]
     if not t1 or not steps:
         return NAN, NAN
     T1 = float(np.mean(t1))
     if T1 <= 0:
         return NAN, NAN
-    drafted = sum(s.drafted for s in steps if s.draft_s is not None)
-    c = (sum(ds) / drafted) / T1 if ds and drafted else NAN
-    v = float(np.mean(vs)) / T1 if vs else NAN
+    if all(whole for _, _, whole in steps):  # drafting is inside each step's own time
+        c = 0.0
+    else:
+        ds = [(st.draft_s, st.drafted) for st, _, _ in steps if st.draft_s is not None]
+        drafted = sum(d for _, d in ds)
+        c = (sum(t for t, _ in ds) / drafted) / T1 if ds and drafted else NAN
+    v = float(np.mean([t for _, t, _ in steps])) / T1
     return c, v
 
 

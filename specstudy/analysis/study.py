@@ -95,10 +95,15 @@ class Study:
         return self.cells[cell_id]
 
     def cell_ids(self, sweep: str | None = None, **where: Any) -> list[str]:
-        """Finished cells, optionally of one sweep and matching ``where`` fields (a value or a collection)."""
+        """Finished cells, optionally of one sweep and matching ``where`` fields (a value or a collection).
+
+        ``sweep`` names a table's sweep: ``hardware`` takes the cells of ``hardware`` and of every
+        ``hardware_<part>`` sweep (a study may split one table's rows over several sweeps, say its
+        repeated headline rows, its other method families and its T > 0 rows).
+        """
         out = []
         for cid, m in self.cells.items():
-            if sweep is not None and sweep not in m["sweeps"]:
+            if sweep is not None and not any(s == sweep or s.startswith(sweep + "_") for s in m["sweeps"]):
                 continue
             if all((m[k] in v) if isinstance(v, (list, tuple, set)) else m[k] == v for k, v in where.items()):
                 out.append(cid)
@@ -109,6 +114,10 @@ class Study:
 
     def sweeps(self) -> list[str]:
         return sorted({s for m in self.cells.values() for s in m["sweeps"]})
+
+    def has_sweep(self, sweep: str) -> bool:
+        """Whether some cell is in ``sweep`` or one of its ``<sweep>_<part>`` siblings."""
+        return any(s == sweep or s.startswith(sweep + "_") for s in self.sweeps())
 
     def baseline(self, cell_id: str) -> list[RequestRecord]:
         b = self.cells[cell_id]["baseline_cell_id"]

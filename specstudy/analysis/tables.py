@@ -31,7 +31,7 @@ def headline_max_new(study: Study) -> Any:
 
 
 def _sweep_or_all(study: Study, sweep: str | None) -> str | None:
-    return sweep if sweep is None or sweep in study.sweeps() else None
+    return sweep if sweep is None or study.has_sweep(sweep) else None
 
 
 def _label(m: dict[str, Any], p: Pooled) -> str:

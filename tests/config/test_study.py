@@ -64,13 +64,19 @@ def test_shipped_profiles_validate_and_expand(hw):
 
 
 def test_cpu_profile_is_sized_for_this_machine():
+    """`make study` must stay near 10 minutes on 2 cores: the in-process engines decode ~8-10 tok/s
+    here, llama.cpp ~10x that (bench/ and the closing notes measure it; this bounds the plan)."""
     cfg = load_study("cpu")
-    s = plan_summary(expand(cfg), cfg.warmup_requests, cfg.warmup_max_new_tokens)
-    # ~10-15 tok/s here: the whole matrix must stay near 10 minutes of decoding
-    assert s["output_tokens"] + s["warmup_tokens"] <= 7000
-    assert {b for sw in cfg.sweeps for b in sw.batch_sizes} == {1, 2, 4}
+    plans = expand(cfg)
+    tokens: dict[str, int] = {}
+    for p in plans:
+        tokens[p.cell.framework] = tokens.get(p.cell.framework, 0) + p.prompts * p.sampling.max_new_tokens
+    assert tokens["reference"] + tokens["hf"] <= 2800 and tokens["llamacpp"] <= 5000
+    assert {b for sw in cfg.sweeps for b in sw.batch_sizes} == {1, 4}
     assert {t for sw in cfg.sweeps for t in sw.tasks} == {"code", "translation", "summarization", "qa",
                                                           "creative_writing", "math", "chat"}
+    assert {s.temperature for sw in cfg.sweeps for s in sw.samplings} == {0.0, 0.7}
+    assert max(sw.repeats for sw in cfg.sweeps) >= 3
 
 
 def test_expansion_dedupes_and_pairs(tmp_path):

@@ -51,6 +51,7 @@ class FakeState:
         # non-zero at start: traffic before the run, which run-scoping must subtract
         self.counters = {"drafts": 7, "draft_tokens": 28, "accepted": 11, "per_pos": [5, 3, 2, 1]}
         self.requests = 0
+        self.flushes = 0  # SGLang's POST /flush_cache
         self.in_flight = 0
         self.max_in_flight = 0
 
@@ -104,6 +105,11 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self):
         st = self.state
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+        if self.path == "/flush_cache" and st.mode == "sglang":
+            with st.lock:
+                st.flushes += 1
+            self._send(200, "Cache flushed.\n")
+            return
         if st.behavior == "http_error":
             self._send(500, json.dumps({"object": "error", "message": "fixture failure", "code": 500}), "application/json")
             return

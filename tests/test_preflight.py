@@ -148,3 +148,31 @@ def test_required_engines_drive_the_engine_checks():
     preflight(["vllm", "vllm-server", "hf"], [], [], A100, 1,
               probes=probes(imports=lambda py, mod: seen.append((py, mod)) or (True, "")))
     assert seen == [(str(envs.python_of(envs.ENVIRONMENTS["vllm-cuda"])), "vllm")]
+
+
+# ---- the GPU profiles against every backend's own check (pinned engines) ---------------------
+
+@pytest.mark.parametrize("hw", ["a100", "h100", "h200", "rtx4090"])
+def test_gpu_profiles_pass_every_backend_check(hw):
+    import importlib
+
+    from specstudy.backends import BACKENDS
+    from specstudy.study import expand, load_study
+
+    cfg = load_study(hw)
+    seen = set()
+    for plan in expand(cfg):
+        c = plan.backend_cell()  # what the backend sees: method options (+ the arrival rate)
+        module, cls = BACKENDS[c.framework].split(":")
+        backend = getattr(importlib.import_module(f"specstudy.backends.{module}"), cls)
+        kw = {"cuda": True} if c.framework in ("vllm", "vllm-server") else {}
+        opts = dict(c.options)
+        backend.check(c.method, c.gamma, opts, plan.drafter_id, **kw)
+        label, what = plan.label, backend.describe(c.method, c.gamma, opts, **kw)
+        if "tree" in label.lower():
+            assert "tree" in what, (label, what)
+        if "chain" in label.lower():
+            assert "chain" in what, (label, what)
+        seen.add((c.framework, c.method))
+    assert ("trtllm", "medusa") in seen and ("trtllm", "draft_target") in seen and ("trtllm", "eagle") in seen
+    assert not any(fw in ("vllm", "vllm-server") and m == "medusa" for fw, m in seen)  # vLLM 0.33 has none

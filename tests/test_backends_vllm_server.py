@@ -15,7 +15,7 @@ from specstudy.backends import get_backend
 from specstudy.backends.vllm_server import VllmServerBackend, spec_fields, speculative_config
 from specstudy.records import Cell, Request, Sampling
 
-from fake_servers import ACCEPT_CYCLE, K, FakeServer, script
+from fake_servers import K, FakeServer, script
 
 SAMPLING = Sampling(max_new_tokens=13)
 

@@ -176,3 +176,11 @@ def test_gpu_profiles_pass_every_backend_check(hw):
         seen.add((c.framework, c.method))
     assert ("trtllm", "medusa") in seen and ("trtllm", "draft_target") in seen and ("trtllm", "eagle") in seen
     assert not any(fw in ("vllm", "vllm-server") and m == "medusa" for fw, m in seen)  # vLLM 0.33 has none
+
+
+def test_a_profile_object_works_like_its_mapping():
+    from types import SimpleNamespace
+
+    prof = SimpleNamespace(device="NVIDIA H100 80GB HBM3", kind="gpu", memory_gb=80)
+    got = preflight(["vllm"], [], [], prof, 2, probes=probes(gpus=lambda: ["NVIDIA H100 80GB HBM3"]))
+    assert kinds(got) == [("gpu", "2 GPUs")]

@@ -161,8 +161,10 @@ class SglangServerBackend(ServerBackend):
                          "flush_cache"})
 
     @classmethod
-    def check(cls, method: str, gamma: int | None, options: Mapping[str, Any], drafter: str | None) -> None:
-        """Refuse a method SGLang 0.5.23 lacks, a bad γ or tree budget, a missing drafter, an unread option."""
+    def check(cls, method: str, gamma: int | None, options: Mapping[str, Any], drafter: str | None,
+              cuda: bool | None = None) -> None:
+        """Refuse a method SGLang 0.5.23 lacks, a bad γ or tree budget, a missing drafter, an unread option
+        (``cuda`` is accepted for a uniform call: SGLang has one, CUDA, build)."""
         caps.check_method(f"SGLang {SGLANG_VERSION}", method, gamma, options, drafter, SGLANG_ALGORITHMS,
                           caps.SGLANG_METHOD_OPTIONS)
         if method not in ("ar", "ngram"):
@@ -176,7 +178,7 @@ class SglangServerBackend(ServerBackend):
             raise ValueError(f"sglang dtype={dtype!r}: allowed {sorted(SGLANG_DTYPES)}")
 
     @classmethod
-    def describe(cls, method: str, gamma: int | None, options: Mapping[str, Any]) -> str:
+    def describe(cls, method: str, gamma: int | None, options: Mapping[str, Any], cuda: bool | None = None) -> str:
         return describe_sglang(method, gamma, options)
 
     @property

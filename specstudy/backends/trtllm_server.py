@@ -105,12 +105,14 @@ class TrtllmServerBackend(ServerBackend):
                          "prefix_cache", "llm_api_options"})
 
     @classmethod
-    def check(cls, method: str, gamma: int | None, options: Mapping[str, Any], drafter: str | None) -> None:
+    def check(cls, method: str, gamma: int | None, options: Mapping[str, Any], drafter: str | None,
+              cuda: bool | None = None) -> None:
+        """Refuse a method trtllm-serve lacks, a bad γ, a missing drafter or an unread option."""
         caps.check_method(f"TensorRT-LLM {TRTLLM_VERSION}", method, gamma, options, drafter, caps.KIT_TO_TRTLLM,
                           caps.TRTLLM_METHOD_OPTIONS)
 
     @classmethod
-    def describe(cls, method: str, gamma: int | None, options: Mapping[str, Any]) -> str:
+    def describe(cls, method: str, gamma: int | None, options: Mapping[str, Any], cuda: bool | None = None) -> str:
         return describe_trtllm(method, gamma, options)
 
     @property

@@ -31,7 +31,7 @@ from typing import Any, Mapping, Sequence
 from ..engines import capabilities as caps
 from ..records import Cell, Request, RequestRecord, Sampling
 from ..models import resolve_for_engine as resolve_model
-from .server import SERVER_KWARGS, ServerBackend
+from .server import ServerBackend
 from .sse import StreamState
 from .prometheus import MetricSamples, metric_by_label, metric_total
 

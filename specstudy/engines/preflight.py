@@ -140,11 +140,12 @@ def _existing(p: Path) -> Path:
 
 
 def preflight(frameworks: Iterable[str], models: Sequence[Weights | str], drafters: Sequence[DrafterUse | str],
-              hardware_profile: Mapping[str, Any], tensor_parallel_size: int = 1, *, cuda: bool | None = None,
+              hardware_profile: Mapping[str, Any] | Any, tensor_parallel_size: int = 1, *, cuda: bool | None = None,
               probes: Probes | None = None) -> list[Missing]:
     """Everything missing for a study on this machine (empty: ready).  Loads nothing, asks no hub."""
     p = probes or Probes()
     frameworks = list(dict.fromkeys(frameworks))
+    hardware_profile = _as_mapping(hardware_profile)
     gpu_profile = hardware_profile.get("kind") == "gpu"
     use_cuda = gpu_profile if cuda is None else cuda
     out = _gpus(hardware_profile, tensor_parallel_size, p) if gpu_profile else []
@@ -154,6 +155,13 @@ def preflight(frameworks: Iterable[str], models: Sequence[Weights | str], drafte
     out += _weights(weights, p)
     out += _drafters([d for d in drafters if isinstance(d, DrafterUse)], p)
     return out
+
+
+def _as_mapping(profile: Any) -> Mapping[str, Any]:
+    """A profile given as a mapping (the YAML's ``profile:``) or an object with those attributes."""
+    if isinstance(profile, Mapping):
+        return profile
+    return {k: getattr(profile, k, None) for k in ("device", "kind", "memory_gb")}
 
 
 def _gpus(profile: Mapping[str, Any], tp: int, p: Probes) -> list[Missing]:

@@ -10,6 +10,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.specstudy-installed
+DEV_STAMP := $(VENV)/.specstudy-dev
 OUT    := outputs/$(GPU)
 JOBS   ?= 1
 PYTEST_ARGS ?=
@@ -20,11 +21,12 @@ export PYTHONUNBUFFERED := 1
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: venv test test-fast test-slow test-engines study report clean-study lab install-vllm install-sglang help
+.PHONY: venv dev-venv lint test test-fast test-slow test-engines study report clean-study lab help
 
 help:
 	@echo "make study [GPU=cpu|a100|h100|h200|rtx4090]   run the study matrix and render the report"
-	@echo "make test                                     pass the test suite (fast + model tests)"
+	@echo "make test                                     lint, then the test suite (fast + model tests)"
+	@echo "make lint                                     ruff (lint + format check) and mypy"
 	@echo "make test-fast                                the fast subset (no model loading)"
 	@echo "make test-engines                             real vLLM CPU / llama.cpp servers (slow)"
 	@echo "make bench-engine   make bench-engine-pair       engine benchmarks beside HF transformers (quiet machine)"
@@ -37,15 +39,26 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
 	@touch $@
 
-venv: $(STAMP)
+# the dev extra (pytest, hypothesis, ruff, mypy, pre-commit) on top of the runtime install
+$(DEV_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	@touch $@
 
-test: $(STAMP)
+venv: $(STAMP)
+dev-venv: $(DEV_STAMP)
+
+lint: $(DEV_STAMP)
+	$(BIN)/ruff check specstudy tests bench scripts
+	$(BIN)/ruff format --check specstudy tests bench scripts
+	$(BIN)/mypy specstudy
+
+test: lint
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
-test-fast: $(STAMP)
+test-fast: $(DEV_STAMP)
 	$(BIN)/python -m pytest -q -m "not slow and not engines" $(PYTEST_ARGS)
 
-test-slow: $(STAMP)
+test-slow: $(DEV_STAMP)
 	$(BIN)/python -m pytest -q -m slow $(PYTEST_ARGS)
 
 lab: $(STAMP)

@@ -41,7 +41,7 @@ import torch  # noqa: E402
 from specstudy import costmodel, metrics  # noqa: E402
 from specstudy.records import Cell, Request, Sampling  # noqa: E402
 
-FALLBACK_PROMPTS = {  # used only when specstudy.tasks cannot serve the categories
+FALLBACK_PROMPTS = {  # used only when specstudy.data.tasks cannot serve the categories
     "code": [
         "Add type hints and a docstring to this function:\n\ndef moving_average(values, window):\n"
         "    out = []\n    for i in range(len(values) - window + 1):\n"
@@ -66,7 +66,7 @@ FALLBACK_PROMPTS = {  # used only when specstudy.tasks cannot serve the categori
 
 def build_requests(tasks: list[str], n: int, tokenizer) -> tuple[list[Request], str]:
     try:
-        from specstudy.tasks import load_requests
+        from specstudy.data.tasks import load_requests
 
         reqs = [r for t in tasks for r in load_requests(t, n=n, tokenizer=tokenizer)]
         return reqs, "specstudy.tasks"
@@ -118,9 +118,9 @@ def main() -> int:
 
     torch.set_num_threads(args.threads)
     from specstudy.backends.reference import ReferenceBackend
-    from specstudy.models import load_model, model_bytes
+    from specstudy.data.models import load_model, model_bytes
     from specstudy.engine.stepcost import measure_verify_time
-    from specstudy.params import measure_cpu
+    from specstudy.telemetry import measure_cpu
 
     model, tok = load_model(args.model)
     drafter = load_model(args.drafter)[0] if args.drafter else None

@@ -31,7 +31,7 @@ import torch  # noqa: E402
 from specstudy.engine.kv import KVState  # noqa: E402
 from specstudy.engine.speculate import prefill  # noqa: E402
 from specstudy.engine.trace import BatchTrace, Timer  # noqa: E402
-from specstudy.models import load_model  # noqa: E402
+from specstudy.data.models import load_model  # noqa: E402
 from specstudy.records import Cell, Request, Sampling, write_part  # noqa: E402
 
 

@@ -1,7 +1,8 @@
 """The ``specstudy`` console script: one subcommand per module in :mod:`specstudy.commands`.
 
-Each command module defines ``HELP``, ``add_arguments(parser)`` and ``run(args) -> int``;
-every subcommand gets ``--json`` for machine-readable output.
+Each command module defines ``add_arguments(parser)`` and ``run(args) -> int``; every subcommand
+gets ``--json`` for machine-readable output.  Only the module of the command being run is
+imported, so validation and dry runs start in well under a second of imports.
 """
 
 from __future__ import annotations
@@ -10,33 +11,38 @@ import argparse
 import importlib
 import sys
 
-# subcommand -> module under specstudy.commands
+from .config import ParamsError
+
+# subcommand -> (module under specstudy.commands, one-line help)
 COMMANDS = {
-    "predict": "predict",
-    "generate": "generate",
-    "tasks": "tasks",
-    "train-drafter": "train_drafter",
-    "serve-bench": "serve_bench",
-    "run": "run", "report": "report",
+    'predict': ('predict', 'predict baseline tokens/s, c, acceptance length, optimal gamma and speedup from the roofline cost model'),
+    'generate': ('generate', 'decode one prompt with the reference engine (any method) and print text, ids, alpha, acceptance length, TTFT, TPOT, tok/s'),
+    'tasks': ('tasks', "list task categories with their sources, offline record counts, licences and sha256 status; 'tasks show NAME' prints sample prompts"),
+    'train-drafter': ('train_drafter', 'distil a small drafter (Medusa heads, a layer-skip adapter or an EAGLE-style layer) from the target on its own generations'),
+    'serve-bench': ('serve_bench', 'serving benchmark: Poisson/bursty or fixed-concurrency load on a vLLM / SGLang / OpenAI-compatible server, paired runs with and without speculation, speedup per rate'),
+    'run': ('run', 'run the study matrix of params/hardware/<gpu>.yaml (warm-up, paired AR baseline, resume)'),
+    'report': ('report', 'render outputs/<gpu>/report.md (+ HTML) from the records, executing the notebooks; or merge several'),
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser; with ``only`` set, just that subcommand's module is imported and its arguments added."""
     parser = argparse.ArgumentParser(prog="specstudy", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name, module in COMMANDS.items():
-        mod = importlib.import_module(f"specstudy.commands.{module}")
-        p = sub.add_parser(name, help=mod.HELP, description=mod.HELP)
+    for name, (module, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
         p.add_argument("--json", action="store_true", help="print machine-readable JSON")
-        mod.add_arguments(p)
-        p.set_defaults(_run=mod.run)
+        if only is None or name == only:
+            mod = importlib.import_module(f"specstudy.commands.{module}")
+            mod.add_arguments(p)
+            p.set_defaults(_run=mod.run)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .params import ParamsError
-
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    chosen = next((a for a in argv if a in COMMANDS), None)
+    args = build_parser(chosen).parse_args(argv)
     try:
         return int(args._run(args) or 0)
     except (ParamsError, ValueError, FileNotFoundError) as e:

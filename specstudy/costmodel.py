@@ -16,14 +16,40 @@ paying (the seed article's FAQ Q4 (1)).
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
 from typing import Callable, Sequence
 
-from .metrics import expected_tau
-from .params import HardwareProfile
+from .metrics import expected_acceptance_length
 
 DTYPE_BYTES = {"fp32": 4.0, "float32": 4.0, "fp16": 2.0, "float16": 2.0, "bf16": 2.0, "bfloat16": 2.0,
                "fp8": 1.0, "int8": 1.0, "int4": 0.5, "q4": 0.5625}
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    """Roofline figures of one device (datasheet values; the cpu profile is measured)."""
+
+    name: str
+    device: str
+    memory_bandwidth_gbps: float
+    peak_tflops_by_dtype: Mapping[str, float] = field(default_factory=dict)
+    memory_gb: float = 0.0
+    bandwidth_efficiency: float = 0.65
+    compute_efficiency: float = 0.6
+    step_overhead_ms: float = 0.2
+    kind: str = "gpu"  # "gpu" or "cpu"
+    source: str = "datasheet"
+
+    def peak_tflops(self, dtype: str) -> float:
+        canon = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "q4": "int4"}.get(dtype, dtype)
+        if canon in self.peak_tflops_by_dtype:
+            return float(self.peak_tflops_by_dtype[canon])
+        if canon in ("int8", "fp8", "int4") and "bf16" in self.peak_tflops_by_dtype:
+            return float(self.peak_tflops_by_dtype["bf16"])  # weight-only quantization computes in bf16
+        if canon in ("bf16", "fp16") and "fp32" in self.peak_tflops_by_dtype:
+            return float(self.peak_tflops_by_dtype["fp32"])
+        raise ValueError(f"dtype={dtype!r} has no peak on {self.name}; allowed: {sorted(self.peak_tflops_by_dtype)}")
 
 
 def dtype_bytes(dtype: str) -> float:
@@ -45,12 +71,12 @@ def leviathan_speedup(alpha: float, gamma: int, c: float) -> float:
     """
     if c < 0:
         raise ValueError(f"c={c!r}: must be >= 0")
-    return expected_tau(alpha, gamma) / (gamma * c + 1.0)
+    return expected_acceptance_length(alpha, gamma) / (gamma * c + 1.0)
 
 
 def speedup_with_verify_cost(alpha: float, gamma: int, c: float, verify_ratio: float) -> float:
     """Like :func:`leviathan_speedup` but a verification step costs ``verify_ratio`` target steps."""
-    return expected_tau(alpha, gamma) / (gamma * c + verify_ratio)
+    return expected_acceptance_length(alpha, gamma) / (gamma * c + verify_ratio)
 
 
 def optimal_gamma(
@@ -125,7 +151,7 @@ class Prediction:
     baseline_tokens_per_s: float
     c: float | None
     gamma: int
-    tau: float
+    acceptance_length: float  # AL(α, γ), the tokens one verification yields
     verify_ratio: float
     speedup: float
     leviathan_speedup: float
@@ -148,7 +174,7 @@ def predict(
     max_gamma: int = 16,
     c: float | None = None,
 ) -> Prediction:
-    """Baseline tokens/s, c, τ, optimal (or given) γ and speedup of one configuration.
+    """Baseline tokens/s, c, acceptance length AL(α, γ), optimal (or given) γ and speedup of one configuration.
 
     Without ``draft_params`` (draft-free methods such as n-gram lookup) c defaults to 0 unless
     given.  The verification cost T(batch, γ+1)/T(batch, 1) comes from the roofline.
@@ -171,7 +197,7 @@ def predict(
     return Prediction(
         hardware=hw.name, target_params=target_params, draft_params=draft_params, dtype=dtype,
         batch=batch, n_devices=n, alpha=alpha, target_step_s=t1, draft_step_s=td if draft_params else None,
-        baseline_tokens_per_s=base_tps, c=c, gamma=gamma, tau=expected_tau(alpha, gamma),
+        baseline_tokens_per_s=base_tps, c=c, gamma=gamma, acceptance_length=expected_acceptance_length(alpha, gamma),
         verify_ratio=ratio(gamma), speedup=sp, leviathan_speedup=leviathan_speedup(alpha, gamma, c),
         speculative_tokens_per_s=base_tps * sp, regime=regime,
     )
@@ -188,3 +214,118 @@ def break_even_batch(
             return b
         b *= 2
     return None
+
+
+# --------------------------------------------------------------------------------------------
+# calibration: fitting the roofline's efficiencies and overhead to measured forward times
+
+#: what ``bench/gpu_check.py`` writes (its docstring documents the whole file)
+CALIBRATION_SCHEMA = "specstudy.gpu_check"
+CALIBRATION_VERSION = 1
+
+
+@dataclass(frozen=True)
+class MeasuredStep:
+    """One timed forward: ``batch`` rows of ``tokens`` new tokens through a model of ``params``."""
+
+    params: float
+    dtype: str
+    batch: int
+    tokens: int
+    seconds: float
+
+
+def _geometric(lo: float, hi: float, n: int) -> list[float]:
+    return [lo * (hi / lo) ** (i / (n - 1)) for i in range(n)]
+
+
+def _fit_overhead(model_s: Sequence[float], measured_s: Sequence[float]) -> tuple[float, float]:
+    """The overhead o >= 0 minimising Σ ((m_i + o − t_i) / t_i)² in closed form, and that sum."""
+    w = [1.0 / t ** 2 for t in measured_s]
+    o = max(0.0, sum((t - m) * wi for m, t, wi in zip(model_s, measured_s, w)) / sum(w))
+    return o, sum(((m + o - t) / t) ** 2 for m, t in zip(model_s, measured_s))
+
+
+def fit_roofline(steps: Sequence[MeasuredStep], hw: HardwareProfile, eta_min: float = 0.02,
+                 grid: int = 41) -> dict:
+    """η_bw, η_flop and step overhead that make :func:`step_time` match measured forwards.
+
+    Model: t_i = max(B_i / η_bw, F_i / η_flop) + o with B_i = weight bytes / datasheet bandwidth
+    and F_i = 2 · params · batch · tokens / datasheet peak (seconds at efficiency 1).  Fit:
+    least squares of the *relative* error over a geometric grid of (η_bw, η_flop) in
+    [``eta_min``, 1], refined twice around the best cell, with o >= 0 in closed form at each.
+    An efficiency is ``identified`` only when the points constrain it: η_flop needs
+    compute-bound points, η_bw memory-bound points of at least two model sizes (one size cannot
+    tell η_bw from the overhead); an unidentified value sits on the grid's edge.
+    """
+    if len(steps) < 3:
+        raise ValueError(f"fit_roofline needs >= 3 measured steps; got {len(steps)}")
+    for s in steps:
+        if not (s.seconds > 0 and math.isfinite(s.seconds)) or s.params <= 0 or s.batch < 1 or s.tokens < 1:
+            raise ValueError(f"measured step {s}: need seconds > 0 (finite), params > 0, batch and tokens >= 1")
+    mem = [s.params * dtype_bytes(s.dtype) / (hw.memory_bandwidth_gbps * 1e9) for s in steps]
+    flo = [2.0 * s.params * s.batch * s.tokens / (hw.peak_tflops(s.dtype) * 1e12) for s in steps]
+    t = [s.seconds for s in steps]
+
+    def loss(eb: float, ec: float) -> tuple[float, float]:
+        o, sq = _fit_overhead([max(a / eb, f / ec) for a, f in zip(mem, flo)], t)
+        return sq, o
+
+    cells = [(eb, ec) for eb in _geometric(eta_min, 1.0, grid) for ec in _geometric(eta_min, 1.0, grid)]
+    best = min(cells, key=lambda c: loss(*c)[0])
+    step = (1.0 / eta_min) ** (1.0 / (grid - 1))
+    for _ in range(2):  # refine inside the neighbouring cells
+        around = [(min(1.0, max(eta_min, best[0] * step ** (i / 5))), min(1.0, max(eta_min, best[1] * step ** (j / 5))))
+                  for i in range(-5, 6) for j in range(-5, 6)]
+        best = min(around, key=lambda c: loss(*c)[0])
+        step = step ** 0.2
+    sq, o = loss(*best)
+    eb, ec = best
+    compute_bound = [f / ec > a / eb for a, f in zip(mem, flo)]
+    sizes = sorted({s.params for s, cb in zip(steps, compute_bound) if not cb})
+    rel = [abs(max(a / eb, f / ec) + o - ti) / ti for a, f, ti in zip(mem, flo, t)]
+    inside = lambda v: eta_min * 1.001 < v < 0.999  # noqa: E731
+    return {
+        "bandwidth_efficiency": eb, "compute_efficiency": ec, "step_overhead_ms": o * 1e3,
+        "rms_rel_error": math.sqrt(sq / len(t)), "max_rel_error": max(rel), "points": len(t),
+        "compute_bound_points": sum(compute_bound), "memory_bound_points": len(t) - sum(compute_bound),
+        "identified": {"bandwidth": len(sizes) >= 2 and sizes[-1] >= 2 * sizes[0] and inside(eb),
+                       "compute": sum(compute_bound) >= 2 and inside(ec)},
+    }
+
+
+def load_calibration(path: str) -> dict:
+    """The ``calibration`` block of a ``bench/gpu_check.py`` JSON, schema and version checked."""
+    import json
+    from pathlib import Path
+
+    p = Path(path)
+    if not p.exists():
+        raise ValueError(f"calibration file {str(p)!r} does not exist (write one with bench/gpu_check.py --out)")
+    data = json.loads(p.read_text())
+    got = (data.get("schema"), data.get("version"))
+    if got != (CALIBRATION_SCHEMA, CALIBRATION_VERSION):
+        raise ValueError(f"{str(p)!r}: schema/version {got!r}; allowed: {(CALIBRATION_SCHEMA, CALIBRATION_VERSION)!r}")
+    cal = data.get("calibration")
+    if not isinstance(cal, dict):
+        raise ValueError(f"{str(p)!r}: no 'calibration' block (the run ended before its fit)")
+    return cal
+
+
+def calibrated_profile(hw: HardwareProfile, calibration: dict) -> HardwareProfile:
+    """``hw`` with the measured efficiencies and step overhead of a calibration of that device.
+
+    Refused unless the calibration names ``hw`` and was measured on it (``usable``: a CUDA run
+    with real shapes, not a ``--tiny`` CPU run).
+    """
+    from dataclasses import replace
+
+    if calibration.get("profile") != hw.name:
+        raise ValueError(f"calibration of profile {calibration.get('profile')!r} applied to {hw.name!r}")
+    if not calibration.get("usable"):
+        raise ValueError(f"calibration for {hw.name!r} is not usable: {calibration.get('why_not', 'not measured on it')}")
+    fields = {k: float(calibration[k]) for k in ("bandwidth_efficiency", "compute_efficiency", "step_overhead_ms")}
+    for k, v in fields.items():
+        if not math.isfinite(v) or v < 0 or (k != "step_overhead_ms" and not 0 < v <= 1):
+            raise ValueError(f"calibration {k}={v!r}: need a finite value in (0, 1] (step_overhead_ms: >= 0)")
+    return replace(hw, **fields, source=f"measured {calibration.get('date', '')}".strip())

@@ -2,14 +2,19 @@
 
 Conventions (the seed article's metric table):
 
-* **α (acceptance rate)** = accepted draft tokens / drafted tokens.  This is the *empirical*
-  rate over all drafted positions; it is not the i.i.d. α of Leviathan et al. (positions after a
-  rejection are never reached but still counted as drafted).  :func:`alpha_hat` estimates the
-  i.i.d. α from per-position counts.
-* **τ (mean accepted length)** = tokens emitted per target verification step, the bonus /
-  corrected token included, so plain AR has τ = 1 and a chain of γ drafts has τ ∈ [1, γ+1].
-  vLLM's "mean acceptance length" 1 + accepted/drafts is the same quantity
-  (:func:`vllm_mean_acceptance_length`).
+* **α (acceptance rate, 採択率)** = accepted draft tokens / drafted tokens.  This is the
+  *empirical* rate over all drafted positions; it is not the i.i.d. α of Leviathan et al.
+  (positions after a rejection are never reached but still counted as drafted).
+  :func:`alpha_hat` estimates the i.i.d. α from per-position counts.
+* **AL (acceptance length, 期待採択長)** = 1 + accepted / draft steps, where a *draft step* is a
+  target forward that verified at least one drafted token: the tokens one verification step
+  yields, bonus token included.  It is the seed's expected accepted length (comparable with
+  (1 − α^(γ+1)) / (1 − α), :func:`expected_acceptance_length`) and vLLM's, SGLang's, SPEED-Bench's
+  and AIPerf's figure.  TensorRT-LLM reports AL − 1; its backend normalises when reading it.
+* **tokens per target forward** = output tokens / every target forward (the prompt pass and
+  forwards that drafted nothing included): a cost figure, not AL.
+* **per-position acceptance**, two forms: *conditional* (accepted at k / steps that reached k,
+  SPEED-Bench's) and *unconditional* (accepted at k / draft steps, vLLM's).
 * **TTFT** = time from sending the request to the first output token.
 * **TPOT** = (E2E − TTFT) / (n − 1) for n output tokens; NaN when n ≤ 1.
 * **ITL** = gaps between consecutive arrivals of output chunks.
@@ -21,7 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Iterable
+from typing import Any, Iterable
 
 import numpy as np
 
@@ -40,19 +45,33 @@ def acceptance_rate(accepted: int, drafted: int) -> float:
     return accepted / drafted if drafted else NAN
 
 
-def mean_accepted_length(emitted_tokens: int, target_forwards: int) -> float:
-    """τ = emitted tokens / verification steps (bonus token included; AR gives 1)."""
-    return emitted_tokens / target_forwards if target_forwards else NAN
+def acceptance_length(accepted: int, draft_steps: int) -> float:
+    """AL = 1 + accepted / draft steps (the tokens one verification yields); NaN without draft steps."""
+    if accepted < 0 or draft_steps < 0:
+        raise ValueError(f"need accepted ({accepted}) >= 0 and draft_steps ({draft_steps}) >= 0")
+    return 1.0 + accepted / draft_steps if draft_steps else NAN
 
 
-def vllm_mean_acceptance_length(accepted: int, num_drafts: int) -> float:
-    """vLLM's convention, 1 + accepted / drafts: equal to τ when every step ends in a bonus token."""
-    return 1.0 + accepted / num_drafts if num_drafts else NAN
+def tokens_per_forward(output_tokens: int, target_forwards: int) -> float:
+    """Output tokens / every target forward (prompt pass included): a cost figure, not AL."""
+    return output_tokens / target_forwards if target_forwards else NAN
 
 
-def per_position_acceptance(accepted_per_position: Sequence[int], drafts: int) -> list[float]:
-    """a_k = P(position k accepted) per verification step, k = 1..γ (unconditional)."""
-    return [a / drafts if drafts else NAN for a in accepted_per_position]
+def per_position_unconditional(accepted_per_position: Sequence[int], draft_steps: int) -> list[float]:
+    """a_k / draft steps: P(position k accepted) per draft step, k = 1..γ (vLLM's form)."""
+    return [a / draft_steps if draft_steps else NAN for a in accepted_per_position]
+
+
+def reached_per_position(accepted_per_position: Sequence[int], drafts_per_position: Sequence[int]) -> list[int]:
+    """Steps that reached position k: all that drafted it for k = 1, else those that accepted k − 1."""
+    acc, drafted = list(accepted_per_position), list(drafts_per_position)
+    return [min(drafted[0] if k == 0 else acc[k - 1], drafted[k]) for k in range(len(drafted))]
+
+
+def per_position_conditional(accepted_per_position: Sequence[int], drafts_per_position: Sequence[int]) -> list[float]:
+    """accepted at k / steps that reached k (SPEED-Bench's form): the i.i.d. α at every k if acceptance is i.i.d."""
+    reached = reached_per_position(accepted_per_position, drafts_per_position)
+    return [a / r if r else NAN for a, r in zip(accepted_per_position, reached)]
 
 
 def alpha_hat(accepted_per_position: Sequence[int], drafts_per_position: Sequence[int],
@@ -66,17 +85,13 @@ def alpha_hat(accepted_per_position: Sequence[int], drafts_per_position: Sequenc
     draft (what an online γ policy needs).
     """
     acc = list(accepted_per_position)
-    drafted = list(drafts_per_position)
-    reached = 0
-    for k in range(len(drafted)):
-        prev = drafted[0] if k == 0 else acc[k - 1]
-        reached += min(prev, drafted[k])
+    reached = sum(reached_per_position(acc, drafts_per_position))
     a, b = prior
     return (sum(acc) + a) / (reached + a + b) if reached + a + b else NAN
 
 
-def expected_tau(alpha: float, gamma: int) -> float:
-    """τ(α, γ) = (1 − α^(γ+1)) / (1 − α): expected tokens per step under i.i.d. acceptance."""
+def expected_acceptance_length(alpha: float, gamma: int) -> float:
+    """AL(α, γ) = (1 − α^(γ+1)) / (1 − α): expected tokens per draft step under i.i.d. acceptance."""
     if not 0.0 <= alpha <= 1.0:
         raise ValueError(f"alpha={alpha!r}: must lie in [0, 1]")
     if gamma < 0:
@@ -86,14 +101,14 @@ def expected_tau(alpha: float, gamma: int) -> float:
     return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
 
 
-def alpha_from_tau(tau: float, gamma: int, tol: float = 1e-12) -> float:
-    """Inverse of :func:`expected_tau` in α (monotone increasing), by bisection."""
-    if not 1.0 <= tau <= gamma + 1:
-        raise ValueError(f"tau={tau!r}: must lie in [1, gamma+1={gamma + 1}]")
+def alpha_from_acceptance_length(al: float, gamma: int, tol: float = 1e-12) -> float:
+    """Inverse of :func:`expected_acceptance_length` in α (monotone increasing), by bisection."""
+    if not 1.0 <= al <= gamma + 1:
+        raise ValueError(f"acceptance length={al!r}: must lie in [1, gamma+1={gamma + 1}]")
     lo, hi = 0.0, 1.0
     while hi - lo > tol:
         mid = (lo + hi) / 2
-        if expected_tau(mid, gamma) < tau:
+        if expected_acceptance_length(mid, gamma) < al:
             lo = mid
         else:
             hi = mid
@@ -189,24 +204,48 @@ def percentiles(values: Iterable[float], qs: Sequence[float] = (50, 90, 99)) -> 
 # aggregation over records
 
 
-def acceptance_summary(records: Sequence[RequestRecord]) -> dict[str, float | list[float] | None]:
-    """α, τ, α̂ and per-position acceptance pooled over requests that expose counters."""
+def draft_steps_of(rec: RequestRecord) -> int | None:
+    """A record's draft steps: its counter, else counted from its steps (parts written before the counter)."""
+    if rec.draft_steps is not None:
+        return rec.draft_steps
+    if rec.steps:
+        return sum(1 for s in rec.steps if s.drafted > 0)
+    return None
+
+
+def _summed(records: Sequence[RequestRecord], field: str, depth: int) -> list[int]:
+    out = [0] * depth
+    for r in records:
+        for k, v in enumerate(getattr(r, field) or []):
+            out[k] += v
+    return out
+
+
+def acceptance_summary(records: Sequence[RequestRecord]) -> dict[str, Any]:
+    """α, AL, tokens per target forward, α̂ and both per-position forms, pooled over ok requests with counters."""
     seen = [r for r in records if r.status == "ok" and r.drafted_tokens is not None]
+    keys = ("alpha", "acceptance_length", "tokens_per_forward", "alpha_hat", "per_position_conditional",
+            "per_position_unconditional", "draft_steps", "target_forwards")
     if not seen:
-        return {"alpha": None, "tau": None, "alpha_hat": None, "per_position": None, "target_forwards": None}
+        return dict.fromkeys(keys)
     drafted = sum(r.drafted_tokens or 0 for r in seen)
     accepted = sum(r.accepted_tokens or 0 for r in seen)
-    steps = sum(r.target_forwards or 0 for r in seen)
-    emitted = sum(r.output_tokens for r in seen)
+    steps = [draft_steps_of(r) for r in seen]
+    draft_steps = sum(s or 0 for s in steps) if all(s is not None for s in steps) else None
+    forwards = [r for r in seen if r.target_forwards is not None]
     depth = max((len(r.drafts_per_position or []) for r in seen), default=0)
-    acc_k = [sum((r.accepted_per_position or [])[k] if k < len(r.accepted_per_position or []) else 0 for r in seen) for k in range(depth)]
-    dr_k = [sum((r.drafts_per_position or [])[k] if k < len(r.drafts_per_position or []) else 0 for r in seen) for k in range(depth)]
+    acc_k, dr_k = _summed(seen, "accepted_per_position", depth), _summed(seen, "drafts_per_position", depth)
     return {
         "alpha": acceptance_rate(accepted, drafted),
-        "tau": mean_accepted_length(emitted, steps),
+        "acceptance_length": acceptance_length(accepted, draft_steps) if draft_steps is not None else None,
+        "tokens_per_forward": (tokens_per_forward(sum(r.output_tokens for r in forwards),
+                                                  sum(r.target_forwards or 0 for r in forwards)) if forwards else None),
         "alpha_hat": alpha_hat(acc_k, dr_k) if depth else NAN,
-        "per_position": [a / d if d else NAN for a, d in zip(acc_k, dr_k)],
-        "target_forwards": steps,
+        "per_position_conditional": per_position_conditional(acc_k, dr_k) if depth else None,
+        "per_position_unconditional": (per_position_unconditional(acc_k, draft_steps)
+                                       if depth and draft_steps is not None else None),
+        "draft_steps": draft_steps,
+        "target_forwards": sum(r.target_forwards or 0 for r in forwards) if forwards else None,
     }
 
 
@@ -309,8 +348,35 @@ def perplexity(logprobs: Sequence[float]) -> float:
 
 
 def perplexity_of_records(records: Sequence[RequestRecord]) -> float:
+    """Perplexity under the target of all ok requests' generated tokens pooled."""
     lps = [x for r in records if r.status == "ok" and r.target_logprobs for x in r.target_logprobs]
     return perplexity(lps)
+
+
+def perplexity_difference(baseline: Sequence[RequestRecord], spec: Sequence[RequestRecord]) -> float:
+    """PPL(speculative output) − PPL(paired baseline output), both under the target; 0 when lossless."""
+    return perplexity_of_records(spec) - perplexity_of_records(baseline)
+
+
+def logprob_shift_test(baseline: Sequence[RequestRecord], spec: Sequence[RequestRecord], n_perm: int = 4000,
+                       seed: int = 0) -> dict[str, float]:
+    """Do speculative and baseline outputs score alike under the target, beyond chance?
+
+    Per prompt (paired on prompt and repeat), the difference of the two outputs' mean per-token
+    log-probability under the target; a sign-flip permutation test of their mean (two-sided).
+    Lossless speculative sampling draws from the target's own distribution, so p should be large.
+    """
+    key = lambda r: (r.prompt_id, r.repeat)  # noqa: E731
+    base = {key(r): r for r in baseline if r.status == "ok" and r.target_logprobs}
+    diffs = np.asarray([float(np.mean(r.target_logprobs)) - float(np.mean(base[key(r)].target_logprobs))
+                        for r in spec if r.status == "ok" and r.target_logprobs and key(r) in base], dtype=float)
+    if diffs.size < 2:
+        return {"mean_diff": float(diffs.mean()) if diffs.size else NAN, "p_value": NAN, "n_pairs": float(diffs.size)}
+    rng = np.random.default_rng(seed)
+    signs = rng.choice((-1.0, 1.0), size=(n_perm, diffs.size))
+    null = np.abs((signs * diffs).mean(axis=1))
+    p = (1 + np.sum(null >= abs(diffs.mean()) - 1e-15)) / (n_perm + 1)
+    return {"mean_diff": float(diffs.mean()), "p_value": float(p), "n_pairs": float(diffs.size)}
 
 
 def exact_match_rate(baseline: Sequence[RequestRecord], spec: Sequence[RequestRecord]) -> float:

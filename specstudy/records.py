@@ -10,11 +10,12 @@ finished ones.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Sequence
 
 STATUSES = ("ok", "oom", "timeout", "error")
 
@@ -101,6 +102,14 @@ class RequestRecord:
     cell_id: str
     model: str
     drafter: str | None = None
+    # the study plan's axes, stamped by the runner (empty for ad-hoc runs and parts written before them)
+    label: str = ""
+    family: str = ""
+    sweeps: list[str] = field(default_factory=list)
+    baseline_cell_id: str | None = None
+    prefix_cache: bool | None = None  # None: not controlled by the kit (e.g. a server it did not start)
+    request_rate: float | None = None  # requests/s offered (inf: all at once); None for offline batches
+    dtype: str = ""
     # configuration
     temperature: float = 0.0
     top_p: float = 1.0
@@ -169,7 +178,8 @@ class Cell:
     """One point of the study matrix: everything that identifies the records it produces.
 
     ``options`` holds method-specific settings (n-gram sizes, layer-skip depth, tree shape, ...)
-    and is part of the cell's identity.
+    and is part of the cell's identity.  ``id`` is set by the study plan (one id per cell, kept
+    when the backend is handed a copy with only the method options); ad-hoc cells hash their fields.
     """
 
     study: str
@@ -183,13 +193,17 @@ class Cell:
     batch_size: int = 1
     repeat: int = 0
     options: tuple[tuple[str, Any], ...] = ()
+    id: str = ""
 
     @property
     def cell_id(self) -> str:
-        """A readable, filesystem-safe id, unique per identity (a short hash covers options)."""
-        import hashlib
+        """``id`` when the plan set one, else a readable, filesystem-safe id unique per identity."""
+        return self.id or self.identity_id()
 
-        key = json.dumps(dataclasses.asdict(self), sort_keys=True, default=str)
+    def identity_id(self) -> str:
+        """A readable id from every field but ``id`` (a short hash covers the options)."""
+        fields = {k: v for k, v in dataclasses.asdict(self).items() if k != "id"}
+        key = json.dumps(fields, sort_keys=True, default=str)
         h = hashlib.sha256(key.encode()).hexdigest()[:8]
         parts = [self.framework, self.method, self.task, f"g{self.gamma}" if self.gamma is not None else "g-",
                  f"b{self.batch_size}", f"r{self.repeat}", h]
@@ -261,6 +275,8 @@ def _schema():
             typ = pa.list_(pa.int64())
         elif ann.startswith("list[float]"):
             typ = pa.list_(pa.float64())
+        elif ann.startswith("list[str]"):
+            typ = pa.list_(pa.string())
         else:
             base = ann.split("|")[0].strip()
             typ = t[{"str": str, "int": int, "float": float, "bool": bool}[base]]
@@ -298,16 +314,3 @@ def part_paths(folder: str | os.PathLike) -> list[Path]:
 
 def read_records(folder: str | os.PathLike) -> list[RequestRecord]:
     return [r for p in part_paths(folder) for r in read_part(p)]
-
-
-def records_frame(records: Iterable[RequestRecord]):
-    """A flat pandas frame, one row per request (steps left as objects)."""
-    import pandas as pd
-
-    return pd.DataFrame([dataclasses.asdict(r) for r in records])
-
-
-def iter_steps(records: Iterable[RequestRecord]) -> Iterator[tuple[RequestRecord, StepRecord]]:
-    for r in records:
-        for s in r.steps:
-            yield r, s

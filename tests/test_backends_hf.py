@@ -9,7 +9,7 @@ import torch
 
 from specstudy import metrics
 from specstudy.backends import get_backend
-from specstudy.models import tiny_model
+from specstudy.data.models import tiny_model
 from specstudy.records import Cell, Request, Sampling
 
 torch.set_num_threads(1)
@@ -54,10 +54,10 @@ def test_counts_consistent_and_lossless(backend, ar_outputs, method, gamma, opts
         assert r.extra["batching"].startswith("sequential")
     s = metrics.acceptance_summary(recs)
     if method == "ar":
-        assert s["tau"] == 1.0 and recs[0].drafted_tokens == 0
+        assert s["tokens_per_forward"] == 1.0 and recs[0].drafted_tokens == 0 and s["draft_steps"] == 0
     else:
-        assert 1.0 <= s["tau"] <= gamma + 1
-        assert s["tau"] == pytest.approx(sum(r.output_tokens for r in recs) / sum(len(r.steps) for r in recs))
+        assert 1.0 <= s["acceptance_length"] <= gamma + 1
+        assert s["tokens_per_forward"] == pytest.approx(sum(r.output_tokens for r in recs) / sum(len(r.steps) for r in recs))
         assert recs[0].drafts_per_position is not None
 
 
@@ -121,7 +121,7 @@ def test_hf_prompt_lookup_agrees_with_reference_ngram_on_default_model():
     per-step (drafted, accepted) except where the engines differ by design — HF already drafts
     from the prompt in its prefill pass (the reference's first step is the plain prefill), and HF
     does not shorten drafts near the max_new_tokens budget (the reference does)."""
-    from specstudy import models, tasks
+    from specstudy.data import models, tasks
 
     tok = models.load_tokenizer("smollm2-135m")
     reqs = tasks.load_requests("code", n=2, tokenizer=tok)

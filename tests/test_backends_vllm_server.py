@@ -90,7 +90,7 @@ def test_stream_parsing_and_per_request_acceptance(level):
         assert r.extra["chunk_token_count"] == "token_ids"
     s = metrics.acceptance_summary(recs)
     assert s["alpha"] == pytest.approx(accepted / drafted)
-    assert s["tau"] == pytest.approx(13 / (steps + 1))  # tokens / target forwards
+    assert s["tokens_per_forward"] == pytest.approx(13 / (steps + 1))  # tokens / target forwards
 
 
 def test_run_scoped_counters_subtract_earlier_traffic():
@@ -175,7 +175,7 @@ def test_steps_without_drafts_still_count_as_forwards():
             "acceptance_histogram": [6, 1, 4, 2, 12]}
     out = spec_fields(spec, output_tokens=128)
     assert out["target_forwards"] == 65 and out["drafts_per_position"] == [25] * 4
-    assert metrics.mean_accepted_length(128, out["target_forwards"]) <= 4 + 1
+    assert metrics.tokens_per_forward(128, out["target_forwards"]) <= 4 + 1
 
 
 def test_spec_fields_without_uniform_drafts_leaves_drafts_per_position_unknown():

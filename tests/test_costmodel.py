@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from specstudy import costmodel as C
-from specstudy.params import ParamsError, load_hardware_profile
+from specstudy.config import ParamsError, load_hardware_profile
 
 
 @given(st.floats(0.0, 1.0), st.integers(1, 12), st.floats(0.0, 1.0))

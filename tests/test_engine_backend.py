@@ -6,7 +6,7 @@ import torch
 from specstudy import metrics
 from specstudy.backends import get_backend
 from specstudy.backends.reference import ReferenceBackend
-from specstudy.models import tiny_model
+from specstudy.data.models import tiny_model
 from specstudy.records import Cell, Request, Sampling
 
 torch.set_num_threads(1)
@@ -44,11 +44,14 @@ def test_records_for_every_method_and_batch_size(backend):
         for r in recs:
             assert r.method == c.method and r.batch_size == c.batch_size and r.cell_id == c.cell_id
             assert r.first_token_s is not None and r.end_s >= r.first_token_s > 0
-            assert r.peak_memory_bytes and r.memory_source in ("rss_peak", "rss_peak_lifetime")
+            assert r.peak_memory_bytes and r.memory_source in ("module_bytes+transient_rss", "rss_peak_lifetime")
             assert r.drafted_tokens == sum(s.drafted for s in r.steps)
             assert len(r.token_entropy) == len(r.target_logprobs) == r.output_tokens
         summ = metrics.acceptance_summary(recs)
-        assert summ["tau"] == pytest.approx(sum(r.output_tokens for r in recs) / sum(r.target_forwards for r in recs))
+        assert summ["tokens_per_forward"] == pytest.approx(sum(r.output_tokens for r in recs) / sum(r.target_forwards for r in recs))
+        draft_steps = sum(1 for r in recs for s in r.steps if s.drafted > 0)
+        if draft_steps:  # AL: the tokens one draft step yields, 1 + accepted / draft steps
+            assert summ["acceptance_length"] == pytest.approx(1 + sum(r.accepted_tokens for r in recs) / draft_steps)
 
 
 def test_bad_method_and_options_fail_before_decoding(backend):
@@ -76,7 +79,7 @@ def test_constructor_checks_names_before_loading():
 
 
 def test_drafter_with_another_tokenizer_is_refused_before_loading(monkeypatch):
-    import specstudy.models as models
+    import specstudy.data.models as models
 
     def no_load(*a, **k):
         raise AssertionError("must not load a model")
@@ -99,7 +102,29 @@ def test_int8_draft_changes_the_draft_not_the_output():
     assert all(type(m).__name__ == "Linear" for m in small.modules() if "Linear" in type(m).__name__)
     with pytest.raises(ValueError, match="draft_quantization"):
         list(b.run(REQS, S, cell("draft_target", 3, drafter="small", draft_quantization="int4")))
-    from specstudy.models import quantize_dynamic_int8
+    from specstudy.data.models import quantize_dynamic_int8
 
     with pytest.raises(ValueError, match="CPU only; device='cuda'"):
         quantize_dynamic_int8(small, "cuda")
+
+
+def test_memory_overhead_measures_the_speculation_not_the_process():
+    """On a CPU the peak is the decoding modules' bytes plus the RSS rise above the batch's start:
+    prompt lookup (no drafter) shows about 0 over AR, a draft model about its weights (+ its small
+    KV cache), whatever else the process loaded before (here: a cached 40 MB drafter)."""
+    from specstudy.engine.trace import module_bytes
+
+    b = ReferenceBackend(tiny_model(seed=0, num_layers=2, logit_scale=8.0, dtype="float32"))
+    big = tiny_model(seed=1, num_layers=4, hidden_size=512, intermediate_size=1024, num_heads=8, num_kv_heads=8,
+                     logit_scale=8.0, dtype="float32")
+    b._drafters[("draft_target", "big")] = big  # resident in the process for every cell below
+    drafter_bytes = module_bytes(big)
+    assert drafter_bytes > 40e6
+    base = list(b.run(REQS, S, cell("ar")))
+    ngram = list(b.run(REQS, S, cell("ngram", 3)))
+    draft = list(b.run(REQS, S, cell("draft_target", 3, drafter="big")))
+    peak = lambda recs: max(r.peak_memory_bytes for r in recs)  # noqa: E731
+    assert all(r.memory_source == "module_bytes+transient_rss" for r in base + ngram + draft)
+    assert abs(metrics.memory_overhead(peak(ngram), peak(base))) < 8e6
+    over = metrics.memory_overhead(peak(draft), peak(base))
+    assert drafter_bytes - 8e6 <= over <= drafter_bytes + 16e6

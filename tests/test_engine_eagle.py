@@ -8,7 +8,7 @@ from specstudy.engine import drafters as D
 from specstudy.engine.drafters import EagleDraft
 from specstudy.engine.methods import DecodeJob, get_method
 from specstudy.engine.methods import eagle as eagle_method
-from specstudy.models import tiny_model
+from specstudy.data.models import tiny_model
 from specstudy.records import Sampling
 from exact_distribution import chi_square_p, exact_joint
 
@@ -115,7 +115,7 @@ def test_a_drafter_of_another_width_is_refused(target):
 
 def test_the_study_knows_the_engine_runs_eagle():
     from specstudy.engine.methods import method_names
-    from specstudy.study import METHOD_ALIASES, REFERENCE_METHODS
+    from specstudy.config.vocab import METHOD_ALIASES, REFERENCE_METHODS
 
     assert sorted(REFERENCE_METHODS) == method_names()
     assert METHOD_ALIASES["eagle"] == "heads"  # reported in the heads family (Medusa/EAGLE)
@@ -126,8 +126,8 @@ def test_the_committed_eagle_drafter_is_lossless_on_the_default_model():
     import json
     from pathlib import Path
 
-    from specstudy.models import load_model
-    from specstudy.params import REPO_ROOT
+    from specstudy.data.models import load_model
+    from specstudy.config import REPO_ROOT
 
     path = Path(REPO_ROOT) / "params/drafters/smollm2-135m-eagle.safetensors"
     meta = json.loads(path.with_suffix(".json").read_text())

@@ -53,5 +53,5 @@ def test_generate_json_on_the_default_model(capsys):
     assert cli.main(["generate", "--method", "ngram", "--gamma", "3", "--max-new-tokens", "12", "--json",
                      "--threads", "1", "--prompt", "Repeat after me: the quick brown fox jumps over the lazy dog."]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert len(out["token_ids"]) == 12 and out["tau"] >= 1 and out["ttft_s"] > 0 and out["tokens_per_s"] > 0
-    assert isinstance(out["per_position_acceptance"], list)
+    assert len(out["token_ids"]) == 12 and out["acceptance_length"] >= 1 and out["ttft_s"] > 0 and out["tokens_per_s"] > 0
+    assert isinstance(out["per_position_conditional"], list) and isinstance(out["per_position_unconditional"], list)

@@ -6,7 +6,7 @@ import torch
 from specstudy import costmodel, metrics
 from specstudy.engine.speculate import CostAwareGamma
 from specstudy.engine.stepcost import measure_verify_time, verify_ratio
-from specstudy.models import tiny_model
+from specstudy.data.models import tiny_model
 
 torch.set_num_threads(1)
 

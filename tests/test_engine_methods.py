@@ -6,7 +6,7 @@ import torch
 from specstudy import metrics
 from specstudy.engine.methods import DecodeJob, get_method, method_names
 from specstudy.engine.methods.ngram import lookup
-from specstudy.models import tiny_model
+from specstudy.data.models import tiny_model
 from specstudy.records import Cell, Request, Sampling
 
 torch.set_num_threads(1)
@@ -125,7 +125,10 @@ def test_step_counts_sum_to_emitted_and_tau_matches(target, drafter, index):
         records.append(rec.fill_acceptance_from_steps())
     summary = metrics.acceptance_summary(records)
     total = sum(len(r.output_ids) for r in rows)
-    assert summary["tau"] == pytest.approx(total / sum(len(r.steps) for r in rows))
+    assert summary["tokens_per_forward"] == pytest.approx(total / sum(len(r.steps) for r in rows))
+    draft_steps = sum(1 for r in rows for s in r.steps if s.drafted > 0)
+    accepted = sum(s.accepted for r in rows for s in r.steps)
+    assert summary["acceptance_length"] == pytest.approx(1 + accepted / draft_steps) if draft_steps else True
     drafted = sum(s.drafted for r in rows for s in r.steps)
     assert summary["alpha"] == pytest.approx(sum(s.accepted for r in rows for s in r.steps) / drafted)
 

@@ -17,7 +17,7 @@ PROMPTS = [
 
 @pytest.fixture(scope="module")
 def smol():
-    from specstudy.models import load_model
+    from specstudy.data.models import load_model
 
     torch.set_num_threads(1)
     model, tok = load_model("smollm2-135m")

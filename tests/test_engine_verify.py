@@ -8,7 +8,7 @@ import torch
 from specstudy.engine.kv import KVState, pad_ragged
 from specstudy.engine.sampling import apply_top_k, apply_top_p, logits_to_probs, make_generator
 from specstudy.engine.verify import accepted_prefix, verify_greedy, verify_sampling, verify_step
-from specstudy.models import tiny_model
+from specstudy.data.models import tiny_model
 from specstudy.records import Sampling
 
 torch.set_num_threads(1)
@@ -131,3 +131,48 @@ def test_kv_single_row_rollback_is_a_crop():
     st.forward(torch.tensor([[1, 2, 3, 4]]))
     st.rollback(2)
     assert st.cache.get_seq_length() == 2 and not st.has_holes and st.lengths.tolist() == [2]
+
+
+@pytest.mark.parametrize("pad", [-1, 10**6])
+def test_padding_beyond_n_draft_is_ignored_by_both_paths(pad):
+    """Padding that is not a vocabulary id (-1, or past V) must neither crash nor change the
+    outcome, under greedy and under sampling, with and without draft distributions."""
+    g = make_generator(5)
+    V, B, G = 6, 3, 3
+    target = torch.randn((B, G + 1, V), generator=g, dtype=torch.float64)
+    q = torch.softmax(torch.randn((B, G, V), generator=g, dtype=torch.float64), dim=-1)
+    n_draft = torch.tensor([3, 1, 0])
+    clean = torch.tensor([[1, 2, 3], [4, 0, 0], [0, 0, 0]])
+    padded = clean.clone()
+    padded[1, 1:] = pad
+    padded[2, :] = pad
+    p = torch.softmax(target, dim=-1)
+    for probs in (None, q):
+        a = verify_sampling(clean, n_draft, p, probs, make_generator(7))
+        b = verify_sampling(padded, n_draft, p, probs, make_generator(7))
+        assert torch.equal(a.accepted, b.accepted) and torch.equal(a.next_token, b.next_token)
+        assert b.emitted(padded)[1] == [4][: int(b.accepted[1])] + [int(b.next_token[1])]
+        assert all(pad not in row for row in b.emitted(padded))
+    a, b = verify_greedy(clean, n_draft, target), verify_greedy(padded, n_draft, target)
+    assert torch.equal(a.accepted, b.accepted) and torch.equal(a.next_token, b.next_token)
+
+
+def test_cache_keyword_follows_the_installed_transformers():
+    """transformers 5.17 takes past_key_values=, 5.24 cache=; an unknown keyword would be
+    swallowed by **kwargs and the model would decode without its cache."""
+    from specstudy.engine.kv import cache_arg
+
+    def old(input_ids=None, past_key_values=None, **kwargs): ...
+
+    def new(input_ids=None, cache=None, **kwargs): ...
+
+    def neither(input_ids=None, **kwargs): ...
+
+    assert cache_arg(old, "c") == {"past_key_values": "c"} and cache_arg(new, "c") == {"cache": "c"}
+    with pytest.raises(TypeError, match="neither"):
+        cache_arg(neither, "c")
+    model = tiny_model(seed=4)
+    name = next(iter(cache_arg(model, None)))
+    import inspect
+
+    assert name in inspect.signature(type(model).forward).parameters

@@ -32,19 +32,19 @@ def test_alpha_rejects_impossible_counts():
 
 
 @given(st.integers(1, 16))
-def test_tau_limits(gamma):
-    assert M.expected_tau(0.0, gamma) == 1.0
-    assert M.expected_tau(1e-9, gamma) == pytest.approx(1.0, abs=1e-6)
-    assert M.expected_tau(1.0, gamma) == gamma + 1
-    assert M.expected_tau(1 - 1e-9, gamma) == pytest.approx(gamma + 1, rel=1e-5)
+def test_expected_acceptance_length_limits(gamma):
+    assert M.expected_acceptance_length(0.0, gamma) == 1.0
+    assert M.expected_acceptance_length(1e-9, gamma) == pytest.approx(1.0, abs=1e-6)
+    assert M.expected_acceptance_length(1.0, gamma) == gamma + 1
+    assert M.expected_acceptance_length(1 - 1e-9, gamma) == pytest.approx(gamma + 1, rel=1e-5)
 
 
 @given(st.floats(0.0, 0.999), st.integers(1, 12))
-def test_tau_monotone_and_inverse(alpha, gamma):
-    tau = M.expected_tau(alpha, gamma)
-    assert 1.0 <= tau <= gamma + 1
-    assert M.expected_tau(min(alpha + 1e-3, 1.0), gamma) >= tau
-    assert M.alpha_from_tau(tau, gamma) == pytest.approx(alpha, abs=1e-6)
+def test_expected_acceptance_length_monotone_and_inverse(alpha, gamma):
+    al = M.expected_acceptance_length(alpha, gamma)
+    assert 1.0 <= al <= gamma + 1
+    assert M.expected_acceptance_length(min(alpha + 1e-3, 1.0), gamma) >= al
+    assert M.alpha_from_acceptance_length(al, gamma) == pytest.approx(alpha, abs=1e-6)
 
 
 def simulate_iid(alpha: float, gamma: int, steps: int, rng) -> list[StepRecord]:
@@ -59,17 +59,21 @@ def simulate_iid(alpha: float, gamma: int, steps: int, rng) -> list[StepRecord]:
 
 @settings(max_examples=25, deadline=None)
 @given(st.floats(0.05, 0.95), st.integers(1, 8), st.integers(0, 2**31))
-def test_formula_and_empirical_tau_agree_on_iid_acceptance(alpha, gamma, seed):
+def test_formula_and_empirical_acceptance_length_agree_on_iid_acceptance(alpha, gamma, seed):
     rng = np.random.default_rng(seed)
     steps = simulate_iid(alpha, gamma, 4000, rng)
     r = rec(n=sum(s.emitted for s in steps), steps=steps)
     summary = M.acceptance_summary([r])
-    # τ of 4000 i.i.d. steps: std ≤ (γ+1)/sqrt(4000) ≈ 0.14 for γ = 8; 5 sigma bound
-    assert summary["tau"] == pytest.approx(M.expected_tau(alpha, gamma), abs=5 * (gamma + 1) / math.sqrt(4000))
+    # AL of 4000 i.i.d. steps: std ≤ (γ+1)/sqrt(4000) ≈ 0.14 for γ = 8; 5 sigma bound
+    assert summary["acceptance_length"] == pytest.approx(M.expected_acceptance_length(alpha, gamma),
+                                                         abs=5 * (gamma + 1) / math.sqrt(4000))
     # α̂ (the MLE over reached positions) recovers the i.i.d. α; the empirical α does not
     assert summary["alpha_hat"] == pytest.approx(alpha, abs=0.05)
-    k1 = summary["per_position"][0]
-    assert k1 == pytest.approx(alpha, abs=0.05)
+    # under i.i.d. acceptance the conditional rate is α at every position; the unconditional one decays as α^k
+    cond, uncond = summary["per_position_conditional"], summary["per_position_unconditional"]
+    assert cond[0] == pytest.approx(alpha, abs=0.05) and uncond[0] == pytest.approx(alpha, abs=0.05)
+    if gamma >= 2 and alpha > 0.3:
+        assert cond[1] == pytest.approx(alpha, abs=0.08) and uncond[1] == pytest.approx(alpha ** 2, abs=0.06)
 
 
 def test_empirical_alpha_differs_from_iid_alpha():
@@ -78,22 +82,48 @@ def test_empirical_alpha_differs_from_iid_alpha():
     s = M.acceptance_summary([rec(n=30, steps=steps)])
     assert s["alpha"] == pytest.approx(0.5)
     assert s["alpha_hat"] == pytest.approx(2 / 3)
-    assert s["tau"] == pytest.approx(3.0)
-    assert s["per_position"] == [1.0, 1.0, 0.0, 0.0]
+    assert s["acceptance_length"] == pytest.approx(3.0)
+    assert s["per_position_unconditional"] == [1.0, 1.0, 0.0, 0.0]
+    assert s["per_position_conditional"][:3] == [1.0, 1.0, 0.0] and math.isnan(s["per_position_conditional"][3])
 
 
-def test_vllm_convention_equals_tau_when_steps_end_in_bonus():
-    steps = [StepRecord(3, a, a + 1, 0.0) for a in (0, 1, 3, 2)]
+def test_acceptance_length_is_not_tokens_per_forward():
+    """The prompt pass and forwards that drafted nothing count as forwards, not as draft steps:
+    on the same records AL (vLLM's figure) is larger than tokens per target forward."""
+    steps = [StepRecord(0, 0, 1, 0.0)] + [StepRecord(4, a, a + 1, float(i)) for i, a in enumerate((3, 0, 4, 2))]
+    steps += [StepRecord(0, 0, 1, 9.0)] * 3  # n-gram found nothing: plain decode steps
     r = rec(n=sum(s.emitted for s in steps), steps=steps)
-    assert M.vllm_mean_acceptance_length(r.accepted_tokens, r.target_forwards) == M.mean_accepted_length(
-        r.output_tokens, r.target_forwards)
+    s = M.acceptance_summary([r])
+    assert r.draft_steps == 4 and r.target_forwards == 8
+    assert s["acceptance_length"] == pytest.approx(1 + 9 / 4) == M.acceptance_length(9, 4)
+    assert s["tokens_per_forward"] == pytest.approx(17 / 8)
+    assert s["acceptance_length"] > s["tokens_per_forward"]
 
 
-def test_ar_has_tau_one():
+def test_ar_has_no_draft_steps():
     steps = [StepRecord(0, 0, 1, float(i)) for i in range(7)]
     r = rec(n=7, steps=steps)
-    assert M.mean_accepted_length(r.output_tokens, r.target_forwards) == 1.0
-    assert math.isnan(M.acceptance_summary([r])["alpha"])
+    s = M.acceptance_summary([r])
+    assert M.tokens_per_forward(r.output_tokens, r.target_forwards) == 1.0
+    assert math.isnan(s["alpha"]) and math.isnan(s["acceptance_length"]) and r.draft_steps == 0
+
+
+def test_old_records_count_draft_steps_from_their_steps():
+    steps = [StepRecord(0, 0, 1, 0.0), StepRecord(2, 1, 2, 1.0)]
+    r = rec(n=3, steps=steps)
+    r.draft_steps = None  # a part written before the counter existed
+    assert M.draft_steps_of(r) == 1 and M.acceptance_summary([r])["acceptance_length"] == 2.0
+
+
+def test_perplexity_difference_and_the_shift_test():
+    base = [rec(pid=f"p{i}", target_logprobs=[-1.0, -2.0]) for i in range(12)]
+    same = [rec(pid=f"p{i}", target_logprobs=[-2.0, -1.0]) for i in range(12)]
+    worse = [rec(pid=f"p{i}", target_logprobs=[-3.0, -3.5 - 0.01 * i]) for i in range(12)]
+    assert M.perplexity_difference(base, same) == pytest.approx(0.0)
+    assert M.perplexity_difference(base, worse) > 0
+    assert M.logprob_shift_test(base, same)["p_value"] == 1.0
+    shifted = M.logprob_shift_test(base, worse)
+    assert shifted["p_value"] < 0.01 and shifted["mean_diff"] < 0 and shifted["n_pairs"] == 12
 
 
 def test_latencies():

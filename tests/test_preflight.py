@@ -157,7 +157,8 @@ def test_gpu_profiles_pass_every_backend_check(hw):
     import importlib
 
     from specstudy.backends import BACKENDS
-    from specstudy.study import expand, load_study
+    from specstudy.config.study import load_study
+    from specstudy.run.plan import expand
 
     cfg = load_study(hw)
     seen = set()

@@ -1,9 +1,10 @@
-import os
+import dataclasses
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
-from specstudy.records import (Cell, Request, RequestRecord, Sampling, StepRecord, part_paths, read_part,
-                               read_records, write_part)
+from specstudy.records import Cell, Request, RequestRecord, Sampling, StepRecord, read_part, write_part
 
 
 def _record(cell: Cell, pid: str = "p0", n: int = 5) -> RequestRecord:
@@ -62,11 +63,23 @@ def test_parquet_round_trip(tmp_path):
     assert back[-1].first_token_s is None and back[-1].accepted_per_position is None
 
 
-def test_parts_are_atomic_and_temp_files_ignored(tmp_path):
-    cell = Cell("s", "cpu", "reference", "ar", "code", "m")
-    write_part([_record(cell)], tmp_path / "a.parquet")
-    (tmp_path / ".b.parquet.123.tmp").write_bytes(b"half-written")
-    (tmp_path / ".c.parquet").write_bytes(b"half-written")
-    assert [p.name for p in part_paths(tmp_path)] == ["a.parquet"]
-    assert len(read_records(tmp_path)) == 1
-    assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp") and "a.parquet" in p]
+def test_a_planned_id_survives_the_copy_a_backend_gets():
+    cell = Cell("s", "cpu", "reference", "ngram", "code", "m", gamma=4, options=(("prompts", 2), ("ngram_min", 1)))
+    planned = dataclasses.replace(cell, id=cell.identity_id())
+    handed = dataclasses.replace(planned, options=(("ngram_min", 1),))  # method options only
+    assert handed.cell_id == planned.cell_id == cell.cell_id
+    assert dataclasses.replace(cell, options=(("ngram_min", 1),)).cell_id != cell.cell_id  # without an id: hashed
+
+
+def test_parts_written_before_a_rename_read_back(tmp_path):
+    cell = Cell("s", "cpu", "reference", "ngram", "code", "m", gamma=4)
+    rec = _record(cell)
+    path = write_part([rec], tmp_path / "new.parquet")
+    table = pq.read_table(path)
+    old = table.rename_columns(["verify_steps" if n == "target_forwards" else n for n in table.column_names])
+    old = old.drop_columns(["draft_steps", "label", "sweeps"])
+    pq.write_table(old, tmp_path / "old.parquet")
+    back = read_part(tmp_path / "old.parquet")[0]
+    assert back.target_forwards == 3 and back.verify_steps == 3
+    assert back.draft_steps is None and back.label == "" and back.sweeps == []
+    assert isinstance(pa.table({"x": [1]}), pa.Table)

@@ -9,7 +9,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def _pyproject_pins() -> dict[str, str]:
     import tomllib
 
-    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    deps = project["dependencies"] + project["optional-dependencies"]["dev"]
     pins = {}
     for d in deps:
         name, _, ver = d.partition("==")
@@ -29,3 +30,12 @@ def test_ci_runs_the_readme_test_command():
     assert "make test" in readme.split("\n## ")[0], "the README leads with the two commands"
     assert "make study" in readme.split("\n## ")[0]
     assert re.search(r"^make test$", ci, re.M)
+
+
+def test_test_tools_are_not_runtime_dependencies():
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    runtime = {d.partition("==")[0].lower() for d in project["dependencies"]}
+    assert not runtime & {"pytest", "hypothesis", "ruff", "mypy", "pre-commit"}
+    assert {"pytest", "hypothesis", "ruff", "mypy"} <= {d.partition("==")[0].lower() for d in project["optional-dependencies"]["dev"]}

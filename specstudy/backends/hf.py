@@ -30,9 +30,10 @@ from __future__ import annotations
 import time
 from typing import Any, Iterator, Sequence
 
+from ..engine.trace import cell_memory, current_rss, reset_peak_memory
 from ..records import Cell, Request, RequestRecord, Sampling, StepRecord
 from .base import Backend, encode_request
-from ..models import resolve_for_engine as resolve_model
+from ..data.models import resolve_for_engine as resolve_model
 
 BATCH_NOTE = "sequential (HF assisted generation supports batch size 1 only)"
 
@@ -140,7 +141,7 @@ class HfBackend(Backend):
             self.tokenizer = AutoTokenizer.from_pretrained(resolve_model(model))
 
     def _load(self, name: str):
-        """Registry names and local paths through :mod:`specstudy.models`; hub ids directly."""
+        """Registry names and local paths through :mod:`specstudy.data.models`; hub ids directly."""
         from transformers import AutoModelForCausalLM
 
         m = AutoModelForCausalLM.from_pretrained(resolve_model(name), dtype=self.dtype)
@@ -239,9 +240,8 @@ class HfBackend(Backend):
                 return counter.wrap(original(*args, **kw))
 
             self.model._get_candidate_generator = get_candidate_generator
-        on_cuda = torch.cuda.is_available() and str(self.device).startswith("cuda")
-        if on_cuda:
-            torch.cuda.reset_peak_memory_stats()
+        reset_peak_memory(self.device)
+        rss_before = current_rss()
         torch.manual_seed(sampling.seed)
         rec.start_epoch = time.time()
         try:
@@ -267,8 +267,8 @@ class HfBackend(Backend):
         else:  # plain generate: one target forward per token, each an AR "step"
             rec.steps = [StepRecord(drafted=0, accepted=0, emitted=c, t_s=t) for t, c in zip(streamer.times, streamer.counts)]
         rec.fill_acceptance_from_steps()
-        if on_cuda:
-            rec.peak_memory_bytes, rec.memory_source = int(torch.cuda.max_memory_allocated()), "torch_cuda"
+        drafter = method_kwargs.get("assistant_model")
+        rec.peak_memory_bytes, rec.memory_source = cell_memory(self.device, rss_before, self.model, drafter)
         return rec
 
     def close(self) -> None:

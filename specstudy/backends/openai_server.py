@@ -2,39 +2,26 @@
 stream ``/v1/completions``, time every chunk, read acceptance where the server reports it.
 
 The server is started from ``command=`` (with ``{port}``, ``{host}``, ``{model}``, ``{drafter}``,
-``{gamma}`` placeholders) or attached with ``base_url=``.
+``{gamma}`` placeholders) or attached with ``base_url=``.  llama.cpp has its own backend
+(framework ``llamacpp``), which also starts or attaches to a ``llama-server``.
 """
 
 from __future__ import annotations
 
-from ..models import resolve_for_engine as resolve_model
-from ..records import Cell
+from typing import Any
+
 from .server import ServerBackend
 
 
 class OpenAIBackend(ServerBackend):
-    """A generic OpenAI-compatible server; started from ``command=`` or attached via ``base_url=``.
-
-    ``preset="llama.cpp"`` builds the ``llama-server`` command line for ``ar``, ``ngram``
-    (``--spec-type ngram-simple``) and ``draft_target`` (``-md DRAFT --spec-type draft-simple``),
-    with ``--draft-max`` = γ and ``--metrics``; ``llama_server=PATH`` names the binary.
-    """
+    """A generic OpenAI-compatible server; started from ``command=`` or attached via ``base_url=``."""
 
     framework = "openai"
     methods = ("ar", "ngram", "draft_target")
 
-    def server_argv(self, cell: Cell) -> list[str]:
-        if self.options.get("preset") != "llama.cpp":
-            return super().server_argv(cell)
-        if cell.method not in self.methods:
-            raise ValueError(f"method={cell.method!r} is not available with llama.cpp here; allowed: {self.methods}")
-        argv = [str(self.options.get("llama_server", "llama-server")), "-m", resolve_model(self.model),
-                "--host", "{host}", "--port", "{port}", "--metrics"]
-        if cell.method == "ngram":
-            argv += ["--spec-type", "ngram-simple", "--draft-max", str(cell.gamma or 4)]
-        elif cell.method == "draft_target":
-            if not cell.drafter and not self.drafter:
-                raise ValueError("method 'draft_target' needs a drafter (a GGUF path)")
-            argv += ["-md", resolve_model(cell.drafter or self.drafter or ""), "--spec-type", "draft-simple",
-                     "--draft-max", str(cell.gamma or 4)]
-        return argv + self.server_args
+    def __init__(self, model: str, drafter: str | None = None, **options: Any):
+        if options.get("preset") is not None:  # the old llama.cpp preset: one backend per engine now
+            raise ValueError(f"preset={options['preset']!r} is no longer supported: use framework 'llamacpp' "
+                             "(llama_server=PATH for your own binary, base_url=URL for a running server)")
+        options.pop("preset", None)
+        super().__init__(model, drafter, **options)

@@ -4,7 +4,9 @@ It loads the target (and a drafter when the method needs one) once, tokenizes ea
 (the chat template when the request carries messages or the cell sets ``chat: true``), decodes
 the requests in batches of ``cell.batch_size`` with ``cell.method`` and yields one
 RequestRecord per request with every verification step, the target log-probs and entropies,
-and the batch's peak memory.  A failing batch becomes records with status oom/error.
+and the batch's peak memory.  A failing batch becomes records with status oom/error.  A cell
+with the method option ``synthetic_acceptance`` (benchmark-only: drafts kept at a fixed rate)
+marks every record's ``synthetic_acceptance`` with the rule, e.g. ``"alpha=0.8"``.
 """
 
 from __future__ import annotations
@@ -13,6 +15,10 @@ import time
 import traceback
 from typing import Any, Iterator, Sequence
 
+from ..config.vocab import TORCH_DTYPES
+from ..data.models import get_entry, load_model, model_names, quantize_dynamic_int8, require_int8_device
+from ..engine.methods import SYNTHETIC, DecodeJob, get_method, method_names
+from ..engine.trace import cell_memory, current_rss, reset_peak_memory
 from ..records import Cell, Request, RequestRecord, Sampling
 from .base import Backend, encode_request
 
@@ -26,14 +32,11 @@ class ReferenceBackend(Backend):
 
     def __init__(self, model: Any, drafter: str | None = None, device: str = "cpu", dtype: str = "float32",
                  **options: Any):
-        from ..engine.methods import method_names
-        from ..models import DTYPES, get_entry
-
         unknown = sorted(set(options) - set(CONSTRUCTOR_OPTIONS))
         if unknown:
             raise ValueError(f"reference backend: unknown option(s) {unknown}; allowed: {list(CONSTRUCTOR_OPTIONS)}")
-        if dtype not in DTYPES:
-            raise ValueError(f"reference backend: dtype={dtype!r}; allowed: {list(DTYPES)}")
+        if dtype not in TORCH_DTYPES:
+            raise ValueError(f"reference backend: dtype={dtype!r}; allowed: {list(TORCH_DTYPES)}")
         if not (device == "cpu" or str(device).startswith("cuda")):
             raise ValueError(f"reference backend: device={device!r}; allowed: 'cpu', 'cuda', 'cuda:N'")
         self.methods = tuple(method_names())
@@ -51,8 +54,6 @@ class ReferenceBackend(Backend):
         if drafter is not None and isinstance(model, str):
             self._check_tokenizer_match(target_entry, drafter)
         if isinstance(model, str):
-            from ..models import load_model
-
             self.model, self.tokenizer = load_model(model, self.device, dtype)
         else:  # an already loaded module (tests, notebooks); requests then need prompt_ids or a tokenizer
             self.model, self.tokenizer = model, options.get("tokenizer")
@@ -61,8 +62,6 @@ class ReferenceBackend(Backend):
     # ---------------------------------------------------------------------------------------
     @staticmethod
     def _check_tokenizer_match(target_entry: Any, drafter: str) -> None:
-        from ..models import get_entry, model_names
-
         if drafter not in model_names():
             return  # not a model entry (e.g. a heads checkpoint a method loads itself)
         d = get_entry(drafter)
@@ -75,8 +74,6 @@ class ReferenceBackend(Backend):
             return None
         key = (spec.name, name) if quantization == "none" else (spec.name, name, quantization)
         if key not in self._drafters and quantization != "none":
-            from ..models import quantize_dynamic_int8, require_int8_device
-
             require_int8_device(self.device)  # before the fp32 drafter is loaded
             self._drafters[key] = quantize_dynamic_int8(self._drafter(spec, name), self.device)
         if key not in self._drafters:
@@ -85,8 +82,6 @@ class ReferenceBackend(Backend):
             elif spec.load_drafter is not None:
                 self._drafters[key] = spec.load_drafter(name, self.model, self.device, self.dtype)
             else:
-                from ..models import load_model
-
                 self._drafters[key] = load_model(name, self.device, self.dtype)[0]
         return self._drafters[key]
 
@@ -109,8 +104,6 @@ class ReferenceBackend(Backend):
 
     # ---------------------------------------------------------------------------------------
     def run(self, requests: Sequence[Request], sampling: Sampling, cell: Cell) -> Iterator[RequestRecord]:
-        from ..engine.methods import DecodeJob, get_method
-
         spec = get_method(cell.method)
         raw = dict(cell.options)
         chat = bool(raw.pop("chat", self.chat_default))
@@ -131,9 +124,8 @@ class ReferenceBackend(Backend):
                    cell: Cell, rate: Any) -> Iterator[RequestRecord]:
         import torch
 
-        from ..engine.trace import peak_memory, reset_peak_memory
-
         reset_peak_memory(self.device)
+        rss_before = current_rss()
         start_epoch = time.time()
         status, error, rows = "ok", "", None
         try:
@@ -142,7 +134,7 @@ class ReferenceBackend(Backend):
             status, error = "oom", f"{type(e).__name__}: {e}"
         except Exception as e:  # a failed batch is records with a status, not a lost cell
             status, error = "error", f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=6)}"
-        peak, source = peak_memory(self.device)
+        peak, source = cell_memory(self.device, rss_before, self.model, job.drafter)
         if status != "ok" and self.device.startswith("cuda"):
             torch.cuda.empty_cache()
         for i, req in enumerate(batch):
@@ -164,6 +156,8 @@ class ReferenceBackend(Backend):
                               steps=list(r.steps), target_logprobs=list(r.target_logprobs),
                               token_entropy=list(r.token_entropy))
             rec = cell.new_record(req, sampling, **fields)
+            if job.options.get(SYNTHETIC) is not None:  # acceptance fixed for timing: not measured, not lossless
+                rec.synthetic_acceptance = job.options[SYNTHETIC].label
             if cell.drafter is None and job.drafter is not None and isinstance(self.drafter_name, str):
                 rec.drafter = self.drafter_name
             yield rec.fill_acceptance_from_steps()

@@ -22,7 +22,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from ..models import resolve_for_engine as resolve_model
+from ..data.models import resolve_for_engine as resolve_model
+from ..metrics import acceptance_summary
 from ..records import Cell, Request, RequestRecord, Sampling
 from .base import ServingBackend, encode_request
 from .lifecycle import ManagedServer, ServerInfo, connect, http_get, split_url
@@ -238,25 +239,17 @@ class ServerBackend(ServingBackend):
 
     def run_acceptance(self, before: MetricSamples | None, after: MetricSamples | None,
                        records: Sequence[RequestRecord]) -> dict[str, Any] | None:
-        """Acceptance of exactly this run: counter differences, else sums of per-request counts."""
+        """Acceptance of exactly this run from the per-request counts (subclasses add the server's counters)."""
         seen = [r for r in records if r.drafted_tokens is not None]
         if not seen:
             return None
-        out: dict[str, Any] = {
-            "source": "per_request_sum",
-            "drafted_tokens": sum(r.drafted_tokens or 0 for r in seen),
-            "accepted_tokens": sum(r.accepted_tokens or 0 for r in seen),
-            "target_forwards": (sum(r.target_forwards or 0 for r in seen)
-                             if all(r.target_forwards is not None for r in seen) else None),
-            "output_tokens": sum(r.output_tokens for r in seen),
-            "n_requests": len(seen),
-        }
-        from ..metrics import acceptance_rate, mean_accepted_length
-
-        out["alpha"] = acceptance_rate(out["accepted_tokens"], out["drafted_tokens"])
-        out["tau"] = (mean_accepted_length(out["output_tokens"], out["target_forwards"])
-                      if out["target_forwards"] else None)
-        return out
+        acc = acceptance_summary(seen)
+        return {"source": "per_request_sum", "n_requests": len(seen),
+                "drafted_tokens": sum(r.drafted_tokens or 0 for r in seen),
+                "accepted_tokens": sum(r.accepted_tokens or 0 for r in seen),
+                "draft_steps": acc["draft_steps"], "target_forwards": acc["target_forwards"],
+                "output_tokens": sum(r.output_tokens for r in seen), "alpha": acc["alpha"],
+                "acceptance_length": acc["acceptance_length"], "tokens_per_forward": acc["tokens_per_forward"]}
 
     # ---- lifecycle --------------------------------------------------------------------------
 

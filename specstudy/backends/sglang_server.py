@@ -23,7 +23,7 @@ from typing import Any, Mapping
 
 from ..engines import capabilities as caps
 from ..records import Cell, Request, RequestRecord, Sampling
-from ..models import resolve_for_engine as resolve_model
+from ..data.models import resolve_for_engine as resolve_model
 from .lifecycle import split_url
 from .server import ServerBackend
 from .sse import StreamState

@@ -41,7 +41,7 @@ from typing import Any, Mapping, Sequence
 import yaml
 
 from ..engines import capabilities as caps
-from ..models import resolve_for_engine as resolve_model
+from ..data.models import resolve_for_engine as resolve_model
 from ..records import Cell, Request, RequestRecord, Sampling
 from .lifecycle import http_get
 from .server import ServerBackend

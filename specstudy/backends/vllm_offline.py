@@ -91,7 +91,7 @@ def counters_snapshot(metrics: Sequence[Any]) -> dict[str, Any]:
 
 def snapshot_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
     """Run-scoped acceptance (after − before) with our α and vLLM's mean acceptance length."""
-    from ..metrics import acceptance_rate, per_position_acceptance, vllm_mean_acceptance_length
+    from ..metrics import acceptance_length, acceptance_rate, per_position_unconditional
 
     d = {k: after[k] - before[k] for k in _COUNTERS}
     pb = before["per_pos"] + [0] * (len(after["per_pos"]) - len(before["per_pos"]))
@@ -101,8 +101,9 @@ def snapshot_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, A
         "drafts": d["drafts"], "drafted_tokens": d["draft_tokens"], "accepted_tokens": d["accepted_tokens"],
         "accepted_per_position": per_pos,
         "alpha": acceptance_rate(d["accepted_tokens"], d["draft_tokens"]) if d["draft_tokens"] else None,
-        "vllm_mean_acceptance_length": vllm_mean_acceptance_length(d["accepted_tokens"], d["drafts"]) if d["drafts"] else None,
-        "per_position": per_position_acceptance(per_pos, d["drafts"]) if d["drafts"] else None,
+        # vLLM's mean acceptance length = 1 + accepted / drafts: the kit's AL (drafts = draft steps)
+        "vllm_mean_acceptance_length": acceptance_length(d["accepted_tokens"], d["drafts"]) if d["drafts"] else None,
+        "per_position": per_position_unconditional(per_pos, d["drafts"]) if d["drafts"] else None,
     }
 
 
@@ -221,7 +222,7 @@ class VllmOfflineBackend(Backend):
 
     def __init__(self, model: str, drafter: str | None = None, **options: Any):
         self.check_engine_options(options)
-        from ..models import resolve_for_engine
+        from ..data.models import resolve_for_engine
 
         self.model, self.drafter, self.options = model, drafter, options
         self.last_run_acceptance: dict[str, Any] | None = None

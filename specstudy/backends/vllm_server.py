@@ -30,7 +30,7 @@ from typing import Any, Mapping, Sequence
 
 from ..engines import capabilities as caps
 from ..records import Cell, Request, RequestRecord, Sampling
-from ..models import resolve_for_engine as resolve_model
+from ..data.models import resolve_for_engine as resolve_model
 from .server import ServerBackend
 from .sse import StreamState
 from .prometheus import MetricSamples, metric_by_label, metric_total
@@ -209,7 +209,7 @@ class VllmServerBackend(ServerBackend):
 
 def counter_acceptance(before: MetricSamples, after: MetricSamples) -> dict[str, Any]:
     """Run-scoped acceptance from two /metrics scrapes (after − before), vLLM's conventions beside ours."""
-    from ..metrics import acceptance_rate, per_position_acceptance, vllm_mean_acceptance_length
+    from ..metrics import acceptance_length, acceptance_rate, per_position_unconditional
 
     d = {k: int(round((metric_total(after, n) or 0.0) - (metric_total(before, n) or 0.0)))
          for k, n in SPEC_COUNTERS.items()}
@@ -222,6 +222,7 @@ def counter_acceptance(before: MetricSamples, after: MetricSamples) -> dict[str,
         "accepted_tokens": d["accepted_tokens"],
         "accepted_per_position": per_pos,
         "alpha": acceptance_rate(d["accepted_tokens"], d["draft_tokens"]) if d["draft_tokens"] else None,
-        "vllm_mean_acceptance_length": vllm_mean_acceptance_length(d["accepted_tokens"], d["drafts"]) if d["drafts"] else None,
-        "per_position": per_position_acceptance(per_pos, d["drafts"]) if d["drafts"] else None,
+        # vLLM's mean acceptance length = 1 + accepted / drafts: the kit's AL (drafts = draft steps)
+        "vllm_mean_acceptance_length": acceptance_length(d["accepted_tokens"], d["drafts"]) if d["drafts"] else None,
+        "per_position": per_position_unconditional(per_pos, d["drafts"]) if d["drafts"] else None,
     }

@@ -6,8 +6,6 @@ import argparse
 import json
 import os
 
-HELP = "decode one prompt with the reference engine (any method) and print text, ids, alpha, tau, TTFT, TPOT, tok/s"
-
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="smollm2-135m", help="a params/models entry, a local HF dir or a .gguf path")
@@ -53,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     from .. import metrics
     from ..engine.methods import get_method
-    from ..models import get_entry
+    from ..config import get_entry
     from ..records import Cell, Request, Sampling
 
     # every check before the model loads
@@ -66,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     entry = get_entry(args.model)
     if args.drafter is not None and spec.load_drafter is None:
         get_entry(args.drafter)  # a draft model; heads files and self:K are checked by the method's loader
-    chat = {"yes": True, "no": False, "auto": bool(entry.get("chat", False))}[args.chat]
+    chat = {"yes": True, "no": False, "auto": entry.chat}[args.chat]
 
     from ..backends.reference import ReferenceBackend
 
@@ -83,8 +81,11 @@ def run(args: argparse.Namespace) -> int:
         "model": args.model, "method": args.method, "drafter": args.drafter, "gamma": gamma, "options": options,
         "text": rec.output_text, "token_ids": rec.output_ids,
         "input_tokens": rec.input_tokens, "output_tokens": rec.output_tokens,
-        "alpha": acc["alpha"], "tau": acc["tau"], "alpha_hat": acc["alpha_hat"],
-        "per_position_acceptance": acc["per_position"], "target_forwards": acc["target_forwards"],
+        "alpha": acc["alpha"], "acceptance_length": acc["acceptance_length"],
+        "tokens_per_forward": acc["tokens_per_forward"], "alpha_hat": acc["alpha_hat"],
+        "per_position_conditional": acc["per_position_conditional"],
+        "per_position_unconditional": acc["per_position_unconditional"],
+        "draft_steps": acc["draft_steps"], "target_forwards": acc["target_forwards"],
         "ttft_s": metrics.ttft(rec), "tpot_s": metrics.tpot(rec), "e2e_s": metrics.e2e(rec),
         "tokens_per_s": metrics.per_request_throughput([rec]),
         "mean_entropy_nats": metrics.mean_entropy([rec]), "perplexity": metrics.perplexity_of_records([rec]),
@@ -97,10 +98,12 @@ def run(args: argparse.Namespace) -> int:
     print("---")
     print(f"token ids ({rec.output_tokens}): {rec.output_ids}")
     fmt = lambda v: "n/a" if v is None or v != v else f"{v:.3f}"  # noqa: E731
-    print(f"alpha {fmt(out['alpha'])}   tau {fmt(out['tau'])}   alpha_hat {fmt(out['alpha_hat'])}   "
-          f"steps {out['target_forwards']}")
-    if out["per_position_acceptance"]:
-        print("per-position acceptance: " + " ".join(fmt(a) for a in out["per_position_acceptance"]))
+    print(f"alpha {fmt(out['alpha'])}   AL {fmt(out['acceptance_length'])}   alpha_hat {fmt(out['alpha_hat'])}   "
+          f"tokens/forward {fmt(out['tokens_per_forward'])}   draft steps {out['draft_steps']} of "
+          f"{out['target_forwards']} target forwards")
+    if out["per_position_conditional"]:
+        print("per-position acceptance, conditional (accepted at k / reached k): "
+              + " ".join(fmt(a) for a in out["per_position_conditional"]))
     print(f"TTFT {out['ttft_s'] * 1e3:.1f} ms   TPOT {out['tpot_s'] * 1e3:.1f} ms   "
           f"{out['tokens_per_s']:.2f} tok/s   E2E {out['e2e_s']:.2f} s")
     return 0

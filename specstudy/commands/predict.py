@@ -1,15 +1,13 @@
-"""specstudy predict: the cost model's baseline tokens/s, c, τ, optimal γ and speedup."""
+"""specstudy predict: the cost model's baseline tokens/s, c, acceptance length, optimal γ and speedup."""
 
 from __future__ import annotations
 
 import argparse
 import json
 
-HELP = "predict baseline tokens/s, c, tau, optimal gamma and speedup from the roofline cost model"
-
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from ..params import hardware_names
+    from ..config import hardware_names
 
     p.add_argument("--hardware", required=True, help=f"a profile in params/hardware: {', '.join(hardware_names())}")
     p.add_argument("--target-params", type=float, required=True, help="target parameter count, e.g. 70e9")
@@ -24,7 +22,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..costmodel import break_even_batch, predict
-    from ..params import load_hardware_profile
+    from ..config import load_hardware_profile
 
     hw = load_hardware_profile(args.hardware)
     pred = predict(hw, args.target_params, args.draft_params, args.alpha, args.dtype, args.batch,
@@ -40,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"{hw.name} ({hw.device}, {hw.source}): {pred.n_devices} device(s), {pred.regime} at batch {pred.batch}")
         print(f"  baseline      {pred.baseline_tokens_per_s:9.2f} tok/s  (target step {pred.target_step_s * 1e3:.2f} ms)")
         print(f"  c             {pred.c:9.4f}")
-        print(f"  optimal gamma {pred.gamma:9d}   tau {pred.tau:.3f}   verify cost {pred.verify_ratio:.3f}x")
+        print(f"  optimal gamma {pred.gamma:9d}   AL {pred.acceptance_length:.3f}   verify cost {pred.verify_ratio:.3f}x")
         print(f"  speedup       {pred.speedup:9.3f}x  (Leviathan formula {pred.leviathan_speedup:.3f}x)")
         print(f"  speculative   {pred.speculative_tokens_per_s:9.2f} tok/s")
         print(f"  break-even batch (speedup < 1): {out['break_even_batch']}")

@@ -6,7 +6,9 @@ import argparse
 import json
 from pathlib import Path
 
-HELP = "render outputs/<gpu>/report.md (+ HTML) from the records, executing the notebooks; or merge several"
+from ..layout import StudyLayout
+from ..report.notebooks import execute_notebooks, plan_notebook_jobs
+from ..report.writer import write_cross_report, write_report
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -20,26 +22,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..report import execute_notebooks, plan_notebook_jobs, write_cross_report, write_report
-
     if args.merge:
-        missing = [d for d in args.merge if not (Path(d) / "records").is_dir()]
+        missing = [d for d in args.merge if not StudyLayout(Path(d)).records_dir.is_dir()]
         if missing:
             raise FileNotFoundError(f"--merge {missing[0]}: no records folder there; allowed: outputs/<gpu>/ folders "
                                     f"written by `specstudy run`")
         path = write_cross_report(args.merge, args.dest or Path(args.outputs) / "cross-hardware")
         print(json.dumps({"report": str(path)}) if args.json else f"cross-hardware report: {path}")
         return 0
-    out = Path(args.outputs) / args.hardware
-    if not (out / "records").is_dir():
-        raise FileNotFoundError(f"{out}/records does not exist: run `specstudy run --hardware {args.hardware}` first")
-    if args.no_notebooks or not (out / "study.json").exists():
-        path = write_report(out)
+    layout = StudyLayout.of(args.hardware, args.outputs)
+    if not layout.records_dir.is_dir():
+        raise FileNotFoundError(f"{layout.records_dir} does not exist: run `specstudy run --hardware {args.hardware}` first")
+    plan = layout.read_plan()
+    if args.no_notebooks or not plan:
+        path = write_report(layout.root)
         errors = []
     else:
-        results = execute_notebooks(plan_notebook_jobs(out))
-        errors = [(j.name, e) for j, e in results if e]
-        path = out / "report.md"
+        jobs = plan_notebook_jobs(layout.root, plan["cells"], plan.get("config", {}).get("notebooks"))
+        errors = [(j.name, e) for j, e in execute_notebooks(jobs) if e]
+        path = layout.report_path
     if args.json:
         print(json.dumps({"report": str(path), "html": str(path.with_suffix(".html")),
                           "notebook_errors": [{"notebook": n, "error": e} for n, e in errors]}, indent=2))

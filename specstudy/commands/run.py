@@ -4,18 +4,22 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import time
 import warnings
 
-HELP = "run the study matrix of params/hardware/<gpu>.yaml (warm-up, paired AR baseline, resume)"
+from ..config import ParamsError, hardware_names, load_study
+from ..layout import StudyLayout
+from ..report.notebooks import plan_notebook_jobs, write_notebook_makefile
+from ..run.environment import check_environment
+from ..run.plan import check_backends, expand, plan_summary
 
 #: exit status when the study ran but some cells failed (make study renders the report, then fails)
 EXIT_CELLS_FAILED = 3
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from ..params import hardware_names
-
     p.add_argument("--hardware", "--gpu", dest="hardware", default="cpu",
                    help=f"hardware profile with a study: section ({', '.join(hardware_names())}); default cpu")
     p.add_argument("--params", default=None, help="a params YAML to use instead of params/hardware/<hardware>.yaml")
@@ -27,64 +31,59 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no tqdm bars (one line per cell still printed)")
 
 
-def run(args: argparse.Namespace) -> int:
-    import os
-    import time
+def _print_dry_run(args: argparse.Namespace, cfg, plans, summary: dict, validated_s: float) -> None:
+    doc = {"study": cfg.name, "hardware": cfg.hardware, "validated_in_s": round(validated_s, 3), **summary,
+           "cells_list": [{"cell_id": p.cell_id, "label": p.label, "sweeps": list(p.sweeps),
+                           "baseline": p.baseline_cell_id} for p in plans]}
+    if args.json:
+        print(json.dumps(doc, indent=2))
+    else:
+        print(f"{cfg.file}: valid ({validated_s:.2f}s). {summary['cells']} cells "
+              f"({summary['baseline_cells']} AR baselines), {summary['requests']} requests, "
+              f"{summary['output_tokens']} output tokens + {summary['warmup_tokens']} warm-up, "
+              f"{summary['engines']} engine load(s); by sweep {summary['by_sweep']}")
 
+
+def run(args: argparse.Namespace) -> int:
     # a busy 2-core machine decoded 4x slower with spinning OpenMP threads (engine issue): set it
     # before torch is imported, unless the caller chose otherwise
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
     t0 = time.perf_counter()
-    from ..report import plan_notebook_jobs, write_notebook_makefile
-    from ..runner import output_dir, run_study, write_plan
-    from ..study import check_environment, expand, load_study, plan_summary
-
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        cfg = load_study(args.hardware, args.params)
-        check_environment(cfg, force=args.force)
+        cfg = check_backends(load_study(args.hardware, args.params))
+        if not args.dry_run:
+            check_environment(cfg, force=args.force)
     for w in caught:
         print(f"specstudy run: warning: {w.message}", file=sys.stderr)
     plans = all_plans = expand(cfg)
     if args.sweep:
         unknown = sorted(set(args.sweep) - {s.name for s in cfg.sweeps})
         if unknown:
-            from ..params import ParamsError
-
             raise ParamsError(cfg.file, "--sweep", unknown[0], sorted(s.name for s in cfg.sweeps))
         plans = [p for p in plans if set(p.sweeps) & set(args.sweep)]
     summary = plan_summary(plans, cfg.warmup_requests, cfg.warmup_max_new_tokens)
-    validated_s = time.perf_counter() - t0
-    out = output_dir(cfg.hardware, args.outputs)
     if args.dry_run:
-        doc = {"study": cfg.name, "hardware": cfg.hardware, "validated_in_s": round(validated_s, 3), **summary,
-               "cells_list": [{"cell_id": p.cell_id, "label": p.label, "sweeps": list(p.sweeps),
-                               "baseline": p.baseline_cell_id} for p in plans]}
-        if args.json:
-            print(json.dumps(doc, indent=2))
-        else:
-            print(f"{cfg.file}: valid ({validated_s:.2f}s). {summary['cells']} cells "
-                  f"({summary['baseline_cells']} AR baselines), {summary['requests']} requests, "
-                  f"{summary['output_tokens']} output tokens + {summary['warmup_tokens']} warm-up, "
-                  f"{summary['engines']} engine load(s); by sweep {summary['by_sweep']}")
+        _print_dry_run(args, cfg, plans, summary, time.perf_counter() - t0)
         return 0
-    out.mkdir(parents=True, exist_ok=True)
-    write_plan(cfg, all_plans, out)
-    stamp = out / ".records-updated"
-    write_notebook_makefile(plan_notebook_jobs(out), out / "notebooks.mk", stamp)
+    from ..run.study import run_study  # imports the engines' light parts; validation above stays fast
+
+    layout = StudyLayout.of(cfg.hardware, args.outputs)
+    layout.root.mkdir(parents=True, exist_ok=True)
+    write_notebook_makefile(plan_notebook_jobs(layout.root, [p.as_dict() for p in all_plans], cfg.notebooks),
+                            layout.notebooks_makefile, layout.records_stamp)
     try:
         log = (lambda m: print(m, file=sys.stderr, flush=True)) if args.json else (lambda m: print(m, flush=True))
-        results = run_study(cfg, plans, out, progress=not args.no_progress, max_cells=args.max_cells, log=log,
+        results = run_study(cfg, plans, layout, progress=not args.no_progress, max_cells=args.max_cells, log=log,
                             full_plan=all_plans)
     except RuntimeError as e:  # another runner holds the outputs folder
         print(f"specstudy run: error: {e}", file=sys.stderr)
         return 2
-    if any(r.status == "done" for r in results) or not stamp.exists():
-        stamp.touch()
+    if any(r.status == "done" for r in results) or not layout.records_stamp.exists():
+        layout.records_stamp.touch()
     failed = [r for r in results if r.status == "failed"]
     if args.json:
-        print(json.dumps({"outputs": str(out), "cells": len(plans),
+        print(json.dumps({"outputs": str(layout.root), "cells": len(plans),
                           "done": sum(r.status == "done" for r in results),
                           "skipped": sum(r.status == "skipped" for r in results),
                           "failed": [{"cell_id": r.cell_id, "error": r.message} for r in failed]}, indent=2))

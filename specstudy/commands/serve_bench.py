@@ -11,10 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-HELP = ("serving benchmark: Poisson/bursty or fixed-concurrency load on a vLLM / SGLang / OpenAI-compatible "
-        "server, paired runs with and without speculation, speedup per rate")
-
-SERVER_BACKENDS = ("vllm-server", "sglang", "openai")
+SERVER_BACKENDS = ("vllm-server", "sglang", "llamacpp", "openai")
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -50,7 +47,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--python", default=None,
                    help="interpreter of the engine's environment (default .venv-engines/bin/python if present)")
     p.add_argument("--server-command", default=None, help="openai backend: server command line with {port} {model} {drafter} {gamma}")
-    p.add_argument("--preset", default=None, help="openai backend: 'llama.cpp' builds the llama-server command")
     p.add_argument("--server-arg", action="append", default=[], help="extra server flag (repeatable; use --server-arg=--x)")
     p.add_argument("--env", action="append", default=[], help="KEY=VALUE for the server process (repeatable)")
     p.add_argument("--dtype", default=None, help="vLLM --dtype (default float32 without a GPU, else auto)")
@@ -63,7 +59,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _check(args: argparse.Namespace):
     """Every bad value named before anything starts."""
     from ..backends import get_backend  # noqa: F401  (import errors surface here)
-    from ..servebench import Slo, parse_rates
+    from ..analysis.serving import Slo
+    from ..run.serving import parse_rates
 
     if args.backend not in SERVER_BACKENDS:
         raise ValueError(f"--backend={args.backend!r}: serve-bench drives servers; allowed: {SERVER_BACKENDS}")
@@ -101,13 +98,12 @@ def _prompts(args: argparse.Namespace, n: int):
         else:
             texts = [line for line in path.read_text().splitlines() if line.strip()]
     else:
-        from .. import tasks
+        from ..config import get_entry
+        from ..data import models, tasks
 
         tokenizer = None
         try:
-            from .. import models
-
-            models.get_entry(args.model)
+            get_entry(args.model)
             tokenizer = models.load_tokenizer(args.model)
         except Exception:  # a remote/hub model: send the task's text prompts untokenized
             tokenizer = None
@@ -134,8 +130,10 @@ def _backend(args, envs, url):
                     prefix_cache=args.prefix_cache == "on")
         if not gpu:
             env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    if args.backend == "llamacpp":
+        opts.update(prefix_cache=args.prefix_cache == "on", python=None)
     if args.backend == "openai":
-        opts.update(command=args.server_command, preset=args.preset)
+        opts.update(command=args.server_command)
     env.setdefault("HF_HUB_OFFLINE", os.environ.get("HF_HUB_OFFLINE", "1"))
     opts["env"] = env
     return get_backend(args.backend, **opts)
@@ -143,7 +141,7 @@ def _backend(args, envs, url):
 
 def run(args: argparse.Namespace) -> int:
     from ..records import Cell, Sampling
-    from ..servebench import SweepConfig, run_sweep
+    from ..run.serving import SweepConfig, run_sweep
 
     rates, slo, envs = _check(args)
     sampling = Sampling(temperature=args.temperature, seed=args.seed, max_new_tokens=args.max_new_tokens)
@@ -175,7 +173,7 @@ def run(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, previous)
     summary["out"] = args.out
     if args.json:
-        from ..servebench import _json_safe
+        from ..analysis.serving import json_safe as _json_safe
 
         print(json.dumps(_json_safe(summary), indent=2, default=str))
         return 0

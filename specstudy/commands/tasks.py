@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import sys
+from pathlib import Path
 
-HELP = "list task categories with their sources, offline record counts, licences and sha256 status; " \
-       "'tasks show NAME' prints sample prompts"
+from ..config import ParamsError, task_names
+from ..data.tasks import TaskDataError, load_requests, parse_field_map, task_summary
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -30,8 +32,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _run_list(args: argparse.Namespace) -> int:
-    from ..tasks import task_names, task_summary
-
     summaries = [task_summary(name, fetch=not args.no_fetch) for name in task_names()]
     if args.json:
         print(json.dumps(summaries, indent=2, ensure_ascii=False))
@@ -39,7 +39,7 @@ def _run_list(args: argparse.Namespace) -> int:
     for s in summaries:
         verified = "all sha256 verified" if s["all_verified"] else "NOT all verified"
         print(f"{s['task']:<17} {s['category']:<17} {s['offline_records']:>4} prompts offline  ({verified}; "
-              f"input {s['input_policy']}, max_new_tokens {s['output']['max_new_tokens']})")
+              f"input {s['input_policy']})")
         for src in s["sources"]:
             rec = "-" if src["records"] is None else src["records"]
             print(f"    {src['name']:<18} {src['status']:<16} {rec!s:>4}  {src['location']}  [{src['licence']}]")
@@ -52,21 +52,16 @@ def _run_list(args: argparse.Namespace) -> int:
 
 def _load_tokenizer(spec: str):
     """A local tokenizer directory, or a model name from params/models (its tokenizer only)."""
-    from pathlib import Path
-
     if Path(spec).is_dir():
-        from transformers import AutoTokenizer
+        from transformers import AutoTokenizer  # heavy: only when asked for
 
         return AutoTokenizer.from_pretrained(spec)
-    from ..models import load_tokenizer
+    from ..data.models import load_tokenizer
 
     return load_tokenizer(spec)
 
 
 def _run_show(args: argparse.Namespace) -> int:
-    from ..params import ParamsError
-    from ..tasks import load_requests, parse_field_map, task_names
-
     if not args.name:
         raise ParamsError(None, "name", None, task_names(), "usage: specstudy tasks show NAME")
     field_map = parse_field_map(args.field_map) if args.field_map else None
@@ -78,8 +73,7 @@ def _run_show(args: argparse.Namespace) -> int:
         return 0
     for r in reqs:
         tokens = f", {len(r.prompt_ids)} tokens" if r.prompt_ids is not None else ""
-        extra = f", {len(r.followups)} later turn(s)" if r.followups else ""
-        print(f"=== {r.prompt_id}  (input {r.input_policy}{tokens}{', truncated' if r.truncated else ''}{extra})")
+        print(f"=== {r.prompt_id}  (input {r.input_policy}{tokens}{', truncated' if r.truncated else ''})")
         text = r.prompt if len(r.prompt) <= args.max_chars else r.prompt[: args.max_chars] + " [...]"
         print(text)
         if r.reference:
@@ -89,10 +83,6 @@ def _run_show(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    import sys
-
-    from ..tasks import TaskDataError
-
     if args.action == "show":
         try:
             return _run_show(args)
@@ -100,7 +90,5 @@ def run(args: argparse.Namespace) -> int:
             print(f"specstudy tasks: error: {e}", file=sys.stderr)
             return 2
     if args.name:
-        from ..params import ParamsError
-
         raise ParamsError(None, "action", args.name, ["list", "show NAME"])
     return _run_list(args)

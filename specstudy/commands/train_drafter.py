@@ -19,9 +19,6 @@ import sys
 import time
 from pathlib import Path
 
-HELP = ("distil a small drafter (Medusa heads, a layer-skip adapter or an EAGLE-style layer) from the target "
-        "on its own generations")
-
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kind", required=True, help="heads | layer_skip_adapter | eagle")
@@ -55,7 +52,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _check(args: argparse.Namespace) -> None:
     from ..engine.drafters import KINDS
-    from ..tasks import task_names
+    from ..config import task_names
 
     if args.kind not in KINDS:
         raise ValueError(f"--kind={args.kind!r}: allowed {list(KINDS)}")
@@ -83,7 +80,8 @@ def _check(args: argparse.Namespace) -> None:
 def training_prompts(tasks: list[str], per_task: int, tokenizer, max_tokens: int) -> list[tuple[str, list[int]]]:
     """(prompt_id, ids) per task, skipping the study's own sample (the first ``sample.n`` of the
     task's seed order) so acceptance is later measured on prompts the drafter never saw."""
-    from ..tasks import load_requests, load_task_config
+    from ..config import load_task_config
+    from ..data.tasks import load_requests
 
     out = []
     for t in tasks:
@@ -96,7 +94,7 @@ def training_prompts(tasks: list[str], per_task: int, tokenizer, max_tokens: int
 
 def eval_prompts(tasks: list[str], n: int, tokenizer) -> list[tuple[str, str, list[int]]]:
     """The first ``n`` prompts of each task's study sample: (task, prompt_id, ids)."""
-    from ..tasks import load_requests
+    from ..data.tasks import load_requests
 
     out = []
     for t in tasks:
@@ -110,7 +108,7 @@ def measure_acceptance(model, module, kind: str, prompts, max_new_tokens: int, g
     import torch
 
     from ..engine.methods import DecodeJob, get_method
-    from ..metrics import acceptance_rate, mean_accepted_length
+    from ..metrics import acceptance_length, acceptance_rate
     from ..records import Sampling
 
     sampling = Sampling(temperature=0.0, max_new_tokens=max_new_tokens, ignore_eos=True)
@@ -127,15 +125,14 @@ def measure_acceptance(model, module, kind: str, prompts, max_new_tokens: int, g
         for task, pid, ids in prompts:
             row = spec.decode(DecodeJob(target=model, prompts=[ids], sampling=sampling, gamma=gamma, drafter=drafter,
                                         options=options))[0]
-            c = per_task.setdefault(task, {"drafted": 0, "accepted": 0, "emitted": 0, "steps": 0, "prompts": 0})
+            c = per_task.setdefault(task, {"drafted": 0, "accepted": 0, "draft_steps": 0, "prompts": 0})
             c["drafted"] += sum(s.drafted for s in row.steps)
             c["accepted"] += sum(s.accepted for s in row.steps)
-            c["emitted"] += sum(s.emitted for s in row.steps)
-            c["steps"] += len(row.steps)
+            c["draft_steps"] += sum(1 for s in row.steps if s.drafted > 0)
             c["prompts"] += 1
     for c in per_task.values():
         c["alpha"] = acceptance_rate(c["accepted"], c["drafted"])
-        c["tau"] = mean_accepted_length(c["emitted"], c["steps"])
+        c["acceptance_length"] = acceptance_length(c["accepted"], c["draft_steps"])
     return {"gamma": gamma, "max_new_tokens": max_new_tokens, "sampling": "greedy", "per_task": per_task}
 
 
@@ -146,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
 
     from .. import __version__
     from ..engine import drafters as D
-    from ..models import load_model
+    from ..data.models import load_model
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -224,5 +221,5 @@ def run(args: argparse.Namespace) -> int:
         print(f"wrote {path} ({summary['bytes'] / 1e6:.1f} MB) and {summary['json']}")
         print(f"final train loss {summary['final_loss']:.4f}; held-out top-1 per head {summary['heldout_top1']}")
         for task, c in (summary["acceptance"] or {}).items():
-            print(f"  {task}: alpha {c['alpha']:.3f}, tau {c['tau']:.2f} over {c['prompts']} prompts")
+            print(f"  {task}: alpha {c['alpha']:.3f}, AL {c['acceptance_length']:.2f} over {c['prompts']} prompts")
     return 0

@@ -40,6 +40,8 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import nn
 
+from .kv import cache_arg
+
 KINDS = ("heads", "layer_skip_adapter", "eagle")
 
 # --------------------------------------------------------------------------------------------
@@ -186,8 +188,8 @@ class EagleDraft(nn.Module):
                 position_ids: torch.Tensor | None = None, cache: Any = None, use_cache: bool = False) -> torch.Tensor:
         """``embeddings [B, T, H]`` of tokens j+1 and ``features [B, T, H]`` f_j → f̂_{j+1} ``[B, T, H]``."""
         x = self.fc(torch.cat([embeddings, features.to(embeddings.dtype)], dim=-1))
-        out = self.decoder(inputs_embeds=x, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
-                           use_cache=use_cache)
+        out = self.decoder(inputs_embeds=x, attention_mask=attention_mask, position_ids=position_ids,
+                           use_cache=use_cache, **cache_arg(self.decoder, cache))
         return out.last_hidden_state
 
 
@@ -212,7 +214,7 @@ def build_drafter(config: dict[str, Any]) -> nn.Module:
 def resolve_drafter_path(name: str | Path) -> Path:
     """A drafter file by path: as given (from the working directory), else relative to the
     repository root, so ``params/drafters/...`` works from notebooks/ too; ``.safetensors`` added."""
-    from ..params import REPO_ROOT
+    from ..config import REPO_ROOT
 
     p = Path(name).expanduser()
     if p.suffix != ".safetensors":

@@ -1,7 +1,9 @@
 """KV-cache state for speculative decoding: append, roll back rejected drafts, ragged batches.
 
-A :class:`KVState` wraps one causal LM and its transformers ``DynamicCache`` (transformers
-5.24: the forward keyword is ``cache=``).  Speculative decoding appends tokens that may be
+A :class:`KVState` wraps one causal LM and its transformers ``DynamicCache``.  transformers
+renamed the forward keyword of the cache from ``past_key_values=`` (5.17) to ``cache=`` (5.24);
+an unknown keyword is swallowed by ``**kwargs`` and the model silently decodes without its
+cache, so every call names it through :func:`cache_arg`.  Speculative decoding appends tokens that may be
 rejected, so the cache must roll back; in a batch, rows accept different numbers of drafts.
 Rather than copying caches per row, rejected or padding slots stay in the tensor as *holes*:
 a per-row 0/1 ``mask`` over cache slots marks which slots are real, ``lengths[b]`` is row b's
@@ -16,9 +18,32 @@ so ``lengths[b]`` tokens of row b have been seen.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+import functools
+import inspect
+from typing import Any, Callable, Sequence
 
 import torch
+
+#: the forward keyword of the KV cache, newest transformers first
+CACHE_KEYWORDS = ("cache", "past_key_values")
+
+
+@functools.lru_cache(maxsize=None)
+def _cache_keyword(fn: Callable) -> str:
+    params = inspect.signature(fn).parameters
+    for name in CACHE_KEYWORDS:
+        if name in params:
+            return name
+    raise TypeError(f"{getattr(fn, '__qualname__', fn)!r} takes none of {list(CACHE_KEYWORDS)}: "
+                    "this transformers version passes the KV cache under another name")
+
+
+def cache_arg(fn: Callable | torch.nn.Module, cache: Any) -> dict[str, Any]:
+    """``{keyword: cache}`` for a transformers callable (a module: its ``forward``), under the
+    name the installed transformers uses (``cache`` or ``past_key_values``)."""
+    if isinstance(fn, torch.nn.Module):
+        fn = type(fn).forward
+    return {_cache_keyword(inspect.unwrap(fn)): cache}
 
 
 def pad_ragged(
@@ -100,9 +125,9 @@ class KVState:
             input_ids=ids,
             attention_mask=new_mask if self.has_holes else None,
             position_ids=positions,
-            cache=self.cache,
             use_cache=True,
             logits_to_keep=logits_to_keep,
+            **cache_arg(self.model, self.cache),
             **inputs,
         )
         self.last_output = out

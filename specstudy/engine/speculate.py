@@ -5,7 +5,8 @@ Per verification step, for every active row:
 1. the drafter proposes up to γ tokens after the row's context;
 2. the target runs once over ``[pending, d_1..d_n]`` (the pending token is the last emitted
    one, not yet in the target's cache);
-3. :func:`specstudy.engine.verify.verify_step` accepts a prefix and picks the next token;
+3. :func:`specstudy.engine.verify.verify_step` accepts a prefix and picks the next token (or,
+   with ``synthetic`` acceptance, a fixed-rate rule keeps the prefix: :mod:`.synthetic`);
 4. both caches roll back the rejected drafts; the accepted drafts and the next token are
    emitted (the next token becomes the new pending one).
 
@@ -26,8 +27,9 @@ from ..metrics import alpha_hat
 from ..records import Sampling
 from .kv import KVState, pad_ragged
 from .sampling import next_tokens, probs_for
+from .synthetic import SyntheticAcceptance
 from .trace import BatchTrace, RowTrace, Timer
-from .verify import verify_step
+from .verify import VerifyOutcome, verify_step
 
 
 @dataclass
@@ -52,6 +54,23 @@ class Drafter(Protocol):
 
     def select_rows(self, keep: list[int]) -> None:
         """Only rows ``keep`` (positions in the current batch) go on."""
+
+
+#: ``verify(draft, target_logits [B, G+1, V]) -> VerifyOutcome``: the step's acceptance decision
+Verify = Callable[[Draft, torch.Tensor], VerifyOutcome]
+
+
+def make_verify(sampling: Sampling, generator: torch.Generator | None,
+                synthetic: SyntheticAcceptance | None = None) -> Verify:
+    """The loop's verify step: :func:`~specstudy.engine.verify.verify_step` under ``sampling``,
+    with the synthetic rule's own seeded draws when ``synthetic`` is set."""
+    draws = synthetic.draws(sampling.seed) if synthetic is not None else None
+
+    def verify(draft: Draft, logits: torch.Tensor) -> VerifyOutcome:
+        return verify_step(draft.tokens, draft.n_draft.to(logits.device), logits, sampling, draft.probs, generator,
+                           draws)
+
+    return verify
 
 
 def empty_draft(batch: int, device: torch.device) -> Draft:
@@ -148,6 +167,7 @@ def speculative_decode(
     eos_token_ids: Sequence[int] = (),
     device: str | torch.device = "cpu",
     draft_in_prefill: bool = False,
+    synthetic: SyntheticAcceptance | None = None,
 ) -> list[RowTrace]:
     """Decode ``prompts`` with the chain loop; one :class:`RowTrace` per prompt.
 
@@ -156,13 +176,16 @@ def speculative_decode(
     forward per request; the first step then emits up to γ + 1 tokens, so TTFT includes drafting.
     Off (the default), the prompt pass is a step of its own that emits one token, as in
     ``ar``.  Prompts of one token always take the separate prefill.
+    ``synthetic``: keep drafts at a fixed rate instead of verifying them (benchmark-only,
+    :mod:`specstudy.engine.synthetic`); the target still runs over every real draft.
     """
     trace = BatchTrace(prompts, sampling.max_new_tokens, eos_token_ids, sampling.ignore_eos, device)
     tstate = KVState(target, len(prompts), device)
+    verify = make_verify(sampling, generator, synthetic)
 
     prompt_ids = [trace.rows[i].prompt_ids for i in trace.active]
     if draft_in_prefill and min(len(p) for p in prompt_ids) >= 2:
-        prefill_with_drafts(tstate, drafter, trace, sampling, gamma_policy, generator, device)
+        prefill_with_drafts(tstate, drafter, trace, gamma_policy, verify, device)
     else:
         with Timer(device) as tv:
             last = prefill(tstate, prompt_ids)
@@ -186,14 +209,13 @@ def speculative_decode(
         ids, valid = pad_ragged(block, "right", width=draft.tokens.shape[1] + 1, device=tstate.device)
         with Timer(device) as tv:
             logits = tstate.forward(ids, valid)
-        _verify_and_emit(tstate, drafter, trace, gamma_policy, rows, draft, max_draft, logits, sampling,
-                         generator, td.s, tv.s)
+        _verify_and_emit(tstate, drafter, trace, gamma_policy, rows, draft, max_draft, logits, verify, td.s, tv.s)
     return trace.rows
 
 
-def prefill_with_drafts(tstate: KVState, drafter: Drafter, trace: BatchTrace, sampling: Sampling,
-                        gamma_policy: StaticGamma | HeuristicGamma | CostAwareGamma,
-                        generator: torch.Generator | None, device: str | torch.device) -> None:
+def prefill_with_drafts(tstate: KVState, drafter: Drafter, trace: BatchTrace,
+                        gamma_policy: StaticGamma | HeuristicGamma | CostAwareGamma, verify: Verify,
+                        device: str | torch.device) -> None:
     """The first step with drafts: the drafter reads the prompt and drafts after it, and one
     target pass over ``prompt + drafts`` (left-padded) both fills the cache and verifies them."""
     rows = list(trace.active)
@@ -213,8 +235,7 @@ def prefill_with_drafts(tstate: KVState, drafter: Drafter, trace: BatchTrace, sa
     # drafts are its last n_b + 1 columns; shift them to column 0 like a verification block
     cols = torch.arange(width + 1, device=tail.device)[None, :] + (width - n_draft.to(tail.device))[:, None]
     logits = tail.gather(1, cols.clamp(max=width)[:, :, None].expand(-1, -1, tail.shape[-1]))
-    _verify_and_emit(tstate, drafter, trace, gamma_policy, rows, draft, max_draft, logits, sampling,
-                     generator, td.s, tv.s)
+    _verify_and_emit(tstate, drafter, trace, gamma_policy, rows, draft, max_draft, logits, verify, td.s, tv.s)
 
 
 def _propose(drafter: Drafter, contexts: list[list[int]], trace: BatchTrace,
@@ -228,11 +249,11 @@ def _propose(drafter: Drafter, contexts: list[list[int]], trace: BatchTrace,
 
 def _verify_and_emit(tstate: KVState, drafter: Drafter, trace: BatchTrace,
                      gamma_policy: StaticGamma | HeuristicGamma | CostAwareGamma, rows: list[int], draft: Draft,
-                     max_draft: list[int], logits: torch.Tensor, sampling: Sampling,
-                     generator: torch.Generator | None, draft_s: float, verify_s: float) -> None:
+                     max_draft: list[int], logits: torch.Tensor, verify: Verify, draft_s: float,
+                     verify_s: float) -> None:
     """Accept a prefix of each row's drafts, roll both caches back, emit and drop finished rows."""
     n_draft = draft.n_draft.tolist()
-    outcome = verify_step(draft.tokens, draft.n_draft.to(logits.device), logits, sampling, draft.probs, generator)
+    outcome = verify(draft, logits)
     accepted = outcome.accepted.tolist()
     tstate.rollback([n - a for n, a in zip(n_draft, accepted)])
     if max(max_draft) > 0:

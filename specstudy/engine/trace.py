@@ -9,6 +9,7 @@ method which rows are finished so their caches can leave the batch.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -200,3 +201,40 @@ def peak_memory(device: str | torch.device) -> tuple[int | None, str | None]:
         return int(peak if sys.platform == "darwin" else peak * 1024), "rss_peak_lifetime"
     except Exception:  # pragma: no cover
         return None, None
+
+
+def current_rss() -> int | None:
+    """This process's resident set size now (bytes), from /proc; None where there is none."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def module_bytes(*modules: object) -> int:
+    """Bytes of the distinct parameters and buffers of the given modules (shared tensors counted once)."""
+    seen, total = set(), 0
+    for m in modules:
+        if not isinstance(m, torch.nn.Module):
+            continue
+        for t in list(m.parameters()) + list(m.buffers()):
+            if t.data_ptr() not in seen:
+                seen.add(t.data_ptr())
+                total += t.numel() * t.element_size()
+    return total
+
+
+def cell_memory(device: str | torch.device, rss_before: int | None, *modules: object) -> tuple[int | None, str | None]:
+    """A batch's peak memory, measured against the same process state for every method.
+
+    On CUDA: ``max_memory_allocated`` since the reset (every live tensor: weights, KV cache,
+    activations).  On a CPU the process RSS also holds whatever else the process loaded earlier
+    (other cells' drafters, HF's copy of the model), so the peak is the bytes of the modules this
+    batch decodes with (target and its drafter) plus the RSS high-water mark above the batch's
+    start (KV caches, activations): prompt lookup then adds ~0, a draft model its weights and cache.
+    """
+    peak, source = peak_memory(device)
+    if torch.device(device).type == "cuda" or peak is None or rss_before is None or source != "rss_peak":
+        return peak, source
+    return module_bytes(*modules) + max(0, peak - rss_before), "module_bytes+transient_rss"

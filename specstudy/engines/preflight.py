@@ -214,7 +214,7 @@ def _engines(frameworks: list[str], cuda: bool, p: Probes) -> list[Missing]:
 
 def _registry_name(name: str) -> bool:
     try:
-        from ..models import get_entry
+        from ..config.model import get_entry
 
         get_entry(name)
         return True

@@ -45,7 +45,7 @@ def _engines_python() -> str:
 
 @pytest.fixture(scope="module")
 def model_dir() -> str:
-    from specstudy import models
+    from specstudy.data import models
 
     return str(models.resolve("smollm2-135m"))
 
@@ -54,7 +54,7 @@ def test_serve_bench_vllm_ngram_paired(tmp_path, model_dir):
     from specstudy import metrics
     from specstudy.backends import get_backend
     from specstudy.records import Cell, Request, Sampling, read_records
-    from specstudy.servebench import SweepConfig, run_sweep
+    from specstudy.run.serving import SweepConfig, run_sweep
 
     py = _engines_python()
     backend = get_backend("vllm-server", model="smollm2-135m", python=py, dtype="float32", max_model_len=2048,
@@ -84,7 +84,7 @@ def test_serve_bench_vllm_ngram_paired(tmp_path, model_dir):
         assert sum(acc["accepted_per_position"]) == acc["accepted_tokens"]
         assert acc["vllm_mean_acceptance_length"] > 1.0
         print(run["load"], "alpha", acc["alpha"], "vLLM mean acceptance length", acc["vllm_mean_acceptance_length"],
-              "tau (records)", run["acceptance_per_request"]["tau"])
+              "tokens per forward (records)", run["acceptance_per_request"].get("tokens_per_forward"))
     server = summary["servers"]["spec"]
     assert server["started_by_kit"] and "--speculative-config" in server["command"] and server["version"]
     assert Path(server["log_path"]).exists()

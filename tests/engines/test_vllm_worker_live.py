@@ -37,7 +37,7 @@ def vllm_python() -> str:
 
 @pytest.fixture(scope="module")
 def model_dir() -> str:
-    from specstudy.models import resolve_for_engine
+    from specstudy.data.models import resolve_for_engine
 
     return resolve_for_engine("smollm2-135m")
 

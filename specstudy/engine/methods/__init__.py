@@ -14,6 +14,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from ...records import Sampling
+from ..synthetic import SyntheticAcceptance, parse_synthetic
 
 # method name -> module under specstudy.engine.methods
 METHODS: dict[str, str] = {
@@ -62,7 +63,7 @@ class MethodSpec:
     options: Mapping[str, Callable[[Any], Any]] = field(default_factory=dict)  # name -> validator/converter
     cross_check: Callable[[dict], None] | None = None  # checks between options (raises ValueError)
     #: how the backend turns cell.drafter (a name) into DecodeJob.drafter; None: a causal LM from
-    #: specstudy.models.  Called as load_drafter(name, target, device, dtype).
+    #: specstudy.data.models.  Called as load_drafter(name, target, device, dtype).
     load_drafter: Callable[[str, Any, str, str], Any] | None = None
 
     def check(self, gamma: int | None, batch_size: int, drafter: Any, options: Mapping[str, Any]) -> dict[str, Any]:
@@ -77,12 +78,20 @@ class MethodSpec:
             raise ValueError(f"method {self.name!r}: batch_size={batch_size} > {self.max_batch} (not supported)")
         out: dict[str, Any] = {}
         for k, v in options.items():
+            if k == SYNTHETIC and k not in self.options:
+                raise ValueError(f"method {self.name!r} verifies no drafts: option {SYNTHETIC}={v!r} applies to "
+                                 f"{synthetic_methods()}")
             if k not in self.options:
                 raise ValueError(f"method {self.name!r}: option {k!r} is not known; allowed: {sorted(self.options)}")
             try:
                 out[k] = self.options[k](v)
             except (TypeError, ValueError) as e:
                 raise ValueError(f"method {self.name!r}: option {k}={v!r}: {e}") from None
+        if SYNTHETIC in out:
+            try:
+                out[SYNTHETIC].check_gamma(max(gamma, out.get("gamma_max", gamma)))
+            except ValueError as e:
+                raise ValueError(f"method {self.name!r}: option {SYNTHETIC}={options[SYNTHETIC]!r}: {e}") from None
         if self.cross_check is not None:
             self.cross_check(out)
         return out
@@ -153,3 +162,19 @@ DRAFT_IN_PREFILL = one_of("off", "on")
 def draft_in_prefill(job: DecodeJob) -> bool:
     """The job's ``draft_in_prefill`` option as the flag speculative_decode takes."""
     return job.option("draft_in_prefill", "off") == "on"
+
+
+#: the option of every method that verifies drafts: keep them at a fixed rate instead, to time
+#: the system at a chosen acceptance (:mod:`specstudy.engine.synthetic`; benchmark-only)
+SYNTHETIC = "synthetic_acceptance"
+
+
+def synthetic_acceptance(job: DecodeJob) -> SyntheticAcceptance | None:
+    """The job's synthetic-acceptance rule (parsed here too, for jobs built without ``check``)."""
+    value = job.option(SYNTHETIC)
+    return None if value is None else parse_synthetic(value)
+
+
+def synthetic_methods() -> list[str]:
+    """Methods that take :data:`SYNTHETIC` (imports their modules: called on errors only)."""
+    return [m for m in method_names() if SYNTHETIC in get_method(m).options]

@@ -14,6 +14,8 @@ the rejected tokens.  γ is static, or dynamic:
 
 ``draft_in_prefill: on`` drafts from the prompt and verifies those drafts in the target's
 prompt pass (one target forward fewer per request, as HF's assisted generation does).
+``synthetic_acceptance: alpha=0.8`` (or ``length=3.0``) keeps drafts at a fixed rate instead of
+verifying them, to time the system at that acceptance (:mod:`specstudy.engine.synthetic`).
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from __future__ import annotations
 from ..speculate import CostAwareGamma, HeuristicGamma, ModelDrafter, StaticGamma, speculative_decode
 from ..stepcost import draft_cost_ratio, verify_ratio
 from ..trace import RowTrace
-from . import DRAFT_IN_PREFILL, DecodeJob, MethodSpec, draft_in_prefill, one_of, positive_int, probability
+from . import (DRAFT_IN_PREFILL, SYNTHETIC, DecodeJob, MethodSpec, draft_in_prefill, one_of, parse_synthetic,
+               positive_int, probability, synthetic_acceptance)
 
 
 def gamma_policy(job: DecodeJob):
@@ -55,7 +58,7 @@ def decode(job: DecodeJob) -> list[RowTrace]:
     gen = job.generator()
     drafter = ModelDrafter(job.drafter, len(job.prompts), job.sampling, gen, job.device, confidence(job))
     return speculative_decode(job.target, drafter, job.prompts, job.sampling, gamma_policy(job), gen,
-                              job.eos_token_ids, job.device, draft_in_prefill(job))
+                              job.eos_token_ids, job.device, draft_in_prefill(job), synthetic_acceptance(job))
 
 
 OPTIONS = {
@@ -64,6 +67,7 @@ OPTIONS = {
     "draft_confidence": probability,
     "draft_quantization": one_of("none", "int8"),
     "draft_in_prefill": DRAFT_IN_PREFILL,
+    SYNTHETIC: parse_synthetic,
 }
 
 SPEC = MethodSpec(name="draft_target", decode=decode, needs_drafter=True, options=OPTIONS,

@@ -14,7 +14,8 @@ into a distribution for token j+2.  Per step:
    (:func:`specstudy.engine.speculate.speculative_decode`), any batch size.
 
 Under sampling each draft is drawn from the drafter's distribution q (the shared sampling
-transform on its logits), which is all exact rejection sampling needs.
+transform on its logits), which is all exact rejection sampling needs.  ``synthetic_acceptance``
+keeps drafts at a fixed rate instead (:mod:`specstudy.engine.synthetic`).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from ..drafters import EagleDraft, drafter_file_metadata, load_drafter
 from ..kv import KVState, pad_ragged
 from ..speculate import Draft, StaticGamma, sample_chain, speculative_decode
 from ..trace import RowTrace
-from . import DecodeJob, MethodSpec
+from . import SYNTHETIC, DecodeJob, MethodSpec, parse_synthetic, synthetic_acceptance
 from .heads import HiddenCapture
 
 
@@ -138,7 +139,7 @@ def decode(job: DecodeJob) -> list[RowTrace]:
     with HiddenCapture(job.target) as capture:
         drafter = EagleDrafter(job.target, draft, capture, len(job.prompts), job.sampling, gen, job.device)
         return speculative_decode(job.target, drafter, job.prompts, job.sampling, StaticGamma(job.gamma), gen,
-                                  job.eos_token_ids, job.device)
+                                  job.eos_token_ids, job.device, synthetic=synthetic_acceptance(job))
 
 
 @dataclass(frozen=True)
@@ -153,5 +154,6 @@ class EagleSpec(MethodSpec):
 
 
 SPEC = EagleSpec(name="eagle", decode=decode, needs_drafter=True, load_drafter=load_eagle,
+                 options={SYNTHETIC: parse_synthetic},
                  description="EAGLE-style feature-level drafter (one decoder layer on the target's last hidden "
                              "state); drafter: a file from `specstudy train-drafter --kind eagle`")

@@ -19,7 +19,8 @@ Two verification modes:
 
 Under sampling, head k's distribution q_k (a function of h_t and, token-conditioned, of the
 draft before it) is exactly the distribution draft k was drawn from, which is all rejection
-sampling needs: the output is distributed exactly as the target's.
+sampling needs: the output is distributed exactly as the target's.  ``synthetic_acceptance``
+keeps drafts (or tree paths) at a fixed rate instead (:mod:`specstudy.engine.synthetic`).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from ..drafters import MedusaHeads, drafter_file_metadata, load_drafter
 from ..sampling import probs_for
 from ..speculate import Draft, StaticGamma, speculative_decode
 from ..trace import RowTrace
-from . import DecodeJob, MethodSpec
+from . import SYNTHETIC, DecodeJob, MethodSpec, parse_synthetic, synthetic_acceptance
 from .tree import TokenTree, parse_branching, pick_children, tree_decode
 
 
@@ -172,11 +173,12 @@ def decode(job: DecodeJob) -> list[RowTrace]:
             raise ValueError(f"method 'heads' with heads_tree decodes one request at a time: "
                              f"batch_size={len(job.prompts)}")
         drafter = HeadsTreeDrafter(heads, job.target, branching, job.sampling)
-        return [tree_decode(job.target, job.prompts[0], job.sampling, drafter, gen, job.eos_token_ids, job.device)]
+        return [tree_decode(job.target, job.prompts[0], job.sampling, drafter, gen, job.eos_token_ids, job.device,
+                            synthetic_acceptance(job))]
     with HiddenCapture(job.target) as capture:
         drafter = HeadsChainDrafter(heads, job.target, capture, job.sampling, gen)
         return speculative_decode(job.target, drafter, job.prompts, job.sampling, StaticGamma(job.gamma), gen,
-                                  job.eos_token_ids, job.device)
+                                  job.eos_token_ids, job.device, synthetic=synthetic_acceptance(job))
 
 
 def _heads_file(name: str) -> int:
@@ -205,6 +207,6 @@ class HeadsSpec(MethodSpec):
 
 
 SPEC = HeadsSpec(name="heads", decode=decode, needs_drafter=True, load_drafter=load_heads,
-                 options={"heads_tree": parse_branching},
+                 options={"heads_tree": parse_branching, SYNTHETIC: parse_synthetic},
                  description="Medusa-style heads on the target's last hidden state (linear or tree verification); "
                              "drafter: a heads file from `specstudy train-drafter --kind heads`")

@@ -9,6 +9,7 @@ its k layers (the target's cache of those layers is not shared: simpler, and the
 Options: ``exit_layer`` (k, layers kept) or ``skip_layers`` (layers skipped, k = L − skip);
 default k = L // 2, or the adapter's own exit layer.  ``adapter`` is a module or the path of a
 ``layer_skip_adapter`` file (``params/drafters/...``), so a study cell can name it.
+``synthetic_acceptance`` keeps drafts at a fixed rate (:mod:`specstudy.engine.synthetic`).
 """
 
 from __future__ import annotations
@@ -19,9 +20,11 @@ from typing import Any
 
 import torch
 
+from ..kv import cache_arg
 from ..speculate import ModelDrafter, StaticGamma, speculative_decode
 from ..trace import RowTrace
-from . import DRAFT_IN_PREFILL, DecodeJob, MethodSpec, draft_in_prefill, positive_int
+from . import (DRAFT_IN_PREFILL, SYNTHETIC, DecodeJob, MethodSpec, draft_in_prefill, parse_synthetic, positive_int,
+               synthetic_acceptance)
 
 
 def _decoder(target: Any) -> Any:
@@ -74,11 +77,11 @@ class LayerSkipDraft(torch.nn.Module):
             past = cache.get_seq_length() if cache is not None else 0
             position_ids = (torch.arange(h.shape[1], device=h.device) + past)[None]
         mask = create_causal_mask(config=self.config, inputs_embeds=h, attention_mask=attention_mask,
-                                  cache=cache, position_ids=position_ids)
+                                  position_ids=position_ids, **cache_arg(create_causal_mask, cache))
         pos_emb = base.rotary_emb(h, position_ids=position_ids)
         for layer in base.layers[: self.k]:
             h = layer(h, attention_mask=mask, position_embeddings=pos_emb, position_ids=position_ids,
-                      cache=cache, use_cache=use_cache)
+                      use_cache=use_cache, **cache_arg(layer, cache))
         if self.adapter is not None:
             h = self.adapter(h)
         h = base.norm(h)
@@ -111,7 +114,7 @@ def decode(job: DecodeJob) -> list[RowTrace]:
     gen = job.generator()
     drafter = ModelDrafter(draft, len(job.prompts), job.sampling, gen, job.device)
     return speculative_decode(job.target, drafter, job.prompts, job.sampling, StaticGamma(job.gamma), gen,
-                              job.eos_token_ids, job.device, draft_in_prefill(job))
+                              job.eos_token_ids, job.device, draft_in_prefill(job), synthetic_acceptance(job))
 
 
 def _adapter(v: Any) -> Any:
@@ -132,6 +135,6 @@ def _cross_check(options: dict) -> None:
 
 SPEC = MethodSpec(name="layer_skip", decode=decode,
                   options={"exit_layer": positive_int, "skip_layers": positive_int, "adapter": _adapter,
-                           "draft_in_prefill": DRAFT_IN_PREFILL},
+                           "draft_in_prefill": DRAFT_IN_PREFILL, SYNTHETIC: parse_synthetic},
                   cross_check=_cross_check,
                   description="self-speculation: the target's first k layers + LM head draft")

@@ -12,7 +12,8 @@ the row's acceptance so far and the target's measured verification-cost curve
 (:class:`specstudy.engine.speculate.CostAwareGamma`; the curve is measured once per model and
 batch size in the process, a few forwards).  ``off`` (the default) drafts up to γ, as HF does.
 ``draft_in_prefill: on`` looks up drafts in the prompt and verifies them in the prompt pass
-(HF's first step).
+(HF's first step).  ``synthetic_acceptance: alpha=0.8`` (or ``length=3.0``) keeps drafts at a
+fixed rate instead of verifying them, to time the system (:mod:`specstudy.engine.synthetic`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ import torch
 from ..speculate import CostAwareGamma, Draft, StaticGamma, speculative_decode
 from ..stepcost import verify_ratio
 from ..trace import RowTrace
-from . import DRAFT_IN_PREFILL, DecodeJob, MethodSpec, draft_in_prefill, one_of, positive_int
+from . import (DRAFT_IN_PREFILL, SYNTHETIC, DecodeJob, MethodSpec, draft_in_prefill, one_of, parse_synthetic,
+               positive_int, synthetic_acceptance)
 
 
 def lookup(context: Sequence[int], max_tokens: int, ngram_min: int, ngram_max: int) -> list[int]:
@@ -69,7 +71,7 @@ def decode(job: DecodeJob) -> list[RowTrace]:
     drafter = NgramDrafter(job.option("ngram_min", 1), job.option("ngram_max", 3), job.device)
     return speculative_decode(job.target, drafter, job.prompts, job.sampling, gamma_policy(job),
                               job.generator(), job.eos_token_ids, job.device,
-                              draft_in_prefill(job))
+                              draft_in_prefill(job), synthetic_acceptance(job))
 
 
 def gamma_policy(job: DecodeJob) -> StaticGamma | CostAwareGamma:
@@ -87,6 +89,6 @@ def _cross_check(options: dict) -> None:
 
 SPEC = MethodSpec(name="ngram", decode=decode, options={"ngram_min": positive_int, "ngram_max": positive_int,
                            "dynamic_gamma": one_of("off", "cost"),
-                           "draft_in_prefill": DRAFT_IN_PREFILL},
+                           "draft_in_prefill": DRAFT_IN_PREFILL, SYNTHETIC: parse_synthetic},
                   cross_check=_cross_check,
                   description="prompt lookup (n-gram) drafting, draft-free")

@@ -1,24 +1,33 @@
 """``tree`` — multi-draft token-tree verification (SpecInfer / Sequoia style).
 
-Several candidate continuations share their prefixes in a token tree.  The target checks the
-whole tree in ONE forward: every node attends to the committed prefix (the KV cache) and to its
-own ancestors only (a 4D tree attention mask), at position ``past + depth``.  The longest valid
-path is accepted and only its keys/values are kept in the cache.
+Several candidate continuations share their prefixes in a token tree; the target checks the
+whole tree in ONE forward.  Per step (batch 1, :func:`tree_decode`):
 
-Node 0 is the *root*: the pending token (sampled last step, not yet in the cache).  Nodes are in
-breadth-first order, so ``parents[i] < i`` and each depth is one contiguous block.
+1. the drafter grows a tree under the *root*, the pending token (sampled last step, not yet in
+   the target's cache): node 0; nodes in breadth-first order, so ``parents[i] < i`` and each
+   depth is one contiguous block (:class:`~specstudy.engine.tokentree.TokenTree`);
+2. the target runs once over every node: node i sits at position ``past + depth(i)`` and
+   attends to the committed prefix (the KV cache) and to its own ancestors only, through a 4D
+   additive mask (:mod:`specstudy.engine.tokentree`);
+3. a path from the root is accepted and the next token picked (:func:`verify_tree`);
+4. the cache keeps the path's keys/values only; the path's drafted tokens and the next token
+   are emitted, the next token is the new root.
 
-Acceptance along the tree:
+Acceptance along the tree (step 3), with p_i the target's distribution after node i:
 
-* greedy — walk from the root; at each node take the target's argmax; if a child carries that
-  token, move to it, else stop.  The argmax at the last node is the bonus token.  Lossless.
-* sampling — SpecInfer's multi-step speculative sampling: the children of a node were drawn
-  i.i.d. from the draft distribution ``q`` at that node; try them in order, accepting child x
-  with probability min(1, p(x)/q(x)) and, after each rejection, replacing p by the residual
-  norm(max(p − q, 0)) — the one rejection step of :mod:`specstudy.engine.verify` applied
-  sibling after sibling.  When every child is rejected, the next token is drawn from the
-  final residual.  Each sibling test is an ordinary speculative-sampling step against the
-  current residual, so the emitted token is distributed exactly as p (SpecInfer, Miao et al. 2024).
+* greedy — walk from the root; at node i take x = argmax p_i; if a child carries x, move to it,
+  else stop.  x at the last node is the bonus token.  Lossless.
+* sampling — SpecInfer's multi-step speculative sampling.  The children of node i were drawn
+  i.i.d. from the draft distribution q_i; try them in order: accept child x iff
+  u · q_i(x) < p(x) (probability min(1, p(x)/q_i(x))), else p ← norm(max(p − q_i, 0)) — the
+  rejection step of :mod:`specstudy.engine.verify`, sibling after sibling, starting from
+  p = p_i.  When every child is rejected the next token is drawn from the last p.  Each
+  sibling test is an ordinary speculative-sampling step against the current residual, so the
+  emitted token is distributed exactly as p_i (Miao et al. 2024).
+* synthetic (option ``synthetic_acceptance``, benchmark-only, :mod:`specstudy.engine.synthetic`):
+  the path is the first-child chain (root, its first child, that one's first child, ...) cut
+  after the number of nodes the rule keeps; the next token is the target's choice after it
+  (argmax, or a sample of p after every child of the last node was rejected).  Not lossless.
 
 Per-step counts (:class:`~specstudy.records.StepRecord`): ``drafted`` is the tree depth (the
 longest candidate path, the quantity per-position acceptance is defined over), ``accepted`` the
@@ -28,100 +37,25 @@ accepted path length; the drafted nodes verified over a request are counted on i
 Drafters (cell.drafter): a draft model (its top-k / samples at every node, one drafter forward
 per tree level, with the same tree mask on its own cache), ``self[:K]`` (the target's first K
 layers, self-speculation) or a trained ``layer_skip_adapter`` file.  Medusa-style heads grow
-trees too (:mod:`specstudy.engine.methods.heads`, option ``heads_tree``).  Batch size 1.
+trees too (:mod:`specstudy.engine.methods.heads`, option ``heads_tree``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Protocol, Sequence
 
 import torch
 
-# --------------------------------------------------------------------------------------------
-# the tree and its attention mask
-
-
-@dataclass
-class TokenTree:
-    """Candidate tokens in breadth-first order; node 0 is the root (the pending token).
-
-    ``child_q[i]`` is the draft distribution node i's children were drawn from (needed only for
-    sampling; greedy trees leave it empty).
-    """
-
-    tokens: list[int]
-    parents: list[int]
-    child_q: dict[int, torch.Tensor] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if len(self.tokens) != len(self.parents):
-            raise ValueError(f"tokens ({len(self.tokens)}) and parents ({len(self.parents)}) differ in length")
-        if not self.parents or self.parents[0] != -1:
-            raise ValueError("node 0 must be the root (parent -1)")
-        for i, p in enumerate(self.parents[1:], start=1):
-            if not 0 <= p < i:
-                raise ValueError(f"parents[{i}]={p}: a parent must precede its child (breadth-first order)")
-
-    def __len__(self) -> int:
-        return len(self.tokens)
-
-    @property
-    def depths(self) -> list[int]:
-        d = [0] * len(self.parents)
-        for i, p in enumerate(self.parents[1:], start=1):
-            d[i] = d[p] + 1
-        return d
-
-    @property
-    def depth(self) -> int:
-        """Length of the longest candidate path (the root excluded)."""
-        return max(self.depths)
-
-    def children(self, node: int) -> list[int]:
-        return [i for i, p in enumerate(self.parents) if p == node]
-
-    def add(self, parent: int, token: int) -> int:
-        self.tokens.append(int(token))
-        self.parents.append(int(parent))
-        return len(self.tokens) - 1
-
-
-def ancestor_matrix(parents: Sequence[int]) -> torch.Tensor:
-    """(N, N) bool: ``m[i, j]`` is True iff node j is node i or one of its ancestors."""
-    n = len(parents)
-    m = torch.zeros(n, n, dtype=torch.bool)
-    for i in range(n):
-        m[i, i] = True
-        if parents[i] >= 0:
-            m[i] |= m[parents[i]]
-    return m
-
-
-def tree_attention_mask(parents: Sequence[int], past_len: int, dtype: torch.dtype = torch.float32,
-                        rows: Sequence[int] | None = None, n_cols: int | None = None) -> torch.Tensor:
-    """Additive 4D mask (1, 1, R, past_len + C) for feeding tree nodes after a cache of ``past_len``.
-
-    Row r (tree node ``rows[r]``) may see every cached position and the tree nodes that are its
-    ancestors or itself; tree node j sits at key index ``past_len + j``.  0 = attend, dtype min =
-    masked (transformers passes a 4D mask through unchanged to eager and SDPA attention).
-    ``rows``/``n_cols`` select a slice, for a drafter that feeds one tree level at a time.
-    """
-    anc = ancestor_matrix(parents)
-    rows = list(range(len(parents))) if rows is None else list(rows)
-    n_cols = len(parents) if n_cols is None else n_cols
-    allowed = torch.cat([torch.ones(len(rows), past_len, dtype=torch.bool), anc[rows][:, :n_cols]], dim=1)
-    mask = torch.zeros(allowed.shape, dtype=dtype)
-    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
-    return mask[None, None]
-
-
-def tree_position_ids(parents: Sequence[int], past_len: int, rows: Sequence[int] | None = None) -> torch.Tensor:
-    """(1, R) positions: a node at depth d sits at ``past_len + d`` (siblings share a position)."""
-    depths = TokenTree(tokens=[0] * len(parents), parents=list(parents)).depths
-    rows = range(len(parents)) if rows is None else rows
-    return torch.tensor([[past_len + depths[r] for r in rows]], dtype=torch.long)
-
+from ..kv import cache_arg, new_cache
+from ..sampling import next_tokens, probs_for, sample_from
+from ..synthetic import SyntheticAcceptance
+from ..tokentree import (TokenTree, causal_forward, keep_cache_positions, model_device, model_dtype,
+                         tree_attention_mask, tree_forward, tree_position_ids)
+from ..trace import BatchTrace, RowTrace, Timer
+from ..verify import residual
+from . import SYNTHETIC, DecodeJob, MethodSpec, parse_synthetic, positive_int, synthetic_acceptance
 
 # --------------------------------------------------------------------------------------------
 # building trees
@@ -198,9 +132,8 @@ def accept_sampling(tree: TokenTree, target_probs: torch.Tensor,
     node, path = 0, [0]
     while True:
         p = target_probs[node]
-        kids = tree.children(node)
         moved = False
-        for c in kids:
+        for c in tree.children(node):
             ok, p_res = accept_step(p, tree.child_q[node], tree.tokens[c], generator)
             if ok:
                 node, moved = c, True
@@ -213,93 +146,58 @@ def accept_sampling(tree: TokenTree, target_probs: torch.Tensor,
 
 def sibling_step(p: torch.Tensor, q: torch.Tensor, token: int,
                  generator: torch.Generator | None) -> tuple[bool, torch.Tensor]:
-    """One rejection test of a sibling drawn from ``q`` against the current target mass ``p``.
-
-    The same rule as :func:`specstudy.engine.verify.verify_sampling` (accept iff u·q(x) < p(x),
-    i.e. with probability min(1, p/q); otherwise continue with norm(max(p − q, 0)), or p itself
-    when p == q leaves no residual mass), but returning the residual *distribution*, which the
-    next sibling is tested against.
-    """
+    """One rejection test of a sibling drawn from ``q`` against the current target mass ``p``:
+    accepted iff u · q(x) < p(x), i.e. with probability min(1, p/q); otherwise the next sibling
+    is tested against :func:`specstudy.engine.verify.residual` norm(max(p − q, 0))."""
     u = torch.rand((), generator=generator, dtype=p.dtype, device=p.device)
     if bool(u * q[token] < p[token]):
         return True, p
-    residual = torch.clamp(p - q, min=0.0)
-    mass = residual.sum()
-    return False, (residual / mass if bool(mass > 0) else p)
+    return False, residual(p, q)
+
+
+def sample_token(p: torch.Tensor, generator: torch.Generator | None) -> int:
+    return int(sample_from(p, generator))
+
+
+def first_child_chain(tree: TokenTree) -> list[int]:
+    """Root, its first child, that one's first child, ... to a leaf: the path synthetic
+    acceptance walks (the drafter's most likely, or first sampled, continuation)."""
+    path = [0]
+    while kids := tree.children(path[-1]):
+        path.append(kids[0])
+    return path
+
+
+def accept_synthetic(tree: TokenTree, target_logits: torch.Tensor, sampling,
+                     kept: Callable[[torch.Tensor], torch.Tensor], generator: torch.Generator | None) -> TreeVerdict:
+    """The first-child chain cut after ``kept(chain length)`` nodes; then the target's choice:
+    argmax, or a sample of p after every child of the last node was rejected (as
+    :func:`accept_sampling` ends when no sibling is accepted)."""
+    chain = first_child_chain(tree)
+    n = int(kept(torch.tensor([len(chain) - 1]))[0])
+    path = chain[: n + 1]
+    node = path[-1]
+    if sampling.greedy:
+        return TreeVerdict(path=path, next_token=int(target_logits[node].argmax()))
+    p = probs_for(target_logits[node], sampling)
+    for _ in tree.children(node):
+        p = residual(p, tree.child_q[node])
+    return TreeVerdict(path=path, next_token=sample_token(p, generator))
+
+
+def verify_tree(tree: TokenTree, target_logits: torch.Tensor, sampling, generator: torch.Generator | None,
+                kept: Callable[[torch.Tensor], torch.Tensor] | None = None) -> TreeVerdict:
+    """Step 3 of the loop: the accepted path and the next token (greedy walk, multi-draft
+    sampling, or the synthetic rule ``kept`` when given)."""
+    if kept is not None:
+        return accept_synthetic(tree, target_logits, sampling, kept, generator)
+    if sampling.greedy:
+        return accept_greedy(tree, target_logits)
+    return accept_sampling(tree, probs_for(target_logits, sampling), sibling_step, sample_token, generator)
 
 
 # --------------------------------------------------------------------------------------------
-# KV cache: keep the accepted path only
-
-
-def keep_cache_positions(cache, past_len: int, keep: Sequence[int]) -> None:
-    """Keep the first ``past_len`` cached positions plus ``past_len + j`` for j in ``keep``.
-
-    The accepted path's entries move to ``past_len, past_len + 1, ...`` — exactly where a plain
-    causal decode would have put them (their rotary positions already are past_len + depth).
-    """
-    idx = torch.tensor(list(keep), dtype=torch.long) + past_len
-    for layer in cache.layers:
-        if getattr(layer, "is_sliding", False):
-            raise ValueError("tree verification needs full-attention KV layers; this cache has a sliding-window layer")
-        if getattr(layer, "keys", None) is None or layer.keys.numel() == 0:
-            continue
-        dev = layer.keys.device
-        layer.keys = torch.cat([layer.keys[..., :past_len, :], layer.keys.index_select(-2, idx.to(dev))], dim=-2)
-        layer.values = torch.cat([layer.values[..., :past_len, :], layer.values.index_select(-2, idx.to(dev))], dim=-2)
-
-
-# --------------------------------------------------------------------------------------------
-# forwards: the target (hidden states + logits) and a drafter LM (logits)
-
-
-def base_and_head(model) -> tuple[torch.nn.Module, torch.nn.Module]:
-    """(decoder stack returning the last hidden state, LM head) of a transformers causal LM."""
-    return getattr(model, model.base_model_prefix), model.get_output_embeddings()
-
-
-def _first_param(model) -> torch.Tensor:
-    """A parameter of ``model`` (a layer-skip view registers none of its own: ask its target)."""
-    p = next(model.parameters(), None)
-    return p if p is not None else next(model._target.parameters())
-
-
-def _device(model) -> torch.device:
-    return _first_param(model).device
-
-
-def _dtype(model) -> torch.dtype:
-    p = _first_param(model)
-    return p.dtype if p.dtype.is_floating_point else torch.float32
-
-
-@torch.no_grad()
-def tree_forward(model, cache, past_len: int, tree: TokenTree) -> tuple[torch.Tensor, torch.Tensor]:
-    """The target over every tree node after ``past_len`` cached tokens, in one pass.
-
-    Returns ``(hidden [N, H], logits [N, V])``: the last hidden state (after the final norm) and
-    the next-token logits after each node.
-    """
-    base, lm_head = base_and_head(model)
-    dev = _device(model)
-    out = base(input_ids=torch.tensor([tree.tokens], device=dev),
-               attention_mask=tree_attention_mask(tree.parents, past_len, _dtype(model)).to(dev),
-               position_ids=tree_position_ids(tree.parents, past_len).to(dev),
-               cache=cache, use_cache=True)
-    hidden = out.last_hidden_state[0]
-    return hidden, lm_head(hidden)
-
-
-@torch.no_grad()
-def causal_forward(model, cache, past_len: int, tokens: Sequence[int], last_only: bool = False
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The target over ``tokens`` causally (the prefill): ``(hidden [k, H], logits [k or 1, V])``."""
-    base, lm_head = base_and_head(model)
-    dev = _device(model)
-    pos = torch.arange(past_len, past_len + len(tokens), device=dev)[None]
-    out = base(input_ids=torch.tensor([list(tokens)], device=dev), position_ids=pos, cache=cache, use_cache=True)
-    hidden = out.last_hidden_state[0]
-    return hidden, lm_head(hidden[-1:] if last_only else hidden)
+# growing a tree with a small causal LM
 
 
 @torch.no_grad()
@@ -311,7 +209,7 @@ def lm_forward(model, cache, past_len: int, tokens: Sequence[int], parents: Sequ
     contiguous breadth-first slice; earlier nodes already cached) fed with the tree mask.
     Returns logits ``[k, V]``.
     """
-    dev = _device(model)
+    dev = model_device(model)
     if parents is None:
         ids = list(tokens)
         pos = torch.arange(past_len, past_len + len(ids), device=dev)[None]
@@ -322,14 +220,10 @@ def lm_forward(model, cache, past_len: int, tokens: Sequence[int], parents: Sequ
             raise ValueError(f"rows={rows}: a contiguous breadth-first slice is needed")
         ids = [tokens[r] for r in rows]
         pos = tree_position_ids(parents, past_len, rows=rows).to(dev)
-        mask = tree_attention_mask(parents, past_len, _dtype(model), rows=rows, n_cols=rows[-1] + 1).to(dev)
+        mask = tree_attention_mask(parents, past_len, model_dtype(model), rows=rows, n_cols=rows[-1] + 1).to(dev)
     out = model(input_ids=torch.tensor([ids], device=dev), attention_mask=mask, position_ids=pos,
-                cache=cache, use_cache=True)
+                use_cache=True, **cache_arg(model, cache))
     return out.logits[0]
-
-
-# --------------------------------------------------------------------------------------------
-# growing a tree with a small causal LM
 
 
 class ModelTreeDrafter:
@@ -342,8 +236,6 @@ class ModelTreeDrafter:
     """
 
     def __init__(self, model, branching: Sequence[int], sampling):
-        from ..kv import new_cache
-
         self.model, self.branching, self.sampling = model, tuple(branching), sampling
         self.cache = new_cache(model)
         self.cached = 0  # committed tokens in the drafter's cache
@@ -351,8 +243,6 @@ class ModelTreeDrafter:
         self._fed = 0
 
     def _q(self, logits: torch.Tensor) -> torch.Tensor:
-        from ..sampling import probs_for
-
         return logits if self.sampling.greedy else probs_for(logits, self.sampling)
 
     def start(self, prompt_hidden: torch.Tensor) -> None:
@@ -393,49 +283,70 @@ class ModelTreeDrafter:
 # the loop (batch 1: every request is its own tree)
 
 
-def tree_decode(target, prompt: Sequence[int], sampling, drafter, generator: torch.Generator | None,
-                eos_token_ids: Sequence[int] = (), device: str | torch.device = "cpu"):
-    """Decode one prompt: prefill, then per step grow a tree, verify it in one target pass,
-    keep the accepted path.  ``drafter`` has ``start(h)``, ``propose(committed, root, max_depth,
-    gen) -> TokenTree`` and ``accept(path, h)`` (h: the target's last hidden state at the path's
-    end, which head drafters read).  Returns the :class:`~specstudy.engine.trace.RowTrace`;
-    ``row.tree_nodes`` counts the drafted nodes verified.
-    """
-    from ..kv import new_cache
-    from ..sampling import next_tokens, probs_for, sample_from
-    from ..trace import BatchTrace, Timer
+class TreeDrafter(Protocol):
+    """What :func:`tree_decode` needs from a drafter (a protocol; :class:`ModelTreeDrafter`
+    and the heads' tree drafter implement it)."""
 
+    def start(self, prompt_hidden: torch.Tensor) -> None:
+        """After the prefill: the target's last hidden state at the prompt's last token."""
+
+    def propose(self, committed: Sequence[int], root: int, max_depth: int,
+                generator: torch.Generator | None) -> TokenTree:
+        """A tree under ``root`` after the ``committed`` tokens, at most ``max_depth`` deep."""
+
+    def accept(self, path: Sequence[int], hidden: torch.Tensor) -> None:
+        """The target accepted ``path``; ``hidden`` is its last hidden state at the path's end."""
+
+
+def tree_decode(target, prompt: Sequence[int], sampling, drafter: TreeDrafter, generator: torch.Generator | None,
+                eos_token_ids: Sequence[int] = (), device: str | torch.device = "cpu",
+                synthetic: SyntheticAcceptance | None = None) -> RowTrace:
+    """Decode one prompt: prefill, then per step grow a tree, verify it in one target pass, keep
+    the accepted path (steps 1-4 of the module docstring).  Returns the row's
+    :class:`~specstudy.engine.trace.RowTrace`; ``row.tree_nodes`` counts the drafted nodes
+    verified.  ``synthetic``: keep paths at a fixed rate instead (benchmark-only).
+    """
     trace = BatchTrace([prompt], sampling.max_new_tokens, eos_token_ids, sampling.ignore_eos, device)
     row = trace.rows[0]
     row.tree_nodes = 0
     cache = new_cache(target)
+    root = _prefill(target, cache, trace, drafter, sampling, generator, device)
+    kept = synthetic.draws(sampling.seed) if synthetic is not None else None
+    committed = list(row.prompt_ids)
+    while not trace.done:
+        with Timer(device) as td:
+            tree = drafter.propose(committed, root, max(0, row.remaining - 1), generator)  # 1
+        with Timer(device) as tv:
+            hidden, logits = tree_forward(target, cache, len(committed), tree)  # 2
+            verdict = verify_tree(tree, logits, sampling, generator, kept)  # 3
+            keep_cache_positions(cache, len(committed), verdict.path)  # 4
+        drafter.accept(verdict.path, hidden[verdict.path[-1]])
+        committed += [tree.tokens[n] for n in verdict.path]
+        root = _emit_path(trace, tree, verdict, logits, td.s, tv.s)
+    return row
+
+
+def _prefill(target, cache, trace: BatchTrace, drafter: TreeDrafter, sampling, generator: torch.Generator | None,
+             device: str | torch.device) -> int:
+    """The prompt pass (a step of its own that emits the first token, as in ``ar``); returns
+    that token, the first root."""
+    row = trace.rows[0]
     with Timer(device) as tv:
         hidden, logits = causal_forward(target, cache, 0, row.prompt_ids, last_only=True)
     root = int(next_tokens(logits[-1], sampling, generator))
     trace.emit([[root]], logits[None], 0, 0, None, tv.s)
     drafter.start(hidden[-1])
-    committed = list(row.prompt_ids)
+    return root
 
-    def sample(p: torch.Tensor, gen: torch.Generator | None) -> int:
-        return int(sample_from(p, gen))
 
-    while not trace.done:
-        with Timer(device) as td:
-            tree = drafter.propose(committed, root, max(0, row.remaining - 1), generator)
-        with Timer(device) as tv:
-            hidden, logits = tree_forward(target, cache, len(committed), tree)
-            if sampling.greedy:
-                verdict = accept_greedy(tree, logits)
-            else:
-                verdict = accept_sampling(tree, probs_for(logits, sampling), sibling_step, sample, generator)
-            keep_cache_positions(cache, len(committed), verdict.path)
-        drafter.accept(verdict.path, hidden[verdict.path[-1]])
-        committed += [tree.tokens[n] for n in verdict.path]
-        emitted = [tree.tokens[n] for n in verdict.path[1:]] + [verdict.next_token]
-        row.tree_nodes += len(tree) - 1
-        trace.emit([emitted], logits[verdict.path][None], tree.depth, verdict.accepted, td.s, tv.s)
-        root = verdict.next_token
-    return row
+def _emit_path(trace: BatchTrace, tree: TokenTree, verdict: TreeVerdict, logits: torch.Tensor,
+               draft_s: float, verify_s: float) -> int:
+    """Emit the path's drafted tokens and the next token (scored by the logits at the path's
+    nodes); returns the next token, the next root."""
+    emitted = [tree.tokens[n] for n in verdict.path[1:]] + [verdict.next_token]
+    trace.rows[0].tree_nodes += len(tree) - 1
+    trace.emit([emitted], logits[verdict.path][None], tree.depth, verdict.accepted, draft_s, verify_s)
+    return verdict.next_token
 
 
 # --------------------------------------------------------------------------------------------
@@ -467,7 +378,7 @@ def load_tree_drafter(name: str, target, device: str = "cpu", dtype: str = "floa
 
     ``self`` / ``self:K``: the target's first K layers (default half) with its norm and LM head;
     a ``layer_skip_adapter`` file from ``specstudy train-drafter``: the same plus the trained
-    adapter (K from the file); anything else: a draft model from :mod:`specstudy.models`.
+    adapter (K from the file); anything else: a draft model from :mod:`specstudy.data.models`.
     """
     from .layer_skip import early_exit_draft
 
@@ -484,7 +395,7 @@ def load_tree_drafter(name: str, target, device: str = "cpu", dtype: str = "floa
     return load_model(name, device, dtype)[0]
 
 
-def decode(job) -> list:
+def decode(job: DecodeJob) -> list[RowTrace]:
     if len(job.prompts) != 1:
         raise ValueError(f"method 'tree' decodes one request at a time: batch_size={len(job.prompts)}")
     model = job.drafter
@@ -493,12 +404,10 @@ def decode(job) -> list:
                          f"{job.target.config.vocab_size}")
     drafter = ModelTreeDrafter(model, _branching(job.options, job.gamma), job.sampling)
     return [tree_decode(job.target, job.prompts[0], job.sampling, drafter, job.generator(),
-                        job.eos_token_ids, job.device)]
+                        job.eos_token_ids, job.device, synthetic_acceptance(job))]
 
 
 def _check_drafter_name(name: str) -> None:
-    from pathlib import Path
-
     if name == SELF_PREFIX or name.startswith(SELF_PREFIX + ":"):
         _self_exit_layer(name)
     elif name.endswith(".safetensors"):
@@ -517,31 +426,26 @@ def _check_drafter_name(name: str) -> None:
                              "a draft model, 'self[:K]' or a layer_skip_adapter file")
 
 
-def _make_spec():
-    from dataclasses import dataclass
+@dataclass(frozen=True)
+class TreeSpec(MethodSpec):
+    """Checks the drafter name and the tree shape against γ before any model is loaded."""
 
-    from . import MethodSpec, positive_int
-
-    @dataclass(frozen=True)
-    class TreeSpec(MethodSpec):
-        def check(self, gamma, batch_size, drafter, options):
-            out = MethodSpec.check(self, gamma, batch_size, drafter, options)
-            if isinstance(drafter, str):
-                _check_drafter_name(drafter)
-            if "tree_branching" in out:
-                if "tree_width" in out:
-                    raise ValueError("method 'tree': give tree_branching or tree_width, not both")
-                if len(out["tree_branching"]) != gamma:
-                    raise ValueError(f"method 'tree': tree_branching={','.join(map(str, out['tree_branching']))} "
-                                     f"has depth {len(out['tree_branching'])}, but gamma={gamma}: the tree depth "
-                                     "is gamma")
-            return out
-
-    return TreeSpec(name="tree", decode=decode, needs_drafter=True, max_batch=1, load_drafter=load_tree_drafter,
-                    options={"tree_width": positive_int, "tree_branching": parse_branching},
-                    description="multi-draft token tree verified in one target pass (tree attention mask); "
-                                "drafter: a draft model, 'self[:K]' (the target's first K layers) or a "
-                                "layer_skip_adapter file")
+    def check(self, gamma: int | None, batch_size: int, drafter: Any, options) -> dict[str, Any]:
+        out = MethodSpec.check(self, gamma, batch_size, drafter, options)
+        if isinstance(drafter, str):
+            _check_drafter_name(drafter)
+        if "tree_branching" in out:
+            if "tree_width" in out:
+                raise ValueError("method 'tree': give tree_branching or tree_width, not both")
+            if len(out["tree_branching"]) != gamma:
+                raise ValueError(f"method 'tree': tree_branching={','.join(map(str, out['tree_branching']))} "
+                                 f"has depth {len(out['tree_branching'])}, but gamma={gamma}: the tree depth "
+                                 "is gamma")
+        return out
 
 
-SPEC = _make_spec()
+SPEC = TreeSpec(name="tree", decode=decode, needs_drafter=True, max_batch=1, load_drafter=load_tree_drafter,
+                options={"tree_width": positive_int, "tree_branching": parse_branching, SYNTHETIC: parse_synthetic},
+                description="multi-draft token tree verified in one target pass (tree attention mask); "
+                            "drafter: a draft model, 'self[:K]' (the target's first K layers) or a "
+                            "layer_skip_adapter file")

@@ -1,0 +1,126 @@
+"""The conditions every number was measured under: benchmark hygiene, telemetry, provenance.
+
+The seed's hygiene table (warm-up, input and output length, sampling, batch, prefix cache,
+temperature) answered from the records themselves; telemetry summarised over the run; where the
+numbers came from (git, packages, host).  Tables are DataFrames, the rest plain lines of text.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ..config import REPO_ROOT
+from ..provenance import provenance
+from .format import fmt
+from .study import Study
+
+
+def hygiene_table(study: Study) -> pd.DataFrame:
+    """The seed's benchmark-hygiene table, one row per item, answered from the records and the plan."""
+    recs = list(study.all_records())
+    warm = sorted({r.extra.get("warmup_requests") for r in recs if r.extra.get("warmup_requests") is not None})
+    pol = sorted({r.input_policy for r in recs if r.input_policy}) or ["not stated by the task loader"]
+    ins = [r.input_tokens for r in recs if r.status == "ok"]
+    mnt = sorted({r.max_new_tokens for r in recs})
+    samp = sorted({(r.temperature, r.top_p, r.top_k) for r in recs})
+    batches = sorted({r.batch_size for r in recs})
+    pcs = sorted({str(study.meta(cid)["prefix_cache"]) for cid in study.records})
+    stopped = sum(1 for r in recs if r.status == "ok" and r.output_tokens < r.max_new_tokens)
+    thr = sum(1 for rs in study.records.values() if rs and rs[0].extra.get("tel_throttled"))
+    ins_txt = f"{int(np.min(ins))}–{int(np.max(ins))} tokens, median {int(np.median(ins))}" if ins else "—"
+    cfg = study.config
+    rows = [
+        ("Warm-up", f"{max(warm) if warm else 0} untimed request(s) of ≤ {cfg.get('warmup_max_new_tokens', '?')} tokens "
+                    "before the first cell of each (engine, method, γ, batch size); one engine load per (framework, model, drafter)"),
+        ("Input length", f"policy: {', '.join(pol)}; measured {ins_txt}"),
+        ("Output length", f"max_new_tokens {', '.join(map(str, mnt))}; {stopped} of {len(ins)} ok requests stopped early (EOS)"),
+        ("Sampling", f"(temperature, top_p, top_k) {samp}, identical for each method and its paired AR baseline"),
+        ("Batch sizes", ", ".join(map(str, batches))),
+        ("Prefix cache", ", ".join(pcs)),
+        ("Temperature / throttling", f"sampled every {cfg.get('telemetry_period_s', '?')} s; {thr} throttled cell(s)"),
+        ("Load average", "recorded with every request (extra.load_1m)"),
+    ]
+    return pd.DataFrame(rows, columns=["Item", "This study"])
+
+
+def telemetry_lines(study: Study, table: pd.DataFrame) -> list[str]:
+    """What the telemetry of the run says, in a few lines (``table`` from ``tables.telemetry_table``)."""
+    thr = table[table["throttled"]]
+    loads = table["load_1m_mean"].dropna().astype(float)
+    gt = table["gpu_temp_max_c"].dropna()
+    sensors = ("pynvml: temperature, SM/memory clocks, power, utilisation, memory, throttle reasons" if len(gt)
+               else "no NVIDIA GPU here: psutil only — RSS, CPU frequency, load average")
+    lines = [f"Sampled every {study.config.get('telemetry_period_s', '?')} s during each cell ({sensors}).",
+             f"- cells: {len(table)}; throttled cells: {len(thr)}"
+             + (f" ({', '.join(thr['cell'][:5])}{' …' if len(thr) > 5 else ''})" if len(thr) else ""),
+             f"- load average (1 min) during cells: mean {fmt(loads.mean())}, max {fmt(loads.max())}" if len(loads)
+             else "- load average: not available"]
+    if len(gt):
+        lines.append(f"- GPU temperature max {fmt(gt.max(), 0)} °C; min SM clock {fmt(table['gpu_sm_clock_min_mhz'].dropna().min(), 0)} MHz")
+    freq = table["cpu_freq_mean_mhz"].dropna()
+    if len(freq):
+        lines.append(f"- CPU frequency mean {fmt(freq.mean(), 0)} MHz (min over cells {fmt(freq.min(), 0)})")
+    return lines
+
+
+def provenance_lines(study: Study) -> list[str]:
+    """Run date, git state, host, clocks, packages, environment, params file."""
+    prov = study.provenance or provenance()
+    host = prov.get("host", {})
+    recs = list(study.all_records())
+    temps = [r.extra.get("tel_gpu_temp_max_c") for r in recs if r.extra.get("tel_gpu_temp_max_c") is not None]
+    clocks = [r.extra.get("tel_gpu_sm_clock_mean_mhz") for r in recs if r.extra.get("tel_gpu_sm_clock_mean_mhz") is not None]
+    freqs = [r.extra.get("tel_cpu_freq_mean_mhz") for r in recs if r.extra.get("tel_cpu_freq_mean_mhz") is not None]
+    starts = [r.start_epoch for r in recs if r.start_epoch]
+
+    def utc(t: float) -> str:
+        return f"{_dt.datetime.fromtimestamp(t, _dt.timezone.utc):%Y-%m-%d %H:%M}"
+
+    span = f"{utc(min(starts))} to {utc(max(starts))} UTC" if starts else "—"
+    return [
+        f"- study run: {prov.get('date', '?')}; records from {span}",
+        f"- git: {prov.get('git_sha') or 'unknown'}{' (uncommitted changes)' if prov.get('git_dirty') else ''}",
+        f"- CPU: {host.get('cpu_model', '?')}, {host.get('cpu_cores_logical', '?')} logical cores, {host.get('memory_gb', '?')} GB RAM",
+        f"- GPU: {', '.join(host.get('gpus') or []) or 'none'}; driver {host.get('gpu_driver') or '—'}",
+        "- clocks during cells: " + (f"GPU SM mean {np.mean(clocks):.0f} MHz; " if clocks else "")
+        + (f"CPU mean {np.mean(freqs):.0f} MHz" if freqs else "CPU frequency not exposed"),
+        "- temperatures: " + (f"GPU max {max(temps):.0f} °C" if temps else "no GPU sensor here"),
+        "- packages: " + ", ".join(f"{k} {v}" for k, v in sorted(prov.get("packages", {}).items())),
+        "- environment: " + (", ".join(f"{k}={v}" for k, v in prov.get("env", {}).items()) or "—"),
+        f"- platform: {host.get('platform', '?')}, Python {host.get('python', '?')}",
+        f"- params file: `{study.config.get('file', '?')}`; plan snapshot `study.json`",
+    ]
+
+
+def drafter_notes(study: Study) -> list[str]:
+    """What each trained drafter of the study is: its training budget and held-out top-1, from its own file.
+
+    The kit distils tiny drafters on this CPU (no published checkpoint shares SmolLM2's tokenizer);
+    a reader must not mistake their rows for the published Medusa or EAGLE results.
+    """
+    notes = []
+    for cid, m in study.cells.items():
+        d = m["drafter"]
+        if not d or not str(d).endswith(".safetensors") or any(str(d) in n for n in notes):
+            continue
+        meta = Path(str(d)).with_suffix(".json")
+        if not meta.is_absolute():
+            meta = REPO_ROOT / meta
+        try:
+            doc = json.loads(meta.read_text())
+        except (OSError, ValueError):
+            continue
+        st, corpus, held = doc.get("settings", {}), doc.get("corpus", {}), doc.get("heldout_sequences_eval", {})
+        top1 = (held.get("top1") or [None])[0]
+        secs = (doc.get("timing_s") or {}).get("training")
+        notes.append(f"- `{d}` ({m['label']}): {st.get('kind')} drafter distilled by `specstudy train-drafter` in "
+                     f"{st.get('steps')} steps on {corpus.get('positions')} positions the target generated"
+                     + (f" ({secs:.0f} s of training on this CPU)" if isinstance(secs, (int, float)) else "")
+                     + (f"; held-out top-1 {top1:.2f}" if isinstance(top1, (int, float)) else "")
+                     + ". A small CPU-trained drafter, not the published method's checkpoint.")
+    return notes

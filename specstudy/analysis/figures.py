@@ -1,0 +1,169 @@
+"""The report's figures: each function takes frames and returns a matplotlib ``Figure``; none writes a file.
+
+Colours come from seaborn's colour-blind-safe palette.  Error bars are the 95 % bootstrap CIs
+held in the raw table frames; predictions are drawn as dashed lines with an "x" marker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from .stats import break_even, isnum
+
+PALETTE = "colorblind"
+
+
+def _sns() -> Any:
+    import seaborn as sns
+
+    sns.set_theme(style="whitegrid", palette=PALETTE, context="paper")
+    return sns
+
+
+def _subplots(*args: Any, **kw: Any) -> tuple[Figure, Any]:
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(*args, **kw)
+
+
+def _legend(ax: Any, size: int) -> None:
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=size)
+
+
+def _err(values: Sequence[float], cis: Sequence[tuple[float, float]], clip: bool = False) -> np.ndarray:
+    """Asymmetric error bars [2, n] from (low, high) CIs; 0 where a CI is unknown."""
+    def lo(v: float, c: tuple[float, float]) -> float:
+        return (max(v - c[0], 0) if clip else v - c[0]) if c[0] == c[0] else 0
+
+    def hi(v: float, c: tuple[float, float]) -> float:
+        return (max(c[1] - v, 0) if clip else c[1] - v) if c[1] == c[1] else 0
+
+    return np.array([[lo(v, c), hi(v, c)] for v, c in zip(values, cis)]).T
+
+
+def hardware_methods(raw: pd.DataFrame, hardware: str) -> Figure:
+    """tokens/s and speedup per method at batch 1, with their CIs (the hardware table as bars)."""
+    sns = _sns()
+    fig, axes = _subplots(1, 2, figsize=(9, 3.4))
+    lab = raw.apply(lambda r: "AR" if r["method"] == "ar" else f"{r['label']} γ={r['gamma']}", axis=1)
+    pal = sns.color_palette(PALETTE, len(raw))
+    for ax, col, ci, unit in ((axes[0], "tokens_per_s", "tokens_per_s_ci", "tokens/s"),
+                              (axes[1], "speedup", "speedup_ci", "speedup over AR (×)")):
+        vals = raw[col].astype(float).where(raw["method"] != "ar", 1.0 if col == "speedup" else raw[col])
+        ax.barh(lab, vals, xerr=_err(vals, raw[ci]), color=pal, capsize=3)
+        ax.set_xlabel(unit)
+        if col == "speedup":
+            ax.axvline(1.0, color="k", lw=0.8, ls="--")
+    axes[1].set_yticklabels([])
+    fig.suptitle(f"{hardware}: methods at batch 1 (95 % CI)")
+    return fig
+
+
+TELEMETRY_UNITS = {"gpu_temp_c": "GPU temperature (°C)", "gpu_sm_clock_mhz": "SM clock (MHz)", "gpu_power_w": "power (W)",
+                   "load_1m": "load average (1 min)", "cpu_freq_mhz": "CPU clock (MHz)", "rss_bytes": "process RSS (GB)"}
+
+
+def telemetry(samples: pd.DataFrame, hardware: str) -> Figure:
+    """Each sampled sensor over the run (minutes since the first sample)."""
+    _sns()
+    cols = [c for c in TELEMETRY_UNITS if c in samples and samples[c].notna().any()]
+    fig, axes = _subplots(len(cols), 1, figsize=(8, 1.6 * len(cols) + 0.5), sharex=True, squeeze=False)
+    t0 = samples["epoch"].min()
+    for ax, c in zip(axes[:, 0], cols):
+        y = samples[c].astype(float) / (1e9 if c == "rss_bytes" else 1)
+        ax.plot((samples["epoch"] - t0) / 60, y, ".", ms=2)
+        ax.set_ylabel(TELEMETRY_UNITS[c], fontsize=7)
+    axes[-1, 0].set_xlabel("time since study start (min)")
+    fig.suptitle(f"{hardware}: telemetry over the run")
+    return fig
+
+
+def speedup_vs_gamma(b1: pd.DataFrame) -> Figure:
+    """Batch 1: speedup vs γ (measured with CI, prediction dashed), α and AL vs γ, per-position acceptance."""
+    sns = _sns()
+    fig, axes = _subplots(1, 3, figsize=(11, 3.3))
+    pal = sns.color_palette(PALETTE)
+    for i, (label, g) in enumerate(b1.groupby("label")):
+        g = g.sort_values("gamma")
+        col = pal[i % len(pal)]
+        axes[0].errorbar(g["gamma"], g["speedup"], yerr=_err(g["speedup"], g["speedup_ci"], clip=True), fmt="o-",
+                         color=col, capsize=3, label=f"{label} measured")
+        axes[0].plot(g["gamma"], g["predicted_speedup"], "x--", color=col, label=f"{label} prediction")
+        axes[1].plot(g["gamma"], g["alpha"], "o-", color=col, label=f"{label} α")
+        axes[1].plot(g["gamma"], g["acceptance_length"], "s:", color=col, label=f"{label} AL")
+        for _, row in g.iterrows():
+            pp = row["per_position_conditional"]
+            if pp is not None and len(pp):
+                axes[2].plot(range(1, len(pp) + 1), pp, "o-", color=col, alpha=0.5 + 0.5 * (row["gamma"] / max(g["gamma"])),
+                             label=f"{label} γ={row['gamma']}")
+    axes[0].axhline(1.0, color="k", lw=0.8, ls="--")
+    axes[0].set(xlabel="speculation length γ (tokens)", ylabel="speedup over AR (×)", title="speedup vs γ (batch 1)")
+    axes[1].set(xlabel="speculation length γ (tokens)", ylabel="α (ratio) / AL (tokens per draft step)",
+                title="acceptance")
+    axes[2].set(xlabel="draft position k", ylabel="P(k accepted | k reached)", title="per-position acceptance (conditional)",
+                ylim=(0, 1.02))
+    for ax in axes:
+        _legend(ax, 6)
+    return fig
+
+
+def tau_distribution(hist: dict[tuple, list[int]]) -> Figure:
+    """Share of draft steps by tokens emitted (the AL distribution), per (label, γ)."""
+    _sns()
+    fig, ax = _subplots(figsize=(5, 3))
+    maxg = max(max(v) for v in hist.values() if v) if any(hist.values()) else 1
+    for (label, g), vals in sorted(hist.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)):
+        if vals:
+            ax.hist(vals, bins=np.arange(0.5, maxg + 1.5), histtype="step", lw=1.5, density=True, label=f"{label} γ={g}")
+    ax.set(xlabel="tokens emitted per draft step", ylabel="share of draft steps", title="acceptance-length distribution (batch 1)")
+    _legend(ax, 7)
+    return fig
+
+
+def speedup_vs_batch(multi: pd.DataFrame) -> Figure:
+    """Speedup vs batch size per (label, γ), the measured break-even batch marked."""
+    _sns()
+    fig, ax = _subplots(figsize=(5.5, 3.3))
+    for (label, gamma), g in multi.groupby(["label", "gamma"]):
+        g = g.sort_values("batch_size")
+        line = ax.plot(g["batch_size"], g["speedup"], "o-", label=f"{label} γ={gamma}")[0]
+        be = break_even(g["batch_size"].tolist(), g["speedup"].tolist())
+        first = g["speedup"].iloc[0]
+        if be is not None and not (isnum(first) and first < 1.0):
+            ax.axvline(be, color=line.get_color(), ls=":", lw=1)
+    ax.axhline(1.0, color="k", lw=0.8, ls="--")
+    ax.set_xscale("log", base=2)
+    ax.set(xlabel="batch size (requests)", ylabel="speedup over AR (×)", title="speedup vs batch size")
+    ax.legend(fontsize=7)
+    return fig
+
+
+def alpha_vs_entropy(points: pd.DataFrame, by_task: bool) -> Figure:
+    """One point per request: α against the target's entropy along the paired AR output."""
+    sns = _sns()
+    fig, ax = _subplots(figsize=(7.5, 3.6))
+    sns.scatterplot(data=points, x="entropy", y="alpha", hue="task" if by_task else "label",
+                    style="label" if by_task else None, ax=ax, s=25, palette=PALETTE)
+    ax.set(xlabel="target entropy along the output (nats/token)", ylabel="acceptance rate α (accepted/drafted)",
+           ylim=(-0.02, 1.02), title="acceptance vs entropy (one point per request)")
+    ax.legend(fontsize=6, bbox_to_anchor=(1.02, 1), loc="upper left", borderaxespad=0)
+    return fig
+
+
+def speedup_vs_alpha(per_cell: pd.DataFrame) -> Figure:
+    """One point per speculative cell at batch 1: speedup against α, the α = 0.4 line of FAQ Q4 marked."""
+    sns = _sns()
+    fig, ax = _subplots(figsize=(7.5, 3.4))
+    sns.scatterplot(data=per_cell, x="alpha", y="speedup", hue="label", style="task", ax=ax, s=30, palette=PALETTE)
+    ax.axhline(1.0, color="k", lw=0.8, ls="--")
+    ax.axvline(0.4, color="grey", lw=0.8, ls=":")
+    ax.set(xlabel="acceptance rate α (accepted/drafted)", ylabel="speedup over AR (×)",
+           title="speedup vs α, one point per cell (batch 1)")
+    ax.legend(fontsize=6, bbox_to_anchor=(1.02, 1), loc="upper left", borderaxespad=0)
+    return fig

@@ -1,0 +1,45 @@
+"""How numbers and names read in tables: values with their CI, short model names, section titles."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+TASK_TITLES = {"code": "Code generation", "translation": "Translation", "summarization": "Summarization",
+               "qa": "General QA", "creative_writing": "Creative writing", "math": "Math reasoning",
+               "chat": "Dialogue / chat"}
+FAMILY_TITLES = {"ar": "Baseline (AR)", "draft_target": "Speculative sampling (draft/target)",
+                 "ngram": "Prompt lookup (n-gram)", "layer_skip": "Self-speculation (layer skip)",
+                 "heads": "Extra heads (Medusa/EAGLE)", "tree": "Token-tree verification"}
+
+
+def fmt(x: Any, digits: int = 2, suffix: str = "") -> str:
+    if x is None or (isinstance(x, float) and x != x):
+        return "—"
+    if isinstance(x, (int, np.integer)) and not isinstance(x, bool):
+        return f"{x}{suffix}"
+    return f"{x:.{digits}f}{suffix}"
+
+
+def fmt_ci(x: Any, ci: tuple[float, float], digits: int = 2, suffix: str = "") -> str:
+    """``2.31× [2.10, 2.52]``: the value and its 95 % CI (— when not computable)."""
+    s = fmt(x, digits, suffix)
+    if s == "—":
+        return s
+    lo, hi = ci
+    if lo == lo and hi == hi:
+        return f"{s} [{lo:.{digits}f}, {hi:.{digits}f}]"
+    return s
+
+
+def short_model(name: str | None) -> str:
+    if not name:
+        return "—"
+    if str(name) == "self" or str(name).startswith("self:"):
+        k = str(name).partition(":")[2]
+        return f"target's first {k} layers" if k else "target's first half"
+    if str(name).endswith(".safetensors"):
+        return Path(str(name)).stem
+    return Path(str(name)).name if ("/" in str(name) and Path(str(name)).exists()) else str(name).split("/")[-1]

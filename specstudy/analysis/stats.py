@@ -1,0 +1,301 @@
+"""Statistics over a study's cells: pooled headline numbers with CIs, step costs, break-even points.
+
+The centres come from :mod:`specstudy.metrics` (the one definition of every metric); the 95 %
+intervals from its bootstrap, which resamples (numerator, denominator) pairs and takes exactly
+the ratio of sums.  Predictions use :mod:`specstudy.costmodel` and are always labelled as such
+where they are shown.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .. import costmodel, metrics
+from ..records import RequestRecord
+from .study import Study
+
+NAN = float("nan")
+
+
+def isnum(x: Any) -> bool:
+    """A real number that is not NaN (bools are not numbers here)."""
+    return isinstance(x, (int, float, np.floating, np.integer)) and not isinstance(x, bool) and x == x
+
+
+@dataclass
+class Pooled:
+    """Headline numbers of a set of cells, each with its n and 95 % CI.
+
+    Acceptance and quality stay unset (None / NaN) for synthetic-acceptance cells: their drafts
+    were accepted at a chosen rate for timing, so nothing about acceptance or quality was measured.
+    """
+
+    n_requests: int = 0
+    n_cells: int = 0
+    tokens_per_s: float = NAN
+    tokens_per_s_ci: tuple[float, float] = (NAN, NAN)
+    alpha: float | None = None
+    alpha_ci: tuple[float, float] = (NAN, NAN)
+    alpha_hat: float | None = None
+    acceptance_length: float | None = None
+    acceptance_length_ci: tuple[float, float] = (NAN, NAN)
+    tokens_per_forward: float | None = None
+    per_position_conditional: list[float] | None = None
+    per_position_unconditional: list[float] | None = None
+    speedup: float = NAN
+    speedup_ci: tuple[float, float] = (NAN, NAN)
+    speedup_runs: tuple[float, float] = (NAN, NAN)  # lowest and highest per-repeat speedup (run-to-run)
+    n_repeats: int = 0
+    n_pairs: int = 0
+    exact_match: float = NAN
+    ppl_diff: float = NAN  # PPL(speculative) − PPL(paired baseline) under the target
+    logprob_p: float = NAN  # sign-flip test: outputs score alike under the target (large p: no shift)
+    entropy: float = NAN
+    entropy_ci: tuple[float, float] = (NAN, NAN)
+    ttft_s: float = NAN
+    ttft_p50_s: float = NAN
+    ttft_p99_s: float = NAN
+    tpot_s: float = NAN
+    tpot_ci: tuple[float, float] = (NAN, NAN)
+    tpot_p50_s: float = NAN
+    tpot_p99_s: float = NAN
+    e2e_s: float = NAN
+    e2e_p50_s: float = NAN
+    e2e_p99_s: float = NAN
+    memory_overhead_bytes: float = NAN
+    c: float = NAN
+    verify_ratio: float = NAN
+    n_errors: int = 0
+    synthetic: str | None = None  # the synthetic-acceptance rule when the cells used one
+    greedy: bool = True
+
+
+def _throughput(ok: Sequence[RequestRecord]) -> tuple[float, tuple[float, float]]:
+    """tokens/s of the cells' requests: Σ tokens / Σ E2E at batch 1 (one stream), else the wall span."""
+    if not ok:
+        return NAN, (NAN, NAN)
+    if all(r.batch_size == 1 for r in ok):
+        tps = metrics.per_request_throughput(ok)
+        e = [r.end_s for r in ok if r.end_s]
+        t = [r.output_tokens for r in ok if r.end_s]
+        return tps, metrics.bootstrap_ci(t, e)
+    by_cell: dict[str, list[RequestRecord]] = {}
+    for r in ok:
+        by_cell.setdefault(r.cell_id, []).append(r)
+    vals = [metrics.output_throughput(v) for v in by_cell.values()]
+    if len(vals) == 1:
+        # one cell of batches run one after another: bootstrap over its batches (rows of a batch
+        # share their start), Σ batch tokens / Σ batch wall time
+        batches: dict[float, list[RequestRecord]] = {}
+        for r in ok:
+            batches.setdefault(r.start_epoch, []).append(r)
+        if len(batches) < 2:
+            return vals[0], (NAN, NAN)
+        toks = [sum(r.output_tokens for r in b) for b in batches.values()]
+        walls = [max(r.end_s or 0.0 for r in b) for b in batches.values()]
+        return vals[0], metrics.bootstrap_ci(toks, walls)
+    m, lo, hi = metrics.mean_ci(vals)
+    return m, (lo, hi)
+
+
+def step_costs(spec: Sequence[RequestRecord], baseline: Sequence[RequestRecord]) -> tuple[float, float]:
+    """(c, verify_ratio) from step timings, in units of the baseline's AR decode step T1.
+
+    c = draft time per drafted token / T1 (the c of Leviathan et al. and DESIGN.md); verify_ratio =
+    time of one verification forward over γ+1 tokens / T1.  T1 is the mean verify time of the
+    baseline's decode steps (the prefill step, which emits the first token, is excluded).  NaN when
+    the engine does not time its steps.
+    """
+    t1 = [s.verify_s for r in baseline if r.status == "ok" for s in r.steps[1:] if s.verify_s is not None]
+    steps = [s for r in spec if r.status == "ok" for s in r.steps[1:] if s.drafted > 0]
+    ds = [s.draft_s for s in steps if s.draft_s is not None]
+    vs = [s.verify_s for s in steps if s.verify_s is not None]
+    if not t1 or not steps:
+        return NAN, NAN
+    T1 = float(np.mean(t1))
+    if T1 <= 0:
+        return NAN, NAN
+    drafted = sum(s.drafted for s in steps if s.draft_s is not None)
+    c = (sum(ds) / drafted) / T1 if ds and drafted else NAN
+    v = float(np.mean(vs)) / T1 if vs else NAN
+    return c, v
+
+
+def _acceptance(out: Pooled, ok: Sequence[RequestRecord]) -> None:
+    acc = metrics.acceptance_summary(ok)
+    if acc["alpha"] is None:
+        return
+    out.alpha, out.alpha_hat = acc["alpha"], acc["alpha_hat"]
+    out.acceptance_length, out.tokens_per_forward = acc["acceptance_length"], acc["tokens_per_forward"]
+    out.per_position_conditional = acc["per_position_conditional"]
+    out.per_position_unconditional = acc["per_position_unconditional"]
+    seen = [r for r in ok if r.drafted_tokens]
+    out.alpha_ci = metrics.bootstrap_ci([r.accepted_tokens or 0 for r in seen], [r.drafted_tokens or 0 for r in seen])
+    steps = [(r.accepted_tokens or 0, metrics.draft_steps_of(r)) for r in ok if metrics.draft_steps_of(r)]
+    if steps:  # AL = 1 + Σ accepted / Σ draft steps: the CI of the ratio, shifted by one
+        lo, hi = metrics.bootstrap_ci([a for a, _ in steps], [float(d or 0) for _, d in steps])
+        out.acceptance_length_ci = (1.0 + lo, 1.0 + hi)
+
+
+def _latency(out: Pooled, ok: Sequence[RequestRecord]) -> None:
+    lat = metrics.latency_summary(ok)
+    out.ttft_s, out.ttft_p50_s, out.ttft_p99_s = lat["ttft_s_mean"], lat["ttft_s_p50"], lat["ttft_s_p99"]
+    out.tpot_s, out.tpot_p50_s, out.tpot_p99_s = lat["tpot_s_mean"], lat["tpot_s_p50"], lat["tpot_s_p99"]
+    out.e2e_s, out.e2e_p50_s, out.e2e_p99_s = lat["e2e_s_mean"], lat["e2e_s_p50"], lat["e2e_s_p99"]
+    _, lo, hi = metrics.mean_ci([metrics.tpot(r) for r in ok])
+    out.tpot_ci = (lo, hi)
+
+
+@dataclass
+class _Pairs:
+    """What the cells' paired comparisons collect before they are pooled."""
+
+    base: list[np.ndarray]
+    spec: list[np.ndarray]
+    repeats: dict[int, tuple[list[np.ndarray], list[np.ndarray]]]
+    exact: list[tuple[float, int]]
+    mem: list[float]
+    costs: list[tuple[float, float]]
+    base_recs: list[RequestRecord]
+    spec_recs: list[RequestRecord]
+
+
+def _collect_pairs(data: Study, cell_ids: Sequence[str]) -> _Pairs:
+    acc = _Pairs([], [], {}, [], [], [], [], [])
+    for cid in cell_ids:
+        base, spec = data.baseline(cid), data.records.get(cid, [])
+        if not base or not spec:
+            continue
+        b, s = metrics.paired_latencies(base, spec)
+        acc.base.append(b)
+        acc.spec.append(s)
+        rb, rs = acc.repeats.setdefault(data.meta(cid)["repeat"], ([], []))
+        rb.append(b)
+        rs.append(s)
+        acc.exact.append((metrics.exact_match_rate(base, spec), len(b)))
+        pk_s = [r.peak_memory_bytes for r in spec if r.peak_memory_bytes is not None]
+        pk_b = [r.peak_memory_bytes for r in base if r.peak_memory_bytes is not None]
+        if pk_s and pk_b:
+            acc.mem.append(metrics.memory_overhead(max(pk_s), max(pk_b)))
+        acc.costs.append(step_costs(spec, base))
+        acc.base_recs += base
+        acc.spec_recs += spec
+    return acc
+
+
+def _paired(out: Pooled, pairs: _Pairs) -> None:
+    if pairs.base:
+        b, s = np.concatenate(pairs.base), np.concatenate(pairs.spec)
+        out.speedup = metrics.speedup(list(b), list(s))
+        out.speedup_ci = metrics.bootstrap_ci(list(b), list(s))
+        out.n_pairs = int(b.size)
+    runs = [metrics.speedup(list(np.concatenate(rb)), list(np.concatenate(rs))) for rb, rs in pairs.repeats.values()]
+    out.n_repeats = len(runs)
+    if len(runs) > 1:
+        out.speedup_runs = (float(min(runs)), float(max(runs)))
+    n = sum(k for e, k in pairs.exact if e == e)
+    out.exact_match = sum(e * k for e, k in pairs.exact if e == e) / n if n and out.greedy else NAN
+    if pairs.mem:
+        out.memory_overhead_bytes = float(np.max(pairs.mem))
+    cs = [c for c, _ in pairs.costs if c == c]
+    vs = [v for _, v in pairs.costs if v == v]
+    out.c = float(np.mean(cs)) if cs else NAN
+    out.verify_ratio = float(np.mean(vs)) if vs else NAN
+    if pairs.spec_recs and any(r.target_logprobs for r in pairs.spec_recs):
+        out.ppl_diff = metrics.perplexity_difference(pairs.base_recs, pairs.spec_recs)
+        if not out.greedy:  # greedy outputs are compared token by token (exact match), not in distribution
+            out.logprob_p = metrics.logprob_shift_test(pairs.base_recs, pairs.spec_recs)["p_value"]
+
+
+def pooled(data: Study, cell_ids: Iterable[str]) -> Pooled:
+    """Pool the requests of ``cell_ids`` (each paired with its own baseline cell)."""
+    cell_ids = list(cell_ids)
+    recs = [r for cid in cell_ids for r in data.records.get(cid, [])]
+    ok = [r for r in recs if r.status == "ok"]
+    out = Pooled(n_requests=len(recs), n_cells=len(cell_ids), n_errors=len(recs) - len(ok))
+    if not ok:
+        return out
+    out.synthetic = next((r.synthetic_acceptance for r in ok if r.synthetic_acceptance), None)
+    out.greedy = all(r.temperature == 0.0 for r in ok)
+    out.tokens_per_s, out.tokens_per_s_ci = _throughput(ok)
+    if out.synthetic is None:  # fixed acceptance measures step costs, not acceptance or quality
+        _acceptance(out, ok)
+    out.entropy = metrics.mean_entropy(ok)
+    ent = [float(np.mean(r.token_entropy)) for r in ok if r.token_entropy]
+    if len(ent) > 1:
+        _, lo, hi = metrics.mean_ci(ent)
+        out.entropy_ci = (lo, hi)
+    _latency(out, ok)
+    _paired(out, _collect_pairs(data, cell_ids))
+    if out.synthetic is not None:
+        out.exact_match, out.ppl_diff, out.logprob_p = NAN, NAN, NAN
+    return out
+
+
+def predicted_speedup(alpha_hat: float | None, gamma: int | None, c: float, verify_ratio: float) -> float:
+    """Cost-model speedup from *measured* α̂, c and verification cost (NaN when any is unknown)."""
+    if not isnum(alpha_hat) or not gamma or not isnum(c) or not isnum(verify_ratio):
+        return NAN
+    return costmodel.speedup_with_verify_cost(min(max(alpha_hat, 0.0), 1.0), int(gamma), c, verify_ratio)
+
+
+def break_even(batches: Sequence[float], speedups: Sequence[float]) -> float | None:
+    """First batch size where the measured speedup crosses below 1 (log-linear interpolation)."""
+    pts = [(b, s) for b, s in zip(batches, speedups) if isnum(s)]
+    for (b0, s0), (b1, s1) in zip(pts, pts[1:]):
+        if s0 >= 1.0 > s1:
+            f = (s0 - 1.0) / (s0 - s1)
+            return float(2 ** (math.log2(b0) + f * (math.log2(b1) - math.log2(b0))))
+    if pts and pts[0][1] < 1.0:
+        return float(pts[0][0])
+    return None
+
+
+def verify_curve(ratios: dict[int, float]):
+    """Verification cost per γ from the γ values measured (nearest measured γ; 1 when none)."""
+    if not ratios:
+        return None
+    gs = sorted(ratios)
+    return lambda g: ratios[min(gs, key=lambda x: (abs(x - g), x))]
+
+
+def break_even_alpha(c: float, verify_ratio: float) -> float:
+    """Smallest α at which some γ in 1..16 predicts a speedup ≥ 1 (bisection on the cost model)."""
+    def best(a: float) -> float:
+        return costmodel.optimal_gamma(a, c, 16, lambda g: verify_ratio)[1]
+
+    if best(0.999) < 1.0:
+        return 1.0
+    lo, hi = 0.0, 0.999
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if best(mid) < 1.0 else (lo, mid)
+    return hi
+
+
+def break_even_notes(multi: Any) -> list[str]:
+    """Per (label, γ) of a frame with several batch sizes: where the measured speedup falls below 1×."""
+    notes = []
+    for (label, gamma), g in multi.groupby(["label", "gamma"]):
+        g = g.sort_values("batch_size")
+        be = break_even(g["batch_size"].tolist(), g["speedup"].tolist())
+        first = g["speedup"].iloc[0]
+        if be is not None and isnum(first) and first < 1.0:
+            notes.append(f"{label} γ={gamma}: below 1× already at batch {g['batch_size'].iloc[0]} (no break-even to mark)")
+        elif be is not None:
+            notes.append(f"{label} γ={gamma}: speedup falls below 1× at batch ≈ {be:.1f} (measured, interpolated)")
+        else:
+            notes.append(f"{label} γ={gamma}: no break-even within the measured batch sizes")
+    return notes
+
+
+def entropy_correlation(points: Any) -> float | None:
+    """Pearson r of α with entropy over requests; None when fewer than 3 points or constant entropy."""
+    if len(points) > 2 and points["entropy"].nunique() > 1:
+        return float(np.corrcoef(points["entropy"], points["alpha"])[0, 1])
+    return None

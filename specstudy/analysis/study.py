@@ -1,0 +1,165 @@
+"""A finished (or partly finished) study, loaded once: its records by cell and what each cell is.
+
+Every table, figure and notebook starts from :func:`load`.  A cell's description (framework,
+method, family, label, task, γ, batch, sweeps, baseline, ...) is read from its records' own
+columns; parts written before the runner stamped those columns get them from the plan snapshot,
+once, here.  Cells on disk that the current plan no longer has are set aside (``stale_cells``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..config import hardware_names, load_hardware_profile
+from ..config.vocab import method_family
+from ..costmodel import HardwareProfile
+from ..layout import StudyLayout
+from ..records import RequestRecord
+
+#: what describes a cell (one row of :func:`specstudy.analysis.frames.cells_frame`)
+CELL_FIELDS = ("cell_id", "framework", "method", "family", "label", "task", "model", "drafter", "gamma",
+               "batch_size", "repeat", "max_new_tokens", "prefix_cache", "request_rate", "dtype", "precision",
+               "sampling", "synthetic", "sweeps", "baseline_cell_id")
+
+
+def sampling_label(temperature: float, top_p: float, top_k: int) -> str:
+    """``greedy`` or ``T=0.7, top-p 0.9``: how a cell sampled (identical for a method and its baseline)."""
+    if temperature == 0.0:
+        return "greedy"
+    return f"T={temperature:g}" + (f", top-p {top_p:g}" if top_p < 1.0 else "") + (f", top-k {top_k}" if top_k else "")
+
+
+def _measured(cell: dict[str, Any], r: RequestRecord) -> dict[str, Any]:
+    """Fields every cell has from its records alone: how it sampled, at what precision, synthetic or not."""
+    return {**cell, "sampling": sampling_label(r.temperature, r.top_p, r.top_k),
+            "precision": str(r.extra.get("precision") or cell["dtype"]), "synthetic": r.synthetic_acceptance}
+
+
+def _describe(cell_id: str, recs: list[RequestRecord], plan: dict[str, Any] | None) -> dict[str, Any]:
+    """The cell's fields: its records' columns, else (parts from before the runner stamped them) the plan's."""
+    r = recs[0]
+    if r.label or not plan:
+        return _measured({
+            "cell_id": cell_id, "framework": r.framework, "method": r.method, "family": r.family or method_family(r.method),
+            "label": r.label or r.method, "task": r.task, "model": r.model, "drafter": r.drafter, "gamma": r.gamma,
+            "batch_size": r.batch_size, "repeat": r.repeat, "max_new_tokens": r.max_new_tokens,
+            "prefix_cache": r.prefix_cache, "request_rate": r.request_rate, "dtype": r.dtype or "—",
+            "sweeps": tuple(r.sweeps), "baseline_cell_id": r.baseline_cell_id,
+        }, r)
+    cell = plan.get("cell") or {}
+    opts = dict(cell.get("options") or [])
+    return _measured({
+        "cell_id": cell_id, "framework": cell.get("framework", r.framework), "method": cell.get("method", r.method),
+        "family": plan.get("family") or method_family(cell.get("method", r.method)), "label": plan.get("label", r.method),
+        "task": cell.get("task", r.task), "model": cell.get("model", r.model), "drafter": cell.get("drafter", r.drafter),
+        "gamma": cell.get("gamma", r.gamma), "batch_size": cell.get("batch_size", r.batch_size),
+        "repeat": cell.get("repeat", r.repeat), "max_new_tokens": opts.get("max_new_tokens", r.max_new_tokens),
+        "prefix_cache": opts.get("prefix_cache", False), "request_rate": opts.get("request_rate"),
+        "dtype": str(opts.get("dtype", "—")), "sweeps": tuple(plan.get("sweeps") or ()),
+        "baseline_cell_id": plan.get("baseline_cell_id"),
+    }, r)
+
+
+@dataclass
+class Study:
+    """One ``outputs/<gpu>/`` folder: records grouped by cell, each cell described, the plan, telemetry."""
+
+    layout: StudyLayout
+    hardware: str
+    records: dict[str, list[RequestRecord]]
+    cells: dict[str, dict[str, Any]]
+    plan: dict[str, Any]
+    provenance: dict[str, Any]
+    failed: list[dict[str, Any]]
+    telemetry: Any = None  # pandas frame or None
+    stale_cells: list[str] = field(default_factory=list)
+    profile: HardwareProfile | None = None
+
+    @property
+    def out(self) -> Path:
+        return self.layout.root
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return self.plan.get("config", {})
+
+    @property
+    def planned_cells(self) -> int:
+        return len(self.plan.get("cells", [])) or len(self.records)
+
+    def meta(self, cell_id: str) -> dict[str, Any]:
+        return self.cells[cell_id]
+
+    def cell_ids(self, sweep: str | None = None, **where: Any) -> list[str]:
+        """Finished cells, optionally of one sweep and matching ``where`` fields (a value or a collection)."""
+        out = []
+        for cid, m in self.cells.items():
+            if sweep is not None and sweep not in m["sweeps"]:
+                continue
+            if all((m[k] in v) if isinstance(v, (list, tuple, set)) else m[k] == v for k, v in where.items()):
+                out.append(cid)
+        return sorted(out)
+
+    def spec_cell_ids(self, sweep: str | None = None, **where: Any) -> list[str]:
+        return [c for c in self.cell_ids(sweep, **where) if self.cells[c]["method"] != "ar"]
+
+    def sweeps(self) -> list[str]:
+        return sorted({s for m in self.cells.values() for s in m["sweeps"]})
+
+    def baseline(self, cell_id: str) -> list[RequestRecord]:
+        b = self.cells[cell_id]["baseline_cell_id"]
+        return self.records.get(b, []) if b else []
+
+    def all_records(self) -> Iterable[RequestRecord]:
+        return (r for rs in self.records.values() for r in rs)
+
+    def model_params(self) -> dict[str, float]:
+        """Parameter counts declared in the study's model pairs (target id / drafter id -> count)."""
+        out: dict[str, float] = {}
+        for pair in self.config.get("models", []):
+            params = pair.get("params") or {}
+            if "target" in params:
+                out[pair["target"]] = float(params["target"])
+            for short, mid in (pair.get("drafters") or {}).items():
+                if short in params:
+                    out[mid] = float(params[short])
+        return out
+
+    def model_pair(self, target: str) -> dict[str, Any] | None:
+        return next((p for p in self.config.get("models", []) if p.get("target") == target), None)
+
+
+def _profile(layout: StudyLayout, hardware: str) -> HardwareProfile | None:
+    """The profile the runner saved; folders from before that measure it here (the old behaviour)."""
+    saved = layout.load_profile()
+    if saved is not None or hardware not in hardware_names():
+        return saved
+    try:
+        return load_hardware_profile(hardware, measure=True)
+    except (ValueError, OSError):
+        return None
+
+
+def load(out: str | os.PathLike) -> Study:
+    """Read every finished part, the plan snapshot, telemetry, provenance, failed cells and the profile."""
+    layout = StudyLayout(Path(out))
+    recs = layout.read_records()
+    plan = layout.read_plan()
+    plans = {c["cell_id"]: c for c in plan.get("cells", [])}
+    stale = sorted(set(recs) - set(plans)) if plans else []
+    for cid in stale:  # parts of cells no longer in the params (the plan changed since they ran)
+        del recs[cid]
+    hardware = plan.get("hardware") or (next(iter(recs.values()))[0].hardware if recs else layout.root.name)
+    runs = layout.provenance_runs()
+    tel = layout.read_telemetry()
+    if tel is not None and stale and "cell_id" in tel:
+        tel = tel[~tel["cell_id"].isin(stale)]
+    failed = [f for f in layout.failed_cells() if not plans or f.get("cell_id") in plans]
+    return Study(layout=layout, hardware=hardware, records=recs,
+                 cells={cid: _describe(cid, rs, plans.get(cid)) for cid, rs in recs.items()}, plan=plan,
+                 provenance=runs[-1] if runs else {}, failed=failed, telemetry=tel, stale_cells=stale,
+                 profile=_profile(layout, hardware))

@@ -1,0 +1,277 @@
+"""The report's tables as DataFrames: the seed article's hardware, method, task and framework tables, measured.
+
+Each function returns ``(display, raw)``: ``display`` is what a reader sees (values with their
+95 % CI as text), ``raw`` the numbers behind it (one row per display row).  Nothing here writes
+a file; :mod:`specstudy.report` does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import pandas as pd
+
+from .. import costmodel
+from ..config.task import load_task_config
+from ..config.vocab import TASKS
+from .format import FAMILY_TITLES, TASK_TITLES, fmt, fmt_ci, short_model
+from .stats import NAN, Pooled, isnum, pooled, predicted_speedup, verify_curve
+from .study import Study
+
+Frames = tuple[pd.DataFrame, pd.DataFrame]
+
+
+def headline_max_new(study: Study) -> Any:
+    """The most common max_new_tokens: short-output cells (FAQ Q4) stay out of headline tables."""
+    cnt = Counter(study.meta(c)["max_new_tokens"] for c in study.records)
+    return cnt.most_common(1)[0][0] if cnt else None
+
+
+def _sweep_or_all(study: Study, sweep: str | None) -> str | None:
+    return sweep if sweep is None or sweep in study.sweeps() else None
+
+
+def _label(m: dict[str, Any], p: Pooled) -> str:
+    """A row's method name, marked where its acceptance was fixed for timing."""
+    return f"{m['label']} (synthetic acceptance {p.synthetic})" if p.synthetic else m["label"]
+
+
+def _ms(p: Pooled, name: str) -> str:
+    """``mean / p50 / p99`` of a latency in milliseconds."""
+    vals = [getattr(p, f"{name}_s"), getattr(p, f"{name}_p50_s"), getattr(p, f"{name}_p99_s")]
+    return " / ".join(fmt(v * 1e3 if isnum(v) else NAN, 1) for v in vals)
+
+
+def _quality(p: Pooled, is_ar: bool) -> dict[str, str]:
+    """The seed's quality columns: PPL difference under the target, the shift test, greedy exact match."""
+    if is_ar:
+        return {"PPL Δ (spec − AR)": "—", "log-prob shift p": "—", "Exact match (greedy)": "—"}
+    return {"PPL Δ (spec − AR)": fmt(p.ppl_diff, 3), "log-prob shift p": fmt(p.logprob_p),
+            "Exact match (greedy)": fmt(p.exact_match)}
+
+
+def hardware_groups(study: Study, sweep: str | None = "hardware") -> dict[tuple, list[str]]:
+    """Batch-1 cells at the headline output length, one group per table row."""
+    sweep = _sweep_or_all(study, sweep)
+    mnt = headline_max_new(study)
+    groups: dict[tuple, list[str]] = {}
+    for c in study.cell_ids(sweep, batch_size=1):
+        m = study.meta(c)
+        if m["max_new_tokens"] == mnt:
+            key = (m["framework"], m["method"], m["label"], m["model"], m["drafter"] or "", m["gamma"] or 0, m["sampling"])
+            groups.setdefault(key, []).append(c)
+    return groups
+
+
+def hardware_table(study: Study, sweep: str | None = "hardware") -> Frames:
+    """The seed's hardware table at batch 1 (method, target, draft, α, AL, tokens/s, speedup).
+
+    One row per (framework, method label, drafter, γ, sampling), pooled over the sweep's tasks; AR
+    rows pool the baseline cells.  :func:`metric_table` gives the rest of the seed's metric table
+    for the same rows.
+    """
+    groups = hardware_groups(study, sweep)
+    rows, raw = [], []
+    order = {f: i for i, f in enumerate(FAMILY_TITLES)}
+    for key in sorted(groups, key=lambda k: (k[0], order.get(k[1], 9), k[2], k[5], k[6])):
+        fw, method, label, model, drafter, gamma, sampling = key
+        p = pooled(study, groups[key])
+        m = study.meta(groups[key][0])
+        is_ar = method == "ar"
+        draft = short_model(drafter) if drafter else {"ngram": "prompt n-grams", "layer_skip": "target's first layers"}.get(method, "—")
+        rows.append({
+            "Method": "Baseline (AR)" if is_ar else _label(m, p), "Framework": fw, "Precision": m["precision"],
+            "Target": short_model(model), "Draft": "—" if is_ar else draft, "γ": "—" if is_ar else gamma,
+            "Sampling": sampling, "α": "—" if is_ar else fmt_ci(p.alpha, p.alpha_ci),
+            "AL": "—" if is_ar else fmt_ci(p.acceptance_length, p.acceptance_length_ci),
+            "tokens/s": fmt_ci(p.tokens_per_s, p.tokens_per_s_ci, 1),
+            "Speedup": "1.0×" if is_ar else fmt_ci(p.speedup, p.speedup_ci, 2, "×"),
+            "n": p.n_pairs if not is_ar else p.n_requests,
+        })
+        raw.append({"framework": fw, "method": method, "label": label, "model": model, "drafter": drafter,
+                    "gamma": gamma, "sampling": sampling, "precision": m["precision"], **dataclasses.asdict(p)})
+    return pd.DataFrame(rows), pd.DataFrame(raw)
+
+
+def metric_table(study: Study, sweep: str | None = "hardware") -> pd.DataFrame:
+    """The rest of the seed's metric table for the hardware table's rows: latency (mean / p50 / p99),
+    tokens per target forward, memory overhead, quality, and the run-to-run spread of the speedup."""
+    groups = hardware_groups(study, sweep)
+    order = {f: i for i, f in enumerate(FAMILY_TITLES)}
+    rows = []
+    for key in sorted(groups, key=lambda k: (k[0], order.get(k[1], 9), k[2], k[5], k[6])):
+        fw, method, _, _, _, gamma, sampling = key
+        p = pooled(study, groups[key])
+        is_ar = method == "ar"
+        lo, hi = p.speedup_runs
+        rows.append({
+            "Method": "Baseline (AR)" if is_ar else _label(study.meta(groups[key][0]), p), "Framework": fw,
+            "γ": "—" if is_ar else gamma, "Sampling": sampling, "tokens/s": fmt(p.tokens_per_s, 1),
+            "TTFT ms (mean / p50 / p99)": _ms(p, "ttft"), "TPOT ms (mean / p50 / p99)": _ms(p, "tpot"),
+            "E2E ms (mean / p50 / p99)": _ms(p, "e2e"), "tokens / target forward": fmt(p.tokens_per_forward),
+            "Memory overhead (MB)": "—" if is_ar else fmt(p.memory_overhead_bytes / 1e6 if isnum(p.memory_overhead_bytes) else NAN, 1),
+            **_quality(p, is_ar),
+            "Speedup run-to-run (min–max)": "—" if is_ar or lo != lo else f"{lo:.2f}–{hi:.2f} ({p.n_repeats} runs)",
+        })
+    return pd.DataFrame(rows)
+
+
+def method_table(study: Study, family: str, sweep: str | None = "method_family") -> Frames:
+    """α, AL, α̂, per-position acceptance, speedup (measured and predicted) per (label, γ, batch, sampling)."""
+    sweep = _sweep_or_all(study, sweep)
+    mnt = headline_max_new(study)
+    cells = [c for c in study.spec_cell_ids(sweep, family=family) if study.meta(c)["max_new_tokens"] == mnt]
+    if not cells and sweep is not None:  # a family measured only in other sweeps (e.g. the hardware table)
+        cells = [c for c in study.spec_cell_ids(None, family=family) if study.meta(c)["max_new_tokens"] == mnt]
+    groups: dict[tuple, list[str]] = {}
+    for c in cells:
+        m = study.meta(c)
+        key = (m["framework"], m["label"], m["gamma"] or 0, m["batch_size"], m["drafter"] or "", m["sampling"])
+        groups.setdefault(key, []).append(c)
+    rows, raw = [], []
+    for key in sorted(groups):
+        fw, label, gamma, batch, drafter, sampling = key
+        p = pooled(study, groups[key])
+        pred = predicted_speedup(p.alpha_hat, gamma, p.c, p.verify_ratio)
+        rows.append({"Framework": fw, "Method": _label(study.meta(groups[key][0]), p), "γ": gamma, "Batch": batch,
+                     "Sampling": sampling, "α": fmt_ci(p.alpha, p.alpha_ci), "α̂ (i.i.d.)": fmt(p.alpha_hat),
+                     "AL": fmt_ci(p.acceptance_length, p.acceptance_length_ci),
+                     "tokens / target forward": fmt(p.tokens_per_forward),
+                     "c (measured)": fmt(p.c, 3), "verify cost (×T1)": fmt(p.verify_ratio),
+                     "tokens/s": fmt_ci(p.tokens_per_s, p.tokens_per_s_ci, 1),
+                     "Speedup (measured)": fmt_ci(p.speedup, p.speedup_ci, 2, "×"),
+                     "Speedup (cost model, prediction)": fmt(pred, 2, "×"),
+                     "measured/predicted": fmt(p.speedup / pred if pred == pred and pred > 0 else NAN),
+                     "n": p.n_pairs, "Exact match (greedy)": fmt(p.exact_match)})
+        raw.append({"framework": fw, "label": label, "gamma": gamma, "batch_size": batch, "drafter": drafter,
+                    "sampling": sampling, "predicted_speedup": pred, **dataclasses.asdict(p)})
+    return pd.DataFrame(rows), pd.DataFrame(raw)
+
+
+def seed_reference(task: str) -> str:
+    """The seed article's row for this task (from params/tasks/<task>.yaml), quoted for comparison."""
+    try:
+        ref = dict(load_task_config(task).seed_reference or {})
+    except (ValueError, OSError):
+        return "—"
+    if not ref:
+        return "—"
+    a, g = ref.get("alpha_range"), ref.get("gamma_range")
+    parts = [str(ref["entropy"]) + " entropy" if ref.get("entropy") else "",
+             f"α {a[0]:.2f}–{a[1]:.2f}" if a else "", f"γ {g[0]}–{g[1]}" if g else ""]
+    return ", ".join(p for p in parts if p) or "—"
+
+
+def tasks_in(study: Study) -> list[str]:
+    ts = {study.meta(c)["task"] for c in study.records}
+    return [t for t in TASKS if t in ts] + sorted(ts - set(TASKS))
+
+
+def families_in(study: Study) -> list[str]:
+    fams = {study.meta(c)["family"] for c in study.records} - {"ar"}
+    return [f for f in FAMILY_TITLES if f in fams] + sorted(fams - set(FAMILY_TITLES))
+
+
+def _best_gammas(study: Study, spec: list[str]) -> tuple[list[str], list[str]]:
+    """Per method label: the measured best γ and the cost model's optimum from measured α̂, c."""
+    best, model_opt = [], []
+    by_label: dict[str, list[str]] = {}
+    for c in spec:
+        by_label.setdefault(study.meta(c)["label"], []).append(c)
+    for label, cs in sorted(by_label.items()):
+        by_g: dict[int, list[str]] = {}
+        for c in cs:
+            by_g.setdefault(study.meta(c)["gamma"], []).append(c)
+        pg = {g: pooled(study, v) for g, v in by_g.items()}
+        ok = {g: p for g, p in pg.items() if isnum(p.speedup)}
+        if ok:
+            g_best = max(ok, key=lambda g: ok[g].speedup)
+            best.append(f"{label}: γ={g_best} ({ok[g_best].speedup:.2f}×)")
+        lab_all = pooled(study, cs)
+        if isnum(lab_all.alpha_hat) and isnum(lab_all.c) and isnum(lab_all.verify_ratio):
+            ratios = {g: p.verify_ratio for g, p in pg.items() if isnum(p.verify_ratio)}
+            g_max = 2 * max(pg)  # verification cost is only measured up to the γ values run
+            g_opt, s_opt = costmodel.optimal_gamma(min(lab_all.alpha_hat, 1.0), lab_all.c, g_max, verify_curve(ratios))
+            model_opt.append(f"{label}: γ={g_opt} ({s_opt:.2f}×, searched γ ≤ {g_max})")
+    return best, model_opt
+
+
+def task_table(study: Study, tasks: Sequence[str] | None = None, sweep: str | None = "task_category") -> Frames:
+    """The seed's task table measured: entropy, α range, optimal γ (measured and cost model)."""
+    sweep = _sweep_or_all(study, sweep)
+    mnt = headline_max_new(study)
+    rows, raw = [], []
+    for task in tasks or tasks_in(study):
+        spec = [c for c in study.spec_cell_ids(sweep, task=task, batch_size=1) if study.meta(c)["max_new_tokens"] == mnt]
+        base = [c for c in study.cell_ids(sweep, task=task, batch_size=1, method="ar") if study.meta(c)["max_new_tokens"] == mnt]
+        if not spec and not base:
+            continue
+        ent = pooled(study, base or spec)  # entropy of the target along its own (AR) text
+        alphas = [p.alpha for p in (pooled(study, [c]) for c in spec) if isnum(p.alpha)]
+        allp = pooled(study, spec) if spec else Pooled()
+        best, model_opt = _best_gammas(study, spec)
+        rows.append({
+            "Task": TASK_TITLES.get(task, task), "Entropy (nats/token)": fmt_ci(ent.entropy, ent.entropy_ci),
+            "α range (per cell)": f"{min(alphas):.2f}–{max(alphas):.2f}" if alphas else "—",
+            "α pooled": fmt_ci(allp.alpha, allp.alpha_ci), "Best γ measured": "; ".join(best) or "—",
+            "Optimal γ (cost model from measured α̂, c; prediction)": "; ".join(model_opt) or "—",
+            "n": allp.n_pairs, "Seed article (quoted, not measured)": seed_reference(task),
+        })
+        raw.append({"task": task, "entropy": ent.entropy, "entropy_ci": ent.entropy_ci,
+                    "alpha_min": min(alphas) if alphas else NAN, "alpha_max": max(alphas) if alphas else NAN,
+                    "alpha": allp.alpha, "alpha_ci": allp.alpha_ci, "alpha_hat": allp.alpha_hat,
+                    "best_gamma": "; ".join(best), "model_optimal_gamma": "; ".join(model_opt), "n_pairs": allp.n_pairs})
+    return pd.DataFrame(rows), pd.DataFrame(raw)
+
+
+def framework_table(study: Study) -> pd.DataFrame:
+    """The seed's framework table, measured: per framework the methods run and their best numbers."""
+    rows = []
+    mnt = headline_max_new(study)
+    for fw in sorted({study.meta(c)["framework"] for c in study.records}):
+        cells = [c for c in study.cell_ids(None, framework=fw) if study.meta(c)["max_new_tokens"] == mnt]
+        spec = [c for c in cells if study.meta(c)["method"] != "ar"]
+        fams = sorted({study.meta(c)["method"] for c in cells})
+        batches = sorted({study.meta(c)["batch_size"] for c in spec})
+        best, best_p = None, None
+        rows_b1: dict[tuple, list[str]] = {}
+        for c in spec:
+            m = study.meta(c)
+            if m["batch_size"] == 1 and not m["synthetic"]:
+                rows_b1.setdefault((m["label"], m["gamma"] or 0, m["sampling"]), []).append(c)
+        for (label, gamma, sampling), cs in sorted(rows_b1.items()):
+            p = pooled(study, cs)
+            if isnum(p.speedup) and (best_p is None or p.speedup > best_p.speedup):
+                best, best_p = f"{label} γ={gamma} ({sampling})", p
+        base = pooled(study, [c for c in cells if study.meta(c)["method"] == "ar" and study.meta(c)["batch_size"] == 1])
+        precisions = sorted({str(study.meta(c)["precision"]) for c in cells})
+        rows.append({"Framework": fw, "Methods measured": ", ".join(fams),
+                     "Tree verification": "○" if "tree" in fams else "×", "Precision": ", ".join(precisions),
+                     "Batch sizes (speculative)": ", ".join(map(str, batches)) or "—",
+                     "AR tokens/s (batch 1)": fmt_ci(base.tokens_per_s, base.tokens_per_s_ci, 1),
+                     "AR TPOT ms (mean / p50 / p99)": _ms(base, "tpot"),
+                     "Best method (batch 1)": best or "—",
+                     "Its speedup": fmt_ci(best_p.speedup, best_p.speedup_ci, 2, "×") if best_p else "—",
+                     "Its tokens/s": fmt_ci(best_p.tokens_per_s, best_p.tokens_per_s_ci, 1) if best_p else "—",
+                     "Its TTFT / TPOT / E2E ms (p50)": (" / ".join(fmt(v * 1e3 if isnum(v) else NAN, 1) for v in
+                                                          (best_p.ttft_p50_s, best_p.tpot_p50_s, best_p.e2e_p50_s))
+                                                 if best_p else "—"),
+                     "Its memory overhead (MB)": (fmt(best_p.memory_overhead_bytes / 1e6, 1)
+                                                  if best_p and isnum(best_p.memory_overhead_bytes) else "—"),
+                     "n": best_p.n_pairs if best_p else 0})
+    return pd.DataFrame(rows)
+
+
+def telemetry_table(study: Study) -> pd.DataFrame:
+    """One row per cell: load, CPU clock, RSS, GPU temperature/clock/power, throttling."""
+    rows = []
+    for cid, recs in study.records.items():
+        e = recs[0].extra if recs else {}
+        rows.append({"cell": cid, "load_1m_mean": e.get("tel_load_1m_mean"), "cpu_freq_mean_mhz": e.get("tel_cpu_freq_mean_mhz"),
+                     "rss_peak_gb": (e.get("tel_rss_peak_bytes") or 0) / 1e9 or None, "gpu_temp_max_c": e.get("tel_gpu_temp_max_c"),
+                     "gpu_sm_clock_min_mhz": e.get("tel_gpu_sm_clock_min_mhz"), "gpu_power_mean_w": e.get("tel_gpu_power_mean_w"),
+                     "throttled": bool(e.get("tel_throttled")), "reasons": ",".join(e.get("throttle_reasons") or [])})
+    return pd.DataFrame(rows)

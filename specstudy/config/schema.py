@@ -1,0 +1,173 @@
+"""The pydantic schemas of a study file's ``study:`` section (shape, types and ranges).
+
+:mod:`specstudy.config.study` resolves a validated :class:`StudySpec` into the sweeps of a
+:class:`~specstudy.config.study.StudyConfig`; relations between parts are :mod:`.checks`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Any, Literal
+
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, NonNegativeFloat, NonNegativeInt,
+                      PositiveFloat, PositiveInt, field_validator, model_validator)
+
+from ..records import Sampling
+from .errors import not_allowed
+from .vocab import DTYPES, METHOD_ALIASES, METHOD_FAMILIES, NEEDS_DRAFTER, QUANTIZATIONS, method_family
+
+NOTEBOOKS = ("hardware", "method_family", "task_category", "when_it_fails", "report")
+
+
+def _as_list(v: Any) -> Any:
+    return v if isinstance(v, list) or v is None else [v]
+
+
+def _rate(v: Any) -> Any:
+    if isinstance(v, str) and v.lower() == "inf":
+        return math.inf
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+        raise not_allowed(v, "positive requests/s or 'inf'")
+    return float(v)
+
+
+_STRICT = ConfigDict(extra="forbid", strict=True, frozen=True)
+Rate = Annotated[float, BeforeValidator(_rate)]
+
+
+# --------------------------------------------------------------------------------------------
+# the file's parts
+
+
+class SamplingSpec(BaseModel):
+    """Sampling settings, identical for every method and its paired baseline."""
+
+    model_config = _STRICT
+    temperature: NonNegativeFloat = 0.0
+    top_p: float = 1.0
+    top_k: NonNegativeInt = 0
+    seed: NonNegativeInt = 0
+    ignore_eos: bool = True
+
+    @field_validator("top_p")
+    @classmethod
+    def _top_p(cls, v: float) -> float:
+        if not 0.0 < v <= 1.0:
+            raise not_allowed(v, "a number in (0, 1]")
+        return v
+
+    def sampling(self, max_new_tokens: int) -> Sampling:
+        return Sampling(max_new_tokens=max_new_tokens, **self.model_dump())
+
+
+class WarmupSpec(BaseModel):
+    model_config = _STRICT
+    requests: NonNegativeInt = 1
+    max_new_tokens: PositiveInt = 8
+
+    @model_validator(mode="before")
+    @classmethod
+    def _count(cls, v: Any) -> Any:
+        return {"requests": v} if isinstance(v, int) and not isinstance(v, bool) else v
+
+
+class ModelPair(BaseModel):
+    """A target and the drafters usable with it (short name -> model id, path or head id)."""
+
+    model_config = _STRICT
+    name: str = ""
+    target: Annotated[str, Field(min_length=1)]
+    dtype: Literal[DTYPES] = "float32"  # type: ignore[valid-type]
+    tensor_parallel_size: PositiveInt = 1
+    drafters: dict[str, str] = {}
+    params: dict[str, PositiveFloat] = {}  # parameter counts, for the cost model
+    vocab_size: dict[str, PositiveInt] = {}  # declared, when no config is reachable
+    quantization: Literal[QUANTIZATIONS] = "none"  # type: ignore[valid-type]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_name(cls, v: Any) -> Any:
+        if isinstance(v, dict) and "name" not in v and isinstance(v.get("target"), str):
+            return {**v, "name": v["target"].split("/")[-1]}
+        return v
+
+    @model_validator(mode="after")
+    def _known_counts(self) -> "ModelPair":
+        for key in ("params", "vocab_size"):
+            unknown = set(getattr(self, key)) - {"target"} - set(self.drafters)
+            if unknown:
+                raise not_allowed(sorted(unknown)[0], ["target", *sorted(self.drafters)], at=key)
+        return self
+
+
+class MethodSpec(BaseModel):
+    """One method variant (a table row): engine method name, family, label, drafter, options."""
+
+    model_config = _STRICT
+    family: Literal[METHOD_FAMILIES]  # type: ignore[valid-type]
+    label: Annotated[str, Field(min_length=1)]
+    method: str = ""  # the name the backend runs (cell.method)
+    drafter: str | None = None
+    options: dict[str, Any] = {}
+    gammas: tuple[PositiveInt, ...] | None = None  # overrides the sweep's γ values for this method
+    max_batch_size: PositiveInt | None = None
+    frameworks: tuple[str, ...] | None = None
+    optional: bool = False  # dropped (with a warning) when its drafter file is not there
+
+    @model_validator(mode="before")
+    @classmethod
+    def _names(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            v = {"method": v}
+        if not isinstance(v, dict):
+            return v
+        known = list(METHOD_FAMILIES) + sorted(METHOD_ALIASES)
+        method = v.get("method", v.get("family"))
+        if method not in known:
+            raise not_allowed(method, known, at="method")
+        v = {"family": method_family(method), "label": method, **v, "method": method}
+        for key in ("gammas", "frameworks"):
+            if key in v:
+                v[key] = tuple(_as_list(v[key]) or ())
+        return v
+
+    @model_validator(mode="after")
+    def _drafter_needed(self) -> "MethodSpec":
+        if self.family in NEEDS_DRAFTER and not self.drafter:
+            raise not_allowed(self.drafter, "a drafter short name from study.models[].drafters",
+                              f"method {self.method} needs a drafter", at="drafter")
+        return self
+
+
+class _Axes(BaseModel):
+    """The axes a sweep may override (and the top level sets for every sweep)."""
+
+    model_config = _STRICT
+    frameworks: Annotated[list[str], BeforeValidator(_as_list)] | None = None
+    tasks: Annotated[list[str], BeforeValidator(_as_list)] | None = None
+    gammas: Annotated[list[PositiveInt], BeforeValidator(_as_list)] | None = None
+    batch_sizes: Annotated[list[PositiveInt], BeforeValidator(_as_list)] | None = None
+    request_rates: Annotated[list[Rate], BeforeValidator(_as_list)] | None = None
+    repeats: PositiveInt | None = None
+    sampling: Annotated[list[SamplingSpec], BeforeValidator(_as_list)] | None = None  # one setting or an axis of them
+    max_new_tokens: PositiveInt | None = None
+    prompts_per_task: PositiveInt | None = None
+    prefix_cache: Annotated[list[bool], BeforeValidator(_as_list)] | None = None
+
+
+class SweepSpec(_Axes):
+    models: Annotated[list[str], BeforeValidator(_as_list)] | None = None
+    methods: Annotated[list[str], BeforeValidator(lambda v: v if v == "all" else _as_list(v))] | Literal["all"] | None = None
+    description: str = ""
+
+
+class StudySpec(_Axes):
+    name: str | None = None
+    device: str = "cpu"
+    models: Annotated[list[ModelPair], Field(min_length=1)]
+    methods: Annotated[list[MethodSpec], Field(min_length=1)] = [MethodSpec(family="ar", label="ar", method="ar")]
+    framework_options: dict[str, dict[str, Any]] = {}
+    warmup: WarmupSpec = WarmupSpec()
+    telemetry_period_s: PositiveFloat = 0.5
+    notebooks: Annotated[list[Literal[NOTEBOOKS]], BeforeValidator(_as_list)] = list(NOTEBOOKS)  # type: ignore[valid-type]
+    sweeps: dict[str, SweepSpec | None] | None = None

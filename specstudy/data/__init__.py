@@ -1,0 +1,1 @@
+"""What the kit reads: pinned wheels (:mod:`.fetch`), models (:mod:`.models`) and task prompts (:mod:`.tasks`)."""

@@ -1,0 +1,240 @@
+"""One ``outputs/<hw>/`` folder: every path the runner writes and the report reads, in one place.
+
+The runner writes each finished cell as one parquet part (temp name, then rename: the commit
+point of the cell), the expanded plan once per run (``study.json``), the hardware profile it
+measured (``hardware_profile.json``, so the report predicts with the same figures), telemetry per
+cell, a failure file per failed cell and a provenance entry per run.  A part that does not read
+back (a disk that filled, a copy that broke) is moved aside with a message naming it, so its cell
+runs again instead of breaking every notebook.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .costmodel import HardwareProfile
+from .records import RequestRecord, read_part, write_part
+
+
+class BadPartError(RuntimeError):
+    """A record part on disk cannot be read back; the message names the file."""
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write through a temp file in the same folder and rename: readers never see half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+@dataclass(frozen=True)
+class StudyLayout:
+    """The files of one study's output folder (``outputs/<hardware>/``)."""
+
+    root: Path
+
+    @classmethod
+    def of(cls, hardware: str, outputs: str | os.PathLike = "outputs") -> "StudyLayout":
+        return cls(Path(outputs) / hardware)
+
+    # ---- paths ---------------------------------------------------------------------------
+    @property
+    def records_dir(self) -> Path:
+        return self.root / "records"
+
+    @property
+    def plan_path(self) -> Path:
+        return self.root / "study.json"
+
+    @property
+    def profile_path(self) -> Path:
+        return self.root / "hardware_profile.json"
+
+    @property
+    def provenance_path(self) -> Path:
+        return self.root / "provenance.json"
+
+    @property
+    def run_log_path(self) -> Path:
+        return self.root / "run.log"
+
+    @property
+    def tables_dir(self) -> Path:
+        return self.root / "tables"
+
+    @property
+    def figures_dir(self) -> Path:
+        return self.root / "figures"
+
+    @property
+    def notebooks_dir(self) -> Path:
+        return self.root / "notebooks"
+
+    @property
+    def notebooks_makefile(self) -> Path:
+        return self.root / "notebooks.mk"
+
+    @property
+    def records_stamp(self) -> Path:
+        """Touched whenever records change: the notebooks' make targets depend on it."""
+        return self.root / ".records-updated"
+
+    @property
+    def report_path(self) -> Path:
+        return self.root / "report.md"
+
+    @property
+    def servers_dir(self) -> Path:
+        return self.root / "servers"
+
+    def part_path(self, cell_id: str) -> Path:
+        return self.records_dir / f"{cell_id}.parquet"
+
+    def telemetry_path(self, cell_id: str) -> Path:
+        return self.root / "telemetry" / f"{cell_id}.parquet"
+
+    def failed_path(self, cell_id: str) -> Path:
+        return self.root / "failed" / f"{cell_id}.json"
+
+    # ---- records -------------------------------------------------------------------------
+    def part_paths(self) -> list[Path]:
+        """Finished parts only: temp files of a killed writer (dot names) are ignored."""
+        if not self.records_dir.exists():
+            return []
+        return sorted(p for p in self.records_dir.glob("*.parquet") if not p.name.startswith("."))
+
+    def is_done(self, cell_id: str) -> bool:
+        return self.part_path(cell_id).exists()
+
+    def check_part(self, cell_id: str) -> str | None:
+        """None when the cell's part reads back; else move it aside and say where (resume reruns it)."""
+        path = self.part_path(cell_id)
+        if not path.exists():
+            return None
+        try:
+            read_part(path)
+        except Exception as e:  # pyarrow raises several types for a truncated or corrupt file
+            bad = self.records_dir / "bad" / f"{path.stem}.{time.strftime('%Y%m%d-%H%M%S')}.parquet"
+            bad.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(path, bad)
+            return f"record part {path} does not read back ({type(e).__name__}: {e}); moved to {bad}, rerunning its cell"
+        return None
+
+    def write_part(self, cell_id: str, records: Sequence[RequestRecord]) -> Path:
+        path = write_part(records, self.part_path(cell_id))
+        with contextlib.suppress(FileNotFoundError):
+            self.failed_path(cell_id).unlink()
+        return path
+
+    def read_part(self, cell_id: str) -> list[RequestRecord]:
+        return self._read(self.part_path(cell_id))
+
+    def read_records(self) -> dict[str, list[RequestRecord]]:
+        """Every finished part, grouped by cell id; a part that does not read raises naming its file."""
+        out: dict[str, list[RequestRecord]] = {}
+        for path in self.part_paths():
+            recs = self._read(path)
+            if recs:
+                out.setdefault(recs[0].cell_id, []).extend(recs)
+        return out
+
+    def read_all(self) -> list[RequestRecord]:
+        """Every record of every finished part, in part order."""
+        return [r for recs in self.read_records().values() for r in recs]
+
+    @staticmethod
+    def _read(path: Path) -> list[RequestRecord]:
+        try:
+            return read_part(path)
+        except Exception as e:
+            raise BadPartError(f"record part {path} cannot be read ({type(e).__name__}: {e}); delete it or rerun "
+                               "`make study` (the runner moves such parts aside and reruns their cells)") from e
+
+    # ---- telemetry -----------------------------------------------------------------------
+    def write_telemetry(self, cell_id: str, samples: Sequence[Mapping[str, Any]]) -> None:
+        import pandas as pd
+
+        path = self.telemetry_path(cell_id)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        pd.DataFrame(list(samples)).assign(cell_id=cell_id).to_parquet(tmp)
+        os.replace(tmp, path)
+
+    def read_telemetry(self) -> Any:
+        """All telemetry samples as one pandas frame, or None when none were written."""
+        folder = self.root / "telemetry"
+        files = [f for f in sorted(folder.glob("*.parquet")) if not f.name.startswith(".")] if folder.exists() else []
+        if not files:
+            return None
+        import pandas as pd
+
+        return pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
+
+    # ---- plan, profile, provenance -------------------------------------------------------
+    def write_plan(self, doc: Mapping[str, Any]) -> Path:
+        atomic_write_text(self.plan_path, json.dumps(doc, indent=1, default=str))
+        return self.plan_path
+
+    def read_plan(self) -> dict[str, Any]:
+        """The plan snapshot, or {} for a folder written without one."""
+        return json.loads(self.plan_path.read_text()) if self.plan_path.exists() else {}
+
+    def save_profile(self, profile: HardwareProfile) -> None:
+        atomic_write_text(self.profile_path, json.dumps(dataclasses.asdict(profile), indent=1))
+
+    def load_profile(self) -> HardwareProfile | None:
+        """The profile the runner used (measured once, at run time); None if it was not saved."""
+        if not self.profile_path.exists():
+            return None
+        return HardwareProfile(**json.loads(self.profile_path.read_text()))
+
+    def append_provenance(self, entry: Mapping[str, Any]) -> None:
+        runs = self.provenance_runs()
+        atomic_write_text(self.provenance_path, json.dumps({"runs": [*runs, dict(entry)]}, indent=1, default=str))
+
+    def provenance_runs(self) -> list[dict[str, Any]]:
+        if not self.provenance_path.exists():
+            return []
+        with contextlib.suppress(ValueError, OSError):
+            return list(json.loads(self.provenance_path.read_text()).get("runs", []))
+        return []
+
+    # ---- failures ------------------------------------------------------------------------
+    def record_failure(self, cell_id: str, doc: Mapping[str, Any]) -> None:
+        atomic_write_text(self.failed_path(cell_id), json.dumps(dict(doc), indent=1, default=str))
+
+    def failed_cells(self) -> list[dict[str, Any]]:
+        """Cells whose last attempt failed and that have no records since."""
+        folder = self.root / "failed"
+        found = []
+        for p in sorted(folder.glob("*.json")) if folder.exists() else []:
+            d = json.loads(p.read_text())
+            if not self.is_done(d.get("cell_id", p.stem)):
+                found.append(d)
+        return found
+
+    # ---- one writer at a time ------------------------------------------------------------
+    @contextlib.contextmanager
+    def lock(self) -> Iterator[None]:
+        """One runner per folder: a second (``make -j``, two terminals) fails fast instead of racing."""
+        import fcntl
+
+        self.root.mkdir(parents=True, exist_ok=True)
+        path = self.root / ".runner.lock"
+        with open(path, "w") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise RuntimeError(f"another `specstudy run` is writing {self.root} (lock {path})") from None
+            f.write(str(os.getpid()))
+            f.flush()
+            yield

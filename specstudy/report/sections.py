@@ -1,0 +1,268 @@
+"""The report's sections: analysis tables and figures put in order, with the text that explains them.
+
+A :class:`Section` holds its markdown, its tables (name → display and raw frames) and its figures
+(name → ``Figure``); the section builders compute nothing themselves beyond choosing what to show
+(the numbers are :mod:`specstudy.analysis`'s).  :mod:`specstudy.report.writer` saves the tables
+and figures under those names and renders the markdown.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pandas as pd
+from matplotlib.figure import Figure
+
+from ..analysis import conditions, fails, figures, frames, stats, tables
+from ..analysis.format import FAMILY_TITLES, TASK_TITLES
+from ..analysis.study import Study
+from .summary import summary_markdown
+
+
+def markdown_table(df: pd.DataFrame | None) -> str:
+    """A GitHub-flavoured markdown table (no tabulate dependency)."""
+    if df is None or len(df) == 0:
+        return "_no measured rows_\n"
+    cols = [str(c) for c in df.columns]
+    lines = ["| " + " | ".join(cols) + " |", "| " + " | ".join("---" for _ in cols) + " |"]
+    for _, row in df.iterrows():
+        lines.append("| " + " | ".join(str(v).replace("|", "\\|").replace("\n", " ") for v in row.values) + " |")
+    return "\n".join(lines) + "\n"
+
+
+@dataclass
+class Section:
+    title: str
+    markdown: str = ""
+    tables: dict[str, tuple[pd.DataFrame, pd.DataFrame | None]] = field(default_factory=dict)
+    figures: dict[str, Figure] = field(default_factory=dict)
+
+    def absorb(self, other: "Section") -> None:
+        """Append another section's text, tables and figures (the telemetry inside the hardware section)."""
+        self.markdown += "\n" + other.markdown
+        self.tables.update(other.tables)
+        self.figures.update(other.figures)
+
+    def to_markdown(self, figures_rel: str = "figures", level: int = 2) -> str:
+        parts = [f"{'#' * level} {self.title}\n", self.markdown]
+        for name in self.figures:
+            parts.append(f"\n![{name}]({figures_rel}/{name}.png)\n\n(PDF: `{figures_rel}/{name}.pdf`)\n")
+        return "\n".join(parts) + "\n"
+
+
+def telemetry_section(study: Study) -> Section:
+    """Temperatures, clocks, power and load over the run; throttled cells flagged."""
+    sec = Section("Telemetry")
+    table = tables.telemetry_table(study)
+    if table.empty:
+        sec.markdown = "_no telemetry recorded_\n"
+        return sec
+    sec.markdown = "\n".join(conditions.telemetry_lines(study, table)) + "\n"
+    sec.tables["telemetry"] = (table, None)
+    t = study.telemetry
+    if t is not None and len(t) and "epoch" in t:
+        sec.figures["telemetry"] = figures.telemetry(t, study.hardware)
+    return sec
+
+
+def hardware_section(study: Study, hardware: tuple[pd.DataFrame, pd.DataFrame] | None = None) -> Section:
+    """The hardware notebook: the seed's per-GPU table measured, the rest of its metric table, telemetry."""
+    prof = study.profile
+    host = study.provenance.get("host", {})
+    device = host.get("gpus") or [host.get("cpu_model", "")]
+    table, raw = hardware if hardware is not None else tables.hardware_table(study)
+    metrics_table = tables.metric_table(study)
+    sec = Section(f"Hardware table — {study.hardware} ({', '.join(d for d in device if d) or (prof.device if prof else '')})")
+    sec.tables["hardware"] = (table, raw)
+    sec.tables["hardware_metrics"] = (metrics_table, None)
+    notes = conditions.drafter_notes(study)
+    sec.markdown = (
+        f"Measured on this machine, batch 1, max_new_tokens={tables.headline_max_new(study)}, pooled over the "
+        "`hardware` sweep's tasks. α = accepted/drafted; AL = 1 + accepted / draft steps (the tokens one verification "
+        "step yields, bonus token included: the seed's expected accepted length, vLLM's mean acceptance length); "
+        "tokens/s = Σ output tokens / Σ end-to-end time; speedup = paired AR latency / speculative latency on the same "
+        "prompts, sampling and engine. Brackets: 95 % bootstrap CI over prompts; n = paired requests (AR rows: requests).\n\n"
+        + markdown_table(table)
+        + "\nThe rest of the seed's metric table for the same rows: latency (mean / p50 / p99), tokens per target "
+        "forward (a cost figure: prompt pass and forwards without drafts included), memory overhead (peak of the "
+        "speculative cell minus its baseline's), and quality (perplexity under the target minus the baseline's; the "
+        "p value of a sign-flip test that both outputs score alike under the target; greedy exact match).\n\n"
+        + markdown_table(metrics_table)
+        + ("\nTrained drafters in this study:\n" + "\n".join(notes) + "\n" if notes else "")
+    )
+    if len(raw):
+        sec.figures["hardware_methods"] = figures.hardware_methods(raw, study.hardware)
+    sec.absorb(telemetry_section(study))
+    return sec
+
+
+def frameworks_section(study: Study) -> Section:
+    fw = tables.framework_table(study)
+    return Section("Frameworks", "Measured per framework on this machine.\n\n" + markdown_table(fw), {"frameworks": (fw, None)})
+
+
+def method_family_section(study: Study, family: str) -> Section:
+    """The method-family notebook: across γ and batch size, measured beside the cost model."""
+    table, raw = tables.method_table(study, family)
+    sec = Section(f"Method family — {FAMILY_TITLES.get(family, family)}", tables={f"method_{family}": (table, raw)})
+    if raw.empty:
+        sec.markdown = f"_no measured cells for family `{family}`_\n"
+        return sec
+    sec.markdown = (
+        "Predicted speedup = AL(α̂, γ) / (γ·c + verify cost), the Leviathan et al. formula with the *measured* "
+        "i.i.d. acceptance α̂, draft cost c and verification cost (both in units of one AR decode step T1). "
+        "Predictions are labelled as such; measured speedups are paired against AR on the same prompts.\n\n"
+        + markdown_table(table)
+    )
+    b1 = raw[raw["batch_size"] == 1]
+    if len(b1):
+        sec.figures[f"method_{family}_gamma"] = figures.speedup_vs_gamma(b1)
+    hist = frames.tau_histogram(study, study.spec_cell_ids(None, family=family))
+    if hist:
+        sec.figures[f"method_{family}_tau_hist"] = figures.tau_distribution(hist)
+    multi = raw.groupby(["label", "gamma"]).filter(lambda g: g["batch_size"].nunique() > 1)
+    if len(multi):
+        sec.figures[f"method_{family}_batch"] = figures.speedup_vs_batch(multi)
+        sec.markdown += "\nBreak-even batch: " + "; ".join(stats.break_even_notes(multi)) + ".\n"
+    return sec
+
+
+def task_category_section(study: Study, task: str | None = None) -> Section:
+    """One task (or all): the seed's task table row(s) and the acceptance-vs-entropy plot."""
+    name = f"task_{task}" if task else "tasks"
+    table, raw = tables.task_table(study, [task] if task else None)
+    sec = Section(f"Task category — {TASK_TITLES.get(task, task)}" if task else "Task categories",
+                  tables={name: (table, raw)})
+    sec.markdown = (
+        "Entropy: mean per-token entropy (nats) of the target's next-token distribution along its own AR output "
+        "(computed in the verification pass), 95 % CI over requests. α range: lowest–highest α over the task's "
+        "speculative cells (methods × γ), batch 1. Best γ measured: the γ with the highest paired speedup among "
+        "those run. Optimal γ (prediction): the cost model's optimum from the measured α̂, c and verification cost.\n\n"
+        + markdown_table(table)
+    )
+    pts = frames.entropy_points(study, [task] if task else None)
+    if len(pts):
+        sec.figures[f"{name}_alpha_vs_entropy"] = figures.alpha_vs_entropy(pts, by_task=not task)
+        r = stats.entropy_correlation(pts)
+        if r is not None:
+            sec.markdown += f"\nPearson correlation of α with entropy over {len(pts)} requests: r = {r:.2f}.\n"
+    return sec
+
+
+def _fails_batch(study: Study, sec: Section) -> list[str]:
+    parts = ["### (1) Large batch: verification turns compute-bound\n"]
+    df = fails.large_batch(study)
+    if len(df):
+        sec.tables["fails_batch"] = (df, None)
+        parts.append(markdown_table(df))
+    else:
+        parts.append("_no method was measured at several batch sizes_\n")
+    lines = fails.predicted_break_even(study, study.profile)
+    if lines:
+        parts.append(f"\nPrediction (roofline cost model, {study.profile.name} profile, not measured): batch size at "  # type: ignore[union-attr]
+                     "which the draft/target speedup falls below 1×:\n" + "\n".join(lines) + "\n")
+    else:
+        parts.append("")
+    return parts
+
+
+def _fails_alpha(study: Study, sec: Section) -> list[str]:
+    parts = ["\n### (2) Low acceptance (α < 0.4)\n"]
+    pc = fails.per_cell_acceptance(study)
+    if not len(pc):
+        return parts + ["_no speculative cell with both α and a paired baseline_\n"]
+    df = fails.low_alpha(study, pc)
+    sec.tables["fails_low_alpha"] = (df, None)
+    parts.append(markdown_table(df))
+    preds = fails.low_alpha_predictions(pc)
+    if preds:
+        parts.append("\nPrediction (cost model with each method's measured draft and verification costs):\n"
+                     + "\n".join(preds) + "\n")
+    sec.figures["fails_alpha"] = figures.speedup_vs_alpha(pc)
+    return parts
+
+
+def _fails_short_and_memory(study: Study, sec: Section) -> list[str]:
+    parts = ["\n### (3) Short outputs (≤ 10 tokens)\n"]
+    df = fails.short_outputs(study)
+    if len(df):
+        sec.tables["fails_short"] = (df, None)
+        parts.append("The prefill and the first token are the same work with or without speculation, so with few "
+                     "output tokens there is little decode time left to save.\n\n" + markdown_table(df))
+    else:
+        parts.append("_no short-output cells in this study (add a sweep with max_new_tokens ≤ 10)_\n")
+    parts.append("\n### (4) Memory pressure: a draft model costs memory the target may need\n")
+    md, src = fails.memory_overhead(study)
+    if len(md):
+        sec.tables["fails_memory"] = (md, None)
+        parts.append(f"Peak memory of the speculative cell minus its paired baseline (source: {', '.join(src) or 'backend'}).\n\n"
+                     + markdown_table(md))
+    else:
+        parts.append("_the backend reported no peak memory_\n")
+    lines = fails.predicted_memory_fit(study, study.profile)
+    parts.append("\nPrediction (weights only, from declared parameter counts; KV cache comes on top): heads "
+                 "(Medusa/EAGLE) add far less memory than a separate draft model.\n" + "\n".join(lines) + "\n" if lines else "")
+    return parts
+
+
+def when_it_fails_section(study: Study) -> Section:
+    """FAQ Q4: large batch, α < 0.4, outputs under 10 tokens, memory pressure — measured where the
+    records allow it, the cost model's prediction beside it (labelled as a prediction)."""
+    sec = Section("When speculation does not pay (FAQ Q4)")
+    parts = _fails_batch(study, sec) + _fails_alpha(study, sec) + _fails_short_and_memory(study, sec)
+    sec.markdown = "\n".join(parts)
+    return sec
+
+
+def hygiene_section(study: Study) -> Section:
+    """The seed's benchmark-hygiene table, answered from the records and the plan."""
+    if not study.records:
+        return Section("Benchmark hygiene", "_no records_\n")
+    return Section("Benchmark hygiene", markdown_table(conditions.hygiene_table(study)))
+
+
+def provenance_section(study: Study) -> Section:
+    return Section("Provenance", "\n".join(conditions.provenance_lines(study)) + "\n")
+
+
+def failures_section(study: Study) -> Section:
+    if not study.failed:
+        return Section("Failed cells", "None.\n")
+    lines = ["| Cell | Error |", "| --- | --- |"]
+    for f in study.failed:
+        lines.append(f"| {f.get('cell_id')} | {str(f.get('error', '')).replace('|', '/')[:200]} |")
+    return Section("Failed cells", "\n".join(lines) + "\n\nRerun `make study` to retry them (finished cells are skipped).\n")
+
+
+def report_head(study: Study) -> str:
+    n_req = sum(len(v) for v in study.records.values())
+    n_ok = sum(r.status == "ok" for r in study.all_records())
+    stale = (f"; {len(study.stale_cells)} record part(s) of cells no longer in the params ignored"
+             if study.stale_cells else "")
+    return "\n".join([
+        f"# Speculative decoding study — `{study.config.get('name', study.hardware)}` on `{study.hardware}`\n",
+        f"{len(study.records)} of {study.planned_cells} planned cells measured ({n_req} requests, {n_ok} ok); "
+        f"{len(study.failed)} failed{stale}. Every number below is measured on this machine unless labelled "
+        "*prediction* (the roofline / Leviathan cost model). Brackets are 95 % bootstrap confidence intervals; "
+        "n counts paired requests.\n",
+    ])
+
+
+def summary_section(study: Study, hw_raw: pd.DataFrame) -> Section:
+    """The opening summary, computed from the report's own tables (each sentence links to its table)."""
+    return Section("Summary", summary_markdown(study, hw_raw))
+
+
+def report_sections(study: Study) -> list[Section]:
+    """Every section of the report, in order."""
+    hardware = tables.hardware_table(study)
+    secs = [summary_section(study, hardware[1]), hardware_section(study, hardware), frameworks_section(study)]
+    secs += [method_family_section(study, fam) for fam in tables.families_in(study)]
+    secs += [task_category_section(study), when_it_fails_section(study), hygiene_section(study),
+             provenance_section(study), failures_section(study)]
+    return secs
+
+
+def extra_sections(study: Study) -> list[Section]:
+    """Sections the report does not print but whose tables and figures the task notebooks show."""
+    return [task_category_section(study, t) for t in tables.tasks_in(study)]

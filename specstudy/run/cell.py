@@ -1,0 +1,176 @@
+"""One cell: untimed warm-up, the measured requests under telemetry, the records stamped with the plan.
+
+An offline cell decodes its prompts through ``backend.run`` in batches of the cell's size; a
+request-rate cell offers them to a server through the one serving driver
+(:func:`specstudy.run.serving.serve`).  Either way the records come back stamped with the plan's
+axes (label, family, sweeps, baseline, prefix cache, rate) as their own columns.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .. import metrics
+from ..backends.base import Backend, ServingBackend
+from ..records import Request, RequestRecord, Sampling
+from ..telemetry import Telemetry, TelemetrySampler, load_average
+from .plan import CellPlan
+from .serving import Load, serve
+
+#: bounds of one serving cell (a server that stops answering must not hang the study)
+RATE_REQUEST_TIMEOUT_S = 600.0
+RATE_RUN_TIMEOUT_S = 3600.0
+
+
+@dataclass
+class CellResult:
+    """What the one progress line of a cell says."""
+
+    cell_id: str
+    label: str
+    status: str  # "done", "skipped", "failed"
+    requests: int = 0
+    ok: int = 0
+    output_tokens: int = 0
+    wall_s: float = 0.0
+    tokens_per_s: float = float("nan")
+    alpha: float | None = None
+    acceptance_length: float | None = None
+    speedup: float | None = None
+    speedup_ci: tuple[float, float] | None = None
+    load_1m: float = float("nan")
+    throttled: bool = False
+    message: str = ""
+    sweeps: tuple[str, ...] = ()
+
+    def line(self, i: int, total: int) -> str:
+        head = f"[{i}/{total}] {self.cell_id}"
+        if self.status == "skipped":
+            return f"{head}: done earlier, skipped"
+        if self.status == "failed":
+            return f"{head}: FAILED: {self.message}"
+        parts = [f"{self.ok}/{self.requests} ok", f"{self.output_tokens} tok in {self.wall_s:.1f}s",
+                 f"{self.tokens_per_s:.1f} tok/s"]
+        if self.alpha is not None and self.alpha == self.alpha:
+            al = self.acceptance_length
+            parts.append(f"alpha {self.alpha:.2f} AL {al:.2f}" if al is not None and al == al else f"alpha {self.alpha:.2f}")
+        if self.speedup is not None and self.speedup == self.speedup:
+            lo, hi = self.speedup_ci or (float("nan"), float("nan"))
+            parts.append(f"speedup {self.speedup:.2f}x [{lo:.2f}, {hi:.2f}]")
+        parts.append(f"load {self.load_1m:.2f}")
+        if self.throttled:
+            parts.append("THROTTLED")
+        return f"{head}: " + ", ".join(parts)
+
+
+def split_warmup(requests: Sequence[Request], n: int, warmup: int) -> tuple[list[Request], list[Request]]:
+    """The first ``n`` requests are measured; the next ``warmup`` (cycled if short) warm the engine up."""
+    measured = list(requests[:n])
+    rest = list(requests[n:]) or list(requests)
+    warm = [dataclasses.replace(rest[i % len(rest)], prompt_id=f"warmup-{i}") for i in range(warmup)] if rest else []
+    return measured, warm
+
+
+def warmup_sampling(plan: CellPlan, warmup_tokens: int) -> Sampling:
+    """The cell's sampling, capped at the warm-up length (untimed requests, discarded)."""
+    return dataclasses.replace(plan.sampling, max_new_tokens=min(warmup_tokens, plan.sampling.max_new_tokens))
+
+
+def _progress(total: int, desc: str, enabled: bool) -> Any:
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, unit="req", leave=False, disable=not enabled, file=sys.stderr,
+                dynamic_ncols=True)
+
+
+def _stamp(plan: CellPlan, rec: RequestRecord, policies: dict[str, str]) -> RequestRecord:
+    l1, l5, l15 = load_average()
+    rec.input_policy = rec.input_policy or policies.get(rec.prompt_id) or ""
+    rec.extra = {**(rec.extra or {}), "load_1m": l1, "load_5m": l5, "load_15m": l15}
+    return plan.stamp(rec)
+
+
+def run_offline(plan: CellPlan, backend: Backend, requests: Sequence[Request], warmup: Sequence[Request],
+                warmup_tokens: int, telemetry_period_s: float, progress: bool = True
+                ) -> tuple[list[RequestRecord], Telemetry]:
+    """Warm up (untimed, discarded), then decode ``requests`` in batches under telemetry."""
+    cell = plan.backend_cell()
+    if warmup:
+        for _ in backend.run(list(warmup), warmup_sampling(plan, warmup_tokens), cell):
+            pass
+    policies = {r.prompt_id: getattr(r, "input_policy", "") for r in requests}
+    records: list[RequestRecord] = []
+    tokens = 0
+    c = plan.cell
+    bar = _progress(len(requests), f"{plan.label} {c.task} γ={c.gamma or '-'} b={c.batch_size}", progress)
+    sampler = TelemetrySampler(telemetry_period_s).start()
+    t0 = time.perf_counter()
+    try:
+        for rec in backend.run(list(requests), plan.sampling, cell):
+            records.append(_stamp(plan, rec, policies))
+            tokens += rec.output_tokens if rec.status == "ok" else 0
+            bar.update(1)
+            bar.set_postfix_str(f"{tokens / max(time.perf_counter() - t0, 1e-9):.1f} tok/s")
+    finally:
+        tel = sampler.stop()
+        bar.close()
+    return records, tel
+
+
+def run_at_rate(plan: CellPlan, backend: Backend, requests: Sequence[Request], warmup: Sequence[Request],
+                warmup_tokens: int, telemetry_period_s: float) -> tuple[list[RequestRecord], Telemetry]:
+    """A serving cell: Poisson arrivals at ``plan.request_rate`` against the cell's server."""
+    if not isinstance(backend, ServingBackend):
+        raise ValueError(f"request_rate needs a server backend (vllm-server, sglang, llamacpp, openai); "
+                         f"{type(backend).__name__} decodes offline batches")
+    assert plan.request_rate is not None
+    run = serve(backend, requests, warmup, plan.sampling, warmup_sampling(plan, warmup_tokens), plan.backend_cell(),
+                Load(plan.request_rate), request_timeout_s=RATE_REQUEST_TIMEOUT_S, run_timeout_s=RATE_RUN_TIMEOUT_S,
+                telemetry_period_s=telemetry_period_s, seed=plan.sampling.seed)
+    policies = {r.prompt_id: getattr(r, "input_policy", "") for r in requests}
+    for rec in run.records:
+        _stamp(plan, rec, policies).extra.update(run_wall_s=run.wall_s, run_acceptance=run.run_acceptance)
+    return run.records, run.telemetry
+
+
+def run_cell(plan: CellPlan, backend: Backend, requests: Sequence[Request], warmup: Sequence[Request],
+             warmup_tokens: int, telemetry_period_s: float, progress: bool = True
+             ) -> tuple[list[RequestRecord], Telemetry]:
+    """The cell's records and telemetry, offline or at its request rate."""
+    if plan.request_rate is not None:
+        return run_at_rate(plan, backend, requests, warmup, warmup_tokens, telemetry_period_s)
+    return run_offline(plan, backend, requests, warmup, warmup_tokens, telemetry_period_s, progress)
+
+
+def annotate(records: list[RequestRecord], warmup: int, wall_s: float, tel_summary: dict[str, Any]) -> None:
+    """The cell's measurement conditions on each record: warm-up, wall time, telemetry summary."""
+    keep = {k: v for k, v in tel_summary.items() if not isinstance(v, list)}
+    for r in records:
+        r.extra.update(warmup_requests=warmup, warmup_scope="engine, method, gamma, batch size", cell_wall_s=wall_s,
+                       throttle_reasons=tel_summary.get("gpu_throttle_reasons", []),
+                       **{f"tel_{k}": v for k, v in keep.items()})
+
+
+def summarize(plan: CellPlan, records: list[RequestRecord], wall_s: float, baseline: list[RequestRecord] | None,
+              tel_summary: dict[str, Any]) -> CellResult:
+    """The cell's progress line: throughput, acceptance and (when paired) its speedup."""
+    ok = [r for r in records if r.status == "ok"]
+    acc = metrics.acceptance_summary(records)
+    res = CellResult(
+        cell_id=plan.cell_id, label=plan.label, status="done", requests=len(records), ok=len(ok),
+        output_tokens=sum(r.output_tokens for r in ok), wall_s=wall_s,
+        tokens_per_s=metrics.output_throughput(records), alpha=acc["alpha"], acceptance_length=acc["acceptance_length"],
+        load_1m=load_average()[0], throttled=bool(tel_summary.get("throttled")), sweeps=plan.sweeps,
+    )
+    errors = sorted({f"{r.status}: {r.error}"[:120] for r in records if r.status != "ok"})
+    if errors:
+        res.message = "; ".join(errors[:3])
+    if baseline is not None:
+        sp = metrics.paired_speedup(baseline, records)
+        res.speedup, res.speedup_ci = sp["speedup"], (sp["ci_low"], sp["ci_high"])
+    return res

@@ -1,0 +1,248 @@
+"""The study's cells: the sweeps of a :class:`~specstudy.config.study.StudyConfig` expanded.
+
+Every speculative cell is paired with the AR cell it is compared against (same prompts,
+sampling, engine, batch size).  Cells shared by sweeps run once.  The order groups cells by
+engine so models load once per framework/model/drafter, and puts each baseline before the cells
+that need it.  :func:`check_backends` asks each framework's backend whether it runs the methods
+the study gives it, before any model loads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import itertools
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from ..backends import BACKENDS
+from ..config import ParamsError, StudyConfig
+from ..config.schema import ModelPair
+from ..config.study import Sweep
+from ..config.vocab import DRAFTER_PER_CELL, REFERENCE_METHODS, SERVER_FRAMEWORKS
+from ..records import Cell, RequestRecord, Sampling
+
+
+@dataclass(frozen=True)
+class CellPlan:
+    """One cell to run, with everything the runner needs and the id of its paired baseline."""
+
+    cell: Cell
+    sampling: Sampling
+    prompts: int
+    label: str
+    target: str  # model id handed to the backend
+    drafter_id: str | None  # drafter model id/path handed to the backend
+    dtype: str
+    tensor_parallel_size: int
+    prefix_cache: bool
+    request_rate: float | None
+    baseline_cell_id: str | None  # None for AR cells
+    family: str = ""  # method family (cell.method may be an engine-specific name such as eagle)
+    method_options: tuple[tuple[str, Any], ...] = ()  # what the backend sees in cell.options
+    sweeps: tuple[str, ...] = ()
+
+    @property
+    def cell_id(self) -> str:
+        return self.cell.cell_id
+
+    @property
+    def is_baseline(self) -> bool:
+        return self.cell.method == "ar"
+
+    def backend_key(self) -> tuple:
+        """Cells with the same key share one loaded engine (models loaded once per key).
+
+        Server backends restart their server themselves when a cell's speculative config changes.
+        """
+        # the reference engine loads each cell's drafter itself (cached), so one engine per target
+        drafter = None if self.cell.framework in DRAFTER_PER_CELL else self.drafter_id
+        return (self.cell.framework, self.target, drafter, self.dtype, self.tensor_parallel_size, self.prefix_cache)
+
+    def backend_cell(self) -> Cell:
+        """The cell handed to ``backend.run``: method options only (plus the arrival rate for servers).
+
+        The run settings that are part of the study's cell identity (max_new_tokens, prompts,
+        label, ...) stay out of it; the cell keeps its one id, which the backend stamps on records.
+        """
+        opts = dict(self.method_options)
+        if self.request_rate is not None:
+            opts["rate"] = "inf" if math.isinf(self.request_rate) else self.request_rate
+        return dataclasses.replace(self.cell, options=tuple(sorted(opts.items())))
+
+    def stamp(self, record: RequestRecord) -> RequestRecord:
+        """Write the plan's axes into a record's own columns (what the analysis groups by)."""
+        record.cell_id = self.cell_id
+        record.label, record.family, record.sweeps = self.label, self.family, list(self.sweeps)
+        record.baseline_cell_id, record.request_rate, record.dtype = self.baseline_cell_id, self.request_rate, self.dtype
+        # a server the kit did not start cannot be told: its prefix cache is unknown, never False
+        record.prefix_cache = None if record.extra.get("prefix_cache_unknown") else self.prefix_cache
+        return record
+
+    def as_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["cell"] = dataclasses.asdict(self.cell)
+        d["cell_id"] = self.cell_id
+        return d
+
+
+def backend_methods(framework: str) -> tuple[str, ...] | None:
+    """Method names a backend class declares (its module is imported, the engine is not)."""
+    if framework == "reference":  # the in-process engine runs every family (issue 3); no torch import here
+        return REFERENCE_METHODS
+    spec = BACKENDS.get(framework)
+    if not spec:
+        return None
+    module, cls = spec.split(":")
+    try:
+        methods = getattr(getattr(importlib.import_module(f"specstudy.backends.{module}"), cls), "methods", None)
+    except ImportError:  # the module needs its engine to import: checked at run time
+        return None
+    return tuple(methods) if methods else None
+
+
+def check_backends(cfg: StudyConfig) -> StudyConfig:
+    """Each (framework, method) of a sweep must be one the backend runs; drafters must exist."""
+    declared = {fw: backend_methods(fw) for sw in cfg.sweeps for fw in sw.frameworks}
+    for sw in cfg.sweeps:
+        for label in sw.methods:
+            m = cfg.method(label)
+            name = m.method or m.family
+            for fw in sw.frameworks:
+                ok = declared.get(fw)
+                if ok is not None and name not in ok and (m.frameworks is None or fw in m.frameworks):
+                    raise ParamsError(cfg.file, f"study.sweeps.{sw.name}.methods" if sw.name != "default" else "study.methods",
+                                      name, sorted(ok), f"framework {fw!r} does not run this method; restrict it with "
+                                      f"methods[].frameworks")
+            if m.frameworks is not None and not set(sw.frameworks) & set(m.frameworks):
+                raise ParamsError(cfg.file, f"study.sweeps.{sw.name}.frameworks", list(sw.frameworks), list(m.frameworks),
+                                  f"method {label!r} runs only on these")
+            if m.drafter is not None and not any(m.drafter in cfg.model(n).drafters for n in sw.models):
+                raise ParamsError(cfg.file, f"study.sweeps.{sw.name}.models", list(sw.models),
+                                  [p.name for p in cfg.models if m.drafter in p.drafters],
+                                  f"method {label!r} needs drafter {m.drafter!r}")
+    return cfg
+
+
+def _run_options(s: Sampling, pair: ModelPair, prefix_cache: bool, rate: float | None, prompts: int) -> tuple:
+    """Settings shared by a cell and its baseline: part of both identities."""
+    opts = {
+        "max_new_tokens": s.max_new_tokens, "prompts": prompts, "prefix_cache": prefix_cache,
+        "temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k, "ignore_eos": s.ignore_eos,
+        "dtype": pair.dtype, "tp": pair.tensor_parallel_size,
+    }
+    if rate is not None:
+        opts["request_rate"] = "inf" if math.isinf(rate) else rate
+    return tuple(sorted(opts.items()))
+
+
+def _with_id(cell: Cell) -> Cell:
+    """The cell with its one id fixed from its full identity (kept through :meth:`CellPlan.backend_cell`)."""
+    return dataclasses.replace(cell, id=cell.identity_id())
+
+
+def expand(cfg: StudyConfig) -> list[CellPlan]:
+    """All cells of all sweeps, deduplicated, each speculative cell with its paired AR baseline.
+
+    Order: grouped by engine (so models load once per framework/model/drafter), baselines
+    before the speculative cells they pair with.
+    """
+    plans: dict[str, CellPlan] = {}
+    sweeps_of: dict[str, set[str]] = {}
+
+    def add(plan: CellPlan, sweep: str) -> None:
+        cid = plan.cell_id
+        if cid not in plans:
+            plans[cid] = plan
+        sweeps_of.setdefault(cid, set()).add(sweep)
+
+    for sw in cfg.sweeps:
+        rates: tuple[float | None, ...] = sw.request_rates or (None,)
+        for model_name, fw, task, batch, pc, rate, smp, label, rep in itertools.product(
+            sw.models, sw.frameworks, sw.tasks, sw.batch_sizes, sw.prefix_cache, rates, sw.samplings, sw.methods,
+            range(sw.repeats)
+        ):
+            if rate is not None and fw not in SERVER_FRAMEWORKS:
+                continue  # request-rate sweeps are for servers; offline engines run batches
+            pair = cfg.model(model_name)
+            m = cfg.method(label)
+            if m.frameworks is not None and fw not in m.frameworks:
+                continue
+            if m.max_batch_size is not None and batch > m.max_batch_size:
+                continue
+            if m.drafter is not None and m.drafter not in pair.drafters:
+                continue
+            sampling = dataclasses.replace(smp, seed=smp.seed + rep)
+            run_opts = _run_options(smp, pair, pc, rate, sw.prompts_per_task)
+            base_cell = _with_id(Cell(study=cfg.name, hardware=cfg.hardware, framework=fw, method="ar", task=task,
+                                      model=pair.target, drafter=None, gamma=None, batch_size=batch, repeat=rep,
+                                      options=run_opts))
+            common = dict(sampling=sampling, prompts=sw.prompts_per_task, target=pair.target, dtype=pair.dtype,
+                          tensor_parallel_size=pair.tensor_parallel_size, prefix_cache=pc, request_rate=rate)
+            add(CellPlan(cell=base_cell, label="ar", family="ar", drafter_id=None, baseline_cell_id=None, **common), sw.name)
+            if m.family == "ar":
+                continue
+            drafter_id = pair.drafters[m.drafter] if m.drafter else None
+            for g in (m.gammas or sw.gammas):
+                opts = tuple(sorted({**dict(run_opts), **m.options, "label": m.label}.items()))
+                cell = _with_id(dataclasses.replace(base_cell, method=m.method or m.family, drafter=drafter_id, gamma=g,
+                                                    options=opts, id=""))
+                add(CellPlan(cell=cell, label=m.label, family=m.family, drafter_id=drafter_id,
+                             baseline_cell_id=base_cell.cell_id, method_options=tuple(sorted(m.options.items())),
+                             **common),
+                    sw.name)
+    out = [dataclasses.replace(p, sweeps=tuple(sorted(sweeps_of[cid]))) for cid, p in plans.items()]
+    # group by engine; inside, by pairing group with the baseline first (in-process engines switch
+    # method per cell for free), or by speculative config (a server restarts for each config)
+    def order(p: CellPlan) -> tuple:
+        engine = (p.cell.framework, p.target, p.dtype, p.tensor_parallel_size)
+        if p.cell.framework in SERVER_FRAMEWORKS:
+            config = (p.cell.method != "ar", str(p.drafter_id or ""), p.cell.method, p.cell.gamma or 0, p.label,
+                      p.prefix_cache)
+            return (engine, config, p.cell.task, p.cell.batch_size, p.cell.repeat, str(p.request_rate))
+        group = p.baseline_cell_id or p.cell_id
+        # an engine that loads drafters per cell runs each baseline next to its speculative cells;
+        # one that takes its drafter at start groups cells by drafter (one load each)
+        drafter = "" if p.cell.framework in DRAFTER_PER_CELL else str(p.drafter_id or "")
+        return (engine, drafter, group, not p.is_baseline, p.cell.method, p.cell.gamma or 0)
+
+    engine_first = sorted(out, key=order)
+    if any(p.cell.framework in SERVER_FRAMEWORKS for p in out):
+        return engine_first
+    return _baselines_first(engine_first)
+
+
+def _baselines_first(plans: list[CellPlan]) -> list[CellPlan]:
+    """Keep the order but move each baseline just before the first cell that needs it."""
+    by_id = {p.cell_id: p for p in plans}
+    done: set[str] = set()
+    out: list[CellPlan] = []
+    for p in plans:
+        if p.cell_id in done:
+            continue
+        if p.baseline_cell_id and p.baseline_cell_id not in done and p.baseline_cell_id in by_id:
+            out.append(by_id[p.baseline_cell_id])
+            done.add(p.baseline_cell_id)
+        out.append(p)
+        done.add(p.cell_id)
+    return out
+
+
+def plan_summary(plans: Iterable[CellPlan], warmup_requests: int = 0, warmup_tokens: int = 0) -> dict[str, Any]:
+    """Cells, requests and output tokens the plan will decode (for sizing a study before running it)."""
+    plans = list(plans)
+    requests = sum(p.prompts for p in plans)
+    tokens = sum(p.prompts * p.sampling.max_new_tokens for p in plans)
+    return {
+        "cells": len(plans),
+        "baseline_cells": sum(p.is_baseline for p in plans),
+        "requests": requests,
+        "output_tokens": tokens,
+        # warm-up runs once per (engine, method, γ, batch size, method options)
+        "warmup_tokens": len({(p.backend_key(), p.cell.method, p.cell.gamma, p.cell.batch_size, p.method_options)
+                              for p in plans}) * warmup_requests * warmup_tokens,
+        "engines": len({p.backend_key() for p in plans}),
+        "by_sweep": {s: sum(s in p.sweeps for p in plans) for s in sorted({s for p in plans for s in p.sweeps})},
+    }

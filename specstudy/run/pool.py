@@ -1,0 +1,104 @@
+"""Loaded engines, keyed by what makes two cells share one, and reused across cells.
+
+Loading a model is the slowest thing a study does; a cell without a drafter (AR, n-gram, layer
+skip) reuses any loaded in-process engine of the same target, since the reference engine picks
+the method per cell.  Servers hold one engine at a time (GPU memory).  The options each backend
+is built with come from the study's framework options and the cell's model pair, in one place.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+from ..backends import Backend, get_backend
+from ..config import StudyConfig
+from ..config.vocab import DRAFTER_PER_CELL, SERVER_FRAMEWORKS
+from .plan import CellPlan
+
+BackendFactory = Callable[..., Any]
+
+
+def _default_factory(framework: str, **options: Any) -> Backend:
+    return get_backend(framework, **options)
+
+
+class BackendPool:
+    """Loaded engines keyed by :meth:`CellPlan.backend_key`, reused across cells.
+
+    A cell without a drafter (AR, n-gram, layer skip) reuses any loaded in-process engine of the
+    same target, since the reference engine picks the method per cell.  Servers hold one engine
+    at a time (GPU memory); in-process engines up to ``capacity``, least recently used evicted.
+    """
+
+    def __init__(self, cfg: StudyConfig, factory: BackendFactory | None = None, capacity: int = 3,
+                 log: Callable[[str], None] = print) -> None:
+        self.cfg = cfg
+        self.factory = factory or _default_factory
+        self.capacity = capacity
+        self.log = log
+        self.loaded: OrderedDict[tuple, Any] = OrderedDict()
+        self.loads: list[tuple] = []  # every key loaded, in order (tests check "once per key")
+
+    def _options(self, plan: CellPlan) -> dict[str, Any]:
+        fw = plan.cell.framework
+        opts: dict[str, Any] = dict(self.cfg.framework_options.get(fw, {}))
+        # engines that load each cell's drafter themselves start without one
+        opts.update(model=plan.target, drafter=None if fw in DRAFTER_PER_CELL else plan.drafter_id)
+        if plan.dtype != "auto":
+            opts["dtype"] = plan.dtype
+        if fw in ("reference", "hf"):
+            opts["device"] = self.cfg.device
+        if fw in SERVER_FRAMEWORKS:
+            opts["prefix_cache"] = plan.prefix_cache
+        tp = plan.tensor_parallel_size
+        if tp > 1:  # multi-GPU is the engine's job: pass its own tensor-parallel setting
+            if fw == "vllm":
+                opts["tensor_parallel_size"] = tp
+            elif fw == "vllm-server":
+                opts["server_args"] = [*opts.get("server_args", []), "--tensor-parallel-size", str(tp)]
+            elif fw == "sglang":
+                opts["server_args"] = [*opts.get("server_args", []), "--tp-size", str(tp)]
+            else:
+                raise ValueError(f"framework {fw!r} has no tensor parallelism; tensor_parallel_size={tp} "
+                                 "needs vllm, vllm-server or sglang")
+        return opts
+
+    def get(self, plan: CellPlan):
+        key = plan.backend_key()
+        if key in self.loaded:
+            self.loaded.move_to_end(key)
+            return self.loaded[key]
+        fw = plan.cell.framework
+        if plan.drafter_id is None:  # AR / n-gram / layer skip: any engine of this target will do
+            for k in reversed(self.loaded):
+                if k[0] == key[0] and k[1] == key[1] and k[3:] == key[3:]:  # same all but the drafter
+                    self.loaded.move_to_end(k)
+                    return self.loaded[k]
+        cap = 1 if fw in SERVER_FRAMEWORKS else self.capacity
+        while self.loaded and (len(self.loaded) >= cap or fw in SERVER_FRAMEWORKS
+                               or any(k[0] in SERVER_FRAMEWORKS for k in self.loaded)):
+            self._evict()
+        t0 = time.perf_counter()
+        backend = self.factory(fw, **self._options(plan))
+        self.loads.append(key)
+        self.loaded[key] = backend
+        self.log(f"loaded {fw} engine: model={plan.target} drafter={plan.drafter_id} "
+                 f"in {time.perf_counter() - t0:.1f}s")
+        return backend
+
+    def _evict(self) -> None:
+        # prefer dropping an engine without a drafter: drafter-less cells can use any other
+        victim = next((k for k in self.loaded if k[2] is None), next(iter(self.loaded)))
+        b = self.loaded.pop(victim)
+        with contextlib.suppress(Exception):
+            b.close()
+
+    def close(self) -> None:
+        while self.loaded:
+            _, b = self.loaded.popitem()
+            with contextlib.suppress(Exception):
+                b.close()

@@ -1,0 +1,162 @@
+"""Run the study matrix cell by cell: resume, engines loaded once, failures recorded, one line per cell.
+
+A rerun skips every cell whose record part reads back, so a killed study loses at most the cell in
+flight and never duplicates records; a part that does not read back is moved aside and its cell
+runs again.  A cell that raises is recorded (``failed/<cell_id>.json``) and the others go on; an
+engine that failed to load fails its other cells at once instead of loading again.  The paired AR
+baseline of a speculative cell runs on the same engine with the same prompts and sampling, just
+before it.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..config import StudyConfig, hardware_names, load_hardware_profile
+from ..data.tasks import load_requests
+from ..layout import StudyLayout
+from ..provenance import provenance
+from ..records import Request, RequestRecord
+from .cell import CellResult, annotate, run_cell, split_warmup, summarize
+from .plan import CellPlan, plan_summary
+from .pool import BackendFactory, BackendPool
+
+RequestLoader = Callable[[str, int, int, Any], list[Request]]
+
+
+def default_request_loader(task: str, n: int, seed: int, tokenizer: Any) -> list[Request]:
+    return list(load_requests(task, n, seed, tokenizer))
+
+
+def write_plan(layout: StudyLayout, cfg: StudyConfig, plans: Sequence[CellPlan]) -> None:
+    """The expanded matrix, once per run: the report reads sweeps and pairing from it."""
+    layout.write_plan({
+        "study": cfg.name, "hardware": cfg.hardware, "file": cfg.file, "config": cfg.as_dict(),
+        "summary": plan_summary(plans, cfg.warmup_requests, cfg.warmup_max_new_tokens),
+        "cells": [p.as_dict() for p in plans],
+    })
+
+
+@dataclass
+class _RunState:
+    """What one run remembers across cells."""
+
+    prompts: dict[tuple, list[Request]] = field(default_factory=dict)
+    baselines: dict[str, list[RequestRecord]] = field(default_factory=dict)
+    failed_engines: dict[tuple, str] = field(default_factory=dict)
+    warmed: set[tuple] = field(default_factory=set)
+
+
+def run_study(cfg: StudyConfig, plans: Sequence[CellPlan], layout: StudyLayout, *,
+              factory: BackendFactory | None = None, request_loader: RequestLoader | None = None,
+              progress: bool = True, log: Callable[[str], None] = print, max_cells: int | None = None,
+              full_plan: Sequence[CellPlan] | None = None) -> list[CellResult]:
+    """Run every plan not already done; return one result per plan (done / skipped / failed).
+
+    ``full_plan`` (default ``plans``) is what ``study.json`` records when only a subset is run,
+    so the report keeps the other sweeps' records.
+    """
+    loader = request_loader or default_request_loader
+    results: list[CellResult] = []
+    with layout.lock(), open(layout.run_log_path, "a") as log_file:
+        def say(msg: str) -> None:
+            log(msg)
+            log_file.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {msg}\n")
+            log_file.flush()
+
+        write_plan(layout, cfg, full_plan if full_plan is not None else plans)
+        layout.append_provenance(provenance())
+        if cfg.hardware in hardware_names():  # measured once here; the report predicts with the same figures
+            layout.save_profile(load_hardware_profile(cfg.hardware, measure=True))
+        for p in plans:
+            bad = layout.check_part(p.cell_id)
+            if bad:
+                say(bad)
+        pool = BackendPool(cfg, factory, log=say)
+        state = _RunState()
+        todo = [p for p in plans if not layout.is_done(p.cell_id)]
+        say(f"study {cfg.name} on {cfg.hardware}: {len(plans)} cells, {len(plans) - len(todo)} done earlier, "
+            f"{len(todo)} to run")
+        try:
+            ran = 0
+            for i, plan in enumerate(plans, 1):
+                if layout.is_done(plan.cell_id):
+                    results.append(CellResult(plan.cell_id, plan.label, "skipped", sweeps=plan.sweeps))
+                    continue
+                if max_cells is not None and ran >= max_cells:
+                    break
+                ran += 1
+                res = _run_one(cfg, plan, layout, pool, loader, state, progress)
+                results.append(res)
+                say(res.line(i, len(plans)))
+        finally:
+            pool.close()
+            failed = [r for r in results if r.status == "failed"]
+            say(f"study {cfg.name}: {sum(r.status == 'done' for r in results)} cells run, "
+                f"{sum(r.status == 'skipped' for r in results)} skipped, {len(failed)} failed")
+            for r in failed:
+                say(f"  FAILED {r.cell_id}: {r.message}")
+    return results
+
+
+def _requests(cfg: StudyConfig, plan: CellPlan, loader: RequestLoader, tokenizer: Any, state: _RunState
+              ) -> tuple[list[Request], list[Request]]:
+    key = (plan.cell.task, plan.prompts + cfg.warmup_requests, plan.sampling.seed - plan.cell.repeat, plan.target)
+    if key not in state.prompts:
+        state.prompts[key] = loader(plan.cell.task, plan.prompts + cfg.warmup_requests,
+                                    plan.sampling.seed - plan.cell.repeat, tokenizer)
+    return split_warmup(state.prompts[key], plan.prompts, cfg.warmup_requests)
+
+
+def _run_one(cfg: StudyConfig, plan: CellPlan, layout: StudyLayout, pool: BackendPool, loader: RequestLoader,
+             state: _RunState, progress: bool) -> CellResult:
+    key = plan.backend_key()
+    try:
+        if key in state.failed_engines:
+            raise RuntimeError(f"engine failed to load earlier: {state.failed_engines[key]}")
+        try:
+            backend = pool.get(plan)
+        except Exception as e:
+            state.failed_engines[key] = f"{type(e).__name__}: {e}"
+            raise
+        requests, warm = _requests(cfg, plan, loader, getattr(backend, "tokenizer", None), state)
+        # warm-up is about the engine state (caches, allocator, JIT/graph capture for this shape):
+        # once per (engine, method, γ, batch size, method options) in this process
+        wkey = (key, plan.cell.method, plan.cell.gamma, plan.cell.batch_size, plan.method_options)
+        if wkey in state.warmed:
+            warm = []
+        state.warmed.add(wkey)
+        if not requests:
+            raise RuntimeError(f"task {plan.cell.task!r} returned no prompts")
+        t0 = time.perf_counter()
+        records, tel = run_cell(plan, backend, requests, warm, cfg.warmup_max_new_tokens, cfg.telemetry_period_s,
+                                progress)
+        wall = time.perf_counter() - t0
+        if len(records) != len(requests):
+            raise RuntimeError(f"backend returned {len(records)} records for {len(requests)} requests")
+        summary = tel.summary()
+        annotate(records, len(warm), wall, summary)
+        if tel.samples:
+            layout.write_telemetry(plan.cell_id, tel.samples)
+        layout.write_part(plan.cell_id, records)  # the commit point of the cell
+        baseline = None
+        if plan.baseline_cell_id:
+            baseline = state.baselines.get(plan.baseline_cell_id)
+            if baseline is None and layout.is_done(plan.baseline_cell_id):
+                baseline = layout.read_part(plan.baseline_cell_id)
+        else:
+            state.baselines[plan.cell_id] = records
+        return summarize(plan, records, wall, baseline, summary)
+    except KeyboardInterrupt:
+        raise
+    except Exception as e:
+        msg = f"{type(e).__name__}: {e}"
+        layout.record_failure(plan.cell_id, {
+            "cell_id": plan.cell_id, "label": plan.label, "error": msg, "traceback": traceback.format_exc(),
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "cell": plan.as_dict(),
+        })
+        return CellResult(plan.cell_id, plan.label, "failed", message=msg, sweeps=plan.sweeps)

@@ -1,0 +1,247 @@
+"""Study params: the shipped matrices validate, expansion is right, and every bad input fails fast
+with one error naming the file, the key, the bad value and the allowed values."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from specstudy.config import ParamsError, hardware_names, load_study
+from specstudy.config.checks import draft_tokenizers, tokenizers_match
+from specstudy.run.environment import check_environment
+from specstudy.run.plan import check_backends, expand, plan_summary
+
+BASE = {
+    "name": "t",
+    "models": [{"name": "small", "target": "smollm2-135m"}],
+    "methods": [{"method": "ar"}, {"method": "ngram", "label": "Prompt lookup", "options": {"ngram_min": 1}}],
+    "frameworks": ["reference"],
+    "tasks": ["code", "chat"],
+    "gammas": [2, 4],
+    "batch_sizes": [1, 2],
+    "prompts_per_task": 2,
+    "max_new_tokens": 8,
+}
+
+
+def write(tmp_path: Path, study: dict, name: str = "p.yaml") -> Path:
+    p = tmp_path / name
+    p.write_text(yaml.safe_dump({"study": study}, sort_keys=False))
+    return p
+
+
+def bad(tmp_path: Path, study: dict) -> ParamsError:
+    path = write(tmp_path, study)
+    t0 = time.perf_counter()
+    with pytest.raises(ParamsError) as e:
+        check_backends(load_study("cpu", path))
+    assert time.perf_counter() - t0 < 5.0
+    assert str(path) in str(e.value)
+    return e.value
+
+
+@pytest.mark.parametrize("hw", hardware_names())
+def test_shipped_profiles_validate_and_expand(hw):
+    t0 = time.perf_counter()
+    cfg = check_backends(load_study(hw))
+    plans = expand(cfg)
+    assert time.perf_counter() - t0 < 5.0
+    assert plans and len({p.cell_id for p in plans}) == len(plans)
+    ids = {p.cell_id for p in plans}
+    assert all(p.baseline_cell_id in ids for p in plans if p.baseline_cell_id)
+    names = {s.name for s in cfg.sweeps}
+    assert {"hardware", "method_family", "task_category", "short_outputs"} <= names
+    if hw != "cpu":  # the seed's models, multi-GPU where they need it
+        assert any(m.tensor_parallel_size > 1 for m in cfg.models)
+        assert {"vllm", "sglang"} <= {f for s in cfg.sweeps for f in s.frameworks}
+        assert any(s.request_rates for s in cfg.sweeps) and any(True in s.prefix_cache for s in cfg.sweeps)
+        assert {1, 4, 8, 16, 32} <= {b for s in cfg.sweeps for b in s.batch_sizes}
+
+
+def test_cpu_profile_is_sized_for_this_machine():
+    cfg = load_study("cpu")
+    s = plan_summary(expand(cfg), cfg.warmup_requests, cfg.warmup_max_new_tokens)
+    # ~10-15 tok/s here: the whole matrix must stay near 10 minutes of decoding
+    assert s["output_tokens"] + s["warmup_tokens"] <= 7000
+    assert {b for sw in cfg.sweeps for b in sw.batch_sizes} == {1, 2, 4}
+    assert {t for sw in cfg.sweeps for t in sw.tasks} == {"code", "translation", "summarization", "qa",
+                                                          "creative_writing", "math", "chat"}
+
+
+def test_expansion_dedupes_and_pairs(tmp_path):
+    study = {**BASE, "sweeps": {"a": {}, "b": {"tasks": ["code"], "batch_sizes": [1]},
+                                "short": {"tasks": ["code"], "batch_sizes": [1], "max_new_tokens": 4}}}
+    cfg = load_study("cpu", write(tmp_path, study))
+    plans = expand(cfg)
+    # sweep a: 2 tasks x 2 batches x (ar + ngram x 2 gammas) = 12; b is inside a; short adds 3
+    assert len(plans) == 12 + 3
+    shared = [p for p in plans if set(p.sweeps) == {"a", "b"}]
+    assert len(shared) == 3
+    short = [p for p in plans if p.sweeps == ("short",)]
+    assert {p.sampling.max_new_tokens for p in short} == {4}
+    for p in plans:
+        if p.baseline_cell_id:
+            b = next(q for q in plans if q.cell_id == p.baseline_cell_id)
+            assert (b.cell.task, b.cell.batch_size, b.sampling, b.prompts) == (p.cell.task, p.cell.batch_size, p.sampling, p.prompts)
+            assert plans.index(b) < plans.index(p)
+    # the backend sees method options only; the study identity keeps the run settings
+    ng = next(p for p in plans if p.cell.method == "ngram")
+    assert dict(ng.backend_cell().options) == {"ngram_min": 1}
+    assert dict(ng.cell.options)["max_new_tokens"] == 8
+
+
+def test_max_batch_size_and_method_gammas(tmp_path):
+    study = {**BASE, "methods": [{"method": "layer_skip", "gammas": [3], "max_batch_size": 1}]}
+    plans = expand(load_study("cpu", write(tmp_path, study)))
+    spec = [p for p in plans if p.cell.method == "layer_skip"]
+    assert {(p.cell.gamma, p.cell.batch_size) for p in spec} == {(3, 1)}
+
+
+@pytest.mark.parametrize("study, key, value, allowed", [
+    ({**BASE, "colour": 1}, "study.colour", "colour", "batch_sizes"),
+    ({**BASE, "methods": [{"method": "medusa2"}]}, "study.methods[0].method", "medusa2", "draft_target"),
+    ({**BASE, "frameworks": ["tensorrt"]}, "study.frameworks", "tensorrt", "reference"),
+    ({**BASE, "tasks": ["poetry"]}, "study.tasks", "poetry", "creative_writing"),
+    ({**BASE, "gammas": [0]}, "study.gammas[0]", 0, "positive"),
+    ({**BASE, "gammas": 0}, "study.gammas[0]", 0, "positive"),
+    ({**BASE, "batch_sizes": ["big"]}, "study.batch_sizes[0]", "big", "integer"),
+    ({**BASE, "batch_sizes": [True]}, "study.batch_sizes[0]", True, "integer"),
+    ({**BASE, "request_rates": [-1]}, "study.request_rates[0]", -1, "inf"),
+    ({**BASE, "sampling": {"temperature": 0.0, "top_q": 1}}, "study.sampling[0].top_q", "top_q", "top_p"),
+    ({**BASE, "sampling": {"temperature": -1}}, "study.sampling[0].temperature", -1, ">= 0"),
+    ({**BASE, "sampling": {"top_p": 0}}, "study.sampling[0].top_p", 0, "(0, 1]"),
+    ({**BASE, "models": [{"name": "x", "target": "smollm2-135m", "dtype": "fp12"}]}, "study.models[0].dtype", "fp12", "bfloat16"),
+    ({**BASE, "models": [{"name": "x", "target": "no-such-model"}]}, "study.models[0].target", "no-such-model", "smollm2-135m"),
+    ({**BASE, "sweeps": {"s": {"methods": ["Nope"]}}}, "study.sweeps.s.methods", "Nope", "Prompt lookup"),
+    ({**BASE, "sweeps": {"s": {"gamas": [2]}}}, "study.sweeps.s.gamas", "gamas", "gammas"),
+    ({**BASE, "sweeps": {"s": {"gammas": [2, -1]}}}, "study.sweeps.s.gammas[1]", -1, "positive"),
+    ({**BASE, "sweeps": {"s": {"tasks": ["code", "poetry"]}}}, "study.sweeps.s.tasks", "poetry", "chat"),
+    ({**BASE, "models": [{"name": "x", "target": "smollm2-135m", "params": {"d": 1}}]}, "study.models[0].params", "d",
+     "target"),
+    ({**BASE, "methods": [{"method": "draft_target"}]}, "study.methods[0].drafter", None, "drafter"),
+    ({**BASE, "warmup": {"requests": 1, "tokens": 3}}, "study.warmup.tokens", "tokens", "max_new_tokens"),
+    ({**BASE, "telemetry_period_s": 0}, "study.telemetry_period_s", 0, "positive"),
+    ({**BASE, "models": []}, "study.models", [], "non-empty"),
+    ({k: v for k, v in BASE.items() if k != "models"}, "study.models", None, "required"),
+])
+def test_bad_values_name_file_key_value_and_allowed(tmp_path, study, key, value, allowed):
+    err = bad(tmp_path, study)
+    assert err.key == key, str(err)
+    if value is not None:
+        assert err.value == value, str(err)
+    assert allowed in str(err.allowed) or allowed in str(err), str(err)
+
+
+def test_unknown_method_for_a_framework_is_refused(tmp_path):
+    study = {**BASE, "methods": [{"method": "eagle3", "drafter": "e"}],
+             "models": [{"name": "m", "target": "smollm2-135m", "drafters": {"e": "some/eagle3-head"}}]}
+    err = bad(tmp_path, study)
+    assert err.value == "eagle3" and "ngram" in str(err.allowed)
+
+
+def test_draft_with_another_tokenizer_is_refused_from_metadata(tmp_path):
+    # the Qwen draft's registry entry says tokenizer qwen2.5; the target's says smollm2 — no weights loaded
+    study = {**BASE, "models": [{"name": "m", "target": "smollm2-135m", "drafters": {"q": "qwen2.5-coder-0.5b"}}],
+             "methods": [{"method": "draft_target", "drafter": "q"}]}
+    err = bad(tmp_path, study)
+    assert err.key == "study.models[0].drafters.q" and err.value == "qwen2.5-coder-0.5b"
+    assert "smollm2" in str(err) and "qwen2.5" in str(err)
+
+
+def test_declared_vocab_sizes_are_compared_when_no_config_is_reachable(tmp_path):
+    study = {**BASE, "models": [{"name": "m", "target": "org/target", "drafters": {"d": "org/draft"},
+                                 "vocab_size": {"target": 32000, "d": 32001}}],
+             "methods": [{"method": "draft_target", "drafter": "d"}]}
+    path = write(tmp_path, study)
+    with pytest.raises(ParamsError) as e:
+        draft_tokenizers(load_study("cpu", path, check_tokenizers=False),
+                         signature=lambda m: {"family": None, "vocab_size": None})
+    assert "32001" in str(e.value) and "32000" in str(e.value)
+    assert tokenizers_match({"family": "a"}, {"family": "a"}) is True
+    assert tokenizers_match({"vocab_size": 5}, {"family": "b"}) is None
+
+
+def test_gpu_profile_without_the_gpu_is_refused_unless_forced():
+    cfg = load_study("a100")
+    t0 = time.perf_counter()
+    with pytest.raises(ParamsError) as e:
+        check_environment(cfg, gpus=[], find_module=lambda m: object())
+    assert time.perf_counter() - t0 < 5.0
+    assert e.value.key == "hardware" and e.value.value == "a100" and "--force" in str(e.value)
+    with pytest.warns(UserWarning, match="A100"):
+        notes = check_environment(cfg, force=True, gpus=[], find_module=lambda m: object())
+    assert notes
+    assert check_environment(cfg, gpus=["NVIDIA A100-SXM4-80GB"], find_module=lambda m: object()) == []
+
+
+def test_missing_optional_backend_names_the_extra():
+    cfg = load_study("h100")
+    with pytest.raises(ParamsError) as e:
+        check_environment(cfg, gpus=["NVIDIA H100 80GB HBM3"], find_module=lambda m: None if m == "sglang" else object())
+    assert e.value.value == "sglang" and ".[sglang]" in str(e.value)
+
+
+def test_cli_dry_run_and_bad_file_fail_fast(tmp_path):
+    path = write(tmp_path, {**BASE, "gammas": ["four"]})
+    t0 = time.perf_counter()
+    r = subprocess.run([sys.executable, "-m", "specstudy.cli", "run", "--params", str(path), "--dry-run"],
+                       capture_output=True, text=True, timeout=60)
+    assert time.perf_counter() - t0 < 5.0 + 3.0  # + interpreter start-up on a busy machine
+    assert r.returncode == 2 and "study.gammas" in r.stderr and "four" in r.stderr and str(path) in r.stderr
+    ok = subprocess.run([sys.executable, "-m", "specstudy.cli", "run", "--params", str(write(tmp_path, BASE, "ok.yaml")),
+                         "--dry-run", "--json"], capture_output=True, text=True, timeout=60)
+    assert ok.returncode == 0, ok.stderr
+    import json
+
+    doc = json.loads(ok.stdout)
+    assert doc["cells"] == 12 and doc["validated_in_s"] < 5.0
+
+
+def test_optional_method_is_skipped_with_a_warning_until_its_drafter_exists(tmp_path):
+    heads = tmp_path / "heads.safetensors"
+    study = {**BASE, "models": [{"name": "m", "target": "smollm2-135m", "drafters": {"h": str(heads)}}],
+             "methods": [{"method": "ar"}, {"method": "heads", "label": "Heads", "drafter": "h", "optional": True}],
+             "sweeps": {"s": {"methods": ["ar", "Heads"]}, "only_heads": {"methods": ["Heads"]}}}
+    path = write(tmp_path, study)
+    with pytest.warns(UserWarning, match="Heads.*skipped"):
+        cfg = load_study("cpu", path)
+    assert "Heads" not in {m.label for m in cfg.methods} and [s.name for s in cfg.sweeps] == ["s"]
+    assert all(p.cell.method == "ar" for p in expand(cfg))
+    heads.write_bytes(b"")  # the trained file appears; its json names the target it was distilled from
+    heads.with_suffix(".json").write_text('{"target": "smollm2-135m"}')
+    cfg = load_study("cpu", path)
+    assert {p.cell.method for p in expand(cfg)} == {"ar", "heads"}
+    # without optional, a missing drafter file is an error naming it
+    heads.unlink()
+    study["methods"][1].pop("optional")
+    err = bad(tmp_path, study)
+    assert err.key == "study.models[0].drafters.h" and err.value == str(heads)
+
+
+def test_server_engine_in_its_own_interpreter_is_accepted(tmp_path):
+    study = {**BASE, "frameworks": ["vllm-server"], "methods": [{"method": "ar"}],
+             "framework_options": {"vllm-server": {"python": sys.executable}}}
+    cfg = load_study("cpu", write(tmp_path, study))
+    assert check_environment(cfg, find_module=lambda m: None) == []
+    study["framework_options"]["vllm-server"]["python"] = str(tmp_path / "no-python")
+    cfg = load_study("cpu", write(tmp_path, study, "b.yaml"))
+    with pytest.raises(ParamsError) as e:
+        check_environment(cfg, find_module=lambda m: None)
+    assert e.value.key == "study.framework_options.vllm-server.python"
+
+
+def test_sampling_is_an_axis_shared_by_each_method_and_its_baseline(tmp_path):
+    study = {**BASE, "batch_sizes": [1], "sampling": [{"temperature": 0.0}, {"temperature": 0.7, "top_p": 0.9}]}
+    plans = expand(check_backends(load_study("cpu", write(tmp_path, study))))
+    # 2 tasks x 2 samplings x (ar + ngram x 2 gammas)
+    assert len(plans) == 2 * 2 * 3
+    by_id = {p.cell_id: p for p in plans}
+    for p in plans:
+        if p.baseline_cell_id:
+            assert by_id[p.baseline_cell_id].sampling == p.sampling
+    assert {(p.sampling.temperature, p.sampling.top_p) for p in plans} == {(0.0, 1.0), (0.7, 0.9)}

@@ -1,0 +1,90 @@
+"""The notebooks are for exploring: a papermill parameters cell, frames, a visible groupby, table and figure
+calls.  What belongs in the package (file writes, metric definitions) is not in them; they execute
+through papermill on a tiny study and display what they compute."""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from specstudy.analysis.study import load
+from specstudy.report.notebooks import execute_notebooks, plan_notebook_jobs
+
+NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
+EXPECTED = ["hardware", "method_family", "report", "task_category", "when_it_fails"]
+#: calls that write files: only specstudy.report.writer does that
+WRITERS = {"open", "write_text", "write_bytes", "to_csv", "to_parquet", "to_json", "savefig", "write_report",
+           "save_table", "save_figure", "write_part"}
+
+
+def test_the_five_notebooks_exist():
+    assert sorted(p.stem for p in NOTEBOOKS.glob("*.ipynb")) == EXPECTED
+
+
+def _calls(tree: ast.AST) -> set[str]:
+    names = set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Call):
+            f = n.func
+            names.add(f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", ""))
+    return names
+
+
+@pytest.mark.parametrize("name", EXPECTED)
+def test_notebook_explores_and_leaves_logic_to_the_package(name):
+    nb = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert "parameters" in code[0].metadata.get("tags", []), "first code cell must be papermill's parameters cell"
+    params = ast.parse(code[0].source)
+    assert all(isinstance(n, ast.Assign) for n in params.body), "the parameters cell only assigns values"
+    assert any(t.id == "out_dir" for n in params.body for t in n.targets)
+    trees = [ast.parse(c.source) for c in code[1:]]
+    for c, tree in zip(code[1:], trees):
+        # no metric definitions (functions, classes, lambdas, arithmetic on data) and no file writes;
+        # filters (a & b, a | b) and comparisons are what exploring is made of
+        banned = (ast.FunctionDef, ast.ClassDef, ast.Lambda, ast.For, ast.While)
+        arithmetic = (ast.Add, ast.Sub, ast.Mult, ast.Div, ast.FloorDiv, ast.Mod, ast.Pow, ast.MatMult)
+        bad = [type(n).__name__ for n in ast.walk(tree) if isinstance(n, banned)
+               or (isinstance(n, ast.BinOp) and isinstance(n.op, arithmetic))]
+        assert not bad, f"{name}: logic belongs in specstudy, found {bad}"
+        writes = _calls(tree) & WRITERS
+        assert not writes or (name == "report" and writes <= {"write_report"}), f"{name}: writes files: {writes}"
+        assert not any(o.get("output_type") for o in c.get("outputs", [])), "commit notebooks without outputs"
+    if name != "report":  # an explorer: tidy frames and a grouping a reader can edit
+        calls = set().union(*(_calls(t) for t in trees))
+        assert calls & {"groupby", "pivot_table"}, f"{name} has no visible groupby or pivot"
+        assert "load" in calls and calls & {"requests_frame", "entropy_points", "per_cell_acceptance"}
+
+
+@pytest.mark.slow
+def test_notebooks_execute_with_papermill_on_tiny_records(report_study):
+    """Every notebook of the matrix runs through papermill, shows frames and figures, and the report has its tables."""
+    out = report_study
+    jobs = plan_notebook_jobs(out, load(out).plan["cells"])
+    results = execute_notebooks(jobs, log=lambda m: None)
+    assert [e for _, e in results if e] == []
+    for j in jobs:
+        nb = json.loads(Path(j.output).read_text())
+        outputs = [o for c in nb["cells"] if c["cell_type"] == "code" for o in c.get("outputs", [])]
+        assert not [o for o in outputs if o.get("output_type") == "error"], j.name
+        assert any("text/html" in o.get("data", {}) or "text/markdown" in o.get("data", {}) for o in outputs), \
+            f"{j.name} displayed no table"
+        if j.notebook in ("hardware", "method_family"):
+            assert any("image/png" in o.get("data", {}) for o in outputs), f"{j.name} displayed no figure"
+    md = (out / "report.md").read_text()
+    assert "## Hardware table" in md and "## Task categories" in md and (out / "report.html").exists()
+    assert (out / "figures" / "hardware_methods.png").exists() and (out / "figures" / "hardware_methods.pdf").exists()
+
+
+def test_a_broken_notebook_names_the_underlying_exception(tmp_path):
+    """A notebook over a folder it cannot read fails with the exception's own type and message."""
+    (tmp_path / "cpu" / "records").mkdir(parents=True)
+    (tmp_path / "cpu" / "records" / "x.parquet").write_bytes(b"not parquet")
+    jobs = [j for j in plan_notebook_jobs(tmp_path / "cpu", [{"cell": {"task": "code", "method": "ar"}, "family": "ar"}])
+            if j.notebook == "hardware"]
+    (_, err), = execute_notebooks(jobs, log=lambda m: None)
+    assert err and "BadPartError" in err and "x.parquet" in err

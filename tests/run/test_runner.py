@@ -1,0 +1,241 @@
+"""The runner: warm-up, paired baselines, one part per cell, resume after a kill, failed cells.
+
+Cells run through the real reference engine on a tiny random Llama (no download): prompts are
+token ids with repeats in them so n-gram drafting has something to find.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from support import TINY_STUDY, TinyFactory, run_tiny_study, tiny_requests, write_study
+
+from specstudy.backends.base import ServingBackend
+from specstudy.config import load_study
+from specstudy.layout import StudyLayout
+from specstudy.run.plan import expand
+from specstudy.run.pool import BackendPool
+from specstudy.run.study import run_study
+
+_run = run_tiny_study
+
+
+def part_paths(folder):
+    return StudyLayout(folder).part_paths()
+
+
+def read_records(folder):
+    return StudyLayout(folder).read_all()
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("study")
+    cfg = load_study("cpu", write_study(tmp))
+    return cfg, expand(cfg)
+
+
+def test_expansion_pairs_every_speculative_cell_with_a_baseline(tiny):
+    cfg, plans = tiny
+    ids = [p.cell_id for p in plans]
+    assert len(ids) == len(set(ids))
+    # 2 tasks x (ar b1, ar b2, ngram b1, ngram b2, layer_skip b1 only)
+    assert len(plans) == 2 * 5
+    seen = set()
+    for p in plans:
+        if p.baseline_cell_id:
+            base = next(q for q in plans if q.cell_id == p.baseline_cell_id)
+            assert base.cell.method == "ar" and base.cell.task == p.cell.task
+            assert base.cell.batch_size == p.cell.batch_size and base.sampling == p.sampling
+            assert p.baseline_cell_id in seen, "baseline must run before the cells paired with it"
+        seen.add(p.cell_id)
+
+
+def test_run_writes_one_part_per_cell_with_pairing_and_telemetry(tiny, tmp_path):
+    cfg, plans = tiny
+    factory = TinyFactory()
+    res = _run(cfg, plans, tmp_path, factory)
+    assert [r.status for r in res] == ["done"] * len(plans)
+    parts = part_paths(tmp_path)
+    assert sorted(p.stem for p in parts) == sorted(p.cell_id for p in plans)
+    recs = read_records(tmp_path)
+    assert len(recs) == sum(p.prompts for p in plans)
+    # one engine for the whole study (all cells share framework, target and no drafter)
+    assert len(factory.loads) == 1
+    spec = [r for r in res if r.speedup is not None]
+    assert spec and all(r.speedup == r.speedup and r.speedup > 0 for r in spec)
+    for r in recs:
+        assert r.extra["warmup_requests"] in (0, 1) and "load_1m" in r.extra and "tel_rss_peak_bytes" in r.extra
+        assert r.cell_id in {p.cell_id for p in plans}
+        assert not r.prompt_id.startswith("warmup")
+    early = [r for r in recs if r.method == "layer_skip"]
+    assert early and all(r.drafted_tokens and r.drafted_tokens >= (r.accepted_tokens or 0) for r in early)
+    assert all(r.drafted_tokens is None or r.drafted_tokens == 0 for r in recs if r.method == "ar")
+    assert (tmp_path / "study.json").exists() and (tmp_path / "provenance.json").exists()
+    assert len(list((tmp_path / "telemetry").glob("*.parquet"))) == len(plans)
+    # warm-up once per (engine, method, γ, batch): here ar b1/b2, ngram b1/b2, layer_skip b1
+    warmed = {r.cell_id for r in recs if r.extra["warmup_requests"] == 1}
+    assert len(warmed) == 5 and all(r.extra["warmup_scope"] for r in recs)
+
+
+def test_rerun_skips_finished_cells_without_duplicates(tiny, tmp_path):
+    cfg, plans = tiny
+    first = _run(cfg, plans, tmp_path, TinyFactory(), max_cells=3)
+    assert sum(r.status == "done" for r in first) == 3
+    mtimes = {p.name: p.stat().st_mtime_ns for p in part_paths(tmp_path)}
+    factory = TinyFactory()
+    second = _run(cfg, plans, tmp_path, factory)
+    assert sum(r.status == "skipped" for r in second) == 3
+    assert sum(r.status == "done" for r in second) == len(plans) - 3
+    for name, m in mtimes.items():
+        assert (tmp_path / "records" / name).stat().st_mtime_ns == m, "a finished cell was redone"
+    recs = read_records(tmp_path)
+    keys = [(r.cell_id, r.prompt_id, r.repeat) for r in recs]
+    assert len(keys) == len(set(keys)) == sum(p.prompts for p in plans)
+
+
+def test_failed_cell_is_reported_and_others_continue(tiny, tmp_path):
+    cfg, plans = tiny
+    res = _run(cfg, plans, tmp_path, TinyFactory(fail_method="layer_skip"))
+    failed = [r for r in res if r.status == "failed"]
+    assert failed and all("injected failure" in r.message for r in failed)
+    assert all(r.status == "done" for r in res if r not in failed)
+    assert sorted(p.stem for p in (tmp_path / "failed").glob("*.json")) == sorted(r.cell_id for r in failed)
+    assert len(StudyLayout(tmp_path).failed_cells()) == len(failed)
+    again = _run(cfg, plans, tmp_path, TinyFactory())  # fixed: only the failed cells run
+    assert sorted(r.cell_id for r in again if r.status == "done") == sorted(r.cell_id for r in failed)
+    assert StudyLayout(tmp_path).failed_cells() == []
+
+
+def test_engine_failure_fails_its_cells_once(tiny, tmp_path):
+    cfg, plans = tiny
+    calls = []
+
+    def broken(framework, **kw):
+        calls.append(kw)
+        raise OSError("no such model")
+
+    res = _run(cfg, plans, tmp_path, broken)
+    assert all(r.status == "failed" for r in res) and len(calls) == 1
+    assert "no such model" in res[-1].message
+
+
+def test_backend_pool_reuses_an_engine_for_drafterless_cells(tiny):
+    cfg, plans = tiny
+    made = []
+    pool = BackendPool(cfg, lambda fw, **o: made.append(o.get("drafter")) or object(), log=lambda m: None)
+    import dataclasses
+
+    p0 = plans[0]
+    # the reference engine loads each cell's drafter itself: one engine per target, started without one
+    ref_drafter = dataclasses.replace(p0, drafter_id="self:1")
+    a = pool.get(ref_drafter)
+    assert pool.get(p0) is a and made == [None]
+    # an engine that takes its drafter at start (hf): AR cells reuse it, no second load
+    hf = dataclasses.replace(p0, cell=dataclasses.replace(p0.cell, framework="hf"))
+    hf_drafter = dataclasses.replace(hf, drafter_id="some-drafter")
+    b = pool.get(hf_drafter)
+    assert pool.get(hf) is b and made == [None, "some-drafter"]
+
+
+KILL_SCRIPT = """
+import sys
+sys.path[:0] = [{repo!r}, {tests!r}]
+from support import TinyFactory, run_tiny_study
+from specstudy.config import load_study
+from specstudy.run.plan import expand
+cfg = load_study("cpu", {yaml!r})
+run_tiny_study(cfg, expand(cfg), {out!r}, TinyFactory(delay_s={delay}))
+"""
+
+
+def test_killed_study_resumes_without_redoing_or_duplicating(tmp_path):
+    """SIGKILL a running study mid-cell, rerun it: finished parts untouched, nothing lost or doubled."""
+    yaml = write_study(tmp_path)
+    out = tmp_path / "out"
+    script = tmp_path / "run.py"
+    script.write_text(KILL_SCRIPT.format(repo=str(Path(__file__).parents[2]), tests=str(Path(__file__).parents[1]), yaml=str(yaml), out=str(out), delay=0.4))
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.time() + 120
+    try:
+        while time.time() < deadline and len(part_paths(out)) < 2:
+            assert proc.poll() is None, proc.stdout.read().decode()[-2000:]
+            time.sleep(0.05)
+        time.sleep(0.5)  # into the next cell (each record takes >= 0.4 s)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    before = {p.name: p.stat().st_mtime_ns for p in part_paths(out)}
+    cfg = load_study("cpu", yaml)
+    plans = expand(cfg)
+    assert 2 <= len(before) < len(plans), "the kill must land mid-study"
+    res = _run(cfg, plans, out, TinyFactory())
+    assert sum(r.status == "skipped" for r in res) == len(before)
+    assert all(r.status in ("done", "skipped") for r in res)
+    for name, m in before.items():
+        assert (out / "records" / name).stat().st_mtime_ns == m
+    recs = read_records(out)
+    keys = [(r.cell_id, r.prompt_id, r.repeat) for r in recs]
+    assert len(keys) == len(set(keys)) == sum(p.prompts for p in plans)
+    assert {r.cell_id for r in recs} == {p.cell_id for p in plans}
+    log = (out / "run.log").read_text()
+    assert "done earlier, skipped" in log or "done earlier" in log
+    json.loads((out / "study.json").read_text())
+
+
+class FakeServer(ServingBackend):
+    """A server backend stand-in (no process): records what the runner asks of it."""
+
+    framework = "openai"
+
+    def __init__(self, **opts):
+        self.opts, self.started, self.sent = opts, [], 0
+        self.tokenizer = None
+
+    def ensure_server(self, cell):
+        self.started.append((cell.method, cell.gamma, dict(cell.options).get("rate")))
+
+    def send(self, request, sampling, cell, timeout_s=None):
+        self.sent += 1
+        rec = cell.new_record(request, sampling, output_tokens=4, first_token_s=0.01, end_s=0.02, start_epoch=time.time())
+        return rec
+
+    def scrape(self):
+        return {"sent": self.sent}
+
+    def run_acceptance(self, before, after, records):
+        return {"source": "fake counters", "requests": after["sent"] - before["sent"]}
+
+    def run(self, requests, sampling, cell):  # pragma: no cover - rate cells must not use it
+        raise AssertionError("a request-rate cell must go through the arrival-process driver")
+
+    def close(self):
+        pass
+
+
+def test_request_rate_cells_drive_a_server_at_that_rate(tmp_path):
+    text = TINY_STUDY.replace("frameworks: [reference]", "frameworks: [openai]\n  request_rates: [2, inf]") \
+        .replace("    - {method: layer_skip, label: Early exit, options: {exit_layer: 1}, max_batch_size: 1}\n", "") \
+        .replace("batch_sizes: [1, 2]", "batch_sizes: [1]")
+    cfg = load_study("cpu", write_study(tmp_path, text))
+    plans = expand(cfg)
+    assert {p.request_rate for p in plans} == {2.0, float("inf")}
+    servers = []
+    res = run_study(cfg, plans, StudyLayout(tmp_path / "out"),
+                    factory=lambda fw, **o: servers.append(FakeServer(**o)) or servers[-1],
+                    request_loader=tiny_requests, progress=False, log=lambda m: None)
+    assert all(r.status == "done" for r in res), [r.message for r in res]
+    recs = read_records(tmp_path / "out")
+    assert len(recs) == sum(p.prompts for p in plans)
+    assert all(r.extra["run_acceptance"]["requests"] == 2 for r in recs)  # scoped to the cell's own run
+    started = [s for srv in servers for s in srv.started]
+    assert {s[2] for s in started} == {2.0, "inf"}
+    assert all(srv.opts.get("prefix_cache") is False for srv in servers)

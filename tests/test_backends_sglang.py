@@ -1,4 +1,10 @@
-"""SGLang backend against a format fixture (SGLang cannot run here): parsing, not measurement."""
+"""SGLang backend against SGLang 0.5.23's own option table and a response fixture (SGLang cannot
+run here: no CPU build installs).  ``tests/fixtures/sglang-0.5.23-server-args.json`` was dumped
+from the real ``ServerArgs.add_cli_args`` (command inside; a ``--no-deps`` install of the wheel);
+``fake_servers.py`` answers in SGLang's native ``/generate`` format.  Parsing, not measurement.
+"""
+
+from pathlib import Path
 
 import pytest
 
@@ -8,65 +14,106 @@ from specstudy.backends.sglang_server import SglangServerBackend, meta_fields, s
 from specstudy.records import Cell, Request, Sampling
 
 from fake_servers import K, FakeServer, script
+from fixtures.replay_argparse import parse
+
+ARGS = Path(__file__).parent / "fixtures" / "sglang-0.5.23-server-args.json"
+# what specstudy.run.pool.BackendPool._options builds for framework "sglang" (a100 profile, tp 4)
+RUNNER_OPTIONS = {"max_model_len": 4096, "model": "meta-llama/Llama-2-70b-chat-hf", "drafter": None,
+                  "dtype": "bfloat16", "prefix_cache": False, "server_args": ["--tp-size", "4"]}
 
 
-def cell(method="eagle", gamma=3):
-    return Cell("t", "cpu", "sglang", method, "adhoc", "m", drafter="/d", gamma=gamma)
+def cell(method="eagle", gamma=K, **opts):
+    return Cell("t", "cpu", "sglang", method, "adhoc", "m", drafter="/d", gamma=gamma,
+                options=tuple(sorted(opts.items())))
 
 
-def test_launch_flags():
-    assert speculative_flags("ar", None, None, {}) == []
-    f = speculative_flags("eagle3", 3, "/d", {})
-    assert f[:4] == ["--speculative-algorithm", "EAGLE3", "--speculative-num-draft-tokens", "4"]
-    assert f[f.index("--speculative-num-steps") + 1] == "3" and f[f.index("--speculative-eagle-topk") + 1] == "1"
-    assert f[-2:] == ["--speculative-draft-model-path", "/d"]
-    assert speculative_flags("ngram", 5, None, {}) == ["--speculative-algorithm", "NGRAM",
-                                                        "--speculative-num-draft-tokens", "6"]
-    assert "STANDALONE" in speculative_flags("draft_target", 2, "/d", {})
-    with pytest.raises(ValueError, match="medusa"):
-        speculative_flags("medusa", 2, "/d", {})
-    with pytest.raises(ValueError, match="drafter"):
-        speculative_flags("eagle", 2, None, {})
-    argv = SglangServerBackend("/m", python="/py").server_argv(cell())
-    assert argv[:3] == ["/py", "-m", "sglang.launch_server"] and "--model-path" in argv
+def test_runner_options_parse_with_sglangs_own_argparse():
+    b = get_backend("sglang", **{**RUNNER_OPTIONS, "python": "/py"})
+    argv = b.server_argv(cell("eagle", 4))
+    assert argv[:3] == ["/py", "-m", "sglang.launch_server"]
+    ns = parse(ARGS, argv[3:])
+    assert ns.disable_radix_cache is True  # prefix_cache False reaches SGLang (its radix cache is on by default)
+    assert (ns.dtype, ns.context_length, ns.tp_size, ns.random_seed) == ("bfloat16", "4096", 4, 0)
+    assert (ns.speculative_algorithm, ns.speculative_num_steps, ns.speculative_eagle_topk,
+            ns.speculative_num_draft_tokens, ns.speculative_draft_model_path) == ("EAGLE", 4, 1, 5, "/d")
+    on = parse(ARGS, SglangServerBackend("m", python="/py", prefix_cache=True).server_argv(cell("ar", None))[3:])
+    assert not on.disable_radix_cache and on.speculative_algorithm is None
 
 
-def test_meta_fields_both_name_generations_and_by_position():
-    new = {"completion_tokens": 20, "spec_verify_ct": 8, "spec_num_correct_drafts": 12,
-           "spec_num_proposed_drafts": 24, "spec_correct_drafts_histogram": [2, 1, 1, 4]}
-    f = meta_fields(new)
-    assert (f["target_forwards"], f["drafted_tokens"], f["accepted_tokens"]) == (9, 24, 12)  # + the prefill
-    assert f["accepted_per_position"] == [6, 5, 4] and f["drafts_per_position"] == [8, 8, 8]
+def test_ngram_is_a_chain_and_labelled_as_its_own_algorithm():
+    ns = parse(ARGS, speculative_flags("ngram", 4, None, {}))
+    assert (ns.speculative_algorithm, ns.speculative_num_draft_tokens) == ("NGRAM", 5)
+    assert ns.speculative_ngram_min_bfs_breadth == ns.speculative_ngram_max_bfs_breadth == 1  # default would be 10
+    d = SglangServerBackend.describe("ngram", 4, {})
+    assert "its own algorithm" in d and "chain" in d and "flushed" in d
+    assert "tree of breadth up to 10" in SglangServerBackend.describe("ngram", 4, {"ngram_breadth": 10})
+
+
+def test_tree_budgets_are_explicit_and_described_as_trees():
+    assert "5-node tree" in SglangServerBackend.describe("eagle", 4, {"topk": 4, "num_draft_tokens": 5})
+    assert "chain" in SglangServerBackend.describe("eagle", 4, {})
+    with pytest.raises(ValueError, match="topk=4 is a tree: give its budget num_draft_tokens explicitly"):
+        SglangServerBackend.check("eagle", 4, {"topk": 4}, "/d")
+    with pytest.raises(ValueError, match="num_draft_tokens=99: allowed 2..17"):
+        speculative_flags("eagle", 4, "/d", {"topk": 4, "num_draft_tokens": 99})
+    ns = parse(ARGS, speculative_flags("eagle", 4, "/d", {"topk": 4, "num_draft_tokens": 16}))
+    assert (ns.speculative_eagle_topk, ns.speculative_num_draft_tokens) == (4, 16)
+
+
+def test_check_refuses_what_sglang_lacks():
+    with pytest.raises(ValueError, match=r"method='medusa' is not available in SGLang 0.5.23; allowed: \['ar', 'eagle'"):
+        SglangServerBackend.check("medusa", 4, {}, "/d")
+    with pytest.raises(ValueError, match=r"'ngram_min' is read by no code.*\['ngram_breadth', 'ngram_max_trie_depth'\]"):
+        SglangServerBackend.check("ngram", 4, {"ngram_min": 2}, None)
+    with pytest.raises(ValueError, match=r"dtype='float64': allowed \['auto', 'bfloat16', 'float16', 'float32'\]"):
+        SglangServerBackend("m", dtype="float64")
+    with pytest.raises(ValueError, match=r"option 'gpu_memory_fraction' is read by no code"):
+        SglangServerBackend("m", gpu_memory_fraction=0.9)
+
+
+def test_meta_fields_normalise_sglangs_nominal_counts():
+    """SGLang 0.5.23 (tokenizer_manager): proposed = verify_ct × (draft tokens − 1), accept length =
+    completion_tokens / verify_ct (prefill and bonus included); histogram up to the longest accept."""
+    tree = {"completion_tokens": 21, "spec_verify_ct": 8, "spec_num_correct_drafts": 12,
+            "spec_num_proposed_drafts": 8 * 15, "spec_correct_drafts_histogram": [2, 1, 1, 4],
+            "spec_accept_length": 21 / 8}
+    f = meta_fields(tree, depth=4)  # top-k 4, 16 draft tokens: 15 nodes per step, a path of at most 4
+    assert (f["draft_steps"], f["target_forwards"], f["drafted_tokens"], f["accepted_tokens"]) == (8, 9, 32, 12)
+    assert f["accepted_per_position"] == [6, 5, 4, 0]  # position 4 never accepted: 0, not missing
+    assert f["drafts_per_position"] == [8, 8, 8, 8]
+    rec = Cell("t", "cpu", "sglang", "eagle", "x", "m", gamma=4).new_record(Request("a", "x"), Sampling(),
+                                                                             output_tokens=21)
+    for k, v in f.items():
+        setattr(rec, k, v)
+    s = metrics.acceptance_summary([rec])
+    assert s["alpha"] == pytest.approx(12 / 32)
+    assert 1 + f["accepted_tokens"] / f["draft_steps"] == pytest.approx(2.5) != tree["spec_accept_length"]
     old = {"spec_verify_ct": 8, "spec_accept_token_num": 12, "spec_draft_token_num": 24}
-    assert meta_fields(old)["accepted_tokens"] == 12 and meta_fields(old)["accepted_per_position"] is None
-    by_pos = dict(new, spec_num_proposed_drafts_by_position=[8, 8, 7], spec_num_correct_drafts_by_position=[6, 5, 1])
-    assert meta_fields(by_pos)["drafts_per_position"] == [8, 8, 7]
-    assert meta_fields({"completion_tokens": 5}) is None  # no speculation: nothing invented
-    assert meta_fields({"spec_verify_ct": 0}) is None
+    assert meta_fields(old)["drafted_tokens"] == 24 and meta_fields(old, depth=3)["drafted_tokens"] == 24
+    assert meta_fields({"completion_tokens": 5}) is None and meta_fields({"spec_verify_ct": 0}) is None
 
 
 @pytest.mark.parametrize("names", ["new", "old"])
-def test_native_stream_parsing(names):
+def test_native_stream_parsing_and_a_flush_per_cell(names):
     with FakeServer(mode="sglang", sglang_names=names) as fake:
         b = get_backend("sglang", model="m", base_url=fake.url, request_timeout_s=10)
         recs = list(b.run([Request("a", "hello"), Request("b", "", prompt_ids=(1, 2, 3))], Sampling(max_new_tokens=11), cell()))
+        list(b.run([Request("c", "again")], Sampling(max_new_tokens=11), cell(gamma=K)))
+        assert fake.state.flushes == 2  # once per cell: repeats start with a cold radix cache
     steps = [c for c in script(11, True) if c["drafted"] is not None]
     for r in recs:
         assert r.status == "ok", r.error
         assert r.output_tokens == 11 == sum(r.chunk_tokens) and r.output_ids == [i for c in script(11, True) for i in c["ids"]]
-        assert r.output_text.count("t") == 11  # cumulative text kept once, not concatenated
-        assert r.input_tokens == 5
-        assert r.target_forwards == len(steps) + 1  # the prefill forward + spec_verify_ct
-        assert r.extra["sglang_tau"] == pytest.approx(11 / len(steps))  # SGLang's own convention
+        assert r.output_text.count("t") == 11
+        assert r.target_forwards == len(steps) + 1 and r.draft_steps == len(steps)
+        assert r.extra["sglang_tau"] == pytest.approx(11 / len(steps))
         assert (r.drafted_tokens, r.accepted_tokens) == (K * len(steps), sum(c["accepted"] for c in steps))
-        assert r.extra["server"]["version"] == "0.5.23-fake"
-    assert metrics.acceptance_summary(recs)["tau"] == pytest.approx(11 / (len(steps) + 1))
-    assert b.last_run_acceptance["source"] == "per_request_sum"
+        assert r.extra["cache_flushed"] is True and r.extra["engine_prefix_cache"] is None  # attached: unknown
+    assert metrics.acceptance_summary(recs)["tokens_per_forward"] == pytest.approx(11 / (len(steps) + 1))
 
 
 def test_request_body_native_format():
-    b = SglangServerBackend("m")
-    body = b.request_body(Request("a", "", prompt_ids=(5, 6)), Sampling(max_new_tokens=7, temperature=0.5, top_k=0))
+    body = SglangServerBackend("m").request_body(Request("a", "", prompt_ids=(5, 6)), Sampling(max_new_tokens=7, temperature=0.5))
     assert body["input_ids"] == [5, 6] and body["stream"] is True
     assert body["sampling_params"] == {"max_new_tokens": 7, "temperature": 0.5, "top_p": 1.0, "top_k": -1,
                                        "ignore_eos": True}

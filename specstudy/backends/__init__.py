@@ -15,6 +15,7 @@ from .base import Backend, BackendUnavailable
 BACKENDS: dict[str, str] = {
     "reference": "reference:ReferenceBackend",
     "hf": "hf:HfBackend", "vllm": "vllm_offline:VllmOfflineBackend", "vllm-server": "vllm_server:VllmServerBackend", "sglang": "sglang_server:SglangServerBackend", "openai": "openai_server:OpenAIBackend",
+    "trtllm": "trtllm_server:TrtllmServerBackend",
     "llamacpp": "llamacpp:LlamaCppBackend",
 }
 

@@ -32,6 +32,9 @@ from .sse import Deadline, RequestFailed, StreamState, iter_sse
 
 # cell options that describe the offered load (serving benchmark), not the server's configuration
 LOAD_OPTIONS = frozenset({"rate", "burstiness", "concurrency", "load"})
+#: the keyword arguments every server backend takes (ServerBackend.__init__)
+SERVER_KWARGS = frozenset({"base_url", "served_model", "request_timeout_s", "idle_timeout_s", "ready_timeout_s",
+                           "log_dir", "server_args", "env", "extra_body", "api_key", "python"})
 
 
 class ServerBackend(ServingBackend):
@@ -86,11 +89,30 @@ class ServerBackend(ServingBackend):
         self.api_key = api_key
         self.python = python
         self.options = options
+        self.check_engine_options({**options, **({"base_url": base_url} if base_url else {})})
         self.server: ManagedServer | None = None
         self.server_info: ServerInfo | None = None
         self._server_key: Any = None
         self.last_run_acceptance: dict[str, Any] | None = None
         self._start_lock = threading.Lock()
+
+    #: options a subclass reads on top of SERVER_KWARGS; None: not declared, so not checked
+    OPTIONS: frozenset[str] | None = None
+
+    @classmethod
+    def check_engine_options(cls, options: dict[str, Any]) -> None:
+        """Reject options no code reads, naming the ones that are read (before any server starts)."""
+        if cls.OPTIONS is None:
+            return
+        unknown = sorted(set(options) - cls.OPTIONS - SERVER_KWARGS)
+        if unknown:
+            raise ValueError(f"{cls.framework} option {unknown[0]!r} is read by no code; {cls.framework} reads: "
+                             f"{sorted(cls.OPTIONS | SERVER_KWARGS)}")
+
+    @property
+    def effective_prefix_cache(self) -> bool | None:
+        """The server's prefix caching as far as the kit knows: None (unknown) unless it set it."""
+        return None
 
     # ---- what subclasses define -----------------------------------------------------------
 
@@ -355,6 +377,7 @@ class ServerBackend(ServingBackend):
         rec.extra["chunk_token_count"] = st.count_source or "none"
         if st.finish_reason:
             rec.extra["finish_reason"] = st.finish_reason
+        rec.extra["engine_prefix_cache"] = self.effective_prefix_cache
         if rec.status == "ok" and rec.output_tokens == 0:
             rec.status, rec.error = "error", "stream ended without output tokens"
         self.fill_acceptance(rec, st)

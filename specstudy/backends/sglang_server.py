@@ -19,36 +19,85 @@ documented format only; the live check belongs on a GPU machine.
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import Any, Mapping
 
+from ..engines import capabilities as caps
 from ..records import Cell, Request, RequestRecord, Sampling
 from ..data.models import resolve_for_engine as resolve_model
+from .lifecycle import split_url
 from .server import ServerBackend
 from .sse import StreamState
 
-SGLANG_ALGORITHMS = {"eagle": "EAGLE", "eagle3": "EAGLE3", "ngram": "NGRAM", "draft_target": "STANDALONE"}
+SGLANG_ALGORITHMS = caps.KIT_TO_SGLANG
+SGLANG_VERSION = "0.5.23"
+#: kit dtype -> SGLang --dtype (its choices: auto, bfloat16, float, float16, float32, half)
+SGLANG_DTYPES = {"auto": "auto", "bfloat16": "bfloat16", "float16": "float16", "float32": "float32"}
 
 _DRAFTED_KEYS = ("spec_num_proposed_drafts", "spec_proposed_drafts", "spec_draft_token_num")
 _ACCEPTED_KEYS = ("spec_num_correct_drafts", "spec_accepted_drafts", "spec_accept_token_num")
 _HIST_KEYS = ("spec_correct_drafts_histogram", "spec_accept_histogram")
 
 
+def tree_shape(method: str, gamma: int, options: dict[str, Any]) -> tuple[int, int]:
+    """(top-k, draft tokens verified per step): a chain unless ``topk`` > 1, whose tree budget
+    ``num_draft_tokens`` must then be given explicitly (SGLang's default would silently size it)."""
+    topk = int(options.get("topk", 1))
+    if topk < 1:
+        raise ValueError(f"SGLang {method} topk={topk}: must be >= 1")
+    if topk == 1:
+        n = int(options.get("num_draft_tokens", gamma + 1))
+        if n != gamma + 1:
+            raise ValueError(f"SGLang {method} chain (topk 1) verifies gamma+1={gamma + 1} tokens, got num_draft_tokens={n}")
+        return 1, n
+    if "num_draft_tokens" not in options:
+        raise ValueError(f"SGLang {method} topk={topk} is a tree: give its budget num_draft_tokens explicitly "
+                         f"(2..{topk * gamma + 1})")
+    n = int(options["num_draft_tokens"])
+    if not 2 <= n <= topk * gamma + 1:
+        raise ValueError(f"SGLang {method} num_draft_tokens={n}: allowed 2..{topk * gamma + 1} for topk={topk}, "
+                         f"{gamma} steps")
+    return topk, n
+
+
 def speculative_flags(method: str, gamma: int | None, drafter: str | None, options: dict[str, Any]) -> list[str]:
-    """SGLang launch flags for a study method (chain drafts: top-k 1, γ steps, γ+1 draft tokens)."""
+    """SGLang launch flags for a study method: chains unless a tree is asked for explicitly."""
     if method == "ar":
         return []
     if method not in SGLANG_ALGORITHMS:
         raise ValueError(f"method={method!r} has no SGLang equivalent; allowed: {['ar', *SGLANG_ALGORITHMS]}")
     if not gamma or gamma < 1:
         raise ValueError(f"method={method!r} needs gamma >= 1, got {gamma!r}")
-    flags = ["--speculative-algorithm", SGLANG_ALGORITHMS[method],
-             "--speculative-num-draft-tokens", str(gamma + 1)]
-    if method != "ngram":
-        flags += ["--speculative-num-steps", str(gamma), "--speculative-eagle-topk", str(options.get("topk", 1))]
-        if not drafter:
-            raise ValueError(f"method={method!r} needs a drafter (--speculative-draft-model-path)")
-        flags += ["--speculative-draft-model-path", resolve_model(drafter)]
-    return flags
+    flags = ["--speculative-algorithm", SGLANG_ALGORITHMS[method]]
+    if method == "ngram":  # SGLang's own algorithm: a trie over prompts and outputs, a BFS tree by default
+        breadth = int(options.get("ngram_breadth", 1))
+        flags += ["--speculative-num-draft-tokens", str(gamma + 1),
+                  "--speculative-ngram-min-bfs-breadth", "1", "--speculative-ngram-max-bfs-breadth", str(breadth)]
+        if options.get("ngram_max_trie_depth") is not None:
+            flags += ["--speculative-ngram-max-trie-depth", str(int(options["ngram_max_trie_depth"]))]
+        return flags
+    topk, n = tree_shape(method, gamma, options)
+    if not drafter:
+        raise ValueError(f"method={method!r} needs a drafter (--speculative-draft-model-path)")
+    return flags + ["--speculative-num-draft-tokens", str(n), "--speculative-num-steps", str(gamma),
+                    "--speculative-eagle-topk", str(topk), "--speculative-draft-model-path", resolve_model(drafter)]
+
+
+def describe_sglang(method: str, gamma: int | None, options: Mapping[str, Any]) -> str:
+    """What SGLang 0.5.23 actually runs for a study method."""
+    opts = dict(options)
+    if method == "ar":
+        return f"SGLang {SGLANG_VERSION} autoregressive decoding (no speculation)"
+    if method == "ngram":
+        breadth = int(opts.get("ngram_breadth", 1))
+        shape = "a chain" if breadth == 1 else f"a BFS tree of breadth up to {breadth}"
+        return (f"SGLang {SGLANG_VERSION} NGRAM, its own algorithm (not vLLM's prompt lookup): a trie over prompts "
+                f"and earlier outputs, {shape} of {gamma} draft tokens; the cache is flushed before every cell")
+    name = {"eagle": "EAGLE", "eagle3": "EAGLE-3", "draft_target": "draft model (STANDALONE)"}[method]
+    topk, n = tree_shape(method, int(gamma or 0), opts)
+    if topk == 1:
+        return f"SGLang {SGLANG_VERSION} {name} chain: {gamma} draft steps, top-k 1, {n} tokens verified per step"
+    return (f"SGLang {SGLANG_VERSION} {name} tree: {gamma} draft steps, top-k {topk}, {n} tokens verified per step "
+            f"(a {n}-node tree)")
 
 
 def _first(meta: dict[str, Any], keys: tuple[str, ...]) -> Any:
@@ -58,17 +107,28 @@ def _first(meta: dict[str, Any], keys: tuple[str, ...]) -> Any:
     return None
 
 
-def meta_fields(meta: dict[str, Any]) -> dict[str, Any] | None:
-    """Record fields from a final ``meta_info``; None when the request ran without speculation."""
+def meta_fields(meta: dict[str, Any], depth: int | None = None) -> dict[str, Any] | None:
+    """Record fields from a final ``meta_info``, normalised to the kit's definitions; None when
+    the request ran without speculation.
+
+    SGLang's ``spec_num_proposed_drafts`` is nominal (verify steps × (draft tokens − 1): tree nodes,
+    not positions on a path) and its ``spec_accept_length`` (completion tokens / verify steps)
+    counts the prefill token and the bonus.  The kit counts ``draft_steps`` = verify steps,
+    ``target_forwards`` = verify steps + the prefill, drafted tokens = verify steps × ``depth``
+    (γ: the positions a step can accept), so α = accepted / drafted and AL = 1 + accepted /
+    draft steps.  The histogram stops at the longest accept seen: positions up to ``depth`` are
+    filled with zeros.  SGLang's own figures stay in ``extra``.
+    """
     steps = meta.get("spec_verify_ct")
     if not steps:
         return None
-    out: dict[str, Any] = {"target_forwards": int(steps) + 1, "draft_steps": int(steps), "drafted_tokens": None,
-                           "accepted_tokens": None,
-                           "accepted_per_position": None, "drafts_per_position": None}
+    steps = int(steps)
+    out: dict[str, Any] = {"target_forwards": steps + 1, "draft_steps": steps, "drafted_tokens": None,
+                           "accepted_tokens": None, "accepted_per_position": None, "drafts_per_position": None}
     drafted, accepted = _first(meta, _DRAFTED_KEYS), _first(meta, _ACCEPTED_KEYS)
-    if drafted is not None and accepted is not None:
-        out["drafted_tokens"], out["accepted_tokens"] = int(drafted), int(accepted)
+    if accepted is not None:
+        out["accepted_tokens"] = int(accepted)
+        out["drafted_tokens"] = steps * depth if depth else (int(drafted) if drafted is not None else None)
     by_d, by_a = meta.get("spec_num_proposed_drafts_by_position"), meta.get("spec_num_correct_drafts_by_position")
     if by_d and by_a and len(by_d) == len(by_a):
         out["drafts_per_position"] = [int(x) for x in by_d]
@@ -76,26 +136,99 @@ def meta_fields(meta: dict[str, Any]) -> dict[str, Any] | None:
         return out
     hist = _first(meta, _HIST_KEYS)
     if isinstance(hist, list) and len(hist) > 1:
-        out["accepted_per_position"] = [int(sum(hist[j:])) for j in range(1, len(hist))]
-        depth = len(hist) - 1
-        if out["drafted_tokens"] == int(steps) * depth:
-            out["drafts_per_position"] = [int(steps)] * depth
+        k = depth or len(hist) - 1
+        counts = [int(x) for x in hist] + [0] * max(k + 1 - len(hist), 0)
+        out["accepted_per_position"] = [sum(counts[j:]) for j in range(1, k + 1)]
+        if depth:
+            out["drafts_per_position"] = [steps] * depth
     return out
 
 
 class SglangServerBackend(ServerBackend):
-    """``python -m sglang.launch_server`` per speculative configuration, or attach via ``base_url``."""
+    """``python -m sglang.launch_server`` per speculative configuration, or attach via ``base_url``.
+
+    Options: ``python`` (default: the kit's SGLang env), ``dtype`` (passed as ``--dtype``, so every
+    framework runs the study's precision), ``max_model_len`` (``--context-length``),
+    ``tensor_parallel_size`` (``--tp-size``), ``gpu_memory_utilization`` (``--mem-fraction-static``),
+    ``prefix_cache`` (False, the default, adds ``--disable-radix-cache``), ``flush_cache``
+    (default True: ``/flush_cache`` before every cell, so repeats and NGRAM's corpus start cold).
+    """
 
     framework = "sglang"
     methods = ("ar", *SGLANG_ALGORITHMS)
     api_path = "/generate"
+    OPTIONS = frozenset({"dtype", "max_model_len", "tensor_parallel_size", "gpu_memory_utilization", "prefix_cache",
+                         "flush_cache"})
+
+    @classmethod
+    def check(cls, method: str, gamma: int | None, options: Mapping[str, Any], drafter: str | None,
+              cuda: bool | None = None) -> None:
+        """Refuse a method SGLang 0.5.23 lacks, a bad γ or tree budget, a missing drafter, an unread option
+        (``cuda`` is accepted for a uniform call: SGLang has one, CUDA, build)."""
+        caps.check_method(f"SGLang {SGLANG_VERSION}", method, gamma, options, drafter, SGLANG_ALGORITHMS,
+                          caps.SGLANG_METHOD_OPTIONS)
+        if method not in ("ar", "ngram"):
+            tree_shape(method, int(gamma or 0), dict(options))
+
+    @classmethod
+    def check_engine_options(cls, options: dict[str, Any]) -> None:
+        super().check_engine_options(options)
+        dtype = options.get("dtype", "auto")
+        if dtype not in SGLANG_DTYPES:
+            raise ValueError(f"sglang dtype={dtype!r}: allowed {sorted(SGLANG_DTYPES)}")
+
+    @classmethod
+    def describe(cls, method: str, gamma: int | None, options: Mapping[str, Any], cuda: bool | None = None) -> str:
+        return describe_sglang(method, gamma, options)
+
+    @property
+    def effective_prefix_cache(self) -> bool | None:
+        return None if self.base_url else bool(self.options.get("prefix_cache") or False)
 
     def server_argv(self, cell: Cell) -> list[str]:
-        argv = [self.python or sys.executable, "-m", "sglang.launch_server",
+        argv = [self.python or self.default_python(), "-m", "sglang.launch_server",
                 "--model-path", resolve_model(self.model), "--host", "{host}", "--port", "{port}",
-                "--random-seed", "0"]
+                "--random-seed", "0", "--dtype", SGLANG_DTYPES[self.options.get("dtype", "auto")]]
+        for opt, flag in (("max_model_len", "--context-length"), ("tensor_parallel_size", "--tp-size"),
+                          ("gpu_memory_utilization", "--mem-fraction-static")):
+            if self.options.get(opt) is not None:
+                argv += [flag, str(self.options[opt])]
+        if not self.options.get("prefix_cache"):
+            argv.append("--disable-radix-cache")
         argv += speculative_flags(cell.method, cell.gamma, cell.drafter or self.drafter, dict(cell.options))
         return argv + self.server_args
+
+    def default_python(self) -> str:
+        from ..engines.environments import ENVIRONMENTS, is_installed, python_of
+
+        env = ENVIRONMENTS["sglang"]
+        return str(python_of(env)) if is_installed(env) else sys.executable
+
+    def ensure_server(self, cell: Cell):
+        """Start or attach, then flush the radix cache (and NGRAM's corpus) so no cell starts warm."""
+        info = super().ensure_server(cell)
+        if self.options.get("flush_cache", True):
+            self.last_flush = self.flush_cache()
+        return info
+
+    def flush_cache(self, attempts: int = 5) -> bool:
+        """POST /flush_cache; SGLang refuses while requests run, so retry briefly. True when flushed."""
+        import http.client
+        import time
+
+        host, port, base = split_url(self.url or "")
+        for i in range(attempts):
+            conn = http.client.HTTPConnection(host, port, timeout=30)
+            try:
+                conn.request("POST", base + "/flush_cache")
+                if conn.getresponse().status == 200:
+                    return True
+            except OSError:
+                pass
+            finally:
+                conn.close()
+            time.sleep(0.5 * (i + 1))
+        return False
 
     def server_key(self, cell: Cell) -> Any:
         return tuple(speculative_flags(cell.method, cell.gamma, cell.drafter or self.drafter, dict(cell.options)))
@@ -158,7 +291,8 @@ class SglangServerBackend(ServerBackend):
         return n
 
     def fill_acceptance(self, rec: RequestRecord, st: StreamState) -> None:
-        fields = meta_fields(st.meta_info or {})
+        rec.extra["cache_flushed"] = getattr(self, "last_flush", None)
+        fields = meta_fields(st.meta_info or {}, depth=rec.gamma if rec.method != "ar" else None)
         if fields is None:
             return
         for k, v in fields.items():
@@ -166,5 +300,6 @@ class SglangServerBackend(ServerBackend):
         meta = st.meta_info or {}
         rec.extra["sglang_spec"] = {k: v for k, v in meta.items() if k.startswith("spec_")}
         if meta.get("completion_tokens") and meta.get("spec_verify_ct"):
+            # SGLang's accept length: completion tokens / verify steps (prefill token and bonus included)
             rec.extra["sglang_tau"] = int(meta["completion_tokens"]) / int(meta["spec_verify_ct"])
         rec.extra["acceptance_source"] = "sglang meta_info"

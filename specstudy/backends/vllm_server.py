@@ -26,8 +26,9 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
+from ..engines import capabilities as caps
 from ..records import Cell, Request, RequestRecord, Sampling
 from ..data.models import resolve_for_engine as resolve_model
 from .server import ServerBackend
@@ -41,9 +42,9 @@ SPEC_COUNTERS = {
 }
 PER_POS_COUNTER = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
 
-# study method name -> vLLM speculative_config "method"
-VLLM_METHODS = {"ngram": "ngram", "draft_target": "draft_model", "eagle": "eagle", "eagle3": "eagle3",
-                "medusa": "medusa", "mtp": "mtp", "suffix": "suffix"}
+#: study method name -> vLLM speculative_config "method" (each pinned version runs a subset:
+#: specstudy.engines.capabilities.vllm_methods)
+VLLM_METHODS = caps.KIT_TO_VLLM
 
 
 def speculative_config(method: str, gamma: int | None, drafter: str | None,
@@ -57,8 +58,8 @@ def speculative_config(method: str, gamma: int | None, drafter: str | None,
         raise ValueError(f"method={method!r} needs gamma >= 1 (num_speculative_tokens), got {gamma!r}")
     cfg: dict[str, Any] = {"method": VLLM_METHODS[method], "num_speculative_tokens": int(gamma)}
     if method == "ngram":
-        cfg["prompt_lookup_min"] = int(options.get("ngram_min", options.get("prompt_lookup_min", 2)))
-        cfg["prompt_lookup_max"] = int(options.get("ngram_max", options.get("prompt_lookup_max", 4)))
+        cfg["prompt_lookup_min"] = int(options.get("ngram_min", 2))
+        cfg["prompt_lookup_max"] = int(options.get("ngram_max", 4))
         if cfg["prompt_lookup_min"] > cfg["prompt_lookup_max"]:
             raise ValueError(f"ngram ngram_min={cfg['prompt_lookup_min']} > ngram_max={cfg['prompt_lookup_max']}")
     elif method != "suffix":
@@ -66,6 +67,18 @@ def speculative_config(method: str, gamma: int | None, drafter: str | None,
             raise ValueError(f"method={method!r} needs a drafter model (vLLM speculative_config.model)")
         cfg["model"] = resolve_model(drafter)
     return cfg
+
+
+def describe_vllm(version: str, method: str, gamma: int | None, options: Mapping[str, Any]) -> str:
+    """What vLLM ``version`` actually runs for a study method (a label that does not overstate)."""
+    if method == "ar":
+        return f"vLLM {version} autoregressive decoding (no speculation)"
+    what = {"ngram": f"prompt lookup (n-gram {options.get('ngram_min', 2)}..{options.get('ngram_max', 4)} over "
+                     "prompt and output)",
+            "draft_target": "draft model", "eagle": "EAGLE head (EAGLE-1 style feature drafter)",
+            "eagle3": "EAGLE-3 head", "medusa": "Medusa heads", "mtp": "MTP layers", "suffix": "suffix decoding"}
+    return (f"vLLM {version} {what.get(method, method)}: a chain of {gamma} draft tokens per step, "
+            "verified in one target forward (no tree: vLLM has no tree decoding)")
 
 
 def spec_fields(spec: dict[str, Any], output_tokens: int) -> dict[str, Any]:
@@ -100,27 +113,60 @@ def spec_fields(spec: dict[str, Any], output_tokens: int) -> dict[str, Any]:
 class VllmServerBackend(ServerBackend):
     """``python -m vllm.entrypoints.openai.api_server`` started per speculative configuration.
 
-    Options: ``python`` (the interpreter of the vLLM environment, default this one),
-    ``dtype`` (default ``auto``), ``max_model_len``, ``prefix_cache`` (True/False; default: the
-    server's default), ``spec_metrics`` (``summary`` or
-    ``detailed``, default ``detailed``), ``server_args`` (more flags), ``env``.
+    Options: ``python`` (the interpreter of the vLLM environment; default: the kit's vLLM env,
+    else this one), ``dtype`` (default ``auto``), ``max_model_len``, ``tensor_parallel_size``,
+    ``gpu_memory_utilization``, ``prefix_cache`` (True/False, passed as
+    ``--[no-]enable-prefix-caching``; default False: vLLM's own default is on), ``spec_metrics``
+    (``summary`` or ``detailed``, default ``detailed``), ``server_args`` (more flags), ``env``.
+    A server the kit attached to (``base_url``) has an unknown prefix-cache setting.
     """
 
     framework = "vllm-server"
-    methods = ("ar", *VLLM_METHODS)
+    methods = ("ar", *sorted(set(caps.vllm_methods("0.32.0")) & set(caps.vllm_methods("0.33.0"))))
     metrics_path = "/metrics"
+    #: options this backend reads (on top of the server base class's keyword arguments)
+    OPTIONS = frozenset({"dtype", "max_model_len", "tensor_parallel_size", "gpu_memory_utilization", "prefix_cache",
+                         "spec_metrics"})
+
+    @classmethod
+    def check(cls, method: str, gamma: int | None, options: Mapping[str, Any], drafter: str | None,
+              cuda: bool | None = None) -> None:
+        """Refuse a method the pinned vLLM lacks, a bad γ, a missing drafter or an unread option."""
+        from .vllm_offline import VllmOfflineBackend
+
+        version = VllmOfflineBackend.pinned_version(cuda)
+        caps.check_method(f"vLLM {version}", method, gamma, options, drafter, caps.vllm_methods(version),
+                          caps.VLLM_METHOD_OPTIONS)
+
+    @classmethod
+    def describe(cls, method: str, gamma: int | None, options: Mapping[str, Any], cuda: bool | None = None) -> str:
+        from .vllm_offline import VllmOfflineBackend
+
+        return describe_vllm(VllmOfflineBackend.pinned_version(cuda), method, gamma, options)
+
+    @property
+    def effective_prefix_cache(self) -> bool | None:
+        return None if self.base_url else bool(self.options.get("prefix_cache") or False)
+
+    def default_python(self) -> str:
+        """The kit's vLLM env interpreter when installed, else this interpreter."""
+        from ..engines.environments import engine_env, is_installed, python_of
+
+        env = engine_env("vllm")
+        return str(python_of(env)) if is_installed(env) else sys.executable
 
     def server_argv(self, cell: Cell) -> list[str]:
         opts = dict(cell.options)
         cfg = speculative_config(cell.method, cell.gamma, cell.drafter or self.drafter, opts)
-        argv = [self.python or sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        argv = [self.python or self.default_python(), "-m", "vllm.entrypoints.openai.api_server",
                 "--model", resolve_model(self.model), "--host", "{host}", "--port", "{port}",
                 "--served-model-name", self.served_model or self.model, "--seed", "0",
-                "--dtype", str(self.options.get("dtype", "auto"))]
-        if self.options.get("prefix_cache") is not None:
-            argv += ["--enable-prefix-caching" if self.options["prefix_cache"] else "--no-enable-prefix-caching"]
-        if self.options.get("max_model_len"):
-            argv += ["--max-model-len", str(self.options["max_model_len"])]
+                "--dtype", str(self.options.get("dtype", "auto")),
+                "--enable-prefix-caching" if self.options.get("prefix_cache") else "--no-enable-prefix-caching"]
+        for opt, flag in (("max_model_len", "--max-model-len"), ("tensor_parallel_size", "--tensor-parallel-size"),
+                          ("gpu_memory_utilization", "--gpu-memory-utilization")):
+            if self.options.get(opt) is not None:
+                argv += [flag, str(self.options[opt])]
         if cfg is not None:
             argv += ["--speculative-config", json.dumps(cfg, sort_keys=True),
                      "--per-request-spec-decode-metrics", str(self.options.get("spec_metrics", "detailed"))]
@@ -163,7 +209,7 @@ class VllmServerBackend(ServerBackend):
 
 def counter_acceptance(before: MetricSamples, after: MetricSamples) -> dict[str, Any]:
     """Run-scoped acceptance from two /metrics scrapes (after − before), vLLM's conventions beside ours."""
-    from ..metrics import acceptance_rate, per_position_acceptance, vllm_mean_acceptance_length
+    from ..metrics import acceptance_length, acceptance_rate, per_position_unconditional
 
     d = {k: int(round((metric_total(after, n) or 0.0) - (metric_total(before, n) or 0.0)))
          for k, n in SPEC_COUNTERS.items()}
@@ -176,6 +222,7 @@ def counter_acceptance(before: MetricSamples, after: MetricSamples) -> dict[str,
         "accepted_tokens": d["accepted_tokens"],
         "accepted_per_position": per_pos,
         "alpha": acceptance_rate(d["accepted_tokens"], d["draft_tokens"]) if d["draft_tokens"] else None,
-        "vllm_mean_acceptance_length": vllm_mean_acceptance_length(d["accepted_tokens"], d["drafts"]) if d["drafts"] else None,
-        "per_position": per_position_acceptance(per_pos, d["drafts"]) if d["drafts"] else None,
+        # vLLM's mean acceptance length = 1 + accepted / drafts: the kit's AL (drafts = draft steps)
+        "vllm_mean_acceptance_length": acceptance_length(d["accepted_tokens"], d["drafts"]) if d["drafts"] else None,
+        "per_position": per_position_unconditional(per_pos, d["drafts"]) if d["drafts"] else None,
     }

@@ -1,6 +1,6 @@
 """Real engines (``make test-engines``): vLLM CPU serving the embedded SmolLM2-135M.
 
-Starts real vLLM servers (from the separate ``.venv-engines``; first start ~12 min on 2 cores
+Starts real vLLM servers (from the kit's vLLM env ``.venv-vllm``, ``make engine-vllm``; first start ~12 min on 2 cores
 while torch compiles, later ones ~3 min), runs a paired serve-bench sweep with n-gram
 speculation on and off, and checks the run-scoped acceptance against the server's own counters.
 Also runs the offline ``vllm.LLM`` backend in that environment.
@@ -16,7 +16,6 @@ import json
 import math
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -24,7 +23,15 @@ import pytest
 pytestmark = pytest.mark.engines
 
 REPO = Path(__file__).resolve().parents[2]
-ENGINES_PY = os.environ.get("SPECSTUDY_ENGINES_PYTHON") or str(REPO / ".venv-engines" / "bin" / "python")
+
+
+def _default_engines_python() -> str:
+    from specstudy.engines.environments import engine_env, python_of
+
+    return str(python_of(engine_env("vllm")))
+
+
+ENGINES_PY = os.environ.get("SPECSTUDY_ENGINES_PYTHON") or _default_engines_python()
 COPY_PROMPT = ("Repeat the following code exactly, then stop.\n\n"
                "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n\n\n"
                "def mul(a, b):\n    return a * b\n\nRepeated code:\n")
@@ -77,7 +84,7 @@ def test_serve_bench_vllm_ngram_paired(tmp_path, model_dir):
         assert sum(acc["accepted_per_position"]) == acc["accepted_tokens"]
         assert acc["vllm_mean_acceptance_length"] > 1.0
         print(run["load"], "alpha", acc["alpha"], "vLLM mean acceptance length", acc["vllm_mean_acceptance_length"],
-              "tau (records)", run["acceptance_per_request"]["tau"])
+              "tokens per forward (records)", run["acceptance_per_request"].get("tokens_per_forward"))
     server = summary["servers"]["spec"]
     assert server["started_by_kit"] and "--speculative-config" in server["command"] and server["version"]
     assert Path(server["log_path"]).exists()
@@ -96,7 +103,7 @@ import json, sys
 sys.path.insert(0, {str(REPO)!r})
 from specstudy.backends.vllm_offline import VllmOfflineBackend
 from specstudy.records import Cell, Request, Sampling
-b = VllmOfflineBackend({model_dir!r}, dtype="float32", max_model_len=1024)
+b = VllmOfflineBackend({model_dir!r}, dtype="float32", max_model_len=1024, worker="inprocess")
 reqs = [Request("c0", {COPY_PROMPT!r}), Request("c1", {COPY_PROMPT!r} + "#")]
 out = {{}}
 for method, gamma in (("ar", None), ("ngram", 4)):

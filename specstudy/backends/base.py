@@ -41,6 +41,17 @@ class Backend(ABC):
     #: methods this backend can run (names as in the study params)
     methods: tuple[str, ...] = ()
 
+    @classmethod
+    def check_cell(cls, method: str, gamma: int | None, options: dict[str, Any], *, model: str,
+                   drafter: str | None, cuda: bool) -> None:
+        """Refuse, before any model loads, a cell this backend (at its pinned version) cannot run.
+
+        ``options`` are the cell's method options; ``cuda`` says which build the study will use.
+        The default checks the method name; backends with more to check override it.
+        """
+        if cls.methods and method not in cls.methods:
+            raise ValueError(f"{cls.framework} does not run method={method!r}; allowed: {list(cls.methods)}")
+
     @abstractmethod
     def run(self, requests: Sequence[Request], sampling: Sampling, cell: Cell) -> Iterator[RequestRecord]:
         """Decode ``requests`` under ``cell`` (batching by ``cell.batch_size``), one record each.

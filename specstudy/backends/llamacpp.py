@@ -213,6 +213,11 @@ class LlamaCppBackend(ServerBackend):
         """Pre-flight check for the config layer (no model loads): options, GGUF sha256, draft vocabulary."""
         return _check(method, gamma, options, model, drafter)
 
+    @classmethod
+    def check_cell(cls, method: str, gamma: int | None, options: dict[str, Any], *, model: str,
+                   drafter: str | None, cuda: bool) -> None:
+        cls.check(method, gamma, options, model, drafter)
+
     @staticmethod
     def _server_options(cell: Cell) -> dict[str, Any]:
         """The options that shape the server (``tp`` kept so a multi-GPU cell is refused)."""

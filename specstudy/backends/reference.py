@@ -59,6 +59,16 @@ class ReferenceBackend(Backend):
             self.model, self.tokenizer = model, options.get("tokenizer")
         self._drafters: dict[tuple[str, str], Any] = {}
 
+    @classmethod
+    def check_cell(cls, method: str, gamma: int | None, options: dict[str, Any], *, model: str,
+                   drafter: str | None, cuda: bool) -> None:
+        """The engine method's own option check (names, ranges, drafter), before any model loads."""
+        if method not in method_names():
+            raise ValueError(f"reference does not run method={method!r}; allowed: {method_names()}")
+        spec = get_method(method)
+        opts = {k: v for k, v in options.items() if k not in BACKEND_CELL_OPTIONS}
+        spec.check(gamma, 1, drafter if spec.needs_drafter or drafter else None, opts)
+
     # ---------------------------------------------------------------------------------------
     @staticmethod
     def _check_tokenizer_match(target_entry: Any, drafter: str) -> None:

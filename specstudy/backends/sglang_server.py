@@ -178,6 +178,11 @@ class SglangServerBackend(ServerBackend):
             raise ValueError(f"sglang dtype={dtype!r}: allowed {sorted(SGLANG_DTYPES)}")
 
     @classmethod
+    def check_cell(cls, method: str, gamma: int | None, options: dict[str, Any], *, model: str,
+                   drafter: str | None, cuda: bool) -> None:
+        cls.check(method, gamma, options, drafter, cuda=cuda)
+
+    @classmethod
     def describe(cls, method: str, gamma: int | None, options: Mapping[str, Any], cuda: bool | None = None) -> str:
         return describe_sglang(method, gamma, options)
 

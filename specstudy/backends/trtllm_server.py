@@ -112,6 +112,11 @@ class TrtllmServerBackend(ServerBackend):
                           caps.TRTLLM_METHOD_OPTIONS)
 
     @classmethod
+    def check_cell(cls, method: str, gamma: int | None, options: dict[str, Any], *, model: str,
+                   drafter: str | None, cuda: bool) -> None:
+        cls.check(method, gamma, options, drafter, cuda=cuda)
+
+    @classmethod
     def describe(cls, method: str, gamma: int | None, options: Mapping[str, Any], cuda: bool | None = None) -> str:
         return describe_trtllm(method, gamma, options)
 

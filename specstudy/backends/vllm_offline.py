@@ -262,6 +262,11 @@ class VllmOfflineBackend(Backend):
         caps.check_engine_options("vllm", options, set(ENGINE_ARG_OPTIONS) | CLIENT_OPTIONS)
 
     @classmethod
+    def check_cell(cls, method: str, gamma: int | None, options: dict[str, Any], *, model: str,
+                   drafter: str | None, cuda: bool) -> None:
+        cls.check(method, gamma, options, drafter, cuda=cuda)
+
+    @classmethod
     def describe(cls, method: str, gamma: int | None, options: Mapping[str, Any], cuda: bool | None = None) -> str:
         return describe_vllm(cls.pinned_version(cuda), method, gamma, options)
 

@@ -139,6 +139,11 @@ class VllmServerBackend(ServerBackend):
                           caps.VLLM_METHOD_OPTIONS)
 
     @classmethod
+    def check_cell(cls, method: str, gamma: int | None, options: dict[str, Any], *, model: str,
+                   drafter: str | None, cuda: bool) -> None:
+        cls.check(method, gamma, options, drafter, cuda=cuda)
+
+    @classmethod
     def describe(cls, method: str, gamma: int | None, options: Mapping[str, Any], cuda: bool | None = None) -> str:
         from .vllm_offline import VllmOfflineBackend
 

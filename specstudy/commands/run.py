@@ -12,8 +12,8 @@ import warnings
 from ..config import ParamsError, hardware_names, load_study
 from ..layout import StudyLayout
 from ..report.notebooks import plan_notebook_jobs, write_notebook_makefile
-from ..run.environment import check_environment
-from ..run.plan import check_backends, expand, plan_summary
+from ..run.environment import machine_needs, prepare_machine
+from ..run.plan import check_backends, expand, plan_summary, uses_cuda
 
 #: exit status when the study ran but some cells failed (make study renders the report, then fails)
 EXIT_CELLS_FAILED = 3
@@ -51,9 +51,10 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        cfg = check_backends(load_study(args.hardware, args.params))
+        cfg = check_backends(load_study(args.hardware, args.params), files=not args.dry_run)
         if not args.dry_run:
-            check_environment(cfg, force=args.force)
+            for note in prepare_machine(cfg, force=args.force):
+                warnings.warn(f"{note.what}: {note.why} (--force: running anyway; the numbers belong to this machine)")
     for w in caught:
         print(f"specstudy run: warning: {w.message}", file=sys.stderr)
     plans = all_plans = expand(cfg)
@@ -75,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         log = (lambda m: print(m, file=sys.stderr, flush=True)) if args.json else (lambda m: print(m, flush=True))
         results = run_study(cfg, plans, layout, progress=not args.no_progress, max_cells=args.max_cells, log=log,
-                            full_plan=all_plans)
+                            full_plan=all_plans, cuda=uses_cuda(cfg))
     except RuntimeError as e:  # another runner holds the outputs folder
         print(f"specstudy run: error: {e}", file=sys.stderr)
         return 2

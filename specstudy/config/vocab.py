@@ -26,9 +26,9 @@ def method_family(method: str) -> str:
 
 
 #: every framework the study can name (a test keeps this equal to specstudy.backends.BACKENDS)
-FRAMEWORKS = ("reference", "hf", "llamacpp", "vllm", "vllm-server", "sglang", "openai")
+FRAMEWORKS = ("reference", "hf", "llamacpp", "vllm", "vllm-server", "sglang", "trtllm", "openai")
 #: frameworks whose speculation is fixed when the engine starts (one engine per method config)
-SERVER_FRAMEWORKS = ("llamacpp", "vllm", "vllm-server", "sglang", "openai")
+SERVER_FRAMEWORKS = ("llamacpp", "vllm", "vllm-server", "sglang", "trtllm", "openai")
 #: in-process engines that load the drafter named in each cell themselves (one engine per target)
 DRAFTER_PER_CELL = ("reference",)
 #: framework -> (python module that must be importable, what provides it)

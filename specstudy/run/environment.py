@@ -1,66 +1,67 @@
-"""Is this machine the one a study's profile describes, with the engines its frameworks need?
+"""Is this machine ready for a study: the GPUs its profile describes, the engines, the weights?
 
-Separate from validation, so a GPU profile can be validated (and dry-run) on any machine.
+Separate from validation, so a GPU profile validates (and dry-runs) on any machine.  The checks
+are :func:`specstudy.engines.preflight.preflight`'s: GPU model and count, each engine's pinned
+environment present and importable, each model local or in the Hugging Face cache, a token for
+gated repositories, disk space, each drafter checkpoint against the engine that loads it.  A dry
+run prints them as warnings; a real run installs the missing engine environments it can and then
+fails once with everything still missing.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import warnings
-from collections.abc import Sequence
-from pathlib import Path
+from collections.abc import Callable
 
 from ..config import ParamsError, StudyConfig, hardware_names, load_hardware_profile
-from ..config.vocab import FRAMEWORK_REQUIREMENTS, SERVER_FRAMEWORKS
-from ..telemetry import gpu_names
+from ..engines import environments as envs
+from ..engines.preflight import DrafterUse, Missing, Probes, Weights, preflight
+from .plan import expand, uses_cuda
 
 
-def _gpu_token(device: str) -> str:
-    """The distinctive part of a profile's device name (A100, H100, H200, RTX 4090)."""
-    for tok in ("A100", "H100", "H200", "4090", "L40S", "L4", "A10"):
-        if tok.lower() in device.lower():
-            return tok
-    return device
+def machine_needs(cfg: StudyConfig, probes: Probes | None = None) -> list[Missing]:
+    """Everything this machine lacks for ``cfg`` (empty: ready); loads nothing, asks no hub."""
+    plans = expand(cfg)
+    frameworks = sorted({p.cell.framework for p in plans})
+    params = {}
+    for pair in cfg.models:
+        params[pair.target] = pair.params.get("target")
+        params.update({mid: pair.params.get(short) for short, mid in pair.drafters.items()})
+    dtype = {pair.target: pair.dtype if pair.quantization == "none" else pair.quantization for pair in cfg.models}
+    models = [Weights(t, params.get(t), dtype.get(t, "bfloat16")) for t in sorted({p.target for p in plans})]
+    uses: dict[str, set[tuple[str, str]]] = {}
+    for p in plans:
+        if p.drafter_id and not p.drafter_id.startswith("self"):
+            uses.setdefault(p.drafter_id, set()).add((p.cell.framework, p.cell.method))
+    drafters = [DrafterUse(d, tuple(sorted(u)), params.get(d)) for d, u in sorted(uses.items())]
+    profile = (load_hardware_profile(cfg.hardware, measure=False) if cfg.hardware in hardware_names()
+               else {"kind": "gpu" if cfg.device.startswith("cuda") else "cpu"})
+    tp = max((p.tensor_parallel_size for p in plans), default=1)
+    return preflight(frameworks, models, drafters, profile, tp, cuda=uses_cuda(cfg), probes=probes)
 
 
-def check_environment(cfg: StudyConfig, force: bool = False, gpus: Sequence[str] | None = None,
-                      find_module=None) -> list[str]:
-    """Refuse a GPU profile on a machine without that GPU (unless ``force``) and missing backends.
+def _missing_text(found: list[Missing]) -> str:
+    return "\n".join(f"  - [{m.kind}] {m.what}: {m.why}; {m.how}" for m in found)
 
-    Returns the warnings printed; raises :class:`ParamsError` on a refusal.
-    """
-    find_module = find_module or importlib.util.find_spec
-    notes = []
-    prof = load_hardware_profile(cfg.hardware, measure=False) if cfg.hardware in hardware_names() else None
-    if prof is not None and prof.kind == "gpu":
-        gpus = gpu_names() if gpus is None else list(gpus)
-        tok = _gpu_token(prof.device)
-        if not any(tok.lower() in g.lower() for g in gpus):
-            msg = (f"{cfg.file}: hardware={cfg.hardware!r} describes {prof.device}, but this machine has "
-                   f"{', '.join(gpus) if gpus else 'no NVIDIA GPU'}")
-            if not force:
-                raise ParamsError(cfg.file, "hardware", cfg.hardware,
-                                  [n for n in hardware_names() if n == "cpu" or any(_gpu_token(n).lower() in g.lower() for g in gpus)] or ["cpu"],
-                                  "this GPU is not here; pass --force to run anyway")
-            notes.append(msg + " (--force: running anyway; numbers belong to this machine, not the profile)")
-    used = sorted({f for sw in cfg.sweeps for f in sw.frameworks})
-    for fw in used:
-        module, extra = FRAMEWORK_REQUIREMENTS.get(fw, (None, None))
-        if module is None:
-            continue
-        python = cfg.framework_options.get(fw, {}).get("python")
-        if python and fw in SERVER_FRAMEWORKS:  # the server runs under its own interpreter (e.g. .venv-engines)
-            if not Path(str(python)).expanduser().exists():
-                raise ParamsError(cfg.file, f"study.framework_options.{fw}.python", python,
-                                  "an existing Python interpreter with the engine installed", f"install {extra} there")
-            continue
-        try:
-            found = find_module(module) is not None
-        except (ImportError, ValueError):
-            found = False
-        if not found:
-            raise ParamsError(cfg.file, "study.frameworks", fw, [f for f in used if f != fw] or ["reference"],
-                              f"backend {fw!r} needs the python module {module!r}: install {extra}")
-    for n in notes:
-        warnings.warn(n, stacklevel=2)
+
+def prepare_machine(cfg: StudyConfig, force: bool = False, log: Callable[[str], None] = print,
+                    probes: Probes | None = None, install: Callable[[envs.EngineEnv], object] | None = None
+                    ) -> list[Missing]:
+    """Install the engine environments the study needs (pinned, reused), then refuse once with
+    whatever is still missing.  ``force`` runs a GPU profile on another machine anyway (the numbers
+    then belong to this machine).  Returns the notes that did not stop the run."""
+    install = install or (lambda env: envs.install(env))
+    missing = machine_needs(cfg, probes)
+    engines = [m for m in missing if m.kind == "engine"]
+    if engines:
+        for env in envs.required_engines(sorted({p.cell.framework for p in expand(cfg)}), uses_cuda(cfg)):
+            if not (probes.installed(env) if probes else envs.is_installed(env)):
+                log(f"installing the {env.name} environment ({env.engine_requirement}) at {envs.venv_dir(env)}")
+                install(env)
+        missing = machine_needs(cfg, probes)
+    notes = [m for m in missing if force and m.kind == "gpu"]
+    blocking = [m for m in missing if m not in notes]
+    if blocking:
+        raise ParamsError(cfg.file, "hardware", cfg.hardware, "a machine with what the study needs",
+                          "this machine lacks:\n" + _missing_text(blocking)
+                          + ("\n(--force runs a GPU profile without its GPU)" if any(m.kind == "gpu" for m in blocking) else ""))
     return notes

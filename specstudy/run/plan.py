@@ -17,8 +17,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from ..backends import BACKENDS
-from ..config import ParamsError, StudyConfig
+from ..backends import BACKENDS, Backend
+from ..config import ParamsError, StudyConfig, hardware_names, load_hardware_profile
 from ..config.schema import ModelPair
 from ..config.study import Sweep
 from ..config.vocab import DRAFTER_PER_CELL, REFERENCE_METHODS, SERVER_FRAMEWORKS
@@ -77,8 +77,8 @@ class CellPlan:
         record.cell_id = self.cell_id
         record.label, record.family, record.sweeps = self.label, self.family, list(self.sweeps)
         record.baseline_cell_id, record.request_rate, record.dtype = self.baseline_cell_id, self.request_rate, self.dtype
-        # a server the kit did not start cannot be told: its prefix cache is unknown, never False
-        record.prefix_cache = None if record.extra.get("prefix_cache_unknown") else self.prefix_cache
+        # what the engine actually ran with: a server the kit did not start is unknown (None), never False
+        record.prefix_cache = record.extra.get("engine_prefix_cache", self.prefix_cache) if record.extra else self.prefix_cache
         return record
 
     def as_dict(self) -> dict[str, Any]:
@@ -88,22 +88,28 @@ class CellPlan:
         return d
 
 
-def backend_methods(framework: str) -> tuple[str, ...] | None:
-    """Method names a backend class declares (its module is imported, the engine is not)."""
-    if framework == "reference":  # the in-process engine runs every family (issue 3); no torch import here
-        return REFERENCE_METHODS
+def backend_class(framework: str) -> type[Backend] | None:
+    """The backend class of a framework (its module imported, no engine started); None if it needs its engine."""
     spec = BACKENDS.get(framework)
     if not spec:
         return None
     module, cls = spec.split(":")
     try:
-        methods = getattr(getattr(importlib.import_module(f"specstudy.backends.{module}"), cls), "methods", None)
-    except ImportError:  # the module needs its engine to import: checked at run time
+        return getattr(importlib.import_module(f"specstudy.backends.{module}"), cls)  # type: ignore[no-any-return]
+    except ImportError:
         return None
+
+
+def backend_methods(framework: str) -> tuple[str, ...] | None:
+    """Method names a backend class declares (the reference engine's without importing torch)."""
+    if framework == "reference":
+        return REFERENCE_METHODS
+    cls = backend_class(framework)
+    methods = getattr(cls, "methods", None) if cls is not None else None
     return tuple(methods) if methods else None
 
 
-def check_backends(cfg: StudyConfig) -> StudyConfig:
+def _structure(cfg: StudyConfig) -> None:
     """Each (framework, method) of a sweep must be one the backend runs; drafters must exist."""
     declared = {fw: backend_methods(fw) for sw in cfg.sweeps for fw in sw.frameworks}
     for sw in cfg.sweeps:
@@ -123,6 +129,44 @@ def check_backends(cfg: StudyConfig) -> StudyConfig:
                 raise ParamsError(cfg.file, f"study.sweeps.{sw.name}.models", list(sw.models),
                                   [p.name for p in cfg.models if m.drafter in p.drafters],
                                   f"method {label!r} needs drafter {m.drafter!r}")
+
+
+def uses_cuda(cfg: StudyConfig) -> bool:
+    """Which engine build the study's profile means (the pinned versions differ: vLLM 0.33 on CUDA, 0.32 on CPU)."""
+    if cfg.hardware in hardware_names():
+        return load_hardware_profile(cfg.hardware, measure=False).kind == "gpu"
+    return cfg.device.startswith("cuda")
+
+
+def _cell_checks(cfg: StudyConfig) -> None:
+    """Every speculative cell through its backend's own check: pinned version, options, drafter files."""
+    cuda, seen = uses_cuda(cfg), set()
+    for p in expand(cfg):
+        key = (p.cell.framework, p.cell.method, p.cell.gamma, p.method_options, p.drafter_id, p.target)
+        if key in seen:
+            continue
+        seen.add(key)
+        cls = backend_class(p.cell.framework)
+        if cls is None:
+            continue
+        try:
+            cls.check_cell(p.cell.method, p.cell.gamma, dict(p.method_options), model=p.target,
+                           drafter=p.drafter_id, cuda=cuda)
+        except (ValueError, FileNotFoundError) as e:
+            where = next((s for s in p.sweeps), "default")
+            raise ParamsError(cfg.file, f"study.methods[{p.label!r}] on {p.cell.framework} (sweep {where})",
+                              p.cell.method, str(e)) from None
+
+
+def check_backends(cfg: StudyConfig, files: bool = True) -> StudyConfig:
+    """The study against the backends it names: methods they run, then every cell through its backend's check.
+
+    ``files=False`` skips the cell checks (they may hash model files): what a dry run needs on a
+    machine without the weights.
+    """
+    _structure(cfg)
+    if files:
+        _cell_checks(cfg)
     return cfg
 
 

@@ -17,9 +17,12 @@ from typing import Any
 from ..backends import Backend, get_backend
 from ..config import StudyConfig
 from ..config.vocab import DRAFTER_PER_CELL, SERVER_FRAMEWORKS
+from ..engines.environments import FRAMEWORK_ENGINE, engine_env, python_of
 from .plan import CellPlan
 
 BackendFactory = Callable[..., Any]
+#: frameworks whose backends take ``tensor_parallel_size`` (the engine splits the model over GPUs)
+TENSOR_PARALLEL = ("vllm", "vllm-server", "sglang", "trtllm")
 
 
 def _default_factory(framework: str, **options: Any) -> Backend:
@@ -35,8 +38,9 @@ class BackendPool:
     """
 
     def __init__(self, cfg: StudyConfig, factory: BackendFactory | None = None, capacity: int = 3,
-                 log: Callable[[str], None] = print) -> None:
+                 log: Callable[[str], None] = print, cuda: bool | None = None) -> None:
         self.cfg = cfg
+        self.cuda = cuda  # which engine build (None: whether an NVIDIA GPU is here)
         self.factory = factory or _default_factory
         self.capacity = capacity
         self.log = log
@@ -48,23 +52,21 @@ class BackendPool:
         opts: dict[str, Any] = dict(self.cfg.framework_options.get(fw, {}))
         # engines that load each cell's drafter themselves start without one
         opts.update(model=plan.target, drafter=None if fw in DRAFTER_PER_CELL else plan.drafter_id)
-        if plan.dtype != "auto":
+        if plan.dtype != "auto" and fw != "llamacpp":  # llama.cpp runs the GGUF's own precision
             opts["dtype"] = plan.dtype
         if fw in ("reference", "hf"):
             opts["device"] = self.cfg.device
         if fw in SERVER_FRAMEWORKS:
             opts["prefix_cache"] = plan.prefix_cache
+        engine = FRAMEWORK_ENGINE.get(fw)
+        if engine is not None and "python" not in opts:  # the engine lives in its own pinned environment
+            opts["python"] = str(python_of(engine_env(engine, self.cuda)))
         tp = plan.tensor_parallel_size
-        if tp > 1:  # multi-GPU is the engine's job: pass its own tensor-parallel setting
-            if fw == "vllm":
-                opts["tensor_parallel_size"] = tp
-            elif fw == "vllm-server":
-                opts["server_args"] = [*opts.get("server_args", []), "--tensor-parallel-size", str(tp)]
-            elif fw == "sglang":
-                opts["server_args"] = [*opts.get("server_args", []), "--tp-size", str(tp)]
-            else:
+        if tp > 1:  # multi-GPU is the engine's job: each backend passes its own tensor-parallel flag
+            if fw not in TENSOR_PARALLEL:
                 raise ValueError(f"framework {fw!r} has no tensor parallelism; tensor_parallel_size={tp} "
-                                 "needs vllm, vllm-server or sglang")
+                                 f"needs one of {list(TENSOR_PARALLEL)}")
+            opts["tensor_parallel_size"] = tp
         return opts
 
     def get(self, plan: CellPlan):

@@ -54,7 +54,7 @@ class _RunState:
 def run_study(cfg: StudyConfig, plans: Sequence[CellPlan], layout: StudyLayout, *,
               factory: BackendFactory | None = None, request_loader: RequestLoader | None = None,
               progress: bool = True, log: Callable[[str], None] = print, max_cells: int | None = None,
-              full_plan: Sequence[CellPlan] | None = None) -> list[CellResult]:
+              full_plan: Sequence[CellPlan] | None = None, cuda: bool | None = None) -> list[CellResult]:
     """Run every plan not already done; return one result per plan (done / skipped / failed).
 
     ``full_plan`` (default ``plans``) is what ``study.json`` records when only a subset is run,
@@ -76,7 +76,7 @@ def run_study(cfg: StudyConfig, plans: Sequence[CellPlan], layout: StudyLayout, 
             bad = layout.check_part(p.cell_id)
             if bad:
                 say(bad)
-        pool = BackendPool(cfg, factory, log=say)
+        pool = BackendPool(cfg, factory, log=say, cuda=cuda)
         state = _RunState()
         todo = [p for p in plans if not layout.is_done(p.cell_id)]
         say(f"study {cfg.name} on {cfg.hardware}: {len(plans)} cells, {len(plans) - len(todo)} done earlier, "

@@ -17,6 +17,9 @@ from ..engines import environments as envs
 from ..engines.preflight import DrafterUse, Missing, Probes, Weights, preflight
 from .plan import expand, uses_cuda
 
+#: frameworks whose engine loads the drafter checkpoint itself (checked against its loader)
+DRAFTER_ENGINES = ("vllm", "vllm-server", "sglang", "trtllm")
+
 
 def machine_needs(cfg: StudyConfig, probes: Probes | None = None) -> list[Missing]:
     """Everything this machine lacks for ``cfg`` (empty: ready); loads nothing, asks no hub."""
@@ -29,8 +32,8 @@ def machine_needs(cfg: StudyConfig, probes: Probes | None = None) -> list[Missin
     dtype = {pair.target: pair.dtype if pair.quantization == "none" else pair.quantization for pair in cfg.models}
     models = [Weights(t, params.get(t), dtype.get(t, "bfloat16")) for t in sorted({p.target for p in plans})]
     uses: dict[str, set[tuple[str, str]]] = {}
-    for p in plans:
-        if p.drafter_id and not p.drafter_id.startswith("self"):
+    for p in plans:  # the engines that load a drafter checkpoint of their own format
+        if p.drafter_id and p.cell.framework in DRAFTER_ENGINES:
             uses.setdefault(p.drafter_id, set()).add((p.cell.framework, p.cell.method))
     drafters = [DrafterUse(d, tuple(sorted(u)), params.get(d)) for d, u in sorted(uses.items())]
     profile = (load_hardware_profile(cfg.hardware, measure=False) if cfg.hardware in hardware_names()

@@ -125,7 +125,7 @@ def test_kit_entry_point_argv_per_method():
     assert val(ar, "--threads") == "2" and "--spec-type" not in ar
     ng = server_argv(plan(spec_config("ngram", 4)), threads=1, ctx_size=1024, parallel=2)
     assert val(ng, "--spec-type") == "ngram-simple" and val(ng, "--draft-max") == "4"
-    assert (val(ng, "--ngram-size-n"), val(ng, "--ngram-size-m")) == ("3", "4")  # defaults: 3 and max(γ, 3)
+    assert (val(ng, "--ngram-size-n"), val(ng, "--ngram-size-m")) == ("3", "4")  # defaults: 3 and m = γ
     assert val(ng, "--ctx-size") == "2048" and val(ng, "--parallel") == "2"  # ctx_size is per slot
     dt = server_argv(plan(spec_config("draft_target", 3, {"draft_p_min": 0.5}), draft=True), 1, 512, 1)
     assert val(dt, "--spec-type") == "draft-simple" and val(dt, "--draft") == "/models/d.gguf"
@@ -133,11 +133,13 @@ def test_kit_entry_point_argv_per_method():
 
 
 def test_user_llama_server_argv_uses_its_own_flag_names():
-    argv = server_argv(plan(spec_config("ngram", 6, {"ngram_size_n": 2, "ngram_size_m": 8})), 4, 1024, 1,
+    argv = server_argv(plan(spec_config("ngram", 6, {"ngram_size_n": 2, "ngram_size_m": 5})), 4, 1024, 1,
                        llama_server="/opt/llama-server")
     assert argv[0] == "/opt/llama-server" and val(argv, "--model") == "/models/t.gguf"
     assert val(argv, "--spec-type") == "ngram-simple" and val(argv, "--spec-draft-n-max") == "6"
-    assert (val(argv, "--spec-ngram-simple-size-n"), val(argv, "--spec-ngram-simple-size-m")) == ("2", "8")
+    assert (val(argv, "--spec-ngram-simple-size-n"), val(argv, "--spec-ngram-simple-size-m")) == ("2", "5")
+    with pytest.raises(ValueError, match="ngram_size_m=8 > gamma=6"):
+        spec_config("ngram", 6, {"ngram_size_m": 8})
     assert val(argv, "--threads") == val(argv, "--threads-batch") == "4" and "--metrics" in argv
     dt = server_argv(plan(spec_config("draft_target", 2), draft=True), 2, 1024, 1, llama_server="/opt/llama-server")
     assert val(dt, "--spec-draft-model") == "/models/d.gguf" and val(dt, "--spec-draft-threads") == "2"
@@ -167,7 +169,11 @@ def test_the_study_run_options_on_every_cell_are_not_server_options(tmp_path):
 
 
 def test_ngram_options_map_to_llamacpp_sizes():
-    assert dict(spec_config("ngram", 2, {"ngram_max": 4}).ngram) == {"size_n": 4, "size_m": 4}
+    assert dict(spec_config("ngram", 4, {"ngram_max": 2}).ngram) == {"size_n": 2, "size_m": 4}
+    # llama.cpp never drafts when m < n, so a short γ shortens the default n-gram and a long one is refused
+    short = spec_config("ngram", 2)
+    assert dict(short.ngram) == {"size_n": 2, "size_m": 2} and "shortened from 3" in short.ngram_note
+    assert dict(spec_config("ngram", 1).ngram) == {"size_n": 1, "size_m": 1}
     assert dict(spec_config("ngram", 8, {"ngram_min": 2, "ngram_max": 2}).ngram) == {"size_n": 2, "size_m": 8}
     mod = spec_config("ngram", 4, {"spec_type": "ngram-mod", "ngram_mod_n_match": 8, "rate": 2.0})
     assert mod.spec_type == "ngram-mod" and dict(mod.ngram) == {"n_match": 8, "mod_n_min": 1, "mod_n_max": 4}
@@ -186,6 +192,7 @@ def test_ngram_options_map_to_llamacpp_sizes():
     ("ngram", 2, {"spec_type": "ngram-mod", "ngram_mod_n_min": 3}, "ngram_mod_n_min=3 > gamma=2"),
     ("ngram", 4, {"spec_type": "ngram-cache"}, r"'ngram-cache' .*ignores the draft n_max.*allowed: \["),
     ("ngram", 4, {"ngram_size_n": 0}, "ngram_size_n=0: must be an integer >= 1"),
+    ("ngram", 2, {"ngram_max": 4}, r"n-gram length 4 > ngram_size_m=2: .*allowed: ngram_max \(ngram_size_n\) <= 2"),
     ("draft_target", 4, {"draft_p_min": 2}, r"draft_p_min=2: must be a number in \[0, 1\]"),
     ("draft_target", 4, {"dynamic_gamma": "cost"}, r"\['dynamic_gamma'\] not understood; allowed: \['draft_min', 'draft_p_min'\]"),
     ("ar", None, {"ngram_max": 3}, r"\['ngram_max'\] not understood; allowed: \[\]"),
@@ -397,9 +404,14 @@ def test_live_smollm2_ar_and_ngram_counts_equal_llamacpp_own(tmp_path):
     try:
         ar = list(b.run(reqs, sampling, cell("ar", None)))
         ng = list(b.run(reqs, sampling, cell("ngram", 4)))
+        ng2 = list(b.run(reqs, sampling, cell("ngram", 2)))
         log, pid = b.server_info.log_path, b.server.proc.pid
     finally:
         b.close()
+    # γ bounds every draft (llama.cpp's n-gram drafts are m tokens, so the kit sets m = γ)
+    for gamma, rows in ((4, ng), (2, ng2)):
+        assert sum(r.draft_steps for r in rows) > 0
+        assert all(len(r.drafts_per_position) <= gamma and r.drafted_tokens <= gamma * r.draft_steps for r in rows)
     run = ng[0].extra["run_scope"]["acceptance"]
     for r in ar + ng:
         assert r.status == "ok" and r.output_tokens == 40 == len(r.output_ids), r.error
@@ -414,10 +426,10 @@ def test_live_smollm2_ar_and_ngram_counts_equal_llamacpp_own(tmp_path):
     assert sum(r.draft_steps for r in ng) == run["drafts"] > 0 and run["counters_match"] is True
     depth = max(len(r.accepted_per_position) for r in ng)
     assert [sum((r.accepted_per_position + [0] * depth)[k] for r in ng) for k in range(depth)] == run["accepted_per_position"]
-    # the kit's AL is llama.cpp's own "mean len", per request (server log) and over the run (counters)
+    # the kit's AL is llama.cpp's own "mean len", per request (the γ=2 server's log) and over the run (counters)
     logged = _log_mean_lens(log)
-    assert [(r.accepted_tokens, r.drafted_tokens) for r in ng if r.drafted_tokens] == [(a, d) for a, d, _ in logged]
-    assert [round(1 + r.accepted_tokens / r.draft_steps, 2) for r in ng if r.draft_steps] == [m for _, _, m in logged]
+    assert [(r.accepted_tokens, r.drafted_tokens) for r in ng2 if r.drafted_tokens] == [(a, d) for a, d, _ in logged]
+    assert [round(1 + r.accepted_tokens / r.draft_steps, 2) for r in ng2 if r.draft_steps] == [m for _, _, m in logged]
     assert 1 + run["accepted_tokens"] / run["drafts"] == run["acceptance_length"]
     # greedy: llama.cpp's speculative output equals its AR output on these prompts (Q4_1 target)
     assert [a.output_ids for a in ar] == [n.output_ids for n in ng]

@@ -16,9 +16,11 @@ Methods and options
   vLLM: ``ngram_size_n`` sets it, and the kit's ``ngram_max`` is read as that length; an
   ``ngram_min`` below it is refused (llama.cpp never falls back to shorter n-grams).  Default
   ``size_n`` = 3 (the reference engine's ``ngram_max``; llama.cpp's own default is 12).
-  ``ngram_size_m`` (the m-gram copied after a match) defaults to max(γ, size_n): llama.cpp drops
-  a match followed by fewer than ``size_n`` tokens and cuts every draft to ``n_max``, so this is
-  the smallest value that lets γ bind.  ``ngram_min_hits`` (map-k4v) passes through.
+  ``ngram_size_m`` (the m tokens copied after a match) is the draft length: llama.cpp's n-gram
+  drafts are m tokens whatever ``n_max`` says (measured: 3-token drafts at n_max 1 with m = 3),
+  so m = γ, and a larger ``ngram_size_m`` is refused (γ must bound every draft, or AL and the
+  γ axis would lie).  It never drafts when m < n (measured: no drafts at n = 3, m = 2), so the
+  default n is min(3, γ) and a given n > m is refused.  ``ngram_min_hits`` (map-k4v) passes through.
   ``ngram-mod`` ignores the draft ``n_max`` (measured: 8-token drafts at n_max 4 with its own
   n_max 8), so γ is also its ``n_max``; ``ngram_mod_n_match`` (lookup length, default 3) and
   ``ngram_mod_n_min`` (default 1, at most γ) pass through.  ``ngram-cache`` is refused: it
@@ -168,7 +170,16 @@ def _ngram_sizes(stype: str, gamma: int, options: Mapping[str, Any]) -> tuple[tu
         fields = (("n_match", _int_option(options, "ngram_mod_n_match", DEFAULT_NGRAM_N)), ("mod_n_min", n_min),
                   ("mod_n_max", gamma))
         return fields, "ngram-mod drafts up to its own n_max, set to gamma"
-    size_n = _int_option(options, "ngram_size_n", None) or _int_option(options, "ngram_max", None) or DEFAULT_NGRAM_N
+    size_m = _int_option(options, "ngram_size_m", None) or gamma
+    if size_m > gamma:
+        raise ValueError(f"ngram_size_m={size_m} > gamma={gamma}: llama.cpp drafts m tokens per step whatever "
+                         f"n_max says, so γ would not bound the drafts; allowed: ngram_size_m <= gamma")
+    given_n = _int_option(options, "ngram_size_n", None) or _int_option(options, "ngram_max", None)
+    size_n = given_n or min(DEFAULT_NGRAM_N, size_m)
+    if size_n > size_m:
+        raise ValueError(f"n-gram length {size_n} > ngram_size_m={size_m}: llama.cpp never drafts when the copied "
+                         f"m-gram is shorter than the matched n-gram (measured: no drafts at n=3, m=2); "
+                         f"allowed: ngram_max (ngram_size_n) <= {size_m}")
     if "ngram_size_n" in options and "ngram_max" in options and options["ngram_max"] != size_n:
         raise ValueError(f"ngram_size_n={size_n} and ngram_max={options['ngram_max']!r} disagree; give one")
     lo = _int_option(options, "ngram_min", None)
@@ -176,11 +187,12 @@ def _ngram_sizes(stype: str, gamma: int, options: Mapping[str, Any]) -> tuple[tu
         raise ValueError(f"ngram_min={lo} with n-gram length {size_n}: llama.cpp's {stype} looks up exactly one "
                          f"n-gram length (size_n) and never falls back to shorter ones; give ngram_min == ngram_max "
                          f"or ngram_size_n alone")
-    size_m = _int_option(options, "ngram_size_m", None) or max(gamma, size_n)
     fields = [("size_n", size_n), ("size_m", size_m)]
     if stype == "ngram-map-k4v":
         fields.append(("min_hits", _int_option(options, "ngram_min_hits", 1)))
     note = f"one n-gram length size_n={size_n} (no fallback to shorter n-grams)"
+    if given_n is None and size_n < DEFAULT_NGRAM_N:
+        note += f"; shortened from {DEFAULT_NGRAM_N} because γ={gamma} < {DEFAULT_NGRAM_N} (llama.cpp needs m >= n)"
     return tuple(fields), note
 
 

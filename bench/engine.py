@@ -31,7 +31,6 @@ import argparse  # noqa: E402
 import json  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
-import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -72,15 +71,31 @@ def build_requests(tasks: list[str], n: int, tokenizer) -> tuple[list[Request], 
         return reqs, "specstudy.tasks"
     except Exception as e:  # the task registry is optional for this benchmark
         print(f"(specstudy.tasks unavailable: {type(e).__name__}: {e}; using the inline prompts)")
-        reqs = [Request(f"{t}-{i}", p, task=t, messages=(("user", p),))
-                for t in tasks for i, p in enumerate(FALLBACK_PROMPTS[t][:n])]
+        reqs = [
+            Request(f"{t}-{i}", p, task=t, messages=(("user", p),))
+            for t in tasks
+            for i, p in enumerate(FALLBACK_PROMPTS[t][:n])
+        ]
         return reqs, "inline"
 
 
 #: the rows --methods can name: a method, "+cost" its cost-aware γ, "@2" static γ = 2, "+prefill"
 #: drafts verified in the prompt pass
-ROWS = ("ar", "ngram", "ngram+cost", "ngram@2", "layer_skip", "draft_target", "draft_target+cost", "heads", "eagle",
-        "ngram+prefill", "ngram+cost+prefill", "draft_target+prefill", "draft_target+cost+prefill")
+ROWS = (
+    "ar",
+    "ngram",
+    "ngram+cost",
+    "ngram@2",
+    "layer_skip",
+    "draft_target",
+    "draft_target+cost",
+    "heads",
+    "eagle",
+    "ngram+prefill",
+    "ngram+cost+prefill",
+    "draft_target+prefill",
+    "draft_target+cost+prefill",
+)
 PREFILL = "+prefill"  # a row suffix: the same row with draft_in_prefill: on (HF's first step)
 
 
@@ -88,17 +103,30 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--drafter", default=None, help="a draft model entry for draft_target / HF assistant_model")
-    ap.add_argument("--draft-quantization", choices=("none", "int8"), default="none",
-                    help="draft_target's draft model in int8 dynamic quantization (HF's assistant gets the same module)")
-    ap.add_argument("--methods", default=",".join(r for r in ROWS if not r.endswith(PREFILL)),
-                    help="which rows to run (ar is always run: it is the baseline); ngram+cost is ngram with "
-                         "dynamic_gamma: cost (draft length chosen from the measured verification-cost curve), "
-                         "ngram@2 static ngram at γ = 2 (HF's prompt lookup at the same γ beside it); a "
-                         "+prefill row also verifies drafts in the prompt pass (draft_in_prefill: on), as HF does")
-    ap.add_argument("--heads", default="params/drafters/smollm2-135m-heads.json",
-                    help="a trained heads drafter for the heads method ('' to skip)")
-    ap.add_argument("--eagle", default="params/drafters/smollm2-135m-eagle.json",
-                    help="a trained EAGLE-style drafter for the eagle method ('' to skip)")
+    ap.add_argument(
+        "--draft-quantization",
+        choices=("none", "int8"),
+        default="none",
+        help="draft_target's draft model in int8 dynamic quantization (HF's assistant gets the same module)",
+    )
+    ap.add_argument(
+        "--methods",
+        default=",".join(r for r in ROWS if not r.endswith(PREFILL)),
+        help="which rows to run (ar is always run: it is the baseline); ngram+cost is ngram with "
+        "dynamic_gamma: cost (draft length chosen from the measured verification-cost curve), "
+        "ngram@2 static ngram at γ = 2 (HF's prompt lookup at the same γ beside it); a "
+        "+prefill row also verifies drafts in the prompt pass (draft_in_prefill: on), as HF does",
+    )
+    ap.add_argument(
+        "--heads",
+        default="params/drafters/smollm2-135m-heads.json",
+        help="a trained heads drafter for the heads method ('' to skip)",
+    )
+    ap.add_argument(
+        "--eagle",
+        default="params/drafters/smollm2-135m-eagle.json",
+        help="a trained EAGLE-style drafter for the eagle method ('' to skip)",
+    )
     ap.add_argument("--tasks", default="code,summarization")
     ap.add_argument("--prompts", type=int, default=3, help="prompts per task")
     ap.add_argument("--max-new-tokens", type=int, default=64)
@@ -151,37 +179,60 @@ def main() -> int:
     for name, path in (("heads", args.heads), ("eagle", args.eagle)):  # trained drafters, when there for this model
         if path and Path(path).exists() and json.loads(Path(path).read_text()).get("target") == args.model:
             methods.append((name, args.gamma, {}, None, path))
-    methods += [(name + PREFILL, gamma, {**opts, "draft_in_prefill": "on"}, d, dname)
-                for name, gamma, opts, d, dname in list(methods) if name + PREFILL in ROWS]
+    methods += [
+        (name + PREFILL, gamma, {**opts, "draft_in_prefill": "on"}, d, dname)
+        for name, gamma, opts, d, dname in list(methods)
+        if name + PREFILL in ROWS
+    ]
     methods = [m for m in methods if m[0] in wanted]
 
     def method_of(label: str) -> str:  # "ngram+cost", "ngram@2" -> "ngram"
         return label.split("+")[0].split("@")[0]
 
     def cell(name, gamma, opts, dname):
-        return Cell(study="bench", hardware="local", framework="reference", method=method_of(name), task="mixed",
-                    model=args.model, drafter=dname, gamma=gamma, options=tuple(sorted(opts.items())))
+        return Cell(
+            study="bench",
+            hardware="local",
+            framework="reference",
+            method=method_of(name),
+            task="mixed",
+            model=args.model,
+            drafter=dname,
+            gamma=gamma,
+            options=tuple(sorted(opts.items())),
+        )
 
     # warm-up (untimed): one full-length request per method (CPU kernel set-up is per shape)
     for name, gamma, opts, d, dname in methods:
         if d is not None:
             backend._drafters[(method_of(name), dname)] = d
         list(backend.run(requests[:1], sampling, cell(name, gamma, opts, dname)))
-    if drafter is not None and args.draft_quantization != "none" and any(method_of(m[0]) == "draft_target" for m in methods):
+    if (
+        drafter is not None
+        and args.draft_quantization != "none"
+        and any(method_of(m[0]) == "draft_target" for m in methods)
+    ):
         drafter = backend._drafters[("draft_target", args.drafter, args.draft_quantization)]  # HF gets the same module
 
     if drafter is not None:
-        print(f"draft model {args.drafter}: {model_bytes(drafter) / 1e6:.0f} MB in parameters, quantization "
-              f"{args.draft_quantization}")
-    print(f"model {args.model}: {n_layers} layers, {model_bytes(model) / 1e6:.0f} MB fp32; prompts: "
-          f"{len(requests)} from {source} ({', '.join(tasks)}), {args.max_new_tokens} new tokens, greedy, "
-          f"gamma {args.gamma}, threads {args.threads}, load avg {load0[0]:.2f}")
+        print(
+            f"draft model {args.drafter}: {model_bytes(drafter) / 1e6:.0f} MB in parameters, quantization "
+            f"{args.draft_quantization}"
+        )
+    print(
+        f"model {args.model}: {n_layers} layers, {model_bytes(model) / 1e6:.0f} MB fp32; prompts: "
+        f"{len(requests)} from {source} ({', '.join(tasks)}), {args.max_new_tokens} new tokens, greedy, "
+        f"gamma {args.gamma}, threads {args.threads}, load avg {load0[0]:.2f}"
+    )
 
     ks = sorted({int(k) for k in args.curve.split(",")} | {args.gamma + 1})
     curve = measure_verify_time(model, prompt_ids[0], ks, args.curve_repeats)
     ratio = {k: curve[k] / curve[1] for k in ks}
-    print("verification cost T(k)/T(1): " + "  ".join(f"k={k}:{ratio[k]:.2f}" for k in ks)
-          + f"   (T(1) = {curve[1] * 1e3:.1f} ms)")
+    print(
+        "verification cost T(k)/T(1): "
+        + "  ".join(f"k={k}:{ratio[k]:.2f}" for k in ks)
+        + f"   (T(1) = {curve[1] * 1e3:.1f} ms)"
+    )
 
     # HF transformers' own implementation of each row, through the kit's hf backend (the same
     # records and metrics; it sets the draft length on the *drafting* model's generation_config,
@@ -197,9 +248,17 @@ def main() -> int:
         if args.skip_hf or m not in HfBackend.methods:
             return None
         opts = {"ngram": {"ngram_max": args.ngram_max}, "layer_skip": {"exit_layer": exit_layer}}.get(m, {})
-        return Cell(study="bench", hardware="local", framework="hf", method=m, task="mixed", model=args.model,
-                    drafter=args.drafter if m == "draft_target" else None, gamma=gamma if m != "ar" else None,
-                    options=tuple(sorted(opts.items())))
+        return Cell(
+            study="bench",
+            hardware="local",
+            framework="hf",
+            method=m,
+            task="mixed",
+            model=args.model,
+            drafter=args.drafter if m == "draft_target" else None,
+            gamma=gamma if m != "ar" else None,
+            options=tuple(sorted(opts.items())),
+        )
 
     def hf_key(name: str) -> str:  # a +prefill row is compared with the same HF row as its plain twin
         return name.removesuffix(PREFILL)
@@ -213,12 +272,12 @@ def main() -> int:
     hf_recs: dict[str, list] = {key: [] for key in hf_cells}
     for req in requests:  # round robin per prompt: this machine's speed drifts by 10 %+
         hf_done = set()
-        for name, gamma, opts, d, dname in methods:
+        for name, gamma, opts, _, dname in methods:
             ours[name] += list(backend.run([req], sampling, cell(name, gamma, opts, dname)))
             if (key := hf_key(name)) in hf_cells and key not in hf_done:
                 hf_recs[key] += list(hf_backend.run([req], sampling, hf_cells[key]))
                 hf_done.add(key)
-    for name, gamma, opts, d, dname in methods:
+    for name, gamma, opts, _d, _dname in methods:
         recs = ours[name]
         bad = [r for r in recs if r.status != "ok"]
         if bad:
@@ -228,12 +287,17 @@ def main() -> int:
         acc = metrics.acceptance_summary(recs)
         steps = [s for r in recs for s in r.steps[1:]]  # without the prefill step
         drafted = sum(s.drafted for s in steps)
-        results[name] = {"tokens_per_s": metrics.per_request_throughput(recs), "alpha": acc["alpha"],
-                         "tpot_s": statistics.mean(metrics.tpot(r) for r in recs),
-                         "alpha_hat": acc["alpha_hat"], "tau": acc["tau"], "gamma": gamma,
-                         "dynamic_gamma": opts.get("dynamic_gamma", "off") != "off",
-                         "draft_s_per_token": (sum(s.draft_s or 0.0 for s in steps) / drafted) if drafted else None,
-                         "verify_s_per_step": statistics.median([s.verify_s for s in steps if s.verify_s])}
+        results[name] = {
+            "tokens_per_s": metrics.per_request_throughput(recs),
+            "alpha": acc["alpha"],
+            "tpot_s": statistics.mean(metrics.tpot(r) for r in recs),
+            "alpha_hat": acc["alpha_hat"],
+            "tau": acc["tau"],
+            "gamma": gamma,
+            "dynamic_gamma": opts.get("dynamic_gamma", "off") != "off",
+            "draft_s_per_token": (sum(s.draft_s or 0.0 for s in steps) / drafted) if drafted else None,
+            "verify_s_per_step": statistics.median([s.verify_s for s in steps if s.verify_s]),
+        }
         by_k: dict[int, list[float]] = {}
         for s in steps:
             by_k.setdefault(s.drafted, []).append(s.verify_s)
@@ -254,8 +318,11 @@ def main() -> int:
             k = r["gamma"] + 1
             r["verify_ratio"] = ratio.get(k, float("nan"))
             a = r["alpha_hat"]
-            r["predicted"] = (costmodel.speedup_with_verify_cost(min(max(a, 0.0), 1.0), r["gamma"], r["c"], r["verify_ratio"])
-                              if a == a else float("nan"))
+            r["predicted"] = (
+                costmodel.speedup_with_verify_cost(min(max(a, 0.0), 1.0), r["gamma"], r["c"], r["verify_ratio"])
+                if a == a
+                else float("nan")
+            )
             r["measured_over_predicted"] = r["decode_speedup"] / r["predicted"] if r["predicted"] else float("nan")
         hf = hf_recs.get(hf_key(name))
         if hf:
@@ -273,34 +340,53 @@ def main() -> int:
         bw = model_bytes(model) * base["tokens_per_s"] / 1e9
         base["achieved_bandwidth_gbps"] = bw
     f = lambda v, p=2: "-" if v is None or v != v else f"{v:.{p}f}"  # noqa: E731
-    head = (f"{'method':<27}{'tok/s':>8}{'speedup':>9}{'dec.sp':>8}{'alpha':>7}{'a_hat':>7}{'tau':>6}{'c':>7}{'T(g+1)/T1':>10}"
-            f"{'pred':>7}{'meas/pred':>10}{'HF tok/s':>10}{'HF tau':>7}{'ours/HF':>9}{'HF=ours':>8}{'=ar':>5}")
+    head = (
+        f"{'method':<27}{'tok/s':>8}{'speedup':>9}{'dec.sp':>8}{'alpha':>7}{'a_hat':>7}{'tau':>6}{'c':>7}{'T(g+1)/T1':>10}"
+        f"{'pred':>7}{'meas/pred':>10}{'HF tok/s':>10}{'HF tau':>7}{'ours/HF':>9}{'HF=ours':>8}{'=ar':>5}"
+    )
     print(head)
     print("-" * len(head))
     for name, r in results.items():
-        print(f"{name:<27}{f(r['tokens_per_s']):>8}{f(r['speedup']):>9}{f(r['decode_speedup']):>8}{f(r['alpha']):>7}{f(r['alpha_hat']):>7}"
-              f"{f(r['tau']):>6}{f(r.get('c'), 3):>7}{f(r.get('verify_ratio')):>10}{f(r.get('predicted')):>7}"
-              f"{f(r.get('measured_over_predicted')):>10}{f(r.get('hf_tokens_per_s')):>10}{f(r.get('hf_tau')):>7}"
-              f"{f(r.get('ours_over_hf')):>9}"
-              f"{f(r.get('hf_same_tokens')):>8}{f(r['exact_match_vs_ar']):>5}")
+        print(
+            f"{name:<27}{f(r['tokens_per_s']):>8}{f(r['speedup']):>9}{f(r['decode_speedup']):>8}{f(r['alpha']):>7}{f(r['alpha_hat']):>7}"
+            f"{f(r['tau']):>6}{f(r.get('c'), 3):>7}{f(r.get('verify_ratio')):>10}{f(r.get('predicted')):>7}"
+            f"{f(r.get('measured_over_predicted')):>10}{f(r.get('hf_tokens_per_s')):>10}{f(r.get('hf_tau')):>7}"
+            f"{f(r.get('ours_over_hf')):>9}"
+            f"{f(r.get('hf_same_tokens')):>8}{f(r['exact_match_vs_ar']):>5}"
+        )
         if "hf_error" in r:
             print(f"    HF comparison failed: {r['hf_error']}")
     if base:
-        print(f"AR achieved bandwidth {base['achieved_bandwidth_gbps']:.2f} GB/s (model bytes x tok/s) vs measured "
-              f"CPU copy bandwidth {cpu['copy_bandwidth_gbps']:.2f} GB/s "
-              f"({base['achieved_bandwidth_gbps'] / cpu['copy_bandwidth_gbps']:.0%})")
+        print(
+            f"AR achieved bandwidth {base['achieved_bandwidth_gbps']:.2f} GB/s (model bytes x tok/s) vs measured "
+            f"CPU copy bandwidth {cpu['copy_bandwidth_gbps']:.2f} GB/s "
+            f"({base['achieved_bandwidth_gbps'] / cpu['copy_bandwidth_gbps']:.0%})"
+        )
     load1 = os.getloadavg()
     if base:
         t1 = base["verify_s_per_step"]
         for name, r in results.items():
             if r["gamma"]:
-                print(f"{name}: verification step time / AR step, by tokens drafted: " + "  ".join(
-                    f"{k}:{v / t1:.2f}" for k, v in r["verify_s_by_drafted"].items()))
+                print(
+                    f"{name}: verification step time / AR step, by tokens drafted: "
+                    + "  ".join(f"{k}:{v / t1:.2f}" for k, v in r["verify_s_by_drafted"].items())
+                )
     print(f"load average before {load0[0]:.2f}, after {load1[0]:.2f}")
     if args.json:
-        Path(args.json).write_text(json.dumps({"results": results, "verify_ratio": ratio, "curve_s": curve,
-                                               "cpu": cpu, "load_avg": [load0, load1], "args": vars(args)},
-                                              indent=2, default=str))
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "results": results,
+                    "verify_ratio": ratio,
+                    "curve_s": curve,
+                    "cpu": cpu,
+                    "load_avg": [load0, load1],
+                    "args": vars(args),
+                },
+                indent=2,
+                default=str,
+            )
+        )
     return 0
 
 

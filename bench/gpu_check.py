@@ -84,9 +84,10 @@ import platform
 import sys
 import time
 import traceback
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch is imported: spinning threads cost 4x on a CPU
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -111,14 +112,23 @@ REAL_SHAPES = {
 }
 TINY_SHAPES = {"llama2-7b": (64, 128, 4, 4, 2), "llama-68m": (32, 64, 1, 4, 2), "tinyllama-1.1b": (48, 96, 2, 4, 2)}
 TARGET, DRAFTS = "llama2-7b", ("llama-68m", "tinyllama-1.1b")
-TELEMETRY_KEYS = ("telemetry_samples", "gpu_temp_max_c", "gpu_sm_clock_min_mhz", "gpu_sm_clock_mean_mhz",
-                  "gpu_mem_clock_mean_mhz", "gpu_power_mean_w", "gpu_power_max_w", "gpu_throttle_reasons",
-                  "gpu_throttled", "cpu_freq_mean_mhz", "load_1m_max")
+TELEMETRY_KEYS = (
+    "telemetry_samples",
+    "gpu_temp_max_c",
+    "gpu_sm_clock_min_mhz",
+    "gpu_sm_clock_mean_mhz",
+    "gpu_mem_clock_mean_mhz",
+    "gpu_power_mean_w",
+    "gpu_power_max_w",
+    "gpu_throttle_reasons",
+    "gpu_throttled",
+    "cpu_freq_mean_mhz",
+    "load_1m_max",
+)
 
 
 # --------------------------------------------------------------------------------------------
 # arguments (checked before anything is built)
-
 
 
 def datasheet_profile(name: str) -> costmodel.HardwareProfile:
@@ -132,11 +142,17 @@ def datasheet_profile(name: str) -> costmodel.HardwareProfile:
 
     prof = yaml.safe_load((ROOT / "params" / "hardware" / f"{name}.yaml").read_text())["profile"]
     return costmodel.HardwareProfile(
-        name=name, device=str(prof.get("device", name)), memory_bandwidth_gbps=float(prof["memory_bandwidth_gbps"]),
-        peak_tflops_by_dtype={k: float(v) for k, v in prof["peak_tflops"].items()}, memory_gb=float(prof["memory_gb"]),
+        name=name,
+        device=str(prof.get("device", name)),
+        memory_bandwidth_gbps=float(prof["memory_bandwidth_gbps"]),
+        peak_tflops_by_dtype={k: float(v) for k, v in prof["peak_tflops"].items()},
+        memory_gb=float(prof["memory_gb"]),
         bandwidth_efficiency=float(prof.get("bandwidth_efficiency", 0.65)),
         compute_efficiency=float(prof.get("compute_efficiency", 0.6)),
-        step_overhead_ms=float(prof.get("step_overhead_ms", 0.2)), kind=str(prof.get("kind", "gpu")), source="datasheet")
+        step_overhead_ms=float(prof.get("step_overhead_ms", 0.2)),
+        kind=str(prof.get("kind", "gpu")),
+        source="datasheet",
+    )
 
 
 def _numbers(text: str, what: str, lo: float, hi: float, kind: type = float) -> list:
@@ -187,7 +203,9 @@ def check_args(a: argparse.Namespace) -> argparse.Namespace:
     if a.budget_s <= 0:
         raise SystemExit(f"--budget-s={a.budget_s}: need > 0")
     if 1 not in a.batches:
-        raise SystemExit(f"--batches={','.join(map(str, a.batches))}: must include 1 (c and the speedup cells are at batch 1)")
+        raise SystemExit(
+            f"--batches={','.join(map(str, a.batches))}: must include 1 (c and the speedup cells are at batch 1)"
+        )
     if a.device == "auto":
         a.device = "cuda" if torch.cuda.is_available() else "cpu"
     if a.device == "cuda" and not torch.cuda.is_available():
@@ -214,21 +232,49 @@ class Run:
         self.dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
         self.cm_dtype = "bf16" if self.dtype == torch.bfloat16 else "fp32"
         self.hw = args.profile_obj
-        self.data: dict[str, Any] = {"schema": costmodel.CALIBRATION_SCHEMA, "version": costmodel.CALIBRATION_VERSION,
-                                     "rows": [], "curve": {}, "step_s": {}, "draft_cost": {}, "cells": {},
-                                     "errors": [], "skipped": []}
+        self.data: dict[str, Any] = {
+            "schema": costmodel.CALIBRATION_SCHEMA,
+            "version": costmodel.CALIBRATION_VERSION,
+            "rows": [],
+            "curve": {},
+            "step_s": {},
+            "draft_cost": {},
+            "cells": {},
+            "errors": [],
+            "skipped": [],
+        }
 
     def elapsed(self) -> float:
         return time.monotonic() - self.t0
 
-    def row(self, section: str, name: str, measured: float, predicted: float | None, unit: str,
-            batch: int | None = None, gamma: int | None = None, alpha: float | None = None, **extra: Any) -> None:
+    def row(
+        self,
+        section: str,
+        name: str,
+        measured: float,
+        predicted: float | None,
+        unit: str,
+        batch: int | None = None,
+        gamma: int | None = None,
+        alpha: float | None = None,
+        **extra: Any,
+    ) -> None:
         if not math.isfinite(float(measured)):
             self.data["errors"].append({"section": section, "error": f"{name}: measured {measured!r} is not finite"})
             return
-        self.data["rows"].append({"section": section, "name": name, "batch": batch, "gamma": gamma, "alpha": alpha,
-                                  "measured": float(measured), "predicted": _finite_or_none(predicted), "unit": unit,
-                                  **{k: _json_value(v) for k, v in extra.items()}})
+        self.data["rows"].append(
+            {
+                "section": section,
+                "name": name,
+                "batch": batch,
+                "gamma": gamma,
+                "alpha": alpha,
+                "measured": float(measured),
+                "predicted": _finite_or_none(predicted),
+                "unit": unit,
+                **{k: _json_value(v) for k, v in extra.items()},
+            }
+        )
 
     def section(self, name: str, fn: Callable[[], Any]) -> Any:
         """Run one section inside the budget; errors and skips are recorded; the JSON is rewritten."""
@@ -240,8 +286,9 @@ class Run:
         try:
             return fn()
         except Exception as e:  # one failing section must not lose the others on a lent machine
-            self.data["errors"].append({"section": name, "error": f"{type(e).__name__}: {e}",
-                                        "traceback": traceback.format_exc(limit=8)})
+            self.data["errors"].append(
+                {"section": name, "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc(limit=8)}
+            )
             print(f"  ERROR in {name}: {type(e).__name__}: {e}", flush=True)
             return None
         finally:
@@ -278,10 +325,21 @@ def llama_config(shape: tuple[int, int, int, int, int], vocab: int, max_position
     from transformers import LlamaConfig
 
     hidden, inter, layers, heads, kv = shape
-    return LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
-                       num_attention_heads=heads, num_key_value_heads=kv, max_position_embeddings=max_positions,
-                       rms_norm_eps=1e-5, tie_word_embeddings=False, bos_token_id=None, eos_token_id=None,
-                       pad_token_id=None, attn_implementation="sdpa")
+    return LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=inter,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        max_position_embeddings=max_positions,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+        attn_implementation="sdpa",
+    )
 
 
 def build_model(config, device: torch.device, dtype: torch.dtype, seed: int, logit_scale: float = 1.0):
@@ -352,11 +410,16 @@ def microbench(run: Run) -> None:
             a @ a
         mm_s.append(t.s)
     copy_gbps = 2 * x.numel() * x.element_size() / min(copy_s[1:]) / 1e9
-    tflops = 2 * m ** 3 / min(mm_s[1:]) / 1e12
+    tflops = 2 * m**3 / min(mm_s[1:]) / 1e12
     del x, y, a
     free(run.device)
-    run.data["microbench"] = {"copy_gbps": copy_gbps, "matmul_tflops": tflops, "dtype": run.cm_dtype,
-                              "copy_bytes": 2 * n * (2 if run.dtype == torch.bfloat16 else 4), "matmul_n": m}
+    run.data["microbench"] = {
+        "copy_gbps": copy_gbps,
+        "matmul_tflops": tflops,
+        "dtype": run.cm_dtype,
+        "copy_bytes": 2 * n * (2 if run.dtype == torch.bfloat16 else 4),
+        "matmul_n": m,
+    }
     run.row("microbench", "copy bandwidth", copy_gbps, run.hw.memory_bandwidth_gbps, "GB/s")
     run.row("microbench", f"{run.cm_dtype} matmul", tflops, run.hw.peak_tflops(run.cm_dtype), "TFLOP/s")
 
@@ -405,9 +468,13 @@ def _decode_all(models: dict[str, Any], case: tuple, device: torch.device, sampl
     if key is not None and drafter is None:
         drafter = spec.load_drafter(key, models["target"], str(device), "float64")
     batches = [[p] for p in CHECK_PROMPTS] if single else [CHECK_PROMPTS]
-    return [r.output_ids for b in batches
-            for r in spec.decode(DecodeJob(models["target"], b, sampling, gamma=gamma, drafter=drafter, options=opts,
-                                           device=str(device)))]
+    return [
+        r.output_ids
+        for b in batches
+        for r in spec.decode(
+            DecodeJob(models["target"], b, sampling, gamma=gamma, drafter=drafter, options=opts, device=str(device))
+        )
+    ]
 
 
 def check_methods(run: Run) -> None:
@@ -421,8 +488,11 @@ def check_methods(run: Run) -> None:
         on_cpu = _decode_all(cpu_models, case, torch.device("cpu"), s)
         on_dev = _decode_all(dev_models, case, run.device, s) if dev_models else None
         lossless = "synthetic" not in case[0]
-        cases[case[0]] = {"same_as_cpu": None if on_dev is None else on_dev == on_cpu,
-                          "equals_ar": (on_cpu == ar) if lossless else None, "tokens": sum(map(len, on_cpu))}
+        cases[case[0]] = {
+            "same_as_cpu": None if on_dev is None else on_dev == on_cpu,
+            "equals_ar": (on_cpu == ar) if lossless else None,
+            "tokens": sum(map(len, on_cpu)),
+        }
         if on_dev is not None:
             run.row("methods", f"{case[0]}: {run.device.type} == cpu", float(on_dev == on_cpu), 1.0, "bool")
         if lossless:
@@ -486,8 +556,16 @@ def allocated_bytes(device: torch.device) -> int | None:
         return None
 
 
-def decode_cell(run: Run, cell: str, method: str, target, prompts: list[list[int]], gamma: int | None = None,
-                drafter=None, options: dict | None = None) -> dict[str, Any]:
+def decode_cell(
+    run: Run,
+    cell: str,
+    method: str,
+    target,
+    prompts: list[list[int]],
+    gamma: int | None = None,
+    drafter=None,
+    options: dict | None = None,
+) -> dict[str, Any]:
     """One cell: an untimed warm-up decode, then every prompt at batch 1 with the peak memory
     reset before and read after, and telemetry sampled throughout.  Returns pooled figures."""
     spec = get_method(method)
@@ -506,8 +584,12 @@ def decode_cell(run: Run, cell: str, method: str, target, prompts: list[list[int
             rows += spec.decode(job(p, sampling))
     peak, source = peak_memory(run.device)
     summary = sampler.telemetry.summary()
-    run.data["cells"][cell] = {"peak_memory_bytes": peak, "resident_bytes": resident, "memory_source": source,
-                               "telemetry": {k: _json_value(summary.get(k)) for k in TELEMETRY_KEYS}}
+    run.data["cells"][cell] = {
+        "peak_memory_bytes": peak,
+        "resident_bytes": resident,
+        "memory_source": source,
+        "telemetry": {k: _json_value(summary.get(k)) for k in TELEMETRY_KEYS},
+    }
     return {"peak": peak, **pool(rows)}
 
 
@@ -540,12 +622,23 @@ def draft_block(run: Run, name: str, target, prompts: list[list[int]], first: bo
     peak(spec) − peak(AR) holds the draft's weights), then the draft's costs and cells; with the
     ``first`` draft also a cell at real acceptance and HF's assisted generation."""
     ar = decode_cell(run, f"ar|{name}", "ar", target, prompts)
-    run.row("speedup", f"ar tokens/s ({name} block)", ar["tokens"] / ar["e2e_s"],
-            costmodel.predict(run.hw, run.p_target, None, 0.0, run.cm_dtype, 1, 1, 1).baseline_tokens_per_s,
-            "tokens/s", batch=1, peak_memory_bytes=ar["peak"], cell=f"ar|{name}")
+    run.row(
+        "speedup",
+        f"ar tokens/s ({name} block)",
+        ar["tokens"] / ar["e2e_s"],
+        costmodel.predict(run.hw, run.p_target, None, 0.0, run.cm_dtype, 1, 1, 1).baseline_tokens_per_s,
+        "tokens/s",
+        batch=1,
+        peak_memory_bytes=ar["peak"],
+        cell=f"ar|{name}",
+    )
     cfg = llama_config(run.shapes[name], target.config.vocab_size, target.config.max_position_embeddings)
     draft = build_model(cfg, run.device, run.dtype, run.args.seed + 1)
-    run.data["shapes"][name] = {"config": run.shapes[name], "params": n_params(draft), "weight_bytes": weight_bytes(draft)}
+    run.data["shapes"][name] = {
+        "config": run.shapes[name],
+        "params": n_params(draft),
+        "weight_bytes": weight_bytes(draft),
+    }
     try:
         measure_draft_cost(run, name, draft, prompts[0])
         peaks = [synthetic_cells(run, name, draft, target, prompts, ar, a) for a in run.args.alphas]
@@ -553,7 +646,9 @@ def draft_block(run: Run, name: str, target, prompts: list[list[int]], first: bo
             peaks.append(real_acceptance_cell(run, name, draft, target, prompts, ar))
         draft_memory_row(run, name, draft, [p for ps in peaks for p in ps if p is not None], ar["peak"])
         if first:
-            run.section(f"hf assisted generation ({name})", functools.partial(hf_rows, run, name, target, draft, prompts))
+            run.section(
+                f"hf assisted generation ({name})", functools.partial(hf_rows, run, name, target, draft, prompts)
+            )
     finally:
         draft = None  # the last reference: the next block's memory starts without it
         free(run.device)
@@ -570,12 +665,27 @@ def synthetic_cells(run: Run, name: str, draft, target, prompts, ar: dict, alpha
             run.data["skipped"].append({"section": f"speedup {name} alpha={alpha} gamma={g}", "why": "time budget"})
             continue
         cell = f"draft_target|{name}|alpha={alpha}|g{g}"
-        sp = decode_cell(run, cell, "draft_target", target, prompts, g, draft, {"synthetic_acceptance": f"alpha={alpha}"})
+        sp = decode_cell(
+            run, cell, "draft_target", target, prompts, g, draft, {"synthetic_acceptance": f"alpha={alpha}"}
+        )
         pred = costmodel.predict(run.hw, run.p_target, p_draft, alpha, run.cm_dtype, 1, g, 1).speedup
         from_costs = costmodel.speedup_with_verify_cost(alpha, g, c, curve[str(g + 1)] / curve["1"]) if curve else None
-        run.row("speedup", f"{name} synthetic", decode_speedup(ar, sp), pred, "x", batch=1, gamma=g, alpha=alpha,
-                predicted_measured_costs=from_costs, al_measured=sp["al"], al_expected=metrics.expected_tau(alpha, g),
-                e2e_speedup=ar["e2e_s"] / sp["e2e_s"], peak_memory_bytes=sp["peak"], cell=cell)
+        run.row(
+            "speedup",
+            f"{name} synthetic",
+            decode_speedup(ar, sp),
+            pred,
+            "x",
+            batch=1,
+            gamma=g,
+            alpha=alpha,
+            predicted_measured_costs=from_costs,
+            al_measured=sp["al"],
+            al_expected=metrics.expected_tau(alpha, g),
+            e2e_speedup=ar["e2e_s"] / sp["e2e_s"],
+            peak_memory_bytes=sp["peak"],
+            cell=cell,
+        )
         peaks.append(sp["peak"])
     return peaks
 
@@ -589,9 +699,22 @@ def real_acceptance_cell(run: Run, name: str, draft, target, prompts, ar: dict) 
     c, curve = run.data["draft_cost"][name]["1"], run.data["curve"].get("1")
     pred = costmodel.predict(run.hw, run.p_target, n_params(draft), alpha, run.cm_dtype, 1, g, 1).speedup
     from_costs = costmodel.speedup_with_verify_cost(alpha, g, c, curve[str(g + 1)] / curve["1"]) if curve else None
-    run.row("speedup", f"{name} real acceptance", decode_speedup(ar, sp), pred, "x", batch=1, gamma=g, alpha=alpha,
-            predicted_measured_costs=from_costs, al_measured=sp["al"], al_expected=metrics.expected_tau(alpha, g),
-            e2e_speedup=ar["e2e_s"] / sp["e2e_s"], peak_memory_bytes=sp["peak"], cell=cell)
+    run.row(
+        "speedup",
+        f"{name} real acceptance",
+        decode_speedup(ar, sp),
+        pred,
+        "x",
+        batch=1,
+        gamma=g,
+        alpha=alpha,
+        predicted_measured_costs=from_costs,
+        al_measured=sp["al"],
+        al_expected=metrics.expected_tau(alpha, g),
+        e2e_speedup=ar["e2e_s"] / sp["e2e_s"],
+        peak_memory_bytes=sp["peak"],
+        cell=cell,
+    )
     return [sp["peak"]]
 
 
@@ -602,28 +725,48 @@ def draft_memory_row(run: Run, name: str, draft, spec_peaks: list[int], ar_peak:
         return
     length = run.args.prompt_len + run.args.max_new_tokens + max(run.args.gammas)
     predicted = weight_bytes(draft) + kv_bytes(draft.config, run.dtype, 1, length)
-    run.row("memory", f"draft overhead {name}", (max(spec_peaks) - ar_peak) / 1e6, predicted / 1e6, "MB", batch=1,
-            weight_bytes=weight_bytes(draft), ar_peak_bytes=ar_peak, spec_peak_bytes=max(spec_peaks))
+    run.row(
+        "memory",
+        f"draft overhead {name}",
+        (max(spec_peaks) - ar_peak) / 1e6,
+        predicted / 1e6,
+        "MB",
+        batch=1,
+        weight_bytes=weight_bytes(draft),
+        ar_peak_bytes=ar_peak,
+        spec_peak_bytes=max(spec_peaks),
+    )
 
 
-def hf_generate_s(target, prompts: list[list[int]], max_new: int, device: torch.device,
-                  assistant=None, gamma: int = 4) -> tuple[float, int]:
+def hf_generate_s(
+    target, prompts: list[list[int]], max_new: int, device: torch.device, assistant=None, gamma: int = 4
+) -> tuple[float, int]:
     """Seconds and new tokens of HF ``generate`` (greedy, no EOS) over ``prompts`` one by one;
     with ``assistant`` its assisted generation at a constant γ (transformers 5 reads the draft
     length from the assistant's generation_config: set there, restored after)."""
-    settings = {"num_assistant_tokens": gamma, "num_assistant_tokens_schedule": "constant",
-                "assistant_confidence_threshold": 0.0}
+    settings = {
+        "num_assistant_tokens": gamma,
+        "num_assistant_tokens_schedule": "constant",
+        "assistant_confidence_threshold": 0.0,
+    }
     saved = {k: getattr(assistant.generation_config, k, None) for k in settings} if assistant is not None else {}
     kwargs = {"assistant_model": assistant} if assistant is not None else {}
     total_s, tokens = 0.0, 0
     try:
-        for k, v in (settings.items() if assistant is not None else ()):
+        for k, v in settings.items() if assistant is not None else ():
             setattr(assistant.generation_config, k, v)
         for i, p in enumerate([prompts[0]] + list(prompts)):  # the first call is a warm-up
             ids = torch.tensor([p], device=device)
             with torch.inference_mode(), Timer(device) as t:
-                out = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new if i else 8,
-                                      do_sample=False, eos_token_id=None, pad_token_id=0, **kwargs)
+                out = target.generate(
+                    ids,
+                    attention_mask=torch.ones_like(ids),
+                    max_new_tokens=max_new if i else 8,
+                    do_sample=False,
+                    eos_token_id=None,
+                    pad_token_id=0,
+                    **kwargs,
+                )
             if i:
                 total_s, tokens = total_s + t.s, tokens + out.shape[1] - ids.shape[1]
     finally:
@@ -642,8 +785,17 @@ def hf_rows(run: Run, name: str, target, draft, prompts: list[list[int]]) -> Non
     run.row("hf", "hf generate tokens/s", ar_n / ar_s, pred, "tokens/s", batch=1)
     c, curve = run.data["draft_cost"][name]["1"], run.data["curve"].get("1")
     from_costs = costmodel.speedup_with_verify_cost(0.0, g, c, curve[str(g + 1)] / curve["1"]) if curve else None
-    run.row("hf", f"hf assistant_model {name}", (as_n / as_s) / (ar_n / ar_s), from_costs, "x", batch=1, gamma=g,
-            alpha=0.0, tokens_per_s=as_n / as_s)
+    run.row(
+        "hf",
+        f"hf assistant_model {name}",
+        (as_n / as_s) / (ar_n / ar_s),
+        from_costs,
+        "x",
+        batch=1,
+        gamma=g,
+        alpha=0.0,
+        tokens_per_s=as_n / as_s,
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -652,8 +804,11 @@ def hf_rows(run: Run, name: str, target, draft, prompts: list[list[int]]) -> Non
 
 def fit_points(run: Run) -> list[costmodel.MeasuredStep]:
     """The target's curve (every batch and k) and every model's one-token steps."""
-    pts = [costmodel.MeasuredStep(run.p_target, run.cm_dtype, int(b), int(k), s)
-           for b, ks in run.data["curve"].items() for k, s in ks.items()]
+    pts = [
+        costmodel.MeasuredStep(run.p_target, run.cm_dtype, int(b), int(k), s)
+        for b, ks in run.data["curve"].items()
+        for k, s in ks.items()
+    ]
     for name in DRAFTS:
         for b, s in run.data["step_s"].get(name, {}).items():
             pts.append(costmodel.MeasuredStep(run.data["shapes"][name]["params"], run.cm_dtype, int(b), 1, s))
@@ -663,22 +818,38 @@ def fit_points(run: Run) -> list[costmodel.MeasuredStep]:
 def calibrate(run: Run) -> None:
     fit = costmodel.fit_roofline(fit_points(run), run.hw)
     usable = run.device.type == "cuda" and run.args.shapes == "real" and run.hw.device in run.data["device"]["name"]
-    why = "" if usable else (f"measured on {run.data['device']['name']!r} with {run.args.shapes} shapes, "
-                             f"not on a {run.hw.device}")
+    why = (
+        ""
+        if usable
+        else (f"measured on {run.data['device']['name']!r} with {run.args.shapes} shapes, not on a {run.hw.device}")
+    )
     mb = run.data.get("microbench", {})
     run.data["calibration"] = {
-        "profile": run.hw.name, "usable": usable, "why_not": why, "source": "measured",
-        "date": run.data["created"][:10], "device_name": run.data["device"]["name"],
+        "profile": run.hw.name,
+        "usable": usable,
+        "why_not": why,
+        "source": "measured",
+        "date": run.data["created"][:10],
+        "device_name": run.data["device"]["name"],
         "engine": "specstudy reference engine (transformers eager, no CUDA graphs)",
         **{k: fit[k] for k in ("bandwidth_efficiency", "compute_efficiency", "step_overhead_ms")},
-        "fit": {k: v for k, v in fit.items() if k not in ("bandwidth_efficiency", "compute_efficiency",
-                                                           "step_overhead_ms")},
-        "hardware": {"copy_bandwidth_efficiency": mb["copy_gbps"] / run.hw.memory_bandwidth_gbps if mb else None,
-                     "matmul_compute_efficiency": mb["matmul_tflops"] / run.hw.peak_tflops(run.cm_dtype) if mb else None},
+        "fit": {
+            k: v for k, v in fit.items() if k not in ("bandwidth_efficiency", "compute_efficiency", "step_overhead_ms")
+        },
+        "hardware": {
+            "copy_bandwidth_efficiency": mb["copy_gbps"] / run.hw.memory_bandwidth_gbps if mb else None,
+            "matmul_compute_efficiency": mb["matmul_tflops"] / run.hw.peak_tflops(run.cm_dtype) if mb else None,
+        },
     }
     for key, unit in (("bandwidth_efficiency", "ratio"), ("compute_efficiency", "ratio"), ("step_overhead_ms", "ms")):
-        run.row("calibration", f"fit {key}", fit[key], getattr(run.hw, key), unit,
-                identified=fit["identified"].get(key.split("_")[0] if key != "step_overhead_ms" else "", None))
+        run.row(
+            "calibration",
+            f"fit {key}",
+            fit[key],
+            getattr(run.hw, key),
+            unit,
+            identified=fit["identified"].get(key.split("_")[0] if key != "step_overhead_ms" else "", None),
+        )
     run.row("calibration", "fit max relative error", fit["max_rel_error"], None, "ratio", points=fit["points"])
 
 
@@ -707,23 +878,43 @@ def describe(run: Run) -> None:
     name = torch.cuda.get_device_name(run.device) if cuda else info.get("cpu_model") or platform.machine()
     run.data.update(
         created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        device={"name": name, "kind": run.device.type, "gpus": info.get("gpus", []), "driver": info.get("gpu_driver"),
-                "host": {k: info.get(k) for k in ("cpu_model", "cpu_cores_logical", "memory_gb", "platform")}},
-        versions={"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
-                  "transformers": transformers.__version__, "specstudy": specstudy.__version__},
+        device={
+            "name": name,
+            "kind": run.device.type,
+            "gpus": info.get("gpus", []),
+            "driver": info.get("gpu_driver"),
+            "host": {k: info.get(k) for k in ("cpu_model", "cpu_cores_logical", "memory_gb", "platform")},
+        },
+        versions={
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "cuda": torch.version.cuda,
+            "transformers": transformers.__version__,
+            "specstudy": specstudy.__version__,
+        },
         args={k: v for k, v in vars(run.args).items() if k != "profile_obj"},
-        profile={"name": run.hw.name, "device": run.hw.device, "memory_bandwidth_gbps": run.hw.memory_bandwidth_gbps,
-                 "peak_tflops": dict(run.hw.peak_tflops_by_dtype), "bandwidth_efficiency": run.hw.bandwidth_efficiency,
-                 "compute_efficiency": run.hw.compute_efficiency, "step_overhead_ms": run.hw.step_overhead_ms},
-        shapes={})
+        profile={
+            "name": run.hw.name,
+            "device": run.hw.device,
+            "memory_bandwidth_gbps": run.hw.memory_bandwidth_gbps,
+            "peak_tflops": dict(run.hw.peak_tflops_by_dtype),
+            "bandwidth_efficiency": run.hw.bandwidth_efficiency,
+            "compute_efficiency": run.hw.compute_efficiency,
+            "step_overhead_ms": run.hw.step_overhead_ms,
+        },
+        shapes={},
+    )
 
 
 def build_target(run: Run, vocab: int):
     max_pos = max(run.args.prompt_len + run.args.max_new_tokens + 64, 4096 if run.args.shapes == "real" else 512)
     target = build_model(llama_config(run.shapes[TARGET], vocab, max_pos), run.device, run.dtype, run.args.seed)
     run.p_target = n_params(target)
-    run.data["shapes"][TARGET] = {"config": run.shapes[TARGET], "params": run.p_target,
-                                  "weight_bytes": weight_bytes(target)}
+    run.data["shapes"][TARGET] = {
+        "config": run.shapes[TARGET],
+        "params": run.p_target,
+        "weight_bytes": weight_bytes(target),
+    }
     return target
 
 
@@ -749,10 +940,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     run.data["telemetry_run"] = {k: _json_value(v) for k, v in sampler.stop().summary().items()}
     print_table(run.data["rows"])
     cal = run.data.get("calibration", {})
-    print(f"\n{run.data['device']['name']} | torch {torch.__version__} | wall {run.elapsed():.1f} s | "
-          f"calibration ({'usable' if cal.get('usable') else 'not usable: ' + str(cal.get('why_not'))}): "
-          + ", ".join(f"{k}={cal[k]:.4g}" for k in ("bandwidth_efficiency", "compute_efficiency", "step_overhead_ms")
-                      if k in cal))
+    print(
+        f"\n{run.data['device']['name']} | torch {torch.__version__} | wall {run.elapsed():.1f} s | "
+        f"calibration ({'usable' if cal.get('usable') else 'not usable: ' + str(cal.get('why_not'))}): "
+        + ", ".join(
+            f"{k}={cal[k]:.4g}" for k in ("bandwidth_efficiency", "compute_efficiency", "step_overhead_ms") if k in cal
+        )
+    )
     for e in run.data["errors"]:
         print(f"ERROR {e['section']}: {e['error']}")
     for s in run.data["skipped"]:

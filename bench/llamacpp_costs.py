@@ -25,12 +25,17 @@ PAIR = ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b")
 
 def show(res: dict) -> None:
     load = res["load_average"]
-    print(f"\n{res['model']} ({res['precision']}, {res['threads']} threads, {res['build']}), "
-          f"prompt {res['prompt_tokens']} tokens; load average before {load['before'][0]:.2f}, after {load['after'][0]:.2f}")
+    print(
+        f"\n{res['model']} ({res['precision']}, {res['threads']} threads, {res['build']}), "
+        f"prompt {res['prompt_tokens']} tokens; load average before {load['before'][0]:.2f}, after {load['after'][0]:.2f}"
+    )
     print("  k   T(k) ms   T(k)/T(1)   | verification forwards in an n-gram run: ms  ratio  (count)")
     for k in res["ks"]:
-        step = (f"{res['step_ms'][k]:8.2f}  {res['step_ratio'].get(k, float('nan')):6.3f}  ({res['step_counts'][k]})"
-                if k in res["step_ms"] else "   (none drafted at this k)")
+        step = (
+            f"{res['step_ms'][k]:8.2f}  {res['step_ratio'].get(k, float('nan')):6.3f}  ({res['step_counts'][k]})"
+            if k in res["step_ms"]
+            else "   (none drafted at this k)"
+        )
         print(f"  {k:<3} {res['verify_ms'][k]:8.2f}   {res['verify_ratio'][k]:6.3f}      | {step}")
     print(f"  target decode {res['target_ms_per_token']:.2f} ms/token")
     if res["c"] is not None:
@@ -42,7 +47,9 @@ def show(res: dict) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--pair", action="store_true", help="also the opt-in Qwen2.5-Coder pair (about 1.6 GB, fetched once)")
+    ap.add_argument(
+        "--pair", action="store_true", help="also the opt-in Qwen2.5-Coder pair (about 1.6 GB, fetched once)"
+    )
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--kmax", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=5)

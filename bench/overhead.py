@@ -28,10 +28,10 @@ from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
 
+from specstudy.data.models import load_model  # noqa: E402
 from specstudy.engine.kv import KVState  # noqa: E402
 from specstudy.engine.speculate import prefill  # noqa: E402
 from specstudy.engine.trace import BatchTrace, Timer  # noqa: E402
-from specstudy.data.models import load_model  # noqa: E402
 from specstudy.records import Cell, Request, Sampling, write_part  # noqa: E402
 
 
@@ -53,7 +53,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     model, tok = load_model(args.model)
-    prompt = tok("def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n")["input_ids"]
+    prompt = tok('def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n')["input_ids"]
     state = KVState(model, 1)
     logits = prefill(state, [prompt])
     tok_id = torch.argmax(logits, dim=-1)
@@ -82,10 +82,19 @@ def main() -> None:
     def build_and_write(folder: Path):
         recs = []
         for i in range(cell_size):
-            r = cell.new_record(Request(f"p{i}", ""), Sampling(max_new_tokens=tokens), output_tokens=tokens,
-                                steps=list(rows.steps), output_ids=list(rows.output_ids),
-                                token_entropy=rows.token_entropy[:tokens], target_logprobs=rows.target_logprobs[:tokens],
-                                first_token_s=0.1, end_s=1.0, chunk_times_s=[0.1] * tokens, chunk_tokens=[1] * tokens)
+            r = cell.new_record(
+                Request(f"p{i}", ""),
+                Sampling(max_new_tokens=tokens),
+                output_tokens=tokens,
+                steps=list(rows.steps),
+                output_ids=list(rows.output_ids),
+                token_entropy=rows.token_entropy[:tokens],
+                target_logprobs=rows.target_logprobs[:tokens],
+                first_token_s=0.1,
+                end_s=1.0,
+                chunk_times_s=[0.1] * tokens,
+                chunk_tokens=[1] * tokens,
+            )
             recs.append(r.fill_acceptance_from_steps())
         write_part(recs, folder / "cell.parquet")
 
@@ -95,9 +104,13 @@ def main() -> None:
     per_step = timer_s + emit_s + record_s
     print(f"model {args.model}, {torch.get_num_threads()} thread(s), load average {os.getloadavg()[0]:.2f}")
     print(f"{'what':44s} {'median':>12s} {'/ decode step':>14s}")
-    for name, v in (("decode step (1-token forward, KV cache)", step_s), ("timer (enter + exit)", timer_s),
-                    ("BatchTrace.emit (StepRecord, log p, entropy)", emit_s),
-                    ("records + parquet, amortised per step", record_s), ("instrumentation total per step", per_step)):
+    for name, v in (
+        ("decode step (1-token forward, KV cache)", step_s),
+        ("timer (enter + exit)", timer_s),
+        ("BatchTrace.emit (StepRecord, log p, entropy)", emit_s),
+        ("records + parquet, amortised per step", record_s),
+        ("instrumentation total per step", per_step),
+    ):
         print(f"{name:44s} {v * 1e3:9.4f} ms {v / step_s:13.3%}")
     verdict = "meets" if per_step / step_s <= 0.01 else "MISSES"
     print(f"instrumentation / decode step = {per_step / step_s:.3%} ({verdict} the <= 1 % goal)")

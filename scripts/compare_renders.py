@@ -28,8 +28,14 @@ def compare(a: Path, b: Path) -> tuple[list[str], list[str]]:
         if name not in ta or name not in tb:
             problems.append(f"table {name}: only in {'the first' if name in ta else 'the second'} folder")
         elif ta[name].read_bytes() != tb[name].read_bytes():
-            diff = difflib.unified_diff(ta[name].read_text().splitlines(), tb[name].read_text().splitlines(),
-                                        f"{a.name}/{name}", f"{b.name}/{name}", lineterm="", n=0)
+            diff = difflib.unified_diff(
+                ta[name].read_text().splitlines(),
+                tb[name].read_text().splitlines(),
+                f"{a.name}/{name}",
+                f"{b.name}/{name}",
+                lineterm="",
+                n=0,
+            )
             problems.append(f"table {name} differs:\n" + "\n".join(list(diff)[:20]))
     fa, fb = set(_files(a / "figures", "*")), set(_files(b / "figures", "*"))
     if fa != fb:
@@ -49,8 +55,10 @@ def main(argv: list[str] | None = None) -> int:
     n_figs = len(list((args.first / "figures").glob("*")))
     for line in problems:
         print(line)
-    print(f"tables: {n_tables} files compared, {sum(1 for x in problems if x.startswith('table'))} differ; "
-          f"figures: {n_figs} files, names {'identical' if not any(x.startswith('figures') for x in problems) else 'DIFFER'}")
+    print(
+        f"tables: {n_tables} files compared, {sum(1 for x in problems if x.startswith('table'))} differ; "
+        f"figures: {n_figs} files, names {'identical' if not any(x.startswith('figures') for x in problems) else 'DIFFER'}"
+    )
     print(f"report.md: {'identical' if not report else f'{len(report)} diff lines:'}")
     for line in report[:60]:
         print("  " + line)

@@ -15,13 +15,33 @@ from .config import ParamsError
 
 # subcommand -> (module under specstudy.commands, one-line help)
 COMMANDS = {
-    'predict': ('predict', 'predict baseline tokens/s, c, acceptance length, optimal gamma and speedup from the roofline cost model'),
-    'generate': ('generate', 'decode one prompt with the reference engine (any method) and print text, ids, alpha, acceptance length, TTFT, TPOT, tok/s'),
-    'tasks': ('tasks', "list task categories with their sources, offline record counts, licences and sha256 status; 'tasks show NAME' prints sample prompts"),
-    'train-drafter': ('train_drafter', 'distil a small drafter (Medusa heads, a layer-skip adapter or an EAGLE-style layer) from the target on its own generations'),
-    'serve-bench': ('serve_bench', 'serving benchmark: Poisson/bursty or fixed-concurrency load on a vLLM / SGLang / OpenAI-compatible server, paired runs with and without speculation, speedup per rate'),
-    'run': ('run', 'run the study matrix of params/hardware/<gpu>.yaml (warm-up, paired AR baseline, resume)'),
-    'report': ('report', 'render outputs/<gpu>/report.md (+ HTML) from the records, executing the notebooks; or merge several'),
+    "predict": (
+        "predict",
+        "predict baseline tokens/s, c, acceptance length, optimal gamma and speedup from the roofline cost model",
+    ),
+    "generate": (
+        "generate",
+        "decode one prompt with the reference engine (any method) and print text, ids, alpha, acceptance length, TTFT, TPOT, tok/s",
+    ),
+    "tasks": (
+        "tasks",
+        "list task categories with their sources, offline record counts, licences and sha256 status; "
+        "'tasks show NAME' prints sample prompts",
+    ),
+    "train-drafter": (
+        "train_drafter",
+        "distil a small drafter (Medusa heads, a layer-skip adapter or an EAGLE-style layer) from the target on its own generations",
+    ),
+    "serve-bench": (
+        "serve_bench",
+        "serving benchmark: Poisson/bursty or fixed-concurrency load on a vLLM / SGLang / llama.cpp / "
+        "OpenAI-compatible server, paired runs with and without speculation, speedup per rate",
+    ),
+    "run": ("run", "run the study matrix of params/hardware/<gpu>.yaml (warm-up, paired AR baseline, resume)"),
+    "report": (
+        "report",
+        "render outputs/<gpu>/report.md (+ HTML) from the records, executing the notebooks; or merge several",
+    ),
 }
 
 

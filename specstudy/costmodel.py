@@ -16,14 +16,23 @@ paying (the seed article's FAQ Q4 (1)).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Sequence
 
 from .metrics import expected_acceptance_length
 
-DTYPE_BYTES = {"fp32": 4.0, "float32": 4.0, "fp16": 2.0, "float16": 2.0, "bf16": 2.0, "bfloat16": 2.0,
-               "fp8": 1.0, "int8": 1.0, "int4": 0.5, "q4": 0.5625}
+DTYPE_BYTES = {
+    "fp32": 4.0,
+    "float32": 4.0,
+    "fp16": 2.0,
+    "float16": 2.0,
+    "bf16": 2.0,
+    "bfloat16": 2.0,
+    "fp8": 1.0,
+    "int8": 1.0,
+    "int4": 0.5,
+    "q4": 0.5625,
+}
 
 
 @dataclass(frozen=True)
@@ -195,17 +204,36 @@ def predict(
     regime = "memory-bound" if bytes_t + hw.step_overhead_ms * 1e-3 >= t1 - 1e-15 else "compute-bound"
     base_tps = batch / t1
     return Prediction(
-        hardware=hw.name, target_params=target_params, draft_params=draft_params, dtype=dtype,
-        batch=batch, n_devices=n, alpha=alpha, target_step_s=t1, draft_step_s=td if draft_params else None,
-        baseline_tokens_per_s=base_tps, c=c, gamma=gamma, acceptance_length=expected_acceptance_length(alpha, gamma),
-        verify_ratio=ratio(gamma), speedup=sp, leviathan_speedup=leviathan_speedup(alpha, gamma, c),
-        speculative_tokens_per_s=base_tps * sp, regime=regime,
+        hardware=hw.name,
+        target_params=target_params,
+        draft_params=draft_params,
+        dtype=dtype,
+        batch=batch,
+        n_devices=n,
+        alpha=alpha,
+        target_step_s=t1,
+        draft_step_s=td if draft_params else None,
+        baseline_tokens_per_s=base_tps,
+        c=c,
+        gamma=gamma,
+        acceptance_length=expected_acceptance_length(alpha, gamma),
+        verify_ratio=ratio(gamma),
+        speedup=sp,
+        leviathan_speedup=leviathan_speedup(alpha, gamma, c),
+        speculative_tokens_per_s=base_tps * sp,
+        regime=regime,
     )
 
 
 def break_even_batch(
-    hw: HardwareProfile, target_params: float, draft_params: float | None, alpha: float, gamma: int,
-    dtype: str = "bf16", n_devices: int | None = None, max_batch: int = 4096,
+    hw: HardwareProfile,
+    target_params: float,
+    draft_params: float | None,
+    alpha: float,
+    gamma: int,
+    dtype: str = "bf16",
+    n_devices: int | None = None,
+    max_batch: int = 4096,
 ) -> int | None:
     """Smallest power-of-two batch at which the predicted speedup drops below 1 (None if never)."""
     b = 1
@@ -241,13 +269,12 @@ def _geometric(lo: float, hi: float, n: int) -> list[float]:
 
 def _fit_overhead(model_s: Sequence[float], measured_s: Sequence[float]) -> tuple[float, float]:
     """The overhead o >= 0 minimising Σ ((m_i + o − t_i) / t_i)² in closed form, and that sum."""
-    w = [1.0 / t ** 2 for t in measured_s]
+    w = [1.0 / t**2 for t in measured_s]
     o = max(0.0, sum((t - m) * wi for m, t, wi in zip(model_s, measured_s, w)) / sum(w))
     return o, sum(((m + o - t) / t) ** 2 for m, t in zip(model_s, measured_s))
 
 
-def fit_roofline(steps: Sequence[MeasuredStep], hw: HardwareProfile, eta_min: float = 0.02,
-                 grid: int = 41) -> dict:
+def fit_roofline(steps: Sequence[MeasuredStep], hw: HardwareProfile, eta_min: float = 0.02, grid: int = 41) -> dict:
     """η_bw, η_flop and step overhead that make :func:`step_time` match measured forwards.
 
     Model: t_i = max(B_i / η_bw, F_i / η_flop) + o with B_i = weight bytes / datasheet bandwidth
@@ -275,10 +302,13 @@ def fit_roofline(steps: Sequence[MeasuredStep], hw: HardwareProfile, eta_min: fl
     best = min(cells, key=lambda c: loss(*c)[0])
     step = (1.0 / eta_min) ** (1.0 / (grid - 1))
     for _ in range(2):  # refine inside the neighbouring cells
-        around = [(min(1.0, max(eta_min, best[0] * step ** (i / 5))), min(1.0, max(eta_min, best[1] * step ** (j / 5))))
-                  for i in range(-5, 6) for j in range(-5, 6)]
+        around = [
+            (min(1.0, max(eta_min, best[0] * step ** (i / 5))), min(1.0, max(eta_min, best[1] * step ** (j / 5))))
+            for i in range(-5, 6)
+            for j in range(-5, 6)
+        ]
         best = min(around, key=lambda c: loss(*c)[0])
-        step = step ** 0.2
+        step = step**0.2
     sq, o = loss(*best)
     eb, ec = best
     compute_bound = [f / ec > a / eb for a, f in zip(mem, flo)]
@@ -286,11 +316,18 @@ def fit_roofline(steps: Sequence[MeasuredStep], hw: HardwareProfile, eta_min: fl
     rel = [abs(max(a / eb, f / ec) + o - ti) / ti for a, f, ti in zip(mem, flo, t)]
     inside = lambda v: eta_min * 1.001 < v < 0.999  # noqa: E731
     return {
-        "bandwidth_efficiency": eb, "compute_efficiency": ec, "step_overhead_ms": o * 1e3,
-        "rms_rel_error": math.sqrt(sq / len(t)), "max_rel_error": max(rel), "points": len(t),
-        "compute_bound_points": sum(compute_bound), "memory_bound_points": len(t) - sum(compute_bound),
-        "identified": {"bandwidth": len(sizes) >= 2 and sizes[-1] >= 2 * sizes[0] and inside(eb),
-                       "compute": sum(compute_bound) >= 2 and inside(ec)},
+        "bandwidth_efficiency": eb,
+        "compute_efficiency": ec,
+        "step_overhead_ms": o * 1e3,
+        "rms_rel_error": math.sqrt(sq / len(t)),
+        "max_rel_error": max(rel),
+        "points": len(t),
+        "compute_bound_points": sum(compute_bound),
+        "memory_bound_points": len(t) - sum(compute_bound),
+        "identified": {
+            "bandwidth": len(sizes) >= 2 and sizes[-1] >= 2 * sizes[0] and inside(eb),
+            "compute": sum(compute_bound) >= 2 and inside(ec),
+        },
     }
 
 
@@ -323,7 +360,9 @@ def calibrated_profile(hw: HardwareProfile, calibration: dict) -> HardwareProfil
     if calibration.get("profile") != hw.name:
         raise ValueError(f"calibration of profile {calibration.get('profile')!r} applied to {hw.name!r}")
     if not calibration.get("usable"):
-        raise ValueError(f"calibration for {hw.name!r} is not usable: {calibration.get('why_not', 'not measured on it')}")
+        raise ValueError(
+            f"calibration for {hw.name!r} is not usable: {calibration.get('why_not', 'not measured on it')}"
+        )
     fields = {k: float(calibration[k]) for k in ("bandwidth_efficiency", "compute_efficiency", "step_overhead_ms")}
     for k, v in fields.items():
         if not math.isfinite(v) or v < 0 or (k != "step_overhead_ms" and not 0 < v <= 1):

@@ -47,5 +47,9 @@ def summarize_entropy(values: list[float]) -> dict[str, float]:
     if v.size == 0:
         nan = float("nan")
         return {"mean": nan, "median": nan, "p90": nan, "n": 0.0}
-    return {"mean": float(v.mean()), "median": float(np.median(v)), "p90": float(np.percentile(v, 90)),
-            "n": float(v.size)}
+    return {
+        "mean": float(v.mean()),
+        "median": float(np.median(v)),
+        "p90": float(np.percentile(v, 90)),
+        "n": float(v.size),
+    }

@@ -43,7 +43,7 @@ class StudyLayout:
     root: Path
 
     @classmethod
-    def of(cls, hardware: str, outputs: str | os.PathLike = "outputs") -> "StudyLayout":
+    def of(cls, hardware: str, outputs: str | os.PathLike = "outputs") -> StudyLayout:
         return cls(Path(outputs) / hardware)
 
     # ---- paths ---------------------------------------------------------------------------
@@ -126,7 +126,9 @@ class StudyLayout:
             bad = self.records_dir / "bad" / f"{path.stem}.{time.strftime('%Y%m%d-%H%M%S')}.parquet"
             bad.parent.mkdir(parents=True, exist_ok=True)
             os.replace(path, bad)
-            return f"record part {path} does not read back ({type(e).__name__}: {e}); moved to {bad}, rerunning its cell"
+            return (
+                f"record part {path} does not read back ({type(e).__name__}: {e}); moved to {bad}, rerunning its cell"
+            )
         return None
 
     def write_part(self, cell_id: str, records: Sequence[RequestRecord]) -> Path:
@@ -156,8 +158,10 @@ class StudyLayout:
         try:
             return read_part(path)
         except Exception as e:
-            raise BadPartError(f"record part {path} cannot be read ({type(e).__name__}: {e}); delete it or rerun "
-                               "`make study` (the runner moves such parts aside and reruns their cells)") from e
+            raise BadPartError(
+                f"record part {path} cannot be read ({type(e).__name__}: {e}); delete it or rerun "
+                "`make study` (the runner moves such parts aside and reruns their cells)"
+            ) from e
 
     # ---- telemetry -----------------------------------------------------------------------
     def write_telemetry(self, cell_id: str, samples: Sequence[Mapping[str, Any]]) -> None:

@@ -25,8 +25,8 @@ Conventions (the seed article's metric table):
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from typing import Any, Iterable
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -74,8 +74,9 @@ def per_position_conditional(accepted_per_position: Sequence[int], drafts_per_po
     return [a / r if r else NAN for a, r in zip(accepted_per_position, reached)]
 
 
-def alpha_hat(accepted_per_position: Sequence[int], drafts_per_position: Sequence[int],
-              prior: tuple[float, float] = (0.0, 0.0)) -> float:
+def alpha_hat(
+    accepted_per_position: Sequence[int], drafts_per_position: Sequence[int], prior: tuple[float, float] = (0.0, 0.0)
+) -> float:
     """Maximum-likelihood i.i.d. α from per-position counts.
 
     Position k is *reached* in a step when positions 1..k−1 were accepted, i.e. in
@@ -169,8 +170,9 @@ def request_throughput(records: Sequence[RequestRecord], wall_s: float | None = 
     return n / wall if wall and wall > 0 else NAN
 
 
-def meets_slo(rec: RequestRecord, ttft_s: float | None = None, tpot_s: float | None = None,
-              e2e_s: float | None = None) -> bool:
+def meets_slo(
+    rec: RequestRecord, ttft_s: float | None = None, tpot_s: float | None = None, e2e_s: float | None = None
+) -> bool:
     """An ok request within every given SLO (TTFT, TPOT, E2E in seconds; None = no limit).
 
     A one-token output has no TPOT and passes a TPOT limit (nothing to exceed), as in vLLM's
@@ -186,8 +188,13 @@ def meets_slo(rec: RequestRecord, ttft_s: float | None = None, tpot_s: float | N
     return tpot_s is None or t != t or t <= tpot_s
 
 
-def goodput(records: Sequence[RequestRecord], wall_s: float | None = None, ttft_s: float | None = None,
-            tpot_s: float | None = None, e2e_s: float | None = None) -> float:
+def goodput(
+    records: Sequence[RequestRecord],
+    wall_s: float | None = None,
+    ttft_s: float | None = None,
+    tpot_s: float | None = None,
+    e2e_s: float | None = None,
+) -> float:
     """Requests per second that met every SLO (DistServe's goodput); wall time as in
     :func:`request_throughput`."""
     wall = _run_span(records) if wall_s is None else wall_s
@@ -224,8 +231,16 @@ def _summed(records: Sequence[RequestRecord], field: str, depth: int) -> list[in
 def acceptance_summary(records: Sequence[RequestRecord]) -> dict[str, Any]:
     """α, AL, tokens per target forward, α̂ and both per-position forms, pooled over ok requests with counters."""
     seen = [r for r in records if r.status == "ok" and r.drafted_tokens is not None]
-    keys = ("alpha", "acceptance_length", "tokens_per_forward", "alpha_hat", "per_position_conditional",
-            "per_position_unconditional", "draft_steps", "target_forwards")
+    keys = (
+        "alpha",
+        "acceptance_length",
+        "tokens_per_forward",
+        "alpha_hat",
+        "per_position_conditional",
+        "per_position_unconditional",
+        "draft_steps",
+        "target_forwards",
+    )
     if not seen:
         return dict.fromkeys(keys)
     drafted = sum(r.drafted_tokens or 0 for r in seen)
@@ -238,12 +253,16 @@ def acceptance_summary(records: Sequence[RequestRecord]) -> dict[str, Any]:
     return {
         "alpha": acceptance_rate(accepted, drafted),
         "acceptance_length": acceptance_length(accepted, draft_steps) if draft_steps is not None else None,
-        "tokens_per_forward": (tokens_per_forward(sum(r.output_tokens for r in forwards),
-                                                  sum(r.target_forwards or 0 for r in forwards)) if forwards else None),
+        "tokens_per_forward": (
+            tokens_per_forward(sum(r.output_tokens for r in forwards), sum(r.target_forwards or 0 for r in forwards))
+            if forwards
+            else None
+        ),
         "alpha_hat": alpha_hat(acc_k, dr_k) if depth else NAN,
         "per_position_conditional": per_position_conditional(acc_k, dr_k) if depth else None,
-        "per_position_unconditional": (per_position_unconditional(acc_k, draft_steps)
-                                       if depth and draft_steps is not None else None),
+        "per_position_unconditional": (
+            per_position_unconditional(acc_k, draft_steps) if depth and draft_steps is not None else None
+        ),
         "draft_steps": draft_steps,
         "target_forwards": sum(r.target_forwards or 0 for r in forwards) if forwards else None,
     }
@@ -275,9 +294,7 @@ def per_request_throughput(records: Sequence[RequestRecord]) -> float:
 # paired comparisons
 
 
-def paired_latencies(
-    baseline: Sequence[RequestRecord], spec: Sequence[RequestRecord]
-) -> tuple[np.ndarray, np.ndarray]:
+def paired_latencies(baseline: Sequence[RequestRecord], spec: Sequence[RequestRecord]) -> tuple[np.ndarray, np.ndarray]:
     """E2E latencies of requests present and ok in both runs, matched on (prompt, repeat)."""
     key = lambda r: (r.prompt_id, r.repeat)  # noqa: E731
     base = {key(r): r for r in baseline if r.status == "ok" and r.end_s is not None}
@@ -320,7 +337,9 @@ def paired_speedup(baseline: Sequence[RequestRecord], spec: Sequence[RequestReco
     return {"speedup": speedup(b, s), "ci_low": lo, "ci_high": hi, "n_pairs": float(b.size)}
 
 
-def mean_ci(values: Sequence[float], level: float = 0.95, n_boot: int = 2000, seed: int = 0) -> tuple[float, float, float]:
+def mean_ci(
+    values: Sequence[float], level: float = 0.95, n_boot: int = 2000, seed: int = 0
+) -> tuple[float, float, float]:
     """Mean and percentile-bootstrap CI of a sample (NaNs dropped)."""
     v = np.asarray([x for x in values if x == x], dtype=float)
     if v.size == 0:
@@ -358,8 +377,9 @@ def perplexity_difference(baseline: Sequence[RequestRecord], spec: Sequence[Requ
     return perplexity_of_records(spec) - perplexity_of_records(baseline)
 
 
-def logprob_shift_test(baseline: Sequence[RequestRecord], spec: Sequence[RequestRecord], n_perm: int = 4000,
-                       seed: int = 0) -> dict[str, float]:
+def logprob_shift_test(
+    baseline: Sequence[RequestRecord], spec: Sequence[RequestRecord], n_perm: int = 4000, seed: int = 0
+) -> dict[str, float]:
     """Do speculative and baseline outputs score alike under the target, beyond chance?
 
     Per prompt (paired on prompt and repeat), the difference of the two outputs' mean per-token
@@ -368,8 +388,14 @@ def logprob_shift_test(baseline: Sequence[RequestRecord], spec: Sequence[Request
     """
     key = lambda r: (r.prompt_id, r.repeat)  # noqa: E731
     base = {key(r): r for r in baseline if r.status == "ok" and r.target_logprobs}
-    diffs = np.asarray([float(np.mean(r.target_logprobs)) - float(np.mean(base[key(r)].target_logprobs))
-                        for r in spec if r.status == "ok" and r.target_logprobs and key(r) in base], dtype=float)
+    diffs = np.asarray(
+        [
+            float(np.mean(r.target_logprobs)) - float(np.mean(base[key(r)].target_logprobs))
+            for r in spec
+            if r.status == "ok" and r.target_logprobs and key(r) in base
+        ],
+        dtype=float,
+    )
     if diffs.size < 2:
         return {"mean_diff": float(diffs.mean()) if diffs.size else NAN, "p_value": NAN, "n_pairs": float(diffs.size)}
     rng = np.random.default_rng(seed)

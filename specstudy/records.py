@@ -13,9 +13,10 @@ import dataclasses
 import hashlib
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 STATUSES = ("ok", "oom", "timeout", "error")
 
@@ -159,7 +160,7 @@ class RequestRecord:
         """Old name of :attr:`target_forwards` (records written before the rename)."""
         return self.target_forwards
 
-    def fill_acceptance_from_steps(self) -> "RequestRecord":
+    def fill_acceptance_from_steps(self) -> RequestRecord:
         """Set the aggregate counters from ``steps`` so every consumer reads one set of counts."""
         if not self.steps:
             return self
@@ -205,8 +206,15 @@ class Cell:
         fields = {k: v for k, v in dataclasses.asdict(self).items() if k != "id"}
         key = json.dumps(fields, sort_keys=True, default=str)
         h = hashlib.sha256(key.encode()).hexdigest()[:8]
-        parts = [self.framework, self.method, self.task, f"g{self.gamma}" if self.gamma is not None else "g-",
-                 f"b{self.batch_size}", f"r{self.repeat}", h]
+        parts = [
+            self.framework,
+            self.method,
+            self.task,
+            f"g{self.gamma}" if self.gamma is not None else "g-",
+            f"b{self.batch_size}",
+            f"r{self.repeat}",
+            h,
+        ]
         return "_".join(p.replace("/", "-").replace(" ", "-") for p in parts)
 
     def option(self, name: str, default: Any = None) -> Any:
@@ -215,11 +223,24 @@ class Cell:
     def new_record(self, request: Request, sampling: Sampling, **fields: Any) -> RequestRecord:
         """A record with this cell's identity and the sampling settings filled in."""
         return RequestRecord(
-            study=self.study, hardware=self.hardware, framework=self.framework, method=self.method,
-            task=self.task, prompt_id=request.prompt_id, repeat=self.repeat, cell_id=self.cell_id,
-            model=self.model, drafter=self.drafter, temperature=sampling.temperature,
-            top_p=sampling.top_p, top_k=sampling.top_k, seed=sampling.seed, gamma=self.gamma,
-            batch_size=self.batch_size, max_new_tokens=sampling.max_new_tokens, **fields,
+            study=self.study,
+            hardware=self.hardware,
+            framework=self.framework,
+            method=self.method,
+            task=self.task,
+            prompt_id=request.prompt_id,
+            repeat=self.repeat,
+            cell_id=self.cell_id,
+            model=self.model,
+            drafter=self.drafter,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=sampling.top_k,
+            seed=sampling.seed,
+            gamma=self.gamma,
+            batch_size=self.batch_size,
+            max_new_tokens=sampling.max_new_tokens,
+            **fields,
         )
 
 

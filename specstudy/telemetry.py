@@ -29,8 +29,13 @@ THROTTLE_REASONS = {
     0x100: "display_clock_setting",
 }
 #: reasons that mean the GPU ran slower than it could for thermal or power reasons
-PERFORMANCE_THROTTLES = {"sw_power_cap", "hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown",
-                         "hw_power_brake_slowdown"}
+PERFORMANCE_THROTTLES = {
+    "sw_power_cap",
+    "hw_slowdown",
+    "sw_thermal_slowdown",
+    "hw_thermal_slowdown",
+    "hw_power_brake_slowdown",
+}
 #: a CPU whose clock falls below this share of its highest sampled clock is flagged
 CPU_FREQ_DROP = 0.85
 
@@ -81,13 +86,13 @@ class _Nvml:
         for i, h in enumerate(self.handles):
             s: dict[str, Any] = {"gpu": i}
             for key, fn in (
-                ("gpu_temp_c", lambda: nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)),
-                ("gpu_sm_clock_mhz", lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)),
-                ("gpu_mem_clock_mhz", lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM)),
-                ("gpu_power_w", lambda: nv.nvmlDeviceGetPowerUsage(h) / 1000.0),
-                ("gpu_util_pct", lambda: nv.nvmlDeviceGetUtilizationRates(h).gpu),
-                ("gpu_mem_used_bytes", lambda: nv.nvmlDeviceGetMemoryInfo(h).used),
-                ("gpu_fan_pct", lambda: nv.nvmlDeviceGetFanSpeed(h)),
+                ("gpu_temp_c", lambda h=h: nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)),
+                ("gpu_sm_clock_mhz", lambda h=h: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)),
+                ("gpu_mem_clock_mhz", lambda h=h: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM)),
+                ("gpu_power_w", lambda h=h: nv.nvmlDeviceGetPowerUsage(h) / 1000.0),
+                ("gpu_util_pct", lambda h=h: nv.nvmlDeviceGetUtilizationRates(h).gpu),
+                ("gpu_mem_used_bytes", lambda h=h: nv.nvmlDeviceGetMemoryInfo(h).used),
+                ("gpu_fan_pct", lambda h=h: nv.nvmlDeviceGetFanSpeed(h)),
             ):
                 try:
                     s[key] = fn()
@@ -154,6 +159,7 @@ class Telemetry:
 
     def summary(self) -> dict[str, Any]:
         """Peaks, means and the throttling flag over the cell (None where not measured)."""
+
         def col(name):
             return [s[name] for s in self.samples if s.get(name) is not None]
 
@@ -209,9 +215,11 @@ class TelemetrySampler:
             raise ValueError(f"period_s={period_s!r}: must be > 0")
         self.period_s = period_s
         self._nvml = _Nvml() if gpus else None
-        self.telemetry = Telemetry(period_s=period_s,
-                                   gpu_names=list(self._nvml.names) if self._nvml else [],
-                                   driver=self._nvml.driver if self._nvml else "")
+        self.telemetry = Telemetry(
+            period_s=period_s,
+            gpu_names=list(self._nvml.names) if self._nvml else [],
+            driver=self._nvml.driver if self._nvml else "",
+        )
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._t0 = 0.0
@@ -236,7 +244,7 @@ class TelemetrySampler:
                 pass
             self._stop.wait(self.period_s)
 
-    def start(self) -> "TelemetrySampler":
+    def start(self) -> TelemetrySampler:
         import psutil
 
         self._proc = psutil.Process()
@@ -258,7 +266,7 @@ class TelemetrySampler:
             self._nvml.close()
         return self.telemetry
 
-    def __enter__(self) -> "TelemetrySampler":
+    def __enter__(self) -> TelemetrySampler:
         return self.start()
 
     def __exit__(self, *exc) -> None:

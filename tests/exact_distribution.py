@@ -8,7 +8,7 @@ with it by Pearson's chi-square test.
 from __future__ import annotations
 
 import itertools
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -22,7 +22,7 @@ def exact_joint(model, sampling: Sampling, vocab: int, k: int, prompt: Sequence[
     seqs = torch.tensor(list(itertools.product(range(vocab), repeat=k)))
     ids = torch.cat([torch.tensor(list(prompt)).expand(len(seqs), -1), seqs], dim=1)
     with torch.no_grad():
-        logits = model(ids).logits[:, len(prompt) - 1: len(prompt) - 1 + k]
+        logits = model(ids).logits[:, len(prompt) - 1 : len(prompt) - 1 + k]
     probs = logits_to_probs(logits, sampling.temperature, sampling.top_k, sampling.top_p)
     return probs.gather(2, seqs[..., None]).squeeze(2).prod(dim=1)
 

@@ -35,7 +35,13 @@ def script(n_tokens: int, spec: bool) -> list[dict]:
         if spec:
             acc = ACCEPT_CYCLE[i % len(ACCEPT_CYCLE)]
             emit = min(acc + 1, left)
-            chunks.append({"ids": [101 + (i + j) % 50 for j in range(emit)], "drafted": K, "accepted": emit - 1 if emit < acc + 1 else acc})
+            chunks.append(
+                {
+                    "ids": [101 + (i + j) % 50 for j in range(emit)],
+                    "drafted": K,
+                    "accepted": emit - 1 if emit < acc + 1 else acc,
+                }
+            )
         else:
             chunks.append({"ids": [101 + i % 50], "drafted": None, "accepted": None})
         i += 1
@@ -43,8 +49,15 @@ def script(n_tokens: int, spec: bool) -> list[dict]:
 
 
 class FakeState:
-    def __init__(self, mode: str = "vllm", spec: bool = True, behavior: str = "ok", delay_s: float = 0.0,
-                 spec_level: str = "detailed", sglang_names: str = "new"):
+    def __init__(
+        self,
+        mode: str = "vllm",
+        spec: bool = True,
+        behavior: str = "ok",
+        delay_s: float = 0.0,
+        spec_level: str = "detailed",
+        sglang_names: str = "new",
+    ):
         self.mode, self.spec, self.behavior, self.delay_s = mode, spec, behavior, delay_s
         self.spec_level, self.sglang_names = spec_level, sglang_names
         self.lock = threading.Lock()
@@ -94,14 +107,18 @@ class Handler(BaseHTTPRequestHandler):
             if not st.spec:  # vLLM registers the spec-decode counters only with a speculative config
                 self._send(200, f"vllm:generation_tokens_total{{{lab}}} 123.0\n")
                 return
-            lines = ["# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.",
-                     "# TYPE vllm:spec_decode_num_drafts_total counter",
-                     f"vllm:spec_decode_num_drafts_total{{{lab}}} {float(c['drafts'])}",
-                     f"vllm:spec_decode_num_drafts_created{{{lab}}} 1.7e+09",
-                     f"vllm:spec_decode_num_draft_tokens_total{{{lab}}} {float(c['draft_tokens'])}",
-                     f"vllm:spec_decode_num_accepted_tokens_total{{{lab}}} {float(c['accepted'])}"]
-            lines += [f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{lab},position="{p}"}} {float(v)}'
-                      for p, v in enumerate(c["per_pos"])]
+            lines = [
+                "# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.",
+                "# TYPE vllm:spec_decode_num_drafts_total counter",
+                f"vllm:spec_decode_num_drafts_total{{{lab}}} {float(c['drafts'])}",
+                f"vllm:spec_decode_num_drafts_created{{{lab}}} 1.7e+09",
+                f"vllm:spec_decode_num_draft_tokens_total{{{lab}}} {float(c['draft_tokens'])}",
+                f"vllm:spec_decode_num_accepted_tokens_total{{{lab}}} {float(c['accepted'])}",
+            ]
+            lines += [
+                f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{lab},position="{p}"}} {float(v)}'
+                for p, v in enumerate(c["per_pos"])
+            ]
             lines.append(f"vllm:generation_tokens_total{{{lab}}} 123.0")
             self._send(200, "\n".join(lines) + "\n")
         else:
@@ -116,7 +133,9 @@ class Handler(BaseHTTPRequestHandler):
             self._send(200, "Cache flushed.\n")
             return
         if st.behavior == "http_error":
-            self._send(500, json.dumps({"object": "error", "message": "fixture failure", "code": 500}), "application/json")
+            self._send(
+                500, json.dumps({"object": "error", "message": "fixture failure", "code": 500}), "application/json"
+            )
             return
         with st.lock:
             st.requests += 1
@@ -164,22 +183,48 @@ class Handler(BaseHTTPRequestHandler):
             if st.behavior == "stream_error" and done > n // 2:
                 self._event({"error": {"object": "error", "message": "fixture stream failure", "code": 500}})
                 return
-            self._event({"id": "cmpl-x", "object": "text_completion", "created": 0, "model": body.get("model"),
-                         "choices": [{"index": 0, "text": "".join(_tok(i) for i in ch["ids"]), "logprobs": None,
-                                      "finish_reason": "length" if done >= n else None, "stop_reason": None,
-                                      "token_ids": ch["ids"]}],
-                         "usage": {"prompt_tokens": prompt_n, "completion_tokens": done, "total_tokens": prompt_n + done}})
-        final = {"id": "cmpl-x", "object": "text_completion", "created": 0, "model": body.get("model"), "choices": [],
-                 "usage": {"prompt_tokens": prompt_n, "completion_tokens": done, "total_tokens": prompt_n + done}}
+            self._event(
+                {
+                    "id": "cmpl-x",
+                    "object": "text_completion",
+                    "created": 0,
+                    "model": body.get("model"),
+                    "choices": [
+                        {
+                            "index": 0,
+                            "text": "".join(_tok(i) for i in ch["ids"]),
+                            "logprobs": None,
+                            "finish_reason": "length" if done >= n else None,
+                            "stop_reason": None,
+                            "token_ids": ch["ids"],
+                        }
+                    ],
+                    "usage": {"prompt_tokens": prompt_n, "completion_tokens": done, "total_tokens": prompt_n + done},
+                }
+            )
+        final = {
+            "id": "cmpl-x",
+            "object": "text_completion",
+            "created": 0,
+            "model": body.get("model"),
+            "choices": [],
+            "usage": {"prompt_tokens": prompt_n, "completion_tokens": done, "total_tokens": prompt_n + done},
+        }
         steps = [c for c in chunks if c["drafted"] is not None]
         if steps:
             hist = [0] * (K + 1)
             for c in steps:
                 hist[c["accepted"]] += 1
             acc = sum(c["accepted"] for c in steps)
-            spec = {"mean_acceptance_length": 1 + acc / len(steps), "draft_acceptance_rate": acc / (K * len(steps)),
-                    "acceptance_histogram": hist, "num_spec_steps": len(steps), "num_accepted_draft_tokens": acc,
-                    "num_draft_tokens": K * len(steps), "num_spec_tokens": K}
+            spec = {
+                "mean_acceptance_length": 1 + acc / len(steps),
+                "draft_acceptance_rate": acc / (K * len(steps)),
+                "acceptance_histogram": hist,
+                "num_spec_steps": len(steps),
+                "num_accepted_draft_tokens": acc,
+                "num_draft_tokens": K * len(steps),
+                "num_spec_tokens": K,
+            }
             if st.spec_level == "detailed":
                 spec["per_step_accepted"] = [c["accepted"] for c in steps]
                 spec["per_step_drafted"] = [c["drafted"] for c in steps]
@@ -199,16 +244,37 @@ class Handler(BaseHTTPRequestHandler):
         chunks = script(n, self.state.spec)
         ids = [i for c in chunks for i in c["ids"]]
         for k, i in enumerate(ids):  # llama-server sends one token per chunk
-            self._event({"choices": [{"text": _tok(i), "index": 0, "logprobs": None,
-                                      "finish_reason": "length" if k == len(ids) - 1 else None}],
-                         "created": 0, "id": "chatcmpl-x", "model": "m.gguf", "object": "text_completion"})
+            self._event(
+                {
+                    "choices": [
+                        {
+                            "text": _tok(i),
+                            "index": 0,
+                            "logprobs": None,
+                            "finish_reason": "length" if k == len(ids) - 1 else None,
+                        }
+                    ],
+                    "created": 0,
+                    "id": "chatcmpl-x",
+                    "model": "m.gguf",
+                    "object": "text_completion",
+                }
+            )
         steps = [c for c in chunks if c["drafted"] is not None]
         timings = {"prompt_n": 5, "prompt_ms": 1.0, "predicted_n": len(ids), "predicted_ms": 10.0}
         if steps:
             timings.update(draft_n=K * len(steps), draft_n_accepted=sum(c["accepted"] for c in steps))
-        self._event({"choices": [], "created": 0, "id": "chatcmpl-x", "model": "m.gguf", "object": "text_completion",
-                     "usage": {"completion_tokens": len(ids), "prompt_tokens": 5, "total_tokens": len(ids) + 5},
-                     "timings": timings})
+        self._event(
+            {
+                "choices": [],
+                "created": 0,
+                "id": "chatcmpl-x",
+                "model": "m.gguf",
+                "object": "text_completion",
+                "usage": {"completion_tokens": len(ids), "prompt_tokens": 5, "total_tokens": len(ids) + 5},
+                "timings": timings,
+            }
+        )
 
     def _trtllm(self, body) -> None:
         """trtllm-serve's completions stream (text chunks, usage at the end) and, per engine
@@ -218,24 +284,68 @@ class Handler(BaseHTTPRequestHandler):
         n = int(body.get("max_tokens", 16))
         chunks = script(n, st.spec)
         done = 0
-        for k, ch in enumerate(chunks):
+        for ch in chunks:
             done += len(ch["ids"])
-            usage = ({"prompt_tokens": 5, "completion_tokens": done, "total_tokens": done + 5}
-                     if (body.get("stream_options") or {}).get("continuous_usage_stats") else None)
-            self._event({"id": "cmpl-t", "object": "text_completion", "created": 0, "model": body.get("model"),
-                         "choices": [{"index": 0, "text": "".join(_tok(i) for i in ch["ids"]),
-                                      "finish_reason": "length" if done >= n else None, "stop_reason": None}],
-                         "usage": usage})
-            spec = ({"numDraftTokens": K, "numAcceptedTokens": ch["accepted"], "numRequestsWithDraftTokens": 1,
-                     "acceptanceLength": (ch["accepted"] + 1) / 1, "iterLatencyMS": 0.5, "draftOverhead": 0.1}
-                    if ch["drafted"] is not None else
-                    {"numDraftTokens": 0, "numAcceptedTokens": 0, "numRequestsWithDraftTokens": 0,
-                     "acceptanceLength": 0.0, "iterLatencyMS": 0.0, "draftOverhead": 0.0})
+            usage = (
+                {"prompt_tokens": 5, "completion_tokens": done, "total_tokens": done + 5}
+                if (body.get("stream_options") or {}).get("continuous_usage_stats")
+                else None
+            )
+            self._event(
+                {
+                    "id": "cmpl-t",
+                    "object": "text_completion",
+                    "created": 0,
+                    "model": body.get("model"),
+                    "choices": [
+                        {
+                            "index": 0,
+                            "text": "".join(_tok(i) for i in ch["ids"]),
+                            "finish_reason": "length" if done >= n else None,
+                            "stop_reason": None,
+                        }
+                    ],
+                    "usage": usage,
+                }
+            )
+            spec = (
+                {
+                    "numDraftTokens": K,
+                    "numAcceptedTokens": ch["accepted"],
+                    "numRequestsWithDraftTokens": 1,
+                    "acceptanceLength": (ch["accepted"] + 1) / 1,
+                    "iterLatencyMS": 0.5,
+                    "draftOverhead": 0.1,
+                }
+                if ch["drafted"] is not None
+                else {
+                    "numDraftTokens": 0,
+                    "numAcceptedTokens": 0,
+                    "numRequestsWithDraftTokens": 0,
+                    "acceptanceLength": 0.0,
+                    "iterLatencyMS": 0.0,
+                    "draftOverhead": 0.0,
+                }
+            )
             with st.lock:
-                st.iter_stats.append({"iter": len(st.iter_stats), "iterLatencyMS": 2.0, "numActiveRequests": 1,
-                                      "specDecodingStats": spec})
-        self._event({"id": "cmpl-t", "object": "text_completion", "created": 0, "model": body.get("model"),
-                     "choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": done, "total_tokens": done + 5}})
+                st.iter_stats.append(
+                    {
+                        "iter": len(st.iter_stats),
+                        "iterLatencyMS": 2.0,
+                        "numActiveRequests": 1,
+                        "specDecodingStats": spec,
+                    }
+                )
+        self._event(
+            {
+                "id": "cmpl-t",
+                "object": "text_completion",
+                "created": 0,
+                "model": body.get("model"),
+                "choices": [],
+                "usage": {"prompt_tokens": 5, "completion_tokens": done, "total_tokens": done + 5},
+            }
+        )
 
     def _sglang(self, body) -> None:
         st = self.state
@@ -247,8 +357,13 @@ class Handler(BaseHTTPRequestHandler):
             text += "".join(_tok(i) for i in ch["ids"])
             if ch["drafted"] is not None:
                 steps.append(ch)
-            meta = {"id": "r", "finish_reason": {"type": "length", "length": n} if k == len(chunks) - 1 else None,
-                    "prompt_tokens": 5, "completion_tokens": len(ids), "cached_tokens": 0}
+            meta = {
+                "id": "r",
+                "finish_reason": {"type": "length", "length": n} if k == len(chunks) - 1 else None,
+                "prompt_tokens": 5,
+                "completion_tokens": len(ids),
+                "cached_tokens": 0,
+            }
             if steps:
                 acc, drafted = sum(c["accepted"] for c in steps), K * len(steps)
                 hist = [0] * (K + 1)
@@ -256,9 +371,14 @@ class Handler(BaseHTTPRequestHandler):
                     hist[c["accepted"]] += 1
                 meta.update(spec_verify_ct=len(steps), spec_accept_length=len(ids) / len(steps))
                 if st.sglang_names == "new":
-                    meta.update(spec_num_correct_drafts=acc, spec_num_proposed_drafts=drafted,
-                                spec_accepted_drafts=acc, spec_proposed_drafts=drafted,
-                                spec_correct_drafts_histogram=hist, spec_accept_histogram=hist)
+                    meta.update(
+                        spec_num_correct_drafts=acc,
+                        spec_num_proposed_drafts=drafted,
+                        spec_accepted_drafts=acc,
+                        spec_proposed_drafts=drafted,
+                        spec_correct_drafts_histogram=hist,
+                        spec_accept_histogram=hist,
+                    )
                 else:
                     meta.update(spec_accept_token_num=acc, spec_draft_token_num=drafted)
             self._event({"text": text, "output_ids": list(ids), "meta_info": meta})
@@ -275,7 +395,7 @@ class FakeServer:
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
 
-    def __enter__(self) -> "FakeServer":
+    def __enter__(self) -> FakeServer:
         self.thread.start()
         return self
 

@@ -109,5 +109,13 @@ def run_tiny_study(cfg, plans, out: Path, factory, **kw):
     from specstudy.layout import StudyLayout
     from specstudy.run.study import run_study
 
-    return run_study(cfg, plans, StudyLayout(Path(out)), factory=factory, request_loader=tiny_requests,
-                     progress=False, log=lambda m: None, **kw)
+    return run_study(
+        cfg,
+        plans,
+        StudyLayout(Path(out)),
+        factory=factory,
+        request_loader=tiny_requests,
+        progress=False,
+        log=lambda m: None,
+        **kw,
+    )

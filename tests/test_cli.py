@@ -8,8 +8,23 @@ from specstudy.cli import COMMANDS, build_parser, main
 
 
 def test_predict_json(capsys):
-    assert main(["predict", "--hardware", "a100", "--target-params", "70e9", "--draft-params", "7e9",
-                 "--alpha", "0.75", "--json"]) == 0
+    assert (
+        main(
+            [
+                "predict",
+                "--hardware",
+                "a100",
+                "--target-params",
+                "70e9",
+                "--draft-params",
+                "7e9",
+                "--alpha",
+                "0.75",
+                "--json",
+            ]
+        )
+        == 0
+    )
     out = json.loads(capsys.readouterr().out)
     for key in ("baseline_tokens_per_s", "c", "acceptance_length", "gamma", "speedup", "break_even_batch"):
         assert key in out

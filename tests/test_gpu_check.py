@@ -18,12 +18,40 @@ from specstudy.config import hardware_names, load_hardware_profile
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "bench" / "gpu_check.py"
 #: installed here for the kit (pyproject, optional engines) but absent on the lent machine
-HIDDEN = ["papermill", "datasets", "pydantic", "gguf", "xllamacpp", "accelerate", "jupyterlab", "jupyter",
-          "nbconvert", "nbformat", "nbclient", "ipykernel", "IPython", "hypothesis", "pytest", "_pytest",
-          "vllm", "sglang", "openai", "scipy", "sklearn", "jinja2"]
+HIDDEN = [
+    "papermill",
+    "datasets",
+    "pydantic",
+    "gguf",
+    "xllamacpp",
+    "accelerate",
+    "jupyterlab",
+    "jupyter",
+    "nbconvert",
+    "nbformat",
+    "nbclient",
+    "ipykernel",
+    "IPython",
+    "hypothesis",
+    "pytest",
+    "_pytest",
+    "vllm",
+    "sglang",
+    "openai",
+    "scipy",
+    "sklearn",
+    "jinja2",
+]
 #: the only parts of the kit the script may import
-ALLOWED = ("specstudy", "specstudy.engine", "specstudy.costmodel", "specstudy.metrics", "specstudy.records",
-           "specstudy.telemetry", "specstudy.entropy")
+ALLOWED = (
+    "specstudy",
+    "specstudy.engine",
+    "specstudy.costmodel",
+    "specstudy.metrics",
+    "specstudy.records",
+    "specstudy.telemetry",
+    "specstudy.entropy",
+)
 
 RUNNER = r"""
 import importlib.abc, importlib.util, json, runpy, sys
@@ -76,8 +104,7 @@ def tiny_run(tmp_path_factory):
     optional packages hidden; returns the JSON, the specstudy modules it imported, its output."""
     d = tmp_path_factory.mktemp("gpu_check")
     out, mods = d / "calibration.json", d / "modules.json"
-    argv = ["--tiny", "--gammas", "2,4", "--alphas", "0.8", "--batches", "1,8", "--budget-s", "3000",
-            "--out", str(out)]
+    argv = ["--tiny", "--gammas", "2,4", "--alphas", "0.8", "--batches", "1,8", "--budget-s", "3000", "--out", str(out)]
     code = RUNNER.format(hidden=HIDDEN, argv=argv, script=str(SCRIPT), mods=str(mods))
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -87,14 +114,39 @@ def tiny_run(tmp_path_factory):
 def test_tiny_run_writes_every_key_and_finite_rows(tiny_run):
     data, _, stdout = tiny_run
     assert (data["schema"], data["version"]) == (costmodel.CALIBRATION_SCHEMA, costmodel.CALIBRATION_VERSION)
-    for key in ("created", "device", "versions", "args", "profile", "shapes", "rows", "curve", "step_s",
-                "draft_cost", "cells", "method_check", "microbench", "calibration", "telemetry_run", "wall_s"):
+    for key in (
+        "created",
+        "device",
+        "versions",
+        "args",
+        "profile",
+        "shapes",
+        "rows",
+        "curve",
+        "step_s",
+        "draft_cost",
+        "cells",
+        "method_check",
+        "microbench",
+        "calibration",
+        "telemetry_run",
+        "wall_s",
+    ):
         assert key in data, key
     assert data["errors"] == [] and data["skipped"] == []
     assert data["device"]["kind"] == "cpu" and data["versions"]["torch"] and data["versions"]["transformers"]
     sections = {r["section"] for r in data["rows"]}
-    assert sections == {"microbench", "methods", "step", "verify", "draft_cost", "speedup", "memory", "hf",
-                        "calibration"}
+    assert sections == {
+        "microbench",
+        "methods",
+        "step",
+        "verify",
+        "draft_cost",
+        "speedup",
+        "memory",
+        "hf",
+        "calibration",
+    }
     for r in data["rows"]:
         numbers = [v for v in r.values() if isinstance(v, (int, float)) and not isinstance(v, bool)]
         assert math.isfinite(r["measured"]) and all(math.isfinite(v) for v in numbers), r
@@ -107,16 +159,26 @@ def test_tiny_run_writes_every_key_and_finite_rows(tiny_run):
 def test_tiny_run_measures_every_cell_it_promises(tiny_run):
     data, _, _ = tiny_run
     speedups = [r for r in data["rows"] if r["section"] == "speedup" and "synthetic" in r["name"]]
-    assert {(r["name"].split()[0], r["gamma"], r["alpha"]) for r in speedups} == \
-        {(d, g, 0.8) for d in ("llama-68m", "tinyllama-1.1b") for g in (2, 4)}
+    assert {(r["name"].split()[0], r["gamma"], r["alpha"]) for r in speedups} == {
+        (d, g, 0.8) for d in ("llama-68m", "tinyllama-1.1b") for g in (2, 4)
+    }
     for r in speedups:
         assert r["al_expected"] == pytest.approx(costmodel.expected_tau(0.8, r["gamma"]))
         assert 1.0 <= r["al_measured"] <= r["gamma"] + 1 and r["predicted_measured_costs"] > 0
         cell = data["cells"][r["cell"]]
         assert cell["peak_memory_bytes"] > 0 and "telemetry_samples" in cell["telemetry"]
     checks = data["method_check"]["cases"]
-    assert {"ar", "ngram", "draft_target", "layer_skip", "heads", "heads_tree", "eagle", "tree",
-            "draft_target+synthetic"} <= set(checks)
+    assert {
+        "ar",
+        "ngram",
+        "draft_target",
+        "layer_skip",
+        "heads",
+        "heads_tree",
+        "eagle",
+        "tree",
+        "draft_target+synthetic",
+    } <= set(checks)
     assert all(c["equals_ar"] for name, c in checks.items() if "synthetic" not in name)  # lossless greedy
     assert checks["draft_target+synthetic"]["equals_ar"] is None  # not claimed lossless
 
@@ -144,8 +206,12 @@ def test_a_tiny_calibration_is_read_but_never_applied(tiny_run, tmp_path):
 
 
 def _measured(hw, params_list, batches=(1, 8, 32), tokens=(1, 2, 4, 8, 16, 32, 64)):
-    return [costmodel.MeasuredStep(p, "bf16", b, k, costmodel.step_time(p, hw, "bf16", b, k))
-            for p in params_list for b in batches for k in tokens]
+    return [
+        costmodel.MeasuredStep(p, "bf16", b, k, costmodel.step_time(p, hw, "bf16", b, k))
+        for p in params_list
+        for b in batches
+        for k in tokens
+    ]
 
 
 def test_fit_roofline_recovers_known_efficiencies_and_overhead():
@@ -171,8 +237,14 @@ def test_fit_roofline_says_what_the_points_cannot_identify():
 
 def test_calibration_reader_checks_schema_and_applies_only_to_its_profile(tmp_path):
     hw = load_hardware_profile("h200", measure=False)
-    cal = {"profile": "h200", "usable": True, "date": "2026-01-02", "bandwidth_efficiency": 0.81,
-           "compute_efficiency": 0.55, "step_overhead_ms": 4.2}
+    cal = {
+        "profile": "h200",
+        "usable": True,
+        "date": "2026-01-02",
+        "bandwidth_efficiency": 0.81,
+        "compute_efficiency": 0.55,
+        "step_overhead_ms": 4.2,
+    }
     path = tmp_path / "c.json"
     path.write_text(json.dumps({"schema": costmodel.CALIBRATION_SCHEMA, "version": 1, "calibration": cal}))
     got = costmodel.calibrated_profile(hw, costmodel.load_calibration(str(path)))
@@ -196,14 +268,17 @@ def _script():
     return module
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["--shapes", "real", "--device", "cpu"], "--shapes real needs CUDA"),
-    (["--tiny", "--alphas", "0.8,1.5"], r"--alphas='0.8,1.5': need comma-separated numbers in \[0.0, 1.0\]"),
-    (["--tiny", "--gammas", "2.5"], r"--gammas='2.5': need comma-separated integers in \[1, 16\]"),
-    (["--tiny", "--gammas", "0"], "--gammas='0'"),
-    (["--tiny", "--max-new-tokens", "1"], "--max-new-tokens=1: need >= 2"),
-    (["--tiny", "--budget-s", "0"], "--budget-s=0.0"),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--shapes", "real", "--device", "cpu"], "--shapes real needs CUDA"),
+        (["--tiny", "--alphas", "0.8,1.5"], r"--alphas='0.8,1.5': need comma-separated numbers in \[0.0, 1.0\]"),
+        (["--tiny", "--gammas", "2.5"], r"--gammas='2.5': need comma-separated integers in \[1, 16\]"),
+        (["--tiny", "--gammas", "0"], "--gammas='0'"),
+        (["--tiny", "--max-new-tokens", "1"], "--max-new-tokens=1: need >= 2"),
+        (["--tiny", "--budget-s", "0"], "--budget-s=0.0"),
+    ],
+)
 def test_bad_arguments_are_refused_before_any_model_is_built(argv, message, tmp_path):
     with pytest.raises(SystemExit, match=message):
         _script().parse_args(argv + ["--out", str(tmp_path / "x.json")])

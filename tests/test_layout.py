@@ -11,8 +11,9 @@ from specstudy.records import Cell, Request, Sampling
 
 def _records(cell_id: str, n: int = 2):
     cell = Cell("s", "cpu", "reference", "ar", "code", "m", id=cell_id)
-    return [cell.new_record(Request(f"p{i}", "x"), Sampling(max_new_tokens=3), output_tokens=3, end_s=0.1)
-            for i in range(n)]
+    return [
+        cell.new_record(Request(f"p{i}", "x"), Sampling(max_new_tokens=3), output_tokens=3, end_s=0.1) for i in range(n)
+    ]
 
 
 def test_parts_are_atomic_and_temp_files_ignored(tmp_path):
@@ -45,8 +46,15 @@ def test_plan_profile_provenance_and_failures(tmp_path):
     assert lay.root == tmp_path / "cpu" and lay.read_plan() == {} and lay.load_profile() is None
     lay.write_plan({"study": "s", "cells": []})
     assert lay.read_plan()["study"] == "s"
-    prof = HardwareProfile(name="cpu", device="host", memory_bandwidth_gbps=12.5, peak_tflops_by_dtype={"fp32": 0.2},
-                           memory_gb=16, kind="cpu", source="measured")
+    prof = HardwareProfile(
+        name="cpu",
+        device="host",
+        memory_bandwidth_gbps=12.5,
+        peak_tflops_by_dtype={"fp32": 0.2},
+        memory_gb=16,
+        kind="cpu",
+        source="measured",
+    )
     lay.save_profile(prof)
     assert lay.load_profile() == prof
     lay.append_provenance({"date": "1"})

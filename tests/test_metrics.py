@@ -65,15 +65,16 @@ def test_formula_and_empirical_acceptance_length_agree_on_iid_acceptance(alpha, 
     r = rec(n=sum(s.emitted for s in steps), steps=steps)
     summary = M.acceptance_summary([r])
     # AL of 4000 i.i.d. steps: std ≤ (γ+1)/sqrt(4000) ≈ 0.14 for γ = 8; 5 sigma bound
-    assert summary["acceptance_length"] == pytest.approx(M.expected_acceptance_length(alpha, gamma),
-                                                         abs=5 * (gamma + 1) / math.sqrt(4000))
+    assert summary["acceptance_length"] == pytest.approx(
+        M.expected_acceptance_length(alpha, gamma), abs=5 * (gamma + 1) / math.sqrt(4000)
+    )
     # α̂ (the MLE over reached positions) recovers the i.i.d. α; the empirical α does not
     assert summary["alpha_hat"] == pytest.approx(alpha, abs=0.05)
     # under i.i.d. acceptance the conditional rate is α at every position; the unconditional one decays as α^k
     cond, uncond = summary["per_position_conditional"], summary["per_position_unconditional"]
     assert cond[0] == pytest.approx(alpha, abs=0.05) and uncond[0] == pytest.approx(alpha, abs=0.05)
     if gamma >= 2 and alpha > 0.3:
-        assert cond[1] == pytest.approx(alpha, abs=0.08) and uncond[1] == pytest.approx(alpha ** 2, abs=0.06)
+        assert cond[1] == pytest.approx(alpha, abs=0.08) and uncond[1] == pytest.approx(alpha**2, abs=0.06)
 
 
 def test_empirical_alpha_differs_from_iid_alpha():

@@ -8,18 +8,38 @@ from specstudy.records import Cell, Request, RequestRecord, Sampling, StepRecord
 
 
 def _record(cell: Cell, pid: str = "p0", n: int = 5) -> RequestRecord:
-    rec = cell.new_record(Request(pid, "hello"), Sampling(temperature=0.7, top_p=0.9, seed=3, max_new_tokens=n),
-                          input_tokens=4, output_tokens=n, first_token_s=0.1, end_s=0.5,
-                          chunk_times_s=[0.1, 0.3, 0.5], chunk_tokens=[1, 3, 1], output_ids=[1, 2, 3, 4, 5],
-                          token_entropy=[0.5] * n, target_logprobs=[-1.0] * n, peak_memory_bytes=123,
-                          extra={"load_avg": [1.0, 0.5, 0.2]})
+    rec = cell.new_record(
+        Request(pid, "hello"),
+        Sampling(temperature=0.7, top_p=0.9, seed=3, max_new_tokens=n),
+        input_tokens=4,
+        output_tokens=n,
+        first_token_s=0.1,
+        end_s=0.5,
+        chunk_times_s=[0.1, 0.3, 0.5],
+        chunk_tokens=[1, 3, 1],
+        output_ids=[1, 2, 3, 4, 5],
+        token_entropy=[0.5] * n,
+        target_logprobs=[-1.0] * n,
+        peak_memory_bytes=123,
+        extra={"load_avg": [1.0, 0.5, 0.2]},
+    )
     rec.steps = [StepRecord(0, 0, 1, 0.1), StepRecord(4, 2, 3, 0.3, 0.05, 0.1), StepRecord(4, 0, 1, 0.5)]
     return rec.fill_acceptance_from_steps()
 
 
 def test_cell_identity_and_new_record():
-    cell = Cell("s", "cpu", "reference", "draft_target", "code", "m", drafter="d", gamma=4, batch_size=2,
-                options=(("dynamic", True),))
+    cell = Cell(
+        "s",
+        "cpu",
+        "reference",
+        "draft_target",
+        "code",
+        "m",
+        drafter="d",
+        gamma=4,
+        batch_size=2,
+        options=(("dynamic", True),),
+    )
     rec = _record(cell)
     assert rec.cell_id == cell.cell_id and rec.gamma == 4 and rec.batch_size == 2
     assert rec.temperature == 0.7 and rec.top_p == 0.9 and rec.seed == 3 and rec.max_new_tokens == 5

@@ -38,4 +38,6 @@ def test_test_tools_are_not_runtime_dependencies():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     runtime = {d.partition("==")[0].lower() for d in project["dependencies"]}
     assert not runtime & {"pytest", "hypothesis", "ruff", "mypy", "pre-commit"}
-    assert {"pytest", "hypothesis", "ruff", "mypy"} <= {d.partition("==")[0].lower() for d in project["optional-dependencies"]["dev"]}
+    assert {"pytest", "hypothesis", "ruff", "mypy"} <= {
+        d.partition("==")[0].lower() for d in project["optional-dependencies"]["dev"]
+    }

@@ -35,10 +35,16 @@ def hygiene_table(study: Study) -> pd.DataFrame:
     ins_txt = f"{int(np.min(ins))}–{int(np.max(ins))} tokens, median {int(np.median(ins))}" if ins else "—"
     cfg = study.config
     rows = [
-        ("Warm-up", f"{max(warm) if warm else 0} untimed request(s) of ≤ {cfg.get('warmup_max_new_tokens', '?')} tokens "
-                    "before the first cell of each (engine, method, γ, batch size); one engine load per (framework, model, drafter)"),
+        (
+            "Warm-up",
+            f"{max(warm) if warm else 0} untimed request(s) of ≤ {cfg.get('warmup_max_new_tokens', '?')} tokens "
+            "before the first cell of each (engine, method, γ, batch size); one engine load per (framework, model, drafter)",
+        ),
         ("Input length", f"policy: {', '.join(pol)}; measured {ins_txt}"),
-        ("Output length", f"max_new_tokens {', '.join(map(str, mnt))}; {stopped} of {len(ins)} ok requests stopped early (EOS)"),
+        (
+            "Output length",
+            f"max_new_tokens {', '.join(map(str, mnt))}; {stopped} of {len(ins)} ok requests stopped early (EOS)",
+        ),
         ("Sampling", f"(temperature, top_p, top_k) {samp}, identical for each method and its paired AR baseline"),
         ("Batch sizes", ", ".join(map(str, batches))),
         ("Prefix cache", ", ".join(pcs)),
@@ -53,15 +59,23 @@ def telemetry_lines(study: Study, table: pd.DataFrame) -> list[str]:
     thr = table[table["throttled"]]
     loads = table["load_1m_mean"].dropna().astype(float)
     gt = table["gpu_temp_max_c"].dropna()
-    sensors = ("pynvml: temperature, SM/memory clocks, power, utilisation, memory, throttle reasons" if len(gt)
-               else "no NVIDIA GPU here: psutil only — RSS, CPU frequency, load average")
-    lines = [f"Sampled every {study.config.get('telemetry_period_s', '?')} s during each cell ({sensors}).",
-             f"- cells: {len(table)}; throttled cells: {len(thr)}"
-             + (f" ({', '.join(thr['cell'][:5])}{' …' if len(thr) > 5 else ''})" if len(thr) else ""),
-             f"- load average (1 min) during cells: mean {fmt(loads.mean())}, max {fmt(loads.max())}" if len(loads)
-             else "- load average: not available"]
+    sensors = (
+        "pynvml: temperature, SM/memory clocks, power, utilisation, memory, throttle reasons"
+        if len(gt)
+        else "no NVIDIA GPU here: psutil only — RSS, CPU frequency, load average"
+    )
+    lines = [
+        f"Sampled every {study.config.get('telemetry_period_s', '?')} s during each cell ({sensors}).",
+        f"- cells: {len(table)}; throttled cells: {len(thr)}"
+        + (f" ({', '.join(thr['cell'][:5])}{' …' if len(thr) > 5 else ''})" if len(thr) else ""),
+        f"- load average (1 min) during cells: mean {fmt(loads.mean())}, max {fmt(loads.max())}"
+        if len(loads)
+        else "- load average: not available",
+    ]
     if len(gt):
-        lines.append(f"- GPU temperature max {fmt(gt.max(), 0)} °C; min SM clock {fmt(table['gpu_sm_clock_min_mhz'].dropna().min(), 0)} MHz")
+        lines.append(
+            f"- GPU temperature max {fmt(gt.max(), 0)} °C; min SM clock {fmt(table['gpu_sm_clock_min_mhz'].dropna().min(), 0)} MHz"
+        )
     freq = table["cpu_freq_mean_mhz"].dropna()
     if len(freq):
         lines.append(f"- CPU frequency mean {fmt(freq.mean(), 0)} MHz (min over cells {fmt(freq.min(), 0)})")
@@ -74,7 +88,9 @@ def provenance_lines(study: Study) -> list[str]:
     host = prov.get("host", {})
     recs = list(study.all_records())
     temps = [r.extra.get("tel_gpu_temp_max_c") for r in recs if r.extra.get("tel_gpu_temp_max_c") is not None]
-    clocks = [r.extra.get("tel_gpu_sm_clock_mean_mhz") for r in recs if r.extra.get("tel_gpu_sm_clock_mean_mhz") is not None]
+    clocks = [
+        r.extra.get("tel_gpu_sm_clock_mean_mhz") for r in recs if r.extra.get("tel_gpu_sm_clock_mean_mhz") is not None
+    ]
     freqs = [r.extra.get("tel_cpu_freq_mean_mhz") for r in recs if r.extra.get("tel_cpu_freq_mean_mhz") is not None]
     starts = [r.start_epoch for r in recs if r.start_epoch]
 
@@ -87,7 +103,8 @@ def provenance_lines(study: Study) -> list[str]:
         f"- git: {prov.get('git_sha') or 'unknown'}{' (uncommitted changes)' if prov.get('git_dirty') else ''}",
         f"- CPU: {host.get('cpu_model', '?')}, {host.get('cpu_cores_logical', '?')} logical cores, {host.get('memory_gb', '?')} GB RAM",
         f"- GPU: {', '.join(host.get('gpus') or []) or 'none'}; driver {host.get('gpu_driver') or '—'}",
-        "- clocks during cells: " + (f"GPU SM mean {np.mean(clocks):.0f} MHz; " if clocks else "")
+        "- clocks during cells: "
+        + (f"GPU SM mean {np.mean(clocks):.0f} MHz; " if clocks else "")
         + (f"CPU mean {np.mean(freqs):.0f} MHz" if freqs else "CPU frequency not exposed"),
         "- temperatures: " + (f"GPU max {max(temps):.0f} °C" if temps else "no GPU sensor here"),
         "- packages: " + ", ".join(f"{k} {v}" for k, v in sorted(prov.get("packages", {}).items())),
@@ -104,7 +121,7 @@ def drafter_notes(study: Study) -> list[str]:
     a reader must not mistake their rows for the published Medusa or EAGLE results.
     """
     notes = []
-    for cid, m in study.cells.items():
+    for m in study.cells.values():
         d = m["drafter"]
         if not d or not str(d).endswith(".safetensors") or any(str(d) in n for n in notes):
             continue
@@ -118,9 +135,11 @@ def drafter_notes(study: Study) -> list[str]:
         st, corpus, held = doc.get("settings", {}), doc.get("corpus", {}), doc.get("heldout_sequences_eval", {})
         top1 = (held.get("top1") or [None])[0]
         secs = (doc.get("timing_s") or {}).get("training")
-        notes.append(f"- `{d}` ({m['label']}): {st.get('kind')} drafter distilled by `specstudy train-drafter` in "
-                     f"{st.get('steps')} steps on {corpus.get('positions')} positions the target generated"
-                     + (f" ({secs:.0f} s of training on this CPU)" if isinstance(secs, (int, float)) else "")
-                     + (f"; held-out top-1 {top1:.2f}" if isinstance(top1, (int, float)) else "")
-                     + ". A small CPU-trained drafter, not the published method's checkpoint.")
+        notes.append(
+            f"- `{d}` ({m['label']}): {st.get('kind')} drafter distilled by `specstudy train-drafter` in "
+            f"{st.get('steps')} steps on {corpus.get('positions')} positions the target generated"
+            + (f" ({secs:.0f} s of training on this CPU)" if isinstance(secs, (int, float)) else "")
+            + (f"; held-out top-1 {top1:.2f}" if isinstance(top1, (int, float)) else "")
+            + ". A small CPU-trained drafter, not the published method's checkpoint."
+        )
     return notes

@@ -57,12 +57,27 @@ def large_batch(study: Study) -> pd.DataFrame:
             tgt = study.meta(by_b[b][0])["model"]
             if prof is not None and tgt in params and isnum(p.alpha_hat):
                 dr = study.meta(by_b[b][0])["drafter"]
-                pr = costmodel.predict(prof, params[tgt], params.get(dr) if dr else None, min(p.alpha_hat, 1.0),
-                                       _cm_dtype(study, tgt), b, g, c=p.c if isnum(p.c) else None)
+                pr = costmodel.predict(
+                    prof,
+                    params[tgt],
+                    params.get(dr) if dr else None,
+                    min(p.alpha_hat, 1.0),
+                    _cm_dtype(study, tgt),
+                    b,
+                    g,
+                    c=p.c if isnum(p.c) else None,
+                )
                 pred = pr.speedup
-            rows.append({"Method": f"{label} γ={g}", "Framework": fw, "Batch": b,
-                         "Speedup (measured)": fmt_ci(p.speedup, p.speedup_ci, 2, "×"),
-                         "Speedup (roofline cost model, prediction)": fmt(pred, 2, "×"), "n": p.n_pairs})
+            rows.append(
+                {
+                    "Method": f"{label} γ={g}",
+                    "Framework": fw,
+                    "Batch": b,
+                    "Speedup (measured)": fmt_ci(p.speedup, p.speedup_ci, 2, "×"),
+                    "Speedup (roofline cost model, prediction)": fmt(pred, 2, "×"),
+                    "n": p.n_pairs,
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -76,8 +91,19 @@ def per_cell_acceptance(study: Study) -> pd.DataFrame:
             continue
         p = pooled(study, [c])
         if isnum(p.alpha) and isnum(p.speedup):
-            rows.append({"cell": c, "label": m["label"], "task": m["task"], "gamma": m["gamma"], "alpha": p.alpha,
-                         "speedup": p.speedup, "c": p.c, "verify_ratio": p.verify_ratio, "alpha_hat": p.alpha_hat})
+            rows.append(
+                {
+                    "cell": c,
+                    "label": m["label"],
+                    "task": m["task"],
+                    "gamma": m["gamma"],
+                    "alpha": p.alpha,
+                    "speedup": p.speedup,
+                    "c": p.c,
+                    "verify_ratio": p.verify_ratio,
+                    "alpha_hat": p.alpha_hat,
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -88,10 +114,16 @@ def low_alpha(study: Study, per_cell: pd.DataFrame) -> pd.DataFrame:
     for name, part in (("α < 0.4", lo), ("α ≥ 0.4", hi)):
         cells = part["cell"].tolist()
         p = pooled(study, cells) if cells else Pooled()
-        tab.append({"Cells": name, "cells (n)": len(cells), "α pooled": fmt_ci(p.alpha, p.alpha_ci),
-                    "Speedup (measured)": fmt_ci(p.speedup, p.speedup_ci, 2, "×"),
-                    "share of cells slower than AR": fmt((part["speedup"] < 1).mean() if len(part) else NAN),
-                    "n": p.n_pairs})
+        tab.append(
+            {
+                "Cells": name,
+                "cells (n)": len(cells),
+                "α pooled": fmt_ci(p.alpha, p.alpha_ci),
+                "Speedup (measured)": fmt_ci(p.speedup, p.speedup_ci, 2, "×"),
+                "share of cells slower than AR": fmt((part["speedup"] < 1).mean() if len(part) else NAN),
+                "n": p.n_pairs,
+            }
+        )
     return pd.DataFrame(tab)
 
 
@@ -102,8 +134,10 @@ def low_alpha_predictions(per_cell: pd.DataFrame) -> list[str]:
         cs, vr = g["c"].dropna(), g["verify_ratio"].dropna()
         if len(cs) and len(vr):
             c_med, v_med = float(cs.median()), float(vr.median())
-            preds.append(f"- {label}: measured c = {c_med:.3f}, verification cost {v_med:.2f}×T1 → speculation "
-                         f"loses for every γ when α̂ < {fmt(break_even_alpha(c_med, v_med))}")
+            preds.append(
+                f"- {label}: measured c = {c_med:.3f}, verification cost {v_med:.2f}×T1 → speculation "
+                f"loses for every γ when α̂ < {fmt(break_even_alpha(c_med, v_med))}"
+            )
     return preds
 
 
@@ -111,22 +145,38 @@ def short_outputs(study: Study) -> pd.DataFrame:
     """Short-output cells (≤ 10 tokens) beside the same method at the headline length."""
     mnt = headline_max_new(study)
     spec_all = _spec_all(study)
-    short = [c for c in spec_all if (study.meta(c)["max_new_tokens"] or 99) <= 10
-             and (study.meta(c)["max_new_tokens"] or 99) < (mnt or 0)]
+    short = [
+        c
+        for c in spec_all
+        if (study.meta(c)["max_new_tokens"] or 99) <= 10 and (study.meta(c)["max_new_tokens"] or 99) < (mnt or 0)
+    ]
     tab = []
     for label in sorted({study.meta(c)["label"] for c in short}):
         cs = [c for c in short if study.meta(c)["label"] == label]
         g = study.meta(cs[0])["gamma"]
         ps = pooled(study, cs)
-        longc = [c for c in spec_all if study.meta(c)["label"] == label and study.meta(c)["gamma"] == g
-                 and study.meta(c)["batch_size"] == 1 and study.meta(c)["max_new_tokens"] == mnt
-                 and study.meta(c)["task"] in {study.meta(x)["task"] for x in cs}]
+        longc = [
+            c
+            for c in spec_all
+            if study.meta(c)["label"] == label
+            and study.meta(c)["gamma"] == g
+            and study.meta(c)["batch_size"] == 1
+            and study.meta(c)["max_new_tokens"] == mnt
+            and study.meta(c)["task"] in {study.meta(x)["task"] for x in cs}
+        ]
         pl = pooled(study, longc) if longc else Pooled()
-        tab.append({"Method": f"{label} γ={g}", "max_new_tokens": study.meta(cs[0])["max_new_tokens"],
-                    "Speedup short (measured)": fmt_ci(ps.speedup, ps.speedup_ci, 2, "×"),
-                    "TTFT share of E2E (short)": fmt(ps.ttft_s / (ps.e2e_p50_s or NAN) if isnum(ps.e2e_p50_s) and ps.e2e_p50_s else NAN),
-                    f"Speedup at {mnt} tokens (measured)": fmt_ci(pl.speedup, pl.speedup_ci, 2, "×"),
-                    "n": ps.n_pairs})
+        tab.append(
+            {
+                "Method": f"{label} γ={g}",
+                "max_new_tokens": study.meta(cs[0])["max_new_tokens"],
+                "Speedup short (measured)": fmt_ci(ps.speedup, ps.speedup_ci, 2, "×"),
+                "TTFT share of E2E (short)": fmt(
+                    ps.ttft_s / (ps.e2e_p50_s or NAN) if isnum(ps.e2e_p50_s) and ps.e2e_p50_s else NAN
+                ),
+                f"Speedup at {mnt} tokens (measured)": fmt_ci(pl.speedup, pl.speedup_ci, 2, "×"),
+                "n": ps.n_pairs,
+            }
+        )
     return pd.DataFrame(tab)
 
 
@@ -136,7 +186,13 @@ def memory_overhead(study: Study) -> tuple[pd.DataFrame, list[str]]:
     for c in _spec_all(study):
         p = pooled(study, [c])
         if isnum(p.memory_overhead_bytes):
-            rows.append({"label": study.meta(c)["label"], "drafter": study.meta(c)["drafter"], "overhead": p.memory_overhead_bytes})
+            rows.append(
+                {
+                    "label": study.meta(c)["label"],
+                    "drafter": study.meta(c)["drafter"],
+                    "overhead": p.memory_overhead_bytes,
+                }
+            )
     if not rows:
         return pd.DataFrame(), []
     md = pd.DataFrame(rows).groupby(["label"], as_index=False)["overhead"].max()
@@ -162,12 +218,15 @@ def predicted_break_even(study: Study, prof: HardwareProfile | None) -> list[str
             for a in (0.6, 0.8):
                 g, _ = costmodel.optimal_gamma(a, c)
                 be = costmodel.break_even_batch(prof, params[tgt], params[mid], a, g, dt)
-                lines.append(f"- {short_model(tgt)} + {short_model(mid)}, α={a}, γ={g}: break-even batch {be if be else '> 4096'}")
+                lines.append(
+                    f"- {short_model(tgt)} + {short_model(mid)}, α={a}, γ={g}: break-even batch {be if be else '> 4096'}"
+                )
     return lines
 
 
-def _fit_line(pair: dict[str, Any], prof: HardwareProfile, tgt: str, mid: str, params: dict[str, float],
-              dt: str) -> str:
+def _fit_line(
+    pair: dict[str, Any], prof: HardwareProfile, tgt: str, mid: str, params: dict[str, float], dt: str
+) -> str:
     d_dt = cost_dtype(pair.get("dtype", "bf16"))
     tp = int(pair.get("tensor_parallel_size") or 1)
     cap = prof.memory_gb * tp
@@ -177,11 +236,13 @@ def _fit_line(pair: dict[str, Any], prof: HardwareProfile, tgt: str, mid: str, p
     n_min = 1
     while t_gb + d_gb > 0.9 * n_min * prof.memory_gb and n_min < 64:
         n_min *= 2
-    return (f"- {short_model(tgt)} ({t_gb:.1f} GB {dt}) + {short_model(mid)} ({d_gb:.2f} GB) on "
-            f"{tp}× {prof.memory_gb:.0f} GB: {'fits' if fits else 'does NOT fit'} with 10 % headroom "
-            f"(needs ≥ {n_min} GPU{'s' if n_min > 1 else ''}; the target alone "
-            f"{costmodel.min_gpus(params[tgt], dt, prof)})"
-            + ("" if fits else f"; the target would need ≤ {8 * (0.9 * cap - d_gb) * 1e9 / params[tgt]:.1f} bits/weight"))
+    return (
+        f"- {short_model(tgt)} ({t_gb:.1f} GB {dt}) + {short_model(mid)} ({d_gb:.2f} GB) on "
+        f"{tp}× {prof.memory_gb:.0f} GB: {'fits' if fits else 'does NOT fit'} with 10 % headroom "
+        f"(needs ≥ {n_min} GPU{'s' if n_min > 1 else ''}; the target alone "
+        f"{costmodel.min_gpus(params[tgt], dt, prof)})"
+        + ("" if fits else f"; the target would need ≤ {8 * (0.9 * cap - d_gb) * 1e9 / params[tgt]:.1f} bits/weight")
+    )
 
 
 def predicted_memory_fit(study: Study, prof: HardwareProfile | None) -> list[str]:

@@ -38,6 +38,7 @@ def _legend(ax: Any, size: int) -> None:
 
 def _err(values: Sequence[float], cis: Sequence[tuple[float, float]], clip: bool = False) -> np.ndarray:
     """Asymmetric error bars [2, n] from (low, high) CIs; 0 where a CI is unknown."""
+
     def lo(v: float, c: tuple[float, float]) -> float:
         return (max(v - c[0], 0) if clip else v - c[0]) if c[0] == c[0] else 0
 
@@ -53,8 +54,10 @@ def hardware_methods(raw: pd.DataFrame, hardware: str) -> Figure:
     fig, axes = _subplots(1, 2, figsize=(9, 3.4))
     lab = raw.apply(lambda r: "AR" if r["method"] == "ar" else f"{r['label']} γ={r['gamma']}", axis=1)
     pal = sns.color_palette(PALETTE, len(raw))
-    for ax, col, ci, unit in ((axes[0], "tokens_per_s", "tokens_per_s_ci", "tokens/s"),
-                              (axes[1], "speedup", "speedup_ci", "speedup over AR (×)")):
+    for ax, col, ci, unit in (
+        (axes[0], "tokens_per_s", "tokens_per_s_ci", "tokens/s"),
+        (axes[1], "speedup", "speedup_ci", "speedup over AR (×)"),
+    ):
         vals = raw[col].astype(float).where(raw["method"] != "ar", 1.0 if col == "speedup" else raw[col])
         ax.barh(lab, vals, xerr=_err(vals, raw[ci]), color=pal, capsize=3)
         ax.set_xlabel(unit)
@@ -65,8 +68,14 @@ def hardware_methods(raw: pd.DataFrame, hardware: str) -> Figure:
     return fig
 
 
-TELEMETRY_UNITS = {"gpu_temp_c": "GPU temperature (°C)", "gpu_sm_clock_mhz": "SM clock (MHz)", "gpu_power_w": "power (W)",
-                   "load_1m": "load average (1 min)", "cpu_freq_mhz": "CPU clock (MHz)", "rss_bytes": "process RSS (GB)"}
+TELEMETRY_UNITS = {
+    "gpu_temp_c": "GPU temperature (°C)",
+    "gpu_sm_clock_mhz": "SM clock (MHz)",
+    "gpu_power_w": "power (W)",
+    "load_1m": "load average (1 min)",
+    "cpu_freq_mhz": "CPU clock (MHz)",
+    "rss_bytes": "process RSS (GB)",
+}
 
 
 def telemetry(samples: pd.DataFrame, hardware: str) -> Figure:
@@ -92,22 +101,40 @@ def speedup_vs_gamma(b1: pd.DataFrame) -> Figure:
     for i, (label, g) in enumerate(b1.groupby("label")):
         g = g.sort_values("gamma")
         col = pal[i % len(pal)]
-        axes[0].errorbar(g["gamma"], g["speedup"], yerr=_err(g["speedup"], g["speedup_ci"], clip=True), fmt="o-",
-                         color=col, capsize=3, label=f"{label} measured")
+        axes[0].errorbar(
+            g["gamma"],
+            g["speedup"],
+            yerr=_err(g["speedup"], g["speedup_ci"], clip=True),
+            fmt="o-",
+            color=col,
+            capsize=3,
+            label=f"{label} measured",
+        )
         axes[0].plot(g["gamma"], g["predicted_speedup"], "x--", color=col, label=f"{label} prediction")
         axes[1].plot(g["gamma"], g["alpha"], "o-", color=col, label=f"{label} α")
         axes[1].plot(g["gamma"], g["acceptance_length"], "s:", color=col, label=f"{label} AL")
         for _, row in g.iterrows():
             pp = row["per_position_conditional"]
             if pp is not None and len(pp):
-                axes[2].plot(range(1, len(pp) + 1), pp, "o-", color=col, alpha=0.5 + 0.5 * (row["gamma"] / max(g["gamma"])),
-                             label=f"{label} γ={row['gamma']}")
+                axes[2].plot(
+                    range(1, len(pp) + 1),
+                    pp,
+                    "o-",
+                    color=col,
+                    alpha=0.5 + 0.5 * (row["gamma"] / max(g["gamma"])),
+                    label=f"{label} γ={row['gamma']}",
+                )
     axes[0].axhline(1.0, color="k", lw=0.8, ls="--")
     axes[0].set(xlabel="speculation length γ (tokens)", ylabel="speedup over AR (×)", title="speedup vs γ (batch 1)")
-    axes[1].set(xlabel="speculation length γ (tokens)", ylabel="α (ratio) / AL (tokens per draft step)",
-                title="acceptance")
-    axes[2].set(xlabel="draft position k", ylabel="P(k accepted | k reached)", title="per-position acceptance (conditional)",
-                ylim=(0, 1.02))
+    axes[1].set(
+        xlabel="speculation length γ (tokens)", ylabel="α (ratio) / AL (tokens per draft step)", title="acceptance"
+    )
+    axes[2].set(
+        xlabel="draft position k",
+        ylabel="P(k accepted | k reached)",
+        title="per-position acceptance (conditional)",
+        ylim=(0, 1.02),
+    )
     for ax in axes:
         _legend(ax, 6)
     return fig
@@ -120,8 +147,14 @@ def tau_distribution(hist: dict[tuple, list[int]]) -> Figure:
     maxg = max(max(v) for v in hist.values() if v) if any(hist.values()) else 1
     for (label, g), vals in sorted(hist.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)):
         if vals:
-            ax.hist(vals, bins=np.arange(0.5, maxg + 1.5), histtype="step", lw=1.5, density=True, label=f"{label} γ={g}")
-    ax.set(xlabel="tokens emitted per draft step", ylabel="share of draft steps", title="acceptance-length distribution (batch 1)")
+            ax.hist(
+                vals, bins=np.arange(0.5, maxg + 1.5), histtype="step", lw=1.5, density=True, label=f"{label} γ={g}"
+            )
+    ax.set(
+        xlabel="tokens emitted per draft step",
+        ylabel="share of draft steps",
+        title="acceptance-length distribution (batch 1)",
+    )
     _legend(ax, 7)
     return fig
 
@@ -148,10 +181,22 @@ def alpha_vs_entropy(points: pd.DataFrame, by_task: bool) -> Figure:
     """One point per request: α against the target's entropy along the paired AR output."""
     sns = _sns()
     fig, ax = _subplots(figsize=(7.5, 3.6))
-    sns.scatterplot(data=points, x="entropy", y="alpha", hue="task" if by_task else "label",
-                    style="label" if by_task else None, ax=ax, s=25, palette=PALETTE)
-    ax.set(xlabel="target entropy along the output (nats/token)", ylabel="acceptance rate α (accepted/drafted)",
-           ylim=(-0.02, 1.02), title="acceptance vs entropy (one point per request)")
+    sns.scatterplot(
+        data=points,
+        x="entropy",
+        y="alpha",
+        hue="task" if by_task else "label",
+        style="label" if by_task else None,
+        ax=ax,
+        s=25,
+        palette=PALETTE,
+    )
+    ax.set(
+        xlabel="target entropy along the output (nats/token)",
+        ylabel="acceptance rate α (accepted/drafted)",
+        ylim=(-0.02, 1.02),
+        title="acceptance vs entropy (one point per request)",
+    )
     ax.legend(fontsize=6, bbox_to_anchor=(1.02, 1), loc="upper left", borderaxespad=0)
     return fig
 
@@ -163,7 +208,10 @@ def speedup_vs_alpha(per_cell: pd.DataFrame) -> Figure:
     sns.scatterplot(data=per_cell, x="alpha", y="speedup", hue="label", style="task", ax=ax, s=30, palette=PALETTE)
     ax.axhline(1.0, color="k", lw=0.8, ls="--")
     ax.axvline(0.4, color="grey", lw=0.8, ls=":")
-    ax.set(xlabel="acceptance rate α (accepted/drafted)", ylabel="speedup over AR (×)",
-           title="speedup vs α, one point per cell (batch 1)")
+    ax.set(
+        xlabel="acceptance rate α (accepted/drafted)",
+        ylabel="speedup over AR (×)",
+        title="speedup vs α, one point per cell (batch 1)",
+    )
     ax.legend(fontsize=6, bbox_to_anchor=(1.02, 1), loc="upper left", borderaxespad=0)
     return fig

@@ -7,12 +7,23 @@ from typing import Any
 
 import numpy as np
 
-TASK_TITLES = {"code": "Code generation", "translation": "Translation", "summarization": "Summarization",
-               "qa": "General QA", "creative_writing": "Creative writing", "math": "Math reasoning",
-               "chat": "Dialogue / chat"}
-FAMILY_TITLES = {"ar": "Baseline (AR)", "draft_target": "Speculative sampling (draft/target)",
-                 "ngram": "Prompt lookup (n-gram)", "layer_skip": "Self-speculation (layer skip)",
-                 "heads": "Extra heads (Medusa/EAGLE)", "tree": "Token-tree verification"}
+TASK_TITLES = {
+    "code": "Code generation",
+    "translation": "Translation",
+    "summarization": "Summarization",
+    "qa": "General QA",
+    "creative_writing": "Creative writing",
+    "math": "Math reasoning",
+    "chat": "Dialogue / chat",
+}
+FAMILY_TITLES = {
+    "ar": "Baseline (AR)",
+    "draft_target": "Speculative sampling (draft/target)",
+    "ngram": "Prompt lookup (n-gram)",
+    "layer_skip": "Self-speculation (layer skip)",
+    "heads": "Extra heads (Medusa/EAGLE)",
+    "tree": "Token-tree verification",
+}
 
 
 def fmt(x: Any, digits: int = 2, suffix: str = "") -> str:

@@ -9,6 +9,7 @@ ratios of sums (:mod:`specstudy.analysis.stats`).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import pandas as pd
 
@@ -28,17 +29,30 @@ def requests_frame(study: Study) -> pd.DataFrame:
     for cid, recs in study.records.items():
         m = study.meta(cid)
         for r in recs:
-            rows.append({
-                **{k: m[k] for k in CELL_FIELDS if k != "sweeps"}, "prompt_id": r.prompt_id, "status": r.status,
-                "input_tokens": r.input_tokens, "output_tokens": r.output_tokens,
-                "ttft_s": metrics.ttft(r), "tpot_s": metrics.tpot(r), "e2e_s": metrics.e2e(r),
-                "tokens_per_s": r.output_tokens / r.end_s if r.end_s else float("nan"),
-                "drafted": r.drafted_tokens, "accepted": r.accepted_tokens, "draft_steps": r.draft_steps,
-                "target_forwards": r.target_forwards,
-                "alpha": metrics.acceptance_rate(r.accepted_tokens or 0, r.drafted_tokens) if r.drafted_tokens else float("nan"),
-                "entropy": metrics.mean_entropy([r]), "peak_memory_bytes": r.peak_memory_bytes,
-                "synthetic_acceptance": r.synthetic_acceptance, "load_1m": r.extra.get("load_1m"),
-            })
+            rows.append(
+                {
+                    **{k: m[k] for k in CELL_FIELDS if k != "sweeps"},
+                    "prompt_id": r.prompt_id,
+                    "status": r.status,
+                    "input_tokens": r.input_tokens,
+                    "output_tokens": r.output_tokens,
+                    "ttft_s": metrics.ttft(r),
+                    "tpot_s": metrics.tpot(r),
+                    "e2e_s": metrics.e2e(r),
+                    "tokens_per_s": r.output_tokens / r.end_s if r.end_s else float("nan"),
+                    "drafted": r.drafted_tokens,
+                    "accepted": r.accepted_tokens,
+                    "draft_steps": r.draft_steps,
+                    "target_forwards": r.target_forwards,
+                    "alpha": metrics.acceptance_rate(r.accepted_tokens or 0, r.drafted_tokens)
+                    if r.drafted_tokens
+                    else float("nan"),
+                    "entropy": metrics.mean_entropy([r]),
+                    "peak_memory_bytes": r.peak_memory_bytes,
+                    "synthetic_acceptance": r.synthetic_acceptance,
+                    "load_1m": r.extra.get("load_1m"),
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -49,16 +63,67 @@ def steps_frame(study: Study) -> pd.DataFrame:
         m = study.meta(cid)
         for r in recs:
             for i, s in enumerate(r.steps):
-                rows.append({"cell_id": cid, "family": m["family"], "label": m["label"], "task": m["task"], "gamma": m["gamma"],
-                             "batch_size": m["batch_size"], "prompt_id": r.prompt_id, "step": i, "drafted": s.drafted,
-                             "accepted": s.accepted, "emitted": s.emitted, "draft_s": s.draft_s, "verify_s": s.verify_s})
-    return pd.DataFrame(rows, columns=["cell_id", "family", "label", "task", "gamma", "batch_size", "prompt_id", "step",
-                                       "drafted", "accepted", "emitted", "draft_s", "verify_s"])
+                rows.append(
+                    {
+                        "cell_id": cid,
+                        "family": m["family"],
+                        "label": m["label"],
+                        "task": m["task"],
+                        "gamma": m["gamma"],
+                        "batch_size": m["batch_size"],
+                        "prompt_id": r.prompt_id,
+                        "step": i,
+                        "drafted": s.drafted,
+                        "accepted": s.accepted,
+                        "emitted": s.emitted,
+                        "draft_s": s.draft_s,
+                        "verify_s": s.verify_s,
+                    }
+                )
+    return pd.DataFrame(
+        rows,
+        columns=[
+            "cell_id",
+            "family",
+            "label",
+            "task",
+            "gamma",
+            "batch_size",
+            "prompt_id",
+            "step",
+            "drafted",
+            "accepted",
+            "emitted",
+            "draft_s",
+            "verify_s",
+        ],
+    )
+
+
+ENTROPY_COLUMNS = ["task", "label", "framework", "gamma", "alpha", "entropy", "entropy_source"]
+
+
+def _ar_entropy_by_prompt(study: Study) -> dict[tuple, Any]:
+    """AR records that carry the target's entropy, by (task, prompt, sampling): a stand-in
+    for a baseline whose engine reports none (llama.cpp returns no logits)."""
+    out: dict[tuple, Any] = {}
+    for c in study.records:
+        m = study.meta(c)
+        if m["method"] != "ar":
+            continue
+        for r in study.records[c]:
+            if r.status == "ok" and r.token_entropy:
+                out.setdefault((m["task"], r.prompt_id, m.get("sampling")), r)
+    return out
 
 
 def entropy_points(study: Study, tasks: Sequence[str] | None = None) -> pd.DataFrame:
-    """Per request: its α and the target's mean entropy along the *paired AR* output (same prompt)."""
-    rows = []
+    """Per request: its α and the target's mean entropy along the *paired AR* output (same prompt).
+
+    When the paired baseline has no entropy (an engine without logits), another AR record of the
+    same prompt and sampling is used and ``entropy_source`` says so.
+    """
+    rows, stand_in = [], _ar_entropy_by_prompt(study)
     for c in study.records:
         m = study.meta(c)
         if m["method"] == "ar" or (tasks and m["task"] not in tasks):
@@ -68,13 +133,24 @@ def entropy_points(study: Study, tasks: Sequence[str] | None = None) -> pd.DataF
             if r.status != "ok" or not r.drafted_tokens:
                 continue
             b = base.get((r.prompt_id, r.repeat))
-            ent_src = b if (b is not None and b.token_entropy) else r
-            if not ent_src.token_entropy:
+            src, how = (b, "paired AR") if b is not None and b.token_entropy else (None, "")
+            if src is None:
+                src = stand_in.get((m["task"], r.prompt_id, m.get("sampling")))
+                how = f"AR of the same prompt on {src.framework}" if src is not None else ""
+            if src is None:
                 continue
-            rows.append({"task": m["task"], "label": m["label"], "gamma": m["gamma"],
-                         "alpha": metrics.acceptance_rate(r.accepted_tokens or 0, r.drafted_tokens),
-                         "entropy": metrics.mean_entropy([ent_src])})
-    return pd.DataFrame(rows)
+            rows.append(
+                {
+                    "task": m["task"],
+                    "label": m["label"],
+                    "framework": m["framework"],
+                    "gamma": m["gamma"],
+                    "alpha": metrics.acceptance_rate(r.accepted_tokens or 0, r.drafted_tokens),
+                    "entropy": metrics.mean_entropy([src]),
+                    "entropy_source": how,
+                }
+            )
+    return pd.DataFrame(rows, columns=ENTROPY_COLUMNS)
 
 
 def tau_histogram(study: Study, cells: Sequence[str]) -> dict[tuple, list[int]]:

@@ -44,14 +44,30 @@ def _measured_rows(study: Study, by_gamma: dict[int, list[str]]) -> list[dict[st
         return []
     curve = verify_curve({g: p.verify_ratio for g, p in per_g.items() if isnum(p.verify_ratio)})
     g_opt, s_opt = costmodel.optimal_gamma(min(float(allp.alpha_hat), 1.0), allp.c, 2 * max(per_g), curve)
-    return [{"alpha_hat": p.alpha_hat, "gamma": g, "predicted_speedup": predicted_speedup(p.alpha_hat, g, p.c, p.verify_ratio),
-             "measured_speedup": p.speedup, "optimal_gamma": g_opt, "speedup_at_optimal_gamma": s_opt,
-             "baseline_tokens_per_s": float("nan"), "break_even_batch": None, "costs": "measured (this study)"}
-            for g, p in sorted(per_g.items())]
+    return [
+        {
+            "alpha_hat": p.alpha_hat,
+            "gamma": g,
+            "predicted_speedup": predicted_speedup(p.alpha_hat, g, p.c, p.verify_ratio),
+            "measured_speedup": p.speedup,
+            "optimal_gamma": g_opt,
+            "speedup_at_optimal_gamma": s_opt,
+            "baseline_tokens_per_s": float("nan"),
+            "break_even_batch": None,
+            "costs": "measured (this study)",
+        }
+        for g, p in sorted(per_g.items())
+    ]
 
 
-def _roofline_row(study: Study, profile: HardwareProfile, key: tuple[Any, ...], by_gamma: dict[int, list[str]],
-                  target_params: float | None, draft_params: float | None) -> dict[str, Any] | None:
+def _roofline_row(
+    study: Study,
+    profile: HardwareProfile,
+    key: tuple[Any, ...],
+    by_gamma: dict[int, list[str]],
+    target_params: float | None,
+    draft_params: float | None,
+) -> dict[str, Any] | None:
     """The cost model with ``profile``'s roofline step costs and the measured α̂."""
     _, _, family, model, drafter, _, _ = key
     allp = pooled(study, [c for cs in by_gamma.values() for c in cs])
@@ -65,14 +81,28 @@ def _roofline_row(study: Study, profile: HardwareProfile, key: tuple[Any, ...], 
     alpha = min(max(float(allp.alpha_hat), 0.0), 1.0)
     pred = costmodel.predict(profile, tp, dp if family != "ngram" else None, alpha, dt)
     be = costmodel.break_even_batch(profile, tp, dp if family != "ngram" else None, alpha, pred.gamma, dt)
-    return {"alpha_hat": allp.alpha_hat, "gamma": pred.gamma, "predicted_speedup": pred.speedup,
-            "measured_speedup": float("nan"), "optimal_gamma": pred.gamma, "speedup_at_optimal_gamma": pred.speedup,
-            "baseline_tokens_per_s": pred.baseline_tokens_per_s, "speculative_tokens_per_s": pred.speculative_tokens_per_s,
-            "break_even_batch": be, "costs": f"roofline ({profile.name}, {profile.source}), {tp:.3g} parameters {dt}"}
+    return {
+        "alpha_hat": allp.alpha_hat,
+        "gamma": pred.gamma,
+        "predicted_speedup": pred.speedup,
+        "measured_speedup": float("nan"),
+        "optimal_gamma": pred.gamma,
+        "speedup_at_optimal_gamma": pred.speedup,
+        "baseline_tokens_per_s": pred.baseline_tokens_per_s,
+        "speculative_tokens_per_s": pred.speculative_tokens_per_s,
+        "break_even_batch": be,
+        "costs": f"roofline ({profile.name}, {profile.source}), {tp:.3g} parameters {dt}",
+    }
 
 
-def predict_from_study(study: Study, profile: HardwareProfile | None = None, *, target_params: float | None = None,
-                       draft_params: float | None = None, pool_tasks: bool = False) -> pd.DataFrame:
+def predict_from_study(
+    study: Study,
+    profile: HardwareProfile | None = None,
+    *,
+    target_params: float | None = None,
+    draft_params: float | None = None,
+    pool_tasks: bool = False,
+) -> pd.DataFrame:
     """One prediction per (framework, method, task, sampling) of ``study``, for ``profile``.
 
     Without a profile the study's own measured step costs are used (its own machine: the row's
@@ -87,7 +117,17 @@ def predict_from_study(study: Study, profile: HardwareProfile | None = None, *, 
             one = _roofline_row(study, profile, key, by_gamma, target_params, draft_params)
             found = [one] if one is not None else []
         fw, label, family, _, _, task, sampling = key
-        rows += [{"framework": fw, "method": label, "family": family, "task": task, "sampling": sampling,
-                  "source_hardware": study.hardware, "predicted_for": profile.name if profile else study.hardware,
-                  **row} for row in found]
+        rows += [
+            {
+                "framework": fw,
+                "method": label,
+                "family": family,
+                "task": task,
+                "sampling": sampling,
+                "source_hardware": study.hardware,
+                "predicted_for": profile.name if profile else study.hardware,
+                **row,
+            }
+            for row in found
+        ]
     return pd.DataFrame(rows)

@@ -285,6 +285,7 @@ def verify_curve(ratios: dict[int, float]):
 
 def break_even_alpha(c: float, verify_ratio: float) -> float:
     """Smallest α at which some γ in 1..16 predicts a speedup ≥ 1 (bisection on the cost model)."""
+
     def best(a: float) -> float:
         return costmodel.optimal_gamma(a, c, 16, lambda g: verify_ratio)[1]
 
@@ -305,7 +306,9 @@ def break_even_notes(multi: Any) -> list[str]:
         be = break_even(g["batch_size"].tolist(), g["speedup"].tolist())
         first = g["speedup"].iloc[0]
         if be is not None and isnum(first) and first < 1.0:
-            notes.append(f"{label} γ={gamma}: below 1× already at batch {g['batch_size'].iloc[0]} (no break-even to mark)")
+            notes.append(
+                f"{label} γ={gamma}: below 1× already at batch {g['batch_size'].iloc[0]} (no break-even to mark)"
+            )
         elif be is not None:
             notes.append(f"{label} γ={gamma}: speedup falls below 1× at batch ≈ {be:.1f} (measured, interpolated)")
         else:

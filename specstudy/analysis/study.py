@@ -21,9 +21,28 @@ from ..layout import StudyLayout
 from ..records import RequestRecord
 
 #: what describes a cell (one row of :func:`specstudy.analysis.frames.cells_frame`)
-CELL_FIELDS = ("cell_id", "framework", "method", "family", "label", "task", "model", "drafter", "gamma",
-               "batch_size", "repeat", "max_new_tokens", "prefix_cache", "request_rate", "dtype", "precision",
-               "sampling", "synthetic", "sweeps", "baseline_cell_id")
+CELL_FIELDS = (
+    "cell_id",
+    "framework",
+    "method",
+    "family",
+    "label",
+    "task",
+    "model",
+    "drafter",
+    "gamma",
+    "batch_size",
+    "repeat",
+    "max_new_tokens",
+    "prefix_cache",
+    "request_rate",
+    "dtype",
+    "precision",
+    "sampling",
+    "synthetic",
+    "sweeps",
+    "baseline_cell_id",
+)
 
 
 def sampling_label(temperature: float, top_p: float, top_k: int) -> str:
@@ -35,33 +54,64 @@ def sampling_label(temperature: float, top_p: float, top_k: int) -> str:
 
 def _measured(cell: dict[str, Any], r: RequestRecord) -> dict[str, Any]:
     """Fields every cell has from its records alone: how it sampled, at what precision, synthetic or not."""
-    return {**cell, "sampling": sampling_label(r.temperature, r.top_p, r.top_k),
-            "precision": str(r.extra.get("precision") or cell["dtype"]), "synthetic": r.synthetic_acceptance}
+    return {
+        **cell,
+        "sampling": sampling_label(r.temperature, r.top_p, r.top_k),
+        "precision": str(r.extra.get("precision") or cell["dtype"]),
+        "synthetic": r.synthetic_acceptance,
+    }
 
 
 def _describe(cell_id: str, recs: list[RequestRecord], plan: dict[str, Any] | None) -> dict[str, Any]:
     """The cell's fields: its records' columns, else (parts from before the runner stamped them) the plan's."""
     r = recs[0]
     if r.label or not plan:
-        return _measured({
-            "cell_id": cell_id, "framework": r.framework, "method": r.method, "family": r.family or method_family(r.method),
-            "label": r.label or r.method, "task": r.task, "model": r.model, "drafter": r.drafter, "gamma": r.gamma,
-            "batch_size": r.batch_size, "repeat": r.repeat, "max_new_tokens": r.max_new_tokens,
-            "prefix_cache": r.prefix_cache, "request_rate": r.request_rate, "dtype": r.dtype or "—",
-            "sweeps": tuple(r.sweeps), "baseline_cell_id": r.baseline_cell_id,
-        }, r)
+        return _measured(
+            {
+                "cell_id": cell_id,
+                "framework": r.framework,
+                "method": r.method,
+                "family": r.family or method_family(r.method),
+                "label": r.label or r.method,
+                "task": r.task,
+                "model": r.model,
+                "drafter": r.drafter,
+                "gamma": r.gamma,
+                "batch_size": r.batch_size,
+                "repeat": r.repeat,
+                "max_new_tokens": r.max_new_tokens,
+                "prefix_cache": r.prefix_cache,
+                "request_rate": r.request_rate,
+                "dtype": r.dtype or "—",
+                "sweeps": tuple(r.sweeps),
+                "baseline_cell_id": r.baseline_cell_id,
+            },
+            r,
+        )
     cell = plan.get("cell") or {}
     opts = dict(cell.get("options") or [])
-    return _measured({
-        "cell_id": cell_id, "framework": cell.get("framework", r.framework), "method": cell.get("method", r.method),
-        "family": plan.get("family") or method_family(cell.get("method", r.method)), "label": plan.get("label", r.method),
-        "task": cell.get("task", r.task), "model": cell.get("model", r.model), "drafter": cell.get("drafter", r.drafter),
-        "gamma": cell.get("gamma", r.gamma), "batch_size": cell.get("batch_size", r.batch_size),
-        "repeat": cell.get("repeat", r.repeat), "max_new_tokens": opts.get("max_new_tokens", r.max_new_tokens),
-        "prefix_cache": opts.get("prefix_cache", False), "request_rate": opts.get("request_rate"),
-        "dtype": str(opts.get("dtype", "—")), "sweeps": tuple(plan.get("sweeps") or ()),
-        "baseline_cell_id": plan.get("baseline_cell_id"),
-    }, r)
+    return _measured(
+        {
+            "cell_id": cell_id,
+            "framework": cell.get("framework", r.framework),
+            "method": cell.get("method", r.method),
+            "family": plan.get("family") or method_family(cell.get("method", r.method)),
+            "label": plan.get("label", r.method),
+            "task": cell.get("task", r.task),
+            "model": cell.get("model", r.model),
+            "drafter": cell.get("drafter", r.drafter),
+            "gamma": cell.get("gamma", r.gamma),
+            "batch_size": cell.get("batch_size", r.batch_size),
+            "repeat": cell.get("repeat", r.repeat),
+            "max_new_tokens": opts.get("max_new_tokens", r.max_new_tokens),
+            "prefix_cache": opts.get("prefix_cache", False),
+            "request_rate": opts.get("request_rate"),
+            "dtype": str(opts.get("dtype", "—")),
+            "sweeps": tuple(plan.get("sweeps") or ()),
+            "baseline_cell_id": plan.get("baseline_cell_id"),
+        },
+        r,
+    )
 
 
 @dataclass
@@ -168,7 +218,15 @@ def load(out: str | os.PathLike) -> Study:
     if tel is not None and stale and "cell_id" in tel:
         tel = tel[~tel["cell_id"].isin(stale)]
     failed = [f for f in layout.failed_cells() if not plans or f.get("cell_id") in plans]
-    return Study(layout=layout, hardware=hardware, records=recs,
-                 cells={cid: _describe(cid, rs, plans.get(cid)) for cid, rs in recs.items()}, plan=plan,
-                 provenance=runs[-1] if runs else {}, failed=failed, telemetry=tel, stale_cells=stale,
-                 profile=_profile(layout, hardware))
+    return Study(
+        layout=layout,
+        hardware=hardware,
+        records=recs,
+        cells={cid: _describe(cid, rs, plans.get(cid)) for cid, rs in recs.items()},
+        plan=plan,
+        provenance=runs[-1] if runs else {},
+        failed=failed,
+        telemetry=tel,
+        stale_cells=stale,
+        profile=_profile(layout, hardware),
+    )

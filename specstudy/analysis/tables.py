@@ -49,8 +49,11 @@ def _quality(p: Pooled, is_ar: bool) -> dict[str, str]:
     """The seed's quality columns: PPL difference under the target, the shift test, greedy exact match."""
     if is_ar:
         return {"PPL Δ (spec − AR)": "—", "log-prob shift p": "—", "Exact match (greedy)": "—"}
-    return {"PPL Δ (spec − AR)": fmt(p.ppl_diff, 3), "log-prob shift p": fmt(p.logprob_p),
-            "Exact match (greedy)": fmt(p.exact_match)}
+    return {
+        "PPL Δ (spec − AR)": fmt(p.ppl_diff, 3),
+        "log-prob shift p": fmt(p.logprob_p),
+        "Exact match (greedy)": fmt(p.exact_match),
+    }
 
 
 def hardware_groups(study: Study, sweep: str | None = "hardware") -> dict[tuple, list[str]]:
@@ -61,7 +64,15 @@ def hardware_groups(study: Study, sweep: str | None = "hardware") -> dict[tuple,
     for c in study.cell_ids(sweep, batch_size=1):
         m = study.meta(c)
         if m["max_new_tokens"] == mnt:
-            key = (m["framework"], m["method"], m["label"], m["model"], m["drafter"] or "", m["gamma"] or 0, m["sampling"])
+            key = (
+                m["framework"],
+                m["method"],
+                m["label"],
+                m["model"],
+                m["drafter"] or "",
+                m["gamma"] or 0,
+                m["sampling"],
+            )
             groups.setdefault(key, []).append(c)
     return groups
 
@@ -81,18 +92,40 @@ def hardware_table(study: Study, sweep: str | None = "hardware") -> Frames:
         p = pooled(study, groups[key])
         m = study.meta(groups[key][0])
         is_ar = method == "ar"
-        draft = short_model(drafter) if drafter else {"ngram": "prompt n-grams", "layer_skip": "target's first layers"}.get(method, "—")
-        rows.append({
-            "Method": "Baseline (AR)" if is_ar else _label(m, p), "Framework": fw, "Precision": m["precision"],
-            "Target": short_model(model), "Draft": "—" if is_ar else draft, "γ": "—" if is_ar else gamma,
-            "Sampling": sampling, "α": "—" if is_ar else fmt_ci(p.alpha, p.alpha_ci),
-            "AL": "—" if is_ar else fmt_ci(p.acceptance_length, p.acceptance_length_ci),
-            "tokens/s": fmt_ci(p.tokens_per_s, p.tokens_per_s_ci, 1),
-            "Speedup": "1.0×" if is_ar else fmt_ci(p.speedup, p.speedup_ci, 2, "×"),
-            "n": p.n_pairs if not is_ar else p.n_requests,
-        })
-        raw.append({"framework": fw, "method": method, "label": label, "model": model, "drafter": drafter,
-                    "gamma": gamma, "sampling": sampling, "precision": m["precision"], **dataclasses.asdict(p)})
+        draft = (
+            short_model(drafter)
+            if drafter
+            else {"ngram": "prompt n-grams", "layer_skip": "target's first layers"}.get(method, "—")
+        )
+        rows.append(
+            {
+                "Method": "Baseline (AR)" if is_ar else _label(m, p),
+                "Framework": fw,
+                "Precision": m["precision"],
+                "Target": short_model(model),
+                "Draft": "—" if is_ar else draft,
+                "γ": "—" if is_ar else gamma,
+                "Sampling": sampling,
+                "α": "—" if is_ar else fmt_ci(p.alpha, p.alpha_ci),
+                "AL": "—" if is_ar else fmt_ci(p.acceptance_length, p.acceptance_length_ci),
+                "tokens/s": fmt_ci(p.tokens_per_s, p.tokens_per_s_ci, 1),
+                "Speedup": "1.0×" if is_ar else fmt_ci(p.speedup, p.speedup_ci, 2, "×"),
+                "n": p.n_pairs if not is_ar else p.n_requests,
+            }
+        )
+        raw.append(
+            {
+                "framework": fw,
+                "method": method,
+                "label": label,
+                "model": model,
+                "drafter": drafter,
+                "gamma": gamma,
+                "sampling": sampling,
+                "precision": m["precision"],
+                **dataclasses.asdict(p),
+            }
+        )
     return pd.DataFrame(rows), pd.DataFrame(raw)
 
 
@@ -107,15 +140,24 @@ def metric_table(study: Study, sweep: str | None = "hardware") -> pd.DataFrame:
         p = pooled(study, groups[key])
         is_ar = method == "ar"
         lo, hi = p.speedup_runs
-        rows.append({
-            "Method": "Baseline (AR)" if is_ar else _label(study.meta(groups[key][0]), p), "Framework": fw,
-            "γ": "—" if is_ar else gamma, "Sampling": sampling, "tokens/s": fmt(p.tokens_per_s, 1),
-            "TTFT ms (mean / p50 / p99)": _ms(p, "ttft"), "TPOT ms (mean / p50 / p99)": _ms(p, "tpot"),
-            "E2E ms (mean / p50 / p99)": _ms(p, "e2e"), "tokens / target forward": fmt(p.tokens_per_forward),
-            "Memory overhead (MB)": "—" if is_ar else fmt(p.memory_overhead_bytes / 1e6 if isnum(p.memory_overhead_bytes) else NAN, 1),
-            **_quality(p, is_ar),
-            "Speedup run-to-run (min–max)": "—" if is_ar or lo != lo else f"{lo:.2f}–{hi:.2f} ({p.n_repeats} runs)",
-        })
+        rows.append(
+            {
+                "Method": "Baseline (AR)" if is_ar else _label(study.meta(groups[key][0]), p),
+                "Framework": fw,
+                "γ": "—" if is_ar else gamma,
+                "Sampling": sampling,
+                "tokens/s": fmt(p.tokens_per_s, 1),
+                "TTFT ms (mean / p50 / p99)": _ms(p, "ttft"),
+                "TPOT ms (mean / p50 / p99)": _ms(p, "tpot"),
+                "E2E ms (mean / p50 / p99)": _ms(p, "e2e"),
+                "tokens / target forward": fmt(p.tokens_per_forward),
+                "Memory overhead (MB)": "—"
+                if is_ar
+                else fmt(p.memory_overhead_bytes / 1e6 if isnum(p.memory_overhead_bytes) else NAN, 1),
+                **_quality(p, is_ar),
+                "Speedup run-to-run (min–max)": "—" if is_ar or lo != lo else f"{lo:.2f}–{hi:.2f} ({p.n_repeats} runs)",
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -136,18 +178,39 @@ def method_table(study: Study, family: str, sweep: str | None = "method_family")
         fw, label, gamma, batch, drafter, sampling = key
         p = pooled(study, groups[key])
         pred = predicted_speedup(p.alpha_hat, gamma, p.c, p.verify_ratio)
-        rows.append({"Framework": fw, "Method": _label(study.meta(groups[key][0]), p), "γ": gamma, "Batch": batch,
-                     "Sampling": sampling, "α": fmt_ci(p.alpha, p.alpha_ci), "α̂ (i.i.d.)": fmt(p.alpha_hat),
-                     "AL": fmt_ci(p.acceptance_length, p.acceptance_length_ci),
-                     "tokens / target forward": fmt(p.tokens_per_forward),
-                     "c (measured)": fmt(p.c, 3), "verify cost (×T1)": fmt(p.verify_ratio),
-                     "tokens/s": fmt_ci(p.tokens_per_s, p.tokens_per_s_ci, 1),
-                     "Speedup (measured)": fmt_ci(p.speedup, p.speedup_ci, 2, "×"),
-                     "Speedup (cost model, prediction)": fmt(pred, 2, "×"),
-                     "measured/predicted": fmt(p.speedup / pred if pred == pred and pred > 0 else NAN),
-                     "n": p.n_pairs, "Exact match (greedy)": fmt(p.exact_match)})
-        raw.append({"framework": fw, "label": label, "gamma": gamma, "batch_size": batch, "drafter": drafter,
-                    "sampling": sampling, "predicted_speedup": pred, **dataclasses.asdict(p)})
+        rows.append(
+            {
+                "Framework": fw,
+                "Method": _label(study.meta(groups[key][0]), p),
+                "γ": gamma,
+                "Batch": batch,
+                "Sampling": sampling,
+                "α": fmt_ci(p.alpha, p.alpha_ci),
+                "α̂ (i.i.d.)": fmt(p.alpha_hat),
+                "AL": fmt_ci(p.acceptance_length, p.acceptance_length_ci),
+                "tokens / target forward": fmt(p.tokens_per_forward),
+                "c (measured)": fmt(p.c, 3),
+                "verify cost (×T1)": fmt(p.verify_ratio),
+                "tokens/s": fmt_ci(p.tokens_per_s, p.tokens_per_s_ci, 1),
+                "Speedup (measured)": fmt_ci(p.speedup, p.speedup_ci, 2, "×"),
+                "Speedup (cost model, prediction)": fmt(pred, 2, "×"),
+                "measured/predicted": fmt(p.speedup / pred if pred == pred and pred > 0 else NAN),
+                "n": p.n_pairs,
+                "Exact match (greedy)": fmt(p.exact_match),
+            }
+        )
+        raw.append(
+            {
+                "framework": fw,
+                "label": label,
+                "gamma": gamma,
+                "batch_size": batch,
+                "drafter": drafter,
+                "sampling": sampling,
+                "predicted_speedup": pred,
+                **dataclasses.asdict(p),
+            }
+        )
     return pd.DataFrame(rows), pd.DataFrame(raw)
 
 
@@ -160,8 +223,11 @@ def seed_reference(task: str) -> str:
     if not ref:
         return "—"
     a, g = ref.get("alpha_range"), ref.get("gamma_range")
-    parts = [str(ref["entropy"]) + " entropy" if ref.get("entropy") else "",
-             f"α {a[0]:.2f}–{a[1]:.2f}" if a else "", f"γ {g[0]}–{g[1]}" if g else ""]
+    parts = [
+        str(ref["entropy"]) + " entropy" if ref.get("entropy") else "",
+        f"α {a[0]:.2f}–{a[1]:.2f}" if a else "",
+        f"γ {g[0]}–{g[1]}" if g else "",
+    ]
     return ", ".join(p for p in parts if p) or "—"
 
 
@@ -205,25 +271,47 @@ def task_table(study: Study, tasks: Sequence[str] | None = None, sweep: str | No
     mnt = headline_max_new(study)
     rows, raw = [], []
     for task in tasks or tasks_in(study):
-        spec = [c for c in study.spec_cell_ids(sweep, task=task, batch_size=1) if study.meta(c)["max_new_tokens"] == mnt]
-        base = [c for c in study.cell_ids(sweep, task=task, batch_size=1, method="ar") if study.meta(c)["max_new_tokens"] == mnt]
+        spec = [
+            c for c in study.spec_cell_ids(sweep, task=task, batch_size=1) if study.meta(c)["max_new_tokens"] == mnt
+        ]
+        base = [
+            c
+            for c in study.cell_ids(sweep, task=task, batch_size=1, method="ar")
+            if study.meta(c)["max_new_tokens"] == mnt
+        ]
         if not spec and not base:
             continue
         ent = pooled(study, base or spec)  # entropy of the target along its own (AR) text
         alphas = [p.alpha for p in (pooled(study, [c]) for c in spec) if isnum(p.alpha)]
         allp = pooled(study, spec) if spec else Pooled()
         best, model_opt = _best_gammas(study, spec)
-        rows.append({
-            "Task": TASK_TITLES.get(task, task), "Entropy (nats/token)": fmt_ci(ent.entropy, ent.entropy_ci),
-            "α range (per cell)": f"{min(alphas):.2f}–{max(alphas):.2f}" if alphas else "—",
-            "α pooled": fmt_ci(allp.alpha, allp.alpha_ci), "Best γ measured": "; ".join(best) or "—",
-            "Optimal γ (cost model from measured α̂, c; prediction)": "; ".join(model_opt) or "—",
-            "n": allp.n_pairs, "Seed article (quoted, not measured)": seed_reference(task),
-        })
-        raw.append({"task": task, "entropy": ent.entropy, "entropy_ci": ent.entropy_ci,
-                    "alpha_min": min(alphas) if alphas else NAN, "alpha_max": max(alphas) if alphas else NAN,
-                    "alpha": allp.alpha, "alpha_ci": allp.alpha_ci, "alpha_hat": allp.alpha_hat,
-                    "best_gamma": "; ".join(best), "model_optimal_gamma": "; ".join(model_opt), "n_pairs": allp.n_pairs})
+        rows.append(
+            {
+                "Task": TASK_TITLES.get(task, task),
+                "Entropy (nats/token)": fmt_ci(ent.entropy, ent.entropy_ci),
+                "α range (per cell)": f"{min(alphas):.2f}–{max(alphas):.2f}" if alphas else "—",
+                "α pooled": fmt_ci(allp.alpha, allp.alpha_ci),
+                "Best γ measured": "; ".join(best) or "—",
+                "Optimal γ (cost model from measured α̂, c; prediction)": "; ".join(model_opt) or "—",
+                "n": allp.n_pairs,
+                "Seed article (quoted, not measured)": seed_reference(task),
+            }
+        )
+        raw.append(
+            {
+                "task": task,
+                "entropy": ent.entropy,
+                "entropy_ci": ent.entropy_ci,
+                "alpha_min": min(alphas) if alphas else NAN,
+                "alpha_max": max(alphas) if alphas else NAN,
+                "alpha": allp.alpha,
+                "alpha_ci": allp.alpha_ci,
+                "alpha_hat": allp.alpha_hat,
+                "best_gamma": "; ".join(best),
+                "model_optimal_gamma": "; ".join(model_opt),
+                "n_pairs": allp.n_pairs,
+            }
+        )
     return pd.DataFrame(rows), pd.DataFrame(raw)
 
 
@@ -248,20 +336,34 @@ def framework_table(study: Study) -> pd.DataFrame:
                 best, best_p = f"{label} γ={gamma} ({sampling})", p
         base = pooled(study, [c for c in cells if study.meta(c)["method"] == "ar" and study.meta(c)["batch_size"] == 1])
         precisions = sorted({str(study.meta(c)["precision"]) for c in cells})
-        rows.append({"Framework": fw, "Methods measured": ", ".join(fams),
-                     "Tree verification": "○" if "tree" in fams else "×", "Precision": ", ".join(precisions),
-                     "Batch sizes (speculative)": ", ".join(map(str, batches)) or "—",
-                     "AR tokens/s (batch 1)": fmt_ci(base.tokens_per_s, base.tokens_per_s_ci, 1),
-                     "AR TPOT ms (mean / p50 / p99)": _ms(base, "tpot"),
-                     "Best method (batch 1)": best or "—",
-                     "Its speedup": fmt_ci(best_p.speedup, best_p.speedup_ci, 2, "×") if best_p else "—",
-                     "Its tokens/s": fmt_ci(best_p.tokens_per_s, best_p.tokens_per_s_ci, 1) if best_p else "—",
-                     "Its TTFT / TPOT / E2E ms (p50)": (" / ".join(fmt(v * 1e3 if isnum(v) else NAN, 1) for v in
-                                                          (best_p.ttft_p50_s, best_p.tpot_p50_s, best_p.e2e_p50_s))
-                                                 if best_p else "—"),
-                     "Its memory overhead (MB)": (fmt(best_p.memory_overhead_bytes / 1e6, 1)
-                                                  if best_p and isnum(best_p.memory_overhead_bytes) else "—"),
-                     "n": best_p.n_pairs if best_p else 0})
+        rows.append(
+            {
+                "Framework": fw,
+                "Methods measured": ", ".join(fams),
+                "Tree verification": "○" if "tree" in fams else "×",
+                "Precision": ", ".join(precisions),
+                "Batch sizes (speculative)": ", ".join(map(str, batches)) or "—",
+                "AR tokens/s (batch 1)": fmt_ci(base.tokens_per_s, base.tokens_per_s_ci, 1),
+                "AR TPOT ms (mean / p50 / p99)": _ms(base, "tpot"),
+                "Best method (batch 1)": best or "—",
+                "Its speedup": fmt_ci(best_p.speedup, best_p.speedup_ci, 2, "×") if best_p else "—",
+                "Its tokens/s": fmt_ci(best_p.tokens_per_s, best_p.tokens_per_s_ci, 1) if best_p else "—",
+                "Its TTFT / TPOT / E2E ms (p50)": (
+                    " / ".join(
+                        fmt(v * 1e3 if isnum(v) else NAN, 1)
+                        for v in (best_p.ttft_p50_s, best_p.tpot_p50_s, best_p.e2e_p50_s)
+                    )
+                    if best_p
+                    else "—"
+                ),
+                "Its memory overhead (MB)": (
+                    fmt(best_p.memory_overhead_bytes / 1e6, 1)
+                    if best_p and isnum(best_p.memory_overhead_bytes)
+                    else "—"
+                ),
+                "n": best_p.n_pairs if best_p else 0,
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -270,8 +372,17 @@ def telemetry_table(study: Study) -> pd.DataFrame:
     rows = []
     for cid, recs in study.records.items():
         e = recs[0].extra if recs else {}
-        rows.append({"cell": cid, "load_1m_mean": e.get("tel_load_1m_mean"), "cpu_freq_mean_mhz": e.get("tel_cpu_freq_mean_mhz"),
-                     "rss_peak_gb": (e.get("tel_rss_peak_bytes") or 0) / 1e9 or None, "gpu_temp_max_c": e.get("tel_gpu_temp_max_c"),
-                     "gpu_sm_clock_min_mhz": e.get("tel_gpu_sm_clock_min_mhz"), "gpu_power_mean_w": e.get("tel_gpu_power_mean_w"),
-                     "throttled": bool(e.get("tel_throttled")), "reasons": ",".join(e.get("throttle_reasons") or [])})
+        rows.append(
+            {
+                "cell": cid,
+                "load_1m_mean": e.get("tel_load_1m_mean"),
+                "cpu_freq_mean_mhz": e.get("tel_cpu_freq_mean_mhz"),
+                "rss_peak_gb": (e.get("tel_rss_peak_bytes") or 0) / 1e9 or None,
+                "gpu_temp_max_c": e.get("tel_gpu_temp_max_c"),
+                "gpu_sm_clock_min_mhz": e.get("tel_gpu_sm_clock_min_mhz"),
+                "gpu_power_mean_w": e.get("tel_gpu_power_mean_w"),
+                "throttled": bool(e.get("tel_throttled")),
+                "reasons": ",".join(e.get("throttle_reasons") or []),
+            }
+        )
     return pd.DataFrame(rows)

@@ -14,7 +14,11 @@ from .base import Backend, BackendUnavailable
 # framework name -> "module:Class" under specstudy.backends
 BACKENDS: dict[str, str] = {
     "reference": "reference:ReferenceBackend",
-    "hf": "hf:HfBackend", "vllm": "vllm_offline:VllmOfflineBackend", "vllm-server": "vllm_server:VllmServerBackend", "sglang": "sglang_server:SglangServerBackend", "openai": "openai_server:OpenAIBackend",
+    "hf": "hf:HfBackend",
+    "vllm": "vllm_offline:VllmOfflineBackend",
+    "vllm-server": "vllm_server:VllmServerBackend",
+    "sglang": "sglang_server:SglangServerBackend",
+    "openai": "openai_server:OpenAIBackend",
     "trtllm": "trtllm_server:TrtllmServerBackend",
     "llamacpp": "llamacpp:LlamaCppBackend",
 }

@@ -8,7 +8,8 @@ of metrics.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 from ..records import Cell, Request, RequestRecord, Sampling
 
@@ -42,8 +43,9 @@ class Backend(ABC):
     methods: tuple[str, ...] = ()
 
     @classmethod
-    def check_cell(cls, method: str, gamma: int | None, options: dict[str, Any], *, model: str,
-                   drafter: str | None, cuda: bool) -> None:
+    def check_cell(
+        cls, method: str, gamma: int | None, options: dict[str, Any], *, model: str, drafter: str | None, cuda: bool
+    ) -> None:
         """Refuse, before any model loads, a cell this backend (at its pinned version) cannot run.
 
         ``options`` are the cell's method options; ``cuda`` says which build the study will use.
@@ -60,10 +62,10 @@ class Backend(ABC):
         loses the others.
         """
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 (optional hook: in-process backends have nothing to release)
         """Release models, servers and memory."""
 
-    def __enter__(self) -> "Backend":
+    def __enter__(self) -> Backend:
         return self
 
     def __exit__(self, *exc) -> None:

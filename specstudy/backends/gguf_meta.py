@@ -18,10 +18,17 @@ from typing import Any
 import gguf
 
 _SCALARS = {  # GGUFValueType -> struct format (little-endian)
-    gguf.GGUFValueType.UINT8: "<B", gguf.GGUFValueType.INT8: "<b", gguf.GGUFValueType.UINT16: "<H",
-    gguf.GGUFValueType.INT16: "<h", gguf.GGUFValueType.UINT32: "<I", gguf.GGUFValueType.INT32: "<i",
-    gguf.GGUFValueType.FLOAT32: "<f", gguf.GGUFValueType.BOOL: "<?", gguf.GGUFValueType.UINT64: "<Q",
-    gguf.GGUFValueType.INT64: "<q", gguf.GGUFValueType.FLOAT64: "<d",
+    gguf.GGUFValueType.UINT8: "<B",
+    gguf.GGUFValueType.INT8: "<b",
+    gguf.GGUFValueType.UINT16: "<H",
+    gguf.GGUFValueType.INT16: "<h",
+    gguf.GGUFValueType.UINT32: "<I",
+    gguf.GGUFValueType.INT32: "<i",
+    gguf.GGUFValueType.FLOAT32: "<f",
+    gguf.GGUFValueType.BOOL: "<?",
+    gguf.GGUFValueType.UINT64: "<Q",
+    gguf.GGUFValueType.INT64: "<q",
+    gguf.GGUFValueType.FLOAT64: "<d",
 }
 TOKENS_KEY = "tokenizer.ggml.tokens"
 
@@ -39,7 +46,7 @@ class _Cursor:
         n = self.unpack("<Q")
         if n > len(self.buf) - self.pos:
             raise ValueError(f"string of {n} bytes runs past the end of the file")
-        s = bytes(self.buf[self.pos:self.pos + n]).decode("utf-8", errors="replace")
+        s = bytes(self.buf[self.pos : self.pos + n]).decode("utf-8", errors="replace")
         self.pos += n
         return s
 
@@ -98,8 +105,9 @@ def file_type_name(meta: dict[str, Any]) -> str | None:
     return name.removeprefix("MOSTLY_").replace("ALL_F32", "F32")
 
 
-def vocab_mismatch(target: dict[str, Any], draft: dict[str, Any],
-                   names: tuple[str, str] = ("target", "draft")) -> str | None:
+def vocab_mismatch(
+    target: dict[str, Any], draft: dict[str, Any], names: tuple[str, str] = ("target", "draft")
+) -> str | None:
     """Why a draft cannot speculate for a target (different token lists or special ids), else None."""
     a, b = target.get(TOKENS_KEY), draft.get(TOKENS_KEY)
     if a is None or b is None:

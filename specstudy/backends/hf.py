@@ -18,7 +18,7 @@ Against the reference engine's ``ngram`` (same n-gram rule) on SmolLM2 the token
 per-step counts agree except where transformers works differently: its first verification is
 the prefill pass, which already checks drafts looked up in the prompt (the reference's first
 step is a plain prefill), and it does not shorten drafts that run past ``max_new_tokens``
-(see the slow test in ``tests/test_backends_hf.py``).
+(see the slow test in ``tests/backends/test_hf.py``).
 
 Assisted generation in transformers is batch-size 1 only: a cell with ``batch_size > 1`` is
 refused up front, and every record says ``extra["batching"] = "sequential (HF assisted
@@ -28,12 +28,13 @@ generation supports batch size 1 only)"``.
 from __future__ import annotations
 
 import time
-from typing import Any, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
+from ..data.models import resolve_for_engine as resolve_model
 from ..engine.trace import cell_memory, current_rss, reset_peak_memory
 from ..records import Cell, Request, RequestRecord, Sampling, StepRecord
 from .base import Backend, encode_request
-from ..data.models import resolve_for_engine as resolve_model
 
 BATCH_NOTE = "sequential (HF assisted generation supports batch size 1 only)"
 
@@ -79,7 +80,7 @@ class _StepCounter:
             self._draft_start = time.perf_counter()
             out = orig_get(input_ids, *args, **kwargs)
             self._draft_end = time.perf_counter()
-            self._candidates = out[0][:, input_ids.shape[1]:].detach().cpu()
+            self._candidates = out[0][:, input_ids.shape[1] :].detach().cpu()
             return out
 
         def update_candidate_strategy(input_ids, scores, num_matches):
@@ -102,9 +103,16 @@ class _StepCounter:
             agree = (cand[0] == choice).int().tolist()
             accepted = next((i for i, a in enumerate(agree) if not a), drafted)
         accepted = max(accepted, emitted - 1)  # never fewer than the drafts that were emitted
-        self.steps.append(StepRecord(drafted=drafted, accepted=min(accepted, drafted), emitted=emitted,
-                                     t_s=now - self.t0, draft_s=self._draft_end - self._draft_start,
-                                     verify_s=now - self._draft_end))
+        self.steps.append(
+            StepRecord(
+                drafted=drafted,
+                accepted=min(accepted, drafted),
+                emitted=emitted,
+                t_s=now - self.t0,
+                draft_s=self._draft_end - self._draft_start,
+                verify_s=now - self._draft_end,
+            )
+        )
         self._candidates = None
 
 
@@ -120,8 +128,18 @@ class HfBackend(Backend):
     framework = "hf"
     methods = ("ar", "ngram", "draft_target", "layer_skip")
 
-    def __init__(self, model: str, drafter: str | None = None, *, dtype: str = "float32", device: str = "cpu",
-                 model_obj: Any = None, drafter_obj: Any = None, tokenizer: Any = None, **options: Any):
+    def __init__(
+        self,
+        model: str,
+        drafter: str | None = None,
+        *,
+        dtype: str = "float32",
+        device: str = "cpu",
+        model_obj: Any = None,
+        drafter_obj: Any = None,
+        tokenizer: Any = None,
+        **options: Any,
+    ):
         import torch
 
         self.torch = torch
@@ -169,12 +187,17 @@ class HfBackend(Backend):
             return {}, None, {}
         if not gamma or gamma < 1:
             raise ValueError(f"method={cell.method!r} needs gamma >= 1, got {gamma!r}")
-        drafting = {"num_assistant_tokens": int(gamma), "num_assistant_tokens_schedule": "constant",
-                    "assistant_confidence_threshold": float(self.options.get("assistant_confidence_threshold", 0.0))}
+        drafting = {
+            "num_assistant_tokens": int(gamma),
+            "num_assistant_tokens_schedule": "constant",
+            "assistant_confidence_threshold": float(self.options.get("assistant_confidence_threshold", 0.0)),
+        }
         if cell.method == "ngram":
             if int(cell.option("ngram_min", 1)) != 1:
-                raise ValueError(f"ngram_min={cell.option('ngram_min')!r}: HF prompt lookup always tries n-grams down "
-                                 "to n=1; allowed: 1")
+                raise ValueError(
+                    f"ngram_min={cell.option('ngram_min')!r}: HF prompt lookup always tries n-grams down "
+                    "to n=1; allowed: 1"
+                )
             n = self.options.get("max_matching_ngram_size", cell.option("ngram_max", 2))
             return {"prompt_lookup_num_tokens": int(gamma), "max_matching_ngram_size": int(n)}, None, {}
         if cell.method == "draft_target":
@@ -195,8 +218,10 @@ class HfBackend(Backend):
 
     def run(self, requests: Sequence[Request], sampling: Sampling, cell: Cell) -> Iterator[RequestRecord]:
         if cell.batch_size != 1:
-            raise ValueError(f"batch_size={cell.batch_size}: the hf backend runs batch size 1 only "
-                             "(transformers' assisted generation is batch-1); use the reference or vllm backends")
+            raise ValueError(
+                f"batch_size={cell.batch_size}: the hf backend runs batch size 1 only "
+                "(transformers' assisted generation is batch-1); use the reference or vllm backends"
+            )
         if cell.method not in self.methods:
             raise ValueError(f"method={cell.method!r} is not available in HF transformers; allowed: {self.methods}")
         kwargs, drafting_model, drafting = self._method_kwargs(cell)  # validates (and loads a drafter) first
@@ -210,7 +235,9 @@ class HfBackend(Backend):
             for k, v in saved.items():
                 setattr(drafting_model.generation_config, k, v)
 
-    def generate_one(self, request: Request, sampling: Sampling, cell: Cell, method_kwargs: dict[str, Any]) -> RequestRecord:
+    def generate_one(
+        self, request: Request, sampling: Sampling, cell: Cell, method_kwargs: dict[str, Any]
+    ) -> RequestRecord:
         torch = self.torch
         rec = cell.new_record(request, sampling, input_policy=getattr(request, "input_policy", "") or "")
         rec.extra["batching"] = BATCH_NOTE
@@ -220,8 +247,12 @@ class HfBackend(Backend):
             rec.status, rec.error = "error", str(e)
             return rec
         rec.input_tokens = int(input_ids.shape[1])
-        gen_kwargs: dict[str, Any] = dict(max_new_tokens=sampling.max_new_tokens, do_sample=not sampling.greedy,
-                                          attention_mask=torch.ones_like(input_ids), **method_kwargs)
+        gen_kwargs: dict[str, Any] = dict(
+            max_new_tokens=sampling.max_new_tokens,
+            do_sample=not sampling.greedy,
+            attention_mask=torch.ones_like(input_ids),
+            **method_kwargs,
+        )
         if not sampling.greedy:
             gen_kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k)
         if sampling.ignore_eos:
@@ -255,7 +286,7 @@ class HfBackend(Backend):
         finally:
             if hooked:
                 del self.model._get_candidate_generator  # back to the class method
-        new_ids = out[0, rec.input_tokens:].tolist()
+        new_ids = out[0, rec.input_tokens :].tolist()
         rec.output_ids = [int(i) for i in new_ids]
         rec.output_tokens = len(new_ids)
         rec.chunk_times_s, rec.chunk_tokens = streamer.times, streamer.counts
@@ -265,7 +296,9 @@ class HfBackend(Backend):
         if hooked:
             rec.steps = counter.steps
         else:  # plain generate: one target forward per token, each an AR "step"
-            rec.steps = [StepRecord(drafted=0, accepted=0, emitted=c, t_s=t) for t, c in zip(streamer.times, streamer.counts)]
+            rec.steps = [
+                StepRecord(drafted=0, accepted=0, emitted=c, t_s=t) for t, c in zip(streamer.times, streamer.counts)
+            ]
         rec.fill_acceptance_from_steps()
         drafter = method_kwargs.get("assistant_model")
         rec.peak_memory_bytes, rec.memory_source = cell_memory(self.device, rss_before, self.model, drafter)

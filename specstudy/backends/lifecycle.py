@@ -19,9 +19,10 @@ import socket
 import subprocess
 import time
 import urllib.parse
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 
 class ServerStartError(RuntimeError):
@@ -80,8 +81,9 @@ class ServerInfo:
         return asdict(self)
 
 
-def connect(url: str, health_path: str = "/health", timeout_s: float = 10.0,
-            version: Callable[[str], str | None] | None = None) -> ServerInfo:
+def connect(
+    url: str, health_path: str = "/health", timeout_s: float = 10.0, version: Callable[[str], str | None] | None = None
+) -> ServerInfo:
     """Attach to a running server; fails fast (ServerStartError) if it does not answer healthy."""
     url = url.rstrip("/")
     split_url(url)
@@ -160,15 +162,25 @@ class ManagedServer:
         t0 = time.monotonic()
         try:
             self.proc = subprocess.Popen(
-                argv, stdout=self._log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env={**os.environ, **self.env}, start_new_session=True,
+                argv,
+                stdout=self._log_file,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, **self.env},
+                start_new_session=True,
             )
         except OSError as e:
             self._close_log()
             raise ServerStartError(f"cannot launch {argv[0]!r}: {e}") from e
         atexit.register(self.stop)
-        self.info = ServerInfo(url=self.url, started_by_kit=True, command=shlex.join(argv),
-                               log_path=str(self.log_path), pid=self.proc.pid, env=dict(self.env))
+        self.info = ServerInfo(
+            url=self.url,
+            started_by_kit=True,
+            command=shlex.join(argv),
+            log_path=str(self.log_path),
+            pid=self.proc.pid,
+            env=dict(self.env),
+        )
         try:
             self._wait_ready(t0)
         except BaseException:
@@ -185,8 +197,9 @@ class ManagedServer:
         while True:
             code = self.proc.poll()
             if code is not None:
-                raise ServerStartError(f"server exited with code {code} before it was ready; "
-                                       f"log {self.log_path}:\n{self.log_tail()}")
+                raise ServerStartError(
+                    f"server exited with code {code} before it was ready; log {self.log_path}:\n{self.log_tail()}"
+                )
             try:
                 status, _ = http_get(self.url + self.health_path, timeout_s=min(5.0, self.ready_timeout_s))
                 if status == 200:
@@ -195,8 +208,10 @@ class ManagedServer:
             except OSError as e:
                 last = str(e)
             if time.monotonic() >= deadline:
-                raise ServerStartError(f"server not ready after {self.ready_timeout_s:.0f} s "
-                                       f"(last health answer: {last}); log {self.log_path}:\n{self.log_tail()}")
+                raise ServerStartError(
+                    f"server not ready after {self.ready_timeout_s:.0f} s "
+                    f"(last health answer: {last}); log {self.log_path}:\n{self.log_tail()}"
+                )
             time.sleep(self.poll_s)
 
     def running(self) -> bool:
@@ -234,7 +249,7 @@ class ManagedServer:
             self._log_file.close()
             self._log_file = None
 
-    def __enter__(self) -> "ManagedServer":
+    def __enter__(self) -> ManagedServer:
         self.start()
         return self
 

@@ -69,8 +69,17 @@ COUNTERS = {
     "accepted_tokens": "llamacpp:spec_decode_num_accepted_tokens_total",
 }
 PER_POS_COUNTER = "llamacpp:spec_decode_num_accepted_tokens_per_pos_total"
-TIMING_KEYS = ("cache_n", "prompt_n", "prompt_ms", "prompt_per_token_ms", "predicted_n", "predicted_ms",
-               "predicted_per_token_ms", "draft_n", "draft_n_accepted")
+TIMING_KEYS = (
+    "cache_n",
+    "prompt_n",
+    "prompt_ms",
+    "prompt_per_token_ms",
+    "predicted_n",
+    "predicted_ms",
+    "predicted_per_token_ms",
+    "draft_n",
+    "draft_n_accepted",
+)
 STOP_TYPES = {"limit": "length", "eos": "stop", "word": "stop"}
 
 
@@ -83,8 +92,9 @@ def chunk_trace(st: StreamState) -> list[tuple[int, float | None, int, int]]:
     return st.__dict__.setdefault("llamacpp_chunks", [])
 
 
-def forward_groups(trace: Sequence[tuple[int, float | None, int, int]],
-                   times: Sequence[float]) -> tuple[list[list[Any]] | None, str]:
+def forward_groups(
+    trace: Sequence[tuple[int, float | None, int, int]], times: Sequence[float]
+) -> tuple[list[list[Any]] | None, str]:
     """Consecutive chunks with one ``predicted_ms`` (one target forward):
     [predicted_ms, draft_n, accepted, tokens, last arrival s] each, or (None, why)."""
     if not trace:
@@ -105,8 +115,9 @@ def forward_groups(trace: Sequence[tuple[int, float | None, int, int]],
     return groups, "ok"
 
 
-def steps_from_trace(trace: Sequence[tuple[int, float | None, int, int]], times: Sequence[float],
-                     final: Mapping[str, Any]) -> tuple[list[StepRecord] | None, str]:
+def steps_from_trace(
+    trace: Sequence[tuple[int, float | None, int, int]], times: Sequence[float], final: Mapping[str, Any]
+) -> tuple[list[StepRecord] | None, str]:
     """Target forwards rebuilt from per-token timings (see the module docstring), or (None, why)."""
     groups, why = forward_groups(trace, times)
     if groups is None:
@@ -141,9 +152,13 @@ def counter_acceptance(before: MetricSamples, after: MetricSamples) -> dict[str,
     d = {k: round((metric_total(after, n) or 0.0) - (metric_total(before, n) or 0.0)) for k, n in COUNTERS.items()}
     pa, pb = metric_by_label(after, PER_POS_COUNTER, "position"), metric_by_label(before, PER_POS_COUNTER, "position")
     per_pos = [round(pa[p] - pb.get(p, 0.0)) for p in sorted(pa, key=int)]
-    return {"source": "server_counters", **d, "accepted_per_position": per_pos,
-            "alpha": d["accepted_tokens"] / d["drafted_tokens"] if d["drafted_tokens"] else None,
-            "acceptance_length": 1 + d["accepted_tokens"] / d["drafts"] if d["drafts"] else None}
+    return {
+        "source": "server_counters",
+        **d,
+        "accepted_per_position": per_pos,
+        "alpha": d["accepted_tokens"] / d["drafted_tokens"] if d["drafted_tokens"] else None,
+        "acceptance_length": 1 + d["accepted_tokens"] / d["drafts"] if d["drafts"] else None,
+    }
 
 
 def _get_json(url: str) -> Any:
@@ -187,9 +202,18 @@ class LlamaCppBackend(ServerBackend):
     health_path = "/health"
     metrics_path = "/metrics"
 
-    def __init__(self, model: str, drafter: str | None = None, *, threads: int | None = None,
-                 ctx_size: int = 4096, prefix_cache: bool = False, llama_server: str | os.PathLike | None = None,
-                 rss_period_s: float = 0.02, **kw: Any):
+    def __init__(
+        self,
+        model: str,
+        drafter: str | None = None,
+        *,
+        threads: int | None = None,
+        ctx_size: int = 4096,
+        prefix_cache: bool = False,
+        llama_server: str | os.PathLike | None = None,
+        rss_period_s: float = 0.02,
+        **kw: Any,
+    ):
         super().__init__(model, drafter, **kw)
         threads = max(1, (os.cpu_count() or 2) // 2) if threads is None else threads
         for name, v in (("threads", threads), ("ctx_size", ctx_size)):
@@ -208,14 +232,16 @@ class LlamaCppBackend(ServerBackend):
     # ---- validation and configuration -------------------------------------------------------
 
     @staticmethod
-    def check(method: str, gamma: int | None, options: Mapping[str, Any] | None, model: str,
-              drafter: str | None = None) -> Plan:
+    def check(
+        method: str, gamma: int | None, options: Mapping[str, Any] | None, model: str, drafter: str | None = None
+    ) -> Plan:
         """Pre-flight check for the config layer (no model loads): options, GGUF sha256, draft vocabulary."""
         return _check(method, gamma, options, model, drafter)
 
     @classmethod
-    def check_cell(cls, method: str, gamma: int | None, options: dict[str, Any], *, model: str,
-                   drafter: str | None, cuda: bool) -> None:
+    def check_cell(
+        cls, method: str, gamma: int | None, options: dict[str, Any], *, model: str, drafter: str | None, cuda: bool
+    ) -> None:
         cls.check(method, gamma, options, model, drafter)
 
     @staticmethod
@@ -227,11 +253,20 @@ class LlamaCppBackend(ServerBackend):
         """The checked plan of a cell (files hashed once per configuration)."""
         wanted = cell.option("prefix_cache")
         if wanted is not None and bool(wanted) != self.prefix_cache:
-            raise ValueError(f"cell {cell.cell_id} asks prefix_cache={wanted!r} but this llamacpp backend was built "
-                             f"with prefix_cache={self.prefix_cache}: pass prefix_cache to the backend")
+            raise ValueError(
+                f"cell {cell.cell_id} asks prefix_cache={wanted!r} but this llamacpp backend was built "
+                f"with prefix_cache={self.prefix_cache}: pass prefix_cache to the backend"
+            )
         drafter = (cell.drafter or self.drafter) if cell.method == "draft_target" else None
-        key = json.dumps([cell.method, cell.gamma if cell.method != "ar" else None, drafter,
-                          sorted(self._server_options(cell).items())], default=str)
+        key = json.dumps(
+            [
+                cell.method,
+                cell.gamma if cell.method != "ar" else None,
+                drafter,
+                sorted(self._server_options(cell).items()),
+            ],
+            default=str,
+        )
         if key not in self._plans:
             self._plans[key] = self.check(cell.method, cell.gamma, self._server_options(cell), self.model, drafter)
         return self._plans[key]
@@ -241,14 +276,21 @@ class LlamaCppBackend(ServerBackend):
         return json.dumps([p.spec.as_dict(), p.model.path, p.draft.path if p.draft else None, cell.batch_size])
 
     def server_argv(self, cell: Cell) -> list[str]:
-        argv = server_argv(self.plan(cell), self.threads, self.ctx_size, max(1, cell.batch_size),
-                           python=self.python, llama_server=self.llama_server)
+        argv = server_argv(
+            self.plan(cell),
+            self.threads,
+            self.ctx_size,
+            max(1, cell.batch_size),
+            python=self.python,
+            llama_server=self.llama_server,
+        )
         return argv + self.server_args
 
     def version_probe(self, url: str) -> str | None:
         """llama.cpp's ``/props`` build info, plus the xllamacpp wheel when the kit's entry point runs."""
-        build: dict[str, Any] = {"launcher": "attached" if self.base_url else
-                                 ("llama-server" if self.llama_server else "xllamacpp")}
+        build: dict[str, Any] = {
+            "launcher": "attached" if self.base_url else ("llama-server" if self.llama_server else "xllamacpp")
+        }
         build.update(self_report(url, attached=self.base_url is not None))
         if build["launcher"] == "xllamacpp" and self.python in (None, sys.executable):
             from .llamacpp_serve import build_info
@@ -262,13 +304,22 @@ class LlamaCppBackend(ServerBackend):
 
     def provenance(self, cell: Cell) -> dict[str, Any]:
         """What every record of the cell says about the engine (GGUFs, build, speculation, cache)."""
-        out: dict[str, Any] = {"build": dict(self._build), "threads": self.threads, "ctx_size": self.ctx_size,
-                               "slots": max(1, cell.batch_size), "cache_prompt": self.prefix_cache}
+        out: dict[str, Any] = {
+            "build": dict(self._build),
+            "threads": self.threads,
+            "ctx_size": self.ctx_size,
+            "slots": max(1, cell.batch_size),
+            "cache_prompt": self.prefix_cache,
+        }
         if self.base_url is None:
             out.update(self.plan(cell).provenance())
         else:  # a server someone else configured: only what it reports about itself
-            out.update(started_by_kit=False, precision=self._build.get("model_ftype"),
-                       model={"path": self._build.get("model_path")}, spec=None)
+            out.update(
+                started_by_kit=False,
+                precision=self._build.get("model_ftype"),
+                model={"path": self._build.get("model_path")},
+                spec=None,
+            )
         return out
 
     # ---- requests -----------------------------------------------------------------------------
@@ -277,9 +328,17 @@ class LlamaCppBackend(ServerBackend):
         ids = self.prompt_ids(request)
         body: dict[str, Any] = {
             "prompt": ids if ids is not None else request.prompt,
-            "n_predict": sampling.max_new_tokens, "temperature": sampling.temperature, "top_p": sampling.top_p,
-            "top_k": sampling.top_k, "min_p": 0.0, "seed": sampling.seed, "ignore_eos": sampling.ignore_eos,
-            "cache_prompt": self.prefix_cache, "stream": True, "timings_per_token": True, "return_tokens": True,
+            "n_predict": sampling.max_new_tokens,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "top_k": sampling.top_k,
+            "min_p": 0.0,
+            "seed": sampling.seed,
+            "ignore_eos": sampling.ignore_eos,
+            "cache_prompt": self.prefix_cache,
+            "stream": True,
+            "timings_per_token": True,
+            "return_tokens": True,
         }
         return {**body, **self.extra_body}
 
@@ -303,20 +362,26 @@ class LlamaCppBackend(ServerBackend):
         if obj.get("stop"):
             st.finish_reason = STOP_TYPES.get(obj.get("stop_type"), obj.get("stop_type"))
             if obj.get("tokens_predicted") is not None:
-                st.usage = {"completion_tokens": int(obj["tokens_predicted"]),
-                            "prompt_tokens": obj.get("tokens_evaluated")}
+                st.usage = {
+                    "completion_tokens": int(obj["tokens_predicted"]),
+                    "prompt_tokens": obj.get("tokens_evaluated"),
+                }
         st.tokens += n
         return n
 
     def fill_acceptance(self, rec: RequestRecord, st: StreamState) -> None:
         t = st.timings or {}
         rec.extra["llamacpp_timings"] = {k: t[k] for k in TIMING_KEYS if k in t}
-        steps, why = steps_from_trace(chunk_trace(st), rec.chunk_times_s, t) if rec.status == "ok" else (None, rec.status)
+        steps, why = (
+            steps_from_trace(chunk_trace(st), rec.chunk_times_s, t) if rec.status == "ok" else (None, rec.status)
+        )
         if steps is not None:
             rec.steps = steps
             rec.fill_acceptance_from_steps()
             rec.extra["llamacpp_forward_ms"] = forward_ms(chunk_trace(st), rec.chunk_times_s)
-            rec.extra["acceptance_source"] = "llama.cpp per-token timings (draft_n, draft_n_accepted) grouped by forward"
+            rec.extra["acceptance_source"] = (
+                "llama.cpp per-token timings (draft_n, draft_n_accepted) grouped by forward"
+            )
             return
         rec.extra["llamacpp_steps"] = f"draft steps unknown: {why}"
         if "draft_n" in t:
@@ -347,8 +412,9 @@ class LlamaCppBackend(ServerBackend):
             rec.extra["rss_samples"] = rss.samples
         yield from records
 
-    def run_acceptance(self, before: MetricSamples | None, after: MetricSamples | None,
-                       records: Sequence[RequestRecord]) -> dict[str, Any] | None:
+    def run_acceptance(
+        self, before: MetricSamples | None, after: MetricSamples | None, records: Sequence[RequestRecord]
+    ) -> dict[str, Any] | None:
         """Per-request sums, llama.cpp's counters over the run, and whether the two agree."""
         per_request = super().run_acceptance(before, after, records)
         if per_request is not None:

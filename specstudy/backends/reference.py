@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import time
 import traceback
-from typing import Any, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 from ..config.vocab import TORCH_DTYPES
 from ..data.models import get_entry, load_model, model_names, quantize_dynamic_int8, require_int8_device
@@ -30,8 +31,9 @@ CONSTRUCTOR_OPTIONS = ("threads", "tokenizer", "chat")
 class ReferenceBackend(Backend):
     framework = "reference"
 
-    def __init__(self, model: Any, drafter: str | None = None, device: str = "cpu", dtype: str = "float32",
-                 **options: Any):
+    def __init__(
+        self, model: Any, drafter: str | None = None, device: str = "cpu", dtype: str = "float32", **options: Any
+    ):
         unknown = sorted(set(options) - set(CONSTRUCTOR_OPTIONS))
         if unknown:
             raise ValueError(f"reference backend: unknown option(s) {unknown}; allowed: {list(CONSTRUCTOR_OPTIONS)}")
@@ -60,8 +62,9 @@ class ReferenceBackend(Backend):
         self._drafters: dict[tuple[str, str], Any] = {}
 
     @classmethod
-    def check_cell(cls, method: str, gamma: int | None, options: dict[str, Any], *, model: str,
-                   drafter: str | None, cuda: bool) -> None:
+    def check_cell(
+        cls, method: str, gamma: int | None, options: dict[str, Any], *, model: str, drafter: str | None, cuda: bool
+    ) -> None:
         """The engine method's own option check (names, ranges, drafter), before any model loads."""
         if method not in method_names():
             raise ValueError(f"reference does not run method={method!r}; allowed: {method_names()}")
@@ -76,8 +79,10 @@ class ReferenceBackend(Backend):
             return  # not a model entry (e.g. a heads checkpoint a method loads itself)
         d = get_entry(drafter)
         if d.tokenizer_family != target_entry.tokenizer_family:
-            raise ValueError(f"drafter {drafter!r} (tokenizer {d.tokenizer_family!r}) does not share the target "
-                             f"{target_entry.name!r}'s tokenizer ({target_entry.tokenizer_family!r})")
+            raise ValueError(
+                f"drafter {drafter!r} (tokenizer {d.tokenizer_family!r}) does not share the target "
+                f"{target_entry.name!r}'s tokenizer ({target_entry.tokenizer_family!r})"
+            )
 
     def _drafter(self, spec: Any, name: str | None, quantization: str = "none") -> Any:
         if not spec.needs_drafter:
@@ -97,7 +102,11 @@ class ReferenceBackend(Backend):
 
     def eos_token_ids(self) -> list[int]:
         ids: set[int] = set()
-        for src in (getattr(self.model, "generation_config", None), getattr(self.model, "config", None), self.tokenizer):
+        for src in (
+            getattr(self.model, "generation_config", None),
+            getattr(self.model, "config", None),
+            self.tokenizer,
+        ):
             v = getattr(src, "eos_token_id", None) if src is not None else None
             if isinstance(v, int):
                 ids.add(v)
@@ -124,14 +133,23 @@ class ReferenceBackend(Backend):
         prompts = [self.encode(r, chat) for r in requests]
         eos = self.eos_token_ids()
         for start in range(0, len(requests), cell.batch_size):
-            batch = list(requests[start:start + cell.batch_size])
-            ids = prompts[start:start + cell.batch_size]
-            job = DecodeJob(target=self.model, prompts=ids, sampling=sampling, gamma=cell.gamma, drafter=drafter,
-                            options=options, eos_token_ids=eos, device=self.device)
+            batch = list(requests[start : start + cell.batch_size])
+            ids = prompts[start : start + cell.batch_size]
+            job = DecodeJob(
+                target=self.model,
+                prompts=ids,
+                sampling=sampling,
+                gamma=cell.gamma,
+                drafter=drafter,
+                options=options,
+                eos_token_ids=eos,
+                device=self.device,
+            )
             yield from self._run_batch(spec, job, batch, ids, sampling, cell, rate)
 
-    def _run_batch(self, spec: Any, job: Any, batch: list[Request], ids: list[list[int]], sampling: Sampling,
-                   cell: Cell, rate: Any) -> Iterator[RequestRecord]:
+    def _run_batch(
+        self, spec: Any, job: Any, batch: list[Request], ids: list[list[int]], sampling: Sampling, cell: Cell, rate: Any
+    ) -> Iterator[RequestRecord]:
         import torch
 
         reset_peak_memory(self.device)
@@ -151,20 +169,33 @@ class ReferenceBackend(Backend):
             extra: dict[str, Any] = {"device": self.device, "dtype": self.dtype}
             if rate is not None:
                 extra["rate_ignored"] = rate  # the reference engine decodes offline batches
-            fields: dict[str, Any] = dict(input_tokens=len(ids[i]), start_epoch=start_epoch,
-                                          input_policy=getattr(req, "input_policy", "") or "",
-                                          peak_memory_bytes=peak, memory_source=source, status=status,
-                                          error=error, extra=extra)
+            fields: dict[str, Any] = dict(
+                input_tokens=len(ids[i]),
+                start_epoch=start_epoch,
+                input_policy=getattr(req, "input_policy", "") or "",
+                peak_memory_bytes=peak,
+                memory_source=source,
+                status=status,
+                error=error,
+                extra=extra,
+            )
             if rows is not None:
                 r = rows[i]
                 extra["stop_reason"] = r.stop_reason
                 if getattr(r, "tree_nodes", None) is not None:
                     extra["tree_nodes"] = r.tree_nodes  # nodes verified by tree methods
-                fields.update(output_tokens=len(r.output_ids), output_ids=list(r.output_ids),
-                              output_text=self.decode_text(r.output_ids), first_token_s=r.first_token_s,
-                              end_s=r.end_s, chunk_times_s=list(r.chunk_times_s), chunk_tokens=list(r.chunk_tokens),
-                              steps=list(r.steps), target_logprobs=list(r.target_logprobs),
-                              token_entropy=list(r.token_entropy))
+                fields.update(
+                    output_tokens=len(r.output_ids),
+                    output_ids=list(r.output_ids),
+                    output_text=self.decode_text(r.output_ids),
+                    first_token_s=r.first_token_s,
+                    end_s=r.end_s,
+                    chunk_times_s=list(r.chunk_times_s),
+                    chunk_tokens=list(r.chunk_tokens),
+                    steps=list(r.steps),
+                    target_logprobs=list(r.target_logprobs),
+                    token_entropy=list(r.token_entropy),
+                )
             rec = cell.new_record(req, sampling, **fields)
             if job.options.get(SYNTHETIC) is not None:  # acceptance fixed for timing: not measured, not lossless
                 rec.synthetic_acceptance = job.options[SYNTHETIC].label

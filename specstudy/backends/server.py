@@ -18,9 +18,10 @@ import shlex
 import socket
 import threading
 import time
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 from ..data.models import resolve_for_engine as resolve_model
 from ..metrics import acceptance_summary
@@ -33,8 +34,21 @@ from .sse import Deadline, RequestFailed, StreamState, iter_sse
 # cell options that describe the offered load (serving benchmark), not the server's configuration
 LOAD_OPTIONS = frozenset({"rate", "burstiness", "concurrency", "load"})
 #: the keyword arguments every server backend takes (ServerBackend.__init__)
-SERVER_KWARGS = frozenset({"base_url", "served_model", "request_timeout_s", "idle_timeout_s", "ready_timeout_s",
-                           "log_dir", "server_args", "env", "extra_body", "api_key", "python"})
+SERVER_KWARGS = frozenset(
+    {
+        "base_url",
+        "served_model",
+        "request_timeout_s",
+        "idle_timeout_s",
+        "ready_timeout_s",
+        "log_dir",
+        "server_args",
+        "env",
+        "extra_body",
+        "api_key",
+        "python",
+    }
+)
 
 
 class ServerBackend(ServingBackend):
@@ -106,8 +120,10 @@ class ServerBackend(ServingBackend):
             return
         unknown = sorted(set(options) - cls.OPTIONS - SERVER_KWARGS)
         if unknown:
-            raise ValueError(f"{cls.framework} option {unknown[0]!r} is read by no code; {cls.framework} reads: "
-                             f"{sorted(cls.OPTIONS | SERVER_KWARGS)}")
+            raise ValueError(
+                f"{cls.framework} option {unknown[0]!r} is read by no code; {cls.framework} reads: "
+                f"{sorted(cls.OPTIONS | SERVER_KWARGS)}"
+            )
 
     @property
     def effective_prefix_cache(self) -> bool | None:
@@ -120,11 +136,15 @@ class ServerBackend(ServingBackend):
         """Command line (with ``{port}``/``{host}`` placeholders) for the cell's configuration."""
         command = self.options.get("command")
         if not command:
-            raise ValueError("framework 'openai' needs base_url=URL of a running server or "
-                             "command='... --port {port}' to start one")
+            raise ValueError(
+                "framework 'openai' needs base_url=URL of a running server or command='... --port {port}' to start one"
+            )
         argv = shlex.split(command) if isinstance(command, str) else [str(a) for a in command]
-        subst = {"{model}": resolve_model(self.model), "{drafter}": resolve_model(self.drafter or ""),
-                 "{gamma}": str(cell.gamma or "")}
+        subst = {
+            "{model}": resolve_model(self.model),
+            "{drafter}": resolve_model(self.drafter or ""),
+            "{gamma}": str(cell.gamma or ""),
+        }
         out = []
         for a in argv:
             for k, v in subst.items():
@@ -237,19 +257,26 @@ class ServerBackend(ServingBackend):
             return None
         return parse_prometheus(body) if status == 200 else None
 
-    def run_acceptance(self, before: MetricSamples | None, after: MetricSamples | None,
-                       records: Sequence[RequestRecord]) -> dict[str, Any] | None:
+    def run_acceptance(
+        self, before: MetricSamples | None, after: MetricSamples | None, records: Sequence[RequestRecord]
+    ) -> dict[str, Any] | None:
         """Acceptance of exactly this run from the per-request counts (subclasses add the server's counters)."""
         seen = [r for r in records if r.drafted_tokens is not None]
         if not seen:
             return None
         acc = acceptance_summary(seen)
-        return {"source": "per_request_sum", "n_requests": len(seen),
-                "drafted_tokens": sum(r.drafted_tokens or 0 for r in seen),
-                "accepted_tokens": sum(r.accepted_tokens or 0 for r in seen),
-                "draft_steps": acc["draft_steps"], "target_forwards": acc["target_forwards"],
-                "output_tokens": sum(r.output_tokens for r in seen), "alpha": acc["alpha"],
-                "acceptance_length": acc["acceptance_length"], "tokens_per_forward": acc["tokens_per_forward"]}
+        return {
+            "source": "per_request_sum",
+            "n_requests": len(seen),
+            "drafted_tokens": sum(r.drafted_tokens or 0 for r in seen),
+            "accepted_tokens": sum(r.accepted_tokens or 0 for r in seen),
+            "draft_steps": acc["draft_steps"],
+            "target_forwards": acc["target_forwards"],
+            "output_tokens": sum(r.output_tokens for r in seen),
+            "alpha": acc["alpha"],
+            "acceptance_length": acc["acceptance_length"],
+            "tokens_per_forward": acc["tokens_per_forward"],
+        }
 
     # ---- lifecycle --------------------------------------------------------------------------
 
@@ -271,8 +298,14 @@ class ServerBackend(ServingBackend):
         argv = self.server_argv(cell)
         stamp = time.strftime("%Y%m%d-%H%M%S")
         log = self.log_dir / f"{self.framework}_{cell.method}_g{cell.gamma}_{stamp}_{os.getpid()}.log"
-        self.server = ManagedServer(argv, log_path=log, env=self.server_env(cell), health_path=self.health_path,
-                                    ready_timeout_s=self.ready_timeout_s, version=self.version_probe)
+        self.server = ManagedServer(
+            argv,
+            log_path=log,
+            env=self.server_env(cell),
+            health_path=self.health_path,
+            ready_timeout_s=self.ready_timeout_s,
+            version=self.version_probe,
+        )
         self.server_info = self.server.start()
         self._server_key = key
         return self.server_info
@@ -350,10 +383,13 @@ class ServerBackend(ServingBackend):
             if expired.is_set():
                 raise Deadline()
             rec.end_s = time.perf_counter() - t0
-        except (Deadline, TimeoutError, socket.timeout) as e:
+        except (Deadline, TimeoutError) as e:
             rec.status = "timeout"
-            rec.error = (f"no complete answer within {budget:.1f} s" if isinstance(e, Deadline) or expired.is_set()
-                         else f"no data for {self.idle_timeout_s:.1f} s")
+            rec.error = (
+                f"no complete answer within {budget:.1f} s"
+                if isinstance(e, Deadline) or expired.is_set()
+                else f"no data for {self.idle_timeout_s:.1f} s"
+            )
         except (OSError, http.client.HTTPException, ValueError, RequestFailed) as e:
             if expired.is_set():
                 rec.status, rec.error = "timeout", f"no complete answer within {budget:.1f} s"

@@ -19,11 +19,12 @@ documented format only; the live check belongs on a GPU machine.
 from __future__ import annotations
 
 import sys
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
+from ..data.models import resolve_for_engine as resolve_model
 from ..engines import capabilities as caps
 from ..records import Cell, Request, RequestRecord, Sampling
-from ..data.models import resolve_for_engine as resolve_model
 from .lifecycle import split_url
 from .server import ServerBackend
 from .sse import StreamState
@@ -47,15 +48,20 @@ def tree_shape(method: str, gamma: int, options: dict[str, Any]) -> tuple[int, i
     if topk == 1:
         n = int(options.get("num_draft_tokens", gamma + 1))
         if n != gamma + 1:
-            raise ValueError(f"SGLang {method} chain (topk 1) verifies gamma+1={gamma + 1} tokens, got num_draft_tokens={n}")
+            raise ValueError(
+                f"SGLang {method} chain (topk 1) verifies gamma+1={gamma + 1} tokens, got num_draft_tokens={n}"
+            )
         return 1, n
     if "num_draft_tokens" not in options:
-        raise ValueError(f"SGLang {method} topk={topk} is a tree: give its budget num_draft_tokens explicitly "
-                         f"(2..{topk * gamma + 1})")
+        raise ValueError(
+            f"SGLang {method} topk={topk} is a tree: give its budget num_draft_tokens explicitly "
+            f"(2..{topk * gamma + 1})"
+        )
     n = int(options["num_draft_tokens"])
     if not 2 <= n <= topk * gamma + 1:
-        raise ValueError(f"SGLang {method} num_draft_tokens={n}: allowed 2..{topk * gamma + 1} for topk={topk}, "
-                         f"{gamma} steps")
+        raise ValueError(
+            f"SGLang {method} num_draft_tokens={n}: allowed 2..{topk * gamma + 1} for topk={topk}, {gamma} steps"
+        )
     return topk, n
 
 
@@ -70,16 +76,30 @@ def speculative_flags(method: str, gamma: int | None, drafter: str | None, optio
     flags = ["--speculative-algorithm", SGLANG_ALGORITHMS[method]]
     if method == "ngram":  # SGLang's own algorithm: a trie over prompts and outputs, a BFS tree by default
         breadth = int(options.get("ngram_breadth", 1))
-        flags += ["--speculative-num-draft-tokens", str(gamma + 1),
-                  "--speculative-ngram-min-bfs-breadth", "1", "--speculative-ngram-max-bfs-breadth", str(breadth)]
+        flags += [
+            "--speculative-num-draft-tokens",
+            str(gamma + 1),
+            "--speculative-ngram-min-bfs-breadth",
+            "1",
+            "--speculative-ngram-max-bfs-breadth",
+            str(breadth),
+        ]
         if options.get("ngram_max_trie_depth") is not None:
             flags += ["--speculative-ngram-max-trie-depth", str(int(options["ngram_max_trie_depth"]))]
         return flags
     topk, n = tree_shape(method, gamma, options)
     if not drafter:
         raise ValueError(f"method={method!r} needs a drafter (--speculative-draft-model-path)")
-    return flags + ["--speculative-num-draft-tokens", str(n), "--speculative-num-steps", str(gamma),
-                    "--speculative-eagle-topk", str(topk), "--speculative-draft-model-path", resolve_model(drafter)]
+    return flags + [
+        "--speculative-num-draft-tokens",
+        str(n),
+        "--speculative-num-steps",
+        str(gamma),
+        "--speculative-eagle-topk",
+        str(topk),
+        "--speculative-draft-model-path",
+        resolve_model(drafter),
+    ]
 
 
 def describe_sglang(method: str, gamma: int | None, options: Mapping[str, Any]) -> str:
@@ -90,14 +110,18 @@ def describe_sglang(method: str, gamma: int | None, options: Mapping[str, Any]) 
     if method == "ngram":
         breadth = int(opts.get("ngram_breadth", 1))
         shape = "a chain" if breadth == 1 else f"a BFS tree of breadth up to {breadth}"
-        return (f"SGLang {SGLANG_VERSION} NGRAM, its own algorithm (not vLLM's prompt lookup): a trie over prompts "
-                f"and earlier outputs, {shape} of {gamma} draft tokens; the cache is flushed before every cell")
+        return (
+            f"SGLang {SGLANG_VERSION} NGRAM, its own algorithm (not vLLM's prompt lookup): a trie over prompts "
+            f"and earlier outputs, {shape} of {gamma} draft tokens; the cache is flushed before every cell"
+        )
     name = {"eagle": "EAGLE", "eagle3": "EAGLE-3", "draft_target": "draft model (STANDALONE)"}[method]
     topk, n = tree_shape(method, int(gamma or 0), opts)
     if topk == 1:
         return f"SGLang {SGLANG_VERSION} {name} chain: {gamma} draft steps, top-k 1, {n} tokens verified per step"
-    return (f"SGLang {SGLANG_VERSION} {name} tree: {gamma} draft steps, top-k {topk}, {n} tokens verified per step "
-            f"(a {n}-node tree)")
+    return (
+        f"SGLang {SGLANG_VERSION} {name} tree: {gamma} draft steps, top-k {topk}, {n} tokens verified per step "
+        f"(a {n}-node tree)"
+    )
 
 
 def _first(meta: dict[str, Any], keys: tuple[str, ...]) -> Any:
@@ -123,8 +147,14 @@ def meta_fields(meta: dict[str, Any], depth: int | None = None) -> dict[str, Any
     if not steps:
         return None
     steps = int(steps)
-    out: dict[str, Any] = {"target_forwards": steps + 1, "draft_steps": steps, "drafted_tokens": None,
-                           "accepted_tokens": None, "accepted_per_position": None, "drafts_per_position": None}
+    out: dict[str, Any] = {
+        "target_forwards": steps + 1,
+        "draft_steps": steps,
+        "drafted_tokens": None,
+        "accepted_tokens": None,
+        "accepted_per_position": None,
+        "drafts_per_position": None,
+    }
     drafted, accepted = _first(meta, _DRAFTED_KEYS), _first(meta, _ACCEPTED_KEYS)
     if accepted is not None:
         out["accepted_tokens"] = int(accepted)
@@ -157,16 +187,19 @@ class SglangServerBackend(ServerBackend):
     framework = "sglang"
     methods = ("ar", *SGLANG_ALGORITHMS)
     api_path = "/generate"
-    OPTIONS = frozenset({"dtype", "max_model_len", "tensor_parallel_size", "gpu_memory_utilization", "prefix_cache",
-                         "flush_cache"})
+    OPTIONS = frozenset(
+        {"dtype", "max_model_len", "tensor_parallel_size", "gpu_memory_utilization", "prefix_cache", "flush_cache"}
+    )
 
     @classmethod
-    def check(cls, method: str, gamma: int | None, options: Mapping[str, Any], drafter: str | None,
-              cuda: bool | None = None) -> None:
+    def check(
+        cls, method: str, gamma: int | None, options: Mapping[str, Any], drafter: str | None, cuda: bool | None = None
+    ) -> None:
         """Refuse a method SGLang 0.5.23 lacks, a bad γ or tree budget, a missing drafter, an unread option
         (``cuda`` is accepted for a uniform call: SGLang has one, CUDA, build)."""
-        caps.check_method(f"SGLang {SGLANG_VERSION}", method, gamma, options, drafter, SGLANG_ALGORITHMS,
-                          caps.SGLANG_METHOD_OPTIONS)
+        caps.check_method(
+            f"SGLang {SGLANG_VERSION}", method, gamma, options, drafter, SGLANG_ALGORITHMS, caps.SGLANG_METHOD_OPTIONS
+        )
         if method not in ("ar", "ngram"):
             tree_shape(method, int(gamma or 0), dict(options))
 
@@ -178,8 +211,9 @@ class SglangServerBackend(ServerBackend):
             raise ValueError(f"sglang dtype={dtype!r}: allowed {sorted(SGLANG_DTYPES)}")
 
     @classmethod
-    def check_cell(cls, method: str, gamma: int | None, options: dict[str, Any], *, model: str,
-                   drafter: str | None, cuda: bool) -> None:
+    def check_cell(
+        cls, method: str, gamma: int | None, options: dict[str, Any], *, model: str, drafter: str | None, cuda: bool
+    ) -> None:
         cls.check(method, gamma, options, drafter, cuda=cuda)
 
     @classmethod
@@ -191,11 +225,26 @@ class SglangServerBackend(ServerBackend):
         return None if self.base_url else bool(self.options.get("prefix_cache") or False)
 
     def server_argv(self, cell: Cell) -> list[str]:
-        argv = [self.python or self.default_python(), "-m", "sglang.launch_server",
-                "--model-path", resolve_model(self.model), "--host", "{host}", "--port", "{port}",
-                "--random-seed", "0", "--dtype", SGLANG_DTYPES[self.options.get("dtype", "auto")]]
-        for opt, flag in (("max_model_len", "--context-length"), ("tensor_parallel_size", "--tp-size"),
-                          ("gpu_memory_utilization", "--mem-fraction-static")):
+        argv = [
+            self.python or self.default_python(),
+            "-m",
+            "sglang.launch_server",
+            "--model-path",
+            resolve_model(self.model),
+            "--host",
+            "{host}",
+            "--port",
+            "{port}",
+            "--random-seed",
+            "0",
+            "--dtype",
+            SGLANG_DTYPES[self.options.get("dtype", "auto")],
+        ]
+        for opt, flag in (
+            ("max_model_len", "--context-length"),
+            ("tensor_parallel_size", "--tp-size"),
+            ("gpu_memory_utilization", "--mem-fraction-static"),
+        ):
             if self.options.get(opt) is not None:
                 argv += [flag, str(self.options[opt])]
         if not self.options.get("prefix_cache"):
@@ -250,9 +299,13 @@ class SglangServerBackend(ServerBackend):
             return None
 
     def request_body(self, request: Request, sampling: Sampling) -> dict[str, Any]:
-        params: dict[str, Any] = {"max_new_tokens": sampling.max_new_tokens, "temperature": sampling.temperature,
-                                  "top_p": sampling.top_p, "top_k": sampling.top_k if sampling.top_k > 0 else -1,
-                                  "ignore_eos": sampling.ignore_eos}
+        params: dict[str, Any] = {
+            "max_new_tokens": sampling.max_new_tokens,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "top_k": sampling.top_k if sampling.top_k > 0 else -1,
+            "ignore_eos": sampling.ignore_eos,
+        }
         body: dict[str, Any] = {"sampling_params": params, "stream": True}
         ids = self.prompt_ids(request)
         if ids is not None:
@@ -291,8 +344,10 @@ class SglangServerBackend(ServerBackend):
             st.finish_reason = str(fr.get("type"))
         st.tokens += n
         if meta:
-            st.usage = {"completion_tokens": meta.get("completion_tokens", st.tokens),
-                        "prompt_tokens": meta.get("prompt_tokens")}
+            st.usage = {
+                "completion_tokens": meta.get("completion_tokens", st.tokens),
+                "prompt_tokens": meta.get("prompt_tokens"),
+            }
         return n
 
     def fill_acceptance(self, rec: RequestRecord, st: StreamState) -> None:

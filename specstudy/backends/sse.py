@@ -8,8 +8,9 @@ and :class:`StreamState` accumulates text, token ids, usage and the engine-speci
 from __future__ import annotations
 
 import http.client
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 
 class RequestFailed(Exception):

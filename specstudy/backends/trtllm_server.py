@@ -29,19 +29,20 @@ Read from TensorRT-LLM's sources and docs (``tensorrt_llm/commands/serve.py``,
   No per-request acceptance is returned, so records carry the run-scoped block only.
 
 TensorRT-LLM needs an NVIDIA GPU and is not installed by the kit: this backend cannot be run
-here.  It is tested against fixtures written from the formats above (tests/test_backends_trtllm.py).
+here.  It is tested against fixtures written from the formats above (tests/backends/test_trtllm.py).
 """
 
 from __future__ import annotations
 
 import json
 import time
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import yaml
 
-from ..engines import capabilities as caps
 from ..data.models import resolve_for_engine as resolve_model
+from ..engines import capabilities as caps
 from ..records import Cell, Request, RequestRecord, Sampling
 from .lifecycle import http_get
 from .server import ServerBackend
@@ -55,18 +56,30 @@ def chain(gamma: int) -> list[list[int]]:
     return [[0] * k for k in range(1, gamma + 1)]
 
 
-def speculative_config(method: str, gamma: int | None, drafter: str | None,
-                       options: Mapping[str, Any]) -> dict[str, Any] | None:
+def speculative_config(
+    method: str, gamma: int | None, drafter: str | None, options: Mapping[str, Any]
+) -> dict[str, Any] | None:
     """The YAML ``speculative_config`` for a study method; None for AR."""
     if method == "ar":
         return None
-    caps.check_method(f"TensorRT-LLM {TRTLLM_VERSION}", method, gamma, options, drafter, caps.KIT_TO_TRTLLM,
-                      caps.TRTLLM_METHOD_OPTIONS)
+    caps.check_method(
+        f"TensorRT-LLM {TRTLLM_VERSION}",
+        method,
+        gamma,
+        options,
+        drafter,
+        caps.KIT_TO_TRTLLM,
+        caps.TRTLLM_METHOD_OPTIONS,
+    )
     decoding_type, _ = caps.KIT_TO_TRTLLM[method]
     cfg: dict[str, Any] = {"decoding_type": decoding_type, "max_draft_len": int(gamma or 0)}
     if method == "ngram":  # one pool per request, as prompt lookup: repeats cannot feed each other
-        cfg.update(max_matching_ngram_size=int(options.get("ngram_max", 4)), is_public_pool=False,
-                   is_keep_all=True, is_use_oldest=True)
+        cfg.update(
+            max_matching_ngram_size=int(options.get("ngram_max", 4)),
+            is_public_pool=False,
+            is_keep_all=True,
+            is_use_oldest=True,
+        )
         return cfg
     cfg["speculative_model_dir"] = resolve_model(drafter or "")
     if method == "medusa":
@@ -74,8 +87,11 @@ def speculative_config(method: str, gamma: int | None, drafter: str | None,
         cfg.update(num_medusa_heads=max(len(c) for c in choices), medusa_choices=[list(c) for c in choices])
     elif method == "eagle":
         choices = options.get("eagle_choices") or chain(int(gamma or 0))
-        cfg.update(eagle_choices=[list(c) for c in choices], num_eagle_layers=max(len(c) for c in choices),
-                   max_non_leaves_per_layer=1 if "eagle_choices" not in options else 10)
+        cfg.update(
+            eagle_choices=[list(c) for c in choices],
+            num_eagle_layers=max(len(c) for c in choices),
+            max_non_leaves_per_layer=1 if "eagle_choices" not in options else 10,
+        )
     return cfg
 
 
@@ -101,19 +117,37 @@ class TrtllmServerBackend(ServerBackend):
     methods = ("ar", *caps.KIT_TO_TRTLLM)
     api_path = "/v1/completions"
     metrics_path = "/metrics"
-    OPTIONS = frozenset({"trtllm_serve", "dtype", "max_model_len", "tensor_parallel_size", "gpu_memory_utilization",
-                         "prefix_cache", "llm_api_options"})
+    OPTIONS = frozenset(
+        {
+            "trtllm_serve",
+            "dtype",
+            "max_model_len",
+            "tensor_parallel_size",
+            "gpu_memory_utilization",
+            "prefix_cache",
+            "llm_api_options",
+        }
+    )
 
     @classmethod
-    def check(cls, method: str, gamma: int | None, options: Mapping[str, Any], drafter: str | None,
-              cuda: bool | None = None) -> None:
+    def check(
+        cls, method: str, gamma: int | None, options: Mapping[str, Any], drafter: str | None, cuda: bool | None = None
+    ) -> None:
         """Refuse a method trtllm-serve lacks, a bad γ, a missing drafter or an unread option."""
-        caps.check_method(f"TensorRT-LLM {TRTLLM_VERSION}", method, gamma, options, drafter, caps.KIT_TO_TRTLLM,
-                          caps.TRTLLM_METHOD_OPTIONS)
+        caps.check_method(
+            f"TensorRT-LLM {TRTLLM_VERSION}",
+            method,
+            gamma,
+            options,
+            drafter,
+            caps.KIT_TO_TRTLLM,
+            caps.TRTLLM_METHOD_OPTIONS,
+        )
 
     @classmethod
-    def check_cell(cls, method: str, gamma: int | None, options: dict[str, Any], *, model: str,
-                   drafter: str | None, cuda: bool) -> None:
+    def check_cell(
+        cls, method: str, gamma: int | None, options: dict[str, Any], *, model: str, drafter: str | None, cuda: bool
+    ) -> None:
         cls.check(method, gamma, options, drafter, cuda=cuda)
 
     @classmethod
@@ -129,8 +163,11 @@ class TrtllmServerBackend(ServerBackend):
         kv: dict[str, Any] = {"enable_block_reuse": bool(self.options.get("prefix_cache") or False)}
         if self.options.get("gpu_memory_utilization") is not None:
             kv["free_gpu_memory_fraction"] = float(self.options["gpu_memory_utilization"])
-        out: dict[str, Any] = {"enable_iter_perf_stats": True, "iter_stats_max_iterations": ITER_STATS_MAX,
-                               "kv_cache_config": kv}
+        out: dict[str, Any] = {
+            "enable_iter_perf_stats": True,
+            "iter_stats_max_iterations": ITER_STATS_MAX,
+            "kv_cache_config": kv,
+        }
         if self.options.get("dtype", "auto") != "auto":
             out["dtype"] = self.options["dtype"]
         spec = speculative_config(cell.method, cell.gamma, cell.drafter or self.drafter, dict(cell.options))
@@ -149,9 +186,20 @@ class TrtllmServerBackend(ServerBackend):
         path = self.log_dir / f"trtllm_{cell.method}_g{cell.gamma}_{time.strftime('%Y%m%d-%H%M%S')}.yaml"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(yaml.safe_dump(opts, sort_keys=True))
-        argv = [str(self.options.get("trtllm_serve", "trtllm-serve")), resolve_model(self.model),
-                "--host", "{host}", "--port", "{port}", "--backend", backend,
-                "--tp_size", str(self.options.get("tensor_parallel_size", 1)), "--extra_llm_api_options", str(path)]
+        argv = [
+            str(self.options.get("trtllm_serve", "trtllm-serve")),
+            resolve_model(self.model),
+            "--host",
+            "{host}",
+            "--port",
+            "{port}",
+            "--backend",
+            backend,
+            "--tp_size",
+            str(self.options.get("tensor_parallel_size", 1)),
+            "--extra_llm_api_options",
+            str(path),
+        ]
         if self.options.get("max_model_len"):
             argv += ["--max_seq_len", str(self.options["max_model_len"])]
         return argv + self.server_args
@@ -164,8 +212,10 @@ class TrtllmServerBackend(ServerBackend):
         return {**body, **self.extra_body}
 
     def server_key(self, cell: Cell) -> Any:
-        return json.dumps(speculative_config(cell.method, cell.gamma, cell.drafter or self.drafter,
-                                             dict(cell.options)), sort_keys=True)
+        return json.dumps(
+            speculative_config(cell.method, cell.gamma, cell.drafter or self.drafter, dict(cell.options)),
+            sort_keys=True,
+        )
 
     # ---- acceptance ---------------------------------------------------------------------------
 
@@ -184,8 +234,9 @@ class TrtllmServerBackend(ServerBackend):
         except ValueError:
             return None
 
-    def run_acceptance(self, before: Any, after: list[dict[str, Any]] | None,
-                       records: Sequence[RequestRecord]) -> dict[str, Any] | None:
+    def run_acceptance(
+        self, before: Any, after: list[dict[str, Any]] | None, records: Sequence[RequestRecord]
+    ) -> dict[str, Any] | None:
         """The run's acceptance from its iteration stats (``after``: drained after the run)."""
         return iteration_acceptance(after) if after else None
 
@@ -211,13 +262,32 @@ def iteration_acceptance(stats: Sequence[Mapping[str, Any]]) -> dict[str, Any] |
     steps = sum(int(r["numRequestsWithDraftTokens"]) for r in rows)
     al = 1 + accepted / steps
     reported = sum(float(r.get("acceptanceLength") or 0) * int(r["numRequestsWithDraftTokens"]) for r in rows) / steps
-    convention = ("includes the bonus token (= the kit's AL)" if abs(reported - al) < 1e-6 else
-                  "AL - 1 (normalised by adding 1)" if abs(reported + 1 - al) < 1e-6 else "unrecognised")
-    return {"source": "trtllm iteration stats", "iterations": len(rows), "drafted_tokens": drafted,
-            "accepted_tokens": accepted, "draft_steps": steps, "alpha": acceptance_rate(accepted, drafted),
-            "acceptance_length": al, "trtllm_acceptance_length": reported, "trtllm_convention": convention,
-            "stats_may_be_truncated": len(stats) >= ITER_STATS_MAX}
+    convention = (
+        "includes the bonus token (= the kit's AL)"
+        if abs(reported - al) < 1e-6
+        else "AL - 1 (normalised by adding 1)"
+        if abs(reported + 1 - al) < 1e-6
+        else "unrecognised"
+    )
+    return {
+        "source": "trtllm iteration stats",
+        "iterations": len(rows),
+        "drafted_tokens": drafted,
+        "accepted_tokens": accepted,
+        "draft_steps": steps,
+        "alpha": acceptance_rate(accepted, drafted),
+        "acceptance_length": al,
+        "trtllm_acceptance_length": reported,
+        "trtllm_convention": convention,
+        "stats_may_be_truncated": len(stats) >= ITER_STATS_MAX,
+    }
 
 
-__all__ = ["TrtllmServerBackend", "chain", "describe_trtllm", "iteration_acceptance", "parse_iteration_stats",
-           "speculative_config"]
+__all__ = [
+    "TrtllmServerBackend",
+    "chain",
+    "describe_trtllm",
+    "iteration_acceptance",
+    "parse_iteration_stats",
+    "speculative_config",
+]

@@ -22,26 +22,44 @@ from __future__ import annotations
 import gc
 import json
 import time
-from typing import Any, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 from ..engines import capabilities as caps
 from ..records import Cell, Request, RequestRecord, Sampling
 from .base import Backend, BackendUnavailable, encode_request
-from .vllm_server import describe_vllm, speculative_config, spec_fields
+from .vllm_server import describe_vllm, spec_fields, speculative_config
 
 INSTALL_HINT = "make engine-vllm (or: python -m specstudy.engines install vllm [--cpu|--cuda])"
 
 #: kit option -> EngineArgs field (translated, never passed through under the kit's name)
-ENGINE_ARG_OPTIONS = {"dtype": "dtype", "tensor_parallel_size": "tensor_parallel_size",
-                      "max_model_len": "max_model_len", "gpu_memory_utilization": "gpu_memory_utilization",
-                      "enforce_eager": "enforce_eager", "quantization": "quantization",
-                      "max_num_seqs": "max_num_seqs", "seed": "seed"}
+ENGINE_ARG_OPTIONS = {
+    "dtype": "dtype",
+    "tensor_parallel_size": "tensor_parallel_size",
+    "max_model_len": "max_model_len",
+    "gpu_memory_utilization": "gpu_memory_utilization",
+    "enforce_eager": "enforce_eager",
+    "quantization": "quantization",
+    "max_num_seqs": "max_num_seqs",
+    "seed": "seed",
+}
 #: options the client itself reads
-CLIENT_OPTIONS = {"prefix_cache", "python", "worker", "env", "engine_args", "startup_timeout_s", "run_timeout_s",
-                  "log_dir"}
+CLIENT_OPTIONS = {
+    "prefix_cache",
+    "python",
+    "worker",
+    "env",
+    "engine_args",
+    "startup_timeout_s",
+    "run_timeout_s",
+    "log_dir",
+}
 
-_COUNTERS = {"drafts": "vllm:spec_decode_num_drafts", "draft_tokens": "vllm:spec_decode_num_draft_tokens",
-             "accepted_tokens": "vllm:spec_decode_num_accepted_tokens"}
+_COUNTERS = {
+    "drafts": "vllm:spec_decode_num_drafts",
+    "draft_tokens": "vllm:spec_decode_num_draft_tokens",
+    "accepted_tokens": "vllm:spec_decode_num_accepted_tokens",
+}
 _PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
 
 
@@ -49,24 +67,32 @@ def import_vllm():
     try:
         import vllm  # noqa: F401
     except ImportError as e:
-        raise BackendUnavailable(f"framework 'vllm' needs vLLM, which is not installed here ({e}); "
-                                 f"install its environment with: {INSTALL_HINT}") from e
+        raise BackendUnavailable(
+            f"framework 'vllm' needs vLLM, which is not installed here ({e}); "
+            f"install its environment with: {INSTALL_HINT}"
+        ) from e
     return vllm
 
 
 def engine_kwargs(model_path: str, options: Mapping[str, Any], spec_cfg: dict[str, Any] | None) -> dict[str, Any]:
     """``EngineArgs`` keyword arguments for the kit's options (pure; tested against EngineArgs)."""
     VllmOfflineBackend.check_engine_options(options)
-    kw: dict[str, Any] = {"model": model_path, "seed": 0, "disable_log_stats": False,
-                          "enable_prefix_caching": bool(options.get("prefix_cache") or False)}
+    kw: dict[str, Any] = {
+        "model": model_path,
+        "seed": 0,
+        "disable_log_stats": False,
+        "enable_prefix_caching": bool(options.get("prefix_cache") or False),
+    }
     for kit, field in ENGINE_ARG_OPTIONS.items():
         if options.get(kit) is not None:
             kw[field] = options[kit]
     extra = dict(options.get("engine_args") or {})
     clash = sorted(set(extra) & (set(kw) | {"speculative_config"}))
     if clash:
-        raise ValueError(f"engine_args {clash} duplicate settings the kit makes; use the kit options "
-                         f"{sorted(ENGINE_ARG_OPTIONS)} / prefix_cache instead")
+        raise ValueError(
+            f"engine_args {clash} duplicate settings the kit makes; use the kit options "
+            f"{sorted(ENGINE_ARG_OPTIONS)} / prefix_cache instead"
+        )
     kw.update(extra)
     if spec_cfg is not None:
         kw["speculative_config"] = spec_cfg
@@ -98,7 +124,9 @@ def snapshot_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, A
     per_pos = [a - b for a, b in zip(after["per_pos"], pb)]
     return {
         "source": "llm.get_metrics",
-        "drafts": d["drafts"], "drafted_tokens": d["draft_tokens"], "accepted_tokens": d["accepted_tokens"],
+        "drafts": d["drafts"],
+        "drafted_tokens": d["draft_tokens"],
+        "accepted_tokens": d["accepted_tokens"],
         "accepted_per_position": per_pos,
         "alpha": acceptance_rate(d["accepted_tokens"], d["draft_tokens"]) if d["draft_tokens"] else None,
         # vLLM's mean acceptance length = 1 + accepted / drafts: the kit's AL (drafts = draft steps)
@@ -127,20 +155,26 @@ class VllmEngine:
         try:
             self.llm = self.vllm.LLM(**kwargs)
         except Exception as e:  # a config vLLM refuses or a model that does not fit: fail the engine fast
-            raise BackendUnavailable(f"vLLM could not build the engine for {cell.method} γ={cell.gamma}: "
-                                     f"{type(e).__name__}: {e}"[:3000]) from e
+            raise BackendUnavailable(
+                f"vLLM could not build the engine for {cell.method} γ={cell.gamma}: {type(e).__name__}: {e}"[:3000]
+            ) from e
         self.key = key
         return self.llm
 
     def run(self, requests: Sequence[Request], sampling: Sampling, cell: Cell) -> list[RequestRecord]:
         llm = self.engine(cell)
         params = self.vllm.SamplingParams(
-            max_tokens=sampling.max_new_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
-            top_k=sampling.top_k if sampling.top_k > 0 else -1, seed=sampling.seed, ignore_eos=sampling.ignore_eos)
+            max_tokens=sampling.max_new_tokens,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=sampling.top_k if sampling.top_k > 0 else -1,
+            seed=sampling.seed,
+            ignore_eos=sampling.ignore_eos,
+        )
         before = counters_snapshot(llm.get_metrics())
         records: list[RequestRecord] = []
         for i in range(0, len(requests), cell.batch_size):
-            records.extend(self._batch(llm, list(requests[i:i + cell.batch_size]), params, sampling, cell))
+            records.extend(self._batch(llm, list(requests[i : i + cell.batch_size]), params, sampling, cell))
         self.last_run_acceptance = snapshot_delta(before, counters_snapshot(llm.get_metrics()))
         for rec in records:
             rec.extra["run_scope"] = {"acceptance": self.last_run_acceptance, "n_requests": len(records)}
@@ -161,16 +195,27 @@ class VllmEngine:
             outputs = llm.generate([self._prompt(r, llm) for r in batch], params, use_tqdm=False)
         except Exception as e:  # one failed batch is records with a status, not a lost cell
             status = "oom" if "out of memory" in str(e).lower() else "error"
-            return [cell.new_record(r, sampling, start_epoch=epoch, status=status, error=f"{type(e).__name__}: {e}"[:2000])
-                    for r in batch]
+            return [
+                cell.new_record(r, sampling, start_epoch=epoch, status=status, error=f"{type(e).__name__}: {e}"[:2000])
+                for r in batch
+            ]
         wall = time.monotonic() - t0
         return [self._record(req, out, sampling, cell, epoch, t0, wall) for req, out in zip(batch, outputs)]
 
     @staticmethod
-    def _record(req: Request, out: Any, sampling: Sampling, cell: Cell, epoch: float, t0: float, wall: float) -> RequestRecord:
+    def _record(
+        req: Request, out: Any, sampling: Sampling, cell: Cell, epoch: float, t0: float, wall: float
+    ) -> RequestRecord:
         comp = out.outputs[0]
-        rec = cell.new_record(req, sampling, start_epoch=epoch, input_tokens=len(out.prompt_token_ids or []),
-                              output_tokens=len(comp.token_ids), output_ids=list(comp.token_ids), output_text=comp.text)
+        rec = cell.new_record(
+            req,
+            sampling,
+            start_epoch=epoch,
+            input_tokens=len(out.prompt_token_ids or []),
+            output_tokens=len(comp.token_ids),
+            output_ids=list(comp.token_ids),
+            output_text=comp.text,
+        )
         m = getattr(out, "metrics", None)
         if m is not None and getattr(m, "first_token_ts", 0) > 0 and getattr(m, "last_token_ts", 0) > 0:
             rec.first_token_s, rec.end_s = float(m.first_token_ts - t0), float(m.last_token_ts - t0)
@@ -236,10 +281,16 @@ class VllmOfflineBackend(Backend):
         else:
             from ..engines.vllm_client import WorkerClient
 
-            self.impl = WorkerClient(path, draft, engine_opts, python=options.get("python"), env=options.get("env"),
-                                     startup_timeout_s=float(options.get("startup_timeout_s", 900)),
-                                     run_timeout_s=float(options.get("run_timeout_s", 3600)),
-                                     log_dir=options.get("log_dir", "outputs/servers"))
+            self.impl = WorkerClient(
+                path,
+                draft,
+                engine_opts,
+                python=options.get("python"),
+                env=options.get("env"),
+                startup_timeout_s=float(options.get("startup_timeout_s", 900)),
+                run_timeout_s=float(options.get("run_timeout_s", 3600)),
+                log_dir=options.get("log_dir", "outputs/servers"),
+            )
 
     # ---- validation (pure, before any model loads) --------------------------------------------
 
@@ -250,20 +301,23 @@ class VllmOfflineBackend(Backend):
         return caps.pinned_version(engine_env("vllm", cuda).engine_requirement)
 
     @classmethod
-    def check(cls, method: str, gamma: int | None, options: Mapping[str, Any], drafter: str | None,
-              cuda: bool | None = None) -> None:
+    def check(
+        cls, method: str, gamma: int | None, options: Mapping[str, Any], drafter: str | None, cuda: bool | None = None
+    ) -> None:
         """Refuse a method the pinned vLLM lacks, a bad γ, a missing drafter or an unread option."""
         version = cls.pinned_version(cuda)
-        caps.check_method(f"vLLM {version}", method, gamma, options, drafter, caps.vllm_methods(version),
-                          caps.VLLM_METHOD_OPTIONS)
+        caps.check_method(
+            f"vLLM {version}", method, gamma, options, drafter, caps.vllm_methods(version), caps.VLLM_METHOD_OPTIONS
+        )
 
     @staticmethod
     def check_engine_options(options: Mapping[str, Any]) -> None:
         caps.check_engine_options("vllm", options, set(ENGINE_ARG_OPTIONS) | CLIENT_OPTIONS)
 
     @classmethod
-    def check_cell(cls, method: str, gamma: int | None, options: dict[str, Any], *, model: str,
-                   drafter: str | None, cuda: bool) -> None:
+    def check_cell(
+        cls, method: str, gamma: int | None, options: dict[str, Any], *, model: str, drafter: str | None, cuda: bool
+    ) -> None:
         cls.check(method, gamma, options, drafter, cuda=cuda)
 
     @classmethod

@@ -26,14 +26,15 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
+from ..data.models import resolve_for_engine as resolve_model
 from ..engines import capabilities as caps
 from ..records import Cell, Request, RequestRecord, Sampling
-from ..data.models import resolve_for_engine as resolve_model
+from .prometheus import MetricSamples, metric_by_label, metric_total
 from .server import ServerBackend
 from .sse import StreamState
-from .prometheus import MetricSamples, metric_by_label, metric_total
 
 SPEC_COUNTERS = {
     "drafts": "vllm:spec_decode_num_drafts_total",
@@ -47,8 +48,9 @@ PER_POS_COUNTER = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
 VLLM_METHODS = caps.KIT_TO_VLLM
 
 
-def speculative_config(method: str, gamma: int | None, drafter: str | None,
-                       options: dict[str, Any]) -> dict[str, Any] | None:
+def speculative_config(
+    method: str, gamma: int | None, drafter: str | None, options: dict[str, Any]
+) -> dict[str, Any] | None:
     """vLLM's ``speculative_config`` for a study method; None for the AR baseline."""
     if method == "ar":
         return None
@@ -73,12 +75,20 @@ def describe_vllm(version: str, method: str, gamma: int | None, options: Mapping
     """What vLLM ``version`` actually runs for a study method (a label that does not overstate)."""
     if method == "ar":
         return f"vLLM {version} autoregressive decoding (no speculation)"
-    what = {"ngram": f"prompt lookup (n-gram {options.get('ngram_min', 2)}..{options.get('ngram_max', 4)} over "
-                     "prompt and output)",
-            "draft_target": "draft model", "eagle": "EAGLE head (EAGLE-1 style feature drafter)",
-            "eagle3": "EAGLE-3 head", "medusa": "Medusa heads", "mtp": "MTP layers", "suffix": "suffix decoding"}
-    return (f"vLLM {version} {what.get(method, method)}: a chain of {gamma} draft tokens per step, "
-            "verified in one target forward (no tree: vLLM has no tree decoding)")
+    what = {
+        "ngram": f"prompt lookup (n-gram {options.get('ngram_min', 2)}..{options.get('ngram_max', 4)} over "
+        "prompt and output)",
+        "draft_target": "draft model",
+        "eagle": "EAGLE head (EAGLE-1 style feature drafter)",
+        "eagle3": "EAGLE-3 head",
+        "medusa": "Medusa heads",
+        "mtp": "MTP layers",
+        "suffix": "suffix decoding",
+    }
+    return (
+        f"vLLM {version} {what.get(method, method)}: a chain of {gamma} draft tokens per step, "
+        "verified in one target forward (no tree: vLLM has no tree decoding)"
+    )
 
 
 def spec_fields(spec: dict[str, Any], output_tokens: int) -> dict[str, Any]:
@@ -93,9 +103,14 @@ def spec_fields(spec: dict[str, Any], output_tokens: int) -> dict[str, Any]:
     accepted = int(spec["num_accepted_draft_tokens"])
     k = int(spec.get("num_spec_tokens") or 0)
     forwards = max(output_tokens - accepted, steps + 1) if output_tokens > 0 else steps
-    out: dict[str, Any] = {"target_forwards": forwards, "draft_steps": steps, "drafted_tokens": drafted,
-                           "accepted_tokens": accepted,
-                           "accepted_per_position": None, "drafts_per_position": None}
+    out: dict[str, Any] = {
+        "target_forwards": forwards,
+        "draft_steps": steps,
+        "drafted_tokens": drafted,
+        "accepted_tokens": accepted,
+        "accepted_per_position": None,
+        "drafts_per_position": None,
+    }
     per_d, per_a = spec.get("per_step_drafted"), spec.get("per_step_accepted")
     if per_d and per_a and len(per_d) == len(per_a):
         depth = max(per_d)
@@ -125,22 +140,26 @@ class VllmServerBackend(ServerBackend):
     methods = ("ar", *sorted(set(caps.vllm_methods("0.32.0")) & set(caps.vllm_methods("0.33.0"))))
     metrics_path = "/metrics"
     #: options this backend reads (on top of the server base class's keyword arguments)
-    OPTIONS = frozenset({"dtype", "max_model_len", "tensor_parallel_size", "gpu_memory_utilization", "prefix_cache",
-                         "spec_metrics"})
+    OPTIONS = frozenset(
+        {"dtype", "max_model_len", "tensor_parallel_size", "gpu_memory_utilization", "prefix_cache", "spec_metrics"}
+    )
 
     @classmethod
-    def check(cls, method: str, gamma: int | None, options: Mapping[str, Any], drafter: str | None,
-              cuda: bool | None = None) -> None:
+    def check(
+        cls, method: str, gamma: int | None, options: Mapping[str, Any], drafter: str | None, cuda: bool | None = None
+    ) -> None:
         """Refuse a method the pinned vLLM lacks, a bad γ, a missing drafter or an unread option."""
         from .vllm_offline import VllmOfflineBackend
 
         version = VllmOfflineBackend.pinned_version(cuda)
-        caps.check_method(f"vLLM {version}", method, gamma, options, drafter, caps.vllm_methods(version),
-                          caps.VLLM_METHOD_OPTIONS)
+        caps.check_method(
+            f"vLLM {version}", method, gamma, options, drafter, caps.vllm_methods(version), caps.VLLM_METHOD_OPTIONS
+        )
 
     @classmethod
-    def check_cell(cls, method: str, gamma: int | None, options: dict[str, Any], *, model: str,
-                   drafter: str | None, cuda: bool) -> None:
+    def check_cell(
+        cls, method: str, gamma: int | None, options: dict[str, Any], *, model: str, drafter: str | None, cuda: bool
+    ) -> None:
         cls.check(method, gamma, options, drafter, cuda=cuda)
 
     @classmethod
@@ -163,24 +182,46 @@ class VllmServerBackend(ServerBackend):
     def server_argv(self, cell: Cell) -> list[str]:
         opts = dict(cell.options)
         cfg = speculative_config(cell.method, cell.gamma, cell.drafter or self.drafter, opts)
-        argv = [self.python or self.default_python(), "-m", "vllm.entrypoints.openai.api_server",
-                "--model", resolve_model(self.model), "--host", "{host}", "--port", "{port}",
-                "--served-model-name", self.served_model or self.model, "--seed", "0",
-                "--dtype", str(self.options.get("dtype", "auto")),
-                "--enable-prefix-caching" if self.options.get("prefix_cache") else "--no-enable-prefix-caching"]
-        for opt, flag in (("max_model_len", "--max-model-len"), ("tensor_parallel_size", "--tensor-parallel-size"),
-                          ("gpu_memory_utilization", "--gpu-memory-utilization")):
+        argv = [
+            self.python or self.default_python(),
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            resolve_model(self.model),
+            "--host",
+            "{host}",
+            "--port",
+            "{port}",
+            "--served-model-name",
+            self.served_model or self.model,
+            "--seed",
+            "0",
+            "--dtype",
+            str(self.options.get("dtype", "auto")),
+            "--enable-prefix-caching" if self.options.get("prefix_cache") else "--no-enable-prefix-caching",
+        ]
+        for opt, flag in (
+            ("max_model_len", "--max-model-len"),
+            ("tensor_parallel_size", "--tensor-parallel-size"),
+            ("gpu_memory_utilization", "--gpu-memory-utilization"),
+        ):
             if self.options.get(opt) is not None:
                 argv += [flag, str(self.options[opt])]
         if cfg is not None:
-            argv += ["--speculative-config", json.dumps(cfg, sort_keys=True),
-                     "--per-request-spec-decode-metrics", str(self.options.get("spec_metrics", "detailed"))]
+            argv += [
+                "--speculative-config",
+                json.dumps(cfg, sort_keys=True),
+                "--per-request-spec-decode-metrics",
+                str(self.options.get("spec_metrics", "detailed")),
+            ]
         argv += ["--enable-per-request-metrics"]
         return argv + self.server_args
 
     def server_key(self, cell: Cell) -> Any:
-        return json.dumps(speculative_config(cell.method, cell.gamma, cell.drafter or self.drafter,
-                                             dict(cell.options)), sort_keys=True)
+        return json.dumps(
+            speculative_config(cell.method, cell.gamma, cell.drafter or self.drafter, dict(cell.options)),
+            sort_keys=True,
+        )
 
     def request_body(self, request: Request, sampling: Sampling) -> dict[str, Any]:
         body = super().request_body(request, sampling)
@@ -197,14 +238,23 @@ class VllmServerBackend(ServerBackend):
             return
         for k, v in spec_fields(spec, rec.output_tokens).items():
             setattr(rec, k, v)
-        rec.extra["vllm_spec"] = {k: spec.get(k) for k in ("mean_acceptance_length", "draft_acceptance_rate",
-                                                            "acceptance_histogram", "num_spec_steps",
-                                                            "num_draft_tokens", "num_accepted_draft_tokens",
-                                                            "num_spec_tokens")}
+        rec.extra["vllm_spec"] = {
+            k: spec.get(k)
+            for k in (
+                "mean_acceptance_length",
+                "draft_acceptance_rate",
+                "acceptance_histogram",
+                "num_spec_steps",
+                "num_draft_tokens",
+                "num_accepted_draft_tokens",
+                "num_spec_tokens",
+            )
+        }
         rec.extra["acceptance_source"] = "vllm metrics.speculative_decoding"
 
-    def run_acceptance(self, before: MetricSamples | None, after: MetricSamples | None,
-                       records: Sequence[RequestRecord]) -> dict[str, Any] | None:
+    def run_acceptance(
+        self, before: MetricSamples | None, after: MetricSamples | None, records: Sequence[RequestRecord]
+    ) -> dict[str, Any] | None:
         """Counter differences over the run (vLLM's own numbers), beside the per-request sums."""
         per_request = super().run_acceptance(before, after, records)
         if before is None or after is None or metric_total(after, SPEC_COUNTERS["drafts"]) is None:
@@ -216,9 +266,14 @@ def counter_acceptance(before: MetricSamples, after: MetricSamples) -> dict[str,
     """Run-scoped acceptance from two /metrics scrapes (after − before), vLLM's conventions beside ours."""
     from ..metrics import acceptance_length, acceptance_rate, per_position_unconditional
 
-    d = {k: int(round((metric_total(after, n) or 0.0) - (metric_total(before, n) or 0.0)))
-         for k, n in SPEC_COUNTERS.items()}
-    pos_a, pos_b = metric_by_label(after, PER_POS_COUNTER, "position"), metric_by_label(before, PER_POS_COUNTER, "position")
+    d = {
+        k: int(round((metric_total(after, n) or 0.0) - (metric_total(before, n) or 0.0)))
+        for k, n in SPEC_COUNTERS.items()
+    }
+    pos_a, pos_b = (
+        metric_by_label(after, PER_POS_COUNTER, "position"),
+        metric_by_label(before, PER_POS_COUNTER, "position"),
+    )
     per_pos = [int(round(pos_a[p] - pos_b.get(p, 0.0))) for p in sorted(pos_a, key=int)]
     return {
         "source": "server_counters",

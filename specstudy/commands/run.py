@@ -9,7 +9,7 @@ import sys
 import time
 import warnings
 
-from ..config import ParamsError, hardware_names, load_study
+from ..config import ParamsError, hardware_names, load_hardware_profile, load_study
 from ..layout import StudyLayout
 from ..report.notebooks import plan_notebook_jobs, write_notebook_makefile
 from ..run.environment import machine_needs, prepare_machine
@@ -20,8 +20,13 @@ EXIT_CELLS_FAILED = 3
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--hardware", "--gpu", dest="hardware", default="cpu",
-                   help=f"hardware profile with a study: section ({', '.join(hardware_names())}); default cpu")
+    p.add_argument(
+        "--hardware",
+        "--gpu",
+        dest="hardware",
+        default="cpu",
+        help=f"hardware profile with a study: section ({', '.join(hardware_names())}); default cpu",
+    )
     p.add_argument("--params", default=None, help="a params YAML to use instead of params/hardware/<hardware>.yaml")
     p.add_argument("--outputs", default="outputs", help="outputs root; records go to <outputs>/<hardware>/records")
     p.add_argument("--force", action="store_true", help="run a GPU profile on a machine without that GPU")
@@ -31,17 +36,59 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no tqdm bars (one line per cell still printed)")
 
 
-def _print_dry_run(args: argparse.Namespace, cfg, plans, summary: dict, validated_s: float) -> None:
-    doc = {"study": cfg.name, "hardware": cfg.hardware, "validated_in_s": round(validated_s, 3), **summary,
-           "cells_list": [{"cell_id": p.cell_id, "label": p.label, "sweeps": list(p.sweeps),
-                           "baseline": p.baseline_cell_id} for p in plans]}
+def _md(rows: list[dict]) -> str:
+    """A markdown table of plain rows (the dry run prints before pandas is imported)."""
+    if not rows:
+        return "_none_\n"
+    cols = list(rows[0])
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join("—" if r.get(c) is None else str(r.get(c)) for c in cols) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def _dry_run(args: argparse.Namespace, cfg, plans, summary: dict, validated_s: float) -> dict:
+    """The plan, its predicted duration and memory fit, and what this machine lacks (warnings)."""
+    from ..run.dryrun import cell_breakdown, duration_table, memory_fit
+
+    prof = load_hardware_profile(cfg.hardware, measure=False) if cfg.hardware in hardware_names() else None
+    missing = [m.__dict__ for m in machine_needs(cfg)] if prof is not None else []
+    return {
+        "study": cfg.name,
+        "hardware": cfg.hardware,
+        "file": cfg.file,
+        "validated_in_s": round(validated_s, 3),
+        **summary,
+        "prediction_note": "durations are predictions of the roofline cost model over the profile's "
+        "figures at acceptance assumed from the seed article's task table; nothing was measured",
+        "duration": duration_table(cfg, plans, prof) if prof else [],
+        "breakdown": cell_breakdown(plans),
+        "memory_fit": memory_fit(cfg, plans, prof) if prof else [],
+        "missing_on_this_machine": missing,
+        "cells_list": [
+            {"cell_id": p.cell_id, "label": p.label, "sweeps": list(p.sweeps), "baseline": p.baseline_cell_id}
+            for p in plans
+        ],
+    }
+
+
+def _print_dry_run(args: argparse.Namespace, doc: dict) -> None:
     if args.json:
-        print(json.dumps(doc, indent=2))
-    else:
-        print(f"{cfg.file}: valid ({validated_s:.2f}s). {summary['cells']} cells "
-              f"({summary['baseline_cells']} AR baselines), {summary['requests']} requests, "
-              f"{summary['output_tokens']} output tokens + {summary['warmup_tokens']} warm-up, "
-              f"{summary['engines']} engine load(s); by sweep {summary['by_sweep']}")
+        print(json.dumps(doc, indent=2, default=str))
+        return
+    print(
+        f"{doc['file']}: valid ({doc['validated_in_s']:.2f}s). {doc['cells']} cells ({doc['baseline_cells']} AR "
+        f"baselines), {doc['requests']} requests, {doc['output_tokens']} output tokens + {doc['warmup_tokens']} "
+        f"warm-up, {doc['engines']} engine load(s); by sweep {doc['by_sweep']}\n"
+    )
+    print(f"## Predicted duration ({doc['prediction_note']})\n\n" + _md(doc["duration"]))
+    print("## Cells\n\n" + _md(doc["breakdown"]))
+    print("## Memory fit per model pair (prediction)\n\n" + _md(doc["memory_fit"]))
+    missing = doc["missing_on_this_machine"]
+    print(
+        "## What this machine lacks to run it (warnings)\n\n"
+        + ("\n".join(f"- [{m['kind']}] {m['what']}: {m['why']}; {m['how']}" for m in missing) or "nothing")
+        + "\n"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -54,7 +101,10 @@ def run(args: argparse.Namespace) -> int:
         cfg = check_backends(load_study(args.hardware, args.params), files=not args.dry_run)
         if not args.dry_run:
             for note in prepare_machine(cfg, force=args.force):
-                warnings.warn(f"{note.what}: {note.why} (--force: running anyway; the numbers belong to this machine)")
+                warnings.warn(
+                    f"{note.what}: {note.why} (--force: running anyway; the numbers belong to this machine)",
+                    stacklevel=1,
+                )
     for w in caught:
         print(f"specstudy run: warning: {w.message}", file=sys.stderr)
     plans = all_plans = expand(cfg)
@@ -65,18 +115,29 @@ def run(args: argparse.Namespace) -> int:
         plans = [p for p in plans if set(p.sweeps) & set(args.sweep)]
     summary = plan_summary(plans, cfg.warmup_requests, cfg.warmup_max_new_tokens)
     if args.dry_run:
-        _print_dry_run(args, cfg, plans, summary, time.perf_counter() - t0)
+        _print_dry_run(args, _dry_run(args, cfg, plans, summary, time.perf_counter() - t0))
         return 0
     from ..run.study import run_study  # imports the engines' light parts; validation above stays fast
 
     layout = StudyLayout.of(cfg.hardware, args.outputs)
     layout.root.mkdir(parents=True, exist_ok=True)
-    write_notebook_makefile(plan_notebook_jobs(layout.root, [p.as_dict() for p in all_plans], cfg.notebooks),
-                            layout.notebooks_makefile, layout.records_stamp)
+    write_notebook_makefile(
+        plan_notebook_jobs(layout.root, [p.as_dict() for p in all_plans], cfg.notebooks),
+        layout.notebooks_makefile,
+        layout.records_stamp,
+    )
     try:
         log = (lambda m: print(m, file=sys.stderr, flush=True)) if args.json else (lambda m: print(m, flush=True))
-        results = run_study(cfg, plans, layout, progress=not args.no_progress, max_cells=args.max_cells, log=log,
-                            full_plan=all_plans, cuda=uses_cuda(cfg))
+        results = run_study(
+            cfg,
+            plans,
+            layout,
+            progress=not args.no_progress,
+            max_cells=args.max_cells,
+            log=log,
+            full_plan=all_plans,
+            cuda=uses_cuda(cfg),
+        )
     except RuntimeError as e:  # another runner holds the outputs folder
         print(f"specstudy run: error: {e}", file=sys.stderr)
         return 2
@@ -84,8 +145,16 @@ def run(args: argparse.Namespace) -> int:
         layout.records_stamp.touch()
     failed = [r for r in results if r.status == "failed"]
     if args.json:
-        print(json.dumps({"outputs": str(layout.root), "cells": len(plans),
-                          "done": sum(r.status == "done" for r in results),
-                          "skipped": sum(r.status == "skipped" for r in results),
-                          "failed": [{"cell_id": r.cell_id, "error": r.message} for r in failed]}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "outputs": str(layout.root),
+                    "cells": len(plans),
+                    "done": sum(r.status == "done" for r in results),
+                    "skipped": sum(r.status == "skipped" for r in results),
+                    "failed": [{"cell_id": r.cell_id, "error": r.message} for r in failed],
+                },
+                indent=2,
+            )
+        )
     return EXIT_CELLS_FAILED if failed else 0

@@ -25,12 +25,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ngram-max", type=int, default=4, help="ngram: longest match (prompt_lookup_max)")
     p.add_argument("--rates", default="0.5,1,inf", help="requests/s, comma-separated; inf = all at once")
     p.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of inter-arrival gaps (1 = Poisson)")
-    p.add_argument("--concurrency", type=int, default=None,
-                   help="max requests in flight; with rate inf a closed loop of this many clients")
+    p.add_argument(
+        "--concurrency",
+        type=int,
+        default=None,
+        help="max requests in flight; with rate inf a closed loop of this many clients",
+    )
     p.add_argument("--num-requests", type=int, default=8, help="timed requests per run")
     p.add_argument("--warmup", type=int, default=2, help="untimed warm-up requests before each run")
     p.add_argument("--task", default="code", help="prompt source: a task in params/tasks")
-    p.add_argument("--prompts-file", default=None, help="prompts instead of a task: .txt (one per line) or .jsonl ('prompt')")
+    p.add_argument(
+        "--prompts-file", default=None, help="prompts instead of a task: .txt (one per line) or .jsonl ('prompt')"
+    )
     p.add_argument("--prompt", action="append", default=None, help="a prompt (repeatable) instead of a task")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.0)
@@ -44,10 +50,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-baseline", action="store_true", help="skip the paired run without speculation")
     p.add_argument("--base-url", default=None, help="attach to a running speculative server instead of starting one")
     p.add_argument("--baseline-url", default=None, help="attach to a running baseline (no speculation) server")
-    p.add_argument("--python", default=None,
-                   help="interpreter of the engine's environment (default .venv-engines/bin/python if present)")
-    p.add_argument("--server-command", default=None, help="openai backend: server command line with {port} {model} {drafter} {gamma}")
-    p.add_argument("--server-arg", action="append", default=[], help="extra server flag (repeatable; use --server-arg=--x)")
+    p.add_argument(
+        "--python",
+        default=None,
+        help="interpreter of the engine's environment (default .venv-engines/bin/python if present)",
+    )
+    p.add_argument(
+        "--server-command",
+        default=None,
+        help="openai backend: server command line with {port} {model} {drafter} {gamma}",
+    )
+    p.add_argument(
+        "--server-arg", action="append", default=[], help="extra server flag (repeatable; use --server-arg=--x)"
+    )
     p.add_argument("--env", action="append", default=[], help="KEY=VALUE for the server process (repeatable)")
     p.add_argument("--dtype", default=None, help="vLLM --dtype (default float32 without a GPU, else auto)")
     p.add_argument("--max-model-len", type=int, default=2048)
@@ -58,8 +73,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _check(args: argparse.Namespace):
     """Every bad value named before anything starts."""
-    from ..backends import get_backend  # noqa: F401  (import errors surface here)
     from ..analysis.serving import Slo
+    from ..backends import get_backend  # noqa: F401  (import errors surface here)
     from ..run.serving import parse_rates
 
     if args.backend not in SERVER_BACKENDS:
@@ -121,13 +136,23 @@ def _backend(args, envs, url):
     if python is None:
         cand = REPO / ".venv-engines" / "bin" / "python"
         python = str(cand) if cand.exists() else sys.executable
-    opts = dict(model=args.model, drafter=args.drafter, base_url=url, ready_timeout_s=args.ready_timeout,
-                request_timeout_s=args.request_timeout, server_args=args.server_arg, python=python,
-                log_dir=str(Path(args.out) / "servers"))
+    opts = dict(
+        model=args.model,
+        drafter=args.drafter,
+        base_url=url,
+        ready_timeout_s=args.ready_timeout,
+        request_timeout_s=args.request_timeout,
+        server_args=args.server_arg,
+        python=python,
+        log_dir=str(Path(args.out) / "servers"),
+    )
     env = dict(envs)
     if args.backend == "vllm-server":
-        opts.update(dtype=args.dtype or ("auto" if gpu else "float32"), max_model_len=args.max_model_len,
-                    prefix_cache=args.prefix_cache == "on")
+        opts.update(
+            dtype=args.dtype or ("auto" if gpu else "float32"),
+            max_model_len=args.max_model_len,
+            prefix_cache=args.prefix_cache == "on",
+        )
         if not gpu:
             env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     if args.backend == "llamacpp":
@@ -148,20 +173,40 @@ def run(args: argparse.Namespace) -> int:
     if args.out is None:
         args.out = str(REPO / "outputs" / args.hardware / "serve-bench" / time.strftime("%Y%m%d-%H%M%S"))
     reqs = _prompts(args, args.num_requests + args.warmup)
-    timed, warm = reqs[:args.num_requests], reqs[args.num_requests:]
+    timed, warm = reqs[: args.num_requests], reqs[args.num_requests :]
     method_options = (("ngram_min", args.ngram_min), ("ngram_max", args.ngram_max)) if args.spec == "ngram" else ()
-    cfg = SweepConfig(spec_method=args.spec, gamma=args.gamma, rates=rates, burstiness=args.burstiness,
-                      concurrency=args.concurrency, warmup=args.warmup, request_timeout_s=args.request_timeout,
-                      run_timeout_s=args.run_timeout, slo=slo, baseline=not args.no_baseline, seed=args.seed,
-                      method_options=method_options)
+    cfg = SweepConfig(
+        spec_method=args.spec,
+        gamma=args.gamma,
+        rates=rates,
+        burstiness=args.burstiness,
+        concurrency=args.concurrency,
+        warmup=args.warmup,
+        request_timeout_s=args.request_timeout,
+        run_timeout_s=args.run_timeout,
+        slo=slo,
+        baseline=not args.no_baseline,
+        seed=args.seed,
+        method_options=method_options,
+    )
     task = "adhoc" if (args.prompt or args.prompts_file) else args.task
-    base = Cell(study="serve-bench", hardware=args.hardware, framework=args.backend, method=args.spec, task=task,
-                model=args.model, drafter=args.drafter, gamma=args.gamma, batch_size=1)
+    base = Cell(
+        study="serve-bench",
+        hardware=args.hardware,
+        framework=args.backend,
+        method=args.spec,
+        task=task,
+        model=args.model,
+        drafter=args.drafter,
+        gamma=args.gamma,
+        batch_size=1,
+    )
     spec_backend = _backend(args, envs, args.base_url)
     backends = {"spec": spec_backend}
     if not args.no_baseline:
-        backends["baseline"] = (_backend(args, envs, args.baseline_url) if (args.base_url or args.baseline_url)
-                                else spec_backend)
+        backends["baseline"] = (
+            _backend(args, envs, args.baseline_url) if (args.base_url or args.baseline_url) else spec_backend
+        )
     previous = signal.getsignal(signal.SIGTERM)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so servers are stopped on `kill`
     log = (lambda *_: None) if args.json else (lambda m: print(m, file=sys.stderr, flush=True))
@@ -179,14 +224,17 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(f"records and summary.json in {args.out}")
     for c in summary["comparison"]:
-        print(f"  rate {c['rate']}: speedup {c['speedup']:.3f} (95% CI {c['ci_low']:.3f}-{c['ci_high']:.3f}), "
-              f"throughput x{c['output_throughput_ratio']:.3f}")
+        print(
+            f"  rate {c['rate']}: speedup {c['speedup']:.3f} (95% CI {c['ci_low']:.3f}-{c['ci_high']:.3f}), "
+            f"throughput x{c['output_throughput_ratio']:.3f}"
+        )
     for s in summary["runs"]:
         acc = s.get("run_acceptance") or {}
         if acc:
-            print(f"  {s['arm']} {s['load']}: alpha {acc.get('alpha')}, vLLM mean acceptance length "
-                  f"{acc.get('vllm_mean_acceptance_length')} ({acc.get('source')})")
+            print(
+                f"  {s['arm']} {s['load']}: alpha {acc.get('alpha')}, vLLM mean acceptance length "
+                f"{acc.get('vllm_mean_acceptance_length')} ({acc.get('source')})"
+            )
     stop = summary.get("stops_paying_at_rate")
     print("  speculation stops paying at rate: " + ("never (in this sweep)" if stop is None else str(stop)))
     return 0
-

@@ -13,22 +13,30 @@ from ..data.tasks import TaskDataError, load_requests, parse_field_map, task_sum
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("action", nargs="?", choices=("list", "show"), default="list",
-                   help="list (default) or show one task's prompts")
+    p.add_argument(
+        "action", nargs="?", choices=("list", "show"), default="list", help="list (default) or show one task's prompts"
+    )
     p.add_argument("name", nargs="?", help="task name for 'show' (see 'specstudy tasks')")
-    p.add_argument("--no-fetch", action="store_true",
-                   help="list: report only what is already cached, download nothing")
+    p.add_argument("--no-fetch", action="store_true", help="list: report only what is already cached, download nothing")
     p.add_argument("--n", default="3", help="show: how many prompts (an integer or 'all')")
     p.add_argument("--seed", type=int, default=None, help="show: sampling seed (default: the task's)")
     p.add_argument("--online", action="store_true", help="show: use the task's hub datasets (needs network)")
     p.add_argument("--data-file", default=None, help="show: prompts from this .jsonl/.json/.csv/.parquet file")
-    p.add_argument("--field-map", default=None,
-                   help="with --data-file: name=path pairs (text=question,id=qid) or a JSON object, which may also hold "
-                        "a 'template' such as 'Q: {text}'")
-    p.add_argument("--tokenizer", default=None,
-                   help="show: a model name from params/models (e.g. smollm2-135m) or a local tokenizer directory; "
-                        "applies the chat template and the task's input-length control")
-    p.add_argument("--max-chars", type=int, default=800, help="show: cut each printed prompt after this many characters")
+    p.add_argument(
+        "--field-map",
+        default=None,
+        help="with --data-file: name=path pairs (text=question,id=qid) or a JSON object, which may also hold "
+        "a 'template' such as 'Q: {text}'",
+    )
+    p.add_argument(
+        "--tokenizer",
+        default=None,
+        help="show: a model name from params/models (e.g. smollm2-135m) or a local tokenizer directory; "
+        "applies the chat template and the task's input-length control",
+    )
+    p.add_argument(
+        "--max-chars", type=int, default=800, help="show: cut each printed prompt after this many characters"
+    )
 
 
 def _run_list(args: argparse.Namespace) -> int:
@@ -38,8 +46,10 @@ def _run_list(args: argparse.Namespace) -> int:
         return 0
     for s in summaries:
         verified = "all sha256 verified" if s["all_verified"] else "NOT all verified"
-        print(f"{s['task']:<17} {s['category']:<17} {s['offline_records']:>4} prompts offline  ({verified}; "
-              f"input {s['input_policy']})")
+        print(
+            f"{s['task']:<17} {s['category']:<17} {s['offline_records']:>4} prompts offline  ({verified}; "
+            f"input {s['input_policy']})"
+        )
         for src in s["sources"]:
             rec = "-" if src["records"] is None else src["records"]
             print(f"    {src['name']:<18} {src['status']:<16} {rec!s:>4}  {src['location']}  [{src['licence']}]")
@@ -66,8 +76,15 @@ def _run_show(args: argparse.Namespace) -> int:
         raise ParamsError(None, "name", None, task_names(), "usage: specstudy tasks show NAME")
     field_map = parse_field_map(args.field_map) if args.field_map else None
     tokenizer = _load_tokenizer(args.tokenizer) if args.tokenizer else None
-    reqs = load_requests(args.name, n=args.n, seed=args.seed, tokenizer=tokenizer, online=args.online,
-                         data_file=args.data_file, field_map=field_map)
+    reqs = load_requests(
+        args.name,
+        n=args.n,
+        seed=args.seed,
+        tokenizer=tokenizer,
+        online=args.online,
+        data_file=args.data_file,
+        field_map=field_map,
+    )
     if args.json:
         print(json.dumps([dataclasses.asdict(r) for r in reqs], indent=2, ensure_ascii=False))
         return 0

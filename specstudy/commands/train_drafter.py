@@ -23,21 +23,30 @@ from pathlib import Path
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kind", required=True, help="heads | layer_skip_adapter | eagle")
     p.add_argument("--model", default="smollm2-135m", help="target model (params/models entry or a local path)")
-    p.add_argument("--out", default=None,
-                   help="output path without suffix (default params/drafters/<model>-<kind>)")
-    p.add_argument("--tasks", default="code,summarization,translation,qa,math,chat,creative_writing",
-                   help="task categories whose prompts the target continues (comma-separated)")
+    p.add_argument("--out", default=None, help="output path without suffix (default params/drafters/<model>-<kind>)")
+    p.add_argument(
+        "--tasks",
+        default="code,summarization,translation,qa,math,chat,creative_writing",
+        help="task categories whose prompts the target continues (comma-separated)",
+    )
     p.add_argument("--prompts-per-task", type=int, default=24, help="training prompts per task")
     p.add_argument("--max-new-tokens", type=int, default=128, help="tokens the target generates per prompt")
     p.add_argument("--max-prompt-tokens", type=int, default=384, help="skip longer prompts (keeps generation cheap)")
     p.add_argument("--gen-batch", type=int, default=8, help="prompts per batched generate call")
     p.add_argument("--num-heads", type=int, default=4, help="heads: K (head k predicts k+1 tokens ahead)")
     p.add_argument("--num-layers", type=int, default=1, help="residual blocks per head / adapter")
-    p.add_argument("--token-conditioned", action="store_true",
-                   help="heads: each head also reads the embedding of the token before the one it predicts "
-                        "(Hydra-style; drafting runs head by head)")
-    p.add_argument("--exit-layer", type=int, default=None,
-                   help="layer_skip_adapter: layers kept (default: half the target's, as layer_skip)")
+    p.add_argument(
+        "--token-conditioned",
+        action="store_true",
+        help="heads: each head also reads the embedding of the token before the one it predicts "
+        "(Hydra-style; drafting runs head by head)",
+    )
+    p.add_argument(
+        "--exit-layer",
+        type=int,
+        default=None,
+        help="layer_skip_adapter: layers kept (default: half the target's, as layer_skip)",
+    )
     p.add_argument("--steps", type=int, default=600)
     p.add_argument("--batch-tokens", type=int, default=256, help="positions per head per step")
     p.add_argument("--lr", type=float, default=1e-3)
@@ -51,8 +60,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _check(args: argparse.Namespace) -> None:
-    from ..engine.drafters import KINDS
     from ..config import task_names
+    from ..engine.drafters import KINDS
 
     if args.kind not in KINDS:
         raise ValueError(f"--kind={args.kind!r}: allowed {list(KINDS)}")
@@ -61,8 +70,19 @@ def _check(args: argparse.Namespace) -> None:
         for t in [x for x in getattr(args, flag).split(",") if x]:
             if t not in known:
                 raise ValueError(f"--{flag.replace('_', '-')}: task {t!r} is not known; allowed: {known}")
-    for name in ("prompts_per_task", "max_new_tokens", "max_prompt_tokens", "gen_batch", "num_heads", "num_layers",
-                 "steps", "batch_tokens", "label_top_k", "threads", "eval_max_new_tokens"):
+    for name in (
+        "prompts_per_task",
+        "max_new_tokens",
+        "max_prompt_tokens",
+        "gen_batch",
+        "num_heads",
+        "num_layers",
+        "steps",
+        "batch_tokens",
+        "label_top_k",
+        "threads",
+        "eval_max_new_tokens",
+    ):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')}={getattr(args, name)!r}: must be >= 1")
     if args.token_conditioned and args.kind != "heads":
@@ -87,7 +107,7 @@ def training_prompts(tasks: list[str], per_task: int, tokenizer, max_tokens: int
     for t in tasks:
         cfg = load_task_config(t)
         reqs = load_requests(cfg, n="all", tokenizer=tokenizer)
-        pool = [r for r in reqs[cfg.n:] if r.prompt_ids and len(r.prompt_ids) <= max_tokens]
+        pool = [r for r in reqs[cfg.n :] if r.prompt_ids and len(r.prompt_ids) <= max_tokens]
         out += [(r.prompt_id, list(r.prompt_ids)) for r in pool[:per_task]]
     return out
 
@@ -102,8 +122,7 @@ def eval_prompts(tasks: list[str], n: int, tokenizer) -> list[tuple[str, str, li
     return out
 
 
-def measure_acceptance(model, module, kind: str, prompts, max_new_tokens: int, gamma: int,
-                       path: Path) -> dict:
+def measure_acceptance(model, module, kind: str, prompts, max_new_tokens: int, gamma: int, path: Path) -> dict:
     """Greedy decode with the trained drafter through the engine's own method; α per task."""
     import torch
 
@@ -122,9 +141,10 @@ def measure_acceptance(model, module, kind: str, prompts, max_new_tokens: int, g
         drafter = None
     per_task: dict[str, dict[str, int]] = {}
     with torch.no_grad():
-        for task, pid, ids in prompts:
-            row = spec.decode(DecodeJob(target=model, prompts=[ids], sampling=sampling, gamma=gamma, drafter=drafter,
-                                        options=options))[0]
+        for task, _pid, ids in prompts:
+            row = spec.decode(
+                DecodeJob(target=model, prompts=[ids], sampling=sampling, gamma=gamma, drafter=drafter, options=options)
+            )[0]
             c = per_task.setdefault(task, {"drafted": 0, "accepted": 0, "draft_steps": 0, "prompts": 0})
             c["drafted"] += sum(s.drafted for s in row.steps)
             c["accepted"] += sum(s.accepted for s in row.steps)
@@ -142,34 +162,56 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from .. import __version__
-    from ..engine import drafters as D
     from ..data.models import load_model
+    from ..engine import drafters as D
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    out = Path(args.out) if args.out else Path("params/drafters") / f"{Path(args.model).name}-{args.kind.replace('_', '-')}"
+    out = (
+        Path(args.out)
+        if args.out
+        else Path("params/drafters") / f"{Path(args.model).name}-{args.kind.replace('_', '-')}"
+    )
     t_start = time.perf_counter()
-    say = (lambda m: print(m, file=sys.stderr, flush=True))
+
+    def say(m: str) -> None:
+        print(m, file=sys.stderr, flush=True)
 
     model, tokenizer = load_model(args.model)
     n_layers = model.config.num_hidden_layers
     exit_layer = args.exit_layer if args.exit_layer is not None else n_layers // 2
     if args.kind == "layer_skip_adapter" and not 1 <= exit_layer < n_layers:
         raise ValueError(f"--exit-layer={exit_layer}: need 1 <= k < num_hidden_layers={n_layers}")
-    settings = D.TrainSettings(kind=args.kind, num_heads=args.num_heads, num_layers=args.num_layers,
-                               token_conditioned=args.token_conditioned,
-                               exit_layer=exit_layer, steps=args.steps, batch_tokens=args.batch_tokens, lr=args.lr,
-                               weight_decay=args.weight_decay,
-                               label_top_k=args.label_top_k, seed=args.seed)
+    settings = D.TrainSettings(
+        kind=args.kind,
+        num_heads=args.num_heads,
+        num_layers=args.num_layers,
+        token_conditioned=args.token_conditioned,
+        exit_layer=exit_layer,
+        steps=args.steps,
+        batch_tokens=args.batch_tokens,
+        lr=args.lr,
+        weight_decay=args.weight_decay,
+        label_top_k=args.label_top_k,
+        seed=args.seed,
+    )
     tasks = [t for t in args.tasks.split(",") if t]
     prompts = training_prompts(tasks, args.prompts_per_task, tokenizer, args.max_prompt_tokens)
     say(f"{len(prompts)} training prompts from {tasks}")
 
     t0, c0 = time.perf_counter(), time.process_time()
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    corpus, features = D.generate_with_features(model, [ids for _, ids in prompts], args.max_new_tokens, args.kind,
-                                                exit_layer, args.label_top_k, args.gen_batch, pad_id=pad,
-                                                progress=say)
+    corpus, features = D.generate_with_features(
+        model,
+        [ids for _, ids in prompts],
+        args.max_new_tokens,
+        args.kind,
+        exit_layer,
+        args.label_top_k,
+        args.gen_batch,
+        pad_id=pad,
+        progress=say,
+    )
     gen_s, gen_cpu = time.perf_counter() - t0, time.process_time() - c0
     say(f"generation {gen_s:.0f} s wall, {gen_cpu:.0f} s CPU: {len(features.seq)} positions")
 
@@ -177,44 +219,68 @@ def run(args: argparse.Namespace) -> int:
     result = D.train_drafter(model, features, settings, progress=say, prompt_lengths=[p for _, p in corpus])
     train_s, train_cpu = time.perf_counter() - t0, time.process_time() - c0
 
-    command = "specstudy train-drafter " + " ".join(shlex.quote(a) for a in sys.argv[2:]) \
-        if len(sys.argv) > 1 and sys.argv[1] == "train-drafter" else None
+    command = (
+        "specstudy train-drafter " + " ".join(shlex.quote(a) for a in sys.argv[2:])
+        if len(sys.argv) > 1 and sys.argv[1] == "train-drafter"
+        else None
+    )
     info = {
         "command": command,
         "arguments": {k: v for k, v in vars(args).items() if not k.startswith("_") and k != "json"},
         "settings": D.settings_dict(settings),
         "target": args.model,
         "training_prompts": [pid for pid, _ in prompts],
-        "corpus": {"sequences": len(corpus), "positions": int(len(features.seq)),
-                   "generated_tokens": sum(len(ids) - plen for ids, plen in corpus),
-                   "generation": f"greedy, {args.max_new_tokens} new tokens, EOS not stopping (as the study's "
-                                 "ignore_eos); features read from "
-                                 + ("one target pass over each whole sequence (prompt included)" if args.kind == "eagle"
-                                    else "the generation passes")},
+        "corpus": {
+            "sequences": len(corpus),
+            "positions": int(len(features.seq)),
+            "generated_tokens": sum(len(ids) - plen for ids, plen in corpus),
+            "generation": f"greedy, {args.max_new_tokens} new tokens, EOS not stopping (as the study's "
+            "ignore_eos); features read from "
+            + (
+                "one target pass over each whole sequence (prompt included)"
+                if args.kind == "eagle"
+                else "the generation passes"
+            ),
+        },
         "log": result.log,
         "heldout_sequences_eval": result.eval,
-        "timing_s": {"generation": round(gen_s, 1), "generation_cpu": round(gen_cpu, 1),
-                     "training": round(train_s, 1), "training_cpu": round(train_cpu, 1)},
-        "environment": {"specstudy": __version__, "torch": torch.__version__, "threads": args.threads,
-                        "python": platform.python_version(), "machine": platform.machine(),
-                        "loadavg": os.getloadavg()},
+        "timing_s": {
+            "generation": round(gen_s, 1),
+            "generation_cpu": round(gen_cpu, 1),
+            "training": round(train_s, 1),
+            "training_cpu": round(train_cpu, 1),
+        },
+        "environment": {
+            "specstudy": __version__,
+            "torch": torch.__version__,
+            "threads": args.threads,
+            "python": platform.python_version(),
+            "machine": platform.machine(),
+            "loadavg": os.getloadavg(),
+        },
     }
     path = D.save_drafter(result.module, out, target=args.model, info=info)
     if args.eval_prompts:
         t0 = time.perf_counter()
         ev = eval_prompts([t for t in args.eval_tasks.split(",") if t], args.eval_prompts, tokenizer)
         gamma = args.num_heads if args.kind == "heads" else 4  # eagle drafts any length: γ = 4, as the study
-        info["acceptance"] = measure_acceptance(model, result.module, args.kind, ev, args.eval_max_new_tokens,
-                                                gamma, path)
+        info["acceptance"] = measure_acceptance(
+            model, result.module, args.kind, ev, args.eval_max_new_tokens, gamma, path
+        )
         info["acceptance"]["prompts"] = [pid for _, pid, _ in ev]
         info["timing_s"]["acceptance_eval"] = round(time.perf_counter() - t0, 1)
     info["timing_s"]["total"] = round(time.perf_counter() - t_start, 1)
     info["timing_s"]["total_cpu"] = round(time.process_time(), 1)
     path = D.save_drafter(result.module, out, target=args.model, info=info)
-    summary = {"weights": str(path), "bytes": path.stat().st_size, "json": str(path.with_suffix(".json")),
-               "final_loss": result.log[-1]["loss"] if result.log else None,
-               "heldout_top1": result.eval.get("top1"), "acceptance": info.get("acceptance", {}).get("per_task"),
-               "timing_s": info["timing_s"]}
+    summary = {
+        "weights": str(path),
+        "bytes": path.stat().st_size,
+        "json": str(path.with_suffix(".json")),
+        "final_loss": result.log[-1]["loss"] if result.log else None,
+        "heldout_top1": result.eval.get("top1"),
+        "acceptance": info.get("acceptance", {}).get("per_task"),
+        "timing_s": info["timing_s"],
+    }
     if args.json:
         print(json.dumps(summary, indent=2, default=str))
     else:

@@ -14,6 +14,24 @@ from .schema import MethodSpec, ModelPair
 from .study import StudyConfig, Sweep, load_study
 from .task import TaskConfig, load_task_config, task_names
 
-__all__ = ["REPO_ROOT", "MethodSpec", "ModelEntry", "ModelPair", "ParamsError", "StudyConfig", "Sweep", "TaskConfig",
-           "display_path", "get_entry", "hardware_file", "hardware_names", "load_hardware_profile", "load_study",
-           "load_task_config", "load_yaml", "model_names", "params_dir", "task_names"]
+__all__ = [
+    "REPO_ROOT",
+    "MethodSpec",
+    "ModelEntry",
+    "ModelPair",
+    "ParamsError",
+    "StudyConfig",
+    "Sweep",
+    "TaskConfig",
+    "display_path",
+    "get_entry",
+    "hardware_file",
+    "hardware_names",
+    "load_hardware_profile",
+    "load_study",
+    "load_task_config",
+    "load_yaml",
+    "model_names",
+    "params_dir",
+    "task_names",
+]

@@ -32,8 +32,9 @@ def known_tasks() -> list[str]:
     return task_names()
 
 
-def unique_models_and_methods(spec: StudySpec, file: Any, frameworks: list[str]
-                              ) -> tuple[tuple[ModelPair, ...], tuple[MethodSpec, ...]]:
+def unique_models_and_methods(
+    spec: StudySpec, file: Any, frameworks: list[str]
+) -> tuple[tuple[ModelPair, ...], tuple[MethodSpec, ...]]:
     """Model names and method labels unique, drafters declared, frameworks known; AR always present."""
     seen: set[str] = set()
     for i, m in enumerate(spec.models):
@@ -47,8 +48,12 @@ def unique_models_and_methods(spec: StudySpec, file: Any, frameworks: list[str]
             raise ParamsError(file, f"study.methods[{i}].label", m.label, "a label not used by another method")
         labels.add(m.label)
         if m.drafter is not None and m.drafter not in all_drafters:
-            raise ParamsError(file, f"study.methods[{i}].drafter", m.drafter,
-                              all_drafters or "a drafter declared in study.models[].drafters")
+            raise ParamsError(
+                file,
+                f"study.methods[{i}].drafter",
+                m.drafter,
+                all_drafters or "a drafter declared in study.models[].drafters",
+            )
         for fw in m.frameworks or ():
             if fw not in frameworks:
                 raise ParamsError(file, f"study.methods[{i}].frameworks", fw, frameworks)
@@ -58,16 +63,24 @@ def unique_models_and_methods(spec: StudySpec, file: Any, frameworks: list[str]
     return tuple(spec.models), methods
 
 
-def drop_missing_optional(methods: tuple[MethodSpec, ...], models: tuple[ModelPair, ...], file: Any
-                          ) -> tuple[tuple[MethodSpec, ...], set[str]]:
+def drop_missing_optional(
+    methods: tuple[MethodSpec, ...], models: tuple[ModelPair, ...], file: Any
+) -> tuple[tuple[MethodSpec, ...], set[str]]:
     """Optional methods whose drafter (a trained file) is not here yet are dropped, with a warning."""
     dropped: set[str] = set()
     for m in methods:
-        if m.optional and m.drafter and not any(known_model(p.drafters[m.drafter]) for p in models if m.drafter in p.drafters):
+        if (
+            m.optional
+            and m.drafter
+            and not any(known_model(p.drafters[m.drafter]) for p in models if m.drafter in p.drafters)
+        ):
             dropped.add(m.label)
             where = ", ".join(p.drafters[m.drafter] for p in models if m.drafter in p.drafters)
-            warnings.warn(f"{file}: method {m.label!r} skipped: its drafter {where} does not exist here "
-                          f"(optional: true; train it with `specstudy train-drafter`)", stacklevel=3)
+            warnings.warn(
+                f"{file}: method {m.label!r} skipped: its drafter {where} does not exist here "
+                f"(optional: true; train it with `specstudy train-drafter`)",
+                stacklevel=3,
+            )
     return tuple(m for m in methods if m.label not in dropped), dropped
 
 
@@ -76,7 +89,9 @@ def known_model(name: str) -> bool:
     names = model_names()
     if name == SELF_DRAFTER or (name.startswith(SELF_DRAFTER + ":") and name.partition(":")[2].isdigit()):
         return True
-    return name in names or Path(name).expanduser().exists() or (name.count("/") == 1 and not name.startswith((".", "/")))
+    return (
+        name in names or Path(name).expanduser().exists() or (name.count("/") == 1 and not name.startswith((".", "/")))
+    )
 
 
 def check_model_names(cfg: StudyConfig) -> None:
@@ -156,7 +171,9 @@ def tokenizers_match(target: Mapping[str, Any], draft: Mapping[str, Any]) -> boo
     return None
 
 
-def draft_tokenizers(cfg: StudyConfig, signature: Callable[[str], Mapping[str, Any]] = tokenizer_signature) -> list[str]:
+def draft_tokenizers(
+    cfg: StudyConfig, signature: Callable[[str], Mapping[str, Any]] = tokenizer_signature
+) -> list[str]:
     """Refuse a drafter whose tokenizer differs from its target's; return warnings for unknowns.
 
     A pair's declared ``vocab_size`` entries fill in only what no metadata source could tell.
@@ -176,12 +193,18 @@ def draft_tokenizers(cfg: StudyConfig, signature: Callable[[str], Mapping[str, A
             dsig["vocab_size"] = dsig["vocab_size"] or pair.vocab_size.get(short)
             ok = tokenizers_match(tsig, dsig)
             if ok is None:
-                notes.append(f"{cfg.file}: study.models[{i}].drafters.{short}: tokenizer of {pair.drafters[short]!r} "
-                             f"vs {pair.target!r} not checked (no registry entry or config reachable here)")
+                notes.append(
+                    f"{cfg.file}: study.models[{i}].drafters.{short}: tokenizer of {pair.drafters[short]!r} "
+                    f"vs {pair.target!r} not checked (no registry entry or config reachable here)"
+                )
             elif not ok:
-                raise ParamsError(cfg.file, f"study.models[{i}].drafters.{short}", pair.drafters[short],
-                                  f"a drafter with the target's tokenizer ({_sig_text(tsig)})",
-                                  f"its tokenizer is {_sig_text(dsig)}; speculative decoding needs the same tokenizer")
+                raise ParamsError(
+                    cfg.file,
+                    f"study.models[{i}].drafters.{short}",
+                    pair.drafters[short],
+                    f"a drafter with the target's tokenizer ({_sig_text(tsig)})",
+                    f"its tokenizer is {_sig_text(dsig)}; speculative decoding needs the same tokenizer",
+                )
     for n in notes:
         warnings.warn(n, stacklevel=2)
     return notes

@@ -34,16 +34,30 @@ def not_allowed(value: Any, allowed: Any, hint: str = "", at: str | tuple[str | 
     """An error for a validator to raise: pydantic keeps the location (``at`` goes below it, for a
     model validator that checks one of its keys), we keep the value and the allowed values."""
     at = tuple(at.split(".")) if isinstance(at, str) else tuple(at)
-    return PydanticCustomError("not_allowed", "{value!r} is not allowed; allowed: {allowed}",
-                               {"value": value, "allowed": allowed, "hint": hint, "at": at})
+    return PydanticCustomError(
+        "not_allowed",
+        "{value!r} is not allowed; allowed: {allowed}",
+        {"value": value, "allowed": allowed, "hint": hint, "at": at},
+    )
 
 
 _TYPE_WORDS = {
-    "int_type": "an integer", "int_parsing": "an integer", "float_type": "a number", "float_parsing": "a number",
-    "string_type": "a string", "bool_type": "true or false", "bool_parsing": "true or false",
-    "list_type": "a list", "dict_type": "a mapping", "model_type": "a mapping", "model_attributes_type": "a mapping",
-    "tuple_type": "a list", "missing": "a value (required)", "string_too_short": "a non-empty string",
-    "too_short": "a non-empty list", "finite_number": "a finite number",
+    "int_type": "an integer",
+    "int_parsing": "an integer",
+    "float_type": "a number",
+    "float_parsing": "a number",
+    "string_type": "a string",
+    "bool_type": "true or false",
+    "bool_parsing": "true or false",
+    "list_type": "a list",
+    "dict_type": "a mapping",
+    "model_type": "a mapping",
+    "model_attributes_type": "a mapping",
+    "tuple_type": "a list",
+    "missing": "a value (required)",
+    "string_too_short": "a non-empty string",
+    "too_short": "a non-empty list",
+    "finite_number": "a finite number",
 }
 
 
@@ -113,8 +127,9 @@ def _allowed_for(model: type[BaseModel], err: dict[str, Any]) -> Any:
     return _TYPE_WORDS.get(kind, err["msg"])
 
 
-def from_validation_error(exc: ValidationError, model: type[BaseModel], file: str | os.PathLike | None,
-                          prefix: str = "") -> ParamsError:
+def from_validation_error(
+    exc: ValidationError, model: type[BaseModel], file: str | os.PathLike | None, prefix: str = ""
+) -> ParamsError:
     """The first error of ``exc`` as a :class:`ParamsError` (unknown keys: the key is the value)."""
     err = exc.errors(include_url=False)[0]
     loc = tuple(err["loc"]) + tuple((err.get("ctx") or {}).get("at") or ())

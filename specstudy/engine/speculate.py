@@ -17,8 +17,9 @@ step drafts from the prompt and the prompt pass verifies those drafts as well.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Protocol, Sequence
+from typing import Protocol
 
 import torch
 
@@ -60,22 +61,25 @@ class Drafter(Protocol):
 Verify = Callable[[Draft, torch.Tensor], VerifyOutcome]
 
 
-def make_verify(sampling: Sampling, generator: torch.Generator | None,
-                synthetic: SyntheticAcceptance | None = None) -> Verify:
+def make_verify(
+    sampling: Sampling, generator: torch.Generator | None, synthetic: SyntheticAcceptance | None = None
+) -> Verify:
     """The loop's verify step: :func:`~specstudy.engine.verify.verify_step` under ``sampling``,
     with the synthetic rule's own seeded draws when ``synthetic`` is set."""
     draws = synthetic.draws(sampling.seed) if synthetic is not None else None
 
     def verify(draft: Draft, logits: torch.Tensor) -> VerifyOutcome:
-        return verify_step(draft.tokens, draft.n_draft.to(logits.device), logits, sampling, draft.probs, generator,
-                           draws)
+        return verify_step(
+            draft.tokens, draft.n_draft.to(logits.device), logits, sampling, draft.probs, generator, draws
+        )
 
     return verify
 
 
 def empty_draft(batch: int, device: torch.device) -> Draft:
-    return Draft(torch.zeros((batch, 0), dtype=torch.long, device=device),
-                 torch.zeros(batch, dtype=torch.long, device=device))
+    return Draft(
+        torch.zeros((batch, 0), dtype=torch.long, device=device), torch.zeros(batch, dtype=torch.long, device=device)
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -194,8 +198,9 @@ def speculative_decode(
             if draft_prefill is not None:
                 draft_prefill(prompt_ids)
         first = next_tokens(last, sampling, generator)
-        keep = trace.emit([[t] for t in first.tolist()], last[:, None], 0, 0,
-                          td.s if draft_prefill is not None else None, tv.s)
+        keep = trace.emit(
+            [[t] for t in first.tolist()], last[:, None], 0, 0, td.s if draft_prefill is not None else None, tv.s
+        )
         _keep_rows(keep, tstate, drafter)
 
     while not trace.done:
@@ -213,9 +218,14 @@ def speculative_decode(
     return trace.rows
 
 
-def prefill_with_drafts(tstate: KVState, drafter: Drafter, trace: BatchTrace,
-                        gamma_policy: StaticGamma | HeuristicGamma | CostAwareGamma, verify: Verify,
-                        device: str | torch.device) -> None:
+def prefill_with_drafts(
+    tstate: KVState,
+    drafter: Drafter,
+    trace: BatchTrace,
+    gamma_policy: StaticGamma | HeuristicGamma | CostAwareGamma,
+    verify: Verify,
+    device: str | torch.device,
+) -> None:
     """The first step with drafts: the drafter reads the prompt and drafts after it, and one
     target pass over ``prompt + drafts`` (left-padded) both fills the cache and verifies them."""
     rows = list(trace.active)
@@ -238,8 +248,13 @@ def prefill_with_drafts(tstate: KVState, drafter: Drafter, trace: BatchTrace,
     _verify_and_emit(tstate, drafter, trace, gamma_policy, rows, draft, max_draft, logits, verify, td.s, tv.s)
 
 
-def _propose(drafter: Drafter, contexts: list[list[int]], trace: BatchTrace,
-             gamma_policy: StaticGamma | HeuristicGamma | CostAwareGamma, device: torch.device) -> tuple[Draft, list[int]]:
+def _propose(
+    drafter: Drafter,
+    contexts: list[list[int]],
+    trace: BatchTrace,
+    gamma_policy: StaticGamma | HeuristicGamma | CostAwareGamma,
+    device: torch.device,
+) -> tuple[Draft, list[int]]:
     """The step's drafts, each row's at most its γ and its budget − 1 (the last token needs none)."""
     max_draft = [max(0, min(g, r - 1)) for g, r in zip(gamma_policy.gammas(list(trace.active)), trace.remaining())]
     if max(max_draft) > 0:
@@ -247,10 +262,19 @@ def _propose(drafter: Drafter, contexts: list[list[int]], trace: BatchTrace,
     return empty_draft(len(contexts), device), max_draft
 
 
-def _verify_and_emit(tstate: KVState, drafter: Drafter, trace: BatchTrace,
-                     gamma_policy: StaticGamma | HeuristicGamma | CostAwareGamma, rows: list[int], draft: Draft,
-                     max_draft: list[int], logits: torch.Tensor, verify: Verify, draft_s: float,
-                     verify_s: float) -> None:
+def _verify_and_emit(
+    tstate: KVState,
+    drafter: Drafter,
+    trace: BatchTrace,
+    gamma_policy: StaticGamma | HeuristicGamma | CostAwareGamma,
+    rows: list[int],
+    draft: Draft,
+    max_draft: list[int],
+    logits: torch.Tensor,
+    verify: Verify,
+    draft_s: float,
+    verify_s: float,
+) -> None:
     """Accept a prefix of each row's drafts, roll both caches back, emit and drop finished rows."""
     n_draft = draft.n_draft.tolist()
     outcome = verify(draft, logits)
@@ -270,9 +294,14 @@ def _keep_rows(keep: list[int], state: KVState, drafter: Drafter, before: int | 
         drafter.select_rows(keep)
 
 
-def sample_chain(logits: torch.Tensor, max_draft: list[int], sampling: Sampling, generator: torch.Generator | None,
-                 feed: Callable[[torch.Tensor], torch.Tensor],
-                 stop: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None) -> Draft:
+def sample_chain(
+    logits: torch.Tensor,
+    max_draft: list[int],
+    sampling: Sampling,
+    generator: torch.Generator | None,
+    feed: Callable[[torch.Tensor], torch.Tensor],
+    stop: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+) -> Draft:
     """Draft autoregressively: a token from ``logits [B, V]`` (argmax, or a sample of the shared
     sampling transform q, kept for rejection sampling), then ``feed(tokens) -> next logits``, up
     to ``max_draft[b]`` tokens per row.  ``stop(logits, tokens)`` ends rows early (the token is
@@ -316,9 +345,15 @@ class ModelDrafter:
     below it (the dynamic-γ "confidence" policy); the first draft is always proposed.
     """
 
-    def __init__(self, model: torch.nn.Module, batch_size: int, sampling: Sampling,
-                 generator: torch.Generator | None, device: str | torch.device = "cpu",
-                 confidence: float | None = None):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        batch_size: int,
+        sampling: Sampling,
+        generator: torch.Generator | None,
+        device: str | torch.device = "cpu",
+        confidence: float | None = None,
+    ):
         self.state = KVState(model, batch_size, device)
         self.sampling = sampling
         self.generator = generator
@@ -342,6 +377,7 @@ class ModelDrafter:
 
         stop = None
         if self.confidence is not None:
+
             def stop(logits: torch.Tensor, tok: torch.Tensor) -> torch.Tensor:
                 # HF's assistant_confidence_threshold rule: keep the token, stop after it when the
                 # draft's own (untempered) probability of it is below the threshold

@@ -11,18 +11,24 @@ from __future__ import annotations
 
 import statistics
 import weakref
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
 from .kv import KVState
 from .trace import Timer
 
-_CACHE: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
+_CACHE: weakref.WeakKeyDictionary[torch.nn.Module, dict] = weakref.WeakKeyDictionary()
 
 
-def measure_verify_time(model: torch.nn.Module, prompt_ids: Sequence[int], ks: Sequence[int], repeats: int = 5,
-                        batch_size: int = 1, device: str | torch.device = "cpu") -> dict[int, float]:
+def measure_verify_time(
+    model: torch.nn.Module,
+    prompt_ids: Sequence[int],
+    ks: Sequence[int],
+    repeats: int = 5,
+    batch_size: int = 1,
+    device: str | torch.device = "cpu",
+) -> dict[int, float]:
     """Median seconds of one forward over k new tokens on a cached ``prompt_ids`` prefix, per k.
 
     Each k is timed ``repeats`` times after one untimed call (kernel set-up is per shape), the
@@ -50,8 +56,14 @@ def measure_verify_time(model: torch.nn.Module, prompt_ids: Sequence[int], ks: S
     return out
 
 
-def _cached_times(model: torch.nn.Module, prompt_ids: Sequence[int], ks: Sequence[int], batch_size: int,
-                  device: str | torch.device, repeats: int) -> dict[int, float]:
+def _cached_times(
+    model: torch.nn.Module,
+    prompt_ids: Sequence[int],
+    ks: Sequence[int],
+    batch_size: int,
+    device: str | torch.device,
+    repeats: int,
+) -> dict[int, float]:
     """:func:`measure_verify_time` for the ks not yet measured for this model, batch size and
     device in this process; the cache holds every k measured so far."""
     times = _CACHE.setdefault(model, {}).setdefault((batch_size, str(device)), {})
@@ -61,16 +73,28 @@ def _cached_times(model: torch.nn.Module, prompt_ids: Sequence[int], ks: Sequenc
     return times
 
 
-def verify_ratio(model: torch.nn.Module, prompt_ids: Sequence[int], gamma_max: int, batch_size: int = 1,
-                 device: str | torch.device = "cpu", repeats: int = 5) -> list[float]:
+def verify_ratio(
+    model: torch.nn.Module,
+    prompt_ids: Sequence[int],
+    gamma_max: int,
+    batch_size: int = 1,
+    device: str | torch.device = "cpu",
+    repeats: int = 5,
+) -> list[float]:
     """``r[g] = T(g+1)/T(1)`` for g = 0..gamma_max (r[0] = 1), measured once per model, batch size
     and device in this process and cached (the indexing :func:`costmodel.optimal_gamma` takes)."""
     times = _cached_times(model, prompt_ids, range(1, gamma_max + 2), batch_size, device, repeats)
     return [times[g + 1] / times[1] for g in range(gamma_max + 1)]
 
 
-def draft_cost_ratio(draft: torch.nn.Module, target: torch.nn.Module, prompt_ids: Sequence[int], batch_size: int = 1,
-                     device: str | torch.device = "cpu", repeats: int = 5) -> float:
+def draft_cost_ratio(
+    draft: torch.nn.Module,
+    target: torch.nn.Module,
+    prompt_ids: Sequence[int],
+    batch_size: int = 1,
+    device: str | torch.device = "cpu",
+    repeats: int = 5,
+) -> float:
     """c = T_draft(1) / T_target(1): one draft token's forward over one target step, each
     measured once per model, batch size and device in this process (the target's T(1) is the
     one :func:`verify_ratio` measured)."""

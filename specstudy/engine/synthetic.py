@@ -30,8 +30,9 @@ acceptance figure.  The reference backend marks every record of such a cell
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import torch
 
@@ -68,8 +69,9 @@ class SyntheticAcceptance:
     def check_gamma(self, gamma: int) -> None:
         """A fixed length needs γ ≥ L − 1 drafts per step to be reachable."""
         if self.mode == "length" and self.value > gamma + 1:
-            raise ValueError(f"length={self.value!r} cannot be reached with gamma={gamma}: "
-                             f"need L in [1, gamma + 1 = {gamma + 1}]")
+            raise ValueError(
+                f"length={self.value!r} cannot be reached with gamma={gamma}: need L in [1, gamma + 1 = {gamma + 1}]"
+            )
 
     def accepted(self, n_draft: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         """Drafts kept per row ``[B]`` (long, on ``n_draft``'s device) for ``n_draft [B]``."""

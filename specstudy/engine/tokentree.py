@@ -14,8 +14,8 @@ attention unchanged).  After verification only the accepted path's keys/values s
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import torch
 
@@ -81,8 +81,13 @@ def ancestor_matrix(parents: Sequence[int]) -> torch.Tensor:
     return m
 
 
-def tree_attention_mask(parents: Sequence[int], past_len: int, dtype: torch.dtype = torch.float32,
-                        rows: Sequence[int] | None = None, n_cols: int | None = None) -> torch.Tensor:
+def tree_attention_mask(
+    parents: Sequence[int],
+    past_len: int,
+    dtype: torch.dtype = torch.float32,
+    rows: Sequence[int] | None = None,
+    n_cols: int | None = None,
+) -> torch.Tensor:
     """Additive 4D mask (1, 1, R, past_len + C) for feeding tree nodes after a cache of ``past_len``.
 
     Row r (tree node ``rows[r]``) may see every cached position and the tree nodes that are its
@@ -160,22 +165,27 @@ def tree_forward(model, cache, past_len: int, tree: TokenTree) -> tuple[torch.Te
     """
     base, lm_head = base_and_head(model)
     dev = model_device(model)
-    out = base(input_ids=torch.tensor([tree.tokens], device=dev),
-               attention_mask=tree_attention_mask(tree.parents, past_len, model_dtype(model)).to(dev),
-               position_ids=tree_position_ids(tree.parents, past_len).to(dev),
-               use_cache=True, **cache_arg(base, cache))
+    out = base(
+        input_ids=torch.tensor([tree.tokens], device=dev),
+        attention_mask=tree_attention_mask(tree.parents, past_len, model_dtype(model)).to(dev),
+        position_ids=tree_position_ids(tree.parents, past_len).to(dev),
+        use_cache=True,
+        **cache_arg(base, cache),
+    )
     hidden = out.last_hidden_state[0]
     return hidden, lm_head(hidden)
 
 
 @torch.no_grad()
-def causal_forward(model, cache, past_len: int, tokens: Sequence[int], last_only: bool = False
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
+def causal_forward(
+    model, cache, past_len: int, tokens: Sequence[int], last_only: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The target over ``tokens`` causally (the prefill): ``(hidden [k, H], logits [k or 1, V])``."""
     base, lm_head = base_and_head(model)
     dev = model_device(model)
     pos = torch.arange(past_len, past_len + len(tokens), device=dev)[None]
-    out = base(input_ids=torch.tensor([list(tokens)], device=dev), position_ids=pos, use_cache=True,
-               **cache_arg(base, cache))
+    out = base(
+        input_ids=torch.tensor([list(tokens)], device=dev), position_ids=pos, use_cache=True, **cache_arg(base, cache)
+    )
     hidden = out.last_hidden_state[0]
     return hidden, lm_head(hidden[-1:] if last_only else hidden)

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import torch
 
@@ -59,7 +59,7 @@ class Timer:
         self.device = torch.device(device)
         self.s = 0.0
 
-    def __enter__(self) -> "Timer":
+    def __enter__(self) -> Timer:
         _sync(self.device)
         self._t0 = time.perf_counter()
         return self
@@ -73,8 +73,14 @@ class BatchTrace:
     """The rows of one batch; ``active`` lists the indices of rows still decoding, in the order
     of the rows of every KV state the method holds."""
 
-    def __init__(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, eos_token_ids: Sequence[int] = (),
-                 ignore_eos: bool = True, device: str | torch.device = "cpu"):
+    def __init__(
+        self,
+        prompts: Sequence[Sequence[int]],
+        max_new_tokens: int,
+        eos_token_ids: Sequence[int] = (),
+        ignore_eos: bool = True,
+        device: str | torch.device = "cpu",
+    ):
         if not prompts:
             raise ValueError("no prompts to decode")
         for i, p in enumerate(prompts):
@@ -124,7 +130,9 @@ class BatchTrace:
         """
         n = len(self.active)
         if len(tokens) != n or target_logits.shape[0] != n:
-            raise ValueError(f"emit got {len(tokens)} token rows / {target_logits.shape[0]} logit rows for {n} active rows")
+            raise ValueError(
+                f"emit got {len(tokens)} token rows / {target_logits.shape[0]} logit rows for {n} active rows"
+            )
         drafted = [drafted] * n if isinstance(drafted, int) else list(drafted)
         accepted = [accepted] * n if isinstance(accepted, int) else list(accepted)
         width = max(len(t) for t in tokens)
@@ -147,8 +155,16 @@ class BatchTrace:
             row.output_ids.extend(out)
             row.target_logprobs.extend(lp[j][: len(out)])
             row.token_entropy.extend(ent[j][: len(out)])
-            row.steps.append(StepRecord(drafted=int(drafted[j]), accepted=int(accepted[j]), emitted=len(out),
-                                        t_s=t_s, draft_s=draft_s, verify_s=verify_s))
+            row.steps.append(
+                StepRecord(
+                    drafted=int(drafted[j]),
+                    accepted=int(accepted[j]),
+                    emitted=len(out),
+                    t_s=t_s,
+                    draft_s=draft_s,
+                    verify_s=verify_s,
+                )
+            )
             if out:
                 row.chunk_times_s.append(t_s)
                 row.chunk_tokens.append(len(out))

@@ -28,8 +28,8 @@ after that prefix.  Benchmark-only: the output is no longer the target's.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
@@ -55,12 +55,16 @@ class VerifyOutcome:
 
 def _check_shapes(draft_tokens: torch.Tensor, n_draft: torch.Tensor, target: torch.Tensor) -> None:
     if draft_tokens.dim() != 2 or target.dim() != 3:
-        raise ValueError(f"need draft_tokens [B, G] and target [B, G+1, V]; got {tuple(draft_tokens.shape)} "
-                         f"and {tuple(target.shape)}")
+        raise ValueError(
+            f"need draft_tokens [B, G] and target [B, G+1, V]; got {tuple(draft_tokens.shape)} "
+            f"and {tuple(target.shape)}"
+        )
     b, g = draft_tokens.shape
     if target.shape[0] != b or target.shape[1] != g + 1:
-        raise ValueError(f"target shape {tuple(target.shape)} does not match draft_tokens {tuple(draft_tokens.shape)}: "
-                         f"need [{b}, {g + 1}, V]")
+        raise ValueError(
+            f"target shape {tuple(target.shape)} does not match draft_tokens {tuple(draft_tokens.shape)}: "
+            f"need [{b}, {g + 1}, V]"
+        )
     if n_draft.shape != (b,):
         raise ValueError(f"n_draft shape {tuple(n_draft.shape)}: need [{b}]")
     if n_draft.numel() and (int(n_draft.min()) < 0 or int(n_draft.max()) > g):
@@ -101,8 +105,12 @@ def verify_greedy(draft_tokens: torch.Tensor, n_draft: torch.Tensor, target_logi
     return VerifyOutcome(accepted=n, next_token=best.gather(1, n[:, None]).squeeze(1))
 
 
-def sampling_accepts(draft_tokens: torch.Tensor, target_probs: torch.Tensor,
-                     draft_probs: torch.Tensor | None, generator: torch.Generator | None) -> torch.Tensor:
+def sampling_accepts(
+    draft_tokens: torch.Tensor,
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    generator: torch.Generator | None,
+) -> torch.Tensor:
     """``[B, G]`` bool: d_i accepted with probability min(1, p_i(d_i) / q_i(d_i)), i.e. iff
     u_i · q_i(d_i) < p_i(d_i) with u_i ~ U(0, 1) (no division by q).  ``draft_tokens`` must be
     valid ids everywhere (:func:`real_drafts`); ``draft_probs=None``: q one-hot on d_i."""
@@ -118,8 +126,14 @@ def sampling_accepts(draft_tokens: torch.Tensor, target_probs: torch.Tensor,
     return u * q_d < p_d
 
 
-def sample_after(n: torch.Tensor, draft_tokens: torch.Tensor, n_draft: torch.Tensor, target_probs: torch.Tensor,
-                 draft_probs: torch.Tensor | None, generator: torch.Generator | None) -> torch.Tensor:
+def sample_after(
+    n: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    n_draft: torch.Tensor,
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    generator: torch.Generator | None,
+) -> torch.Tensor:
     """The token after ``n[b]`` kept drafts: from residual(p_{n+1}, q_{n+1}) where d_{n+1} was
     rejected (n < n_draft), from p_{n+1} (the bonus) where every draft was kept."""
     b, g = draft_tokens.shape
@@ -188,8 +202,9 @@ def verify_step(
     (:meth:`specstudy.engine.synthetic.SyntheticAcceptance.draws`) replaces the acceptance test.
     """
     if synthetic is not None:
-        return verify_synthetic(draft_tokens, n_draft, target_logits, sampling, synthetic(n_draft), draft_probs,
-                                generator)
+        return verify_synthetic(
+            draft_tokens, n_draft, target_logits, sampling, synthetic(n_draft), draft_probs, generator
+        )
     if sampling.greedy:
         return verify_greedy(draft_tokens, n_draft, target_logits)
     return verify_sampling(draft_tokens, n_draft, probs_for(target_logits, sampling), draft_probs, generator)

@@ -18,9 +18,11 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m specstudy.engines", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     engines = sorted({e.engine for e in envs.ENVIRONMENTS.values()})
-    for name, help_ in (("install", "create the engine's venv (once; a stamp file afterwards)"),
-                        ("python-of", "print the engine venv's interpreter path"),
-                        ("status", "say whether the engine venv is installed, as JSON")):
+    for name, help_ in (
+        ("install", "create the engine's venv (once; a stamp file afterwards)"),
+        ("python-of", "print the engine venv's interpreter path"),
+        ("status", "say whether the engine venv is installed, as JSON"),
+    ):
         s = sub.add_parser(name, help=help_)
         s.add_argument("engine", choices=engines)
         g = s.add_mutually_exclusive_group()
@@ -51,8 +53,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "python-of":
         print(envs.python_of(env))
     elif args.cmd == "status":
-        print(json.dumps({"env": env.name, "python": str(envs.python_of(env)), "installed": envs.is_installed(env),
-                          "stamp": (envs.read_stamp(env) or {}).get("engine_version")}))
+        print(
+            json.dumps(
+                {
+                    "env": env.name,
+                    "python": str(envs.python_of(env)),
+                    "installed": envs.is_installed(env),
+                    "stamp": (envs.read_stamp(env) or {}).get("engine_version"),
+                }
+            )
+        )
     else:
         res = envs.install(env, force=args.force)
         print(f"{env.name}: {'installed' if res.installed else 'up to date'} -> {res.python}")

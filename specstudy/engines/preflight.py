@@ -13,19 +13,31 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 from . import environments as envs
 
 #: hub repositories that need an accepted licence and a token
 GATED_PREFIXES = ("meta-llama/",)
 #: bytes per parameter of a checkpoint in each dtype / weight quantization
-DTYPE_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2, "auto": 2, "awq": 0.5, "gptq": 0.5,
-               "fp8": 1, "int8": 1}
-TRTLLM_HINT = ("install TensorRT-LLM 1.2 (NVIDIA's container, or pip install tensorrt-llm on a CUDA machine) "
-               "so that trtllm-serve is on PATH")
+DTYPE_BYTES = {
+    "float32": 4,
+    "float64": 8,
+    "bfloat16": 2,
+    "float16": 2,
+    "auto": 2,
+    "awq": 0.5,
+    "gptq": 0.5,
+    "fp8": 1,
+    "int8": 1,
+}
+TRTLLM_HINT = (
+    "install TensorRT-LLM 1.2 (NVIDIA's container, or pip install tensorrt-llm on a CUDA machine) "
+    "so that trtllm-serve is on PATH"
+)
 
 
 @dataclass(frozen=True)
@@ -83,7 +95,9 @@ def nvml_gpus() -> list[str] | None:
     except Exception:
         return None
     try:
-        names = [pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i)) for i in range(pynvml.nvmlDeviceGetCount())]
+        names = [
+            pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i)) for i in range(pynvml.nvmlDeviceGetCount())
+        ]
         return [n.decode() if isinstance(n, bytes) else str(n) for n in names]
     finally:
         pynvml.nvmlShutdown()
@@ -92,8 +106,9 @@ def nvml_gpus() -> list[str] | None:
 def import_probe(python: str, module: str, timeout_s: float = 180.0) -> tuple[bool, str]:
     """Spawn ``python -c 'import module'``; (ok, last lines of its error)."""
     try:
-        out = subprocess.run([python, "-c", f"import {module}"], capture_output=True, text=True, timeout=timeout_s,
-                             cwd="/")
+        out = subprocess.run(
+            [python, "-c", f"import {module}"], capture_output=True, text=True, timeout=timeout_s, cwd="/"
+        )
     except (OSError, subprocess.TimeoutExpired) as e:
         return False, str(e)
     return out.returncode == 0, "\n".join((out.stderr or "").strip().splitlines()[-3:])
@@ -139,9 +154,16 @@ def _existing(p: Path) -> Path:
 # ---- the checks -------------------------------------------------------------------------------------
 
 
-def preflight(frameworks: Iterable[str], models: Sequence[Weights | str], drafters: Sequence[DrafterUse | str],
-              hardware_profile: Mapping[str, Any] | Any, tensor_parallel_size: int = 1, *, cuda: bool | None = None,
-              probes: Probes | None = None) -> list[Missing]:
+def preflight(
+    frameworks: Iterable[str],
+    models: Sequence[Weights | str],
+    drafters: Sequence[DrafterUse | str],
+    hardware_profile: Mapping[str, Any] | Any,
+    tensor_parallel_size: int = 1,
+    *,
+    cuda: bool | None = None,
+    probes: Probes | None = None,
+) -> list[Missing]:
     """Everything missing for a study on this machine (empty: ready).  Loads nothing, asks no hub."""
     p = probes or Probes()
     frameworks = list(dict.fromkeys(frameworks))
@@ -175,8 +197,11 @@ def _gpus(profile: Mapping[str, Any], tp: int, p: Probes) -> list[Missing]:
     if not match:
         out.append(Missing("gpu", want, f"the profile is for {want}; this machine has {sorted(set(names))}", how))
     if len(match or names) < tp:
-        out.append(Missing("gpu", f"{tp} GPUs", f"tensor_parallel_size={tp} needs {tp} GPUs; {len(match or names)} "
-                                                 "match here", how))
+        out.append(
+            Missing(
+                "gpu", f"{tp} GPUs", f"tensor_parallel_size={tp} needs {tp} GPUs; {len(match or names)} match here", how
+            )
+        )
     return out
 
 
@@ -195,20 +220,39 @@ def _engines(frameworks: list[str], cuda: bool, p: Probes) -> list[Missing]:
         make = f"make engine-{env.engine} (python -m specstudy.engines install {env.engine} --{env.build})"
         py = str(envs.python_of(env))
         if not p.installed(env):
-            out.append(Missing("engine", f"{env.name} environment", f"{env.engine_requirement} is not installed at "
-                                                                     f"{envs.venv_dir(env)}", make))
+            out.append(
+                Missing(
+                    "engine",
+                    f"{env.name} environment",
+                    f"{env.engine_requirement} is not installed at {envs.venv_dir(env)}",
+                    make,
+                )
+            )
             continue
         ok, err = p.imports(py, env.engine)
         if not ok:
-            out.append(Missing("engine", f"{env.name} environment", f"`{py} -c 'import {env.engine}'` failed: {err}",
-                               f"rebuild it: {make} --force"))
+            out.append(
+                Missing(
+                    "engine",
+                    f"{env.name} environment",
+                    f"`{py} -c 'import {env.engine}'` failed: {err}",
+                    f"rebuild it: {make} --force",
+                )
+            )
     if "trtllm" in frameworks:
         if not cuda:
-            out.append(Missing("engine", "trtllm-serve", "TensorRT-LLM runs on NVIDIA GPUs only: it cannot run here",
-                               "run the trtllm rows on the GPU box"))
+            out.append(
+                Missing(
+                    "engine",
+                    "trtllm-serve",
+                    "TensorRT-LLM runs on NVIDIA GPUs only: it cannot run here",
+                    "run the trtllm rows on the GPU box",
+                )
+            )
         elif not p.which("trtllm-serve"):
-            out.append(Missing("engine", "trtllm-serve", "not on PATH (the kit does not install TensorRT-LLM)",
-                               TRTLLM_HINT))
+            out.append(
+                Missing("engine", "trtllm-serve", "not on PATH (the kit does not install TensorRT-LLM)", TRTLLM_HINT)
+            )
     return out
 
 
@@ -230,23 +274,43 @@ def _weights(weights: list[Weights], p: Probes) -> list[Missing]:
             continue
         seen.add(w.id)
         if "/" not in w.id or w.id.startswith((".", "/")):
-            out.append(Missing("model", w.id, "neither a local path nor a hub id (owner/name)", "fix the id in the profile"))
+            out.append(
+                Missing("model", w.id, "neither a local path nor a hub id (owner/name)", "fix the id in the profile")
+            )
             continue
         if p.cached(w.id):
             continue
         gb = (w.params or 0) * DTYPE_BYTES.get(w.dtype, 2) / 1e9
         to_download += gb
         size = f" (about {gb:.0f} GB)" if gb else ""
-        out.append(Missing("model", w.id, f"not in the Hugging Face cache at {p.hf_home()}{size}",
-                           f"hf download {w.id} (with network; HF_HUB_OFFLINE=1 is set by the Makefile)"))
+        out.append(
+            Missing(
+                "model",
+                w.id,
+                f"not in the Hugging Face cache at {p.hf_home()}{size}",
+                f"hf download {w.id} (with network; HF_HUB_OFFLINE=1 is set by the Makefile)",
+            )
+        )
         if w.id.startswith(GATED_PREFIXES) and not p.token():
-            out.append(Missing("token", w.id, "a gated repository: downloading it needs an accepted licence and a token",
-                               f"accept the licence on the model page of {w.id}, then set HF_TOKEN or run `hf auth login`"))
+            out.append(
+                Missing(
+                    "token",
+                    w.id,
+                    "a gated repository: downloading it needs an accepted licence and a token",
+                    f"accept the licence on the model page of {w.id}, then set HF_TOKEN or run `hf auth login`",
+                )
+            )
     if to_download:
         free = p.disk_free(p.hf_home()) / 1e9
         if free < to_download * 1.1:
-            out.append(Missing("disk", str(p.hf_home()), f"{to_download:.0f} GB of weights to download, {free:.0f} GB free",
-                               "free disk space or point HF_HOME at a larger disk"))
+            out.append(
+                Missing(
+                    "disk",
+                    str(p.hf_home()),
+                    f"{to_download:.0f} GB of weights to download, {free:.0f} GB free",
+                    "free disk space or point HF_HOME at a larger disk",
+                )
+            )
     return out
 
 
@@ -261,6 +325,12 @@ def _drafters(drafters: list[DrafterUse], p: Probes) -> list[Missing]:
             try:
                 check_drafter(fw, method, d.id)
             except ValueError as e:
-                out.append(Missing("drafter", f"{d.id} ({fw} {method})", str(e),
-                                   "use a checkpoint in the engine's format, or drop this framework for the row"))
+                out.append(
+                    Missing(
+                        "drafter",
+                        f"{d.id} ({fw} {method})",
+                        str(e),
+                        "use a checkpoint in the engine's format, or drop this framework for the row",
+                    )
+                )
     return out

@@ -50,8 +50,13 @@ def cell_from(d: dict[str, Any]) -> Cell:
 def request_from(d: dict[str, Any]) -> Request:
     ids = d.get("prompt_ids")
     msgs = d.get("messages")
-    return Request(**{**d, "prompt_ids": tuple(ids) if ids is not None else None,
-                      "messages": tuple(tuple(m) for m in msgs) if msgs is not None else None})
+    return Request(
+        **{
+            **d,
+            "prompt_ids": tuple(ids) if ids is not None else None,
+            "messages": tuple(tuple(m) for m in msgs) if msgs is not None else None,
+        }
+    )
 
 
 def sampling_from(d: dict[str, Any]) -> Sampling:
@@ -63,5 +68,9 @@ def record_from(d: dict[str, Any]) -> RequestRecord:
 
 
 def run_message(requests: list[Request], sampling: Sampling, cell: Cell) -> dict[str, Any]:
-    return {"op": "run", "cell": dataclasses.asdict(cell), "sampling": dataclasses.asdict(sampling),
-            "requests": [dataclasses.asdict(r) for r in requests]}
+    return {
+        "op": "run",
+        "cell": dataclasses.asdict(cell),
+        "sampling": dataclasses.asdict(sampling),
+        "requests": [dataclasses.asdict(r) for r in requests],
+    }

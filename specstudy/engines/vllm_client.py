@@ -14,8 +14,9 @@ import queue
 import subprocess
 import threading
 import time
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 from ..backends.base import BackendUnavailable
 from ..records import Cell, Request, RequestRecord, Sampling
@@ -31,19 +32,30 @@ def default_python() -> str:
 
     env = engine_env("vllm")
     if not is_installed(env):
-        raise BackendUnavailable(f"framework 'vllm' runs in the {env.name} environment, which is not installed "
-                                 f"at {python_of(env).parent.parent}: run `make engine-vllm` "
-                                 f"(python -m specstudy.engines install vllm)")
+        raise BackendUnavailable(
+            f"framework 'vllm' runs in the {env.name} environment, which is not installed "
+            f"at {python_of(env).parent.parent}: run `make engine-vllm` "
+            f"(python -m specstudy.engines install vllm)"
+        )
     return str(python_of(env))
 
 
 class WorkerClient:
     """One worker process holding one vLLM engine; :meth:`run` is one batch call at a time."""
 
-    def __init__(self, model_path: str, drafter: str | None, options: Mapping[str, Any], *,
-                 python: str | None = None, env: Mapping[str, str] | None = None,
-                 startup_timeout_s: float = 900.0, run_timeout_s: float = 3600.0,
-                 log_dir: str | os.PathLike = "outputs/servers", argv: list[str] | None = None):
+    def __init__(
+        self,
+        model_path: str,
+        drafter: str | None,
+        options: Mapping[str, Any],
+        *,
+        python: str | None = None,
+        env: Mapping[str, str] | None = None,
+        startup_timeout_s: float = 900.0,
+        run_timeout_s: float = 3600.0,
+        log_dir: str | os.PathLike = "outputs/servers",
+        argv: list[str] | None = None,
+    ):
         self.python = python or default_python()
         self.argv = argv or [self.python, "-m", WORKER_MODULE]
         self.init = {"op": "init", "model": model_path, "drafter": drafter, "options": dict(options)}
@@ -64,9 +76,17 @@ class WorkerClient:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")
         try:
-            self.proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
-                                         env=self.env, cwd=str(REPO_ROOT), text=True, bufsize=1,
-                                         start_new_session=True)
+            self.proc = subprocess.Popen(
+                self.argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                env=self.env,
+                cwd=str(REPO_ROOT),
+                text=True,
+                bufsize=1,
+                start_new_session=True,
+            )
         except OSError as e:
             raise BackendUnavailable(f"cannot start the vLLM worker {self.argv[0]!r}: {e}") from e
         finally:
@@ -99,8 +119,9 @@ class WorkerClient:
             line = self._lines.get(timeout=max(deadline - time.monotonic(), 0.0))
         except queue.Empty:
             self.kill()
-            raise BackendUnavailable(f"the vLLM worker did not answer in time; log {self.log_path}:\n"
-                                     f"{self.log_tail()}") from None
+            raise BackendUnavailable(
+                f"the vLLM worker did not answer in time; log {self.log_path}:\n{self.log_tail()}"
+            ) from None
         if line is None:
             code = self.proc.wait(10) if self.proc else None
             raise BackendUnavailable(f"the vLLM worker exited (code {code}); log {self.log_path}:\n{self.log_tail()}")

@@ -13,7 +13,8 @@ import json
 import os
 import sys
 import traceback
-from typing import Any, Callable, TextIO
+from collections.abc import Callable
+from typing import Any, TextIO
 
 from . import protocol
 
@@ -28,6 +29,7 @@ def _claim_stdout() -> TextIO:
 
 def serve(inp: TextIO, out: TextIO, make_engine: Callable[[str, str | None, dict], Any]) -> int:
     """Answer messages until ``close`` or end of input; returns the exit code."""
+
     def send(msg: dict) -> None:
         out.write(protocol.dumps(msg))
         out.flush()
@@ -60,8 +62,14 @@ def serve(inp: TextIO, out: TextIO, make_engine: Callable[[str, str | None, dict
             send({"op": "error", "kind": "bad_request", "message": str(e)})
         except Exception as e:  # the engine failed: say what, with the traceback, and keep serving
             kind = "load" if op == "init" or type(e).__name__ == "BackendUnavailable" else "run"
-            send({"op": "error", "kind": kind, "message": f"{type(e).__name__}: {e}"[:4000],
-                  "traceback": traceback.format_exc()[-4000:]})
+            send(
+                {
+                    "op": "error",
+                    "kind": kind,
+                    "message": f"{type(e).__name__}: {e}"[:4000],
+                    "traceback": traceback.format_exc()[-4000:],
+                }
+            )
     if engine is not None:
         engine.close()
     return 0
@@ -69,7 +77,13 @@ def serve(inp: TextIO, out: TextIO, make_engine: Callable[[str, str | None, dict
 
 def _init(msg: dict, make_engine: Callable, send: Callable[[dict], None]) -> Any:
     engine = make_engine(msg["model"], msg.get("drafter"), dict(msg.get("options") or {}))
-    send({"op": "ready", "pid": os.getpid(), "engine_version": getattr(getattr(engine, "vllm", None), "__version__", None)})
+    send(
+        {
+            "op": "ready",
+            "pid": os.getpid(),
+            "engine_version": getattr(getattr(engine, "vllm", None), "__version__", None),
+        }
+    )
     return engine
 
 

@@ -11,11 +11,36 @@ import re
 
 import pandas as pd
 
-_SPECIAL = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
-            "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}"}
-_SYMBOLS = {"α̂": r"$\hat{\alpha}$", "α": r"$\alpha$", "γ": r"$\gamma$", "τ": r"$\tau$", "Δ": r"$\Delta$",
-            "×": r"$\times$", "≤": r"$\le$", "≥": r"$\ge$", "−": "-", "—": "---", "–": "--", "…": r"\ldots{}",
-            "○": r"$\circ$", "·": r"$\cdot$", "→": r"$\to$", "≈": r"$\approx$"}
+_SPECIAL = {
+    "\\": r"\textbackslash{}",
+    "&": r"\&",
+    "%": r"\%",
+    "$": r"\$",
+    "#": r"\#",
+    "_": r"\_",
+    "{": r"\{",
+    "}": r"\}",
+    "~": r"\textasciitilde{}",
+    "^": r"\textasciicircum{}",
+}
+_SYMBOLS = {
+    "α̂": r"$\hat{\alpha}$",
+    "α": r"$\alpha$",
+    "γ": r"$\gamma$",
+    "τ": r"$\tau$",
+    "Δ": r"$\Delta$",
+    "×": r"$\times$",
+    "≤": r"$\le$",
+    "≥": r"$\ge$",
+    "−": "-",
+    "—": "---",
+    "–": "--",
+    "…": r"\ldots{}",
+    "○": r"$\circ$",
+    "·": r"$\cdot$",
+    "→": r"$\to$",
+    "≈": r"$\approx$",
+}
 _PATTERN = re.compile("|".join(re.escape(k) for k in sorted({**_SPECIAL, **_SYMBOLS}, key=len, reverse=True)))
 
 

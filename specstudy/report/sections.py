@@ -37,7 +37,7 @@ class Section:
     tables: dict[str, tuple[pd.DataFrame, pd.DataFrame | None]] = field(default_factory=dict)
     figures: dict[str, Figure] = field(default_factory=dict)
 
-    def absorb(self, other: "Section") -> None:
+    def absorb(self, other: Section) -> None:
         """Append another section's text, tables and figures (the telemetry inside the hardware section)."""
         self.markdown += "\n" + other.markdown
         self.tables.update(other.tables)
@@ -72,7 +72,9 @@ def hardware_section(study: Study, hardware: tuple[pd.DataFrame, pd.DataFrame] |
     device = host.get("gpus") or [host.get("cpu_model", "")]
     table, raw = hardware if hardware is not None else tables.hardware_table(study)
     metrics_table = tables.metric_table(study)
-    sec = Section(f"Hardware table — {study.hardware} ({', '.join(d for d in device if d) or (prof.device if prof else '')})")
+    sec = Section(
+        f"Hardware table — {study.hardware} ({', '.join(d for d in device if d) or (prof.device if prof else '')})"
+    )
     sec.tables["hardware"] = (table, raw)
     sec.tables["hardware_metrics"] = (metrics_table, None)
     notes = conditions.drafter_notes(study)
@@ -98,7 +100,9 @@ def hardware_section(study: Study, hardware: tuple[pd.DataFrame, pd.DataFrame] |
 
 def frameworks_section(study: Study) -> Section:
     fw = tables.framework_table(study)
-    return Section("Frameworks", "Measured per framework on this machine.\n\n" + markdown_table(fw), {"frameworks": (fw, None)})
+    return Section(
+        "Frameworks", "Measured per framework on this machine.\n\n" + markdown_table(fw), {"frameworks": (fw, None)}
+    )
 
 
 def method_family_section(study: Study, family: str) -> Section:
@@ -131,8 +135,9 @@ def task_category_section(study: Study, task: str | None = None) -> Section:
     """One task (or all): the seed's task table row(s) and the acceptance-vs-entropy plot."""
     name = f"task_{task}" if task else "tasks"
     table, raw = tables.task_table(study, [task] if task else None)
-    sec = Section(f"Task category — {TASK_TITLES.get(task, task)}" if task else "Task categories",
-                  tables={name: (table, raw)})
+    sec = Section(
+        f"Task category — {TASK_TITLES.get(task, task)}" if task else "Task categories", tables={name: (table, raw)}
+    )
     sec.markdown = (
         "Entropy: mean per-token entropy (nats) of the target's next-token distribution along its own AR output "
         "(computed in the verification pass), 95 % CI over requests. α range: lowest–highest α over the task's "
@@ -159,8 +164,10 @@ def _fails_batch(study: Study, sec: Section) -> list[str]:
         parts.append("_no method was measured at several batch sizes_\n")
     lines = fails.predicted_break_even(study, study.profile)
     if lines:
-        parts.append(f"\nPrediction (roofline cost model, {study.profile.name} profile, not measured): batch size at "  # type: ignore[union-attr]
-                     "which the draft/target speedup falls below 1×:\n" + "\n".join(lines) + "\n")
+        parts.append(
+            f"\nPrediction (roofline cost model, {study.profile.name} profile, not measured): batch size at "  # type: ignore[union-attr]
+            "which the draft/target speedup falls below 1×:\n" + "\n".join(lines) + "\n"
+        )
     else:
         parts.append("")
     return parts
@@ -176,8 +183,11 @@ def _fails_alpha(study: Study, sec: Section) -> list[str]:
     parts.append(markdown_table(df))
     preds = fails.low_alpha_predictions(pc)
     if preds:
-        parts.append("\nPrediction (cost model with each method's measured draft and verification costs):\n"
-                     + "\n".join(preds) + "\n")
+        parts.append(
+            "\nPrediction (cost model with each method's measured draft and verification costs):\n"
+            + "\n".join(preds)
+            + "\n"
+        )
     sec.figures["fails_alpha"] = figures.speedup_vs_alpha(pc)
     return parts
 
@@ -187,21 +197,29 @@ def _fails_short_and_memory(study: Study, sec: Section) -> list[str]:
     df = fails.short_outputs(study)
     if len(df):
         sec.tables["fails_short"] = (df, None)
-        parts.append("The prefill and the first token are the same work with or without speculation, so with few "
-                     "output tokens there is little decode time left to save.\n\n" + markdown_table(df))
+        parts.append(
+            "The prefill and the first token are the same work with or without speculation, so with few "
+            "output tokens there is little decode time left to save.\n\n" + markdown_table(df)
+        )
     else:
         parts.append("_no short-output cells in this study (add a sweep with max_new_tokens ≤ 10)_\n")
     parts.append("\n### (4) Memory pressure: a draft model costs memory the target may need\n")
     md, src = fails.memory_overhead(study)
     if len(md):
         sec.tables["fails_memory"] = (md, None)
-        parts.append(f"Peak memory of the speculative cell minus its paired baseline (source: {', '.join(src) or 'backend'}).\n\n"
-                     + markdown_table(md))
+        parts.append(
+            f"Peak memory of the speculative cell minus its paired baseline (source: {', '.join(src) or 'backend'}).\n\n"
+            + markdown_table(md)
+        )
     else:
         parts.append("_the backend reported no peak memory_\n")
     lines = fails.predicted_memory_fit(study, study.profile)
-    parts.append("\nPrediction (weights only, from declared parameter counts; KV cache comes on top): heads "
-                 "(Medusa/EAGLE) add far less memory than a separate draft model.\n" + "\n".join(lines) + "\n" if lines else "")
+    parts.append(
+        "\nPrediction (weights only, from declared parameter counts; KV cache comes on top): heads "
+        "(Medusa/EAGLE) add far less memory than a separate draft model.\n" + "\n".join(lines) + "\n"
+        if lines
+        else ""
+    )
     return parts
 
 
@@ -231,21 +249,28 @@ def failures_section(study: Study) -> Section:
     lines = ["| Cell | Error |", "| --- | --- |"]
     for f in study.failed:
         lines.append(f"| {f.get('cell_id')} | {str(f.get('error', '')).replace('|', '/')[:200]} |")
-    return Section("Failed cells", "\n".join(lines) + "\n\nRerun `make study` to retry them (finished cells are skipped).\n")
+    return Section(
+        "Failed cells", "\n".join(lines) + "\n\nRerun `make study` to retry them (finished cells are skipped).\n"
+    )
 
 
 def report_head(study: Study) -> str:
     n_req = sum(len(v) for v in study.records.values())
     n_ok = sum(r.status == "ok" for r in study.all_records())
-    stale = (f"; {len(study.stale_cells)} record part(s) of cells no longer in the params ignored"
-             if study.stale_cells else "")
-    return "\n".join([
-        f"# Speculative decoding study — `{study.config.get('name', study.hardware)}` on `{study.hardware}`\n",
-        f"{len(study.records)} of {study.planned_cells} planned cells measured ({n_req} requests, {n_ok} ok); "
-        f"{len(study.failed)} failed{stale}. Every number below is measured on this machine unless labelled "
-        "*prediction* (the roofline / Leviathan cost model). Brackets are 95 % bootstrap confidence intervals; "
-        "n counts paired requests.\n",
-    ])
+    stale = (
+        f"; {len(study.stale_cells)} record part(s) of cells no longer in the params ignored"
+        if study.stale_cells
+        else ""
+    )
+    return "\n".join(
+        [
+            f"# Speculative decoding study — `{study.config.get('name', study.hardware)}` on `{study.hardware}`\n",
+            f"{len(study.records)} of {study.planned_cells} planned cells measured ({n_req} requests, {n_ok} ok); "
+            f"{len(study.failed)} failed{stale}. Every number below is measured on this machine unless labelled "
+            "*prediction* (the roofline / Leviathan cost model). Brackets are 95 % bootstrap confidence intervals; "
+            "n counts paired requests.\n",
+        ]
+    )
 
 
 def summary_section(study: Study, hw_raw: pd.DataFrame) -> Section:
@@ -258,8 +283,13 @@ def report_sections(study: Study) -> list[Section]:
     hardware = tables.hardware_table(study)
     secs = [summary_section(study, hardware[1]), hardware_section(study, hardware), frameworks_section(study)]
     secs += [method_family_section(study, fam) for fam in tables.families_in(study)]
-    secs += [task_category_section(study), when_it_fails_section(study), hygiene_section(study),
-             provenance_section(study), failures_section(study)]
+    secs += [
+        task_category_section(study),
+        when_it_fails_section(study),
+        hygiene_section(study),
+        provenance_section(study),
+        failures_section(study),
+    ]
     return secs
 
 

@@ -105,11 +105,13 @@ def write_cross_report(outs: Sequence[str | os.PathLike], dest: str | os.PathLik
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
     df = cross_hardware_table(outs)
-    md = ["# Cross-hardware comparison\n",
-          "Each row was measured on its own machine (`make study GPU=...`) and merged here; speedups are "
-          "paired against AR on the same machine, never across machines. Brackets: 95 % CI.\n",
-          markdown_table(df),
-          "\nSources: " + ", ".join(f"`{o}`" for o in outs) + "\n"]
+    md = [
+        "# Cross-hardware comparison\n",
+        "Each row was measured on its own machine (`make study GPU=...`) and merged here; speedups are "
+        "paired against AR on the same machine, never across machines. Brackets: 95 % CI.\n",
+        markdown_table(df),
+        "\nSources: " + ", ".join(f"`{o}`" for o in outs) + "\n",
+    ]
     path = dest / "report.md"
     path.write_text("\n".join(md))
     df.to_csv(dest / "hardware.csv", index=False)

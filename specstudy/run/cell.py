@@ -54,11 +54,16 @@ class CellResult:
             return f"{head}: done earlier, skipped"
         if self.status == "failed":
             return f"{head}: FAILED: {self.message}"
-        parts = [f"{self.ok}/{self.requests} ok", f"{self.output_tokens} tok in {self.wall_s:.1f}s",
-                 f"{self.tokens_per_s:.1f} tok/s"]
+        parts = [
+            f"{self.ok}/{self.requests} ok",
+            f"{self.output_tokens} tok in {self.wall_s:.1f}s",
+            f"{self.tokens_per_s:.1f} tok/s",
+        ]
         if self.alpha is not None and self.alpha == self.alpha:
             al = self.acceptance_length
-            parts.append(f"alpha {self.alpha:.2f} AL {al:.2f}" if al is not None and al == al else f"alpha {self.alpha:.2f}")
+            parts.append(
+                f"alpha {self.alpha:.2f} AL {al:.2f}" if al is not None and al == al else f"alpha {self.alpha:.2f}"
+            )
         if self.speedup is not None and self.speedup == self.speedup:
             lo, hi = self.speedup_ci or (float("nan"), float("nan"))
             parts.append(f"speedup {self.speedup:.2f}x [{lo:.2f}, {hi:.2f}]")
@@ -84,8 +89,9 @@ def warmup_sampling(plan: CellPlan, warmup_tokens: int) -> Sampling:
 def _progress(total: int, desc: str, enabled: bool) -> Any:
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, desc=desc, unit="req", leave=False, disable=not enabled, file=sys.stderr,
-                dynamic_ncols=True)
+    return tqdm(
+        total=total, desc=desc, unit="req", leave=False, disable=not enabled, file=sys.stderr, dynamic_ncols=True
+    )
 
 
 def _stamp(plan: CellPlan, rec: RequestRecord, policies: dict[str, str]) -> RequestRecord:
@@ -95,9 +101,15 @@ def _stamp(plan: CellPlan, rec: RequestRecord, policies: dict[str, str]) -> Requ
     return plan.stamp(rec)
 
 
-def run_offline(plan: CellPlan, backend: Backend, requests: Sequence[Request], warmup: Sequence[Request],
-                warmup_tokens: int, telemetry_period_s: float, progress: bool = True
-                ) -> tuple[list[RequestRecord], Telemetry]:
+def run_offline(
+    plan: CellPlan,
+    backend: Backend,
+    requests: Sequence[Request],
+    warmup: Sequence[Request],
+    warmup_tokens: int,
+    telemetry_period_s: float,
+    progress: bool = True,
+) -> tuple[list[RequestRecord], Telemetry]:
     """Warm up (untimed, discarded), then decode ``requests`` in batches under telemetry."""
     cell = plan.backend_cell()
     if warmup:
@@ -122,25 +134,49 @@ def run_offline(plan: CellPlan, backend: Backend, requests: Sequence[Request], w
     return records, tel
 
 
-def run_at_rate(plan: CellPlan, backend: Backend, requests: Sequence[Request], warmup: Sequence[Request],
-                warmup_tokens: int, telemetry_period_s: float) -> tuple[list[RequestRecord], Telemetry]:
+def run_at_rate(
+    plan: CellPlan,
+    backend: Backend,
+    requests: Sequence[Request],
+    warmup: Sequence[Request],
+    warmup_tokens: int,
+    telemetry_period_s: float,
+) -> tuple[list[RequestRecord], Telemetry]:
     """A serving cell: Poisson arrivals at ``plan.request_rate`` against the cell's server."""
     if not isinstance(backend, ServingBackend):
-        raise ValueError(f"request_rate needs a server backend (vllm-server, sglang, llamacpp, openai); "
-                         f"{type(backend).__name__} decodes offline batches")
+        raise ValueError(
+            f"request_rate needs a server backend (vllm-server, sglang, llamacpp, openai); "
+            f"{type(backend).__name__} decodes offline batches"
+        )
     assert plan.request_rate is not None
-    run = serve(backend, requests, warmup, plan.sampling, warmup_sampling(plan, warmup_tokens), plan.backend_cell(),
-                Load(plan.request_rate), request_timeout_s=RATE_REQUEST_TIMEOUT_S, run_timeout_s=RATE_RUN_TIMEOUT_S,
-                telemetry_period_s=telemetry_period_s, seed=plan.sampling.seed)
+    run = serve(
+        backend,
+        requests,
+        warmup,
+        plan.sampling,
+        warmup_sampling(plan, warmup_tokens),
+        plan.backend_cell(),
+        Load(plan.request_rate),
+        request_timeout_s=RATE_REQUEST_TIMEOUT_S,
+        run_timeout_s=RATE_RUN_TIMEOUT_S,
+        telemetry_period_s=telemetry_period_s,
+        seed=plan.sampling.seed,
+    )
     policies = {r.prompt_id: getattr(r, "input_policy", "") for r in requests}
     for rec in run.records:
         _stamp(plan, rec, policies).extra.update(run_wall_s=run.wall_s, run_acceptance=run.run_acceptance)
     return run.records, run.telemetry
 
 
-def run_cell(plan: CellPlan, backend: Backend, requests: Sequence[Request], warmup: Sequence[Request],
-             warmup_tokens: int, telemetry_period_s: float, progress: bool = True
-             ) -> tuple[list[RequestRecord], Telemetry]:
+def run_cell(
+    plan: CellPlan,
+    backend: Backend,
+    requests: Sequence[Request],
+    warmup: Sequence[Request],
+    warmup_tokens: int,
+    telemetry_period_s: float,
+    progress: bool = True,
+) -> tuple[list[RequestRecord], Telemetry]:
     """The cell's records and telemetry, offline or at its request rate."""
     if plan.request_rate is not None:
         return run_at_rate(plan, backend, requests, warmup, warmup_tokens, telemetry_period_s)
@@ -151,21 +187,39 @@ def annotate(records: list[RequestRecord], warmup: int, wall_s: float, tel_summa
     """The cell's measurement conditions on each record: warm-up, wall time, telemetry summary."""
     keep = {k: v for k, v in tel_summary.items() if not isinstance(v, list)}
     for r in records:
-        r.extra.update(warmup_requests=warmup, warmup_scope="engine, method, gamma, batch size", cell_wall_s=wall_s,
-                       throttle_reasons=tel_summary.get("gpu_throttle_reasons", []),
-                       **{f"tel_{k}": v for k, v in keep.items()})
+        r.extra.update(
+            warmup_requests=warmup,
+            warmup_scope="engine, method, gamma, batch size",
+            cell_wall_s=wall_s,
+            throttle_reasons=tel_summary.get("gpu_throttle_reasons", []),
+            **{f"tel_{k}": v for k, v in keep.items()},
+        )
 
 
-def summarize(plan: CellPlan, records: list[RequestRecord], wall_s: float, baseline: list[RequestRecord] | None,
-              tel_summary: dict[str, Any]) -> CellResult:
+def summarize(
+    plan: CellPlan,
+    records: list[RequestRecord],
+    wall_s: float,
+    baseline: list[RequestRecord] | None,
+    tel_summary: dict[str, Any],
+) -> CellResult:
     """The cell's progress line: throughput, acceptance and (when paired) its speedup."""
     ok = [r for r in records if r.status == "ok"]
     acc = metrics.acceptance_summary(records)
     res = CellResult(
-        cell_id=plan.cell_id, label=plan.label, status="done", requests=len(records), ok=len(ok),
-        output_tokens=sum(r.output_tokens for r in ok), wall_s=wall_s,
-        tokens_per_s=metrics.output_throughput(records), alpha=acc["alpha"], acceptance_length=acc["acceptance_length"],
-        load_1m=load_average()[0], throttled=bool(tel_summary.get("throttled")), sweeps=plan.sweeps,
+        cell_id=plan.cell_id,
+        label=plan.label,
+        status="done",
+        requests=len(records),
+        ok=len(ok),
+        output_tokens=sum(r.output_tokens for r in ok),
+        wall_s=wall_s,
+        tokens_per_s=metrics.output_throughput(records),
+        alpha=acc["alpha"],
+        acceptance_length=acc["acceptance_length"],
+        load_1m=load_average()[0],
+        throttled=bool(tel_summary.get("throttled")),
+        sweeps=plan.sweeps,
     )
     errors = sorted({f"{r.status}: {r.error}"[:120] for r in records if r.status != "ok"})
     if errors:

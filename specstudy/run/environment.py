@@ -36,8 +36,11 @@ def machine_needs(cfg: StudyConfig, probes: Probes | None = None) -> list[Missin
         if p.drafter_id and p.cell.framework in DRAFTER_ENGINES:
             uses.setdefault(p.drafter_id, set()).add((p.cell.framework, p.cell.method))
     drafters = [DrafterUse(d, tuple(sorted(u)), params.get(d)) for d, u in sorted(uses.items())]
-    profile = (load_hardware_profile(cfg.hardware, measure=False) if cfg.hardware in hardware_names()
-               else {"kind": "gpu" if cfg.device.startswith("cuda") else "cpu"})
+    profile = (
+        load_hardware_profile(cfg.hardware, measure=False)
+        if cfg.hardware in hardware_names()
+        else {"kind": "gpu" if cfg.device.startswith("cuda") else "cpu"}
+    )
     tp = max((p.tensor_parallel_size for p in plans), default=1)
     return preflight(frameworks, models, drafters, profile, tp, cuda=uses_cuda(cfg), probes=probes)
 
@@ -46,9 +49,13 @@ def _missing_text(found: list[Missing]) -> str:
     return "\n".join(f"  - [{m.kind}] {m.what}: {m.why}; {m.how}" for m in found)
 
 
-def prepare_machine(cfg: StudyConfig, force: bool = False, log: Callable[[str], None] = print,
-                    probes: Probes | None = None, install: Callable[[envs.EngineEnv], object] | None = None
-                    ) -> list[Missing]:
+def prepare_machine(
+    cfg: StudyConfig,
+    force: bool = False,
+    log: Callable[[str], None] = print,
+    probes: Probes | None = None,
+    install: Callable[[envs.EngineEnv], object] | None = None,
+) -> list[Missing]:
     """Install the engine environments the study needs (pinned, reused), then refuse once with
     whatever is still missing.  ``force`` runs a GPU profile on another machine anyway (the numbers
     then belong to this machine).  Returns the notes that did not stop the run."""
@@ -64,7 +71,13 @@ def prepare_machine(cfg: StudyConfig, force: bool = False, log: Callable[[str], 
     notes = [m for m in missing if force and m.kind == "gpu"]
     blocking = [m for m in missing if m not in notes]
     if blocking:
-        raise ParamsError(cfg.file, "hardware", cfg.hardware, "a machine with what the study needs",
-                          "this machine lacks:\n" + _missing_text(blocking)
-                          + ("\n(--force runs a GPU profile without its GPU)" if any(m.kind == "gpu" for m in blocking) else ""))
+        raise ParamsError(
+            cfg.file,
+            "hardware",
+            cfg.hardware,
+            "a machine with what the study needs",
+            "this machine lacks:\n"
+            + _missing_text(blocking)
+            + ("\n(--force runs a GPU profile without its GPU)" if any(m.kind == "gpu" for m in blocking) else ""),
+        )
     return notes

@@ -20,7 +20,6 @@ from typing import Any
 from ..backends import BACKENDS, Backend
 from ..config import ParamsError, StudyConfig, hardware_names, load_hardware_profile
 from ..config.schema import ModelPair
-from ..config.study import Sweep
 from ..config.vocab import DRAFTER_PER_CELL, REFERENCE_METHODS, SERVER_FRAMEWORKS
 from ..records import Cell, RequestRecord, Sampling
 
@@ -76,9 +75,15 @@ class CellPlan:
         """Write the plan's axes into a record's own columns (what the analysis groups by)."""
         record.cell_id = self.cell_id
         record.label, record.family, record.sweeps = self.label, self.family, list(self.sweeps)
-        record.baseline_cell_id, record.request_rate, record.dtype = self.baseline_cell_id, self.request_rate, self.dtype
+        record.baseline_cell_id, record.request_rate, record.dtype = (
+            self.baseline_cell_id,
+            self.request_rate,
+            self.dtype,
+        )
         # what the engine actually ran with: a server the kit did not start is unknown (None), never False
-        record.prefix_cache = record.extra.get("engine_prefix_cache", self.prefix_cache) if record.extra else self.prefix_cache
+        record.prefix_cache = (
+            record.extra.get("engine_prefix_cache", self.prefix_cache) if record.extra else self.prefix_cache
+        )
         return record
 
     def as_dict(self) -> dict[str, Any]:
@@ -119,16 +124,29 @@ def _structure(cfg: StudyConfig) -> None:
             for fw in sw.frameworks:
                 ok = declared.get(fw)
                 if ok is not None and name not in ok and (m.frameworks is None or fw in m.frameworks):
-                    raise ParamsError(cfg.file, f"study.sweeps.{sw.name}.methods" if sw.name != "default" else "study.methods",
-                                      name, sorted(ok), f"framework {fw!r} does not run this method; restrict it with "
-                                      f"methods[].frameworks")
+                    raise ParamsError(
+                        cfg.file,
+                        f"study.sweeps.{sw.name}.methods" if sw.name != "default" else "study.methods",
+                        name,
+                        sorted(ok),
+                        f"framework {fw!r} does not run this method; restrict it with methods[].frameworks",
+                    )
             if m.frameworks is not None and not set(sw.frameworks) & set(m.frameworks):
-                raise ParamsError(cfg.file, f"study.sweeps.{sw.name}.frameworks", list(sw.frameworks), list(m.frameworks),
-                                  f"method {label!r} runs only on these")
+                raise ParamsError(
+                    cfg.file,
+                    f"study.sweeps.{sw.name}.frameworks",
+                    list(sw.frameworks),
+                    list(m.frameworks),
+                    f"method {label!r} runs only on these",
+                )
             if m.drafter is not None and not any(m.drafter in cfg.model(n).drafters for n in sw.models):
-                raise ParamsError(cfg.file, f"study.sweeps.{sw.name}.models", list(sw.models),
-                                  [p.name for p in cfg.models if m.drafter in p.drafters],
-                                  f"method {label!r} needs drafter {m.drafter!r}")
+                raise ParamsError(
+                    cfg.file,
+                    f"study.sweeps.{sw.name}.models",
+                    list(sw.models),
+                    [p.name for p in cfg.models if m.drafter in p.drafters],
+                    f"method {label!r} needs drafter {m.drafter!r}",
+                )
 
 
 def uses_cuda(cfg: StudyConfig) -> bool:
@@ -150,12 +168,14 @@ def _cell_checks(cfg: StudyConfig) -> None:
         if cls is None:
             continue
         try:
-            cls.check_cell(p.cell.method, p.cell.gamma, dict(p.method_options), model=p.target,
-                           drafter=p.drafter_id, cuda=cuda)
+            cls.check_cell(
+                p.cell.method, p.cell.gamma, dict(p.method_options), model=p.target, drafter=p.drafter_id, cuda=cuda
+            )
         except (ValueError, FileNotFoundError) as e:
             where = next((s for s in p.sweeps), "default")
-            raise ParamsError(cfg.file, f"study.methods[{p.label!r}] on {p.cell.framework} (sweep {where})",
-                              p.cell.method, str(e)) from None
+            raise ParamsError(
+                cfg.file, f"study.methods[{p.label!r}] on {p.cell.framework} (sweep {where})", p.cell.method, str(e)
+            ) from None
 
 
 def check_backends(cfg: StudyConfig, files: bool = True) -> StudyConfig:
@@ -173,9 +193,15 @@ def check_backends(cfg: StudyConfig, files: bool = True) -> StudyConfig:
 def _run_options(s: Sampling, pair: ModelPair, prefix_cache: bool, rate: float | None, prompts: int) -> tuple:
     """Settings shared by a cell and its baseline: part of both identities."""
     opts = {
-        "max_new_tokens": s.max_new_tokens, "prompts": prompts, "prefix_cache": prefix_cache,
-        "temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k, "ignore_eos": s.ignore_eos,
-        "dtype": pair.dtype, "tp": pair.tensor_parallel_size,
+        "max_new_tokens": s.max_new_tokens,
+        "prompts": prompts,
+        "prefix_cache": prefix_cache,
+        "temperature": s.temperature,
+        "top_p": s.top_p,
+        "top_k": s.top_k,
+        "ignore_eos": s.ignore_eos,
+        "dtype": pair.dtype,
+        "tp": pair.tensor_parallel_size,
     }
     if rate is not None:
         opts["request_rate"] = "inf" if math.isinf(rate) else rate
@@ -205,8 +231,15 @@ def expand(cfg: StudyConfig) -> list[CellPlan]:
     for sw in cfg.sweeps:
         rates: tuple[float | None, ...] = sw.request_rates or (None,)
         for model_name, fw, task, batch, pc, rate, smp, label, rep in itertools.product(
-            sw.models, sw.frameworks, sw.tasks, sw.batch_sizes, sw.prefix_cache, rates, sw.samplings, sw.methods,
-            range(sw.repeats)
+            sw.models,
+            sw.frameworks,
+            sw.tasks,
+            sw.batch_sizes,
+            sw.prefix_cache,
+            rates,
+            sw.samplings,
+            sw.methods,
+            range(sw.repeats),
         ):
             if rate is not None and fw not in SERVER_FRAMEWORKS:
                 continue  # request-rate sweeps are for servers; offline engines run batches
@@ -220,31 +253,71 @@ def expand(cfg: StudyConfig) -> list[CellPlan]:
                 continue
             sampling = dataclasses.replace(smp, seed=smp.seed + rep)
             run_opts = _run_options(smp, pair, pc, rate, sw.prompts_per_task)
-            base_cell = _with_id(Cell(study=cfg.name, hardware=cfg.hardware, framework=fw, method="ar", task=task,
-                                      model=pair.target, drafter=None, gamma=None, batch_size=batch, repeat=rep,
-                                      options=run_opts))
-            common = dict(sampling=sampling, prompts=sw.prompts_per_task, target=pair.target, dtype=pair.dtype,
-                          tensor_parallel_size=pair.tensor_parallel_size, prefix_cache=pc, request_rate=rate)
-            add(CellPlan(cell=base_cell, label="ar", family="ar", drafter_id=None, baseline_cell_id=None, **common), sw.name)
+            base_cell = _with_id(
+                Cell(
+                    study=cfg.name,
+                    hardware=cfg.hardware,
+                    framework=fw,
+                    method="ar",
+                    task=task,
+                    model=pair.target,
+                    drafter=None,
+                    gamma=None,
+                    batch_size=batch,
+                    repeat=rep,
+                    options=run_opts,
+                )
+            )
+            common = dict(
+                sampling=sampling,
+                prompts=sw.prompts_per_task,
+                target=pair.target,
+                dtype=pair.dtype,
+                tensor_parallel_size=pair.tensor_parallel_size,
+                prefix_cache=pc,
+                request_rate=rate,
+            )
+            add(
+                CellPlan(cell=base_cell, label="ar", family="ar", drafter_id=None, baseline_cell_id=None, **common),
+                sw.name,
+            )
             if m.family == "ar":
                 continue
             drafter_id = pair.drafters[m.drafter] if m.drafter else None
-            for g in (m.gammas or sw.gammas):
+            for g in m.gammas or sw.gammas:
                 opts = tuple(sorted({**dict(run_opts), **m.options, "label": m.label}.items()))
-                cell = _with_id(dataclasses.replace(base_cell, method=m.method or m.family, drafter=drafter_id, gamma=g,
-                                                    options=opts, id=""))
-                add(CellPlan(cell=cell, label=m.label, family=m.family, drafter_id=drafter_id,
-                             baseline_cell_id=base_cell.cell_id, method_options=tuple(sorted(m.options.items())),
-                             **common),
-                    sw.name)
+                cell = _with_id(
+                    dataclasses.replace(
+                        base_cell, method=m.method or m.family, drafter=drafter_id, gamma=g, options=opts, id=""
+                    )
+                )
+                add(
+                    CellPlan(
+                        cell=cell,
+                        label=m.label,
+                        family=m.family,
+                        drafter_id=drafter_id,
+                        baseline_cell_id=base_cell.cell_id,
+                        method_options=tuple(sorted(m.options.items())),
+                        **common,
+                    ),
+                    sw.name,
+                )
     out = [dataclasses.replace(p, sweeps=tuple(sorted(sweeps_of[cid]))) for cid, p in plans.items()]
+
     # group by engine; inside, by pairing group with the baseline first (in-process engines switch
     # method per cell for free), or by speculative config (a server restarts for each config)
     def order(p: CellPlan) -> tuple:
         engine = (p.cell.framework, p.target, p.dtype, p.tensor_parallel_size)
         if p.cell.framework in SERVER_FRAMEWORKS:
-            config = (p.cell.method != "ar", str(p.drafter_id or ""), p.cell.method, p.cell.gamma or 0, p.label,
-                      p.prefix_cache)
+            config = (
+                p.cell.method != "ar",
+                str(p.drafter_id or ""),
+                p.cell.method,
+                p.cell.gamma or 0,
+                p.label,
+                p.prefix_cache,
+            )
             return (engine, config, p.cell.task, p.cell.batch_size, p.cell.repeat, str(p.request_rate))
         group = p.baseline_cell_id or p.cell_id
         # an engine that loads drafters per cell runs each baseline next to its speculative cells;
@@ -285,8 +358,11 @@ def plan_summary(plans: Iterable[CellPlan], warmup_requests: int = 0, warmup_tok
         "requests": requests,
         "output_tokens": tokens,
         # warm-up runs once per (engine, method, γ, batch size, method options)
-        "warmup_tokens": len({(p.backend_key(), p.cell.method, p.cell.gamma, p.cell.batch_size, p.method_options)
-                              for p in plans}) * warmup_requests * warmup_tokens,
+        "warmup_tokens": len(
+            {(p.backend_key(), p.cell.method, p.cell.gamma, p.cell.batch_size, p.method_options) for p in plans}
+        )
+        * warmup_requests
+        * warmup_tokens,
         "engines": len({p.backend_key() for p in plans}),
         "by_sweep": {s: sum(s in p.sweeps for p in plans) for s in sorted({s for p in plans for s in p.sweeps})},
     }

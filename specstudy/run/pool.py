@@ -37,8 +37,14 @@ class BackendPool:
     at a time (GPU memory); in-process engines up to ``capacity``, least recently used evicted.
     """
 
-    def __init__(self, cfg: StudyConfig, factory: BackendFactory | None = None, capacity: int = 3,
-                 log: Callable[[str], None] = print, cuda: bool | None = None) -> None:
+    def __init__(
+        self,
+        cfg: StudyConfig,
+        factory: BackendFactory | None = None,
+        capacity: int = 3,
+        log: Callable[[str], None] = print,
+        cuda: bool | None = None,
+    ) -> None:
         self.cfg = cfg
         self.cuda = cuda  # which engine build (None: whether an NVIDIA GPU is here)
         self.factory = factory or _default_factory
@@ -64,8 +70,10 @@ class BackendPool:
         tp = plan.tensor_parallel_size
         if tp > 1:  # multi-GPU is the engine's job: each backend passes its own tensor-parallel flag
             if fw not in TENSOR_PARALLEL:
-                raise ValueError(f"framework {fw!r} has no tensor parallelism; tensor_parallel_size={tp} "
-                                 f"needs one of {list(TENSOR_PARALLEL)}")
+                raise ValueError(
+                    f"framework {fw!r} has no tensor parallelism; tensor_parallel_size={tp} "
+                    f"needs one of {list(TENSOR_PARALLEL)}"
+                )
             opts["tensor_parallel_size"] = tp
         return opts
 
@@ -81,15 +89,17 @@ class BackendPool:
                     self.loaded.move_to_end(k)
                     return self.loaded[k]
         cap = 1 if fw in SERVER_FRAMEWORKS else self.capacity
-        while self.loaded and (len(self.loaded) >= cap or fw in SERVER_FRAMEWORKS
-                               or any(k[0] in SERVER_FRAMEWORKS for k in self.loaded)):
+        while self.loaded and (
+            len(self.loaded) >= cap or fw in SERVER_FRAMEWORKS or any(k[0] in SERVER_FRAMEWORKS for k in self.loaded)
+        ):
             self._evict()
         t0 = time.perf_counter()
         backend = self.factory(fw, **self._options(plan))
         self.loads.append(key)
         self.loaded[key] = backend
-        self.log(f"loaded {fw} engine: model={plan.target} drafter={plan.drafter_id} "
-                 f"in {time.perf_counter() - t0:.1f}s")
+        self.log(
+            f"loaded {fw} engine: model={plan.target} drafter={plan.drafter_id} in {time.perf_counter() - t0:.1f}s"
+        )
         return backend
 
     def _evict(self) -> None:

@@ -89,8 +89,11 @@ class Load:
         return f"rate={r}" + (f",conc={self.concurrency}" if self.concurrency else "")
 
     def options(self) -> tuple[tuple[str, Any], ...]:
-        return (("rate", "inf" if math.isinf(self.rate) else self.rate), ("burstiness", self.burstiness),
-                ("concurrency", self.concurrency))
+        return (
+            ("rate", "inf" if math.isinf(self.rate) else self.rate),
+            ("burstiness", self.burstiness),
+            ("concurrency", self.concurrency),
+        )
 
 
 def _unsent(request: Request, sampling: Sampling, cell: Cell, why: str) -> RequestRecord:
@@ -99,8 +102,17 @@ def _unsent(request: Request, sampling: Sampling, cell: Cell, why: str) -> Reque
     return rec
 
 
-def drive(send, requests: Sequence[Request], sampling: Sampling, cell: Cell, load: Load, *,
-          request_timeout_s: float, run_timeout_s: float, seed: int = 0) -> tuple[list[RequestRecord], float]:
+def drive(
+    send,
+    requests: Sequence[Request],
+    sampling: Sampling,
+    cell: Cell,
+    load: Load,
+    *,
+    request_timeout_s: float,
+    run_timeout_s: float,
+    seed: int = 0,
+) -> tuple[list[RequestRecord], float]:
     """Offer ``requests`` at ``load`` through ``send(request, sampling, cell, timeout_s)``.
 
     Returns the records in request order and the run's wall time.  No request gets more time
@@ -138,7 +150,9 @@ def drive(send, requests: Sequence[Request], sampling: Sampling, cell: Cell, loa
             if gate is not None:
                 got = gate.acquire(timeout=max(0.0, deadline - time.monotonic()))
                 if not got:
-                    records[i] = _unsent(requests[i], sampling, cell, "not sent: run time limit while waiting for a slot")
+                    records[i] = _unsent(
+                        requests[i], sampling, cell, "not sent: run time limit while waiting for a slot"
+                    )
                     continue
             if time.monotonic() >= deadline:
                 records[i] = _unsent(requests[i], sampling, cell, f"not sent: run time limit {run_timeout_s:.0f} s")
@@ -162,17 +176,36 @@ class ServedRun:
     warmup_n: int = 0
 
 
-def serve(backend: ServingBackend, requests: Sequence[Request], warmup: Sequence[Request], sampling: Sampling,
-          warmup_sampling: Sampling, cell: Cell, load: Load, *, request_timeout_s: float, run_timeout_s: float,
-          telemetry_period_s: float, seed: int = 0) -> ServedRun:
+def serve(
+    backend: ServingBackend,
+    requests: Sequence[Request],
+    warmup: Sequence[Request],
+    sampling: Sampling,
+    warmup_sampling: Sampling,
+    cell: Cell,
+    load: Load,
+    *,
+    request_timeout_s: float,
+    run_timeout_s: float,
+    telemetry_period_s: float,
+    seed: int = 0,
+) -> ServedRun:
     """Start (or attach to) the cell's server, warm it up, then offer ``requests`` at ``load``."""
     backend.ensure_server(cell)
     warm = [backend.send(r, warmup_sampling, cell, request_timeout_s) for r in warmup]
     before = backend.scrape()
     sampler = TelemetrySampler(telemetry_period_s).start()
     try:
-        records, wall = drive(backend.send, list(requests), sampling, cell, load, request_timeout_s=request_timeout_s,
-                              run_timeout_s=run_timeout_s, seed=seed)
+        records, wall = drive(
+            backend.send,
+            list(requests),
+            sampling,
+            cell,
+            load,
+            request_timeout_s=request_timeout_s,
+            run_timeout_s=run_timeout_s,
+            seed=seed,
+        )
     finally:
         tel = sampler.stop()
     after = backend.scrape()
@@ -199,9 +232,16 @@ class SweepConfig:
     telemetry_period_s: float = 0.5
 
 
-def run_sweep(backends: dict[str, Any], requests: Sequence[Request], warmup_requests: Sequence[Request],
-              sampling: Sampling, base_cell: Cell, cfg: SweepConfig, out_dir: str | Path,
-              progress=print) -> dict[str, Any]:
+def run_sweep(
+    backends: dict[str, Any],
+    requests: Sequence[Request],
+    warmup_requests: Sequence[Request],
+    sampling: Sampling,
+    base_cell: Cell,
+    cfg: SweepConfig,
+    out_dir: str | Path,
+    progress=print,
+) -> dict[str, Any]:
     """Run every rate with the speculative method and (if ``cfg.baseline``) with ``ar``.
 
     ``backends`` maps ``"spec"`` / ``"baseline"`` to server backends (they may be the same
@@ -213,11 +253,23 @@ def run_sweep(backends: dict[str, Any], requests: Sequence[Request], warmup_requ
     if cfg.baseline:
         arms.insert(0, ("baseline", "ar", None))
     runs: dict[str, dict[float, list[RequestRecord]]] = {}
-    summary: dict[str, Any] = {"sampling": sampling.__dict__, "config": {
-        "spec_method": cfg.spec_method, "gamma": cfg.gamma, "rates": ["inf" if math.isinf(r) else r for r in cfg.rates],
-        "burstiness": cfg.burstiness, "concurrency": cfg.concurrency, "warmup": cfg.warmup,
-        "request_timeout_s": cfg.request_timeout_s, "run_timeout_s": cfg.run_timeout_s,
-        "n_requests": len(requests), "method_options": dict(cfg.method_options)}, "servers": {}, "runs": []}
+    summary: dict[str, Any] = {
+        "sampling": sampling.__dict__,
+        "config": {
+            "spec_method": cfg.spec_method,
+            "gamma": cfg.gamma,
+            "rates": ["inf" if math.isinf(r) else r for r in cfg.rates],
+            "burstiness": cfg.burstiness,
+            "concurrency": cfg.concurrency,
+            "warmup": cfg.warmup,
+            "request_timeout_s": cfg.request_timeout_s,
+            "run_timeout_s": cfg.run_timeout_s,
+            "n_requests": len(requests),
+            "method_options": dict(cfg.method_options),
+        },
+        "servers": {},
+        "runs": [],
+    }
     for arm, method, gamma in arms:
         backend = backends[arm]
         runs[arm] = {}
@@ -225,12 +277,23 @@ def run_sweep(backends: dict[str, Any], requests: Sequence[Request], warmup_requ
             load = Load(rate, cfg.burstiness, cfg.concurrency)
             opts = tuple(cfg.method_options) + load.options() if method != "ar" else load.options()
             cell = replace(base_cell, method=method, gamma=gamma, options=opts)
-            progress(f"[serve-bench] {arm} ({method}) {load.label}: warm-up {len(warmup_requests)}, "
-                     f"{len(requests)} requests")
+            progress(
+                f"[serve-bench] {arm} ({method}) {load.label}: warm-up {len(warmup_requests)}, {len(requests)} requests"
+            )
             try:
-                run = serve(backend, requests, warmup_requests, sampling, sampling, cell, load,
-                            request_timeout_s=cfg.request_timeout_s, run_timeout_s=cfg.run_timeout_s,
-                            telemetry_period_s=cfg.telemetry_period_s, seed=cfg.seed)
+                run = serve(
+                    backend,
+                    requests,
+                    warmup_requests,
+                    sampling,
+                    sampling,
+                    cell,
+                    load,
+                    request_timeout_s=cfg.request_timeout_s,
+                    run_timeout_s=cfg.run_timeout_s,
+                    telemetry_period_s=cfg.telemetry_period_s,
+                    seed=cfg.seed,
+                )
             except ServerStartError as e:  # recorded; the other arm's results are kept
                 summary.setdefault("errors", []).append({"arm": arm, "method": method, "error": str(e)[-4000:]})
                 progress(f"[serve-bench] {arm} ({method}): server failed to start: {str(e)[:500]}")
@@ -242,13 +305,24 @@ def run_sweep(backends: dict[str, Any], requests: Sequence[Request], warmup_requ
                     rec.peak_memory_bytes, rec.memory_source = int(tele["gpu_mem_used_max_bytes"]), "nvml_device"
             part = write_part(records, out_dir / "records" / f"{cell.cell_id}.parquet")
             s = summarize(records, wall, cfg.slo)
-            s.update(arm=arm, method=method, gamma=gamma, rate="inf" if math.isinf(rate) else rate, load=load.label,
-                     cell_id=cell.cell_id, records=str(part), run_acceptance=run.run_acceptance, telemetry=tele,
-                     warmup={"n": run.warmup_n, "n_ok": run.warmup_ok})
+            s.update(
+                arm=arm,
+                method=method,
+                gamma=gamma,
+                rate="inf" if math.isinf(rate) else rate,
+                load=load.label,
+                cell_id=cell.cell_id,
+                records=str(part),
+                run_acceptance=run.run_acceptance,
+                telemetry=tele,
+                warmup={"n": run.warmup_n, "n_ok": run.warmup_ok},
+            )
             summary["runs"].append(s)
             runs[arm][rate] = records
-            progress(f"[serve-bench]   ok {s['n_ok']}/{s['n_requests']}  out {s['output_throughput_tps']:.2f} tok/s  "
-                     f"TTFT p50 {s['ttft_s_p50']:.3f} s  TPOT p50 {s['tpot_s_p50']:.4f} s")
+            progress(
+                f"[serve-bench]   ok {s['n_ok']}/{s['n_requests']}  out {s['output_throughput_tps']:.2f} tok/s  "
+                f"TTFT p50 {s['ttft_s_p50']:.3f} s  TPOT p50 {s['tpot_s_p50']:.4f} s"
+            )
         if arm == "baseline" and backends.get("spec") is not backend:
             backend.stop_server()
     comparisons = []

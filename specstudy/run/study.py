@@ -34,11 +34,16 @@ def default_request_loader(task: str, n: int, seed: int, tokenizer: Any) -> list
 
 def write_plan(layout: StudyLayout, cfg: StudyConfig, plans: Sequence[CellPlan]) -> None:
     """The expanded matrix, once per run: the report reads sweeps and pairing from it."""
-    layout.write_plan({
-        "study": cfg.name, "hardware": cfg.hardware, "file": cfg.file, "config": cfg.as_dict(),
-        "summary": plan_summary(plans, cfg.warmup_requests, cfg.warmup_max_new_tokens),
-        "cells": [p.as_dict() for p in plans],
-    })
+    layout.write_plan(
+        {
+            "study": cfg.name,
+            "hardware": cfg.hardware,
+            "file": cfg.file,
+            "config": cfg.as_dict(),
+            "summary": plan_summary(plans, cfg.warmup_requests, cfg.warmup_max_new_tokens),
+            "cells": [p.as_dict() for p in plans],
+        }
+    )
 
 
 @dataclass
@@ -51,10 +56,19 @@ class _RunState:
     warmed: set[tuple] = field(default_factory=set)
 
 
-def run_study(cfg: StudyConfig, plans: Sequence[CellPlan], layout: StudyLayout, *,
-              factory: BackendFactory | None = None, request_loader: RequestLoader | None = None,
-              progress: bool = True, log: Callable[[str], None] = print, max_cells: int | None = None,
-              full_plan: Sequence[CellPlan] | None = None, cuda: bool | None = None) -> list[CellResult]:
+def run_study(
+    cfg: StudyConfig,
+    plans: Sequence[CellPlan],
+    layout: StudyLayout,
+    *,
+    factory: BackendFactory | None = None,
+    request_loader: RequestLoader | None = None,
+    progress: bool = True,
+    log: Callable[[str], None] = print,
+    max_cells: int | None = None,
+    full_plan: Sequence[CellPlan] | None = None,
+    cuda: bool | None = None,
+) -> list[CellResult]:
     """Run every plan not already done; return one result per plan (done / skipped / failed).
 
     ``full_plan`` (default ``plans``) is what ``study.json`` records when only a subset is run,
@@ -63,6 +77,7 @@ def run_study(cfg: StudyConfig, plans: Sequence[CellPlan], layout: StudyLayout, 
     loader = request_loader or default_request_loader
     results: list[CellResult] = []
     with layout.lock(), open(layout.run_log_path, "a") as log_file:
+
         def say(msg: str) -> None:
             log(msg)
             log_file.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {msg}\n")
@@ -79,8 +94,10 @@ def run_study(cfg: StudyConfig, plans: Sequence[CellPlan], layout: StudyLayout, 
         pool = BackendPool(cfg, factory, log=say, cuda=cuda)
         state = _RunState()
         todo = [p for p in plans if not layout.is_done(p.cell_id)]
-        say(f"study {cfg.name} on {cfg.hardware}: {len(plans)} cells, {len(plans) - len(todo)} done earlier, "
-            f"{len(todo)} to run")
+        say(
+            f"study {cfg.name} on {cfg.hardware}: {len(plans)} cells, {len(plans) - len(todo)} done earlier, "
+            f"{len(todo)} to run"
+        )
         try:
             ran = 0
             for i, plan in enumerate(plans, 1):
@@ -96,24 +113,35 @@ def run_study(cfg: StudyConfig, plans: Sequence[CellPlan], layout: StudyLayout, 
         finally:
             pool.close()
             failed = [r for r in results if r.status == "failed"]
-            say(f"study {cfg.name}: {sum(r.status == 'done' for r in results)} cells run, "
-                f"{sum(r.status == 'skipped' for r in results)} skipped, {len(failed)} failed")
+            say(
+                f"study {cfg.name}: {sum(r.status == 'done' for r in results)} cells run, "
+                f"{sum(r.status == 'skipped' for r in results)} skipped, {len(failed)} failed"
+            )
             for r in failed:
                 say(f"  FAILED {r.cell_id}: {r.message}")
     return results
 
 
-def _requests(cfg: StudyConfig, plan: CellPlan, loader: RequestLoader, tokenizer: Any, state: _RunState
-              ) -> tuple[list[Request], list[Request]]:
+def _requests(
+    cfg: StudyConfig, plan: CellPlan, loader: RequestLoader, tokenizer: Any, state: _RunState
+) -> tuple[list[Request], list[Request]]:
     key = (plan.cell.task, plan.prompts + cfg.warmup_requests, plan.sampling.seed - plan.cell.repeat, plan.target)
     if key not in state.prompts:
-        state.prompts[key] = loader(plan.cell.task, plan.prompts + cfg.warmup_requests,
-                                    plan.sampling.seed - plan.cell.repeat, tokenizer)
+        state.prompts[key] = loader(
+            plan.cell.task, plan.prompts + cfg.warmup_requests, plan.sampling.seed - plan.cell.repeat, tokenizer
+        )
     return split_warmup(state.prompts[key], plan.prompts, cfg.warmup_requests)
 
 
-def _run_one(cfg: StudyConfig, plan: CellPlan, layout: StudyLayout, pool: BackendPool, loader: RequestLoader,
-             state: _RunState, progress: bool) -> CellResult:
+def _run_one(
+    cfg: StudyConfig,
+    plan: CellPlan,
+    layout: StudyLayout,
+    pool: BackendPool,
+    loader: RequestLoader,
+    state: _RunState,
+    progress: bool,
+) -> CellResult:
     key = plan.backend_key()
     try:
         if key in state.failed_engines:
@@ -133,8 +161,9 @@ def _run_one(cfg: StudyConfig, plan: CellPlan, layout: StudyLayout, pool: Backen
         if not requests:
             raise RuntimeError(f"task {plan.cell.task!r} returned no prompts")
         t0 = time.perf_counter()
-        records, tel = run_cell(plan, backend, requests, warm, cfg.warmup_max_new_tokens, cfg.telemetry_period_s,
-                                progress)
+        records, tel = run_cell(
+            plan, backend, requests, warm, cfg.warmup_max_new_tokens, cfg.telemetry_period_s, progress
+        )
         wall = time.perf_counter() - t0
         if len(records) != len(requests):
             raise RuntimeError(f"backend returned {len(records)} records for {len(requests)} requests")
@@ -155,8 +184,15 @@ def _run_one(cfg: StudyConfig, plan: CellPlan, layout: StudyLayout, pool: Backen
         raise
     except Exception as e:
         msg = f"{type(e).__name__}: {e}"
-        layout.record_failure(plan.cell_id, {
-            "cell_id": plan.cell_id, "label": plan.label, "error": msg, "traceback": traceback.format_exc(),
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "cell": plan.as_dict(),
-        })
+        layout.record_failure(
+            plan.cell_id,
+            {
+                "cell_id": plan.cell_id,
+                "label": plan.label,
+                "error": msg,
+                "traceback": traceback.format_exc(),
+                "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                "cell": plan.as_dict(),
+            },
+        )
         return CellResult(plan.cell_id, plan.label, "failed", message=msg, sweeps=plan.sweeps)

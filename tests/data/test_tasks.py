@@ -43,8 +43,10 @@ def cache(tmp_path, monkeypatch):
 @pytest.fixture
 def no_download(monkeypatch):
     """Fail the test if anything tries to run pip."""
+
     def boom(*a, **k):
         raise AssertionError(f"unexpected subprocess call: {a}")
+
     monkeypatch.setattr(fetch.subprocess, "run", boom)
 
 
@@ -60,10 +62,13 @@ def byte_tokenizer():
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
-    t = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>",
-                                additional_special_tokens=["<|im_start|>", "<|im_end|>"])
-    t.chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-                       "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    t = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|endoftext|>", additional_special_tokens=["<|im_start|>", "<|im_end|>"]
+    )
+    t.chat_template = (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
     return t
 
 
@@ -82,8 +87,15 @@ def make_wheel(cache: Path, package: str, version: str, member: str, payload: by
     return whl
 
 
-ROWS = [{"qid": f"q{i}", "question": f"Question number {i}: " + "word " * (i * 3), "answer": str(i),
-         "turns": [f"first turn {i}", f"second turn {i}"]} for i in range(30)]
+ROWS = [
+    {
+        "qid": f"q{i}",
+        "question": f"Question number {i}: " + "word " * (i * 3),
+        "answer": str(i),
+        "turns": [f"first turn {i}", f"second turn {i}"],
+    }
+    for i in range(30)
+]
 
 
 def task_yaml(tmp_path: Path, sources, name="mytask", **top) -> Path:
@@ -96,8 +108,14 @@ def task_yaml(tmp_path: Path, sources, name="mytask", **top) -> Path:
 
 def file_source(tmp_path: Path, rows=ROWS, **extra):
     sha = write_jsonl(tmp_path / "prompts.jsonl", rows)
-    src = {"name": "local", "kind": "file", "path": str(tmp_path / "prompts.jsonl"), "sha256": sha,
-           "fields": {"id": "qid", "text": "question", "reference": "answer"}, "template": "Q: {text}"}
+    src = {
+        "name": "local",
+        "kind": "file",
+        "path": str(tmp_path / "prompts.jsonl"),
+        "sha256": sha,
+        "fields": {"id": "qid", "text": "question", "reference": "answer"},
+        "template": "Q: {text}",
+    }
     src.update(extra)
     return src
 
@@ -140,12 +158,20 @@ def test_kit_prompt_sets_load_offline_and_match_their_pins(cache, no_download):
 # package sources: fetch, verify, extract
 
 
-PKG_ROWS = [{"task_id": f"T/{i}", "prompt": f"def f{i}(x):\n    \"\"\"Return x + {i}.\"\"\"\n"} for i in range(12)]
+PKG_ROWS = [{"task_id": f"T/{i}", "prompt": f'def f{i}(x):\n    """Return x + {i}."""\n'} for i in range(12)]
 
 
 def pkg_source(sha: str, member="fakepkg/data/cases.jsonl.gz"):
-    return {"name": "fake", "kind": "package", "package": "fake-pkg", "version": "1.2.3", "member": member,
-            "sha256": sha, "licence": "MIT", "fields": {"id": "task_id", "text": "prompt"}}
+    return {
+        "name": "fake",
+        "kind": "package",
+        "package": "fake-pkg",
+        "version": "1.2.3",
+        "member": member,
+        "sha256": sha,
+        "licence": "MIT",
+        "fields": {"id": "task_id", "text": "prompt"},
+    }
 
 
 def _payload():
@@ -167,7 +193,9 @@ def test_package_source_reads_verifies_and_caches_the_member(tmp_path, cache, no
 
 def test_sha256_mismatch_names_package_file_and_expected_hash(tmp_path, cache, no_download):
     payload, _ = _payload()
-    make_wheel(cache, "fake-pkg", "1.2.3", "fakepkg/data/cases.jsonl.gz", payload + b'{"task_id": "x", "prompt": "evil"}\n')
+    make_wheel(
+        cache, "fake-pkg", "1.2.3", "fakepkg/data/cases.jsonl.gz", payload + b'{"task_id": "x", "prompt": "evil"}\n'
+    )
     _, sha = _payload()
     path = task_yaml(tmp_path, [pkg_source(sha)])
     with pytest.raises(TaskDataError) as e:
@@ -192,7 +220,11 @@ def test_missing_member_and_failed_download_are_clear(tmp_path, cache, monkeypat
     payload, sha = _payload()
     make_wheel(cache, "fake-pkg", "1.2.3", "fakepkg/other.jsonl", payload)
     path = task_yaml(tmp_path, [pkg_source(sha)])
-    with pytest.raises(TaskDataError, match=r"missing data file: package fake-pkg==1\.2\.3, file fakepkg/data/cases\.jsonl\.gz, expected sha256 " + sha):
+    with pytest.raises(
+        TaskDataError,
+        match=r"missing data file: package fake-pkg==1\.2\.3, file fakepkg/data/cases\.jsonl\.gz, expected sha256 "
+        + sha,
+    ):
         load_requests(str(path))
 
     (cache / "wheels" / "fake_pkg-1.2.3-py3-none-any.whl").unlink()
@@ -201,6 +233,7 @@ def test_missing_member_and_failed_download_are_clear(tmp_path, cache, monkeypat
     def fake_pip(cmd, **kw):
         calls.append(cmd)
         return subprocess.CompletedProcess(cmd, 1, "", "ERROR: No matching distribution found for fake-pkg==1.2.3")
+
     monkeypatch.setattr(fetch.subprocess, "run", fake_pip)
     with pytest.raises(TaskDataError) as e:
         load_requests(str(path))
@@ -215,6 +248,7 @@ def test_missing_member_and_failed_download_are_clear(tmp_path, cache, monkeypat
         with zipfile.ZipFile(d / "fake_pkg-1.2.3-py3-none-any.whl", "w") as zf:
             zf.writestr("fakepkg/data/cases.jsonl.gz", gzip.compress(payload))
         return subprocess.CompletedProcess(cmd, 0, "", "")
+
     monkeypatch.setattr(fetch.subprocess, "run", good_pip)
     assert len(load_requests(str(path))) == 10
     assert (cache / "wheels" / "fake_pkg-1.2.3-py3-none-any.whl").is_file()
@@ -265,8 +299,10 @@ def test_prompt_rendering_messages_system_prompt_and_reference(tmp_path, cache):
     assert r.messages[0] == ("system", "Be brief.") and r.messages[1][0] == "user"
     assert r.prompt == r.messages[1][1] and r.prompt.startswith("Q: Question number")
     assert r.prompt_ids is None and r.reference == r.prompt_id.split(":q")[1]
-    plain = load_requests(str(task_yaml(tmp_path, [file_source(tmp_path)], name="plain", chat_template=False,
-                                        system_prompt="Be brief.")), n=1)[0]
+    plain = load_requests(
+        str(task_yaml(tmp_path, [file_source(tmp_path)], name="plain", chat_template=False, system_prompt="Be brief.")),
+        n=1,
+    )[0]
     assert plain.messages is None and plain.prompt.startswith("Be brief.\n\nQ: ")
 
 
@@ -285,16 +321,24 @@ def test_truncate_cuts_content_not_template(tmp_path, cache):
         assert list(r.prompt_ids) == tok(r.prompt, add_special_tokens=False)["input_ids"]
     assert any(r.truncated for r in reqs) and any(not r.truncated for r in reqs)
     assert all(len(r.prompt_ids) >= 75 for r in reqs if r.truncated)  # cut close to the limit
-    tiny = str(task_yaml(tmp_path, [file_source(tmp_path)], name="tiny", input_length={"policy": "truncate", "max_tokens": 5}))
+    tiny = str(
+        task_yaml(tmp_path, [file_source(tmp_path)], name="tiny", input_length={"policy": "truncate", "max_tokens": 5})
+    )
     with pytest.raises(ParamsError, match="cannot be cut to fit"):
         load_requests(tiny, n=3, tokenizer=tok)
 
 
 def test_filter_keeps_only_prompts_in_the_band(tmp_path, cache):
     tok = byte_tokenizer()
-    path = str(task_yaml(tmp_path, [file_source(tmp_path)], input_length={"policy": "filter", "min_tokens": 60, "max_tokens": 150}))
-    lengths = {r.prompt_id: len(r.prompt_ids) for r in load_requests(
-        str(task_yaml(tmp_path, [file_source(tmp_path)], name="raw")), n="all", tokenizer=tok)}
+    path = str(
+        task_yaml(
+            tmp_path, [file_source(tmp_path)], input_length={"policy": "filter", "min_tokens": 60, "max_tokens": 150}
+        )
+    )
+    lengths = {
+        r.prompt_id: len(r.prompt_ids)
+        for r in load_requests(str(task_yaml(tmp_path, [file_source(tmp_path)], name="raw")), n="all", tokenizer=tok)
+    }
     expected = {p for p, n in lengths.items() if 60 <= n <= 150}
     assert 0 < len(expected) < 30
     reqs = load_requests(path, n="all", tokenizer=tok)
@@ -306,8 +350,9 @@ def test_filter_keeps_only_prompts_in_the_band(tmp_path, cache):
 
 def test_buckets_spread_n_evenly(tmp_path, cache):
     tok = byte_tokenizer()
-    path = str(task_yaml(tmp_path, [file_source(tmp_path)],
-                         input_length={"policy": "bucket", "buckets": [[0, 80], [80, 400]]}))
+    path = str(
+        task_yaml(tmp_path, [file_source(tmp_path)], input_length={"policy": "bucket", "buckets": [[0, 80], [80, 400]]})
+    )
     reqs = load_requests(path, n=6, tokenizer=tok)
     by = {}
     for r in reqs:
@@ -317,9 +362,19 @@ def test_buckets_spread_n_evenly(tmp_path, cache):
     raw = load_requests(str(task_yaml(tmp_path, [file_source(tmp_path)], name="raw")), n="all", tokenizer=tok)
     in_range = {r.prompt_id for r in raw if len(r.prompt_ids) < 400}
     everything = load_requests(path, n="all", tokenizer=tok)
-    assert 6 < len(in_range) < 30 and {r.prompt_id for r in everything} == in_range and {r.input_policy for r in everything} == {"bucket:0-80", "bucket:80-400"}
-    narrow = str(task_yaml(tmp_path, [file_source(tmp_path)], name="narrow",
-                           input_length={"policy": "bucket", "buckets": [[0, 40], [80, 400]]}))
+    assert (
+        6 < len(in_range) < 30
+        and {r.prompt_id for r in everything} == in_range
+        and {r.input_policy for r in everything} == {"bucket:0-80", "bucket:80-400"}
+    )
+    narrow = str(
+        task_yaml(
+            tmp_path,
+            [file_source(tmp_path)],
+            name="narrow",
+            input_length={"policy": "bucket", "buckets": [[0, 40], [80, 400]]},
+        )
+    )
     with pytest.raises(ParamsError, match="unfilled buckets: 0-40 short by 3"):
         load_requests(narrow, n=6, tokenizer=tok)
 
@@ -328,7 +383,9 @@ def test_without_tokenizer_the_policy_says_unapplied(tmp_path, cache):
     path = str(task_yaml(tmp_path, [file_source(tmp_path)], input_length={"policy": "truncate", "max_tokens": 10}))
     reqs = load_requests(path, n=3)
     assert all(r.input_policy == "unapplied:truncate:10" and r.prompt_ids is None for r in reqs)
-    none = load_requests(str(task_yaml(tmp_path, [file_source(tmp_path)], name="none")), n=2, tokenizer=byte_tokenizer())
+    none = load_requests(
+        str(task_yaml(tmp_path, [file_source(tmp_path)], name="none")), n=2, tokenizer=byte_tokenizer()
+    )
     assert all(r.input_policy == "none" and r.prompt_ids for r in none)
 
 
@@ -353,29 +410,35 @@ def test_a_list_of_turns_sends_the_first(tmp_path, cache):
 # validation (before any download)
 
 
-@pytest.mark.parametrize("mutate, key", [
-    (lambda c: c.update(bogus=1), "bogus"),
-    (lambda c: c.update(category="poetry"), "category"),
-    (lambda c: c["sources"][0].update(colour="red"), "sources[0].colour"),
-    (lambda c: c["sources"][0].update(kind="ftp"), "sources[0].kind"),
-    (lambda c: c["sources"][0].update(sha256="abc"), "sources[0].sha256"),
-    (lambda c: c["sources"][0].update(template="{text} {missing}"), "sources[0].template"),
-    (lambda c: c["sources"][0]["fields"].pop("text"), "sources[0].fields.text"),
-    (lambda c: c["sources"][0].pop("version"), "sources[0].version"),
-    (lambda c: c["sources"][0].update(where={"category": "writing"}), "sources[0].where.category"),
-    (lambda c: c.update(sources=[]), "sources"),
-    (lambda c: c.update(sample={"n": 0}), "sample.n"),
-    (lambda c: c.update(sample={"size": 3}), "sample.size"),
-    (lambda c: c.update(input_length={"policy": "squash"}), "input_length.policy"),
-    (lambda c: c.update(input_length={"policy": "truncate"}), "input_length.max_tokens"),
-    (lambda c: c.update(input_length={"policy": "filter", "min_tokens": 9, "max_tokens": 5}), "input_length.min_tokens"),
-    (lambda c: c.update(input_length={"policy": "bucket", "buckets": [[0, 10], [5, 20]]}), "input_length.buckets"),
-    (lambda c: c.update(output={"max_new_tokens": 8}), "output"),
-    (lambda c: c.update(sampling={"temperature": 0.7}), "sampling"),
-    (lambda c: c.update(multi_turn="first_turn"), "multi_turn"),
-    (lambda c: c.update(online=True), "online"),
-    (lambda c: c.update(chat_template="yes"), "chat_template"),
-])
+@pytest.mark.parametrize(
+    "mutate, key",
+    [
+        (lambda c: c.update(bogus=1), "bogus"),
+        (lambda c: c.update(category="poetry"), "category"),
+        (lambda c: c["sources"][0].update(colour="red"), "sources[0].colour"),
+        (lambda c: c["sources"][0].update(kind="ftp"), "sources[0].kind"),
+        (lambda c: c["sources"][0].update(sha256="abc"), "sources[0].sha256"),
+        (lambda c: c["sources"][0].update(template="{text} {missing}"), "sources[0].template"),
+        (lambda c: c["sources"][0]["fields"].pop("text"), "sources[0].fields.text"),
+        (lambda c: c["sources"][0].pop("version"), "sources[0].version"),
+        (lambda c: c["sources"][0].update(where={"category": "writing"}), "sources[0].where.category"),
+        (lambda c: c.update(sources=[]), "sources"),
+        (lambda c: c.update(sample={"n": 0}), "sample.n"),
+        (lambda c: c.update(sample={"size": 3}), "sample.size"),
+        (lambda c: c.update(input_length={"policy": "squash"}), "input_length.policy"),
+        (lambda c: c.update(input_length={"policy": "truncate"}), "input_length.max_tokens"),
+        (
+            lambda c: c.update(input_length={"policy": "filter", "min_tokens": 9, "max_tokens": 5}),
+            "input_length.min_tokens",
+        ),
+        (lambda c: c.update(input_length={"policy": "bucket", "buckets": [[0, 10], [5, 20]]}), "input_length.buckets"),
+        (lambda c: c.update(output={"max_new_tokens": 8}), "output"),
+        (lambda c: c.update(sampling={"temperature": 0.7}), "sampling"),
+        (lambda c: c.update(multi_turn="first_turn"), "multi_turn"),
+        (lambda c: c.update(online=True), "online"),
+        (lambda c: c.update(chat_template="yes"), "chat_template"),
+    ],
+)
 def test_validation_errors_name_the_key(tmp_path, cache, no_download, mutate, key):
     cfg = {"category": "qa", "sources": [pkg_source("a" * 64)]}
     mutate(cfg)
@@ -405,9 +468,15 @@ def test_get_path():
 def test_data_file_with_field_map(tmp_path, cache):
     p = tmp_path / "mine.jsonl"
     write_jsonl(p, [{"key": f"k{i}", "body": f"Body {i}", "gold": i} for i in range(8)])
-    reqs = load_requests("qa", n=4, data_file=p, field_map={"id": "key", "text": "body", "reference": "gold",
-                                                            "template": "Please answer: {text}"})
-    assert len(reqs) == 4 and all(r.prompt_id.startswith("mine:k") and r.prompt.startswith("Please answer: Body") for r in reqs)
+    reqs = load_requests(
+        "qa",
+        n=4,
+        data_file=p,
+        field_map={"id": "key", "text": "body", "reference": "gold", "template": "Please answer: {text}"},
+    )
+    assert len(reqs) == 4 and all(
+        r.prompt_id.startswith("mine:k") and r.prompt.startswith("Please answer: Body") for r in reqs
+    )
     assert all(r.task == "qa" and r.reference is not None for r in reqs)
     csv = tmp_path / "t.csv"
     csv.write_text("prompt\nhello there\ngeneral kenobi\n")
@@ -442,21 +511,31 @@ EXPECTED_HUB = {
     "qa": {("google-research-datasets/nq_open", None, "validation")},
     "math": {("openai/gsm8k", "main", "test")},
     "creative_writing": {("HuggingFaceH4/mt_bench_prompts", None, "train")},
-    "chat": {("HuggingFaceH4/mt_bench_prompts", None, "train"), ("anon8231489123/ShareGPT_Vicuna_unfiltered", None, "train")},
+    "chat": {
+        ("HuggingFaceH4/mt_bench_prompts", None, "train"),
+        ("anon8231489123/ShareGPT_Vicuna_unfiltered", None, "train"),
+    },
 }
 
 FAKE_HUB_ROWS = {
-    "openai/openai_humaneval": [{"task_id": f"HumanEval/{i}", "prompt": f"def f{i}():\n", "canonical_solution": "pass"} for i in range(3)],
-    "google-research-datasets/mbpp": [{"task_id": i, "text": f"Write f{i}.", "test_list": ["assert f() == 1"], "code": "x"} for i in range(3)],
+    "openai/openai_humaneval": [
+        {"task_id": f"HumanEval/{i}", "prompt": f"def f{i}():\n", "canonical_solution": "pass"} for i in range(3)
+    ],
+    "google-research-datasets/mbpp": [
+        {"task_id": i, "text": f"Write f{i}.", "test_list": ["assert f() == 1"], "code": "x"} for i in range(3)
+    ],
     "wmt/wmt14": [{"translation": {"de": f"Hallo {i}", "en": f"Hello {i}"}} for i in range(3)],
     "abisee/cnn_dailymail": [{"id": f"a{i}", "article": f"Article {i}", "highlights": "h"} for i in range(3)],
     "google-research-datasets/nq_open": [{"question": f"who is {i}", "answer": ["x", "y"]} for i in range(3)],
     "openai/gsm8k": [{"question": f"What is {i}+1?", "answer": f"#### {i + 1}"} for i in range(3)],
-    "HuggingFaceH4/mt_bench_prompts": [{"prompt_id": i, "prompt": [f"turn one {i}", "turn two"], "category": c}
-                                       for i, c in enumerate(["writing", "math", "roleplay"])],
+    "HuggingFaceH4/mt_bench_prompts": [
+        {"prompt_id": i, "prompt": [f"turn one {i}", "turn two"], "category": c}
+        for i, c in enumerate(["writing", "math", "roleplay"])
+    ],
     "anon8231489123/ShareGPT_Vicuna_unfiltered": [
         {"id": "s1", "conversations": [{"from": "human", "value": "hi there"}, {"from": "gpt", "value": "hello"}]},
-        {"id": "s2", "conversations": [{"from": "gpt", "value": "starts with the bot"}]}],
+        {"id": "s2", "conversations": [{"from": "gpt", "value": "starts with the bot"}]},
+    ],
 }
 
 
@@ -469,18 +548,21 @@ def test_online_mapping_calls_load_dataset_as_configured(name, cache, monkeypatc
     def fake_load_dataset(path, name=None, **kw):
         calls.append((path, name, kw))
         return FAKE_HUB_ROWS[path]
+
     monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
     reqs = load_requests(name, n="all", online=True)
     assert {(p, c, kw["split"]) for p, c, kw in calls} == EXPECTED_HUB[name]
     assert reqs and all(r.task == name and r.prompt.strip() for r in reqs)
     cfg = load_task_config(name)
-    for p, c, kw in calls:
+    for p, _c, kw in calls:
         src = next(s for s in cfg.online_sources if s.dataset == p)
         assert kw.get("streaming", False) == bool(src.max_records)
         if src.data_files:
             assert kw["data_files"] == src.data_files
     if name == "translation":
-        assert {r.reference for r in reqs} == {"Hello 0", "Hello 1", "Hello 2"} and "Hallo 0" in "".join(r.prompt for r in reqs)
+        assert {r.reference for r in reqs} == {"Hello 0", "Hello 1", "Hello 2"} and "Hallo 0" in "".join(
+            r.prompt for r in reqs
+        )
     if name == "creative_writing":
         assert {r.prompt for r in reqs} == {"turn one 0", "turn one 2"}  # writing + roleplay only
     if name == "chat":
@@ -492,6 +574,7 @@ def test_online_failure_is_wrapped_with_the_dataset_name(cache, monkeypatch):
 
     def unreachable(*a, **k):
         raise ConnectionError("Couldn't reach 'openai/gsm8k' on the Hub (LocalEntryNotFoundError)")
+
     monkeypatch.setattr(datasets, "load_dataset", unreachable)
     with pytest.raises(TaskDataError, match=r"online source 'gsm8k'.*hub:openai/gsm8k/main\[test\].*Drop --online"):
         load_requests("math", n=3, online=True)
@@ -499,10 +582,17 @@ def test_online_failure_is_wrapped_with_the_dataset_name(cache, monkeypatch):
 
 def test_online_fails_clearly_when_offline(tmp_path):
     """The real datasets.load_dataset with the hub switched off: a clear error, quickly."""
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", HF_HOME=str(tmp_path / "hf"),
-               SPECSTUDY_CACHE=str(tmp_path / "cache"))
-    code = ("from specstudy.data.tasks import load_requests, TaskDataError\n"
-            "try:\n    load_requests('math', n=3, online=True)\nexcept TaskDataError as e:\n    print('ERR', e)\n")
+    env = dict(
+        os.environ,
+        HF_HUB_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        HF_HOME=str(tmp_path / "hf"),
+        SPECSTUDY_CACHE=str(tmp_path / "cache"),
+    )
+    code = (
+        "from specstudy.data.tasks import load_requests, TaskDataError\n"
+        "try:\n    load_requests('math', n=3, online=True)\nexcept TaskDataError as e:\n    print('ERR', e)\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert "ERR online source 'gsm8k'" in out.stdout, out.stderr[-2000:]
     assert "HF_HUB_OFFLINE is set" in out.stdout

@@ -1,7 +1,7 @@
 """SGLang's real ServerArgs argparse (``make test-engines``), where an interpreter with SGLang
 0.5.23 importable is given in ``SPECSTUDY_SGLANG_PYTHON`` (the kit's .venv-sglang on a GPU box, or
 a ``--no-deps`` install on a CPU box: building the parser needs no GPU).  CI uses the fixture
-dumped from the same parser (tests/test_backends_sglang.py)."""
+dumped from the same parser (tests/backends/test_sglang.py)."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ for method, opts in (("eagle", ()), ("eagle", (("num_draft_tokens", 16), ("topk"
         ns.speculative_algorithm, ns.speculative_eagle_topk, ns.speculative_num_draft_tokens,
         ns.speculative_ngram_max_bfs_breadth]
 print("RESULT" + json.dumps(out))
-""" % os.getcwd()
+""" % os.getcwd()  # noqa: UP031
     proc = subprocess.run([py, "-c", code], capture_output=True, text=True, timeout=300)
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT")), None)
     assert line, proc.stderr[-3000:]

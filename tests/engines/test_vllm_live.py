@@ -32,9 +32,11 @@ def _default_engines_python() -> str:
 
 
 ENGINES_PY = os.environ.get("SPECSTUDY_ENGINES_PYTHON") or _default_engines_python()
-COPY_PROMPT = ("Repeat the following code exactly, then stop.\n\n"
-               "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n\n\n"
-               "def mul(a, b):\n    return a * b\n\nRepeated code:\n")
+COPY_PROMPT = (
+    "Repeat the following code exactly, then stop.\n\n"
+    "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n\n\n"
+    "def mul(a, b):\n    return a * b\n\nRepeated code:\n"
+)
 
 
 def _engines_python() -> str:
@@ -57,16 +59,40 @@ def test_serve_bench_vllm_ngram_paired(tmp_path, model_dir):
     from specstudy.run.serving import SweepConfig, run_sweep
 
     py = _engines_python()
-    backend = get_backend("vllm-server", model="smollm2-135m", python=py, dtype="float32", max_model_len=2048,
-                          prefix_cache=False, ready_timeout_s=1800, request_timeout_s=300,
-                          env={"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}, log_dir=tmp_path / "servers")
+    backend = get_backend(
+        "vllm-server",
+        model="smollm2-135m",
+        python=py,
+        dtype="float32",
+        max_model_len=2048,
+        prefix_cache=False,
+        ready_timeout_s=1800,
+        request_timeout_s=300,
+        env={"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"},
+        log_dir=tmp_path / "servers",
+    )
     reqs = [Request(f"copy{i}", COPY_PROMPT + "#" * i) for i in range(3)]
     cell = Cell("serve-bench", "cpu", "vllm-server", "ngram", "code", "smollm2-135m", gamma=4)
-    cfg = SweepConfig(spec_method="ngram", gamma=4, rates=[1.0, math.inf], warmup=1, request_timeout_s=300,
-                      run_timeout_s=1200, method_options=(("ngram_min", 2), ("ngram_max", 4)))
+    cfg = SweepConfig(
+        spec_method="ngram",
+        gamma=4,
+        rates=[1.0, math.inf],
+        warmup=1,
+        request_timeout_s=300,
+        run_timeout_s=1200,
+        method_options=(("ngram_min", 2), ("ngram_max", 4)),
+    )
     try:
-        summary = run_sweep({"spec": backend, "baseline": backend}, reqs, [Request("warm", COPY_PROMPT)],
-                            Sampling(max_new_tokens=48), cell, cfg, tmp_path, progress=print)
+        summary = run_sweep(
+            {"spec": backend, "baseline": backend},
+            reqs,
+            [Request("warm", COPY_PROMPT)],
+            Sampling(max_new_tokens=48),
+            cell,
+            cfg,
+            tmp_path,
+            progress=print,
+        )
     finally:
         backend.close()
     assert backend.server is None  # stopped
@@ -83,8 +109,15 @@ def test_serve_bench_vllm_ngram_paired(tmp_path, model_dir):
         assert acc["accepted_tokens"] == per_req["accepted_tokens"]
         assert sum(acc["accepted_per_position"]) == acc["accepted_tokens"]
         assert acc["vllm_mean_acceptance_length"] > 1.0
-        print(run["load"], "alpha", acc["alpha"], "vLLM mean acceptance length", acc["vllm_mean_acceptance_length"],
-              "tokens per forward (records)", run["acceptance_per_request"].get("tokens_per_forward"))
+        print(
+            run["load"],
+            "alpha",
+            acc["alpha"],
+            "vLLM mean acceptance length",
+            acc["vllm_mean_acceptance_length"],
+            "tokens per forward (records)",
+            run["acceptance_per_request"].get("tokens_per_forward"),
+        )
     server = summary["servers"]["spec"]
     assert server["started_by_kit"] and "--speculative-config" in server["command"] and server["version"]
     assert Path(server["log_path"]).exists()
@@ -120,7 +153,7 @@ print("RESULT" + json.dumps(out))
     proc = subprocess.run([py, "-c", code], capture_output=True, text=True, timeout=1800, env=env)
     line = next((l for l in proc.stdout.splitlines() if l.startswith("RESULT")), None)
     assert line, proc.stdout[-3000:] + proc.stderr[-3000:]
-    out = json.loads(line[len("RESULT"):])
+    out = json.loads(line[len("RESULT") :])
     print(json.dumps(out, indent=1))
     assert out["ar"]["status"] == ["ok", "ok"] and out["ar"]["tokens"] == [32, 32]
     assert out["ar"]["drafted"] == [None, None]

@@ -19,8 +19,10 @@ from specstudy.engines.environments import engine_env, is_installed, python_of
 pytestmark = pytest.mark.engines
 
 REPO = Path(__file__).resolve().parents[2]
-PROMPT = ("Repeat the following code exactly, then stop.\n\ndef add(a, b):\n    return a + b\n\n\n"
-          "def sub(a, b):\n    return a - b\n\nRepeated code:\n")
+PROMPT = (
+    "Repeat the following code exactly, then stop.\n\ndef add(a, b):\n    return a + b\n\n\n"
+    "def sub(a, b):\n    return a - b\n\nRepeated code:\n"
+)
 CPU_ENV = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
 
 
@@ -43,11 +45,12 @@ def model_dir() -> str:
 
 
 def in_vllm_env(py: str, code: str, timeout: int = 600) -> dict:
-    proc = subprocess.run([py, "-c", code], capture_output=True, text=True, timeout=timeout, cwd="/",
-                          env={**os.environ, **CPU_ENV})
+    proc = subprocess.run(
+        [py, "-c", code], capture_output=True, text=True, timeout=timeout, cwd="/", env={**os.environ, **CPU_ENV}
+    )
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT")), None)
     assert line, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return json.loads(line[len("RESULT"):])
+    return json.loads(line[len("RESULT") :])
 
 
 def test_kit_options_build_a_real_engine_config(vllm_python, model_dir):
@@ -103,14 +106,36 @@ def test_offline_worker_runs_ar_and_ngram_and_exits_on_close(vllm_python, model_
     from specstudy.backends import get_backend
     from specstudy.records import Cell, Request, Sampling
 
-    b = get_backend("vllm", model=model_dir, python=vllm_python, dtype="float32", max_model_len=1024,
-                    prefix_cache=False, env=CPU_ENV, log_dir=tmp_path, startup_timeout_s=900, run_timeout_s=900)
+    b = get_backend(
+        "vllm",
+        model=model_dir,
+        python=vllm_python,
+        dtype="float32",
+        max_model_len=1024,
+        prefix_cache=False,
+        env=CPU_ENV,
+        log_dir=tmp_path,
+        startup_timeout_s=900,
+        run_timeout_s=900,
+    )
     reqs = [Request("c0", PROMPT), Request("c1", PROMPT + "#")]
     try:
-        ar = list(b.run(reqs, Sampling(max_new_tokens=24), Cell("t", "cpu", "vllm", "ar", "code", "smollm2-135m",
-                                                                 batch_size=2)))
-        ng_cell = Cell("t", "cpu", "vllm", "ngram", "code", "smollm2-135m", gamma=2, batch_size=2,
-                       options=(("ngram_max", 4), ("ngram_min", 2)))
+        ar = list(
+            b.run(
+                reqs, Sampling(max_new_tokens=24), Cell("t", "cpu", "vllm", "ar", "code", "smollm2-135m", batch_size=2)
+            )
+        )
+        ng_cell = Cell(
+            "t",
+            "cpu",
+            "vllm",
+            "ngram",
+            "code",
+            "smollm2-135m",
+            gamma=2,
+            batch_size=2,
+            options=(("ngram_max", 4), ("ngram_min", 2)),
+        )
         ng = list(b.run(reqs, Sampling(max_new_tokens=24), ng_cell))
         run = b.last_run_acceptance
         proc = b.impl.proc

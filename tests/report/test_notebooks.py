@@ -17,8 +17,19 @@ from specstudy.report.notebooks import execute_notebooks, plan_notebook_jobs
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 EXPECTED = ["hardware", "method_family", "report", "task_category", "when_it_fails"]
 #: calls that write files: only specstudy.report.writer does that
-WRITERS = {"open", "write_text", "write_bytes", "to_csv", "to_parquet", "to_json", "savefig", "write_report",
-           "save_table", "save_figure", "write_part"}
+WRITERS = {
+    "open",
+    "write_text",
+    "write_bytes",
+    "to_csv",
+    "to_parquet",
+    "to_json",
+    "savefig",
+    "write_report",
+    "save_table",
+    "save_figure",
+    "write_part",
+}
 
 
 def test_the_five_notebooks_exist():
@@ -48,8 +59,11 @@ def test_notebook_explores_and_leaves_logic_to_the_package(name):
         # filters (a & b, a | b) and comparisons are what exploring is made of
         banned = (ast.FunctionDef, ast.ClassDef, ast.Lambda, ast.For, ast.While)
         arithmetic = (ast.Add, ast.Sub, ast.Mult, ast.Div, ast.FloorDiv, ast.Mod, ast.Pow, ast.MatMult)
-        bad = [type(n).__name__ for n in ast.walk(tree) if isinstance(n, banned)
-               or (isinstance(n, ast.BinOp) and isinstance(n.op, arithmetic))]
+        bad = [
+            type(n).__name__
+            for n in ast.walk(tree)
+            if isinstance(n, banned) or (isinstance(n, ast.BinOp) and isinstance(n.op, arithmetic))
+        ]
         assert not bad, f"{name}: logic belongs in specstudy, found {bad}"
         writes = _calls(tree) & WRITERS
         assert not writes or (name == "report" and writes <= {"write_report"}), f"{name}: writes files: {writes}"
@@ -71,8 +85,9 @@ def test_notebooks_execute_with_papermill_on_tiny_records(report_study):
         nb = json.loads(Path(j.output).read_text())
         outputs = [o for c in nb["cells"] if c["cell_type"] == "code" for o in c.get("outputs", [])]
         assert not [o for o in outputs if o.get("output_type") == "error"], j.name
-        assert any("text/html" in o.get("data", {}) or "text/markdown" in o.get("data", {}) for o in outputs), \
+        assert any("text/html" in o.get("data", {}) or "text/markdown" in o.get("data", {}) for o in outputs), (
             f"{j.name} displayed no table"
+        )
         if j.notebook in ("hardware", "method_family"):
             assert any("image/png" in o.get("data", {}) for o in outputs), f"{j.name} displayed no figure"
     md = (out / "report.md").read_text()
@@ -84,7 +99,10 @@ def test_a_broken_notebook_names_the_underlying_exception(tmp_path):
     """A notebook over a folder it cannot read fails with the exception's own type and message."""
     (tmp_path / "cpu" / "records").mkdir(parents=True)
     (tmp_path / "cpu" / "records" / "x.parquet").write_bytes(b"not parquet")
-    jobs = [j for j in plan_notebook_jobs(tmp_path / "cpu", [{"cell": {"task": "code", "method": "ar"}, "family": "ar"}])
-            if j.notebook == "hardware"]
-    (_, err), = execute_notebooks(jobs, log=lambda m: None)
+    jobs = [
+        j
+        for j in plan_notebook_jobs(tmp_path / "cpu", [{"cell": {"task": "code", "method": "ar"}, "family": "ar"}])
+        if j.notebook == "hardware"
+    ]
+    ((_, err),) = execute_notebooks(jobs, log=lambda m: None)
     assert err and "BadPartError" in err and "x.parquet" in err

@@ -17,6 +17,7 @@ from specstudy.analysis.study import load
 from specstudy.report import writer
 from specstudy.report.notebooks import plan_notebook_jobs, write_notebook_makefile
 
+
 @pytest.fixture
 def study_out(report_study):
     return report_study
@@ -40,24 +41,44 @@ def _table(md: str, heading: str) -> list[list[str]]:
 def test_report_has_every_section_with_measured_numbers(study_out):
     path = writer.write_report(study_out)
     md = path.read_text()
-    for heading in ("## Hardware table", "## Frameworks", "## Method family — Prompt lookup",
-                    "## Method family — Self-speculation", "## Task categories",
-                    "## When speculation does not pay (FAQ Q4)", "## Benchmark hygiene", "## Provenance",
-                    "## Failed cells"):
+    for heading in (
+        "## Hardware table",
+        "## Frameworks",
+        "## Method family — Prompt lookup",
+        "## Method family — Self-speculation",
+        "## Task categories",
+        "## When speculation does not pay (FAQ Q4)",
+        "## Benchmark hygiene",
+        "## Provenance",
+        "## Failed cells",
+    ):
         assert heading in md, heading
     hw = _table(md, "## Hardware table")
     assert hw[0][:8] == ["Method", "Framework", "Precision", "Target", "Draft", "γ", "Sampling", "α"]
     assert {"AL", "tokens/s", "Speedup", "n"} <= set(hw[0])
     seed_metrics = _table(md, "The rest of the seed's metric table")
-    assert {"TTFT ms (mean / p50 / p99)", "TPOT ms (mean / p50 / p99)", "E2E ms (mean / p50 / p99)",
-            "Memory overhead (MB)", "PPL Δ (spec − AR)", "Exact match (greedy)", "tokens / target forward"} <= set(seed_metrics[0])
-    assert "## Summary" in md.split("## Hardware table")[0] and "(tables/hardware.md)" in md.split("## Hardware table")[0]
+    assert {
+        "TTFT ms (mean / p50 / p99)",
+        "TPOT ms (mean / p50 / p99)",
+        "E2E ms (mean / p50 / p99)",
+        "Memory overhead (MB)",
+        "PPL Δ (spec − AR)",
+        "Exact match (greedy)",
+        "tokens / target forward",
+    } <= set(seed_metrics[0])
+    assert (
+        "## Summary" in md.split("## Hardware table")[0] and "(tables/hardware.md)" in md.split("## Hardware table")[0]
+    )
     tex = (study_out / "tables" / "hardware.tex").read_text()
     assert "\\toprule" in tex and "$\\alpha$" in tex and "\\bottomrule" in tex
     body = {r[0]: dict(zip(hw[0], r)) for r in hw[2:]}
     assert {"Baseline (AR)", "Prompt lookup", "Early exit"} <= set(body)
     ci = re.compile(r"^\d+\.\d+(×)? \[\d+\.\d+, \d+\.\d+\]$")
-    assert ci.match(body["Early exit"]["Speedup"]) and ci.match(body["Early exit"]["α"]) and ci.match(body["Early exit"]["AL"])
+    assert (
+        ci.match(body["Early exit"]["Speedup"])
+        and ci.match(body["Early exit"]["α"])
+        and ci.match(body["Early exit"]["AL"])
+    )
     assert ci.match(body["Baseline (AR)"]["tokens/s"])
     assert int(body["Early exit"]["n"]) == 6  # 2 tasks x 3 prompts, paired
     tasks = _table(md, "## Task categories")
@@ -98,7 +119,9 @@ def test_step_costs_and_prediction_from_measured_timings(study_out):
     assert 0 < r["c"] < 5 and r["verify_ratio"] > 0
     from specstudy.costmodel import speedup_with_verify_cost
 
-    assert r["predicted_speedup"] == pytest.approx(speedup_with_verify_cost(r["alpha_hat"], int(r["gamma"]), r["c"], r["verify_ratio"]))
+    assert r["predicted_speedup"] == pytest.approx(
+        speedup_with_verify_cost(r["alpha_hat"], int(r["gamma"]), r["c"], r["verify_ratio"])
+    )
 
 
 def test_failed_cells_are_listed(study_out, tmp_path):
@@ -136,8 +159,13 @@ def test_notebook_matrix_and_makefile(study_out, tmp_path):
     jobs = plan_notebook_jobs(study_out, load(study_out).plan["cells"])
     names = [j.name for j in jobs]
     assert names[0] == "hardware" and names[-1] == "report"
-    assert {"method_family-ngram", "method_family-layer_skip", "task_category-code", "task_category-chat",
-            "when_it_fails"} <= set(names)
+    assert {
+        "method_family-ngram",
+        "method_family-layer_skip",
+        "task_category-code",
+        "task_category-chat",
+        "when_it_fails",
+    } <= set(names)
     mk = write_notebook_makefile(jobs, tmp_path / "nb.mk", study_out / ".records-updated").read_text()
     assert mk.count("$(PAPERMILL)") == len(jobs)
     report_rule = next(l for l in mk.splitlines() if l.startswith(str(study_out / "notebooks" / "report.ipynb") + ":"))
@@ -178,8 +206,17 @@ def test_eagle_and_medusa_cells_are_one_family_in_the_report(tmp_path):
     from specstudy.records import Cell, Request, Sampling
 
     def rec(method):
-        cell = Cell(study="s", hardware="cpu", framework="reference", method=method, task="code", model="m",
-                    drafter="d" if method != "ar" else None, gamma=3 if method != "ar" else None, id=f"c_{method}")
+        cell = Cell(
+            study="s",
+            hardware="cpu",
+            framework="reference",
+            method=method,
+            task="code",
+            model="m",
+            drafter="d" if method != "ar" else None,
+            gamma=3 if method != "ar" else None,
+            id=f"c_{method}",
+        )
         return cell.new_record(Request("p0", ""), Sampling(temperature=0.0, max_new_tokens=4))
 
     lay = StudyLayout(tmp_path / "cpu")
@@ -188,7 +225,17 @@ def test_eagle_and_medusa_cells_are_one_family_in_the_report(tmp_path):
     data = load(lay.root)  # no plan and no stamped columns: the study's aliases decide
     assert data.meta("c_eagle")["family"] == "heads" and data.meta("c_heads")["family"] == "heads"
     assert data.meta("c_eagle")["method"] == "eagle" and tables.families_in(data) == ["heads"]
-    lay.write_plan({"cells": [{"cell_id": "c_eagle", "cell": {"method": "eagle", "framework": "reference"},
-                               "family": "heads", "label": "EAGLE"}]})
+    lay.write_plan(
+        {
+            "cells": [
+                {
+                    "cell_id": "c_eagle",
+                    "cell": {"method": "eagle", "framework": "reference"},
+                    "family": "heads",
+                    "label": "EAGLE",
+                }
+            ]
+        }
+    )
     data = load(lay.root)  # an older folder: the plan's own family and label fill the missing columns
     assert data.meta("c_eagle")["family"] == "heads" and data.meta("c_eagle")["label"] == "EAGLE"

@@ -161,7 +161,15 @@ def test_killed_study_resumes_without_redoing_or_duplicating(tmp_path):
     yaml = write_study(tmp_path)
     out = tmp_path / "out"
     script = tmp_path / "run.py"
-    script.write_text(KILL_SCRIPT.format(repo=str(Path(__file__).parents[2]), tests=str(Path(__file__).parents[1]), yaml=str(yaml), out=str(out), delay=0.4))
+    script.write_text(
+        KILL_SCRIPT.format(
+            repo=str(Path(__file__).parents[2]),
+            tests=str(Path(__file__).parents[1]),
+            yaml=str(yaml),
+            out=str(out),
+            delay=0.4,
+        )
+    )
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     deadline = time.time() + 120
@@ -205,7 +213,9 @@ class FakeServer(ServingBackend):
 
     def send(self, request, sampling, cell, timeout_s=None):
         self.sent += 1
-        rec = cell.new_record(request, sampling, output_tokens=4, first_token_s=0.01, end_s=0.02, start_epoch=time.time())
+        rec = cell.new_record(
+            request, sampling, output_tokens=4, first_token_s=0.01, end_s=0.02, start_epoch=time.time()
+        )
         return rec
 
     def scrape(self):
@@ -222,16 +232,24 @@ class FakeServer(ServingBackend):
 
 
 def test_request_rate_cells_drive_a_server_at_that_rate(tmp_path):
-    text = TINY_STUDY.replace("frameworks: [reference]", "frameworks: [openai]\n  request_rates: [2, inf]") \
-        .replace("    - {method: layer_skip, label: Early exit, options: {exit_layer: 1}, max_batch_size: 1}\n", "") \
+    text = (
+        TINY_STUDY.replace("frameworks: [reference]", "frameworks: [openai]\n  request_rates: [2, inf]")
+        .replace("    - {method: layer_skip, label: Early exit, options: {exit_layer: 1}, max_batch_size: 1}\n", "")
         .replace("batch_sizes: [1, 2]", "batch_sizes: [1]")
+    )
     cfg = load_study("cpu", write_study(tmp_path, text))
     plans = expand(cfg)
     assert {p.request_rate for p in plans} == {2.0, float("inf")}
     servers = []
-    res = run_study(cfg, plans, StudyLayout(tmp_path / "out"),
-                    factory=lambda fw, **o: servers.append(FakeServer(**o)) or servers[-1],
-                    request_loader=tiny_requests, progress=False, log=lambda m: None)
+    res = run_study(
+        cfg,
+        plans,
+        StudyLayout(tmp_path / "out"),
+        factory=lambda fw, **o: servers.append(FakeServer(**o)) or servers[-1],
+        request_loader=tiny_requests,
+        progress=False,
+        log=lambda m: None,
+    )
     assert all(r.status == "done" for r in res), [r.message for r in res]
     recs = read_records(tmp_path / "out")
     assert len(recs) == sum(p.prompts for p in plans)

@@ -11,16 +11,15 @@ import time
 
 import numpy as np
 import pytest
+from fake_servers import FakeServer
 
 from specstudy import metrics
+from specstudy.analysis.serving import Slo, compare, stops_paying
 from specstudy.backends import get_backend
 from specstudy.cli import main
-from specstudy.analysis.serving import Slo, compare, stops_paying
 from specstudy.layout import StudyLayout
 from specstudy.records import Cell, Request, RequestRecord, Sampling
 from specstudy.run.serving import Load, SweepConfig, arrival_offsets, drive, parse_rates, run_sweep
-
-from fake_servers import FakeServer
 
 CELL = Cell("serve-bench", "cpu", "vllm-server", "ngram", "adhoc", "m", gamma=4)
 SAMPLING = Sampling(max_new_tokens=9)
@@ -58,11 +57,13 @@ def _fake_send(duration_s, in_flight, peak):
         time.sleep(min(duration_s, timeout_s))
         with lock:
             in_flight[0] -= 1
-        rec = cell.new_record(request, sampling, start_epoch=t0, first_token_s=0.01, end_s=min(duration_s, timeout_s),
-                              output_tokens=5)
+        rec = cell.new_record(
+            request, sampling, start_epoch=t0, first_token_s=0.01, end_s=min(duration_s, timeout_s), output_tokens=5
+        )
         if duration_s > timeout_s:
             rec.status = "timeout"
         return rec
+
     return send
 
 
@@ -72,16 +73,31 @@ def _reqs(n):
 
 def test_fixed_concurrency_caps_requests_in_flight():
     in_flight, peak = [0], [0]
-    recs, wall = drive(_fake_send(0.05, in_flight, peak), _reqs(8), SAMPLING, CELL, Load(math.inf, concurrency=2),
-                       request_timeout_s=5, run_timeout_s=30)
+    recs, wall = drive(
+        _fake_send(0.05, in_flight, peak),
+        _reqs(8),
+        SAMPLING,
+        CELL,
+        Load(math.inf, concurrency=2),
+        request_timeout_s=5,
+        run_timeout_s=30,
+    )
     assert peak[0] == 2 and len(recs) == 8 and all(r.status == "ok" for r in recs)
     assert wall >= 4 * 0.05
 
 
 def test_open_loop_rate_spreads_sends():
     in_flight, peak = [0], [0]
-    recs, wall = drive(_fake_send(0.0, in_flight, peak), _reqs(6), SAMPLING, CELL, Load(20.0), request_timeout_s=5,
-                       run_timeout_s=30, seed=3)
+    recs, wall = drive(
+        _fake_send(0.0, in_flight, peak),
+        _reqs(6),
+        SAMPLING,
+        CELL,
+        Load(20.0),
+        request_timeout_s=5,
+        run_timeout_s=30,
+        seed=3,
+    )
     starts = sorted(r.start_epoch for r in recs)
     expected = arrival_offsets(6, 20.0, seed=3)[-1]
     assert starts[-1] - starts[0] == pytest.approx(expected, abs=0.05)
@@ -90,22 +106,47 @@ def test_open_loop_rate_spreads_sends():
 def test_run_deadline_bounds_the_run_and_marks_unsent():
     in_flight, peak = [0], [0]
     t0 = time.monotonic()
-    recs, wall = drive(_fake_send(10.0, in_flight, peak), _reqs(5), SAMPLING, CELL, Load(math.inf, concurrency=1),
-                       request_timeout_s=60, run_timeout_s=0.5)
+    recs, wall = drive(
+        _fake_send(10.0, in_flight, peak),
+        _reqs(5),
+        SAMPLING,
+        CELL,
+        Load(math.inf, concurrency=1),
+        request_timeout_s=60,
+        run_timeout_s=0.5,
+    )
     assert time.monotonic() - t0 < 3.0
     assert len(recs) == 5 and all(r.status == "timeout" for r in recs)
     assert sum("not sent" in r.error for r in recs) == 4
 
 
 def _rec(status="ok", ttft=0.1, end=1.0, n=10, start=0.0, pid="a"):
-    return RequestRecord("s", "cpu", "f", "m", "t", pid, 0, "c", "m", status=status, first_token_s=ttft, end_s=end,
-                         output_tokens=n, start_epoch=start)
+    return RequestRecord(
+        "s",
+        "cpu",
+        "f",
+        "m",
+        "t",
+        pid,
+        0,
+        "c",
+        "m",
+        status=status,
+        first_token_s=ttft,
+        end_s=end,
+        output_tokens=n,
+        start_epoch=start,
+    )
 
 
 def test_goodput_and_request_throughput():
-    recs = [_rec(ttft=0.1, end=1.0, start=0.0), _rec(ttft=0.5, end=1.0, start=1.0),  # TTFT too slow
-            _rec(ttft=0.1, end=3.0, start=1.0),  # TPOT (3-0.1)/9 too slow
-            _rec(status="timeout", start=2.0), _rec(ttft=0.1, end=0.1, n=1, start=3.0)]  # one token: no TPOT
+    recs = [
+        _rec(ttft=0.1, end=1.0, start=0.0),
+        _rec(ttft=0.5, end=1.0, start=1.0),  # TTFT too slow
+        _rec(ttft=0.1, end=3.0, start=1.0),  # TPOT (3-0.1)/9 too slow
+        _rec(status="timeout", start=2.0),
+        _rec(ttft=0.1, end=0.1, n=1, start=3.0),
+    ]  # one token: no TPOT
     assert metrics.request_throughput(recs) == pytest.approx(4 / 4.0)  # span 0 → 4.0 s
     assert metrics.goodput(recs, ttft_s=0.2, tpot_s=0.2) == pytest.approx(2 / 4.0)
     assert metrics.goodput(recs) == pytest.approx(4 / 4.0)
@@ -128,11 +169,23 @@ def test_compare_pairs_by_prompt():
 
 
 def test_sweep_against_fixture_servers(tmp_path):
-    with FakeServer(mode="vllm", delay_s=0.002) as spec_srv, FakeServer(mode="vllm", spec=False, delay_s=0.01) as base_srv:
-        backends = {"spec": get_backend("vllm-server", model="m", base_url=spec_srv.url, request_timeout_s=10),
-                    "baseline": get_backend("vllm-server", model="m", base_url=base_srv.url, request_timeout_s=10)}
-        cfg = SweepConfig(spec_method="ngram", gamma=4, rates=[50.0, math.inf], warmup=1, request_timeout_s=10,
-                          run_timeout_s=60, slo=Slo(ttft_s=5.0, tpot_s=1.0))
+    with (
+        FakeServer(mode="vllm", delay_s=0.002) as spec_srv,
+        FakeServer(mode="vllm", spec=False, delay_s=0.01) as base_srv,
+    ):
+        backends = {
+            "spec": get_backend("vllm-server", model="m", base_url=spec_srv.url, request_timeout_s=10),
+            "baseline": get_backend("vllm-server", model="m", base_url=base_srv.url, request_timeout_s=10),
+        }
+        cfg = SweepConfig(
+            spec_method="ngram",
+            gamma=4,
+            rates=[50.0, math.inf],
+            warmup=1,
+            request_timeout_s=10,
+            run_timeout_s=60,
+            slo=Slo(ttft_s=5.0, tpot_s=1.0),
+        )
         summary = run_sweep(backends, _reqs(4), _reqs(1), SAMPLING, CELL, cfg, tmp_path, progress=lambda m: None)
     assert [r["arm"] for r in summary["runs"]] == ["baseline", "baseline", "spec", "spec"]
     for run in summary["runs"]:
@@ -154,10 +207,36 @@ def test_sweep_against_fixture_servers(tmp_path):
 
 def test_cli_serve_bench_against_fixtures(tmp_path, capsys):
     with FakeServer(mode="vllm") as spec_srv, FakeServer(mode="vllm", spec=False) as base_srv:
-        rc = main(["serve-bench", "--backend", "vllm-server", "--model", "m", "--spec", "ngram", "--rates", "inf",
-                   "--num-requests", "2", "--warmup", "0", "--prompt", "a b c", "--prompt", "d e f",
-                   "--base-url", spec_srv.url, "--baseline-url", base_srv.url, "--max-new-tokens", "6",
-                   "--out", str(tmp_path), "--json"])
+        rc = main(
+            [
+                "serve-bench",
+                "--backend",
+                "vllm-server",
+                "--model",
+                "m",
+                "--spec",
+                "ngram",
+                "--rates",
+                "inf",
+                "--num-requests",
+                "2",
+                "--warmup",
+                "0",
+                "--prompt",
+                "a b c",
+                "--prompt",
+                "d e f",
+                "--base-url",
+                spec_srv.url,
+                "--baseline-url",
+                base_srv.url,
+                "--max-new-tokens",
+                "6",
+                "--out",
+                str(tmp_path),
+                "--json",
+            ]
+        )
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
     assert out["comparison"][0]["n_pairs"] == 2 and (tmp_path / "summary.json").exists()
@@ -174,11 +253,20 @@ def test_a_server_that_fails_to_start_is_reported_not_raised(tmp_path):
     import sys
 
     with FakeServer(mode="vllm", spec=False) as base_srv:
-        broken = get_backend("openai", model="m", command=[sys.executable, "-c", "raise SystemExit(4)"],
-                             log_dir=tmp_path / "logs", ready_timeout_s=30)
-        backends = {"spec": broken,
-                    "baseline": get_backend("vllm-server", model="m", base_url=base_srv.url, request_timeout_s=10)}
-        cfg = SweepConfig(spec_method="ngram", gamma=4, rates=[math.inf], warmup=0, request_timeout_s=10, run_timeout_s=60)
+        broken = get_backend(
+            "openai",
+            model="m",
+            command=[sys.executable, "-c", "raise SystemExit(4)"],
+            log_dir=tmp_path / "logs",
+            ready_timeout_s=30,
+        )
+        backends = {
+            "spec": broken,
+            "baseline": get_backend("vllm-server", model="m", base_url=base_srv.url, request_timeout_s=10),
+        }
+        cfg = SweepConfig(
+            spec_method="ngram", gamma=4, rates=[math.inf], warmup=0, request_timeout_s=10, run_timeout_s=60
+        )
         summary = run_sweep(backends, _reqs(2), [], SAMPLING, CELL, cfg, tmp_path, progress=lambda m: None)
     assert [r["arm"] for r in summary["runs"]] == ["baseline"]
     assert summary["errors"][0]["arm"] == "spec" and "code 4" in summary["errors"][0]["error"]

@@ -8,8 +8,9 @@ decodes a batch of prompts (one :class:`~specstudy.engine.trace.RowTrace` per pr
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -79,8 +80,10 @@ class MethodSpec:
         out: dict[str, Any] = {}
         for k, v in options.items():
             if k == SYNTHETIC and k not in self.options:
-                raise ValueError(f"method {self.name!r} verifies no drafts: option {SYNTHETIC}={v!r} applies to "
-                                 f"{synthetic_methods()}")
+                raise ValueError(
+                    f"method {self.name!r} verifies no drafts: option {SYNTHETIC}={v!r} applies to "
+                    f"{synthetic_methods()}"
+                )
             if k not in self.options:
                 raise ValueError(f"method {self.name!r}: option {k!r} is not known; allowed: {sorted(self.options)}")
             try:

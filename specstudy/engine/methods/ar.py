@@ -33,5 +33,4 @@ def decode(job: DecodeJob) -> list[RowTrace]:
             logits = state.forward(tok[:, None])[:, -1]
 
 
-SPEC = MethodSpec(name="ar", decode=decode, description="plain autoregressive decoding (baseline)",
-                  uses_gamma=False)
+SPEC = MethodSpec(name="ar", decode=decode, description="plain autoregressive decoding (baseline)", uses_gamma=False)

@@ -23,8 +23,18 @@ from __future__ import annotations
 from ..speculate import CostAwareGamma, HeuristicGamma, ModelDrafter, StaticGamma, speculative_decode
 from ..stepcost import draft_cost_ratio, verify_ratio
 from ..trace import RowTrace
-from . import (DRAFT_IN_PREFILL, SYNTHETIC, DecodeJob, MethodSpec, draft_in_prefill, one_of, parse_synthetic,
-               positive_int, probability, synthetic_acceptance)
+from . import (
+    DRAFT_IN_PREFILL,
+    SYNTHETIC,
+    DecodeJob,
+    MethodSpec,
+    draft_in_prefill,
+    one_of,
+    parse_synthetic,
+    positive_int,
+    probability,
+    synthetic_acceptance,
+)
 
 
 def gamma_policy(job: DecodeJob):
@@ -49,16 +59,28 @@ def confidence(job: DecodeJob) -> float | None:
 def check_vocab(target, drafter) -> None:
     vt, vd = target.config.vocab_size, drafter.config.vocab_size
     if vt != vd:
-        raise ValueError(f"draft vocab_size={vd} differs from the target's {vt}: the drafter must share the "
-                         "target's tokenizer and output layer size")
+        raise ValueError(
+            f"draft vocab_size={vd} differs from the target's {vt}: the drafter must share the "
+            "target's tokenizer and output layer size"
+        )
 
 
 def decode(job: DecodeJob) -> list[RowTrace]:
     check_vocab(job.target, job.drafter)
     gen = job.generator()
     drafter = ModelDrafter(job.drafter, len(job.prompts), job.sampling, gen, job.device, confidence(job))
-    return speculative_decode(job.target, drafter, job.prompts, job.sampling, gamma_policy(job), gen,
-                              job.eos_token_ids, job.device, draft_in_prefill(job), synthetic_acceptance(job))
+    return speculative_decode(
+        job.target,
+        drafter,
+        job.prompts,
+        job.sampling,
+        gamma_policy(job),
+        gen,
+        job.eos_token_ids,
+        job.device,
+        draft_in_prefill(job),
+        synthetic_acceptance(job),
+    )
 
 
 OPTIONS = {
@@ -70,5 +92,10 @@ OPTIONS = {
     SYNTHETIC: parse_synthetic,
 }
 
-SPEC = MethodSpec(name="draft_target", decode=decode, needs_drafter=True, options=OPTIONS,
-                  description="speculative sampling with a draft model (static or dynamic gamma)")
+SPEC = MethodSpec(
+    name="draft_target",
+    decode=decode,
+    needs_drafter=True,
+    options=OPTIONS,
+    description="speculative sampling with a draft model (static or dynamic gamma)",
+)

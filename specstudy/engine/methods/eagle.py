@@ -46,12 +46,20 @@ class EagleModel(torch.nn.Module):
         self.cache_config = draft.cache_config
 
     @torch.no_grad()
-    def forward(self, input_ids: torch.Tensor, features: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                position_ids: torch.Tensor | None = None, cache: Any = None, use_cache: bool = True,
-                logits_to_keep: int = 0) -> SimpleNamespace:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        features: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        cache: Any = None,
+        use_cache: bool = True,
+        logits_to_keep: int = 0,
+    ) -> SimpleNamespace:
         e = self._target.get_input_embeddings()(input_ids)
-        f = self.draft(e, features, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
-                       use_cache=use_cache)
+        f = self.draft(
+            e, features, attention_mask=attention_mask, position_ids=position_ids, cache=cache, use_cache=use_cache
+        )
         if logits_to_keep:
             f = f[:, -logits_to_keep:]
         return SimpleNamespace(logits=self._target.get_output_embeddings()(f), features=f)
@@ -64,8 +72,16 @@ class EagleDrafter:
     cache yet (cache length = pairs fed = the position of the first of them).
     """
 
-    def __init__(self, target: Any, draft: EagleDraft, capture: HiddenCapture, batch_size: int, sampling,
-                 generator: torch.Generator | None, device: str | torch.device = "cpu"):
+    def __init__(
+        self,
+        target: Any,
+        draft: EagleDraft,
+        capture: HiddenCapture,
+        batch_size: int,
+        sampling,
+        generator: torch.Generator | None,
+        device: str | torch.device = "cpu",
+    ):
         self.state = KVState(EagleModel(target, draft), batch_size, device)
         self.capture, self.sampling, self.generator = capture, sampling, generator
         self.known: list[torch.Tensor] = []
@@ -75,19 +91,19 @@ class EagleDrafter:
         """After the target's prompt pass (left-padded): every prompt position's feature is known."""
         last = self.capture.last
         w = last.shape[1]
-        self.known = [last[b, w - len(p):] for b, p in enumerate(prompts)]
+        self.known = [last[b, w - len(p) :] for b, p in enumerate(prompts)]
 
     def _feed_known(self, contexts: list[list[int]]) -> torch.Tensor:
         """Pairs (f_j, token j+1) of the known features → the logits after the last one [B, V]."""
         lengths = self.state.lengths.tolist()
-        toks = [c[n + 1: n + 1 + len(k)] for c, n, k in zip(contexts, lengths, self.known)]
+        toks = [c[n + 1 : n + 1 + len(k)] for c, n, k in zip(contexts, lengths, self.known)]
         for b, (t, k) in enumerate(zip(toks, self.known)):
             if len(t) != len(k) or not len(t):
                 raise RuntimeError(f"eagle row {b}: {len(k)} known features but {len(t)} tokens after them")
         ids, valid = pad_ragged(toks, "left", device=self.state.device)
         feats = torch.zeros((*ids.shape, self.known[0].shape[-1]), dtype=self.known[0].dtype, device=self.state.device)
         for b, k in enumerate(self.known):
-            feats[b, ids.shape[1] - len(k):] = k
+            feats[b, ids.shape[1] - len(k) :] = k
         logits = self.state.forward(ids, valid, logits_to_keep=1, features=feats)[:, -1]
         self.known = []
         return logits
@@ -132,14 +148,25 @@ def decode(job: DecodeJob) -> list[RowTrace]:
     if not isinstance(draft, EagleDraft):
         raise ValueError(f"method 'eagle' needs an EagleDraft as its drafter, got {type(draft).__name__}")
     if draft.hidden_size != job.target.config.hidden_size:
-        raise ValueError(f"method 'eagle': the drafter's hidden_size {draft.hidden_size} is not the target's "
-                         f"{job.target.config.hidden_size}")
+        raise ValueError(
+            f"method 'eagle': the drafter's hidden_size {draft.hidden_size} is not the target's "
+            f"{job.target.config.hidden_size}"
+        )
     draft = draft.to(device=job.device, dtype=next(job.target.parameters()).dtype)
     gen = job.generator()
     with HiddenCapture(job.target) as capture:
         drafter = EagleDrafter(job.target, draft, capture, len(job.prompts), job.sampling, gen, job.device)
-        return speculative_decode(job.target, drafter, job.prompts, job.sampling, StaticGamma(job.gamma), gen,
-                                  job.eos_token_ids, job.device, synthetic=synthetic_acceptance(job))
+        return speculative_decode(
+            job.target,
+            drafter,
+            job.prompts,
+            job.sampling,
+            StaticGamma(job.gamma),
+            gen,
+            job.eos_token_ids,
+            job.device,
+            synthetic=synthetic_acceptance(job),
+        )
 
 
 @dataclass(frozen=True)
@@ -153,7 +180,12 @@ class EagleSpec(MethodSpec):
         return out
 
 
-SPEC = EagleSpec(name="eagle", decode=decode, needs_drafter=True, load_drafter=load_eagle,
-                 options={SYNTHETIC: parse_synthetic},
-                 description="EAGLE-style feature-level drafter (one decoder layer on the target's last hidden "
-                             "state); drafter: a file from `specstudy train-drafter --kind eagle`")
+SPEC = EagleSpec(
+    name="eagle",
+    decode=decode,
+    needs_drafter=True,
+    load_drafter=load_eagle,
+    options={SYNTHETIC: parse_synthetic},
+    description="EAGLE-style feature-level drafter (one decoder layer on the target's last hidden "
+    "state); drafter: a file from `specstudy train-drafter --kind eagle`",
+)

@@ -25,8 +25,9 @@ keeps drafts (or tree paths) at a fixed rate instead (:mod:`specstudy.engine.syn
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
@@ -53,15 +54,16 @@ class HiddenCapture:
     def close(self) -> None:
         self._handle.remove()
 
-    def __enter__(self) -> "HiddenCapture":
+    def __enter__(self) -> HiddenCapture:
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
 
 
-def head_distributions(heads: MedusaHeads, target: Any, head: int, hidden: torch.Tensor,
-                       prev_tokens: torch.Tensor, sampling) -> torch.Tensor:
+def head_distributions(
+    heads: MedusaHeads, target: Any, head: int, hidden: torch.Tensor, prev_tokens: torch.Tensor, sampling
+) -> torch.Tensor:
     """Head ``head`` (0-based) at ``hidden [B, H]`` after ``prev_tokens [B]`` → logits (greedy)
     or the sampling distribution q ``[B, V]`` (the shared transform)."""
     prev = target.get_input_embeddings()(prev_tokens) if heads.token_conditioned else None
@@ -69,8 +71,15 @@ def head_distributions(heads: MedusaHeads, target: Any, head: int, hidden: torch
     return logits if sampling.greedy else probs_for(logits, sampling)
 
 
-def draft_chain(heads: MedusaHeads, target: Any, hidden: torch.Tensor, pending: torch.Tensor, n: int, sampling,
-                generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+def draft_chain(
+    heads: MedusaHeads,
+    target: Any,
+    hidden: torch.Tensor,
+    pending: torch.Tensor,
+    n: int,
+    sampling,
+    generator: torch.Generator | None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Heads 1..n in turn: ``tokens [B, n]`` and (sampling) their distributions ``[B, n, V]``.
 
     Each head's draft is the next head's previous token (token-conditioned heads read it).
@@ -104,8 +113,9 @@ class HeadsChainDrafter:
     def propose(self, contexts: list[list[int]], max_draft: list[int]) -> Draft:
         self._ensure_hidden()
         pending = torch.tensor([c[-1] for c in contexts], dtype=torch.long, device=self.hidden.device)
-        tokens, probs = draft_chain(self.heads, self.target, self.hidden, pending, max(max_draft), self.sampling,
-                                    self.generator)
+        tokens, probs = draft_chain(
+            self.heads, self.target, self.hidden, pending, max(max_draft), self.sampling, self.generator
+        )
         return Draft(tokens, torch.as_tensor(max_draft, dtype=torch.long, device=tokens.device), probs)
 
     def accepted(self, n_accepted: torch.Tensor, draft: Draft) -> None:
@@ -132,15 +142,17 @@ class HeadsTreeDrafter:
         self.hidden = prompt_hidden
 
     @torch.no_grad()
-    def propose(self, committed: Sequence[int], root: int, max_depth: int,
-                generator: torch.Generator | None) -> TokenTree:
+    def propose(
+        self, committed: Sequence[int], root: int, max_depth: int, generator: torch.Generator | None
+    ) -> TokenTree:
         tree = TokenTree(tokens=[int(root)], parents=[-1])
         frontier = [0]
         for d, b in enumerate(self.branching[:max_depth]):
             rows = frontier if self.heads.token_conditioned else frontier[:1]  # plain heads: one distribution
             prev = torch.tensor([tree.tokens[f] for f in rows], dtype=torch.long, device=self.hidden.device)
-            dists = head_distributions(self.heads, self.target, d, self.hidden.expand(len(rows), -1), prev,
-                                       self.sampling)
+            dists = head_distributions(
+                self.heads, self.target, d, self.hidden.expand(len(rows), -1), prev, self.sampling
+            )
             new = []
             for i, f in enumerate(frontier):
                 dist = dists[i if self.heads.token_conditioned else 0]
@@ -170,15 +182,35 @@ def decode(job: DecodeJob) -> list[RowTrace]:
     gen = job.generator()
     if branching is not None:
         if len(job.prompts) > 1:
-            raise ValueError(f"method 'heads' with heads_tree decodes one request at a time: "
-                             f"batch_size={len(job.prompts)}")
+            raise ValueError(
+                f"method 'heads' with heads_tree decodes one request at a time: batch_size={len(job.prompts)}"
+            )
         drafter = HeadsTreeDrafter(heads, job.target, branching, job.sampling)
-        return [tree_decode(job.target, job.prompts[0], job.sampling, drafter, gen, job.eos_token_ids, job.device,
-                            synthetic_acceptance(job))]
+        return [
+            tree_decode(
+                job.target,
+                job.prompts[0],
+                job.sampling,
+                drafter,
+                gen,
+                job.eos_token_ids,
+                job.device,
+                synthetic_acceptance(job),
+            )
+        ]
     with HiddenCapture(job.target) as capture:
         drafter = HeadsChainDrafter(heads, job.target, capture, job.sampling, gen)
-        return speculative_decode(job.target, drafter, job.prompts, job.sampling, StaticGamma(job.gamma), gen,
-                                  job.eos_token_ids, job.device, synthetic=synthetic_acceptance(job))
+        return speculative_decode(
+            job.target,
+            drafter,
+            job.prompts,
+            job.sampling,
+            StaticGamma(job.gamma),
+            gen,
+            job.eos_token_ids,
+            job.device,
+            synthetic=synthetic_acceptance(job),
+        )
 
 
 def _heads_file(name: str) -> int:
@@ -194,11 +226,15 @@ class HeadsSpec(MethodSpec):
         out = MethodSpec.check(self, gamma, batch_size, drafter, options)
         if "heads_tree" in out:
             if len(out["heads_tree"]) != gamma:
-                raise ValueError(f"method 'heads': heads_tree={','.join(map(str, out['heads_tree']))} has depth "
-                                 f"{len(out['heads_tree'])}, but gamma={gamma}: the tree depth is gamma")
+                raise ValueError(
+                    f"method 'heads': heads_tree={','.join(map(str, out['heads_tree']))} has depth "
+                    f"{len(out['heads_tree'])}, but gamma={gamma}: the tree depth is gamma"
+                )
             if batch_size > 1:
-                raise ValueError(f"method 'heads' with heads_tree decodes one request at a time: "
-                                 f"batch_size={batch_size} is not supported (use linear mode, or batch 1)")
+                raise ValueError(
+                    f"method 'heads' with heads_tree decodes one request at a time: "
+                    f"batch_size={batch_size} is not supported (use linear mode, or batch 1)"
+                )
         k = drafter.num_heads if isinstance(drafter, MedusaHeads) else _heads_file(drafter)
         if gamma > k:
             what = drafter if isinstance(drafter, str) else f"{type(drafter).__name__} module"
@@ -206,7 +242,12 @@ class HeadsSpec(MethodSpec):
         return out
 
 
-SPEC = HeadsSpec(name="heads", decode=decode, needs_drafter=True, load_drafter=load_heads,
-                 options={"heads_tree": parse_branching, SYNTHETIC: parse_synthetic},
-                 description="Medusa-style heads on the target's last hidden state (linear or tree verification); "
-                             "drafter: a heads file from `specstudy train-drafter --kind heads`")
+SPEC = HeadsSpec(
+    name="heads",
+    decode=decode,
+    needs_drafter=True,
+    load_drafter=load_heads,
+    options={"heads_tree": parse_branching, SYNTHETIC: parse_synthetic},
+    description="Medusa-style heads on the target's last hidden state (linear or tree verification); "
+    "drafter: a heads file from `specstudy train-drafter --kind heads`",
+)

@@ -23,16 +23,26 @@ import torch
 from ..kv import cache_arg
 from ..speculate import ModelDrafter, StaticGamma, speculative_decode
 from ..trace import RowTrace
-from . import (DRAFT_IN_PREFILL, SYNTHETIC, DecodeJob, MethodSpec, draft_in_prefill, parse_synthetic, positive_int,
-               synthetic_acceptance)
+from . import (
+    DRAFT_IN_PREFILL,
+    SYNTHETIC,
+    DecodeJob,
+    MethodSpec,
+    draft_in_prefill,
+    parse_synthetic,
+    positive_int,
+    synthetic_acceptance,
+)
 
 
 def _decoder(target: Any) -> Any:
     base = getattr(target, "model", None)
     for name in ("embed_tokens", "layers", "norm", "rotary_emb"):
         if base is None or not hasattr(base, name):
-            raise ValueError(f"layer_skip needs a Llama-style decoder (model.embed_tokens/layers/norm/rotary_emb); "
-                             f"{type(target).__name__} has no model.{name}")
+            raise ValueError(
+                f"layer_skip needs a Llama-style decoder (model.embed_tokens/layers/norm/rotary_emb); "
+                f"{type(target).__name__} has no model.{name}"
+            )
     types = getattr(target.config, "layer_types", None) or []
     if any(t != "full_attention" for t in types):
         raise ValueError(f"layer_skip supports full-attention layers only; config.layer_types={sorted(set(types))}")
@@ -66,9 +76,15 @@ class LayerSkipDraft(torch.nn.Module):
         self.adapter = adapter
 
     @torch.no_grad()
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                position_ids: torch.Tensor | None = None, cache: Any = None, use_cache: bool = True,
-                logits_to_keep: int = 0) -> SimpleNamespace:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        cache: Any = None,
+        use_cache: bool = True,
+        logits_to_keep: int = 0,
+    ) -> SimpleNamespace:
         from transformers.masking_utils import create_causal_mask
 
         base = self._target.model
@@ -76,12 +92,23 @@ class LayerSkipDraft(torch.nn.Module):
         if position_ids is None:
             past = cache.get_seq_length() if cache is not None else 0
             position_ids = (torch.arange(h.shape[1], device=h.device) + past)[None]
-        mask = create_causal_mask(config=self.config, inputs_embeds=h, attention_mask=attention_mask,
-                                  position_ids=position_ids, **cache_arg(create_causal_mask, cache))
+        mask = create_causal_mask(
+            config=self.config,
+            inputs_embeds=h,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            **cache_arg(create_causal_mask, cache),
+        )
         pos_emb = base.rotary_emb(h, position_ids=position_ids)
         for layer in base.layers[: self.k]:
-            h = layer(h, attention_mask=mask, position_embeddings=pos_emb, position_ids=position_ids,
-                      use_cache=use_cache, **cache_arg(layer, cache))
+            h = layer(
+                h,
+                attention_mask=mask,
+                position_embeddings=pos_emb,
+                position_ids=position_ids,
+                use_cache=use_cache,
+                **cache_arg(layer, cache),
+            )
         if self.adapter is not None:
             h = self.adapter(h)
         h = base.norm(h)
@@ -98,12 +125,16 @@ def early_exit_draft(target: Any, options: dict, device: Any) -> LayerSkipDraft:
     options = dict(options)
     adapter = options.get("adapter")
     if getattr(adapter, "hidden_size", None) not in (None, target.config.hidden_size):
-        raise ValueError(f"method 'layer_skip': the adapter's hidden_size {adapter.hidden_size} is not the target's "
-                         f"{target.config.hidden_size}")
+        raise ValueError(
+            f"method 'layer_skip': the adapter's hidden_size {adapter.hidden_size} is not the target's "
+            f"{target.config.hidden_size}"
+        )
     if adapter is not None and hasattr(adapter, "exit_layer"):
         if options.setdefault("exit_layer", adapter.exit_layer) != adapter.exit_layer or "skip_layers" in options:
-            raise ValueError(f"method 'layer_skip': the adapter was trained at exit layer {adapter.exit_layer}; "
-                             f"got exit_layer={options.get('exit_layer')!r}, skip_layers={options.get('skip_layers')!r}")
+            raise ValueError(
+                f"method 'layer_skip': the adapter was trained at exit layer {adapter.exit_layer}; "
+                f"got exit_layer={options.get('exit_layer')!r}, skip_layers={options.get('skip_layers')!r}"
+            )
     if adapter is not None:
         adapter = adapter.to(device=device, dtype=next(target.parameters()).dtype)
     return LayerSkipDraft(target, exit_layer(target, options), adapter)
@@ -113,8 +144,18 @@ def decode(job: DecodeJob) -> list[RowTrace]:
     draft = early_exit_draft(job.target, dict(job.options), job.device)
     gen = job.generator()
     drafter = ModelDrafter(draft, len(job.prompts), job.sampling, gen, job.device)
-    return speculative_decode(job.target, drafter, job.prompts, job.sampling, StaticGamma(job.gamma), gen,
-                              job.eos_token_ids, job.device, draft_in_prefill(job), synthetic_acceptance(job))
+    return speculative_decode(
+        job.target,
+        drafter,
+        job.prompts,
+        job.sampling,
+        StaticGamma(job.gamma),
+        gen,
+        job.eos_token_ids,
+        job.device,
+        draft_in_prefill(job),
+        synthetic_acceptance(job),
+    )
 
 
 def _adapter(v: Any) -> Any:
@@ -133,8 +174,16 @@ def _cross_check(options: dict) -> None:
         raise ValueError("method 'layer_skip': give exit_layer or skip_layers, not both")
 
 
-SPEC = MethodSpec(name="layer_skip", decode=decode,
-                  options={"exit_layer": positive_int, "skip_layers": positive_int, "adapter": _adapter,
-                           "draft_in_prefill": DRAFT_IN_PREFILL, SYNTHETIC: parse_synthetic},
-                  cross_check=_cross_check,
-                  description="self-speculation: the target's first k layers + LM head draft")
+SPEC = MethodSpec(
+    name="layer_skip",
+    decode=decode,
+    options={
+        "exit_layer": positive_int,
+        "skip_layers": positive_int,
+        "adapter": _adapter,
+        "draft_in_prefill": DRAFT_IN_PREFILL,
+        SYNTHETIC: parse_synthetic,
+    },
+    cross_check=_cross_check,
+    description="self-speculation: the target's first k layers + LM head draft",
+)

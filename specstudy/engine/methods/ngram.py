@@ -18,15 +18,24 @@ fixed rate instead of verifying them, to time the system (:mod:`specstudy.engine
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
 from ..speculate import CostAwareGamma, Draft, StaticGamma, speculative_decode
 from ..stepcost import verify_ratio
 from ..trace import RowTrace
-from . import (DRAFT_IN_PREFILL, SYNTHETIC, DecodeJob, MethodSpec, draft_in_prefill, one_of, parse_synthetic,
-               positive_int, synthetic_acceptance)
+from . import (
+    DRAFT_IN_PREFILL,
+    SYNTHETIC,
+    DecodeJob,
+    MethodSpec,
+    draft_in_prefill,
+    one_of,
+    parse_synthetic,
+    positive_int,
+    synthetic_acceptance,
+)
 
 
 def lookup(context: Sequence[int], max_tokens: int, ngram_min: int, ngram_max: int) -> list[int]:
@@ -35,11 +44,11 @@ def lookup(context: Sequence[int], max_tokens: int, ngram_min: int, ngram_max: i
         return []
     n_ctx = len(context)
     for n in range(min(ngram_max, n_ctx - 1), ngram_min - 1, -1):
-        suffix = list(context[n_ctx - n:])
+        suffix = list(context[n_ctx - n :])
         first = suffix[0]
         for start in range(0, n_ctx - n):
-            if context[start] == first and list(context[start:start + n]) == suffix:
-                cont = list(context[start + n: min(start + n + max_tokens, n_ctx)])
+            if context[start] == first and list(context[start : start + n]) == suffix:
+                cont = list(context[start + n : min(start + n + max_tokens, n_ctx)])
                 if cont:
                     return cont
     return []
@@ -69,9 +78,18 @@ class NgramDrafter:
 
 def decode(job: DecodeJob) -> list[RowTrace]:
     drafter = NgramDrafter(job.option("ngram_min", 1), job.option("ngram_max", 3), job.device)
-    return speculative_decode(job.target, drafter, job.prompts, job.sampling, gamma_policy(job),
-                              job.generator(), job.eos_token_ids, job.device,
-                              draft_in_prefill(job), synthetic_acceptance(job))
+    return speculative_decode(
+        job.target,
+        drafter,
+        job.prompts,
+        job.sampling,
+        gamma_policy(job),
+        job.generator(),
+        job.eos_token_ids,
+        job.device,
+        draft_in_prefill(job),
+        synthetic_acceptance(job),
+    )
 
 
 def gamma_policy(job: DecodeJob) -> StaticGamma | CostAwareGamma:
@@ -87,8 +105,16 @@ def _cross_check(options: dict) -> None:
         raise ValueError(f"method 'ngram': ngram_min={lo} > ngram_max={hi}")
 
 
-SPEC = MethodSpec(name="ngram", decode=decode, options={"ngram_min": positive_int, "ngram_max": positive_int,
-                           "dynamic_gamma": one_of("off", "cost"),
-                           "draft_in_prefill": DRAFT_IN_PREFILL, SYNTHETIC: parse_synthetic},
-                  cross_check=_cross_check,
-                  description="prompt lookup (n-gram) drafting, draft-free")
+SPEC = MethodSpec(
+    name="ngram",
+    decode=decode,
+    options={
+        "ngram_min": positive_int,
+        "ngram_max": positive_int,
+        "dynamic_gamma": one_of("off", "cost"),
+        "draft_in_prefill": DRAFT_IN_PREFILL,
+        SYNTHETIC: parse_synthetic,
+    },
+    cross_check=_cross_check,
+    description="prompt lookup (n-gram) drafting, draft-free",
+)

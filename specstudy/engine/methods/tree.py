@@ -42,17 +42,26 @@ trees too (:mod:`specstudy.engine.methods.heads`, option ``heads_tree``).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Protocol
 
 import torch
 
 from ..kv import cache_arg, new_cache
 from ..sampling import next_tokens, probs_for, sample_from
 from ..synthetic import SyntheticAcceptance
-from ..tokentree import (TokenTree, causal_forward, keep_cache_positions, model_device, model_dtype,
-                         tree_attention_mask, tree_forward, tree_position_ids)
+from ..tokentree import (
+    TokenTree,
+    causal_forward,
+    keep_cache_positions,
+    model_device,
+    model_dtype,
+    tree_attention_mask,
+    tree_forward,
+    tree_position_ids,
+)
 from ..trace import BatchTrace, RowTrace, Timer
 from ..verify import residual
 from . import SYNTHETIC, DecodeJob, MethodSpec, parse_synthetic, positive_int, synthetic_acceptance
@@ -62,11 +71,13 @@ from . import SYNTHETIC, DecodeJob, MethodSpec, parse_synthetic, positive_int, s
 
 
 def parse_branching(value: str | Sequence[int]) -> tuple[int, ...]:
-    """"3,1,1" or (3, 1, 1) → (3, 1, 1): children per node at each depth (the tree's shape)."""
+    """ "3,1,1" or (3, 1, 1) → (3, 1, 1): children per node at each depth (the tree's shape)."""
     try:
         b = tuple(int(x) for x in (value.split(",") if isinstance(value, str) else value))
     except (TypeError, ValueError):
-        raise ValueError(f"tree_branching={value!r}: expected comma-separated positive integers, e.g. '3,1,1'")
+        raise ValueError(
+            f"tree_branching={value!r}: expected comma-separated positive integers, e.g. '3,1,1'"
+        ) from None
     if not b or any(x < 1 for x in b):
         raise ValueError(f"tree_branching={value!r}: expected positive integers, e.g. '3,1,1'")
     return b
@@ -118,11 +129,13 @@ def accept_greedy(tree: TokenTree, target_logits: torch.Tensor) -> TreeVerdict:
         path.append(node)
 
 
-def accept_sampling(tree: TokenTree, target_probs: torch.Tensor,
-                    accept_step: Callable[[torch.Tensor, torch.Tensor, int, torch.Generator | None],
-                                          tuple[bool, torch.Tensor]],
-                    sample: Callable[[torch.Tensor, torch.Generator | None], int],
-                    generator: torch.Generator | None) -> TreeVerdict:
+def accept_sampling(
+    tree: TokenTree,
+    target_probs: torch.Tensor,
+    accept_step: Callable[[torch.Tensor, torch.Tensor, int, torch.Generator | None], tuple[bool, torch.Tensor]],
+    sample: Callable[[torch.Tensor, torch.Generator | None], int],
+    generator: torch.Generator | None,
+) -> TreeVerdict:
     """Multi-step speculative sampling over the tree (recursive rejection over siblings).
 
     ``target_probs[i]`` is the target's (processed) next-token distribution after node i;
@@ -144,8 +157,9 @@ def accept_sampling(tree: TokenTree, target_probs: torch.Tensor,
             return TreeVerdict(path=path, next_token=sample(p, generator))
 
 
-def sibling_step(p: torch.Tensor, q: torch.Tensor, token: int,
-                 generator: torch.Generator | None) -> tuple[bool, torch.Tensor]:
+def sibling_step(
+    p: torch.Tensor, q: torch.Tensor, token: int, generator: torch.Generator | None
+) -> tuple[bool, torch.Tensor]:
     """One rejection test of a sibling drawn from ``q`` against the current target mass ``p``:
     accepted iff u · q(x) < p(x), i.e. with probability min(1, p/q); otherwise the next sibling
     is tested against :func:`specstudy.engine.verify.residual` norm(max(p − q, 0))."""
@@ -168,8 +182,13 @@ def first_child_chain(tree: TokenTree) -> list[int]:
     return path
 
 
-def accept_synthetic(tree: TokenTree, target_logits: torch.Tensor, sampling,
-                     kept: Callable[[torch.Tensor], torch.Tensor], generator: torch.Generator | None) -> TreeVerdict:
+def accept_synthetic(
+    tree: TokenTree,
+    target_logits: torch.Tensor,
+    sampling,
+    kept: Callable[[torch.Tensor], torch.Tensor],
+    generator: torch.Generator | None,
+) -> TreeVerdict:
     """The first-child chain cut after ``kept(chain length)`` nodes; then the target's choice:
     argmax, or a sample of p after every child of the last node was rejected (as
     :func:`accept_sampling` ends when no sibling is accepted)."""
@@ -185,8 +204,13 @@ def accept_synthetic(tree: TokenTree, target_logits: torch.Tensor, sampling,
     return TreeVerdict(path=path, next_token=sample_token(p, generator))
 
 
-def verify_tree(tree: TokenTree, target_logits: torch.Tensor, sampling, generator: torch.Generator | None,
-                kept: Callable[[torch.Tensor], torch.Tensor] | None = None) -> TreeVerdict:
+def verify_tree(
+    tree: TokenTree,
+    target_logits: torch.Tensor,
+    sampling,
+    generator: torch.Generator | None,
+    kept: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> TreeVerdict:
     """Step 3 of the loop: the accepted path and the next token (greedy walk, multi-draft
     sampling, or the synthetic rule ``kept`` when given)."""
     if kept is not None:
@@ -201,8 +225,14 @@ def verify_tree(tree: TokenTree, target_logits: torch.Tensor, sampling, generato
 
 
 @torch.no_grad()
-def lm_forward(model, cache, past_len: int, tokens: Sequence[int], parents: Sequence[int] | None = None,
-               rows: Sequence[int] | None = None) -> torch.Tensor:
+def lm_forward(
+    model,
+    cache,
+    past_len: int,
+    tokens: Sequence[int],
+    parents: Sequence[int] | None = None,
+    rows: Sequence[int] | None = None,
+) -> torch.Tensor:
     """A drafter LM called like a causal LM (any transformers model, or a layer-skip view).
 
     Without ``parents``: ``tokens`` fed causally.  With ``parents``: tree nodes ``rows`` (one
@@ -221,8 +251,13 @@ def lm_forward(model, cache, past_len: int, tokens: Sequence[int], parents: Sequ
         ids = [tokens[r] for r in rows]
         pos = tree_position_ids(parents, past_len, rows=rows).to(dev)
         mask = tree_attention_mask(parents, past_len, model_dtype(model), rows=rows, n_cols=rows[-1] + 1).to(dev)
-    out = model(input_ids=torch.tensor([ids], device=dev), attention_mask=mask, position_ids=pos,
-                use_cache=True, **cache_arg(model, cache))
+    out = model(
+        input_ids=torch.tensor([ids], device=dev),
+        attention_mask=mask,
+        position_ids=pos,
+        use_cache=True,
+        **cache_arg(model, cache),
+    )
     return out.logits[0]
 
 
@@ -249,9 +284,10 @@ class ModelTreeDrafter:
         """Nothing to do: the drafter reads the prompt on its first :meth:`propose`."""
 
     @torch.no_grad()
-    def propose(self, committed: Sequence[int], root: int, max_depth: int,
-                generator: torch.Generator | None) -> TokenTree:
-        catch_up = list(committed[self.cached:]) + [int(root)]
+    def propose(
+        self, committed: Sequence[int], root: int, max_depth: int, generator: torch.Generator | None
+    ) -> TokenTree:
+        catch_up = list(committed[self.cached :]) + [int(root)]
         logits = lm_forward(self.model, self.cache, self.cached, catch_up)
         past = len(committed)
         tree = TokenTree(tokens=[int(root)], parents=[-1])
@@ -290,17 +326,25 @@ class TreeDrafter(Protocol):
     def start(self, prompt_hidden: torch.Tensor) -> None:
         """After the prefill: the target's last hidden state at the prompt's last token."""
 
-    def propose(self, committed: Sequence[int], root: int, max_depth: int,
-                generator: torch.Generator | None) -> TokenTree:
+    def propose(
+        self, committed: Sequence[int], root: int, max_depth: int, generator: torch.Generator | None
+    ) -> TokenTree:
         """A tree under ``root`` after the ``committed`` tokens, at most ``max_depth`` deep."""
 
     def accept(self, path: Sequence[int], hidden: torch.Tensor) -> None:
         """The target accepted ``path``; ``hidden`` is its last hidden state at the path's end."""
 
 
-def tree_decode(target, prompt: Sequence[int], sampling, drafter: TreeDrafter, generator: torch.Generator | None,
-                eos_token_ids: Sequence[int] = (), device: str | torch.device = "cpu",
-                synthetic: SyntheticAcceptance | None = None) -> RowTrace:
+def tree_decode(
+    target,
+    prompt: Sequence[int],
+    sampling,
+    drafter: TreeDrafter,
+    generator: torch.Generator | None,
+    eos_token_ids: Sequence[int] = (),
+    device: str | torch.device = "cpu",
+    synthetic: SyntheticAcceptance | None = None,
+) -> RowTrace:
     """Decode one prompt: prefill, then per step grow a tree, verify it in one target pass, keep
     the accepted path (steps 1-4 of the module docstring).  Returns the row's
     :class:`~specstudy.engine.trace.RowTrace`; ``row.tree_nodes`` counts the drafted nodes
@@ -326,8 +370,15 @@ def tree_decode(target, prompt: Sequence[int], sampling, drafter: TreeDrafter, g
     return row
 
 
-def _prefill(target, cache, trace: BatchTrace, drafter: TreeDrafter, sampling, generator: torch.Generator | None,
-             device: str | torch.device) -> int:
+def _prefill(
+    target,
+    cache,
+    trace: BatchTrace,
+    drafter: TreeDrafter,
+    sampling,
+    generator: torch.Generator | None,
+    device: str | torch.device,
+) -> int:
     """The prompt pass (a step of its own that emits the first token, as in ``ar``); returns
     that token, the first root."""
     row = trace.rows[0]
@@ -339,8 +390,9 @@ def _prefill(target, cache, trace: BatchTrace, drafter: TreeDrafter, sampling, g
     return root
 
 
-def _emit_path(trace: BatchTrace, tree: TokenTree, verdict: TreeVerdict, logits: torch.Tensor,
-               draft_s: float, verify_s: float) -> int:
+def _emit_path(
+    trace: BatchTrace, tree: TokenTree, verdict: TreeVerdict, logits: torch.Tensor, draft_s: float, verify_s: float
+) -> int:
     """Emit the path's drafted tokens and the next token (scored by the logits at the path's
     nodes); returns the next token, the next root."""
     emitted = [tree.tokens[n] for n in verdict.path[1:]] + [verdict.next_token]
@@ -400,11 +452,22 @@ def decode(job: DecodeJob) -> list[RowTrace]:
         raise ValueError(f"method 'tree' decodes one request at a time: batch_size={len(job.prompts)}")
     model = job.drafter
     if model.config.vocab_size != job.target.config.vocab_size:
-        raise ValueError(f"draft vocab_size={model.config.vocab_size} differs from the target's "
-                         f"{job.target.config.vocab_size}")
+        raise ValueError(
+            f"draft vocab_size={model.config.vocab_size} differs from the target's {job.target.config.vocab_size}"
+        )
     drafter = ModelTreeDrafter(model, _branching(job.options, job.gamma), job.sampling)
-    return [tree_decode(job.target, job.prompts[0], job.sampling, drafter, job.generator(),
-                        job.eos_token_ids, job.device, synthetic_acceptance(job))]
+    return [
+        tree_decode(
+            job.target,
+            job.prompts[0],
+            job.sampling,
+            drafter,
+            job.generator(),
+            job.eos_token_ids,
+            job.device,
+            synthetic_acceptance(job),
+        )
+    ]
 
 
 def _check_drafter_name(name: str) -> None:
@@ -417,13 +480,16 @@ def _check_drafter_name(name: str) -> None:
 
         name = str(resolve_drafter_path(name))
         if not Path(name).exists():
-            raise ValueError(f"drafter={name!r}: no such file (train one with `specstudy train-drafter "
-                             "--kind layer_skip_adapter`)")
+            raise ValueError(
+                f"drafter={name!r}: no such file (train one with `specstudy train-drafter --kind layer_skip_adapter`)"
+            )
         with safe_open(name, framework="pt") as f:
             kind = (f.metadata() or {}).get("kind")
         if kind != "layer_skip_adapter":
-            raise ValueError(f"drafter={name!r} holds drafter kind {kind!r}; the tree method grows trees with an LM: "
-                             "a draft model, 'self[:K]' or a layer_skip_adapter file")
+            raise ValueError(
+                f"drafter={name!r} holds drafter kind {kind!r}; the tree method grows trees with an LM: "
+                "a draft model, 'self[:K]' or a layer_skip_adapter file"
+            )
 
 
 @dataclass(frozen=True)
@@ -438,14 +504,22 @@ class TreeSpec(MethodSpec):
             if "tree_width" in out:
                 raise ValueError("method 'tree': give tree_branching or tree_width, not both")
             if len(out["tree_branching"]) != gamma:
-                raise ValueError(f"method 'tree': tree_branching={','.join(map(str, out['tree_branching']))} "
-                                 f"has depth {len(out['tree_branching'])}, but gamma={gamma}: the tree depth "
-                                 "is gamma")
+                raise ValueError(
+                    f"method 'tree': tree_branching={','.join(map(str, out['tree_branching']))} "
+                    f"has depth {len(out['tree_branching'])}, but gamma={gamma}: the tree depth "
+                    "is gamma"
+                )
         return out
 
 
-SPEC = TreeSpec(name="tree", decode=decode, needs_drafter=True, max_batch=1, load_drafter=load_tree_drafter,
-                options={"tree_width": positive_int, "tree_branching": parse_branching, SYNTHETIC: parse_synthetic},
-                description="multi-draft token tree verified in one target pass (tree attention mask); "
-                            "drafter: a draft model, 'self[:K]' (the target's first K layers) or a "
-                            "layer_skip_adapter file")
+SPEC = TreeSpec(
+    name="tree",
+    decode=decode,
+    needs_drafter=True,
+    max_batch=1,
+    load_drafter=load_tree_drafter,
+    options={"tree_width": positive_int, "tree_branching": parse_branching, SYNTHETIC: parse_synthetic},
+    description="multi-draft token tree verified in one target pass (tree attention mask); "
+    "drafter: a draft model, 'self[:K]' (the target's first K layers) or a "
+    "layer_skip_adapter file",
+)

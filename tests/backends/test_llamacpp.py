@@ -15,7 +15,6 @@ import gguf
 import numpy as np
 import pytest
 
-from specstudy.data import fetch, models
 from specstudy.backends import get_backend
 from specstudy.backends.gguf_meta import file_type_name, read_metadata, vocab_mismatch
 from specstudy.backends.llamacpp import (
@@ -36,9 +35,10 @@ from specstudy.backends.llamacpp_costs import forward_ms_by_tokens
 from specstudy.backends.prometheus import parse_prometheus
 from specstudy.backends.rss import TreeRssSampler
 from specstudy.backends.sse import StreamState
+from specstudy.data import fetch, models
 from specstudy.records import Cell, Request, RequestRecord, Sampling
 
-FIXTURES = Path(__file__).parent / "fixtures" / "llamacpp"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "llamacpp"
 
 
 def fixture(name: str) -> dict:
@@ -62,8 +62,18 @@ def write_gguf(path: Path, tokens: list[str], file_type: int = 3, eos: int = 1) 
 
 
 def cell(method="ngram", gamma=4, drafter=None, batch=1, **options):
-    return Cell("t", "cpu", "llamacpp", method, "adhoc", "m", drafter=drafter, gamma=gamma, batch_size=batch,
-                options=tuple(sorted(options.items())))
+    return Cell(
+        "t",
+        "cpu",
+        "llamacpp",
+        method,
+        "adhoc",
+        "m",
+        drafter=drafter,
+        gamma=gamma,
+        batch_size=batch,
+        options=tuple(sorted(options.items())),
+    )
 
 
 def plan(spec: SpecConfig, draft: bool = False) -> Plan:
@@ -85,8 +95,16 @@ def test_request_sends_template_ids_cache_prompt_and_every_sampling_field():
     assert body["stream"] and body["timings_per_token"] and body["return_tokens"]
     on = LlamaCppBackend("m", base_url="http://127.0.0.1:9", prefix_cache=True)
     assert on.request_body(Request("p", "x", prompt_ids=(1,)), Sampling(ignore_eos=False, top_k=5)) == {
-        **body, "prompt": [1], "cache_prompt": True, "ignore_eos": False, "top_k": 5, "temperature": 0.0,
-        "top_p": 1.0, "seed": 0, "n_predict": 64}
+        **body,
+        "prompt": [1],
+        "cache_prompt": True,
+        "ignore_eos": False,
+        "top_k": 5,
+        "temperature": 0.0,
+        "top_p": 1.0,
+        "seed": 0,
+        "n_predict": 64,
+    }
 
 
 def test_chat_requests_use_the_kit_chat_template():
@@ -133,8 +151,13 @@ def test_kit_entry_point_argv_per_method():
 
 
 def test_user_llama_server_argv_uses_its_own_flag_names():
-    argv = server_argv(plan(spec_config("ngram", 6, {"ngram_size_n": 2, "ngram_size_m": 5})), 4, 1024, 1,
-                       llama_server="/opt/llama-server")
+    argv = server_argv(
+        plan(spec_config("ngram", 6, {"ngram_size_n": 2, "ngram_size_m": 5})),
+        4,
+        1024,
+        1,
+        llama_server="/opt/llama-server",
+    )
     assert argv[0] == "/opt/llama-server" and val(argv, "--model") == "/models/t.gguf"
     assert val(argv, "--spec-type") == "ngram-simple" and val(argv, "--spec-draft-n-max") == "6"
     assert (val(argv, "--spec-ngram-simple-size-n"), val(argv, "--spec-ngram-simple-size-m")) == ("2", "5")
@@ -143,8 +166,9 @@ def test_user_llama_server_argv_uses_its_own_flag_names():
     assert val(argv, "--threads") == val(argv, "--threads-batch") == "4" and "--metrics" in argv
     dt = server_argv(plan(spec_config("draft_target", 2), draft=True), 2, 1024, 1, llama_server="/opt/llama-server")
     assert val(dt, "--spec-draft-model") == "/models/d.gguf" and val(dt, "--spec-draft-threads") == "2"
-    k4v = server_argv(plan(spec_config("ngram", 3, {"spec_type": "ngram-map-k4v", "ngram_min_hits": 2})), 1, 64, 1,
-                      llama_server="/x")
+    k4v = server_argv(
+        plan(spec_config("ngram", 3, {"spec_type": "ngram-map-k4v", "ngram_min_hits": 2})), 1, 64, 1, llama_server="/x"
+    )
     assert val(k4v, "--spec-ngram-map-k4v-min-hits") == "2" and val(k4v, "--spec-ngram-map-k4v-size-n") == "3"
 
 
@@ -159,12 +183,24 @@ def test_backend_argv_follows_the_cell_and_restarts_per_configuration(tmp_path):
 
 
 def test_the_study_run_options_on_every_cell_are_not_server_options(tmp_path):
-    run = {"max_new_tokens": 64, "prompts": 3, "prefix_cache": False, "temperature": 0.0, "top_p": 1.0, "top_k": 0,
-           "ignore_eos": True, "dtype": "float32", "tp": 1, "request_rate": "inf"}
+    run = {
+        "max_new_tokens": 64,
+        "prompts": 3,
+        "prefix_cache": False,
+        "temperature": 0.0,
+        "top_p": 1.0,
+        "top_k": 0,
+        "ignore_eos": True,
+        "dtype": "float32",
+        "tp": 1,
+        "request_rate": "inf",
+    }
     assert spec_config("ngram", 4, {**run, "ngram_max": 3}) == spec_config("ngram", 4, {"ngram_max": 3})
     b = LlamaCppBackend(str(write_gguf(tmp_path / "t.gguf", ["a", "b"])), prefix_cache=False)
     assert b.server_key(cell("ar", None, **run)) == b.server_key(cell("ar", None))
-    with pytest.raises(ValueError, match="asks prefix_cache=True but this llamacpp backend was built with prefix_cache=False"):
+    with pytest.raises(
+        ValueError, match="asks prefix_cache=True but this llamacpp backend was built with prefix_cache=False"
+    ):
         b.server_argv(cell("ar", None, prefix_cache=True))
 
 
@@ -181,23 +217,36 @@ def test_ngram_options_map_to_llamacpp_sizes():
     assert (val(argv, "--spec-ngram-mod-n-max"), val(argv, "--spec-draft-n-max")) == ("4", "4")
 
 
-@pytest.mark.parametrize("method, gamma, options, match", [
-    ("eagle", 4, {}, r"draft-eagle3\) is refused: needs an EAGLE-3 drafter"),
-    ("medusa", 4, {}, r"method='medusa' is not known; allowed: \['ar', 'ngram', 'draft_target'\]"),
-    ("ngram", None, {}, "needs gamma >= 1"),
-    ("ngram", 4, {"ngram_min": 1, "ngram_max": 3}, "exactly one n-gram length"),
-    ("ngram", 4, {"prompt_lookup_max": 3}, r"\['prompt_lookup_max'\] not understood; allowed: \["),
-    ("ngram", 4, {"spec_type": "draft-mtp"}, r"spec_type='draft-mtp' .*multi-token-prediction.*allowed: \['ngram-simple'"),
-    ("ngram", 4, {"spec_type": "ngram-mod", "ngram_size_n": 3}, r"does not use option\(s\) \['ngram_size_n'\]"),
-    ("ngram", 2, {"spec_type": "ngram-mod", "ngram_mod_n_min": 3}, "ngram_mod_n_min=3 > gamma=2"),
-    ("ngram", 4, {"spec_type": "ngram-cache"}, r"'ngram-cache' .*ignores the draft n_max.*allowed: \["),
-    ("ngram", 4, {"ngram_size_n": 0}, "ngram_size_n=0: must be an integer >= 1"),
-    ("ngram", 2, {"ngram_max": 4}, r"n-gram length 4 > ngram_size_m=2: .*allowed: ngram_max \(ngram_size_n\) <= 2"),
-    ("draft_target", 4, {"draft_p_min": 2}, r"draft_p_min=2: must be a number in \[0, 1\]"),
-    ("draft_target", 4, {"dynamic_gamma": "cost"}, r"\['dynamic_gamma'\] not understood; allowed: \['draft_min', 'draft_p_min'\]"),
-    ("ar", None, {"ngram_max": 3}, r"\['ngram_max'\] not understood; allowed: \[\]"),
-    ("ar", None, {"tp": 2}, "tp=2: the llamacpp backend runs one CPU process"),
-])
+@pytest.mark.parametrize(
+    "method, gamma, options, match",
+    [
+        ("eagle", 4, {}, r"draft-eagle3\) is refused: needs an EAGLE-3 drafter"),
+        ("medusa", 4, {}, r"method='medusa' is not known; allowed: \['ar', 'ngram', 'draft_target'\]"),
+        ("ngram", None, {}, "needs gamma >= 1"),
+        ("ngram", 4, {"ngram_min": 1, "ngram_max": 3}, "exactly one n-gram length"),
+        ("ngram", 4, {"prompt_lookup_max": 3}, r"\['prompt_lookup_max'\] not understood; allowed: \["),
+        (
+            "ngram",
+            4,
+            {"spec_type": "draft-mtp"},
+            r"spec_type='draft-mtp' .*multi-token-prediction.*allowed: \['ngram-simple'",
+        ),
+        ("ngram", 4, {"spec_type": "ngram-mod", "ngram_size_n": 3}, r"does not use option\(s\) \['ngram_size_n'\]"),
+        ("ngram", 2, {"spec_type": "ngram-mod", "ngram_mod_n_min": 3}, "ngram_mod_n_min=3 > gamma=2"),
+        ("ngram", 4, {"spec_type": "ngram-cache"}, r"'ngram-cache' .*ignores the draft n_max.*allowed: \["),
+        ("ngram", 4, {"ngram_size_n": 0}, "ngram_size_n=0: must be an integer >= 1"),
+        ("ngram", 2, {"ngram_max": 4}, r"n-gram length 4 > ngram_size_m=2: .*allowed: ngram_max \(ngram_size_n\) <= 2"),
+        ("draft_target", 4, {"draft_p_min": 2}, r"draft_p_min=2: must be a number in \[0, 1\]"),
+        (
+            "draft_target",
+            4,
+            {"dynamic_gamma": "cost"},
+            r"\['dynamic_gamma'\] not understood; allowed: \['draft_min', 'draft_p_min'\]",
+        ),
+        ("ar", None, {"ngram_max": 3}, r"\['ngram_max'\] not understood; allowed: \[\]"),
+        ("ar", None, {"tp": 2}, "tp=2: the llamacpp backend runs one CPU process"),
+    ],
+)
 def test_bad_cells_are_refused_naming_value_and_allowed(method, gamma, options, match):
     with pytest.raises(ValueError, match=match):
         spec_config(method, gamma, options)
@@ -219,13 +268,17 @@ def test_check_refuses_a_draft_with_another_vocabulary(tmp_path):
     t = write_gguf(tmp_path / "t.gguf", ["a", "b", "c", "d"])
     small = write_gguf(tmp_path / "small.gguf", ["a", "b", "c"])
     other = write_gguf(tmp_path / "other.gguf", ["a", "X", "c", "d"])
-    with pytest.raises(ValueError, match=r"vocabulary sizes differ: target .*t.gguf has 4 tokens, draft .*small.gguf has 3"):
+    with pytest.raises(
+        ValueError, match=r"vocabulary sizes differ: target .*t.gguf has 4 tokens, draft .*small.gguf has 3"
+    ):
         LlamaCppBackend.check("draft_target", 4, {}, str(t), str(small))
     with pytest.raises(ValueError, match=r"token id 1 differs: target .* 'b', draft .* 'X'"):
         LlamaCppBackend.check("draft_target", 4, {}, str(t), str(other))
     eos = write_gguf(tmp_path / "eos.gguf", ["a", "b", "c", "d"], eos=2)
     assert "eos_token_id differs" in vocab_mismatch(read_metadata(t), read_metadata(eos))
-    ok = LlamaCppBackend.check("draft_target", 4, {}, str(t), str(write_gguf(tmp_path / "d.gguf", ["a", "b", "c", "d"])))
+    ok = LlamaCppBackend.check(
+        "draft_target", 4, {}, str(t), str(write_gguf(tmp_path / "d.gguf", ["a", "b", "c", "d"]))
+    )
     assert ok.draft.precision == "Q4_1" and ok.model.sha256 == fetch.sha256_file(t)
     with pytest.raises(ValueError, match="needs a drafter"):
         LlamaCppBackend.check("draft_target", 4, {}, str(t), None)
@@ -237,9 +290,13 @@ def test_check_refuses_missing_and_corrupt_gguf_before_loading(tmp_path, monkeyp
     g = write_gguf(tmp_path / "t.gguf", ["a", "b"])
     params = tmp_path / "params"
     (params / "models").mkdir(parents=True)
-    (params / "models" / "pinned.yaml").write_text(f"name: pinned\nsource: gguf_path\npath: {g}\nsha256: '{'0' * 64}'\n")
+    (params / "models" / "pinned.yaml").write_text(
+        f"name: pinned\nsource: gguf_path\npath: {g}\nsha256: '{'0' * 64}'\n"
+    )
     monkeypatch.setenv("SPECSTUDY_PARAMS", str(params))
-    with pytest.raises(ValueError, match=rf"{re.escape(str(g))}: sha256 [0-9a-f]{{64}} does not match the pinned {'0' * 64}"):
+    with pytest.raises(
+        ValueError, match=rf"{re.escape(str(g))}: sha256 [0-9a-f]{{64}} does not match the pinned {'0' * 64}"
+    ):
         LlamaCppBackend.check("ar", None, {}, "pinned")
 
 
@@ -254,8 +311,9 @@ def replay(b: LlamaCppBackend, events: list[str]) -> StreamState:
 
 
 def metric_deltas(fx: dict) -> dict:
-    return counter_acceptance(parse_prometheus("\n".join(fx["metrics_before"])),
-                              parse_prometheus("\n".join(fx["metrics_after"])))
+    return counter_acceptance(
+        parse_prometheus("\n".join(fx["metrics_before"])), parse_prometheus("\n".join(fx["metrics_after"]))
+    )
 
 
 def test_fixture_steps_equal_llamacpp_own_counters():
@@ -267,16 +325,19 @@ def test_fixture_steps_equal_llamacpp_own_counters():
     assert why == "ok"
     c = metric_deltas(fx)
     drafted = [s for s in steps if s.drafted]
-    assert (len(drafted), sum(s.drafted for s in steps), sum(s.accepted for s in steps)) == (
-        c["drafts"], c["drafted_tokens"], c["accepted_tokens"]) == (c["drafts"], final["timings"]["draft_n"],
-                                                                   final["timings"]["draft_n_accepted"])
+    assert (
+        (len(drafted), sum(s.drafted for s in steps), sum(s.accepted for s in steps))
+        == (c["drafts"], c["drafted_tokens"], c["accepted_tokens"])
+        == (c["drafts"], final["timings"]["draft_n"], final["timings"]["draft_n_accepted"])
+    )
     depth = max(s.drafted for s in steps)
     assert [sum(1 for s in drafted if s.accepted >= k) for k in range(1, depth + 1)] == c["accepted_per_position"]
     assert sum(s.emitted for s in steps) == final["tokens_predicted"] == len(st.output_ids)
     ms = forward_ms(chunk_trace(st), [0.0] * len(chunk_trace(st)))
     assert len(ms) == len(steps) - 1 and all(m > 0 for m in ms)
-    rec = RequestRecord("s", "cpu", "llamacpp", "ngram", "adhoc", "p", 0, "c", "m", steps=steps,
-                        extra={"llamacpp_forward_ms": ms})
+    rec = RequestRecord(
+        "s", "cpu", "llamacpp", "ngram", "adhoc", "p", 0, "c", "m", steps=steps, extra={"llamacpp_forward_ms": ms}
+    )
     by_k = forward_ms_by_tokens([rec])
     assert sum(len(v) for v in by_k.values()) == len(ms) and len(by_k[5]) == len(drafted)  # 4 drafts + 1
     assert st.finish_reason == "length" and st.usage["prompt_tokens"] == len(fx["request"]["prompt"])
@@ -324,7 +385,9 @@ class _Replay(BaseHTTPRequestHandler):
         elif self.path == "/props":
             self._send(json.dumps({"build_info": "b0-unknown", "model_ftype": "Q4_1", "model_path": "/m.gguf"}))
         elif self.path == "/metrics":
-            self._send("\n".join(self.fx["metrics_after" if type(self).posted else "metrics_before"]) + "\n", "text/plain")
+            self._send(
+                "\n".join(self.fx["metrics_after" if type(self).posted else "metrics_before"]) + "\n", "text/plain"
+            )
         else:
             self.send_error(404)
 
@@ -347,13 +410,19 @@ def test_attached_server_goes_through_the_same_parsing():
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     try:
         b = LlamaCppBackend("m", base_url=f"http://127.0.0.1:{httpd.server_address[1]}")
-        [rec] = b.run([Request("p", "x", prompt_ids=tuple(fx["request"]["prompt"]))], Sampling(max_new_tokens=24), cell())
+        [rec] = b.run(
+            [Request("p", "x", prompt_ids=tuple(fx["request"]["prompt"]))], Sampling(max_new_tokens=24), cell()
+        )
     finally:
         httpd.shutdown()
         httpd.server_close()
     c = metric_deltas(fx)
     assert rec.status == "ok" and rec.output_tokens == 24 and rec.chunk_tokens == [1] * 24
-    assert (rec.draft_steps, rec.drafted_tokens, rec.accepted_tokens) == (c["drafts"], c["drafted_tokens"], c["accepted_tokens"])
+    assert (rec.draft_steps, rec.drafted_tokens, rec.accepted_tokens) == (
+        c["drafts"],
+        c["drafted_tokens"],
+        c["accepted_tokens"],
+    )
     assert rec.accepted_per_position == c["accepted_per_position"]
     assert rec.target_forwards == 24 - rec.accepted_tokens and rec.peak_memory_bytes is None
     assert rec.extra["precision"] == "Q4_1" and rec.extra["llamacpp"]["build"]["launcher"] == "attached"
@@ -373,16 +442,55 @@ def test_entry_point_builds_xllamacpp_params_without_loading():
 
     from specstudy.backends.llamacpp_serve import build_params, parser
 
-    a = parser().parse_args(["--model", "/m.gguf", "--port", "5", "--threads", "2", "--ctx-size", "512",
-                             "--spec-type", "ngram-simple", "--draft-max", "4", "--draft-min", "0",
-                             "--ngram-size-n", "3", "--ngram-size-m", "6"])
+    a = parser().parse_args(
+        [
+            "--model",
+            "/m.gguf",
+            "--port",
+            "5",
+            "--threads",
+            "2",
+            "--ctx-size",
+            "512",
+            "--spec-type",
+            "ngram-simple",
+            "--draft-max",
+            "4",
+            "--draft-min",
+            "0",
+            "--ngram-size-n",
+            "3",
+            "--ngram-size-m",
+            "6",
+        ]
+    )
     p = build_params(a)
     assert p.model.path == "/m.gguf" and p.port == 5 and p.n_ctx == 512 and p.endpoint_metrics
     assert p.cpuparams.n_threads == p.cpuparams_batch.n_threads == p.speculative.draft.cpuparams.n_threads == 2
     assert p.speculative.types == [xl.common_speculative_type.COMMON_SPECULATIVE_TYPE_NGRAM_SIMPLE]
-    assert (p.speculative.draft.n_max, p.speculative.ngram_simple.size_n, p.speculative.ngram_simple.size_m) == (4, 3, 6)
-    d = build_params(parser().parse_args(["--model", "/t.gguf", "--port", "5", "--threads", "1", "--spec-type",
-                                          "draft-simple", "--draft", "/d.gguf", "--draft-p-min", "0.25"]))
+    assert (p.speculative.draft.n_max, p.speculative.ngram_simple.size_n, p.speculative.ngram_simple.size_m) == (
+        4,
+        3,
+        6,
+    )
+    d = build_params(
+        parser().parse_args(
+            [
+                "--model",
+                "/t.gguf",
+                "--port",
+                "5",
+                "--threads",
+                "1",
+                "--spec-type",
+                "draft-simple",
+                "--draft",
+                "/d.gguf",
+                "--draft-p-min",
+                "0.25",
+            ]
+        )
+    )
     assert d.speculative.draft.mparams.path == "/d.gguf" and d.speculative.draft.p_min == 0.25
 
 
@@ -417,15 +525,28 @@ def test_live_smollm2_ar_and_ngram_counts_equal_llamacpp_own(tmp_path):
         assert r.status == "ok" and r.output_tokens == 40 == len(r.output_ids), r.error
         assert r.extra["llamacpp_timings"]["cache_n"] == 0 and r.extra["llamacpp_timings"]["prompt_n"] == r.input_tokens
         assert r.memory_source == "server_rss" and r.peak_memory_bytes > 50e6
-        assert r.extra["precision"] == "Q4_1" and r.extra["llamacpp"]["model"]["sha256"] == models.get_entry("smollm2-135m").sha256
+        assert (
+            r.extra["precision"] == "Q4_1"
+            and r.extra["llamacpp"]["model"]["sha256"] == models.get_entry("smollm2-135m").sha256
+        )
         assert r.target_forwards == r.output_tokens - r.accepted_tokens
     assert all(r.drafted_tokens == 0 and r.draft_steps == 0 for r in ar)
     # the kit's counts are the per-request timings' and the server's own counters
-    assert sum(r.drafted_tokens for r in ng) == sum(r.extra["llamacpp_timings"].get("draft_n", 0) for r in ng) == run["drafted_tokens"]
-    assert sum(r.accepted_tokens for r in ng) == sum(r.extra["llamacpp_timings"].get("draft_n_accepted", 0) for r in ng) == run["accepted_tokens"]
+    assert (
+        sum(r.drafted_tokens for r in ng)
+        == sum(r.extra["llamacpp_timings"].get("draft_n", 0) for r in ng)
+        == run["drafted_tokens"]
+    )
+    assert (
+        sum(r.accepted_tokens for r in ng)
+        == sum(r.extra["llamacpp_timings"].get("draft_n_accepted", 0) for r in ng)
+        == run["accepted_tokens"]
+    )
     assert sum(r.draft_steps for r in ng) == run["drafts"] > 0 and run["counters_match"] is True
     depth = max(len(r.accepted_per_position) for r in ng)
-    assert [sum((r.accepted_per_position + [0] * depth)[k] for r in ng) for k in range(depth)] == run["accepted_per_position"]
+    assert [sum((r.accepted_per_position + [0] * depth)[k] for r in ng) for k in range(depth)] == run[
+        "accepted_per_position"
+    ]
     # the kit's AL is llama.cpp's own "mean len", per request (the γ=2 server's log) and over the run (counters)
     logged = _log_mean_lens(log)
     assert [(r.accepted_tokens, r.drafted_tokens) for r in ng2 if r.drafted_tokens] == [(a, d) for a, d, _ in logged]
@@ -443,8 +564,10 @@ def _cached_gguf(name: str) -> bool:
 
 
 @pytest.mark.engines
-@pytest.mark.skipif(not (_cached_gguf("qwen2.5-coder-1.5b") and _cached_gguf("qwen2.5-coder-0.5b")),
-                    reason="the opt-in Qwen2.5-Coder pair is not downloaded (bench/llamacpp_costs.py --pair fetches it)")
+@pytest.mark.skipif(
+    not (_cached_gguf("qwen2.5-coder-1.5b") and _cached_gguf("qwen2.5-coder-0.5b")),
+    reason="the opt-in Qwen2.5-Coder pair is not downloaded (bench/llamacpp_costs.py --pair fetches it)",
+)
 def test_live_qwen_pair_draft_target(tmp_path):
     b = LlamaCppBackend("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", threads=2, log_dir=tmp_path)
     req = [Request("prime", "x", messages=(("user", "Write a Python function is_prime(n)."),))]
@@ -485,8 +608,12 @@ class _StubServer:
         common = min(common, len(ids) - 1) if self.prefix_cache else 0
         self.cached = ids
         rec = RequestRecord("s", "cpu", "llamacpp", "ar", "adhoc", "p", 0, "c", "stub")
-        rec.extra["llamacpp_timings"] = {"prompt_n": len(ids) - common, "cache_n": common,
-                                         "prompt_ms": 10.0 + 2.0 * (len(ids) - common), "predicted_per_token_ms": 5.0}
+        rec.extra["llamacpp_timings"] = {
+            "prompt_n": len(ids) - common,
+            "cache_n": common,
+            "prompt_ms": 10.0 + 2.0 * (len(ids) - common),
+            "predicted_per_token_ms": 5.0,
+        }
         return rec
 
 

@@ -31,14 +31,17 @@ def test_logprobs_and_combined_call_agree():
     assert math.isnan(summarize_entropy([])["mean"])
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["generate", "--method", "medusa9", "--prompt", "x"], "allowed"),
-    (["generate", "--model", "gpt-17", "--prompt", "x"], "allowed"),
-    (["generate", "--method", "ngram", "--option", "ngram_max", "--prompt", "x"], "KEY=VALUE"),
-    (["generate", "--method", "ngram", "--option", "window=3", "--prompt", "x"], "not known"),
-    (["generate", "--method", "draft_target", "--prompt", "x"], "needs a drafter"),
-    (["generate", "--temperature", "-1", "--prompt", "x"], "temperature"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["generate", "--method", "medusa9", "--prompt", "x"], "allowed"),
+        (["generate", "--model", "gpt-17", "--prompt", "x"], "allowed"),
+        (["generate", "--method", "ngram", "--option", "ngram_max", "--prompt", "x"], "KEY=VALUE"),
+        (["generate", "--method", "ngram", "--option", "window=3", "--prompt", "x"], "not known"),
+        (["generate", "--method", "draft_target", "--prompt", "x"], "needs a drafter"),
+        (["generate", "--temperature", "-1", "--prompt", "x"], "temperature"),
+    ],
+)
 def test_generate_rejects_bad_input_before_loading_a_model(argv, message, capsys):
     t0 = time.perf_counter()
     assert cli.main(argv) == 2
@@ -50,8 +53,27 @@ def test_generate_rejects_bad_input_before_loading_a_model(argv, message, capsys
 def test_generate_json_on_the_default_model(capsys):
     import json
 
-    assert cli.main(["generate", "--method", "ngram", "--gamma", "3", "--max-new-tokens", "12", "--json",
-                     "--threads", "1", "--prompt", "Repeat after me: the quick brown fox jumps over the lazy dog."]) == 0
+    assert (
+        cli.main(
+            [
+                "generate",
+                "--method",
+                "ngram",
+                "--gamma",
+                "3",
+                "--max-new-tokens",
+                "12",
+                "--json",
+                "--threads",
+                "1",
+                "--prompt",
+                "Repeat after me: the quick brown fox jumps over the lazy dog.",
+            ]
+        )
+        == 0
+    )
     out = json.loads(capsys.readouterr().out)
-    assert len(out["token_ids"]) == 12 and out["acceptance_length"] >= 1 and out["ttft_s"] > 0 and out["tokens_per_s"] > 0
+    assert (
+        len(out["token_ids"]) == 12 and out["acceptance_length"] >= 1 and out["ttft_s"] > 0 and out["tokens_per_s"] > 0
+    )
     assert isinstance(out["per_position_conditional"], list) and isinstance(out["per_position_unconditional"], list)

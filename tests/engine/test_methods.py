@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from specstudy import metrics
+from specstudy.data.models import tiny_model
 from specstudy.engine.methods import DecodeJob, get_method, method_names
 from specstudy.engine.methods.ngram import lookup
-from specstudy.data.models import tiny_model
 from specstudy.records import Cell, Request, Sampling
 
 torch.set_num_threads(1)
@@ -44,7 +44,10 @@ def configs(target, drafter):
         ("draft_target", dict(drafter=drafter, gamma=4, options={"draft_in_prefill": "on"})),
         ("ngram", dict(gamma=3, options={"draft_in_prefill": "on"})),
         ("layer_skip", dict(gamma=2, options={"exit_layer": 3, "draft_in_prefill": "on"})),
-        ("draft_target", dict(drafter=drafter, gamma=2, options={"draft_in_prefill": "on", "dynamic_gamma": "confidence"})),
+        (
+            "draft_target",
+            dict(drafter=drafter, gamma=2, options={"draft_in_prefill": "on", "dynamic_gamma": "confidence"}),
+        ),
     ]
 
 
@@ -110,8 +113,9 @@ def test_draft_in_prefill_value_is_checked():
 def test_step_counts_sum_to_emitted_and_tau_matches(target, drafter, index):
     name, kw = configs(target, drafter)[index]
     rows = get_method(name).decode(DecodeJob(target, PROMPTS, GREEDY, **kw))
-    cell = Cell(study="t", hardware="cpu", framework="reference", method=name, task="adhoc", model="tiny",
-                gamma=kw.get("gamma"))
+    cell = Cell(
+        study="t", hardware="cpu", framework="reference", method=name, task="adhoc", model="tiny", gamma=kw.get("gamma")
+    )
     records = []
     for i, r in enumerate(rows):
         assert sum(s.emitted for s in r.steps) == len(r.output_ids)
@@ -146,8 +150,9 @@ def test_greedy_logprobs_are_the_target_argmax_scores(target, ar_tokens):
 def test_eos_stops_a_row_and_others_continue(target, ar_tokens):
     eos = ar_tokens[1][5]
     s = Sampling(temperature=0.0, max_new_tokens=24, ignore_eos=False)
-    rows = get_method("draft_target").decode(DecodeJob(target, PROMPTS, s, drafter=target, gamma=3,
-                                                       eos_token_ids=[eos]))
+    rows = get_method("draft_target").decode(
+        DecodeJob(target, PROMPTS, s, drafter=target, gamma=3, eos_token_ids=[eos])
+    )
     for r, want in zip(rows, ar_tokens):
         cut = want.index(eos) + 1 if eos in want else len(want)
         assert r.output_ids == want[:cut]
@@ -205,9 +210,16 @@ def test_empty_prompt_is_refused(target):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_methods_run_on_cuda_and_match_cpu(target, drafter, ar_tokens):
     dev = "cuda"
-    t, d = tiny_model(seed=0, num_layers=4, logit_scale=8.0).to(dev), tiny_model(seed=1, num_layers=1, logit_scale=8.0).to(dev)
-    for name, kw in [("ar", {}), ("draft_target", dict(drafter=d, gamma=4)), ("ngram", dict(gamma=3)),
-                     ("layer_skip", dict(gamma=2, options={"exit_layer": 2}))]:
+    t, d = (
+        tiny_model(seed=0, num_layers=4, logit_scale=8.0).to(dev),
+        tiny_model(seed=1, num_layers=1, logit_scale=8.0).to(dev),
+    )
+    for name, kw in [
+        ("ar", {}),
+        ("draft_target", dict(drafter=d, gamma=4)),
+        ("ngram", dict(gamma=3)),
+        ("layer_skip", dict(gamma=2, options={"exit_layer": 2})),
+    ]:
         rows = get_method(name).decode(DecodeJob(t, PROMPTS, GREEDY, device=dev, **kw))
         assert [r.output_ids for r in rows] == ar_tokens, name
     s = Sampling(temperature=1.0, seed=3, max_new_tokens=8)

@@ -20,9 +20,16 @@ CPU = {"device": "cpu", "kind": "cpu"}
 
 
 def probes(**kw) -> Probes:
-    base = dict(gpus=lambda: ["NVIDIA A100-SXM4-80GB"] * 4, installed=lambda env: True,
-                imports=lambda py, mod: (True, ""), cached=lambda repo: "/cache/config.json", token=lambda: True,
-                disk_free=lambda p: 10**13, which=lambda exe: "/usr/bin/" + exe, hf_home=lambda: Path("/hf"))
+    base = dict(
+        gpus=lambda: ["NVIDIA A100-SXM4-80GB"] * 4,
+        installed=lambda env: True,
+        imports=lambda py, mod: (True, ""),
+        cached=lambda repo: "/cache/config.json",
+        token=lambda: True,
+        disk_free=lambda p: 10**13,
+        which=lambda exe: "/usr/bin/" + exe,
+        hf_home=lambda: Path("/hf"),
+    )
     return Probes(**{**base, **kw})
 
 
@@ -31,26 +38,47 @@ def kinds(missing: list[Missing]) -> list[tuple[str, str]]:
 
 
 def test_a_ready_machine_has_nothing_missing():
-    got = preflight(["vllm", "sglang", "trtllm"], [Weights("meta-llama/Llama-2-70b-chat-hf", 69e9)], [], A100, 4,
-                    probes=probes())
+    got = preflight(
+        ["vllm", "sglang", "trtllm"], [Weights("meta-llama/Llama-2-70b-chat-hf", 69e9)], [], A100, 4, probes=probes()
+    )
     assert got == []
 
 
 def test_everything_missing_at_once_on_a_bare_box():
-    p = probes(gpus=lambda: ["NVIDIA A100-SXM4-40GB", "NVIDIA A100-SXM4-40GB"], installed=lambda env: env.engine != "vllm",
-               imports=lambda py, mod: (False, "ImportError: libcuda.so.1") if mod == "sglang" else (True, ""),
-               cached=lambda repo: None, token=lambda: False, disk_free=lambda p: 50 * 10**9, which=lambda exe: None)
-    got = preflight(["vllm", "vllm-server", "sglang", "trtllm", "reference"],
-                    [Weights("meta-llama/Llama-2-70b-chat-hf", 69e9), Weights("lmsys/vicuna-33b-v1.3", 33e9)],
-                    [DrafterUse("yuhuili/EAGLE-llama2-chat-70B", (("vllm", "eagle"),), 1.6e9)], A100, 4, probes=p)
+    p = probes(
+        gpus=lambda: ["NVIDIA A100-SXM4-40GB", "NVIDIA A100-SXM4-40GB"],
+        installed=lambda env: env.engine != "vllm",
+        imports=lambda py, mod: (False, "ImportError: libcuda.so.1") if mod == "sglang" else (True, ""),
+        cached=lambda repo: None,
+        token=lambda: False,
+        disk_free=lambda p: 50 * 10**9,
+        which=lambda exe: None,
+    )
+    got = preflight(
+        ["vllm", "vllm-server", "sglang", "trtllm", "reference"],
+        [Weights("meta-llama/Llama-2-70b-chat-hf", 69e9), Weights("lmsys/vicuna-33b-v1.3", 33e9)],
+        [DrafterUse("yuhuili/EAGLE-llama2-chat-70B", (("vllm", "eagle"),), 1.6e9)],
+        A100,
+        4,
+        probes=p,
+    )
     assert kinds(got) == [
-        ("gpu", "NVIDIA A100-SXM4-80GB"), ("gpu", "4 GPUs"),
-        ("engine", "vllm-cuda environment"), ("engine", "sglang environment"), ("engine", "trtllm-serve"),
-        ("model", "meta-llama/Llama-2-70b-chat-hf"), ("token", "meta-llama/Llama-2-70b-chat-hf"),
-        ("model", "lmsys/vicuna-33b-v1.3"), ("model", "yuhuili/EAGLE-llama2-chat-70B"), ("disk", "/hf")]
+        ("gpu", "NVIDIA A100-SXM4-80GB"),
+        ("gpu", "4 GPUs"),
+        ("engine", "vllm-cuda environment"),
+        ("engine", "sglang environment"),
+        ("engine", "trtllm-serve"),
+        ("model", "meta-llama/Llama-2-70b-chat-hf"),
+        ("token", "meta-llama/Llama-2-70b-chat-hf"),
+        ("model", "lmsys/vicuna-33b-v1.3"),
+        ("model", "yuhuili/EAGLE-llama2-chat-70B"),
+        ("disk", "/hf"),
+    ]
     by = {(m.kind, m.what): m for m in got}
     assert "make engine-vllm" in by[("engine", "vllm-cuda environment")].how
-    assert "libcuda" in by[("engine", "sglang environment")].why and "--force" in by[("engine", "sglang environment")].how
+    assert (
+        "libcuda" in by[("engine", "sglang environment")].why and "--force" in by[("engine", "sglang environment")].how
+    )
     assert "A100-SXM4-40GB" in by[("gpu", "NVIDIA A100-SXM4-80GB")].why
     assert "HF_TOKEN" in by[("token", "meta-llama/Llama-2-70b-chat-hf")].how
     assert "about 138 GB" in by[("model", "meta-llama/Llama-2-70b-chat-hf")].why
@@ -89,13 +117,17 @@ def test_the_real_import_probe_spawns_and_times_out():
 def checkpoint(path: Path, architectures, fc_bias: bool, extra_config=None) -> Path:
     """A tiny EAGLE-style head: one Llama layer's names, fc with or without bias (real safetensors)."""
     path.mkdir(parents=True)
-    tensors = {"fc.weight": torch.zeros(2, 4), "layers.0.self_attn.q_proj.weight": torch.zeros(2, 2),
-               "layers.0.mlp.gate_proj.weight": torch.zeros(2, 2)}
+    tensors = {
+        "fc.weight": torch.zeros(2, 4),
+        "layers.0.self_attn.q_proj.weight": torch.zeros(2, 2),
+        "layers.0.mlp.gate_proj.weight": torch.zeros(2, 2),
+    }
     if fc_bias:
         tensors["fc.bias"] = torch.zeros(2)
     save_file(tensors, str(path / "model.safetensors"))
-    (path / "config.json").write_text(json.dumps({"architectures": architectures, "hidden_size": 2,
-                                                  **(extra_config or {})}))
+    (path / "config.json").write_text(
+        json.dumps({"architectures": architectures, "hidden_size": 2, **(extra_config or {})})
+    )
     return path
 
 
@@ -104,8 +136,12 @@ def test_safetensors_header_only():
 
     with tempfile.TemporaryDirectory() as d:
         ck = checkpoint(Path(d) / "h", ["LlamaForCausalLM"], True)
-        assert safetensors_keys(ck / "model.safetensors") == ["fc.bias", "fc.weight", "layers.0.mlp.gate_proj.weight",
-                                                              "layers.0.self_attn.q_proj.weight"]
+        assert safetensors_keys(ck / "model.safetensors") == [
+            "fc.bias",
+            "fc.weight",
+            "layers.0.mlp.gate_proj.weight",
+            "layers.0.self_attn.q_proj.weight",
+        ]
 
 
 def test_eagle1_head_is_refused_by_vllm_and_adapted_for_sglang(tmp_path):
@@ -138,19 +174,32 @@ def test_a_vllm_format_head_passes_and_unknown_keys_are_a_note(tmp_path):
 
 def test_preflight_lists_a_refused_drafter(tmp_path):
     ck = checkpoint(tmp_path / "eagle1", ["LlamaForCausalLM"], fc_bias=True)
-    got = preflight(["vllm", "sglang"], [], [DrafterUse(str(ck), (("vllm", "eagle"), ("sglang", "eagle")))], A100, 1,
-                    probes=probes())
+    got = preflight(
+        ["vllm", "sglang"],
+        [],
+        [DrafterUse(str(ck), (("vllm", "eagle"), ("sglang", "eagle")))],
+        A100,
+        1,
+        probes=probes(),
+    )
     assert [m.kind for m in got] == ["drafter", "drafter"] and "(vllm eagle)" in got[0].what
 
 
 def test_required_engines_drive_the_engine_checks():
     seen = []
-    preflight(["vllm", "vllm-server", "hf"], [], [], A100, 1,
-              probes=probes(imports=lambda py, mod: seen.append((py, mod)) or (True, "")))
+    preflight(
+        ["vllm", "vllm-server", "hf"],
+        [],
+        [],
+        A100,
+        1,
+        probes=probes(imports=lambda py, mod: seen.append((py, mod)) or (True, "")),
+    )
     assert seen == [(str(envs.python_of(envs.ENVIRONMENTS["vllm-cuda"])), "vllm")]
 
 
 # ---- the GPU profiles against every backend's own check (pinned engines) ---------------------
+
 
 @pytest.mark.parametrize("hw", ["a100", "h100", "h200", "rtx4090"])
 def test_gpu_profiles_pass_every_backend_check(hw):

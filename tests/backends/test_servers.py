@@ -6,11 +6,10 @@ import time
 from pathlib import Path
 
 import pytest
+from fake_servers import FakeServer
 
 from specstudy.backends.lifecycle import ManagedServer, ServerStartError, connect, free_port, http_get, split_url
 from specstudy.backends.prometheus import metric_by_label, metric_total, parse_prometheus
-
-from fake_servers import FakeServer
 
 PROM = """# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.
 # TYPE vllm:spec_decode_num_drafts_total counter
@@ -50,8 +49,13 @@ def _http_server_argv(tmp_path: Path) -> list[str]:
 
 
 def test_managed_server_ready_log_and_stop(tmp_path):
-    srv = ManagedServer(_http_server_argv(tmp_path), log_path=tmp_path / "logs" / "s.log", ready_timeout_s=30,
-                        env={"SPECSTUDY_FIXTURE": "1"}, poll_s=0.1)
+    srv = ManagedServer(
+        _http_server_argv(tmp_path),
+        log_path=tmp_path / "logs" / "s.log",
+        ready_timeout_s=30,
+        env={"SPECSTUDY_FIXTURE": "1"},
+        poll_s=0.1,
+    )
     info = srv.start()
     pid = info.pid
     try:

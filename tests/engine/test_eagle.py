@@ -3,14 +3,14 @@ training and files."""
 
 import pytest
 import torch
+from exact_distribution import chi_square_p, exact_joint
 
+from specstudy.data.models import tiny_model
 from specstudy.engine import drafters as D
 from specstudy.engine.drafters import EagleDraft
 from specstudy.engine.methods import DecodeJob, get_method
 from specstudy.engine.methods import eagle as eagle_method
-from specstudy.data.models import tiny_model
 from specstudy.records import Sampling
-from exact_distribution import chi_square_p, exact_joint
 
 torch.set_num_threads(1)
 
@@ -53,7 +53,7 @@ def test_each_step_drafts_what_the_teacher_forced_drafter_predicts(target, draft
         out = real(self, contexts, max_draft)
         for c, tok, n in zip(contexts, out.tokens[:, 0].tolist(), out.n_draft.tolist()):
             if n:
-                seen.append((next(i for i, p in enumerate(PROMPTS) if c[:len(p)] == p), len(c), tok))
+                seen.append((next(i for i, p in enumerate(PROMPTS) if c[: len(p)] == p), len(c), tok))
         return out
 
     monkeypatch.setattr(eagle_method.EagleDrafter, "propose", spy)
@@ -63,8 +63,11 @@ def test_each_step_drafts_what_the_teacher_forced_drafter_predicts(target, draft
         full = torch.tensor([PROMPTS[i] + row.output_ids])
         with torch.no_grad():
             f = target.model(input_ids=full).last_hidden_state[0]
-            pred = draft(target.get_input_embeddings()(full[:, 1:]), f[None, :-1],
-                         position_ids=torch.arange(full.shape[1] - 1)[None])[0]
+            pred = draft(
+                target.get_input_embeddings()(full[:, 1:]),
+                f[None, :-1],
+                position_ids=torch.arange(full.shape[1] - 1)[None],
+            )[0]
             want = target.lm_head(pred).argmax(-1)  # index j predicts token j + 2
         for _, ctx_len, tok in [s for s in seen if s[0] == i]:
             assert tok == int(want[ctx_len - 2]), f"row {i} at context length {ctx_len}"
@@ -80,7 +83,7 @@ def test_sampling_is_exact():
     s = Sampling(temperature=1.0, seed=9, max_new_tokens=k)
     rows = get_method("eagle").decode(DecodeJob(target, [[0, 3, 1]] * 12000, s, drafter=d, gamma=2))
     idx = torch.tensor([sum(t * v ** (k - 1 - i) for i, t in enumerate(r.output_ids)) for r in rows])
-    counts = torch.bincount(idx, minlength=v ** k).double()
+    counts = torch.bincount(idx, minlength=v**k).double()
     assert chi_square_p(counts, 12000 * exact_joint(target, s, v, k, [0, 3, 1])) > 1e-3
     assert 0 < sum(st.accepted for r in rows for st in r.steps) < sum(st.drafted for r in rows for st in r.steps)
 
@@ -114,8 +117,8 @@ def test_a_drafter_of_another_width_is_refused(target):
 
 
 def test_the_study_knows_the_engine_runs_eagle():
-    from specstudy.engine.methods import method_names
     from specstudy.config.vocab import METHOD_ALIASES, REFERENCE_METHODS
+    from specstudy.engine.methods import method_names
 
     assert sorted(REFERENCE_METHODS) == method_names()
     assert METHOD_ALIASES["eagle"] == "heads"  # reported in the heads family (Medusa/EAGLE)
@@ -126,8 +129,8 @@ def test_the_committed_eagle_drafter_is_lossless_on_the_default_model():
     import json
     from pathlib import Path
 
-    from specstudy.data.models import load_model
     from specstudy.config import REPO_ROOT
+    from specstudy.data.models import load_model
 
     path = Path(REPO_ROOT) / "params/drafters/smollm2-135m-eagle.safetensors"
     meta = json.loads(path.with_suffix(".json").read_text())
@@ -137,8 +140,13 @@ def test_the_committed_eagle_drafter_is_lossless_on_the_default_model():
     spec = get_method("eagle")
     spec.check(3, 2, str(path), {})
     d = spec.load_drafter(str(path), model, "cpu", "float32")
-    prompts = [tok(p)["input_ids"] for p in ("def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
-                                             "Summarize: The council met on Tuesday about the new park, opening in May.")]
+    prompts = [
+        tok(p)["input_ids"]
+        for p in (
+            'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n',
+            "Summarize: The council met on Tuesday about the new park, opening in May.",
+        )
+    ]
     s = Sampling(temperature=0.0, max_new_tokens=24)
     want = [r.output_ids for r in get_method("ar").decode(DecodeJob(model, prompts, s))]
     rows = spec.decode(DecodeJob(model, prompts, s, gamma=3, drafter=d))

@@ -2,13 +2,12 @@
 live llama-server is not built here)."""
 
 import pytest
+from fake_servers import FakeServer, K, script
 
 from specstudy.backends import get_backend
 from specstudy.backends.openai_server import OpenAIBackend
 from specstudy.backends.sse import iter_sse
 from specstudy.records import Cell, Request, Sampling
-
-from fake_servers import K, FakeServer, script
 
 
 def cell(method="draft_target", gamma=4):
@@ -47,7 +46,9 @@ def test_llama_cpp_preset_is_refused_with_the_new_framework_named():
 def test_generic_needs_a_url_or_a_command():
     with pytest.raises(ValueError, match="base_url"):
         OpenAIBackend("m").server_argv(cell())
-    argv = OpenAIBackend("m", command="trtllm-serve {model} --port {port} --max_draft_len {gamma}").server_argv(cell("draft_target", 3))
+    argv = OpenAIBackend("m", command="trtllm-serve {model} --port {port} --max_draft_len {gamma}").server_argv(
+        cell("draft_target", 3)
+    )
     assert argv == ["trtllm-serve", "m", "--port", "{port}", "--max_draft_len", "3"]
 
 
@@ -67,7 +68,7 @@ class _Lines:
 
 
 def test_sse_events_comments_and_multiline_data():
-    text = ": keep-alive\n\ndata: {\"a\": 1}\n\ndata: line1\ndata: line2\n\nevent: x\ndata: [DONE]\n\n"
+    text = ': keep-alive\n\ndata: {"a": 1}\n\ndata: line1\ndata: line2\n\nevent: x\ndata: [DONE]\n\n'
     assert list(iter_sse(_Lines(text))) == ['{"a": 1}', "line1\nline2", "[DONE]"]
 
 

@@ -5,10 +5,10 @@ import math
 import pytest
 import torch
 
+from specstudy.data.models import tiny_model
 from specstudy.engine.kv import KVState, pad_ragged
 from specstudy.engine.sampling import apply_top_k, apply_top_p, logits_to_probs, make_generator
 from specstudy.engine.verify import accepted_prefix, verify_greedy, verify_sampling, verify_step
-from specstudy.data.models import tiny_model
 from specstudy.records import Sampling
 
 torch.set_num_threads(1)

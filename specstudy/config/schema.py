@@ -185,5 +185,7 @@ class StudySpec(_Axes):
     framework_options: dict[str, dict[str, Any]] = {}
     warmup: WarmupSpec = WarmupSpec()
     telemetry_period_s: PositiveFloat = 0.5
+    # engines whose own step costs are measured after the cells (llama.cpp: T(k)/T(1) and c)
+    engine_costs: Annotated[list[Literal["llamacpp"]], BeforeValidator(_as_list)] = []
     notebooks: Annotated[list[Literal[NOTEBOOKS]], BeforeValidator(_as_list)] = list(NOTEBOOKS)  # type: ignore[valid-type]
     sweeps: dict[str, SweepSpec | None] | None = None

@@ -94,6 +94,7 @@ class StudyConfig:
     telemetry_period_s: float
     framework_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     notebooks: tuple[str, ...] = NOTEBOOKS
+    engine_costs: tuple[str, ...] = ()
 
     def model(self, name: str) -> ModelPair:
         return next(m for m in self.models if m.name == name)
@@ -224,9 +225,20 @@ def load_study(hardware: str, path: str | os.PathLike | None = None, check_token
         warmup_requests=spec.warmup.requests,
         warmup_max_new_tokens=spec.warmup.max_new_tokens,
         telemetry_period_s=float(spec.telemetry_period_s),
+        engine_costs=tuple(spec.engine_costs),
         framework_options={k: dict(v) for k, v in spec.framework_options.items()},
         notebooks=tuple(spec.notebooks),
     )
+    used = {fw for sw in cfg.sweeps for fw in sw.frameworks}
+    for fw in cfg.engine_costs:
+        if fw not in used:
+            raise ParamsError(
+                file,
+                "study.engine_costs",
+                fw,
+                sorted(used & {"llamacpp"}),
+                "costs are measured for an engine the study's sweeps run",
+            )
     checks.check_model_names(cfg)
     if check_tokenizers:
         checks.draft_tokenizers(cfg)

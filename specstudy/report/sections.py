@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 import pandas as pd
 from matplotlib.figure import Figure
 
-from ..analysis import conditions, fails, figures, frames, stats, tables
-from ..analysis.format import FAMILY_TITLES, TASK_TITLES
+from ..analysis import conditions, engine_costs, fails, figures, frames, stats, tables
+from ..analysis.format import FAMILY_TITLES, TASK_TITLES, fmt, fmt_ci
 from ..analysis.study import Study
 from .summary import summary_markdown
 
@@ -278,11 +278,48 @@ def summary_section(study: Study, hw_raw: pd.DataFrame) -> Section:
     return Section("Summary", summary_markdown(study, hw_raw))
 
 
+def engine_costs_section(study: Study) -> Section | None:
+    """llama.cpp's own T(k)/T(1) and c, and each llama.cpp row's speedup beside the cost model's."""
+    curves = engine_costs.cost_curves(study)
+    if not len(curves):
+        return None
+    rows = engine_costs.predicted_rows(study)
+    shown = rows.assign(
+        alpha=rows["alpha"].map(fmt),
+        alpha_hat=rows["alpha_hat"].map(fmt),
+        c=rows["c"].map(lambda x: fmt(x, 3)),
+        verify_ratio=rows["verify_ratio"].map(fmt),
+        speedup=[fmt_ci(s, ci, suffix="×") for s, ci in zip(rows["speedup"], rows["speedup_ci"])],
+        predicted_speedup=rows["predicted_speedup"].map(lambda x: fmt(x, suffix="×")),
+        measured_over_predicted=rows["measured_over_predicted"].map(fmt),
+    ).drop(columns=["speedup_ci"])
+    curve = curves.assign(verify_ratio=curves["verify_ratio"].map(fmt), verify_ms=curves["verify_ms"].map(fmt))
+    cs = sorted({f"{d}: c = {fmt(c, 3)}" for d, c in zip(curves["drafter"], curves["c"]) if d and c == c})
+    sec = Section("llama.cpp's own step costs (FAQ case 1)")
+    sec.markdown = (
+        "Measured by the study after its cells, with llama.cpp's own timings: T(k) is one forward over k new tokens "
+        "on a cached prompt (`timings.prompt_ms` with `prompt_n` = k; it computes the last position's logits only, "
+        "so it slightly under-states a verification forward), T(k)/T(1) its ratio to one token; c = the draft "
+        "model's decode time per token / the target's. The cost model's GPU regime assumes T(γ+1)/T(1) ≈ 1; "
+        "where it grows nearly linearly, every rejected draft costs almost a full decode step and draft-model "
+        "speculation loses even at high α. "
+        + (("Draft cost: " + "; ".join(cs) + ". ") if cs else "")
+        + "Prediction = (1 − α̂^(γ+1)) / ((1 − α̂)(γ c + T(γ+1)/T(1))) from each row's measured α̂ "
+        "(n-gram drafting: c = 0).\n\n" + markdown_table(curve) + "\n" + markdown_table(shown)
+    )
+    sec.tables["engine_costs_curve"] = (curve, curves)
+    sec.tables["engine_costs_rows"] = (shown, rows)
+    sec.figures["engine_costs_curve"] = figures.verification_cost_curve(curves)
+    return sec
+
+
 def report_sections(study: Study) -> list[Section]:
     """Every section of the report, in order."""
     hardware = tables.hardware_table(study)
     secs = [summary_section(study, hardware[1]), hardware_section(study, hardware), frameworks_section(study)]
     secs += [method_family_section(study, fam) for fam in tables.families_in(study)]
+    costs = engine_costs_section(study)
+    secs += [costs] if costs is not None else []
     secs += [
         task_category_section(study),
         when_it_fails_section(study),

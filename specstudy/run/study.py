@@ -22,6 +22,7 @@ from ..layout import StudyLayout
 from ..provenance import provenance
 from ..records import Request, RequestRecord
 from .cell import CellResult, annotate, run_cell, split_warmup, summarize
+from .engine_costs import measure_engine_costs
 from .plan import CellPlan, plan_summary
 from .pool import BackendFactory, BackendPool
 
@@ -110,6 +111,9 @@ def run_study(
                 res = _run_one(cfg, plan, layout, pool, loader, state, progress)
                 results.append(res)
                 say(res.line(i, len(plans)))
+            pool.close()  # the engine cost timings get the machine to themselves
+            for problem in measure_engine_costs(cfg, plans, layout, say):
+                results.append(CellResult("engine_costs", "engine costs", "failed", message=problem))
         finally:
             pool.close()
             failed = [r for r in results if r.status == "failed"]

@@ -56,6 +56,9 @@ def test_shipped_profiles_validate_and_expand(hw):
     ids = {p.cell_id for p in plans}
     assert all(p.baseline_cell_id in ids for p in plans if p.baseline_cell_id)
     names = {s.name for s in cfg.sweeps}
+    if "-" in hw:  # a focused CPU study (cpu-pair, cpu-engines): its own sweeps, the hardware table first
+        assert "hardware" in names
+        return
     assert {"hardware", "method_family", "task_category", "short_outputs"} <= names
     if hw != "cpu":  # the seed's models, multi-GPU where they need it
         assert any(m.tensor_parallel_size > 1 for m in cfg.models)
@@ -66,13 +69,13 @@ def test_shipped_profiles_validate_and_expand(hw):
 
 def test_cpu_profile_is_sized_for_this_machine():
     """`make study` must stay near 10 minutes on 2 cores: the in-process engines decode ~8-10 tok/s
-    here, llama.cpp ~10x that (bench/ and the closing notes measure it; this bounds the plan)."""
+    here, llama.cpp ~2x that with its slow prefill (measured: 83 cells in 9 min 10 s; this bounds the plan)."""
     cfg = load_study("cpu")
     plans = expand(cfg)
     tokens: dict[str, int] = {}
     for p in plans:
         tokens[p.cell.framework] = tokens.get(p.cell.framework, 0) + p.prompts * p.sampling.max_new_tokens
-    assert tokens["reference"] + tokens["hf"] <= 3000 and tokens["llamacpp"] <= 5000
+    assert tokens["reference"] + tokens["hf"] <= 2000 and tokens["llamacpp"] <= 3600
     assert {b for sw in cfg.sweeps for b in sw.batch_sizes} == {1, 4}
     assert {t for sw in cfg.sweeps for t in sw.tasks} == {
         "code",
@@ -84,7 +87,7 @@ def test_cpu_profile_is_sized_for_this_machine():
         "chat",
     }
     assert {s.temperature for sw in cfg.sweeps for s in sw.samplings} == {0.0, 0.7}
-    assert max(sw.repeats for sw in cfg.sweeps) >= 3
+    assert max(sw.repeats for sw in cfg.sweeps) >= 2  # run-to-run spread beside the CI
 
 
 def test_expansion_dedupes_and_pairs(tmp_path):

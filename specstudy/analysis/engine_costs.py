@@ -1,0 +1,107 @@
+"""An engine's own step costs beside its rows: why draft-model speculation wins or loses there.
+
+The seed's FAQ (case 1) says speculation stops paying once verifying γ+1 tokens costs much more
+than one decode step.  For llama.cpp the study measures that cost itself (T(k)/T(1) from k-token
+extensions of a cached prompt, and c = draft / target decode time per token: see
+:mod:`specstudy.run.engine_costs`); here each llama.cpp row's measured speedup is set beside the
+cost model's prediction from its measured α̂, that c and T(γ+1)/T(1).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+from . import stats
+from .study import Study
+
+CURVE_COLUMNS = ["framework", "model", "drafter", "k", "verify_ms", "verify_ratio", "c", "threads", "load_1m"]
+ROW_COLUMNS = [
+    "label",
+    "task",
+    "sampling",
+    "drafter",
+    "gamma",
+    "n",
+    "alpha",
+    "alpha_hat",
+    "c",
+    "verify_ratio",
+    "speedup",
+    "speedup_ci",
+    "predicted_speedup",
+    "measured_over_predicted",
+]
+
+
+def _by_k(d: dict[Any, Any] | None) -> dict[int, float]:
+    return {int(k): float(v) for k, v in (d or {}).items()}
+
+
+def cost_curves(study: Study) -> pd.DataFrame:
+    """One row per (engine measurement, k): verification ms of k new tokens and T(k)/T(1)."""
+    rows = []
+    for doc in study.engine_costs:
+        ms, ratio = _by_k(doc.get("verify_ms")), _by_k(doc.get("verify_ratio"))
+        load = (doc.get("load_average") or {}).get("before") or [float("nan")]
+        for k in sorted(ratio):
+            rows.append(
+                {
+                    "framework": doc.get("framework"),
+                    "model": doc.get("model"),
+                    "drafter": doc.get("drafter"),
+                    "k": k,
+                    "verify_ms": ms.get(k),
+                    "verify_ratio": ratio[k],
+                    "c": doc.get("c"),
+                    "threads": doc.get("threads"),
+                    "load_1m": load[0],
+                }
+            )
+    return pd.DataFrame(rows, columns=CURVE_COLUMNS)
+
+
+def _doc_for(study: Study, target: str, drafter: str | None) -> dict[str, Any] | None:
+    docs = [d for d in study.engine_costs if d.get("framework") == "llamacpp" and d.get("model") == target]
+    return next((d for d in docs if d.get("drafter") == drafter), None) or (docs[0] if docs and not drafter else None)
+
+
+def predicted_rows(study: Study) -> pd.DataFrame:
+    """Each llama.cpp speculative (label, task, γ) at batch 1: measured speedup and the cost model's."""
+    groups: dict[tuple, list[str]] = {}
+    for cid in study.cell_ids(framework="llamacpp", batch_size=1):
+        m = study.meta(cid)
+        if m["method"] != "ar" and not m.get("synthetic"):
+            key = (m["label"], m["task"], m["sampling"], m["model"], m["drafter"], m["method"], m["gamma"])
+            groups.setdefault(key, []).append(cid)
+    rows = []
+    for (label, task, sampling, model, drafter, method, gamma), cids in sorted(
+        groups.items(), key=lambda kv: str(kv[0])
+    ):
+        doc = _doc_for(study, model, drafter if method == "draft_target" else None)
+        if doc is None:
+            continue
+        c = float(doc["c"]) if method == "draft_target" and doc.get("c") is not None else 0.0
+        v = _by_k(doc.get("verify_ratio")).get(int(gamma) + 1, float("nan"))
+        p = stats.pooled(study, cids)
+        pred = stats.predicted_speedup(p.alpha_hat, gamma, c, v)
+        rows.append(
+            {
+                "label": label,
+                "task": task,
+                "sampling": sampling,
+                "drafter": drafter or "—",
+                "gamma": gamma,
+                "n": p.n_pairs,
+                "alpha": p.alpha,
+                "alpha_hat": p.alpha_hat,
+                "c": c,
+                "verify_ratio": v,
+                "speedup": p.speedup,
+                "speedup_ci": p.speedup_ci,
+                "predicted_speedup": pred,
+                "measured_over_predicted": p.speedup / pred if stats.isnum(pred) and pred > 0 else float("nan"),
+            }
+        )
+    return pd.DataFrame(rows, columns=ROW_COLUMNS)

@@ -1,0 +1,83 @@
+"""`specstudy run --dry-run` for every profile on any machine: no engine, no network, < 5 s, and a
+plan a user can size a rental with (cells, predicted minutes, memory fit, what this machine lacks)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from specstudy import costmodel
+from specstudy.config import hardware_names, load_hardware_profile, load_study
+from specstudy.config.vocab import cost_dtype
+from specstudy.run import dryrun
+from specstudy.run.plan import check_backends, expand
+
+GPU_PROFILES = [h for h in hardware_names() if load_hardware_profile(h, measure=False).kind == "gpu"]
+
+
+@pytest.mark.parametrize("hw", hardware_names())
+def test_every_profile_dry_runs_offline_in_under_5_s(hw, tmp_path):
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "",
+        "HF_HOME": str(tmp_path / "hf"),
+        "PATH": os.environ["PATH"],
+        # no engine environments here: the dry run must not need them
+        "SPECSTUDY_ENGINES_PYTHON": "",
+    }
+    t0 = time.perf_counter()
+    r = subprocess.run(
+        [sys.executable, "-m", "specstudy.cli", "run", "--hardware", hw, "--dry-run", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    wall = time.perf_counter() - t0
+    assert r.returncode == 0, r.stderr[-2000:]
+    doc = json.loads(r.stdout)
+    assert wall < 5.0 + 3.0, wall  # + interpreter start-up on a busy machine
+    assert doc["validated_in_s"] < 5.0 and doc["cells"] > 0
+    assert {"duration", "breakdown", "memory_fit", "missing_on_this_machine", "prediction_note"} <= set(doc)
+    total = doc["duration"][-1]
+    assert total["sweep"] == "TOTAL" and total["cells"] == doc["cells"] and total["predicted_minutes"] > 0
+    assert "prediction" in doc["prediction_note"]
+    assert sum(b["cells"] for b in doc["breakdown"]) == doc["cells"]
+    assert all(m["fits"] in (True, False, None) for m in doc["memory_fit"])
+    if hw in GPU_PROFILES:  # this machine has no NVIDIA GPU and no engine environments: warnings, not errors
+        kinds = {m["kind"] for m in doc["missing_on_this_machine"]}
+        assert "gpu" in kinds and "engine" in kinds
+
+
+def test_markdown_names_each_part(capsys):
+    from specstudy.cli import main
+
+    assert main(["run", "--hardware", "h200", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    for head in ("## Predicted duration", "## Cells", "## Memory fit per model pair", "## What this machine lacks"):
+        assert head in out
+    assert "| TOTAL |" in out and "prediction" in out
+
+
+def test_estimates_follow_the_cost_model():
+    cfg = check_backends(load_study("a100"), files=False)
+    plans = expand(cfg)
+    prof = load_hardware_profile("a100", measure=False)
+    base = next(p for p in plans if p.is_baseline and p.cell.batch_size == 1)
+    pair = next(m for m in cfg.models if m.target == base.target)
+    params, dt = pair.params["target"], cost_dtype(pair.dtype, pair.quantization)
+    t1 = costmodel.step_time(params, prof, dt, 1, 1, base.tensor_parallel_size)
+    pre = costmodel.step_time(params, prof, dt, 1, dryrun.PROMPT_TOKENS, base.tensor_parallel_size)
+    want = base.prompts * (pre + base.sampling.max_new_tokens * t1)
+    assert dryrun.estimate_cell(cfg, base, prof).seconds == pytest.approx(want)
+    spec = next(p for p in plans if not p.is_baseline and p.cell.batch_size == 1 and p.family == "ngram")
+    assert dryrun.estimate_cell(cfg, spec, prof).seconds < dryrun.estimate_cell(cfg, base, prof).seconds * 1.5
+    # the 70B pair in bf16 over 4 GPUs fits; the KV estimate grows with batch x length
+    fit = [r for r in dryrun.memory_fit(cfg, plans, prof) if r["target"].endswith("70b-chat-hf")]
+    assert fit and all(r["fits"] and r["tensor_parallel_size"] == 4 for r in fit)
+    assert dryrun.kv_bytes_per_token(7e9, "bf16") == 2 * 32 * 4096 * 2

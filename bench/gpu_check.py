@@ -603,7 +603,7 @@ def pool(rows) -> dict[str, float]:
         "decode_s": sum(r.end_s - r.first_token_s for r in rows),
         "decode_tokens": sum(len(r.output_ids) - 1 for r in rows),
         "tokens": sum(len(r.output_ids) for r in rows),
-        "al": metrics.vllm_mean_acceptance_length(accepted, len(drafting)),
+        "al": metrics.acceptance_length(accepted, len(drafting)),
         "alpha": metrics.acceptance_rate(accepted, drafted) if drafted else float("nan"),
     }
 
@@ -681,7 +681,7 @@ def synthetic_cells(run: Run, name: str, draft, target, prompts, ar: dict, alpha
             alpha=alpha,
             predicted_measured_costs=from_costs,
             al_measured=sp["al"],
-            al_expected=metrics.expected_tau(alpha, g),
+            al_expected=metrics.expected_acceptance_length(alpha, g),
             e2e_speedup=ar["e2e_s"] / sp["e2e_s"],
             peak_memory_bytes=sp["peak"],
             cell=cell,
@@ -710,7 +710,7 @@ def real_acceptance_cell(run: Run, name: str, draft, target, prompts, ar: dict) 
         alpha=alpha,
         predicted_measured_costs=from_costs,
         al_measured=sp["al"],
-        al_expected=metrics.expected_tau(alpha, g),
+        al_expected=metrics.expected_acceptance_length(alpha, g),
         e2e_speedup=ar["e2e_s"] / sp["e2e_s"],
         peak_memory_bytes=sp["peak"],
         cell=cell,

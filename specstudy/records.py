@@ -221,7 +221,11 @@ class Cell:
         return dict(self.options).get(name, default)
 
     def new_record(self, request: Request, sampling: Sampling, **fields: Any) -> RequestRecord:
-        """A record with this cell's identity and the sampling settings filled in."""
+        """A record with this cell's identity and the sampling settings filled in (and the cell's
+        synthetic-acceptance rule, so a timing-only cell is marked whichever engine ran it)."""
+        rule = self.option("synthetic_acceptance") if self.method != "ar" else None
+        if rule is not None and "synthetic_acceptance" not in fields:
+            fields["synthetic_acceptance"] = _rule_label(rule)
         return RequestRecord(
             study=self.study,
             hardware=self.hardware,
@@ -242,6 +246,12 @@ class Cell:
             max_new_tokens=sampling.max_new_tokens,
             **fields,
         )
+
+
+def _rule_label(rule: Any) -> str:
+    """``"alpha=0.8"`` / ``{"alpha": 0.8}`` → ``"alpha=0.8"``: the label the reference engine writes too."""
+    mode, value = next(iter(rule.items())) if isinstance(rule, dict) else str(rule).split("=", 1)
+    return f"{str(mode).strip()}={float(value)!r}"
 
 
 # --------------------------------------------------------------------------------------------

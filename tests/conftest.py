@@ -31,3 +31,21 @@ def report_study(tmp_path_factory):
     res = run_tiny_study(cfg, expand(cfg), out, TinyFactory())
     assert all(r.status == "done" for r in res), [r.message for r in res if r.status != "done"]
     return out
+
+
+@pytest.fixture
+def no_model_work(monkeypatch):
+    """Fail the test if it downloads a wheel or loads model weights (validation must do neither)."""
+    import transformers
+
+    from specstudy.data import fetch
+
+    def refuse(what):
+        def _raise(*args, **kwargs):
+            raise AssertionError(f"{what} called during a check that must not load or download anything")
+
+        return _raise
+
+    monkeypatch.setattr(fetch, "pip_download", refuse("pip_download"))
+    for cls in (transformers.AutoModelForCausalLM, transformers.AutoModel):
+        monkeypatch.setattr(cls, "from_pretrained", refuse(f"{cls.__name__}.from_pretrained"))

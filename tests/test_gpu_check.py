@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from specstudy import costmodel
+from specstudy import costmodel, metrics
 from specstudy.config import hardware_names, load_hardware_profile
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -163,7 +163,7 @@ def test_tiny_run_measures_every_cell_it_promises(tiny_run):
         (d, g, 0.8) for d in ("llama-68m", "tinyllama-1.1b") for g in (2, 4)
     }
     for r in speedups:
-        assert r["al_expected"] == pytest.approx(costmodel.expected_tau(0.8, r["gamma"]))
+        assert r["al_expected"] == pytest.approx(metrics.expected_acceptance_length(0.8, r["gamma"]))
         assert 1.0 <= r["al_measured"] <= r["gamma"] + 1 and r["predicted_measured_costs"] > 0
         cell = data["cells"][r["cell"]]
         assert cell["peak_memory_bytes"] > 0 and "telemetry_samples" in cell["telemetry"]

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..config import REPO_ROOT
+from ..config import REPO_ROOT, display_path
 from ..provenance import provenance
 from .format import fmt
 from .study import Study
@@ -110,7 +110,8 @@ def provenance_lines(study: Study) -> list[str]:
         "- packages: " + ", ".join(f"{k} {v}" for k, v in sorted(prov.get("packages", {}).items())),
         "- environment: " + (", ".join(f"{k}={v}" for k, v in prov.get("env", {}).items()) or "—"),
         f"- platform: {host.get('platform', '?')}, Python {host.get('python', '?')}",
-        f"- params file: `{study.config.get('file', '?')}`; plan snapshot `study.json`",
+        f"- params file: `{display_path(study.config['file']) if study.config.get('file') else '?'}`; "
+        "plan snapshot `study.json`",
     ]
 
 

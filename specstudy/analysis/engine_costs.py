@@ -28,6 +28,7 @@ ROW_COLUMNS = [
     "alpha_hat",
     "c",
     "verify_ratio",
+    "prefill_share",
     "speedup",
     "speedup_ci",
     "predicted_speedup",
@@ -85,7 +86,7 @@ def predicted_rows(study: Study) -> pd.DataFrame:
         c = float(doc["c"]) if method == "draft_target" and doc.get("c") is not None else 0.0
         v = _by_k(doc.get("verify_ratio")).get(int(gamma) + 1, float("nan"))
         p = stats.pooled(study, cids)
-        pred = stats.predicted_speedup(p.alpha_hat, gamma, c, v)
+        pred = stats.predicted_speedup(p.alpha_hat, gamma, c, v, p.prefill_share)
         rows.append(
             {
                 "label": label,
@@ -98,6 +99,7 @@ def predicted_rows(study: Study) -> pd.DataFrame:
                 "alpha_hat": p.alpha_hat,
                 "c": c,
                 "verify_ratio": v,
+                "prefill_share": p.prefill_share,
                 "speedup": p.speedup,
                 "speedup_ci": p.speedup_ci,
                 "predicted_speedup": pred,

@@ -15,7 +15,7 @@ from .. import costmodel
 from ..config.vocab import cost_dtype
 from ..costmodel import HardwareProfile
 from .format import fmt, fmt_ci, short_model
-from .stats import NAN, Pooled, break_even_alpha, isnum, pooled
+from .stats import NAN, Pooled, break_even_alpha, isnum, pooled, predicted_speedup
 from .study import Study
 from .tables import headline_max_new
 
@@ -33,7 +33,11 @@ def _spec_all(study: Study) -> list[str]:
 
 
 def large_batch(study: Study) -> pd.DataFrame:
-    """Speedup per batch size (measured) beside the roofline's prediction, for methods run at several."""
+    """Speedup per batch size (measured) beside the cost model's, for methods run at several batch sizes.
+
+    The prediction uses the study's measured α̂, c and verification cost at that batch size; only a
+    row without measured step costs falls back to the roofline of the study's profile (said per row).
+    """
     prof, params, mnt = study.profile, study.model_params(), headline_max_new(study)
     spec_all = _spec_all(study)
     by_task: dict[tuple, set] = {}
@@ -53,9 +57,11 @@ def large_batch(study: Study) -> pd.DataFrame:
             continue
         for b in sorted(by_b):
             p = pooled(study, by_b[b])
-            pred = NAN
+            # the study's own step costs at this batch size where it measured them; the roofline otherwise
+            pred, costs = predicted_speedup(p.alpha_hat, g, p.c, p.verify_ratio, p.prefill_share), "measured"
             tgt = study.meta(by_b[b][0])["model"]
-            if prof is not None and tgt in params and isnum(p.alpha_hat):
+            if not isnum(pred) and prof is not None and tgt in params and isnum(p.alpha_hat):
+                costs = f"roofline ({prof.name})"
                 dr = study.meta(by_b[b][0])["drafter"]
                 pr = costmodel.predict(
                     prof,
@@ -74,7 +80,9 @@ def large_batch(study: Study) -> pd.DataFrame:
                     "Framework": fw,
                     "Batch": b,
                     "Speedup (measured)": fmt_ci(p.speedup, p.speedup_ci, 2, "×"),
-                    "Speedup (roofline cost model, prediction)": fmt(pred, 2, "×"),
+                    "Speedup (cost model, prediction)": fmt(pred, 2, "×"),
+                    "measured/predicted": fmt(p.speedup / pred if isnum(pred) and pred > 0 else NAN),
+                    "costs": costs if isnum(pred) else "—",
                     "n": p.n_pairs,
                 }
             )

@@ -48,7 +48,7 @@ def _measured_rows(study: Study, by_gamma: dict[int, list[str]]) -> list[dict[st
         {
             "alpha_hat": p.alpha_hat,
             "gamma": g,
-            "predicted_speedup": predicted_speedup(p.alpha_hat, g, p.c, p.verify_ratio),
+            "predicted_speedup": predicted_speedup(p.alpha_hat, g, p.c, p.verify_ratio, p.prefill_share),
             "measured_speedup": p.speedup,
             "optimal_gamma": g_opt,
             "speedup_at_optimal_gamma": s_opt,

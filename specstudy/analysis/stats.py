@@ -70,6 +70,9 @@ class Pooled:
     memory_overhead_bytes: float = NAN
     c: float = NAN
     verify_ratio: float = NAN
+    prefill_share: float = (
+        NAN  # Σ baseline TTFT / Σ baseline E2E of the paired requests (what speculation cannot speed)
+    )
     n_errors: int = 0
     synthetic: str | None = None  # the synthetic-acceptance rule when the cells used one
     greedy: bool = True
@@ -225,6 +228,7 @@ def _paired(out: Pooled, pairs: _Pairs) -> None:
     vs = [v for _, v in pairs.costs if v == v]
     out.c = float(np.mean(cs)) if cs else NAN
     out.verify_ratio = float(np.mean(vs)) if vs else NAN
+    out.prefill_share = prefill_share(pairs.base_recs)
     if pairs.spec_recs and any(r.target_logprobs for r in pairs.spec_recs):
         out.ppl_diff = metrics.perplexity_difference(pairs.base_recs, pairs.spec_recs)
         if not out.greedy:  # greedy outputs are compared token by token (exact match), not in distribution
@@ -256,11 +260,27 @@ def pooled(data: Study, cell_ids: Iterable[str]) -> Pooled:
     return out
 
 
-def predicted_speedup(alpha_hat: float | None, gamma: int | None, c: float, verify_ratio: float) -> float:
-    """Cost-model speedup from *measured* α̂, c and verification cost (NaN when any is unknown)."""
+def prefill_share(baseline: Sequence[RequestRecord]) -> float:
+    """Σ TTFT / Σ E2E over the baseline's finished requests: the part of a request speculation leaves alone."""
+    done = [r for r in baseline if r.status == "ok" and r.first_token_s is not None and r.end_s]
+    total = sum(float(r.end_s or 0.0) for r in done)
+    return sum(float(r.first_token_s or 0.0) for r in done) / total if total > 0 else NAN
+
+
+def predicted_speedup(
+    alpha_hat: float | None, gamma: int | None, c: float, verify_ratio: float, prefill: float = 0.0
+) -> float:
+    """Cost-model speedup from *measured* α̂, c and verification cost (NaN when any is unknown).
+
+    The cost model speeds up the decode steps only; with ``prefill`` = the baseline's measured
+    share of E2E spent before the first token (:func:`prefill_share`), the request-level speedup
+    is 1 / (prefill + (1 − prefill) / s_decode), which is what the measured E2E speedup compares with.
+    """
     if not isnum(alpha_hat) or not gamma or not isnum(c) or not isnum(verify_ratio):
         return NAN
-    return costmodel.speedup_with_verify_cost(min(max(alpha_hat, 0.0), 1.0), int(gamma), c, verify_ratio)
+    s = costmodel.speedup_with_verify_cost(min(max(float(alpha_hat), 0.0), 1.0), int(gamma), c, verify_ratio)
+    f = prefill if isnum(prefill) and 0.0 <= prefill < 1.0 else 0.0
+    return 1.0 / (f + (1.0 - f) / s) if s > 0 else NAN
 
 
 def break_even(batches: Sequence[float], speedups: Sequence[float]) -> float | None:

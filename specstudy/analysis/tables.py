@@ -177,7 +177,7 @@ def method_table(study: Study, family: str, sweep: str | None = "method_family")
     for key in sorted(groups):
         fw, label, gamma, batch, drafter, sampling = key
         p = pooled(study, groups[key])
-        pred = predicted_speedup(p.alpha_hat, gamma, p.c, p.verify_ratio)
+        pred = predicted_speedup(p.alpha_hat, gamma, p.c, p.verify_ratio, p.prefill_share)
         rows.append(
             {
                 "Framework": fw,

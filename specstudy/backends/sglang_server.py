@@ -224,6 +224,10 @@ class SglangServerBackend(ServerBackend):
     def effective_prefix_cache(self) -> bool | None:
         return None if self.base_url else bool(self.options.get("prefix_cache") or False)
 
+    def server_env(self, cell: Cell) -> dict[str, str]:
+        """The server's environment; a synthetic-acceptance cell sets SGLang's simulated acceptance length."""
+        return {**super().server_env(cell), **caps.sglang_synthetic_env(dict(cell.options), cell.gamma)}
+
     def server_argv(self, cell: Cell) -> list[str]:
         argv = [
             self.python or self.default_python(),

@@ -68,6 +68,7 @@ def speculative_config(
         if not drafter:
             raise ValueError(f"method={method!r} needs a drafter model (vLLM speculative_config.model)")
         cfg["model"] = resolve_model(drafter)
+    cfg.update(caps.vllm_synthetic_fields(options, int(gamma)))  # benchmark-only fixed acceptance
     return cfg
 
 

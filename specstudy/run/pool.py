@@ -9,6 +9,7 @@ is built with come from the study's framework options and the cell's model pair,
 from __future__ import annotations
 
 import contextlib
+import gc
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -88,6 +89,12 @@ class BackendPool:
                 if k[0] == key[0] and k[1] == key[1] and k[3:] == key[3:]:  # same all but the drafter
                     self.loaded.move_to_end(k)
                     return self.loaded[k]
+        # another copy of the same target (a drafter variant) is never needed: an engine with the
+        # drafter runs the drafter-less cells too, and two fp32 copies of a 1.5B target fill this machine
+        for k in [k for k in self.loaded if k[:2] == key[:2] and k[3:] == key[3:]]:
+            with contextlib.suppress(Exception):
+                self.loaded.pop(k).close()
+            gc.collect()  # the weights go now, before the next copy loads
         cap = 1 if fw in SERVER_FRAMEWORKS else self.capacity
         while self.loaded and (
             len(self.loaded) >= cap or fw in SERVER_FRAMEWORKS or any(k[0] in SERVER_FRAMEWORKS for k in self.loaded)
@@ -108,6 +115,8 @@ class BackendPool:
         b = self.loaded.pop(victim)
         with contextlib.suppress(Exception):
             b.close()
+        del b
+        gc.collect()
 
     def close(self) -> None:
         while self.loaded:

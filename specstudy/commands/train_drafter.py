@@ -163,7 +163,10 @@ def run(args: argparse.Namespace) -> int:
 
     from .. import __version__
     from ..data.models import load_model
-    from ..engine import drafters as D
+    from ..engine.drafters import save_drafter
+    from ..train.data import generate_with_features
+    from ..train.distill import train_drafter
+    from ..train.loop import TrainSettings, settings_dict
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -182,7 +185,7 @@ def run(args: argparse.Namespace) -> int:
     exit_layer = args.exit_layer if args.exit_layer is not None else n_layers // 2
     if args.kind == "layer_skip_adapter" and not 1 <= exit_layer < n_layers:
         raise ValueError(f"--exit-layer={exit_layer}: need 1 <= k < num_hidden_layers={n_layers}")
-    settings = D.TrainSettings(
+    settings = TrainSettings(
         kind=args.kind,
         num_heads=args.num_heads,
         num_layers=args.num_layers,
@@ -201,7 +204,7 @@ def run(args: argparse.Namespace) -> int:
 
     t0, c0 = time.perf_counter(), time.process_time()
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    corpus, features = D.generate_with_features(
+    corpus, features = generate_with_features(
         model,
         [ids for _, ids in prompts],
         args.max_new_tokens,
@@ -216,7 +219,7 @@ def run(args: argparse.Namespace) -> int:
     say(f"generation {gen_s:.0f} s wall, {gen_cpu:.0f} s CPU: {len(features.seq)} positions")
 
     t0, c0 = time.perf_counter(), time.process_time()
-    result = D.train_drafter(model, features, settings, progress=say, prompt_lengths=[p for _, p in corpus])
+    result = train_drafter(model, features, settings, progress=say, prompt_lengths=[p for _, p in corpus])
     train_s, train_cpu = time.perf_counter() - t0, time.process_time() - c0
 
     command = (
@@ -227,7 +230,7 @@ def run(args: argparse.Namespace) -> int:
     info = {
         "command": command,
         "arguments": {k: v for k, v in vars(args).items() if not k.startswith("_") and k != "json"},
-        "settings": D.settings_dict(settings),
+        "settings": settings_dict(settings),
         "target": args.model,
         "training_prompts": [pid for pid, _ in prompts],
         "corpus": {
@@ -259,7 +262,7 @@ def run(args: argparse.Namespace) -> int:
             "loadavg": os.getloadavg(),
         },
     }
-    path = D.save_drafter(result.module, out, target=args.model, info=info)
+    path = save_drafter(result.module, out, target=args.model, info=info)
     if args.eval_prompts:
         t0 = time.perf_counter()
         ev = eval_prompts([t for t in args.eval_tasks.split(",") if t], args.eval_prompts, tokenizer)
@@ -271,7 +274,7 @@ def run(args: argparse.Namespace) -> int:
         info["timing_s"]["acceptance_eval"] = round(time.perf_counter() - t0, 1)
     info["timing_s"]["total"] = round(time.perf_counter() - t_start, 1)
     info["timing_s"]["total_cpu"] = round(time.process_time(), 1)
-    path = D.save_drafter(result.module, out, target=args.model, info=info)
+    path = save_drafter(result.module, out, target=args.model, info=info)
     summary = {
         "weights": str(path),
         "bytes": path.stat().st_size,

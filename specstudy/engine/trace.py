@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..entropy import entropy_and_logprobs
 from ..records import StepRecord
+from .entropy import entropy_and_logprobs
 
 
 @dataclass

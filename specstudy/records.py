@@ -155,11 +155,6 @@ class RequestRecord:
         if self.status not in STATUSES:
             raise ValueError(f"status={self.status!r}: allowed {STATUSES}")
 
-    @property
-    def verify_steps(self) -> int | None:
-        """Old name of :attr:`target_forwards` (records written before the rename)."""
-        return self.target_forwards
-
     def fill_acceptance_from_steps(self) -> RequestRecord:
         """Set the aggregate counters from ``steps`` so every consumer reads one set of counts."""
         if not self.steps:
@@ -257,7 +252,8 @@ def _to_row(rec: RequestRecord) -> dict[str, Any]:
     return row
 
 
-#: columns renamed since records were first written: old name -> new name
+#: columns renamed since records were first written: old name -> new name (parts on disk may
+#: still hold the old one; reading maps it)
 _RENAMED = {"verify_steps": "target_forwards"}
 
 

@@ -442,7 +442,7 @@ def load_tree_drafter(name: str, target, device: str = "cpu", dtype: str = "floa
 
         adapter = load_drafter(name, kind="layer_skip_adapter", hidden_size=target.config.hidden_size)
         return early_exit_draft(target, {"adapter": adapter}, device)
-    from ...models import load_model
+    from ...data.models import load_model
 
     return load_model(name, device, dtype)[0]
 

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..records import Cell, Request, Sampling
+from ..telemetry import load_average
 from .llamacpp import LlamaCppBackend
 
 COPY_PROMPT = (
@@ -160,8 +161,6 @@ def measure_costs(
     ``target_ms_per_token``, ``draft_ms_per_token`` and ``c`` (None without a drafter),
     ``load_average`` (before, after) and ``caveat``.
     """
-    from ..telemetry import load_average
-
     load_before = load_average()
     target = LlamaCppBackend(model, threads=threads, prefix_cache=True, log_dir=log_dir)
     try:

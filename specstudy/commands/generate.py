@@ -6,6 +6,10 @@ import argparse
 import json
 import os
 
+from .. import metrics
+from ..config import get_entry
+from ..records import Cell, Request, Sampling
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="smollm2-135m", help="a params/models entry, a local HF dir or a .gguf path")
@@ -60,10 +64,7 @@ def _json_safe(v):
 
 def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    from .. import metrics
-    from ..config import get_entry
-    from ..engine.methods import get_method
-    from ..records import Cell, Request, Sampling
+    from ..engine.methods import get_method  # lazy: torch stays out of the CLI's start
 
     # every check before the model loads
     sampling = Sampling(
@@ -83,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
         get_entry(args.drafter)  # a draft model; heads files and self:K are checked by the method's loader
     chat = {"yes": True, "no": False, "auto": entry.chat}[args.chat]
 
-    from ..backends.reference import ReferenceBackend
+    from ..backends.reference import ReferenceBackend  # lazy: transformers only once the checks passed
 
     backend = ReferenceBackend(
         args.model, drafter=args.drafter, device=args.device, dtype=args.dtype, threads=args.threads

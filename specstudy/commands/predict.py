@@ -47,6 +47,7 @@ def _json_rows(df) -> list[dict]:
 
 
 def _run_from(args: argparse.Namespace) -> int:
+    # lazy: pandas and the report's formatting load only for --from, not for a plain prediction
     from ..analysis.predict import predict_from_study
     from ..analysis.study import load
     from ..report.sections import markdown_table

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from ..config import ParamsError, task_names
+from ..data.models import load_tokenizer
 from ..data.tasks import TaskDataError, load_requests, parse_field_map, task_summary
 
 
@@ -66,8 +67,6 @@ def _load_tokenizer(spec: str):
         from transformers import AutoTokenizer  # heavy: only when asked for
 
         return AutoTokenizer.from_pretrained(spec)
-    from ..data.models import load_tokenizer
-
     return load_tokenizer(spec)
 
 

@@ -19,6 +19,13 @@ import sys
 import time
 from pathlib import Path
 
+from .. import __version__
+from ..config import load_task_config, task_names
+from ..data.models import load_model
+from ..data.tasks import load_requests
+from ..metrics import acceptance_length, acceptance_rate
+from ..records import Sampling
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kind", required=True, help="heads | layer_skip_adapter | eagle")
@@ -60,8 +67,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _check(args: argparse.Namespace) -> None:
-    from ..config import task_names
-    from ..engine.drafters import KINDS
+    from ..engine.drafters import KINDS  # lazy: torch stays out of the CLI's checks
 
     if args.kind not in KINDS:
         raise ValueError(f"--kind={args.kind!r}: allowed {list(KINDS)}")
@@ -100,9 +106,6 @@ def _check(args: argparse.Namespace) -> None:
 def training_prompts(tasks: list[str], per_task: int, tokenizer, max_tokens: int) -> list[tuple[str, list[int]]]:
     """(prompt_id, ids) per task, skipping the study's own sample (the first ``sample.n`` of the
     task's seed order) so acceptance is later measured on prompts the drafter never saw."""
-    from ..config import load_task_config
-    from ..data.tasks import load_requests
-
     out = []
     for t in tasks:
         cfg = load_task_config(t)
@@ -114,8 +117,6 @@ def training_prompts(tasks: list[str], per_task: int, tokenizer, max_tokens: int
 
 def eval_prompts(tasks: list[str], n: int, tokenizer) -> list[tuple[str, str, list[int]]]:
     """The first ``n`` prompts of each task's study sample: (task, prompt_id, ids)."""
-    from ..data.tasks import load_requests
-
     out = []
     for t in tasks:
         out += [(t, r.prompt_id, list(r.prompt_ids)) for r in load_requests(t, n=n, tokenizer=tokenizer)]
@@ -124,11 +125,9 @@ def eval_prompts(tasks: list[str], n: int, tokenizer) -> list[tuple[str, str, li
 
 def measure_acceptance(model, module, kind: str, prompts, max_new_tokens: int, gamma: int, path: Path) -> dict:
     """Greedy decode with the trained drafter through the engine's own method; α per task."""
-    import torch
+    import torch  # lazy, as the engine below: the CLI imports this module to parse arguments
 
     from ..engine.methods import DecodeJob, get_method
-    from ..metrics import acceptance_length, acceptance_rate
-    from ..records import Sampling
 
     sampling = Sampling(temperature=0.0, max_new_tokens=max_new_tokens, ignore_eos=True)
     if kind in ("heads", "eagle"):
@@ -159,10 +158,9 @@ def measure_acceptance(model, module, kind: str, prompts, max_new_tokens: int, g
 def run(args: argparse.Namespace) -> int:
     _check(args)
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    # lazy: torch and the training stack load only once the arguments passed their checks
     import torch
 
-    from .. import __version__
-    from ..data.models import load_model
     from ..engine.drafters import save_drafter
     from ..train.data import generate_with_features
     from ..train.distill import train_drafter

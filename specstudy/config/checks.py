@@ -20,7 +20,7 @@ from .schema import MethodSpec, ModelPair, StudySpec
 from .task import task_names
 from .vocab import FRAMEWORKS, SELF_DRAFTER
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # study.py imports this module: for annotations only
     from .study import StudyConfig
 
 

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..config.files import REPO_ROOT
 from .kv import cache_arg
 
 KINDS = ("heads", "layer_skip_adapter", "eagle")
@@ -269,8 +270,6 @@ def build_drafter(config: dict[str, Any]) -> nn.Module:
 def resolve_drafter_path(name: str | Path) -> Path:
     """A drafter file by path: as given (from the working directory), else relative to the
     repository root, so ``params/drafters/...`` works from notebooks/ too; ``.safetensors`` added."""
-    from ..config import REPO_ROOT
-
     p = Path(name).expanduser()
     if p.suffix != ".safetensors":
         p = p.with_suffix(".safetensors")

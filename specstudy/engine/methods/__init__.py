@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from ...records import Sampling
+from ..sampling import make_generator
 from ..synthetic import SyntheticAcceptance, parse_synthetic
 
 # method name -> module under specstudy.engine.methods
@@ -43,8 +44,6 @@ class DecodeJob:
     device: str | torch.device = "cpu"
 
     def generator(self) -> torch.Generator:
-        from ..sampling import make_generator
-
         return make_generator(self.sampling.seed, self.device)
 
     def option(self, name: str, default: Any = None) -> Any:

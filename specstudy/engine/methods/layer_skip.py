@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from ..drafters import load_drafter
 from ..kv import cache_arg
 from ..speculate import ModelDrafter, StaticGamma, speculative_decode
 from ..trace import RowTrace
@@ -161,8 +162,6 @@ def decode(job: DecodeJob) -> list[RowTrace]:
 def _adapter(v: Any) -> Any:
     """A module, or the path of a ``layer_skip_adapter`` file written by ``train-drafter``."""
     if isinstance(v, (str, Path)):
-        from ..drafters import load_drafter
-
         return load_drafter(v, kind="layer_skip_adapter")
     if v is not None and not isinstance(v, torch.nn.Module):
         raise ValueError("need a torch.nn.Module mapping hidden states, a layer_skip_adapter file path, or None")

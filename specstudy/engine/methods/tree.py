@@ -49,6 +49,8 @@ from typing import Any, Protocol
 
 import torch
 
+from ...data.models import load_model
+from ..drafters import load_drafter, resolve_drafter_path
 from ..kv import cache_arg, new_cache
 from ..sampling import next_tokens, probs_for, sample_from
 from ..synthetic import SyntheticAcceptance
@@ -65,6 +67,7 @@ from ..tokentree import (
 from ..trace import BatchTrace, RowTrace, Timer
 from ..verify import residual
 from . import SYNTHETIC, DecodeJob, MethodSpec, parse_synthetic, positive_int, synthetic_acceptance
+from .layer_skip import early_exit_draft
 
 # --------------------------------------------------------------------------------------------
 # building trees
@@ -432,18 +435,12 @@ def load_tree_drafter(name: str, target, device: str = "cpu", dtype: str = "floa
     a ``layer_skip_adapter`` file from ``specstudy train-drafter``: the same plus the trained
     adapter (K from the file); anything else: a draft model from :mod:`specstudy.data.models`.
     """
-    from .layer_skip import early_exit_draft
-
     if name == SELF_PREFIX or name.startswith(SELF_PREFIX + ":"):
         k = _self_exit_layer(name)
         return early_exit_draft(target, {} if k is None else {"exit_layer": k}, device)
     if str(name).endswith(".safetensors"):
-        from ..drafters import load_drafter
-
         adapter = load_drafter(name, kind="layer_skip_adapter", hidden_size=target.config.hidden_size)
         return early_exit_draft(target, {"adapter": adapter}, device)
-    from ...data.models import load_model
-
     return load_model(name, device, dtype)[0]
 
 
@@ -475,8 +472,6 @@ def _check_drafter_name(name: str) -> None:
         _self_exit_layer(name)
     elif name.endswith(".safetensors"):
         from safetensors import safe_open
-
-        from ..drafters import resolve_drafter_path
 
         name = str(resolve_drafter_path(name))
         if not Path(name).exists():

@@ -9,9 +9,9 @@ where they are shown.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 
@@ -22,7 +22,7 @@ from .study import Study
 NAN = float("nan")
 
 
-def isnum(x: Any) -> bool:
+def isnum(x: Any) -> TypeGuard[float]:
     """A real number that is not NaN (bools are not numbers here)."""
     return isinstance(x, (int, float, np.floating, np.integer)) and not isinstance(x, bool) and x == x
 
@@ -258,9 +258,9 @@ def pooled(data: Study, cell_ids: Iterable[str]) -> Pooled:
 
 def predicted_speedup(alpha_hat: float | None, gamma: int | None, c: float, verify_ratio: float) -> float:
     """Cost-model speedup from *measured* α̂, c and verification cost (NaN when any is unknown)."""
-    if not isnum(alpha_hat) or not gamma or not isnum(c) or not isnum(verify_ratio):
-        return NAN
-    return costmodel.speedup_with_verify_cost(min(max(alpha_hat, 0.0), 1.0), int(gamma), c, verify_ratio)
+    if isnum(alpha_hat) and gamma and isnum(c) and isnum(verify_ratio):
+        return costmodel.speedup_with_verify_cost(min(max(alpha_hat, 0.0), 1.0), int(gamma), c, verify_ratio)
+    return NAN
 
 
 def break_even(batches: Sequence[float], speedups: Sequence[float]) -> float | None:
@@ -275,7 +275,7 @@ def break_even(batches: Sequence[float], speedups: Sequence[float]) -> float | N
     return None
 
 
-def verify_curve(ratios: dict[int, float]):
+def verify_curve(ratios: dict[int, float]) -> Callable[[int], float] | None:
     """Verification cost per γ from the γ values measured (nearest measured γ; 1 when none)."""
     if not ratios:
         return None

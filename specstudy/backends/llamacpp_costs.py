@@ -150,7 +150,7 @@ def measure_costs(
     repeats: int = 5,
     decode_tokens: int = 32,
     prompt: str = DEFAULT_PROMPT,
-    log_dir: str | os.PathLike = "outputs/servers",
+    log_dir: str | os.PathLike[str] = "outputs/servers",
 ) -> dict[str, Any]:
     """llama.cpp's T(k)/T(1) for ``model`` and, with a ``drafter`` GGUF, c = draft / target per-token decode time.
 

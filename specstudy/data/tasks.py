@@ -423,7 +423,7 @@ def load_requests(
     seed: int | None = None,
     tokenizer: Any = None,
     online: bool = False,
-    data_file: str | os.PathLike | None = None,
+    data_file: str | os.PathLike[str] | None = None,
     field_map: Mapping[str, str] | None = None,
 ) -> list[TaskRequest]:
     """``n`` requests of a task, deterministic in ``seed``; see the module docstring for the contract."""

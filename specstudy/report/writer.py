@@ -51,7 +51,7 @@ def save_sections(out: Path, sections: Iterable[Section]) -> None:
             save_figure(out, name, fig)
 
 
-def write_report(out: str | os.PathLike, html: bool = True, study: Study | None = None) -> Path:
+def write_report(out: str | os.PathLike[str], html: bool = True, study: Study | None = None) -> Path:
     """Render ``<out>/report.md`` (and ``report.html``), its tables and figures, from the records in ``<out>``."""
     study = study or load(out)
     secs = report_sections(study)
@@ -85,7 +85,7 @@ def markdown_to_html(md_path: Path) -> Path:
     return out
 
 
-def cross_hardware_table(outs: Sequence[str | os.PathLike]) -> pd.DataFrame:
+def cross_hardware_table(outs: Sequence[str | os.PathLike[str]]) -> pd.DataFrame:
     """One comparison table from several ``outputs/<gpu>/`` folders (each its own machine)."""
     frames = []
     for o in outs:
@@ -101,7 +101,9 @@ def cross_hardware_table(outs: Sequence[str | os.PathLike]) -> pd.DataFrame:
     return df[["Hardware"] + [c for c in df.columns if c != "Hardware"]]
 
 
-def write_cross_report(outs: Sequence[str | os.PathLike], dest: str | os.PathLike = "outputs/cross-hardware") -> Path:
+def write_cross_report(
+    outs: Sequence[str | os.PathLike[str]], dest: str | os.PathLike[str] = "outputs/cross-hardware"
+) -> Path:
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
     df = cross_hardware_table(outs)
@@ -119,7 +121,7 @@ def write_cross_report(outs: Sequence[str | os.PathLike], dest: str | os.PathLik
     return path
 
 
-def render_report(out_dir: str | os.PathLike, merge: str | Sequence[str] = "", html: bool = True) -> Path:
+def render_report(out_dir: str | os.PathLike[str], merge: str | Sequence[str] = "", html: bool = True) -> Path:
     """What report.ipynb runs: the study report of ``out_dir``, or with ``merge`` (comma-separated
     or a list of outputs/<gpu>/ folders) the cross-hardware report written into ``out_dir``."""
     folders = [m for m in (merge.split(",") if isinstance(merge, str) else merge) if m]

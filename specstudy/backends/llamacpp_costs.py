@@ -50,7 +50,8 @@ def _timed(backend: LlamaCppBackend, cell: Cell, ids: Sequence[int], n_predict: 
     rec = backend.send(Request("cost", "", prompt_ids=tuple(ids)), Sampling(max_new_tokens=n_predict), cell)
     if rec.status != "ok":
         raise RuntimeError(f"llama.cpp request failed: {rec.error}")
-    return rec.extra["llamacpp_timings"]
+    timings: dict[str, Any] = rec.extra["llamacpp_timings"]
+    return timings
 
 
 def verification_curve(

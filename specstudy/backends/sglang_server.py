@@ -26,7 +26,7 @@ from ..data.models import resolve_for_engine as resolve_model
 from ..engines import capabilities as caps
 from ..engines.environments import ENVIRONMENTS, is_installed, python_of
 from ..records import Cell, Request, RequestRecord, Sampling
-from .lifecycle import http_get, split_url
+from .lifecycle import ServerInfo, http_get, split_url
 from .server import ServerBackend
 from .sse import StreamState
 
@@ -257,7 +257,7 @@ class SglangServerBackend(ServerBackend):
         env = ENVIRONMENTS["sglang"]
         return str(python_of(env)) if is_installed(env) else sys.executable
 
-    def ensure_server(self, cell: Cell):
+    def ensure_server(self, cell: Cell) -> ServerInfo:
         """Start or attach, then flush the radix cache (and NGRAM's corpus) so no cell starts warm."""
         info = super().ensure_server(cell)
         if self.options.get("flush_cache", True):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from typing import Any
 
 from .. import metrics
 from ..config import get_entry
@@ -53,7 +54,7 @@ def parse_options(items: list[str]) -> dict[str, str]:
     return out
 
 
-def _json_safe(v):
+def _json_safe(v: Any) -> Any:
     """NaN (e.g. α of plain AR, which drafts nothing) → null, so the output is strict JSON."""
     if isinstance(v, float) and v != v:
         return None
@@ -138,7 +139,10 @@ def run(args: argparse.Namespace) -> int:
     print(rec.output_text)
     print("---")
     print(f"token ids ({rec.output_tokens}): {rec.output_ids}")
-    fmt = lambda v: "n/a" if v is None or v != v else f"{v:.3f}"  # noqa: E731
+
+    def fmt(v: float | None) -> str:
+        return "n/a" if v is None or v != v else f"{v:.3f}"
+
     print(
         f"alpha {fmt(out['alpha'])}   AL {fmt(out['acceptance_length'])}   alpha_hat {fmt(out['alpha_hat'])}   "
         f"tokens/forward {fmt(out['tokens_per_forward'])}   draft steps {out['draft_steps']} of "

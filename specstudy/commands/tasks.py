@@ -7,6 +7,7 @@ import dataclasses
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from ..config import ParamsError, task_names
 from ..data.models import load_tokenizer
@@ -61,7 +62,7 @@ def _run_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load_tokenizer(spec: str):
+def _load_tokenizer(spec: str) -> Any:  # a transformers tokenizer
     """A local tokenizer directory, or a model name from params/models (its tokenizer only)."""
     if Path(spec).is_dir():
         from transformers import AutoTokenizer  # heavy: only when asked for

@@ -17,7 +17,9 @@ import platform
 import shlex
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from .. import __version__
 from ..config import load_task_config, task_names
@@ -103,27 +105,38 @@ def _check(args: argparse.Namespace) -> None:
         raise ValueError(f"--weight-decay={args.weight_decay!r}: must be >= 0")
 
 
-def training_prompts(tasks: list[str], per_task: int, tokenizer, max_tokens: int) -> list[tuple[str, list[int]]]:
+def training_prompts(tasks: list[str], per_task: int, tokenizer: Any, max_tokens: int) -> list[tuple[str, list[int]]]:
     """(prompt_id, ids) per task, skipping the study's own sample (the first ``sample.n`` of the
     task's seed order) so acceptance is later measured on prompts the drafter never saw."""
-    out = []
+    out: list[tuple[str, list[int]]] = []
     for t in tasks:
         cfg = load_task_config(t)
         reqs = load_requests(cfg, n="all", tokenizer=tokenizer)
-        pool = [r for r in reqs[cfg.n :] if r.prompt_ids and len(r.prompt_ids) <= max_tokens]
-        out += [(r.prompt_id, list(r.prompt_ids)) for r in pool[:per_task]]
+        pool = [(r.prompt_id, list(ids)) for r in reqs[cfg.n :] if (ids := r.prompt_ids) and len(ids) <= max_tokens]
+        out += pool[:per_task]
     return out
 
 
-def eval_prompts(tasks: list[str], n: int, tokenizer) -> list[tuple[str, str, list[int]]]:
+def eval_prompts(tasks: list[str], n: int, tokenizer: Any) -> list[tuple[str, str, list[int]]]:
     """The first ``n`` prompts of each task's study sample: (task, prompt_id, ids)."""
-    out = []
+    out: list[tuple[str, str, list[int]]] = []
     for t in tasks:
-        out += [(t, r.prompt_id, list(r.prompt_ids)) for r in load_requests(t, n=n, tokenizer=tokenizer)]
+        for r in load_requests(t, n=n, tokenizer=tokenizer):
+            if r.prompt_ids is None:
+                raise ValueError(f"task {t}: prompt {r.prompt_id} has no token ids (a tokenizer is needed)")
+            out.append((t, r.prompt_id, list(r.prompt_ids)))
     return out
 
 
-def measure_acceptance(model, module, kind: str, prompts, max_new_tokens: int, gamma: int, path: Path) -> dict:
+def measure_acceptance(
+    model: Any,
+    module: Any,
+    kind: str,
+    prompts: Sequence[tuple[str, str, list[int]]],
+    max_new_tokens: int,
+    gamma: int,
+    path: Path,
+) -> dict[str, Any]:
     """Greedy decode with the trained drafter through the engine's own method; α per task."""
     import torch  # lazy, as the engine below: the CLI imports this module to parse arguments
 
@@ -133,12 +146,13 @@ def measure_acceptance(model, module, kind: str, prompts, max_new_tokens: int, g
     if kind in ("heads", "eagle"):
         spec = get_method(kind)
         options = spec.check(gamma, 1, str(path), {})
+        assert spec.load_drafter is not None  # heads and eagle load their drafter files
         drafter = spec.load_drafter(str(path), model, "cpu", "float32")
     else:
         spec = get_method("layer_skip")
         options = spec.check(gamma, 1, None, {"exit_layer": module.exit_layer, "adapter": module})
         drafter = None
-    per_task: dict[str, dict[str, int]] = {}
+    per_task: dict[str, dict[str, Any]] = {}  # counts, then alpha and AL
     with torch.no_grad():
         for task, _pid, ids in prompts:
             row = spec.decode(

@@ -121,7 +121,7 @@ def execute_notebooks(
     """Run the jobs with papermill in order (the report last); returns (job, error or None)."""
     import papermill as pm
 
-    results = []
+    results: list[tuple[NotebookJob, str | None]] = []
     for j in jobs:
         Path(j.output).parent.mkdir(parents=True, exist_ok=True)
         try:

@@ -71,15 +71,16 @@ def markdown_to_html(md_path: Path) -> Path:
 
     md = md_path.read_text()
 
-    def embed(m: re.Match) -> str:
+    def embed(m: re.Match[str]) -> str:
         f = (md_path.parent / m.group(2)).resolve()
         if f.exists() and f.suffix == ".png":
             return f"![{m.group(1)}](data:image/png;base64,{base64.b64encode(f.read_bytes()).decode()})"
         return m.group(0)
 
     md = re.sub(r"!\[([^\]]*)\]\(([^)]+)\)", embed, md)
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell(md)])
-    body, _ = HTMLExporter(exclude_input_prompt=True, exclude_output_prompt=True).from_notebook_node(nb)
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell(md)])  # type: ignore[no-untyped-call]  # untyped in nbformat
+    exporter = HTMLExporter(exclude_input_prompt=True, exclude_output_prompt=True)  # type: ignore[no-untyped-call]  # untyped in nbconvert
+    body, _ = exporter.from_notebook_node(nb)
     out = md_path.with_suffix(".html")
     out.write_text(body)
     return out

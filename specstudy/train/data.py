@@ -5,15 +5,19 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import nn
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
-def target_parts(model: nn.Module) -> tuple[nn.Module, nn.Module, nn.Module]:
+
+def target_parts(model: PreTrainedModel) -> tuple[nn.Module, nn.Module, nn.Linear]:
     """(decoder stack, final norm, LM head) of a transformers causal LM."""
     base = getattr(model, model.base_model_prefix)
-    return base, base.norm, model.get_output_embeddings()
+    return base, base.norm, cast(nn.Linear, model.get_output_embeddings())  # type: ignore[no-untyped-call]  # untyped in transformers
 
 
 @dataclass
@@ -37,7 +41,7 @@ class Features:
 
 @torch.no_grad()
 def collect_features(
-    model: nn.Module,
+    model: PreTrainedModel,
     corpus: Sequence[tuple[list[int], int]],
     kind: str,
     exit_layer: int | None = None,
@@ -69,7 +73,7 @@ def collect_features(
 
 @torch.no_grad()
 def generate_with_features(
-    model: nn.Module,
+    model: PreTrainedModel,
     prompts: Sequence[Sequence[int]],
     max_new_tokens: int,
     kind: str,
@@ -91,14 +95,14 @@ def generate_with_features(
     (:func:`collect_features`), since its drafter attends to the prompt's features too.
     """
     if kind == "eagle":
-        corpus, _ = generate_with_features(
+        generated, _ = generate_with_features(
             model, prompts, max_new_tokens, "heads", None, label_top_k, batch_size, pad_id, progress
         )
-        return corpus, collect_features(model, corpus, "eagle", label_top_k=label_top_k)
+        return generated, collect_features(model, generated, "eagle", label_top_k=label_top_k)
 
     config = copy.deepcopy(model.generation_config)
     config.eos_token_id = None
-    config.update(
+    config.update(  # type: ignore[no-untyped-call]  # untyped in transformers
         max_new_tokens=max_new_tokens,
         min_new_tokens=0,
         do_sample=False,
@@ -118,7 +122,8 @@ def generate_with_features(
         w = max(len(p) for p in chunk)
         ids = torch.tensor([[pad_id] * (w - len(p)) + p for p in chunk])
         att = torch.tensor([[0] * (w - len(p)) + [1] * len(p) for p in chunk])
-        out = model.generate(input_ids=ids, attention_mask=att, generation_config=config)
+        # PreTrainedModel declares no generate (the causal LM classes get it from GenerationMixin)
+        out = model.generate(input_ids=ids, attention_mask=att, generation_config=config)  # type: ignore[operator]
         steps = len(out.logits)
         final = torch.stack([out.hidden_states[j][-1][:, -1] for j in range(steps)], dim=1)  # [B, T, H]
         hidden = final if layer == -1 else torch.stack([out.hidden_states[j][layer][:, -1] for j in range(steps)], 1)

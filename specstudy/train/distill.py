@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
-from torch import nn
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 from .data import Features
 from .eagle import train_eagle
@@ -14,7 +17,7 @@ from .loop import TrainResult, TrainSettings
 
 
 def train_drafter(
-    model: nn.Module,
+    model: PreTrainedModel,
     features: Features,
     settings: TrainSettings,
     progress: Callable[[str], None] | None = None,

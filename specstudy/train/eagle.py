@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import functools
 import math
+import operator
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from torch import nn
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 from ..engine.drafters import EagleDraft
 from .data import Features, target_parts
@@ -25,7 +29,7 @@ def sequence_rows(features: Features, rows: torch.Tensor) -> dict[int, torch.Ten
 
 
 def eagle_sequence_loss(
-    module: EagleDraft, model: nn.Module, features: Features, idx: torch.Tensor, regression_weight: float
+    module: EagleDraft, model: PreTrainedModel, features: Features, idx: torch.Tensor, regression_weight: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Teacher-forced pass over one sequence (rows ``idx``): pairs (f_j, token_{j+1}) predict
     f_{j+1} and the target's distribution there.  Returns (loss, predicted vectors [L-1, H])."""
@@ -39,7 +43,7 @@ def eagle_sequence_loss(
 
 
 def train_eagle(
-    model: nn.Module,
+    model: PreTrainedModel,
     features: Features,
     settings: TrainSettings,
     progress: Callable[[str], None] | None,
@@ -59,13 +63,11 @@ def train_eagle(
             idx = train_seqs[int(torch.randint(len(train_seqs), (1,), generator=gen))]
             picked.append(idx)
             n += len(idx) - 1
-        return [
-            sum(
-                eagle_sequence_loss(module, model, features, idx, settings.regression_weight)[0] * (len(idx) - 1)
-                for idx in picked
-            )
-            / n
+        terms = [
+            eagle_sequence_loss(module, model, features, idx, settings.regression_weight)[0] * (len(idx) - 1)
+            for idx in picked
         ]
+        return [functools.reduce(operator.add, terms) / n]  # sum(), typed: the same additions in order
 
     log = optimise(module, settings, step_losses, progress)
     ev: dict[str, Any] = {}

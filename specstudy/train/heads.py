@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 from ..engine.drafters import LayerSkipAdapter, MedusaHeads
 from .data import Features, target_parts
@@ -45,7 +48,7 @@ def pairs_by_head(
 
 
 def drafter_vectors(
-    module: nn.Module, model: nn.Module, features: Features, src: torch.Tensor, dst: torch.Tensor, head: int
+    module: nn.Module, model: PreTrainedModel, features: Features, src: torch.Tensor, dst: torch.Tensor, head: int
 ) -> torch.Tensor:
     """What the drafter hands to the LM head for rows ``src`` predicting the label at ``dst``
     (after the final norm for the adapter).  Token-conditioned heads read the token at ``dst``
@@ -54,19 +57,20 @@ def drafter_vectors(
     if isinstance(module, MedusaHeads):
         prev = model.get_input_embeddings()(features.token[dst]) if module.token_conditioned else None
         return module.vectors(head, features.hidden[src], prev)
-    return norm(module(features.hidden[src]))
+    adapted: torch.Tensor = norm(module(features.hidden[src]))
+    return adapted
 
 
 @torch.no_grad()
 def evaluate(
     module: nn.Module,
-    model: nn.Module,
+    model: PreTrainedModel,
     features: Features,
     pairs: list[tuple[torch.Tensor, torch.Tensor]],
     chunk: int = 512,
 ) -> dict[str, Any]:
     """Held-out loss and top-1 agreement with the target's argmax, per head (or for the adapter)."""
-    res = {"loss": [], "top1": [], "n": []}
+    res: dict[str, list[Any]] = {"loss": [], "top1": [], "n": []}
     for k, (src, dst) in enumerate(pairs):
         tot_loss, tot_hit, n = 0.0, 0, len(src)
         for i in range(0, n, chunk):
@@ -81,7 +85,7 @@ def evaluate(
 
 
 def train_heads(
-    model: nn.Module,
+    model: PreTrainedModel,
     features: Features,
     settings: TrainSettings,
     progress: Callable[[str], None] | None = None,

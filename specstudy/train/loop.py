@@ -81,7 +81,7 @@ def optimise(
         losses = step_losses(gen)
         loss = torch.stack(losses).sum()
         opt.zero_grad()
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]  # untyped in torch's stubs
         opt.step()
         sched.step()
         running.append([float(x.detach()) for x in losses])

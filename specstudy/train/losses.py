@@ -13,7 +13,7 @@ def distill_loss(logits: torch.Tensor, label_ids: torch.Tensor, label_probs: tor
 
 
 def candidate_distill_loss(
-    vectors: torch.Tensor, lm_head: nn.Module, label_ids: torch.Tensor, label_probs: torch.Tensor
+    vectors: torch.Tensor, lm_head: nn.Linear, label_ids: torch.Tensor, label_probs: torch.Tensor
 ) -> torch.Tensor:
     """:func:`distill_loss` with the softmax restricted to the tokens labelled anywhere in the batch.
 

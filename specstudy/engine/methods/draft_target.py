@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from ..speculate import CostAwareGamma, HeuristicGamma, ModelDrafter, StaticGamma, speculative_decode
 from ..stepcost import draft_cost_ratio, verify_ratio
+from ..synthetic import parse_synthetic
 from ..trace import RowTrace
 from . import (
     DRAFT_IN_PREFILL,
@@ -30,7 +31,6 @@ from . import (
     MethodSpec,
     draft_in_prefill,
     one_of,
-    parse_synthetic,
     positive_int,
     probability,
     synthetic_acceptance,
@@ -40,14 +40,14 @@ from . import (
 def gamma_policy(job: DecodeJob):
     mode = job.option("dynamic_gamma", "off")
     if mode == "heuristic":
-        return HeuristicGamma(job.gamma, job.option("gamma_max", max(16, job.gamma)))
+        return HeuristicGamma(job.draft_length, job.option("gamma_max", max(16, job.draft_length)))
     if mode == "cost":
         gamma_max = job.option("gamma_max", job.gamma)
         batch = len(job.prompts)
         ratio = verify_ratio(job.target, job.prompts[0], gamma_max, batch, job.device)
         c = draft_cost_ratio(job.drafter, job.target, job.prompts[0], batch, job.device)
         return CostAwareGamma(gamma_max, ratio, c)
-    return StaticGamma(job.gamma)
+    return StaticGamma(job.draft_length)
 
 
 def confidence(job: DecodeJob) -> float | None:

@@ -29,8 +29,9 @@ import torch
 from ..drafters import EagleDraft, drafter_file_metadata, load_drafter
 from ..kv import KVState, pad_ragged
 from ..speculate import Draft, StaticGamma, sample_chain, speculative_decode
+from ..synthetic import parse_synthetic
 from ..trace import RowTrace
-from . import SYNTHETIC, DecodeJob, MethodSpec, parse_synthetic, synthetic_acceptance
+from . import SYNTHETIC, DecodeJob, MethodSpec, synthetic_acceptance
 from .heads import HiddenCapture
 
 
@@ -161,7 +162,7 @@ def decode(job: DecodeJob) -> list[RowTrace]:
             drafter,
             job.prompts,
             job.sampling,
-            StaticGamma(job.gamma),
+            StaticGamma(job.draft_length),
             gen,
             job.eos_token_ids,
             job.device,

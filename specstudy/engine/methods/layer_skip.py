@@ -23,17 +23,9 @@ import torch
 from ..drafters import load_drafter
 from ..kv import cache_arg
 from ..speculate import ModelDrafter, StaticGamma, speculative_decode
+from ..synthetic import parse_synthetic
 from ..trace import RowTrace
-from . import (
-    DRAFT_IN_PREFILL,
-    SYNTHETIC,
-    DecodeJob,
-    MethodSpec,
-    draft_in_prefill,
-    parse_synthetic,
-    positive_int,
-    synthetic_acceptance,
-)
+from . import DRAFT_IN_PREFILL, SYNTHETIC, DecodeJob, MethodSpec, draft_in_prefill, positive_int, synthetic_acceptance
 
 
 def _decoder(target: Any) -> Any:
@@ -150,7 +142,7 @@ def decode(job: DecodeJob) -> list[RowTrace]:
         drafter,
         job.prompts,
         job.sampling,
-        StaticGamma(job.gamma),
+        StaticGamma(job.draft_length),
         gen,
         job.eos_token_ids,
         job.device,

@@ -53,7 +53,7 @@ from ...data.models import load_model
 from ..drafters import load_drafter, resolve_drafter_path
 from ..kv import cache_arg, new_cache
 from ..sampling import next_tokens, probs_for, sample_from
-from ..synthetic import SyntheticAcceptance
+from ..synthetic import SyntheticAcceptance, parse_synthetic
 from ..tokentree import (
     TokenTree,
     causal_forward,
@@ -66,7 +66,7 @@ from ..tokentree import (
 )
 from ..trace import BatchTrace, RowTrace, Timer
 from ..verify import residual
-from . import SYNTHETIC, DecodeJob, MethodSpec, parse_synthetic, positive_int, synthetic_acceptance
+from . import SYNTHETIC, DecodeJob, MethodSpec, positive_int, synthetic_acceptance
 from .layer_skip import early_exit_draft
 
 # --------------------------------------------------------------------------------------------
@@ -452,7 +452,7 @@ def decode(job: DecodeJob) -> list[RowTrace]:
         raise ValueError(
             f"draft vocab_size={model.config.vocab_size} differs from the target's {job.target.config.vocab_size}"
         )
-    drafter = ModelTreeDrafter(model, _branching(job.options, job.gamma), job.sampling)
+    drafter = ModelTreeDrafter(model, _branching(job.options, job.draft_length), job.sampling)
     return [
         tree_decode(
             job.target,

@@ -116,7 +116,8 @@ class MedusaHeads(nn.Module):
             if prev_embedding is None:
                 raise ValueError("token-conditioned heads need the previous token's embedding")
             x = self.token_blocks[head](x, prev_embedding)
-        return self.blocks[head](x)
+        vectors: torch.Tensor = self.blocks[head](x)
+        return vectors
 
 
 class LayerSkipAdapter(nn.Module):
@@ -142,7 +143,8 @@ class LayerSkipAdapter(nn.Module):
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """Hidden after ``exit_layer`` layers (pre-norm) → a hidden state for the final norm and LM
         head (the ``adapter`` option of :mod:`specstudy.engine.methods.layer_skip`)."""
-        return self.blocks(hidden)
+        adapted: torch.Tensor = self.blocks(hidden)
+        return adapted
 
 
 class EagleDraft(nn.Module):
@@ -236,10 +238,15 @@ class EagleDraft(nn.Module):
             use_cache=use_cache,
             **cache_arg(self.decoder, cache),
         )
-        return out.last_hidden_state
+        predicted: torch.Tensor = out.last_hidden_state
+        return predicted
 
 
-def build_drafter(config: dict[str, Any]) -> nn.Module:
+#: a drafter module of one of :data:`KINDS` (what :func:`build_drafter` and :func:`load_drafter` return)
+TrainedDrafter = MedusaHeads | LayerSkipAdapter | EagleDraft
+
+
+def build_drafter(config: dict[str, Any]) -> TrainedDrafter:
     kind = config.get("kind")
     if kind == "eagle":
         return EagleDraft(
@@ -295,7 +302,7 @@ def drafter_file_metadata(name: str | Path, kind: str) -> dict[str, str]:
     return meta
 
 
-def save_drafter(module: nn.Module, path: str | Path, target: str, info: dict[str, Any] | None = None) -> Path:
+def save_drafter(module: TrainedDrafter, path: str | Path, target: str, info: dict[str, Any] | None = None) -> Path:
     """Write ``path`` (.safetensors, fp32, architecture + target in the metadata) and a .json beside it."""
     from safetensors.torch import save_file
 
@@ -312,7 +319,7 @@ def save_drafter(module: nn.Module, path: str | Path, target: str, info: dict[st
 
 def load_drafter(
     path: str | Path, kind: str | None = None, target: str | None = None, hidden_size: int | None = None
-) -> nn.Module:
+) -> TrainedDrafter:
     """Load a drafter file; refuse one built for another kind, target or hidden size."""
     from safetensors import safe_open
     from safetensors.torch import load_file

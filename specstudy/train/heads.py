@@ -93,7 +93,7 @@ def train_heads(
     """Heads (``settings.kind == "heads"``) or a layer-skip adapter, distilled on ``features``."""
     hidden_size = features.hidden.shape[-1]
     if settings.kind == "heads":
-        module: nn.Module = MedusaHeads(
+        module: MedusaHeads | LayerSkipAdapter = MedusaHeads(
             hidden_size, settings.num_heads, settings.num_layers, settings.token_conditioned
         )
     else:

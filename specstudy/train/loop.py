@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..engine.drafters import KINDS
+from ..engine.drafters import KINDS, TrainedDrafter
 from .data import Features
 
 
@@ -44,7 +44,7 @@ class TrainSettings:
 
 @dataclass
 class TrainResult:
-    module: nn.Module
+    module: TrainedDrafter
     log: list[dict[str, float]] = field(default_factory=list)
     eval: dict[str, Any] = field(default_factory=dict)
 

@@ -20,6 +20,8 @@ verifying them, to time the system at that acceptance (:mod:`specstudy.engine.sy
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..speculate import CostAwareGamma, HeuristicGamma, ModelDrafter, StaticGamma, speculative_decode
 from ..stepcost import draft_cost_ratio, verify_ratio
 from ..synthetic import parse_synthetic
@@ -37,7 +39,7 @@ from . import (
 )
 
 
-def gamma_policy(job: DecodeJob):
+def gamma_policy(job: DecodeJob) -> StaticGamma | HeuristicGamma | CostAwareGamma:
     mode = job.option("dynamic_gamma", "off")
     if mode == "heuristic":
         return HeuristicGamma(job.draft_length, job.option("gamma_max", max(16, job.draft_length)))
@@ -52,11 +54,12 @@ def gamma_policy(job: DecodeJob):
 
 def confidence(job: DecodeJob) -> float | None:
     if job.option("dynamic_gamma", "off") == "confidence":
-        return job.option("draft_confidence", 0.4)
+        threshold: float = job.option("draft_confidence", 0.4)
+        return threshold
     return None
 
 
-def check_vocab(target, drafter) -> None:
+def check_vocab(target: Any, drafter: Any) -> None:
     vt, vd = target.config.vocab_size, drafter.config.vocab_size
     if vt != vd:
         raise ValueError(

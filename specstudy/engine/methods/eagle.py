@@ -141,6 +141,7 @@ def load_eagle(name: str, target: Any, device: str = "cpu", dtype: str = "float3
     """cell.drafter (a file from ``specstudy train-drafter --kind eagle``) → the drafter, in the
     target's dtype."""
     draft = load_drafter(name, kind="eagle", hidden_size=target.config.hidden_size)
+    assert isinstance(draft, EagleDraft)  # load_drafter checked the file's kind
     return draft.to(device=device, dtype=next(target.parameters()).dtype)
 
 

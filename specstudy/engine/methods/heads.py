@@ -172,6 +172,7 @@ def load_heads(name: str, target: Any, device: str = "cpu", dtype: str = "float3
     """cell.drafter (a heads file from ``specstudy train-drafter --kind heads``) → the heads,
     in the target's dtype."""
     heads = load_drafter(name, kind="heads", hidden_size=target.config.hidden_size)
+    assert isinstance(heads, MedusaHeads)  # load_drafter checked the file's kind
     return heads.to(device=device, dtype=next(target.parameters()).dtype)
 
 

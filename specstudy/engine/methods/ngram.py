@@ -19,6 +19,7 @@ fixed rate instead of verifying them, to time the system (:mod:`specstudy.engine
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -99,7 +100,7 @@ def gamma_policy(job: DecodeJob) -> StaticGamma | CostAwareGamma:
     return StaticGamma(job.draft_length)
 
 
-def _cross_check(options: dict) -> None:
+def _cross_check(options: dict[str, Any]) -> None:
     lo, hi = options.get("ngram_min", 1), options.get("ngram_max", 3)
     if lo > hi:
         raise ValueError(f"method 'ngram': ngram_min={lo} > ngram_max={hi}")

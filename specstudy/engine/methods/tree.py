@@ -399,7 +399,8 @@ def _emit_path(
     """Emit the path's drafted tokens and the next token (scored by the logits at the path's
     nodes); returns the next token, the next root."""
     emitted = [tree.tokens[n] for n in verdict.path[1:]] + [verdict.next_token]
-    trace.rows[0].tree_nodes += len(tree) - 1
+    row = trace.rows[0]
+    row.tree_nodes = (row.tree_nodes or 0) + len(tree) - 1  # 0 from the prefill on
     trace.emit([emitted], logits[verdict.path][None], tree.depth, verdict.accepted, draft_s, verify_s)
     return verdict.next_token
 

@@ -214,6 +214,20 @@ def test_tree_options_are_checked_before_decoding(target):
         get_method("tree").load_drafter("self:3", target, "cpu", "float64")  # k must leave a layer out
 
 
+def test_a_tree_drafter_named_by_model_loads_through_the_registry(target, monkeypatch):
+    """Neither self:K nor an adapter file: the drafter comes from specstudy.data.models (this
+    branch imported a module that no longer exists)."""
+    calls = []
+
+    def fake_load_model(name, device, dtype):
+        calls.append((name, device, dtype))
+        return "draft-lm", "tokenizer"
+
+    monkeypatch.setattr(T, "load_model", fake_load_model)
+    assert get_method("tree").load_drafter("some-draft-model", target, "cpu", "float64") == "draft-lm"
+    assert calls == [("some-draft-model", "cpu", "float64")]
+
+
 def test_heads_linear_batch_and_tree_greedy_equal_ar(target, heads_file):
     s = Sampling(temperature=0.0, max_new_tokens=24)
     refs = [decode("ar", target, [p], s)[0].output_ids for p in PROMPTS]

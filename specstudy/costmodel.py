@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
 
 from .metrics import expected_acceptance_length
 
@@ -167,7 +168,7 @@ class Prediction:
     speculative_tokens_per_s: float
     regime: str
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
@@ -195,7 +196,10 @@ def predict(
     if c is None:
         c = step_time(draft_params, hw, dtype, batch, 1, n) / t1 if draft_params else 0.0
     td = c * t1
-    ratio = lambda g: step_time(target_params, hw, dtype, batch, g + 1, n) / t1  # noqa: E731
+
+    def ratio(g: int) -> float:
+        return step_time(target_params, hw, dtype, batch, g + 1, n) / t1
+
     if gamma is None:
         gamma, sp = optimal_gamma(alpha, c, max_gamma, ratio)
     else:
@@ -274,7 +278,9 @@ def _fit_overhead(model_s: Sequence[float], measured_s: Sequence[float]) -> tupl
     return o, sum(((m + o - t) / t) ** 2 for m, t in zip(model_s, measured_s))
 
 
-def fit_roofline(steps: Sequence[MeasuredStep], hw: HardwareProfile, eta_min: float = 0.02, grid: int = 41) -> dict:
+def fit_roofline(
+    steps: Sequence[MeasuredStep], hw: HardwareProfile, eta_min: float = 0.02, grid: int = 41
+) -> dict[str, Any]:
     """η_bw, η_flop and step overhead that make :func:`step_time` match measured forwards.
 
     Model: t_i = max(B_i / η_bw, F_i / η_flop) + o with B_i = weight bytes / datasheet bandwidth
@@ -314,7 +320,10 @@ def fit_roofline(steps: Sequence[MeasuredStep], hw: HardwareProfile, eta_min: fl
     compute_bound = [f / ec > a / eb for a, f in zip(mem, flo)]
     sizes = sorted({s.params for s, cb in zip(steps, compute_bound) if not cb})
     rel = [abs(max(a / eb, f / ec) + o - ti) / ti for a, f, ti in zip(mem, flo, t)]
-    inside = lambda v: eta_min * 1.001 < v < 0.999  # noqa: E731
+
+    def inside(v: float) -> bool:
+        return eta_min * 1.001 < v < 0.999
+
     return {
         "bandwidth_efficiency": eb,
         "compute_efficiency": ec,
@@ -331,7 +340,7 @@ def fit_roofline(steps: Sequence[MeasuredStep], hw: HardwareProfile, eta_min: fl
     }
 
 
-def load_calibration(path: str) -> dict:
+def load_calibration(path: str) -> dict[str, Any]:
     """The ``calibration`` block of a ``bench/gpu_check.py`` JSON, schema and version checked."""
     import json
     from pathlib import Path
@@ -349,14 +358,12 @@ def load_calibration(path: str) -> dict:
     return cal
 
 
-def calibrated_profile(hw: HardwareProfile, calibration: dict) -> HardwareProfile:
+def calibrated_profile(hw: HardwareProfile, calibration: dict[str, Any]) -> HardwareProfile:
     """``hw`` with the measured efficiencies and step overhead of a calibration of that device.
 
     Refused unless the calibration names ``hw`` and was measured on it (``usable``: a CUDA run
     with real shapes, not a ``--tiny`` CPU run).
     """
-    from dataclasses import replace
-
     if calibration.get("profile") != hw.name:
         raise ValueError(f"calibration of profile {calibration.get('profile')!r} applied to {hw.name!r}")
     if not calibration.get("usable"):
@@ -367,4 +374,10 @@ def calibrated_profile(hw: HardwareProfile, calibration: dict) -> HardwareProfil
     for k, v in fields.items():
         if not math.isfinite(v) or v < 0 or (k != "step_overhead_ms" and not 0 < v <= 1):
             raise ValueError(f"calibration {k}={v!r}: need a finite value in (0, 1] (step_overhead_ms: >= 0)")
-    return replace(hw, **fields, source=f"measured {calibration.get('date', '')}".strip())
+    return replace(
+        hw,
+        bandwidth_efficiency=fields["bandwidth_efficiency"],
+        compute_efficiency=fields["compute_efficiency"],
+        step_overhead_ms=fields["step_overhead_ms"],
+        source=f"measured {calibration.get('date', '')}".strip(),
+    )

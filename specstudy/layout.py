@@ -43,7 +43,7 @@ class StudyLayout:
     root: Path
 
     @classmethod
-    def of(cls, hardware: str, outputs: str | os.PathLike = "outputs") -> StudyLayout:
+    def of(cls, hardware: str, outputs: str | os.PathLike[str] = "outputs") -> StudyLayout:
         return cls(Path(outputs) / hardware)
 
     # ---- paths ---------------------------------------------------------------------------

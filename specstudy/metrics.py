@@ -29,10 +29,14 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from .records import RequestRecord
 
 NAN = float("nan")
+
+#: latencies of paired requests, one float per pair
+FloatArray = npt.NDArray[np.float64]
 
 # --------------------------------------------------------------------------------------------
 # acceptance
@@ -294,18 +298,26 @@ def per_request_throughput(records: Sequence[RequestRecord]) -> float:
 # paired comparisons
 
 
-def paired_latencies(baseline: Sequence[RequestRecord], spec: Sequence[RequestRecord]) -> tuple[np.ndarray, np.ndarray]:
+def _pair_key(r: RequestRecord) -> tuple[str, int]:
+    """What pairs a speculative request with its baseline: the same prompt and repeat."""
+    return (r.prompt_id, r.repeat)
+
+
+def paired_latencies(baseline: Sequence[RequestRecord], spec: Sequence[RequestRecord]) -> tuple[FloatArray, FloatArray]:
     """E2E latencies of requests present and ok in both runs, matched on (prompt, repeat)."""
-    key = lambda r: (r.prompt_id, r.repeat)  # noqa: E731
-    base = {key(r): r for r in baseline if r.status == "ok" and r.end_s is not None}
-    pairs = [(base[key(r)].end_s, r.end_s) for r in spec if r.status == "ok" and r.end_s is not None and key(r) in base]
+    base = {_pair_key(r): r for r in baseline if r.status == "ok" and r.end_s is not None}
+    pairs = [
+        (base[_pair_key(r)].end_s, r.end_s)
+        for r in spec
+        if r.status == "ok" and r.end_s is not None and _pair_key(r) in base
+    ]
     if not pairs:
         return np.empty(0), np.empty(0)
     b, s = np.asarray(pairs, dtype=float).T
     return b, s
 
 
-def speedup(baseline_latency: Sequence[float], spec_latency: Sequence[float]) -> float:
+def speedup(baseline_latency: Sequence[float] | FloatArray, spec_latency: Sequence[float] | FloatArray) -> float:
     """Σ baseline latency / Σ speculative latency over paired requests (a ratio of means)."""
     b, s = np.asarray(baseline_latency, float), np.asarray(spec_latency, float)
     if b.shape != s.shape:
@@ -314,8 +326,8 @@ def speedup(baseline_latency: Sequence[float], spec_latency: Sequence[float]) ->
 
 
 def bootstrap_ci(
-    baseline_latency: Sequence[float],
-    spec_latency: Sequence[float],
+    baseline_latency: Sequence[float] | FloatArray,
+    spec_latency: Sequence[float] | FloatArray,
     n_boot: int = 2000,
     level: float = 0.95,
     seed: int = 0,
@@ -331,7 +343,7 @@ def bootstrap_ci(
     return float(lo), float(hi)
 
 
-def paired_speedup(baseline: Sequence[RequestRecord], spec: Sequence[RequestRecord], **kw) -> dict[str, float]:
+def paired_speedup(baseline: Sequence[RequestRecord], spec: Sequence[RequestRecord], **kw: Any) -> dict[str, float]:
     b, s = paired_latencies(baseline, spec)
     lo, hi = bootstrap_ci(b, s, **kw)
     return {"speedup": speedup(b, s), "ci_low": lo, "ci_high": hi, "n_pairs": float(b.size)}
@@ -386,15 +398,14 @@ def logprob_shift_test(
     log-probability under the target; a sign-flip permutation test of their mean (two-sided).
     Lossless speculative sampling draws from the target's own distribution, so p should be large.
     """
-    key = lambda r: (r.prompt_id, r.repeat)  # noqa: E731
-    base = {key(r): r for r in baseline if r.status == "ok" and r.target_logprobs}
+    base = {_pair_key(r): lp for r in baseline if r.status == "ok" and (lp := r.target_logprobs)}
     diffs = np.asarray(
         [
-            float(np.mean(r.target_logprobs)) - float(np.mean(base[key(r)].target_logprobs))
+            float(np.mean(lp)) - float(np.mean(base[_pair_key(r)]))
             for r in spec
-            if r.status == "ok" and r.target_logprobs and key(r) in base
+            if r.status == "ok" and (lp := r.target_logprobs) and _pair_key(r) in base
         ],
-        dtype=float,
+        dtype=np.float64,
     )
     if diffs.size < 2:
         return {"mean_diff": float(diffs.mean()) if diffs.size else NAN, "p_value": NAN, "n_pairs": float(diffs.size)}
@@ -407,9 +418,8 @@ def logprob_shift_test(
 
 def exact_match_rate(baseline: Sequence[RequestRecord], spec: Sequence[RequestRecord]) -> float:
     """Share of paired requests whose output token ids are identical (a greedy losslessness check)."""
-    key = lambda r: (r.prompt_id, r.repeat)  # noqa: E731
-    base = {key(r): r.output_ids for r in baseline if r.status == "ok"}
-    pairs = [(base[key(r)], r.output_ids) for r in spec if r.status == "ok" and key(r) in base]
+    base = {_pair_key(r): r.output_ids for r in baseline if r.status == "ok"}
+    pairs = [(base[_pair_key(r)], r.output_ids) for r in spec if r.status == "ok" and _pair_key(r) in base]
     return sum(a == b for a, b in pairs) / len(pairs) if pairs else NAN
 
 

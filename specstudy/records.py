@@ -16,7 +16,10 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 STATUSES = ("ok", "oom", "timeout", "error")
 
@@ -155,11 +158,6 @@ class RequestRecord:
         if self.status not in STATUSES:
             raise ValueError(f"status={self.status!r}: allowed {STATUSES}")
 
-    @property
-    def verify_steps(self) -> int | None:
-        """Old name of :attr:`target_forwards` (records written before the rename)."""
-        return self.target_forwards
-
     def fill_acceptance_from_steps(self) -> RequestRecord:
         """Set the aggregate counters from ``steps`` so every consumer reads one set of counts."""
         if not self.steps:
@@ -267,7 +265,8 @@ def _to_row(rec: RequestRecord) -> dict[str, Any]:
     return row
 
 
-#: columns renamed since records were first written: old name -> new name
+#: columns renamed since records were first written: old name -> new name (parts on disk may
+#: still hold the old one; reading maps it)
 _RENAMED = {"verify_steps": "target_forwards"}
 
 
@@ -288,7 +287,7 @@ def _from_row(row: dict[str, Any]) -> RequestRecord:
 _NULLABLE_FLOATS = {"first_token_s", "end_s"}
 
 
-def _schema():
+def _schema() -> pa.Schema:
     import pyarrow as pa
 
     t = {
@@ -315,7 +314,7 @@ def _schema():
     return pa.schema(fields)
 
 
-def write_part(records: Sequence[RequestRecord], path: str | os.PathLike) -> Path:
+def write_part(records: Sequence[RequestRecord], path: str | os.PathLike[str]) -> Path:
     """Write one cell's records atomically: a temp file in the same folder, then rename."""
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -329,13 +328,13 @@ def write_part(records: Sequence[RequestRecord], path: str | os.PathLike) -> Pat
     return path
 
 
-def read_part(path: str | os.PathLike) -> list[RequestRecord]:
+def read_part(path: str | os.PathLike[str]) -> list[RequestRecord]:
     import pyarrow.parquet as pq
 
     return [_from_row(r) for r in pq.read_table(path).to_pylist()]
 
 
-def part_paths(folder: str | os.PathLike) -> list[Path]:
+def part_paths(folder: str | os.PathLike[str]) -> list[Path]:
     """Finished parts only: temp files of a killed writer are ignored."""
     folder = Path(folder)
     if not folder.exists():
@@ -343,5 +342,5 @@ def part_paths(folder: str | os.PathLike) -> list[Path]:
     return sorted(p for p in folder.rglob("*.parquet") if not p.name.startswith("."))
 
 
-def read_records(folder: str | os.PathLike) -> list[RequestRecord]:
+def read_records(folder: str | os.PathLike[str]) -> list[RequestRecord]:
     return [r for p in part_paths(folder) for r in read_part(p)]

@@ -13,8 +13,13 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import pandas as pd
+    import psutil
 
 # NVML clock-event reason bits (nvml.h, nvmlClocksEventReason*): stable since NVML 3.
 THROTTLE_REASONS = {
@@ -83,27 +88,28 @@ class _Nvml:
     def sample(self) -> list[dict[str, Any]]:
         nv = self.nv
         out = []
+        readers: tuple[tuple[str, Callable[[Any], Any]], ...] = (
+            ("gpu_temp_c", lambda h: nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)),
+            ("gpu_sm_clock_mhz", lambda h: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)),
+            ("gpu_mem_clock_mhz", lambda h: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM)),
+            ("gpu_power_w", lambda h: nv.nvmlDeviceGetPowerUsage(h) / 1000.0),
+            ("gpu_util_pct", lambda h: nv.nvmlDeviceGetUtilizationRates(h).gpu),
+            ("gpu_mem_used_bytes", lambda h: nv.nvmlDeviceGetMemoryInfo(h).used),
+            ("gpu_fan_pct", lambda h: nv.nvmlDeviceGetFanSpeed(h)),
+        )
         for i, h in enumerate(self.handles):
             s: dict[str, Any] = {"gpu": i}
-            for key, fn in (
-                ("gpu_temp_c", lambda h=h: nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)),
-                ("gpu_sm_clock_mhz", lambda h=h: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)),
-                ("gpu_mem_clock_mhz", lambda h=h: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM)),
-                ("gpu_power_w", lambda h=h: nv.nvmlDeviceGetPowerUsage(h) / 1000.0),
-                ("gpu_util_pct", lambda h=h: nv.nvmlDeviceGetUtilizationRates(h).gpu),
-                ("gpu_mem_used_bytes", lambda h=h: nv.nvmlDeviceGetMemoryInfo(h).used),
-                ("gpu_fan_pct", lambda h=h: nv.nvmlDeviceGetFanSpeed(h)),
-            ):
+            for key, fn in readers:
                 try:
-                    s[key] = fn()
+                    s[key] = fn(h)
                 except Exception:
                     s[key] = None
             mask = None
             for name in ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"):
-                fn = getattr(nv, name, None)
-                if fn is not None:
+                reasons = getattr(nv, name, None)
+                if reasons is not None:
                     try:
-                        mask = int(fn(h))
+                        mask = int(reasons(h))
                         break
                     except Exception:
                         continue
@@ -119,7 +125,7 @@ class _Nvml:
                 pass
 
 
-def _host_sample(proc) -> dict[str, Any]:
+def _host_sample(proc: psutil.Process) -> dict[str, Any]:
     import psutil
 
     s: dict[str, Any] = {}
@@ -152,7 +158,7 @@ class Telemetry:
     gpu_names: list[str] = field(default_factory=list)
     driver: str = ""
 
-    def frame(self):
+    def frame(self) -> pd.DataFrame:
         import pandas as pd
 
         return pd.DataFrame(self.samples)
@@ -160,14 +166,16 @@ class Telemetry:
     def summary(self) -> dict[str, Any]:
         """Peaks, means and the throttling flag over the cell (None where not measured)."""
 
-        def col(name):
+        def col(name: str) -> list[Any]:
             return [s[name] for s in self.samples if s.get(name) is not None]
 
-        def agg(name, fn):
+        def agg(name: str, fn: Callable[[list[Any]], Any]) -> Any:
             v = col(name)
             return fn(v) if v else None
 
-        mean = lambda v: sum(v) / len(v)  # noqa: E731
+        def mean(v: list[float]) -> float:
+            return sum(v) / len(v)
+
         reasons = sorted({r for m in col("gpu_throttle_mask") for r in decode_throttle_reasons(m)})
         perf = sorted(set(reasons) & PERFORMANCE_THROTTLES)
         freqs = col("cpu_freq_mhz")
@@ -269,7 +277,7 @@ class TelemetrySampler:
     def __enter__(self) -> TelemetrySampler:
         return self.start()
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
 

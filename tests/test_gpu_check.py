@@ -50,7 +50,6 @@ ALLOWED = (
     "specstudy.metrics",
     "specstudy.records",
     "specstudy.telemetry",
-    "specstudy.entropy",
 )
 
 RUNNER = r"""

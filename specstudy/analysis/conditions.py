@@ -23,7 +23,7 @@ from .study import Study
 def hygiene_table(study: Study) -> pd.DataFrame:
     """The seed's benchmark-hygiene table, one row per item, answered from the records and the plan."""
     recs = list(study.all_records())
-    warm = sorted({r.extra.get("warmup_requests") for r in recs if r.extra.get("warmup_requests") is not None})
+    warm = sorted({w for r in recs if (w := r.extra.get("warmup_requests")) is not None})
     pol = sorted({r.input_policy for r in recs if r.input_policy}) or ["not stated by the task loader"]
     ins = [r.input_tokens for r in recs if r.status == "ok"]
     mnt = sorted({r.max_new_tokens for r in recs})
@@ -87,11 +87,9 @@ def provenance_lines(study: Study) -> list[str]:
     prov = study.provenance or provenance()
     host = prov.get("host", {})
     recs = list(study.all_records())
-    temps = [r.extra.get("tel_gpu_temp_max_c") for r in recs if r.extra.get("tel_gpu_temp_max_c") is not None]
-    clocks = [
-        r.extra.get("tel_gpu_sm_clock_mean_mhz") for r in recs if r.extra.get("tel_gpu_sm_clock_mean_mhz") is not None
-    ]
-    freqs = [r.extra.get("tel_cpu_freq_mean_mhz") for r in recs if r.extra.get("tel_cpu_freq_mean_mhz") is not None]
+    temps = [t for r in recs if (t := r.extra.get("tel_gpu_temp_max_c")) is not None]
+    clocks = [c for r in recs if (c := r.extra.get("tel_gpu_sm_clock_mean_mhz")) is not None]
+    freqs = [f for r in recs if (f := r.extra.get("tel_cpu_freq_mean_mhz")) is not None]
     starts = [r.start_epoch for r in recs if r.start_epoch]
 
     def utc(t: float) -> str:
@@ -121,7 +119,7 @@ def drafter_notes(study: Study) -> list[str]:
     The kit distils tiny drafters on this CPU (no published checkpoint shares SmolLM2's tokenizer);
     a reader must not mistake their rows for the published Medusa or EAGLE results.
     """
-    notes = []
+    notes: list[str] = []
     for m in study.cells.values():
         d = m["drafter"]
         if not d or not str(d).endswith(".safetensors") or any(str(d) in n for n in notes):

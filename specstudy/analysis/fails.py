@@ -40,12 +40,12 @@ def large_batch(study: Study) -> pd.DataFrame:
     """
     prof, params, mnt = study.profile, study.model_params(), headline_max_new(study)
     spec_all = _spec_all(study)
-    by_task: dict[tuple, set] = {}
+    by_task: dict[tuple[str, str, int | None, str], set[int]] = {}
     for c in spec_all:
         m = study.meta(c)
         if m["max_new_tokens"] == mnt:
             by_task.setdefault((m["framework"], m["label"], m["gamma"], m["task"]), set()).add(m["batch_size"])
-    groups: dict[tuple, dict[int, list[str]]] = {}
+    groups: dict[tuple[str, str, int | None], dict[int, list[str]]] = {}
     for c in spec_all:  # only tasks measured at several batch sizes, so every batch row has the same prompts mix
         m = study.meta(c)
         if m["max_new_tokens"] != mnt or len(by_task[(m["framework"], m["label"], m["gamma"], m["task"])]) < 2:

@@ -14,6 +14,7 @@ from typing import Any
 import pandas as pd
 
 from .. import metrics
+from ..records import RequestRecord
 from .study import CELL_FIELDS, Study
 
 
@@ -103,10 +104,10 @@ def steps_frame(study: Study) -> pd.DataFrame:
 ENTROPY_COLUMNS = ["task", "label", "framework", "gamma", "alpha", "entropy", "entropy_source"]
 
 
-def _ar_entropy_by_prompt(study: Study) -> dict[tuple, Any]:
+def _ar_entropy_by_prompt(study: Study) -> dict[tuple[str, str, Any], RequestRecord]:
     """AR records that carry the target's entropy, by (task, prompt, sampling): a stand-in
     for a baseline whose engine reports none (llama.cpp returns no logits)."""
-    out: dict[tuple, Any] = {}
+    out: dict[tuple[str, str, Any], RequestRecord] = {}
     for c in study.records:
         m = study.meta(c)
         if m["method"] != "ar":
@@ -153,9 +154,9 @@ def entropy_points(study: Study, tasks: Sequence[str] | None = None) -> pd.DataF
     return pd.DataFrame(rows, columns=ENTROPY_COLUMNS)
 
 
-def tau_histogram(study: Study, cells: Sequence[str]) -> dict[tuple, list[int]]:
+def tau_histogram(study: Study, cells: Sequence[str]) -> dict[tuple[str, int | None], list[int]]:
     """Tokens emitted per draft step (the acceptance-length distribution) per (label, γ), batch 1."""
-    out: dict[tuple, list[int]] = {}
+    out: dict[tuple[str, int | None], list[int]] = {}
     for c in cells:
         m = study.meta(c)
         if m["batch_size"] != 1:

@@ -9,9 +9,9 @@ where they are shown.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 
@@ -22,7 +22,7 @@ from .study import Study
 NAN = float("nan")
 
 
-def isnum(x: Any) -> bool:
+def isnum(x: Any) -> TypeGuard[float]:
     """A real number that is not NaN (bools are not numbers here)."""
     return isinstance(x, (int, float, np.floating, np.integer)) and not isinstance(x, bool) and x == x
 
@@ -295,7 +295,7 @@ def break_even(batches: Sequence[float], speedups: Sequence[float]) -> float | N
     return None
 
 
-def verify_curve(ratios: dict[int, float]):
+def verify_curve(ratios: dict[int, float]) -> Callable[[int], float] | None:
     """Verification cost per γ from the γ values measured (nearest measured γ; 1 when none)."""
     if not ratios:
         return None

@@ -136,7 +136,8 @@ class Study:
 
     @property
     def config(self) -> dict[str, Any]:
-        return self.plan.get("config", {})
+        config: dict[str, Any] = self.plan.get("config", {})
+        return config
 
     @property
     def planned_cells(self) -> int:
@@ -204,7 +205,7 @@ def _profile(layout: StudyLayout, hardware: str) -> HardwareProfile | None:
         return None
 
 
-def load(out: str | os.PathLike) -> Study:
+def load(out: str | os.PathLike[str]) -> Study:
     """Read every finished part, the plan snapshot, telemetry, provenance, failed cells and the profile."""
     layout = StudyLayout(Path(out))
     recs = layout.read_records()

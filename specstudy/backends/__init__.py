@@ -33,7 +33,8 @@ def get_backend(framework: str, **options: Any) -> Backend:
         raise ValueError(f"framework={framework!r} is not known; allowed: {framework_names()}")
     module, cls = BACKENDS[framework].split(":")
     mod = importlib.import_module(f"specstudy.backends.{module}")
-    return getattr(mod, cls)(**options)
+    backend: Backend = getattr(mod, cls)(**options)
+    return backend
 
 
 __all__ = ["Backend", "BackendUnavailable", "BACKENDS", "framework_names", "get_backend"]

@@ -73,7 +73,7 @@ class _Cursor:
         return n
 
 
-def read_metadata(path: str | os.PathLike, arrays: frozenset[str] = frozenset({TOKENS_KEY})) -> dict[str, Any]:
+def read_metadata(path: str | os.PathLike[str], arrays: frozenset[str] = frozenset({TOKENS_KEY})) -> dict[str, Any]:
     """Every key/value of a GGUF header; arrays named in ``arrays`` as lists, the others as their
     length (the merges and token types are not needed here).  ValueError if it is not a readable GGUF."""
     path = os.fspath(path)

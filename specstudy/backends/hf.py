@@ -29,7 +29,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
 
 from ..data.models import resolve_for_engine as resolve_model
 from ..engine.trace import cell_memory, current_rss, reset_peak_memory
@@ -49,7 +52,7 @@ class _TimingStreamer:
         self.counts: list[int] = []
         self.ids: list[int] = []
 
-    def put(self, value) -> None:
+    def put(self, value: torch.Tensor) -> None:
         if not self.prompt_seen:
             self.prompt_seen = True
             return
@@ -73,17 +76,17 @@ class _StepCounter:
         self._candidates = None
         self._draft_start = self._draft_end = 0.0
 
-    def wrap(self, gen) -> Any:
+    def wrap(self, gen: Any) -> Any:
         orig_get, orig_update = gen.get_candidates, gen.update_candidate_strategy
 
-        def get_candidates(input_ids, *args, **kwargs):
+        def get_candidates(input_ids: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
             self._draft_start = time.perf_counter()
             out = orig_get(input_ids, *args, **kwargs)
             self._draft_end = time.perf_counter()
             self._candidates = out[0][:, input_ids.shape[1] :].detach().cpu()
             return out
 
-        def update_candidate_strategy(input_ids, scores, num_matches):
+        def update_candidate_strategy(input_ids: torch.Tensor, scores: torch.Tensor, num_matches: Any) -> Any:
             self.record(input_ids, scores, num_matches)
             return orig_update(input_ids, scores, num_matches)
 
@@ -91,7 +94,7 @@ class _StepCounter:
         gen.update_candidate_strategy = update_candidate_strategy
         return gen
 
-    def record(self, input_ids, scores, num_matches) -> None:
+    def record(self, input_ids: torch.Tensor, scores: torch.Tensor, num_matches: Any) -> None:
         now = time.perf_counter()
         drafted = int(scores.shape[1]) - 1
         emitted = int(input_ids.shape[1]) - self.prev_len
@@ -158,14 +161,14 @@ class HfBackend(Backend):
 
             self.tokenizer = AutoTokenizer.from_pretrained(resolve_model(model))
 
-    def _load(self, name: str):
+    def _load(self, name: str) -> Any:  # a causal LM whose generate() internals run() patches
         """Registry names and local paths through :mod:`specstudy.data.models`; hub ids directly."""
         from transformers import AutoModelForCausalLM
 
         m = AutoModelForCausalLM.from_pretrained(resolve_model(name), dtype=self.dtype)
-        return m.to(self.device).eval()
+        return m.to(self.device).eval()  # type: ignore[arg-type]  # transformers' .to wrapper is typed for self only
 
-    def _drafter(self, cell: Cell):
+    def _drafter(self, cell: Cell) -> Any:
         name = cell.drafter or self.drafter_name
         if self.drafter is None:
             if not name:
@@ -210,7 +213,7 @@ class HfBackend(Backend):
             return {"assistant_early_exit": int(k)}, self.model, drafting
         raise ValueError(f"method={cell.method!r} is not available in HF transformers; allowed: {self.methods}")
 
-    def _input_ids(self, request: Request):
+    def _input_ids(self, request: Request) -> torch.Tensor:
         ids = encode_request(self.tokenizer, request)  # the chat template when the request has messages
         return self.torch.tensor([ids], dtype=self.torch.long, device=self.device)
 
@@ -267,7 +270,7 @@ class HfBackend(Backend):
         if hooked:
             original = self.model._get_candidate_generator
 
-            def get_candidate_generator(*args, **kw):
+            def get_candidate_generator(*args: Any, **kw: Any) -> Any:
                 return counter.wrap(original(*args, **kw))
 
             self.model._get_candidate_generator = get_candidate_generator

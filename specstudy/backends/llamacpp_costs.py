@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..records import Cell, Request, Sampling
+from ..telemetry import load_average
 from .llamacpp import LlamaCppBackend
 
 COPY_PROMPT = (
@@ -49,7 +50,8 @@ def _timed(backend: LlamaCppBackend, cell: Cell, ids: Sequence[int], n_predict: 
     rec = backend.send(Request("cost", "", prompt_ids=tuple(ids)), Sampling(max_new_tokens=n_predict), cell)
     if rec.status != "ok":
         raise RuntimeError(f"llama.cpp request failed: {rec.error}")
-    return rec.extra["llamacpp_timings"]
+    timings: dict[str, Any] = rec.extra["llamacpp_timings"]
+    return timings
 
 
 def verification_curve(
@@ -149,7 +151,7 @@ def measure_costs(
     repeats: int = 5,
     decode_tokens: int = 32,
     prompt: str = DEFAULT_PROMPT,
-    log_dir: str | os.PathLike = "outputs/servers",
+    log_dir: str | os.PathLike[str] = "outputs/servers",
 ) -> dict[str, Any]:
     """llama.cpp's T(k)/T(1) for ``model`` and, with a ``drafter`` GGUF, c = draft / target per-token decode time.
 
@@ -160,8 +162,6 @@ def measure_costs(
     ``target_ms_per_token``, ``draft_ms_per_token`` and ``c`` (None without a drafter),
     ``load_average`` (before, after) and ``caveat``.
     """
-    from ..telemetry import load_average
-
     load_before = load_average()
     target = LlamaCppBackend(model, threads=threads, prefix_cache=True, log_dir=log_dir)
     try:

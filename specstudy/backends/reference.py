@@ -55,11 +55,13 @@ class ReferenceBackend(Backend):
         self.drafter_name = drafter
         if drafter is not None and isinstance(model, str):
             self._check_tokenizer_match(target_entry, drafter)
+        self.model: Any  # the target causal LM (None once closed)
+        self.tokenizer: Any  # None when a loaded module is passed without one
         if isinstance(model, str):
             self.model, self.tokenizer = load_model(model, self.device, dtype)
         else:  # an already loaded module (tests, notebooks); requests then need prompt_ids or a tokenizer
             self.model, self.tokenizer = model, options.get("tokenizer")
-        self._drafters: dict[tuple[str, str], Any] = {}
+        self._drafters: dict[tuple[str | None, ...], Any] = {}  # (method, drafter[, quantization])
 
     @classmethod
     def check_cell(

@@ -54,7 +54,7 @@ class TreeRssSampler:
         self._thread.start()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
         self._sample()

@@ -24,8 +24,9 @@ from typing import Any
 
 from ..data.models import resolve_for_engine as resolve_model
 from ..engines import capabilities as caps
+from ..engines.environments import ENVIRONMENTS, is_installed, python_of
 from ..records import Cell, Request, RequestRecord, Sampling
-from .lifecycle import split_url
+from .lifecycle import ServerInfo, http_get, split_url
 from .server import ServerBackend
 from .sse import StreamState
 
@@ -257,12 +258,10 @@ class SglangServerBackend(ServerBackend):
         return argv + self.server_args
 
     def default_python(self) -> str:
-        from ..engines.environments import ENVIRONMENTS, is_installed, python_of
-
         env = ENVIRONMENTS["sglang"]
         return str(python_of(env)) if is_installed(env) else sys.executable
 
-    def ensure_server(self, cell: Cell):
+    def ensure_server(self, cell: Cell) -> ServerInfo:
         """Start or attach, then flush the radix cache (and NGRAM's corpus) so no cell starts warm."""
         info = super().ensure_server(cell)
         if self.options.get("flush_cache", True):
@@ -293,8 +292,6 @@ class SglangServerBackend(ServerBackend):
 
     def version_probe(self, url: str) -> str | None:
         import json
-
-        from .lifecycle import http_get
 
         try:
             status, body = http_get(url + "/get_server_info", 10.0)

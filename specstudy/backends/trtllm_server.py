@@ -43,6 +43,7 @@ import yaml
 
 from ..data.models import resolve_for_engine as resolve_model
 from ..engines import capabilities as caps
+from ..metrics import acceptance_rate
 from ..records import Cell, Request, RequestRecord, Sampling
 from .lifecycle import http_get
 from .server import ServerBackend
@@ -251,8 +252,6 @@ def parse_iteration_stats(body: str) -> list[dict[str, Any]]:
 
 def iteration_acceptance(stats: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
     """α and AL (kit definitions) from TensorRT-LLM iteration stats; None without drafting."""
-    from ..metrics import acceptance_rate
-
     rows = [s.get("specDecodingStats") or {} for s in stats]
     rows = [r for r in rows if int(r.get("numDraftTokens") or 0) > 0]
     if not rows:

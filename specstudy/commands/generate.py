@@ -5,6 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from typing import Any
+
+from .. import metrics
+from ..config import get_entry
+from ..records import Cell, Request, Sampling
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -49,7 +54,7 @@ def parse_options(items: list[str]) -> dict[str, str]:
     return out
 
 
-def _json_safe(v):
+def _json_safe(v: Any) -> Any:
     """NaN (e.g. α of plain AR, which drafts nothing) → null, so the output is strict JSON."""
     if isinstance(v, float) and v != v:
         return None
@@ -60,10 +65,7 @@ def _json_safe(v):
 
 def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    from .. import metrics
-    from ..config import get_entry
-    from ..engine.methods import get_method
-    from ..records import Cell, Request, Sampling
+    from ..engine.methods import get_method  # lazy: torch stays out of the CLI's start
 
     # every check before the model loads
     sampling = Sampling(
@@ -83,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
         get_entry(args.drafter)  # a draft model; heads files and self:K are checked by the method's loader
     chat = {"yes": True, "no": False, "auto": entry.chat}[args.chat]
 
-    from ..backends.reference import ReferenceBackend
+    from ..backends.reference import ReferenceBackend  # lazy: transformers only once the checks passed
 
     backend = ReferenceBackend(
         args.model, drafter=args.drafter, device=args.device, dtype=args.dtype, threads=args.threads
@@ -137,7 +139,10 @@ def run(args: argparse.Namespace) -> int:
     print(rec.output_text)
     print("---")
     print(f"token ids ({rec.output_tokens}): {rec.output_ids}")
-    fmt = lambda v: "n/a" if v is None or v != v else f"{v:.3f}"  # noqa: E731
+
+    def fmt(v: float | None) -> str:
+        return "n/a" if v is None or v != v else f"{v:.3f}"
+
     print(
         f"alpha {fmt(out['alpha'])}   AL {fmt(out['acceptance_length'])}   alpha_hat {fmt(out['alpha_hat'])}   "
         f"tokens/forward {fmt(out['tokens_per_forward'])}   draft steps {out['draft_steps']} of "

@@ -11,6 +11,10 @@ import argparse
 import json
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 from ..config import ParamsError, hardware_names, load_hardware_profile
 from ..costmodel import break_even_batch, predict
@@ -39,7 +43,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--c", type=float, default=None, help="override the draft/target step-cost ratio")
 
 
-def _json_rows(df) -> list[dict]:
+def _json_rows(df: pd.DataFrame) -> list[dict[str, Any]]:
     return [
         {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in r.items()}
         for r in df.to_dict("records")
@@ -47,6 +51,7 @@ def _json_rows(df) -> list[dict]:
 
 
 def _run_from(args: argparse.Namespace) -> int:
+    # lazy: pandas and the report's formatting load only for --from, not for a plain prediction
     from ..analysis.predict import predict_from_study
     from ..analysis.study import load
     from ..report.sections import markdown_table

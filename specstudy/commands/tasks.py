@@ -7,8 +7,10 @@ import dataclasses
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from ..config import ParamsError, task_names
+from ..data.models import load_tokenizer
 from ..data.tasks import TaskDataError, load_requests, parse_field_map, task_summary
 
 
@@ -60,14 +62,12 @@ def _run_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load_tokenizer(spec: str):
+def _load_tokenizer(spec: str) -> Any:  # a transformers tokenizer
     """A local tokenizer directory, or a model name from params/models (its tokenizer only)."""
     if Path(spec).is_dir():
         from transformers import AutoTokenizer  # heavy: only when asked for
 
         return AutoTokenizer.from_pretrained(spec)
-    from ..data.models import load_tokenizer
-
     return load_tokenizer(spec)
 
 

@@ -17,7 +17,16 @@ import platform
 import shlex
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
+
+from .. import __version__
+from ..config import load_task_config, task_names
+from ..data.models import load_model
+from ..data.tasks import load_requests
+from ..metrics import acceptance_length, acceptance_rate
+from ..records import Sampling
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -60,8 +69,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _check(args: argparse.Namespace) -> None:
-    from ..config import task_names
-    from ..engine.drafters import KINDS
+    from ..engine.drafters import KINDS  # lazy: torch stays out of the CLI's checks
 
     if args.kind not in KINDS:
         raise ValueError(f"--kind={args.kind!r}: allowed {list(KINDS)}")
@@ -97,49 +105,54 @@ def _check(args: argparse.Namespace) -> None:
         raise ValueError(f"--weight-decay={args.weight_decay!r}: must be >= 0")
 
 
-def training_prompts(tasks: list[str], per_task: int, tokenizer, max_tokens: int) -> list[tuple[str, list[int]]]:
+def training_prompts(tasks: list[str], per_task: int, tokenizer: Any, max_tokens: int) -> list[tuple[str, list[int]]]:
     """(prompt_id, ids) per task, skipping the study's own sample (the first ``sample.n`` of the
     task's seed order) so acceptance is later measured on prompts the drafter never saw."""
-    from ..config import load_task_config
-    from ..data.tasks import load_requests
-
-    out = []
+    out: list[tuple[str, list[int]]] = []
     for t in tasks:
         cfg = load_task_config(t)
         reqs = load_requests(cfg, n="all", tokenizer=tokenizer)
-        pool = [r for r in reqs[cfg.n :] if r.prompt_ids and len(r.prompt_ids) <= max_tokens]
-        out += [(r.prompt_id, list(r.prompt_ids)) for r in pool[:per_task]]
+        pool = [(r.prompt_id, list(ids)) for r in reqs[cfg.n :] if (ids := r.prompt_ids) and len(ids) <= max_tokens]
+        out += pool[:per_task]
     return out
 
 
-def eval_prompts(tasks: list[str], n: int, tokenizer) -> list[tuple[str, str, list[int]]]:
+def eval_prompts(tasks: list[str], n: int, tokenizer: Any) -> list[tuple[str, str, list[int]]]:
     """The first ``n`` prompts of each task's study sample: (task, prompt_id, ids)."""
-    from ..data.tasks import load_requests
-
-    out = []
+    out: list[tuple[str, str, list[int]]] = []
     for t in tasks:
-        out += [(t, r.prompt_id, list(r.prompt_ids)) for r in load_requests(t, n=n, tokenizer=tokenizer)]
+        for r in load_requests(t, n=n, tokenizer=tokenizer):
+            if r.prompt_ids is None:
+                raise ValueError(f"task {t}: prompt {r.prompt_id} has no token ids (a tokenizer is needed)")
+            out.append((t, r.prompt_id, list(r.prompt_ids)))
     return out
 
 
-def measure_acceptance(model, module, kind: str, prompts, max_new_tokens: int, gamma: int, path: Path) -> dict:
+def measure_acceptance(
+    model: Any,
+    module: Any,
+    kind: str,
+    prompts: Sequence[tuple[str, str, list[int]]],
+    max_new_tokens: int,
+    gamma: int,
+    path: Path,
+) -> dict[str, Any]:
     """Greedy decode with the trained drafter through the engine's own method; α per task."""
-    import torch
+    import torch  # lazy, as the engine below: the CLI imports this module to parse arguments
 
     from ..engine.methods import DecodeJob, get_method
-    from ..metrics import acceptance_length, acceptance_rate
-    from ..records import Sampling
 
     sampling = Sampling(temperature=0.0, max_new_tokens=max_new_tokens, ignore_eos=True)
     if kind in ("heads", "eagle"):
         spec = get_method(kind)
         options = spec.check(gamma, 1, str(path), {})
+        assert spec.load_drafter is not None  # heads and eagle load their drafter files
         drafter = spec.load_drafter(str(path), model, "cpu", "float32")
     else:
         spec = get_method("layer_skip")
         options = spec.check(gamma, 1, None, {"exit_layer": module.exit_layer, "adapter": module})
         drafter = None
-    per_task: dict[str, dict[str, int]] = {}
+    per_task: dict[str, dict[str, Any]] = {}  # counts, then alpha and AL
     with torch.no_grad():
         for task, _pid, ids in prompts:
             row = spec.decode(
@@ -159,11 +172,13 @@ def measure_acceptance(model, module, kind: str, prompts, max_new_tokens: int, g
 def run(args: argparse.Namespace) -> int:
     _check(args)
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    # lazy: torch and the training stack load only once the arguments passed their checks
     import torch
 
-    from .. import __version__
-    from ..data.models import load_model
-    from ..engine import drafters as D
+    from ..engine.drafters import save_drafter
+    from ..train.data import generate_with_features
+    from ..train.distill import train_drafter
+    from ..train.loop import TrainSettings, settings_dict
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -182,7 +197,7 @@ def run(args: argparse.Namespace) -> int:
     exit_layer = args.exit_layer if args.exit_layer is not None else n_layers // 2
     if args.kind == "layer_skip_adapter" and not 1 <= exit_layer < n_layers:
         raise ValueError(f"--exit-layer={exit_layer}: need 1 <= k < num_hidden_layers={n_layers}")
-    settings = D.TrainSettings(
+    settings = TrainSettings(
         kind=args.kind,
         num_heads=args.num_heads,
         num_layers=args.num_layers,
@@ -201,7 +216,7 @@ def run(args: argparse.Namespace) -> int:
 
     t0, c0 = time.perf_counter(), time.process_time()
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    corpus, features = D.generate_with_features(
+    corpus, features = generate_with_features(
         model,
         [ids for _, ids in prompts],
         args.max_new_tokens,
@@ -216,7 +231,7 @@ def run(args: argparse.Namespace) -> int:
     say(f"generation {gen_s:.0f} s wall, {gen_cpu:.0f} s CPU: {len(features.seq)} positions")
 
     t0, c0 = time.perf_counter(), time.process_time()
-    result = D.train_drafter(model, features, settings, progress=say, prompt_lengths=[p for _, p in corpus])
+    result = train_drafter(model, features, settings, progress=say, prompt_lengths=[p for _, p in corpus])
     train_s, train_cpu = time.perf_counter() - t0, time.process_time() - c0
 
     command = (
@@ -227,7 +242,7 @@ def run(args: argparse.Namespace) -> int:
     info = {
         "command": command,
         "arguments": {k: v for k, v in vars(args).items() if not k.startswith("_") and k != "json"},
-        "settings": D.settings_dict(settings),
+        "settings": settings_dict(settings),
         "target": args.model,
         "training_prompts": [pid for pid, _ in prompts],
         "corpus": {
@@ -259,7 +274,7 @@ def run(args: argparse.Namespace) -> int:
             "loadavg": os.getloadavg(),
         },
     }
-    path = D.save_drafter(result.module, out, target=args.model, info=info)
+    path = save_drafter(result.module, out, target=args.model, info=info)
     if args.eval_prompts:
         t0 = time.perf_counter()
         ev = eval_prompts([t for t in args.eval_tasks.split(",") if t], args.eval_prompts, tokenizer)
@@ -271,7 +286,7 @@ def run(args: argparse.Namespace) -> int:
         info["timing_s"]["acceptance_eval"] = round(time.perf_counter() - t0, 1)
     info["timing_s"]["total"] = round(time.perf_counter() - t_start, 1)
     info["timing_s"]["total_cpu"] = round(time.process_time(), 1)
-    path = D.save_drafter(result.module, out, target=args.model, info=info)
+    path = save_drafter(result.module, out, target=args.model, info=info)
     summary = {
         "weights": str(path),
         "bytes": path.stat().st_size,

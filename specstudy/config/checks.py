@@ -20,7 +20,7 @@ from .schema import MethodSpec, ModelPair, StudySpec
 from .task import task_names
 from .vocab import FRAMEWORKS, SELF_DRAFTER
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # study.py imports this module: for annotations only
     from .study import StudyConfig
 
 
@@ -37,10 +37,10 @@ def unique_models_and_methods(
 ) -> tuple[tuple[ModelPair, ...], tuple[MethodSpec, ...]]:
     """Model names and method labels unique, drafters declared, frameworks known; AR always present."""
     seen: set[str] = set()
-    for i, m in enumerate(spec.models):
-        if m.name in seen:
-            raise ParamsError(file, f"study.models[{i}].name", m.name, "a name not used by another pair")
-        seen.add(m.name)
+    for i, pair in enumerate(spec.models):
+        if pair.name in seen:
+            raise ParamsError(file, f"study.models[{i}].name", pair.name, "a name not used by another pair")
+        seen.add(pair.name)
     all_drafters = sorted({d for m in spec.models for d in m.drafters})
     labels: set[str] = set()
     for i, m in enumerate(spec.methods):
@@ -165,9 +165,9 @@ def _hub_vocab_size(repo: str) -> int | None:
 def tokenizers_match(target: Mapping[str, Any], draft: Mapping[str, Any]) -> bool | None:
     """True/False when comparable (same family, else same vocabulary size); None when unknown."""
     if target.get("family") and draft.get("family"):
-        return target["family"] == draft["family"]
+        return bool(target["family"] == draft["family"])
     if target.get("vocab_size") and draft.get("vocab_size"):
-        return target["vocab_size"] == draft["vocab_size"]
+        return bool(target["vocab_size"] == draft["vocab_size"])
     return None
 
 
@@ -180,8 +180,8 @@ def draft_tokenizers(
     """
     notes: list[str] = []
     for i, pair in enumerate(cfg.models):
-        used = {cfg.method(l).drafter for sw in cfg.sweeps if pair.name in sw.models for l in sw.methods}
-        used = sorted(d for d in used if d and d in pair.drafters)
+        named = {cfg.method(l).drafter for sw in cfg.sweeps if pair.name in sw.models for l in sw.methods}
+        used = sorted(d for d in named if d and d in pair.drafters)
         if not used:
             continue
         tsig = dict(signature(pair.target))

@@ -12,16 +12,18 @@ import os
 import types
 import typing
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
-from pydantic_core import PydanticCustomError
+from pydantic_core import ErrorDetails, PydanticCustomError
+
+M = TypeVar("M", bound=BaseModel)
 
 
 class ParamsError(ValueError):
     """A bad parameter: names file, key, value and the allowed values."""
 
-    def __init__(self, file: str | os.PathLike | None, key: str, value: Any, allowed: Any, hint: str = ""):
+    def __init__(self, file: str | os.PathLike[str] | None, key: str, value: Any, allowed: Any, hint: str = ""):
         self.file, self.key, self.value, self.allowed, self.hint = file, key, value, allowed, hint
         where = f"{file}: " if file else ""
         msg = f"{where}{key}={value!r} is not allowed; allowed: {allowed}"
@@ -102,7 +104,7 @@ def _annotation_at(model: type[BaseModel], loc: Sequence[str | int]) -> Any:
     return tp
 
 
-def _allowed_for(model: type[BaseModel], err: dict[str, Any]) -> Any:
+def _allowed_for(model: type[BaseModel], err: ErrorDetails) -> Any:
     kind, loc, ctx = err["type"], tuple(err["loc"]), err.get("ctx") or {}
     if kind == "not_allowed":
         return ctx.get("allowed")
@@ -128,7 +130,7 @@ def _allowed_for(model: type[BaseModel], err: dict[str, Any]) -> Any:
 
 
 def from_validation_error(
-    exc: ValidationError, model: type[BaseModel], file: str | os.PathLike | None, prefix: str = ""
+    exc: ValidationError, model: type[BaseModel], file: str | os.PathLike[str] | None, prefix: str = ""
 ) -> ParamsError:
     """The first error of ``exc`` as a :class:`ParamsError` (unknown keys: the key is the value)."""
     err = exc.errors(include_url=False)[0]
@@ -143,7 +145,7 @@ def from_validation_error(
     return ParamsError(file, key_path(prefix, loc), value, allowed, hint)
 
 
-def validate(model: type[BaseModel], data: Any, file: str | os.PathLike | None, prefix: str = "") -> Any:
+def validate(model: type[M], data: Any, file: str | os.PathLike[str] | None, prefix: str = "") -> M:
     """``model.model_validate(data)``, failing with a :class:`ParamsError`."""
     try:
         return model.model_validate(data)

@@ -17,7 +17,7 @@ def params_dir() -> Path:
     return Path(os.environ.get("SPECSTUDY_PARAMS", REPO_ROOT / "params"))
 
 
-def display_path(path: str | os.PathLike) -> str:
+def display_path(path: str | os.PathLike[str]) -> str:
     """A path as a reader of the report wants it: relative to the repository when inside it."""
     p = Path(path)
     try:
@@ -26,7 +26,7 @@ def display_path(path: str | os.PathLike) -> str:
         return str(p)
 
 
-def load_yaml(path: str | os.PathLike) -> dict[str, Any]:
+def load_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
     import yaml
 
     path = Path(path)

@@ -13,6 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, PositiveFloat
 
 from ..costmodel import HardwareProfile
+from ..telemetry import measure_cpu
 from .errors import ParamsError, validate
 from .files import hardware_file, load_yaml
 
@@ -46,8 +47,6 @@ def load_hardware_profile(name: str, measure: bool = True) -> HardwareProfile:
         raise ParamsError(path, "profile.peak_tflops", spec.peak_tflops, "a mapping dtype -> TFLOP/s")
     bw, peaks, mem, source = spec.memory_bandwidth_gbps, dict(spec.peak_tflops), spec.memory_gb, "datasheet"
     if spec.kind == "cpu" and measure and spec.measure:
-        from ..telemetry import measure_cpu
-
         m = measure_cpu()
         bw, source = m["copy_bandwidth_gbps"], "measured"
         peaks = {"fp32": m["fp32_tflops"], **{k: v for k, v in peaks.items() if k != "fp32"}}

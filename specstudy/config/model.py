@@ -19,7 +19,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
 
-from .errors import not_allowed, validate
+from .errors import ParamsError, not_allowed, validate
 from .files import load_yaml, params_dir
 
 SOURCES = ("pypi_gguf", "pypi_gguf_chunks", "local_dir", "gguf_path", "hub")
@@ -100,8 +100,6 @@ def get_entry(name: str) -> ModelEntry:
         data = load_yaml(file)
         sha = data.get("sha256")
         if sha is not None and not isinstance(sha, str):  # YAML reads an all-digit hash as a number
-            from .errors import ParamsError
-
             raise ParamsError(file, "sha256", sha, "a quoted string of 64 hex digits (or empty: unpinned)")
         if sha == "":
             data["sha256"] = None

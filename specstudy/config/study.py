@@ -154,7 +154,7 @@ def _resolve_sweep(
         return tuple(values)
 
     labels = [m.label for m in methods]
-    sweep_methods = labels if spec.methods in (None, "all") else spec.methods
+    sweep_methods = spec.methods if isinstance(spec.methods, list) else labels  # None or "all": every method
     sweep_models = spec.models if spec.models is not None else [m.name for m in models]
     (fws, fw_at), (ts, ts_at) = axis("frameworks"), axis("tasks")
     resolved: dict[str, Any] = {}
@@ -176,7 +176,7 @@ def _resolve_sweep(
     )
 
 
-def load_study(hardware: str, path: str | os.PathLike | None = None, check_tokenizers: bool = True) -> StudyConfig:
+def load_study(hardware: str, path: str | os.PathLike[str] | None = None, check_tokenizers: bool = True) -> StudyConfig:
     """Read and validate the ``study:`` section of ``params/hardware/<hardware>.yaml`` (or ``path``).
 
     Raises :class:`ParamsError` naming file, key, value and allowed values; loads no model.

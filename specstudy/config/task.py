@@ -267,7 +267,7 @@ def task_names() -> list[str]:
     return sorted(p.stem for p in tasks_dir().glob("*.yaml"))
 
 
-def task_file(name: str | os.PathLike) -> Path:
+def task_file(name: str | os.PathLike[str]) -> Path:
     p = Path(name)
     if p.suffix in (".yaml", ".yml") and p.exists():
         return p
@@ -277,7 +277,7 @@ def task_file(name: str | os.PathLike) -> Path:
     return path
 
 
-def load_task_config(name: str | os.PathLike) -> TaskConfig:
+def load_task_config(name: str | os.PathLike[str]) -> TaskConfig:
     """Parse and validate one task file (a name in ``params/tasks/`` or a path to a YAML file)."""
     path = task_file(name)
     data = load_yaml(path)
@@ -291,7 +291,7 @@ USER_FILE_FORMATS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet
 
 
 def user_file_source(
-    data_file: str | os.PathLike, field_map: dict[str, str] | None = None, template: str | None = None
+    data_file: str | os.PathLike[str], field_map: dict[str, str] | None = None, template: str | None = None
 ) -> Source:
     """A source for any user file; ``field_map`` maps text/id/reference/... to the file's fields.
 

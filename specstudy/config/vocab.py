@@ -5,6 +5,11 @@ Every module that names one of these imports it from here, so a new task or dtyp
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
 #: the seed article's seven task categories, in its table's order
 TASKS = ("code", "translation", "summarization", "qa", "creative_writing", "math", "chat")
 
@@ -50,13 +55,14 @@ TORCH_DTYPES = ("float32", "float16", "bfloat16", "float64")
 QUANTIZATIONS = ("none", "awq", "gptq", "fp8", "int8")
 
 
-def torch_dtype(name: str):
+def torch_dtype(name: str) -> torch.dtype:
     """The torch dtype of a :data:`TORCH_DTYPES` name."""
-    import torch
+    import torch  # lazy: the vocabulary is read by validation, which never loads torch
 
     if name not in TORCH_DTYPES:
         raise ValueError(f"dtype={name!r}: allowed {list(TORCH_DTYPES)}")
-    return getattr(torch, name)
+    dtype: torch.dtype = getattr(torch, name)
+    return dtype
 
 
 def cost_dtype(dtype: str, quantization: str = "none") -> str:

@@ -30,7 +30,7 @@ def cache_dir() -> Path:
     return d
 
 
-def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
+def sha256_file(path: str | os.PathLike[str], chunk: int = 1 << 20) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(chunk), b""):

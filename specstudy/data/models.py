@@ -20,7 +20,10 @@ import tempfile
 import warnings
 import zipfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
 from ..config.model import ModelEntry, get_entry, model_names
 from ..config.vocab import torch_dtype
@@ -192,7 +195,7 @@ def _converted_dir(gguf: Path, sha: str) -> Path:
     model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
     # transformers refuses save_pretrained on a GGUF-loaded (quantizer-tagged) model; the
     # weights are already dequantized, so drop the quantizer state first.
-    model.hf_quantizer = None
+    model.hf_quantizer = None  # type: ignore[assignment]  # transformers types it without None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -238,7 +241,7 @@ def resolve_for_engine(name: str) -> str:
     return str(resolve(name))
 
 
-def load_tokenizer(name: str):
+def load_tokenizer(name: str) -> PreTrainedTokenizerBase:
     from transformers import AutoTokenizer
 
     entry = get_entry(name)
@@ -246,7 +249,9 @@ def load_tokenizer(name: str):
     return AutoTokenizer.from_pretrained(str(resolve(name)), **kw)
 
 
-def load_model(name: str, device: str = "cpu", dtype: str = "float32"):
+def load_model(
+    name: str, device: str = "cpu", dtype: str = "float32"
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """``(model, tokenizer)`` in eval mode on ``device``."""
     from transformers import AutoModelForCausalLM
 
@@ -265,7 +270,7 @@ def load_model(name: str, device: str = "cpu", dtype: str = "float32"):
                 f"is {os.environ.get('HF_HUB_OFFLINE')!r}) or a cached copy: {e}"
             ) from None
         raise
-    model.to(device).eval()
+    model.to(device).eval()  # type: ignore[arg-type]  # transformers' .to wrapper is typed for self only
     return model, load_tokenizer(name)
 
 
@@ -289,7 +294,9 @@ def quantize_dynamic_int8(model: Any, device: str = "cpu") -> Any:
     require_int8_device(device)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # torch's deprecation notice of quantized tensors
-        return torch.ao.quantization.quantize_dynamic(copy.deepcopy(model), {torch.nn.Linear}, dtype=torch.qint8)
+        return torch.ao.quantization.quantize_dynamic(  # type: ignore[no-untyped-call]  # untyped in torch
+            copy.deepcopy(model), {torch.nn.Linear}, dtype=torch.qint8
+        )
 
 
 def model_bytes(model: Any) -> int:
@@ -317,7 +324,7 @@ def tiny_config(
     max_positions: int = 512,
     initializer_range: float = 0.02,
     **kw: Any,
-):
+) -> LlamaConfig:
     from transformers import LlamaConfig
 
     return LlamaConfig(
@@ -336,7 +343,7 @@ def tiny_config(
     )
 
 
-def tiny_model(seed: int = 0, dtype: str = "float64", logit_scale: float = 1.0, **config: Any):
+def tiny_model(seed: int = 0, dtype: str = "float64", logit_scale: float = 1.0, **config: Any) -> LlamaForCausalLM:
     """A tiny random-initialised Llama causal LM (no download, no tokenizer: ids only).
 
     float64 by default so a γ+1-token verification pass and a 1-token decode step agree to
@@ -347,7 +354,8 @@ def tiny_model(seed: int = 0, dtype: str = "float64", logit_scale: float = 1.0, 
     from transformers import LlamaForCausalLM
 
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(tiny_config(**config)).to(torch_dtype(dtype)).eval()
+    model: LlamaForCausalLM = LlamaForCausalLM(tiny_config(**config))
+    model = model.to(torch_dtype(dtype)).eval()  # type: ignore[arg-type]  # transformers' .to wrapper is typed for self only
     if logit_scale != 1.0:
         with torch.no_grad():
             model.lm_head.weight.mul_(logit_scale)

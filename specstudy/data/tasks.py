@@ -47,10 +47,10 @@ import os
 import re
 import warnings
 import zipfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from ..config import REPO_ROOT, ParamsError
 from ..config.task import USER_FILE_FORMATS, Source, TaskConfig, load_task_config, user_file_source
@@ -161,7 +161,7 @@ def source_file(src: Source, fetch: bool = True) -> Path:
 
 
 @contextlib.contextmanager
-def _quiet_datasets():
+def _quiet_datasets() -> Iterator[Any]:
     import datasets
 
     was = datasets.is_progress_bar_enabled()
@@ -327,9 +327,10 @@ def _encode(tokenizer: Any, text: str, special: bool) -> list[int]:
 
 
 def _render_chat(tokenizer: Any, messages: Sequence[tuple[str, str]]) -> str:
-    return tokenizer.apply_chat_template(
+    text: str = tokenizer.apply_chat_template(
         [{"role": r, "content": c} for r, c in messages], tokenize=False, add_generation_prompt=True
     )
+    return text
 
 
 class _Renderer:
@@ -364,10 +365,17 @@ class _Renderer:
         prompt = f"{self.cfg.system_prompt}\n\n{user}" if self.cfg.system_prompt else user
         return prompt, None, (_encode(self.tok, prompt, special=True) if self.tok is not None else None)
 
-    def fit(self, row: PromptRow, limit: int):
+    def _build_ids(self, row: PromptRow, text: str) -> tuple[str, tuple[tuple[str, str], ...] | None, list[int]]:
+        """:meth:`build` with the ids a token limit needs (a tokenizer is set whenever a limit applies)."""
+        prompt, msgs, ids = self.build(row, text)
+        if ids is None:
+            raise ValueError(f"prompt {row.prompt_id}: fitting to a token limit needs a tokenizer")
+        return prompt, msgs, ids
+
+    def fit(self, row: PromptRow, limit: int) -> tuple[str, tuple[tuple[str, str], ...] | None, list[int], bool]:
         """Cut the row's first-turn content (never the template) until the prompt has <= limit tokens."""
         text = row.turns[0]
-        prompt, msgs, ids = self.build(row, text)
+        prompt, msgs, ids = self._build_ids(row, text)
         if len(ids) <= limit:
             return prompt, msgs, ids, False
         t_ids = _encode(self.tok, text, special=False)
@@ -376,7 +384,7 @@ class _Renderer:
             if keep <= 0:
                 break
             cut = self.tok.decode(t_ids[:keep], skip_special_tokens=True)
-            prompt, msgs, ids = self.build(row, cut)
+            prompt, msgs, ids = self._build_ids(row, cut)
             if len(ids) <= limit:
                 return prompt, msgs, ids, True
             keep -= max(1, len(ids) - limit)
@@ -401,7 +409,7 @@ def _resolve_sources(cfg: TaskConfig, online: bool, data_file: Any, field_map: A
     return cfg.sources
 
 
-def _is_int(v: Any) -> bool:
+def _is_int(v: Any) -> TypeGuard[int]:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
@@ -423,7 +431,7 @@ def load_requests(
     seed: int | None = None,
     tokenizer: Any = None,
     online: bool = False,
-    data_file: str | os.PathLike | None = None,
+    data_file: str | os.PathLike[str] | None = None,
     field_map: Mapping[str, str] | None = None,
 ) -> list[TaskRequest]:
     """``n`` requests of a task, deterministic in ``seed``; see the module docstring for the contract."""
@@ -457,13 +465,18 @@ def load_requests(
         if want is not None and len(out) >= want:
             break
         truncated, bucket = False, None
+        pids: list[int] | None
         if applied and length.policy == "truncate":
+            assert length.max_tokens is not None  # the schema requires it with truncate and filter
             prompt, msgs, pids, truncated = renderer.fit(row, length.max_tokens)
         else:
             prompt, msgs, pids = renderer.build(row, row.turns[0])
-        if applied and length.policy == "filter" and not length.min_tokens <= len(pids) <= length.max_tokens:
-            continue
+        if applied and length.policy == "filter":
+            assert pids is not None and length.max_tokens is not None  # a tokenizer; the schema's max_tokens
+            if not length.min_tokens <= len(pids) <= length.max_tokens:
+                continue
         if applied and length.policy == "bucket":
+            assert pids is not None  # a tokenizer is set whenever a length policy applies
             bucket = next((b for b in length.sorted_buckets if b[0] <= len(pids) < b[1]), None)
             if bucket is None or quotas[bucket] <= 0:
                 continue

@@ -1,7 +1,6 @@
-"""Small trained drafters for a target that has no smaller sibling: architectures, files, training.
+"""Small trained drafters for a target that has no smaller sibling: architectures and files.
 
-No package ships a small model with SmolLM2's tokenizer, so the kit distils its own drafters
-from the target, on text the target itself generates from the kit's prompts:
+The engine loads and runs these; :mod:`specstudy.train` distils them from the target:
 
 * ``heads`` — Medusa-style heads (Cai et al. 2024).  Head k (k = 1..K) reads the target's last
   hidden state h_t (after the final norm) and predicts token t+1+k through residual blocks
@@ -18,29 +17,22 @@ from the target, on text the target itself generates from the kit's prompts:
   f_{j+1}; the target's LM head turns it into token j+2.  Drafting feeds its own predicted
   feature back in, so it drafts autoregressively at the feature level with its own KV cache.
 
-Both are trained by distillation: the cross-entropy of the drafter's distribution against the
-target's own next-token distribution (its top-``label_top_k`` probabilities, renormalised) at
-the position the drafter predicts — the softmax restricted to the tokens labelled in the batch,
-which keeps a CPU step cheap — plus an EAGLE-style regression of the drafter's vector onto the
-target's own last hidden state there.  Features come from the generation passes themselves.  Files: ``<name>.safetensors`` (weights,
-with the architecture in the safetensors metadata) and ``<name>.json`` (command, settings,
-training log, held-out acceptance).
+Files: ``<name>.safetensors`` (weights, with the architecture in the safetensors metadata) and
+``<name>.json`` (command, settings, training log, held-out acceptance).  The writer
+(:func:`save_drafter`) stays beside the reader (:func:`load_drafter`) so the file format lives
+in one module.
 """
 
 from __future__ import annotations
 
 import json
-import math
-import random
-import time
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from ..config.files import REPO_ROOT
 from .kv import cache_arg
 
 KINDS = ("heads", "layer_skip_adapter", "eagle")
@@ -124,7 +116,8 @@ class MedusaHeads(nn.Module):
             if prev_embedding is None:
                 raise ValueError("token-conditioned heads need the previous token's embedding")
             x = self.token_blocks[head](x, prev_embedding)
-        return self.blocks[head](x)
+        vectors: torch.Tensor = self.blocks[head](x)
+        return vectors
 
 
 class LayerSkipAdapter(nn.Module):
@@ -150,7 +143,8 @@ class LayerSkipAdapter(nn.Module):
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """Hidden after ``exit_layer`` layers (pre-norm) → a hidden state for the final norm and LM
         head (the ``adapter`` option of :mod:`specstudy.engine.methods.layer_skip`)."""
-        return self.blocks(hidden)
+        adapted: torch.Tensor = self.blocks(hidden)
+        return adapted
 
 
 class EagleDraft(nn.Module):
@@ -244,10 +238,15 @@ class EagleDraft(nn.Module):
             use_cache=use_cache,
             **cache_arg(self.decoder, cache),
         )
-        return out.last_hidden_state
+        predicted: torch.Tensor = out.last_hidden_state
+        return predicted
 
 
-def build_drafter(config: dict[str, Any]) -> nn.Module:
+#: a drafter module of one of :data:`KINDS` (what :func:`build_drafter` and :func:`load_drafter` return)
+TrainedDrafter = MedusaHeads | LayerSkipAdapter | EagleDraft
+
+
+def build_drafter(config: dict[str, Any]) -> TrainedDrafter:
     kind = config.get("kind")
     if kind == "eagle":
         return EagleDraft(
@@ -278,8 +277,6 @@ def build_drafter(config: dict[str, Any]) -> nn.Module:
 def resolve_drafter_path(name: str | Path) -> Path:
     """A drafter file by path: as given (from the working directory), else relative to the
     repository root, so ``params/drafters/...`` works from notebooks/ too; ``.safetensors`` added."""
-    from ..config import REPO_ROOT
-
     p = Path(name).expanduser()
     if p.suffix != ".safetensors":
         p = p.with_suffix(".safetensors")
@@ -305,7 +302,7 @@ def drafter_file_metadata(name: str | Path, kind: str) -> dict[str, str]:
     return meta
 
 
-def save_drafter(module: nn.Module, path: str | Path, target: str, info: dict[str, Any] | None = None) -> Path:
+def save_drafter(module: TrainedDrafter, path: str | Path, target: str, info: dict[str, Any] | None = None) -> Path:
     """Write ``path`` (.safetensors, fp32, architecture + target in the metadata) and a .json beside it."""
     from safetensors.torch import save_file
 
@@ -322,7 +319,7 @@ def save_drafter(module: nn.Module, path: str | Path, target: str, info: dict[st
 
 def load_drafter(
     path: str | Path, kind: str | None = None, target: str | None = None, hidden_size: int | None = None
-) -> nn.Module:
+) -> TrainedDrafter:
     """Load a drafter file; refuse one built for another kind, target or hidden size."""
     from safetensors import safe_open
     from safetensors.torch import load_file
@@ -343,454 +340,3 @@ def load_drafter(
     module = build_drafter(meta)
     module.load_state_dict(load_file(str(p)))
     return module.eval()
-
-
-# --------------------------------------------------------------------------------------------
-# training data: the target's own generations
-
-
-def target_parts(model: nn.Module) -> tuple[nn.Module, nn.Module, nn.Module]:
-    """(decoder stack, final norm, LM head) of a transformers causal LM."""
-    base = getattr(model, model.base_model_prefix)
-    return base, base.norm, model.get_output_embeddings()
-
-
-@dataclass
-class Features:
-    """Per training position: the drafter's input hidden state and the target's label distribution.
-
-    ``label_ids/label_probs [N, top_k]`` hold the target's next-token distribution at the position
-    and ``final [N, H]`` its last hidden state there (the vector the LM head turns into that
-    distribution; the same tensor as ``hidden`` for heads); ``seq [N]`` and ``pos [N]`` say where
-    each row came from (heads pair row t with row t+k of the same sequence).
-    """
-
-    hidden: torch.Tensor
-    final: torch.Tensor
-    label_ids: torch.Tensor
-    label_probs: torch.Tensor
-    seq: torch.Tensor
-    pos: torch.Tensor
-    token: torch.Tensor  # [N] the token at the position (token-conditioned heads read it)
-
-
-@torch.no_grad()
-def collect_features(
-    model: nn.Module,
-    corpus: Sequence[tuple[list[int], int]],
-    kind: str,
-    exit_layer: int | None = None,
-    label_top_k: int = 32,
-) -> Features:
-    """Run the target over each sequence once; keep positions from the last prompt token on
-    (``eagle``: every position, since its drafter attends to the prompt's features too)."""
-    base, norm, lm_head = target_parts(model)
-    hs, fin, lid, lpr, seqs, poss, toks = [], [], [], [], [], [], []
-    for s, (ids, plen) in enumerate(corpus):
-        x = torch.tensor([ids])
-        out = base(input_ids=x, output_hidden_states=kind == "layer_skip_adapter")
-        last = out.last_hidden_state[0]
-        probs = torch.softmax(lm_head(last).float(), dim=-1)
-        top = torch.topk(probs, label_top_k, dim=-1)
-        start = 0 if kind == "eagle" else max(plen - 1, 0)
-        h = out.hidden_states[exit_layer][0] if kind == "layer_skip_adapter" else last
-        hs.append(h[start:])
-        fin.append(last[start:])
-        lid.append(top.indices[start:])
-        lpr.append(top.values[start:] / top.values[start:].sum(-1, keepdim=True))
-        seqs.append(torch.full((len(ids) - start,), s))
-        poss.append(torch.arange(start, len(ids)))
-        toks.append(torch.tensor(ids[start:]))
-    final = torch.cat(fin)
-    hidden = final if kind == "heads" else torch.cat(hs)
-    return Features(hidden, final, torch.cat(lid), torch.cat(lpr), torch.cat(seqs), torch.cat(poss), torch.cat(toks))
-
-
-@torch.no_grad()
-def generate_with_features(
-    model: nn.Module,
-    prompts: Sequence[Sequence[int]],
-    max_new_tokens: int,
-    kind: str,
-    exit_layer: int | None = None,
-    label_top_k: int = 32,
-    batch_size: int = 8,
-    pad_id: int = 0,
-    progress: Callable[[str], None] | None = None,
-) -> tuple[list[tuple[list[int], int]], Features]:
-    """Greedy continuations of ``prompts`` by the target, and the distillation features read
-    from the same decoding passes (no second forward over the text).
-
-    Batched with left padding through transformers' ``generate`` (data preparation, not a
-    measurement).  EOS does not stop generation, as in the study (``ignore_eos``).  Returns the
-    corpus — (prompt + generation ids, prompt length) per prompt — and :class:`Features` for
-    positions plen-1 .. plen+max_new_tokens-2 of each sequence (each generation step's input
-    token, whose next-token distribution the step computed).  ``eagle``: features of every
-    position, prompt included, from one target pass over each finished sequence
-    (:func:`collect_features`), since its drafter attends to the prompt's features too.
-    """
-    import copy
-
-    if kind == "eagle":
-        corpus, _ = generate_with_features(
-            model, prompts, max_new_tokens, "heads", None, label_top_k, batch_size, pad_id, progress
-        )
-        return corpus, collect_features(model, corpus, "eagle", label_top_k=label_top_k)
-
-    config = copy.deepcopy(model.generation_config)
-    config.eos_token_id = None
-    config.update(
-        max_new_tokens=max_new_tokens,
-        min_new_tokens=0,
-        do_sample=False,
-        pad_token_id=pad_id,
-        temperature=None,
-        top_p=None,
-        top_k=None,
-        return_dict_in_generate=True,
-        output_hidden_states=True,
-        output_logits=True,
-    )
-    layer = -1 if kind == "heads" else exit_layer
-    corpus: list[tuple[list[int], int]] = []
-    hs, fin, lid, lpr, seqs, poss, toks = [], [], [], [], [], [], []
-    for i in range(0, len(prompts), batch_size):
-        chunk = [list(p) for p in prompts[i : i + batch_size]]
-        w = max(len(p) for p in chunk)
-        ids = torch.tensor([[pad_id] * (w - len(p)) + p for p in chunk])
-        att = torch.tensor([[0] * (w - len(p)) + [1] * len(p) for p in chunk])
-        out = model.generate(input_ids=ids, attention_mask=att, generation_config=config)
-        steps = len(out.logits)
-        final = torch.stack([out.hidden_states[j][-1][:, -1] for j in range(steps)], dim=1)  # [B, T, H]
-        hidden = final if layer == -1 else torch.stack([out.hidden_states[j][layer][:, -1] for j in range(steps)], 1)
-        probs = torch.softmax(torch.stack(out.logits, dim=1).float(), dim=-1)  # [B, T, V]
-        top = torch.topk(probs, label_top_k, dim=-1)
-        for b, p in enumerate(chunk):
-            s_id = len(corpus)
-            corpus.append((p + out.sequences[b, w:].tolist(), len(p)))
-            toks.append(torch.tensor(corpus[-1][0][len(p) - 1 : len(p) - 1 + steps]))
-            hs.append(hidden[b])
-            fin.append(final[b])
-            lid.append(top.indices[b])
-            lpr.append(top.values[b] / top.values[b].sum(-1, keepdim=True))
-            seqs.append(torch.full((steps,), s_id))
-            poss.append(torch.arange(len(p) - 1, len(p) - 1 + steps))
-        if progress:
-            progress(f"generated {len(corpus)}/{len(prompts)} continuations")
-    f_final = torch.cat(fin)
-    features = Features(
-        f_final if kind == "heads" else torch.cat(hs),
-        f_final,
-        torch.cat(lid),
-        torch.cat(lpr),
-        torch.cat(seqs),
-        torch.cat(poss),
-        torch.cat(toks),
-    )
-    return corpus, features
-
-
-def head_pairs(features: Features, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Row indices (src, dst): dst is the position k after src in the same sequence."""
-    n = len(features.seq)
-    src = torch.arange(n - k)
-    dst = src + k
-    ok = (features.seq[src] == features.seq[dst]) & (features.pos[dst] == features.pos[src] + k)
-    return src[ok], dst[ok]
-
-
-def distill_loss(logits: torch.Tensor, label_ids: torch.Tensor, label_probs: torch.Tensor) -> torch.Tensor:
-    """Cross-entropy of the drafter against the target's (top-k, renormalised) distribution."""
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    return -(label_probs * logp.gather(-1, label_ids)).sum(-1).mean()
-
-
-def candidate_distill_loss(
-    vectors: torch.Tensor, lm_head: nn.Module, label_ids: torch.Tensor, label_probs: torch.Tensor
-) -> torch.Tensor:
-    """:func:`distill_loss` with the softmax restricted to the tokens labelled anywhere in the batch.
-
-    The full LM head (49k × 576 for SmolLM2) would make every CPU step cost several GFLOP per
-    head; the batch's labelled tokens (a few thousand) carry nearly all of the target's mass.
-    """
-    cand, inverse = torch.unique(label_ids, return_inverse=True)
-    logits = vectors @ lm_head.weight[cand].T
-    if getattr(lm_head, "bias", None) is not None:
-        logits = logits + lm_head.bias[cand]
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    return -(label_probs * logp.gather(-1, inverse)).sum(-1).mean()
-
-
-def regression_loss(vectors: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """Mean squared error to the target's own hidden state, relative to its mean square (EAGLE-style
-    feature regression: keeps the drafter's vector where the LM head reads the right token)."""
-    return ((vectors - target) ** 2).mean() / (target**2).mean().clamp(min=1e-12)
-
-
-# --------------------------------------------------------------------------------------------
-# training
-
-
-@dataclass
-class TrainSettings:
-    kind: str = "heads"
-    num_heads: int = 4
-    num_layers: int = 1
-    token_conditioned: bool = False
-    exit_layer: int = 8
-    steps: int = 600
-    batch_tokens: int = 256
-    lr: float = 1e-3
-    weight_decay: float = 0.0
-    label_top_k: int = 32
-    regression_weight: float = 1.0
-    seed: int = 0
-    eval_fraction: float = 0.1
-
-    def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise ValueError(f"kind={self.kind!r}: allowed {KINDS}")
-        for name in ("num_heads", "num_layers", "exit_layer", "steps", "batch_tokens", "label_top_k"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}={getattr(self, name)!r}: must be >= 1")
-        if not 0.0 <= self.eval_fraction < 1.0:
-            raise ValueError(f"eval_fraction={self.eval_fraction!r}: must lie in [0, 1)")
-
-
-@dataclass
-class TrainResult:
-    module: nn.Module
-    log: list[dict[str, float]] = field(default_factory=list)
-    eval: dict[str, Any] = field(default_factory=dict)
-
-
-def _split_sequences(features: Features, eval_fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    seqs = sorted(set(features.seq.tolist()))
-    rng = random.Random(seed)
-    rng.shuffle(seqs)
-    n_eval = int(round(len(seqs) * eval_fraction))
-    held = torch.tensor(sorted(seqs[:n_eval]), dtype=torch.long)
-    is_eval = torch.isin(features.seq, held) if n_eval else torch.zeros(len(features.seq), dtype=torch.bool)
-    return ~is_eval, is_eval
-
-
-def _pairs_by_head(
-    features: Features, settings: TrainSettings, rows: torch.Tensor
-) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """For each head k: (src, dst) row pairs with both ends in ``rows`` (bool over rows)."""
-    if settings.kind == "layer_skip_adapter":
-        idx = torch.nonzero(rows).squeeze(1)
-        return [(idx, idx)]
-    out = []
-    for k in range(1, settings.num_heads + 1):
-        src, dst = head_pairs(features, k)
-        keep = rows[src]
-        out.append((src[keep], dst[keep]))
-    return out
-
-
-def _drafter_vectors(
-    module: nn.Module, model: nn.Module, features: Features, src: torch.Tensor, dst: torch.Tensor, head: int
-) -> torch.Tensor:
-    """What the drafter hands to the LM head for rows ``src`` predicting the label at ``dst``
-    (after the final norm for the adapter).  Token-conditioned heads read the token at ``dst``
-    (the one right before the predicted token)."""
-    _, norm, _ = target_parts(model)
-    if isinstance(module, MedusaHeads):
-        prev = model.get_input_embeddings()(features.token[dst]) if module.token_conditioned else None
-        return module.vectors(head, features.hidden[src], prev)
-    return norm(module(features.hidden[src]))
-
-
-@torch.no_grad()
-def evaluate(
-    module: nn.Module,
-    model: nn.Module,
-    features: Features,
-    pairs: list[tuple[torch.Tensor, torch.Tensor]],
-    chunk: int = 512,
-) -> dict[str, Any]:
-    """Held-out loss and top-1 agreement with the target's argmax, per head (or for the adapter)."""
-    res = {"loss": [], "top1": [], "n": []}
-    for k, (src, dst) in enumerate(pairs):
-        tot_loss, tot_hit, n = 0.0, 0, len(src)
-        for i in range(0, n, chunk):
-            s, d = src[i : i + chunk], dst[i : i + chunk]
-            logits = target_parts(model)[2](_drafter_vectors(module, model, features, s, d, k))
-            tot_loss += float(distill_loss(logits, features.label_ids[d], features.label_probs[d])) * len(s)
-            tot_hit += int((logits.argmax(-1) == features.label_ids[d, 0]).sum())
-        res["loss"].append(tot_loss / n if n else math.nan)
-        res["top1"].append(tot_hit / n if n else math.nan)
-        res["n"].append(n)
-    return res
-
-
-def train_drafter(
-    model: nn.Module,
-    features: Features,
-    settings: TrainSettings,
-    progress: Callable[[str], None] | None = None,
-    prompt_lengths: Sequence[int] | None = None,
-) -> TrainResult:
-    """Distil a drafter on ``features`` (target frozen); log train loss every ~5 % of the steps.
-
-    ``prompt_lengths[s]`` (eagle): sequence s's prompt length, so the held-out top-1 is
-    reported on generated positions, as for the other kinds.
-    """
-    torch.manual_seed(settings.seed)
-    for p in model.parameters():
-        p.requires_grad_(False)
-    if settings.kind == "eagle":
-        return _train_eagle(model, features, settings, progress, prompt_lengths)
-    hidden_size = features.hidden.shape[-1]
-    if settings.kind == "heads":
-        module: nn.Module = MedusaHeads(
-            hidden_size, settings.num_heads, settings.num_layers, settings.token_conditioned
-        )
-    else:
-        module = LayerSkipAdapter(hidden_size, settings.exit_layer, settings.num_layers)
-    train_rows, eval_rows = _split_sequences(features, settings.eval_fraction, settings.seed)
-    train_pairs = _pairs_by_head(features, settings, train_rows)
-    eval_pairs = _pairs_by_head(features, settings, eval_rows)
-    if any(len(src) == 0 for src, _ in train_pairs):
-        raise ValueError("no training pairs for some head: generate longer continuations or more prompts")
-    lm_head = target_parts(model)[2]
-
-    def step_losses(gen: torch.Generator) -> list[torch.Tensor]:
-        losses = []
-        for k, (src, dst) in enumerate(train_pairs):
-            pick = torch.randint(len(src), (settings.batch_tokens,), generator=gen)
-            s, d = src[pick], dst[pick]
-            vec = _drafter_vectors(module, model, features, s, d, k)
-            ce = candidate_distill_loss(vec, lm_head, features.label_ids[d], features.label_probs[d])
-            losses.append(ce + settings.regression_weight * regression_loss(vec, features.final[d]))
-        return losses
-
-    log = _optimise(module, settings, step_losses, progress)
-    ev = evaluate(module, model, features, eval_pairs) if bool(eval_rows.any()) else {}
-    return TrainResult(module=module, log=log, eval=ev)
-
-
-def _optimise(
-    module: nn.Module,
-    settings: TrainSettings,
-    step_losses: Callable[[torch.Generator], list[torch.Tensor]],
-    progress: Callable[[str], None] | None,
-) -> list[dict[str, Any]]:
-    """AdamW with 20 warm-up steps and a cosine decay; each step minimises the sum of
-    ``step_losses(gen)`` (one per head, or one); logs their means every ~5 % of the steps."""
-    opt = torch.optim.AdamW(module.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / 20) * 0.5 * (1 + math.cos(math.pi * min(s, settings.steps) / settings.steps))
-    )
-    gen = torch.Generator().manual_seed(settings.seed)
-    log: list[dict[str, Any]] = []
-    every = max(1, settings.steps // 20)
-    t0 = time.perf_counter()
-    module.train()
-    running: list[list[float]] = []
-    for step in range(settings.steps):
-        losses = step_losses(gen)
-        loss = torch.stack(losses).sum()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        sched.step()
-        running.append([float(x.detach()) for x in losses])
-        if (step + 1) % every == 0 or step == 0 or step + 1 == settings.steps:
-            mean = [sum(r[k] for r in running) / len(running) for k in range(len(losses))]
-            entry = {
-                "step": step + 1,
-                "loss": sum(mean),
-                "loss_per_head": mean,
-                "lr": sched.get_last_lr()[0],
-                "elapsed_s": round(time.perf_counter() - t0, 2),
-            }
-            log.append(entry)
-            running = []
-            if progress:
-                progress(f"step {step + 1}/{settings.steps} loss {entry['loss']:.4f}")
-    module.eval()
-    return log
-
-
-def _sequence_rows(features: Features, rows: torch.Tensor) -> dict[int, torch.Tensor]:
-    """Row indices of each sequence with rows in ``rows``, in position order."""
-    out: dict[int, torch.Tensor] = {}
-    for s in sorted(set(features.seq[rows].tolist())):
-        idx = torch.nonzero((features.seq == s) & rows).squeeze(1)
-        out[s] = idx[torch.argsort(features.pos[idx])]
-    return out
-
-
-def eagle_sequence_loss(
-    module: EagleDraft, model: nn.Module, features: Features, idx: torch.Tensor, regression_weight: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Teacher-forced pass over one sequence (rows ``idx``): pairs (f_j, token_{j+1}) predict
-    f_{j+1} and the target's distribution there.  Returns (loss, predicted vectors [L-1, H])."""
-    emb = model.get_input_embeddings()
-    lm_head = target_parts(model)[2]
-    f = features.final[idx]
-    pred = module(emb(features.token[idx[1:]])[None], f[:-1][None], position_ids=torch.arange(len(idx) - 1)[None])[0]
-    nxt = idx[1:]
-    ce = candidate_distill_loss(pred, lm_head, features.label_ids[nxt], features.label_probs[nxt])
-    return ce + regression_weight * regression_loss(pred, f[1:]), pred
-
-
-def _train_eagle(
-    model: nn.Module,
-    features: Features,
-    settings: TrainSettings,
-    progress: Callable[[str], None] | None,
-    prompt_lengths: Sequence[int] | None,
-) -> TrainResult:
-    """EAGLE-style training: whole sequences, teacher-forced with the target's own features;
-    each step takes random sequences until ``batch_tokens`` positions, loss weighted by length."""
-    module = EagleDraft.for_target(model.config).to(dtype=features.final.dtype)
-    train_rows, eval_rows = _split_sequences(features, settings.eval_fraction, settings.seed)
-    train_seqs = [v for v in _sequence_rows(features, train_rows).values() if len(v) >= 2]
-    if not train_seqs:
-        raise ValueError("no training sequence of two or more positions")
-
-    def step_losses(gen: torch.Generator) -> list[torch.Tensor]:
-        picked, n = [], 0
-        while n < settings.batch_tokens:
-            idx = train_seqs[int(torch.randint(len(train_seqs), (1,), generator=gen))]
-            picked.append(idx)
-            n += len(idx) - 1
-        return [
-            sum(
-                eagle_sequence_loss(module, model, features, idx, settings.regression_weight)[0] * (len(idx) - 1)
-                for idx in picked
-            )
-            / n
-        ]
-
-    log = _optimise(module, settings, step_losses, progress)
-    ev: dict[str, Any] = {}
-    if bool(eval_rows.any()):
-        hits = total = 0
-        loss_sum = 0.0
-        with torch.no_grad():
-            for s, idx in _sequence_rows(features, eval_rows).items():
-                if len(idx) < 2:
-                    continue
-                _, pred = eagle_sequence_loss(module, model, features, idx, settings.regression_weight)
-                start = max(int(prompt_lengths[s]) - 2, 0) if prompt_lengths is not None else 0
-                logits = target_parts(model)[2](pred[start:])
-                nxt = idx[1:][start:]
-                hits += int((logits.argmax(-1) == features.label_ids[nxt, 0]).sum())
-                loss_sum += float(distill_loss(logits, features.label_ids[nxt], features.label_probs[nxt])) * len(nxt)
-                total += len(nxt)
-        ev = {
-            "loss": [loss_sum / total if total else math.nan],
-            "top1": [hits / total if total else math.nan],
-            "n": [total],
-            "positions": "generated" if prompt_lengths is not None else "all",
-            "mode": "teacher-forced (the target's own features as input): the first draft of a step",
-        }
-    return TrainResult(module=module, log=log, eval=ev)
-
-
-def settings_dict(settings: TrainSettings) -> dict[str, Any]:
-    return asdict(settings)

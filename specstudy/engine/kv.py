@@ -30,7 +30,7 @@ CACHE_KEYWORDS = ("cache", "past_key_values")
 
 
 @functools.cache
-def _cache_keyword(fn: Callable) -> str:
+def _cache_keyword(fn: Callable[..., Any]) -> str:
     params = inspect.signature(fn).parameters
     for name in CACHE_KEYWORDS:
         if name in params:
@@ -41,7 +41,7 @@ def _cache_keyword(fn: Callable) -> str:
     )
 
 
-def cache_arg(fn: Callable | torch.nn.Module, cache: Any) -> dict[str, Any]:
+def cache_arg(fn: Callable[..., Any] | torch.nn.Module, cache: Any) -> dict[str, Any]:
     """``{keyword: cache}`` for a transformers callable (a module: its ``forward``), under the
     name the installed transformers uses (``cache`` or ``past_key_values``)."""
     if isinstance(fn, torch.nn.Module):
@@ -77,7 +77,7 @@ def pad_ragged(
     return ids.to(device), valid.to(device)
 
 
-def new_cache(model: Any):
+def new_cache(model: Any) -> Any:  # a transformers DynamicCache
     """An empty ``DynamicCache`` for ``model`` (typed by its config when the model has one)."""
     from transformers import DynamicCache
 
@@ -140,7 +140,8 @@ class KVState:
         self.last_output = out
         self.mask = new_mask
         self.lengths = self.lengths + valid.long().sum(dim=1)
-        return out.logits
+        logits: torch.Tensor = out.logits
+        return logits
 
     def rollback(self, n_remove: torch.Tensor | Sequence[int] | int) -> None:
         """Forget each row's last ``n_remove[b]`` real tokens (rejected drafts)."""

@@ -376,12 +376,13 @@ class ModelDrafter:
             return self.state.forward(tok[:, None], logits_to_keep=1)[:, -1]
 
         stop = None
-        if self.confidence is not None:
+        threshold = self.confidence
+        if threshold is not None:
 
             def stop(logits: torch.Tensor, tok: torch.Tensor) -> torch.Tensor:
                 # HF's assistant_confidence_threshold rule: keep the token, stop after it when the
                 # draft's own (untempered) probability of it is below the threshold
-                return torch.softmax(logits.float(), dim=-1).gather(1, tok[:, None]).squeeze(1) < self.confidence
+                return torch.softmax(logits.float(), dim=-1).gather(1, tok[:, None]).squeeze(1) < threshold
 
         return sample_chain(logits, max_draft, self.sampling, self.generator, feed, stop)
 

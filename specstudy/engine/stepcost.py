@@ -18,7 +18,10 @@ import torch
 from .kv import KVState
 from .trace import Timer
 
-_CACHE: weakref.WeakKeyDictionary[torch.nn.Module, dict] = weakref.WeakKeyDictionary()
+#: per model: (batch size, device) -> {k: measured verification time}
+_CACHE: weakref.WeakKeyDictionary[torch.nn.Module, dict[tuple[int, str], dict[int, float]]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def measure_verify_time(

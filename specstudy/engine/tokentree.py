@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -115,7 +116,7 @@ def tree_position_ids(parents: Sequence[int], past_len: int, rows: Sequence[int]
 # KV cache: keep the accepted path only
 
 
-def keep_cache_positions(cache, past_len: int, keep: Sequence[int]) -> None:
+def keep_cache_positions(cache: Any, past_len: int, keep: Sequence[int]) -> None:
     """Keep the first ``past_len`` cached positions plus ``past_len + j`` for j in ``keep``.
 
     The accepted path's entries move to ``past_len, past_len + 1, ...`` — exactly where a plain
@@ -136,28 +137,28 @@ def keep_cache_positions(cache, past_len: int, keep: Sequence[int]) -> None:
 # forwards: the target over a tree (hidden states + logits) and over a prefix
 
 
-def base_and_head(model) -> tuple[torch.nn.Module, torch.nn.Module]:
+def base_and_head(model: Any) -> tuple[torch.nn.Module, torch.nn.Module]:
     """(decoder stack returning the last hidden state, LM head) of a transformers causal LM."""
     return getattr(model, model.base_model_prefix), model.get_output_embeddings()
 
 
-def _first_param(model) -> torch.Tensor:
+def _first_param(model: Any) -> torch.Tensor:
     """A parameter of ``model`` (a layer-skip view registers none of its own: ask its target)."""
-    p = next(model.parameters(), None)
+    p: torch.Tensor | None = next(model.parameters(), None)
     return p if p is not None else next(model._target.parameters())
 
 
-def model_device(model) -> torch.device:
+def model_device(model: Any) -> torch.device:
     return _first_param(model).device
 
 
-def model_dtype(model) -> torch.dtype:
+def model_dtype(model: Any) -> torch.dtype:
     p = _first_param(model)
     return p.dtype if p.dtype.is_floating_point else torch.float32
 
 
 @torch.no_grad()
-def tree_forward(model, cache, past_len: int, tree: TokenTree) -> tuple[torch.Tensor, torch.Tensor]:
+def tree_forward(model: Any, cache: Any, past_len: int, tree: TokenTree) -> tuple[torch.Tensor, torch.Tensor]:
     """The target over every tree node after ``past_len`` cached tokens, in one pass.
 
     Returns ``(hidden [N, H], logits [N, V])``: the last hidden state (after the final norm) and
@@ -178,7 +179,7 @@ def tree_forward(model, cache, past_len: int, tree: TokenTree) -> tuple[torch.Te
 
 @torch.no_grad()
 def causal_forward(
-    model, cache, past_len: int, tokens: Sequence[int], last_only: bool = False
+    model: Any, cache: Any, past_len: int, tokens: Sequence[int], last_only: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The target over ``tokens`` causally (the prefill): ``(hidden [k, H], logits [k or 1, V])``."""
     base, lm_head = base_and_head(model)

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..entropy import entropy_and_logprobs
 from ..records import StepRecord
+from .entropy import entropy_and_logprobs
 
 
 @dataclass
@@ -36,6 +36,7 @@ class RowTrace:
     end_s: float | None = None
     finished: bool = False
     stop_reason: str = ""  # "length" or "eos"
+    tree_nodes: int | None = None  # tree nodes verified (tree methods only)
 
     @property
     def remaining(self) -> int:
@@ -64,7 +65,7 @@ class Timer:
         self._t0 = time.perf_counter()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         _sync(self.device)
         self.s = time.perf_counter() - self._t0
 
@@ -139,8 +140,8 @@ class BatchTrace:
         ids = torch.zeros((n, width), dtype=torch.long, device=target_logits.device)
         for j, t in enumerate(tokens):
             ids[j, : len(t)] = torch.as_tensor(list(t), dtype=torch.long)
-        ent, lp = entropy_and_logprobs(target_logits[:, :width], ids)
-        ent, lp = ent.tolist(), lp.tolist()
+        ent_t, lp_t = entropy_and_logprobs(target_logits[:, :width], ids)
+        ent, lp = ent_t.tolist(), lp_t.tolist()
         t_s = self.now()
         keep: list[int] = []
         for j, i in enumerate(self.active):

@@ -33,7 +33,7 @@ class NotebookJob:
 
 
 def notebook_jobs(
-    out: str | os.PathLike, families: Sequence[str], tasks: Sequence[str], notebooks: Sequence[str] = NOTEBOOKS
+    out: str | os.PathLike[str], families: Sequence[str], tasks: Sequence[str], notebooks: Sequence[str] = NOTEBOOKS
 ) -> list[NotebookJob]:
     """The (notebook × parameter set) matrix of one study: one method_family run per family, one
     task_category run per task, one each of hardware / when_it_fails, then the report."""
@@ -63,7 +63,7 @@ def notebook_jobs(
 
 
 def plan_notebook_jobs(
-    out: str | os.PathLike, cells: Sequence[Mapping[str, Any]], notebooks: Sequence[str] | None = None
+    out: str | os.PathLike[str], cells: Sequence[Mapping[str, Any]], notebooks: Sequence[str] | None = None
 ) -> list[NotebookJob]:
     """Jobs for the families and tasks of a plan's cells (``CellPlan.as_dict()`` or ``study.json``'s)."""
     fams = [f for f in METHOD_FAMILIES if f in {c.get("family") or c["cell"]["method"] for c in cells}]
@@ -72,7 +72,9 @@ def plan_notebook_jobs(
     return notebook_jobs(out, fams, tasks, notebooks or NOTEBOOKS)
 
 
-def write_notebook_makefile(jobs: Sequence[NotebookJob], path: str | os.PathLike, stamp: str | os.PathLike) -> Path:
+def write_notebook_makefile(
+    jobs: Sequence[NotebookJob], path: str | os.PathLike[str], stamp: str | os.PathLike[str]
+) -> Path:
     """A make fragment with one target per papermill execution (``make -j`` runs them in parallel;
     the report runs last)."""
     path = Path(path)
@@ -119,7 +121,7 @@ def execute_notebooks(
     """Run the jobs with papermill in order (the report last); returns (job, error or None)."""
     import papermill as pm
 
-    results = []
+    results: list[tuple[NotebookJob, str | None]] = []
     for j in jobs:
         Path(j.output).parent.mkdir(parents=True, exist_ok=True)
         try:

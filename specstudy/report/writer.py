@@ -51,7 +51,7 @@ def save_sections(out: Path, sections: Iterable[Section]) -> None:
             save_figure(out, name, fig)
 
 
-def write_report(out: str | os.PathLike, html: bool = True, study: Study | None = None) -> Path:
+def write_report(out: str | os.PathLike[str], html: bool = True, study: Study | None = None) -> Path:
     """Render ``<out>/report.md`` (and ``report.html``), its tables and figures, from the records in ``<out>``."""
     study = study or load(out)
     secs = report_sections(study)
@@ -71,21 +71,22 @@ def markdown_to_html(md_path: Path) -> Path:
 
     md = md_path.read_text()
 
-    def embed(m: re.Match) -> str:
+    def embed(m: re.Match[str]) -> str:
         f = (md_path.parent / m.group(2)).resolve()
         if f.exists() and f.suffix == ".png":
             return f"![{m.group(1)}](data:image/png;base64,{base64.b64encode(f.read_bytes()).decode()})"
         return m.group(0)
 
     md = re.sub(r"!\[([^\]]*)\]\(([^)]+)\)", embed, md)
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell(md)])
-    body, _ = HTMLExporter(exclude_input_prompt=True, exclude_output_prompt=True).from_notebook_node(nb)
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell(md)])  # type: ignore[no-untyped-call]  # untyped in nbformat
+    exporter = HTMLExporter(exclude_input_prompt=True, exclude_output_prompt=True)  # type: ignore[no-untyped-call]  # untyped in nbconvert
+    body, _ = exporter.from_notebook_node(nb)
     out = md_path.with_suffix(".html")
     out.write_text(body)
     return out
 
 
-def cross_hardware_table(outs: Sequence[str | os.PathLike]) -> pd.DataFrame:
+def cross_hardware_table(outs: Sequence[str | os.PathLike[str]]) -> pd.DataFrame:
     """One comparison table from several ``outputs/<gpu>/`` folders (each its own machine)."""
     frames = []
     for o in outs:
@@ -101,7 +102,9 @@ def cross_hardware_table(outs: Sequence[str | os.PathLike]) -> pd.DataFrame:
     return df[["Hardware"] + [c for c in df.columns if c != "Hardware"]]
 
 
-def write_cross_report(outs: Sequence[str | os.PathLike], dest: str | os.PathLike = "outputs/cross-hardware") -> Path:
+def write_cross_report(
+    outs: Sequence[str | os.PathLike[str]], dest: str | os.PathLike[str] = "outputs/cross-hardware"
+) -> Path:
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
     df = cross_hardware_table(outs)
@@ -119,7 +122,7 @@ def write_cross_report(outs: Sequence[str | os.PathLike], dest: str | os.PathLik
     return path
 
 
-def render_report(out_dir: str | os.PathLike, merge: str | Sequence[str] = "", html: bool = True) -> Path:
+def render_report(out_dir: str | os.PathLike[str], merge: str | Sequence[str] = "", html: bool = True) -> Path:
     """What report.ipynb runs: the study report of ``out_dir``, or with ``merge`` (comma-separated
     or a list of outputs/<gpu>/ folders) the cross-hardware report written into ``out_dir``."""
     folders = [m for m in (merge.split(",") if isinstance(merge, str) else merge) if m]

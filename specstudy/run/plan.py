@@ -51,7 +51,7 @@ class CellPlan:
     def is_baseline(self) -> bool:
         return self.cell.method == "ar"
 
-    def backend_key(self) -> tuple:
+    def backend_key(self) -> tuple[Any, ...]:
         """Cells with the same key share one loaded engine (models loaded once per key).
 
         Server backends restart their server themselves when a cell's speculative config changes.
@@ -190,7 +190,9 @@ def check_backends(cfg: StudyConfig, files: bool = True) -> StudyConfig:
     return cfg
 
 
-def _run_options(s: Sampling, pair: ModelPair, prefix_cache: bool, rate: float | None, prompts: int) -> tuple:
+def _run_options(
+    s: Sampling, pair: ModelPair, prefix_cache: bool, rate: float | None, prompts: int
+) -> tuple[tuple[str, Any], ...]:
     """Settings shared by a cell and its baseline: part of both identities."""
     opts = {
         "max_new_tokens": s.max_new_tokens,
@@ -307,7 +309,7 @@ def expand(cfg: StudyConfig) -> list[CellPlan]:
 
     # group by engine; inside, by pairing group with the baseline first (in-process engines switch
     # method per cell for free), or by speculative config (a server restarts for each config)
-    def order(p: CellPlan) -> tuple:
+    def order(p: CellPlan) -> tuple[Any, ...]:
         engine = (p.cell.framework, p.target, p.dtype, p.tensor_parallel_size)
         if p.cell.framework in SERVER_FRAMEWORKS:
             config = (

@@ -51,8 +51,8 @@ class BackendPool:
         self.factory = factory or _default_factory
         self.capacity = capacity
         self.log = log
-        self.loaded: OrderedDict[tuple, Any] = OrderedDict()
-        self.loads: list[tuple] = []  # every key loaded, in order (tests check "once per key")
+        self.loaded: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
+        self.loads: list[tuple[Any, ...]] = []  # every key loaded, in order (tests check "once per key")
 
     def _options(self, plan: CellPlan) -> dict[str, Any]:
         fw = plan.cell.framework
@@ -78,7 +78,7 @@ class BackendPool:
             opts["tensor_parallel_size"] = tp
         return opts
 
-    def get(self, plan: CellPlan):
+    def get(self, plan: CellPlan) -> Any:  # a Backend, or what a test's factory builds
         key = plan.backend_key()
         if key in self.loaded:
             self.loaded.move_to_end(key)

@@ -11,6 +11,9 @@ from specstudy.engine.drafters import EagleDraft
 from specstudy.engine.methods import DecodeJob, get_method
 from specstudy.engine.methods import eagle as eagle_method
 from specstudy.records import Sampling
+from specstudy.train.data import generate_with_features
+from specstudy.train.distill import train_drafter
+from specstudy.train.loop import TrainSettings
 
 torch.set_num_threads(1)
 
@@ -90,10 +93,10 @@ def test_sampling_is_exact():
 
 def test_training_lowers_the_loss_and_the_file_round_trips(target, tmp_path):
     gen = [list(range(1 + i, 9 + i)) for i in range(6)]
-    corpus, feats = D.generate_with_features(target, gen, 12, "eagle", label_top_k=8, batch_size=3)
+    corpus, feats = generate_with_features(target, gen, 12, "eagle", label_top_k=8, batch_size=3)
     assert len(feats.seq) == sum(len(ids) for ids, _ in corpus)  # every position, prompt included
-    settings = D.TrainSettings(kind="eagle", steps=30, batch_tokens=40, lr=3e-3, eval_fraction=0.34)
-    res = D.train_drafter(target, feats, settings, prompt_lengths=[p for _, p in corpus])
+    settings = TrainSettings(kind="eagle", steps=30, batch_tokens=40, lr=3e-3, eval_fraction=0.34)
+    res = train_drafter(target, feats, settings, prompt_lengths=[p for _, p in corpus])
     assert res.log[-1]["loss"] < res.log[0]["loss"]
     assert res.eval["positions"] == "generated" and res.eval["n"][0] > 0
     path = D.save_drafter(res.module, tmp_path / "e", target="tiny")

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from specstudy import cli
-from specstudy.entropy import entropy_and_logprobs, entropy_from_logits, summarize_entropy, token_logprobs
+from specstudy.engine.entropy import entropy_and_logprobs, entropy_from_logits, summarize_entropy, token_logprobs
 
 
 def test_entropy_of_known_distributions():

@@ -30,6 +30,9 @@ from specstudy.engine.methods import tree as T
 from specstudy.engine.methods.heads import draft_chain
 from specstudy.metrics import acceptance_length, tokens_per_forward
 from specstudy.records import RequestRecord, Sampling
+from specstudy.train.data import collect_features, generate_with_features
+from specstudy.train.distill import train_drafter
+from specstudy.train.loop import TrainSettings
 
 torch.set_num_threads(1)
 SIGNIFICANCE = 1e-3
@@ -209,6 +212,20 @@ def test_tree_options_are_checked_before_decoding(target):
         spec.check(3, 1, "self", {"tree_wdth": 2})
     with pytest.raises(ValueError, match="need 1 <= k"):
         get_method("tree").load_drafter("self:3", target, "cpu", "float64")  # k must leave a layer out
+
+
+def test_a_tree_drafter_named_by_model_loads_through_the_registry(target, monkeypatch):
+    """Neither self:K nor an adapter file: the drafter comes from specstudy.data.models (this
+    branch imported a module that no longer exists)."""
+    calls = []
+
+    def fake_load_model(name, device, dtype):
+        calls.append((name, device, dtype))
+        return "draft-lm", "tokenizer"
+
+    monkeypatch.setattr(T, "load_model", fake_load_model)
+    assert get_method("tree").load_drafter("some-draft-model", target, "cpu", "float64") == "draft-lm"
+    assert calls == [("some-draft-model", "cpu", "float64")]
 
 
 def test_heads_linear_batch_and_tree_greedy_equal_ar(target, heads_file):
@@ -395,9 +412,9 @@ def test_training_lowers_the_loss_and_files_round_trip(kind, tmp_path):
     model = tiny_model(seed=1, dtype="float32", logit_scale=4.0)
     rng = random.Random(0)
     prompts = [[rng.randrange(96) for _ in range(rng.randint(3, 8))] for _ in range(12)]
-    corpus, feats = D.generate_with_features(model, prompts, 24, kind, exit_layer=1, label_top_k=8, batch_size=5)
+    corpus, feats = generate_with_features(model, prompts, 24, kind, exit_layer=1, label_top_k=8, batch_size=5)
     assert all(len(ids) == plen + 24 for ids, plen in corpus)
-    settings = D.TrainSettings(
+    settings = TrainSettings(
         kind=kind,
         num_heads=2,
         exit_layer=1,
@@ -408,7 +425,7 @@ def test_training_lowers_the_loss_and_files_round_trip(kind, tmp_path):
         label_top_k=8,
         eval_fraction=0.25,
     )
-    result = D.train_drafter(model, feats, settings, prompt_lengths=[p for _, p in corpus])
+    result = train_drafter(model, feats, settings, prompt_lengths=[p for _, p in corpus])
     assert result.log[-1]["loss"] < result.log[0]["loss"]
     assert result.eval["n"] and all(n > 0 for n in result.eval["n"])
     path = D.save_drafter(result.module, tmp_path / "d", target="tiny", info={"log": result.log})
@@ -434,8 +451,8 @@ def test_features_from_generation_equal_a_teacher_forced_pass(kind):
     model = tiny_model(seed=1, dtype="float32", logit_scale=4.0, num_layers=3)
     rng = random.Random(1)
     prompts = [[rng.randrange(96) for _ in range(rng.randint(3, 8))] for _ in range(5)]
-    corpus, got = D.generate_with_features(model, prompts, 10, kind, exit_layer=1, label_top_k=5, batch_size=3)
-    ref = D.collect_features(model, corpus, kind, exit_layer=1, label_top_k=5)
+    corpus, got = generate_with_features(model, prompts, 10, kind, exit_layer=1, label_top_k=5, batch_size=3)
+    ref = collect_features(model, corpus, kind, exit_layer=1, label_top_k=5)
     keep = torch.tensor([int(ref.pos[i]) != len(corpus[int(ref.seq[i])][0]) - 1 for i in range(len(ref.seq))])
     assert torch.equal(got.seq, ref.seq[keep]) and torch.equal(got.pos, ref.pos[keep])
     assert torch.allclose(got.hidden, ref.hidden[keep], atol=1e-5)

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from ...records import Sampling
+from ..sampling import make_generator
 from ..synthetic import SyntheticAcceptance, parse_synthetic
 
 # method name -> module under specstudy.engine.methods
@@ -43,12 +44,17 @@ class DecodeJob:
     device: str | torch.device = "cpu"
 
     def generator(self) -> torch.Generator:
-        from ..sampling import make_generator
-
         return make_generator(self.sampling.seed, self.device)
 
     def option(self, name: str, default: Any = None) -> Any:
         return self.options.get(name, default)
+
+    @property
+    def draft_length(self) -> int:
+        """γ of a method that drafts (its :meth:`MethodSpec.check` required an int >= 1)."""
+        if self.gamma is None:
+            raise ValueError("this method drafts gamma tokens per step: DecodeJob.gamma is None")
+        return self.gamma
 
 
 @dataclass(frozen=True)
@@ -56,13 +62,13 @@ class MethodSpec:
     """What a method is and needs, checked before any model is loaded."""
 
     name: str
-    decode: Callable[[DecodeJob], list]
+    decode: Callable[[DecodeJob], list[Any]]  # one RowTrace per prompt
     description: str = ""
     needs_drafter: bool = False
     uses_gamma: bool = True
     max_batch: int | None = None  # None: any batch size
     options: Mapping[str, Callable[[Any], Any]] = field(default_factory=dict)  # name -> validator/converter
-    cross_check: Callable[[dict], None] | None = None  # checks between options (raises ValueError)
+    cross_check: Callable[[dict[str, Any]], None] | None = None  # checks between options (raises ValueError)
     #: how the backend turns cell.drafter (a name) into DecodeJob.drafter; None: a causal LM from
     #: specstudy.data.models.  Called as load_drafter(name, target, device, dtype).
     load_drafter: Callable[[str, Any, str, str], Any] | None = None
@@ -91,6 +97,7 @@ class MethodSpec:
             except (TypeError, ValueError) as e:
                 raise ValueError(f"method {self.name!r}: option {k}={v!r}: {e}") from None
         if SYNTHETIC in out:
+            assert gamma is not None  # every method with the option drafts: uses_gamma checked it above
             try:
                 out[SYNTHETIC].check_gamma(max(gamma, out.get("gamma_max", gamma)))
             except ValueError as e:
@@ -107,7 +114,8 @@ def method_names() -> list[str]:
 def get_method(name: str) -> MethodSpec:
     if name not in METHODS:
         raise ValueError(f"method={name!r} is not known to the reference engine; allowed: {method_names()}")
-    return importlib.import_module(f"{__name__}.{METHODS[name]}").SPEC
+    spec: MethodSpec = importlib.import_module(f"{__name__}.{METHODS[name]}").SPEC
+    return spec
 
 
 # ---- option validators shared by the method modules
@@ -164,7 +172,7 @@ DRAFT_IN_PREFILL = one_of("off", "on")
 
 def draft_in_prefill(job: DecodeJob) -> bool:
     """The job's ``draft_in_prefill`` option as the flag speculative_decode takes."""
-    return job.option("draft_in_prefill", "off") == "on"
+    return bool(job.option("draft_in_prefill", "off") == "on")
 
 
 #: the option of every method that verifies drafts: keep them at a fixed rate instead, to time

@@ -20,8 +20,11 @@ verifying them, to time the system at that acceptance (:mod:`specstudy.engine.sy
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..speculate import CostAwareGamma, HeuristicGamma, ModelDrafter, StaticGamma, speculative_decode
 from ..stepcost import draft_cost_ratio, verify_ratio
+from ..synthetic import parse_synthetic
 from ..trace import RowTrace
 from . import (
     DRAFT_IN_PREFILL,
@@ -30,33 +33,33 @@ from . import (
     MethodSpec,
     draft_in_prefill,
     one_of,
-    parse_synthetic,
     positive_int,
     probability,
     synthetic_acceptance,
 )
 
 
-def gamma_policy(job: DecodeJob):
+def gamma_policy(job: DecodeJob) -> StaticGamma | HeuristicGamma | CostAwareGamma:
     mode = job.option("dynamic_gamma", "off")
     if mode == "heuristic":
-        return HeuristicGamma(job.gamma, job.option("gamma_max", max(16, job.gamma)))
+        return HeuristicGamma(job.draft_length, job.option("gamma_max", max(16, job.draft_length)))
     if mode == "cost":
         gamma_max = job.option("gamma_max", job.gamma)
         batch = len(job.prompts)
         ratio = verify_ratio(job.target, job.prompts[0], gamma_max, batch, job.device)
         c = draft_cost_ratio(job.drafter, job.target, job.prompts[0], batch, job.device)
         return CostAwareGamma(gamma_max, ratio, c)
-    return StaticGamma(job.gamma)
+    return StaticGamma(job.draft_length)
 
 
 def confidence(job: DecodeJob) -> float | None:
     if job.option("dynamic_gamma", "off") == "confidence":
-        return job.option("draft_confidence", 0.4)
+        threshold: float = job.option("draft_confidence", 0.4)
+        return threshold
     return None
 
 
-def check_vocab(target, drafter) -> None:
+def check_vocab(target: Any, drafter: Any) -> None:
     vt, vd = target.config.vocab_size, drafter.config.vocab_size
     if vt != vd:
         raise ValueError(

@@ -29,8 +29,9 @@ import torch
 from ..drafters import EagleDraft, drafter_file_metadata, load_drafter
 from ..kv import KVState, pad_ragged
 from ..speculate import Draft, StaticGamma, sample_chain, speculative_decode
+from ..synthetic import parse_synthetic
 from ..trace import RowTrace
-from . import SYNTHETIC, DecodeJob, MethodSpec, parse_synthetic, synthetic_acceptance
+from . import SYNTHETIC, DecodeJob, MethodSpec, synthetic_acceptance
 from .heads import HiddenCapture
 
 
@@ -140,6 +141,7 @@ def load_eagle(name: str, target: Any, device: str = "cpu", dtype: str = "float3
     """cell.drafter (a file from ``specstudy train-drafter --kind eagle``) → the drafter, in the
     target's dtype."""
     draft = load_drafter(name, kind="eagle", hidden_size=target.config.hidden_size)
+    assert isinstance(draft, EagleDraft)  # load_drafter checked the file's kind
     return draft.to(device=device, dtype=next(target.parameters()).dtype)
 
 
@@ -161,7 +163,7 @@ def decode(job: DecodeJob) -> list[RowTrace]:
             drafter,
             job.prompts,
             job.sampling,
-            StaticGamma(job.gamma),
+            StaticGamma(job.draft_length),
             gen,
             job.eos_token_ids,
             job.device,

@@ -34,9 +34,11 @@ import torch
 from ..drafters import MedusaHeads, drafter_file_metadata, load_drafter
 from ..sampling import probs_for
 from ..speculate import Draft, StaticGamma, speculative_decode
+from ..synthetic import parse_synthetic
+from ..tokentree import TokenTree
 from ..trace import RowTrace
-from . import SYNTHETIC, DecodeJob, MethodSpec, parse_synthetic, synthetic_acceptance
-from .tree import TokenTree, parse_branching, pick_children, tree_decode
+from . import SYNTHETIC, DecodeJob, MethodSpec, synthetic_acceptance
+from .tree import parse_branching, pick_children, tree_decode
 
 
 class HiddenCapture:
@@ -170,6 +172,7 @@ def load_heads(name: str, target: Any, device: str = "cpu", dtype: str = "float3
     """cell.drafter (a heads file from ``specstudy train-drafter --kind heads``) → the heads,
     in the target's dtype."""
     heads = load_drafter(name, kind="heads", hidden_size=target.config.hidden_size)
+    assert isinstance(heads, MedusaHeads)  # load_drafter checked the file's kind
     return heads.to(device=device, dtype=next(target.parameters()).dtype)
 
 
@@ -205,7 +208,7 @@ def decode(job: DecodeJob) -> list[RowTrace]:
             drafter,
             job.prompts,
             job.sampling,
-            StaticGamma(job.gamma),
+            StaticGamma(job.draft_length),
             gen,
             job.eos_token_ids,
             job.device,

@@ -20,19 +20,12 @@ from typing import Any
 
 import torch
 
+from ..drafters import load_drafter
 from ..kv import cache_arg
 from ..speculate import ModelDrafter, StaticGamma, speculative_decode
+from ..synthetic import parse_synthetic
 from ..trace import RowTrace
-from . import (
-    DRAFT_IN_PREFILL,
-    SYNTHETIC,
-    DecodeJob,
-    MethodSpec,
-    draft_in_prefill,
-    parse_synthetic,
-    positive_int,
-    synthetic_acceptance,
-)
+from . import DRAFT_IN_PREFILL, SYNTHETIC, DecodeJob, MethodSpec, draft_in_prefill, positive_int, synthetic_acceptance
 
 
 def _decoder(target: Any) -> Any:
@@ -149,7 +142,7 @@ def decode(job: DecodeJob) -> list[RowTrace]:
         drafter,
         job.prompts,
         job.sampling,
-        StaticGamma(job.gamma),
+        StaticGamma(job.draft_length),
         gen,
         job.eos_token_ids,
         job.device,
@@ -161,8 +154,6 @@ def decode(job: DecodeJob) -> list[RowTrace]:
 def _adapter(v: Any) -> Any:
     """A module, or the path of a ``layer_skip_adapter`` file written by ``train-drafter``."""
     if isinstance(v, (str, Path)):
-        from ..drafters import load_drafter
-
         return load_drafter(v, kind="layer_skip_adapter")
     if v is not None and not isinstance(v, torch.nn.Module):
         raise ValueError("need a torch.nn.Module mapping hidden states, a layer_skip_adapter file path, or None")

@@ -19,11 +19,13 @@ fixed rate instead of verifying them, to time the system (:mod:`specstudy.engine
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
 from ..speculate import CostAwareGamma, Draft, StaticGamma, speculative_decode
 from ..stepcost import verify_ratio
+from ..synthetic import parse_synthetic
 from ..trace import RowTrace
 from . import (
     DRAFT_IN_PREFILL,
@@ -32,7 +34,6 @@ from . import (
     MethodSpec,
     draft_in_prefill,
     one_of,
-    parse_synthetic,
     positive_int,
     synthetic_acceptance,
 )
@@ -94,12 +95,12 @@ def decode(job: DecodeJob) -> list[RowTrace]:
 
 def gamma_policy(job: DecodeJob) -> StaticGamma | CostAwareGamma:
     if job.option("dynamic_gamma", "off") == "cost":
-        ratio = verify_ratio(job.target, job.prompts[0], job.gamma, len(job.prompts), job.device)
-        return CostAwareGamma(job.gamma, ratio, c=0.0)  # a lookup costs ~0.1 % of a target step
-    return StaticGamma(job.gamma)
+        ratio = verify_ratio(job.target, job.prompts[0], job.draft_length, len(job.prompts), job.device)
+        return CostAwareGamma(job.draft_length, ratio, c=0.0)  # a lookup costs ~0.1 % of a target step
+    return StaticGamma(job.draft_length)
 
 
-def _cross_check(options: dict) -> None:
+def _cross_check(options: dict[str, Any]) -> None:
     lo, hi = options.get("ngram_min", 1), options.get("ngram_max", 3)
     if lo > hi:
         raise ValueError(f"method 'ngram': ngram_min={lo} > ngram_max={hi}")

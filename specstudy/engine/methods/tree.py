@@ -49,9 +49,11 @@ from typing import Any, Protocol
 
 import torch
 
+from ...data.models import load_model
+from ..drafters import load_drafter, resolve_drafter_path
 from ..kv import cache_arg, new_cache
 from ..sampling import next_tokens, probs_for, sample_from
-from ..synthetic import SyntheticAcceptance
+from ..synthetic import SyntheticAcceptance, parse_synthetic
 from ..tokentree import (
     TokenTree,
     causal_forward,
@@ -64,7 +66,8 @@ from ..tokentree import (
 )
 from ..trace import BatchTrace, RowTrace, Timer
 from ..verify import residual
-from . import SYNTHETIC, DecodeJob, MethodSpec, parse_synthetic, positive_int, synthetic_acceptance
+from . import SYNTHETIC, DecodeJob, MethodSpec, positive_int, synthetic_acceptance
+from .layer_skip import early_exit_draft
 
 # --------------------------------------------------------------------------------------------
 # building trees
@@ -396,7 +399,8 @@ def _emit_path(
     """Emit the path's drafted tokens and the next token (scored by the logits at the path's
     nodes); returns the next token, the next root."""
     emitted = [tree.tokens[n] for n in verdict.path[1:]] + [verdict.next_token]
-    trace.rows[0].tree_nodes += len(tree) - 1
+    row = trace.rows[0]
+    row.tree_nodes = (row.tree_nodes or 0) + len(tree) - 1  # 0 from the prefill on
     trace.emit([emitted], logits[verdict.path][None], tree.depth, verdict.accepted, draft_s, verify_s)
     return verdict.next_token
 
@@ -432,18 +436,12 @@ def load_tree_drafter(name: str, target, device: str = "cpu", dtype: str = "floa
     a ``layer_skip_adapter`` file from ``specstudy train-drafter``: the same plus the trained
     adapter (K from the file); anything else: a draft model from :mod:`specstudy.data.models`.
     """
-    from .layer_skip import early_exit_draft
-
     if name == SELF_PREFIX or name.startswith(SELF_PREFIX + ":"):
         k = _self_exit_layer(name)
         return early_exit_draft(target, {} if k is None else {"exit_layer": k}, device)
     if str(name).endswith(".safetensors"):
-        from ..drafters import load_drafter
-
         adapter = load_drafter(name, kind="layer_skip_adapter", hidden_size=target.config.hidden_size)
         return early_exit_draft(target, {"adapter": adapter}, device)
-    from ...models import load_model
-
     return load_model(name, device, dtype)[0]
 
 
@@ -455,7 +453,7 @@ def decode(job: DecodeJob) -> list[RowTrace]:
         raise ValueError(
             f"draft vocab_size={model.config.vocab_size} differs from the target's {job.target.config.vocab_size}"
         )
-    drafter = ModelTreeDrafter(model, _branching(job.options, job.gamma), job.sampling)
+    drafter = ModelTreeDrafter(model, _branching(job.options, job.draft_length), job.sampling)
     return [
         tree_decode(
             job.target,
@@ -475,8 +473,6 @@ def _check_drafter_name(name: str) -> None:
         _self_exit_layer(name)
     elif name.endswith(".safetensors"):
         from safetensors import safe_open
-
-        from ..drafters import resolve_drafter_path
 
         name = str(resolve_drafter_path(name))
         if not Path(name).exists():

@@ -1,0 +1,36 @@
+"""The entry point of drafter training (``specstudy train-drafter``): one call for every kind."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+from .data import Features
+from .eagle import train_eagle
+from .heads import train_heads
+from .loop import TrainResult, TrainSettings
+
+
+def train_drafter(
+    model: PreTrainedModel,
+    features: Features,
+    settings: TrainSettings,
+    progress: Callable[[str], None] | None = None,
+    prompt_lengths: Sequence[int] | None = None,
+) -> TrainResult:
+    """Distil a drafter on ``features`` (target frozen); log train loss every ~5 % of the steps.
+
+    ``prompt_lengths[s]`` (eagle): sequence s's prompt length, so the held-out top-1 is
+    reported on generated positions, as for the other kinds.
+    """
+    torch.manual_seed(settings.seed)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    if settings.kind == "eagle":
+        return train_eagle(model, features, settings, progress, prompt_lengths)
+    return train_heads(model, features, settings, progress)

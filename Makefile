@@ -21,10 +21,11 @@ export PYTHONUNBUFFERED := 1
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: venv dev-venv lint test test-fast test-slow test-engines study report clean-study lab help
+.PHONY: venv dev-venv lint test test-fast test-slow test-engines study study-engines report clean-study lab help
 
 help:
 	@echo "make study [GPU=cpu|a100|h100|h200|rtx4090]   run the study matrix and render the report"
+	@echo "make study-engines                            vLLM (offline + server), llama.cpp, hf, reference on this CPU (~30 min)"
 	@echo "make test                                     lint, then the test suite (fast + model tests)"
 	@echo "make lint                                     ruff (lint + format check) and mypy"
 	@echo "make test-fast                                the fast subset (no model loading)"
@@ -115,6 +116,19 @@ study: $(STAMP)
 	@echo "report: $(OUT)/report.md ($(OUT)/report.html)"
 	@if [ "$$(cat $(OUT)/.run-status)" = 3 ]; then \
 	  echo "make study: some cells failed (see $(OUT)/failed/ and the report); rerun to retry only them"; exit 1; fi
+
+# The engines study (issue 13): params/hardware/cpu-engines.yaml on this CPU: vllm (offline worker in
+# .venv-vllm), vllm-server, llama.cpp's server, hf and reference on the embedded SmolLM2; batch sizes
+# 1-8, a request-rate sweep (0.5, 1, 2, 4 req/s, inf) and the prefix cache off/on on a shared-prefix
+# workload.  Installs .venv-vllm first when missing (a stamp makes that a no-op later), then runs the
+# study into outputs/cpu-engines/ and renders its report.  Sized for 30 minutes on 2 cores, install
+# and server starts included; the measured time is in the profile's header and the lead's README.
+.PHONY: study-engines
+study-engines: $(STAMP)
+	@start=$$(date +%s); echo "study-engines: start $$(date -u +%FT%TZ), load average $$(cut -d' ' -f1-3 /proc/loadavg)"; \
+	  $(BIN)/python -m specstudy.engines install vllm $(ENGINE_FLAG) || exit $$?; \
+	  SPECSTUDY_COMMAND="make study-engines" $(MAKE) --no-print-directory study GPU=cpu-engines; rc=$$?; \
+	  echo "study-engines: $$(( $$(date +%s) - start )) s wall, load average $$(cut -d' ' -f1-3 /proc/loadavg)"; exit $$rc
 
 # Re-render the notebooks and the report from the records already in $(OUT) (nothing is measured).
 report: $(STAMP)

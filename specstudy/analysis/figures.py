@@ -215,3 +215,34 @@ def speedup_vs_alpha(per_cell: pd.DataFrame) -> Figure:
     )
     ax.legend(fontsize=6, bbox_to_anchor=(1.02, 1), loc="upper left", borderaxespad=0)
     return fig
+
+
+def throughput_latency(raw: pd.DataFrame) -> Figure:
+    """The request-rate sweep (FAQ Q2): TPOT p50 against output throughput, one line per framework
+    and method, each point an offered rate; beside it the engine's mean running batch per rate."""
+    sns = _sns()
+    fig, axes = _subplots(1, 2, figsize=(10, 3.6))
+    groups = list(raw.groupby(["framework", "label", "gamma"], dropna=False))
+    pal = sns.color_palette(PALETTE, max(1, len(groups)))
+    for i, ((fw, label, gamma), g) in enumerate(groups):
+        g = g.sort_values("rate")
+        name = f"{fw}: {label}" + (f" γ={gamma:g}" if gamma == gamma and gamma else "")
+        axes[0].plot(g["output_throughput_tps"], 1e3 * g["tpot_p50_s"], "o-", color=pal[i], label=name)
+        for x, y, r in zip(g["output_throughput_tps"], 1e3 * g["tpot_p50_s"], g["rate"]):
+            axes[0].annotate(
+                "inf" if np.isinf(r) else f"{r:g}", (x, y), fontsize=6, xytext=(2, 2), textcoords="offset points"
+            )
+        finite = g["rate"].replace(np.inf, np.nan)
+        top = 2 * finite.max() if finite.notna().any() else 1.0
+        axes[1].plot(g["rate"].replace(np.inf, top), g["mean_running"], "o-", color=pal[i], label=name)
+    axes[0].set(
+        xlabel="output tokens/s (achieved)",
+        ylabel="TPOT p50 (ms)",
+        title="throughput vs latency (labels: req/s offered)",
+    )
+    axes[1].set(
+        xlabel="offered request rate (req/s; inf drawn at 2× the highest)", ylabel="mean running batch (engine gauge)"
+    )
+    _legend(axes[0], 6)
+    fig.tight_layout()
+    return fig

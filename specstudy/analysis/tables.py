@@ -18,8 +18,8 @@ from .. import costmodel
 from ..config.task import load_task_config
 from ..config.vocab import TASKS
 from .format import FAMILY_TITLES, TASK_TITLES, fmt, fmt_ci, short_model
-from .stats import NAN, Pooled, isnum, pooled, predicted_speedup, verify_curve
 from .rates import peak_memory
+from .stats import NAN, Pooled, isnum, pooled, predicted_speedup, verify_curve
 from .study import Study
 
 Frames = tuple[pd.DataFrame, pd.DataFrame]

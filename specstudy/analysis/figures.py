@@ -222,11 +222,13 @@ def throughput_latency(raw: pd.DataFrame) -> Figure:
     and method, each point an offered rate; beside it the engine's mean running batch per rate."""
     sns = _sns()
     fig, axes = _subplots(1, 2, figsize=(10, 3.6))
-    groups = list(raw.groupby(["framework", "label", "gamma"], dropna=False))
+    groups = list(raw.groupby(["framework", "label", "gamma", "task", "prefix_cache"], dropna=False))
     pal = sns.color_palette(PALETTE, max(1, len(groups)))
-    for i, ((fw, label, gamma), g) in enumerate(groups):
+    tasks, caches = raw["task"].nunique() > 1, raw["prefix_cache"].nunique(dropna=False) > 1
+    for i, ((fw, label, gamma, task, cache), g) in enumerate(groups):
         g = g.sort_values("rate")
         name = f"{fw}: {label}" + (f" γ={gamma:g}" if gamma == gamma and gamma else "")
+        name += (f", {task}" if tasks else "") + (f", prefix cache {'on' if cache else 'off'}" if caches else "")
         axes[0].plot(g["output_throughput_tps"], 1e3 * g["tpot_p50_s"], "o-", color=pal[i], label=name)
         for x, y, r in zip(g["output_throughput_tps"], 1e3 * g["tpot_p50_s"], g["rate"]):
             axes[0].annotate(

@@ -116,6 +116,10 @@ def _ms(v: float) -> str:
     return fmt(v * 1e3 if v == v else metrics.NAN, 1)
 
 
+def _cache_text(p: bool | None) -> str:
+    return "unknown" if p is None else ("on" if p else "off")
+
+
 def _rate_text(r: float) -> str:
     return "inf" if math.isinf(r) else f"{r:g}"
 
@@ -124,11 +128,15 @@ def rate_table(raw: pd.DataFrame) -> pd.DataFrame:
     """The sweep as a reader sees it: one row per (framework, method, rate)."""
     if raw.empty:
         return raw
-    out = raw.sort_values(["framework", "method", "label", "gamma", "rate"], na_position="first")
+    out = raw.sort_values(
+        ["framework", "task", "prefix_cache", "method", "label", "gamma", "rate"], na_position="first"
+    )
     return pd.DataFrame(
         {
             "Framework": out["framework"],
             "Method": [f"{lab} γ={g:g}" if g == g and g else str(lab) for lab, g in zip(out["label"], out["gamma"])],
+            "Task": out["task"],
+            "Prefix cache": [_cache_text(p) for p in out["prefix_cache"]],
             "Rate (req/s)": [_rate_text(r) for r in out["rate"]],
             "ok / n": [f"{o}/{n}" for o, n in zip(out["ok"], out["n"])],
             "req/s": [fmt(v, 2) for v in out["request_throughput_rps"]],
@@ -150,7 +158,8 @@ def stops_paying_table(raw: pd.DataFrame) -> pd.DataFrame:
     """Per framework and speculative method: the lowest offered rate whose paired speedup is ≤ 1."""
     rows = []
     spec = raw[raw["method"] != "ar"] if not raw.empty else raw
-    for (fw, label, gamma), g in spec.groupby(["framework", "label", "gamma"], dropna=False) if len(spec) else []:
+    keys = ["framework", "label", "gamma", "task", "prefix_cache"]
+    for (fw, label, gamma, task, cache), g in spec.groupby(keys, dropna=False) if len(spec) else []:
         pairs = [(float(r), {"speedup": float(s)}) for r, s in zip(g["rate"], g["speedup"])]
         stop = stops_paying(pairs)
         measured = ", ".join(f"{_rate_text(r)}: {fmt(s['speedup'], 2, '×')}" for r, s in sorted(pairs))
@@ -158,6 +167,8 @@ def stops_paying_table(raw: pd.DataFrame) -> pd.DataFrame:
             {
                 "Framework": fw,
                 "Method": f"{label} γ={gamma:g}" if gamma == gamma and gamma else str(label),
+                "Task": task,
+                "Prefix cache": _cache_text(cache),
                 "Stops paying at (req/s)": "does not, up to the highest rate run" if stop is None else _rate_text(stop),
                 "Speedup per rate": measured,
             }
@@ -202,14 +213,17 @@ def prefix_cache_frame(study: Study) -> pd.DataFrame:
 def prefix_cache_table(raw: pd.DataFrame) -> pd.DataFrame:
     if raw.empty:
         return raw
-    out = raw.sort_values(["framework", "label", "batch_size", "prefix_cache"])
+    out = raw.assign(_rate=raw["rate"].fillna(-1.0)).sort_values(
+        ["framework", "label", "gamma", "task", "batch_size", "_rate", "prefix_cache"], na_position="first"
+    )
     return pd.DataFrame(
         {
             "Framework": out["framework"],
-            "Method": out["label"],
+            "Method": [f"{lab} γ={g:g}" if g == g and g else str(lab) for lab, g in zip(out["label"], out["gamma"])],
             "Task": out["task"],
             "Batch": out["batch_size"],
-            "Prefix cache": ["on" if p else "off" for p in out["prefix_cache"]],
+            "Rate (req/s)": [_rate_text(r) if r is not None and r == r else "— (batch)" for r in out["rate"]],
+            "Prefix cache": [_cache_text(p) for p in out["prefix_cache"]],
             "Lookups (tokens)": [fmt(v) if v is not None else "—" for v in out["queries_tokens"]],
             "Hits (tokens)": [fmt(v) if v is not None else "—" for v in out["hits_tokens"]],
             "Hit rate": [fmt(v, 3) if v is not None and v == v else "—" for v in out["hit_rate"]],

@@ -21,10 +21,11 @@ export PYTHONUNBUFFERED := 1
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: venv dev-venv lint test test-fast test-slow test-engines study report clean-study lab help
+.PHONY: venv dev-venv lint test test-fast test-slow test-engines study study-engines report clean-study lab help
 
 help:
 	@echo "make study [GPU=cpu|a100|h100|h200|rtx4090]   run the study matrix and render the report"
+	@echo "make study-engines                            vLLM (offline + server), llama.cpp, hf, reference on this CPU (~30 min)"
 	@echo "make test                                     lint, then the test suite (fast + model tests)"
 	@echo "make lint                                     ruff (lint + format check) and mypy"
 	@echo "make test-fast                                the fast subset (no model loading)"
@@ -90,11 +91,12 @@ engine-sglang: $(STAMP)
 
 engines-venv: engine-vllm
 
-# tests/engines (@engines): real vLLM (CPU build here) servers, the offline worker, the engines' own
-# argument parsers; slow (first vLLM start: minutes while torch compiles).
-test-engines: $(STAMP) engine-vllm
+# Every test marked @engines: real vLLM (CPU build here) servers and the offline worker, the kit-started
+# llama.cpp server through the serving path (tests/engines), the engines' own argument parsers, the
+# opt-in Qwen pair on llama.cpp when downloaded; slow (each vLLM start ~1.5 min eager, ~3 min compiled).
+test-engines: $(DEV_STAMP) engine-vllm
 	SPECSTUDY_ENGINES_PYTHON=$$($(BIN)/python -m specstudy.engines python-of vllm $(ENGINE_FLAG)) \
-	  $(BIN)/python -m pytest -q -rs -m engines tests/engines $(PYTEST_ARGS)
+	  $(BIN)/python -m pytest -q -rs -m engines tests/engines tests/backends $(PYTEST_ARGS)
 # ---- end of the engines block -------------------------------------------------------------------------
 
 # The study (issue 5).  `make study GPU=cpu` (the default): `specstudy run` validates
@@ -123,7 +125,22 @@ study: $(STAMP)
 # for the reference engine and HF.  Writes outputs/cpu-pair/report.md.
 .PHONY: study-pair
 study-pair: $(STAMP)
-	@$(MAKE) --no-print-directory study GPU=cpu-pair
+	@start=$$(date +%s); echo "study-pair: start $$(date -u +%FT%TZ), load average $$(cut -d' ' -f1-3 /proc/loadavg)"; \
+	  SPECSTUDY_COMMAND="make study-pair" $(MAKE) --no-print-directory study GPU=cpu-pair; rc=$$?; \
+	  echo "study-pair: $$(( $$(date +%s) - start )) s wall, load average $$(cut -d' ' -f1-3 /proc/loadavg)"; exit $$rc
+
+# The engines study (issue 13): params/hardware/cpu-engines.yaml on this CPU: vllm (offline worker in
+# .venv-vllm), vllm-server, llama.cpp's server, hf and reference on the embedded SmolLM2; batch sizes
+# 1-8, a request-rate sweep (0.5, 1, 2, 4 req/s, inf) and the prefix cache off/on on a shared-prefix
+# workload.  Installs .venv-vllm first when missing (a stamp makes that a no-op later), then runs the
+# study into outputs/cpu-engines/ and renders its report.  Sized for 30 minutes on 2 cores, install
+# and server starts included; the measured time is in the profile's header and the lead's README.
+.PHONY: study-engines
+study-engines: $(STAMP)
+	@start=$$(date +%s); echo "study-engines: start $$(date -u +%FT%TZ), load average $$(cut -d' ' -f1-3 /proc/loadavg)"; \
+	  $(BIN)/python -m specstudy.engines install vllm $(ENGINE_FLAG) || exit $$?; \
+	  SPECSTUDY_COMMAND="make study-engines" $(MAKE) --no-print-directory study GPU=cpu-engines; rc=$$?; \
+	  echo "study-engines: $$(( $$(date +%s) - start )) s wall, load average $$(cut -d' ' -f1-3 /proc/loadavg)"; exit $$rc
 
 # Re-render the notebooks and the report from the records already in $(OUT) (nothing is measured).
 report: $(STAMP)

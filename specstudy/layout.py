@@ -105,6 +105,10 @@ class StudyLayout:
     def failed_path(self, cell_id: str) -> Path:
         return self.root / "failed" / f"{cell_id}.json"
 
+    def failed_rows_path(self, cell_id: str) -> Path:
+        """The rows of a cell whose server died (kept to read, never counted as measured)."""
+        return self.root / "failed" / f"{cell_id}.parquet"
+
     # ---- records -------------------------------------------------------------------------
     def part_paths(self) -> list[Path]:
         """Finished parts only: temp files of a killed writer (dot names) are ignored."""
@@ -133,8 +137,9 @@ class StudyLayout:
 
     def write_part(self, cell_id: str, records: Sequence[RequestRecord]) -> Path:
         path = write_part(records, self.part_path(cell_id))
-        with contextlib.suppress(FileNotFoundError):
-            self.failed_path(cell_id).unlink()
+        for stale in (self.failed_path(cell_id), self.failed_rows_path(cell_id)):
+            with contextlib.suppress(FileNotFoundError):
+                stale.unlink()
         return path
 
     def read_part(self, cell_id: str) -> list[RequestRecord]:
@@ -240,6 +245,9 @@ class StudyLayout:
         return []
 
     # ---- failures ------------------------------------------------------------------------
+    def write_failed_rows(self, cell_id: str, records: Sequence[RequestRecord]) -> Path:
+        return write_part(records, self.failed_rows_path(cell_id))
+
     def record_failure(self, cell_id: str, doc: Mapping[str, Any]) -> None:
         atomic_write_text(self.failed_path(cell_id), json.dumps(dict(doc), indent=1, default=str))
 

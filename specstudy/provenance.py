@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import subprocess
+import sys
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,8 @@ def provenance() -> dict[str, Any]:
     }
     return {
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        # what was run: the make target that set SPECSTUDY_COMMAND, else this process's command line
+        "command": os.environ.get("SPECSTUDY_COMMAND") or " ".join(sys.argv),
         "git_sha": sha,
         "git_dirty": dirty,
         "packages": versions,

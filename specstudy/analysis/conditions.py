@@ -96,8 +96,16 @@ def provenance_lines(study: Study) -> list[str]:
         return f"{_dt.datetime.fromtimestamp(t, _dt.timezone.utc):%Y-%m-%d %H:%M}"
 
     span = f"{utc(min(starts))} to {utc(max(starts))} UTC" if starts else "—"
+    ends = [r.start_epoch + (r.end_s or 0.0) for r in recs if r.start_epoch]
+    wall = (
+        f"{(max(ends) - min(starts)) / 60:.1f} min from the first measured request to the last (server starts, "
+        "warm-ups and model loads between cells included; engine installs before and notebooks after not)"
+        if starts
+        else "—"
+    )
     return [
         f"- study run: {prov.get('date', '?')}; records from {span}",
+        f"- command: `{prov.get('command') or '?'}`; wall time of the cells: {wall}",
         f"- git: {prov.get('git_sha') or 'unknown'}{' (uncommitted changes)' if prov.get('git_dirty') else ''}",
         f"- CPU: {host.get('cpu_model', '?')}, {host.get('cpu_cores_logical', '?')} logical cores, {host.get('memory_gb', '?')} GB RAM",
         f"- GPU: {', '.join(host.get('gpus') or []) or 'none'}; driver {host.get('gpu_driver') or '—'}",

@@ -231,4 +231,38 @@ def verification_cost_curve(curves: pd.DataFrame) -> Figure:
         ax.plot(ks, ks, ":", color="grey", lw=0.8, label="linear: k decode steps")
     ax.set(xlabel="tokens verified in one forward k", ylabel="T(k) / T(1)", title="verification cost")
     _legend(ax, 6)
+    fig.tight_layout()
+    return fig
+
+
+def throughput_latency(raw: pd.DataFrame) -> Figure:
+    """The request-rate sweep (FAQ Q2): TPOT p50 against output throughput, one line per framework
+    and method, each point an offered rate; beside it the engine's mean running batch per rate."""
+    sns = _sns()
+    fig, axes = _subplots(1, 2, figsize=(10, 3.6))
+    groups = list(raw.groupby(["framework", "label", "gamma", "task", "prefix_cache"], dropna=False))
+    pal = sns.color_palette(PALETTE, max(1, len(groups)))
+    tasks, caches = raw["task"].nunique() > 1, raw["prefix_cache"].nunique(dropna=False) > 1
+    for i, ((fw, label, gamma, task, cache), g) in enumerate(groups):
+        g = g.sort_values("rate")
+        name = f"{fw}: {label}" + (f" γ={gamma:g}" if gamma == gamma and gamma else "")
+        name += (f", {task}" if tasks else "") + (f", prefix cache {'on' if cache else 'off'}" if caches else "")
+        axes[0].plot(g["output_throughput_tps"], 1e3 * g["tpot_p50_s"], "o-", color=pal[i], label=name)
+        for x, y, r in zip(g["output_throughput_tps"], 1e3 * g["tpot_p50_s"], g["rate"]):
+            axes[0].annotate(
+                "inf" if np.isinf(r) else f"{r:g}", (x, y), fontsize=6, xytext=(2, 2), textcoords="offset points"
+            )
+        finite = g["rate"].replace(np.inf, np.nan)
+        top = 2 * finite.max() if finite.notna().any() else 1.0
+        axes[1].plot(g["rate"].replace(np.inf, top), g["mean_running"], "o-", color=pal[i], label=name)
+    axes[0].set(
+        xlabel="output tokens/s (achieved)",
+        ylabel="TPOT p50 (ms)",
+        title="throughput vs latency (labels: req/s offered)",
+    )
+    axes[1].set(
+        xlabel="offered request rate (req/s; inf drawn at 2× the highest)", ylabel="mean running batch (engine gauge)"
+    )
+    _legend(axes[0], 6)
+    fig.tight_layout()
     return fig

@@ -18,6 +18,7 @@ from .. import costmodel
 from ..config.task import load_task_config
 from ..config.vocab import TASKS
 from .format import FAMILY_TITLES, TASK_TITLES, fmt, fmt_ci, short_model
+from .rates import peak_memory
 from .stats import NAN, Pooled, isnum, pooled, predicted_speedup, verify_curve
 from .study import Study
 
@@ -334,7 +335,9 @@ def framework_table(study: Study) -> pd.DataFrame:
             p = pooled(study, cs)
             if isnum(p.speedup) and (best_p is None or p.speedup > best_p.speedup):
                 best, best_p = f"{label} γ={gamma} ({sampling})", p
-        base = pooled(study, [c for c in cells if study.meta(c)["method"] == "ar" and study.meta(c)["batch_size"] == 1])
+        base_cells = [c for c in cells if study.meta(c)["method"] == "ar" and study.meta(c)["batch_size"] == 1]
+        base = pooled(study, base_cells)
+        peak, source = peak_memory([r for c in base_cells for r in study.records[c]])
         precisions = sorted({str(study.meta(c)["precision"]) for c in cells})
         rows.append(
             {
@@ -356,6 +359,7 @@ def framework_table(study: Study) -> pd.DataFrame:
                     if best_p
                     else "—"
                 ),
+                "AR peak memory MB (source)": f"{fmt(peak / 1e6, 0)} ({source})" if isnum(peak) else "—",
                 "Its memory overhead (MB)": (
                     fmt(best_p.memory_overhead_bytes / 1e6, 1)
                     if best_p and isnum(best_p.memory_overhead_bytes)

@@ -76,8 +76,8 @@ class ServingBackend(Backend):
     """A backend behind a server: requests can be offered one by one at a rate (serving sweeps).
 
     The runner's serving driver calls exactly these: :meth:`ensure_server` once per cell,
-    :meth:`send` per request (from many threads), :meth:`scrape` before and after the run and
-    :meth:`run_acceptance` to scope the engine's counters to it.
+    :meth:`send` for untimed warm-up requests and :meth:`offer_run` for the timed run (the load
+    generator's schedule, the server's counters scoped to the run, its memory and batch gauges).
     """
 
     @abstractmethod
@@ -88,10 +88,17 @@ class ServingBackend(Backend):
     def send(self, request: Request, sampling: Sampling, cell: Cell, timeout_s: float | None = None) -> RequestRecord:
         """One request, one record; never raises for a server or network failure."""
 
-    def scrape(self) -> Any:
-        """The engine's counters now (None when it has none)."""
-        return None
-
-    def run_acceptance(self, before: Any, after: Any, records: Sequence[RequestRecord]) -> dict[str, Any] | None:
-        """Acceptance of exactly one run, from two scrapes and its records (None when unknown)."""
-        return None
+    @abstractmethod
+    def offer_run(
+        self,
+        requests: Sequence[Request],
+        sampling: Sampling,
+        cell: Cell,
+        offsets: Sequence[float],
+        *,
+        concurrency: int | None,
+        request_timeout_s: float,
+        run_timeout_s: float,
+    ) -> Any:
+        """Offer ``requests[i]`` at ``offsets[i]`` s; a result with ``records``, ``wall_s``,
+        ``run_acceptance`` and ``watch`` (see :class:`specstudy.backends.server.ServedBatch`)."""

@@ -198,7 +198,9 @@ class ManagedServer:
             code = self.proc.poll()
             if code is not None:
                 raise ServerStartError(
-                    f"server exited with code {code} before it was ready; log {self.log_path}:\n{self.log_tail()}"
+                    f"server exited with code {code} before it was ready; command: "
+                    f"{self.info.command if self.info else shlex.join(self.argv_template)}; "
+                    f"log {self.log_path}:\n{self.log_tail()}"
                 )
             try:
                 status, _ = http_get(self.url + self.health_path, timeout_s=min(5.0, self.ready_timeout_s))
@@ -209,8 +211,9 @@ class ManagedServer:
                 last = str(e)
             if time.monotonic() >= deadline:
                 raise ServerStartError(
-                    f"server not ready after {self.ready_timeout_s:.0f} s "
-                    f"(last health answer: {last}); log {self.log_path}:\n{self.log_tail()}"
+                    f"server not ready after {self.ready_timeout_s:.0f} s (ready_timeout_s; last health answer: "
+                    f"{last}); command: {self.info.command if self.info else shlex.join(self.argv_template)}; "
+                    f"log {self.log_path}:\n{self.log_tail()}"
                 )
             time.sleep(self.poll_s)
 

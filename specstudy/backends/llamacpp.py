@@ -42,8 +42,9 @@ What llama.cpp reports, and how the kit counts (checked on xllamacpp 2026.10.115
   stay None), and, when attached to a server the kit did not start, its speculative parameters
   other than the type (``/slots``).
 
-Memory: the peak RSS of the server's process tree during each :meth:`run` (``server_rss``); None
-when attached.
+Memory: the peak RSS of the server's process tree during each run, batch and request-rate cells
+alike (``server_rss``, :mod:`specstudy.backends.watch`); None when attached.  The server's
+``requests_processing`` gauge, sampled during the run, is its running batch.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..data.models import needs_download
@@ -60,7 +61,6 @@ from .lifecycle import http_get
 from .llamacpp_config import METHODS, NOT_SERVER_KEYS, Plan, server_argv, spec_config
 from .llamacpp_config import check as _check
 from .prometheus import MetricSamples, metric_by_label, metric_total
-from .rss import TreeRssSampler
 from .server import ServerBackend
 from .sse import StreamState
 
@@ -202,6 +202,8 @@ class LlamaCppBackend(ServerBackend):
     api_path = "/completion"
     health_path = "/health"
     metrics_path = "/metrics"
+    #: llama.cpp's own gauges (``--metrics``): requests decoding now, requests waiting for a slot
+    GAUGES = {"running": "llamacpp:requests_processing", "waiting": "llamacpp:requests_deferred"}
 
     def __init__(
         self,
@@ -395,29 +397,32 @@ class LlamaCppBackend(ServerBackend):
             rec.drafted_tokens, rec.accepted_tokens = int(t["draft_n"]), int(t["draft_n_accepted"])
             rec.extra["acceptance_source"] = "llama.cpp timings.draft_n/draft_n_accepted"
 
-    def send(self, request: Request, sampling: Sampling, cell: Cell, timeout_s: float | None = None) -> RequestRecord:
-        rec = super().send(request, sampling, cell, timeout_s)
+    def after_send(self, rec: RequestRecord, cell: Cell) -> None:
+        """Every record says which GGUFs, build, speculation and prompt cache served it."""
         if self.server_info is not None:
             prov = self.provenance(cell)
             rec.extra["llamacpp"] = prov
             rec.extra["precision"] = prov.get("precision")
-        return rec
 
     # ---- a run --------------------------------------------------------------------------------
 
-    def run(self, requests: Sequence[Request], sampling: Sampling, cell: Cell) -> Iterator[RequestRecord]:
-        """The base run, with the server tree's peak RSS sampled while it lasts."""
-        self.ensure_server(cell)
-        proc = self.server.proc if self.server is not None else None
-        if proc is None:
-            yield from super().run(requests, sampling, cell)
-            return
-        with TreeRssSampler(proc.pid, self.rss_period_s) as rss:
-            records = list(super().run(requests, sampling, cell))
-        for rec in records:
-            rec.peak_memory_bytes, rec.memory_source = rss.peak, "server_rss"
-            rec.extra["rss_samples"] = rss.samples
-        yield from records
+    def run_prefix_cache(
+        self, before: MetricSamples | None, after: MetricSamples | None, records: Sequence[RequestRecord]
+    ) -> dict[str, Any] | None:
+        """Prompt tokens llama.cpp took from its slot cache (``timings.cache_n``) over all prompt tokens
+        (``cache_n + prompt_n``), summed over the run's requests; None when no request reported them."""
+        timed = [(r.extra.get("llamacpp_timings") or {}) for r in records]
+        timed = [t for t in timed if "cache_n" in t and "prompt_n" in t]
+        if not timed:
+            return None
+        hits = sum(int(t["cache_n"]) for t in timed)
+        queries = hits + sum(int(t["prompt_n"]) for t in timed)
+        return {
+            "source": "llama.cpp timings.cache_n / (cache_n + prompt_n), summed over the run's requests (tokens)",
+            "queries": queries,
+            "hits": hits,
+            "hit_rate": hits / queries if queries else None,
+        }
 
     def run_acceptance(
         self, before: MetricSamples | None, after: MetricSamples | None, records: Sequence[RequestRecord]

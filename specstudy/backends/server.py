@@ -1,8 +1,10 @@
 """The shared machinery of every server backend (vLLM, SGLang, llama.cpp, any OpenAI-compatible).
 
 :class:`ServerBackend` starts (or attaches to) the server that matches the cell's method, sends
-each request with a hard per-request deadline, turns the SSE stream into a
-:class:`~specstudy.records.RequestRecord`, and scopes acceptance to the run.  A failed or
+each request with a hard per-request deadline over one asyncio client (:mod:`.loadgen`: batch
+cells and request-rate cells alike), turns the SSE stream into a
+:class:`~specstudy.records.RequestRecord`, scopes acceptance to the run and watches the server
+while it lasts (:mod:`.watch`: process-tree memory, its own batch gauges).  A failed or
 timed-out request is a record with ``status`` set, never an exception.  Acceptance a server does
 not report stays ``None``.  Subclasses say how to start their server (:meth:`server_argv`), how
 to build a request (:meth:`request_body`), how to read a chunk (:meth:`consume`) and where the
@@ -11,25 +13,28 @@ acceptance counters are (:meth:`fill_acceptance`, :meth:`run_acceptance`).
 
 from __future__ import annotations
 
-import http.client
+import asyncio
 import json
 import os
 import shlex
-import socket
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import httpx
 
 from ..data.models import resolve_for_engine as resolve_model
 from ..metrics import acceptance_summary
 from ..records import Cell, Request, RequestRecord, Sampling
 from .base import ServingBackend, encode_request
 from .lifecycle import ManagedServer, ServerInfo, connect, http_get, split_url
+from .loadgen import batch_deadline, new_client, offer, run_sync
 from .prometheus import MetricSamples, parse_prometheus
-from .sse import Deadline, RequestFailed, StreamState, iter_sse
+from .sse import RequestFailed, StreamState, aiter_sse
+from .watch import ServerWatch, WatchResult
 
 # cell options that describe the offered load (serving benchmark), not the server's configuration
 LOAD_OPTIONS = frozenset({"rate", "burstiness", "concurrency", "load"})
@@ -323,51 +328,123 @@ class ServerBackend(ServingBackend):
 
     # ---- one request ----------------------------------------------------------------------
 
+    def encode_body(self, request: Request, sampling: Sampling) -> bytes:
+        """The request body as sent (built before a run's clock starts: tokenizing is not sending)."""
+        return json.dumps(self.request_body(request, sampling)).encode()
+
+    def headers(self) -> dict[str, str]:
+        h = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+        if self.api_key:
+            h["Authorization"] = f"Bearer {self.api_key}"
+        return h
+
     def send(self, request: Request, sampling: Sampling, cell: Cell, timeout_s: float | None = None) -> RequestRecord:
-        """One streamed request → one record; never raises for a server or network failure."""
-        budget = self.request_timeout_s if timeout_s is None else min(timeout_s, self.request_timeout_s)
-        rec = cell.new_record(request, sampling, input_policy=getattr(request, "input_policy", "") or "")
-        rec.extra["endpoint"] = self.api_path
-        if self.server_info is not None:
-            rec.extra["server"] = self.server_info.as_dict()
-        st = StreamState()
+        """One streamed request → one record (warm-up, cost probes); the same path as a run's sends."""
         if self.url is None:
             try:
                 with self._start_lock:
                     self.ensure_server(cell)
             except (OSError, ValueError, RuntimeError) as e:  # ServerStartError is a RuntimeError
+                rec = cell.new_record(request, sampling, input_policy=getattr(request, "input_policy", "") or "")
                 rec.status, rec.error = "error", f"no server: {e}"[:2000]
                 return rec
-        host, port, base = split_url(self.url)
-        body = json.dumps(self.request_body(request, sampling)).encode()
-        headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
-        conn = http.client.HTTPConnection(host, port, timeout=min(self.idle_timeout_s, budget))
-        expired = threading.Event()
 
-        def on_deadline() -> None:  # unblocks a read that the socket timeout alone cannot bound
-            expired.set()
-            sock = conn.sock
-            if sock is not None:
-                try:
-                    sock.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+        async def once() -> RequestRecord:
+            async with new_client() as client:
+                return await self.send_async(client, request, sampling, cell, timeout_s)
 
-        timer = threading.Timer(budget, on_deadline)
-        timer.daemon = True
-        t0 = time.perf_counter()
-        rec.start_epoch = time.time()
-        timer.start()
+        return run_sync(once)
+
+    def prepare_send(
+        self,
+        client: httpx.AsyncClient,
+        request: Request,
+        sampling: Sampling,
+        cell: Cell,
+        timeout_s: float | None = None,
+        *,
+        body: bytes | None = None,
+    ) -> PreparedSend:
+        """Everything a send needs, built before its scheduled time (the record, the HTTP request):
+        the load generator calls this ahead, so the send itself is only the HTTP exchange."""
+        budget = self.request_timeout_s if timeout_s is None else min(timeout_s, self.request_timeout_s)
+        budget = max(budget, 1e-3)
+        rec = cell.new_record(request, sampling, input_policy=getattr(request, "input_policy", "") or "")
+        rec.extra["endpoint"] = self.api_path
+        if self.url is None:
+            rec.status, rec.error = "error", "no server: the backend has no server for this cell"
+            return PreparedSend(request, rec, None, budget)
+        if self.server_info is not None:
+            rec.extra["server"] = self.server_info.as_dict()
+        payload = body if body is not None else self.encode_body(request, sampling)
+        timeout = httpx.Timeout(budget, read=min(self.idle_timeout_s, budget))
+        req = client.build_request(
+            "POST", self.url + self.api_path, content=payload, headers=self.headers(), timeout=timeout
+        )
+        return PreparedSend(request, rec, req, budget)
+
+    async def transmit(
+        self,
+        client: httpx.AsyncClient,
+        prep: PreparedSend,
+        cell: Cell,
+        origin: float | None = None,
+        budget_s: float | None = None,
+    ) -> RequestRecord:
+        """Send a prepared request and read its stream into its record; never raises for a server
+        or network failure.  ``origin`` is the run's start (perf_counter) ``sent_s`` counts from;
+        ``budget_s`` shortens the prepared budget (what the run deadline leaves now)."""
+        rec, st = prep.record, StreamState()
+        if prep.http is None:
+            return rec
+        budget = prep.budget if budget_s is None else min(prep.budget, budget_s)
         try:
-            conn.request("POST", base + self.api_path, body=body, headers=headers)
-            resp = conn.getresponse()
-            if resp.status != 200:
-                raise RequestFailed(f"HTTP {resp.status}: {resp.read(2000).decode('utf-8', 'replace')}")
-            for data in iter_sse(resp):
-                if expired.is_set():
-                    raise Deadline()
+            await asyncio.wait_for(self._stream(client, prep.http, rec, st, origin), budget)
+        except asyncio.TimeoutError:
+            rec.status, rec.error = "timeout", f"no complete answer within {budget:.1f} s"
+        except httpx.ReadTimeout:
+            rec.status, rec.error = "timeout", f"no data for {self.idle_timeout_s:.1f} s"
+        except httpx.TimeoutException as e:
+            rec.status, rec.error = "timeout", f"{type(e).__name__}: {e}"[:2000]
+        except (httpx.HTTPError, OSError, ValueError, RequestFailed) as e:
+            rec.status, rec.error = "error", f"{type(e).__name__}: {e}"[:2000]
+        self._finish(rec, prep.request, st)
+        self.after_send(rec, cell)
+        return rec
+
+    async def send_async(
+        self,
+        client: httpx.AsyncClient,
+        request: Request,
+        sampling: Sampling,
+        cell: Cell,
+        timeout_s: float | None = None,
+        *,
+        body: bytes | None = None,
+        origin: float | None = None,
+    ) -> RequestRecord:
+        """One streamed request → one record (:meth:`prepare_send` then :meth:`transmit`).
+
+        ``timeout_s`` bounds the whole request (connect to last byte), ``idle_timeout_s`` the
+        silence between two chunks.
+        """
+        prep = self.prepare_send(client, request, sampling, cell, timeout_s, body=body)
+        return await self.transmit(client, prep, cell, origin)
+
+    async def _stream(
+        self, client: httpx.AsyncClient, req: httpx.Request, rec: RequestRecord, st: StreamState, origin: float | None
+    ) -> None:
+        """Send ``req`` and read its SSE stream into ``rec`` (times from the send) and ``st``."""
+        t0 = time.perf_counter()  # the send: right before the HTTP exchange, nothing else in between
+        rec.start_epoch = time.time()
+        if origin is not None:
+            rec.sent_s = t0 - origin
+        resp = await client.send(req, stream=True)
+        try:
+            if resp.status_code != 200:
+                text = (await resp.aread())[:2000].decode("utf-8", "replace")
+                raise RequestFailed(f"HTTP {resp.status_code}: {text}")
+            async for data in aiter_sse(resp.aiter_lines()):
                 if data.strip() == "[DONE]":
                     break
                 obj = json.loads(data)
@@ -380,26 +457,12 @@ class ServerBackend(ServingBackend):
                         rec.first_token_s = t
                     rec.chunk_times_s.append(t)
                     rec.chunk_tokens.append(n)
-            if expired.is_set():
-                raise Deadline()
             rec.end_s = time.perf_counter() - t0
-        except (Deadline, TimeoutError) as e:
-            rec.status = "timeout"
-            rec.error = (
-                f"no complete answer within {budget:.1f} s"
-                if isinstance(e, Deadline) or expired.is_set()
-                else f"no data for {self.idle_timeout_s:.1f} s"
-            )
-        except (OSError, http.client.HTTPException, ValueError, RequestFailed) as e:
-            if expired.is_set():
-                rec.status, rec.error = "timeout", f"no complete answer within {budget:.1f} s"
-            else:
-                rec.status, rec.error = "error", f"{type(e).__name__}: {e}"[:2000]
         finally:
-            timer.cancel()
-            conn.close()
-        self._finish(rec, request, st)
-        return rec
+            await resp.aclose()
+
+    def after_send(self, rec: RequestRecord, cell: Cell) -> None:
+        """What a subclass adds to every record once its request is done (llama.cpp's provenance)."""
 
     def _finish(self, rec: RequestRecord, request: Request, st: StreamState) -> None:
         usage = st.usage or {}
@@ -418,19 +481,133 @@ class ServerBackend(ServingBackend):
             rec.status, rec.error = "error", "stream ended without output tokens"
         self.fill_acceptance(rec, st)
 
-    # ---- a batch --------------------------------------------------------------------------
+    # ---- a run ------------------------------------------------------------------------------
+
+    #: the server's own gauges sampled while a run lasts: {key: Prometheus metric name}
+    GAUGES: dict[str, str] = {}
+    gauge_period_s: float = 0.5
+    rss_period_s: float = 0.02
+
+    def offer_run(
+        self,
+        requests: Sequence[Request],
+        sampling: Sampling,
+        cell: Cell,
+        offsets: Sequence[float],
+        *,
+        concurrency: int | None,
+        request_timeout_s: float,
+        run_timeout_s: float,
+    ) -> ServedBatch:
+        """The one path of every server run: counters scraped before and after, the server
+        watched (memory, batch gauges), the requests offered on schedule by the load generator.
+
+        Raises :class:`ServerDied` (carrying the records, unfinished ones as ``error`` rows with
+        the server's last log lines) when the server the kit started exits during the run.
+        """
+        self.ensure_server(cell)
+        pid = self.server.proc.pid if self.server is not None and self.server.proc is not None else None
+        before = self.scrape()
+        with ServerWatch(
+            pid,
+            self.scrape if self.GAUGES else None,
+            self.GAUGES,
+            rss_period_s=self.rss_period_s,
+            gauge_period_s=self.gauge_period_s,
+        ) as watch:
+            records, wall = offer(
+                self,
+                requests,
+                sampling,
+                cell,
+                offsets,
+                concurrency=concurrency,
+                request_timeout_s=request_timeout_s,
+                run_timeout_s=run_timeout_s,
+            )
+        self.check_alive(records)
+        after = self.scrape()
+        acceptance = self.run_acceptance(before, after, records)
+        self.last_run_acceptance = acceptance
+        prefix = self.run_prefix_cache(before, after, records)
+        peak, source = watch.result.memory()
+        block = {**watch.result.as_extra(), **self.engine_memory(after)}
+        for rec in records:
+            if peak is not None:
+                rec.peak_memory_bytes, rec.memory_source = peak, source
+            rec.extra["server_watch"] = block
+            if prefix is not None:  # run-level, like run_scope: NOT a per-request number
+                rec.extra["prefix_cache_counters"] = prefix
+        return ServedBatch(records, wall, acceptance, watch.result)
+
+    def engine_memory(self, samples: MetricSamples | None) -> dict[str, Any]:
+        """The engine's own memory figures (KV cache) where its /metrics report them."""
+        return {}
+
+    def run_prefix_cache(
+        self, before: MetricSamples | None, after: MetricSamples | None, records: Sequence[RequestRecord]
+    ) -> dict[str, Any] | None:
+        """The run's prefix-cache hits from what the server reports; None where it reports none."""
+        return None
+
+    def check_alive(self, records: Sequence[RequestRecord]) -> None:
+        """Raise :class:`ServerDied` if the kit's server exited during the run (records kept)."""
+        server = self.server
+        proc = server.proc if server is not None else None
+        if server is None or proc is None or proc.poll() is None:
+            return
+        tail = server.log_tail(20)
+        why = f"server exited with code {proc.returncode} during the run; log {server.log_path}, last lines:\n{tail}"
+        for rec in records:
+            if rec.status != "ok":
+                rec.status, rec.error = "error", f"{why}\n(request: {rec.error})"[:4000]
+        self.stop_server()
+        raise ServerDied(why, list(records))
 
     def run(self, requests: Sequence[Request], sampling: Sampling, cell: Cell) -> Iterator[RequestRecord]:
-        """Send the cell's requests ``cell.batch_size`` at a time; acceptance scoped to this run."""
+        """The cell's requests ``cell.batch_size`` at a time (a closed loop of that many clients)."""
         if cell.batch_size < 1:
             raise ValueError(f"batch_size={cell.batch_size!r}: must be >= 1")
-        self.ensure_server(cell)
-        before = self.scrape()
-        with ThreadPoolExecutor(max_workers=cell.batch_size) as pool:
-            records = list(pool.map(lambda r: self.send(r, sampling, cell), requests))
-        after = self.scrape()
-        self.last_run_acceptance = self.run_acceptance(before, after, records)
-        for rec in records:
+        batch = self.offer_run(
+            requests,
+            sampling,
+            cell,
+            [0.0] * len(requests),
+            concurrency=cell.batch_size,
+            request_timeout_s=self.request_timeout_s,
+            run_timeout_s=batch_deadline(len(requests), cell.batch_size, self.request_timeout_s),
+        )
+        for rec in batch.records:
             # the same run-level block on every record of the run: NOT a per-request number
-            rec.extra["run_scope"] = {"acceptance": self.last_run_acceptance, "n_requests": len(records)}
+            rec.extra["run_scope"] = {"acceptance": batch.run_acceptance, "n_requests": len(batch.records)}
             yield rec
+
+
+@dataclass
+class PreparedSend:
+    """A request made ready to send: its record so far, the HTTP request (None: nothing to send)
+    and its time budget."""
+
+    request: Request
+    record: RequestRecord
+    http: httpx.Request | None
+    budget: float
+
+
+@dataclass
+class ServedBatch:
+    """One server run: its records in request order, wall time, run-scoped acceptance, what the watch saw."""
+
+    records: list[RequestRecord]
+    wall_s: float
+    run_acceptance: dict[str, Any] | None
+    watch: WatchResult
+
+
+class ServerDied(RuntimeError):
+    """The server the kit started exited during a run; ``records`` hold the run's rows (the
+    unfinished ones as ``error`` rows naming the exit code and the log's last lines)."""
+
+    def __init__(self, message: str, records: list[RequestRecord]):
+        super().__init__(message)
+        self.records = records

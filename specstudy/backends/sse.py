@@ -1,14 +1,13 @@
 """The streaming HTTP client of every server backend: SSE events and what a stream carried.
 
-Servers stream ``text/event-stream`` bodies; :func:`iter_sse` yields their ``data:`` payloads
+Servers stream ``text/event-stream`` bodies; :func:`aiter_sse` yields their ``data:`` payloads
 and :class:`StreamState` accumulates text, token ids, usage and the engine-specific blocks
 (llama.cpp ``timings``, vLLM ``metrics``, SGLang ``meta_info``) that a backend reads afterwards.
 """
 
 from __future__ import annotations
 
-import http.client
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,29 +16,43 @@ class RequestFailed(Exception):
     """The server answered with an error (HTTP status or an error object in the stream)."""
 
 
-class Deadline(Exception):
-    """The request's wall-clock budget ran out."""
+class SseDecoder:
+    """``text/event-stream`` framing: lines in, one ``data:`` payload out per event.
 
+    Pure (no I/O), so the asyncio client and the tests share it: a blank line ends an event,
+    ``:`` lines are comments, several ``data:`` lines of one event are joined with newlines.
+    """
 
-def iter_sse(resp: http.client.HTTPResponse) -> Iterator[str]:
-    """The ``data:`` payloads of a ``text/event-stream`` body, one per event."""
-    data: list[str] = []
-    while True:
-        raw = resp.readline()
-        if not raw:
-            break
-        line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+    def __init__(self) -> None:
+        self._data: list[str] = []
+
+    def feed(self, line: str) -> str | None:
+        """One line (with or without its line ending); the finished event's payload, if any."""
+        line = line.rstrip("\r\n")
         if not line:
-            if data:
-                yield "\n".join(data)
-                data = []
-            continue
-        if line.startswith(":"):
-            continue
+            return self.flush()
         if line.startswith("data:"):
-            data.append(line[5:].lstrip(" "))
-    if data:
-        yield "\n".join(data)
+            self._data.append(line[5:].lstrip(" "))
+        return None
+
+    def flush(self) -> str | None:
+        """The pending event at the end of the stream (a server that omits the last blank line)."""
+        if not self._data:
+            return None
+        out, self._data = "\n".join(self._data), []
+        return out
+
+
+async def aiter_sse(lines: AsyncIterator[str]) -> AsyncIterator[str]:
+    """The ``data:`` payloads of a streamed body given as its lines (``httpx.Response.aiter_lines``)."""
+    decoder = SseDecoder()
+    async for line in lines:
+        event = decoder.feed(line)
+        if event is not None:
+            yield event
+    last = decoder.flush()
+    if last is not None:
+        yield last
 
 
 @dataclass

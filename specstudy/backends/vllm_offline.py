@@ -61,6 +61,8 @@ _COUNTERS = {
     "accepted_tokens": "vllm:spec_decode_num_accepted_tokens",
 }
 _PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
+#: prefix-cache counters of ``llm.get_metrics()`` (tokens looked up / found), as on the server's /metrics
+_PREFIX = {"prefix_queries": "vllm:prefix_cache_queries", "prefix_hits": "vllm:prefix_cache_hits"}
 
 
 def import_vllm():
@@ -102,10 +104,10 @@ def engine_kwargs(model_path: str, options: Mapping[str, Any], spec_cfg: dict[st
 
 def counters_snapshot(metrics: Sequence[Any]) -> dict[str, Any]:
     """{drafts, draft_tokens, accepted_tokens, per_pos} summed over engines from ``get_metrics()``."""
-    out: dict[str, Any] = {k: 0 for k in _COUNTERS}
+    out: dict[str, Any] = {k: 0 for k in (*_COUNTERS, *_PREFIX)}
     per_pos: list[int] = []
     for m in metrics:
-        for key, name in _COUNTERS.items():
+        for key, name in (*_COUNTERS.items(), *_PREFIX.items()):
             if m.name == name:
                 out[key] += int(m.value)
         if m.name == _PER_POS:
@@ -132,6 +134,18 @@ def snapshot_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, A
         # vLLM's mean acceptance length = 1 + accepted / drafts: the kit's AL (drafts = draft steps)
         "vllm_mean_acceptance_length": acceptance_length(d["accepted_tokens"], d["drafts"]) if d["drafts"] else None,
         "per_position": per_position_unconditional(per_pos, d["drafts"]) if d["drafts"] else None,
+    }
+
+
+def prefix_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """The run's prefix-cache lookups and hits (tokens) from ``llm.get_metrics()`` (after − before)."""
+    q = after.get("prefix_queries", 0) - before.get("prefix_queries", 0)
+    h = after.get("prefix_hits", 0) - before.get("prefix_hits", 0)
+    return {
+        "source": "llm.get_metrics vllm:prefix_cache_queries / vllm:prefix_cache_hits (run deltas, tokens)",
+        "queries": q,
+        "hits": h,
+        "hit_rate": h / q if q else None,
     }
 
 
@@ -175,10 +189,13 @@ class VllmEngine:
         records: list[RequestRecord] = []
         for i in range(0, len(requests), cell.batch_size):
             records.extend(self._batch(llm, list(requests[i : i + cell.batch_size]), params, sampling, cell))
-        self.last_run_acceptance = snapshot_delta(before, counters_snapshot(llm.get_metrics()))
+        after = counters_snapshot(llm.get_metrics())
+        self.last_run_acceptance = snapshot_delta(before, after)
+        prefix = prefix_delta(before, after)
         for rec in records:
             rec.extra["run_scope"] = {"acceptance": self.last_run_acceptance, "n_requests": len(records)}
             rec.extra["engine_prefix_cache"] = bool(self.options.get("prefix_cache") or False)
+            rec.extra["prefix_cache_counters"] = prefix  # run-level: NOT a per-request number
         return records
 
     @staticmethod

@@ -42,6 +42,19 @@ SPEC_COUNTERS = {
     "accepted_tokens": "vllm:spec_decode_num_accepted_tokens_total",
 }
 PER_POS_COUNTER = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+#: prefix-cache counters (tokens looked up / found in the cache), checked on a live 0.32.0 /metrics
+PREFIX_CACHE_COUNTERS = {"queries": "vllm:prefix_cache_queries_total", "hits": "vllm:prefix_cache_hits_total"}
+#: the engine's cache configuration as labels of an info gauge (block size, blocks, prefix caching)
+CACHE_CONFIG_INFO = "vllm:cache_config_info"
+CACHE_CONFIG_LABELS = (
+    "block_size",
+    "num_gpu_blocks",
+    "num_cpu_blocks",
+    "cache_dtype",
+    "enable_prefix_caching",
+    "kv_cache_memory_bytes",
+    "cpu_kvcache_space_bytes",
+)
 
 #: study method name -> vLLM speculative_config "method" (each pinned version runs a subset:
 #: specstudy.engines.capabilities.vllm_methods)
@@ -142,8 +155,23 @@ class VllmServerBackend(ServerBackend):
     metrics_path = "/metrics"
     #: options this backend reads (on top of the server base class's keyword arguments)
     OPTIONS = frozenset(
-        {"dtype", "max_model_len", "tensor_parallel_size", "gpu_memory_utilization", "prefix_cache", "spec_metrics"}
+        {
+            "dtype",
+            "max_model_len",
+            "tensor_parallel_size",
+            "gpu_memory_utilization",
+            "max_num_seqs",
+            "enforce_eager",
+            "prefix_cache",
+            "spec_metrics",
+        }
     )
+    #: vLLM's own batch gauges: requests in the running batch, waiting, and the KV cache in use (0..1)
+    GAUGES = {
+        "running": "vllm:num_requests_running",
+        "waiting": "vllm:num_requests_waiting",
+        "kv_cache_usage": "vllm:kv_cache_usage_perc",
+    }
 
     @classmethod
     def check(
@@ -205,9 +233,12 @@ class VllmServerBackend(ServerBackend):
             ("max_model_len", "--max-model-len"),
             ("tensor_parallel_size", "--tensor-parallel-size"),
             ("gpu_memory_utilization", "--gpu-memory-utilization"),
+            ("max_num_seqs", "--max-num-seqs"),
         ):
             if self.options.get(opt) is not None:
                 argv += [flag, str(self.options[opt])]
+        if self.options.get("enforce_eager"):  # no torch.compile / CUDA graphs: a CPU server starts in ~1 min, not ~3
+            argv.append("--enforce-eager")
         if cfg is not None:
             argv += [
                 "--speculative-config",
@@ -261,6 +292,33 @@ class VllmServerBackend(ServerBackend):
         if before is None or after is None or metric_total(after, SPEC_COUNTERS["drafts"]) is None:
             return per_request
         return {**counter_acceptance(before, after), "per_request_sum": per_request}
+
+    def run_prefix_cache(
+        self, before: MetricSamples | None, after: MetricSamples | None, records: Sequence[RequestRecord]
+    ) -> dict[str, Any] | None:
+        """The run's prefix-cache lookups and hits (tokens) from vLLM's own counters (after − before)."""
+        return prefix_cache_delta(before, after)
+
+    def engine_memory(self, samples: MetricSamples | None) -> dict[str, Any]:
+        """vLLM's KV-cache configuration as its ``cache_config_info`` gauge reports it."""
+        for labels, _ in (samples or {}).get(CACHE_CONFIG_INFO, []):
+            return {"kv_cache_config": {k: labels[k] for k in CACHE_CONFIG_LABELS if k in labels}}
+        return {}
+
+
+def prefix_cache_delta(before: MetricSamples | None, after: MetricSamples | None) -> dict[str, Any] | None:
+    """{queries, hits, hit_rate} over a run from two scrapes; None when the server has no such counters."""
+    if before is None or after is None or metric_total(after, PREFIX_CACHE_COUNTERS["queries"]) is None:
+        return None
+    d = {
+        k: int(round((metric_total(after, n) or 0.0) - (metric_total(before, n) or 0.0)))
+        for k, n in PREFIX_CACHE_COUNTERS.items()
+    }
+    return {
+        "source": "vllm:prefix_cache_queries_total / vllm:prefix_cache_hits_total (run deltas, tokens)",
+        **d,
+        "hit_rate": d["hits"] / d["queries"] if d["queries"] else None,
+    }
 
 
 def counter_acceptance(before: MetricSamples, after: MetricSamples) -> dict[str, Any]:

@@ -53,7 +53,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--python",
         default=None,
-        help="interpreter of the engine's environment (default .venv-engines/bin/python if present)",
+        help="interpreter of the engine's environment (default: the kit's pinned env of the engine, e.g. .venv-vllm, when installed)",
     )
     p.add_argument(
         "--server-command",
@@ -128,14 +128,23 @@ def _prompts(args: argparse.Namespace, n: int):
     return [Request(prompt_id=f"p{i:03d}", prompt=texts[i % len(texts)], task="adhoc") for i in range(n)]
 
 
+def _engine_python(backend: str) -> str:
+    """The interpreter of the backend's pinned engine environment when it is installed (vLLM's,
+    SGLang's: specstudy.engines.environments), else this one."""
+    from ..engines.environments import FRAMEWORK_ENGINE, engine_env, is_installed, python_of
+
+    engine = FRAMEWORK_ENGINE.get(backend)
+    if engine is None:
+        return sys.executable
+    env = engine_env(engine)
+    return str(python_of(env)) if is_installed(env) else sys.executable
+
+
 def _backend(args, envs, url):
     from ..backends import get_backend
 
     gpu = shutil.which("nvidia-smi") is not None
-    python = args.python
-    if python is None:
-        cand = REPO / ".venv-engines" / "bin" / "python"
-        python = str(cand) if cand.exists() else sys.executable
+    python = args.python or _engine_python(args.backend)
     opts = dict(
         model=args.model,
         drafter=args.drafter,

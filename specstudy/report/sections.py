@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 from matplotlib.figure import Figure
 
-from ..analysis import conditions, engine_costs, fails, figures, frames, stats, tables
+from ..analysis import conditions, engine_costs, fails, figures, frames, rates, stats, tables
 from ..analysis.format import FAMILY_TITLES, TASK_TITLES, fmt, fmt_ci
 from ..analysis.study import Study
 from .summary import summary_markdown
@@ -236,6 +236,52 @@ def when_it_fails_section(study: Study) -> Section:
     return sec
 
 
+def serving_section(study: Study) -> Section:
+    """FAQ Q2: the request-rate sweep on servers, where speculation stops paying, the sender's
+    schedule, and the prefix cache off and on with the engine's own hit counts."""
+    sec = Section("Serving: request-rate sweep and prefix cache")
+    raw = rates.rate_frame(study)
+    parts: list[str] = []
+    if raw.empty:
+        parts.append("_no request-rate cells in this study (add `request_rates` to a sweep of a server framework)_\n")
+    else:
+        slo_ms = 1e3 * (rates.DEFAULT_SLO.tpot_s or 0)
+        table = rates.rate_table(raw)
+        sec.tables["serving_rates"] = (table, raw)
+        stop = rates.stops_paying_table(raw)
+        sec.tables["serving_stops_paying"] = (stop, None)
+        sec.figures["serving_throughput_latency"] = figures.throughput_latency(raw)
+        parts += [
+            "Requests offered by the kit's asyncio load generator (Poisson arrivals at each rate; inf: all at "
+            "once). Throughputs over the run's span; TTFT and TPOT p50 / p99 over ok requests; goodput = requests/s "
+            f"meeting TPOT ≤ {slo_ms:.0f} ms (the seed's FAQ Q1 figure for comfortable chat; the default SLO). "
+            "Mean running batch: the engine's own gauge (vLLM `vllm:num_requests_running`, llama.cpp "
+            "`llamacpp:requests_processing`) averaged over samples taken every 0.5 s while the run lasted. Send "
+            "lag: actual − scheduled send time per request (the sender's own delay, not server queueing). Speedup: "
+            "paired AR E2E latency / speculative, same prompts at the same rate. Peak memory: the server process "
+            "tree's RSS (NVML device memory on GPUs).\n",
+            markdown_table(table),
+            "\nWhere speculation stops paying (the lowest offered rate whose paired speedup ≤ 1):\n",
+            markdown_table(stop),
+        ]
+    pc_raw = rates.prefix_cache_frame(study)
+    parts.append("\n### Prefix cache off and on\n")
+    if pc_raw.empty:
+        parts.append("_no cells ran with the prefix cache both off and on_\n")
+    else:
+        pc = rates.prefix_cache_table(pc_raw)
+        sec.tables["serving_prefix_cache"] = (pc, pc_raw)
+        parts += [
+            "Lookups and hits are the engine's own counters over each run (vLLM "
+            "`vllm:prefix_cache_queries_total` / `vllm:prefix_cache_hits_total`, in tokens; offline "
+            "`llm.get_metrics()`); — where an engine reports none. A server the kit did not start has an unknown "
+            "setting and is not listed.\n",
+            markdown_table(pc),
+        ]
+    sec.markdown = "\n".join(parts)
+    return sec
+
+
 def hygiene_section(study: Study) -> Section:
     """The seed's benchmark-hygiene table, answered from the records and the plan."""
     if not study.records:
@@ -333,6 +379,11 @@ def report_sections(study: Study) -> list[Section]:
     secs += [
         task_category_section(study),
         when_it_fails_section(study),
+    ]
+    serving = serving_section(study)
+    if serving.tables:  # a study without servers or prefix-cache pairs has no such section
+        secs.append(serving)
+    secs += [
         hygiene_section(study),
         provenance_section(study),
         failures_section(study),

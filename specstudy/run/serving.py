@@ -9,17 +9,16 @@ one: requests the run deadline leaves unsent become ``timeout`` records, so a sw
 Arrivals: inter-arrival gaps ~ Gamma(shape=b, scale=1/(λ·b)); b = 1 is a Poisson process,
 b < 1 is burstier, b > 1 smoother (the convention of vLLM's ``benchmark_serving``).  λ = inf
 sends everything at once; ``concurrency`` then means a closed loop of that many clients, and
-with finite λ it caps the requests in flight.
+with finite λ it caps the requests in flight.  The sends themselves are the load generator's
+(:mod:`specstudy.backends.loadgen`: one asyncio client, each request's scheduled and actual send
+time in its record).
 """
 
 from __future__ import annotations
 
 import json
 import math
-import threading
-import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,8 @@ import numpy as np
 from ..analysis.serving import Slo, compare, json_safe, stops_paying, summarize
 from ..backends.base import ServingBackend
 from ..backends.lifecycle import ServerStartError
+from ..backends.loadgen import AsyncSender, offer
+from ..backends.server import ServerDied
 from ..records import Cell, Request, RequestRecord, Sampling, write_part
 from ..telemetry import Telemetry, TelemetrySampler
 
@@ -96,14 +97,8 @@ class Load:
         )
 
 
-def _unsent(request: Request, sampling: Sampling, cell: Cell, why: str) -> RequestRecord:
-    rec = cell.new_record(request, sampling, input_policy=getattr(request, "input_policy", "") or "")
-    rec.start_epoch, rec.status, rec.error = time.time(), "timeout", why
-    return rec
-
-
 def drive(
-    send,
+    sender: AsyncSender,
     requests: Sequence[Request],
     sampling: Sampling,
     cell: Cell,
@@ -113,55 +108,21 @@ def drive(
     run_timeout_s: float,
     seed: int = 0,
 ) -> tuple[list[RequestRecord], float]:
-    """Offer ``requests`` at ``load`` through ``send(request, sampling, cell, timeout_s)``.
+    """Offer ``requests`` at ``load`` through the load generator (:mod:`specstudy.backends.loadgen`).
 
     Returns the records in request order and the run's wall time.  No request gets more time
     than is left of ``run_timeout_s``; requests not sent by then are ``timeout`` records.
     """
-    if run_timeout_s <= 0 or request_timeout_s <= 0:
-        raise ValueError("request_timeout_s and run_timeout_s must be > 0")
-    n = len(requests)
-    offsets = arrival_offsets(n, load.rate, load.burstiness, seed)
-    records: list[RequestRecord | None] = [None] * n
-    t_start = time.monotonic()
-    deadline = t_start + run_timeout_s
-    gate = threading.Semaphore(load.concurrency) if load.concurrency else None
-
-    def one(i: int) -> None:
-        try:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                records[i] = _unsent(requests[i], sampling, cell, f"not sent: run time limit {run_timeout_s:.0f} s")
-                return
-            records[i] = send(requests[i], sampling, cell, min(request_timeout_s, left))
-        except Exception as e:  # a client bug must still leave a record, not a hole
-            rec = _unsent(requests[i], sampling, cell, f"{type(e).__name__}: {e}"[:2000])
-            rec.status = "error"
-            records[i] = rec
-        finally:
-            if gate is not None:
-                gate.release()
-
-    with ThreadPoolExecutor(max_workers=max(1, min(n, load.concurrency or n))) as pool:
-        for i, off in enumerate(offsets):
-            wait = t_start + off - time.monotonic()
-            if wait > 0:
-                time.sleep(min(wait, max(0.0, deadline - time.monotonic())))
-            if gate is not None:
-                got = gate.acquire(timeout=max(0.0, deadline - time.monotonic()))
-                if not got:
-                    records[i] = _unsent(
-                        requests[i], sampling, cell, "not sent: run time limit while waiting for a slot"
-                    )
-                    continue
-            if time.monotonic() >= deadline:
-                records[i] = _unsent(requests[i], sampling, cell, f"not sent: run time limit {run_timeout_s:.0f} s")
-                if gate is not None:
-                    gate.release()
-                continue
-            pool.submit(one, i)
-    wall = time.monotonic() - t_start
-    return [r for r in records if r is not None], wall
+    return offer(
+        sender,
+        list(requests),
+        sampling,
+        cell,
+        arrival_offsets(len(requests), load.rate, load.burstiness, seed),
+        concurrency=load.concurrency,
+        request_timeout_s=request_timeout_s,
+        run_timeout_s=run_timeout_s,
+    )
 
 
 @dataclass
@@ -190,26 +151,27 @@ def serve(
     telemetry_period_s: float,
     seed: int = 0,
 ) -> ServedRun:
-    """Start (or attach to) the cell's server, warm it up, then offer ``requests`` at ``load``."""
+    """Start (or attach to) the cell's server, warm it up, then offer ``requests`` at ``load``.
+
+    Raises :class:`~specstudy.backends.server.ServerDied` (with the run's records) when the
+    server exits during the run.
+    """
     backend.ensure_server(cell)
     warm = [backend.send(r, warmup_sampling, cell, request_timeout_s) for r in warmup]
-    before = backend.scrape()
     sampler = TelemetrySampler(telemetry_period_s).start()
     try:
-        records, wall = drive(
-            backend.send,
+        batch = backend.offer_run(
             list(requests),
             sampling,
             cell,
-            load,
+            arrival_offsets(len(requests), load.rate, load.burstiness, seed),
+            concurrency=load.concurrency,
             request_timeout_s=request_timeout_s,
             run_timeout_s=run_timeout_s,
-            seed=seed,
         )
     finally:
         tel = sampler.stop()
-    after = backend.scrape()
-    run_acc = backend.run_acceptance(before, after, records)
+    records, wall, run_acc = batch.records, batch.wall_s, batch.run_acceptance
     for rec in records:  # the same run-level block on every record of the run: NOT a per-request number
         rec.extra["run_scope"] = {"acceptance": run_acc, "n_requests": len(records), "wall_s": wall, "load": load.label}
     return ServedRun(records, wall, tel, run_acc, sum(1 for w in warm if w.status == "ok"), len(warm))
@@ -294,15 +256,13 @@ def run_sweep(
                     telemetry_period_s=cfg.telemetry_period_s,
                     seed=cfg.seed,
                 )
-            except ServerStartError as e:  # recorded; the other arm's results are kept
+            except (ServerStartError, ServerDied) as e:  # recorded; the other arm's results are kept
                 summary.setdefault("errors", []).append({"arm": arm, "method": method, "error": str(e)[-4000:]})
-                progress(f"[serve-bench] {arm} ({method}): server failed to start: {str(e)[:500]}")
+                progress(f"[serve-bench] {arm} ({method}): server failed: {str(e)[:500]}")
                 break
             summary["servers"][arm] = backend.server_info.as_dict() if getattr(backend, "server_info", None) else {}
+            # peak memory is the server watch's (process tree RSS, NVML per GPU), set by offer_run
             records, wall, tele = run.records, run.wall_s, run.telemetry.summary()
-            for rec in records:
-                if tele.get("gpu_mem_used_max_bytes") is not None:
-                    rec.peak_memory_bytes, rec.memory_source = int(tele["gpu_mem_used_max_bytes"]), "nvml_device"
             part = write_part(records, out_dir / "records" / f"{cell.cell_id}.parquet")
             s = summarize(records, wall, cfg.slo)
             s.update(

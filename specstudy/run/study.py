@@ -3,7 +3,9 @@
 A rerun skips every cell whose record part reads back, so a killed study loses at most the cell in
 flight and never duplicates records; a part that does not read back is moved aside and its cell
 runs again.  A cell that raises is recorded (``failed/<cell_id>.json``) and the others go on; an
-engine that failed to load fails its other cells at once instead of loading again.  The paired AR
+engine that failed to load fails its other cells at once instead of loading again.  A server
+that dies during a cell fails that cell (its rows, unfinished requests as ``error`` rows with the
+server's last log lines, go to ``failed/<cell_id>.parquet``); the next cell starts a new server.  The paired AR
 baseline of a speculative cell runs on the same engine with the same prompts and sampling, just
 before it.
 """
@@ -16,6 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..backends.server import ServerDied
 from ..config import StudyConfig, hardware_names, load_hardware_profile
 from ..data.tasks import load_requests
 from ..layout import StudyLayout
@@ -186,6 +189,21 @@ def _run_one(
         return summarize(plan, records, wall, baseline, summary)
     except KeyboardInterrupt:
         raise
+    except ServerDied as e:  # its rows are kept beside the failure, not as the cell's records: a rerun retries it
+        rows = layout.write_failed_rows(plan.cell_id, [plan.stamp(r) for r in e.records])
+        msg = f"ServerDied: {e}"
+        layout.record_failure(
+            plan.cell_id,
+            {
+                "cell_id": plan.cell_id,
+                "label": plan.label,
+                "error": msg,
+                "rows": str(rows),
+                "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                "cell": plan.as_dict(),
+            },
+        )
+        return CellResult(plan.cell_id, plan.label, "failed", message=msg.splitlines()[0], sweeps=plan.sweeps)
     except Exception as e:
         msg = f"{type(e).__name__}: {e}"
         layout.record_failure(

@@ -1,12 +1,14 @@
 """Generic OpenAI-compatible backend against a llama.cpp-format fixture (not a measurement; the
 live llama-server is not built here)."""
 
+import asyncio
+
 import pytest
 from fake_servers import FakeServer, K, script
 
 from specstudy.backends import get_backend
 from specstudy.backends.openai_server import OpenAIBackend
-from specstudy.backends.sse import iter_sse
+from specstudy.backends.sse import aiter_sse
 from specstudy.records import Cell, Request, Sampling
 
 
@@ -59,17 +61,20 @@ def test_bad_request_timeout_and_url_fail_fast():
         OpenAIBackend("m", base_url="https://x")
 
 
-class _Lines:
-    def __init__(self, text):
-        self.lines = [l.encode() for l in text.splitlines(keepends=True)]
+async def _lines(text):
+    for line in text.splitlines():
+        yield line
 
-    def readline(self):
-        return self.lines.pop(0) if self.lines else b""
+
+async def _events(text):
+    return [e async for e in aiter_sse(_lines(text))]
 
 
 def test_sse_events_comments_and_multiline_data():
     text = ': keep-alive\n\ndata: {"a": 1}\n\ndata: line1\ndata: line2\n\nevent: x\ndata: [DONE]\n\n'
-    assert list(iter_sse(_Lines(text))) == ['{"a": 1}', "line1\nline2", "[DONE]"]
+    assert asyncio.run(_events(text)) == ['{"a": 1}', "line1\nline2", "[DONE]"]
+    # a stream that ends without the last blank line still yields its last event
+    assert asyncio.run(_events("data: a\n\ndata: b")) == ["a", "b"]
 
 
 class _ChatTokenizer:

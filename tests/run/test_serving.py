@@ -4,9 +4,9 @@ Servers here are format fixtures (tests/fake_servers.py); their speeds are scrip
 speedups below test the arithmetic and plumbing, not any engine.
 """
 
+import asyncio
 import json
 import math
-import threading
 import time
 
 import numpy as np
@@ -46,25 +46,35 @@ def test_poisson_and_gamma_arrivals():
         arrival_offsets(3, 1.0, burstiness=0)
 
 
-def _fake_send(duration_s, in_flight, peak):
-    lock = threading.Lock()
+class _FakeSender:
+    """A load-generator sender that sleeps instead of talking HTTP (counts requests in flight)."""
 
-    def send(request, sampling, cell, timeout_s):
-        with lock:
-            in_flight[0] += 1
-            peak[0] = max(peak[0], in_flight[0])
-        t0 = time.time()
-        time.sleep(min(duration_s, timeout_s))
-        with lock:
-            in_flight[0] -= 1
-        rec = cell.new_record(
-            request, sampling, start_epoch=t0, first_token_s=0.01, end_s=min(duration_s, timeout_s), output_tokens=5
-        )
-        if duration_s > timeout_s:
+    def __init__(self, duration_s, fail=False):
+        self.duration_s, self.fail = duration_s, fail
+        self.in_flight = self.peak = 0
+
+    def prepare_send(self, client, request, sampling, cell, timeout_s=None):
+        return request, timeout_s
+
+    async def transmit(self, client, prep, cell, origin=None, budget_s=None):
+        request, timeout_s = prep
+        timeout_s = min(timeout_s, budget_s) if budget_s is not None else timeout_s
+        if self.fail:
+            raise RuntimeError("client bug")
+        sampling = SAMPLING
+        self.in_flight += 1
+        self.peak = max(self.peak, self.in_flight)
+        t0 = time.perf_counter()
+        rec = cell.new_record(request, sampling, start_epoch=time.time(), output_tokens=5)
+        rec.sent_s = t0 - origin if origin is not None else None
+        try:
+            await asyncio.wait_for(asyncio.sleep(self.duration_s), timeout_s)
+            rec.first_token_s, rec.end_s = 0.01, self.duration_s
+        except asyncio.TimeoutError:
             rec.status = "timeout"
+        finally:
+            self.in_flight -= 1
         return rec
-
-    return send
 
 
 def _reqs(n):
@@ -72,9 +82,9 @@ def _reqs(n):
 
 
 def test_fixed_concurrency_caps_requests_in_flight():
-    in_flight, peak = [0], [0]
+    sender = _FakeSender(0.05)
     recs, wall = drive(
-        _fake_send(0.05, in_flight, peak),
+        sender,
         _reqs(8),
         SAMPLING,
         CELL,
@@ -82,14 +92,16 @@ def test_fixed_concurrency_caps_requests_in_flight():
         request_timeout_s=5,
         run_timeout_s=30,
     )
-    assert peak[0] == 2 and len(recs) == 8 and all(r.status == "ok" for r in recs)
+    assert sender.peak == 2 and len(recs) == 8 and all(r.status == "ok" for r in recs)
     assert wall >= 4 * 0.05
+    # a request that waited for a slot is due when the slot freed: its queueing is kept apart
+    assert all(r.scheduled_send_s is not None and r.sent_s >= r.scheduled_send_s for r in recs)
+    assert sum("queued_s" in r.extra for r in recs) == 6
 
 
 def test_open_loop_rate_spreads_sends():
-    in_flight, peak = [0], [0]
     recs, wall = drive(
-        _fake_send(0.0, in_flight, peak),
+        _FakeSender(0.0),
         _reqs(6),
         SAMPLING,
         CELL,
@@ -99,15 +111,17 @@ def test_open_loop_rate_spreads_sends():
         seed=3,
     )
     starts = sorted(r.start_epoch for r in recs)
-    expected = arrival_offsets(6, 20.0, seed=3)[-1]
-    assert starts[-1] - starts[0] == pytest.approx(expected, abs=0.05)
+    offsets = arrival_offsets(6, 20.0, seed=3)
+    assert starts[-1] - starts[0] == pytest.approx(offsets[-1], abs=0.05)
+    # every record carries its schedule and its actual send time, on the run's clock
+    assert [r.scheduled_send_s for r in recs] == pytest.approx(offsets)
+    assert all(0 <= r.sent_s - r.scheduled_send_s < 0.05 for r in recs)
 
 
 def test_run_deadline_bounds_the_run_and_marks_unsent():
-    in_flight, peak = [0], [0]
     t0 = time.monotonic()
     recs, wall = drive(
-        _fake_send(10.0, in_flight, peak),
+        _FakeSender(10.0),
         _reqs(5),
         SAMPLING,
         CELL,
@@ -274,8 +288,7 @@ def test_a_server_that_fails_to_start_is_reported_not_raised(tmp_path):
 
 
 def test_a_crashing_client_leaves_an_error_record():
-    def send(request, sampling, cell, timeout_s):
-        raise RuntimeError("client bug")
-
-    recs, _ = drive(send, _reqs(2), SAMPLING, CELL, Load(math.inf), request_timeout_s=5, run_timeout_s=10)
+    recs, _ = drive(
+        _FakeSender(0.0, fail=True), _reqs(2), SAMPLING, CELL, Load(math.inf), request_timeout_s=5, run_timeout_s=10
+    )
     assert [r.status for r in recs] == ["error", "error"] and "client bug" in recs[0].error

@@ -1,0 +1,267 @@
+"""Does the load generator send on schedule?  (A benchmark, not a test: it prints what it measured.)
+
+Against a stub server in this process (asyncio, its own thread and loop; it answers each POST with
+a short vLLM-style SSE stream and notes when the request arrived), side by side in one run:
+
+* the kit's load generator (:mod:`specstudy.backends.loadgen`: one asyncio httpx client, the
+  code path every server backend uses) at rate inf and at a Poisson rate;
+* the sender it replaced, rebuilt here for comparison only: a thread per request from a
+  ``ThreadPoolExecutor``, each opening its own ``http.client`` connection.
+
+Per run: the spread of actual send times at rate inf (max − min), the send lag (actual − scheduled)
+p50 / p99 / max, and the same spread as the stub saw the requests arrive.  The issue's targets:
+32 requests at rate inf out within 5 ms; Poisson arrivals within 1 ms of their schedule.
+
+    .venv/bin/python bench/send_schedule.py [--n 32] [--rate 20] [--repeats 3] [--json]
+
+Timing: run it under the machine's timing lock; it uses well under a core.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import http.client
+import json
+import math
+import os
+import statistics
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from specstudy.backends.openai_server import OpenAIBackend  # noqa: E402
+from specstudy.records import Cell, Request, Sampling  # noqa: E402
+from specstudy.run.serving import Load, arrival_offsets, drive  # noqa: E402
+
+CELL = Cell("send-schedule", "cpu", "openai", "ar", "adhoc", "stub")
+SAMPLING = Sampling(max_new_tokens=4)
+
+
+class StubServer:
+    """A minimal HTTP/1.1 SSE server on its own event loop thread; ``arrivals`` are perf_counter
+    times at which each POST's headers were read."""
+
+    def __init__(self, tokens: int = 4, gap_s: float = 0.005):
+        self.tokens, self.gap_s = tokens, gap_s
+        self.arrivals: list[float] = []
+        self.loop = asyncio.new_event_loop()
+        self.ready = threading.Event()
+        self.port = 0
+        self.thread = threading.Thread(target=self._run, daemon=True, name="stub-server")
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        server = self.loop.run_until_complete(asyncio.start_server(self._handle, "127.0.0.1", 0, backlog=1024))
+        self.port = server.sockets[0].getsockname()[1]
+        self.server = server
+        self.ready.set()
+        self.loop.run_forever()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:  # keep-alive: several requests per connection
+                head = await reader.readuntil(b"\r\n\r\n")
+                t = time.perf_counter()
+                lines = head.decode("latin-1").split("\r\n")
+                method, path = lines[0].split(" ")[:2]
+                length = next((int(h.split(":", 1)[1]) for h in lines if h.lower().startswith("content-length")), 0)
+                if length:
+                    await reader.readexactly(length)
+                if method == "GET":
+                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                    await writer.drain()
+                    continue
+                self.arrivals.append(t)
+                await self._stream(writer)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    async def _stream(self, writer: asyncio.StreamWriter) -> None:
+        def chunk(data: str) -> bytes:
+            raw = data.encode()
+            return f"{len(raw):x}\r\n".encode() + raw + b"\r\n"
+
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+        for i in range(self.tokens):
+            obj = {"choices": [{"text": f"t{i} ", "token_ids": [100 + i], "finish_reason": None}]}
+            writer.write(chunk(f"data: {json.dumps(obj)}\n\n"))
+            await writer.drain()
+            await asyncio.sleep(self.gap_s)
+        usage = {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": self.tokens}}
+        writer.write(chunk(f"data: {json.dumps(usage)}\n\n") + chunk("data: [DONE]\n\n") + b"0\r\n\r\n")
+        await writer.drain()
+
+    def __enter__(self) -> StubServer:
+        self.thread.start()
+        self.ready.wait(10)
+        return self
+
+    async def _shutdown(self) -> None:
+        """Stop accepting, then end the connection handlers still open (keep-alive clients)."""
+        self.server.close()
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self.server.wait_closed()
+
+    def __exit__(self, *exc: Any) -> None:
+        asyncio.run_coroutine_threadsafe(self._shutdown(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+        self.loop.close()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+def _ms(xs: list[float]) -> dict[str, float]:
+    xs = sorted(xs)
+    if not xs:
+        return {"p50_ms": math.nan, "p99_ms": math.nan, "max_ms": math.nan}
+    p99 = xs[min(len(xs) - 1, math.ceil(0.99 * len(xs)) - 1)]
+    return {"p50_ms": 1e3 * statistics.median(xs), "p99_ms": 1e3 * p99, "max_ms": 1e3 * xs[-1]}
+
+
+def kit_run(stub: StubServer, n: int, rate: float, seed: int) -> dict[str, Any]:
+    """The kit's load generator against the stub: send lag and spreads from the records."""
+    backend = OpenAIBackend("stub", base_url=stub.url, request_timeout_s=30)
+    backend.ensure_server(CELL)
+    reqs = [Request(f"p{i}", "x", prompt_ids=(1, 2, 3)) for i in range(n)]
+    stub.arrivals.clear()
+    recs, wall = drive(backend, reqs, SAMPLING, CELL, Load(rate), request_timeout_s=30, run_timeout_s=120, seed=seed)
+    sent = [r.sent_s for r in recs if r.sent_s is not None]
+    lag = [r.sent_s - r.scheduled_send_s for r in recs if r.sent_s is not None and r.scheduled_send_s is not None]
+    arr = sorted(stub.arrivals)
+    return {
+        "sender": "kit asyncio (httpx)",
+        "rate": "inf" if math.isinf(rate) else rate,
+        "n": n,
+        "ok": sum(r.status == "ok" for r in recs),
+        "send_spread_ms": 1e3 * (max(sent) - min(sent)) if sent else math.nan,
+        "arrival_spread_ms": 1e3 * (arr[-1] - arr[0]) if arr else math.nan,
+        "lag": _ms(lag),
+        "wall_s": wall,
+    }
+
+
+def thread_pool_run(stub: StubServer, n: int, rate: float, seed: int) -> dict[str, Any]:
+    """The replaced sender, for comparison: a thread per request, http.client, sleep-based schedule."""
+    offsets = arrival_offsets(n, rate, 1.0, seed)
+    body = json.dumps({"prompt": [1, 2, 3], "max_tokens": 4, "stream": True}).encode()
+    sent: list[float | None] = [None] * n
+    stub.arrivals.clear()
+    t0 = time.perf_counter()
+
+    def one(i: int) -> None:
+        sent[i] = time.perf_counter() - t0
+        conn = http.client.HTTPConnection("127.0.0.1", stub.port, timeout=30)
+        try:
+            conn.request("POST", "/v1/completions", body=body, headers={"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            while resp.readline():
+                pass
+        finally:
+            conn.close()
+
+    with ThreadPoolExecutor(max_workers=n) as pool:
+        for i, off in enumerate(offsets):
+            wait = t0 + off - time.perf_counter()
+            if wait > 0:
+                time.sleep(wait)
+            pool.submit(one, i)
+    wall = time.perf_counter() - t0
+    got = [s for s in sent if s is not None]
+    arr = sorted(stub.arrivals)
+    return {
+        "sender": "thread pool (http.client), replaced",
+        "rate": "inf" if math.isinf(rate) else rate,
+        "n": n,
+        "ok": len(arr),
+        "send_spread_ms": 1e3 * (max(got) - min(got)) if got else math.nan,
+        "arrival_spread_ms": 1e3 * (arr[-1] - arr[0]) if arr else math.nan,
+        "lag": _ms([s - o for s, o in zip(sent, offsets) if s is not None]),
+        "wall_s": wall,
+    }
+
+
+def bench(n: int = 32, rate: float = 20.0, repeats: int = 3, seed: int = 0) -> dict[str, Any]:
+    """Every (sender, rate) ``repeats`` times, interleaved; the rows and the ratios thread pool / kit."""
+    rows: list[dict[str, Any]] = []
+    with StubServer() as stub:
+        kit_run(stub, n, math.inf, seed)  # warm-up, not recorded: first use imports httpx's lazy modules
+        thread_pool_run(stub, n, math.inf, seed)
+        for rep in range(repeats):
+            for r in (math.inf, rate):
+                rows.append({"repeat": rep, **kit_run(stub, n, r, seed + rep)})
+                rows.append({"repeat": rep, **thread_pool_run(stub, n, r, seed + rep)})
+
+    def worst(sender: str, r: float, key: str) -> float:
+        label = "inf" if math.isinf(r) else r
+        vals = [
+            (row["lag"][key] if key in row["lag"] else row[key])
+            for row in rows
+            if row["sender"].startswith(sender) and row["rate"] == label
+        ]
+        return max(vals) if vals else math.nan
+
+    summary = {
+        "inf_send_spread_ms": {
+            "kit": worst("kit", math.inf, "send_spread_ms"),
+            "threads": worst("thread", math.inf, "send_spread_ms"),
+        },
+        "inf_arrival_spread_ms": {
+            "kit": worst("kit", math.inf, "arrival_spread_ms"),
+            "threads": worst("thread", math.inf, "arrival_spread_ms"),
+        },
+        "poisson_lag_max_ms": {"kit": worst("kit", rate, "max_ms"), "threads": worst("thread", rate, "max_ms")},
+        "targets": {"inf_send_spread_ms": 5.0, "poisson_lag_max_ms": 1.0},
+    }
+    for v in list(summary.values())[:3]:
+        v["ratio_threads_over_kit"] = v["threads"] / v["kit"] if v["kit"] else math.nan
+    return {"n": n, "rate": rate, "repeats": repeats, "load_1m": os.getloadavg()[0], "rows": rows, "summary": summary}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--n", type=int, default=32, help="requests per run (default 32)")
+    ap.add_argument("--rate", type=float, default=20.0, help="Poisson rate, requests/s (default 20)")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--json", action="store_true", help="print the full result as JSON")
+    a = ap.parse_args(argv)
+    if a.n < 2 or a.rate <= 0 or a.repeats < 1:
+        ap.error(f"--n {a.n} must be >= 2, --rate {a.rate} > 0, --repeats {a.repeats} >= 1")
+    res = bench(a.n, a.rate, a.repeats)
+    if a.json:
+        print(json.dumps(res, indent=1))
+        return 0
+    print(f"send schedule, {a.n} requests per run, {a.repeats} repeats, load average {res['load_1m']:.2f}")
+    print(f"{'sender':38} {'rate':>5} {'spread ms':>10} {'arrivals ms':>12} {'lag p50':>8} {'p99':>8} {'max':>8}")
+    for row in res["rows"]:
+        lag = row["lag"]
+        print(
+            f"{row['sender']:38} {row['rate']!s:>5} {row['send_spread_ms']:10.2f} {row['arrival_spread_ms']:12.2f} "
+            f"{lag['p50_ms']:8.3f} {lag['p99_ms']:8.3f} {lag['max_ms']:8.3f}"
+        )
+    s = res["summary"]
+    for key, target in (("inf_send_spread_ms", 5.0), ("inf_arrival_spread_ms", None), ("poisson_lag_max_ms", 1.0)):
+        v = s[key]
+        goal = f" (target {target:g} ms: {'met' if v['kit'] <= target else 'MISSED'})" if target else ""
+        print(
+            f"{key}: kit {v['kit']:.2f}, thread pool {v['threads']:.2f}, "
+            f"ratio {v['ratio_threads_over_kit']:.1f}x{goal} (worst of {a.repeats})"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

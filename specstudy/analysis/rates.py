@@ -1,0 +1,234 @@
+"""A study's serving cells as frames: the request-rate sweep, the sender's schedule, the prefix cache.
+
+FAQ Q2: under continuous batching, sweep the request rate and plot throughput against latency;
+speculation pays most at small batches, so know the batch the engine actually runs.  One row per
+request-rate cell: offered rate, achieved request and output throughput, TTFT / TPOT p50 and p99,
+goodput under the SLO (default TPOT ≤ 50 ms, the seed's comfortable-chat figure), the engine's
+mean running batch from its own gauge (sampled while the run lasted), the load generator's send
+lag, and the paired speedup against AR at the same rate.  Every number comes from
+:mod:`specstudy.metrics` or from what the engine reported; nothing here writes a file.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import pandas as pd
+
+from .. import metrics
+from ..records import RequestRecord
+from .format import fmt
+from .serving import Slo, stops_paying
+from .study import Study
+
+#: the seed's FAQ Q1: TPOT ≤ 50 ms reads as comfortable real-time chat
+DEFAULT_SLO = Slo(tpot_s=0.050)
+
+
+def send_lag(records: Sequence[RequestRecord]) -> dict[str, float]:
+    """The load generator's lag (actual − scheduled send, ms): p50 and max over the records that went out."""
+    lag = [
+        1e3 * (r.sent_s - r.scheduled_send_s)
+        for r in records
+        if r.sent_s is not None and r.scheduled_send_s is not None
+    ]
+    if not lag:
+        return {"p50_ms": metrics.NAN, "max_ms": metrics.NAN, "n": 0.0}
+    return {"p50_ms": metrics.percentiles(lag, (50,))["p50"], "max_ms": max(lag), "n": float(len(lag))}
+
+
+def run_block(records: Sequence[RequestRecord], key: str) -> dict[str, Any]:
+    """A run-level block every record of a run carries (``server_watch``, ``prefix_cache_counters``)."""
+    for r in records:
+        block = (r.extra or {}).get(key)
+        if isinstance(block, dict):
+            return block
+    return {}
+
+
+def gauge_mean(records: Sequence[RequestRecord], gauge: str) -> float:
+    """The time average of one of the engine's gauges over the run (NaN when it reports none)."""
+    g = (run_block(records, "server_watch").get("gauges") or {}).get(gauge) or {}
+    v = g.get("mean")
+    return float(v) if v is not None else metrics.NAN
+
+
+def peak_memory(records: Sequence[RequestRecord]) -> tuple[float, str]:
+    """(peak bytes, source) over a cell's records; (NaN, "—") when the backend measured none."""
+    peaks = [(r.peak_memory_bytes, r.memory_source or "") for r in records if r.peak_memory_bytes is not None]
+    if not peaks:
+        return metrics.NAN, "—"
+    top = max(peaks, key=lambda p: p[0])
+    return float(top[0]), top[1]
+
+
+def _rate(value: float | None) -> float:
+    return math.inf if value is None else float(value)
+
+
+def rate_frame(study: Study, slo: Slo = DEFAULT_SLO) -> pd.DataFrame:
+    """One row per request-rate cell (numbers, not text): the sweep's raw table."""
+    rows = []
+    for cid in study.cell_ids():
+        m = study.meta(cid)
+        if m["request_rate"] is None:
+            continue
+        recs = study.records[cid]
+        lat = metrics.latency_summary(recs)
+        lag = send_lag(recs)
+        base = study.baseline(cid)
+        sp = metrics.paired_speedup(base, recs)["speedup"] if base else metrics.NAN
+        peak, source = peak_memory(recs)
+        rows.append(
+            {
+                "cell_id": cid,
+                "framework": m["framework"],
+                "label": m["label"],
+                "method": m["method"],
+                "gamma": m["gamma"],
+                "prefix_cache": m["prefix_cache"],
+                "task": m["task"],
+                "rate": _rate(m["request_rate"]),
+                "n": len(recs),
+                "ok": sum(r.status == "ok" for r in recs),
+                "request_throughput_rps": metrics.request_throughput(recs),
+                "output_throughput_tps": metrics.output_throughput(recs),
+                "ttft_p50_s": lat["ttft_s_p50"],
+                "ttft_p99_s": lat["ttft_s_p99"],
+                "tpot_p50_s": lat["tpot_s_p50"],
+                "tpot_p99_s": lat["tpot_s_p99"],
+                "goodput_rps": metrics.goodput(recs, ttft_s=slo.ttft_s, tpot_s=slo.tpot_s, e2e_s=slo.e2e_s),
+                "mean_running": gauge_mean(recs, "running"),
+                "mean_waiting": gauge_mean(recs, "waiting"),
+                "send_lag_p50_ms": lag["p50_ms"],
+                "send_lag_max_ms": lag["max_ms"],
+                "speedup": sp,
+                "peak_memory_bytes": peak,
+                "memory_source": source,
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def _ms(v: float) -> str:
+    return fmt(v * 1e3 if v == v else metrics.NAN, 1)
+
+
+def _cache_text(p: bool | None) -> str:
+    return "unknown" if p is None else ("on" if p else "off")
+
+
+def _rate_text(r: float) -> str:
+    return "inf" if math.isinf(r) else f"{r:g}"
+
+
+def rate_table(raw: pd.DataFrame) -> pd.DataFrame:
+    """The sweep as a reader sees it: one row per (framework, method, rate)."""
+    if raw.empty:
+        return raw
+    out = raw.sort_values(
+        ["framework", "task", "prefix_cache", "method", "label", "gamma", "rate"], na_position="first"
+    )
+    return pd.DataFrame(
+        {
+            "Framework": out["framework"],
+            "Method": [f"{lab} γ={g:g}" if g == g and g else str(lab) for lab, g in zip(out["label"], out["gamma"])],
+            "Task": out["task"],
+            "Prefix cache": [_cache_text(p) for p in out["prefix_cache"]],
+            "Rate (req/s)": [_rate_text(r) for r in out["rate"]],
+            "ok / n": [f"{o}/{n}" for o, n in zip(out["ok"], out["n"])],
+            "req/s": [fmt(v, 2) for v in out["request_throughput_rps"]],
+            "Output tok/s": [fmt(v, 1) for v in out["output_throughput_tps"]],
+            "TTFT p50 / p99 ms": [f"{_ms(a)} / {_ms(b)}" for a, b in zip(out["ttft_p50_s"], out["ttft_p99_s"])],
+            "TPOT p50 / p99 ms": [f"{_ms(a)} / {_ms(b)}" for a, b in zip(out["tpot_p50_s"], out["tpot_p99_s"])],
+            "Goodput (req/s)": [fmt(v, 2) for v in out["goodput_rps"]],
+            "Mean running batch": [fmt(v, 2) for v in out["mean_running"]],
+            "Speedup vs AR": [fmt(v, 2, "×") for v in out["speedup"]],
+            "Send lag p50 / max ms": [
+                f"{fmt(a, 2)} / {fmt(b, 2)}" for a, b in zip(out["send_lag_p50_ms"], out["send_lag_max_ms"])
+            ],
+            "Peak memory MB": [fmt(v / 1e6 if v == v else metrics.NAN, 0) for v in out["peak_memory_bytes"]],
+        }
+    ).reset_index(drop=True)
+
+
+def stops_paying_table(raw: pd.DataFrame) -> pd.DataFrame:
+    """Per framework and speculative method: the lowest offered rate whose paired speedup is ≤ 1."""
+    rows = []
+    spec = raw[raw["method"] != "ar"] if not raw.empty else raw
+    keys = ["framework", "label", "gamma", "task", "prefix_cache"]
+    for (fw, label, gamma, task, cache), g in spec.groupby(keys, dropna=False) if len(spec) else []:
+        pairs = [(float(r), {"speedup": float(s)}) for r, s in zip(g["rate"], g["speedup"])]
+        stop = stops_paying(pairs)
+        measured = ", ".join(f"{_rate_text(r)}: {fmt(s['speedup'], 2, '×')}" for r, s in sorted(pairs))
+        rows.append(
+            {
+                "Framework": fw,
+                "Method": f"{label} γ={gamma:g}" if gamma == gamma and gamma else str(label),
+                "Task": task,
+                "Prefix cache": _cache_text(cache),
+                "Stops paying at (req/s)": "does not, up to the highest rate run" if stop is None else _rate_text(stop),
+                "Speedup per rate": measured,
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def prefix_cache_frame(study: Study) -> pd.DataFrame:
+    """Cells run with the prefix cache off and on: the engine's own lookups, hits and hit rate
+    (run-level counters), beside TTFT p50, per framework, method and setting."""
+    rows = []
+    for cid in study.cell_ids():
+        m = study.meta(cid)
+        recs = study.records[cid]
+        block = run_block(recs, "prefix_cache_counters")
+        same = study.cell_ids(framework=m["framework"], task=m["task"], label=m["label"], gamma=m["gamma"])
+        settings = {study.meta(c)["prefix_cache"] for c in same}
+        if not ({True, False} <= settings):  # only cells whose twin with the other setting exists
+            continue
+        lat = metrics.latency_summary(recs)
+        rows.append(
+            {
+                "framework": m["framework"],
+                "label": m["label"],
+                "gamma": m["gamma"],
+                "task": m["task"],
+                "batch_size": m["batch_size"],
+                "rate": _rate(m["request_rate"]) if m["request_rate"] is not None else None,
+                "prefix_cache": m["prefix_cache"],
+                "queries_tokens": block.get("queries"),
+                "hits_tokens": block.get("hits"),
+                "hit_rate": block.get("hit_rate"),
+                "source": block.get("source", "—"),
+                "ttft_p50_s": lat["ttft_s_p50"],
+                "e2e_p50_s": lat["e2e_s_p50"],
+                "n": len(recs),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def prefix_cache_table(raw: pd.DataFrame) -> pd.DataFrame:
+    if raw.empty:
+        return raw
+    out = raw.assign(_rate=raw["rate"].fillna(-1.0)).sort_values(
+        ["framework", "label", "gamma", "task", "batch_size", "_rate", "prefix_cache"], na_position="first"
+    )
+    return pd.DataFrame(
+        {
+            "Framework": out["framework"],
+            "Method": [f"{lab} γ={g:g}" if g == g and g else str(lab) for lab, g in zip(out["label"], out["gamma"])],
+            "Task": out["task"],
+            "Batch": out["batch_size"],
+            "Rate (req/s)": [_rate_text(r) if r is not None and r == r else "— (batch)" for r in out["rate"]],
+            "Prefix cache": [_cache_text(p) for p in out["prefix_cache"]],
+            "Lookups (tokens)": [fmt(v) if v is not None else "—" for v in out["queries_tokens"]],
+            "Hits (tokens)": [fmt(v) if v is not None else "—" for v in out["hits_tokens"]],
+            "Hit rate": [fmt(v, 3) if v is not None and v == v else "—" for v in out["hit_rate"]],
+            "TTFT p50 ms": [fmt(v * 1e3 if v == v else metrics.NAN, 1) for v in out["ttft_p50_s"]],
+            "E2E p50 ms": [fmt(v * 1e3 if v == v else metrics.NAN, 1) for v in out["e2e_p50_s"]],
+            "n": out["n"],
+        }
+    ).reset_index(drop=True)

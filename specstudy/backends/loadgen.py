@@ -1,0 +1,214 @@
+"""The load generator: a cell's requests offered to a server on schedule, over one asyncio client.
+
+Why asyncio: a sender with a thread per request starts each one late by however long the GIL
+and the OS scheduler keep it waiting.  Measured here against one vLLM CPU server, a thread pool
+spread 8 sends "all at once" over up to 449 ms (vLLM's own asyncio client: about 2 ms); the server
+then formed different batches and TTFT differed by up to 2x between the two clients.  Here one
+event loop and one ``httpx.AsyncClient`` carry every request of a run: each request's body is
+built before the clock starts, a task is created at the request's scheduled time, and the record
+keeps both the scheduled and the actual send time (``scheduled_send_s``, ``sent_s``: taken right
+before the HTTP exchange) so the report can show how far the sender drifted.  The HTTP client's
+lock code imports ``sniffio`` on every request; without it installed each failed import scans
+``sys.path`` (0.4 ms a request, measured), so the kit pins it.
+
+``offsets`` are the arrival times (seconds from the run start; all zero for a batch), and
+``concurrency`` caps the requests in flight (a closed loop of that many clients for a batch
+cell).  A request waiting for a slot is due when the slot frees: its scheduled time is then the
+later of the two, and the wait is kept as ``extra["queued_s"]``.  Every request has a deadline
+and so does the run; requests the run deadline leaves unsent become ``timeout`` records.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import math
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from typing import Any, Protocol, TypeVar
+
+import httpx
+
+from ..records import Cell, Request, RequestRecord, Sampling
+
+T = TypeVar("T")
+#: the last stretch before a send time is waited out by yielding to the loop, not by a timer:
+#: the epoll selector rounds its timeout up to whole milliseconds
+SPIN_S = 0.002
+
+
+class AsyncSender(Protocol):
+    """What the load generator needs of a backend: a request made ready ahead of its send time
+    (record, HTTP request, time budget), then the send itself."""
+
+    def prepare_send(
+        self,
+        client: httpx.AsyncClient,
+        request: Request,
+        sampling: Sampling,
+        cell: Cell,
+        timeout_s: float | None = None,
+    ) -> Any: ...
+
+    def transmit(
+        self,
+        client: httpx.AsyncClient,
+        prep: Any,
+        cell: Cell,
+        origin: float | None = None,
+        budget_s: float | None = None,
+    ) -> Awaitable[RequestRecord]: ...
+
+
+def new_client() -> httpx.AsyncClient:
+    """One client for a whole run: no connection cap (rate inf opens one per request at once), no
+    proxy from the environment (the servers are local; a proxy would sit in every timing), and no
+    certificate store (servers are plain http, ``split_url`` refuses https; loading the store costs
+    50 ms a client)."""
+    return httpx.AsyncClient(
+        limits=httpx.Limits(max_connections=None, max_keepalive_connections=None), trust_env=False, verify=False
+    )
+
+
+def run_sync(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """Run a coroutine to completion from synchronous code, also where a loop already runs
+    (a notebook): then in a fresh thread with its own loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(make())
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(lambda: asyncio.run(make())).result()
+
+
+def unsent(request: Request, sampling: Sampling, cell: Cell, why: str, status: str = "timeout") -> RequestRecord:
+    """The record of a request that never went out (run deadline) or whose client failed."""
+    rec = cell.new_record(request, sampling, input_policy=getattr(request, "input_policy", "") or "")
+    rec.start_epoch, rec.status, rec.error = time.time(), status, why
+    return rec
+
+
+async def sleep_until(t: float) -> None:
+    """Sleep to the perf_counter time ``t``: a timer to just before it, then yields to the loop."""
+    left = t - time.perf_counter()
+    if left > SPIN_S:
+        await asyncio.sleep(left - SPIN_S)
+    while time.perf_counter() < t:
+        await asyncio.sleep(0)
+
+
+async def offer_async(
+    sender: AsyncSender,
+    requests: Sequence[Request],
+    sampling: Sampling,
+    cell: Cell,
+    offsets: Sequence[float],
+    *,
+    concurrency: int | None,
+    request_timeout_s: float,
+    run_timeout_s: float,
+    client: httpx.AsyncClient | None = None,
+) -> tuple[list[RequestRecord], float]:
+    """Send ``requests[i]`` at ``offsets[i]``; the records in request order and the run's wall time."""
+    if len(offsets) != len(requests):
+        raise ValueError(f"{len(offsets)} offsets for {len(requests)} requests")
+    if request_timeout_s <= 0 or run_timeout_s <= 0:
+        raise ValueError("request_timeout_s and run_timeout_s must be > 0")
+    if concurrency is not None and concurrency < 1:
+        raise ValueError(f"concurrency={concurrency!r}: must be >= 1 (None: no cap)")
+    records: list[RequestRecord | None] = [None] * len(requests)
+    # the concurrency cap as a queue of slots, each carrying the time it was last freed: a request
+    # that waited is due when its slot freed, so queueing is not counted as sender lag
+    gate: asyncio.Queue[float] | None = None
+    if concurrency:
+        gate = asyncio.Queue()
+        for _ in range(concurrency):
+            gate.put_nowait(-math.inf)
+    own = client is None
+    client = client or new_client()
+    # every request made ready before the clock starts (bodies, records, HTTP requests): at its
+    # send time a request only goes out; its budget is what the run deadline leaves at its arrival
+    preps = [
+        sender.prepare_send(client, r, sampling, cell, min(request_timeout_s, max(run_timeout_s - off, 1e-3)))
+        for r, off in zip(requests, offsets)
+    ]
+    tasks: list[asyncio.Task[None]] = []
+    t_start = time.perf_counter()
+    deadline = t_start + run_timeout_s
+
+    async def one(i: int, due: float, queued: float) -> None:
+        try:
+            left = deadline - time.perf_counter()  # a request that queued has less of the run left
+            rec = await sender.transmit(client, preps[i], cell, origin=t_start, budget_s=max(left, 1e-3))
+        except Exception as e:  # a client bug must still leave a record, not a hole
+            rec = unsent(requests[i], sampling, cell, f"{type(e).__name__}: {e}"[:2000], status="error")
+        finally:
+            if gate is not None:
+                gate.put_nowait(time.perf_counter())
+        rec.scheduled_send_s = due
+        if queued > 0:
+            rec.extra["queued_s"] = queued
+        records[i] = rec
+
+    try:
+        for i, off in enumerate(offsets):
+            arrival = t_start + off
+            if arrival >= deadline:
+                records[i] = unsent(requests[i], sampling, cell, f"not sent: run time limit {run_timeout_s:.0f} s")
+                continue
+            await sleep_until(arrival)
+            freed = -math.inf
+            if gate is not None:
+                try:
+                    freed = await asyncio.wait_for(gate.get(), max(0.0, deadline - time.perf_counter()))
+                except asyncio.TimeoutError:
+                    records[i] = unsent(
+                        requests[i], sampling, cell, "not sent: run time limit while waiting for a slot"
+                    )
+                    continue
+            if time.perf_counter() >= deadline:
+                if gate is not None:
+                    gate.put_nowait(freed)
+                records[i] = unsent(requests[i], sampling, cell, f"not sent: run time limit {run_timeout_s:.0f} s")
+                continue
+            due = max(arrival, freed)
+            tasks.append(asyncio.create_task(one(i, due - t_start, due - arrival)))
+        if tasks:
+            await asyncio.wait(tasks)
+    finally:
+        if own:
+            await client.aclose()
+    wall = time.perf_counter() - t_start
+    return [r for r in records if r is not None], wall
+
+
+def offer(
+    sender: AsyncSender,
+    requests: Sequence[Request],
+    sampling: Sampling,
+    cell: Cell,
+    offsets: Sequence[float],
+    *,
+    concurrency: int | None,
+    request_timeout_s: float,
+    run_timeout_s: float,
+) -> tuple[list[RequestRecord], float]:
+    """:func:`offer_async` from synchronous code (the runner, the serving driver)."""
+    return run_sync(
+        lambda: offer_async(
+            sender,
+            requests,
+            sampling,
+            cell,
+            offsets,
+            concurrency=concurrency,
+            request_timeout_s=request_timeout_s,
+            run_timeout_s=run_timeout_s,
+        )
+    )
+
+
+def batch_deadline(n: int, batch_size: int, request_timeout_s: float) -> float:
+    """A run deadline for a closed-loop batch that no healthy run can reach: every wave of
+    ``batch_size`` requests may use its full per-request budget."""
+    return max(1, math.ceil(n / max(1, batch_size))) * request_timeout_s + 60.0

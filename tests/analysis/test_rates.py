@@ -1,0 +1,81 @@
+"""The serving frames: the send lag, where speculation stops paying, what the tables show."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+
+from specstudy.analysis import figures, rates
+from specstudy.records import RequestRecord
+
+
+def _rec(sched, sent):
+    r = RequestRecord("s", "cpu", "vllm-server", "ar", "code", "p", 0, "c", "m")
+    r.scheduled_send_s, r.sent_s = sched, sent
+    return r
+
+
+def test_send_lag_is_actual_minus_scheduled_over_requests_that_went_out():
+    lag = rates.send_lag([_rec(0.0, 0.001), _rec(0.5, 0.502), _rec(1.0, 1.004), _rec(None, None)])
+    assert lag["n"] == 3 and lag["p50_ms"] == pytest.approx(2.0) and lag["max_ms"] == pytest.approx(4.0)
+    assert math.isnan(rates.send_lag([_rec(None, None)])["p50_ms"])  # offline rows: unknown, not 0
+
+
+def _raw():
+    rows = []
+    for fw, sp in (
+        ("vllm-server", {0.5: 1.3, 2.0: 1.1, 4.0: 0.9, math.inf: 0.8}),
+        ("llamacpp", {0.5: 1.5, math.inf: 1.2}),
+    ):
+        for rate, s in sp.items():
+            for method, label, gamma, speed in (
+                ("ar", "Baseline (AR)", float("nan"), float("nan")),
+                ("ngram", "PL", 4.0, s),
+            ):
+                rows.append(
+                    dict(
+                        cell_id=f"{fw}{rate}{method}",
+                        framework=fw,
+                        label=label,
+                        method=method,
+                        gamma=gamma,
+                        prefix_cache=False,
+                        task="code",
+                        rate=rate,
+                        n=8,
+                        ok=8,
+                        request_throughput_rps=min(rate, 3.0),
+                        output_throughput_tps=30.0,
+                        ttft_p50_s=0.1,
+                        ttft_p99_s=0.2,
+                        tpot_p50_s=0.04,
+                        tpot_p99_s=0.06,
+                        goodput_rps=1.0,
+                        mean_running=min(rate, 8.0),
+                        mean_waiting=0.0,
+                        send_lag_p50_ms=0.2,
+                        send_lag_max_ms=0.9,
+                        speedup=speed,
+                        peak_memory_bytes=4.5e9,
+                        memory_source="server_rss",
+                    )
+                )
+    return pd.DataFrame(rows)
+
+
+def test_stops_paying_names_the_lowest_losing_rate_or_says_it_does_not():
+    stop = rates.stops_paying_table(_raw()).set_index("Framework")
+    assert stop.loc["vllm-server", "Stops paying at (req/s)"] == "4"
+    assert stop.loc["llamacpp", "Stops paying at (req/s)"].startswith("does not")
+    assert "inf: 0.80×" in stop.loc["vllm-server", "Speedup per rate"]
+
+
+def test_rate_table_rows_and_the_curve_figure():
+    raw = _raw()
+    table = rates.rate_table(raw)
+    assert len(table) == len(raw) and set(table["Rate (req/s)"]) == {"0.5", "2", "4", "inf"}
+    assert table.loc[0, "TPOT p50 / p99 ms"] == "40.0 / 60.0" and table.loc[0, "Peak memory MB"] == "4500"
+    fig = figures.throughput_latency(raw)
+    assert len(fig.axes) == 2 and len(fig.axes[0].lines) == 4  # one line per framework x method

@@ -70,7 +70,7 @@ def _doc_for(study: Study, target: str, drafter: str | None) -> dict[str, Any] |
 
 def predicted_rows(study: Study) -> pd.DataFrame:
     """Each llama.cpp speculative (label, task, γ) at batch 1: measured speedup and the cost model's."""
-    groups: dict[tuple, list[str]] = {}
+    groups: dict[tuple[Any, ...], list[str]] = {}
     for cid in study.cell_ids(framework="llamacpp", batch_size=1):
         m = study.meta(cid)
         if m["method"] != "ar" and not m.get("synthetic"):

@@ -57,11 +57,11 @@ def _quality(p: Pooled, is_ar: bool) -> dict[str, str]:
     }
 
 
-def hardware_groups(study: Study, sweep: str | None = "hardware") -> dict[tuple, list[str]]:
+def hardware_groups(study: Study, sweep: str | None = "hardware") -> dict[tuple[Any, ...], list[str]]:
     """Batch-1 cells at the headline output length, one group per table row."""
     sweep = _sweep_or_all(study, sweep)
     mnt = headline_max_new(study)
-    groups: dict[tuple, list[str]] = {}
+    groups: dict[tuple[Any, ...], list[str]] = {}
     for c in study.cell_ids(sweep, batch_size=1):
         m = study.meta(c)
         if m["max_new_tokens"] == mnt:
@@ -169,7 +169,7 @@ def method_table(study: Study, family: str, sweep: str | None = "method_family")
     cells = [c for c in study.spec_cell_ids(sweep, family=family) if study.meta(c)["max_new_tokens"] == mnt]
     if not cells and sweep is not None:  # a family measured only in other sweeps (e.g. the hardware table)
         cells = [c for c in study.spec_cell_ids(None, family=family) if study.meta(c)["max_new_tokens"] == mnt]
-    groups: dict[tuple, list[str]] = {}
+    groups: dict[tuple[Any, ...], list[str]] = {}
     for c in cells:
         m = study.meta(c)
         key = (m["framework"], m["label"], m["gamma"] or 0, m["batch_size"], m["drafter"] or "", m["sampling"])
@@ -326,7 +326,7 @@ def framework_table(study: Study) -> pd.DataFrame:
         fams = sorted({study.meta(c)["method"] for c in cells})
         batches = sorted({study.meta(c)["batch_size"] for c in spec})
         best, best_p = None, None
-        rows_b1: dict[tuple, list[str]] = {}
+        rows_b1: dict[tuple[Any, ...], list[str]] = {}
         for c in spec:
             m = study.meta(c)
             if m["batch_size"] == 1 and not m["synthetic"]:

@@ -22,7 +22,7 @@ import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 
 class ServerStartError(RuntimeError):
@@ -117,7 +117,7 @@ class ManagedServer:
         self,
         argv: Sequence[str],
         *,
-        log_path: str | os.PathLike,
+        log_path: str | os.PathLike[str],
         env: Mapping[str, str] | None = None,
         health_path: str = "/health",
         ready_timeout_s: float = 900.0,
@@ -141,9 +141,9 @@ class ManagedServer:
         self.port = port
         self.version_probe = version
         self.poll_s = poll_s
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
         self.info: ServerInfo | None = None
-        self._log_file = None
+        self._log_file: BinaryIO | None = None
 
     @property
     def url(self) -> str:
@@ -241,7 +241,7 @@ class ManagedServer:
         self._close_log()
 
     @staticmethod
-    def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
         try:
             os.killpg(proc.pid, sig)  # our own child's group: start_new_session made pgid == pid
         except ProcessLookupError:
@@ -256,5 +256,5 @@ class ManagedServer:
         self.start()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()

@@ -90,7 +90,8 @@ STOP_TYPES = {"limit": "length", "eos": "stop", "word": "stop"}
 
 def chunk_trace(st: StreamState) -> list[tuple[int, float | None, int, int]]:
     """Per token-carrying chunk: (tokens, predicted_ms, cumulative draft_n, cumulative accepted)."""
-    return st.__dict__.setdefault("llamacpp_chunks", [])
+    trace: list[tuple[int, float | None, int, int]] = st.__dict__.setdefault("llamacpp_chunks", [])
+    return trace
 
 
 def forward_groups(
@@ -213,7 +214,7 @@ class LlamaCppBackend(ServerBackend):
         threads: int | None = None,
         ctx_size: int = 4096,
         prefix_cache: bool = False,
-        llama_server: str | os.PathLike | None = None,
+        llama_server: str | os.PathLike[str] | None = None,
         rss_period_s: float = 0.02,
         **kw: Any,
     ):
@@ -369,7 +370,8 @@ class LlamaCppBackend(ServerBackend):
             ms = t.get("predicted_ms") if t else None
             chunk_trace(st).append((n, ms, int((t or {}).get("draft_n", 0)), int((t or {}).get("draft_n_accepted", 0))))
         if obj.get("stop"):
-            st.finish_reason = STOP_TYPES.get(obj.get("stop_type"), obj.get("stop_type"))
+            stop_type = obj.get("stop_type")
+            st.finish_reason = STOP_TYPES.get(stop_type, stop_type) if isinstance(stop_type, str) else stop_type
             if obj.get("tokens_predicted") is not None:
                 st.usage = {
                     "completion_tokens": int(obj["tokens_predicted"]),

@@ -38,7 +38,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 from ..config.model import get_entry
 from ..data.fetch import sha256_file
@@ -147,6 +147,10 @@ class Plan:
         }
 
 
+@overload
+def _int_option(options: Mapping[str, Any], key: str, default: int, lo: int = 1) -> int: ...
+@overload
+def _int_option(options: Mapping[str, Any], key: str, default: None, lo: int = 1) -> int | None: ...
 def _int_option(options: Mapping[str, Any], key: str, default: int | None, lo: int = 1) -> int | None:
     v = options.get(key, default)
     if v is None:
@@ -229,13 +233,13 @@ def _ngram_sizes(stype: str, gamma: int, options: Mapping[str, Any]) -> tuple[tu
             f"n-gram length (size_n) and never falls back to shorter ones; give ngram_min == ngram_max "
             f"or ngram_size_n alone"
         )
-    fields = [("size_n", size_n), ("size_m", size_m)]
+    sized: list[tuple[str, int]] = [("size_n", size_n), ("size_m", size_m)]
     if stype == "ngram-map-k4v":
-        fields.append(("min_hits", _int_option(options, "ngram_min_hits", 1)))
+        sized.append(("min_hits", _int_option(options, "ngram_min_hits", 1)))
     note = f"one n-gram length size_n={size_n} (no fallback to shorter n-grams)"
     if given_n is None and size_n < DEFAULT_NGRAM_N:
         note += f"; shortened from {DEFAULT_NGRAM_N} because γ={gamma} < {DEFAULT_NGRAM_N} (llama.cpp needs m >= n)"
-    return tuple(fields), note
+    return tuple(sized), note
 
 
 def spec_config(method: str, gamma: int | None, options: Mapping[str, Any] | None = None) -> SpecConfig:
@@ -316,7 +320,7 @@ def check(
     if method != "draft_target" and drafter and method != "ar":
         raise ValueError(f"llamacpp method={method!r} takes no drafter (got {drafter!r})")
     target = gguf_file(model)
-    draft = gguf_file(drafter) if method == "draft_target" else None
+    draft = gguf_file(drafter) if method == "draft_target" and drafter else None
     if draft is not None:
         why = vocab_mismatch(target.meta, draft.meta, names=(f"target {model}", f"draft {drafter}"))
         if why:
@@ -379,7 +383,7 @@ def server_argv(
     parallel: int,
     *,
     python: str | None = None,
-    llama_server: str | os.PathLike | None = None,
+    llama_server: str | os.PathLike[str] | None = None,
 ) -> list[str]:
     """The whole command line, with ``{host}``/``{port}`` placeholders for :class:`ManagedServer`."""
     import sys

@@ -1,8 +1,9 @@
 """The shared machinery of every server backend (vLLM, SGLang, llama.cpp, any OpenAI-compatible).
 
-:class:`ServerBackend` starts (or attaches to) the server that matches the cell's method, sends
-each request with a hard per-request deadline over one asyncio client (:mod:`.loadgen`: batch
-cells and request-rate cells alike), turns the SSE stream into a
+:class:`StreamingServerBackend` (:class:`ServerBackend` where the server's metrics are
+Prometheus text) starts (or attaches to) the server that matches the cell's method, sends each
+request with a hard per-request deadline over one asyncio client (:mod:`.loadgen`: batch cells
+and request-rate cells alike), turns the SSE stream into a
 :class:`~specstudy.records.RequestRecord`, scopes acceptance to the run and watches the server
 while it lasts (:mod:`.watch`: process-tree memory, its own batch gauges).  A failed or
 timed-out request is a record with ``status`` set, never an exception.  Acceptance a server does
@@ -19,10 +20,10 @@ import os
 import shlex
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import httpx
 
@@ -36,9 +37,12 @@ from .prometheus import MetricSamples, parse_prometheus
 from .sse import RequestFailed, StreamState, aiter_sse
 from .watch import ServerWatch, WatchResult
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
 # cell options that describe the offered load (serving benchmark), not the server's configuration
 LOAD_OPTIONS = frozenset({"rate", "burstiness", "concurrency", "load"})
-#: the keyword arguments every server backend takes (ServerBackend.__init__)
+#: the keyword arguments every server backend takes (StreamingServerBackend.__init__)
 SERVER_KWARGS = frozenset(
     {
         "base_url",
@@ -56,7 +60,11 @@ SERVER_KWARGS = frozenset(
 )
 
 
-class ServerBackend(ServingBackend):
+#: what one read of a server's metrics endpoint gives (:meth:`StreamingServerBackend.scrape`)
+SnapshotT = TypeVar("SnapshotT")
+
+
+class StreamingServerBackend(ServingBackend, Generic[SnapshotT]):
     """Shared client of a streaming HTTP inference server.
 
     Options: ``base_url`` attaches to a running server (the kit then cannot change its
@@ -64,6 +72,10 @@ class ServerBackend(ServingBackend):
     is started from :meth:`server_argv` for each distinct speculative configuration a cell asks
     for.  ``request_timeout_s`` bounds every request (connect to last byte); ``idle_timeout_s``
     bounds the silence between two chunks.
+
+    ``SnapshotT`` is what :meth:`scrape` reads from the server's metrics endpoint before and after
+    a run, handed to :meth:`run_acceptance`, :meth:`run_prefix_cache` and :meth:`engine_memory`:
+    Prometheus samples for :class:`ServerBackend`, TensorRT-LLM's iteration stats for its backend.
     """
 
     framework = "openai"
@@ -82,7 +94,7 @@ class ServerBackend(ServingBackend):
         request_timeout_s: float = 300.0,
         idle_timeout_s: float | None = None,
         ready_timeout_s: float = 1200.0,
-        log_dir: str | os.PathLike = "outputs/servers",
+        log_dir: str | os.PathLike[str] = "outputs/servers",
         server_args: Sequence[str] = (),
         env: dict[str, str] | None = None,
         extra_body: dict[str, Any] | None = None,
@@ -190,7 +202,9 @@ class ServerBackend(ServingBackend):
             try:
                 from transformers import AutoTokenizer
 
-                self._tokenizer = AutoTokenizer.from_pretrained(resolve_model(self.model))
+                self._tokenizer: PreTrainedTokenizerBase | None = AutoTokenizer.from_pretrained(
+                    resolve_model(self.model)
+                )
             except (OSError, ValueError):
                 self._tokenizer = None
         return encode_request(self._tokenizer, request) if self._tokenizer is not None else None
@@ -252,18 +266,16 @@ class ServerBackend(ServingBackend):
             rec.accepted_tokens = int(t["draft_n_accepted"])
             rec.extra["acceptance_source"] = "llama.cpp timings.draft_n/draft_n_accepted"
 
-    def scrape(self) -> MetricSamples | None:
-        """The server's /metrics now, or None when it has none."""
-        if self.metrics_path is None or self.url is None:
-            return None
-        try:
-            status, body = http_get(self.url + self.metrics_path, 10.0)
-        except OSError:
-            return None
-        return parse_prometheus(body) if status == 200 else None
+    def scrape(self) -> SnapshotT | None:
+        """The server's metrics now, or None when it has none (this base reads none)."""
+        return None
+
+    def gauge_scrape(self) -> Callable[[], MetricSamples | None] | None:
+        """What :class:`ServerWatch` samples the :attr:`GAUGES` with while a run lasts; None: no gauges."""
+        return None
 
     def run_acceptance(
-        self, before: MetricSamples | None, after: MetricSamples | None, records: Sequence[RequestRecord]
+        self, before: SnapshotT | None, after: SnapshotT | None, records: Sequence[RequestRecord]
     ) -> dict[str, Any] | None:
         """Acceptance of exactly this run from the per-request counts (subclasses add the server's counters)."""
         seen = [r for r in records if r.drafted_tokens is not None]
@@ -510,7 +522,7 @@ class ServerBackend(ServingBackend):
         before = self.scrape()
         with ServerWatch(
             pid,
-            self.scrape if self.GAUGES else None,
+            self.gauge_scrape(),
             self.GAUGES,
             rss_period_s=self.rss_period_s,
             gauge_period_s=self.gauge_period_s,
@@ -540,12 +552,12 @@ class ServerBackend(ServingBackend):
                 rec.extra["prefix_cache_counters"] = prefix
         return ServedBatch(records, wall, acceptance, watch.result)
 
-    def engine_memory(self, samples: MetricSamples | None) -> dict[str, Any]:
+    def engine_memory(self, samples: SnapshotT | None) -> dict[str, Any]:
         """The engine's own memory figures (KV cache) where its /metrics report them."""
         return {}
 
     def run_prefix_cache(
-        self, before: MetricSamples | None, after: MetricSamples | None, records: Sequence[RequestRecord]
+        self, before: SnapshotT | None, after: SnapshotT | None, records: Sequence[RequestRecord]
     ) -> dict[str, Any] | None:
         """The run's prefix-cache hits from what the server reports; None where it reports none."""
         return None
@@ -581,6 +593,23 @@ class ServerBackend(ServingBackend):
             # the same run-level block on every record of the run: NOT a per-request number
             rec.extra["run_scope"] = {"acceptance": batch.run_acceptance, "n_requests": len(batch.records)}
             yield rec
+
+
+class ServerBackend(StreamingServerBackend[MetricSamples]):
+    """A server whose metrics endpoint (``metrics_path``, when set) serves Prometheus text."""
+
+    def scrape(self) -> MetricSamples | None:
+        """The server's /metrics now, or None when it has none."""
+        if self.metrics_path is None or self.url is None:
+            return None
+        try:
+            status, body = http_get(self.url + self.metrics_path, 10.0)
+        except OSError:
+            return None
+        return parse_prometheus(body) if status == 200 else None
+
+    def gauge_scrape(self) -> Callable[[], MetricSamples | None] | None:
+        return self.scrape if self.GAUGES else None
 
 
 @dataclass

@@ -57,7 +57,7 @@ async def aiter_sse(lines: AsyncIterator[str]) -> AsyncIterator[str]:
 
 @dataclass
 class StreamState:
-    """What a stream has carried so far (filled by :meth:`ServerBackend.consume`)."""
+    """What a stream has carried so far (filled by :meth:`StreamingServerBackend.consume`)."""
 
     text_parts: list[str] = field(default_factory=list)
     cumulative_text: str | None = None  # servers that resend the whole text each chunk

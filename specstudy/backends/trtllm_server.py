@@ -46,7 +46,7 @@ from ..engines import capabilities as caps
 from ..metrics import acceptance_rate
 from ..records import Cell, Request, RequestRecord, Sampling
 from .lifecycle import http_get
-from .server import ServerBackend
+from .server import StreamingServerBackend
 
 TRTLLM_VERSION = "1.2"
 ITER_STATS_MAX = 100_000  # iteration stats the server keeps between two scrapes
@@ -105,7 +105,7 @@ def describe_trtllm(method: str, gamma: int | None, options: Mapping[str, Any]) 
     return f"TensorRT-LLM {TRTLLM_VERSION} {decoding_type} ({backend} backend): {shape} per step"
 
 
-class TrtllmServerBackend(ServerBackend):
+class TrtllmServerBackend(StreamingServerBackend[list[dict[str, Any]]]):
     """``trtllm-serve`` per speculative configuration, or attach via ``base_url``.
 
     Options: ``trtllm_serve`` (the executable, default ``trtllm-serve`` on PATH), ``dtype``,
@@ -236,7 +236,10 @@ class TrtllmServerBackend(ServerBackend):
             return None
 
     def run_acceptance(
-        self, before: Any, after: list[dict[str, Any]] | None, records: Sequence[RequestRecord]
+        self,
+        before: list[dict[str, Any]] | None,
+        after: list[dict[str, Any]] | None,
+        records: Sequence[RequestRecord],
     ) -> dict[str, Any] | None:
         """The run's acceptance from its iteration stats (``after``: drained after the run)."""
         return iteration_acceptance(after) if after else None

@@ -65,7 +65,8 @@ _PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
 _PREFIX = {"prefix_queries": "vllm:prefix_cache_queries", "prefix_hits": "vllm:prefix_cache_hits"}
 
 
-def import_vllm():
+def import_vllm() -> Any:
+    """The ``vllm`` module (untyped here: the kit's environment does not install it)."""
     try:
         import vllm  # noqa: F401
     except ImportError as e:
@@ -155,11 +156,11 @@ class VllmEngine:
     def __init__(self, model_path: str, drafter: str | None, options: Mapping[str, Any]):
         self.vllm = import_vllm()
         self.model_path, self.drafter, self.options = model_path, drafter, dict(options)
-        self.llm = None
+        self.llm: Any = None  # the vllm.LLM of configuration ``key``
         self.key: str | None = None
         self.last_run_acceptance: dict[str, Any] | None = None
 
-    def engine(self, cell: Cell):
+    def engine(self, cell: Cell) -> Any:
         cfg = speculative_config(cell.method, cell.gamma, cell.drafter or self.drafter, dict(cell.options))
         key = json.dumps(cfg, sort_keys=True)
         if self.llm is not None and key == self.key:
@@ -206,7 +207,9 @@ class VllmEngine:
             return {"prompt_token_ids": encode_request(llm.get_tokenizer(), request)}
         return request.prompt
 
-    def _batch(self, llm, batch: list[Request], params, sampling: Sampling, cell: Cell) -> list[RequestRecord]:
+    def _batch(
+        self, llm: Any, batch: list[Request], params: Any, sampling: Sampling, cell: Cell
+    ) -> list[RequestRecord]:
         epoch, t0 = time.time(), time.monotonic()
         try:
             outputs = llm.generate([self._prompt(r, llm) for r in batch], params, use_tqdm=False)

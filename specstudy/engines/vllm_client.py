@@ -53,7 +53,7 @@ class WorkerClient:
         env: Mapping[str, str] | None = None,
         startup_timeout_s: float = 900.0,
         run_timeout_s: float = 3600.0,
-        log_dir: str | os.PathLike = "outputs/servers",
+        log_dir: str | os.PathLike[str] = "outputs/servers",
         argv: list[str] | None = None,
     ):
         self.python = python or default_python()
@@ -62,7 +62,7 @@ class WorkerClient:
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         self.startup_timeout_s, self.run_timeout_s = startup_timeout_s, run_timeout_s
         self.log_path = Path(log_dir) / f"vllm-worker_{time.strftime('%Y%m%d-%H%M%S')}_{os.getpid()}.log"
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen[str] | None = None
         self.ready: dict[str, Any] | None = None
         self.last_run_acceptance: dict[str, Any] | None = None
         self._lines: queue.Queue[str | None] = queue.Queue()
@@ -98,7 +98,7 @@ class WorkerClient:
         return self.ready
 
     @staticmethod
-    def _read(proc: subprocess.Popen, lines: queue.Queue) -> None:
+    def _read(proc: subprocess.Popen[str], lines: queue.Queue[str | None]) -> None:
         assert proc.stdout is not None
         for line in proc.stdout:
             lines.put(line)
@@ -125,7 +125,7 @@ class WorkerClient:
         if line is None:
             code = self.proc.wait(10) if self.proc else None
             raise BackendUnavailable(f"the vLLM worker exited (code {code}); log {self.log_path}:\n{self.log_tail()}")
-        msg = json.loads(line)
+        msg: dict[str, Any] = json.loads(line)
         if msg.get("op") == "error":
             err = f"vLLM worker {msg.get('kind')} error: {msg.get('message')}"
             if msg.get("kind") == "bad_request":

@@ -18,6 +18,9 @@ from typing import Any, TextIO
 
 from . import protocol
 
+#: builds the engine from (model, drafter, options)
+MakeEngine = Callable[[str, str | None, dict[str, Any]], Any]
+
 
 def _claim_stdout() -> TextIO:
     """A private copy of stdout for the protocol; fd 1 (and child processes') goes to stderr."""
@@ -27,10 +30,10 @@ def _claim_stdout() -> TextIO:
     return proto
 
 
-def serve(inp: TextIO, out: TextIO, make_engine: Callable[[str, str | None, dict], Any]) -> int:
+def serve(inp: TextIO, out: TextIO, make_engine: MakeEngine) -> int:
     """Answer messages until ``close`` or end of input; returns the exit code."""
 
-    def send(msg: dict) -> None:
+    def send(msg: dict[str, Any]) -> None:
         out.write(protocol.dumps(msg))
         out.flush()
 
@@ -75,7 +78,7 @@ def serve(inp: TextIO, out: TextIO, make_engine: Callable[[str, str | None, dict
     return 0
 
 
-def _init(msg: dict, make_engine: Callable, send: Callable[[dict], None]) -> Any:
+def _init(msg: dict[str, Any], make_engine: MakeEngine, send: Callable[[dict[str, Any]], None]) -> Any:
     engine = make_engine(msg["model"], msg.get("drafter"), dict(msg.get("options") or {}))
     send(
         {
@@ -87,7 +90,7 @@ def _init(msg: dict, make_engine: Callable, send: Callable[[dict], None]) -> Any
     return engine
 
 
-def _run(engine: Any, msg: dict, send: Callable[[dict], None]) -> None:
+def _run(engine: Any, msg: dict[str, Any], send: Callable[[dict[str, Any]], None]) -> None:
     cell = protocol.cell_from(msg["cell"])
     sampling = protocol.sampling_from(msg["sampling"])
     requests = [protocol.request_from(r) for r in msg["requests"]]
@@ -96,7 +99,7 @@ def _run(engine: Any, msg: dict, send: Callable[[dict], None]) -> None:
     send({"op": "done", "run_acceptance": engine.last_run_acceptance})
 
 
-def _vllm_engine(model: str, drafter: str | None, options: dict) -> Any:
+def _vllm_engine(model: str, drafter: str | None, options: dict[str, Any]) -> Any:
     from ..backends.vllm_offline import VllmEngine
 
     return VllmEngine(model, drafter, options)

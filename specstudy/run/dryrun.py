@@ -116,7 +116,8 @@ def _setup_seconds(cfg: StudyConfig, plans: Sequence[CellPlan], prof: HardwarePr
 def duration_table(cfg: StudyConfig, plans: Sequence[CellPlan], prof: HardwareProfile) -> list[dict[str, Any]]:
     """One row per sweep (a shared cell counted in its first sweep) and a total: cells, requests, tokens, minutes."""
     est = [estimate_cell(cfg, p, prof) for p in plans]
-    rows, seen = [], set()
+    rows: list[dict[str, Any]] = []
+    seen: set[str] = set()
     for sw in [s.name for s in cfg.sweeps]:
         mine = [e for e in est if sw in e.plan.sweeps and e.plan.cell_id not in seen]
         seen.update(e.plan.cell_id for e in mine)
@@ -184,7 +185,7 @@ def cell_breakdown(plans: Sequence[CellPlan]) -> list[dict[str, Any]]:
 def memory_fit(cfg: StudyConfig, plans: Sequence[CellPlan], prof: HardwareProfile) -> list[dict[str, Any]]:
     """Per model pair and drafter: weights + KV cache at the study's longest cell + drafter vs memory × TP."""
     params, _ = _params(cfg)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for pair in cfg.models:
         mine = [p for p in plans if p.target == pair.target]
         if not mine or pair.target not in params:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -69,7 +69,8 @@ def arrival_offsets(n: int, rate: float, burstiness: float = 1.0, seed: int = 0)
         return [0.0] * n
     rng = np.random.default_rng(seed)
     gaps = rng.gamma(shape=burstiness, scale=1.0 / (rate * burstiness), size=n - 1)
-    return [0.0] + np.cumsum(gaps).tolist()
+    offsets: list[float] = np.cumsum(gaps).tolist()
+    return [0.0] + offsets
 
 
 @dataclass(frozen=True)
@@ -202,7 +203,7 @@ def run_sweep(
     base_cell: Cell,
     cfg: SweepConfig,
     out_dir: str | Path,
-    progress=print,
+    progress: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Run every rate with the speculative method and (if ``cfg.baseline``) with ``ar``.
 

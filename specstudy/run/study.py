@@ -54,10 +54,10 @@ def write_plan(layout: StudyLayout, cfg: StudyConfig, plans: Sequence[CellPlan])
 class _RunState:
     """What one run remembers across cells."""
 
-    prompts: dict[tuple, list[Request]] = field(default_factory=dict)
+    prompts: dict[tuple[Any, ...], list[Request]] = field(default_factory=dict)
     baselines: dict[str, list[RequestRecord]] = field(default_factory=dict)
-    failed_engines: dict[tuple, str] = field(default_factory=dict)
-    warmed: set[tuple] = field(default_factory=set)
+    failed_engines: dict[tuple[Any, ...], str] = field(default_factory=dict)
+    warmed: set[tuple[Any, ...]] = field(default_factory=set)
 
 
 def run_study(

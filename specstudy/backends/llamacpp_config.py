@@ -28,6 +28,10 @@ Methods and options
 * ``draft_target``: a draft GGUF (``draft-simple``), γ = ``n_max``; ``draft_min`` (n_min,
   default 0) and ``draft_p_min`` (default 0.0: always draft γ tokens, as the study's fixed γ
   means).  The draft's vocabulary must equal the target's.
+* ``synthetic_acceptance`` (``ngram`` and ``draft_target``): benchmark-only fixed acceptance, real
+  step costs.  ``alpha=a`` becomes llama.cpp's ``--spec-synth-rates`` a, a², …, a^γ (unconditional
+  rates, one per draft position); ``length=L`` becomes ``--spec-synth-len`` L (AL, bonus token
+  included).  The output text is then not the model's; the records carry the rule.
 
 Every default is passed explicitly, so the records hold the values that ran.
 """
@@ -43,6 +47,7 @@ from typing import Any, overload
 from ..config.model import get_entry
 from ..data.fetch import sha256_file
 from ..data.models import gguf_file as registry_gguf_file
+from ..engines.capabilities import llamacpp_synthetic_fields
 from .gguf_meta import file_type_name, read_metadata, vocab_mismatch
 from .llamacpp_serve import SPEC_TYPE_ENUM
 
@@ -102,10 +107,12 @@ class SpecConfig:
     p_min: float | None = None
     ngram: tuple[tuple[str, int], ...] = ()  # (field, value): size_n/size_m/min_hits or n_match/mod_n_min/mod_n_max
     ngram_note: str | None = None
+    synthetic: tuple[tuple[str, Any], ...] = ()  # ("synth_rates", (a, a², …)) or ("synth_len", L)
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["ngram"] = dict(self.ngram)
+        d["synthetic"] = {k: list(v) if isinstance(v, tuple) else v for k, v in self.synthetic}
         return d
 
 
@@ -252,7 +259,7 @@ def spec_config(method: str, gamma: int | None, options: Mapping[str, Any] | Non
         return SpecConfig(method="ar")
     g = _gamma(method, gamma)
     if method == "draft_target":
-        _check_keys(method, options, {"draft_min", "draft_p_min"})
+        _check_keys(method, options, {"draft_min", "draft_p_min", "synthetic_acceptance"})
         p_min = options.get("draft_p_min", 0.0)
         if isinstance(p_min, bool) or not isinstance(p_min, (int, float)) or not 0.0 <= p_min <= 1.0:
             raise ValueError(f"option draft_p_min={p_min!r}: must be a number in [0, 1]")
@@ -262,8 +269,9 @@ def spec_config(method: str, gamma: int | None, options: Mapping[str, Any] | Non
             n_max=g,
             n_min=_int_option(options, "draft_min", 0, lo=0),
             p_min=float(p_min),
+            synthetic=llamacpp_synthetic_fields(options, g),
         )
-    keys = {"spec_type", "ngram_min", "ngram_max", "draft_min", *_SIZED_KEYS, *_MOD_KEYS}
+    keys = {"spec_type", "ngram_min", "ngram_max", "draft_min", "synthetic_acceptance", *_SIZED_KEYS, *_MOD_KEYS}
     _check_keys(method, options, keys)
     stype = options.get("spec_type", "ngram-simple")
     if stype not in NGRAM_TYPES:
@@ -279,6 +287,7 @@ def spec_config(method: str, gamma: int | None, options: Mapping[str, Any] | Non
         n_min=_int_option(options, "draft_min", 0, lo=0),
         ngram=ngram,
         ngram_note=note,
+        synthetic=llamacpp_synthetic_fields(options, g),
     )
 
 
@@ -344,6 +353,8 @@ _FLAGS = {
     "n_match": ("--ngram-mod-n-match", "--spec-ngram-mod-n-match"),
     "mod_n_min": ("--ngram-mod-n-min", "--spec-ngram-mod-n-min"),
     "mod_n_max": ("--ngram-mod-n-max", "--spec-ngram-mod-n-max"),
+    "synth_rates": ("--synth-rates", "--spec-synth-rates"),
+    "synth_len": ("--synth-len", "--spec-synth-len"),
 }
 
 
@@ -365,6 +376,7 @@ def launch_args(plan: Plan, threads: int, ctx_size: int, parallel: int, llama_se
     if plan.draft is not None:
         pairs.append(("draft", plan.draft.path))
     pairs += list(spec.ngram)
+    pairs += [(k, ",".join(f"{r:.6g}" for r in v) if isinstance(v, tuple) else f"{v:.6g}") for k, v in spec.synthetic]
     argv: list[str] = []
     for name, value in pairs:
         if value is not None:

@@ -55,6 +55,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--ngram-mod-n-match", type=int, default=None)
     p.add_argument("--ngram-mod-n-min", type=int, default=None)
     p.add_argument("--ngram-mod-n-max", type=int, default=None)
+    p.add_argument(
+        "--synth-rates", default=None, help="benchmark only: unconditional acceptance rate per draft position"
+    )
+    p.add_argument("--synth-len", type=float, default=None, help="benchmark only: mean acceptance length (AL)")
     return p
 
 
@@ -90,6 +94,10 @@ def build_params(a: argparse.Namespace) -> Any:
     for name, value in (("n_match", a.ngram_mod_n_match), ("n_min", a.ngram_mod_n_min), ("n_max", a.ngram_mod_n_max)):
         if value is not None:
             setattr(spec.ngram_mod, name, value)
+    if a.synth_rates is not None:  # llama.cpp's --spec-synth-rates P0,P1,...
+        spec.synth_rates = [float(x) for x in a.synth_rates.split(",")]
+    if a.synth_len is not None:  # llama.cpp's --spec-synth-len L
+        spec.synth_len = a.synth_len
     return p
 
 

@@ -106,6 +106,17 @@ def vllm_synthetic_fields(options: Mapping[str, Any], gamma: int, version: str |
     return {"rejection_sample_method": "synthetic", "synthetic_acceptance_length": float(rule.value)}
 
 
+def llamacpp_synthetic_fields(options: Mapping[str, Any], gamma: int) -> tuple[tuple[str, Any], ...]:
+    """llama.cpp's ``--spec-synth-rates`` (unconditional per-position rates, one per draft position)
+    or ``--spec-synth-len`` (AL, bonus token included) for a synthetic cell (() without one)."""
+    rule = synthetic_rule(options, gamma)
+    if rule is None:
+        return ()
+    if rule.mode == "alpha":  # i.i.d.: P(first i+1 drafts all accepted) = a^(i+1)
+        return (("synth_rates", tuple(float(rule.value) ** (i + 1) for i in range(int(gamma)))),)
+    return (("synth_len", float(rule.value)),)
+
+
 def sglang_synthetic_env(options: Mapping[str, Any], gamma: int | None) -> dict[str, str]:
     """The server environment of a synthetic SGLang cell ({} without one)."""
     rule = synthetic_rule(options, gamma)

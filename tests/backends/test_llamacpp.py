@@ -172,6 +172,26 @@ def test_user_llama_server_argv_uses_its_own_flag_names():
     assert val(k4v, "--spec-ngram-map-k4v-min-hits") == "2" and val(k4v, "--spec-ngram-map-k4v-size-n") == "3"
 
 
+def test_synthetic_acceptance_maps_to_llamacpp_synth_flags():
+    """alpha=a → --spec-synth-rates a, a², …, a^γ (llama.cpp's unconditional rates); length=L → --spec-synth-len L."""
+    rates = spec_config("ngram", 3, {"synthetic_acceptance": "alpha=0.5"})
+    assert rates.synthetic == (("synth_rates", (0.5, 0.25, 0.125)),)
+    assert val(server_argv(plan(rates), 1, 64, 1), "--synth-rates") == "0.5,0.25,0.125"
+    user = server_argv(plan(rates), 1, 64, 1, llama_server="/x")
+    assert val(user, "--spec-synth-rates") == "0.5,0.25,0.125" and "--synth-rates" not in user
+    length = spec_config("draft_target", 4, {"synthetic_acceptance": "length=2.5"})
+    assert val(server_argv(plan(length, draft=True), 1, 64, 1, llama_server="/x"), "--spec-synth-len") == "2.5"
+    assert length.as_dict()["synthetic"] == {"synth_len": 2.5}
+    plain = server_argv(plan(spec_config("ngram", 3)), 1, 64, 1)
+    assert not any("synth" in a for a in plain)
+    with pytest.raises(ValueError, match=r"length=5.0 cannot be reached with gamma=3"):
+        spec_config("ngram", 3, {"synthetic_acceptance": "length=5"})
+    with pytest.raises(ValueError, match=r"outside \[0, 1\]"):
+        spec_config("draft_target", 3, {"synthetic_acceptance": "alpha=1.5"})
+    with pytest.raises(ValueError, match="not understood"):
+        spec_config("ar", None, {"synthetic_acceptance": "alpha=0.5"})
+
+
 def test_backend_argv_follows_the_cell_and_restarts_per_configuration(tmp_path):
     g = str(write_gguf(tmp_path / "t.gguf", ["a", "b"]))
     b = LlamaCppBackend(g, threads=3, ctx_size=256)
@@ -241,7 +261,7 @@ def test_ngram_options_map_to_llamacpp_sizes():
             "draft_target",
             4,
             {"dynamic_gamma": "cost"},
-            r"\['dynamic_gamma'\] not understood; allowed: \['draft_min', 'draft_p_min'\]",
+            r"\['dynamic_gamma'\] not understood; allowed: \['draft_min', 'draft_p_min', 'synthetic_acceptance'\]",
         ),
         ("ar", None, {"ngram_max": 3}, r"\['ngram_max'\] not understood; allowed: \[\]"),
         ("ar", None, {"tp": 2}, "tp=2: the llamacpp backend runs one CPU process"),
@@ -492,6 +512,10 @@ def test_entry_point_builds_xllamacpp_params_without_loading():
         )
     )
     assert d.speculative.draft.mparams.path == "/d.gguf" and d.speculative.draft.p_min == 0.25
+    base = ["--model", "/t.gguf", "--port", "5", "--threads", "1", "--spec-type", "draft-simple", "--draft-max", "3"]
+    synth = build_params(parser().parse_args([*base, "--synth-rates", "0.5,0.25,0.125"]))
+    assert list(synth.speculative.synth_rates) == [0.5, 0.25, 0.125] and synth.speculative.synth_len == -1
+    assert build_params(parser().parse_args([*base, "--synth-len", "2.5"])).speculative.synth_len == 2.5
 
 
 # ---- live: the embedded SmolLM2 through a kit-started llama.cpp server ---------------------
@@ -557,6 +581,32 @@ def test_live_smollm2_ar_and_ngram_counts_equal_llamacpp_own(tmp_path):
     import psutil
 
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+@pytest.mark.slow
+def test_live_synthetic_acceptance_sets_llamacpp_acceptance(tmp_path):
+    """SmolLM2 drafting for itself accepts every greedy draft (AL = γ + 1); with llama.cpp's
+    --spec-synth-len 2 the same server accepts what the rule says, and the records carry the rule."""
+    ids = json.loads((FIXTURES / "prompt_ids.json").read_text())["ids"]
+    reqs = [Request(k, "", prompt_ids=tuple(v)) for k, v in ids.items()]
+    sampling = Sampling(max_new_tokens=40)
+    b = LlamaCppBackend("smollm2-135m", threads=1, log_dir=tmp_path)
+    try:
+        real = list(b.run(reqs, sampling, cell("draft_target", 4, drafter="smollm2-135m")))
+        synth = list(
+            b.run(reqs, sampling, cell("draft_target", 4, drafter="smollm2-135m", synthetic_acceptance="length=2"))
+        )
+    finally:
+        b.close()
+
+    def al(rows):
+        return 1 + sum(r.accepted_tokens for r in rows) / sum(r.draft_steps for r in rows)
+
+    assert all(r.status == "ok" and r.output_tokens == 40 for r in real + synth), [r.error for r in real + synth]
+    assert al(real) > 4.5 and all(r.synthetic_acceptance is None for r in real)
+    assert 1.3 < al(synth) < 2.9, al(synth)  # ~30 verification steps: the rule's mean 2 within sampling noise
+    assert all(r.synthetic_acceptance == "length=2.0" for r in synth)
+    assert all(r.extra["llamacpp"]["spec"]["synthetic"] == {"synth_len": 2.0} for r in synth)
 
 
 def _cached_gguf(name: str) -> bool:

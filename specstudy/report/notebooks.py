@@ -36,13 +36,14 @@ def notebook_jobs(
     out: str | os.PathLike[str], families: Sequence[str], tasks: Sequence[str], notebooks: Sequence[str] = NOTEBOOKS
 ) -> list[NotebookJob]:
     """The (notebook × parameter set) matrix of one study: one method_family run per family, one
-    task_category run per task, one each of hardware / when_it_fails, then the report."""
+    task_category run per task, one each of hardware / when_it_fails, then the report (always: a
+    study's ``notebooks`` list chooses the exploring notebooks, never whether report.md is written)."""
     out_abs = str(Path(out).resolve())
     nbdir = Path(out) / "notebooks"
     jobs: list[NotebookJob] = []
 
     def add(nb: str, suffix: str = "", **params: Any) -> None:
-        if nb in notebooks:
+        if nb in notebooks or nb == "report":
             jobs.append(
                 NotebookJob(
                     nb,

@@ -42,8 +42,9 @@ def measure_engine_costs(
     from ..backends.llamacpp_costs import measure_costs
 
     threads = int(cfg.framework_options.get("llamacpp", {}).get("threads", 1))
-    gmax = max((p.cell.gamma or 1 for p in plans if p.cell.framework == "llamacpp"), default=1)
-    ks = range(1, min(MAX_K, gmax + 1) + 1)
+    # T(1) and T(γ+1) for every γ the llama.cpp cells verify: what the predictions beside them need
+    gammas = {p.cell.gamma for p in plans if p.cell.framework == "llamacpp" and p.cell.gamma}
+    ks = sorted({1} | {min(MAX_K, g + 1) for g in gammas} | ({2} if not gammas else set()))
     problems = []
     for target, drafter in llamacpp_pairs(plans):
         if layout.engine_costs_path("llamacpp", target, drafter).exists():

@@ -34,8 +34,8 @@ def test_measured_once_and_a_failure_is_retried(monkeypatch, tmp_path):
     problems = engine_costs.measure_engine_costs(cfg, plans, layout, said.append)
     assert len(problems) == 1 and "server never became ready" in problems[0] and not layout.read_engine_costs()
     assert engine_costs.measure_engine_costs(cfg, plans, layout, said.append) == []
-    # γ up to 6: k = 1..7 verified; the study's llama.cpp threads
-    assert calls[-1] == ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", 2, [1, 2, 3, 4, 5, 6, 7])
+    # γ 2, 4, 6: T(1) and T(γ+1) (what each row's prediction needs); the study's llama.cpp threads
+    assert calls[-1] == ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", 2, [1, 3, 5, 7])
     (doc,) = layout.read_engine_costs()
     assert doc["framework"] == "llamacpp" and doc["c"] == 0.4
     engine_costs.measure_engine_costs(cfg, plans, layout, said.append)

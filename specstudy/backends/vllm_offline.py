@@ -25,7 +25,10 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+from ..data.models import resolve_for_engine
 from ..engines import capabilities as caps
+from ..engines.environments import engine_env
+from ..metrics import acceptance_length, acceptance_rate, per_position_unconditional
 from ..records import Cell, Request, RequestRecord, Sampling
 from .base import Backend, BackendUnavailable, encode_request
 from .vllm_server import describe_vllm, spec_fields, speculative_config
@@ -120,7 +123,6 @@ def counters_snapshot(metrics: Sequence[Any]) -> dict[str, Any]:
 
 def snapshot_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
     """Run-scoped acceptance (after − before) with our α and vLLM's mean acceptance length."""
-    from ..metrics import acceptance_length, acceptance_rate, per_position_unconditional
 
     d = {k: after[k] - before[k] for k in _COUNTERS}
     pb = before["per_pos"] + [0] * (len(after["per_pos"]) - len(before["per_pos"]))
@@ -287,7 +289,6 @@ class VllmOfflineBackend(Backend):
 
     def __init__(self, model: str, drafter: str | None = None, **options: Any):
         self.check_engine_options(options)
-        from ..data.models import resolve_for_engine
 
         self.model, self.drafter, self.options = model, drafter, options
         self.last_run_acceptance: dict[str, Any] | None = None
@@ -316,7 +317,6 @@ class VllmOfflineBackend(Backend):
 
     @staticmethod
     def pinned_version(cuda: bool | None = None) -> str:
-        from ..engines.environments import engine_env
 
         return caps.pinned_version(engine_env("vllm", cuda).engine_requirement)
 

@@ -31,6 +31,8 @@ from typing import Any
 
 from ..data.models import resolve_for_engine as resolve_model
 from ..engines import capabilities as caps
+from ..engines.environments import engine_env, is_installed, python_of
+from ..metrics import acceptance_length, acceptance_rate, per_position_unconditional
 from ..records import Cell, Request, RequestRecord, Sampling
 from .prometheus import MetricSamples, metric_by_label, metric_total
 from .server import ServerBackend
@@ -178,7 +180,7 @@ class VllmServerBackend(ServerBackend):
         cls, method: str, gamma: int | None, options: Mapping[str, Any], drafter: str | None, cuda: bool | None = None
     ) -> None:
         """Refuse a method the pinned vLLM lacks, a bad γ, a missing drafter or an unread option."""
-        from .vllm_offline import VllmOfflineBackend
+        from .vllm_offline import VllmOfflineBackend  # vllm_offline imports this module: a cycle
 
         version = VllmOfflineBackend.pinned_version(cuda)
         caps.check_method(
@@ -193,7 +195,7 @@ class VllmServerBackend(ServerBackend):
 
     @classmethod
     def describe(cls, method: str, gamma: int | None, options: Mapping[str, Any], cuda: bool | None = None) -> str:
-        from .vllm_offline import VllmOfflineBackend
+        from .vllm_offline import VllmOfflineBackend  # vllm_offline imports this module: a cycle
 
         return describe_vllm(VllmOfflineBackend.pinned_version(cuda), method, gamma, options)
 
@@ -203,7 +205,6 @@ class VllmServerBackend(ServerBackend):
 
     def default_python(self) -> str:
         """The kit's vLLM env interpreter when installed, else this interpreter."""
-        from ..engines.environments import engine_env, is_installed, python_of
 
         env = engine_env("vllm")
         return str(python_of(env)) if is_installed(env) else sys.executable
@@ -323,7 +324,6 @@ def prefix_cache_delta(before: MetricSamples | None, after: MetricSamples | None
 
 def counter_acceptance(before: MetricSamples, after: MetricSamples) -> dict[str, Any]:
     """Run-scoped acceptance from two /metrics scrapes (after − before), vLLM's conventions beside ours."""
-    from ..metrics import acceptance_length, acceptance_rate, per_position_unconditional
 
     d = {
         k: int(round((metric_total(after, n) or 0.0) - (metric_total(before, n) or 0.0)))

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..telemetry import Nvml
 from .prometheus import MetricSamples, metric_total
 from .rss import TreeRssSampler
 
@@ -103,7 +104,6 @@ class _GaugeSampler:
 
 
 def _open_nvml() -> Any:
-    from ..telemetry import Nvml
 
     nv = Nvml()
     if not nv.handles:

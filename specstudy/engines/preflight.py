@@ -18,7 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..config.model import get_entry
 from . import environments as envs
+from .drafters import check_drafter
 
 #: hub repositories that need an accepted licence and a token
 GATED_PREFIXES = ("meta-llama/",)
@@ -258,8 +260,6 @@ def _engines(frameworks: list[str], cuda: bool, p: Probes) -> list[Missing]:
 
 def _registry_name(name: str) -> bool:
     try:
-        from ..config.model import get_entry
-
         get_entry(name)
         return True
     except Exception:
@@ -315,7 +315,6 @@ def _weights(weights: list[Weights], p: Probes) -> list[Missing]:
 
 
 def _drafters(drafters: list[DrafterUse], p: Probes) -> list[Missing]:
-    from .drafters import check_drafter
 
     out = []
     for d in drafters:

@@ -19,17 +19,16 @@ from pathlib import Path
 from typing import Any
 
 from ..backends.base import BackendUnavailable
+from ..backends.rss import TreeRssSampler
 from ..records import Cell, Request, RequestRecord, Sampling
 from . import protocol
-from .environments import REPO_ROOT
+from .environments import REPO_ROOT, engine_env, is_installed, python_of
 
 WORKER_MODULE = "specstudy.engines.vllm_worker"
 
 
 def default_python() -> str:
     """The vLLM venv's interpreter for this machine's build; BackendUnavailable when missing."""
-    from .environments import engine_env, is_installed, python_of
-
     env = engine_env("vllm")
     if not is_installed(env):
         raise BackendUnavailable(
@@ -150,7 +149,6 @@ class WorkerClient:
     def run(self, requests: list[Request], sampling: Sampling, cell: Cell) -> list[RequestRecord]:
         """The run's records, each with the worker process tree's peak RSS over the run (the engine's
         memory: the kit's own process holds none of it)."""
-        from ..backends.rss import TreeRssSampler
 
         self.start()
         assert self.proc is not None

@@ -100,7 +100,7 @@ def _run(engine: Any, msg: dict[str, Any], send: Callable[[dict[str, Any]], None
 
 
 def _vllm_engine(model: str, drafter: str | None, options: dict[str, Any]) -> Any:
-    from ..backends.vllm_offline import VllmEngine
+    from ..backends.vllm_offline import VllmEngine  # runs inside vLLM's venv: imported only there, where vllm exists
 
     return VllmEngine(model, drafter, options)
 

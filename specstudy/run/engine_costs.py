@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from ..backends.llamacpp_costs import measure_costs
 from ..config import StudyConfig
 from ..layout import StudyLayout
 from .plan import CellPlan
@@ -39,7 +40,6 @@ def measure_engine_costs(
     """Measure what is missing; returns the problems (a failed measurement is retried next run)."""
     if "llamacpp" not in cfg.engine_costs:
         return []
-    from ..backends.llamacpp_costs import measure_costs
 
     threads = int(cfg.framework_options.get("llamacpp", {}).get("threads", 1))
     # T(1) and T(γ+1) for every γ the llama.cpp cells verify: what the predictions beside them need

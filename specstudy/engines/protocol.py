@@ -67,10 +67,16 @@ def record_from(d: dict[str, Any]) -> RequestRecord:
     return RequestRecord(**{**d, "steps": [StepRecord(**s) for s in d.get("steps") or []]})
 
 
+def request_message(request: Request) -> dict[str, Any]:
+    """A request's :class:`Request` fields only: a subclass's extras (a task prompt's input policy,
+    source, reference) stay with the runner, which writes them into the records itself."""
+    return {f.name: getattr(request, f.name) for f in dataclasses.fields(Request)}
+
+
 def run_message(requests: list[Request], sampling: Sampling, cell: Cell) -> dict[str, Any]:
     return {
         "op": "run",
         "cell": dataclasses.asdict(cell),
         "sampling": dataclasses.asdict(sampling),
-        "requests": [dataclasses.asdict(r) for r in requests],
+        "requests": [request_message(r) for r in requests],
     }

@@ -19,6 +19,7 @@ from specstudy.backends import BackendUnavailable
 from specstudy.backends.vllm_offline import VllmOfflineBackend, counters_snapshot, engine_kwargs, snapshot_delta
 from specstudy.backends.vllm_server import speculative_config
 from specstudy.engines.vllm_client import WorkerClient
+from specstudy.data.tasks import TaskRequest
 from specstudy.records import Cell, Request, Sampling
 
 FIX = Path(__file__).parents[1] / "fixtures"
@@ -161,12 +162,17 @@ def client(tmp_path, *flags, **kw):
 
 def test_records_stream_back_through_the_worker(tmp_path):
     c = client(tmp_path, "--chatty")
-    reqs = [Request("a", "x"), Request("b", "", prompt_ids=(1, 2)), Request("c", "y", messages=(("user", "hi"),))]
+    reqs = [
+        Request("a", "x"),
+        Request("b", "", prompt_ids=(1, 2)),
+        Request("c", "y", messages=(("user", "hi"),)),
+        TaskRequest("d", "z", task="code", input_policy="filter:512", source="humaneval"),  # what a study sends
+    ]
     recs = c.run(reqs, Sampling(max_new_tokens=3), cell())
-    assert [r.prompt_id for r in recs] == ["a", "b", "c"] and all(r.status == "ok" for r in recs)
+    assert [r.prompt_id for r in recs] == ["a", "b", "c", "d"] and all(r.status == "ok" for r in recs)
     assert (recs[0].drafted_tokens, recs[0].accepted_tokens, recs[0].output_ids) == (8, 5, [1, 2, 3])
     assert recs[0].extra["options_seen"] == ["dtype", "prefix_cache"] and recs[2].end_s == pytest.approx(2.02)
-    assert c.last_run_acceptance == {"source": "fake", "drafted_tokens": 24}
+    assert c.last_run_acceptance == {"source": "fake", "drafted_tokens": 32}  # 8 per request
     assert c.ready["engine_version"] == "0.0-fake"
     ar = c.run(reqs[:1], Sampling(max_new_tokens=2), cell("ar", None))  # same process, next call
     assert ar[0].drafted_tokens is None and ar[0].output_tokens == 2

@@ -18,8 +18,8 @@ import pytest
 from specstudy.backends import BackendUnavailable
 from specstudy.backends.vllm_offline import VllmOfflineBackend, counters_snapshot, engine_kwargs, snapshot_delta
 from specstudy.backends.vllm_server import speculative_config
-from specstudy.engines.vllm_client import WorkerClient
 from specstudy.data.tasks import TaskRequest
+from specstudy.engines.vllm_client import WorkerClient
 from specstudy.records import Cell, Request, Sampling
 
 FIX = Path(__file__).parents[1] / "fixtures"

@@ -254,6 +254,12 @@ class LlamaCppBackend(ServerBackend):
             return
         cls.check(method, gamma, options, model, drafter)
 
+    @property
+    def effective_prefix_cache(self) -> bool:
+        """llama.cpp reads ``cache_prompt`` from every request, so the kit sets it even on a server
+        it attached to (unlike vLLM's and SGLang's server-wide flags)."""
+        return self.prefix_cache
+
     @staticmethod
     def _server_options(cell: Cell) -> dict[str, Any]:
         """The options that shape the server (``tp`` kept so a multi-GPU cell is refused)."""

@@ -447,6 +447,9 @@ def test_attached_server_goes_through_the_same_parsing():
     assert rec.target_forwards == 24 - rec.accepted_tokens and rec.peak_memory_bytes is None
     assert rec.extra["precision"] == "Q4_1" and rec.extra["llamacpp"]["build"]["launcher"] == "attached"
     assert b.last_run_acceptance["counters_match"] is True
+    # cache_prompt goes with every request, so even an attached server's prefix cache is the kit's setting
+    assert rec.extra["engine_prefix_cache"] is False
+    assert LlamaCppBackend("m", base_url="http://127.0.0.1:1", prefix_cache=True).effective_prefix_cache is True
 
 
 def test_tree_rss_sampler_reads_this_process():

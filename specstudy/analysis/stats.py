@@ -78,8 +78,15 @@ class Pooled:
     greedy: bool = True
 
 
+def _span(batch: Sequence[RequestRecord]) -> float:
+    """Seconds from a batch's first send to its last finish."""
+    t0 = min(r.start_epoch for r in batch)
+    return max(r.start_epoch - t0 + float(r.end_s or 0.0) for r in batch)
+
+
 def _throughput(ok: Sequence[RequestRecord]) -> tuple[float, tuple[float, float]]:
-    """tokens/s of the cells' requests: Σ tokens / Σ E2E at batch 1 (one stream), else the wall span."""
+    """tokens/s of the cells' requests: Σ tokens / Σ E2E at batch 1 (one stream); one cell of
+    batches run one after another: Σ tokens / Σ batch spans, its CI over batches; else the wall span."""
     if not ok:
         return NAN, (NAN, NAN)
     if all(r.batch_size == 1 for r in ok):
@@ -92,16 +99,19 @@ def _throughput(ok: Sequence[RequestRecord]) -> tuple[float, tuple[float, float]
         by_cell.setdefault(r.cell_id, []).append(r)
     vals = [metrics.output_throughput(v) for v in by_cell.values()]
     if len(vals) == 1:
-        # one cell of batches run one after another: bootstrap over its batches (rows of a batch
-        # share their start), Σ batch tokens / Σ batch wall time
-        batches: dict[float, list[RequestRecord]] = {}
-        for r in ok:
-            batches.setdefault(r.start_epoch, []).append(r)
-        if len(batches) < 2:
+        # one cell of batches run one after another: bootstrap over its batches, Σ batch tokens /
+        # Σ batch wall span.  A batch is batch_size consecutive sends (a server's load generator
+        # sends a batch's requests microseconds apart, so their start times differ a little)
+        rows = sorted(ok, key=lambda r: r.start_epoch)
+        size = max(1, int(rows[0].batch_size))
+        batches = [rows[i : i + size] for i in range(0, len(rows), size)]
+        ends = [max(r.start_epoch + float(r.end_s or 0.0) for r in b) for b in batches]
+        disjoint = all(min(r.start_epoch for r in b) >= e - 1e-3 for b, e in zip(batches[1:], ends))
+        if len(batches) < 2 or not disjoint:  # a concurrency-limited stream has no batches to resample
             return vals[0], (NAN, NAN)
-        toks = [sum(r.output_tokens for r in b) for b in batches.values()]
-        walls = [max(r.end_s or 0.0 for r in b) for b in batches.values()]
-        return vals[0], metrics.bootstrap_ci(toks, walls)
+        toks = [sum(r.output_tokens for r in b) for b in batches]
+        walls = [_span(b) for b in batches]
+        return sum(toks) / sum(walls), metrics.bootstrap_ci(toks, walls)
     m, lo, hi = metrics.mean_ci(vals)
     return m, (lo, hi)
 

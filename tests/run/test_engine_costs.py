@@ -27,9 +27,7 @@ def test_measured_once_and_a_failure_is_retried(monkeypatch, tmp_path):
             raise RuntimeError("server never became ready")
         return {"model": model, "drafter": drafter, "verify_ratio": {1: 1.0, 7: 5.1}, "c": 0.4}
 
-    import specstudy.backends.llamacpp_costs as lc
-
-    monkeypatch.setattr(lc, "measure_costs", measure)
+    monkeypatch.setattr(engine_costs, "measure_costs", measure)
     layout, said = StudyLayout(tmp_path), []
     problems = engine_costs.measure_engine_costs(cfg, plans, layout, said.append)
     assert len(problems) == 1 and "server never became ready" in problems[0] and not layout.read_engine_costs()

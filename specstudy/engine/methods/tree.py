@@ -49,7 +49,6 @@ from typing import Any, Protocol
 
 import torch
 
-from ...data.models import load_model
 from ..drafters import load_drafter, resolve_drafter_path
 from ..kv import cache_arg, new_cache
 from ..sampling import next_tokens, probs_for, sample_from
@@ -442,6 +441,10 @@ def load_tree_drafter(name: str, target, device: str = "cpu", dtype: str = "floa
     if str(name).endswith(".safetensors"):
         adapter = load_drafter(name, kind="layer_skip_adapter", hidden_size=target.config.hidden_size)
         return early_exit_draft(target, {"adapter": adapter}, device)
+    # the model registry (config, pydantic) only for a drafter named by model: the engine itself
+    # imports none of the kit's configuration (bench/gpu_check.py runs it where pydantic is absent)
+    from ...data.models import load_model
+
     return load_model(name, device, dtype)[0]
 
 

@@ -86,7 +86,7 @@ def predicted_rows(study: Study) -> pd.DataFrame:
         c = float(doc["c"]) if method == "draft_target" and doc.get("c") is not None else 0.0
         v = _by_k(doc.get("verify_ratio")).get(int(gamma) + 1, float("nan"))
         p = stats.pooled(study, cids)
-        pred = stats.predicted_speedup(p.alpha_hat, gamma, c, v, p.prefill_share)
+        pred = stats.predicted_for(p, gamma, c, v)
         rows.append(
             {
                 "label": label,

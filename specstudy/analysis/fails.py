@@ -15,7 +15,7 @@ from .. import costmodel
 from ..config.vocab import cost_dtype
 from ..costmodel import HardwareProfile
 from .format import fmt, fmt_ci, short_model
-from .stats import NAN, Pooled, break_even_alpha, isnum, pooled, predicted_speedup
+from .stats import NAN, Pooled, break_even_alpha, isnum, pooled, predicted_for
 from .study import Study
 from .tables import headline_max_new
 
@@ -58,7 +58,7 @@ def large_batch(study: Study) -> pd.DataFrame:
         for b in sorted(by_b):
             p = pooled(study, by_b[b])
             # the study's own step costs at this batch size where it measured them; the roofline otherwise
-            pred, costs = predicted_speedup(p.alpha_hat, g, p.c, p.verify_ratio, p.prefill_share), "measured"
+            pred, costs = predicted_for(p, g), "measured"
             tgt = study.meta(by_b[b][0])["model"]
             if not isnum(pred) and prof is not None and tgt in params and isnum(p.alpha_hat):
                 costs = f"roofline ({prof.name})"

@@ -17,7 +17,7 @@ import pandas as pd
 from .. import costmodel
 from ..config.vocab import cost_dtype
 from ..costmodel import HardwareProfile
-from .stats import isnum, pooled, predicted_speedup, verify_curve
+from .stats import isnum, pooled, predicted_for, verify_curve
 from .study import Study
 from .tables import headline_max_new
 
@@ -48,7 +48,7 @@ def _measured_rows(study: Study, by_gamma: dict[int, list[str]]) -> list[dict[st
         {
             "alpha_hat": p.alpha_hat,
             "gamma": g,
-            "predicted_speedup": predicted_speedup(p.alpha_hat, g, p.c, p.verify_ratio, p.prefill_share),
+            "predicted_speedup": predicted_for(p, g),
             "measured_speedup": p.speedup,
             "optimal_gamma": g_opt,
             "speedup_at_optimal_gamma": s_opt,

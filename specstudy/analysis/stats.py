@@ -74,6 +74,7 @@ class Pooled:
         NAN  # Σ baseline TTFT / Σ baseline E2E of the paired requests (what speculation cannot speed)
     )
     n_errors: int = 0
+    separate_draft: bool = False  # every cell drafts with its own model (draft_target), which also reads the prompt
     synthetic: str | None = None  # the synthetic-acceptance rule when the cells used one
     greedy: bool = True
 
@@ -254,6 +255,7 @@ def pooled(data: Study, cell_ids: Iterable[str]) -> Pooled:
     if not ok:
         return out
     out.synthetic = next((r.synthetic_acceptance for r in ok if r.synthetic_acceptance), None)
+    out.separate_draft = all(r.method == "draft_target" for r in ok)
     out.greedy = all(r.temperature == 0.0 for r in ok)
     out.tokens_per_s, out.tokens_per_s_ci = _throughput(ok)
     if out.synthetic is None:  # fixed acceptance measures step costs, not acceptance or quality
@@ -278,19 +280,35 @@ def prefill_share(baseline: Sequence[RequestRecord]) -> float:
 
 
 def predicted_speedup(
-    alpha_hat: float | None, gamma: int | None, c: float, verify_ratio: float, prefill: float = 0.0
+    alpha_hat: float | None,
+    gamma: int | None,
+    c: float,
+    verify_ratio: float,
+    prefill: float = 0.0,
+    draft_prefill: float = 0.0,
 ) -> float:
     """Cost-model speedup from *measured* α̂, c and verification cost (NaN when any is unknown).
 
-    The cost model speeds up the decode steps only; with ``prefill`` = the baseline's measured
-    share of E2E spent before the first token (:func:`prefill_share`), the request-level speedup
-    is 1 / (prefill + (1 − prefill) / s_decode), which is what the measured E2E speedup compares with.
+    The cost model speeds up the decode steps only (s_decode).  With ``prefill`` = f, the
+    baseline's measured share of E2E spent before the first token (:func:`prefill_share`), and
+    ``draft_prefill`` = the draft model's prompt pass relative to the target's (a separate draft
+    reads the prompt too; taken as c), the request-level speedup is
+    1 / (f (1 + draft_prefill) + (1 − f) / s_decode): what the measured E2E speedup compares with.
     """
     if not isnum(alpha_hat) or not gamma or not isnum(c) or not isnum(verify_ratio):
         return NAN
     s = costmodel.speedup_with_verify_cost(min(max(float(alpha_hat), 0.0), 1.0), int(gamma), c, verify_ratio)
     f = prefill if isnum(prefill) and 0.0 <= prefill < 1.0 else 0.0
-    return 1.0 / (f + (1.0 - f) / s) if s > 0 else NAN
+    d = draft_prefill if isnum(draft_prefill) and draft_prefill > 0 else 0.0
+    return 1.0 / (f * (1.0 + d) + (1.0 - f) / s) if s > 0 else NAN
+
+
+def predicted_for(p: Pooled, gamma: int | None, c: float | None = None, verify_ratio: float | None = None) -> float:
+    """:func:`predicted_speedup` of a pooled row, with its own prefill share and, for a separate
+    draft model, its prompt pass (c of the target's); ``c``/``verify_ratio`` override the row's."""
+    c = p.c if c is None else c
+    v = p.verify_ratio if verify_ratio is None else verify_ratio
+    return predicted_speedup(p.alpha_hat, gamma, c, v, p.prefill_share, c if p.separate_draft else 0.0)
 
 
 def break_even(batches: Sequence[float], speedups: Sequence[float]) -> float | None:

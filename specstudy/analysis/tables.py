@@ -19,7 +19,7 @@ from ..config.task import load_task_config
 from ..config.vocab import TASKS
 from .format import FAMILY_TITLES, TASK_TITLES, fmt, fmt_ci, short_model
 from .rates import peak_memory
-from .stats import NAN, Pooled, isnum, pooled, predicted_speedup, verify_curve
+from .stats import NAN, Pooled, isnum, pooled, predicted_for, verify_curve
 from .study import Study
 
 Frames = tuple[pd.DataFrame, pd.DataFrame]
@@ -178,7 +178,7 @@ def method_table(study: Study, family: str, sweep: str | None = "method_family")
     for key in sorted(groups):
         fw, label, gamma, batch, drafter, sampling = key
         p = pooled(study, groups[key])
-        pred = predicted_speedup(p.alpha_hat, gamma, p.c, p.verify_ratio, p.prefill_share)
+        pred = predicted_for(p, gamma)
         rows.append(
             {
                 "Framework": fw,

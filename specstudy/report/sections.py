@@ -115,8 +115,9 @@ def method_family_section(study: Study, family: str) -> Section:
     sec.markdown = (
         "Predicted speedup: the decode steps speed up by s = AL(α̂, γ) / (γ·c + verify cost), the Leviathan et al. "
         "formula with the *measured* i.i.d. acceptance α̂, draft cost c and verification cost (both in units of one "
-        "AR decode step T1); the request then speeds up by 1 / (f + (1 − f) / s), f being the baseline's measured "
-        "share of E2E before the first token (prefill), which speculation does not shorten. Predictions are "
+        "AR decode step T1); the request then speeds up by 1 / (f (1 + d) + (1 − f) / s), f being the baseline's "
+        "measured share of E2E before the first token (prefill), which speculation does not shorten, and d the "
+        "draft model's own prompt pass (d = c for a separate draft model, 0 otherwise). Predictions are "
         "labelled as such; measured speedups are paired against AR on the same prompts. Rows whose "
         "measured/predicted ratio leaves 0.9–1.1 depart from the model's assumptions: drafts shorter than γ "
         "(n-gram misses, capped last steps) or acceptance that is not i.i.d. across positions.\n\n"
@@ -356,9 +357,10 @@ def engine_costs_section(study: Study) -> Section | None:
         "speculation loses even at high α. "
         + (("Draft cost: " + "; ".join(cs) + ". ") if cs else "")
         + "Decode prediction s = (1 − α̂^(γ+1)) / ((1 − α̂)(γ c + T(γ+1)/T(1))) from each row's measured α̂ "
-        "(n-gram drafting: c = 0); speculation leaves the prompt's prefill alone, so the request-level "
-        "prediction beside the measured E2E speedup is 1 / (f + (1 − f) / s), f = the AR baseline's measured "
-        "share of E2E before the first token (prefill_share).\n\n"
+        "(n-gram drafting: c = 0); speculation leaves the prompt's prefill alone, and a draft model reads the "
+        "prompt too (its prompt pass taken as c of the target's), so the request-level prediction beside the "
+        "measured E2E speedup is 1 / (f (1 + c) + (1 − f) / s) for a draft model and 1 / (f + (1 − f) / s) for "
+        "n-gram drafting, f = the AR baseline's measured share of E2E before the first token (prefill_share).\n\n"
         + markdown_table(curve)
         + "\n"
         + markdown_table(shown)

@@ -57,3 +57,17 @@ def test_cli_from_a_study(report_study, capsys):
     assert main(["predict", "--from", str(report_study / "nope")]) == 2
     assert main(["predict", "--hardware", "a100"]) == 2
     assert "--target-params" in capsys.readouterr().err
+
+
+def test_request_level_prediction_adds_prefill_and_the_draft_models_prompt_pass():
+    """1 / (f (1 + d) + (1 − f) / s): the Qwen pair's llama.cpp code row (f 0.87, c 0.474, α̂ 1, γ 2,
+    T(3)/T(1) 2.15) predicts the measured 0.72× only with the draft's prompt pass counted."""
+    from specstudy import costmodel
+    from specstudy.analysis.stats import predicted_speedup
+
+    s = costmodel.speedup_with_verify_cost(1.0, 2, 0.474, 2.15)
+    assert predicted_speedup(1.0, 2, 0.474, 2.15) == pytest.approx(s)
+    no_draft = predicted_speedup(1.0, 2, 0.474, 2.15, prefill=0.87)
+    with_draft = predicted_speedup(1.0, 2, 0.474, 2.15, prefill=0.87, draft_prefill=0.474)
+    assert no_draft == pytest.approx(1 / (0.87 + 0.13 / s))
+    assert with_draft == pytest.approx(1 / (0.87 * 1.474 + 0.13 / s)) and 0.69 < with_draft < 0.73

@@ -223,7 +223,9 @@ def test_a_tree_drafter_named_by_model_loads_through_the_registry(target, monkey
         calls.append((name, device, dtype))
         return "draft-lm", "tokenizer"
 
-    monkeypatch.setattr(T, "load_model", fake_load_model)
+    import specstudy.data.models as registry  # tree imports it lazily (the engine imports no config)
+
+    monkeypatch.setattr(registry, "load_model", fake_load_model)
     assert get_method("tree").load_drafter("some-draft-model", target, "cpu", "float64") == "draft-lm"
     assert calls == [("some-draft-model", "cpu", "float64")]
 

@@ -81,6 +81,11 @@ VLLM_SYNTHETIC_VERSIONS = frozenset({"0.32.0", "0.33.0"})
 SGLANG_SIMULATE_ENV = "SGLANG_SIMULATE_ACC_LEN"
 
 
+def _unconditional_rates(alpha: float, gamma: int) -> tuple[float, ...]:
+    """i.i.d. acceptance as per-position unconditional rates: P(first i+1 drafts all accepted) = α^(i+1)."""
+    return tuple(alpha ** (i + 1) for i in range(gamma))
+
+
 def synthetic_rule(options: Mapping[str, Any], gamma: int | None) -> Any:
     """The cell's synthetic-acceptance rule (None without one), checked against γ."""
     if options.get("synthetic_acceptance") is None:
@@ -100,8 +105,8 @@ def vllm_synthetic_fields(options: Mapping[str, Any], gamma: int, version: str |
             f"vLLM {version} has no synthetic rejection sampling the kit knows; "
             f"allowed versions: {sorted(VLLM_SYNTHETIC_VERSIONS)}"
         )
-    if rule.mode == "alpha":  # i.i.d.: P(first i+1 drafts all accepted) = a^(i+1)
-        rates = [float(rule.value) ** (i + 1) for i in range(int(gamma))]
+    if rule.mode == "alpha":
+        rates = list(_unconditional_rates(float(rule.value), int(gamma)))
         return {"rejection_sample_method": "synthetic", "synthetic_acceptance_rates": rates}
     return {"rejection_sample_method": "synthetic", "synthetic_acceptance_length": float(rule.value)}
 
@@ -112,8 +117,8 @@ def llamacpp_synthetic_fields(options: Mapping[str, Any], gamma: int) -> tuple[t
     rule = synthetic_rule(options, gamma)
     if rule is None:
         return ()
-    if rule.mode == "alpha":  # i.i.d.: P(first i+1 drafts all accepted) = a^(i+1)
-        return (("synth_rates", tuple(float(rule.value) ** (i + 1) for i in range(int(gamma)))),)
+    if rule.mode == "alpha":
+        return (("synth_rates", _unconditional_rates(float(rule.value), int(gamma))),)
     return (("synth_len", float(rule.value)),)
 
 

@@ -80,6 +80,7 @@ class TinyFactory:
 
     def __init__(self, delay_s: float = 0.0, fail_method: str | None = None):
         self.loads: list[tuple] = []
+        self.runs: list[tuple[str, int, int, bool]] = []  # (method, batch size, max_new_tokens, warm-up?) per call
         self.delay_s, self.fail_method = delay_s, fail_method
 
     def __call__(self, framework: str, model: str, drafter=None, device: str = "cpu", dtype: str = "float64", **kw):
@@ -94,6 +95,8 @@ class TinyFactory:
         run, factory = backend.run, self
 
         def slow_run(requests, sampling, cell):
+            warm = all(r.prompt_id.startswith("warmup") for r in requests)
+            factory.runs.append((cell.method, cell.batch_size, sampling.max_new_tokens, warm))
             if factory.fail_method and cell.method == factory.fail_method:
                 raise RuntimeError(f"injected failure for {cell.method}")
             for rec in run(requests, sampling, cell):

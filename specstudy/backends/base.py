@@ -99,6 +99,8 @@ class ServingBackend(Backend):
         concurrency: int | None,
         request_timeout_s: float,
         run_timeout_s: float,
+        gauges: bool = True,
     ) -> Any:
         """Offer ``requests[i]`` at ``offsets[i]`` s; a result with ``records``, ``wall_s``,
-        ``run_acceptance`` and ``watch`` (see :class:`specstudy.backends.server.ServedBatch`)."""
+        ``run_acceptance`` and ``watch`` (see :class:`specstudy.backends.server.ServedBatch`).
+        ``gauges``: sample the engine's batch gauges while the run lasts (request-rate runs)."""

@@ -74,6 +74,10 @@ class WarmupSpec(BaseModel):
     model_config = _STRICT
     requests: NonNegativeInt = 1
     max_new_tokens: PositiveInt = 8
+    #: tokens of a warm-up on an engine this run has already warmed up (another method, γ or batch
+    #: size on the same loaded engine); None: ``max_new_tokens``.  The first warm-up of a CPU engine
+    #: needs full length; a later method's first decodes are not slow (measured: see cpu.yaml).
+    warm_engine_max_new_tokens: PositiveInt | None = None
 
     @model_validator(mode="before")
     @classmethod

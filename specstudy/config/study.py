@@ -92,6 +92,7 @@ class StudyConfig:
     warmup_requests: int
     warmup_max_new_tokens: int
     telemetry_period_s: float
+    warm_engine_warmup_tokens: int | None = None
     framework_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     notebooks: tuple[str, ...] = NOTEBOOKS
     engine_costs: tuple[str, ...] = ()
@@ -224,6 +225,7 @@ def load_study(hardware: str, path: str | os.PathLike[str] | None = None, check_
         sweeps=tuple(sweeps),
         warmup_requests=spec.warmup.requests,
         warmup_max_new_tokens=spec.warmup.max_new_tokens,
+        warm_engine_warmup_tokens=spec.warmup.warm_engine_max_new_tokens,
         telemetry_period_s=float(spec.telemetry_period_s),
         engine_costs=tuple(spec.engine_costs),
         framework_options={k: dict(v) for k, v in spec.framework_options.items()},

@@ -183,12 +183,15 @@ def run_cell(
     return run_offline(plan, backend, requests, warmup, warmup_tokens, telemetry_period_s, progress)
 
 
-def annotate(records: list[RequestRecord], warmup: int, wall_s: float, tel_summary: dict[str, Any]) -> None:
+def annotate(
+    records: list[RequestRecord], warmup: int, wall_s: float, tel_summary: dict[str, Any], warmup_tokens: int = 0
+) -> None:
     """The cell's measurement conditions on each record: warm-up, wall time, telemetry summary."""
     keep = {k: v for k, v in tel_summary.items() if not isinstance(v, list)}
     for r in records:
         r.extra.update(
             warmup_requests=warmup,
+            warmup_max_new_tokens=warmup_tokens,
             warmup_scope="engine, method, gamma, batch size",
             cell_wall_s=wall_s,
             throttle_reasons=tel_summary.get("gpu_throttle_reasons", []),

@@ -58,6 +58,15 @@ class _RunState:
     baselines: dict[str, list[RequestRecord]] = field(default_factory=dict)
     failed_engines: dict[tuple[Any, ...], str] = field(default_factory=dict)
     warmed: set[tuple[Any, ...]] = field(default_factory=set)
+    warm_engines: set[tuple[Any, ...]] = field(default_factory=set)
+
+
+def warmup_tokens(cfg: StudyConfig, engine_warm: bool) -> int:
+    """New tokens per warm-up request: full length on a cold engine, the shorter warm-engine length
+    (when the study sets one) for another method, γ or batch size on an engine already warmed up."""
+    if engine_warm and cfg.warm_engine_warmup_tokens is not None:
+        return cfg.warm_engine_warmup_tokens
+    return cfg.warmup_max_new_tokens
 
 
 def run_study(
@@ -165,17 +174,18 @@ def _run_one(
         if wkey in state.warmed:
             warm = []
         state.warmed.add(wkey)
+        warm_tokens = warmup_tokens(cfg, key in state.warm_engines)
+        if warm:
+            state.warm_engines.add(key)
         if not requests:
             raise RuntimeError(f"task {plan.cell.task!r} returned no prompts")
         t0 = time.perf_counter()
-        records, tel = run_cell(
-            plan, backend, requests, warm, cfg.warmup_max_new_tokens, cfg.telemetry_period_s, progress
-        )
+        records, tel = run_cell(plan, backend, requests, warm, warm_tokens, cfg.telemetry_period_s, progress)
         wall = time.perf_counter() - t0
         if len(records) != len(requests):
             raise RuntimeError(f"backend returned {len(records)} records for {len(requests)} requests")
         summary = tel.summary()
-        annotate(records, len(warm), wall, summary)
+        annotate(records, len(warm), wall, summary, warm_tokens if warm else 0)
         if tel.samples:
             layout.write_telemetry(plan.cell_id, tel.samples)
         layout.write_part(plan.cell_id, records)  # the commit point of the cell

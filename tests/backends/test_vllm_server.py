@@ -293,8 +293,16 @@ def test_a_run_records_the_engines_batch_gauge_prefix_hits_and_the_send_schedule
     with FakeServer(mode="vllm", spec=False, delay_s=0.02) as fake:
         b = VllmServerBackend("m", base_url=fake.url, request_timeout_s=10)
         b.gauge_period_s = 0.02
-        c = cell("ar", None)
-        recs = list(b.run(reqs(8), Sampling(max_new_tokens=10), dataclasses.replace(c, batch_size=4)))
+        c = dataclasses.replace(cell("ar", None), batch_size=4)
+        batch = b.offer_run(
+            reqs(8), Sampling(max_new_tokens=10), c, [0.0] * 8, concurrency=4, request_timeout_s=10, run_timeout_s=60
+        )
+    with FakeServer(mode="vllm", spec=False, delay_s=0.02) as fake:
+        b = VllmServerBackend("m", base_url=fake.url, request_timeout_s=10)
+        b.gauge_period_s = 0.02
+        closed = list(b.run(reqs(4), Sampling(max_new_tokens=10), c))
+    assert closed[0].extra["server_watch"]["gauges"] == {}  # a closed loop of batch_size clients is not scraped
+    recs = batch.records
     watch = recs[0].extra["server_watch"]
     running = watch["gauges"]["running"]
     assert running["n"] >= 3 and 0 < running["max"] <= 4  # the server's own count, capped by the client's batch

@@ -196,7 +196,8 @@ def test_prefix_cache_hits_gauges_and_memory_from_a_live_server(tmp_path):
         assert pc["queries"] >= sum(len(r.prompt_ids) for r in reqs)
         hits[on] = pc["hits"]
         watch = recs[0].extra["server_watch"]
-        assert watch["gauges"]["running"]["n"] > 0 and watch["kv_cache_config"]["enable_prefix_caching"] == str(on)
+        # a closed loop of batch_size clients samples no gauges (a scrape perturbs the server)
+        assert watch["gauges"] == {} and watch["kv_cache_config"]["enable_prefix_caching"] == str(on)
         assert all(r.memory_source == "server_rss" and r.peak_memory_bytes > 1e9 for r in recs)
         assert all(r.sent_s is not None and r.sent_s >= r.scheduled_send_s for r in recs)
         assert all(r.prefix_cache is None or r.extra["engine_prefix_cache"] is on for r in recs)

@@ -109,7 +109,7 @@ def test_a_broken_notebook_names_the_underlying_exception(tmp_path):
 
 
 def test_a_study_that_lists_some_notebooks_still_renders_its_report(tmp_path):
-    """``notebooks: [hardware, task_category]`` (cpu-pair) chooses the exploring notebooks; report.ipynb always runs, last."""
+    """``notebooks: [hardware, task_category]`` (cpu-pair) chooses the exploring notebooks; report.ipynb always runs."""
     cells = [{"cell": {"task": "code", "method": "ngram"}, "family": "ngram"}]
     jobs = plan_notebook_jobs(tmp_path / "cpu-pair", cells, notebooks=["hardware", "task_category"])
     assert [j.notebook for j in jobs] == ["hardware", "task_category", "report"]

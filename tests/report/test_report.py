@@ -169,8 +169,12 @@ def test_notebook_matrix_and_makefile(study_out, tmp_path):
     } <= set(names)
     mk = write_notebook_makefile(jobs, tmp_path / "nb.mk", study_out / ".records-updated").read_text()
     assert mk.count("$(PAPERMILL)") == len(jobs)
-    report_rule = next(l for l in mk.splitlines() if l.startswith(str(study_out / "notebooks" / "report.ipynb") + ":"))
-    assert all(j.output in report_rule for j in jobs if j.notebook != "report")  # the report runs last
+    report = str(study_out / "notebooks" / "report.ipynb")
+    report_rule = next(l for l in mk.splitlines() if l.startswith(report + ":"))
+    # the exploring notebooks write nothing: the report waits for none of them and is started first
+    assert not any(j.output in report_rule for j in jobs if j.notebook != "report")
+    all_rule = next(l for l in mk.splitlines() if l.startswith("all:")).split()
+    assert all_rule[1] == report and set(all_rule[2:]) == {j.output for j in jobs if j.notebook != "report"}
 
 
 def test_report_cli_without_notebooks(study_out, capsys):

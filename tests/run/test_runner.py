@@ -6,6 +6,7 @@ token ids with repeats in them so n-gram drafting has something to find.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -86,6 +87,21 @@ def test_run_writes_one_part_per_cell_with_pairing_and_telemetry(tiny, tmp_path)
     # warm-up once per (engine, method, γ, batch): here ar b1/b2, ngram b1/b2, layer_skip b1
     warmed = {r.cell_id for r in recs if r.extra["warmup_requests"] == 1}
     assert len(warmed) == 5 and all(r.extra["warmup_scope"] for r in recs)
+
+
+def test_a_warm_engine_warms_a_later_method_up_with_the_shorter_length(tiny, tmp_path):
+    """The engine's first warm-up decodes ``warmup.max_new_tokens``; a later method, γ or batch size
+    on the same loaded engine decodes ``warm_engine_max_new_tokens``; measured requests keep theirs."""
+    cfg, plans = tiny
+    cfg = dataclasses.replace(cfg, warmup_max_new_tokens=6, warm_engine_warmup_tokens=2)
+    factory = TinyFactory()
+    _run(cfg, plans, tmp_path, factory)
+    warm = [n for _, _, n, w in factory.runs if w]
+    assert len(warm) == 5 and warm[0] == 6 and set(warm[1:]) == {2}
+    assert all(n == plans[0].sampling.max_new_tokens for _, _, n, w in factory.runs if not w)
+    by_cell = {r.cell_id: r.extra for r in read_records(tmp_path)}
+    assert sorted(e["warmup_max_new_tokens"] for e in by_cell.values() if e["warmup_requests"]) == [2, 2, 2, 2, 6]
+    assert all(e["warmup_max_new_tokens"] == 0 for e in by_cell.values() if not e["warmup_requests"])
 
 
 def test_rerun_skips_finished_cells_without_duplicates(tiny, tmp_path):
@@ -251,7 +267,9 @@ class FakeServer(ServingBackend):
     def run_acceptance(self, before, after, records):
         return {"source": "fake counters", "requests": after["sent"] - before["sent"]}
 
-    def offer_run(self, requests, sampling, cell, offsets, *, concurrency, request_timeout_s, run_timeout_s):
+    def offer_run(
+        self, requests, sampling, cell, offsets, *, concurrency, request_timeout_s, run_timeout_s, gauges=True
+    ):
         self.offsets.append(list(offsets))
         before = self.scrape()
         recs = [self.send(r, sampling, cell) for r in requests]

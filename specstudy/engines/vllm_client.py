@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..backends.base import BackendUnavailable
+from ..backends.lifecycle import engine_process_env
 from ..backends.rss import TreeRssSampler
 from ..records import Cell, Request, RequestRecord, Sampling
 from . import protocol
@@ -58,7 +59,7 @@ class WorkerClient:
         self.python = python or default_python()
         self.argv = argv or [self.python, "-m", WORKER_MODULE]
         self.init = {"op": "init", "model": model_path, "drafter": drafter, "options": dict(options)}
-        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        self.env = engine_process_env({"PYTHONUNBUFFERED": "1", **(env or {})})
         self.startup_timeout_s, self.run_timeout_s = startup_timeout_s, run_timeout_s
         self.log_path = Path(log_dir) / f"vllm-worker_{time.strftime('%Y%m%d-%H%M%S')}_{os.getpid()}.log"
         self.proc: subprocess.Popen[str] | None = None

@@ -73,6 +73,27 @@ def test_managed_server_ready_log_and_stop(tmp_path):
     srv.stop()  # idempotent
 
 
+def _proc_env(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(x.decode().split("=", 1) for x in raw if b"=" in x)
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="reads /proc/<pid>/environ")
+@pytest.mark.parametrize("explicit", [{}, {"OMP_WAIT_POLICY": "ACTIVE"}])
+def test_a_started_engine_keeps_its_own_threading_default(tmp_path, monkeypatch, explicit):
+    """The kit's PASSIVE OpenMP policy (for its in-process engines) does not leak into a server it
+    starts; a policy the study sets for that engine does reach it."""
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
+    monkeypatch.setenv("SPECSTUDY_INHERITED", "yes")
+    srv = ManagedServer(_http_server_argv(tmp_path), log_path=tmp_path / "s.log", ready_timeout_s=30, env=explicit)
+    info = srv.start()
+    try:
+        env = _proc_env(info.pid)
+    finally:
+        srv.stop()
+    assert env.get("OMP_WAIT_POLICY") == explicit.get("OMP_WAIT_POLICY") and env["SPECSTUDY_INHERITED"] == "yes"
+
+
 def test_server_that_exits_reports_code_and_log_tail(tmp_path):
     argv = [sys.executable, "-c", "import sys; print('fixture: cannot load model', flush=True); sys.exit(3)"]
     with pytest.raises(ServerStartError, match="code 3") as e:

@@ -182,6 +182,15 @@ def test_records_stream_back_through_the_worker(tmp_path):
     assert "vllm-style log line" in c.log_path.read_text()  # engine chatter went to the log, not the protocol
 
 
+def test_the_worker_keeps_vllms_own_threading_default(tmp_path, monkeypatch):
+    """The kit's PASSIVE OpenMP policy (for its in-process engines) stays out of the worker's env;
+    what the study sets for vLLM (framework_options env) goes in."""
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
+    assert "OMP_WAIT_POLICY" not in client(tmp_path).env
+    c = client(tmp_path, env={"VLLM_CPU_OMP_THREADS_BIND": "0-1"})
+    assert c.env["VLLM_CPU_OMP_THREADS_BIND"] == "0-1" and c.env["PYTHONUNBUFFERED"] == "1"
+
+
 def test_an_engine_that_cannot_load_fails_fast_and_names_why(tmp_path):
     c = client(tmp_path, "--fail-init")
     t0 = time.monotonic()

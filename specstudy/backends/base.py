@@ -42,6 +42,11 @@ class Backend(ABC):
     #: methods this backend can run (names as in the study params)
     methods: tuple[str, ...] = ()
 
+    @property
+    def warms_itself(self) -> bool:
+        """True when the engine runs its own warm-up at load, so the study sends it none."""
+        return False
+
     @classmethod
     def check_cell(
         cls, method: str, gamma: int | None, options: dict[str, Any], *, model: str, drafter: str | None, cuda: bool

@@ -74,6 +74,7 @@ def build_params(a: argparse.Namespace) -> Any:
     p.n_parallel = a.parallel
     for cpu in (p.cpuparams, p.cpuparams_batch, p.speculative.draft.cpuparams, p.speculative.draft.cpuparams_batch):
         cpu.n_threads = a.threads
+    p.warmup = True  # llama.cpp's own warm-up decode at load: the study sends this server no warm-up requests
     p.endpoint_metrics = True
     p.endpoint_slots = True
     p.ui = False

@@ -184,7 +184,13 @@ def run_cell(
 
 
 def annotate(
-    records: list[RequestRecord], warmup: int, wall_s: float, tel_summary: dict[str, Any], warmup_tokens: int = 0
+    records: list[RequestRecord],
+    warmup: int,
+    wall_s: float,
+    tel_summary: dict[str, Any],
+    warmup_tokens: int = 0,
+    *,
+    engine_warmed_itself: bool = False,
 ) -> None:
     """The cell's measurement conditions on each record: warm-up, wall time, telemetry summary."""
     keep = {k: v for k, v in tel_summary.items() if not isinstance(v, list)}
@@ -192,6 +198,7 @@ def annotate(
         r.extra.update(
             warmup_requests=warmup,
             warmup_max_new_tokens=warmup_tokens,
+            engine_warmed_itself=engine_warmed_itself,
             warmup_scope="engine, method, gamma, batch size",
             cell_wall_s=wall_s,
             throttle_reasons=tel_summary.get("gpu_throttle_reasons", []),

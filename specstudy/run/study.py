@@ -171,7 +171,8 @@ def _run_one(
         # warm-up is about the engine state (caches, allocator, JIT/graph capture for this shape):
         # once per (engine, method, γ, batch size, method options) in this process
         wkey = (key, plan.cell.method, plan.cell.gamma, plan.cell.batch_size, plan.method_options)
-        if wkey in state.warmed:
+        self_warm = bool(getattr(backend, "warms_itself", False))
+        if wkey in state.warmed or self_warm:
             warm = []
         state.warmed.add(wkey)
         warm_tokens = warmup_tokens(cfg, key in state.warm_engines)
@@ -185,7 +186,7 @@ def _run_one(
         if len(records) != len(requests):
             raise RuntimeError(f"backend returned {len(records)} records for {len(requests)} requests")
         summary = tel.summary()
-        annotate(records, len(warm), wall, summary, warm_tokens if warm else 0)
+        annotate(records, len(warm), wall, summary, warm_tokens if warm else 0, engine_warmed_itself=self_warm)
         if tel.samples:
             layout.write_telemetry(plan.cell_id, tel.samples)
         layout.write_part(plan.cell_id, records)  # the commit point of the cell

@@ -84,6 +84,11 @@ def plan(spec: SpecConfig, draft: bool = False) -> Plan:
 # ---- request building ----------------------------------------------------------------------
 
 
+def test_only_a_server_the_kit_starts_skips_the_studys_warm_up():
+    assert LlamaCppBackend("m").warms_itself  # started with llama.cpp's own warm-up at load
+    assert not LlamaCppBackend("m", base_url="http://127.0.0.1:9").warms_itself  # someone else's: maybe --no-warmup
+
+
 def test_request_sends_template_ids_cache_prompt_and_every_sampling_field():
     b = LlamaCppBackend("m", base_url="http://127.0.0.1:9", threads=2, prefix_cache=False)
     s = Sampling(temperature=0.7, top_p=0.9, top_k=0, seed=11, max_new_tokens=33, ignore_eos=True)
@@ -489,6 +494,7 @@ def test_entry_point_builds_xllamacpp_params_without_loading():
     )
     p = build_params(a)
     assert p.model.path == "/m.gguf" and p.port == 5 and p.n_ctx == 512 and p.endpoint_metrics
+    assert p.warmup is True  # llama.cpp warms itself up at load: the study sends this server no warm-up
     assert p.cpuparams.n_threads == p.cpuparams_batch.n_threads == p.speculative.draft.cpuparams.n_threads == 2
     assert p.speculative.types == [xl.common_speculative_type.COMMON_SPECULATIVE_TYPE_NGRAM_SIMPLE]
     assert (p.speculative.draft.n_max, p.speculative.ngram_simple.size_n, p.speculative.ngram_simple.size_m) == (

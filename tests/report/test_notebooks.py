@@ -113,3 +113,34 @@ def test_a_study_that_lists_some_notebooks_still_renders_its_report(tmp_path):
     cells = [{"cell": {"task": "code", "method": "ngram"}, "family": "ngram"}]
     jobs = plan_notebook_jobs(tmp_path / "cpu-pair", cells, notebooks=["hardware", "task_category"])
     assert [j.notebook for j in jobs] == ["hardware", "task_category", "report"]
+
+
+def test_the_study_papermill_entry_point_runs_a_notebook_without_the_iri_parser(tmp_path):
+    """``python -m specstudy.report.papermill_cli`` (what notebooks.mk calls) is papermill's CLI:
+    parameters injected, outputs written, the notebook valid, and jsonschema's IRI checker unloaded."""
+    import subprocess
+    import sys
+
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    nb.metadata = {"kernelspec": {"name": "python3", "language": "python", "display_name": "Python 3"}}
+    nb.cells = [nbformat.v4.new_code_cell("x = 1", metadata={"tags": ["parameters"]})]
+    nb.cells.append(nbformat.v4.new_code_cell("print(x * 2)"))
+    src, out = tmp_path / "n.ipynb", tmp_path / "out.ipynb"
+    nbformat.write(nb, src)
+    args = [str(src), str(out), "-p", "x", "21", "--kernel", "python3", "--no-progress-bar"]
+    cmd = [sys.executable, "-m", "specstudy.report.papermill_cli", *args]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    ran = nbformat.read(out, 4)
+    nbformat.validate(ran)
+    assert ran.cells[-1].outputs[0]["text"].strip() == "42"
+    loaded = "print(sys.modules.get('rfc3987_syntax') is not None)"
+    cli = f"import sys; sys.argv = ['papermill', '--help']\ntry:\n    main()\nexcept SystemExit:\n    pass\n{loaded}"
+    ours = subprocess.run(
+        [sys.executable, "-c", f"from specstudy.report.papermill_cli import main\n{cli}"],
+        capture_output=True,
+        text=True,
+    )
+    assert ours.stdout.strip().splitlines()[-1] == "False"  # blocked in the entry point

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 import traceback
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,8 +58,9 @@ class _RunState:
     prompts: dict[tuple[Any, ...], list[Request]] = field(default_factory=dict)
     baselines: dict[str, list[RequestRecord]] = field(default_factory=dict)
     failed_engines: dict[tuple[Any, ...], str] = field(default_factory=dict)
-    warmed: set[tuple[Any, ...]] = field(default_factory=set)
-    warm_engines: set[tuple[Any, ...]] = field(default_factory=set)
+    #: per loaded engine (the backend object: one evicted and loaded again is cold again), the
+    #: (method, γ, batch size, method options) it has been warmed up for
+    warmed: weakref.WeakKeyDictionary[Any, set[tuple[Any, ...]]] = field(default_factory=weakref.WeakKeyDictionary)
 
 
 def warmup_tokens(cfg: StudyConfig, engine_warm: bool) -> int:
@@ -67,6 +69,27 @@ def warmup_tokens(cfg: StudyConfig, engine_warm: bool) -> int:
     if engine_warm and cfg.warm_engine_warmup_tokens is not None:
         return cfg.warm_engine_warmup_tokens
     return cfg.warmup_max_new_tokens
+
+
+def plan_warmup(
+    state: _RunState, backend: Any, plan: CellPlan, cfg: StudyConfig, warm: list[Request]
+) -> tuple[list[Request], int, bool]:
+    """The cell's warm-up requests, their new tokens, and whether the engine warmed itself up.
+
+    Warm-up is about the engine's state (caches, allocator, JIT/graph capture for a shape): once
+    per (method, γ, batch size, method options) on each loaded engine, full length on its first,
+    the warm-engine length after.  An engine that warms itself up at load needs no timing warm-up,
+    but with the prefix cache on the warm-up also fills the cache with the workload's shared prefix
+    (a server in steady state), so every engine gets it there.
+    """
+    done = state.warmed.setdefault(backend, set())
+    shape = (plan.cell.method, plan.cell.gamma, plan.cell.batch_size, plan.method_options)
+    self_warm = bool(getattr(backend, "warms_itself", False)) and not plan.prefix_cache
+    tokens = warmup_tokens(cfg, engine_warm=bool(done))
+    if shape in done or self_warm:
+        warm = []
+    done.add(shape)
+    return warm, tokens, self_warm
 
 
 def run_study(
@@ -168,19 +191,7 @@ def _run_one(
             state.failed_engines[key] = f"{type(e).__name__}: {e}"
             raise
         requests, warm = _requests(cfg, plan, loader, getattr(backend, "tokenizer", None), state)
-        # warm-up is about the engine state (caches, allocator, JIT/graph capture for this shape):
-        # once per (engine, method, γ, batch size, method options) in this process
-        wkey = (key, plan.cell.method, plan.cell.gamma, plan.cell.batch_size, plan.method_options)
-        # an engine that warms itself up at load needs no timing warm-up, but with the prefix cache
-        # on the warm-up also fills the cache with the workload's shared prefix (a server in steady
-        # state), so every engine gets it there
-        self_warm = bool(getattr(backend, "warms_itself", False)) and not plan.prefix_cache
-        if wkey in state.warmed or self_warm:
-            warm = []
-        state.warmed.add(wkey)
-        warm_tokens = warmup_tokens(cfg, key in state.warm_engines)
-        if warm:
-            state.warm_engines.add(key)
+        warm, warm_tokens, self_warm = plan_warmup(state, backend, plan, cfg, warm)
         if not requests:
             raise RuntimeError(f"task {plan.cell.task!r} returned no prompts")
         t0 = time.perf_counter()

@@ -104,6 +104,23 @@ def test_a_warm_engine_warms_a_later_method_up_with_the_shorter_length(tiny, tmp
     assert all(e["warmup_max_new_tokens"] == 0 for e in by_cell.values() if not e["warmup_requests"])
 
 
+def test_an_engine_loaded_again_is_warmed_up_again_at_full_length(tiny):
+    """Warm-up bookkeeping follows the loaded engine, not its key: one evicted and loaded again is cold."""
+    from specstudy.run.study import _RunState, plan_warmup
+
+    class Engine:
+        pass
+
+    cfg, plans = tiny
+    cfg = dataclasses.replace(cfg, warmup_max_new_tokens=6, warm_engine_warmup_tokens=2)
+    ar, other = plans[0], next(p for p in plans if p.cell.method != plans[0].cell.method)
+    state, first, reloaded, reqs = _RunState(), Engine(), Engine(), tiny_requests("code", 1, 0, None)
+    assert plan_warmup(state, first, ar, cfg, reqs)[:2] == (reqs, 6)
+    assert plan_warmup(state, first, ar, cfg, reqs)[0] == []  # this shape is warm on this engine
+    assert plan_warmup(state, first, other, cfg, reqs)[:2] == (reqs, 2)  # a warm engine, a new shape
+    assert plan_warmup(state, reloaded, ar, cfg, reqs)[:2] == (reqs, 6)  # a new engine object: cold
+
+
 def test_rerun_skips_finished_cells_without_duplicates(tiny, tmp_path):
     cfg, plans = tiny
     first = _run(cfg, plans, tmp_path, TinyFactory(), max_cells=3)

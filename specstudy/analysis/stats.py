@@ -106,12 +106,12 @@ def _throughput(ok: Sequence[RequestRecord]) -> tuple[float, tuple[float, float]
         rows = sorted(ok, key=lambda r: r.start_epoch)
         size = max(1, int(rows[0].batch_size))
         batches = [rows[i : i + size] for i in range(0, len(rows), size)]
-        ends = [max(r.start_epoch + float(r.end_s or 0.0) for r in b) for b in batches]
-        disjoint = all(min(r.start_epoch for r in b) >= e - 1e-3 for b, e in zip(batches[1:], ends))
+        starts = [min(r.start_epoch for r in b) for b in batches]
+        walls = [_span(b) for b in batches]
+        disjoint = all(nxt >= t + w - 1e-3 for nxt, t, w in zip(starts[1:], starts, walls))
         if len(batches) < 2 or not disjoint:  # a concurrency-limited stream has no batches to resample
             return vals[0], (NAN, NAN)
         toks = [sum(r.output_tokens for r in b) for b in batches]
-        walls = [_span(b) for b in batches]
         return sum(toks) / sum(walls), metrics.bootstrap_ci(toks, walls)
     m, lo, hi = metrics.mean_ci(vals)
     return m, (lo, hi)

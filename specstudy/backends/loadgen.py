@@ -5,7 +5,8 @@ and the OS scheduler keep it waiting.  Measured here against one vLLM CPU server
 spread 8 sends "all at once" over up to 449 ms (vLLM's own asyncio client: about 2 ms); the server
 then formed different batches and TTFT differed by up to 2x between the two clients.  Here one
 event loop and one ``httpx.AsyncClient`` carry every request of a run: each request's body is
-built before the clock starts, a task is created at the request's scheduled time, and the record
+built before the clock starts, its TCP connection is opened just ahead of its send time
+(:class:`Connections`), a task is created at the request's scheduled time, and the record
 keeps both the scheduled and the actual send time (``scheduled_send_s``, ``sent_s``: taken right
 before the HTTP exchange) so the report can show how far the sender drifted.  The HTTP client's
 lock code imports ``sniffio`` on every request; without it installed each failed import scans
@@ -30,6 +31,7 @@ from typing import Any, Protocol, TypeVar
 import httpx
 
 from ..records import Cell, Request, RequestRecord, Sampling
+from .connections import CONNECT_AHEAD_S, Connections, OpenAhead, address, new_client
 
 T = TypeVar("T")
 #: the last stretch before a send time is waited out by yielding to the loop, not by a timer:
@@ -58,18 +60,6 @@ class AsyncSender(Protocol):
         origin: float | None = None,
         budget_s: float | None = None,
     ) -> Awaitable[RequestRecord]: ...
-
-
-def new_client() -> httpx.AsyncClient:
-    """One client for a whole run: no connection cap (rate inf opens one per request at once), a
-    fresh connection per request (no keep-alive: llama.cpp's server closes a connection after a
-    streamed response without saying so, and a request sent on it meanwhile fails with "Server
-    disconnected"; 12 of 166 requests in one default study), no proxy from the environment (the
-    servers are local; a proxy would sit in every timing), and no certificate store (servers are
-    plain http, ``split_url`` refuses https; loading the store costs 50 ms a client)."""
-    return httpx.AsyncClient(
-        limits=httpx.Limits(max_connections=None, max_keepalive_connections=0), trust_env=False, verify=False
-    )
 
 
 def run_sync(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
@@ -109,7 +99,6 @@ async def offer_async(
     concurrency: int | None,
     request_timeout_s: float,
     run_timeout_s: float,
-    client: httpx.AsyncClient | None = None,
 ) -> tuple[list[RequestRecord], float]:
     """Send ``requests[i]`` at ``offsets[i]``; the records in request order and the run's wall time."""
     if len(offsets) != len(requests):
@@ -126,38 +115,48 @@ async def offer_async(
         gate = asyncio.Queue()
         for _ in range(concurrency):
             gate.put_nowait(-math.inf)
-    own = client is None
-    client = client or new_client()
-    # every request made ready before the clock starts (bodies, records, HTTP requests): at its
-    # send time a request only goes out; its budget is what the run deadline leaves at its arrival
-    preps = [
-        sender.prepare_send(client, r, sampling, cell, min(request_timeout_s, max(run_timeout_s - off, 1e-3)))
-        for r, off in zip(requests, offsets)
-    ]
+    connections = Connections()
+    client = new_client(connections)
+    ahead: OpenAhead | None = None
     tasks: list[asyncio.Task[None]] = []
-    t_start = time.perf_counter()
-    deadline = t_start + run_timeout_s
-
-    async def one(i: int, due: float, queued: float) -> None:
-        try:
-            left = deadline - time.perf_counter()  # a request that queued has less of the run left
-            rec = await sender.transmit(client, preps[i], cell, origin=t_start, budget_s=max(left, 1e-3))
-        except Exception as e:  # a client bug must still leave a record, not a hole
-            rec = unsent(requests[i], sampling, cell, f"{type(e).__name__}: {e}"[:2000], status="error")
-        finally:
-            if gate is not None:
-                gate.put_nowait(time.perf_counter())
-        rec.scheduled_send_s = due
-        if queued > 0:
-            rec.extra["queued_s"] = queued
-        records[i] = rec
-
     try:
+        # every request made ready before the clock starts (bodies, records, HTTP requests): at its
+        # send time a request only goes out; its budget is what the run deadline leaves at its arrival
+        preps = [
+            sender.prepare_send(client, r, sampling, cell, min(request_timeout_s, max(run_timeout_s - off, 1e-3)))
+            for r, off in zip(requests, offsets)
+        ]
+        # connections ahead for the requests whose send time is known (all of an open loop, the
+        # first `concurrency` of a closed one); those due first are connected before the clock
+        known = range(len(requests) if gate is None else min(len(requests), concurrency or 0))
+        ahead = OpenAhead(connections, [address(p) for p in preps], offsets, known)
+        ahead.upto(CONNECT_AHEAD_S)
+        await asyncio.gather(*ahead.tasks)
+        t_start = time.perf_counter()
+        deadline = t_start + run_timeout_s
+
+        async def one(i: int, due: float, queued: float) -> None:
+            try:
+                left = deadline - time.perf_counter()  # a request that queued has less of the run left
+                rec = await sender.transmit(client, preps[i], cell, origin=t_start, budget_s=max(left, 1e-3))
+            except Exception as e:  # a client bug must still leave a record, not a hole
+                rec = unsent(requests[i], sampling, cell, f"{type(e).__name__}: {e}"[:2000], status="error")
+            finally:
+                if gate is not None:
+                    gate.put_nowait(time.perf_counter())
+            rec.scheduled_send_s = due
+            if queued > 0:
+                rec.extra["queued_s"] = queued
+            records[i] = rec
+
         for i, off in enumerate(offsets):
             arrival = t_start + off
             if arrival >= deadline:
                 records[i] = unsent(requests[i], sampling, cell, f"not sent: run time limit {run_timeout_s:.0f} s")
                 continue
+            if ahead.pending(i):  # a gap: open this request's connection (and those due soon) now
+                await asyncio.sleep(max(0.0, arrival - CONNECT_AHEAD_S - time.perf_counter()))
+                ahead.upto(off + CONNECT_AHEAD_S)
             await sleep_until(arrival)
             freed = -math.inf
             if gate is not None:
@@ -175,12 +174,15 @@ async def offer_async(
                 continue
             due = max(arrival, freed)
             tasks.append(asyncio.create_task(one(i, due - t_start, due - arrival)))
+            ahead.upto(time.perf_counter() - t_start + CONNECT_AHEAD_S)  # runs after the send's first step
         if tasks:
             await asyncio.wait(tasks)
+        wall = time.perf_counter() - t_start
     finally:
-        if own:
-            await client.aclose()
-    wall = time.perf_counter() - t_start
+        if ahead is not None:
+            await ahead.aclose()
+        await client.aclose()
+        await connections.aclose()
     return [r for r in records if r is not None], wall
 
 

@@ -31,8 +31,9 @@ from ..data.models import resolve_for_engine as resolve_model
 from ..metrics import acceptance_summary
 from ..records import Cell, Request, RequestRecord, Sampling
 from .base import ServingBackend, encode_request
+from .connections import Connections, address, bounded, new_client
 from .lifecycle import ManagedServer, ServerInfo, connect, http_get, split_url
-from .loadgen import batch_deadline, new_client, offer, run_sync
+from .loadgen import batch_deadline, offer, run_sync
 from .prometheus import MetricSamples, parse_prometheus
 from .sse import RequestFailed, StreamState, aiter_sse
 from .watch import ServerWatch, WatchResult
@@ -362,8 +363,14 @@ class StreamingServerBackend(ServingBackend, Generic[SnapshotT]):
                 return rec
 
         async def once() -> RequestRecord:
-            async with new_client() as client:
-                return await self.send_async(client, request, sampling, cell, timeout_s)
+            connections = Connections()
+            try:
+                async with new_client(connections) as client:
+                    prep = self.prepare_send(client, request, sampling, cell, timeout_s)
+                    await connections.open(address(prep))  # as in a run: connected before the send
+                    return await self.transmit(client, prep, cell)
+            finally:
+                await connections.aclose()
 
         return run_sync(once)
 
@@ -411,7 +418,7 @@ class StreamingServerBackend(ServingBackend, Generic[SnapshotT]):
             return rec
         budget = prep.budget if budget_s is None else min(prep.budget, budget_s)
         try:
-            await asyncio.wait_for(self._stream(client, prep.http, rec, st, origin), budget)
+            await bounded(self._stream(client, prep.http, rec, st, origin), budget)
         except asyncio.TimeoutError:
             rec.status, rec.error = "timeout", f"no complete answer within {budget:.1f} s"
         except httpx.ReadTimeout:
@@ -423,25 +430,6 @@ class StreamingServerBackend(ServingBackend, Generic[SnapshotT]):
         self._finish(rec, prep.request, st)
         self.after_send(rec, cell)
         return rec
-
-    async def send_async(
-        self,
-        client: httpx.AsyncClient,
-        request: Request,
-        sampling: Sampling,
-        cell: Cell,
-        timeout_s: float | None = None,
-        *,
-        body: bytes | None = None,
-        origin: float | None = None,
-    ) -> RequestRecord:
-        """One streamed request → one record (:meth:`prepare_send` then :meth:`transmit`).
-
-        ``timeout_s`` bounds the whole request (connect to last byte), ``idle_timeout_s`` the
-        silence between two chunks.
-        """
-        prep = self.prepare_send(client, request, sampling, cell, timeout_s, body=body)
-        return await self.transmit(client, prep, cell, origin)
 
     async def _stream(
         self, client: httpx.AsyncClient, req: httpx.Request, rec: RequestRecord, st: StreamState, origin: float | None

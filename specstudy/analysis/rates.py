@@ -3,7 +3,8 @@
 FAQ Q2: under continuous batching, sweep the request rate and plot throughput against latency;
 speculation pays most at small batches, so know the batch the engine actually runs.  One row per
 request-rate cell: offered rate, achieved request and output throughput, TTFT / TPOT p50 and p99,
-goodput under the SLO (default TPOT ≤ 50 ms, the seed's comfortable-chat figure), the engine's
+goodput under the study's SLO (``study.slo``; default TPOT ≤ 50 ms, the seed's comfortable-chat
+figure), the engine's
 mean running batch from its own gauge (sampled while the run lasted), the load generator's send
 lag, and the paired speedup against AR at the same rate.  Every number comes from
 :mod:`specstudy.metrics` or from what the engine reported; nothing here writes a file.
@@ -25,6 +26,12 @@ from .study import Study
 
 #: the seed's FAQ Q1: TPOT ≤ 50 ms reads as comfortable real-time chat
 DEFAULT_SLO = Slo(tpot_s=0.050)
+
+
+def study_slo(study: Study) -> Slo:
+    """The SLO the study states (``study.slo`` in its YAML), else :data:`DEFAULT_SLO`."""
+    block = study.config.get("slo")
+    return Slo.from_ms(block) if isinstance(block, dict) else DEFAULT_SLO
 
 
 def send_lag(records: Sequence[RequestRecord]) -> dict[str, float]:
@@ -68,8 +75,10 @@ def _rate(value: float | None) -> float:
     return math.inf if value is None else float(value)
 
 
-def rate_frame(study: Study, slo: Slo = DEFAULT_SLO) -> pd.DataFrame:
-    """One row per request-rate cell (numbers, not text): the sweep's raw table."""
+def rate_frame(study: Study, slo: Slo | None = None) -> pd.DataFrame:
+    """One row per request-rate cell (numbers, not text): the sweep's raw table; goodput under
+    ``slo`` (default: the study's own, :func:`study_slo`)."""
+    slo = slo or study_slo(study)
     rows = []
     for cid in study.cell_ids():
         m = study.meta(cid)

@@ -85,6 +85,22 @@ class WarmupSpec(BaseModel):
         return {"requests": v} if isinstance(v, int) and not isinstance(v, bool) else v
 
 
+class SloSpec(BaseModel):
+    """The serving SLOs goodput counts against: a request is good when it meets every one given.
+    The default is the seed's comfortable-chat figure, TPOT ≤ 50 ms; ``tpot_ms: null`` drops it."""
+
+    model_config = _STRICT
+    ttft_ms: PositiveFloat | None = None
+    tpot_ms: PositiveFloat | None = 50.0
+    e2e_ms: PositiveFloat | None = None
+
+    @model_validator(mode="after")
+    def _some(self) -> SloSpec:
+        if self.ttft_ms is None and self.tpot_ms is None and self.e2e_ms is None:
+            raise not_allowed(None, "at least one of ttft_ms, tpot_ms, e2e_ms", "goodput needs an SLO")
+        return self
+
+
 class ModelPair(BaseModel):
     """A target and the drafters usable with it (short name -> model id, path or head id)."""
 
@@ -189,6 +205,7 @@ class StudySpec(_Axes):
     framework_options: dict[str, dict[str, Any]] = {}
     warmup: WarmupSpec = WarmupSpec()
     telemetry_period_s: PositiveFloat = 0.5
+    slo: SloSpec = SloSpec()
     # engines whose own step costs are measured after the cells (llama.cpp: T(k)/T(1) and c)
     engine_costs: Annotated[list[Literal["llamacpp"]], BeforeValidator(_as_list)] = []
     notebooks: Annotated[list[Literal[NOTEBOOKS]], BeforeValidator(_as_list)] = list(NOTEBOOKS)  # type: ignore[valid-type]

@@ -96,6 +96,8 @@ class StudyConfig:
     framework_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     notebooks: tuple[str, ...] = NOTEBOOKS
     engine_costs: tuple[str, ...] = ()
+    #: goodput's SLOs, ms: {"ttft_ms", "tpot_ms", "e2e_ms"} (None: not part of the SLO)
+    slo: Mapping[str, float | None] = field(default_factory=lambda: {"ttft_ms": None, "tpot_ms": 50.0, "e2e_ms": None})
 
     def model(self, name: str) -> ModelPair:
         return next(m for m in self.models if m.name == name)
@@ -110,6 +112,7 @@ class StudyConfig:
         d["methods"] = [m.model_dump() for m in self.methods]
         d["sweeps"] = [dataclasses.asdict(s) for s in self.sweeps]
         d["framework_options"] = {k: dict(v) for k, v in self.framework_options.items()}
+        d["slo"] = dict(self.slo)
         return d
 
 
@@ -230,6 +233,7 @@ def load_study(hardware: str, path: str | os.PathLike[str] | None = None, check_
         engine_costs=tuple(spec.engine_costs),
         framework_options={k: dict(v) for k, v in spec.framework_options.items()},
         notebooks=tuple(spec.notebooks),
+        slo=spec.slo.model_dump(),
     )
     used = {fw for sw in cfg.sweeps for fw in sw.frameworks}
     for fw in cfg.engine_costs:

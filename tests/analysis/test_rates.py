@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
 
 from specstudy.analysis import figures, rates
+from specstudy.analysis.serving import Slo
 from specstudy.records import RequestRecord
 
 
@@ -79,3 +81,11 @@ def test_rate_table_rows_and_the_curve_figure():
     assert table.loc[0, "TPOT p50 / p99 ms"] == "40.0 / 60.0" and table.loc[0, "Peak memory MB"] == "4500"
     fig = figures.throughput_latency(raw)
     assert len(fig.axes) == 2 and len(fig.axes[0].lines) == 4  # one line per framework x method
+
+
+def test_goodput_counts_against_the_slo_the_study_states():
+    stated = SimpleNamespace(config={"slo": {"ttft_ms": 800, "tpot_ms": 200, "e2e_ms": None}})
+    assert rates.study_slo(stated) == Slo(ttft_s=0.8, tpot_s=0.2)
+    assert rates.study_slo(stated).describe() == "TTFT ≤ 800 ms and TPOT ≤ 200 ms"
+    assert rates.study_slo(SimpleNamespace(config={})) == rates.DEFAULT_SLO  # a study run before `slo` existed
+    assert rates.DEFAULT_SLO.describe() == "TPOT ≤ 50 ms"

@@ -165,6 +165,9 @@ def test_max_batch_size_and_method_gammas(tmp_path):
         ({**BASE, "methods": [{"method": "draft_target"}]}, "study.methods[0].drafter", None, "drafter"),
         ({**BASE, "warmup": {"requests": 1, "tokens": 3}}, "study.warmup.tokens", "tokens", "max_new_tokens"),
         ({**BASE, "telemetry_period_s": 0}, "study.telemetry_period_s", 0, "positive"),
+        ({**BASE, "slo": {"tpot_ms": -5}}, "study.slo.tpot_ms", -5, "positive"),
+        ({**BASE, "slo": {"tpot": 200}}, "study.slo.tpot", "tpot", "tpot_ms"),
+        ({**BASE, "slo": {"tpot_ms": None}}, "study.slo", None, "at least one of ttft_ms, tpot_ms, e2e_ms"),
         ({**BASE, "models": []}, "study.models", [], "non-empty"),
         ({k: v for k, v in BASE.items() if k != "models"}, "study.models", None, "required"),
     ],
@@ -317,3 +320,10 @@ def test_optional_method_is_skipped_with_a_warning_until_its_drafter_exists(tmp_
     study["methods"][1].pop("optional")
     err = bad(tmp_path, study)
     assert err.key == "study.models[0].drafters.h" and err.value == str(heads)
+
+
+def test_the_study_states_its_slo_and_the_seeds_tpot_50_ms_is_the_default(tmp_path):
+    assert load_study("cpu", write(tmp_path, BASE)).slo == {"ttft_ms": None, "tpot_ms": 50.0, "e2e_ms": None}
+    cfg = load_study("cpu", write(tmp_path, {**BASE, "slo": {"ttft_ms": 800, "tpot_ms": 200}}, "s.yaml"))
+    assert cfg.slo == {"ttft_ms": 800.0, "tpot_ms": 200.0, "e2e_ms": None}
+    assert cfg.as_dict()["slo"] == cfg.slo  # in the plan snapshot the report reads

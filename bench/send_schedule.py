@@ -1,8 +1,10 @@
 """Does the load generator send on schedule?  (A benchmark, not a test: it prints what it measured.)
 
 Against a stub server in a child process (asyncio; it answers each POST with a short vLLM-style
-SSE stream and notes when the request's headers arrived; a stub in this process would take the
-GIL from the sender it measures), side by side in one run:
+SSE stream after a 20 ms "prefill" and notes when the request's headers arrived), side by side in
+one run.  Why a child process: a stub in this process would take the GIL from the sender it
+measures.  Why the prefill: a stub that answers at once has its replies read between the burst's
+sends, which no server with a real TTFT does (``--stub-ttft-ms 0`` shows that case).
 
 * the kit's load generator (:mod:`specstudy.backends.loadgen`: one asyncio httpx client, the
   code path every server backend uses) at rate inf and at a Poisson rate;
@@ -16,7 +18,7 @@ arrivals within 1 ms of their schedule.  A send time is taken right before the H
 the connection is open by then (:mod:`specstudy.backends.connections`), so the spread of send
 times is also the spread of the requests' writes.
 
-    .venv/bin/python bench/send_schedule.py [--n 32] [--rate 20] [--repeats 8] [--json]
+    .venv/bin/python bench/send_schedule.py [--n 32] [--rate 20] [--repeats 8] [--stub-ttft-ms 20] [--json]
 
 Timing: run it under the machine's timing lock; it uses well under a core.
 """
@@ -54,8 +56,8 @@ class StubServer:
     (CLOCK_MONOTONIC: one clock for every process on the machine) at which each POST's headers
     were read; ``GET /arrivals`` returns them as JSON and clears them."""
 
-    def __init__(self, tokens: int = 4, gap_s: float = 0.005):
-        self.tokens, self.gap_s = tokens, gap_s
+    def __init__(self, tokens: int = 4, gap_s: float = 0.005, ttft_s: float = 0.020):
+        self.tokens, self.gap_s, self.ttft_s = tokens, gap_s, ttft_s
         self.arrivals: list[float] = []
 
     async def serve(self) -> None:
@@ -94,6 +96,7 @@ class StubServer:
             raw = data.encode()
             return f"{len(raw):x}\r\n".encode() + raw + b"\r\n"
 
+        await asyncio.sleep(self.ttft_s)  # a server's prefill: no reply byte comes back at once
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
         for i in range(self.tokens):
             obj = {"choices": [{"text": f"t{i} ", "token_ids": [100 + i], "finish_reason": None}]}
@@ -106,11 +109,17 @@ class StubServer:
 
 
 class StubProcess:
-    """The stub in a child process (this file with ``--stub``), for a ``with`` block."""
+    """The stub in a child process (this file with ``--stub TTFT_MS``), for a ``with`` block."""
+
+    def __init__(self, ttft_ms: float = 20.0):
+        self.ttft_ms = ttft_ms
 
     def __enter__(self) -> StubProcess:
         self.proc = subprocess.Popen(
-            [sys.executable, __file__, "--stub"], stdout=subprocess.PIPE, text=True, env=os.environ.copy()
+            [sys.executable, __file__, "--stub", str(self.ttft_ms)],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=os.environ.copy(),
         )
         assert self.proc.stdout is not None
         self.port = int(self.proc.stdout.readline())
@@ -204,10 +213,12 @@ def thread_pool_run(stub: StubProcess, n: int, rate: float, seed: int) -> dict[s
     }
 
 
-def bench(n: int = 32, rate: float = 20.0, repeats: int = 8, seed: int = 0) -> dict[str, Any]:
+def bench(
+    n: int = 32, rate: float = 20.0, repeats: int = 8, seed: int = 0, stub_ttft_ms: float = 20.0
+) -> dict[str, Any]:
     """Every (sender, rate) ``repeats`` times, interleaved; the rows and the ratios thread pool / kit."""
     rows: list[dict[str, Any]] = []
-    with StubProcess() as stub:
+    with StubProcess(stub_ttft_ms) as stub:
         kit_run(stub, n, math.inf, seed)  # warm-up, not recorded: first use imports httpx's lazy modules
         thread_pool_run(stub, n, math.inf, seed)
         for rep in range(repeats):
@@ -240,26 +251,41 @@ def bench(n: int = 32, rate: float = 20.0, repeats: int = 8, seed: int = 0) -> d
     # the sender's own cost: the gap between two sends of the burst, the median run's spread / (n - 1)
     summary["kit_ms_per_send"] = summary["inf_send_spread_ms"]["kit"]["median"] / (n - 1)
     summary["targets"] = TARGETS
-    return {"n": n, "rate": rate, "repeats": repeats, "load_1m": os.getloadavg()[0], "rows": rows, "summary": summary}
+    return {
+        "n": n,
+        "rate": rate,
+        "repeats": repeats,
+        "stub_ttft_ms": stub_ttft_ms,
+        "load_1m": os.getloadavg()[0],
+        "rows": rows,
+        "summary": summary,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
-    if argv is None and sys.argv[1:] == ["--stub"]:
-        asyncio.run(StubServer().serve())
+    if argv is None and sys.argv[1:2] == ["--stub"]:
+        asyncio.run(StubServer(ttft_s=float(sys.argv[2]) / 1e3).serve())
         return 0
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=32, help="requests per run (default 32)")
     ap.add_argument("--rate", type=float, default=20.0, help="Poisson rate, requests/s (default 20)")
     ap.add_argument("--repeats", type=int, default=8)
+    ap.add_argument("--stub-ttft-ms", type=float, default=20.0, help="the stub's delay before its first byte")
     ap.add_argument("--json", action="store_true", help="print the full result as JSON")
     a = ap.parse_args(argv)
-    if a.n < 2 or a.rate <= 0 or a.repeats < 1:
-        ap.error(f"--n {a.n} must be >= 2, --rate {a.rate} > 0, --repeats {a.repeats} >= 1")
-    res = bench(a.n, a.rate, a.repeats)
+    if a.n < 2 or a.rate <= 0 or a.repeats < 1 or a.stub_ttft_ms < 0:
+        ap.error(
+            f"--n {a.n} must be >= 2, --rate {a.rate} > 0, --repeats {a.repeats} >= 1, "
+            f"--stub-ttft-ms {a.stub_ttft_ms} >= 0"
+        )
+    res = bench(a.n, a.rate, a.repeats, stub_ttft_ms=a.stub_ttft_ms)
     if a.json:
         print(json.dumps(res, indent=1))
         return 0
-    print(f"send schedule, {a.n} requests per run, {a.repeats} repeats, load average {res['load_1m']:.2f}")
+    print(
+        f"send schedule, {a.n} requests per run, {a.repeats} repeats, stub TTFT {a.stub_ttft_ms:g} ms, "
+        f"load average {res['load_1m']:.2f}"
+    )
     print(f"{'sender':38} {'rate':>5} {'spread ms':>10} {'arrivals ms':>12} {'lag p50':>8} {'p99':>8} {'max':>8}")
     for row in res["rows"]:
         lag = row["lag"]

@@ -89,3 +89,26 @@ def test_goodput_counts_against_the_slo_the_study_states():
     assert rates.study_slo(stated).describe() == "TTFT ≤ 800 ms and TPOT ≤ 200 ms"
     assert rates.study_slo(SimpleNamespace(config={})) == rates.DEFAULT_SLO  # a study run before `slo` existed
     assert rates.DEFAULT_SLO.describe() == "TPOT ≤ 50 ms"
+
+
+@pytest.mark.parametrize(
+    ("config", "says"),
+    [
+        ({}, "meeting TPOT ≤ 50 ms (the seed's FAQ Q1 figure"),
+        ({"slo": {"ttft_ms": None, "tpot_ms": 250, "e2e_ms": None}}, "meeting TPOT ≤ 250 ms (the study's `slo`"),
+    ],
+)
+def test_the_serving_section_says_which_slo_goodput_counted_against(monkeypatch, config, says):
+    from specstudy.report import sections
+
+    seen = []
+
+    def frame(study, slo=None):
+        seen.append(rates.study_slo(study) if slo is None else slo)
+        return _raw()
+
+    monkeypatch.setattr(rates, "rate_frame", frame)
+    monkeypatch.setattr(rates, "prefix_cache_frame", lambda study: pd.DataFrame())
+    sec = sections.serving_section(SimpleNamespace(config=config))
+    assert says in sec.markdown and "serving_rates" in sec.tables
+    assert seen == [rates.study_slo(SimpleNamespace(config=config))]

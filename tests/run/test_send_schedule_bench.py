@@ -20,7 +20,7 @@ def _bench():
 
 
 def test_send_schedule_bench_reports_both_senders_at_both_rates(capsys):
-    res = _bench().bench(n=4, rate=50.0, repeats=2)
+    res = _bench().bench(n=4, rate=50.0, repeats=2, stub_ttft_ms=5)
     rows = res["rows"]
     assert {(r["sender"].split()[0], r["rate"]) for r in rows} == {
         ("kit", "inf"),

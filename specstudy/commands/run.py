@@ -156,6 +156,7 @@ def run(args: argparse.Namespace) -> int:
         layout.notebooks_makefile,
         layout.records_stamp,
     )
+    plan_before = layout.plan_path.read_text() if layout.plan_path.exists() else None
     try:
         log = (lambda m: print(m, file=sys.stderr, flush=True)) if args.json else (lambda m: print(m, flush=True))
         results = run_study(
@@ -171,7 +172,10 @@ def run(args: argparse.Namespace) -> int:
     except RuntimeError as e:  # another runner holds the outputs folder
         print(f"specstudy run: error: {e}", file=sys.stderr)
         return 2
-    if any(r.status == "done" for r in results) or not layout.records_stamp.exists():
+    # the notebooks re-render when records changed, or when the plan did (the report reads labels,
+    # sweeps and the SLO from it): a rerun after editing the study's SLO renders it
+    plan_changed = layout.plan_path.read_text() != plan_before
+    if any(r.status == "done" for r in results) or plan_changed or not layout.records_stamp.exists():
         layout.records_stamp.touch()
     failed = [r for r in results if r.status == "failed"]
     if args.json:

@@ -81,3 +81,39 @@ def test_estimates_follow_the_cost_model():
     fit = [r for r in dryrun.memory_fit(cfg, plans, prof) if r["target"].endswith("70b-chat-hf")]
     assert fit and all(r["fits"] and r["tensor_parallel_size"] == 4 for r in fit)
     assert dryrun.kv_bytes_per_token(7e9, "bf16") == 2 * 32 * 4096 * 2
+
+
+def test_a_rerun_re_renders_the_notebooks_when_the_plan_changed(tmp_path, study_file):
+    """The notebooks' make targets depend on the records stamp: a rerun that changes only the plan
+    (here the study's SLO, which the report reads from it) must touch it; an identical rerun not."""
+    import os
+
+    from support import TINY_STUDY
+
+    from specstudy.cli import main
+
+    def run(text: str) -> float:
+        path = study_file(text)
+        assert (
+            main(
+                [
+                    "run",
+                    "--hardware",
+                    "cpu",
+                    "--params",
+                    str(path),
+                    "--outputs",
+                    str(tmp_path),
+                    "--max-cells",
+                    "0",
+                    "--no-progress",
+                ]
+            )
+            == 0
+        )
+        return (tmp_path / "cpu" / ".records-updated").stat().st_mtime_ns
+
+    first = run(TINY_STUDY)
+    os.utime(tmp_path / "cpu" / ".records-updated", ns=(first - 10**9, first - 10**9))
+    assert run(TINY_STUDY) == first - 10**9  # the same plan, no new records: nothing to re-render
+    assert run(TINY_STUDY + "  slo: {tpot_ms: 250}\n") > first - 10**9

@@ -25,7 +25,7 @@ export TOKENIZERS_PARALLELISM := false
 
 help:
 	@echo "make study [GPU=cpu|a100|h100|h200|rtx4090]   run the study matrix and render the report"
-	@echo "make study-engines                            vLLM (offline + server), llama.cpp, hf, reference on this CPU (~30 min)"
+	@echo "make study-engines                            vLLM (offline + server), llama.cpp, hf, reference on this CPU (~27 min)"
 	@echo "make test                                     lint, then the test suite (fast + model tests)"
 	@echo "make lint                                     ruff (lint + format check) and mypy"
 	@echo "make test-fast                                the fast subset (no model loading)"
@@ -132,7 +132,7 @@ study-pair: $(STAMP)
 
 # The engines study (issue 13): params/hardware/cpu-engines.yaml on this CPU: vllm (offline worker in
 # .venv-vllm), vllm-server, llama.cpp's server, hf and reference on the embedded SmolLM2; batch sizes
-# 1-8, a request-rate sweep (0.5, 1, 2, 4 req/s, inf) and the prefix cache off/on on a shared-prefix
+# 1-8, a request-rate sweep (0.5, 1, 2 req/s, inf) and the prefix cache off/on on a shared-prefix
 # workload.  Installs .venv-vllm first when missing (a stamp makes that a no-op later), then runs the
 # study into outputs/cpu-engines/ and renders its report.  Sized for 30 minutes on 2 cores, install
 # and server starts included; the measured time is in the profile's header and the lead's README.

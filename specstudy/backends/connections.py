@@ -131,7 +131,8 @@ class OpenAhead:
     """Connections for the requests whose send time is known, each opened up to
     :data:`CONNECT_AHEAD_S` before it, at moments the sender has nothing due: before the clock
     starts, right after a send, or in a gap.  (Opened on a timer of their own, connects landed on
-    other requests' send times: the worst Poisson send lag went from 0.8 to 1.6 ms.)"""
+    other requests' send times: in one 3-repeat bench run the worst Poisson send lag went from 0.8
+    to 1.6 ms.)"""
 
     def __init__(
         self,

@@ -7,6 +7,9 @@ takes 1.3 ms, 32 at once 15 ms, and the last request of a 32-request rate-inf bu
 before its request is due, at a moment the sender has nothing due (:class:`OpenAhead`), and at
 its send time a request only writes.  A request with no connection ready (one that waited for a
 slot of a closed loop) opens its own; one the server closed meanwhile is dropped and replaced.
+Connections are not opened for requests waiting for a slot: their send time is unknown, and an
+idle connection holds one of llama.cpp's HTTP threads (cpp-httplib, a thread per connection;
+``max(n_parallel + 2, cores - 1)`` of them) for as long as it waits.
 
 The streams are httpcore's own (its anyio backend); :class:`Connections` is httpcore's documented
 network-backend interface.  Streams on asyncio's own transports were tried and were no faster: at

@@ -31,7 +31,7 @@ from ..data.models import resolve_for_engine as resolve_model
 from ..metrics import acceptance_summary
 from ..records import Cell, Request, RequestRecord, Sampling
 from .base import ServingBackend, encode_request
-from .connections import Connections, address, bounded, new_client
+from .connections import Http, address, bounded
 from .lifecycle import ManagedServer, ServerInfo, connect, http_get, split_url
 from .loadgen import batch_deadline, offer, run_sync
 from .prometheus import MetricSamples, parse_prometheus
@@ -363,20 +363,16 @@ class StreamingServerBackend(ServingBackend, Generic[SnapshotT]):
                 return rec
 
         async def once() -> RequestRecord:
-            connections = Connections()
-            try:
-                async with new_client(connections) as client:
-                    prep = self.prepare_send(client, request, sampling, cell, timeout_s)
-                    await connections.open(address(prep))  # as in a run: connected before the send
-                    return await self.transmit(client, prep, cell)
-            finally:
-                await connections.aclose()
+            async with Http() as http:
+                prep = self.prepare_send(http, request, sampling, cell, timeout_s)
+                await http.connections.open(address(prep))  # as in a run: connected before the send
+                return await self.transmit(http, prep, cell)
 
         return run_sync(once)
 
     def prepare_send(
         self,
-        client: httpx.AsyncClient,
+        http: Http,
         request: Request,
         sampling: Sampling,
         cell: Cell,
@@ -397,14 +393,14 @@ class StreamingServerBackend(ServingBackend, Generic[SnapshotT]):
             rec.extra["server"] = self.server_info.as_dict()
         payload = body if body is not None else self.encode_body(request, sampling)
         timeout = httpx.Timeout(budget, read=min(self.idle_timeout_s, budget))
-        req = client.build_request(
+        req = http.build_request(
             "POST", self.url + self.api_path, content=payload, headers=self.headers(), timeout=timeout
         )
         return PreparedSend(request, rec, req, budget)
 
     async def transmit(
         self,
-        client: httpx.AsyncClient,
+        http: Http,
         prep: PreparedSend,
         cell: Cell,
         origin: float | None = None,
@@ -418,7 +414,7 @@ class StreamingServerBackend(ServingBackend, Generic[SnapshotT]):
             return rec
         budget = prep.budget if budget_s is None else min(prep.budget, budget_s)
         try:
-            await bounded(self._stream(client, prep.http, rec, st, origin), budget)
+            await bounded(self._stream(http, prep.http, rec, st, origin), budget)
         except asyncio.TimeoutError:
             rec.status, rec.error = "timeout", f"no complete answer within {budget:.1f} s"
         except httpx.ReadTimeout:
@@ -432,14 +428,14 @@ class StreamingServerBackend(ServingBackend, Generic[SnapshotT]):
         return rec
 
     async def _stream(
-        self, client: httpx.AsyncClient, req: httpx.Request, rec: RequestRecord, st: StreamState, origin: float | None
+        self, http: Http, req: httpx.Request, rec: RequestRecord, st: StreamState, origin: float | None
     ) -> None:
         """Send ``req`` and read its SSE stream into ``rec`` (times from the send) and ``st``."""
         t0 = time.perf_counter()  # the send: right before the HTTP exchange, nothing else in between
         rec.start_epoch = time.time()
         if origin is not None:
             rec.sent_s = t0 - origin
-        resp = await client.send(req, stream=True)
+        resp = await http.send(req)
         try:
             if resp.status_code != 200:
                 text = (await resp.aread())[:2000].decode("utf-8", "replace")

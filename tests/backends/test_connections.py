@@ -9,8 +9,8 @@ import dataclasses
 import pytest
 from fake_servers import FakeServer
 
-from specstudy.backends import loadgen, server
-from specstudy.backends.connections import Connections, new_client
+from specstudy.backends import connections, loadgen
+from specstudy.backends.connections import Connections, Http
 from specstudy.backends.vllm_server import VllmServerBackend
 from specstudy.records import Sampling
 
@@ -30,8 +30,7 @@ class Counted(Connections):
 @pytest.fixture
 def counted(monkeypatch):
     Counted.made = []
-    monkeypatch.setattr(loadgen, "Connections", Counted)
-    monkeypatch.setattr(server, "Connections", Counted)
+    monkeypatch.setattr(connections, "Connections", Counted)  # what every Http of a run or a send opens
     return Counted.made
 
 
@@ -85,18 +84,20 @@ def test_a_connection_the_server_closed_before_its_request_is_replaced():
         await writer.drain()
         writer.close()
 
-    async def main() -> tuple[int, Counted]:
+    async def main() -> tuple[int, Connections]:
         srv = await asyncio.start_server(handle, "127.0.0.1", 0)
         port = srv.sockets[0].getsockname()[1]
-        conns = Counted()
+        http = Http()
+        conns = http.connections
         try:
             await conns.open(("127.0.0.1", port))
             await asyncio.sleep(0.1)  # the server's close arrives
-            async with new_client(conns) as client:
-                resp = await client.get(f"http://127.0.0.1:{port}/health")
+            resp = await http.send(http.build_request("GET", f"http://127.0.0.1:{port}/health"))
+            await resp.aread()
+            await resp.aclose()
             return resp.status_code, conns
         finally:
-            await conns.aclose()
+            await http.aclose()
             srv.close()
             await srv.wait_closed()
 
@@ -114,3 +115,33 @@ def test_a_failed_open_is_left_to_the_request():
 
     conns = asyncio.run(main())
     assert not any(conns._ready.values())
+
+
+def test_connections_ahead_open_earliest_first_and_at_most_a_gaps_worth():
+    from specstudy.backends.connections import OpenAhead
+
+    class Recorded(Connections):
+        def __init__(self) -> None:
+            super().__init__()
+            self.opened: list[tuple[str, int] | None] = []
+
+        async def open(self, addr, timeout_s: float = 10.0) -> None:
+            self.opened.append(addr)
+
+    async def main() -> list:
+        conns = Recorded()
+        addrs = [("h", i) for i in range(6)]
+        ahead = OpenAhead(conns, addrs, [0.5, 0.1, 0.3, 2.0, 0.2, 0.4], known=range(6))
+        ahead.upto(1.0, limit=2)  # a short gap: the two due first
+        await asyncio.gather(*ahead.tasks)
+        first = list(conns.opened)
+        assert ahead.pending(2) and not ahead.pending(1) and not ahead.pending(4)
+        ahead.upto(1.0)  # the rest due within the window; request 3 (at 2.0 s) waits
+        await asyncio.gather(*ahead.tasks)
+        assert ahead.pending(3)
+        await ahead.aclose()
+        return [first, conns.opened]
+
+    first, all_opened = asyncio.run(main())
+    assert first == [("h", 1), ("h", 4)]
+    assert all_opened == [("h", 1), ("h", 4), ("h", 2), ("h", 5), ("h", 0)]

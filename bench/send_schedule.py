@@ -13,7 +13,8 @@ measures.  (Answering at once, ``--stub-ttft-ms 0``, measured the same: median s
 
 Per run: the spread of actual send times at rate inf (max − min), the send lag (actual − scheduled)
 p50 / p99 / max, and the same spread as the stub saw the requests arrive; over the repeats, the
-median run and the worst.  The issue's targets: 32 requests at rate inf out within 5 ms; Poisson
+median run and the worst.  The arrival spread bounds the stub as much as the sender: the stub is
+also one Python event loop, reading 32 requests one after another.  The issue's targets: 32 requests at rate inf out within 5 ms; Poisson
 arrivals within 1 ms of their schedule.  A send time is taken right before the HTTP exchange, and
 the connection is open by then (:mod:`specstudy.backends.connections`), so the spread of send
 times is also the spread of the requests' writes.

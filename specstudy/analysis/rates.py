@@ -19,13 +19,14 @@ from typing import Any
 import pandas as pd
 
 from .. import metrics
+from ..config.schema import SloSpec
 from ..records import RequestRecord
 from .format import fmt
 from .serving import Slo, stops_paying
 from .study import Study
 
-#: the seed's FAQ Q1: TPOT ≤ 50 ms reads as comfortable real-time chat
-DEFAULT_SLO = Slo(tpot_s=0.050)
+#: the schema's default (the seed's FAQ Q1: TPOT ≤ 50 ms reads as comfortable real-time chat)
+DEFAULT_SLO = Slo.from_ms(SloSpec().model_dump())
 
 
 def study_slo(study: Study) -> Slo:

@@ -55,7 +55,7 @@ from ..records import Sampling
 from . import checks
 from .errors import ParamsError, validate
 from .files import hardware_file, load_yaml
-from .schema import NOTEBOOKS, MethodSpec, ModelPair, SamplingSpec, StudySpec, SweepSpec
+from .schema import NOTEBOOKS, MethodSpec, ModelPair, SamplingSpec, SloSpec, StudySpec, SweepSpec
 
 # --------------------------------------------------------------------------------------------
 # the resolved matrix
@@ -97,7 +97,7 @@ class StudyConfig:
     notebooks: tuple[str, ...] = NOTEBOOKS
     engine_costs: tuple[str, ...] = ()
     #: goodput's SLOs, ms: {"ttft_ms", "tpot_ms", "e2e_ms"} (None: not part of the SLO)
-    slo: Mapping[str, float | None] = field(default_factory=lambda: {"ttft_ms": None, "tpot_ms": 50.0, "e2e_ms": None})
+    slo: Mapping[str, float | None] = field(default_factory=lambda: SloSpec().model_dump())
 
     def model(self, name: str) -> ModelPair:
         return next(m for m in self.models if m.name == name)

@@ -169,11 +169,11 @@ class VllmEngine:
         self.last_run_acceptance: dict[str, Any] | None = None
 
     def engine(self, cell: Cell) -> Any:
-        cfg = speculative_config(cell.method, cell.gamma, cell.drafter or self.drafter, dict(cell.options))
         key = engine_key(cell, self.drafter)
         if self.llm is not None and key == self.key:
             return self.llm
         self.close()
+        cfg = speculative_config(cell.method, cell.gamma, cell.drafter or self.drafter, dict(cell.options))
         kwargs = engine_kwargs(self.model_path, self.options, cfg)
         try:
             self.llm = self.vllm.LLM(**kwargs)

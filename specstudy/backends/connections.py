@@ -20,6 +20,7 @@ ms of Python per request, not the stream.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import defaultdict, deque
 from collections.abc import Awaitable, Sequence
 from typing import Any, TypeVar
@@ -183,6 +184,28 @@ class OpenAhead:
     def pending(self, i: int) -> bool:
         """Is request ``i``'s connection still to be opened?"""
         return i in self._pending
+
+    async def before_clock(self) -> None:
+        """Open (and wait for) the connections of the requests due within the first
+        :data:`CONNECT_AHEAD_S`: at rate inf, every one."""
+        self.upto(CONNECT_AHEAD_S)
+        await asyncio.gather(*self.tasks)
+
+    async def before_send(self, i: int, arrival: float) -> None:
+        """Request ``i``, due at the perf_counter time ``arrival``, still has no connection (a
+        gap of more than :data:`CONNECT_AHEAD_S` before it): open it, and those due soon after,
+        that long ahead."""
+        if not self.pending(i):
+            return
+        await asyncio.sleep(max(0.0, arrival - CONNECT_AHEAD_S - time.perf_counter()))
+        self.upto(self._offsets[i] + CONNECT_AHEAD_S)
+
+    def after_send(self, now: float, next_due: float) -> None:
+        """A send went out at ``now`` (run seconds) and the next is due at ``next_due``: in a gap
+        of at least :data:`QUIET_S`, open up to :data:`OPEN_PER_GAP` connections due within
+        :data:`CONNECT_AHEAD_S` (they run after the send's first step)."""
+        if next_due - now > QUIET_S:
+            self.upto(now + CONNECT_AHEAD_S, OPEN_PER_GAP)
 
     def upto(self, offset: float, limit: int | None = None) -> None:
         """Start opening the connections of the requests due by ``offset`` (run seconds), the

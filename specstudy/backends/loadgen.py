@@ -31,7 +31,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, Protocol, TypeVar
 
 from ..records import Cell, Request, RequestRecord, Sampling
-from .connections import CONNECT_AHEAD_S, OPEN_PER_GAP, QUIET_S, Http, OpenAhead, address
+from .connections import Http, OpenAhead, address
 
 T = TypeVar("T")
 #: the last stretch before a send time is waited out by yielding to the loop, not by a timer:
@@ -133,8 +133,7 @@ async def offer_async(
         # first `concurrency` of a closed one); those due first are connected before the clock
         known = range(len(requests) if gate is None else min(len(requests), concurrency or 0))
         ahead = OpenAhead(http.connections, [address(p) for p in preps], offsets, known)
-        ahead.upto(CONNECT_AHEAD_S)
-        await asyncio.gather(*ahead.tasks)
+        await ahead.before_clock()
         t_start = time.perf_counter()
         deadline = t_start + run_timeout_s
 
@@ -157,9 +156,7 @@ async def offer_async(
             if arrival >= deadline:
                 records[i] = unsent(requests[i], sampling, cell, f"not sent: run time limit {run_timeout_s:.0f} s")
                 continue
-            if ahead.pending(i):  # a gap: open this request's connection (and those due soon) now
-                await asyncio.sleep(max(0.0, arrival - CONNECT_AHEAD_S - time.perf_counter()))
-                ahead.upto(off + CONNECT_AHEAD_S)
+            await ahead.before_send(i, arrival)
             await sleep_until(arrival)
             freed = -math.inf
             if gate is not None:
@@ -177,9 +174,7 @@ async def offer_async(
                 continue
             due = max(arrival, freed)
             tasks.append(asyncio.create_task(one(i, due - t_start, due - arrival)))
-            now = time.perf_counter() - t_start
-            if (offsets[i + 1] if i + 1 < len(offsets) else math.inf) - now > QUIET_S:  # a gap: connect ahead
-                ahead.upto(now + CONNECT_AHEAD_S, OPEN_PER_GAP)  # runs after the send's first step
+            ahead.after_send(time.perf_counter() - t_start, offsets[i + 1] if i + 1 < len(offsets) else math.inf)
         if tasks:
             await asyncio.wait(tasks)
         wall = time.perf_counter() - t_start

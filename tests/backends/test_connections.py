@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 from fake_servers import FakeServer
 
-from specstudy.backends import connections, loadgen
+from specstudy.backends import connections
 from specstudy.backends.connections import Connections, Http
 from specstudy.backends.vllm_server import VllmServerBackend
 from specstudy.records import Sampling
@@ -59,7 +59,7 @@ def test_requests_due_at_once_are_sent_on_connections_opened_before_the_clock(co
 
 
 def test_paced_requests_get_their_connection_shortly_before_they_are_due(counted, monkeypatch):
-    monkeypatch.setattr(loadgen, "CONNECT_AHEAD_S", 0.05)
+    monkeypatch.setattr(connections, "CONNECT_AHEAD_S", 0.05)
     with FakeServer(mode="vllm", spec=False, delay_s=0.001) as fake:
         b = VllmServerBackend("m", base_url=fake.url, request_timeout_s=10)
         run = _run(b, 3, [0.0, 0.2, 0.4], None)

@@ -1,20 +1,27 @@
-"""The load generator's TCP connections, opened ahead of their requests.
+"""The load generator's HTTP: each request's bytes made ahead, written on a connection opened ahead.
 
-Why: opening a connection is the client's work, and it sat inside every TTFT.  Measured here
-against a local stub (``bench/send_schedule.py``): one connect through httpcore's anyio backend
-takes 1.3 ms, 32 at once 15 ms, and the last request of a 32-request rate-inf burst was written
-20–26 ms after the first send began.  So each connection is opened up to :data:`CONNECT_AHEAD_S`
-before its request is due, at a moment the sender has nothing due (:class:`OpenAhead`), and at
-its send time a request only writes.  A request with no connection ready (one that waited for a
-slot of a closed loop) opens its own; one the server closed meanwhile is dropped and replaced.
-Connections are not opened for requests waiting for a slot: their send time is unknown, and an
-idle connection holds one of llama.cpp's HTTP threads (cpp-httplib, a thread per connection;
-``max(n_parallel + 2, cores - 1)`` of them) for as long as it waits.
+Why: at rate inf a request's send is the time between two sends, and everything a client does
+there delays the next request.  Measured here against a local stub (``bench/send_schedule.py``):
 
-The streams are httpcore's own (its anyio backend); :class:`Connections` is httpcore's documented
-network-backend interface.  Streams on asyncio's own transports were tried and were no faster: at
-rate inf what stands between one request's write and the next is httpx's and httpcore's ~0.15–0.2
-ms of Python per request, not the stream.
+* opening the TCP connection: one connect through httpcore's anyio backend took 1.3 ms, 32 at
+  once 15 ms, and the last request of a 32-request burst was written 20–26 ms after the first.
+  So each connection is opened up to :data:`CONNECT_AHEAD_S` before its request is due, at a
+  moment the sender has nothing due (:class:`OpenAhead`);
+* building the request's bytes: httpx, httpcore and h11 build and check every request's headers
+  at its send, 0.12 of the 0.17 ms a send took (32 sends written over 5.3–5.9 ms; the bytes built
+  ahead and only written, over 1.3 ms).  So a request's bytes are made by h11 (httpx's own
+  HTTP/1.1 library) when the request is prepared (:meth:`Http.build_request`), the same h11 state
+  then reads its answer, and httpx's ``Response`` decodes the body (:meth:`Http.send`).
+
+At its send time a request only writes: no step of the event loop comes between the send time and
+the write.  A request with no connection ready (one that waited for a slot of a closed loop) opens
+its own; one the server closed meanwhile is dropped and replaced.  Connections are not opened for
+requests waiting for a slot: their send time is unknown, and an idle connection holds one of
+llama.cpp's HTTP threads (cpp-httplib, a thread per connection; ``max(n_parallel + 2, cores - 1)``
+of them) for as long as it waits.  One connection per request, closed after its answer
+(``Connection: close``): llama.cpp's server closes a kept-alive connection after a streamed answer
+without saying so, and a request sent on it meanwhile failed ("Server disconnected"; 12 of 166
+requests in one default study).
 """
 
 from __future__ import annotations
@@ -22,10 +29,11 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import defaultdict, deque
-from collections.abc import Awaitable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import httpcore
+import h11
 import httpx
 
 #: a request's TCP connection is opened at most this long before its send time: a server may close
@@ -36,8 +44,11 @@ CONNECT_AHEAD_S = 1.0
 #: a send with the next one due 0.5 ms later, four connects delayed that send by 2 ms (measured)
 QUIET_S = 0.005
 OPEN_PER_GAP = 4
+#: the most bytes one read of an answer takes
+READ_BYTES = 65536
 
 T = TypeVar("T")
+Address = tuple[str, int]
 
 
 async def bounded(aw: Awaitable[T], budget_s: float) -> T:
@@ -50,101 +61,174 @@ async def bounded(aw: Awaitable[T], budget_s: float) -> T:
     return await asyncio.wait_for(aw, budget_s)  # Python 3.10
 
 
-class Connections(httpcore.AsyncNetworkBackend):
-    """httpcore's network backend for one run: hands a request a connection opened for it ahead
-    of time (:meth:`open`), else opens one; counts which it did."""
+@dataclass
+class Stream:
+    """One TCP connection (asyncio's streams)."""
+
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+
+    def usable(self) -> bool:
+        """Still open at our end and not closed by the server (an end of stream it sent while
+        the connection sat unused)."""
+        return not (self.writer.is_closing() or self.reader.at_eof() or self.reader.exception())
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+async def connect(addr: Address, timeout_s: float) -> Stream:
+    """A new connection to ``addr`` (asyncio sets TCP_NODELAY), as httpx's errors say it."""
+    try:
+        reader, writer = await bounded(asyncio.open_connection(addr[0], addr[1]), timeout_s)
+    except asyncio.TimeoutError:
+        raise httpx.ConnectTimeout(f"no connection to {addr[0]}:{addr[1]} within {timeout_s:g} s") from None
+    except OSError as e:
+        raise httpx.ConnectError(f"{addr[0]}:{addr[1]}: {e}") from e
+    return Stream(reader, writer)
+
+
+class Connections:
+    """One run's connections: hands a request one opened for it ahead of time (:meth:`open`),
+    else opens one; counts which it did."""
 
     def __init__(self) -> None:
-        self._net = httpcore.AnyIOBackend()
-        self._ready: dict[tuple[str, int], deque[httpcore.AsyncNetworkStream]] = defaultdict(deque)
+        self._ready: dict[Address, deque[Stream]] = defaultdict(deque)
         self.preopened_used = 0
         self.opened_at_send = 0
 
-    async def open(self, addr: tuple[str, int] | None, timeout_s: float = 10.0) -> None:
+    async def open(self, addr: Address | None, timeout_s: float = 10.0) -> None:
         """Open one connection to ``addr`` for a later request; a failure is left to the request
         (it connects itself and records the real error)."""
         if addr is None:
             return
         try:
-            stream = await self._net.connect_tcp(addr[0], addr[1], timeout=timeout_s)
-        except (httpcore.ConnectError, httpcore.ConnectTimeout):
+            self._ready[addr].append(await connect(addr, timeout_s))
+        except httpx.TransportError:
             return
-        self._ready[addr].append(stream)
 
-    async def connect_tcp(
-        self,
-        host: str,
-        port: int,
-        timeout: float | None = None,
-        local_address: str | None = None,
-        socket_options: Any = None,
-    ) -> httpcore.AsyncNetworkStream:
-        ready = self._ready.get((host, port))
+    async def take(self, addr: Address, timeout_s: float) -> Stream:
+        """A connection to ``addr`` for a request now: one opened ahead if a usable one is
+        ready (no await, so no loop step, before the caller writes), else a new one."""
+        ready = self._ready.get(addr)
         while ready:
             stream = ready.popleft()
-            if not stream.get_extra_info("is_readable"):  # readable while unused: the peer closed it
+            if stream.usable():
                 self.preopened_used += 1
                 return stream
-            await stream.aclose()
+            stream.close()
         self.opened_at_send += 1
-        return await self._net.connect_tcp(
-            host, port, timeout=timeout, local_address=local_address, socket_options=socket_options
-        )
-
-    async def connect_unix_socket(
-        self, path: str, timeout: float | None = None, socket_options: Any = None
-    ) -> httpcore.AsyncNetworkStream:
-        return await self._net.connect_unix_socket(path, timeout=timeout, socket_options=socket_options)
-
-    async def sleep(self, seconds: float) -> None:
-        await self._net.sleep(seconds)
+        return await connect(addr, timeout_s)
 
     async def aclose(self) -> None:
         """Close the connections no request used."""
         for ready in self._ready.values():
             while ready:
-                await ready.popleft().aclose()
+                ready.popleft().close()
 
 
-class _Transport(httpx.AsyncHTTPTransport):
-    """httpx's transport over :class:`Connections`.  httpx 0.28 (pinned) takes no network backend,
-    so its connection pool is rebuilt with one; a test checks that requests use it."""
+@dataclass
+class Wire:
+    """A request made ready to send: its bytes, made by h11 ahead of the send, and the h11
+    state that reads its answer; ``read_s`` is the longest wait for the answer's next bytes."""
 
-    def __init__(self, connections: Connections):
-        super().__init__(verify=False, trust_env=False)
-        self._pool = httpcore.AsyncConnectionPool(
-            max_connections=None, max_keepalive_connections=0, network_backend=connections
-        )
+    addr: Address
+    data: bytes
+    state: h11.Connection
+    read_s: float | None
+    connect_s: float
+
+
+async def next_event(wire: Wire, stream: Stream) -> Any:
+    """The answer's next h11 event, reading from the connection as h11 needs; protocol errors,
+    an early close and a silent server as httpx's errors."""
+    while True:
+        try:
+            event = wire.state.next_event()
+        except h11.RemoteProtocolError as e:
+            raise httpx.RemoteProtocolError(str(e)) from e
+        if isinstance(event, h11.ConnectionClosed):
+            raise httpx.RemoteProtocolError("Server disconnected without sending a complete response")
+        if event is not h11.NEED_DATA:
+            return event
+        read = stream.reader.read(READ_BYTES)
+        try:
+            data = await (read if wire.read_s is None else bounded(read, wire.read_s))
+        except asyncio.TimeoutError:
+            raise httpx.ReadTimeout(f"no data for {wire.read_s:g} s") from None
+        except OSError as e:
+            raise httpx.ReadError(f"{type(e).__name__}: {e}") from e
+        wire.state.receive_data(data)  # b"": the server closed its end
+
+
+class Body(httpx.AsyncByteStream):
+    """An answer's body as httpx reads it (``aiter_lines``, ``aread``), from its h11 events;
+    closing it closes the connection."""
+
+    def __init__(self, wire: Wire, stream: Stream):
+        self._wire, self._stream = wire, stream
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        while True:
+            event = await next_event(self._wire, self._stream)
+            if isinstance(event, h11.EndOfMessage):
+                return
+            if isinstance(event, h11.Data):
+                yield bytes(event.data)
+
+    async def aclose(self) -> None:
+        self._stream.close()
 
 
 class Http:
-    """One run's HTTP: a client that builds the requests, and the transport under it that sends
-    them.  A send goes to the transport directly (httpx's public transport interface): the
-    client's layers around it (auth, redirects, cookies, event hooks) do nothing for the kit's
-    requests and cost 0.027 ms a send, measured here at rate inf (0.185 vs 0.158 ms between two
-    sends of a burst, ``bench/send_schedule.py``).
-
-    The client: no connection cap (rate inf opens one per request at once), a fresh connection per
-    request (no keep-alive: llama.cpp's server closes a connection after a streamed response
-    without saying so, and a request sent on it meanwhile fails with "Server disconnected"; 12 of
-    166 requests in one default study), connections from :class:`Connections`, no proxy from the
-    environment (the servers are local; a proxy would sit in every timing), and no certificate
-    store (servers are plain http, ``split_url`` refuses https; loading the store costs 50 ms)."""
+    """One run's HTTP: requests made ready ahead (:meth:`build_request`), each sent on a
+    connection from :class:`Connections` (:meth:`send`) and answered as an ``httpx.Response``.
+    Plain http only (``split_url`` refuses https), no proxy (the servers are local; a proxy would
+    sit in every timing), no content encoding asked for (none to decode inside a timing)."""
 
     def __init__(self) -> None:
         self.connections = Connections()
-        self.transport = _Transport(self.connections)
-        self.client = httpx.AsyncClient(transport=self.transport, trust_env=False)
 
-    def build_request(self, method: str, url: str, **kwargs: Any) -> httpx.Request:
-        return self.client.build_request(method, url, **kwargs)
+    def build_request(
+        self,
+        method: str,
+        url: str,
+        *,
+        content: bytes = b"",
+        headers: Mapping[str, str] | None = None,
+        read_s: float | None = None,
+        connect_s: float = 10.0,
+    ) -> Wire:
+        """The request's bytes and the h11 state for its answer, made now."""
+        u = httpx.URL(url)
+        if u.scheme != "http" or not u.host:
+            raise ValueError(f"url {url!r}: the load generator sends plain http://host[:port]/path only")
+        port = u.port or 80
+        state = h11.Connection(h11.CLIENT)
+        length = [("Content-Length", str(len(content)))] if content or method not in ("GET", "HEAD") else []
+        head: list[tuple[str, str]] = [("Host", u.netloc.decode("ascii")), *length, *(headers or {}).items(), ("Connection", "close")]
+        data = state.send(h11.Request(method=method, target=u.raw_path, headers=head)) or b""
+        if content:
+            data += state.send(h11.Data(data=content)) or b""
+        data += state.send(h11.EndOfMessage()) or b""
+        return Wire((u.host, port), data, state, read_s, connect_s)
 
-    async def send(self, request: httpx.Request) -> httpx.Response:
-        """The response with its body still to stream (close it with ``aclose``)."""
-        return await self.transport.handle_async_request(request)
+    async def send(self, wire: Wire) -> httpx.Response:
+        """Write the request and read its answer's head; the body is still to stream (close the
+        response with ``aclose``)."""
+        stream = await self.connections.take(wire.addr, wire.connect_s)
+        try:
+            stream.writer.write(wire.data)
+            await stream.writer.drain()  # waits only when the socket's buffer is full (a long prompt)
+            event = await next_event(wire, stream)
+            while isinstance(event, h11.InformationalResponse):  # 100 Continue
+                event = await next_event(wire, stream)
+        except BaseException:
+            stream.close()
+            raise
+        return httpx.Response(event.status_code, headers=list(event.headers), stream=Body(wire, stream))
 
     async def aclose(self) -> None:
-        await self.client.aclose()
         await self.connections.aclose()
 
     async def __aenter__(self) -> Http:
@@ -154,12 +238,10 @@ class Http:
         await self.aclose()
 
 
-def address(prep: Any) -> tuple[str, int] | None:
-    """The (host, port) a prepared send (its ``http`` request) goes to, as httpcore asks for it."""
-    req = getattr(prep, "http", None)
-    if not isinstance(req, httpx.Request) or req.url.scheme != "http":
-        return None
-    return req.url.host, req.url.port or 80
+def address(prep: Any) -> Address | None:
+    """The (host, port) a prepared send (its ``http`` request) goes to."""
+    wire = getattr(prep, "http", None)
+    return wire.addr if isinstance(wire, Wire) else None
 
 
 class OpenAhead:
@@ -172,7 +254,7 @@ class OpenAhead:
     def __init__(
         self,
         connections: Connections,
-        addresses: Sequence[tuple[str, int] | None],
+        addresses: Sequence[Address | None],
         offsets: Sequence[float],
         known: Sequence[int],
     ):

@@ -4,14 +4,12 @@ Why asyncio: a sender with a thread per request starts each one late by however 
 and the OS scheduler keep it waiting.  Measured here against one vLLM CPU server, a thread pool
 spread 8 sends "all at once" over up to 449 ms (vLLM's own asyncio client: about 2 ms); the server
 then formed different batches and TTFT differed by up to 2x between the two clients.  Here one
-event loop and one httpx client and transport (:class:`~.connections.Http`) carry every request of
-a run: each request's body is built before the clock starts, its TCP connection is opened just
-ahead of its send time (:class:`~.connections.OpenAhead`), a task is created at the request's
-scheduled time, and the record
-keeps both the scheduled and the actual send time (``scheduled_send_s``, ``sent_s``: taken right
-before the HTTP exchange) so the report can show how far the sender drifted.  The HTTP client's
-lock code imports ``sniffio`` on every request; without it installed each failed import scans
-``sys.path`` (0.4 ms a request, measured), so the kit pins it.
+event loop carries every request of a run (:class:`~.connections.Http`): each request's bytes are
+made before the clock starts, its TCP connection is opened just ahead of its send time
+(:class:`~.connections.OpenAhead`), a task is created at the request's scheduled time and writes
+the request in its first step, and the record keeps both the scheduled and the actual send time
+(``scheduled_send_s``, ``sent_s``: taken right before the write) so the report can show how far
+the sender drifted.
 
 ``offsets`` are the arrival times (seconds from the run start; all zero for a batch), and
 ``concurrency`` caps the requests in flight (a closed loop of that many clients for a batch
@@ -37,6 +35,11 @@ T = TypeVar("T")
 #: the last stretch before a send time is waited out by yielding to the loop, not by a timer:
 #: the epoll selector rounds its timeout up to whole milliseconds
 SPIN_S = 0.002
+#: before a burst (several requests due when the clock starts) the sender keeps its CPU busy this
+#: long.  Measured here (32-request bursts, each after 1 s idle, 10 of each side by side): send
+#: spread median 3.9 ms, worst 7.5, from an idle CPU; 3.9 / 5.1 after 10 ms busy; 2.4 / 4.2 after
+#: 50 ms; 2.3 / 4.2 after 100 ms.  A CPU that sat idle runs the burst's first sends slower.
+WARM_S = 0.05
 
 
 class AsyncSender(Protocol):
@@ -89,6 +92,19 @@ async def sleep_until(t: float) -> None:
         await asyncio.sleep(0)
 
 
+def at_once(offsets: Sequence[float], concurrency: int | None) -> int:
+    """How many requests are due when the clock starts (a burst when more than one)."""
+    n = sum(1 for off in offsets if off <= 0)
+    return n if concurrency is None else min(n, concurrency)
+
+
+def warm_up(seconds: float) -> None:
+    """Keep this CPU busy for ``seconds`` (blocking: only before the clock, with nothing due)."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
 async def offer_async(
     sender: AsyncSender,
     requests: Sequence[Request],
@@ -116,10 +132,6 @@ async def offer_async(
         for _ in range(concurrency):
             gate.put_nowait(-math.inf)
     http = Http()
-    # what is alive now (modules, models, earlier records) is moved out of the collector's reach for
-    # the run: a full collection over it paused the loop ~35 ms in about 1 burst in 20 here (the
-    # first sends of a 32-request burst wrote 35 ms after their send time), none in 24 with it
-    gc.freeze()
     ahead: OpenAhead | None = None
     tasks: list[asyncio.Task[None]] = []
     try:
@@ -134,6 +146,14 @@ async def offer_async(
         known = range(len(requests) if gate is None else min(len(requests), concurrency or 0))
         ahead = OpenAhead(http.connections, [address(p) for p in preps], offsets, known)
         await ahead.before_clock()
+        if at_once(offsets, concurrency) > 1:
+            warm_up(WARM_S)
+        # what is alive now (modules, models, this run's prepared requests) is moved out of the
+        # collector's reach for the run: a full collection over it paused the loop ~35 ms in about
+        # 1 burst in 20 here (the first sends of a 32-request burst wrote 35 ms after their send
+        # time), none in 24 with it.  Freezing also empties the youngest generation, so a burst's
+        # first 700 allocations start no collection either (one took 0.24 ms inside a burst)
+        gc.freeze()
         t_start = time.perf_counter()
         deadline = t_start + run_timeout_s
 

@@ -31,7 +31,7 @@ from ..data.models import resolve_for_engine as resolve_model
 from ..metrics import acceptance_summary
 from ..records import Cell, Request, RequestRecord, Sampling
 from .base import ServingBackend, encode_request
-from .connections import Http, address, bounded
+from .connections import Http, Wire, address, bounded
 from .lifecycle import ManagedServer, ServerInfo, connect, http_get, split_url
 from .loadgen import batch_deadline, offer, run_sync
 from .prometheus import MetricSamples, parse_prometheus
@@ -392,9 +392,13 @@ class StreamingServerBackend(ServingBackend, Generic[SnapshotT]):
         if self.server_info is not None:
             rec.extra["server"] = self.server_info.as_dict()
         payload = body if body is not None else self.encode_body(request, sampling)
-        timeout = httpx.Timeout(budget, read=min(self.idle_timeout_s, budget))
         req = http.build_request(
-            "POST", self.url + self.api_path, content=payload, headers=self.headers(), timeout=timeout
+            "POST",
+            self.url + self.api_path,
+            content=payload,
+            headers=self.headers(),
+            read_s=min(self.idle_timeout_s, budget),
+            connect_s=budget,
         )
         return PreparedSend(request, rec, req, budget)
 
@@ -427,9 +431,7 @@ class StreamingServerBackend(ServingBackend, Generic[SnapshotT]):
         self.after_send(rec, cell)
         return rec
 
-    async def _stream(
-        self, http: Http, req: httpx.Request, rec: RequestRecord, st: StreamState, origin: float | None
-    ) -> None:
+    async def _stream(self, http: Http, req: Wire, rec: RequestRecord, st: StreamState, origin: float | None) -> None:
         """Send ``req`` and read its SSE stream into ``rec`` (times from the send) and ``st``."""
         t0 = time.perf_counter()  # the send: right before the HTTP exchange, nothing else in between
         rec.start_epoch = time.time()
@@ -611,7 +613,7 @@ class PreparedSend:
 
     request: Request
     record: RequestRecord
-    http: httpx.Request | None
+    http: Wire | None
     budget: float
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 
+import httpx
 import pytest
 from fake_servers import FakeServer
 
@@ -145,3 +146,134 @@ def test_connections_ahead_open_earliest_first_and_at_most_a_gaps_worth():
     first, all_opened = asyncio.run(main())
     assert first == [("h", 1), ("h", 4)]
     assert all_opened == [("h", 1), ("h", 4), ("h", 2), ("h", 5), ("h", 0)]
+
+
+async def _serve(handle):
+    srv = await asyncio.start_server(handle, "127.0.0.1", 0)
+    return srv, f"http://127.0.0.1:{srv.sockets[0].getsockname()[1]}"
+
+
+def test_a_request_is_made_whole_ahead_and_refuses_what_it_cannot_send():
+    http = Http()
+    wire = http.build_request("POST", "http://127.0.0.1:8000/v1/completions?x=1", content=b"{}", headers={"A": "b"})
+    assert wire.addr == ("127.0.0.1", 8000)
+    assert wire.data == (
+        b"POST /v1/completions?x=1 HTTP/1.1\r\nHost: 127.0.0.1:8000\r\nContent-Length: 2\r\nA: b\r\n"
+        b"Connection: close\r\n\r\n{}"
+    )
+    assert http.build_request("GET", "http://localhost/health").data.startswith(
+        b"GET /health HTTP/1.1\r\nHost: localhost\r\n"
+    )
+    with pytest.raises(ValueError, match="'https://h/p'.*plain http"):
+        http.build_request("GET", "https://h/p")
+
+
+def test_a_send_on_a_connection_opened_ahead_writes_in_its_first_step():
+    """No loop step between the send time and the write: the request is written before the
+    sending task first yields (so 32 sends due at once are 32 writes back to back)."""
+    got: list[bytes] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        got.append(await reader.readuntil(b"\r\n\r\n"))
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await writer.drain()
+        writer.close()
+
+    async def main() -> tuple[list[int], int, int, bytes]:
+        srv, url = await _serve(handle)
+        async with Http() as http:
+            wire = http.build_request("GET", url + "/x")
+            await http.connections.open(wire.addr)
+            written: list[int] = []
+            stream = http.connections._ready[wire.addr][0]
+            write = stream.writer.write
+            stream.writer.write = lambda data: (written.append(len(data)), write(data))[1]  # type: ignore[method-assign]
+            task = asyncio.create_task(http.send(wire))
+            await asyncio.sleep(0)  # the task's first step, and no more
+            first_step = list(written)
+            resp = await task
+            body = await resp.aread()
+            await resp.aclose()
+        srv.close()
+        return first_step, len(wire.data), resp.status_code, body
+
+    first_step, size, status, body = asyncio.run(main())
+    assert first_step == [size]  # the whole request, in one write, before the task yielded
+    assert (status, body) == (200, b"ok") and got and got[0].startswith(b"GET /x HTTP/1.1\r\n")
+
+
+def test_a_chunked_stream_is_read_line_by_line_across_chunk_boundaries():
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        for part in (b'data: {"a":', b" 1}\n\nda", b"ta: [DONE]\n\n"):
+            writer.write(b"%x\r\n%s\r\n" % (len(part), part))
+            await writer.drain()
+            await asyncio.sleep(0.01)
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    async def main() -> list[str]:
+        srv, url = await _serve(handle)
+        async with Http() as http:
+            resp = await http.send(http.build_request("POST", url + "/v1/completions", content=b"{}"))
+            lines = [line async for line in resp.aiter_lines()]
+            await resp.aclose()
+        srv.close()
+        return lines
+
+    assert asyncio.run(main()) == ['data: {"a": 1}', "", "data: [DONE]", ""]
+
+
+@pytest.mark.parametrize("fault", ["silent", "closes"])
+def test_a_silent_or_vanishing_server_is_an_httpx_error_naming_it(fault):
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n")
+        await writer.drain()
+        if fault == "silent":
+            await asyncio.sleep(1.0)
+        writer.close()
+
+    async def main() -> Exception:
+        srv, url = await _serve(handle)
+        try:
+            async with Http() as http:
+                resp = await http.send(http.build_request("GET", url + "/s", read_s=0.2))
+                with pytest.raises(httpx.TransportError) as err:
+                    await resp.aread()
+                await resp.aclose()
+            return err.value
+        finally:
+            srv.close()
+
+    err = asyncio.run(main())
+    if fault == "silent":
+        assert isinstance(err, httpx.ReadTimeout) and "no data for 0.2 s" in str(err)
+    else:
+        assert isinstance(err, httpx.RemoteProtocolError)
+
+
+def test_nothing_listening_is_a_connect_error_naming_the_address():
+    async def main() -> None:
+        async with Http() as http:
+            await http.send(http.build_request("GET", "http://127.0.0.1:1/x"))
+
+    with pytest.raises(httpx.ConnectError, match="127.0.0.1:1"):
+        asyncio.run(main())
+
+
+def test_the_sender_warms_its_cpu_before_a_burst_only(monkeypatch):
+    from specstudy.backends import loadgen
+
+    assert loadgen.at_once([0.0] * 5, None) == 5
+    assert loadgen.at_once([0.0] * 5, 2) == 2  # a closed loop of 2
+    assert loadgen.at_once([0.0, 0.1, 0.3], None) == 1  # Poisson: the first at 0
+    warmed: list[float] = []
+    monkeypatch.setattr(loadgen, "warm_up", warmed.append)
+    with FakeServer(mode="vllm", spec=False, delay_s=0.001) as fake:
+        b = VllmServerBackend("m", base_url=fake.url, request_timeout_s=10)
+        for offsets, concurrency in (([0.0, 0.05, 0.1], None), ([0.0] * 3, 1), ([0.0] * 3, None), ([0.0] * 4, 2)):
+            assert all(r.status == "ok" for r in _run(b, len(offsets), offsets, concurrency).records)
+    assert warmed == [loadgen.WARM_S, loadgen.WARM_S]  # rate inf and the closed loop of 2

@@ -162,7 +162,7 @@ print("RESULT" + json.dumps(out))
 
 def test_prefix_cache_hits_gauges_and_memory_from_a_live_server(tmp_path):
     """A shared ~600-token system prompt with vLLM's prefix cache on: the run's hits come from vLLM's
-    own counters and are > 0; with it off they are 0.  The running-batch gauge and the server tree's
+    own counters and are > 0; with it off vLLM counts no lookups and no hits.  The running-batch gauge and the server tree's
     RSS are recorded for every run, and each request's send time beside its schedule."""
     from specstudy.backends import get_backend
     from specstudy.data.models import load_tokenizer
@@ -193,7 +193,10 @@ def test_prefix_cache_hits_gauges_and_memory_from_a_live_server(tmp_path):
             backend.close()
         assert all(r.status == "ok" for r in recs), [r.error for r in recs]
         pc = recs[0].extra["prefix_cache_counters"]
-        assert pc["queries"] >= sum(len(r.prompt_ids) for r in reqs)
+        if on:  # every prompt token was looked up
+            assert pc["queries"] >= sum(len(r.prompt_ids) for r in reqs)
+        else:  # vLLM 0.32 with its cache off looks nothing up: queries 0, so no hit rate (never a made-up 0)
+            assert pc["queries"] == 0 and pc["hit_rate"] is None
         hits[on] = pc["hits"]
         watch = recs[0].extra["server_watch"]
         # a closed loop of batch_size clients samples no gauges (a scrape perturbs the server)

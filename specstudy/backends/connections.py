@@ -206,7 +206,12 @@ class Http:
         port = u.port or 80
         state = h11.Connection(h11.CLIENT)
         length = [("Content-Length", str(len(content)))] if content or method not in ("GET", "HEAD") else []
-        head: list[tuple[str, str]] = [("Host", u.netloc.decode("ascii")), *length, *(headers or {}).items(), ("Connection", "close")]
+        head: list[tuple[str, str]] = [
+            ("Host", u.netloc.decode("ascii")),
+            *length,
+            *(headers or {}).items(),
+            ("Connection", "close"),
+        ]
         data = state.send(h11.Request(method=method, target=u.raw_path, headers=head)) or b""
         if content:
             data += state.send(h11.Data(data=content)) or b""

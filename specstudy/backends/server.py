@@ -4,7 +4,8 @@
 Prometheus text) starts (or attaches to) the server that matches the cell's method, sends each
 request with a hard per-request deadline over one asyncio client (:mod:`.loadgen`: batch cells
 and request-rate cells alike), turns the SSE stream into a
-:class:`~specstudy.records.RequestRecord` (:mod:`.exchange`: one request, prepared ahead), scopes acceptance to the run and watches the server
+:class:`~specstudy.records.RequestRecord` (:mod:`.exchange`: one request, prepared ahead),
+scopes acceptance to the run and watches the server
 while it lasts (:mod:`.watch`: process-tree memory, its own batch gauges).  A failed or
 timed-out request is a record with ``status`` set, never an exception.  Acceptance a server does
 not report stays ``None``.  Subclasses say how to start their server (:meth:`server_argv`), how

@@ -25,7 +25,7 @@ export TOKENIZERS_PARALLELISM := false
 
 help:
 	@echo "make study [GPU=cpu|a100|h100|h200|rtx4090]   run the study matrix and render the report"
-	@echo "make study-engines                            vLLM (offline + server), llama.cpp, hf, reference on this CPU (~27 min)"
+	@echo "make study-engines                            vLLM (offline + server), llama.cpp, hf, reference on this CPU (~28 min)"
 	@echo "make test                                     lint, then the test suite (fast + model tests)"
 	@echo "make lint                                     ruff (lint + format check) and mypy"
 	@echo "make test-fast                                the fast subset (no model loading)"

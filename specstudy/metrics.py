@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+from scipy import stats as scipy_stats
 
 from .records import RequestRecord
 
@@ -233,7 +234,13 @@ def _summed(records: Sequence[RequestRecord], field: str, depth: int) -> list[in
 
 
 def acceptance_summary(records: Sequence[RequestRecord]) -> dict[str, Any]:
-    """α, AL, tokens per target forward, α̂ and both per-position forms, pooled over ok requests with counters."""
+    """α, AL, tokens per target forward, α̂ and both per-position forms, pooled over ok requests with counters.
+
+    AL comes both ways: ``acceptance_length`` pooled over tokens (1 + Σ accepted / Σ draft steps, what
+    vLLM's counters give for a run) and ``acceptance_length_per_request`` (the mean over requests
+    of each request's 1 + accepted / draft steps, AIPerf's ``mean_acceptance_length`` averaged over
+    requests).  They differ when requests of many draft steps accept more or less than short ones.
+    """
     seen = [r for r in records if r.status == "ok" and r.drafted_tokens is not None]
     keys = (
         "alpha",
@@ -242,6 +249,7 @@ def acceptance_summary(records: Sequence[RequestRecord]) -> dict[str, Any]:
         "alpha_hat",
         "per_position_conditional",
         "per_position_unconditional",
+        "acceptance_length_per_request",
         "draft_steps",
         "target_forwards",
     )
@@ -267,9 +275,19 @@ def acceptance_summary(records: Sequence[RequestRecord]) -> dict[str, Any]:
         "per_position_unconditional": (
             per_position_unconditional(acc_k, draft_steps) if depth and draft_steps is not None else None
         ),
+        "acceptance_length_per_request": acceptance_length_per_request(seen),
         "draft_steps": draft_steps,
         "target_forwards": sum(r.target_forwards or 0 for r in forwards) if forwards else None,
     }
+
+
+def acceptance_length_per_request(records: Sequence[RequestRecord]) -> float | None:
+    """Mean over requests with draft steps of 1 + accepted / draft steps (None without step counts)."""
+    per = [(r.accepted_tokens or 0, draft_steps_of(r)) for r in records if r.drafted_tokens is not None]
+    if not per or any(d is None for _, d in per):
+        return None
+    vals = [acceptance_length(a, d) for a, d in per if d]
+    return float(np.mean(vals)) if vals else NAN
 
 
 def latency_summary(records: Sequence[RequestRecord]) -> dict[str, float]:
@@ -295,73 +313,144 @@ def per_request_throughput(records: Sequence[RequestRecord]) -> float:
 
 
 # --------------------------------------------------------------------------------------------
+# intervals: the prompt is the unit
+
+
+#: fewest distinct prompts for which an interval is printed; below it a table says "n too small".
+#: The log-ratio t-interval covers within 0.93-0.96 at n = 5 and 10 in the simulations of
+#: tests/test_intervals.py (the percentile bootstrap it replaced covered 0.82 at n = 5).
+MIN_PROMPTS_FOR_CI = 5
+
+
+def _t_quantile(level: float, df: int) -> float:
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"level={level!r}: must lie in (0, 1)")
+    return float(scipy_stats.t.ppf((1.0 + level) / 2.0, df))
+
+
+def ratio_ci(
+    numerators: Sequence[float] | FloatArray,
+    denominators: Sequence[float] | FloatArray,
+    level: float = 0.95,
+    min_n: int = MIN_PROMPTS_FOR_CI,
+) -> tuple[float, float]:
+    """CI of Σ num / Σ den over independent units (one pair per prompt, repeats already averaged).
+
+    The delta method on log(Σ num / Σ den) with a t quantile on n − 1 degrees of freedom: the
+    pairs are resampled together by construction (each unit contributes num_i / mean(num) −
+    den_i / mean(den)).  On the ratio scale when Σ num is 0 (an acceptance rate of 0, say).
+    (NaN, NaN) below ``min_n`` units, where no method holds.
+    """
+    num, den = np.asarray(numerators, float), np.asarray(denominators, float)
+    if num.shape != den.shape:
+        raise ValueError(f"paired samples differ in length: {num.shape} vs {den.shape}")
+    n = num.size
+    if n < max(2, min_n) or den.sum() <= 0:
+        return (NAN, NAN)
+    t = _t_quantile(level, n - 1)
+    r = num.sum() / den.sum()
+    if num.sum() > 0:
+        u = num / num.mean() - den / den.mean()
+        half = t * float(u.std(ddof=1)) / math.sqrt(n)
+        return (float(r * math.exp(-half)), float(r * math.exp(half)))
+    u = (num - r * den) / den.mean()
+    half = t * float(u.std(ddof=1)) / math.sqrt(n)
+    return (max(0.0, float(r - half)), float(r + half))
+
+
+def mean_ci(
+    values: Sequence[float], level: float = 0.95, min_n: int = MIN_PROMPTS_FOR_CI
+) -> tuple[float, float, float]:
+    """Mean and t-interval of one value per unit (NaNs dropped); no interval below ``min_n`` units."""
+    v = np.asarray([x for x in values if x == x], dtype=float)
+    if v.size == 0:
+        return NAN, NAN, NAN
+    if v.size < max(2, min_n):
+        return float(v.mean()), NAN, NAN
+    half = _t_quantile(level, v.size - 1) * float(v.std(ddof=1)) / math.sqrt(v.size)
+    return float(v.mean()), float(v.mean() - half), float(v.mean() + half)
+
+
+def relative_half_width(estimate: float, ci: tuple[float, float]) -> float:
+    """(hi − lo) / 2 / estimate: the precision a study's stopping rule targets; NaN without an interval."""
+    lo, hi = ci
+    if not (estimate == estimate and lo == lo and hi == hi) or estimate <= 0:
+        return NAN
+    return (hi - lo) / 2.0 / estimate
+
+
+# --------------------------------------------------------------------------------------------
 # paired comparisons
 
 
-def _pair_key(r: RequestRecord) -> tuple[str, int]:
+def prompt_of(r: RequestRecord) -> tuple[str, str]:
+    """The unit of every interval: one prompt of one task (its repeats and cells nested in it)."""
+    return (r.task, r.prompt_id)
+
+
+def _pair_key(r: RequestRecord) -> tuple[str, str, int]:
     """What pairs a speculative request with its baseline: the same prompt and repeat."""
-    return (r.prompt_id, r.repeat)
+    return (r.task, r.prompt_id, r.repeat)
+
+
+def paired_records(
+    baseline: Sequence[RequestRecord], spec: Sequence[RequestRecord]
+) -> list[tuple[RequestRecord, RequestRecord]]:
+    """(baseline, speculative) requests, both ok and finished, matched on prompt and repeat."""
+    base = {_pair_key(r): r for r in baseline if r.status == "ok" and r.end_s is not None}
+    return [(base[_pair_key(r)], r) for r in spec if r.status == "ok" and r.end_s is not None and _pair_key(r) in base]
+
+
+def per_prompt_means(
+    pairs: Iterable[tuple[RequestRecord, RequestRecord]], value: Any = None
+) -> tuple[FloatArray, FloatArray, int]:
+    """(baseline, speculative) means of ``value`` (E2E by default) per prompt, and the most repeats of one.
+
+    Repeats of a prompt are averaged first, so every interval resamples prompts, not requests.
+    Pairs whose value is NaN for either side (a one-token TPOT) are left out.
+    """
+    fn = value or e2e
+    acc: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    for b, s in pairs:
+        vb, vs = fn(b), fn(s)
+        if vb == vb and vs == vs:
+            acc.setdefault(prompt_of(s), []).append((vb, vs))
+    if not acc:
+        return np.empty(0), np.empty(0), 0
+    means = np.asarray([np.mean(v, axis=0) for v in acc.values()], dtype=float)
+    return means[:, 0], means[:, 1], max(len(v) for v in acc.values())
 
 
 def paired_latencies(baseline: Sequence[RequestRecord], spec: Sequence[RequestRecord]) -> tuple[FloatArray, FloatArray]:
-    """E2E latencies of requests present and ok in both runs, matched on (prompt, repeat)."""
-    base = {_pair_key(r): r for r in baseline if r.status == "ok" and r.end_s is not None}
-    pairs = [
-        (base[_pair_key(r)].end_s, r.end_s)
-        for r in spec
-        if r.status == "ok" and r.end_s is not None and _pair_key(r) in base
-    ]
-    if not pairs:
-        return np.empty(0), np.empty(0)
-    b, s = np.asarray(pairs, dtype=float).T
+    """Per-prompt mean E2E latencies (baseline, speculative) of the prompts ok in both runs."""
+    b, s, _ = per_prompt_means(paired_records(baseline, spec))
     return b, s
 
 
 def speedup(baseline_latency: Sequence[float] | FloatArray, spec_latency: Sequence[float] | FloatArray) -> float:
-    """Σ baseline latency / Σ speculative latency over paired requests (a ratio of means)."""
+    """Σ baseline latency / Σ speculative latency over paired prompts (a ratio of means)."""
     b, s = np.asarray(baseline_latency, float), np.asarray(spec_latency, float)
     if b.shape != s.shape:
         raise ValueError(f"paired samples differ in length: {b.shape} vs {s.shape}")
     return float(b.sum() / s.sum()) if s.size and s.sum() > 0 else NAN
 
 
-def bootstrap_ci(
-    baseline_latency: Sequence[float] | FloatArray,
-    spec_latency: Sequence[float] | FloatArray,
-    n_boot: int = 2000,
-    level: float = 0.95,
-    seed: int = 0,
-) -> tuple[float, float]:
-    """Percentile bootstrap CI of :func:`speedup`, resampling prompt pairs together."""
-    b, s = np.asarray(baseline_latency, float), np.asarray(spec_latency, float)
-    if b.size < 2:
-        return (NAN, NAN)
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, b.size, size=(n_boot, b.size))
-    ratios = b[idx].sum(axis=1) / s[idx].sum(axis=1)
-    lo, hi = np.percentile(ratios, [(1 - level) / 2 * 100, (1 + level) / 2 * 100])
-    return float(lo), float(hi)
+def paired_speedup(
+    baseline: Sequence[RequestRecord], spec: Sequence[RequestRecord], level: float = 0.95
+) -> dict[str, float]:
+    """E2E speedup over prompts with its interval, n distinct prompts and the most repeats of one."""
+    b, s, reps = per_prompt_means(paired_records(baseline, spec))
+    lo, hi = ratio_ci(b, s, level)
+    return {"speedup": speedup(b, s), "ci_low": lo, "ci_high": hi, "n_prompts": float(b.size), "repeats": float(reps)}
 
 
-def paired_speedup(baseline: Sequence[RequestRecord], spec: Sequence[RequestRecord], **kw: Any) -> dict[str, float]:
-    b, s = paired_latencies(baseline, spec)
-    lo, hi = bootstrap_ci(b, s, **kw)
-    return {"speedup": speedup(b, s), "ci_low": lo, "ci_high": hi, "n_pairs": float(b.size)}
-
-
-def mean_ci(
-    values: Sequence[float], level: float = 0.95, n_boot: int = 2000, seed: int = 0
-) -> tuple[float, float, float]:
-    """Mean and percentile-bootstrap CI of a sample (NaNs dropped)."""
-    v = np.asarray([x for x in values if x == x], dtype=float)
-    if v.size == 0:
-        return NAN, NAN, NAN
-    if v.size == 1:
-        return float(v[0]), NAN, NAN
-    rng = np.random.default_rng(seed)
-    means = v[rng.integers(0, v.size, size=(n_boot, v.size))].mean(axis=1)
-    lo, hi = np.percentile(means, [(1 - level) / 2 * 100, (1 + level) / 2 * 100])
-    return float(v.mean()), float(lo), float(hi)
+def paired_decode_speedup(
+    baseline: Sequence[RequestRecord], spec: Sequence[RequestRecord], level: float = 0.95
+) -> dict[str, float]:
+    """The decode phase's speedup: baseline TPOT / speculative TPOT over prompts (what prefill cannot dilute)."""
+    b, s, reps = per_prompt_means(paired_records(baseline, spec), tpot)
+    lo, hi = ratio_ci(b, s, level)
+    return {"speedup": speedup(b, s), "ci_low": lo, "ci_high": hi, "n_prompts": float(b.size), "repeats": float(reps)}
 
 
 def memory_overhead(peak_spec_bytes: int | None, peak_baseline_bytes: int | None) -> float:
@@ -394,26 +483,25 @@ def logprob_shift_test(
 ) -> dict[str, float]:
     """Do speculative and baseline outputs score alike under the target, beyond chance?
 
-    Per prompt (paired on prompt and repeat), the difference of the two outputs' mean per-token
-    log-probability under the target; a sign-flip permutation test of their mean (two-sided).
-    Lossless speculative sampling draws from the target's own distribution, so p should be large.
+    Per prompt, the difference of the two outputs' mean per-token log-probability under the
+    target (repeats of the prompt averaged first: the prompt is the unit); a sign-flip
+    permutation test of their mean (two-sided).  Lossless speculative sampling draws from the
+    target's own distribution, so p should be large; under that null p < level happens at a
+    rate of at most level (tests/test_intervals.py).
     """
     base = {_pair_key(r): lp for r in baseline if r.status == "ok" and (lp := r.target_logprobs)}
-    diffs = np.asarray(
-        [
-            float(np.mean(lp)) - float(np.mean(base[_pair_key(r)]))
-            for r in spec
-            if r.status == "ok" and (lp := r.target_logprobs) and _pair_key(r) in base
-        ],
-        dtype=np.float64,
-    )
+    per_prompt: dict[tuple[str, str], list[float]] = {}
+    for r in spec:
+        if r.status == "ok" and (lp := r.target_logprobs) and _pair_key(r) in base:
+            per_prompt.setdefault(prompt_of(r), []).append(float(np.mean(lp)) - float(np.mean(base[_pair_key(r)])))
+    diffs = np.asarray([np.mean(v) for v in per_prompt.values()], dtype=np.float64)
     if diffs.size < 2:
-        return {"mean_diff": float(diffs.mean()) if diffs.size else NAN, "p_value": NAN, "n_pairs": float(diffs.size)}
+        return {"mean_diff": float(diffs.mean()) if diffs.size else NAN, "p_value": NAN, "n_prompts": float(diffs.size)}
     rng = np.random.default_rng(seed)
     signs = rng.choice((-1.0, 1.0), size=(n_perm, diffs.size))
     null = np.abs((signs * diffs).mean(axis=1))
     p = (1 + np.sum(null >= abs(diffs.mean()) - 1e-15)) / (n_perm + 1)
-    return {"mean_diff": float(diffs.mean()), "p_value": float(p), "n_pairs": float(diffs.size)}
+    return {"mean_diff": float(diffs.mean()), "p_value": float(p), "n_prompts": float(diffs.size)}
 
 
 def exact_match_rate(baseline: Sequence[RequestRecord], spec: Sequence[RequestRecord]) -> float:
@@ -421,6 +509,14 @@ def exact_match_rate(baseline: Sequence[RequestRecord], spec: Sequence[RequestRe
     base = {_pair_key(r): r.output_ids for r in baseline if r.status == "ok"}
     pairs = [(base[_pair_key(r)], r.output_ids) for r in spec if r.status == "ok" and _pair_key(r) in base]
     return sum(a == b for a, b in pairs) / len(pairs) if pairs else NAN
+
+
+def first_divergence(baseline_ids: Sequence[int], spec_ids: Sequence[int]) -> int | None:
+    """The first output position where two token sequences differ (None when identical)."""
+    for i, (a, b) in enumerate(zip(baseline_ids, spec_ids)):
+        if a != b:
+            return i
+    return None if len(baseline_ids) == len(spec_ids) else min(len(baseline_ids), len(spec_ids))
 
 
 def mean_entropy(records: Sequence[RequestRecord]) -> float:

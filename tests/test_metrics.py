@@ -124,7 +124,7 @@ def test_perplexity_difference_and_the_shift_test():
     assert M.perplexity_difference(base, worse) > 0
     assert M.logprob_shift_test(base, same)["p_value"] == 1.0
     shifted = M.logprob_shift_test(base, worse)
-    assert shifted["p_value"] < 0.01 and shifted["mean_diff"] < 0 and shifted["n_pairs"] == 12
+    assert shifted["p_value"] < 0.01 and shifted["mean_diff"] < 0 and shifted["n_prompts"] == 12
 
 
 def test_latencies():
@@ -154,17 +154,17 @@ def test_paired_speedup_and_ci():
     spec = [rec(f"p{i}", end=1.0 + 0.05 * i) for i in range(20)]
     spec.append(rec("unpaired", end=0.01))  # not in the baseline: ignored
     out = M.paired_speedup(base, spec)
-    assert out["n_pairs"] == 20
+    assert out["n_prompts"] == 20 and out["repeats"] == 1
     assert out["speedup"] == pytest.approx(2.0)
     assert out["ci_low"] <= 2.0 <= out["ci_high"]
 
 
-def test_bootstrap_ci_narrows_with_more_pairs():
+def test_ratio_ci_narrows_with_more_prompts():
     rng = np.random.default_rng(0)
     b = rng.uniform(1, 3, 400)
     s = b / rng.normal(1.5, 0.2, 400)
-    lo1, hi1 = M.bootstrap_ci(b[:20], s[:20])
-    lo2, hi2 = M.bootstrap_ci(b, s)
+    lo1, hi1 = M.ratio_ci(b[:20], s[:20])
+    lo2, hi2 = M.ratio_ci(b, s)
     assert hi2 - lo2 < hi1 - lo1
     assert lo2 < M.speedup(b, s) < hi2
 

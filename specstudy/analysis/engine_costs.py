@@ -94,7 +94,7 @@ def predicted_rows(study: Study) -> pd.DataFrame:
                 "sampling": sampling,
                 "drafter": drafter or "—",
                 "gamma": gamma,
-                "n": p.n_pairs,
+                "n": p.n_prompts,
                 "alpha": p.alpha,
                 "alpha_hat": p.alpha_hat,
                 "c": c,

@@ -79,11 +79,12 @@ def large_batch(study: Study) -> pd.DataFrame:
                     "Method": f"{label} γ={g}",
                     "Framework": fw,
                     "Batch": b,
-                    "Speedup (measured)": fmt_ci(p.speedup, p.speedup_ci, 2, "×"),
+                    "Speedup (measured)": fmt_ci(p.speedup, p.speedup_ci, 2, "×", n=p.n_prompts),
                     "Speedup (cost model, prediction)": fmt(pred, 2, "×"),
                     "measured/predicted": fmt(p.speedup / pred if isnum(pred) and pred > 0 else NAN),
                     "costs": costs if isnum(pred) else "—",
-                    "n": p.n_pairs,
+                    "n (prompts)": p.n_prompts,
+                "repeats": p.n_repeats,
                 }
             )
     return pd.DataFrame(rows)
@@ -126,10 +127,11 @@ def low_alpha(study: Study, per_cell: pd.DataFrame) -> pd.DataFrame:
             {
                 "Cells": name,
                 "cells (n)": len(cells),
-                "α pooled": fmt_ci(p.alpha, p.alpha_ci),
-                "Speedup (measured)": fmt_ci(p.speedup, p.speedup_ci, 2, "×"),
+                "α pooled": fmt_ci(p.alpha, p.alpha_ci, n=p.n_prompts),
+                "Speedup (measured)": fmt_ci(p.speedup, p.speedup_ci, 2, "×", n=p.n_prompts),
                 "share of cells slower than AR": fmt((part["speedup"] < 1).mean() if len(part) else NAN),
-                "n": p.n_pairs,
+                "n (prompts)": p.n_prompts,
+                "repeats": p.n_repeats,
             }
         )
     return pd.DataFrame(tab)
@@ -177,12 +179,12 @@ def short_outputs(study: Study) -> pd.DataFrame:
             {
                 "Method": f"{label} γ={g}",
                 "max_new_tokens": study.meta(cs[0])["max_new_tokens"],
-                "Speedup short (measured)": fmt_ci(ps.speedup, ps.speedup_ci, 2, "×"),
+                "Speedup short (measured)": fmt_ci(ps.speedup, ps.speedup_ci, 2, "×", n=ps.n_prompts),
                 "TTFT share of E2E (short)": fmt(
                     ps.ttft_s / (ps.e2e_p50_s or NAN) if isnum(ps.e2e_p50_s) and ps.e2e_p50_s else NAN
                 ),
-                f"Speedup at {mnt} tokens (measured)": fmt_ci(pl.speedup, pl.speedup_ci, 2, "×"),
-                "n": ps.n_pairs,
+                f"Speedup at {mnt} tokens (measured)": fmt_ci(pl.speedup, pl.speedup_ci, 2, "×", n=pl.n_prompts),
+                "n (prompts)": ps.n_prompts,
             }
         )
     return pd.DataFrame(tab)

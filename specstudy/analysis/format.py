@@ -7,6 +7,8 @@ from typing import Any
 
 import numpy as np
 
+from ..metrics import MIN_PROMPTS_FOR_CI
+
 TASK_TITLES = {
     "code": "Code generation",
     "translation": "Translation",
@@ -34,11 +36,17 @@ def fmt(x: Any, digits: int = 2, suffix: str = "") -> str:
     return f"{x:.{digits}f}{suffix}"
 
 
-def fmt_ci(x: Any, ci: tuple[float, float], digits: int = 2, suffix: str = "") -> str:
-    """``2.31× [2.10, 2.52]``: the value and its 95 % CI (— when not computable)."""
+def fmt_ci(x: Any, ci: tuple[float, float], digits: int = 2, suffix: str = "", n: int | None = None) -> str:
+    """``2.31× [2.10, 2.52]``: the value and its 95 % CI (— when not computable).
+
+    With ``n`` (distinct prompts) below :data:`specstudy.metrics.MIN_PROMPTS_FOR_CI` the value is
+    marked ``(n too small)``: no interval method holds there, so none is printed.
+    """
     s = fmt(x, digits, suffix)
     if s == "—":
         return s
+    if n is not None and n < MIN_PROMPTS_FOR_CI:
+        return f"{s} (n too small)"
     lo, hi = ci
     if lo == lo and hi == hi:
         return f"{s} [{lo:.{digits}f}, {hi:.{digits}f}]"

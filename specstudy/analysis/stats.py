@@ -1,8 +1,9 @@
 """Statistics over a study's cells: pooled headline numbers with CIs, step costs, break-even points.
 
-The centres come from :mod:`specstudy.metrics` (the one definition of every metric); the 95 %
-intervals from its bootstrap, which resamples (numerator, denominator) pairs and takes exactly
-the ratio of sums.  Predictions use :mod:`specstudy.costmodel` and are always labelled as such
+The centres come from :mod:`specstudy.metrics` (the one definition of every metric), and so do
+the 95 % intervals (:func:`metrics.ratio_ci`, :func:`metrics.mean_ci`).  The unit of every
+interval is the prompt: a prompt's repeats (and its cells, when a row pools several) are summed
+or averaged first, and ``n_prompts`` counts distinct prompts.  Predictions use :mod:`specstudy.costmodel` and are always labelled as such
 where they are shown.
 """
 
@@ -50,8 +51,14 @@ class Pooled:
     speedup: float = NAN
     speedup_ci: tuple[float, float] = (NAN, NAN)
     speedup_runs: tuple[float, float] = (NAN, NAN)  # lowest and highest per-repeat speedup (run-to-run)
-    n_repeats: int = 0
-    n_pairs: int = 0
+    speedup_precision: float = NAN  # the speedup interval's half-width / the speedup (the stopping rule's figure)
+    decode_speedup: float = NAN  # baseline TPOT / speculative TPOT over prompts: the decode phase alone
+    decode_speedup_ci: tuple[float, float] = (NAN, NAN)
+    n_repeats: int = 0  # repeats of the cells (run-to-run spread); a prompt's repeats are nested in it
+    n_pairs: int = 0  # paired requests (repeats included): not the n of any interval
+    n_prompts: int = 0  # distinct paired prompts (AR rows: distinct prompts run): the n of every interval
+    acceptance_length_per_request: float | None = None  # AIPerf's per-request mean AL, averaged
+    divergences: list[dict[str, Any]] | None = None  # greedy outputs that differ from their AR baseline
     exact_match: float = NAN
     ppl_diff: float = NAN  # PPL(speculative) − PPL(paired baseline) under the target
     logprob_p: float = NAN  # sign-flip test: outputs score alike under the target (large p: no shift)
@@ -85,16 +92,39 @@ def _span(batch: Sequence[RequestRecord]) -> float:
     return max(r.start_epoch - t0 + float(r.end_s or 0.0) for r in batch)
 
 
+def per_prompt_sums(records: Sequence[RequestRecord], values: Callable[[RequestRecord], tuple[float, ...]]) -> Any:
+    """One row per distinct prompt: ``values`` summed over that prompt's requests (repeats, cells).
+
+    What every ratio interval resamples: Σ accepted and Σ drafted of a prompt stay together.
+    """
+    acc: dict[tuple[str, str], np.ndarray] = {}
+    for r in records:
+        v = np.asarray(values(r), dtype=float)
+        key = metrics.prompt_of(r)
+        acc[key] = acc[key] + v if key in acc else v
+    return np.asarray(list(acc.values()), dtype=float)
+
+
+def per_prompt_mean(records: Sequence[RequestRecord], value: Callable[[RequestRecord], float]) -> list[float]:
+    """The mean of ``value`` over each distinct prompt's requests (NaNs left out): one number per prompt."""
+    acc: dict[tuple[str, str], list[float]] = {}
+    for r in records:
+        v = value(r)
+        if v == v:
+            acc.setdefault(metrics.prompt_of(r), []).append(v)
+    return [float(np.mean(v)) for v in acc.values()]
+
+
 def _throughput(ok: Sequence[RequestRecord]) -> tuple[float, tuple[float, float]]:
     """tokens/s of the cells' requests: Σ tokens / Σ E2E at batch 1 (one stream); one cell of
-    batches run one after another: Σ tokens / Σ batch spans, its CI over batches; else the wall span."""
+    batches run one after another: Σ tokens / Σ batch spans, its CI over batches (each batch holds
+    prompts of its own); else the mean over cells."""
     if not ok:
         return NAN, (NAN, NAN)
     if all(r.batch_size == 1 for r in ok):
         tps = metrics.per_request_throughput(ok)
-        e = [r.end_s for r in ok if r.end_s]
-        t = [r.output_tokens for r in ok if r.end_s]
-        return tps, metrics.bootstrap_ci(t, e)
+        sums = per_prompt_sums([r for r in ok if r.end_s], lambda r: (r.output_tokens, float(r.end_s or 0.0)))
+        return tps, metrics.ratio_ci(sums[:, 0], sums[:, 1]) if sums.size else (NAN, NAN)
     by_cell: dict[str, list[RequestRecord]] = {}
     for r in ok:
         by_cell.setdefault(r.cell_id, []).append(r)
@@ -112,7 +142,7 @@ def _throughput(ok: Sequence[RequestRecord]) -> tuple[float, tuple[float, float]
         if len(batches) < 2 or not disjoint:  # a concurrency-limited stream has no batches to resample
             return vals[0], (NAN, NAN)
         toks = [sum(r.output_tokens for r in b) for b in batches]
-        return sum(toks) / sum(walls), metrics.bootstrap_ci(toks, walls)
+        return sum(toks) / sum(walls), metrics.ratio_ci(toks, walls)  # a batch's prompts are its own: batches are units
     m, lo, hi = metrics.mean_ci(vals)
     return m, (lo, hi)
 
@@ -165,13 +195,17 @@ def _acceptance(out: Pooled, ok: Sequence[RequestRecord]) -> None:
         return
     out.alpha, out.alpha_hat = acc["alpha"], acc["alpha_hat"]
     out.acceptance_length, out.tokens_per_forward = acc["acceptance_length"], acc["tokens_per_forward"]
+    out.acceptance_length_per_request = acc["acceptance_length_per_request"]
     out.per_position_conditional = acc["per_position_conditional"]
     out.per_position_unconditional = acc["per_position_unconditional"]
-    seen = [r for r in ok if r.drafted_tokens]
-    out.alpha_ci = metrics.bootstrap_ci([r.accepted_tokens or 0 for r in seen], [r.drafted_tokens or 0 for r in seen])
-    steps = [(r.accepted_tokens or 0, metrics.draft_steps_of(r)) for r in ok if metrics.draft_steps_of(r)]
-    if steps:  # AL = 1 + Σ accepted / Σ draft steps: the CI of the ratio, shifted by one
-        lo, hi = metrics.bootstrap_ci([a for a, _ in steps], [float(d or 0) for _, d in steps])
+    seen = [r for r in ok if r.drafted_tokens is not None]
+    sums = per_prompt_sums(
+        seen, lambda r: (r.accepted_tokens or 0, r.drafted_tokens or 0, float(metrics.draft_steps_of(r) or 0))
+    )
+    if sums.size and sums[:, 1].sum() > 0:
+        out.alpha_ci = metrics.ratio_ci(sums[:, 0], sums[:, 1])
+    if acc["acceptance_length"] is not None and sums.size and sums[:, 2].sum() > 0:
+        lo, hi = metrics.ratio_ci(sums[:, 0], sums[:, 2])  # AL = 1 + Σ accepted / Σ draft steps
         out.acceptance_length_ci = (1.0 + lo, 1.0 + hi)
 
 
@@ -180,7 +214,7 @@ def _latency(out: Pooled, ok: Sequence[RequestRecord]) -> None:
     out.ttft_s, out.ttft_p50_s, out.ttft_p99_s = lat["ttft_s_mean"], lat["ttft_s_p50"], lat["ttft_s_p99"]
     out.tpot_s, out.tpot_p50_s, out.tpot_p99_s = lat["tpot_s_mean"], lat["tpot_s_p50"], lat["tpot_s_p99"]
     out.e2e_s, out.e2e_p50_s, out.e2e_p99_s = lat["e2e_s_mean"], lat["e2e_s_p50"], lat["e2e_s_p99"]
-    _, lo, hi = metrics.mean_ci([metrics.tpot(r) for r in ok])
+    _, lo, hi = metrics.mean_ci(per_prompt_mean(ok, metrics.tpot))
     out.tpot_ci = (lo, hi)
 
 
@@ -188,9 +222,8 @@ def _latency(out: Pooled, ok: Sequence[RequestRecord]) -> None:
 class _Pairs:
     """What the cells' paired comparisons collect before they are pooled."""
 
-    base: list[np.ndarray]
-    spec: list[np.ndarray]
-    repeats: dict[int, tuple[list[np.ndarray], list[np.ndarray]]]
+    pairs: list[tuple[RequestRecord, RequestRecord]]
+    repeats: dict[int, list[tuple[RequestRecord, RequestRecord]]]
     exact: list[tuple[float, int]]
     mem: list[float]
     costs: list[tuple[float, float]]
@@ -199,18 +232,15 @@ class _Pairs:
 
 
 def _collect_pairs(data: Study, cell_ids: Sequence[str]) -> _Pairs:
-    acc = _Pairs([], [], {}, [], [], [], [], [])
+    acc = _Pairs([], {}, [], [], [], [], [])
     for cid in cell_ids:
         base, spec = data.baseline(cid), data.records.get(cid, [])
         if not base or not spec:
             continue
-        b, s = metrics.paired_latencies(base, spec)
-        acc.base.append(b)
-        acc.spec.append(s)
-        rb, rs = acc.repeats.setdefault(data.meta(cid)["repeat"], ([], []))
-        rb.append(b)
-        rs.append(s)
-        acc.exact.append((metrics.exact_match_rate(base, spec), len(b)))
+        pairs = metrics.paired_records(base, spec)
+        acc.pairs += pairs
+        acc.repeats.setdefault(data.meta(cid)["repeat"], []).extend(pairs)
+        acc.exact.append((metrics.exact_match_rate(base, spec), len(pairs)))
         pk_s = [r.peak_memory_bytes for r in spec if r.peak_memory_bytes is not None]
         pk_b = [r.peak_memory_bytes for r in base if r.peak_memory_bytes is not None]
         if pk_s and pk_b:
@@ -221,18 +251,38 @@ def _collect_pairs(data: Study, cell_ids: Sequence[str]) -> _Pairs:
     return acc
 
 
+def divergences(pairs: Iterable[tuple[RequestRecord, RequestRecord]]) -> list[dict[str, Any]]:
+    """Greedy pairs whose outputs differ: the prompt, the first diverging position and, where the engine
+    gives the target's log-probabilities, the target's margin there (log p of AR's token − log p of the
+    speculative one, both after the same prefix: a near-tie reads as a small margin)."""
+    out = []
+    for b, s in pairs:
+        pos = metrics.first_divergence(b.output_ids, s.output_ids)
+        if pos is None:
+            continue
+        lb, ls = b.target_logprobs or [], s.target_logprobs or []
+        margin = lb[pos] - ls[pos] if pos < len(lb) and pos < len(ls) else NAN
+        out.append({"task": s.task, "prompt_id": s.prompt_id, "repeat": s.repeat, "position": pos, "margin": margin})
+    return out
+
+
 def _paired(out: Pooled, pairs: _Pairs) -> None:
-    if pairs.base:
-        b, s = np.concatenate(pairs.base), np.concatenate(pairs.spec)
-        out.speedup = metrics.speedup(list(b), list(s))
-        out.speedup_ci = metrics.bootstrap_ci(list(b), list(s))
-        out.n_pairs = int(b.size)
-    runs = [metrics.speedup(list(np.concatenate(rb)), list(np.concatenate(rs))) for rb, rs in pairs.repeats.values()]
+    if pairs.pairs:
+        b, s, _ = metrics.per_prompt_means(pairs.pairs)
+        out.speedup = metrics.speedup(b, s)
+        out.speedup_ci = metrics.ratio_ci(b, s)
+        out.speedup_precision = metrics.relative_half_width(out.speedup, out.speedup_ci)
+        out.n_pairs, out.n_prompts = len(pairs.pairs), int(b.size)
+        tb, ts, _ = metrics.per_prompt_means(pairs.pairs, metrics.tpot)
+        out.decode_speedup, out.decode_speedup_ci = metrics.speedup(tb, ts), metrics.ratio_ci(tb, ts)
+    runs = [metrics.speedup(*metrics.per_prompt_means(rp)[:2]) for rp in pairs.repeats.values()]
     out.n_repeats = len(runs)
     if len(runs) > 1:
         out.speedup_runs = (float(min(runs)), float(max(runs)))
     n = sum(k for e, k in pairs.exact if e == e)
     out.exact_match = sum(e * k for e, k in pairs.exact if e == e) / n if n and out.greedy else NAN
+    if out.greedy:
+        out.divergences = divergences(pairs.pairs)
     if pairs.mem:
         out.memory_overhead_bytes = float(np.max(pairs.mem))
     cs = [c for c, _ in pairs.costs if c == c]
@@ -261,10 +311,9 @@ def pooled(data: Study, cell_ids: Iterable[str]) -> Pooled:
     if out.synthetic is None:  # fixed acceptance measures step costs, not acceptance or quality
         _acceptance(out, ok)
     out.entropy = metrics.mean_entropy(ok)
-    ent = [float(np.mean(r.token_entropy)) for r in ok if r.token_entropy]
-    if len(ent) > 1:
-        _, lo, hi = metrics.mean_ci(ent)
-        out.entropy_ci = (lo, hi)
+    _, lo, hi = metrics.mean_ci(per_prompt_mean(ok, lambda r: float(np.mean(r.token_entropy or [NAN]))))
+    out.entropy_ci = (lo, hi)
+    out.n_prompts = len({metrics.prompt_of(r) for r in ok})  # AR rows; a paired row counts its pairs below
     _latency(out, ok)
     _paired(out, _collect_pairs(data, cell_ids))
     if out.synthetic is not None:

@@ -17,6 +17,7 @@ import pandas as pd
 from .. import costmodel
 from ..config.task import load_task_config
 from ..config.vocab import TASKS
+from ..metrics import MIN_PROMPTS_FOR_CI
 from .format import FAMILY_TITLES, TASK_TITLES, fmt, fmt_ci, short_model
 from .rates import peak_memory
 from .stats import NAN, Pooled, isnum, pooled, predicted_for, verify_curve
@@ -55,6 +56,18 @@ def _quality(p: Pooled, is_ar: bool) -> dict[str, str]:
         "log-prob shift p": fmt(p.logprob_p),
         "Exact match (greedy)": fmt(p.exact_match),
     }
+
+
+def precision_note(p: Pooled, target: float | None = None) -> str:
+    """The speedup interval's half-width relative to the speedup, and whether ``target`` was met."""
+    if p.n_prompts < MIN_PROMPTS_FOR_CI:
+        return f"n too small ({p.n_prompts} prompts)"
+    if not isnum(p.speedup_precision):
+        return "—"
+    reached = f"±{100 * p.speedup_precision:.1f} %"
+    if target is None:
+        return reached
+    return f"{reached} (target ±{100 * target:.0f} % {'met' if p.speedup_precision <= target else 'not met'})"
 
 
 def hardware_groups(study: Study, sweep: str | None = "hardware") -> dict[tuple[Any, ...], list[str]]:
@@ -107,11 +120,13 @@ def hardware_table(study: Study, sweep: str | None = "hardware") -> Frames:
                 "Draft": "—" if is_ar else draft,
                 "γ": "—" if is_ar else gamma,
                 "Sampling": sampling,
-                "α": "—" if is_ar else fmt_ci(p.alpha, p.alpha_ci),
-                "AL": "—" if is_ar else fmt_ci(p.acceptance_length, p.acceptance_length_ci),
-                "tokens/s": fmt_ci(p.tokens_per_s, p.tokens_per_s_ci, 1),
-                "Speedup": "1.0×" if is_ar else fmt_ci(p.speedup, p.speedup_ci, 2, "×"),
-                "n": p.n_pairs if not is_ar else p.n_requests,
+                "α": "—" if is_ar else fmt_ci(p.alpha, p.alpha_ci, n=p.n_prompts),
+                "AL": "—" if is_ar else fmt_ci(p.acceptance_length, p.acceptance_length_ci, n=p.n_prompts),
+                "tokens/s": fmt_ci(p.tokens_per_s, p.tokens_per_s_ci, 1, n=p.n_prompts),
+                "Speedup": "1.0×" if is_ar else fmt_ci(p.speedup, p.speedup_ci, 2, "×", n=p.n_prompts),
+                "n (prompts)": p.n_prompts,
+                "repeats": p.n_repeats if not is_ar else "—",
+                "Precision reached": "—" if is_ar else precision_note(p),
             }
         )
         raw.append(
@@ -186,17 +201,18 @@ def method_table(study: Study, family: str, sweep: str | None = "method_family")
                 "γ": gamma,
                 "Batch": batch,
                 "Sampling": sampling,
-                "α": fmt_ci(p.alpha, p.alpha_ci),
+                "α": fmt_ci(p.alpha, p.alpha_ci, n=p.n_prompts),
                 "α̂ (i.i.d.)": fmt(p.alpha_hat),
-                "AL": fmt_ci(p.acceptance_length, p.acceptance_length_ci),
+                "AL": fmt_ci(p.acceptance_length, p.acceptance_length_ci, n=p.n_prompts),
                 "tokens / target forward": fmt(p.tokens_per_forward),
                 "c (measured)": fmt(p.c, 3),
                 "verify cost (×T1)": fmt(p.verify_ratio),
-                "tokens/s": fmt_ci(p.tokens_per_s, p.tokens_per_s_ci, 1),
-                "Speedup (measured)": fmt_ci(p.speedup, p.speedup_ci, 2, "×"),
+                "tokens/s": fmt_ci(p.tokens_per_s, p.tokens_per_s_ci, 1, n=p.n_prompts),
+                "Speedup (measured)": fmt_ci(p.speedup, p.speedup_ci, 2, "×", n=p.n_prompts),
                 "Speedup (cost model, prediction)": fmt(pred, 2, "×"),
                 "measured/predicted": fmt(p.speedup / pred if pred == pred and pred > 0 else NAN),
-                "n": p.n_pairs,
+                "n (prompts)": p.n_prompts,
+                "repeats": p.n_repeats,
                 "Exact match (greedy)": fmt(p.exact_match),
             }
         )
@@ -291,10 +307,10 @@ def task_table(study: Study, tasks: Sequence[str] | None = None, sweep: str | No
                 "Task": TASK_TITLES.get(task, task),
                 "Entropy (nats/token)": fmt_ci(ent.entropy, ent.entropy_ci),
                 "α range (per cell)": f"{min(alphas):.2f}–{max(alphas):.2f}" if alphas else "—",
-                "α pooled": fmt_ci(allp.alpha, allp.alpha_ci),
+                "α pooled": fmt_ci(allp.alpha, allp.alpha_ci, n=allp.n_prompts),
                 "Best γ measured": "; ".join(best) or "—",
                 "Optimal γ (cost model from measured α̂, c; prediction)": "; ".join(model_opt) or "—",
-                "n": allp.n_pairs,
+                "n (prompts)": allp.n_prompts,
                 "Seed article (quoted, not measured)": seed_reference(task),
             }
         )
@@ -310,6 +326,7 @@ def task_table(study: Study, tasks: Sequence[str] | None = None, sweep: str | No
                 "alpha_hat": allp.alpha_hat,
                 "best_gamma": "; ".join(best),
                 "model_optimal_gamma": "; ".join(model_opt),
+                "n_prompts": allp.n_prompts,
                 "n_pairs": allp.n_pairs,
             }
         )
@@ -346,11 +363,11 @@ def framework_table(study: Study) -> pd.DataFrame:
                 "Tree verification": "○" if "tree" in fams else "×",
                 "Precision": ", ".join(precisions),
                 "Batch sizes (speculative)": ", ".join(map(str, batches)) or "—",
-                "AR tokens/s (batch 1)": fmt_ci(base.tokens_per_s, base.tokens_per_s_ci, 1),
+                "AR tokens/s (batch 1)": fmt_ci(base.tokens_per_s, base.tokens_per_s_ci, 1, n=base.n_prompts),
                 "AR TPOT ms (mean / p50 / p99)": _ms(base, "tpot"),
                 "Best method (batch 1)": best or "—",
-                "Its speedup": fmt_ci(best_p.speedup, best_p.speedup_ci, 2, "×") if best_p else "—",
-                "Its tokens/s": fmt_ci(best_p.tokens_per_s, best_p.tokens_per_s_ci, 1) if best_p else "—",
+                "Its speedup": fmt_ci(best_p.speedup, best_p.speedup_ci, 2, "×", n=best_p.n_prompts) if best_p else "—",
+                "Its tokens/s": fmt_ci(best_p.tokens_per_s, best_p.tokens_per_s_ci, 1, n=best_p.n_prompts) if best_p else "—",
                 "Its TTFT / TPOT / E2E ms (p50)": (
                     " / ".join(
                         fmt(v * 1e3 if isnum(v) else NAN, 1)
@@ -365,7 +382,7 @@ def framework_table(study: Study) -> pd.DataFrame:
                     if best_p and isnum(best_p.memory_overhead_bytes)
                     else "—"
                 ),
-                "n": best_p.n_pairs if best_p else 0,
+                "n (prompts)": best_p.n_prompts if best_p else 0,
             }
         )
     return pd.DataFrame(rows)

@@ -16,6 +16,7 @@ from matplotlib.figure import Figure
 from ..analysis import conditions, engine_costs, fails, figures, frames, rates, stats, tables
 from ..analysis.format import FAMILY_TITLES, TASK_TITLES, fmt, fmt_ci
 from ..analysis.study import Study
+from ..metrics import MIN_PROMPTS_FOR_CI
 from .summary import summary_markdown
 
 
@@ -83,7 +84,9 @@ def hardware_section(study: Study, hardware: tuple[pd.DataFrame, pd.DataFrame] |
         "`hardware` sweep's tasks. α = accepted/drafted; AL = 1 + accepted / draft steps (the tokens one verification "
         "step yields, bonus token included: the seed's expected accepted length, vLLM's mean acceptance length); "
         "tokens/s = Σ output tokens / Σ end-to-end time; speedup = paired AR latency / speculative latency on the same "
-        "prompts, sampling and engine. Brackets: 95 % bootstrap CI over prompts; n = paired requests (AR rows: requests).\n\n"
+        "prompts, sampling and engine. Brackets: 95 % interval over distinct prompts (log-ratio t-interval, a "
+        "prompt's repeats averaged first; none below "
+        f"{MIN_PROMPTS_FOR_CI} prompts); n = distinct paired prompts (AR rows: prompts run), repeats beside it.\n\n"
         + markdown_table(table)
         + "\nThe rest of the seed's metric table for the same rows: latency (mean / p50 / p99), tokens per target "
         "forward (a cost figure: prompt pass and forwards without drafts included), memory overhead (peak of the "
@@ -323,7 +326,7 @@ def report_head(study: Study) -> str:
             f"# Speculative decoding study — `{study.config.get('name', study.hardware)}` on `{study.hardware}`\n",
             f"{len(study.records)} of {study.planned_cells} planned cells measured ({n_req} requests, {n_ok} ok); "
             f"{len(study.failed)} failed{stale}. Every number below is measured on this machine unless labelled "
-            "*prediction* (the roofline / Leviathan cost model). Brackets are 95 % bootstrap confidence intervals; "
+            "*prediction* (the roofline / Leviathan cost model). Brackets are 95 % intervals over prompts; "
             "n counts paired requests.\n",
         ]
     )

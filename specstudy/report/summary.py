@@ -15,6 +15,7 @@ from ..analysis import fails
 from ..analysis.format import fmt, fmt_ci
 from ..analysis.stats import isnum
 from ..analysis.study import Study
+from ..metrics import MIN_PROMPTS_FOR_CI
 
 
 def _link(name: str) -> str:
@@ -38,7 +39,7 @@ def best_per_framework(hw_raw: pd.DataFrame) -> list[str]:
         lines.append(
             f"- **{fw}**: the best method at batch 1 is {r['label']} (γ={r['gamma']}, {r['sampling']}) at "
             f"{fmt_ci(r['speedup'], r['speedup_ci'], 2, '×')} over its paired AR baseline, {verdict} AR "
-            f"(AL {fmt(r['acceptance_length'])}, n = {r['n_pairs']} paired requests; {_link('hardware')})."
+            f"(AL {fmt(r['acceptance_length'])}, n = {r['n_prompts']} paired prompts; {_link('hardware')})."
         )
     return lines
 
@@ -82,7 +83,7 @@ def caveats(study: Study, hw_raw: pd.DataFrame) -> list[str]:
     )
     precisions = sorted({f"{r['framework']}: {r['precision']}" for _, r in hw_raw.iterrows()}) if len(hw_raw) else []
     samplings = sorted({m["sampling"] for m in study.cells.values()})
-    n = [int(r["n_pairs"]) for _, r in hw_raw.iterrows() if r["method"] != "ar"] if len(hw_raw) else []
+    n = [int(r["n_prompts"]) for _, r in hw_raw.iterrows() if r["method"] != "ar"] if len(hw_raw) else []
     host = study.provenance.get("host", {})
     device = ", ".join(host.get("gpus") or []) or f"CPU ({host.get('cpu_model', '?')})"
     lines = [
@@ -90,8 +91,9 @@ def caveats(study: Study, hw_raw: pd.DataFrame) -> list[str]:
         "carries over between hardware more than speed does.",
         f"- Precision per framework: {'; '.join(precisions) or '—'}; frameworks at different precisions differ "
         "in speed for that reason too.",
-        f"- n: {min(n) if n else 0}–{max(n) if n else 0} paired requests per row; brackets are 95 % bootstrap CIs "
-        "over prompts"
+        f"- n: {min(n) if n else 0}–{max(n) if n else 0} distinct paired prompts per row; brackets are 95 % intervals over prompts "
+        "(log-ratio t-intervals; a prompt's repeats averaged first; none printed below "
+        f"{MIN_PROMPTS_FOR_CI} prompts)"
         + (
             ", with the run-to-run spread of repeats beside them"
             if any(m["repeat"] for m in study.cells.values())

@@ -55,7 +55,7 @@ def test_report_has_every_section_with_measured_numbers(study_out):
         assert heading in md, heading
     hw = _table(md, "## Hardware table")
     assert hw[0][:8] == ["Method", "Framework", "Precision", "Target", "Draft", "γ", "Sampling", "α"]
-    assert {"AL", "tokens/s", "Speedup", "n"} <= set(hw[0])
+    assert {"AL", "tokens/s", "Speedup", "n (prompts)", "repeats", "Precision reached"} <= set(hw[0])
     seed_metrics = _table(md, "The rest of the seed's metric table")
     assert {
         "TTFT ms (mean / p50 / p99)",
@@ -80,7 +80,7 @@ def test_report_has_every_section_with_measured_numbers(study_out):
         and ci.match(body["Early exit"]["AL"])
     )
     assert ci.match(body["Baseline (AR)"]["tokens/s"])
-    assert int(body["Early exit"]["n"]) == 6  # 2 tasks x 3 prompts, paired
+    assert int(body["Early exit"]["n (prompts)"]) == 6  # 2 tasks x 3 distinct prompts, paired
     tasks = _table(md, "## Task categories")
     assert {r[0] for r in tasks[2:]} == {"Code generation", "Dialogue / chat"}
     assert "Optimal γ" in " ".join(tasks[0])

@@ -179,7 +179,7 @@ def test_compare_pairs_by_prompt():
     base = [_rec(pid="a", end=2.0), _rec(pid="b", end=4.0)]
     spec = [_rec(pid="b", end=2.0), _rec(pid="a", end=1.0), _rec(pid="c", end=0.1)]
     c = compare(base, spec)
-    assert c["speedup"] == pytest.approx(6.0 / 3.0) and c["n_pairs"] == 2
+    assert c["speedup"] == pytest.approx(6.0 / 3.0) and c["n_prompts"] == 2
 
 
 def test_sweep_against_fixture_servers(tmp_path):
@@ -211,7 +211,7 @@ def test_sweep_against_fixture_servers(tmp_path):
     assert acc["source"] == "server_counters"
     assert acc["drafted_tokens"] == acc["per_request_sum"]["drafted_tokens"]
     assert summary["runs"][0]["run_acceptance"] is None  # baseline: nothing to report
-    assert len(summary["comparison"]) == 2 and all(c["n_pairs"] == 4 for c in summary["comparison"])
+    assert len(summary["comparison"]) == 2 and all(c["n_prompts"] == 4 for c in summary["comparison"])
     saved = json.loads((tmp_path / "summary.json").read_text())  # strict JSON (no NaN)
     assert saved["config"]["rates"] == [50.0, "inf"]
     recs = StudyLayout(tmp_path).read_all()
@@ -253,7 +253,7 @@ def test_cli_serve_bench_against_fixtures(tmp_path, capsys):
         )
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["comparison"][0]["n_pairs"] == 2 and (tmp_path / "summary.json").exists()
+    assert out["comparison"][0]["n_prompts"] == 2 and (tmp_path / "summary.json").exists()
 
 
 def test_cli_rejects_bad_values_before_starting(capsys):

@@ -84,7 +84,7 @@ def large_batch(study: Study) -> pd.DataFrame:
                     "measured/predicted": fmt(p.speedup / pred if isnum(pred) and pred > 0 else NAN),
                     "costs": costs if isnum(pred) else "—",
                     "n (prompts)": p.n_prompts,
-                "repeats": p.n_repeats,
+                    "repeats": p.n_repeats,
                 }
             )
     return pd.DataFrame(rows)

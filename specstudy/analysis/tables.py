@@ -367,7 +367,9 @@ def framework_table(study: Study) -> pd.DataFrame:
                 "AR TPOT ms (mean / p50 / p99)": _ms(base, "tpot"),
                 "Best method (batch 1)": best or "—",
                 "Its speedup": fmt_ci(best_p.speedup, best_p.speedup_ci, 2, "×", n=best_p.n_prompts) if best_p else "—",
-                "Its tokens/s": fmt_ci(best_p.tokens_per_s, best_p.tokens_per_s_ci, 1, n=best_p.n_prompts) if best_p else "—",
+                "Its tokens/s": fmt_ci(best_p.tokens_per_s, best_p.tokens_per_s_ci, 1, n=best_p.n_prompts)
+                if best_p
+                else "—",
                 "Its TTFT / TPOT / E2E ms (p50)": (
                     " / ".join(
                         fmt(v * 1e3 if isnum(v) else NAN, 1)

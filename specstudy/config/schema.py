@@ -85,6 +85,18 @@ class WarmupSpec(BaseModel):
         return {"requests": v} if isinstance(v, int) and not isinstance(v, bool) else v
 
 
+class PrecisionSpec(BaseModel):
+    """A precision target instead of a fixed n: prompts are added to a speculative cell and its
+    paired baseline, ``step`` at a time, until the paired speedup's 95 % interval half-width is at
+    most ``rel_half_width`` of the speedup or the cell has ``max_prompts`` distinct prompts.  The
+    sweep's ``prompts_per_task`` is the minimum: no cell stops before it (README: coverage)."""
+
+    model_config = _STRICT
+    rel_half_width: Annotated[float, Field(gt=0.0, lt=1.0)]
+    max_prompts: PositiveInt
+    step: PositiveInt = 4
+
+
 class SloSpec(BaseModel):
     """The serving SLOs goodput counts against: a request is good when it meets every one given.
     The default is the seed's comfortable-chat figure, TPOT ≤ 50 ms; ``tpot_ms: null`` drops it."""
@@ -187,6 +199,7 @@ class _Axes(BaseModel):
     max_new_tokens: PositiveInt | None = None
     prompts_per_task: PositiveInt | None = None
     prefix_cache: Annotated[list[bool], BeforeValidator(_as_list)] | None = None
+    precision: PrecisionSpec | None = None
 
 
 class SweepSpec(_Axes):

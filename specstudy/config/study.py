@@ -78,6 +78,8 @@ class Sweep:
     prompts_per_task: int
     prefix_cache: tuple[bool, ...]
     description: str = ""
+    #: the stopping rule (PrecisionSpec's fields), None: a fixed prompts_per_task
+    precision: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -166,6 +168,14 @@ def _resolve_sweep(
         value, where = axis(key)
         resolved[key] = names(key, value, where, value) if key != "request_rates" else tuple(value)
     max_new = axis("max_new_tokens")[0]
+    precision, prec_at = axis("precision")
+    if precision is not None and precision.max_prompts < axis("prompts_per_task")[0]:
+        raise ParamsError(
+            file,
+            f"{prec_at}precision.max_prompts",
+            precision.max_prompts,
+            f">= prompts_per_task ({axis('prompts_per_task')[0]}), the minimum n",
+        )
     return Sweep(
         name=name,
         models=names("models", sweep_models, prefix, [m.name for m in models]),
@@ -176,6 +186,7 @@ def _resolve_sweep(
         samplings=tuple(s.sampling(max_new) for s in axis("sampling")[0]),
         prompts_per_task=axis("prompts_per_task")[0],
         description=spec.description,
+        precision=precision.model_dump() if precision is not None else None,
         **resolved,
     )
 

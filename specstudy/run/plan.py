@@ -42,6 +42,7 @@ class CellPlan:
     family: str = ""  # method family (cell.method may be an engine-specific name such as eagle)
     method_options: tuple[tuple[str, Any], ...] = ()  # what the backend sees in cell.options
     sweeps: tuple[str, ...] = ()
+    prompt_offset: int = 0  # a precision extension measures prompts [offset, offset + prompts) of the task
 
     @property
     def cell_id(self) -> str:
@@ -208,6 +209,14 @@ def _run_options(
     if rate is not None:
         opts["request_rate"] = "inf" if math.isinf(rate) else rate
     return tuple(sorted(opts.items()))
+
+
+def extension(plan: CellPlan, offset: int, count: int, baseline_cell_id: str | None = None) -> CellPlan:
+    """The cell measuring the task's next ``count`` prompts from ``offset`` with everything else of ``plan``:
+    a cell of its own (own id, own part), so a study that stops halfway keeps every finished extension."""
+    opts = {**dict(plan.cell.options), "prompts": count, "prompt_offset": offset}
+    cell = _with_id(dataclasses.replace(plan.cell, options=tuple(sorted(opts.items())), id=""))
+    return dataclasses.replace(plan, cell=cell, prompts=count, prompt_offset=offset, baseline_cell_id=baseline_cell_id)
 
 
 def _with_id(cell: Cell) -> Cell:

@@ -29,6 +29,7 @@ from .cell import CellResult, annotate, run_cell, split_warmup, summarize
 from .engine_costs import measure_engine_costs
 from .plan import CellPlan, plan_summary
 from .pool import BackendFactory, BackendPool
+from .precision import extensions
 
 RequestLoader = Callable[[str, int, int, Any], list[Request]]
 
@@ -146,6 +147,23 @@ def run_study(
                 res = _run_one(cfg, plan, layout, pool, loader, state, progress)
                 results.append(res)
                 say(res.line(i, len(plans)))
+            tried: set[str] = set()  # an extension that failed is not retried in the same run
+            while True:
+                on_disk, wanted = extensions(cfg, plans, layout)
+                more = [p for p in wanted if p.cell_id not in tried]
+                if on_disk:  # the report counts an extension's records as the plan's
+                    write_plan(layout, cfg, [*(full_plan if full_plan is not None else plans), *on_disk])
+                if not more or (max_cells is not None and ran >= max_cells):
+                    break
+                say(
+                    f"precision targets: {len(more)} extension cells ({sum(not p.is_baseline for p in more)} rows short)"
+                )
+                for plan in more[: None if max_cells is None else max_cells - ran]:
+                    tried.add(plan.cell_id)
+                    ran += 1
+                    res = _run_one(cfg, plan, layout, pool, loader, state, progress)
+                    results.append(res)
+                    say(res.line(len(results), len(results)) + f" [prompts {plan.prompt_offset}+{plan.prompts}]")
             pool.close()  # the engine cost timings get the machine to themselves
             for problem in measure_engine_costs(cfg, plans, layout, say):
                 results.append(CellResult("engine_costs", "engine costs", "failed", message=problem))
@@ -164,12 +182,11 @@ def run_study(
 def _requests(
     cfg: StudyConfig, plan: CellPlan, loader: RequestLoader, tokenizer: Any, state: _RunState
 ) -> tuple[list[Request], list[Request]]:
-    key = (plan.cell.task, plan.prompts + cfg.warmup_requests, plan.sampling.seed - plan.cell.repeat, plan.target)
+    n = plan.prompt_offset + plan.prompts + cfg.warmup_requests  # a task's order is fixed by its seed
+    key = (plan.cell.task, n, plan.sampling.seed - plan.cell.repeat, plan.target)
     if key not in state.prompts:
-        state.prompts[key] = loader(
-            plan.cell.task, plan.prompts + cfg.warmup_requests, plan.sampling.seed - plan.cell.repeat, tokenizer
-        )
-    return split_warmup(state.prompts[key], plan.prompts, cfg.warmup_requests)
+        state.prompts[key] = loader(plan.cell.task, n, plan.sampling.seed - plan.cell.repeat, tokenizer)
+    return split_warmup(state.prompts[key][plan.prompt_offset :], plan.prompts, cfg.warmup_requests)
 
 
 def _run_one(

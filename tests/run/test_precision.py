@@ -1,0 +1,105 @@
+"""Precision targets: prompts are added to a cell and its baseline until the interval is narrow enough.
+
+A stand-in backend (no model) decodes each prompt in a time fixed by the prompt, so the paired
+speedup's spread across prompts, and with it the interval, is chosen by the test.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import pytest
+from support import tiny_requests, write_study
+
+from specstudy.analysis import tables
+from specstudy.analysis.study import load
+from specstudy.backends.base import Backend
+from specstudy.config import ParamsError, load_study
+from specstudy.layout import StudyLayout
+from specstudy.run.plan import expand
+from specstudy.run.study import run_study
+
+STUDY = """
+study:
+  name: prec
+  models:
+    - {name: tiny, target: smollm2-135m, dtype: float64}
+  methods:
+    - {method: ar}
+    - {method: ngram, label: Prompt lookup, options: {ngram_min: 1, ngram_max: 2}}
+  frameworks: [reference]
+  tasks: [code]
+  gammas: [2]
+  warmup: {requests: 1, max_new_tokens: 2}
+  max_new_tokens: 6
+  prompts_per_task: 5
+  telemetry_period_s: 0.05
+  sweeps:
+    hardware:
+      precision: {rel_half_width: TARGET, max_prompts: 13, step: 4}
+"""
+
+
+class TimedBackend(Backend):
+    """Latency per prompt from its id: AR 1–2 s, speculative AR / speedup where speedup = 2 × (1 ± spread)."""
+
+    framework = "reference"
+
+    def __init__(self, spread: float):
+        self.spread, self.tokenizer, self.calls = spread, None, []
+
+    def run(self, requests, sampling, cell):
+        self.calls.append((cell.method, len(requests)))
+        for r in requests:
+            h = zlib.crc32(r.prompt_id.encode()) % 1000 / 1000
+            base = 1.0 + h
+            end = base if cell.method == "ar" else base / (2.0 * (1 + self.spread * (2 * h - 1)))
+            yield cell.new_record(r, sampling, output_tokens=6, first_token_s=0.01, end_s=end, start_epoch=0.0)
+
+
+def _run(tmp_path, target: float, spread: float):
+    cfg = load_study("cpu", write_study(tmp_path, STUDY.replace("TARGET", str(target))))
+    plans = expand(cfg)
+    backend = TimedBackend(spread)
+    kw = dict(factory=lambda fw, **o: backend, request_loader=tiny_requests, progress=False, log=lambda m: None)
+    res = run_study(cfg, plans, StudyLayout(tmp_path / "out"), **kw)
+    return cfg, plans, res, backend, kw
+
+
+def _headline(tmp_path):
+    _, raw = tables.hardware_table(load(tmp_path / "out"))
+    return raw[raw["method"] != "ar"].iloc[0]
+
+
+def test_a_precise_row_stops_at_the_minimum(tmp_path):
+    _, plans, res, _, _ = _run(tmp_path, target=0.10, spread=0.01)
+    assert len(res) == len(plans) == 2  # no extension: ±1 % of 2× at n = 5 meets ±10 %
+    row = _headline(tmp_path)
+    assert row["n_prompts"] == 5 and row["speedup_precision"] <= 0.10
+
+
+def test_a_noisy_row_grows_until_the_cap_and_a_rerun_adds_nothing(tmp_path):
+    cfg, plans, res, backend, kw = _run(tmp_path, target=0.01, spread=0.5)
+    ext = [r for r in res if r.cell_id not in {p.cell_id for p in plans}]
+    assert all(r.status == "done" for r in res), [r.message for r in res]
+    assert len(ext) == 4  # prompts 5-8 and 9-12, each a speculative cell and its baseline
+    sizes = sorted(n for m, n in backend.calls if n > 1)
+    assert sizes.count(4) == 4 and sizes.count(5) == 2  # measured: 5 + 4 + 4 prompts on each side
+    row = _headline(tmp_path)
+    assert row["n_prompts"] == 13 and row["speedup_precision"] > 0.01  # the cap stopped it
+    again = run_study(cfg, plans, StudyLayout(tmp_path / "out"), **kw)
+    assert all(r.status == "skipped" for r in again if r.cell_id in {p.cell_id for p in plans})
+    assert [r for r in again if r.status == "done"] == []
+
+
+def test_distinct_prompts_are_added_not_repeats(tmp_path):
+    _run(tmp_path, target=0.01, spread=0.5)
+    recs = [r for rs in load(tmp_path / "out").records.values() for r in rs if r.method != "ar"]
+    ids = [r.prompt_id for r in recs]
+    assert len(ids) == len(set(ids)) == 13
+
+
+def test_a_cap_below_the_minimum_is_refused_before_anything_loads(tmp_path):
+    text = STUDY.replace("TARGET", "0.1").replace("max_prompts: 13", "max_prompts: 3")
+    with pytest.raises(ParamsError, match="max_prompts=3.*>= prompts_per_task \\(5\\)"):
+        load_study("cpu", write_study(tmp_path, text))

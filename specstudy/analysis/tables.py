@@ -58,16 +58,30 @@ def _quality(p: Pooled, is_ar: bool) -> dict[str, str]:
     }
 
 
-def precision_note(p: Pooled, target: float | None = None) -> str:
-    """The speedup interval's half-width relative to the speedup, and whether ``target`` was met."""
+def precision_target(study: Study, cell_ids: Sequence[str]) -> dict[str, Any] | None:
+    """The stopping rule the cells ran under (the first of their sweeps that states one), None: fixed n."""
+    rules = {sw.get("name"): sw.get("precision") for sw in study.config.get("sweeps", []) if sw.get("precision")}
+    for c in cell_ids:
+        for sw in study.meta(c)["sweeps"]:
+            if sw in rules:
+                return dict(rules[sw])
+    return None
+
+
+def precision_note(p: Pooled, target: dict[str, Any] | None = None) -> str:
+    """The speedup interval's half-width relative to the speedup, and whether the stopping rule met its
+    target or its cap stopped it."""
     if p.n_prompts < MIN_PROMPTS_FOR_CI:
         return f"n too small ({p.n_prompts} prompts)"
     if not isnum(p.speedup_precision):
         return "—"
     reached = f"±{100 * p.speedup_precision:.1f} %"
     if target is None:
-        return reached
-    return f"{reached} (target ±{100 * target:.0f} % {'met' if p.speedup_precision <= target else 'not met'})"
+        return f"{reached} (fixed n)"
+    goal = float(target["rel_half_width"])
+    if p.speedup_precision <= goal:
+        return f"{reached} (target ±{100 * goal:g} % met)"
+    return f"{reached} (target ±{100 * goal:g} % not met: cap of {target['max_prompts']} prompts per task)"
 
 
 def hardware_groups(study: Study, sweep: str | None = "hardware") -> dict[tuple[Any, ...], list[str]]:
@@ -124,9 +138,12 @@ def hardware_table(study: Study, sweep: str | None = "hardware") -> Frames:
                 "AL": "—" if is_ar else fmt_ci(p.acceptance_length, p.acceptance_length_ci, n=p.n_prompts),
                 "tokens/s": fmt_ci(p.tokens_per_s, p.tokens_per_s_ci, 1, n=p.n_prompts),
                 "Speedup": "1.0×" if is_ar else fmt_ci(p.speedup, p.speedup_ci, 2, "×", n=p.n_prompts),
+                "Decode speedup (TPOT ratio)": "—"
+                if is_ar
+                else fmt_ci(p.decode_speedup, p.decode_speedup_ci, 2, "×", n=p.n_prompts),
                 "n (prompts)": p.n_prompts,
                 "repeats": p.n_repeats if not is_ar else "—",
-                "Precision reached": "—" if is_ar else precision_note(p),
+                "Precision reached": "—" if is_ar else precision_note(p, precision_target(study, groups[key])),
             }
         )
         raw.append(
@@ -204,6 +221,7 @@ def method_table(study: Study, family: str, sweep: str | None = "method_family")
                 "α": fmt_ci(p.alpha, p.alpha_ci, n=p.n_prompts),
                 "α̂ (i.i.d.)": fmt(p.alpha_hat),
                 "AL": fmt_ci(p.acceptance_length, p.acceptance_length_ci, n=p.n_prompts),
+                "AL per request (mean)": fmt(p.acceptance_length_per_request),
                 "tokens / target forward": fmt(p.tokens_per_forward),
                 "c (measured)": fmt(p.c, 3),
                 "verify cost (×T1)": fmt(p.verify_ratio),

@@ -11,8 +11,9 @@ Per verification step, for every active row:
    emitted (the next token becomes the new pending one).
 
 The prompt's prefill is a step of its own (it emits the first token, drafted = 0), so
-τ = emitted tokens / steps counts every target forward.  With ``draft_in_prefill`` the first
-step drafts from the prompt and the prompt pass verifies those drafts as well.
+tokens per target forward = emitted tokens / steps counts every target forward.  With
+``draft_in_prefill`` the first step drafts from the prompt and the prompt pass verifies those
+drafts as well.
 """
 
 from __future__ import annotations
@@ -121,7 +122,7 @@ class HeuristicGamma:
 class CostAwareGamma:
     """Per row and step, the draft length the cost model says pays most.
 
-    γ* = argmax over 1..``gamma_max`` of τ(α̂, γ) / (γ·c + T(γ+1)/T(1))
+    γ* = argmax over 1..``gamma_max`` of AL(α̂, γ) / (γ·c + T(γ+1)/T(1))
     (:func:`specstudy.costmodel.optimal_gamma`), where α̂ is the row's acceptance so far
     (:func:`specstudy.metrics.alpha_hat` with a Beta(1, 1) prior, so 0.5 before any draft) and
     T(k)/T(1) the target's measured verification-cost curve (:mod:`.stepcost`).  It pays where

@@ -10,7 +10,7 @@ its own (seeded from the sampling seed, on the CPU, so CPU and CUDA runs keep th
 
 * ``alpha=a`` (i.i.d. acceptance, a in [0, 1]): position i is accepted iff u_i < a; the step
   keeps the leading run, n = min(first i with u_i >= a, n_draft + 1) − 1.  With γ drafts per
-  step E[AL] = (1 − a^(γ+1)) / (1 − a), Leviathan's τ(a, γ), and a is exactly the i.i.d. α
+  step E[AL] = (1 − a^(γ+1)) / (1 − a), Leviathan's expected AL(a, γ), and a is exactly the i.i.d. α
   that :func:`specstudy.metrics.alpha_hat` estimates.
 * ``length=L`` (fixed acceptance length, L in [1, γ + 1]): every step keeps m = L − 1 drafts on
   average, n = floor(m) + [u_1 < m − floor(m)] (the two integers around m, mixed so that

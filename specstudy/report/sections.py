@@ -116,6 +116,10 @@ def method_family_section(study: Study, family: str) -> Section:
         sec.markdown = f"_no measured cells for family `{family}`_\n"
         return sec
     sec.markdown = (
+        "AL is pooled over tokens (1 + Σ accepted / Σ draft steps over the row's requests: what vLLM's counters "
+        "give for a run); *AL per request (mean)* averages each request's own 1 + accepted / draft steps "
+        "(AIPerf's mean_acceptance_length, averaged over requests). They differ when long and short requests "
+        "accept differently.\n\n"
         "Predicted speedup: the decode steps speed up by s = AL(α̂, γ) / (γ·c + verify cost), the Leviathan et al. "
         "formula with the *measured* i.i.d. acceptance α̂, draft cost c and verification cost (both in units of one "
         "AR decode step T1); the request then speeds up by 1 / (f (1 + d) + (1 − f) / s), f being the baseline's "

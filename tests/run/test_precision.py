@@ -71,11 +71,17 @@ def _headline(tmp_path):
     return raw[raw["method"] != "ar"].iloc[0]
 
 
+def _precision_cell(tmp_path):
+    shown, _ = tables.hardware_table(load(tmp_path / "out"))
+    return shown[shown["Method"] != "Baseline (AR)"].iloc[0]["Precision reached"]
+
+
 def test_a_precise_row_stops_at_the_minimum(tmp_path):
     _, plans, res, _, _ = _run(tmp_path, target=0.10, spread=0.01)
     assert len(res) == len(plans) == 2  # no extension: ±1 % of 2× at n = 5 meets ±10 %
     row = _headline(tmp_path)
     assert row["n_prompts"] == 5 and row["speedup_precision"] <= 0.10
+    assert _precision_cell(tmp_path).endswith("(target ±10 % met)")
 
 
 def test_a_noisy_row_grows_until_the_cap_and_a_rerun_adds_nothing(tmp_path):
@@ -87,6 +93,7 @@ def test_a_noisy_row_grows_until_the_cap_and_a_rerun_adds_nothing(tmp_path):
     assert sizes.count(4) == 4 and sizes.count(5) == 2  # measured: 5 + 4 + 4 prompts on each side
     row = _headline(tmp_path)
     assert row["n_prompts"] == 13 and row["speedup_precision"] > 0.01  # the cap stopped it
+    assert _precision_cell(tmp_path).endswith("(target ±1 % not met: cap of 13 prompts per task)")
     again = run_study(cfg, plans, StudyLayout(tmp_path / "out"), **kw)
     assert all(r.status == "skipped" for r in again if r.cell_id in {p.cell_id for p in plans})
     assert [r for r in again if r.status == "done"] == []

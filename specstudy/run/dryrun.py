@@ -22,6 +22,7 @@ from ..config import StudyConfig, load_task_config
 from ..config.vocab import SERVER_FRAMEWORKS, cost_dtype
 from ..costmodel import HardwareProfile
 from .plan import CellPlan
+from .precision import most_extensions
 
 #: prompt length assumed for the prefill of a planned request (tokens)
 PROMPT_TOKENS = 512
@@ -144,6 +145,19 @@ def duration_table(cfg: StudyConfig, plans: Sequence[CellPlan], prof: HardwarePr
             "cells_without_prediction": 0,
         }
     )
+    extra = most_extensions(cfg, plans)
+    if extra:
+        known = [e.seconds for e in (estimate_cell(cfg, p, prof) for p in extra) if e.seconds is not None]
+        rows.append(
+            {
+                "sweep": "precision targets: at most, if none is met (not in TOTAL)",
+                "cells": len(extra),
+                "requests": sum(p.prompts for p in extra),
+                "output_tokens": sum(p.prompts * p.sampling.max_new_tokens for p in extra),
+                "predicted_minutes": round(sum(known) / 60, 1) if known else None,
+                "cells_without_prediction": len(extra) - len(known),
+            }
+        )
     rows.append(
         {
             "sweep": "TOTAL",

@@ -13,7 +13,7 @@ records: a study that dies halfway loses nothing.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from .. import metrics
@@ -61,6 +61,28 @@ def _rows(plans: Sequence[CellPlan]) -> dict[str, list[CellPlan]]:
     return {k: sorted(v, key=lambda p: p.cell.repeat) for k, v in rows.items()}
 
 
+def _chunks(root: CellPlan, base: CellPlan, target: dict[str, Any]) -> Iterator[tuple[CellPlan, CellPlan]]:
+    """(baseline, speculative) extension cells in order: the task's next ``step`` prompts up to the cap."""
+    offset = root.prompts
+    while offset < target["max_prompts"]:
+        count = min(target["step"], target["max_prompts"] - offset)
+        base_ext = extension(base, offset, count)
+        yield base_ext, extension(root, offset, count, base_ext.cell_id)
+        offset += count
+
+
+def most_extensions(cfg: StudyConfig, plans: Sequence[CellPlan]) -> list[CellPlan]:
+    """Every extension cell the precision targets could add (no target met): what a dry run sizes."""
+    by_id = {p.cell_id: p for p in plans}
+    out: dict[str, CellPlan] = {}
+    for cells in _rows(plans).values():
+        root, target = cells[0], target_of(cfg, cells[0])
+        base = by_id.get(root.baseline_cell_id or "")
+        if target is not None and base is not None and root.cell.repeat == 0:
+            out.update({p.cell_id: p for pair in _chunks(root, base, target) for p in pair})
+    return list(out.values())
+
+
 def extensions(
     cfg: StudyConfig, plans: Sequence[CellPlan], layout: StudyLayout
 ) -> tuple[list[CellPlan], list[CellPlan]]:
@@ -76,18 +98,14 @@ def extensions(
             continue
         spec_ids = [p.cell_id for p in cells]
         base_ids = [p.baseline_cell_id or "" for p in cells]
-        offset, pending = root.prompts, None
-        while offset < target["max_prompts"]:
-            count = min(target["step"], target["max_prompts"] - offset)
-            base_ext = extension(base, offset, count)
-            spec_ext = extension(root, offset, count, base_ext.cell_id)
+        pending = None
+        for base_ext, spec_ext in _chunks(root, base, target):
             if not (layout.is_done(spec_ext.cell_id) and layout.is_done(base_ext.cell_id)):
                 pending = (base_ext, spec_ext)
                 break
             spec_ids.append(spec_ext.cell_id)
             base_ids.append(base_ext.cell_id)
             done.update({base_ext.cell_id: base_ext, spec_ext.cell_id: spec_ext})
-            offset += count
         if pending is None:
             continue  # the cap: max_prompts reached
         half, n = row_precision(layout, spec_ids, base_ids)

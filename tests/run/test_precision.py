@@ -110,3 +110,23 @@ def test_a_cap_below_the_minimum_is_refused_before_anything_loads(tmp_path):
     text = STUDY.replace("TARGET", "0.1").replace("max_prompts: 13", "max_prompts: 3")
     with pytest.raises(ParamsError, match="max_prompts=3.*>= prompts_per_task \\(5\\)"):
         load_study("cpu", write_study(tmp_path, text))
+
+
+def test_the_dry_run_sizes_the_most_a_target_can_add(tmp_path):
+    from specstudy.run.dryrun import duration_table
+    from specstudy.run.precision import most_extensions
+
+    cfg = load_study("cpu", write_study(tmp_path, STUDY.replace("TARGET", "0.1")))
+    plans = expand(cfg)
+    extra = most_extensions(cfg, plans)
+    assert sorted((p.prompt_offset, p.prompts, p.is_baseline) for p in extra) == [
+        (5, 4, False),
+        (5, 4, True),
+        (9, 4, False),
+        (9, 4, True),
+    ]
+    from specstudy.config import load_hardware_profile
+
+    rows = {r["sweep"]: r for r in duration_table(cfg, plans, load_hardware_profile("cpu", measure=False))}
+    assert rows["precision targets: at most, if none is met (not in TOTAL)"]["requests"] == 16
+    assert rows["TOTAL"]["requests"] == 10

@@ -68,7 +68,7 @@ def summarize(records: Sequence[RequestRecord], wall_s: float, slo: Slo) -> dict
 
 
 def compare(baseline: Sequence[RequestRecord], spec: Sequence[RequestRecord]) -> dict[str, Any]:
-    """Paired speedup (E2E, bootstrap CI) and throughput / TTFT / TPOT ratios at one load point."""
+    """Paired speedup (E2E, its interval over prompts) and throughput / TTFT / TPOT ratios at one load point."""
     out: dict[str, Any] = dict(metrics.paired_speedup(baseline, spec))
     out["exact_match_rate"] = metrics.exact_match_rate(baseline, spec)
     b, s = metrics.latency_summary(baseline), metrics.latency_summary(spec)

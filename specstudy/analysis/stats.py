@@ -130,7 +130,7 @@ def _throughput(ok: Sequence[RequestRecord]) -> tuple[float, tuple[float, float]
         by_cell.setdefault(r.cell_id, []).append(r)
     vals = [metrics.output_throughput(v) for v in by_cell.values()]
     if len(vals) == 1:
-        # one cell of batches run one after another: bootstrap over its batches, Σ batch tokens /
+        # one cell of batches run one after another: an interval over its batches, Σ batch tokens /
         # Σ batch wall span.  A batch is batch_size consecutive sends (a server's load generator
         # sends a batch's requests microseconds apart, so their start times differ a little)
         rows = sorted(ok, key=lambda r: r.start_epoch)

@@ -31,6 +31,8 @@ help:
 	@echo "make test-fast                                the fast subset (no model loading)"
 	@echo "make test-engines                             real vLLM CPU / llama.cpp servers (slow)"
 	@echo "make bench-engine   make bench-engine-pair       engine benchmarks beside HF transformers (quiet machine)"
+	@echo "make bench-llamacpp-costs | bench-overhead | bench-send-schedule | bench-dryrun | bench-gpu-check"
+	@echo "                                              the other benchmarks (BENCH_ARGS=... passes their flags)"
 	@echo "make report GPU=...   make clean-study GPU=...   make lab"
 
 $(STAMP): pyproject.toml
@@ -51,7 +53,7 @@ dev-venv: $(DEV_STAMP)
 lint: $(DEV_STAMP)
 	$(BIN)/ruff check specstudy tests bench scripts
 	$(BIN)/ruff format --check specstudy tests bench scripts
-	$(BIN)/mypy specstudy
+	$(BIN)/mypy specstudy bench
 
 test: lint
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
@@ -150,11 +152,12 @@ report: $(STAMP)
 clean-study:
 	rm -rf $(OUT)
 
-# Reference engine benchmark (issue 3): per method tok/s, speedup, alpha, tau, c, T(k)/T(1), the
+# Reference engine benchmark (issue 3): per method tok/s, speedup, alpha, AL, c, T(k)/T(1), the
 # cost model's prediction, HF transformers' own implementations, AR bandwidth.  Timing: run it on
-# a quiet machine.  BENCH_ARGS e.g. "--max-new-tokens 64 --prompts 3 --drafter NAME".
+# a quiet machine.  BENCH_ARGS e.g. "--max-new-tokens 64 --prompts 3 --drafter NAME" (every bench-*
+# target passes BENCH_ARGS to its script; tests/test_bench_smoke.py runs each one at its tiniest size).
 BENCH_ARGS ?=
-.PHONY: bench-engine bench-engine-pair
+.PHONY: bench-engine bench-engine-pair bench-llamacpp-costs bench-overhead bench-send-schedule bench-dryrun bench-gpu-check
 bench-engine: $(STAMP)
 	$(BIN)/python bench/engine.py $(BENCH_ARGS)
 
@@ -176,3 +179,26 @@ drafters: $(STAMP)
 	  --seed 0 --threads 1 --json
 	$(BIN)/specstudy train-drafter --kind eagle --model smollm2-135m --prompts-per-task 60 --max-new-tokens 112 \
 	  --gen-batch 16 --steps 1000 --batch-tokens 1024 --lr 1e-3 --seed 0 --threads 2 --json
+
+# The other benchmarks: each prints figures and ratios measured side by side (timing: a quiet machine).
+#   bench-llamacpp-costs  llama.cpp's own T(k)/T(1) and draft cost c (BENCH_ARGS=--pair: the Qwen pair too)
+#   bench-overhead        what timers and records cost against one decode step (goal: <= 1 %)
+#   bench-send-schedule   the load generator's send spread and lag against a stub server (targets 5 ms, 1 ms)
+#   bench-dryrun          `specstudy run --dry-run` wall time per profile against its 5 s target
+#   bench-gpu-check       bench/gpu_check.py into $(GPU_CHECK_OUT): on a CUDA machine the real shapes; on a CPU
+#                         only BENCH_ARGS=--tiny runs (a lent GPU machine runs `python3 bench/gpu_check.py` itself)
+GPU_CHECK_OUT ?= outputs/gpu-check/calibration.json
+bench-llamacpp-costs: $(STAMP)
+	$(BIN)/python bench/llamacpp_costs.py $(BENCH_ARGS)
+
+bench-overhead: $(STAMP)
+	$(BIN)/python bench/overhead.py $(BENCH_ARGS)
+
+bench-send-schedule: $(STAMP)
+	$(BIN)/python bench/send_schedule.py $(BENCH_ARGS)
+
+bench-dryrun: $(STAMP)
+	$(BIN)/python bench/dryrun.py $(BENCH_ARGS)
+
+bench-gpu-check: $(STAMP)
+	$(BIN)/python bench/gpu_check.py --out $(GPU_CHECK_OUT) $(BENCH_ARGS)

@@ -2,14 +2,14 @@
 
 Side by side in one run, on code and summarization prompts, per method: tokens/s, speedup over
 the engine's own AR (tokens/s, prefill included) and decode speedup (AR's TPOT / the method's),
-α, α̂, τ, c (measured draft cost per drafted token / target step cost),
+α, α̂, AL (acceptance length), c (measured draft cost per drafted token / target step cost),
 the target's verification-cost curve T(k)/T(1), the cost model's predicted speedup
 (:func:`specstudy.costmodel.speedup_with_verify_cost` from α̂, γ, c and T(γ+1)/T(1)) and
 measured / predicted (the decode speedup over the prediction: the cost model describes decoding
 steps, not the prefill); beside each, HF transformers' own implementation of the same idea on
 the same prompts through the kit's ``hf`` backend (plain ``generate``, ``prompt_lookup_num_tokens``,
 ``assistant_early_exit``, ``assistant_model``, at the row's γ with a constant schedule and no
-confidence cut-off), prompt by prompt in turn with the engine's rows, its τ, and whether its
+confidence cut-off), prompt by prompt in turn with the engine's rows, its AL, and whether its
 greedy tokens equal ours.
 Last, the AR baseline's achieved memory bandwidth (model bytes × tokens/s) against the CPU's
 measured copy bandwidth.
@@ -31,14 +31,16 @@ import argparse  # noqa: E402
 import json  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
+from collections.abc import Sequence  # noqa: E402
 from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
 from specstudy import costmodel, metrics  # noqa: E402
-from specstudy.records import Cell, Request, Sampling  # noqa: E402
+from specstudy.records import Cell, Request, RequestRecord, Sampling  # noqa: E402
 
 FALLBACK_PROMPTS = {  # used only when specstudy.data.tasks cannot serve the categories
     "code": [
@@ -63,7 +65,8 @@ FALLBACK_PROMPTS = {  # used only when specstudy.data.tasks cannot serve the cat
 }
 
 
-def build_requests(tasks: list[str], n: int, tokenizer) -> tuple[list[Request], str]:
+def build_requests(tasks: list[str], n: int, tokenizer: Any) -> tuple[list[Request], str]:
+    reqs: list[Request]
     try:
         from specstudy.data.tasks import load_requests
 
@@ -99,7 +102,8 @@ ROWS = (
 PREFILL = "+prefill"  # a row suffix: the same row with draft_in_prefill: on (HF's first step)
 
 
-def main() -> int:
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The options, checked before any model loads (the make targets' argument lists are tested with it)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--drafter", default=None, help="a draft model entry for draft_target / HF assistant_model")
@@ -139,10 +143,15 @@ def main() -> int:
     ap.add_argument("--skip-hf", action="store_true", help="skip the HF transformers comparison")
     ap.add_argument("--chat", choices=("yes", "no"), default="yes")
     ap.add_argument("--json", default=None, help="also write the results to this JSON file")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     unknown = sorted({m.strip() for m in args.methods.split(",") if m.strip()} - set(ROWS))
     if unknown:  # before any model is loaded
         ap.error(f"--methods: unknown row(s) {unknown}; allowed: {list(ROWS)}")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
 
     torch.set_num_threads(args.threads)
     from specstudy.backends.reference import ReferenceBackend
@@ -165,7 +174,7 @@ def main() -> int:
 
     # (method, gamma, options, drafter model object or None, drafter name for the cell)
     wanted = {m.strip() for m in args.methods.split(",") if m.strip()} | {"ar"}
-    methods: list[tuple[str, int | None, dict, object, str | None]] = [
+    methods: list[tuple[str, int | None, dict[str, Any], object, str | None]] = [
         ("ar", None, {}, None, None),
         ("ngram", args.gamma, {"ngram_max": args.ngram_max}, None, None),
         ("ngram+cost", args.gamma, {"ngram_max": args.ngram_max, "dynamic_gamma": "cost"}, None, None),
@@ -189,7 +198,7 @@ def main() -> int:
     def method_of(label: str) -> str:  # "ngram+cost", "ngram@2" -> "ngram"
         return label.split("+")[0].split("@")[0]
 
-    def cell(name, gamma, opts, dname):
+    def cell(name: str, gamma: int | None, opts: dict[str, Any], dname: str | None) -> Cell:
         return Cell(
             study="bench",
             hardware="local",
@@ -263,13 +272,13 @@ def main() -> int:
     def hf_key(name: str) -> str:  # a +prefill row is compared with the same HF row as its plain twin
         return name.removesuffix(PREFILL)
 
-    results: dict[str, dict] = {}
-    records: dict[str, list] = {}
+    results: dict[str, dict[str, Any]] = {}
+    records: dict[str, list[RequestRecord]] = {}
     hf_cells = {hf_key(name): c for name, gamma, *_ in methods if (c := hf_cell(name, gamma)) is not None}
     for c in hf_cells.values():
         list(hf_backend.run(requests[:1], sampling, c))  # untimed full-length warm-up, as every engine row gets
-    ours: dict[str, list] = {name: [] for name, *_ in methods}
-    hf_recs: dict[str, list] = {key: [] for key in hf_cells}
+    ours: dict[str, list[RequestRecord]] = {name: [] for name, *_ in methods}
+    hf_recs: dict[str, list[RequestRecord]] = {key: [] for key in hf_cells}
     for req in requests:  # round robin per prompt: this machine's speed drifts by 10 %+
         hf_done = set()
         for name, gamma, opts, _, dname in methods:
@@ -292,7 +301,7 @@ def main() -> int:
             "alpha": acc["alpha"],
             "tpot_s": statistics.mean(metrics.tpot(r) for r in recs),
             "alpha_hat": acc["alpha_hat"],
-            "tau": acc["tau"],
+            "acceptance_length": acc["acceptance_length"],
             "gamma": gamma,
             "dynamic_gamma": opts.get("dynamic_gamma", "off") != "off",
             "draft_s_per_token": (sum(s.draft_s or 0.0 for s in steps) / drafted) if drafted else None,
@@ -300,7 +309,8 @@ def main() -> int:
         }
         by_k: dict[int, list[float]] = {}
         for s in steps:
-            by_k.setdefault(s.drafted, []).append(s.verify_s)
+            if s.verify_s is not None:  # a step without a timed verification has no cost to show
+                by_k.setdefault(s.drafted, []).append(s.verify_s)
         results[name]["verify_s_by_drafted"] = {k: statistics.median(v) for k, v in sorted(by_k.items())}
 
     base = results.get("ar")
@@ -331,7 +341,7 @@ def main() -> int:
                 r["hf_error"] = bad[0].error.splitlines()[0]
             else:
                 r["hf_tokens_per_s"] = metrics.per_request_throughput(hf)
-                r["hf_tau"] = metrics.acceptance_summary(hf)["tau"]
+                r["hf_acceptance_length"] = metrics.acceptance_summary(hf)["acceptance_length"]
                 r["ours_over_hf"] = r["tokens_per_s"] / r["hf_tokens_per_s"]
                 r["hf_same_tokens"] = metrics.exact_match_rate(hf, records[name])
 
@@ -339,18 +349,21 @@ def main() -> int:
     if base:
         bw = model_bytes(model) * base["tokens_per_s"] / 1e9
         base["achieved_bandwidth_gbps"] = bw
-    f = lambda v, p=2: "-" if v is None or v != v else f"{v:.{p}f}"  # noqa: E731
+
+    def f(v: float | None, p: int = 2) -> str:  # a figure, or "-" when there is none
+        return "-" if v is None or v != v else f"{v:.{p}f}"
+
     head = (
-        f"{'method':<27}{'tok/s':>8}{'speedup':>9}{'dec.sp':>8}{'alpha':>7}{'a_hat':>7}{'tau':>6}{'c':>7}{'T(g+1)/T1':>10}"
-        f"{'pred':>7}{'meas/pred':>10}{'HF tok/s':>10}{'HF tau':>7}{'ours/HF':>9}{'HF=ours':>8}{'=ar':>5}"
+        f"{'method':<27}{'tok/s':>8}{'speedup':>9}{'dec.sp':>8}{'alpha':>7}{'a_hat':>7}{'AL':>6}{'c':>7}{'T(g+1)/T1':>10}"
+        f"{'pred':>7}{'meas/pred':>10}{'HF tok/s':>10}{'HF AL':>7}{'ours/HF':>9}{'HF=ours':>8}{'=ar':>5}"
     )
     print(head)
     print("-" * len(head))
     for name, r in results.items():
         print(
             f"{name:<27}{f(r['tokens_per_s']):>8}{f(r['speedup']):>9}{f(r['decode_speedup']):>8}{f(r['alpha']):>7}{f(r['alpha_hat']):>7}"
-            f"{f(r['tau']):>6}{f(r.get('c'), 3):>7}{f(r.get('verify_ratio')):>10}{f(r.get('predicted')):>7}"
-            f"{f(r.get('measured_over_predicted')):>10}{f(r.get('hf_tokens_per_s')):>10}{f(r.get('hf_tau')):>7}"
+            f"{f(r['acceptance_length']):>6}{f(r.get('c'), 3):>7}{f(r.get('verify_ratio')):>10}{f(r.get('predicted')):>7}"
+            f"{f(r.get('measured_over_predicted')):>10}{f(r.get('hf_tokens_per_s')):>10}{f(r.get('hf_acceptance_length')):>7}"
             f"{f(r.get('ours_over_hf')):>9}"
             f"{f(r.get('hf_same_tokens')):>8}{f(r['exact_match_vs_ar']):>5}"
         )

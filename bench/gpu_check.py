@@ -100,7 +100,7 @@ import torch  # noqa: E402
 from specstudy import costmodel, metrics  # noqa: E402
 from specstudy.engine.methods import DecodeJob, get_method  # noqa: E402
 from specstudy.engine.stepcost import measure_verify_time  # noqa: E402
-from specstudy.engine.trace import Timer, peak_memory, reset_peak_memory  # noqa: E402
+from specstudy.engine.trace import RowTrace, Timer, peak_memory, reset_peak_memory  # noqa: E402
 from specstudy.records import Sampling  # noqa: E402
 from specstudy.telemetry import TelemetrySampler, host_info  # noqa: E402
 
@@ -155,7 +155,7 @@ def datasheet_profile(name: str) -> costmodel.HardwareProfile:
     )
 
 
-def _numbers(text: str, what: str, lo: float, hi: float, kind: type = float) -> list:
+def _numbers(text: str, what: str, lo: float, hi: float, kind: type = float) -> list[Any]:
     """Comma-separated numbers in [lo, hi] (ints when ``kind`` is int), or an error naming them."""
     need = f"--{what}={text!r}: need comma-separated {'integers' if kind is int else 'numbers'} in [{lo}, {hi}]"
     try:
@@ -232,6 +232,8 @@ class Run:
         self.dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
         self.cm_dtype = "bf16" if self.dtype == torch.bfloat16 else "fp32"
         self.hw = args.profile_obj
+        self.shapes = TINY_SHAPES if args.shapes == "tiny" else REAL_SHAPES
+        self.p_target = 0  # the target's parameter count, once it is built
         self.data: dict[str, Any] = {
             "schema": costmodel.CALIBRATION_SCHEMA,
             "version": costmodel.CALIBRATION_VERSION,
@@ -321,11 +323,11 @@ def _json_value(v: Any) -> Any:
 # models from configs (random weights, no download)
 
 
-def llama_config(shape: tuple[int, int, int, int, int], vocab: int, max_positions: int):
+def llama_config(shape: tuple[int, int, int, int, int], vocab: int, max_positions: int) -> Any:
     from transformers import LlamaConfig
 
     hidden, inter, layers, heads, kv = shape
-    return LlamaConfig(
+    config = LlamaConfig(
         vocab_size=vocab,
         hidden_size=hidden,
         intermediate_size=inter,
@@ -338,11 +340,12 @@ def llama_config(shape: tuple[int, int, int, int, int], vocab: int, max_position
         bos_token_id=None,
         eos_token_id=None,
         pad_token_id=None,
-        attn_implementation="sdpa",
     )
+    config._attn_implementation = "sdpa"  # what the attn_implementation keyword sets (not a declared field)
+    return config
 
 
-def build_model(config, device: torch.device, dtype: torch.dtype, seed: int, logit_scale: float = 1.0):
+def build_model(config: Any, device: torch.device, dtype: torch.dtype, seed: int, logit_scale: float = 1.0) -> Any:
     """A random-initialised causal LM built directly on ``device`` in ``dtype`` (no fp32 copy)."""
     from transformers import LlamaForCausalLM
 
@@ -351,7 +354,7 @@ def build_model(config, device: torch.device, dtype: torch.dtype, seed: int, log
     torch.set_default_dtype(dtype)
     try:
         with torch.device(device):
-            model = LlamaForCausalLM(config)
+            model: Any = LlamaForCausalLM(config)  # used through transformers' untyped eval, generate, config
     finally:
         torch.set_default_dtype(old)
     if logit_scale != 1.0:
@@ -361,19 +364,19 @@ def build_model(config, device: torch.device, dtype: torch.dtype, seed: int, log
     return model.requires_grad_(False).eval()
 
 
-def n_params(model) -> int:
+def n_params(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def weight_bytes(model) -> int:
+def weight_bytes(model: torch.nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
-def kv_bytes(config, dtype: torch.dtype, batch: int, tokens: int) -> int:
+def kv_bytes(config: Any, dtype: torch.dtype, batch: int, tokens: int) -> int:
     """Keys and values of ``tokens`` positions for ``batch`` rows."""
     head_dim = config.hidden_size // config.num_attention_heads
     size = torch.empty((), dtype=dtype).element_size()
-    return 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * size * batch * tokens
+    return int(2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * size * batch * tokens)
 
 
 def free(device: torch.device) -> None:
@@ -445,7 +448,9 @@ def check_models(device: torch.device) -> dict[str, Any]:
     return {k: copy.deepcopy(v).to(device) for k, v in models.items()} if device.type != "cpu" else models
 
 
-CHECK_CASES = [  # (case, method, drafter key, gamma, options, batch 1 only)
+#: (case, method, drafter key, gamma, options, batch 1 only)
+CheckCase = tuple[str, str, str | None, int | None, dict[str, Any], bool]
+CHECK_CASES: list[CheckCase] = [
     ("ar", "ar", None, None, {}, False),
     ("ngram", "ngram", None, 4, {"ngram_max": 3}, False),
     ("draft_target", "draft_target", "draft", 4, {}, False),
@@ -460,12 +465,14 @@ CHECK_CASES = [  # (case, method, drafter key, gamma, options, batch 1 only)
 ]
 
 
-def _decode_all(models: dict[str, Any], case: tuple, device: torch.device, sampling: Sampling) -> list[list[int]]:
+def _decode_all(models: dict[str, Any], case: CheckCase, device: torch.device, sampling: Sampling) -> list[list[int]]:
     _, method, key, gamma, options, single = case
     spec = get_method(method)
     drafter = models.get(key) if key is not None else None  # a module, or a name the method loads
     opts = spec.check(gamma, 1 if single else len(CHECK_PROMPTS), drafter if drafter is not None else key, options)
     if key is not None and drafter is None:
+        if spec.load_drafter is None:
+            raise ValueError(f"{case[0]}: method {method!r} loads no drafter by name ({key!r})")
         drafter = spec.load_drafter(key, models["target"], str(device), "float64")
     batches = [[p] for p in CHECK_PROMPTS] if single else [CHECK_PROMPTS]
     return [
@@ -511,7 +518,7 @@ def curve_ks(gammas: Sequence[int]) -> list[int]:
     return sorted(set(range(1, max(gammas) + 3)) | {16, 32})
 
 
-def measure_curve(run: Run, target, prompt: list[int]) -> None:
+def measure_curve(run: Run, target: Any, prompt: list[int]) -> None:
     """T(k) at every batch size: seconds of one forward over k new tokens on a cached prompt."""
     ks = curve_ks(run.args.gammas)
     for b in run.args.batches:
@@ -526,7 +533,7 @@ def measure_curve(run: Run, target, prompt: list[int]) -> None:
     run.data["step_s"][TARGET] = {b: run.data["curve"][b]["1"] for b in run.data["curve"]}
 
 
-def measure_draft_cost(run: Run, name: str, draft, prompt: list[int]) -> None:
+def measure_draft_cost(run: Run, name: str, draft: Any, prompt: list[int]) -> None:
     """T_draft(1) per batch size and c = T_draft(1) / T_target(1) (the target's from the curve)."""
     p_draft = n_params(draft)
     run.data["step_s"][name], run.data["draft_cost"][name] = {}, {}
@@ -560,11 +567,11 @@ def decode_cell(
     run: Run,
     cell: str,
     method: str,
-    target,
+    target: Any,
     prompts: list[list[int]],
     gamma: int | None = None,
-    drafter=None,
-    options: dict | None = None,
+    drafter: Any = None,
+    options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One cell: an untimed warm-up decode, then every prompt at batch 1 with the peak memory
     reset before and read after, and telemetry sampled throughout.  Returns pooled figures."""
@@ -578,7 +585,7 @@ def decode_cell(
     spec.decode(job(prompts[0], replace(sampling, max_new_tokens=8)))
     resident = allocated_bytes(run.device)
     reset_peak_memory(run.device)
-    rows = []
+    rows: list[RowTrace] = []
     with TelemetrySampler(period_s=0.5, gpus=run.device.type == "cuda") as sampler:
         for p in prompts:
             rows += spec.decode(job(p, sampling))
@@ -593,14 +600,22 @@ def decode_cell(
     return {"peak": peak, **pool(rows)}
 
 
-def pool(rows) -> dict[str, float]:
+def _times(row: RowTrace) -> tuple[float, float]:
+    """(first token, end) seconds of a decoded row: a row without them did not finish, and has no time to pool."""
+    if row.first_token_s is None or row.end_s is None:
+        raise RuntimeError(f"a decoded row without its first-token or end time ({len(row.output_ids)} tokens)")
+    return row.first_token_s, row.end_s
+
+
+def pool(rows: Sequence[RowTrace]) -> dict[str, float]:
     """Pooled figures of a cell's rows: E2E and decode time (after the first token), tokens, AL, α."""
     steps = [st for r in rows for st in r.steps]
     drafting = [st for st in steps if st.drafted > 0]
     accepted, drafted = sum(st.accepted for st in drafting), sum(st.drafted for st in drafting)
+    times = [_times(r) for r in rows]
     return {
-        "e2e_s": sum(r.end_s for r in rows),
-        "decode_s": sum(r.end_s - r.first_token_s for r in rows),
+        "e2e_s": sum(end for _, end in times),
+        "decode_s": sum(end - first for first, end in times),
         "decode_tokens": sum(len(r.output_ids) - 1 for r in rows),
         "tokens": sum(len(r.output_ids) for r in rows),
         "al": metrics.acceptance_length(accepted, len(drafting)),
@@ -617,7 +632,7 @@ def decode_speedup(ar: dict[str, float], spec: dict[str, float]) -> float:
 # per draft: step costs, AR and speculative cells, memory, HF's assisted generation
 
 
-def draft_block(run: Run, name: str, target, prompts: list[list[int]], first: bool) -> None:
+def draft_block(run: Run, name: str, target: Any, prompts: list[list[int]], first: bool) -> None:
     """Everything measured with one draft: the paired AR cell first (the draft not yet built, so
     peak(spec) − peak(AR) holds the draft's weights), then the draft's costs and cells; with the
     ``first`` draft also a cell at real acceptance and HF's assisted generation."""
@@ -654,7 +669,9 @@ def draft_block(run: Run, name: str, target, prompts: list[list[int]], first: bo
         free(run.device)
 
 
-def synthetic_cells(run: Run, name: str, draft, target, prompts, ar: dict, alpha: float) -> list[int | None]:
+def synthetic_cells(
+    run: Run, name: str, draft: Any, target: Any, prompts: list[list[int]], ar: dict[str, float], alpha: float
+) -> list[int | None]:
     """draft_target at synthetic α for every γ, beside the profile's roofline prediction and the
     Leviathan formula with the measured c and T(γ+1)/T(1)."""
     p_draft, c = n_params(draft), run.data["draft_cost"][name]["1"]
@@ -690,7 +707,9 @@ def synthetic_cells(run: Run, name: str, draft, target, prompts, ar: dict, alpha
     return peaks
 
 
-def real_acceptance_cell(run: Run, name: str, draft, target, prompts, ar: dict) -> list[int | None]:
+def real_acceptance_cell(
+    run: Run, name: str, draft: Any, target: Any, prompts: list[list[int]], ar: dict[str, float]
+) -> list[int | None]:
     """draft_target with real verification at the middle γ: random weights accept ~nothing."""
     g = run.args.gammas[len(run.args.gammas) // 2]
     cell = f"draft_target|{name}|real|g{g}"
@@ -718,7 +737,7 @@ def real_acceptance_cell(run: Run, name: str, draft, target, prompts, ar: dict) 
     return [sp["peak"]]
 
 
-def draft_memory_row(run: Run, name: str, draft, spec_peaks: list[int], ar_peak: int | None) -> None:
+def draft_memory_row(run: Run, name: str, draft: Any, spec_peaks: list[int], ar_peak: int | None) -> None:
     """peak(spec) − peak(AR) (the draft is loaded only for its own cells) beside its weights and
     its KV cache at the cells' length."""
     if not spec_peaks or ar_peak is None:
@@ -739,7 +758,7 @@ def draft_memory_row(run: Run, name: str, draft, spec_peaks: list[int], ar_peak:
 
 
 def hf_generate_s(
-    target, prompts: list[list[int]], max_new: int, device: torch.device, assistant=None, gamma: int = 4
+    target: Any, prompts: list[list[int]], max_new: int, device: torch.device, assistant: Any = None, gamma: int = 4
 ) -> tuple[float, int]:
     """Seconds and new tokens of HF ``generate`` (greedy, no EOS) over ``prompts`` one by one;
     with ``assistant`` its assisted generation at a constant γ (transformers 5 reads the draft
@@ -775,7 +794,7 @@ def hf_generate_s(
     return total_s, tokens
 
 
-def hf_rows(run: Run, name: str, target, draft, prompts: list[list[int]]) -> None:
+def hf_rows(run: Run, name: str, target: Any, draft: Any, prompts: list[list[int]]) -> None:
     """HF's AR and ``assistant_model`` on the same prompts: HF's own speedup at the real (≈ 0)
     acceptance of random weights, beside 1 / (γc + T(γ+1)/T(1)) from the measured costs."""
     g = run.args.gammas[len(run.args.gammas) // 2]
@@ -857,9 +876,12 @@ def calibrate(run: Run) -> None:
 # the table and the run
 
 
-def print_table(rows: list[dict]) -> None:
+def print_table(rows: list[dict[str, Any]]) -> None:
     cols = ("section", "name", "batch", "gamma", "alpha", "measured", "predicted", "unit")
-    fmt = lambda v: "" if v is None else (f"{v:.4g}" if isinstance(v, float) else str(v))  # noqa: E731
+
+    def fmt(v: Any) -> str:
+        return "" if v is None else (f"{v:.4g}" if isinstance(v, float) else str(v))
+
     cells = [[fmt(r.get(c)) for c in cols] for r in rows]
     width = [max(len(c), *(len(x[i]) for x in cells)) if cells else len(c) for i, c in enumerate(cols)]
     print("  ".join(c.ljust(w) for c, w in zip(cols, width)))
@@ -906,7 +928,7 @@ def describe(run: Run) -> None:
     )
 
 
-def build_target(run: Run, vocab: int):
+def build_target(run: Run, vocab: int) -> Any:
     max_pos = max(run.args.prompt_len + run.args.max_new_tokens + 64, 4096 if run.args.shapes == "real" else 512)
     target = build_model(llama_config(run.shapes[TARGET], vocab, max_pos), run.device, run.dtype, run.args.seed)
     run.p_target = n_params(target)
@@ -925,7 +947,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if run.device.type == "cpu":
         torch.set_num_threads(1)  # tiny shapes: threads only contend
     describe(run)
-    run.shapes = TINY_SHAPES if args.shapes == "tiny" else REAL_SHAPES
     vocab = 256 if args.shapes == "tiny" else 32000
     prompts = random_prompts(args.prompts, args.prompt_len, vocab, args.seed)
     sampler = TelemetrySampler(period_s=2.0, gpus=run.device.type == "cuda").start()  # the whole run, coarse
@@ -935,7 +956,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if target is not None:
         run.section("verification-cost curve", lambda: measure_curve(run, target, prompts[0]))
         for i, name in enumerate(DRAFTS):
-            run.section(f"draft {name}", lambda name=name, i=i: draft_block(run, name, target, prompts, first=i == 0))
+            run.section(f"draft {name}", functools.partial(draft_block, run, name, target, prompts, first=i == 0))
         run.section("calibration fit", lambda: calibrate(run))
     run.data["telemetry_run"] = {k: _json_value(v) for k, v in sampler.stop().summary().items()}
     print_table(run.data["rows"])

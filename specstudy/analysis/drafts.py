@@ -172,16 +172,21 @@ def mix_at(mixes: dict[int, costmodel.DraftMix], gamma: int) -> tuple[int, costm
     return at, mixes[at]
 
 
-def optimal_measured(data: Study, by_gamma: dict[int, list[str]], extrapolate: bool = False) -> dict[str, Any] | None:
+def optimal_measured(
+    data: Study, by_gamma: dict[int, list[str]], extrapolate: bool = False, per_g: dict[int, Pooled] | None = None
+) -> dict[str, Any] | None:
     """The cost model's best γ for one method from its measured cells, with their own step costs.
 
     Each γ is predicted from the mix measured at the nearest γ run at or above it (:func:`mix_at`),
     with c and the verification costs per k pooled over every γ run; the search stops at
     :func:`search_cap`.  Returns {gamma, speedup (request level), max_gamma, depth, why,
-    extrapolated}, or None when nothing was measured to predict from.
+    extrapolated}, or None when nothing was measured to predict from.  ``per_g``: the rows of
+    :func:`pooled_drafts` per γ when the caller has them already.
     """
     cells = [c for cs in by_gamma.values() for c in cs]
-    per_g = {g: pooled_drafts(data, cs) for g, cs in by_gamma.items() if g}
+    if per_g is None:
+        per_g = {g: pooled_drafts(data, cs) for g, cs in by_gamma.items()}
+    per_g = {g: p for g, p in per_g.items() if g}
     if not per_g:
         return None
     allp = pooled_drafts(data, cells)

@@ -42,7 +42,7 @@ def _groups(study: Study, pool_tasks: bool) -> dict[tuple[Any, ...], dict[int, l
 def _measured_rows(study: Study, by_gamma: dict[int, list[str]], extrapolate: bool) -> list[dict[str, Any]]:
     """The cost model with the study's own measured draft lengths, c and verification costs (same machine), per γ run."""
     per_g = {g: pooled_drafts(study, cs) for g, cs in by_gamma.items()}
-    opt = optimal_measured(study, {g: cs for g, cs in by_gamma.items() if g}, extrapolate)
+    opt = optimal_measured(study, {g: cs for g, cs in by_gamma.items() if g}, extrapolate, per_g)
     if opt is None:
         return []
     rows = []

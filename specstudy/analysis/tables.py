@@ -260,12 +260,12 @@ def _best_gammas(study: Study, spec: list[str]) -> tuple[list[str], list[str]]:
         by_g: dict[int, list[str]] = {}
         for c in cs:
             by_g.setdefault(study.meta(c)["gamma"], []).append(c)
-        pg = {g: pooled(study, v) for g, v in by_g.items()}
+        pg = {g: pooled_drafts(study, v) for g, v in by_g.items()}
         ok = {g: p for g, p in pg.items() if isnum(p.speedup)}
         if ok:
             g_best = max(ok, key=lambda g: ok[g].speedup)
             best.append(f"{name}: γ={g_best} ({ok[g_best].speedup:.2f}×)")
-        opt = optimal_measured(study, {g: v for g, v in by_g.items() if g})
+        opt = optimal_measured(study, {g: v for g, v in by_g.items() if g}, per_g=pg)
         if opt is not None:
             model_opt.append(
                 f"{name}: γ={opt['gamma']} ({opt['speedup']:.2f}×, searched γ ≤ {opt['max_gamma']}: {opt['why']})"

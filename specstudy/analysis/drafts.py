@@ -234,11 +234,13 @@ def model_note(p: Pooled, gamma: int | None, measured_over_predicted: float = NA
     else:
         k = mix.steps_drafting(min(int(gamma), mix.gamma))
         mean_k = sum(kk * n for kk, n in k.items()) / mix.draft_steps if mix.draft_steps else 0.0
-        if mix.draft_share < 0.99 or mean_k < min(int(gamma), mix.gamma) - 0.01:
+        if not mix.draft_steps:
+            notes.append("no step drafted: each an AR step and a failed lookup")
+        elif mix.draft_share < 0.99 or mean_k < min(int(gamma), mix.gamma) - 0.01:
             notes.append(f"drafts vary: {mix.draft_share:.0%} of steps draft, {mean_k:.1f} tokens on average")
         if int(gamma) > mix.gamma:
             notes.append(f"α̂ extrapolated past measured depth {mix.gamma}")
-        if mix.draft_steps < FEW_DRAFT_STEPS:
+        if 0 < mix.draft_steps < FEW_DRAFT_STEPS:
             notes.append(f"few draft steps ({mix.draft_steps})")
         if not mix.verify_by_k:
             notes.append("verify cost not timed per k: one mean for every k" if isnum(p.verify_ratio) else "")

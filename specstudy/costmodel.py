@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from . import metrics
 from .metrics import expected_acceptance_length
 
 DTYPE_BYTES = {
@@ -100,18 +101,137 @@ def optimal_gamma(
     ``verify_ratio`` gives T_target(γ+1 tokens) / T_target(1 token) per γ (a callable, or a
     sequence indexed by γ); None means 1 (Leviathan's assumption).
     """
+    v = _verify_fn(verify_ratio)
+    return best_gamma(lambda g: speedup_with_verify_cost(alpha, g, c, v(g)), max_gamma)
+
+
+def _verify_fn(verify_ratio: Callable[[int], float] | Sequence[float] | None) -> Callable[[int], float]:
+    """A verification-cost curve given as None (1), a callable or a sequence indexed by γ, as a callable."""
+    if verify_ratio is None:
+        return lambda g: 1.0
+    if callable(verify_ratio):
+        return verify_ratio
+    seq = verify_ratio
+    return lambda g: seq[min(g, len(seq) - 1)]
+
+
+def best_gamma(speedup_at: Callable[[int], float], max_gamma: int) -> tuple[int, float]:
+    """γ in 1..max_gamma with the highest ``speedup_at(γ)`` (the smallest on a tie); returns (γ, speedup)."""
+    if max_gamma < 1:
+        raise ValueError(f"max_gamma={max_gamma!r}: must be >= 1")
     best = (1, -math.inf)
     for g in range(1, max_gamma + 1):
-        if verify_ratio is None:
-            v = 1.0
-        elif callable(verify_ratio):
-            v = verify_ratio(g)
-        else:
-            v = verify_ratio[min(g, len(verify_ratio) - 1)]
-        s = speedup_with_verify_cost(alpha, g, c, v)
+        s = speedup_at(g)
         if s > best[1] + 1e-12:
             best = (g, s)
     return best
+
+
+# --------------------------------------------------------------------------------------------
+# drafts that vary: the measured draft-length distribution
+
+
+@dataclass(frozen=True)
+class DraftMix:
+    """What a measured row's decode steps drafted and accepted, and (where timed) what they cost.
+
+    The Leviathan formula assumes γ tokens drafted every step; prompt lookup drafts only on a
+    match, and often fewer than γ.  Counts as in :class:`~specstudy.records.RequestRecord`:
+    ``drafted_ge[k-1]`` steps drafted at least k tokens, ``accepted_ge[k-1]`` accepted at least k,
+    out of ``decode_steps`` target forwards after the prompt pass (the others drafted nothing).
+    ``gamma`` is the draft cap the row ran with: its measured depth.  Costs are in units of the
+    paired AR decode step T1, NaN / empty where the engine did not time its steps: ``c`` per
+    drafted token, ``verify_by_k[k]`` the mean cost of the verification forward of a step that
+    drafted k (T(k+1)/T(1), the convention of :func:`optimal_gamma`), ``no_draft`` the mean cost of
+    a step that drafted nothing (an AR step plus the failed lookup).
+    """
+
+    decode_steps: int
+    drafted_ge: tuple[int, ...]
+    accepted_ge: tuple[int, ...]
+    gamma: int
+    c: float = math.nan
+    verify_by_k: Mapping[int, float] = field(default_factory=dict)
+    no_draft: float = math.nan
+
+    def __post_init__(self) -> None:
+        if self.decode_steps < 1 or self.gamma < 1:
+            raise ValueError(f"decode_steps={self.decode_steps}, gamma={self.gamma}: each must be >= 1")
+        ge = (self.drafted_ge, self.accepted_ge)
+        if any(list(x) != sorted(x, reverse=True) or (x and x[-1] < 0) for x in ge):
+            raise ValueError(
+                f"drafted_ge={self.drafted_ge}, accepted_ge={self.accepted_ge}: need non-increasing counts"
+            )
+        if len(self.accepted_ge) > len(self.drafted_ge) or any(
+            a > d for a, d in zip(self.accepted_ge, self.drafted_ge)
+        ):
+            raise ValueError(f"accepted_ge={self.accepted_ge} exceeds drafted_ge={self.drafted_ge}")
+
+    @property
+    def draft_steps(self) -> int:
+        """Decode steps that drafted at least one token."""
+        return self.drafted_ge[0] if self.drafted_ge else 0
+
+    @property
+    def steps(self) -> int:
+        """Decode steps counted: ``decode_steps``, or more where the prompt pass drafted too."""
+        return max(self.decode_steps, self.draft_steps)
+
+    @property
+    def draft_share(self) -> float:
+        """Share of decode steps that drafted (the rest cost an AR step and yield one token)."""
+        return self.draft_steps / self.steps
+
+    def steps_drafting(self, gamma: int) -> dict[int, int]:
+        """k → decode steps that draft k tokens with the cap at ``gamma``: longer drafts are cut to γ;
+        past the measured depth, the steps that drafted the full measured cap draft γ (an upper bound)."""
+        g = min(gamma, self.gamma)
+        d = list(self.drafted_ge[:g]) + [0] * (g + 1 - len(self.drafted_ge[:g]))
+        out = {k: d[k - 1] - d[k] for k in range(1, g)}
+        out[gamma] = d[g - 1]  # drafts of g or more: cut to γ, or (past the depth) grown to γ
+        return {k: n for k, n in out.items() if n}
+
+    def acceptance_length(self, gamma: int, beyond: float | None = None) -> float:
+        """AL of the drafting steps with the cap at ``gamma`` (1 + accepted / draft steps; a step that
+        accepted its first γ tokens counts γ).  Past the measured depth the steps that accepted all of
+        it accept each further token with probability ``beyond`` (None there: a ValueError)."""
+        if not self.draft_steps:
+            return math.nan
+        g = min(gamma, self.gamma)
+        al = metrics.acceptance_length(sum(self.accepted_ge[:g]), self.draft_steps)
+        if gamma > self.gamma:
+            if beyond is None or not 0.0 <= beyond <= 1.0:
+                raise ValueError(
+                    f"gamma={gamma} is past the measured depth {self.gamma}: give beyond (the acceptance "
+                    f"assumed there, in [0, 1]); got {beyond!r}"
+                )
+            full = metrics.per_position_unconditional(self.accepted_ge[g - 1 : g], self.draft_steps)
+            al += (full[0] if full else 0.0) * sum(beyond**j for j in range(1, gamma - g + 1))
+        return al
+
+
+def mix_speedup(
+    mix: DraftMix,
+    gamma: int,
+    c: float,
+    verify: Callable[[int], float],
+    no_draft: float = 1.0,
+    beyond: float | None = None,
+) -> float:
+    """Decode-phase speedup of a measured draft mix at cap ``gamma``: tokens per step / cost per step.
+
+    A step drafting nothing yields 1 token at ``no_draft`` (× T1; 1 = an AR step, the lookup ≈ 0);
+    a step drafting k yields E[accepted | k] + 1 at c·k + ``verify(k)`` (T(k+1)/T(1)).  So
+    s = (1 + share · (AL_γ − 1)) / ((1 − share) · no_draft + Σ_k P(k) (c·k + verify(k))).  With
+    every step drafting γ and i.i.d. acceptance this is :func:`speedup_with_verify_cost`.
+    """
+    if c < 0 or no_draft < 0:
+        raise ValueError(f"c={c!r}, no_draft={no_draft!r}: must be >= 0")
+    share = mix.draft_share
+    tokens = 1.0 + (share * (mix.acceptance_length(gamma, beyond) - 1.0) if share else 0.0)
+    cost = (1.0 - share) * no_draft
+    cost += sum(n * (c * k + verify(k)) for k, n in mix.steps_drafting(gamma).items()) / mix.steps
+    return tokens / cost if cost > 0 else math.nan
 
 
 # --------------------------------------------------------------------------------------------
@@ -161,12 +281,15 @@ class Prediction:
     baseline_tokens_per_s: float
     c: float | None
     gamma: int
-    acceptance_length: float  # AL(α, γ), the tokens one verification yields
+    acceptance_length: float  # AL(α, γ), or the measured mix's AL at γ: the tokens one verification yields
     verify_ratio: float
     speedup: float
     leviathan_speedup: float
     speculative_tokens_per_s: float
     regime: str
+    draft_share: float = 1.0  # share of decode steps that draft (1: Leviathan's every step)
+    max_gamma: int = 16  # the largest γ searched
+    extrapolated: bool = False  # γ lies past the measured draft depth (acceptance there assumed, α)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -183,11 +306,15 @@ def predict(
     n_devices: int | None = None,
     max_gamma: int = 16,
     c: float | None = None,
+    mix: DraftMix | None = None,
+    beyond: float | None = None,
 ) -> Prediction:
     """Baseline tokens/s, c, acceptance length AL(α, γ), optimal (or given) γ and speedup of one configuration.
 
     Without ``draft_params`` (draft-free methods such as n-gram lookup) c defaults to 0 unless
-    given.  The verification cost T(batch, γ+1)/T(batch, 1) comes from the roofline.
+    given.  The verification cost T(batch, γ+1)/T(batch, 1) comes from the roofline.  With a
+    measured ``mix`` the speedup is :func:`mix_speedup` (drafts that vary; a step without a draft
+    costs one AR step); γ past its measured depth needs ``beyond``, the acceptance assumed there.
     """
     if not 0.0 <= alpha <= 1.0:
         raise ValueError(f"alpha={alpha!r}: must lie in [0, 1]")
@@ -200,10 +327,15 @@ def predict(
     def ratio(g: int) -> float:
         return step_time(target_params, hw, dtype, batch, g + 1, n) / t1
 
+    def speedup(g: int) -> float:
+        if mix is None:
+            return speedup_with_verify_cost(alpha, g, c, ratio(g))
+        return mix_speedup(mix, g, c, ratio, 1.0, beyond)
+
     if gamma is None:
-        gamma, sp = optimal_gamma(alpha, c, max_gamma, ratio)
+        gamma, sp = best_gamma(speedup, max_gamma)
     else:
-        sp = speedup_with_verify_cost(alpha, gamma, c, ratio(gamma))
+        sp = speedup(gamma)
     bytes_t = target_params * dtype_bytes(dtype) / (hw.memory_bandwidth_gbps * 1e9 * hw.bandwidth_efficiency * n)
     regime = "memory-bound" if bytes_t + hw.step_overhead_ms * 1e-3 >= t1 - 1e-15 else "compute-bound"
     base_tps = batch / t1
@@ -220,12 +352,17 @@ def predict(
         baseline_tokens_per_s=base_tps,
         c=c,
         gamma=gamma,
-        acceptance_length=expected_acceptance_length(alpha, gamma),
+        acceptance_length=(
+            expected_acceptance_length(alpha, gamma) if mix is None else mix.acceptance_length(gamma, beyond)
+        ),
         verify_ratio=ratio(gamma),
         speedup=sp,
         leviathan_speedup=leviathan_speedup(alpha, gamma, c),
         speculative_tokens_per_s=base_tps * sp,
         regime=regime,
+        draft_share=1.0 if mix is None else mix.draft_share,
+        max_gamma=max_gamma,
+        extrapolated=mix is not None and gamma > mix.gamma,
     )
 
 
@@ -238,11 +375,14 @@ def break_even_batch(
     dtype: str = "bf16",
     n_devices: int | None = None,
     max_batch: int = 4096,
+    mix: DraftMix | None = None,
+    beyond: float | None = None,
 ) -> int | None:
     """Smallest power-of-two batch at which the predicted speedup drops below 1 (None if never)."""
     b = 1
     while b <= max_batch:
-        if predict(hw, target_params, draft_params, alpha, dtype, b, gamma, n_devices).speedup < 1.0:
+        pred = predict(hw, target_params, draft_params, alpha, dtype, b, gamma, n_devices, mix=mix, beyond=beyond)
+        if pred.speedup < 1.0:
             return b
         b *= 2
     return None

@@ -109,3 +109,63 @@ def test_bad_inputs_are_named():
     with pytest.raises(ParamsError, match="hardware='tpu'.*a100"):
         load_hardware_profile("tpu")
     assert math.isfinite(C.predict(hw, 7e9, None, 0.5).speedup)
+
+
+# ---- drafts that vary: the measured draft-length distribution (DraftMix)
+
+
+def test_a_mix_where_every_step_drafts_gamma_is_the_leviathan_formula():
+    """1024 steps, each drafting 3, accepted at i.i.d. α = 0.5 exactly (512, 256, 128 reach 1, 2, 3)."""
+    mix = C.DraftMix(decode_steps=1024, drafted_ge=(1024,) * 3, accepted_ge=(512, 256, 128), gamma=3)
+    assert mix.draft_share == 1.0 and mix.acceptance_length(3) == pytest.approx(C.expected_acceptance_length(0.5, 3))
+    got = C.mix_speedup(mix, 3, 0.1, lambda k: 1.2)
+    assert got == pytest.approx(C.speedup_with_verify_cost(0.5, 3, 0.1, 1.2))
+
+
+def test_lookup_drafting_on_30_percent_of_steps_predicts_well_below_always_drafting():
+    """Same acceptance per draft step, but 70 % of steps find no match: 1 token at one AR step each."""
+    every = C.DraftMix(decode_steps=1000, drafted_ge=(1000,) * 4, accepted_ge=(800, 600, 400, 200), gamma=4)
+    some = C.DraftMix(decode_steps=1000, drafted_ge=(300,) * 4, accepted_ge=(240, 180, 120, 60), gamma=4)
+    v = lambda k: 1.0 + 0.05 * k  # noqa: E731
+    assert some.acceptance_length(4) == pytest.approx(every.acceptance_length(4)) == pytest.approx(3.0)
+    # hand: tokens 1 + 0.3 · 2 = 1.6 per step; cost 0.7 · 1 + 0.3 · 1.2 = 1.06
+    assert C.mix_speedup(some, 4, 0.0, v) == pytest.approx(1.6 / 1.06)
+    assert C.mix_speedup(every, 4, 0.0, v) == pytest.approx(3.0 / 1.2)
+    assert C.mix_speedup(some, 4, 0.0, v) < 0.7 * C.mix_speedup(every, 4, 0.0, v)
+
+
+def test_a_mix_cuts_longer_drafts_to_gamma_and_costs_each_length_apart():
+    """10 steps: 4 draft nothing, 2 draft 1 (one accepted), 4 draft 4 (accepting 4, 2, 0, 0)."""
+    mix = C.DraftMix(decode_steps=10, drafted_ge=(6, 4, 4, 4), accepted_ge=(3, 2, 1, 1), gamma=4)
+    assert mix.steps_drafting(4) == {1: 2, 4: 4} and mix.steps_drafting(2) == {1: 2, 2: 4}
+    assert mix.acceptance_length(4) == pytest.approx(1 + 7 / 6)
+    assert mix.acceptance_length(2) == pytest.approx(1 + 5 / 6)  # the 4-accepting step counts 2 at γ = 2
+    verify = {1: 1.1, 2: 1.2, 4: 1.4}.__getitem__
+    # hand, γ = 2: tokens (10 + 5) / 10; cost (4 · 0.9 + 2 · (0.05 + 1.1) + 4 · (0.1 + 1.2)) / 10
+    want = 1.5 / ((4 * 0.9 + 2 * 1.15 + 4 * 1.3) / 10)
+    assert C.mix_speedup(mix, 2, 0.05, verify, no_draft=0.9) == pytest.approx(want)
+
+
+def test_a_mix_past_its_measured_depth_needs_an_assumed_acceptance():
+    mix = C.DraftMix(decode_steps=10, drafted_ge=(6, 4, 4, 4), accepted_ge=(3, 2, 1, 1), gamma=4)
+    with pytest.raises(ValueError, match="past the measured depth 4"):
+        mix.acceptance_length(6)
+    # the one step that accepted all 4 goes on at 0.5 per position: + (0.5 + 0.25) / 6 draft steps
+    assert mix.acceptance_length(6, beyond=0.5) == pytest.approx(1 + 7 / 6 + 0.75 / 6)
+    assert mix.steps_drafting(6) == {1: 2, 6: 4}  # the steps that drafted the full 4 draft 6
+
+
+def test_predict_with_a_mix_stays_within_max_gamma():
+    """h200 verifies 17 tokens of a 7B model at about one step's cost, so α̂ = 0.9 alone would run to the cap."""
+    hw = load_hardware_profile("h200", measure=False)
+    mix = C.DraftMix(decode_steps=100, drafted_ge=(30, 30, 20), accepted_ge=(27, 24, 16), gamma=3)
+    free = C.predict(hw, 7e9, None, 0.9)
+    capped = C.predict(hw, 7e9, None, 0.9, mix=mix, max_gamma=3)
+    assert free.gamma == 16 and capped.gamma <= 3 and capped.max_gamma == 3 and not capped.extrapolated
+    assert capped.draft_share == pytest.approx(0.3) and capped.speedup < free.speedup
+    far = C.predict(hw, 7e9, None, 0.9, mix=mix, max_gamma=8, beyond=0.9)
+    assert far.extrapolated == (far.gamma > 3) and far.gamma <= 8
+    with pytest.raises(ValueError, match="past the measured depth"):
+        C.predict(hw, 7e9, None, 0.9, mix=mix, max_gamma=8)
+    with pytest.raises(ValueError, match="non-increasing"):
+        C.DraftMix(decode_steps=10, drafted_ge=(2, 3), accepted_ge=(), gamma=2)

@@ -14,6 +14,7 @@ from typing import Any
 import pandas as pd
 
 from . import stats
+from .drafts import pooled_drafts
 from .study import Study
 
 CURVE_COLUMNS = ["framework", "model", "drafter", "k", "verify_ms", "verify_ratio", "c", "threads", "load_1m"]
@@ -84,9 +85,11 @@ def predicted_rows(study: Study) -> pd.DataFrame:
         if doc is None:
             continue
         c = float(doc["c"]) if method == "draft_target" and doc.get("c") is not None else 0.0
-        v = _by_k(doc.get("verify_ratio")).get(int(gamma) + 1, float("nan"))
-        p = stats.pooled(study, cids)
-        pred = stats.predicted_for(p, gamma, c, v)
+        by_k = _by_k(doc.get("verify_ratio"))
+        v = by_k.get(int(gamma) + 1, float("nan"))
+        p = pooled_drafts(study, cids)  # with its measured draft lengths: n-gram steps draft only on a match
+        curve = stats.verify_curve({k - 1: r for k, r in by_k.items() if k > 1})  # a draft of k verifies k + 1
+        pred = stats.predicted_for(p, gamma, c, curve if p.draft_mix is not None and curve is not None else v)
         rows.append(
             {
                 "label": label,

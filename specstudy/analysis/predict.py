@@ -1,11 +1,13 @@
-"""Predictions for another machine from a finished study's measured acceptance.
+"""Predictions for another machine from a finished study's measured acceptance and draft lengths.
 
-Acceptance depends on the model pair, the task and the sampling, not on the hardware; step
-costs depend on the hardware.  So the measured i.i.d. acceptance α̂ of each (framework, method,
-task, sampling) of one study, with a profile's roofline step costs (or the study's own measured
-costs), predicts the seed-shaped table for that profile: baseline and speculative tokens/s, the
-optimal γ, the speedup and the break-even batch.  Every row says it is a prediction and where its
-costs came from.
+Acceptance and how often and how much a method drafts depend on the model pair, the task and the
+sampling, not on the hardware; step costs depend on the hardware.  So the measured draft mix
+(:mod:`specstudy.analysis.drafts`: share of steps that draft, draft lengths, per-position
+acceptance) and α̂ of each (framework, method, task, sampling) of one study, with a profile's
+roofline step costs (or the study's own measured costs), predict the seed-shaped table for that
+profile: baseline and speculative tokens/s, the optimal γ, the speedup and the break-even batch.
+The optimal γ stays within the depth measured and what the drafter can draft unless asked to
+extrapolate, and then says so.  Every row says it is a prediction and where its costs came from.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ import pandas as pd
 from .. import costmodel
 from ..config.vocab import cost_dtype
 from ..costmodel import HardwareProfile
-from .stats import isnum, pooled, predicted_for, verify_curve
+from .drafts import draft_cap, model_note, optimal_measured, pooled_drafts, search_cap
+from .stats import isnum, predicted_for
 from .study import Study
 from .tables import headline_max_new
 
@@ -36,28 +39,45 @@ def _groups(study: Study, pool_tasks: bool) -> dict[tuple[Any, ...], dict[int, l
     return out
 
 
-def _measured_rows(study: Study, by_gamma: dict[int, list[str]]) -> list[dict[str, Any]]:
-    """The cost model with the study's own measured c and verification costs (same machine), per γ run."""
-    per_g = {g: pooled(study, cs) for g, cs in by_gamma.items()}
-    allp = pooled(study, [c for cs in by_gamma.values() for c in cs])
-    if not (isnum(allp.alpha_hat) and isnum(allp.c) and isnum(allp.verify_ratio)):
+def _measured_rows(study: Study, by_gamma: dict[int, list[str]], extrapolate: bool) -> list[dict[str, Any]]:
+    """The cost model with the study's own measured draft lengths, c and verification costs (same machine), per γ run."""
+    per_g = {g: pooled_drafts(study, cs) for g, cs in by_gamma.items()}
+    opt = optimal_measured(study, {g: cs for g, cs in by_gamma.items() if g}, extrapolate, per_g)
+    if opt is None:
         return []
-    curve = verify_curve({g: p.verify_ratio for g, p in per_g.items() if isnum(p.verify_ratio)})
-    g_opt, s_opt = costmodel.optimal_gamma(min(float(allp.alpha_hat), 1.0), allp.c, 2 * max(per_g), curve)
-    return [
-        {
-            "alpha_hat": p.alpha_hat,
-            "gamma": g,
-            "predicted_speedup": predicted_for(p, g),
-            "measured_speedup": p.speedup,
-            "optimal_gamma": g_opt,
-            "speedup_at_optimal_gamma": s_opt,
-            "baseline_tokens_per_s": float("nan"),
-            "break_even_batch": None,
-            "costs": "measured (this study)",
-        }
-        for g, p in sorted(per_g.items())
-    ]
+    rows = []
+    for g, p in sorted(per_g.items()):
+        pred = predicted_for(p, g)
+        ratio = p.speedup / pred if isnum(pred) and pred > 0 else float("nan")
+        rows.append(
+            {
+                "alpha_hat": p.alpha_hat,
+                "gamma": g,
+                "draft_share": p.draft_mix.draft_share if p.draft_mix else float("nan"),
+                "predicted_speedup": pred,
+                "measured_speedup": p.speedup,
+                "optimal_gamma": opt["gamma"],
+                "speedup_at_optimal_gamma": opt["speedup"],
+                "searched_gamma_max": opt["max_gamma"],
+                "baseline_tokens_per_s": float("nan"),
+                "break_even_batch": None,
+                "costs": "measured (this study)",
+                "note": _note(model_note(p, g, ratio), opt, p.alpha_hat, measured_costs=True),
+            }
+        )
+    return rows
+
+
+def _note(row_note: str, opt: dict[str, Any], alpha: float | None, measured_costs: bool = False) -> str:
+    """A row's model note and how far its optimal γ was searched (and whether it extrapolates)."""
+    parts = [] if row_note == "—" else [row_note]
+    parts.append(f"γ searched ≤ {opt['max_gamma']} ({opt['why']})")
+    if opt["extrapolated"]:
+        a = f"α̂ = {alpha:.2f}" if isnum(alpha) else "α̂"
+        parts.append(f"optimal γ={opt['gamma']} EXTRAPOLATED past measured depth {opt['depth']} ({a} assumed there)")
+        if measured_costs:
+            parts.append(f"verify cost past k={opt['depth']} taken as at the largest k timed")
+    return "; ".join(parts)
 
 
 def _roofline_row(
@@ -67,10 +87,12 @@ def _roofline_row(
     by_gamma: dict[int, list[str]],
     target_params: float | None,
     draft_params: float | None,
+    extrapolate: bool,
 ) -> dict[str, Any] | None:
-    """The cost model with ``profile``'s roofline step costs and the measured α̂."""
+    """The cost model with ``profile``'s roofline step costs, the measured draft lengths (the mix of the
+    deepest γ run, its drafts cut to shorter γ) and α̂."""
     _, _, family, model, drafter, _, _ = key
-    allp = pooled(study, [c for cs in by_gamma.values() for c in cs])
+    allp = pooled_drafts(study, [c for cs in by_gamma.values() for c in cs])
     params = study.model_params()
     tp = target_params or params.get(model)
     if not isnum(allp.alpha_hat) or not tp:
@@ -79,19 +101,37 @@ def _roofline_row(
     pair = study.model_pair(model) or {}
     dt = cost_dtype(pair.get("dtype", "bf16"), pair.get("quantization", "none")) if profile.kind == "cpu" else "bf16"
     alpha = min(max(float(allp.alpha_hat), 0.0), 1.0)
-    pred = costmodel.predict(profile, tp, dp if family != "ngram" else None, alpha, dt)
-    be = costmodel.break_even_batch(profile, tp, dp if family != "ngram" else None, alpha, pred.gamma, dt)
+    deepest = max(by_gamma)
+    mix = pooled_drafts(study, by_gamma[deepest]).draft_mix
+    method = study.meta(by_gamma[deepest][0])["method"]
+    if mix is not None:
+        cap, depth, why = search_cap([mix], method, drafter or None, extrapolate)
+    else:  # no counters: γ every step, searched to the γ run unless told to extrapolate
+        heads = draft_cap(method, drafter or None)[0]
+        depth = deepest
+        cap = (heads or 16) if extrapolate else min(deepest, heads or deepest)
+        why = "γ drafted every step assumed (draft lengths not counted); " + (
+            f"its {heads} heads" if heads == cap else "the search limit" if extrapolate else "the γ values run"
+        )
+    draft = dp if family != "ngram" else None
+    beyond = alpha if extrapolate else None
+    pred = costmodel.predict(profile, tp, draft, alpha, dt, max_gamma=cap, mix=mix, beyond=beyond)
+    be = costmodel.break_even_batch(profile, tp, draft, alpha, pred.gamma, dt, mix=mix, beyond=beyond)
+    opt = {"gamma": pred.gamma, "max_gamma": cap, "why": why, "depth": depth, "extrapolated": pred.gamma > depth}
     return {
         "alpha_hat": allp.alpha_hat,
         "gamma": pred.gamma,
+        "draft_share": pred.draft_share,
         "predicted_speedup": pred.speedup,
         "measured_speedup": float("nan"),
         "optimal_gamma": pred.gamma,
         "speedup_at_optimal_gamma": pred.speedup,
+        "searched_gamma_max": cap,
         "baseline_tokens_per_s": pred.baseline_tokens_per_s,
         "speculative_tokens_per_s": pred.speculative_tokens_per_s,
         "break_even_batch": be,
         "costs": f"roofline ({profile.name}, {profile.source}), {tp:.3g} parameters {dt}",
+        "note": _note("—", opt, allp.alpha_hat),
     }
 
 
@@ -102,19 +142,22 @@ def predict_from_study(
     target_params: float | None = None,
     draft_params: float | None = None,
     pool_tasks: bool = False,
+    extrapolate: bool = False,
 ) -> pd.DataFrame:
     """One prediction per (framework, method, task, sampling) of ``study``, for ``profile``.
 
     Without a profile the study's own measured step costs are used (its own machine: the row's
     measured speedup stands beside the prediction); with one, its roofline at the declared (or
-    given) parameter counts.
+    given) parameter counts.  The optimal γ is searched no deeper than the draft depth measured
+    (nor than the drafter can draft); with ``extrapolate`` up to the drafter's cap (16 without one),
+    α̂ assumed past the measured depth and the row's note saying so.
     """
     rows = []
     for key, by_gamma in sorted(_groups(study, pool_tasks).items()):
         if profile is None:
-            found = _measured_rows(study, by_gamma)
+            found = _measured_rows(study, by_gamma, extrapolate)
         else:
-            one = _roofline_row(study, profile, key, by_gamma, target_params, draft_params)
+            one = _roofline_row(study, profile, key, by_gamma, target_params, draft_params, extrapolate)
             found = [one] if one is not None else []
         fw, label, family, _, _, task, sampling = key
         rows += [

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
 import numpy as np
@@ -84,6 +84,10 @@ class Pooled:
     separate_draft: bool = False  # every cell drafts with its own model (draft_target), which also reads the prompt
     synthetic: str | None = None  # the synthetic-acceptance rule when the cells used one
     greedy: bool = True
+    # measured draft lengths and step costs per k (analysis.drafts.with_draft_mix fills it): the cost model's input
+    draft_mix: costmodel.DraftMix | None = None
+    # what the cost model assumes, as measured (analysis.drafts.model_checks): for the rows' model notes
+    model_checks: dict[str, float] = field(default_factory=dict)
 
 
 def _span(batch: Sequence[RequestRecord]) -> float:
@@ -338,26 +342,85 @@ def predicted_speedup(
 ) -> float:
     """Cost-model speedup from *measured* α̂, c and verification cost (NaN when any is unknown).
 
-    The cost model speeds up the decode steps only (s_decode).  With ``prefill`` = f, the
-    baseline's measured share of E2E spent before the first token (:func:`prefill_share`), and
-    ``draft_prefill`` = the draft model's prompt pass relative to the target's (a separate draft
-    reads the prompt too; taken as c), the request-level speedup is
-    1 / (f (1 + draft_prefill) + (1 − f) / s_decode): what the measured E2E speedup compares with.
+    The cost model speeds up the decode steps only (s_decode); :func:`request_speedup` turns that
+    into the request-level speedup the measured E2E speedup compares with.  This form assumes γ
+    drafted every step with i.i.d. acceptance; :func:`predicted_for` uses a row's measured draft
+    lengths instead where it has them.
     """
     if not isnum(alpha_hat) or not gamma or not isnum(c) or not isnum(verify_ratio):
         return NAN
     s = costmodel.speedup_with_verify_cost(min(max(float(alpha_hat), 0.0), 1.0), int(gamma), c, verify_ratio)
+    return request_speedup(s, prefill, draft_prefill)
+
+
+def request_speedup(s_decode: float, prefill: float = 0.0, draft_prefill: float = 0.0) -> float:
+    """1 / (f (1 + d) + (1 − f) / s_decode): speculation speeds up the decode steps only.
+
+    f = ``prefill``, the baseline's measured share of E2E spent before the first token
+    (:func:`prefill_share`); d = ``draft_prefill``, the draft model's prompt pass relative to the
+    target's (a separate draft reads the prompt too; taken as c).
+    """
+    if not isnum(s_decode) or s_decode <= 0:
+        return NAN
     f = prefill if isnum(prefill) and 0.0 <= prefill < 1.0 else 0.0
     d = draft_prefill if isnum(draft_prefill) and draft_prefill > 0 else 0.0
-    return 1.0 / (f * (1.0 + d) + (1.0 - f) / s) if s > 0 else NAN
+    return 1.0 / (f * (1.0 + d) + (1.0 - f) / s_decode)
 
 
-def predicted_for(p: Pooled, gamma: int | None, c: float | None = None, verify_ratio: float | None = None) -> float:
-    """:func:`predicted_speedup` of a pooled row, with its own prefill share and, for a separate
-    draft model, its prompt pass (c of the target's); ``c``/``verify_ratio`` override the row's."""
-    c = p.c if c is None else c
-    v = p.verify_ratio if verify_ratio is None else verify_ratio
-    return predicted_speedup(p.alpha_hat, gamma, c, v, p.prefill_share, c if p.separate_draft else 0.0)
+VerifyCost = float | Callable[[int], float]  # T(k+1)/T(1) for a draft of k: one figure, or one per k
+
+
+def mix_costs(
+    p: Pooled, c: float | None = None, verify_ratio: VerifyCost | None = None
+) -> tuple[float, Callable[[int], float] | None, float]:
+    """(c, verify cost per drafted k, cost of a step without a draft) for :func:`costmodel.mix_speedup`.
+
+    The row's own measured costs by default: per k where its steps were timed, else the row's mean
+    verification cost for every k, and its steps without a draft as measured (else one AR step).
+    ``c``/``verify_ratio`` override them (a cost measured elsewhere, in units of one AR step).
+    """
+    mix = p.draft_mix
+    own_c = mix.c if mix is not None and isnum(mix.c) else p.c
+    c = own_c if c is None else c
+    if callable(verify_ratio):
+        return c, verify_ratio, 1.0
+    if verify_ratio is not None:
+        fixed = verify_ratio
+        return c, (lambda k: fixed) if isnum(fixed) else None, 1.0
+    curve = verify_curve(dict(mix.verify_by_k)) if mix is not None else None
+    v = p.verify_ratio
+    if curve is None and isnum(v):
+        curve = lambda k: v  # noqa: E731
+    no_draft = mix.no_draft if mix is not None and isnum(mix.no_draft) else 1.0
+    return c, curve, no_draft
+
+
+def predicted_for(
+    p: Pooled, gamma: int | None, c: float | None = None, verify_ratio: VerifyCost | None = None
+) -> float:
+    """The cost model's request-level speedup of a pooled row, with its own prefill share and, for a
+    separate draft model, its prompt pass (c of the target's); ``c``/``verify_ratio`` override the row's.
+
+    With the row's measured draft lengths (``p.draft_mix``): :func:`costmodel.mix_speedup`, so steps
+    without a draft and drafts shorter than γ count as measured; γ past the measured depth takes
+    α̂ there.  Without them: :func:`predicted_speedup` (γ every step, i.i.d. α̂).  Synthetic rows: NaN.
+    """
+    mix = p.draft_mix
+    if mix is None or p.synthetic is not None or not gamma:
+        c = p.c if c is None else c
+        v = p.verify_ratio if verify_ratio is None else verify_ratio
+        v = v(int(gamma or 0)) if callable(v) else v
+        return predicted_speedup(p.alpha_hat, gamma, c, v, p.prefill_share, c if p.separate_draft else 0.0)
+    c, curve, no_draft = mix_costs(p, c, verify_ratio)
+    if not mix.draft_steps:  # nothing drafted: every step costs a lookup and an AR step, whatever c is
+        c, curve = 0.0, lambda k: NAN
+    if not isnum(c) or curve is None:
+        return NAN
+    beyond = min(max(float(p.alpha_hat), 0.0), 1.0) if isnum(p.alpha_hat) else None
+    if int(gamma) > mix.gamma and beyond is None:
+        return NAN
+    s = costmodel.mix_speedup(mix, int(gamma), c, curve, no_draft, beyond)
+    return request_speedup(s, p.prefill_share, c if p.separate_draft else 0.0)
 
 
 def break_even(batches: Sequence[float], speedups: Sequence[float]) -> float | None:

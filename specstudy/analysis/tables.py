@@ -14,13 +14,13 @@ from typing import Any
 
 import pandas as pd
 
-from .. import costmodel
 from ..config.task import load_task_config
 from ..config.vocab import TASKS
 from ..metrics import MIN_PROMPTS_FOR_CI
+from .drafts import model_note, optimal_measured, pooled_drafts
 from .format import FAMILY_TITLES, TASK_TITLES, fmt, fmt_ci, short_model
 from .rates import peak_memory
-from .stats import NAN, Pooled, isnum, pooled, predicted_for, verify_curve
+from .stats import NAN, Pooled, isnum, pooled, predicted_for
 from .study import Study
 
 Frames = tuple[pd.DataFrame, pd.DataFrame]
@@ -209,8 +209,9 @@ def method_table(study: Study, family: str, sweep: str | None = "method_family")
     rows, raw = [], []
     for key in sorted(groups):
         fw, label, gamma, batch, drafter, sampling = key
-        p = pooled(study, groups[key])
+        p = pooled_drafts(study, groups[key])
         pred = predicted_for(p, gamma)
+        ratio = p.speedup / pred if pred == pred and pred > 0 else NAN
         rows.append(
             {
                 "Framework": fw,
@@ -228,7 +229,8 @@ def method_table(study: Study, family: str, sweep: str | None = "method_family")
                 "tokens/s": fmt_ci(p.tokens_per_s, p.tokens_per_s_ci, 1, n=p.n_prompts),
                 "Speedup (measured)": fmt_ci(p.speedup, p.speedup_ci, 2, "×", n=p.n_prompts),
                 "Speedup (cost model, prediction)": fmt(pred, 2, "×"),
-                "measured/predicted": fmt(p.speedup / pred if pred == pred and pred > 0 else NAN),
+                "measured/predicted": fmt(ratio),
+                "Model note": model_note(p, gamma, ratio) if isnum(pred) else "—",
                 "n (prompts)": p.n_prompts,
                 "repeats": p.n_repeats,
                 "Exact match (greedy)": fmt(p.exact_match),
@@ -243,6 +245,7 @@ def method_table(study: Study, family: str, sweep: str | None = "method_family")
                 "drafter": drafter,
                 "sampling": sampling,
                 "predicted_speedup": pred,
+                "model_note": model_note(p, gamma, ratio) if isnum(pred) else "",
                 **dataclasses.asdict(p),
             }
         )
@@ -277,26 +280,30 @@ def families_in(study: Study) -> list[str]:
 
 
 def _best_gammas(study: Study, spec: list[str]) -> tuple[list[str], list[str]]:
-    """Per method label: the measured best γ and the cost model's optimum from measured α̂, c."""
+    """Per method (label; framework and sampling where they differ): the measured best γ and the cost
+    model's optimum from its measured draft lengths, α̂ and step costs, searched no deeper than
+    measured nor than the drafter can draft."""
     best, model_opt = [], []
-    by_label: dict[str, list[str]] = {}
+    by_row: dict[tuple[str, str, str], list[str]] = {}
     for c in spec:
-        by_label.setdefault(study.meta(c)["label"], []).append(c)
-    for label, cs in sorted(by_label.items()):
+        m = study.meta(c)
+        by_row.setdefault((m["label"], m["framework"], m["sampling"]), []).append(c)
+    for (label, fw, sampling), cs in sorted(by_row.items()):
+        others = [k for k in by_row if k[0] == label]
+        name = label + "".join(f" ({v})" for i, v in ((1, fw), (2, sampling)) if len({k[i] for k in others}) > 1)
         by_g: dict[int, list[str]] = {}
         for c in cs:
             by_g.setdefault(study.meta(c)["gamma"], []).append(c)
-        pg = {g: pooled(study, v) for g, v in by_g.items()}
+        pg = {g: pooled_drafts(study, v) for g, v in by_g.items()}
         ok = {g: p for g, p in pg.items() if isnum(p.speedup)}
         if ok:
             g_best = max(ok, key=lambda g: ok[g].speedup)
-            best.append(f"{label}: γ={g_best} ({ok[g_best].speedup:.2f}×)")
-        lab_all = pooled(study, cs)
-        if isnum(lab_all.alpha_hat) and isnum(lab_all.c) and isnum(lab_all.verify_ratio):
-            ratios = {g: p.verify_ratio for g, p in pg.items() if isnum(p.verify_ratio)}
-            g_max = 2 * max(pg)  # verification cost is only measured up to the γ values run
-            g_opt, s_opt = costmodel.optimal_gamma(min(lab_all.alpha_hat, 1.0), lab_all.c, g_max, verify_curve(ratios))
-            model_opt.append(f"{label}: γ={g_opt} ({s_opt:.2f}×, searched γ ≤ {g_max})")
+            best.append(f"{name}: γ={g_best} ({ok[g_best].speedup:.2f}×)")
+        opt = optimal_measured(study, {g: v for g, v in by_g.items() if g}, per_g=pg)
+        if opt is not None:
+            model_opt.append(
+                f"{name}: γ={opt['gamma']} ({opt['speedup']:.2f}×, searched γ ≤ {opt['max_gamma']}: {opt['why']})"
+            )
     return best, model_opt
 
 
@@ -327,7 +334,7 @@ def task_table(study: Study, tasks: Sequence[str] | None = None, sweep: str | No
                 "α range (per cell)": f"{min(alphas):.2f}–{max(alphas):.2f}" if alphas else "—",
                 "α pooled": fmt_ci(allp.alpha, allp.alpha_ci, n=allp.n_prompts),
                 "Best γ measured": "; ".join(best) or "—",
-                "Optimal γ (cost model from measured α̂, c; prediction)": "; ".join(model_opt) or "—",
+                "Optimal γ (cost model from measured draft lengths, α̂, c; prediction)": "; ".join(model_opt) or "—",
                 "n (prompts)": allp.n_prompts,
                 "Seed article (quoted, not measured)": seed_reference(task),
             }

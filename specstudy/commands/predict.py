@@ -1,8 +1,9 @@
 """specstudy predict: the cost model's baseline tokens/s, c, acceptance length, optimal γ and speedup.
 
 Two forms: one configuration (``--target-params``, ``--alpha``, ...), or ``--from outputs/<hw>``:
-the measured acceptance of every method and task of a finished study, predicted for the profile
-given with ``--hardware`` (or, without it, with the study's own measured step costs).
+the measured acceptance and draft lengths of every method and task of a finished study, predicted
+for the profile given with ``--hardware`` (or, without it, with the study's own measured step
+costs).  ``--from`` searches γ no deeper than measured unless ``--extrapolate``, which labels it.
 """
 
 from __future__ import annotations
@@ -41,6 +42,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--devices", type=int, default=None, help="devices the model is split over (default: fewest that fit)"
     )
     p.add_argument("--c", type=float, default=None, help="override the draft/target step-cost ratio")
+    p.add_argument(
+        "--extrapolate",
+        action="store_true",
+        help="with --from: search γ past the measured draft depth (up to the drafter's cap, else 16), "
+        "assuming α̂ there; rows that do are labelled EXTRAPOLATED",
+    )
 
 
 def _json_rows(df: pd.DataFrame) -> list[dict[str, Any]]:
@@ -62,7 +69,9 @@ def _run_from(args: argparse.Namespace) -> int:
         )
     study = load(args.from_dir)
     profile = load_hardware_profile(args.hardware, measure=True) if args.hardware else None
-    df = predict_from_study(study, profile, target_params=args.target_params, draft_params=args.draft_params)
+    df = predict_from_study(
+        study, profile, target_params=args.target_params, draft_params=args.draft_params, extrapolate=args.extrapolate
+    )
     if args.json:
         print(
             json.dumps(
@@ -70,6 +79,7 @@ def _run_from(args: argparse.Namespace) -> int:
                     "prediction": True,
                     "from": str(args.from_dir),
                     "for": args.hardware or study.hardware,
+                    "extrapolate": bool(args.extrapolate),
                     "rows": _json_rows(df),
                 },
                 indent=2,
@@ -79,7 +89,12 @@ def _run_from(args: argparse.Namespace) -> int:
         return 0
     print(
         f"PREDICTION for {args.hardware or study.hardware} from the acceptance measured in {args.from_dir} "
-        f"({'roofline of that profile' if profile else 'the study' + chr(39) + 's own measured step costs'}):\n"
+        f"({'roofline of that profile' if profile else 'the study' + chr(39) + 's own measured step costs'}); "
+        + (
+            "γ searched past the measured draft depth where a row says EXTRAPOLATED (α̂ assumed there):\n"
+            if args.extrapolate
+            else "γ searched no deeper than each row's measured draft depth (--extrapolate to go further):\n"
+        )
     )
     cols = [
         c
@@ -90,12 +105,14 @@ def _run_from(args: argparse.Namespace) -> int:
             "sampling",
             "alpha_hat",
             "gamma",
+            "draft_share",
             "predicted_speedup",
             "measured_speedup",
             "optimal_gamma",
             "baseline_tokens_per_s",
             "break_even_batch",
             "costs",
+            "note",
         )
         if c in df.columns
     ]

@@ -120,15 +120,17 @@ def method_family_section(study: Study, family: str) -> Section:
         "give for a run); *AL per request (mean)* averages each request's own 1 + accepted / draft steps "
         "(AIPerf's mean_acceptance_length, averaged over requests). They differ when long and short requests "
         "accept differently.\n\n"
-        "Predicted speedup: the decode steps speed up by s = AL(α̂, γ) / (γ·c + verify cost), the Leviathan et al. "
-        "formula with the *measured* i.i.d. acceptance α̂, draft cost c and verification cost (both in units of one "
-        "AR decode step T1); the request then speeds up by 1 / (f (1 + d) + (1 − f) / s), f being the baseline's "
-        "measured share of E2E before the first token (prefill), which speculation does not shorten, and d the "
-        "draft model's own prompt pass (d = c for a separate draft model, 0 otherwise). Predictions are "
-        "labelled as such; measured speedups are paired against AR on the same prompts. Rows whose "
-        "measured/predicted ratio leaves 0.9–1.1 depart from the model's assumptions: drafts shorter than γ "
-        "(n-gram misses, capped last steps) or acceptance that is not i.i.d. across positions.\n\n"
-        + markdown_table(table)
+        "Predicted speedup: the decode steps speed up by s = tokens per step / cost per step over the row's "
+        "*measured* draft lengths (Leviathan et al.'s AL(α̂, γ) / (γ·c + verify cost) when every step drafts γ): a "
+        "step that drafts nothing (an n-gram miss) yields 1 token at one AR step T1, one that drafts k tokens yields "
+        "its measured accepted drafts + 1 at c·k + T(k+1)/T(1), c and T(k+1)/T(1) measured in units of T1 (nearest "
+        "k where a k was not timed). The request then speeds up by 1 / (f (1 + d) + (1 − f) / s), f being the "
+        "baseline's measured share of E2E before the first token (prefill), which speculation does not shorten, "
+        "and d the draft model's own prompt pass (d = c for a separate draft model, 0 otherwise). Rows without "
+        "per-position counts fall back to γ every step with i.i.d. α̂. Predictions are labelled as such; measured "
+        "speedups are paired against AR on the same prompts. The model note says what the model took from the "
+        "measurement and, where measured/predicted leaves 0.9–1.1, which of its assumptions the measurement "
+        "breaks.\n\n" + markdown_table(table)
     )
     b1 = raw[raw["batch_size"] == 1]
     if len(b1):
@@ -154,8 +156,9 @@ def task_category_section(study: Study, task: str | None = None) -> Section:
         "Entropy: mean per-token entropy (nats) of the target's next-token distribution along its own AR output "
         "(computed in the verification pass), 95 % CI over requests. α range: lowest–highest α over the task's "
         "speculative cells (methods × γ), batch 1. Best γ measured: the γ with the highest paired speedup among "
-        "those run. Optimal γ (prediction): the cost model's optimum from the measured α̂, c and verification cost.\n\n"
-        + markdown_table(table)
+        "those run. Optimal γ (prediction): the cost model's optimum from the measured draft lengths, α̂, c and "
+        "verification cost, searched no deeper than the draft depth measured (α̂ is not carried past it) nor than "
+        "the drafter can draft (Medusa-style heads: their number).\n\n" + markdown_table(table)
     )
     pts = frames.entropy_points(study, [task] if task else None)
     if len(pts):

@@ -117,9 +117,16 @@ def test_step_costs_and_prediction_from_measured_timings(study_out):
     _, raw = tables.method_table(data, "layer_skip")
     r = raw.iloc[0]
     assert 0 < r["c"] < 5 and r["verify_ratio"] > 0
-    from specstudy.costmodel import speedup_with_verify_cost
-
-    decode = speedup_with_verify_cost(r["alpha_hat"], int(r["gamma"]), r["c"], r["verify_ratio"])
+    # the measured draft mix: tokens per decode step / cost per decode step (× the AR step T1), a step
+    # drafting k costing c·k + its measured verification, one drafting nothing its measured cost
+    mix = r["draft_mix"]
+    n, d, a = mix["decode_steps"], mix["drafted_ge"], mix["accepted_ge"]
+    assert len(d) == int(r["gamma"]) and set(mix["verify_by_k"]) <= set(range(1, len(d) + 1))
+    per_k = {k: d[k - 1] - (d[k] if k < len(d) else 0) for k in range(1, len(d) + 1)}
+    cost = ((n - d[0]) * mix["no_draft"] if n > d[0] else 0.0) + sum(
+        m * (mix["c"] * k + mix["verify_by_k"][k]) for k, m in per_k.items() if m
+    )
+    decode = (n + sum(a)) / cost
     f = r["prefill_share"]  # the AR baseline's share of E2E before its first token: speculation leaves it alone
     assert 0.0 < f < 1.0
     assert r["predicted_speedup"] == pytest.approx(1.0 / (f + (1.0 - f) / decode))

@@ -323,3 +323,79 @@ def throughput_latency(raw: pd.DataFrame) -> Figure:
     _legend(axes[0], 6)
     fig.tight_layout()
     return fig
+
+
+def _frontier(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Indices of the points no other point beats on both axes (higher is better on each), by x."""
+    order = np.lexsort((-y, -x))
+    keep, best = [], -np.inf
+    for i in order:
+        if y[i] > best:
+            keep.append(i)
+            best = y[i]
+    return np.array(sorted(keep, key=lambda i: x[i]), dtype=int)
+
+
+def _pareto(frame: pd.DataFrame, total: str, point: str, series: Sequence[str], point_text: Any, what: str) -> Figure:
+    """Per-request tokens/s (1 / TPOT p50) against total tokens/s, one facet per framework, one line per
+    series (AR drawn in black), each point labelled by its sweep value; the frontier over all points dashed."""
+    sns = _sns()
+    df = frame.assign(_per_request=1.0 / frame["tpot_p50_s"].astype(float), _total=frame[total].astype(float))
+    df = df[np.isfinite(df["_per_request"]) & np.isfinite(df["_total"])]
+    frameworks = list(dict.fromkeys(df["framework"])) or [""]
+    fig, axes = _subplots(1, len(frameworks), figsize=(5.2 * len(frameworks), 4.2), squeeze=False)
+    pal = sns.color_palette(PALETTE)
+    varies = [c for c in series if c in df and df[c].nunique(dropna=False) > 1]
+    for ax, fw in zip(axes[0], frameworks):
+        g_fw = df[df["framework"] == fw]
+        spec_i = 0
+        for key, g in g_fw.groupby(["method", "label", "gamma", *varies], dropna=False, sort=False):
+            method, label, gamma, *rest = key
+            g = g.sort_values(point)
+            is_ar = method == "ar"
+            name = "AR" if is_ar else f"{label}" + (f" γ={gamma:g}" if gamma == gamma and gamma else "")
+            name += "".join(f", {c} {v}" for c, v in zip(varies, rest))
+            colour = "k" if is_ar else pal[spec_i % len(pal)]
+            spec_i += 0 if is_ar else 1
+            ax.plot(g["_per_request"], g["_total"], "s-" if is_ar else "o-", color=colour, label=name, ms=4)
+            for x, y, v in zip(g["_per_request"], g["_total"], g[point]):
+                ax.annotate(point_text(v), (x, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
+        if len(g_fw) > 1:
+            f = _frontier(g_fw["_per_request"].to_numpy(), g_fw["_total"].to_numpy())
+            ax.plot(
+                g_fw["_per_request"].to_numpy()[f],
+                g_fw["_total"].to_numpy()[f],
+                "--",
+                color="grey",
+                lw=0.8,
+                zorder=0,
+                label="Pareto frontier (all points)",
+            )
+        ax.set(
+            xlabel="per-request tokens/s (1 / TPOT p50)",
+            ylabel="total output tokens/s",
+            title=f"{fw}: throughput vs per-request speed (labels: {what})",
+        )
+        ax.title.set_fontsize(8)
+        ax.margins(0.1)  # room for the point labels at the edges
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)
+    return fig
+
+
+def batch_pareto(sweep: pd.DataFrame) -> Figure:
+    """The batch sweep as vLLM's sweep plots show one: total tokens/s against per-request tokens/s,
+    AR beside each speculative method, one point per batch size (``tables.batch_sweep_frame``)."""
+    return _pareto(sweep, "tokens_per_s", "batch_size", ["drafter", "sampling"], lambda b: f"b={b:g}", "batch size")
+
+
+def rate_pareto(raw: pd.DataFrame) -> Figure:
+    """The request-rate sweep the same way: one point per offered rate (``rates.rate_frame``)."""
+    return _pareto(
+        raw,
+        "output_throughput_tps",
+        "rate",
+        ["task", "prefix_cache"],
+        lambda r: "inf" if np.isinf(r) else f"{r:g}/s",
+        "req/s offered",
+    )

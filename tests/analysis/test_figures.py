@@ -1,5 +1,5 @@
 """The report's figures read as their tables do: one bar per hardware-table row (no two engines' or two
-samplings' rows drawn over each other)."""
+samplings' rows drawn over each other), and sweeps as throughput against per-request speed (Pareto)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from specstudy.analysis import figures
+from specstudy.analysis import figures, tables
+from specstudy.analysis.study import load
 
 NAN_CI = (math.nan, math.nan)
 
@@ -95,3 +96,65 @@ def test_hardware_methods_names_the_drafter_where_two_rows_would_read_alike():
     fig = figures.hardware_methods(pd.concat([raw, twin], ignore_index=True), "cpu")
     labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
     assert len(_bars(fig.axes[0])) == 3 and len(set(labels)) == 3 and "Prompt lookup γ=3, other" in labels
+
+
+def _sweep() -> pd.DataFrame:
+    """A batch sweep frame as ``tables.batch_sweep_frame`` returns it: AR and one method at b = 1, 2, 4."""
+    rows = []
+    for method, label, gamma, tps, tpot in (
+        ("ar", "AR", 0, (10.0, 18.0, 30.0), (0.10, 0.11, 0.13)),
+        ("ngram", "Prompt lookup", 2, (14.0, 22.0, 28.0), (0.07, 0.09, 0.14)),
+    ):
+        for b, t, p in zip((1, 2, 4), tps, tpot):
+            rows.append(
+                dict(
+                    framework="reference",
+                    method=method,
+                    label=label,
+                    gamma=gamma,
+                    drafter="",
+                    sampling="greedy",
+                    batch_size=b,
+                    tokens_per_s=t,
+                    tokens_per_s_ci=NAN_CI,
+                    tpot_p50_s=p,
+                    speedup=math.nan,
+                    n_requests=6,
+                )
+            )
+    return pd.DataFrame(rows)
+
+
+def test_batch_pareto_plots_total_against_per_request_tokens_per_s_one_line_per_method():
+    fig = figures.batch_pareto(_sweep())
+    (ax,) = fig.axes
+    lines = {l.get_label(): l for l in ax.get_lines()}
+    assert set(lines) == {"AR", "Prompt lookup γ=2", "Pareto frontier (all points)"}
+    ar = lines["AR"]
+    assert list(ar.get_xdata()) == pytest.approx([10.0, 1 / 0.11, 1 / 0.13])  # x: 1 / TPOT p50
+    assert list(ar.get_ydata()) == pytest.approx([10.0, 18.0, 30.0])  # y: total tokens/s
+    assert sorted(t.get_text() for t in ax.texts) == sorted(["b=1", "b=2", "b=4"] * 2)
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert legend == ["AR", "Prompt lookup γ=2", "Pareto frontier (all points)"]
+    # the frontier: AR b=4 (most in total), Prompt lookup b=2 and b=1 (fastest per request); the rest are beaten
+    front = lines["Pareto frontier (all points)"]
+    assert list(front.get_ydata()) == pytest.approx([30.0, 22.0, 14.0])
+
+
+def test_frontier_keeps_the_points_nothing_beats_on_both_axes():
+    x = np.array([1.0, 2.0, 3.0, 2.5, 0.5])
+    y = np.array([5.0, 4.0, 1.0, 0.5, 4.5])
+    assert list(figures._frontier(x, y)) == [0, 1, 2]  # (2.5, 0.5) and (0.5, 4.5) are beaten
+
+
+def test_batch_sweep_frame_pools_ar_from_the_paired_baselines(report_study):
+    study = load(report_study)
+    sweep = tables.batch_sweep_frame(study, "ngram")
+    assert set(sweep["method"]) == {"ar", "ngram"}
+    for method in ("ar", "ngram"):
+        assert sorted(sweep.loc[sweep["method"] == method, "batch_size"]) == [1, 2]
+    assert (sweep["tokens_per_s"] > 0).all() and (sweep["tpot_p50_s"] > 0).all()
+    # layer skip runs at batch 1 only (max_batch_size: 1): no sweep, so no Pareto figure for it
+    assert tables.batch_sweep_frame(study, "layer_skip").empty
+    fig = figures.batch_pareto(sweep)
+    assert {l.get_label() for l in fig.axes[0].get_lines()} >= {"AR", "Prompt lookup γ=2"}

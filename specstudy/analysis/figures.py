@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from .format import short_model
 from .stats import break_even, isnum
 
 PALETTE = "colorblind"
@@ -37,33 +38,89 @@ def _legend(ax: Any, size: int) -> None:
 
 
 def _err(values: Sequence[float], cis: Sequence[tuple[float, float]], clip: bool = False) -> np.ndarray:
-    """Asymmetric error bars [2, n] from (low, high) CIs; 0 where a CI is unknown."""
+    """Asymmetric error bars [2, n] from (low, high) CIs; NaN where a CI is unknown, so no bar is drawn
+    there (a zero-length bar with caps would read as a CI of zero width)."""
+    nan = float("nan")
 
     def lo(v: float, c: tuple[float, float]) -> float:
-        return (max(v - c[0], 0) if clip else v - c[0]) if c[0] == c[0] else 0
+        return (max(v - c[0], 0) if clip else v - c[0]) if c[0] == c[0] else nan
 
     def hi(v: float, c: tuple[float, float]) -> float:
-        return (max(c[1] - v, 0) if clip else c[1] - v) if c[1] == c[1] else 0
+        return (max(c[1] - v, 0) if clip else c[1] - v) if c[1] == c[1] else nan
 
     return np.array([[lo(v, c), hi(v, c)] for v, c in zip(values, cis)]).T
 
 
+def _row_names(rows: pd.DataFrame) -> list[str]:
+    """A bar's name: "AR" or "<label> γ=<γ>", with the target and the drafter where rows would
+    otherwise read alike (two targets in a study, two drafters for one label)."""
+    names = ["AR" if m == "ar" else f"{lab} γ={g}" for m, lab, g in zip(rows["method"], rows["label"], rows["gamma"])]
+    if "model" in rows and rows["model"].nunique() > 1:
+        names = [f"{n} ({short_model(t)})" for n, t in zip(names, rows["model"])]
+    keys = list(zip(rows["framework"], names))
+    if "drafter" in rows and len(set(keys)) < len(keys):
+        names = [f"{n}, {short_model(d)}" if d else n for n, d in zip(names, rows["drafter"])]
+    return names
+
+
 def hardware_methods(raw: pd.DataFrame, hardware: str) -> Figure:
-    """tokens/s and speedup per method at batch 1, with their CIs (the hardware table as bars)."""
+    """tokens/s and speedup at batch 1 with their CIs: one bar per hardware-table row, coloured by framework.
+
+    One facet row per sampling and one bar position per (framework, method, target, drafter, γ) inside it,
+    so two engines' AR rows, or a method's greedy and T > 0 rows, never share a bar.
+    """
     sns = _sns()
-    fig, axes = _subplots(1, 2, figsize=(9, 3.4))
-    lab = raw.apply(lambda r: "AR" if r["method"] == "ar" else f"{r['label']} γ={r['gamma']}", axis=1)
-    pal = sns.color_palette(PALETTE, len(raw))
-    for ax, col, ci, unit in (
-        (axes[0], "tokens_per_s", "tokens_per_s_ci", "tokens/s"),
-        (axes[1], "speedup", "speedup_ci", "speedup over AR (×)"),
-    ):
-        vals = raw[col].astype(float).where(raw["method"] != "ar", 1.0 if col == "speedup" else raw[col])
-        ax.barh(lab, vals, xerr=_err(vals, raw[ci]), color=pal, capsize=3)
-        ax.set_xlabel(unit)
-        if col == "speedup":
-            ax.axvline(1.0, color="k", lw=0.8, ls="--")
-    axes[1].set_yticklabels([])
+    samplings = list(dict.fromkeys(raw["sampling"]))
+    frameworks = list(dict.fromkeys(raw["framework"]))
+    colour = dict(zip(frameworks, sns.color_palette(PALETTE, max(1, len(frameworks)))))
+    facets = [raw[raw["sampling"] == s] for s in samplings]
+    heights = [len(f) + 0.6 * (f["framework"].nunique() - 1) + 0.5 for f in facets]
+    fig, axes = _subplots(
+        len(facets),
+        2,
+        figsize=(9.5, 1.0 + 0.28 * sum(heights) + 0.45 * len(facets)),
+        squeeze=False,
+        sharey="row",
+        gridspec_kw={"height_ratios": heights},
+    )
+    nan_ci = (float("nan"), float("nan"))
+    for row_axes, sampling, rows in zip(axes, samplings, facets):
+        pos, y = [], 0.0
+        for prev, fw in zip([None, *rows["framework"]], rows["framework"]):
+            y += 1.0 if prev is None or prev == fw else 1.6  # a gap between one framework's bars and the next's
+            pos.append(y)
+        ar = (rows["method"] == "ar").to_numpy()
+        colours = [colour[fw] for fw in rows["framework"]]
+        for ax, col, unit in (
+            (row_axes[0], "tokens_per_s", "tokens/s"),
+            (row_axes[1], "speedup", "speedup over AR (×)"),
+        ):
+            vals = rows[col].astype(float).to_numpy()
+            cis = list(rows[f"{col}_ci"])
+            if col == "speedup":  # AR is the reference: 1 by definition, no CI
+                vals = np.where(ar, 1.0, vals)
+                cis = [nan_ci if a else c for a, c in zip(ar, cis)]
+            # clipped: a bootstrap CI of a ratio need not contain its point estimate, and a negative
+            # error length would stop matplotlib
+            ax.barh(pos, vals, xerr=_err(list(vals), cis, clip=True), color=colours, capsize=3, height=0.8)
+            ax.set_xlabel(unit)
+            ax.set_title(f"{sampling}: {unit.split(' (')[0]}", fontsize=8)
+            if col == "speedup":
+                ax.axvline(1.0, color="k", lw=0.8, ls="--")
+        row_axes[0].set_yticks(pos, _row_names(rows), fontsize=7)
+        row_axes[0].invert_yaxis()
+    from matplotlib.patches import Patch
+
+    axes[0, 1].legend(
+        [Patch(color=colour[fw]) for fw in frameworks],
+        frameworks,
+        title="framework",
+        fontsize=7,
+        title_fontsize=7,
+        bbox_to_anchor=(1.02, 1),
+        loc="upper left",
+        borderaxespad=0,
+    )
     fig.suptitle(f"{hardware}: methods at batch 1 (95 % CI)")
     return fig
 
@@ -266,3 +323,79 @@ def throughput_latency(raw: pd.DataFrame) -> Figure:
     _legend(axes[0], 6)
     fig.tight_layout()
     return fig
+
+
+def _frontier(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Indices of the points no other point beats on both axes (higher is better on each), by x."""
+    order = np.lexsort((-y, -x))
+    keep, best = [], -np.inf
+    for i in order:
+        if y[i] > best:
+            keep.append(i)
+            best = y[i]
+    return np.array(sorted(keep, key=lambda i: x[i]), dtype=int)
+
+
+def _pareto(frame: pd.DataFrame, total: str, point: str, series: Sequence[str], point_text: Any, what: str) -> Figure:
+    """Per-request tokens/s (1 / TPOT p50) against total tokens/s, one facet per framework, one line per
+    series (AR drawn in black), each point labelled by its sweep value; the frontier over all points dashed."""
+    sns = _sns()
+    df = frame.assign(_per_request=1.0 / frame["tpot_p50_s"].astype(float), _total=frame[total].astype(float))
+    df = df[np.isfinite(df["_per_request"]) & np.isfinite(df["_total"])]
+    frameworks = list(dict.fromkeys(df["framework"])) or [""]
+    fig, axes = _subplots(1, len(frameworks), figsize=(5.2 * len(frameworks), 4.2), squeeze=False)
+    pal = sns.color_palette(PALETTE)
+    varies = [c for c in series if c in df and df[c].nunique(dropna=False) > 1]
+    for ax, fw in zip(axes[0], frameworks):
+        g_fw = df[df["framework"] == fw]
+        spec_i = 0
+        for key, g in g_fw.groupby(["method", "label", "gamma", *varies], dropna=False, sort=False):
+            method, label, gamma, *rest = key
+            g = g.sort_values(point)
+            is_ar = method == "ar"
+            name = "AR" if is_ar else f"{label}" + (f" γ={gamma:g}" if gamma == gamma and gamma else "")
+            name += "".join(f", {c} {v}" for c, v in zip(varies, rest))
+            colour = "k" if is_ar else pal[spec_i % len(pal)]
+            spec_i += 0 if is_ar else 1
+            ax.plot(g["_per_request"], g["_total"], "s-" if is_ar else "o-", color=colour, label=name, ms=4)
+            for x, y, v in zip(g["_per_request"], g["_total"], g[point]):
+                ax.annotate(point_text(v), (x, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
+        if len(g_fw) > 1:
+            f = _frontier(g_fw["_per_request"].to_numpy(), g_fw["_total"].to_numpy())
+            ax.plot(
+                g_fw["_per_request"].to_numpy()[f],
+                g_fw["_total"].to_numpy()[f],
+                "--",
+                color="grey",
+                lw=0.8,
+                zorder=0,
+                label="Pareto frontier (all points)",
+            )
+        ax.set(
+            xlabel="per-request tokens/s (1 / TPOT p50)",
+            ylabel="total output tokens/s",
+            title=f"{fw}: throughput vs per-request speed (labels: {what})",
+        )
+        ax.title.set_fontsize(8)
+        ax.margins(0.1)  # room for the point labels at the edges
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)
+    return fig
+
+
+def batch_pareto(sweep: pd.DataFrame) -> Figure:
+    """The batch sweep as vLLM's sweep plots show one: total tokens/s against per-request tokens/s,
+    AR beside each speculative method, one point per batch size (``tables.batch_sweep_frame``)."""
+    return _pareto(sweep, "tokens_per_s", "batch_size", ["drafter", "sampling"], lambda b: f"b={b:g}", "batch size")
+
+
+def rate_pareto(raw: pd.DataFrame) -> Figure:
+    """The request-rate sweep the same way: one point per offered rate (``rates.rate_frame``)."""
+    return _pareto(
+        raw,
+        "output_throughput_tps",
+        "rate",
+        ["task", "prefix_cache"],
+        lambda r: "inf" if np.isinf(r) else f"{r:g}/s",
+        "req/s offered",
+    )

@@ -194,15 +194,20 @@ def metric_table(study: Study, sweep: str | None = "hardware") -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def method_table(study: Study, family: str, sweep: str | None = "method_family") -> Frames:
-    """α, AL, α̂, per-position acceptance, speedup (measured and predicted) per (label, γ, batch, sampling)."""
+def _family_cells(study: Study, family: str, sweep: str | None) -> list[str]:
+    """The family's speculative cells at the headline output length, from ``sweep`` where it ran there."""
     sweep = _sweep_or_all(study, sweep)
     mnt = headline_max_new(study)
     cells = [c for c in study.spec_cell_ids(sweep, family=family) if study.meta(c)["max_new_tokens"] == mnt]
     if not cells and sweep is not None:  # a family measured only in other sweeps (e.g. the hardware table)
         cells = [c for c in study.spec_cell_ids(None, family=family) if study.meta(c)["max_new_tokens"] == mnt]
+    return cells
+
+
+def method_table(study: Study, family: str, sweep: str | None = "method_family") -> Frames:
+    """α, AL, α̂, per-position acceptance, speedup (measured and predicted) per (label, γ, batch, sampling)."""
     groups: dict[tuple[Any, ...], list[str]] = {}
-    for c in cells:
+    for c in _family_cells(study, family, sweep):
         m = study.meta(c)
         key = (m["framework"], m["label"], m["gamma"] or 0, m["batch_size"], m["drafter"] or "", m["sampling"])
         groups.setdefault(key, []).append(c)
@@ -250,6 +255,55 @@ def method_table(study: Study, family: str, sweep: str | None = "method_family")
             }
         )
     return pd.DataFrame(rows), pd.DataFrame(raw)
+
+
+def batch_sweep_frame(study: Study, family: str, sweep: str | None = "method_family") -> pd.DataFrame:
+    """The family's batch sweep beside AR: what a throughput-against-latency (Pareto) plot needs.
+
+    One row per (framework, label, γ, drafter, sampling, batch) of the speculative series measured at
+    several batch sizes, and one AR row per (framework, sampling, batch) pooled from those cells' own
+    paired baselines, so both series cover the same prompts.  ``tokens_per_s`` is the pooled total
+    (Σ tokens / Σ batch wall span at a batch > 1); ``tpot_p50_s`` the median request's time per output
+    token, whose inverse is the decode speed one request sees.
+    """
+    spec: dict[tuple[Any, ...], dict[int, list[str]]] = {}
+    for c in _family_cells(study, family, sweep):
+        m = study.meta(c)
+        if m["request_rate"] is not None:  # a request-rate cell belongs to the rate sweep's figure
+            continue
+        key = (m["framework"], m["method"], m["label"], m["gamma"] or 0, m["drafter"] or "", m["sampling"])
+        spec.setdefault(key, {}).setdefault(m["batch_size"], []).append(c)
+    spec = {k: v for k, v in spec.items() if len(v) > 1}
+    ar: dict[tuple[Any, ...], dict[int, set[str]]] = {}
+    for (fw, _, _, _, _, sampling), by_batch in spec.items():
+        for batch, cells in by_batch.items():
+            base = {b for c in cells if (b := study.meta(c)["baseline_cell_id"]) and b in study.records}
+            ar.setdefault((fw, "ar", "AR", 0, "", sampling), {}).setdefault(batch, set()).update(base)
+    series = [(k, {b: sorted(v) for b, v in d.items()}) for k, d in sorted(ar.items())] + sorted(spec.items())
+    rows = []
+    for key, by_batch in series:
+        fw, method, label, gamma, drafter, sampling = key
+        for batch in sorted(by_batch):
+            if not by_batch[batch]:
+                continue
+            p = pooled(study, by_batch[batch])
+            rows.append(
+                {
+                    "framework": fw,
+                    "method": method,
+                    "label": label,
+                    "gamma": gamma,
+                    "drafter": drafter,
+                    "sampling": sampling,
+                    "batch_size": batch,
+                    "tokens_per_s": p.tokens_per_s,
+                    "tokens_per_s_ci": p.tokens_per_s_ci,
+                    "tpot_p50_s": p.tpot_p50_s,
+                    "speedup": p.speedup,
+                    "n_requests": p.n_requests,
+                }
+            )
+    return pd.DataFrame(rows)
 
 
 def seed_reference(task: str) -> str:

@@ -31,6 +31,16 @@ def markdown_table(df: pd.DataFrame | None) -> str:
     return "\n".join(lines) + "\n"
 
 
+#: what the Pareto figures of a batch or rate sweep show (vLLM's sweep plots), said once for both sections
+PARETO_TEXT = (
+    "Throughput against per-request speed (Pareto figure): one point per {point}, one line per method "
+    "with {ar} in black; y = total output tokens/s of the run, x = 1 / TPOT p50, the decode speed the "
+    "median request sees (its prefill not counted). A point above and to the right of another is better on "
+    "both; the dashed line joins the points no other point beats on both. Speculation pays where its line lies "
+    "beyond AR's.\n"
+)
+
+
 @dataclass
 class Section:
     title: str
@@ -142,6 +152,10 @@ def method_family_section(study: Study, family: str) -> Section:
     if len(multi):
         sec.figures[f"method_{family}_batch"] = figures.speedup_vs_batch(multi)
         sec.markdown += "\nBreak-even batch: " + "; ".join(stats.break_even_notes(multi)) + ".\n"
+    sweep = tables.batch_sweep_frame(study, family)
+    if len(sweep):
+        sec.figures[f"method_{family}_pareto"] = figures.batch_pareto(sweep)
+        sec.markdown += "\n" + PARETO_TEXT.format(point="batch size", ar="the paired AR cells at each batch size")
     return sec
 
 
@@ -267,6 +281,7 @@ def serving_section(study: Study) -> Section:
         stop = rates.stops_paying_table(raw)
         sec.tables["serving_stops_paying"] = (stop, None)
         sec.figures["serving_throughput_latency"] = figures.throughput_latency(raw)
+        sec.figures["serving_pareto"] = figures.rate_pareto(raw)
         parts += [
             "Requests offered by the kit's asyncio load generator (Poisson arrivals at each rate; inf: all at "
             "once). Throughputs over the run's span; TTFT and TPOT p50 / p99 over ok requests; goodput = requests/s "
@@ -279,6 +294,7 @@ def serving_section(study: Study) -> Section:
             markdown_table(table),
             "\nWhere speculation stops paying (the lowest offered rate whose paired speedup ≤ 1):\n",
             markdown_table(stop),
+            "\n" + PARETO_TEXT.format(point="offered rate", ar="AR at the same rates"),
         ]
     pc_raw = rates.prefix_cache_frame(study)
     parts.append("\n### Prefix cache off and on\n")

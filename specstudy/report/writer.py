@@ -1,4 +1,4 @@
-"""The only module that writes a report's files: tables (markdown + CSV), figures (PNG + PDF), report.md/html.
+"""The only module that writes a report's files: tables (markdown + CSV), figures (PNG + PDF), report.md/html/pdf.
 
 Everything it writes comes from :mod:`specstudy.report.sections`, which comes from
 :mod:`specstudy.analysis`; rendering the same records twice writes the same tables.
@@ -10,6 +10,7 @@ import base64
 import os
 import re
 from collections.abc import Iterable, Sequence
+from html import escape as html_escape
 from pathlib import Path
 
 import pandas as pd
@@ -19,6 +20,9 @@ from ..analysis import tables
 from ..analysis.study import Study, load
 from .latex import latex_table
 from .sections import Section, extra_sections, markdown_table, report_head, report_sections
+
+#: the PNGs' resolution; report.pdf prints each figure at its own size from it (pixels / dpi inches)
+FIGURE_DPI = 130
 
 
 def save_table(out: Path, name: str, display: pd.DataFrame, raw: pd.DataFrame | None = None) -> None:
@@ -37,7 +41,7 @@ def save_figure(out: Path, name: str, fig: Figure) -> Path:
     path = out / "figures" / name
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
-    fig.savefig(path.with_suffix(".png"), dpi=130)
+    fig.savefig(path.with_suffix(".png"), dpi=FIGURE_DPI)
     fig.savefig(path.with_suffix(".pdf"))
     plt.close(fig)
     return path
@@ -51,8 +55,11 @@ def save_sections(out: Path, sections: Iterable[Section]) -> None:
             save_figure(out, name, fig)
 
 
-def write_report(out: str | os.PathLike[str], html: bool = True, study: Study | None = None) -> Path:
-    """Render ``<out>/report.md`` (and ``report.html``), its tables and figures, from the records in ``<out>``."""
+def write_report(
+    out: str | os.PathLike[str], html: bool = True, study: Study | None = None, pdf: bool | None = None
+) -> Path:
+    """Render ``<out>/report.md`` (and ``report.html`` and ``report.pdf``), its tables and figures, from the
+    records in ``<out>``; ``pdf`` defaults to ``html`` (the rendered copies go together)."""
     study = study or load(out)
     secs = report_sections(study)
     save_sections(study.out, [*secs, *extra_sections(study)])
@@ -61,6 +68,8 @@ def write_report(out: str | os.PathLike[str], html: bool = True, study: Study | 
     path.write_text(md)
     if html:
         markdown_to_html(path)
+    if html if pdf is None else pdf:
+        markdown_to_pdf(path)
     return path
 
 
@@ -83,6 +92,66 @@ def markdown_to_html(md_path: Path) -> Path:
     body, _ = exporter.from_notebook_node(nb)
     out = md_path.with_suffix(".html")
     out.write_text(body)
+    return out
+
+
+#: report.pdf's page and type: landscape A4 (the method tables run to 17 columns), DejaVu Sans from
+#: matplotlib's own font files (the standard PDF fonts have no α, γ or ×)
+PDF_CSS = """
+@page {{ size: a4 landscape; margin: 1.2cm; }}
+@font-face {{ font-family: body; src: url("{fonts}/DejaVuSans.ttf"); }}
+@font-face {{ font-family: body; font-weight: bold; src: url("{fonts}/DejaVuSans-Bold.ttf"); }}
+@font-face {{ font-family: mono; src: url("{fonts}/DejaVuSansMono.ttf"); }}
+body {{ font-family: body; font-size: 8pt; line-height: 1.3; }}
+h1 {{ font-size: 15pt; }} h2 {{ font-size: 12pt; margin-top: 10pt; }} h3 {{ font-size: 10pt; }}
+code {{ font-family: mono; font-size: 7pt; }}
+table {{ border-top: 0.5pt solid #444; border-bottom: 0.5pt solid #444; margin: 4pt 0; }}
+th {{ font-size: 6pt; text-align: left; border-bottom: 0.5pt solid #444; padding: 1pt 2pt; }}
+td {{ font-size: 6pt; padding: 1pt 2pt; }}
+"""
+#: the page's text width and height in inches (A4 landscape less the margins, less a caption line):
+#: a larger figure is scaled down to fit them
+PDF_TEXT_WIDTH_IN = (29.7 - 2 * 1.2) / 2.54
+PDF_TEXT_HEIGHT_IN = (21.0 - 2 * 1.2) / 2.54 - 0.4
+
+
+def markdown_to_pdf(md_path: Path) -> Path:
+    """``report.pdf`` from the same markdown as report.html, by nbconvert's own markdown renderer and
+    xhtml2pdf (Apache-2.0, on reportlab): pure wheels, no system libraries.  Figures are the PNGs beside
+    the markdown, embedded at their own size (scaled down to the page), tables repeat their header row."""
+    import matplotlib
+    from nbconvert.filters.markdown_mistune import markdown2html_mistune
+    from PIL import Image
+    from xhtml2pdf import pisa
+    from xhtml2pdf.config.resources import ResourceAccessPolicy
+
+    root = md_path.parent.resolve()
+    body = markdown2html_mistune(md_path.read_text())
+    body = re.sub(r'<a class="anchor-link"[^>]*>.*?</a>', "", body)  # the ¶ links of the HTML
+    body = body.replace("<table>", '<table repeat="1">')
+    # xhtml2pdf breaks lines at white space only: a thin space after "/" lets "measured/predicted" wrap
+    body = re.sub(r"<th>(.*?)</th>", lambda m: "<th>" + re.sub(r"/(?=\w{5})", "/\u2009", m.group(1)) + "</th>", body)
+
+    def sized(m: re.Match[str]) -> str:
+        f = (root / m.group(1)).resolve()
+        if not (f.suffix == ".png" and f.is_file() and f.is_relative_to(root)):
+            return m.group(0)
+        with Image.open(f) as im:
+            w, h = (v / FIGURE_DPI for v in im.size)
+        scale = min(1.0, PDF_TEXT_WIDTH_IN / w, PDF_TEXT_HEIGHT_IN / h)
+        src = html_escape(str(f))
+        return f'<img src="{src}" alt="{m.group(2)}" width="{w * scale:.2f}in" height="{h * scale:.2f}in" />'
+
+    body = re.sub(r'<img src="([^"]+)" alt="([^"]*)" />', sized, body)
+    fonts = Path(matplotlib.get_data_path()) / "fonts" / "ttf"
+    doc = f'<html><head><meta charset="utf-8"/><style>{PDF_CSS.format(fonts=fonts)}</style></head><body>{body}</body></html>'
+    out = md_path.with_suffix(".pdf")
+    # local reads only: the report's own folder (its figures) and the font folder, nothing remote
+    policy = ResourceAccessPolicy(allow_remote=False, base_dir=root, extra_roots=(fonts,))
+    with out.open("wb") as dest:
+        status = pisa.CreatePDF(doc, dest=dest, encoding="utf-8", resource_policy=policy)
+    if status.err:
+        raise RuntimeError(f"xhtml2pdf could not render {out} ({status.err} errors)")
     return out
 
 
@@ -119,6 +188,7 @@ def write_cross_report(
     path.write_text("\n".join(md))
     df.to_csv(dest / "hardware.csv", index=False)
     markdown_to_html(path)
+    markdown_to_pdf(path)
     return path
 
 

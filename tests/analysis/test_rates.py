@@ -83,6 +83,24 @@ def test_rate_table_rows_and_the_curve_figure():
     assert len(fig.axes) == 2 and len(fig.axes[0].lines) == 4  # one line per framework x method
 
 
+def test_rate_pareto_one_facet_per_framework_points_labelled_by_rate():
+    raw = _raw()
+    raw["output_throughput_tps"] = [10.0 * (i + 1) for i in range(len(raw))]
+    raw["tpot_p50_s"] = [0.02 * (i + 1) for i in range(len(raw))]
+    fig = figures.rate_pareto(raw)
+    assert [ax.get_title().split(":")[0] for ax in fig.axes] == ["vllm-server", "llamacpp"]
+    for ax, fw in zip(fig.axes, ("vllm-server", "llamacpp")):
+        mine = raw[raw["framework"] == fw]
+        lines = {l.get_label(): l for l in ax.get_lines()}
+        assert {"AR", "PL γ=4"} <= set(lines)  # AR beside the speculative method
+        pl = mine[mine["method"] == "ngram"].sort_values("rate")
+        assert list(lines["PL γ=4"].get_xdata()) == pytest.approx(list(1 / pl["tpot_p50_s"]))
+        assert list(lines["PL γ=4"].get_ydata()) == pytest.approx(list(pl["output_throughput_tps"]))
+        texts = sorted(t.get_text() for t in ax.texts)
+        assert texts == sorted(["inf" if math.isinf(r) else f"{r:g}/s" for r in mine["rate"]])
+        assert ax.get_legend() is not None
+
+
 def test_goodput_counts_against_the_slo_the_study_states():
     stated = SimpleNamespace(config={"slo": {"ttft_ms": 800, "tpot_ms": 200, "e2e_ms": None}})
     assert rates.study_slo(stated) == Slo(ttft_s=0.8, tpot_s=0.2)

@@ -94,6 +94,38 @@ def test_report_has_every_section_with_measured_numbers(study_out):
         assert png.exists() and png.with_suffix(".pdf").exists(), m
 
 
+def test_report_pdf_has_the_text_tables_and_figures(study_out):
+    """report.pdf beside report.html, read back as a reader would: its pages' text and embedded images."""
+    from PIL import Image
+    from pypdf import PdfReader
+
+    md = writer.write_report(study_out, html=False, pdf=True).read_text()
+    pages = PdfReader(study_out / "report.pdf").pages
+    text = "\n".join(p.extract_text() for p in pages)
+    words = set(text.split())
+    for heading in ("Hardware table", "Method family — Prompt lookup", "Task categories", "Benchmark hygiene"):
+        assert heading in text, heading
+    hw = _table(md, "## Hardware table")
+    for row in hw[:1] + hw[2:]:  # every word of the hardware table (header and rows), however its cells wrap
+        missing = {w for cell in row for w in cell.split()} - words
+        assert not missing, (row, missing)
+    assert "α" in words and "γ" in words  # the font has the Greek letters (the standard PDF fonts have none)
+    figs = re.findall(r"!\[[^\]]*\]\((figures/[^)]+\.png)\)", md)
+    assert "figures/hardware_methods.png" in figs and "figures/method_ngram_pareto.png" in figs
+    per_page = [len(p.images) for p in pages]
+    assert sum(per_page) == len(figs) and max(per_page) > 0
+    # each figure embedded at its own resolution, not redrawn or resampled
+    sizes = sorted(img.image.size for p in pages for img in p.images)
+    pngs = []
+    for f in figs:
+        with Image.open(study_out / f) as im:
+            pngs.append(im.size)
+    assert sizes == sorted(pngs)
+    # the hardware figure sits just above its "(PDF: ...)" line: on that page, or at the foot of the one before
+    at = next(i for i, p in enumerate(pages) if "figures/hardware_methods.pdf" in p.extract_text())
+    assert per_page[at] > 0 or (at > 0 and per_page[at - 1] > 0)
+
+
 def test_headline_numbers_are_the_metrics_functions(study_out):
     data = load(study_out)
     _, raw = tables.hardware_table(data)
@@ -153,6 +185,7 @@ def test_cross_hardware_report_merges_folders(study_out, tmp_path):
     assert rows[0][0] == "Hardware"
     assert len(rows[2:]) == 2 * len(tables.hardware_table(load(study_out))[0])
     assert (tmp_path / "cross" / "hardware.csv").exists() and path.with_suffix(".html").exists()
+    assert path.with_suffix(".pdf").exists()
 
 
 def test_break_even_and_formatting_helpers():

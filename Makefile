@@ -106,7 +106,7 @@ test-engines: $(DEV_STAMP) engine-vllm
 # $(OUT)/records/ (resume: finished cells are skipped; a failed cell is reported and the others
 # go on) and writes $(OUT)/notebooks.mk, one papermill execution per (notebook x parameter set);
 # that fragment executes them into $(OUT)/notebooks/ (in parallel under `make -j`, report.ipynb
-# first: it alone writes files, $(OUT)/report.md, report.html, figures/ and tables/, and needs none
+# first: it alone writes files, $(OUT)/report.md, report.html, report.pdf, figures/ and tables/, and needs none
 # of the exploring notebooks; -k: one broken notebook does not stop the others).
 # Failed cells make the target fail at the very end, after the report is rendered.
 STUDY_ARGS ?=
@@ -117,7 +117,7 @@ study: $(STAMP)
 	@$(BIN)/specstudy run --hardware $(GPU) --outputs outputs $(STUDY_ARGS); rc=$$?; echo $$rc > $(OUT)/.run-status; \
 	  if [ $$rc -ne 0 ] && [ $$rc -ne 3 ]; then exit $$rc; fi
 	@$(MAKE) --no-print-directory -k -j$(NOTEBOOK_JOBS) -f $(OUT)/notebooks.mk BIN=$(BIN) all
-	@echo "report: $(OUT)/report.md ($(OUT)/report.html)"
+	@echo "report: $(OUT)/report.md ($(OUT)/report.html, $(OUT)/report.pdf)"
 	@if [ "$$(cat $(OUT)/.run-status)" = 3 ]; then \
 	  echo "make study: some cells failed (see $(OUT)/failed/ and the report); rerun to retry only them"; exit 1; fi
 

@@ -197,7 +197,7 @@ def speedup_vs_gamma(b1: pd.DataFrame) -> Figure:
     return fig
 
 
-def tau_distribution(hist: dict[tuple[str, int | None], list[int]]) -> Figure:
+def al_distribution(hist: dict[tuple[str, int | None], list[int]]) -> Figure:
     """Share of draft steps by tokens emitted (the AL distribution), per (label, γ)."""
     _sns()
     fig, ax = _subplots(figsize=(5, 3))

@@ -154,7 +154,7 @@ def entropy_points(study: Study, tasks: Sequence[str] | None = None) -> pd.DataF
     return pd.DataFrame(rows, columns=ENTROPY_COLUMNS)
 
 
-def tau_histogram(study: Study, cells: Sequence[str]) -> dict[tuple[str, int | None], list[int]]:
+def al_histogram(study: Study, cells: Sequence[str]) -> dict[tuple[str, int | None], list[int]]:
     """Tokens emitted per draft step (the acceptance-length distribution) per (label, γ), batch 1."""
     out: dict[tuple[str, int | None], list[int]] = {}
     for c in cells:

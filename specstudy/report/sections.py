@@ -145,9 +145,9 @@ def method_family_section(study: Study, family: str) -> Section:
     b1 = raw[raw["batch_size"] == 1]
     if len(b1):
         sec.figures[f"method_{family}_gamma"] = figures.speedup_vs_gamma(b1)
-    hist = frames.tau_histogram(study, study.spec_cell_ids(None, family=family))
+    hist = frames.al_histogram(study, study.spec_cell_ids(None, family=family))
     if hist:
-        sec.figures[f"method_{family}_tau_hist"] = figures.tau_distribution(hist)
+        sec.figures[f"method_{family}_al_hist"] = figures.al_distribution(hist)
     multi = raw.groupby(["label", "gamma"]).filter(lambda g: g["batch_size"].nunique() > 1)
     if len(multi):
         sec.figures[f"method_{family}_batch"] = figures.speedup_vs_batch(multi)

@@ -7,11 +7,17 @@ import math
 
 import pytest
 
-from specstudy.analysis import claims
+from specstudy.analysis import claims, fails, stats
 from specstudy.analysis.claims import Estimate
+from specstudy.analysis.study import load
+from specstudy.layout import StudyLayout
+from specstudy.records import Cell, Request, Sampling
+from specstudy.report import sections
 
 NAN = math.nan
 MB = 1e6
+#: a fixed ±3 % wobble per prompt, so every interval is narrow but not degenerate
+WOBBLE = (0.02, -0.03, 0.01, 0.03, -0.02, 0.0, -0.01, 0.025, -0.015, 0.005)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -65,3 +71,161 @@ def test_divergences_in_words():
     assert "a near-tie flip from batched numerics is not a verification bug, but the reader must be told" in text
     assert "the engine gives no log-probabilities" in text
     assert text.index("chat/7") < text.index("code/1") < text.index("code/3")  # the least explicable first
+
+
+# ---------------------------------------------------------------------------------------------
+# synthetic studies: records written so that the seed's expectation is reversed, absent or unresolvable
+
+
+def _write(lay, cid, method, label, times, *, base=None, fw="reference", batch=1, mnt=32, gamma=2, **kw):
+    """One cell: a request per prompt taking ``times[i]`` seconds, α = 0.6, greedy unless ``temperature``."""
+    cell = Cell(
+        study="s",
+        hardware="synthetic",
+        framework=fw,
+        method=method,
+        task="code",
+        model="m",
+        drafter=kw.pop("drafter", None),
+        gamma=None if method == "ar" else gamma,
+        batch_size=batch,
+        id=cid,
+    )
+    outputs, logprobs = kw.pop("outputs", {}), kw.pop("logprobs", None)
+    peaks, src = kw.pop("peaks", None), kw.pop("memory_source", "rss_peak")
+    spec = method != "ar"
+    recs = []
+    for i, t in enumerate(times):
+        recs.append(
+            cell.new_record(
+                Request(f"code/{i}", ""),
+                Sampling(temperature=kw.get("temperature", 0.0), max_new_tokens=mnt),
+                output_tokens=mnt,
+                first_token_s=0.05,
+                end_s=float(t),
+                start_epoch=1000.0 + 100 * i,
+                output_ids=outputs.get(i, list(range(mnt))),
+                target_logprobs=logprobs(i) if logprobs else None,
+                drafted_tokens=10 if spec else None,
+                accepted_tokens=6 if spec else None,
+                draft_steps=5 if spec else None,
+                peak_memory_bytes=int(peaks[i]) if peaks is not None else None,
+                memory_source=src if peaks is not None else None,
+                label=label,
+                family=method,
+                sweeps=["hardware"],
+                baseline_cell_id=base,
+            )
+        )
+    lay.write_part(cid, recs)
+
+
+def _times(n, speedup, base=1.0, mnt=32):
+    """(baseline, speculative) per-prompt seconds with the given speedup and a small per-prompt wobble."""
+    b = [base * mnt / 32 * (1 + 0.1 * i) for i in range(n)]
+    return b, [x / speedup * (1 + WOBBLE[i % len(WOBBLE)]) for i, x in enumerate(b)]
+
+
+def _pair(lay, name, label, n, speedup, method="ngram", **kw):
+    """An AR cell and a speculative cell on the same prompts."""
+    b, s = _times(n, speedup, mnt=kw.get("mnt", 32))
+    ar_kw = {k: v for k, v in kw.items() if k in ("fw", "batch", "mnt", "peaks_base", "temperature")}
+    peaks_base = ar_kw.pop("peaks_base", None)
+    _write(lay, f"{name}_ar", "ar", "AR", b, peaks=peaks_base, **ar_kw)
+    kw.pop("peaks_base", None)
+    _write(lay, f"{name}_spec", method, label, s, base=f"{name}_ar", **kw)
+
+
+@pytest.fixture
+def lay(tmp_path):
+    return StudyLayout(tmp_path / "synthetic")
+
+
+def _report(study):
+    return sections.when_it_fails_section(study).markdown
+
+
+def test_short_outputs_faster_than_long_read_as_reversed(lay):
+    _pair(lay, "long", "Prompt lookup", 8, 1.04)
+    _pair(lay, "long2", "Early exit", 8, 1.5, method="layer_skip")  # 32 stays the headline length
+    _pair(lay, "short", "Prompt lookup", 8, 1.24, mnt=8)
+    study = load(lay.root)
+    (claim,) = [c for c in fails.short_claims(study) if c.startswith("Prompt lookup")]
+    es = Estimate.of(stats.pooled(study, ["short_spec"]))
+    el = Estimate.of(stats.pooled(study, ["long_spec"]))
+    assert es.value > el.value and es.ci[0] > el.ci[1]  # the synthetic data do what the test says
+    assert f"here 8 tokens gave {es.text()} vs {el.text()} at 32" in claim
+    assert claim.endswith("the reverse of the seed's expectation (observed in this study)")
+    md = _report(study)
+    assert claim[1:] in md and "little decode time" not in md
+
+
+def test_batch_speedup_rising_with_batch_reads_as_reversed(lay):
+    _pair(lay, "b1", "Prompt lookup", 8, 1.03)
+    _pair(lay, "b2", "Prompt lookup", 8, 1.39, batch=2)
+    study = load(lay.root)
+    (claim,) = fails.batch_claims(study)
+    e1, e2 = (Estimate.of(stats.pooled(study, [c])) for c in ("b1_spec", "b2_spec"))
+    assert f"batch 2 gave {e2.text()} vs {e1.text()} at batch 1: the reverse of the seed's expectation" in claim
+    assert "At batch 2, the largest measured: faster than AR (interval above 1×)" in claim
+    assert claim[1:] in _report(study)
+
+
+def test_an_interval_crossing_one_cannot_tell(lay):
+    _pair(lay, "flat", "Prompt lookup", 8, 1.0)
+    _pair(lay, "flat2", "Prompt lookup", 8, 1.0, batch=2)
+    study = load(lay.root)
+    e = Estimate.of(stats.pooled(study, ["flat_spec"]))
+    assert e.ci[0] < 1.0 < e.ci[1]
+    (claim,) = fails.batch_claims(study)
+    assert "the intervals overlap, so this study cannot tell (overlap is a conservative test" in claim
+    assert "no difference from AR resolvable (interval contains 1×)" in claim
+    assert claim[1:] in _report(study)
+
+
+def test_n_too_small_is_said(lay):
+    _pair(lay, "few", "Prompt lookup", 3, 1.5)
+    _pair(lay, "few2", "Prompt lookup", 3, 1.2, mnt=8)
+    _pair(lay, "few3", "Early exit", 3, 1.1, method="layer_skip")  # 32 stays the headline length
+    study = load(lay.root)
+    (claim,) = fails.short_claims(study)
+    assert "(n too small)" in claim and "n too small for an interval (n = 3 prompts; an interval needs ≥ 5)" in claim
+
+
+def test_low_alpha_that_does_not_lose_reads_as_reversed(lay):
+    _pair(lay, "lo", "Prompt lookup", 8, 1.3)
+    study = load(lay.root)
+    for r in study.records["lo_spec"]:
+        r.accepted_tokens = 2  # α = 0.2 < 0.4, still faster than AR
+    pc = fails.per_cell_acceptance(study)
+    (claim,) = fails.low_alpha_claims(study, pc)
+    e = Estimate.of(stats.pooled(study, ["lo_spec"]))
+    assert f"the 1 such cells pooled gave {e.text()} over 8 prompts: the reverse of the seed's expectation" in claim
+    assert "1 faster" in claim
+    assert fails.low_alpha(study, pc).iloc[0].iloc[4] == "0 / 0 / 1 / 0"
+
+
+def test_negative_memory_overhead_within_noise_is_unresolvable(lay):
+    base = [1000 * MB + x * MB for x in (0, 4, 2, 6, 1, 3)]  # the baseline's own peaks spread 6 MB
+    _pair(lay, "hf", "Prompt lookup", 6, 1.1, fw="hf", peaks_base=base, peaks=[p - 16.5 * MB for p in base])
+    _pair(
+        lay,
+        "dt",
+        "Draft model",
+        6,
+        1.1,
+        method="draft_target",
+        drafter="small",
+        peaks_base=base,
+        peaks=[p + 500 * MB for p in base],
+    )
+    study = load(lay.root)
+    assert stats.pooled(study, ["hf_spec"]).memory_overhead_bytes == pytest.approx(-16.5 * MB)
+    table, _ = fails.memory_overhead(study)
+    row = table.set_index("Method").loc["Prompt lookup"]
+    assert row["Memory overhead (measured, largest over cells)"] == "no difference resolvable: |Δ| ≤ 16.5 MB (RSS)"
+    text = "\n".join(fails.memory_claims(study))
+    assert "-16.5" not in text and "−16.5" not in text
+    assert "as the seed expects of a method without a draft model (within the noise)" in text
+    assert "Draft model (reference): +500.0 MB (beyond the ±16.5 MB noise of RSS)" in text
+    assert "expects a draft model or heads to cost memory: as the seed expects (observed in this study)" in text

@@ -7,12 +7,12 @@ import math
 
 import pytest
 
-from specstudy.analysis import claims, fails, stats
+from specstudy.analysis import claims, fails, stats, tables
 from specstudy.analysis.claims import Estimate
 from specstudy.analysis.study import load
 from specstudy.layout import StudyLayout
 from specstudy.records import Cell, Request, Sampling
-from specstudy.report import sections
+from specstudy.report import sections, summary
 
 NAN = math.nan
 MB = 1e6
@@ -142,7 +142,9 @@ def lay(tmp_path):
 
 
 def _report(study):
-    return sections.when_it_fails_section(study).markdown
+    return sections.when_it_fails_section(study).markdown, summary.summary_markdown(
+        study, tables.hardware_table(study)[1]
+    )
 
 
 def test_short_outputs_faster_than_long_read_as_reversed(lay):
@@ -156,8 +158,9 @@ def test_short_outputs_faster_than_long_read_as_reversed(lay):
     assert es.value > el.value and es.ci[0] > el.ci[1]  # the synthetic data do what the test says
     assert f"here 8 tokens gave {es.text()} vs {el.text()} at 32" in claim
     assert claim.endswith("the reverse of the seed's expectation (observed in this study)")
-    md = _report(study)
+    md, summ = _report(study)
     assert claim[1:] in md and "little decode time" not in md
+    assert "Short outputs (FAQ Q4 (3)): Prompt lookup" in summ and "the reverse of the seed's expectation" in summ
 
 
 def test_batch_speedup_rising_with_batch_reads_as_reversed(lay):
@@ -168,7 +171,10 @@ def test_batch_speedup_rising_with_batch_reads_as_reversed(lay):
     e1, e2 = (Estimate.of(stats.pooled(study, [c])) for c in ("b1_spec", "b2_spec"))
     assert f"batch 2 gave {e2.text()} vs {e1.text()} at batch 1: the reverse of the seed's expectation" in claim
     assert "At batch 2, the largest measured: faster than AR (interval above 1×)" in claim
-    assert claim[1:] in _report(study)
+    md, summ = _report(study)
+    assert "verification turns compute-bound as batch" not in summ  # the hand-written claim is gone
+    assert "Batch (FAQ Q4 (1))" in summ and "the reverse of the seed's expectation" in summ
+    assert claim[1:] in md
 
 
 def test_an_interval_crossing_one_cannot_tell(lay):
@@ -180,16 +186,20 @@ def test_an_interval_crossing_one_cannot_tell(lay):
     (claim,) = fails.batch_claims(study)
     assert "the intervals overlap, so this study cannot tell (overlap is a conservative test" in claim
     assert "no difference from AR resolvable (interval contains 1×)" in claim
-    assert claim[1:] in _report(study)
+    _, summ = _report(study)
+    assert f"Prompt lookup (γ=2) at {e.text()} over its paired AR baseline" in summ
+    assert "no difference from AR resolvable (interval contains 1×)" in summ.split("**When")[0]
 
 
-def test_n_too_small_is_said(lay):
+def test_n_too_small_is_said_and_no_winner_crowned_from_it(lay):
     _pair(lay, "few", "Prompt lookup", 3, 1.5)
     _pair(lay, "few2", "Prompt lookup", 3, 1.2, mnt=8)
     _pair(lay, "few3", "Early exit", 3, 1.1, method="layer_skip")  # 32 stays the headline length
     study = load(lay.root)
     (claim,) = fails.short_claims(study)
     assert "(n too small)" in claim and "n too small for an interval (n = 3 prompts; an interval needs ≥ 5)" in claim
+    (best,) = summary.best_per_framework(tables.hardware_table(study)[1])
+    assert "none of its 2 rows at batch 1 has ≥ 5 paired prompts (n too small), so no best method is named" in best
 
 
 def test_low_alpha_that_does_not_lose_reads_as_reversed(lay):
@@ -203,6 +213,34 @@ def test_low_alpha_that_does_not_lose_reads_as_reversed(lay):
     assert f"the 1 such cells pooled gave {e.text()} over 8 prompts: the reverse of the seed's expectation" in claim
     assert "1 faster" in claim
     assert fails.low_alpha(study, pc).iloc[0].iloc[4] == "0 / 0 / 1 / 0"
+
+
+def test_greedy_divergence_is_named_with_prompt_position_and_margin(lay):
+    b, s = _times(6, 1.2)
+    _write(lay, "ar", "ar", "AR", b, logprobs=lambda i: [-0.5] * 32)
+    flipped = list(range(32))
+    flipped[4] = 99
+    # the target's log p of AR's token at position 4 is -0.5, of the speculative one -0.51: a near-tie
+    lp = {i: [-0.5] * 32 for i in range(6)}
+    lp[2][4] = -0.51
+    _write(lay, "spec", "ngram", "Prompt lookup", s, base="ar", outputs={2: flipped}, logprobs=lambda i: lp[i])
+    _write(lay, "cpp_ar", "ar", "AR", b, fw="llamacpp")
+    _write(lay, "cpp", "ngram", "Prompt lookup", s, base="cpp_ar", fw="llamacpp", outputs={0: flipped, 3: flipped})
+    _write(lay, "same", "layer_skip", "Early exit", s, base="ar")  # matches AR token for token
+    study = load(lay.root)
+    assert stats.pooled(study, ["spec"]).exact_match == pytest.approx(5 / 6)
+    lines = summary.divergences(study)
+    ref = next(line for line in lines if line.startswith("- **reference**"))
+    assert "1 of 6 paired greedy outputs differ" in ref
+    assert "prompt code/2 (repeat 0, batch 1) first differs at output position 4 (margin +0.010 nats)" in ref
+    assert "a near-tie flip from batched numerics is not a verification bug, but the reader must be told" in ref
+    cpp = next(line for line in lines if line.startswith("- **llamacpp**"))
+    assert "2 of 6 paired greedy outputs differ" in cpp and "prompt code/0" in cpp and "prompt code/3" in cpp
+    assert "the engine gives no log-probabilities, so whether they were near-ties is unknown" in cpp
+    assert lines[-1] == "- The other 6 paired greedy speculative outputs matched their AR baseline token for token."
+    assert "**Greedy outputs against their AR baseline**" in summary.summary_markdown(
+        study, tables.hardware_table(study)[1]
+    )
 
 
 def test_negative_memory_overhead_within_noise_is_unresolvable(lay):
@@ -229,3 +267,20 @@ def test_negative_memory_overhead_within_noise_is_unresolvable(lay):
     assert "as the seed expects of a method without a draft model (within the noise)" in text
     assert "Draft model (reference): +500.0 MB (beyond the ±16.5 MB noise of RSS)" in text
     assert "expects a draft model or heads to cost memory: as the seed expects (observed in this study)" in text
+
+
+def test_best_method_among_rows_with_enough_prompts_names_runner_up_and_overlap(lay):
+    _pair(lay, "a", "Prompt lookup", 8, 1.5)
+    _pair(lay, "b", "Early exit", 8, 1.45, method="layer_skip")
+    _pair(lay, "c", "Token tree", 3, 3.0, method="tree")  # fastest, but on 3 prompts: not eligible
+    _pair(lay, "t", "Prompt lookup", 8, 2.0, temperature=0.7)  # another sampling: ranked on its own
+    study = load(lay.root)
+    lines = summary.best_per_framework(tables.hardware_table(study)[1])
+    greedy, sampled = lines
+    ea, eb = (Estimate.of(stats.pooled(study, [c])) for c in ("a_spec", "b_spec"))
+    assert greedy.startswith("- **reference**, greedy: the fastest of 2 rows at batch 1 with ≥ 5 paired prompts")
+    assert f"is Prompt lookup (γ=2) at {ea.text()}" in greedy and "faster than AR (interval above 1×)" in greedy
+    assert f"Runner-up: Early exit (γ=2) at {eb.text()}; the two intervals overlap" in greedy
+    assert "The best of 2 noisy rows is biased upward" in greedy
+    assert "1 row with fewer than 5 prompts not considered" in greedy and "Token tree" not in greedy
+    assert sampled.startswith("- **reference**, T=0.7: the fastest of 1 row")

@@ -2,7 +2,9 @@
 
 Each function measures one case from the records where they allow it and puts the cost model's
 prediction beside it, labelled as a prediction.  Tables are DataFrames; prediction statements
-are plain strings for the report to print.
+are plain strings for the report to print.  The ``*_claims`` functions put each case's measured
+rows against the seed's expectation in words decided from the intervals (:mod:`.claims`): the
+section and the summary print the same sentences, so neither can say more than the table shows.
 """
 
 from __future__ import annotations
@@ -12,8 +14,10 @@ from typing import Any
 import pandas as pd
 
 from .. import costmodel
-from ..config.vocab import cost_dtype
+from ..config.vocab import SELF_DRAFTER, cost_dtype
 from ..costmodel import HardwareProfile
+from . import claims
+from .claims import Direction, Estimate
 from .format import fmt, fmt_ci, short_model
 from .stats import NAN, Pooled, break_even_alpha, isnum, pooled, predicted_for
 from .study import Study
@@ -32,29 +36,49 @@ def _spec_all(study: Study) -> list[str]:
     return [c for c in study.records if study.meta(c)["method"] != "ar"]
 
 
+def _name(label: str, gamma: int | None, synthetic: str | None = None) -> str:
+    """A row's method name: label and γ, marked where its acceptance was fixed for timing."""
+    name = f"{label} γ={gamma}" if gamma else str(label)
+    return f"{name} (synthetic acceptance {synthetic})" if synthetic else name
+
+
+BatchKey = tuple[str, str, Any, str, Any]  # framework, label, γ, sampling, synthetic rule
+
+
+def batch_groups(study: Study) -> dict[BatchKey, dict[int, list[str]]]:
+    """Speculative cells at the headline length, by method row and batch size, for rows run at several sizes.
+
+    Only tasks measured at several batch sizes count, so every batch row of a method has the same
+    prompt mix; sampling and synthetic acceptance split rows (a greedy row is never pooled with T > 0).
+    """
+    mnt = headline_max_new(study)
+    spec_all = [c for c in _spec_all(study) if study.meta(c)["max_new_tokens"] == mnt]
+
+    def key(c: str) -> BatchKey:
+        m = study.meta(c)
+        return (m["framework"], m["label"], m["gamma"], m["sampling"], m["synthetic"])
+
+    by_task: dict[tuple[BatchKey, str], set[int]] = {}
+    for c in spec_all:
+        by_task.setdefault((key(c), study.meta(c)["task"]), set()).add(study.meta(c)["batch_size"])
+    groups: dict[BatchKey, dict[int, list[str]]] = {}
+    for c in spec_all:
+        m = study.meta(c)
+        if len(by_task[(key(c), m["task"])]) >= 2:
+            groups.setdefault(key(c), {}).setdefault(m["batch_size"], []).append(c)
+    order = sorted(groups, key=lambda k: (k[0], k[1], k[2] or 0, k[3], k[4] or ""))
+    return {k: groups[k] for k in order if len(groups[k]) >= 2}
+
+
 def large_batch(study: Study) -> pd.DataFrame:
     """Speedup per batch size (measured) beside the cost model's, for methods run at several batch sizes.
 
     The prediction uses the study's measured α̂, c and verification cost at that batch size; only a
     row without measured step costs falls back to the roofline of the study's profile (said per row).
     """
-    prof, params, mnt = study.profile, study.model_params(), headline_max_new(study)
-    spec_all = _spec_all(study)
-    by_task: dict[tuple[str, str, int | None, str], set[int]] = {}
-    for c in spec_all:
-        m = study.meta(c)
-        if m["max_new_tokens"] == mnt:
-            by_task.setdefault((m["framework"], m["label"], m["gamma"], m["task"]), set()).add(m["batch_size"])
-    groups: dict[tuple[str, str, int | None], dict[int, list[str]]] = {}
-    for c in spec_all:  # only tasks measured at several batch sizes, so every batch row has the same prompts mix
-        m = study.meta(c)
-        if m["max_new_tokens"] != mnt or len(by_task[(m["framework"], m["label"], m["gamma"], m["task"])]) < 2:
-            continue
-        groups.setdefault((m["framework"], m["label"], m["gamma"]), {}).setdefault(m["batch_size"], []).append(c)
+    prof, params = study.profile, study.model_params()
     rows = []
-    for (fw, label, g), by_b in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2] or 0)):
-        if len(by_b) < 2:
-            continue
+    for (fw, label, g, sampling, synth), by_b in batch_groups(study).items():
         for b in sorted(by_b):
             p = pooled(study, by_b[b])
             # the study's own step costs at this batch size where it measured them; the roofline otherwise
@@ -76,8 +100,9 @@ def large_batch(study: Study) -> pd.DataFrame:
                 pred = pr.speedup
             rows.append(
                 {
-                    "Method": f"{label} γ={g}",
+                    "Method": _name(label, g, synth),
                     "Framework": fw,
+                    "Sampling": sampling,
                     "Batch": b,
                     "Speedup (measured)": fmt_ci(p.speedup, p.speedup_ci, 2, "×", n=p.n_prompts),
                     "Speedup (cost model, prediction)": fmt(pred, 2, "×"),
@@ -90,8 +115,35 @@ def large_batch(study: Study) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _compare_clause(a: Estimate, b: Estimate, expect: Direction) -> str:
+    """``1.39× [..] vs 1.03× [..]``'s verdict: from the two intervals (the row without one names its n)."""
+    v = claims.compare(a, b, expect)
+    few = a if not a.has_interval else b
+    return claims.phrase(v, rows=2, n=few.n)
+
+
+def batch_claims(study: Study) -> list[str]:
+    """FAQ Q4 (1) per method row: the speedup at each larger batch against the smallest, from the intervals."""
+    out = []
+    for (fw, label, g, sampling, synth), by_b in batch_groups(study).items():
+        est = {b: Estimate.of(pooled(study, cs), "speedup") for b, cs in sorted(by_b.items())}
+        b0, *larger = sorted(est)
+        clauses = [
+            f"batch {b} gave {est[b].text()} vs {est[b0].text()} at batch {b0}: "
+            + _compare_clause(est[b], est[b0], "below")
+            for b in larger
+        ]
+        top = est[max(est)]
+        out.append(
+            f"{_name(label, g, synth)} ({fw}, {sampling}): the seed expects the speedup to fall as batch × (γ + 1) "
+            f"grows and verification turns compute-bound; here {'; '.join(clauses)}. At batch {max(est)}, the "
+            f"largest measured: {claims.versus(top)}"
+        )
+    return out
+
+
 def per_cell_acceptance(study: Study) -> pd.DataFrame:
-    """One row per speculative cell at batch 1: α, speedup, c, verification cost, α̂."""
+    """One row per speculative cell at batch 1: α, speedup (with its interval and n), c, verification cost, α̂."""
     mnt = headline_max_new(study)
     rows = []
     for c in _spec_all(study):
@@ -108,6 +160,8 @@ def per_cell_acceptance(study: Study) -> pd.DataFrame:
                     "gamma": m["gamma"],
                     "alpha": p.alpha,
                     "speedup": p.speedup,
+                    "speedup_ci": p.speedup_ci,
+                    "n_prompts": p.n_prompts,
                     "c": p.c,
                     "verify_ratio": p.verify_ratio,
                     "alpha_hat": p.alpha_hat,
@@ -116,25 +170,61 @@ def per_cell_acceptance(study: Study) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _by_interval(part: pd.DataFrame) -> dict[str, int]:
+    """How many cells' speedup intervals lie below 1, contain it, lie above it, or are missing (n too small)."""
+    sides = [claims.side(Estimate(r["speedup"], r["speedup_ci"], int(r["n_prompts"])), 1.0) for _, r in part.iterrows()]
+    return {k: sides.count(k) for k in ("below", "contains", "above", claims.N_TOO_SMALL)}
+
+
 def low_alpha(study: Study, per_cell: pd.DataFrame) -> pd.DataFrame:
-    """Cells with α < 0.4 against the rest: pooled α, speedup, share slower than AR."""
+    """Cells with α < 0.4 against the rest: pooled α, speedup, and how many cells lost by their own interval."""
     lo, hi = per_cell[per_cell["alpha"] < 0.4], per_cell[per_cell["alpha"] >= 0.4]
     tab = []
     for name, part in (("α < 0.4", lo), ("α ≥ 0.4", hi)):
         cells = part["cell"].tolist()
         p = pooled(study, cells) if cells else Pooled()
+        k = _by_interval(part)
         tab.append(
             {
                 "Cells": name,
                 "cells (n)": len(cells),
                 "α pooled": fmt_ci(p.alpha, p.alpha_ci, n=p.n_prompts),
                 "Speedup (measured)": fmt_ci(p.speedup, p.speedup_ci, 2, "×", n=p.n_prompts),
-                "share of cells slower than AR": fmt((part["speedup"] < 1).mean() if len(part) else NAN),
+                "cells slower / cannot tell / faster than AR (own interval) / n too small": (
+                    f"{k['below']} / {k['contains']} / {k['above']} / {k[claims.N_TOO_SMALL]}"
+                ),
                 "n (prompts)": p.n_prompts,
                 "repeats": p.n_repeats,
             }
         )
     return pd.DataFrame(tab)
+
+
+def low_alpha_claims(study: Study, per_cell: pd.DataFrame) -> list[str]:
+    """FAQ Q4 (2): do the cells with α < 0.4 lose, pooled and cell by cell, and do they do worse than the rest?"""
+    if not len(per_cell):
+        return []
+    lo, hi = per_cell[per_cell["alpha"] < 0.4], per_cell[per_cell["alpha"] >= 0.4]
+    if not len(lo):
+        return [
+            f"No speculative cell at batch 1 had α < 0.4 (lowest α {per_cell['alpha'].min():.2f} of "
+            f"{len(per_cell)} cells): this study has no row to test the seed's expectation that such cells lose"
+        ]
+    e = Estimate.of(pooled(study, lo["cell"].tolist()), "speedup")
+    k = _by_interval(lo)
+    text = (
+        f"the seed expects cells with α < 0.4 to run slower than AR; here the {len(lo)} such cells pooled gave "
+        f"{e.text()} over {e.n} prompts: {claims.phrase(claims.verdict(e, 1.0, 'below'), n=e.n)}. Cell by cell "
+        f"(each by its own interval): {k['below']} slower than AR, {k['contains']} not resolvable, "
+        f"{k['above']} faster, {k[claims.N_TOO_SMALL]} n too small"
+    )
+    if len(hi):
+        eh = Estimate.of(pooled(study, hi["cell"].tolist()), "speedup")
+        text += (
+            f". Against the {len(hi)} cells with α ≥ 0.4 ({eh.text()}), the seed expects the low-α cells slower: "
+            + _compare_clause(e, eh, "below")
+        )
+    return [text]
 
 
 def low_alpha_predictions(per_cell: pd.DataFrame) -> list[str]:
@@ -151,38 +241,54 @@ def low_alpha_predictions(per_cell: pd.DataFrame) -> list[str]:
     return preds
 
 
-def short_outputs(study: Study) -> pd.DataFrame:
-    """Short-output cells (≤ 10 tokens) beside the same method at the headline length."""
+ShortKey = tuple[str, str, Any, str, Any, int]  # framework, label, γ, sampling, synthetic rule, max_new_tokens
+
+
+def short_groups(study: Study) -> list[tuple[ShortKey, list[str], list[str]]]:
+    """Short-output rows (≤ 10 tokens, batch 1) and the same method's cells at the headline length.
+
+    The long cells are the same framework, label, γ, sampling and tasks at batch 1, so the two rows
+    differ in output length only.
+    """
     mnt = headline_max_new(study)
-    spec_all = _spec_all(study)
-    short = [
-        c
-        for c in spec_all
-        if (study.meta(c)["max_new_tokens"] or 99) <= 10 and (study.meta(c)["max_new_tokens"] or 99) < (mnt or 0)
-    ]
-    tab = []
-    for label in sorted({study.meta(c)["label"] for c in short}):
-        cs = [c for c in short if study.meta(c)["label"] == label]
-        g = study.meta(cs[0])["gamma"]
-        ps = pooled(study, cs)
+    spec_all = [c for c in _spec_all(study) if study.meta(c)["batch_size"] == 1]
+    groups: dict[ShortKey, list[str]] = {}
+    for c in spec_all:
+        m = study.meta(c)
+        n = m["max_new_tokens"] or 99
+        if n <= 10 and n < (mnt or 0):
+            groups.setdefault((m["framework"], m["label"], m["gamma"], m["sampling"], m["synthetic"], n), []).append(c)
+    out = []
+    for key in sorted(groups, key=lambda k: (k[0], k[1], k[2] or 0, k[3], k[4] or "", k[5])):
+        fw, label, g, sampling, synth, _ = key
+        tasks = {study.meta(c)["task"] for c in groups[key]}
         longc = [
             c
             for c in spec_all
-            if study.meta(c)["label"] == label
-            and study.meta(c)["gamma"] == g
-            and study.meta(c)["batch_size"] == 1
+            if (study.meta(c)["framework"], study.meta(c)["label"], study.meta(c)["gamma"]) == (fw, label, g)
+            and (study.meta(c)["sampling"], study.meta(c)["synthetic"]) == (sampling, synth)
             and study.meta(c)["max_new_tokens"] == mnt
-            and study.meta(c)["task"] in {study.meta(x)["task"] for x in cs}
+            and study.meta(c)["task"] in tasks
         ]
+        out.append((key, groups[key], longc))
+    return out
+
+
+def short_outputs(study: Study) -> pd.DataFrame:
+    """Short-output cells (≤ 10 tokens) beside the same method at the headline length."""
+    mnt = headline_max_new(study)
+    tab = []
+    for (fw, label, g, sampling, synth, n), cs, longc in short_groups(study):
+        ps = pooled(study, cs)
         pl = pooled(study, longc) if longc else Pooled()
         tab.append(
             {
-                "Method": f"{label} γ={g}",
-                "max_new_tokens": study.meta(cs[0])["max_new_tokens"],
+                "Method": _name(label, g, synth),
+                "max_new_tokens": n,
+                "Framework": fw,
+                "Sampling": sampling,
                 "Speedup short (measured)": fmt_ci(ps.speedup, ps.speedup_ci, 2, "×", n=ps.n_prompts),
-                "TTFT share of E2E (short)": fmt(
-                    ps.ttft_s / (ps.e2e_p50_s or NAN) if isnum(ps.e2e_p50_s) and ps.e2e_p50_s else NAN
-                ),
+                "AR's TTFT share of E2E (short)": fmt(ps.prefill_share),
                 f"Speedup at {mnt} tokens (measured)": fmt_ci(pl.speedup, pl.speedup_ci, 2, "×", n=pl.n_prompts),
                 "n (prompts)": ps.n_prompts,
             }
@@ -190,25 +296,150 @@ def short_outputs(study: Study) -> pd.DataFrame:
     return pd.DataFrame(tab)
 
 
-def memory_overhead(study: Study) -> tuple[pd.DataFrame, list[str]]:
-    """Largest measured peak-memory overhead per method, and where the peaks came from."""
+def short_claims(study: Study) -> list[str]:
+    """FAQ Q4 (3) per method row: the short-output speedup against the same method's at the headline length."""
+    mnt = headline_max_new(study)
+    out = []
+    for (fw, label, g, sampling, synth, n), cs, longc in short_groups(study):
+        es = Estimate.of(pooled(study, cs), "speedup")
+        head = (
+            f"{_name(label, g, synth)} ({fw}, {sampling}): the seed expects less speedup with ≤ 10 output tokens "
+            f"(the prefill and first token are the same work either way); here {n} tokens gave {es.text()}"
+        )
+        if not longc:
+            out.append(f"{head}, and the study has no row of this method at {mnt} tokens to compare it with")
+            continue
+        el = Estimate.of(pooled(study, longc), "speedup")
+        out.append(f"{head} vs {el.text()} at {mnt}: {_compare_clause(es, el, 'below')}")
+    return out
+
+
+#: the resolution of process-level memory (RSS, NVML) when a study gives no better figure: a few MB of
+#: allocator and page granularity.  torch's allocator counts bytes exactly, so it has none.
+PROCESS_MEMORY_FLOOR_BYTES = 5e6
+
+
+def _source_name(sources: set[str]) -> str:
+    def one(s: str) -> str:
+        return (
+            "RSS" if "rss" in s else "NVML device memory" if "nvml" in s else "torch allocator" if "torch" in s else s
+        )
+
+    return ", ".join(sorted({one(s) for s in sources})) or "backend"
+
+
+def _spread(peaks: list[int]) -> float:
+    return float(max(peaks) - min(peaks)) if peaks else 0.0
+
+
+def _memory_cells(study: Study) -> list[dict[str, Any]]:
+    """Per speculative cell: its peak-memory overhead over its baseline and what that measurement resolves.
+
+    The noise of a process-level source is the larger of the spread of the baseline's (and the cell's)
+    own per-request peaks and :data:`PROCESS_MEMORY_FLOOR_BYTES`.  Every source also gets the largest
+    negative overhead measured with it in this study: speculation keeps the target's weights and
+    cache and adds its own state, so a cell peaking below its baseline shows that source's noise.
+    """
     rows = []
     for c in _spec_all(study):
         p = pooled(study, [c])
-        if isnum(p.memory_overhead_bytes):
-            rows.append(
-                {
-                    "label": study.meta(c)["label"],
-                    "drafter": study.meta(c)["drafter"],
-                    "overhead": p.memory_overhead_bytes,
-                }
-            )
-    if not rows:
+        if not isnum(p.memory_overhead_bytes):
+            continue
+        spec, base = study.records.get(c, []), study.baseline(c)
+        src = {r.memory_source for r in spec + base if r.memory_source}
+        exact = bool(src) and all(s == "torch_cuda" for s in src)
+        peaks = [
+            [r.peak_memory_bytes for r in rs if r.status == "ok" and r.peak_memory_bytes is not None]
+            for rs in (base, spec)
+        ]
+        noise = 0.0 if exact else max(PROCESS_MEMORY_FLOOR_BYTES, *(_spread(pk) for pk in peaks))
+        m = study.meta(c)
+        rows.append(
+            {
+                "framework": m["framework"],
+                "label": m["label"],
+                "family": m["family"],
+                "drafter": m["drafter"],
+                "overhead": p.memory_overhead_bytes,
+                "noise": noise,
+                "source": _source_name(src),
+            }
+        )
+    for src in {r["source"] for r in rows}:
+        worst = max([-r["overhead"] for r in rows if r["source"] == src] + [0.0])
+        for r in rows:
+            if r["source"] == src:
+                r["noise"] = max(r["noise"], worst)
+    return rows
+
+
+def _expects_memory(family: str, drafter: str | None) -> bool:
+    """Whether the seed expects the method to cost memory: a draft model or heads of its own (not n-grams
+    or the target's own layers)."""
+    own = bool(drafter) and not str(drafter).startswith(SELF_DRAFTER)
+    return family in ("draft_target", "heads") or own
+
+
+def memory_groups(study: Study) -> list[dict[str, Any]]:
+    """Per (framework, method label): the largest overhead over its cells, the noise it is read against, the reading."""
+    rows = _memory_cells(study)
+    out = []
+    for fw, label in sorted({(r["framework"], r["label"]) for r in rows}):
+        g = [r for r in rows if (r["framework"], r["label"]) == (fw, label)]
+        top = max(g, key=lambda r: r["overhead"])
+        noise = max(r["noise"] for r in g)
+        src = ", ".join(sorted({r["source"] for r in g}))
+        out.append(
+            {
+                "framework": fw,
+                "label": label,
+                "overhead": top["overhead"],
+                "noise": noise,
+                "source": src,
+                "cells": len(g),
+                "expects": _expects_memory(top["family"], top["drafter"]),
+                "reading": claims.memory_text(top["overhead"], noise, src),
+            }
+        )
+    return out
+
+
+def memory_overhead(study: Study) -> tuple[pd.DataFrame, list[str]]:
+    """Largest measured peak-memory overhead per method, read against the measurement's noise, and the sources."""
+    groups = memory_groups(study)
+    if not groups:
         return pd.DataFrame(), []
-    md = pd.DataFrame(rows).groupby(["label"], as_index=False)["overhead"].max()
-    md["Memory overhead (measured, GB)"] = md["overhead"].map(lambda x: fmt(x / 1e9, 3))
+    md = pd.DataFrame(
+        [
+            {
+                "Method": g["label"],
+                "Framework": g["framework"],
+                "Memory overhead (measured, largest over cells)": g["reading"],
+                "noise (MB)": fmt(g["noise"] / 1e6, 1),
+                "cells": g["cells"],
+            }
+            for g in groups
+        ]
+    )
     src = sorted({r.memory_source for r in study.all_records() if r.memory_source})
-    return md.rename(columns={"label": "Method"})[["Method", "Memory overhead (measured, GB)"]], src
+    return md, src
+
+
+def memory_claims(study: Study) -> list[str]:
+    """FAQ Q4 (4) per method: a draft model (or heads) should cost memory; n-grams and own layers should not."""
+    out = []
+    for g in memory_groups(study):
+        v = claims.resolved(g["overhead"], g["noise"])
+        head = f"{g['label']} ({g['framework']}): {g['reading']}"
+        if g["expects"]:
+            out.append(f"{head}; the seed expects a draft model or heads to cost memory: {claims.phrase(v)}")
+        elif v == claims.CANNOT_TELL:
+            out.append(f"{head}, as the seed expects of a method without a draft model (within the noise)")
+        elif v == claims.OBSERVED:
+            out.append(f"{head}: more than the seed expects of a method without a draft model")
+        else:
+            out.append(head)
+    return out
 
 
 def predicted_break_even(study: Study, prof: HardwareProfile | None) -> list[str]:

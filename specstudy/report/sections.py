@@ -183,12 +183,21 @@ def task_category_section(study: Study, task: str | None = None) -> Section:
     return sec
 
 
+def _claim_lines(claims: list[str]) -> str:
+    """The case's claims, each decided from the table's intervals (observed, reversed, cannot tell)."""
+    return (
+        "\nAgainst the seed, in this study:\n\n" + "\n".join(f"- {c[:1].upper()}{c[1:]}." for c in claims) + "\n"
+        if claims
+        else ""
+    )
+
+
 def _fails_batch(study: Study, sec: Section) -> list[str]:
-    parts = ["### (1) Large batch: verification turns compute-bound\n"]
+    parts = ["### (1) Large batch: the seed expects verification to turn compute-bound\n"]
     df = fails.large_batch(study)
     if len(df):
         sec.tables["fails_batch"] = (df, None)
-        parts.append(markdown_table(df))
+        parts.append(markdown_table(df) + _claim_lines(fails.batch_claims(study)))
     else:
         parts.append("_no method was measured at several batch sizes_\n")
     lines = fails.predicted_break_even(study, study.profile)
@@ -209,7 +218,7 @@ def _fails_alpha(study: Study, sec: Section) -> list[str]:
         return parts + ["_no speculative cell with both α and a paired baseline_\n"]
     df = fails.low_alpha(study, pc)
     sec.tables["fails_low_alpha"] = (df, None)
-    parts.append(markdown_table(df))
+    parts.append(markdown_table(df) + _claim_lines(fails.low_alpha_claims(study, pc)))
     preds = fails.low_alpha_predictions(pc)
     if preds:
         parts.append(
@@ -227,18 +236,24 @@ def _fails_short_and_memory(study: Study, sec: Section) -> list[str]:
     if len(df):
         sec.tables["fails_short"] = (df, None)
         parts.append(
-            "The prefill and the first token are the same work with or without speculation, so with few "
-            "output tokens there is little decode time left to save.\n\n" + markdown_table(df)
+            "The seed expects less speedup here: the prefill and the first token are the same work with or without "
+            "speculation, so with few output tokens less decode time is left to save.\n\n"
+            + markdown_table(df)
+            + _claim_lines(fails.short_claims(study))
         )
     else:
         parts.append("_no short-output cells in this study (add a sweep with max_new_tokens ≤ 10)_\n")
-    parts.append("\n### (4) Memory pressure: a draft model costs memory the target may need\n")
+    parts.append("\n### (4) Memory pressure: the seed expects a draft model to cost memory the target may need\n")
     md, src = fails.memory_overhead(study)
     if len(md):
         sec.tables["fails_memory"] = (md, None)
         parts.append(
-            f"Peak memory of the speculative cell minus its paired baseline (source: {', '.join(src) or 'backend'}).\n\n"
+            f"Peak memory of the speculative cell minus its paired baseline (source: {', '.join(src) or 'backend'}), "
+            "read against what the measurement resolves: the spread of the cells' own per-request peaks, a few MB "
+            "for process memory (RSS, NVML), and the largest negative difference measured with the same source "
+            "(speculation adds state, so a cell peaking below its baseline shows the noise).\n\n"
             + markdown_table(md)
+            + _claim_lines(fails.memory_claims(study))
         )
     else:
         parts.append("_the backend reported no peak memory_\n")

@@ -165,8 +165,11 @@ def hardware_table(study: Study, sweep: str | None = "hardware") -> Frames:
 def metric_table(study: Study, sweep: str | None = "hardware") -> pd.DataFrame:
     """The rest of the seed's metric table for the hardware table's rows: latency (mean / p50 / p99),
     tokens per target forward, memory overhead, quality, and the run-to-run spread of the speedup."""
+    from .fails import memory_groups  # fails builds on this module's tables
+
     groups = hardware_groups(study, sweep)
     order = {f: i for i, f in enumerate(FAMILY_TITLES)}
+    memory = {(g["framework"], g["label"]): g["reading"] for g in memory_groups(study)}
     rows = []
     for key in sorted(groups, key=lambda k: (k[0], order.get(k[1], 9), k[2], k[5], k[6])):
         fw, method, _, _, _, gamma, sampling = key
@@ -184,9 +187,7 @@ def metric_table(study: Study, sweep: str | None = "hardware") -> pd.DataFrame:
                 "TPOT ms (mean / p50 / p99)": _ms(p, "tpot"),
                 "E2E ms (mean / p50 / p99)": _ms(p, "e2e"),
                 "tokens / target forward": fmt(p.tokens_per_forward),
-                "Memory overhead (MB)": "—"
-                if is_ar
-                else fmt(p.memory_overhead_bytes / 1e6 if isnum(p.memory_overhead_bytes) else NAN, 1),
+                "Memory overhead": "—" if is_ar else memory.get((fw, key[2]), "—"),
                 **_quality(p, is_ar),
                 "Speedup run-to-run (min–max)": "—" if is_ar or lo != lo else f"{lo:.2f}–{hi:.2f} ({p.n_repeats} runs)",
             }
@@ -427,10 +428,19 @@ def framework_table(study: Study) -> pd.DataFrame:
             m = study.meta(c)
             if m["batch_size"] == 1 and not m["synthetic"]:
                 rows_b1.setdefault((m["label"], m["gamma"] or 0, m["sampling"]), []).append(c)
-        for (label, gamma, sampling), cs in sorted(rows_b1.items()):
-            p = pooled(study, cs)
-            if isnum(p.speedup) and (best_p is None or p.speedup > best_p.speedup):
-                best, best_p = f"{label} γ={gamma} ({sampling})", p
+        # among rows with enough prompts for an interval, greedy first (rows of one sampling compared)
+        ranked = sorted(
+            (
+                (sampling != "greedy", -p.speedup, f"{label} γ={gamma} ({sampling})", p)
+                for (label, gamma, sampling), cs in rows_b1.items()
+                if isnum((p := pooled(study, cs)).speedup) and p.n_prompts >= MIN_PROMPTS_FOR_CI
+            ),
+            key=lambda t: (t[0], t[1], t[2]),
+        )
+        ranked = [t for t in ranked if t[0] == ranked[0][0]] if ranked else []
+        if ranked:
+            best, best_p = ranked[0][2], ranked[0][3]
+        runner = ranked[1] if len(ranked) > 1 else None
         base_cells = [c for c in cells if study.meta(c)["method"] == "ar" and study.meta(c)["batch_size"] == 1]
         base = pooled(study, base_cells)
         peak, source = peak_memory([r for c in base_cells for r in study.records[c]])
@@ -444,7 +454,13 @@ def framework_table(study: Study) -> pd.DataFrame:
                 "Batch sizes (speculative)": ", ".join(map(str, batches)) or "—",
                 "AR tokens/s (batch 1)": fmt_ci(base.tokens_per_s, base.tokens_per_s_ci, 1, n=base.n_prompts),
                 "AR TPOT ms (mean / p50 / p99)": _ms(base, "tpot"),
-                "Best method (batch 1)": best or "—",
+                "Best method (batch 1, ≥ 5 prompts)": (f"{best} of {len(ranked)} rows" if best else "—"),
+                "Runner-up (intervals)": (
+                    f"{runner[2]}: {fmt_ci(runner[3].speedup, runner[3].speedup_ci, 2, '×', n=runner[3].n_prompts)} "
+                    f"({_overlap_word(best_p, runner[3])})"
+                    if runner and best_p
+                    else "—"
+                ),
                 "Its speedup": fmt_ci(best_p.speedup, best_p.speedup_ci, 2, "×", n=best_p.n_prompts) if best_p else "—",
                 "Its tokens/s": fmt_ci(best_p.tokens_per_s, best_p.tokens_per_s_ci, 1, n=best_p.n_prompts)
                 if best_p
@@ -467,6 +483,15 @@ def framework_table(study: Study) -> pd.DataFrame:
             }
         )
     return pd.DataFrame(rows)
+
+
+def _overlap_word(a: Pooled, b: Pooled) -> str:
+    """Whether two rows' speedup intervals overlap: a best whose interval overlaps the runner-up's is not
+    shown to be better."""
+    from .claims import Estimate, overlap
+
+    o = overlap(Estimate.of(a), Estimate.of(b))
+    return "no interval" if o is None else ("overlap: not resolved" if o else "disjoint")
 
 
 def telemetry_table(study: Study) -> pd.DataFrame:

@@ -61,7 +61,7 @@ def test_report_has_every_section_with_measured_numbers(study_out):
         "TTFT ms (mean / p50 / p99)",
         "TPOT ms (mean / p50 / p99)",
         "E2E ms (mean / p50 / p99)",
-        "Memory overhead (MB)",
+        "Memory overhead",
         "PPL Δ (spec − AR)",
         "Exact match (greedy)",
         "tokens / target forward",

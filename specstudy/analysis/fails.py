@@ -500,3 +500,12 @@ def predicted_memory_fit(study: Study, prof: HardwareProfile | None) -> list[str
             if mid in params:
                 lines.append(_fit_line(pair, prof, tgt, mid, params, dt))
     return lines
+
+
+def claims_markdown(claims: list[str]) -> str:
+    """A case's claims as markdown, each decided from the table's intervals (observed, reversed, cannot tell)."""
+    return (
+        "\nAgainst the seed, in this study:\n\n" + "\n".join(f"- {c[:1].upper()}{c[1:]}." for c in claims) + "\n"
+        if claims
+        else ""
+    )

@@ -207,9 +207,13 @@ def _acceptance(out: Pooled, ok: Sequence[RequestRecord]) -> None:
         seen, lambda r: (r.accepted_tokens or 0, r.drafted_tokens or 0, float(metrics.draft_steps_of(r) or 0))
     )
     if sums.size and sums[:, 1].sum() > 0:
-        out.alpha_ci = metrics.ratio_ci(sums[:, 0], sums[:, 1])
+        out.alpha_ci = metrics.ratio_ci(sums[:, 0], sums[:, 1], upper=1.0)
+    depth = max((len(r.drafts_per_position or []) for r in seen), default=0) or max(
+        (r.gamma or 0 for r in seen), default=0
+    )
     if acc["acceptance_length"] is not None and sums.size and sums[:, 2].sum() > 0:
-        lo, hi = metrics.ratio_ci(sums[:, 0], sums[:, 2])  # AL = 1 + Σ accepted / Σ draft steps
+        # AL = 1 + Σ accepted / Σ draft steps, where a step accepts at most the deepest draft
+        lo, hi = metrics.ratio_ci(sums[:, 0], sums[:, 2], upper=float(depth) if depth else None)
         out.acceptance_length_ci = (1.0 + lo, 1.0 + hi)
 
 

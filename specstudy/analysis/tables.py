@@ -162,6 +162,20 @@ def hardware_table(study: Study, sweep: str | None = "hardware") -> Frames:
     return pd.DataFrame(rows), pd.DataFrame(raw)
 
 
+def _prediction(p: Pooled, gamma: Any) -> tuple[dict[str, str], float, str]:
+    """The cost model's speedup for a measured row as shown (prediction, measured/predicted, what the
+    model took from the measurement or which assumption it breaks), the prediction and the note."""
+    pred = predicted_for(p, gamma)
+    ratio = p.speedup / pred if isnum(pred) and pred > 0 and isnum(p.speedup) else NAN
+    note = model_note(p, gamma, ratio) if isnum(pred) else ""
+    shown = {
+        "Speedup (cost model, prediction)": fmt(pred, 2, "×"),
+        "measured/predicted": fmt(ratio),
+        "Model note": note or "—",
+    }
+    return shown, pred, note
+
+
 def metric_table(study: Study, sweep: str | None = "hardware") -> pd.DataFrame:
     """The rest of the seed's metric table for the hardware table's rows: latency (mean / p50 / p99),
     tokens per target forward, memory overhead, quality, and the run-to-run spread of the speedup."""
@@ -173,7 +187,7 @@ def metric_table(study: Study, sweep: str | None = "hardware") -> pd.DataFrame:
     rows = []
     for key in sorted(groups, key=lambda k: (k[0], order.get(k[1], 9), k[2], k[5], k[6])):
         fw, method, _, _, _, gamma, sampling = key
-        p = pooled(study, groups[key])
+        p = pooled_drafts(study, groups[key])
         is_ar = method == "ar"
         lo, hi = p.speedup_runs
         rows.append(
@@ -190,6 +204,7 @@ def metric_table(study: Study, sweep: str | None = "hardware") -> pd.DataFrame:
                 "Memory overhead": "—" if is_ar else memory.get((fw, key[2]), "—"),
                 **_quality(p, is_ar),
                 "Speedup run-to-run (min–max)": "—" if is_ar or lo != lo else f"{lo:.2f}–{hi:.2f} ({p.n_repeats} runs)",
+                **(dict.fromkeys(_prediction(Pooled(), None)[0], "—") if is_ar else _prediction(p, gamma)[0]),
             }
         )
     return pd.DataFrame(rows)
@@ -216,8 +231,7 @@ def method_table(study: Study, family: str, sweep: str | None = "method_family")
     for key in sorted(groups):
         fw, label, gamma, batch, drafter, sampling = key
         p = pooled_drafts(study, groups[key])
-        pred = predicted_for(p, gamma)
-        ratio = p.speedup / pred if pred == pred and pred > 0 else NAN
+        shown, pred, note = _prediction(p, gamma)
         rows.append(
             {
                 "Framework": fw,
@@ -234,9 +248,7 @@ def method_table(study: Study, family: str, sweep: str | None = "method_family")
                 "verify cost (×T1)": fmt(p.verify_ratio),
                 "tokens/s": fmt_ci(p.tokens_per_s, p.tokens_per_s_ci, 1, n=p.n_prompts),
                 "Speedup (measured)": fmt_ci(p.speedup, p.speedup_ci, 2, "×", n=p.n_prompts),
-                "Speedup (cost model, prediction)": fmt(pred, 2, "×"),
-                "measured/predicted": fmt(ratio),
-                "Model note": model_note(p, gamma, ratio) if isnum(pred) else "—",
+                **shown,
                 "n (prompts)": p.n_prompts,
                 "repeats": p.n_repeats,
                 "Exact match (greedy)": fmt(p.exact_match),
@@ -251,7 +263,7 @@ def method_table(study: Study, family: str, sweep: str | None = "method_family")
                 "drafter": drafter,
                 "sampling": sampling,
                 "predicted_speedup": pred,
-                "model_note": model_note(p, gamma, ratio) if isnum(pred) else "",
+                "model_note": note,
                 **dataclasses.asdict(p),
             }
         )
@@ -353,7 +365,14 @@ def _best_gammas(study: Study, spec: list[str]) -> tuple[list[str], list[str]]:
         ok = {g: p for g, p in pg.items() if isnum(p.speedup)}
         if ok:
             g_best = max(ok, key=lambda g: ok[g].speedup)
-            best.append(f"{name}: γ={g_best} ({ok[g_best].speedup:.2f}×)")
+            pb = ok[g_best]
+            pred = predicted_for(pb, g_best)
+            vs = (
+                f", predicted {pred:.2f}×, measured/predicted {pb.speedup / pred:.2f}"
+                if isnum(pred) and pred > 0
+                else ""
+            )
+            best.append(f"{name}: γ={g_best} ({fmt_ci(pb.speedup, pb.speedup_ci, 2, '×', n=pb.n_prompts)}{vs})")
         opt = optimal_measured(study, {g: v for g, v in by_g.items() if g}, per_g=pg)
         if opt is not None:
             model_opt.append(
@@ -415,6 +434,9 @@ def task_table(study: Study, tasks: Sequence[str] | None = None, sweep: str | No
 
 def framework_table(study: Study) -> pd.DataFrame:
     """The seed's framework table, measured: per framework the methods run and their best numbers."""
+    from .fails import memory_groups  # fails builds on this module's tables
+
+    memory = {(g["framework"], g["label"]): g["reading"] for g in memory_groups(study)}
     rows = []
     mnt = headline_max_new(study)
     for fw in sorted({study.meta(c)["framework"] for c in study.records}):
@@ -422,7 +444,7 @@ def framework_table(study: Study) -> pd.DataFrame:
         spec = [c for c in cells if study.meta(c)["method"] != "ar"]
         fams = sorted({study.meta(c)["method"] for c in cells})
         batches = sorted({study.meta(c)["batch_size"] for c in spec})
-        best, best_p = None, None
+        best, best_p, best_label = None, None, ""
         rows_b1: dict[tuple[Any, ...], list[str]] = {}
         for c in spec:
             m = study.meta(c)
@@ -431,7 +453,7 @@ def framework_table(study: Study) -> pd.DataFrame:
         # among rows with enough prompts for an interval, greedy first (rows of one sampling compared)
         ranked = sorted(
             (
-                (sampling != "greedy", -p.speedup, f"{label} γ={gamma} ({sampling})", p)
+                (sampling != "greedy", -p.speedup, f"{label} γ={gamma} ({sampling})", p, label)
                 for (label, gamma, sampling), cs in rows_b1.items()
                 if isnum((p := pooled(study, cs)).speedup) and p.n_prompts >= MIN_PROMPTS_FOR_CI
             ),
@@ -439,7 +461,7 @@ def framework_table(study: Study) -> pd.DataFrame:
         )
         ranked = [t for t in ranked if t[0] == ranked[0][0]] if ranked else []
         if ranked:
-            best, best_p = ranked[0][2], ranked[0][3]
+            best, best_p, best_label = ranked[0][2], ranked[0][3], ranked[0][4]
         runner = ranked[1] if len(ranked) > 1 else None
         base_cells = [c for c in cells if study.meta(c)["method"] == "ar" and study.meta(c)["batch_size"] == 1]
         base = pooled(study, base_cells)
@@ -454,7 +476,9 @@ def framework_table(study: Study) -> pd.DataFrame:
                 "Batch sizes (speculative)": ", ".join(map(str, batches)) or "—",
                 "AR tokens/s (batch 1)": fmt_ci(base.tokens_per_s, base.tokens_per_s_ci, 1, n=base.n_prompts),
                 "AR TPOT ms (mean / p50 / p99)": _ms(base, "tpot"),
-                "Best method (batch 1, ≥ 5 prompts)": (f"{best} of {len(ranked)} rows" if best else "—"),
+                "Best method (batch 1, ≥ 5 prompts)": (
+                    f"{best}, the fastest of {len(ranked)} row{'s' if len(ranked) > 1 else ''}" if best else "—"
+                ),
                 "Runner-up (intervals)": (
                     f"{runner[2]}: {fmt_ci(runner[3].speedup, runner[3].speedup_ci, 2, '×', n=runner[3].n_prompts)} "
                     f"({_overlap_word(best_p, runner[3])})"
@@ -474,11 +498,7 @@ def framework_table(study: Study) -> pd.DataFrame:
                     else "—"
                 ),
                 "AR peak memory MB (source)": f"{fmt(peak / 1e6, 0)} ({source})" if isnum(peak) else "—",
-                "Its memory overhead (MB)": (
-                    fmt(best_p.memory_overhead_bytes / 1e6, 1)
-                    if best_p and isnum(best_p.memory_overhead_bytes)
-                    else "—"
-                ),
+                "Its memory overhead": memory.get((fw, best_label), "—") if best_p else "—",
                 "n (prompts)": best_p.n_prompts if best_p else 0,
             }
         )

@@ -168,7 +168,7 @@ def task_category_section(study: Study, task: str | None = None) -> Section:
     )
     sec.markdown = (
         "Entropy: mean per-token entropy (nats) of the target's next-token distribution along its own AR output "
-        "(computed in the verification pass), 95 % CI over requests. α range: lowest–highest α over the task's "
+        "(computed in the verification pass), 95 % interval over distinct prompts. α range: lowest–highest α over the task's "
         "speculative cells (methods × γ), batch 1. Best γ measured: the γ with the highest paired speedup among "
         "those run. Optimal γ (prediction): the cost model's optimum from the measured draft lengths, α̂, c and "
         "verification cost, searched no deeper than the draft depth measured (α̂ is not carried past it) nor than "
@@ -183,21 +183,12 @@ def task_category_section(study: Study, task: str | None = None) -> Section:
     return sec
 
 
-def _claim_lines(claims: list[str]) -> str:
-    """The case's claims, each decided from the table's intervals (observed, reversed, cannot tell)."""
-    return (
-        "\nAgainst the seed, in this study:\n\n" + "\n".join(f"- {c[:1].upper()}{c[1:]}." for c in claims) + "\n"
-        if claims
-        else ""
-    )
-
-
 def _fails_batch(study: Study, sec: Section) -> list[str]:
     parts = ["### (1) Large batch: the seed expects verification to turn compute-bound\n"]
     df = fails.large_batch(study)
     if len(df):
         sec.tables["fails_batch"] = (df, None)
-        parts.append(markdown_table(df) + _claim_lines(fails.batch_claims(study)))
+        parts.append(markdown_table(df) + fails.claims_markdown(fails.batch_claims(study)))
     else:
         parts.append("_no method was measured at several batch sizes_\n")
     lines = fails.predicted_break_even(study, study.profile)
@@ -218,7 +209,7 @@ def _fails_alpha(study: Study, sec: Section) -> list[str]:
         return parts + ["_no speculative cell with both α and a paired baseline_\n"]
     df = fails.low_alpha(study, pc)
     sec.tables["fails_low_alpha"] = (df, None)
-    parts.append(markdown_table(df) + _claim_lines(fails.low_alpha_claims(study, pc)))
+    parts.append(markdown_table(df) + fails.claims_markdown(fails.low_alpha_claims(study, pc)))
     preds = fails.low_alpha_predictions(pc)
     if preds:
         parts.append(
@@ -239,7 +230,7 @@ def _fails_short_and_memory(study: Study, sec: Section) -> list[str]:
             "The seed expects less speedup here: the prefill and the first token are the same work with or without "
             "speculation, so with few output tokens less decode time is left to save.\n\n"
             + markdown_table(df)
-            + _claim_lines(fails.short_claims(study))
+            + fails.claims_markdown(fails.short_claims(study))
         )
     else:
         parts.append("_no short-output cells in this study (add a sweep with max_new_tokens ≤ 10)_\n")
@@ -253,7 +244,7 @@ def _fails_short_and_memory(study: Study, sec: Section) -> list[str]:
             "for process memory (RSS, NVML), and the largest negative difference measured with the same source "
             "(speculation adds state, so a cell peaking below its baseline shows the noise).\n\n"
             + markdown_table(md)
-            + _claim_lines(fails.memory_claims(study))
+            + fails.claims_markdown(fails.memory_claims(study))
         )
     else:
         parts.append("_the backend reported no peak memory_\n")
@@ -365,7 +356,8 @@ def report_head(study: Study) -> str:
             f"{len(study.records)} of {study.planned_cells} planned cells measured ({n_req} requests, {n_ok} ok); "
             f"{len(study.failed)} failed{stale}. Every number below is measured on this machine unless labelled "
             "*prediction* (the roofline / Leviathan cost model). Brackets are 95 % intervals over prompts; "
-            "n counts paired requests.\n",
+            f"n counts distinct paired prompts (a prompt's repeats nested in it); below {MIN_PROMPTS_FOR_CI} prompts "
+            "no interval is printed (n too small).\n",
         ]
     )
 

@@ -158,12 +158,14 @@ def run_study(
                 say(
                     f"precision targets: {len(more)} extension cells ({sum(not p.is_baseline for p in more)} rows short)"
                 )
-                for plan in more[: None if max_cells is None else max_cells - ran]:
+                batch = more[: None if max_cells is None else max_cells - ran]
+                for k, plan in enumerate(batch, 1):
                     tried.add(plan.cell_id)
                     ran += 1
                     res = _run_one(cfg, plan, layout, pool, loader, state, progress)
                     results.append(res)
-                    say(res.line(len(results), len(results)) + f" [prompts {plan.prompt_offset}+{plan.prompts}]")
+                    first, last = plan.prompt_offset + 1, plan.prompt_offset + plan.prompts
+                    say(f"extension {res.line(k, len(batch))} (the task's prompts {first}-{last})")
             pool.close()  # the engine cost timings get the machine to themselves
             for problem in measure_engine_costs(cfg, plans, layout, say):
                 results.append(CellResult("engine_costs", "engine costs", "failed", message=problem))

@@ -40,7 +40,7 @@ def _rec(method, pid, repeat, end, tokens=33, acc=None, drafted=None, steps=None
     r.repeat = repeat
     if method != "ar":
         r.accepted_tokens, r.drafted_tokens, r.draft_steps = acc, drafted, steps
-        r.target_forwards, r.accepted_per_position, r.drafts_per_position = tokens, [acc], [steps]
+        r.target_forwards, r.accepted_per_position, r.drafts_per_position = tokens, [acc], [steps] * 4
     r.token_entropy = entropy
     return r
 
@@ -84,8 +84,9 @@ def test_alpha_and_al_intervals_sum_each_prompts_counts_first(study):
     p = stats.pooled(study, ["s0", "s1", "s2"])
     acc = np.array([3 * (10 + i) for i in range(6)], float)
     assert p.alpha == pytest.approx(acc.sum() / (6 * 3 * 40))
-    assert p.alpha_ci == pytest.approx(M.ratio_ci(acc, np.full(6, 3 * 40.0)))
-    lo, hi = M.ratio_ci(acc, np.full(6, 3 * 12.0))
+    assert p.alpha_ci == pytest.approx(M.ratio_ci(acc, np.full(6, 3 * 40.0), upper=1.0))
+    lo, hi = M.ratio_ci(acc, np.full(6, 3 * 12.0), upper=4.0)  # a step accepts at most its 4 drafted tokens
+    assert 1.0 < p.acceptance_length_ci[0] < p.acceptance_length_ci[1] < 5.0
     assert p.acceptance_length_ci == pytest.approx((1 + lo, 1 + hi))
 
 

@@ -30,7 +30,6 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from scipy import stats as scipy_stats
 
 from .records import RequestRecord
 
@@ -324,8 +323,12 @@ MIN_PROMPTS_FOR_CI = 5
 
 
 def _t_quantile(level: float, df: int) -> float:
+    """Student's t quantile of a two-sided ``level`` (scipy, imported here: bench/gpu_check.py runs the
+    metrics on a lent GPU machine with only torch, transformers, pandas and nvidia-ml-py)."""
     if not 0.0 < level < 1.0:
         raise ValueError(f"level={level!r}: must lie in (0, 1)")
+    from scipy import stats as scipy_stats
+
     return float(scipy_stats.t.ppf((1.0 + level) / 2.0, df))
 
 

@@ -63,14 +63,23 @@ def test_shipped_profiles_validate_and_expand(hw, no_model_work):
 
 
 def test_cpu_profile_is_sized_for_this_machine():
-    """`make study` must stay near 10 minutes on 2 cores: the in-process engines decode ~8-10 tok/s
-    here, llama.cpp ~2x that with its slow prefill (measured: 81 cells in about 8 min; this bounds the plan)."""
+    """`make study` must end within 15 minutes on 2 cores, install included, with defensible rows: every
+    headline row (the hardware table) pools >= 10 distinct prompts, every other cell has >= 5.  The token
+    budget bounds the plan at its largest (every precision target unmet): measured 2026-12-02, 79 cells
+    (67 planned + 12 extensions: reference 3,920 and llama.cpp 8,160 tokens) in 8 min 27 s, the whole
+    `make study` on a fresh clone in 9 min 58 s."""
+    from specstudy.metrics import MIN_PROMPTS_FOR_CI
+    from specstudy.run.precision import most_extensions
+
     cfg = load_study("cpu")
     plans = expand(cfg)
     tokens: dict[str, int] = {}
-    for p in plans:
+    for p in [*plans, *most_extensions(cfg, plans)]:
         tokens[p.cell.framework] = tokens.get(p.cell.framework, 0) + p.prompts * p.sampling.max_new_tokens
-    assert tokens["reference"] + tokens["hf"] <= 2000 and tokens["llamacpp"] <= 3600
+    assert tokens["reference"] + tokens["hf"] <= 4300 and tokens["llamacpp"] <= 8200
+    headline = [sw for sw in cfg.sweeps if sw.name == "hardware" or sw.name.startswith("hardware_")]
+    assert headline and all(sw.prompts_per_task * len(sw.tasks) >= 10 for sw in headline)
+    assert all(sw.prompts_per_task >= MIN_PROMPTS_FOR_CI for sw in cfg.sweeps)
     assert {b for sw in cfg.sweeps for b in sw.batch_sizes} == {1, 2}
     assert {t for sw in cfg.sweeps for t in sw.tasks} == {
         "code",

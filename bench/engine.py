@@ -4,7 +4,7 @@ Side by side in one run, on code and summarization prompts, per method: tokens/s
 the engine's own AR (tokens/s, prefill included) and decode speedup (AR's TPOT / the method's),
 α, α̂, AL (acceptance length), c (measured draft cost per drafted token / target step cost),
 the target's verification-cost curve T(k)/T(1), the cost model's predicted speedup
-(:func:`specstudy.costmodel.speedup_with_verify_cost` from α̂, γ, c and T(γ+1)/T(1)) and
+(:func:`specstudy.costmodel.mix_speedup` over the measured draft lengths, c and T(k+1)/T(1)) and
 measured / predicted (the decode speedup over the prediction: the cost model describes decoding
 steps, not the prefill); beside each, HF transformers' own implementation of the same idea on
 the same prompts through the kit's ``hf`` backend (plain ``generate``, ``prompt_lookup_num_tokens``,
@@ -40,6 +40,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from specstudy import costmodel, metrics  # noqa: E402
+from specstudy.analysis.drafts import draft_mix  # noqa: E402
+from specstudy.analysis.stats import verify_curve  # noqa: E402
 from specstudy.records import Cell, Request, RequestRecord, Sampling  # noqa: E402
 
 FALLBACK_PROMPTS = {  # used only when specstudy.data.tasks cannot serve the categories
@@ -328,11 +330,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             k = r["gamma"] + 1
             r["verify_ratio"] = ratio.get(k, float("nan"))
             a = r["alpha_hat"]
-            r["predicted"] = (
-                costmodel.speedup_with_verify_cost(min(max(a, 0.0), 1.0), r["gamma"], r["c"], r["verify_ratio"])
-                if a == a
-                else float("nan")
-            )
+            # the kit's cost model over the row's measured draft lengths (n-gram steps draft only on
+            # a match, often fewer than γ), with this bench's own T(k)/T(1) curve: a draft of k verifies k + 1
+            mix = draft_mix([(records[name], records["ar"])]) if base else None
+            curve_of = verify_curve({k - 1: v for k, v in ratio.items() if k > 1})
+            if mix is not None and curve_of is not None:
+                r["predicted"] = costmodel.mix_speedup(mix, r["gamma"], r["c"], curve_of)
+            else:
+                r["predicted"] = (
+                    costmodel.speedup_with_verify_cost(min(max(a, 0.0), 1.0), r["gamma"], r["c"], r["verify_ratio"])
+                    if a == a
+                    else float("nan")
+                )
             r["measured_over_predicted"] = r["decode_speedup"] / r["predicted"] if r["predicted"] else float("nan")
         hf = hf_recs.get(hf_key(name))
         if hf:

@@ -14,7 +14,7 @@ from typing import Any
 import pandas as pd
 
 from . import stats
-from .drafts import pooled_drafts
+from .drafts import model_note, pooled_drafts
 from .study import Study
 
 CURVE_COLUMNS = ["framework", "model", "drafter", "k", "verify_ms", "verify_ratio", "c", "threads", "load_1m"]
@@ -34,6 +34,7 @@ ROW_COLUMNS = [
     "speedup_ci",
     "predicted_speedup",
     "measured_over_predicted",
+    "model_note",
 ]
 
 
@@ -90,6 +91,7 @@ def predicted_rows(study: Study) -> pd.DataFrame:
         p = pooled_drafts(study, cids)  # with its measured draft lengths: n-gram steps draft only on a match
         curve = stats.verify_curve({k - 1: r for k, r in by_k.items() if k > 1})  # a draft of k verifies k + 1
         pred = stats.predicted_for(p, gamma, c, curve if p.draft_mix is not None and curve is not None else v)
+        ratio = p.speedup / pred if stats.isnum(pred) and pred > 0 else float("nan")
         rows.append(
             {
                 "label": label,
@@ -106,7 +108,8 @@ def predicted_rows(study: Study) -> pd.DataFrame:
                 "speedup": p.speedup,
                 "speedup_ci": p.speedup_ci,
                 "predicted_speedup": pred,
-                "measured_over_predicted": p.speedup / pred if stats.isnum(pred) and pred > 0 else float("nan"),
+                "measured_over_predicted": ratio,
+                "model_note": model_note(p, gamma, ratio) if stats.isnum(pred) else "",
             }
         )
     return pd.DataFrame(rows, columns=ROW_COLUMNS)

@@ -379,7 +379,7 @@ def engine_costs_section(study: Study) -> Section | None:
         c=rows["c"].map(lambda x: fmt(x, 3)),
         verify_ratio=rows["verify_ratio"].map(fmt),
         prefill_share=rows["prefill_share"].map(fmt),
-        speedup=[fmt_ci(s, ci, suffix="×") for s, ci in zip(rows["speedup"], rows["speedup_ci"])],
+        speedup=[fmt_ci(s, ci, suffix="×", n=n) for s, ci, n in zip(rows["speedup"], rows["speedup_ci"], rows["n"])],
         predicted_speedup=rows["predicted_speedup"].map(lambda x: fmt(x, suffix="×")),
         measured_over_predicted=rows["measured_over_predicted"].map(fmt),
     ).drop(columns=["speedup_ci"])

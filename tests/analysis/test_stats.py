@@ -123,3 +123,20 @@ def test_a_greedy_divergence_is_named_with_its_position_and_margin():
     assert p.exact_match == pytest.approx(0.8)
     (d,) = p.divergences
     assert (d["prompt_id"], d["position"]) == ("p3", 1) and d["margin"] == pytest.approx(0.03)
+
+
+def test_batched_throughput_interval_is_over_batches():
+    """A cell of batch 2 run batch after batch: tokens/s = Σ batch tokens / Σ batch spans, its interval over
+    the batches (each batch holds prompts of its own)."""
+    s = _Study()
+    recs = []
+    for i in range(10):
+        r = _rec("ar", f"p{i}", 0, 1.0 + 0.1 * (i % 3), tokens=30 + i)
+        r.batch_size, r.start_epoch = 2, 100.0 + 5.0 * (i // 2)
+        recs.append(r)
+    s.add("b", recs)
+    p = stats.pooled(s, ["b"])
+    toks = [recs[j].output_tokens + recs[j + 1].output_tokens for j in range(0, 10, 2)]
+    walls = [max(recs[j].end_s, recs[j + 1].end_s) for j in range(0, 10, 2)]
+    assert p.tokens_per_s == pytest.approx(sum(toks) / sum(walls))
+    assert p.tokens_per_s_ci == pytest.approx(M.ratio_ci(toks, walls))

@@ -75,13 +75,51 @@ def tiny_requests(task: str, n: int, seed: int, tokenizer) -> list[Request]:
     return out
 
 
-class TinyFactory:
-    """Builds reference backends around a tiny random model; counts loads; can slow or break cells."""
+def byte_tokenizer():
+    """A real transformers fast tokenizer (one token per byte) with a ChatML-style template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers.pre_tokenizers import ByteLevel
+    from transformers import PreTrainedTokenizerFast
 
-    def __init__(self, delay_s: float = 0.0, fail_method: str | None = None):
+    vocab = {c: i for i, c in enumerate(sorted(ByteLevel.alphabet()))}
+    for s in ("<|im_start|>", "<|im_end|>", "<|endoftext|>"):
+        vocab[s] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    t = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|endoftext|>", additional_special_tokens=["<|im_start|>", "<|im_end|>"]
+    )
+    t.chat_template = (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    return t
+
+
+class ByteIds:
+    """A stand-in tokenizer for the tiny model (96 ids, no chat template): one id per UTF-8 byte, folded
+    into the vocabulary, so a study can read real task files and still run on the tiny model."""
+
+    chat_template = None
+
+    def __call__(self, text: str, add_special_tokens: bool = True) -> dict:
+        return {"input_ids": [3 + b % 90 for b in text.encode()]}
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return "".join(chr(32 + int(i)) for i in ids)
+
+
+class TinyFactory:
+    """Builds reference backends around a tiny random model; counts loads; can slow or break cells.
+
+    ``tokenizer`` (e.g. :class:`ByteIds`) is the backend's, for requests read from task files.
+    """
+
+    def __init__(self, delay_s: float = 0.0, fail_method: str | None = None, tokenizer=None):
         self.loads: list[tuple] = []
         self.runs: list[tuple[str, int, int, bool]] = []  # (method, batch size, max_new_tokens, warm-up?) per call
-        self.delay_s, self.fail_method = delay_s, fail_method
+        self.delay_s, self.fail_method, self.tokenizer = delay_s, fail_method, tokenizer
 
     def __call__(self, framework: str, model: str, drafter=None, device: str = "cpu", dtype: str = "float64", **kw):
         import torch
@@ -91,7 +129,9 @@ class TinyFactory:
 
         torch.set_num_threads(1)
         self.loads.append((framework, model, drafter))
-        backend = ReferenceBackend(tiny_model(seed=0, logit_scale=4.0, num_layers=2), device="cpu", dtype="float64")
+        backend = ReferenceBackend(
+            tiny_model(seed=0, logit_scale=4.0, num_layers=2), device="cpu", dtype="float64", tokenizer=self.tokenizer
+        )
         run, factory = backend.run, self
 
         def slow_run(requests, sampling, cell):

@@ -14,7 +14,7 @@ from typing import Any
 
 import pandas as pd
 
-from ..config.task import load_task_config
+from ..config.task import load_task_config, seed_row
 from ..config.vocab import TASKS
 from ..metrics import MIN_PROMPTS_FOR_CI
 from .drafts import model_note, optimal_measured, pooled_drafts
@@ -319,12 +319,19 @@ def batch_sweep_frame(study: Study, family: str, sweep: str | None = "method_fam
     return pd.DataFrame(rows)
 
 
-def seed_reference(task: str) -> str:
-    """The seed article's row for this task (from params/tasks/<task>.yaml), quoted for comparison."""
-    try:
-        ref = dict(load_task_config(task).seed_reference or {})
-    except (ValueError, OSError):
-        return "—"
+def seed_reference(task: str, study: Study | None = None) -> str:
+    """The seed article's row for this task's category, quoted for comparison: from the study's
+    task snapshot (``study.json``), else ``params/tasks/<task>.yaml``; a user category has none."""
+    info = ((study.plan.get("tasks") or {}) if study is not None else {}).get(task)
+    if info is None:
+        try:
+            cfg = load_task_config(task)
+        except (ValueError, OSError):
+            return "—"
+        info = {"category": cfg.category, "seed_reference": seed_row(cfg)}
+    if info.get("category") not in TASKS:
+        return "no seed row: a user category"
+    ref = dict(info.get("seed_reference") or {})
     if not ref:
         return "—"
     a, g = ref.get("alpha_range"), ref.get("gamma_range")
@@ -410,7 +417,7 @@ def task_table(study: Study, tasks: Sequence[str] | None = None, sweep: str | No
                 "Best γ measured": "; ".join(best) or "—",
                 "Optimal γ (cost model from measured draft lengths, α̂, c; prediction)": "; ".join(model_opt) or "—",
                 "n (prompts)": allp.n_prompts,
-                "Seed article (quoted, not measured)": seed_reference(task),
+                "Seed article (quoted, not measured)": seed_reference(task, study),
             }
         )
         raw.append(

@@ -1,4 +1,8 @@
-"""specstudy run: validate the study params, then run every cell not already done (resumable)."""
+"""specstudy run: validate the study params and its task files, then run every cell not already done (resumable).
+
+Everything is checked before any engine is installed or loaded: the study file, the backends'
+methods and options, and every task file with its prompts (all their problems listed at once).
+"""
 
 from __future__ import annotations
 
@@ -12,11 +16,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..config import ParamsError, StudyConfig, hardware_names, load_hardware_profile, load_study
+from ..data.models import tokenizer_if_here
 from ..engines.preflight import Probes
 from ..layout import StudyLayout
 from ..report.notebooks import plan_notebook_jobs, write_notebook_makefile
 from ..run.environment import machine_needs, prepare_machine
-from ..run.plan import CellPlan, check_backends, expand, plan_summary, uses_cuda
+from ..run.plan import CellPlan, check_backends, check_tasks, expand, plan_summary, uses_cuda
 
 #: exit status when the study ran but some cells failed (make study renders the report, then fails)
 EXIT_CELLS_FAILED = 3
@@ -129,6 +134,10 @@ def run(args: argparse.Namespace) -> int:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         cfg = check_backends(load_study(args.hardware, args.params), files=not args.dry_run)
+        # a dry run downloads nothing and loads no tokenizer: prompts are counted before length control
+        tokenizer = None if args.dry_run else tokenizer_if_here
+        for task_note in check_tasks(cfg, fetch=not args.dry_run, tokenizer=tokenizer, sweeps=args.sweep):
+            warnings.warn(task_note, stacklevel=1)
         if not args.dry_run:
             for note in prepare_machine(cfg, force=args.force):
                 warnings.warn(
@@ -168,6 +177,7 @@ def run(args: argparse.Namespace) -> int:
             log=log,
             full_plan=all_plans,
             cuda=uses_cuda(cfg),
+            tasks_checked=True,
         )
     except RuntimeError as e:  # another runner holds the outputs folder
         print(f"specstudy run: error: {e}", file=sys.stderr)

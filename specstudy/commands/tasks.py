@@ -1,4 +1,5 @@
-"""specstudy tasks: list the task categories and their data; ``tasks show NAME`` prints prompts."""
+"""specstudy tasks: list the task categories and their data; ``tasks show NAME`` prints prompts;
+``tasks sha256 PATH`` prints the pin of a data file or ``datasets`` folder for a task file."""
 
 from __future__ import annotations
 
@@ -11,14 +12,20 @@ from typing import Any
 
 from ..config import ParamsError, task_names
 from ..data.models import load_tokenizer
-from ..data.tasks import TaskDataError, load_requests, parse_field_map, task_summary
+from ..data.tasks import TaskDataError, load_requests, parse_field_map, sha256_data, task_summary
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "action", nargs="?", choices=("list", "show"), default="list", help="list (default) or show one task's prompts"
+        "action",
+        nargs="?",
+        choices=("list", "show", "sha256"),
+        default="list",
+        help="list (default), show one task's prompts, or sha256: the pin of a data file or datasets folder",
     )
-    p.add_argument("name", nargs="?", help="task name for 'show' (see 'specstudy tasks')")
+    p.add_argument(
+        "name", nargs="?", help="show: a task name (see 'specstudy tasks') or task file; sha256: a file or folder"
+    )
     p.add_argument("--no-fetch", action="store_true", help="list: report only what is already cached, download nothing")
     p.add_argument("--n", default="3", help="show: how many prompts (an integer or 'all')")
     p.add_argument("--seed", type=int, default=None, help="show: sampling seed (default: the task's)")
@@ -99,7 +106,20 @@ def _run_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_sha256(args: argparse.Namespace) -> int:
+    """The value a ``file`` source's ``sha256:`` pins (a folder's: see data.tasks.sha256_folder)."""
+    if not args.name or not Path(args.name).exists():
+        raise ParamsError(
+            None, "path", args.name, "an existing data file or folder", "usage: specstudy tasks sha256 PATH"
+        )
+    digest = sha256_data(args.name)
+    print(json.dumps({"path": args.name, "sha256": digest}) if args.json else digest)
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.action == "sha256":
+        return _run_sha256(args)
     if args.action == "show":
         try:
             return _run_show(args)

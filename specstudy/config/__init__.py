@@ -6,7 +6,7 @@ model registry entries (:mod:`.model`) and task files (:mod:`.task`); one vocabu
 (:mod:`.vocab`).
 """
 
-from .errors import ParamsError
+from .errors import ParamsError, ParamsProblems
 from .files import REPO_ROOT, display_path, hardware_file, hardware_names, load_yaml, params_dir
 from .hardware import load_hardware_profile
 from .model import ModelEntry, get_entry, model_names
@@ -20,6 +20,7 @@ __all__ = [
     "ModelEntry",
     "ModelPair",
     "ParamsError",
+    "ParamsProblems",
     "StudyConfig",
     "Sweep",
     "TaskConfig",

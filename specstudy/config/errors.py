@@ -4,6 +4,8 @@ The schemas are pydantic models; :func:`from_validation_error` turns pydantic's 
 a :class:`ParamsError` with the same four parts the kit has always printed, so a user reads
 ``p.yaml: study.models[0].dtype='fp12' is not allowed; allowed: ['float32', ...]`` and never a
 pydantic traceback.  Validators that know the allowed values raise :func:`not_allowed`.
+Checks that can find several problems at once (the task files of a study) collect them into one
+:class:`ParamsProblems`, one problem a line, so a user fixes them all before the next try.
 """
 
 from __future__ import annotations
@@ -30,6 +32,29 @@ class ParamsError(ValueError):
         if hint:
             msg += f" ({hint})"
         super().__init__(msg)
+
+
+class ParamsProblems(ParamsError):
+    """Several bad parameters found by one check, listed one a line (the first one's parts as attributes).
+
+    A subclass of :class:`ParamsError`, so whoever catches a bad parameter catches these too.
+    """
+
+    def __init__(self, problems: Sequence[ParamsError], what: str = "parameters"):
+        if not problems:
+            raise ValueError("ParamsProblems needs at least one problem")
+        self.problems = list(problems)
+        first = self.problems[0]
+        self.file, self.key, self.value, self.allowed, self.hint = (
+            first.file,
+            first.key,
+            first.value,
+            first.allowed,
+            first.hint,
+        )
+        n = len(self.problems)
+        head = f"{n} problem{'s' if n > 1 else ''} in the {what}:"
+        ValueError.__init__(self, "\n".join([head, *(f"  - {p}" for p in self.problems)]))
 
 
 def not_allowed(value: Any, allowed: Any, hint: str = "", at: str | tuple[str | int, ...] = ()) -> PydanticCustomError:
@@ -133,7 +158,23 @@ def from_validation_error(
     exc: ValidationError, model: type[BaseModel], file: str | os.PathLike[str] | None, prefix: str = ""
 ) -> ParamsError:
     """The first error of ``exc`` as a :class:`ParamsError` (unknown keys: the key is the value)."""
-    err = exc.errors(include_url=False)[0]
+    return _from_details(exc.errors(include_url=False)[0], model, file, prefix)
+
+
+def from_validation_errors(
+    exc: ValidationError, model: type[BaseModel], file: str | os.PathLike[str] | None, prefix: str = ""
+) -> list[ParamsError]:
+    """Every error of ``exc`` as a :class:`ParamsError`, the first one of each key path."""
+    out: dict[str, ParamsError] = {}
+    for err in exc.errors(include_url=False):
+        pe = _from_details(err, model, file, prefix)
+        out.setdefault(pe.key, pe)
+    return list(out.values())
+
+
+def _from_details(
+    err: ErrorDetails, model: type[BaseModel], file: str | os.PathLike[str] | None, prefix: str
+) -> ParamsError:
     loc = tuple(err["loc"]) + tuple((err.get("ctx") or {}).get("at") or ())
     allowed = _allowed_for(model, err)
     hint = (err.get("ctx") or {}).get("hint", "")
@@ -151,3 +192,13 @@ def validate(model: type[M], data: Any, file: str | os.PathLike[str] | None, pre
         return model.model_validate(data)
     except ValidationError as e:
         raise from_validation_error(e, model, file, prefix) from None
+
+
+def validate_all(
+    model: type[M], data: Any, file: str | os.PathLike[str] | None, prefix: str = ""
+) -> tuple[M | None, list[ParamsError]]:
+    """``model.model_validate(data)``, or None and every problem pydantic found (a check that lists them all)."""
+    try:
+        return model.model_validate(data), []
+    except ValidationError as e:
+        return None, from_validation_errors(e, model, file, prefix)

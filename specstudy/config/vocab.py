@@ -36,6 +36,9 @@ FRAMEWORKS = ("reference", "hf", "llamacpp", "vllm", "vllm-server", "sglang", "t
 SERVER_FRAMEWORKS = ("llamacpp", "vllm", "vllm-server", "sglang", "trtllm", "openai")
 #: in-process engines that load the drafter named in each cell themselves (one engine per target)
 DRAFTER_PER_CELL = ("reference",)
+#: engines that hand the prompt loader their tokenizer: a task's input-length policy applies there
+#: (servers get the prompts as they are, and their records say the policy was ``unapplied``)
+TOKENIZING_FRAMEWORKS = ("reference", "hf")
 #: framework -> (python module that must be importable, what provides it)
 FRAMEWORK_REQUIREMENTS: dict[str, tuple[str, str]] = {
     "reference": ("torch", "the base install (pip install -e .)"),

@@ -249,6 +249,40 @@ def load_tokenizer(name: str) -> PreTrainedTokenizerBase:
     return AutoTokenizer.from_pretrained(str(resolve(name)), **kw)
 
 
+def tokenizer_if_here(name: str) -> PreTrainedTokenizerBase:
+    """``name``'s tokenizer when getting it needs no model download nor GGUF conversion: a registry
+    model converted earlier, a GGUF already here (the tokenizer read from it), a local directory, or a
+    hub id's tokenizer files (from the hub, or only its cache with HF_HUB_OFFLINE=1).  Otherwise a
+    LookupError saying what it would take: the study's check before any engine loads uses this, and
+    leaves to the run what needs the model itself."""
+    from transformers import AutoTokenizer
+
+    offline = os.environ.get("HF_HUB_OFFLINE") == "1"
+    try:
+        try:
+            entry = get_entry(name)
+        except ValueError:  # not in the registry: a hub id
+            return AutoTokenizer.from_pretrained(name, local_files_only=offline)
+        if entry.source == "local_dir":
+            return AutoTokenizer.from_pretrained(str(resolve(name)))
+        if entry.source == "hub":
+            kw = {"revision": entry.revision} if entry.revision else {}
+            return AutoTokenizer.from_pretrained(str(entry.repo), local_files_only=offline, **kw)
+        sha = entry.pinned_sha256
+        if sha and (cache_dir() / "hf" / sha / SOURCE_FILE).exists():
+            return AutoTokenizer.from_pretrained(str(cache_dir() / "hf" / sha))
+        what = needs_download(name)
+        if what:
+            raise LookupError(f"{name}: its tokenizer comes with {what}, fetched when its engine first loads")
+        gguf = gguf_file(entry)
+        return AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    except (OSError, ValueError) as e:
+        first = str(e).splitlines()[0] if str(e) else ""
+        raise LookupError(
+            f"{name}: no tokenizer here without loading the model ({type(e).__name__}: {first})"
+        ) from None
+
+
 def load_model(
     name: str, device: str = "cpu", dtype: str = "float32"
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
@@ -377,4 +411,5 @@ __all__ = [
     "resolve_for_engine",
     "tiny_config",
     "tiny_model",
+    "tokenizer_if_here",
 ]

@@ -19,6 +19,7 @@ from typing import Any
 
 from .. import costmodel
 from ..config import StudyConfig, load_task_config
+from ..config.task import seed_row
 from ..config.vocab import SERVER_FRAMEWORKS, cost_dtype
 from ..costmodel import HardwareProfile
 from .plan import CellPlan
@@ -49,9 +50,10 @@ def kv_bytes_per_token(params: float, dtype: str) -> float:
 
 @functools.cache
 def assumed_alpha(task: str) -> float:
-    """The middle of the seed article's α range for a task (what the plan assumes before measuring)."""
+    """The middle of the seed article's α range for a task's category (what the plan assumes before
+    measuring; ``task``: a name or a task file); 0.6 for a user category, which has no seed row."""
     try:
-        lo, hi = load_task_config(task).seed_reference.get("alpha_range") or (0.6, 0.6)
+        lo, hi = seed_row(load_task_config(task)).get("alpha_range") or (0.6, 0.6)
     except (ValueError, OSError):
         lo, hi = 0.6, 0.6
     return (float(lo) + float(hi)) / 2
@@ -90,7 +92,7 @@ def estimate_cell(cfg: StudyConfig, plan: CellPlan, prof: HardwareProfile) -> Ce
     if plan.is_baseline:
         return CellEstimate(plan, ar)
     draft = params.get(plan.drafter_id or "") if plan.family == "draft_target" else None
-    pred = costmodel.predict(prof, p, draft, assumed_alpha(plan.cell.task), dt, b, plan.cell.gamma, n)
+    pred = costmodel.predict(prof, p, draft, assumed_alpha(cfg.task_file(plan.cell.task)), dt, b, plan.cell.gamma, n)
     return CellEstimate(plan, ar / pred.speedup if pred.speedup > 0 else None)
 
 

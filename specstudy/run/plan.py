@@ -4,7 +4,8 @@ Every speculative cell is paired with the AR cell it is compared against (same p
 sampling, engine, batch size).  Cells shared by sweeps run once.  The order groups cells by
 engine so models load once per framework/model/drafter, and puts each baseline before the cells
 that need it.  :func:`check_backends` asks each framework's backend whether it runs the methods
-the study gives it, before any model loads.
+the study gives it, and :func:`check_tasks` reads every task file and its prompts, both before
+any model loads.
 """
 
 from __future__ import annotations
@@ -13,14 +14,15 @@ import dataclasses
 import importlib
 import itertools
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from ..backends import BACKENDS, Backend
-from ..config import ParamsError, StudyConfig, hardware_names, load_hardware_profile
+from ..config import ParamsError, StudyConfig, Sweep, hardware_names, load_hardware_profile, load_task_config
+from ..config.errors import ParamsProblems
 from ..config.schema import ModelPair
-from ..config.vocab import DRAFTER_PER_CELL, REFERENCE_METHODS, SERVER_FRAMEWORKS
+from ..config.vocab import DRAFTER_PER_CELL, REFERENCE_METHODS, SERVER_FRAMEWORKS, TOKENIZING_FRAMEWORKS
 from ..records import Cell, RequestRecord, Sampling
 
 
@@ -189,6 +191,99 @@ def check_backends(cfg: StudyConfig, files: bool = True) -> StudyConfig:
     if files:
         _cell_checks(cfg)
     return cfg
+
+
+def check_tasks(
+    cfg: StudyConfig,
+    fetch: bool = True,
+    tokenizer: Callable[[str], Any] | None = None,
+    sweeps: Collection[str] | None = None,
+) -> list[str]:
+    """Every task file of the study read the way the run will, before any engine loads: every
+    problem at once in one :class:`ParamsProblems`, each naming its file, key, value and what is allowed.
+
+    A task must hold the most prompts a sweep measures of it (``prompts_per_task``, or a precision
+    target's ``max_prompts``) plus the warm-up's (``warmup.requests``, drawn on top of them).  Where
+    its input-length policy is not ``none`` and an engine that hands the loader its tokenizer
+    (:data:`TOKENIZING_FRAMEWORKS`) runs it, ``tokenizer(target)`` gives the target's tokenizer to
+    count the prompts that survive the policy; None counts nothing (a dry run), and a LookupError
+    (the tokenizer comes only with the model) leaves that count to the run, with a note.
+    ``fetch=False`` downloads no prompt set.  ``sweeps`` limits the check to those sweeps' tasks.
+    Returns the notes (warnings for the caller to print).
+    """
+    from ..data.tasks import check_task  # reads data (datasets): only when a check is asked for
+
+    most: dict[str, tuple[int, Sweep]] = {}
+    seeds: dict[str, set[int]] = {}
+    targets: dict[str, set[str]] = {}
+    for sw in cfg.sweeps:
+        if sweeps is not None and sw.name not in sweeps:
+            continue
+        for t in sw.tasks:
+            if t not in most or sw.max_prompts > most[t][0]:
+                most[t] = (sw.max_prompts, sw)
+            seeds.setdefault(t, set()).update(s.seed for s in sw.samplings)
+            if set(sw.frameworks) & set(TOKENIZING_FRAMEWORKS):
+                targets.setdefault(t, set()).update(cfg.model(m).target for m in sw.models)
+    toks: dict[str, Any] = {}
+    problems: list[ParamsError] = []
+    notes: list[str] = []
+    warm = cfg.warmup_requests
+    for name, (n, sw) in most.items():
+        file, need = cfg.task_file(name), n + warm
+        need_text = f"{sw.prompts_key.rsplit('.', 1)[-1]} {n} + warmup.requests {warm} in {cfg.file}"
+        found = check_task(
+            file,
+            need,
+            need_text,
+            sorted(seeds[name]),
+            _tokenizers(file, targets.get(name, set()), tokenizer, toks, notes),
+            fetch,
+        )
+        problems += found.problems
+        notes += found.notes
+        if found.available is not None and found.available < need:
+            problems.append(
+                ParamsError(
+                    cfg.file,
+                    sw.prompts_key,
+                    n,
+                    f"at most {max(found.available - warm, 0)} for task {name!r}",
+                    f"{found.file} has {found.available} prompts and warmup.requests={warm} more are drawn "
+                    "before the measured ones: add prompts, or lower this or warmup.requests",
+                )
+            )
+    if problems:
+        raise ParamsProblems(problems, f"tasks of {cfg.file} (checked before any engine loads)")
+    return notes
+
+
+def _tokenizers(
+    file: str,
+    targets: Collection[str],
+    tokenizer: Callable[[str], Any] | None,
+    cache: dict[str, Any],
+    notes: list[str],
+) -> dict[str, Any]:
+    """The targets' tokenizers a task's input-length count needs (none when its policy is ``none``)."""
+    if tokenizer is None or not targets:
+        return {}
+    try:
+        if load_task_config(file).input_length.policy == "none":
+            return {}
+    except (ValueError, OSError):  # a bad task file: check_task reports it
+        return {}
+    out = {}
+    for target in sorted(targets):
+        if target not in cache:
+            try:
+                cache[target] = tokenizer(target)
+            except LookupError as e:
+                cache[target] = None
+                notes.append(f"{e}; input-length policies are applied, and their prompts counted, when it loads")
+        if cache[target] is not None:
+            out[target] = cache[target]
+    return out
 
 
 def _run_options(

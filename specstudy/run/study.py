@@ -7,7 +7,8 @@ engine that failed to load fails its other cells at once instead of loading agai
 that dies during a cell fails that cell (its rows, unfinished requests as ``error`` rows with the
 server's last log lines, go to ``failed/<cell_id>.parquet``); the next cell starts a new server.  The paired AR
 baseline of a speculative cell runs on the same engine with the same prompts and sampling, just
-before it.
+before it.  Prompts come from the study's task files; they are checked (:func:`check_tasks`) before
+any engine loads, so a bad task file fails the run at once, listing every problem.
 """
 
 from __future__ import annotations
@@ -20,14 +21,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..backends.server import ServerDied
-from ..config import StudyConfig, hardware_names, load_hardware_profile
+from ..config import StudyConfig, display_path, hardware_names, load_hardware_profile, load_task_config
+from ..config.task import seed_row
+from ..data.models import tokenizer_if_here
 from ..data.tasks import load_requests
 from ..layout import StudyLayout
 from ..provenance import provenance
 from ..records import Request, RequestRecord
 from .cell import CellResult, annotate, run_cell, split_warmup, summarize
 from .engine_costs import measure_engine_costs
-from .plan import CellPlan, plan_summary
+from .plan import CellPlan, check_tasks, plan_summary
 from .pool import BackendFactory, BackendPool
 from .precision import extensions
 
@@ -35,11 +38,30 @@ RequestLoader = Callable[[str, int, int, Any], list[Request]]
 
 
 def default_request_loader(task: str, n: int, seed: int, tokenizer: Any) -> list[Request]:
+    """A task's requests (``task``: a name in params/tasks/ or a task file's path)."""
     return list(load_requests(task, n, seed, tokenizer))
 
 
+def study_request_loader(cfg: StudyConfig) -> RequestLoader:
+    """The default loader for one study: each task name read from the study's own task file."""
+    return lambda task, n, seed, tokenizer: default_request_loader(cfg.task_file(task), n, seed, tokenizer)
+
+
+def task_snapshot(cfg: StudyConfig) -> dict[str, dict[str, Any]]:
+    """Each task's file, category and seed-article row, as the report reads them (a user's task
+    file need not be on the machine that renders the report)."""
+    out = {}
+    for name in sorted({t for sw in cfg.sweeps for t in sw.tasks}):
+        try:
+            tc = load_task_config(cfg.task_file(name))
+        except (ValueError, OSError):  # a custom request loader may run tasks no file describes
+            continue
+        out[name] = {"file": display_path(tc.file), "category": tc.category, "seed_reference": seed_row(tc)}
+    return out
+
+
 def write_plan(layout: StudyLayout, cfg: StudyConfig, plans: Sequence[CellPlan]) -> None:
-    """The expanded matrix, once per run: the report reads sweeps and pairing from it."""
+    """The expanded matrix, once per run: the report reads sweeps, pairing and tasks from it."""
     layout.write_plan(
         {
             "study": cfg.name,
@@ -48,6 +70,7 @@ def write_plan(layout: StudyLayout, cfg: StudyConfig, plans: Sequence[CellPlan])
             "config": cfg.as_dict(),
             "summary": plan_summary(plans, cfg.warmup_requests, cfg.warmup_max_new_tokens),
             "cells": [p.as_dict() for p in plans],
+            "tasks": task_snapshot(cfg),
         }
     )
 
@@ -105,13 +128,19 @@ def run_study(
     max_cells: int | None = None,
     full_plan: Sequence[CellPlan] | None = None,
     cuda: bool | None = None,
+    tasks_checked: bool = False,
 ) -> list[CellResult]:
     """Run every plan not already done; return one result per plan (done / skipped / failed).
 
     ``full_plan`` (default ``plans``) is what ``study.json`` records when only a subset is run,
-    so the report keeps the other sweeps' records.
+    so the report keeps the other sweeps' records.  With the default request loader the plans'
+    task files are checked first (:func:`check_tasks`; a bad one raises before any engine loads
+    or any output is written) unless the caller did (``tasks_checked``).
     """
-    loader = request_loader or default_request_loader
+    if request_loader is None and not tasks_checked:
+        for note in check_tasks(cfg, tokenizer=tokenizer_if_here, sweeps={s for p in plans for s in p.sweeps}):
+            log(f"warning: {note}")
+    loader = request_loader or study_request_loader(cfg)
     results: list[CellResult] = []
     with layout.lock(), open(layout.run_log_path, "a") as log_file:
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from support import byte_tokenizer
 
 from specstudy.cli import main as cli_main
 from specstudy.config import ParamsError, load_task_config, task_names
@@ -48,28 +49,6 @@ def no_download(monkeypatch):
         raise AssertionError(f"unexpected subprocess call: {a}")
 
     monkeypatch.setattr(fetch.subprocess, "run", boom)
-
-
-def byte_tokenizer():
-    """A real transformers fast tokenizer (one token per byte) with a ChatML-style template."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from tokenizers.pre_tokenizers import ByteLevel
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {c: i for i, c in enumerate(sorted(ByteLevel.alphabet()))}
-    for s in ("<|im_start|>", "<|im_end|>", "<|endoftext|>"):
-        vocab[s] = len(vocab)
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    tok.decoder = decoders.ByteLevel()
-    t = PreTrainedTokenizerFast(
-        tokenizer_object=tok, eos_token="<|endoftext|>", additional_special_tokens=["<|im_start|>", "<|im_end|>"]
-    )
-    t.chat_template = (
-        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-    )
-    return t
 
 
 def write_jsonl(path: Path, rows) -> str:
@@ -414,7 +393,8 @@ def test_a_list_of_turns_sends_the_first(tmp_path, cache):
     "mutate, key",
     [
         (lambda c: c.update(bogus=1), "bogus"),
-        (lambda c: c.update(category="poetry"), "category"),
+        (lambda c: c.update(category=""), "category"),
+        (lambda c: c.update(category="poetry", seed_reference={"entropy": "low"}), "seed_reference"),
         (lambda c: c["sources"][0].update(colour="red"), "sources[0].colour"),
         (lambda c: c["sources"][0].update(kind="ftp"), "sources[0].kind"),
         (lambda c: c["sources"][0].update(sha256="abc"), "sources[0].sha256"),

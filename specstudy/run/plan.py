@@ -211,7 +211,7 @@ def check_tasks(
     ``fetch=False`` downloads no prompt set.  ``sweeps`` limits the check to those sweeps' tasks.
     Returns the notes (warnings for the caller to print).
     """
-    from ..data.tasks import check_task  # reads data (datasets): only when a check is asked for
+    from ..data.task_check import check_task  # reads data (datasets): only when a check is asked for
 
     most: dict[str, tuple[int, Sweep]] = {}
     seeds: dict[str, set[int]] = {}

@@ -14,7 +14,8 @@ from specstudy.cli import main as cli_main
 from specstudy.config import ParamsError, load_task_config
 from specstudy.config.task import seed_row
 from specstudy.data.fetch import sha256_file
-from specstudy.data.tasks import TaskDataError, check_task, load_requests, sha256_folder
+from specstudy.data.task_check import check_task
+from specstudy.data.tasks import TaskDataError, load_requests, sha256_folder
 
 ROWS = [{"key": f"k{i}", "body": f"Held-out question {i}?", "gold": f"answer {i}"} for i in range(6)]
 FIELDS = {"id": "key", "text": "body", "reference": "gold"}

@@ -25,7 +25,7 @@ Conventions (the seed article's metric table):
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -402,6 +402,31 @@ def prompt_of(r: RequestRecord) -> tuple[str, str]:
 def _pair_key(r: RequestRecord) -> tuple[str, str, int]:
     """What pairs a speculative request with its baseline: the same prompt and repeat."""
     return (r.task, r.prompt_id, r.repeat)
+
+
+def per_prompt_sums(
+    records: Sequence[RequestRecord], values: Callable[[RequestRecord], tuple[float, ...]]
+) -> FloatArray:
+    """One row per distinct prompt: ``values`` summed over that prompt's requests (repeats, cells).
+
+    What every ratio interval resamples: Σ accepted and Σ drafted of a prompt stay together.
+    """
+    acc: dict[tuple[str, str], np.ndarray] = {}
+    for r in records:
+        v = np.asarray(values(r), dtype=float)
+        key = prompt_of(r)
+        acc[key] = acc[key] + v if key in acc else v
+    return np.asarray(list(acc.values()), dtype=float)
+
+
+def per_prompt_mean(records: Sequence[RequestRecord], value: Callable[[RequestRecord], float]) -> list[float]:
+    """The mean of ``value`` over each distinct prompt's requests (NaNs left out): one number per prompt."""
+    acc: dict[tuple[str, str], list[float]] = {}
+    for r in records:
+        v = value(r)
+        if v == v:
+            acc.setdefault(prompt_of(r), []).append(v)
+    return [float(np.mean(v)) for v in acc.values()]
 
 
 def paired_records(

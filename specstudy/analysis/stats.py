@@ -3,8 +3,8 @@
 The centres come from :mod:`specstudy.metrics` (the one definition of every metric), and so do
 the 95 % intervals (:func:`metrics.ratio_ci`, :func:`metrics.mean_ci`).  The unit of every
 interval is the prompt: a prompt's repeats (and its cells, when a row pools several) are summed
-or averaged first, and ``n_prompts`` counts distinct prompts.  Predictions use :mod:`specstudy.costmodel` and are always labelled as such
-where they are shown.
+or averaged first, and ``n_prompts`` counts distinct prompts.  Predictions use
+:mod:`specstudy.costmodel` and are always labelled as such where they are shown.
 """
 
 from __future__ import annotations
@@ -96,29 +96,6 @@ def _span(batch: Sequence[RequestRecord]) -> float:
     return max(r.start_epoch - t0 + float(r.end_s or 0.0) for r in batch)
 
 
-def per_prompt_sums(records: Sequence[RequestRecord], values: Callable[[RequestRecord], tuple[float, ...]]) -> Any:
-    """One row per distinct prompt: ``values`` summed over that prompt's requests (repeats, cells).
-
-    What every ratio interval resamples: Σ accepted and Σ drafted of a prompt stay together.
-    """
-    acc: dict[tuple[str, str], np.ndarray] = {}
-    for r in records:
-        v = np.asarray(values(r), dtype=float)
-        key = metrics.prompt_of(r)
-        acc[key] = acc[key] + v if key in acc else v
-    return np.asarray(list(acc.values()), dtype=float)
-
-
-def per_prompt_mean(records: Sequence[RequestRecord], value: Callable[[RequestRecord], float]) -> list[float]:
-    """The mean of ``value`` over each distinct prompt's requests (NaNs left out): one number per prompt."""
-    acc: dict[tuple[str, str], list[float]] = {}
-    for r in records:
-        v = value(r)
-        if v == v:
-            acc.setdefault(metrics.prompt_of(r), []).append(v)
-    return [float(np.mean(v)) for v in acc.values()]
-
-
 def _throughput(ok: Sequence[RequestRecord]) -> tuple[float, tuple[float, float]]:
     """tokens/s of the cells' requests: Σ tokens / Σ E2E at batch 1 (one stream); one cell of
     batches run one after another: Σ tokens / Σ batch spans, its CI over batches (each batch holds
@@ -127,7 +104,7 @@ def _throughput(ok: Sequence[RequestRecord]) -> tuple[float, tuple[float, float]
         return NAN, (NAN, NAN)
     if all(r.batch_size == 1 for r in ok):
         tps = metrics.per_request_throughput(ok)
-        sums = per_prompt_sums([r for r in ok if r.end_s], lambda r: (r.output_tokens, float(r.end_s or 0.0)))
+        sums = metrics.per_prompt_sums([r for r in ok if r.end_s], lambda r: (r.output_tokens, float(r.end_s or 0.0)))
         return tps, metrics.ratio_ci(sums[:, 0], sums[:, 1]) if sums.size else (NAN, NAN)
     by_cell: dict[str, list[RequestRecord]] = {}
     for r in ok:
@@ -203,7 +180,7 @@ def _acceptance(out: Pooled, ok: Sequence[RequestRecord]) -> None:
     out.per_position_conditional = acc["per_position_conditional"]
     out.per_position_unconditional = acc["per_position_unconditional"]
     seen = [r for r in ok if r.drafted_tokens is not None]
-    sums = per_prompt_sums(
+    sums = metrics.per_prompt_sums(
         seen, lambda r: (r.accepted_tokens or 0, r.drafted_tokens or 0, float(metrics.draft_steps_of(r) or 0))
     )
     if sums.size and sums[:, 1].sum() > 0:
@@ -222,7 +199,7 @@ def _latency(out: Pooled, ok: Sequence[RequestRecord]) -> None:
     out.ttft_s, out.ttft_p50_s, out.ttft_p99_s = lat["ttft_s_mean"], lat["ttft_s_p50"], lat["ttft_s_p99"]
     out.tpot_s, out.tpot_p50_s, out.tpot_p99_s = lat["tpot_s_mean"], lat["tpot_s_p50"], lat["tpot_s_p99"]
     out.e2e_s, out.e2e_p50_s, out.e2e_p99_s = lat["e2e_s_mean"], lat["e2e_s_p50"], lat["e2e_s_p99"]
-    _, lo, hi = metrics.mean_ci(per_prompt_mean(ok, metrics.tpot))
+    _, lo, hi = metrics.mean_ci(metrics.per_prompt_mean(ok, metrics.tpot))
     out.tpot_ci = (lo, hi)
 
 
@@ -319,7 +296,7 @@ def pooled(data: Study, cell_ids: Iterable[str]) -> Pooled:
     if out.synthetic is None:  # fixed acceptance measures step costs, not acceptance or quality
         _acceptance(out, ok)
     out.entropy = metrics.mean_entropy(ok)
-    _, lo, hi = metrics.mean_ci(per_prompt_mean(ok, lambda r: float(np.mean(r.token_entropy or [NAN]))))
+    _, lo, hi = metrics.mean_ci(metrics.per_prompt_mean(ok, lambda r: float(np.mean(r.token_entropy or [NAN]))))
     out.entropy_ci = (lo, hi)
     out.n_prompts = len({metrics.prompt_of(r) for r in ok})  # AR rows; a paired row counts its pairs below
     _latency(out, ok)

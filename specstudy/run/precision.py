@@ -71,15 +71,21 @@ def _chunks(root: CellPlan, base: CellPlan, target: dict[str, Any]) -> Iterator[
         offset += count
 
 
-def most_extensions(cfg: StudyConfig, plans: Sequence[CellPlan]) -> list[CellPlan]:
-    """Every extension cell the precision targets could add (no target met): what a dry run sizes."""
+def _targeted(cfg: StudyConfig, plans: Sequence[CellPlan]) -> Iterator[tuple[list[CellPlan], CellPlan, dict[str, Any]]]:
+    """(the row's cells, its baseline, its target) for every row a sweep's precision target applies to."""
     by_id = {p.cell_id: p for p in plans}
-    out: dict[str, CellPlan] = {}
     for cells in _rows(plans).values():
         root, target = cells[0], target_of(cfg, cells[0])
         base = by_id.get(root.baseline_cell_id or "")
         if target is not None and base is not None and root.cell.repeat == 0:
-            out.update({p.cell_id: p for pair in _chunks(root, base, target) for p in pair})
+            yield cells, base, target
+
+
+def most_extensions(cfg: StudyConfig, plans: Sequence[CellPlan]) -> list[CellPlan]:
+    """Every extension cell the precision targets could add (no target met): what a dry run sizes."""
+    out: dict[str, CellPlan] = {}
+    for cells, base, target in _targeted(cfg, plans):
+        out.update({p.cell_id: p for pair in _chunks(cells[0], base, target) for p in pair})
     return list(out.values())
 
 
@@ -87,15 +93,10 @@ def extensions(
     cfg: StudyConfig, plans: Sequence[CellPlan], layout: StudyLayout
 ) -> tuple[list[CellPlan], list[CellPlan]]:
     """(the extension cells on disk, the ones the rows short of their target need next, baselines first)."""
-    by_id = {p.cell_id: p for p in plans}
     out: dict[str, CellPlan] = {}
     done: dict[str, CellPlan] = {}
-    for cells in _rows(plans).values():
+    for cells, base, target in _targeted(cfg, plans):
         root = cells[0]
-        target = target_of(cfg, root)
-        base = by_id.get(root.baseline_cell_id or "")
-        if target is None or base is None or root.cell.repeat != 0:
-            continue
         spec_ids = [p.cell_id for p in cells]
         base_ids = [p.baseline_cell_id or "" for p in cells]
         pending = None

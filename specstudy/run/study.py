@@ -165,6 +165,10 @@ def run_study(
             f"{len(todo)} to run"
         )
         try:
+
+            def one(plan: CellPlan) -> CellResult:
+                return _run_one(cfg, plan, layout, pool, loader, state, progress)
+
             ran = 0
             for i, plan in enumerate(plans, 1):
                 if layout.is_done(plan.cell_id):
@@ -173,28 +177,11 @@ def run_study(
                 if max_cells is not None and ran >= max_cells:
                     break
                 ran += 1
-                res = _run_one(cfg, plan, layout, pool, loader, state, progress)
+                res = one(plan)
                 results.append(res)
                 say(res.line(i, len(plans)))
-            tried: set[str] = set()  # an extension that failed is not retried in the same run
-            while True:
-                on_disk, wanted = extensions(cfg, plans, layout)
-                more = [p for p in wanted if p.cell_id not in tried]
-                if on_disk:  # the report counts an extension's records as the plan's
-                    write_plan(layout, cfg, [*(full_plan if full_plan is not None else plans), *on_disk])
-                if not more or (max_cells is not None and ran >= max_cells):
-                    break
-                say(
-                    f"precision targets: {len(more)} extension cells ({sum(not p.is_baseline for p in more)} rows short)"
-                )
-                batch = more[: None if max_cells is None else max_cells - ran]
-                for k, plan in enumerate(batch, 1):
-                    tried.add(plan.cell_id)
-                    ran += 1
-                    res = _run_one(cfg, plan, layout, pool, loader, state, progress)
-                    results.append(res)
-                    first, last = plan.prompt_offset + 1, plan.prompt_offset + plan.prompts
-                    say(f"extension {res.line(k, len(batch))} (the task's prompts {first}-{last})")
+            left = None if max_cells is None else max_cells - ran
+            results += _run_extensions(cfg, plans, full_plan, layout, left, say, one)
             pool.close()  # the engine cost timings get the machine to themselves
             for problem in measure_engine_costs(cfg, plans, layout, say):
                 results.append(CellResult("engine_costs", "engine costs", "failed", message=problem))
@@ -208,6 +195,37 @@ def run_study(
             for r in failed:
                 say(f"  FAILED {r.cell_id}: {r.message}")
     return results
+
+
+def _run_extensions(
+    cfg: StudyConfig,
+    plans: Sequence[CellPlan],
+    full_plan: Sequence[CellPlan] | None,
+    layout: StudyLayout,
+    left: int | None,
+    say: Callable[[str], None],
+    run: Callable[[CellPlan], CellResult],
+) -> list[CellResult]:
+    """Rounds of the precision targets' extension cells (:mod:`specstudy.run.precision`) until every
+    row met its target or its cap, at most ``left`` cells; each round records the extensions on disk in
+    the plan snapshot, so the report counts their records as the plan's."""
+    results: list[CellResult] = []
+    tried: set[str] = set()  # an extension that failed is not retried in the same run
+    while True:
+        on_disk, wanted = extensions(cfg, plans, layout)
+        more = [p for p in wanted if p.cell_id not in tried]
+        if on_disk:
+            write_plan(layout, cfg, [*(full_plan if full_plan is not None else plans), *on_disk])
+        if not more or (left is not None and len(results) >= left):
+            return results
+        say(f"precision targets: {len(more)} extension cells ({sum(not p.is_baseline for p in more)} rows short)")
+        batch = more[: None if left is None else left - len(results)]
+        for k, plan in enumerate(batch, 1):
+            tried.add(plan.cell_id)
+            res = run(plan)
+            results.append(res)
+            first, last = plan.prompt_offset + 1, plan.prompt_offset + plan.prompts
+            say(f"extension {res.line(k, len(batch))} (the task's prompts {first}-{last})")
 
 
 def _requests(

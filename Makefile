@@ -157,7 +157,7 @@ clean-study:
 # a quiet machine.  BENCH_ARGS e.g. "--max-new-tokens 64 --prompts 3 --drafter NAME" (every bench-*
 # target passes BENCH_ARGS to its script; tests/test_bench_smoke.py runs each one at its tiniest size).
 BENCH_ARGS ?=
-.PHONY: bench-engine bench-engine-pair bench-llamacpp-costs bench-overhead bench-send-schedule bench-dryrun bench-gpu-check
+.PHONY: bench-engine bench-engine-pair bench-profile-step bench-llamacpp-costs bench-overhead bench-send-schedule bench-dryrun bench-gpu-check
 bench-engine: $(STAMP)
 	$(BIN)/python bench/engine.py $(BENCH_ARGS)
 
@@ -182,6 +182,7 @@ drafters: $(STAMP)
 
 # The other benchmarks: each prints figures and ratios measured side by side (timing: a quiet machine).
 #   bench-llamacpp-costs  llama.cpp's own T(k)/T(1) and draft cost c (BENCH_ARGS=--pair: the Qwen pair too)
+#   bench-profile-step    per-op shares of a k-token verification forward beside a 1-token one (issue 27)
 #   bench-overhead        what timers and records cost against one decode step (goal: <= 1 %)
 #   bench-send-schedule   the load generator's send spread and lag against a stub server (targets 5 ms, 1 ms)
 #   bench-dryrun          `specstudy run --dry-run` wall time per profile against its 5 s target
@@ -190,6 +191,9 @@ drafters: $(STAMP)
 GPU_CHECK_OUT ?= outputs/gpu-check/calibration.json
 bench-llamacpp-costs: $(STAMP)
 	$(BIN)/python bench/llamacpp_costs.py $(BENCH_ARGS)
+
+bench-profile-step: $(STAMP)
+	$(BIN)/python bench/profile_step.py $(BENCH_ARGS)
 
 bench-overhead: $(STAMP)
 	$(BIN)/python bench/overhead.py $(BENCH_ARGS)

@@ -32,6 +32,7 @@ SMOKED = {
     "gpu_check.py": "tests/test_gpu_check.py",
     "llamacpp_costs.py": "tests/test_bench_smoke.py",
     "overhead.py": "tests/test_bench_smoke.py",
+    "profile_step.py": "tests/test_bench_smoke.py",
     "send_schedule.py": "tests/run/test_send_schedule_bench.py",
 }
 #: what a target needs on top of its own arguments to parse here: gpu_check's real shapes need CUDA (on a
@@ -216,3 +217,12 @@ def test_llamacpp_costs_bench_prints_the_curve_and_c_at_tiny_size(tmp_path, caps
     assert re.search(r"^\s+1\s+[\d.]+\s+1\.000", out, re.M)
     with pytest.raises(SystemExit):
         mod.parse_args(["--kmax", "1"])  # the n-gram run needs one draft
+
+
+def test_profile_step_prints_op_shares_the_curve_and_the_matmul_rates(capsys, keep_torch_threads):
+    """bench/profile_step.py at its tiniest: every k gets an op table, T(k)/T(1) and the matmul rows."""
+    assert _script("profile_step.py").main(["--tiny", "--ks", "1,2", "--repeats", "1", "--top", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "== k=1:" in out and "== k=2:" in out and "aten::mm" in out
+    assert re.search(r"T\(k\)/T\(1\): 1: 1\.00, 2: \d+\.\d\d", out)
+    assert re.search(r"^lm_head\s+2\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+[\d.]+$", out, re.M)

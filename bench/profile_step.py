@@ -1,0 +1,121 @@
+"""Where a verification step's time goes: torch.profiler per-op shares of a k-token forward of the
+reference engine's KV state (:class:`specstudy.engine.kv.KVState`) beside a 1-token one (a profile,
+not a test).
+
+Each k is run the way the chain loop runs it: append k tokens after the prompt, then roll them
+back (the rejected drafts), ``--repeats`` times under the profiler.  Printed per k: the op
+count and self-CPU share of the top ops, the step's wall time and T(k)/T(1).  Op counts and
+shares hold on a busy machine; absolute times need a quiet one.
+
+    OMP_WAIT_POLICY=PASSIVE .venv/bin/python bench/profile_step.py [--ks 1,2,5,8] [--top 12]
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import argparse  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from collections.abc import Sequence  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+from torch.profiler import ProfilerActivity, profile  # noqa: E402
+
+from specstudy.engine.kv import KVState  # noqa: E402
+from specstudy.engine.speculate import prefill  # noqa: E402
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--tiny", action="store_true", help="a tiny random model instead (smoke test)")
+    ap.add_argument("--ks", default="1,2,5,8", help="tokens per forward to profile")
+    ap.add_argument("--prompt-tokens", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--top", type=int, default=12, help="ops listed per k")
+    ap.add_argument("--threads", type=int, default=1)
+    return ap.parse_args(argv)
+
+
+def load(args: argparse.Namespace) -> Any:
+    if args.tiny:
+        from specstudy.data.models import tiny_model
+
+        return tiny_model(seed=0, dtype="float32", vocab_size=512, num_layers=2)
+    from specstudy.data.models import load_model
+
+    return load_model(args.model)[0]
+
+
+def profile_k(model: Any, prompt: list[int], k: int, repeats: int) -> tuple[float, list[tuple[str, int, float]]]:
+    """(mean seconds per k-token forward, [(op, calls per forward, self-CPU share)] by share)."""
+    state = KVState(model, 1)
+    prefill(state, [prompt])
+    ids = torch.tensor([prompt[-k:] if len(prompt) >= k else (prompt * k)[:k]])
+    state.forward(ids)  # warm-up
+    state.rollback(k)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        t0 = time.perf_counter()
+        for _ in range(repeats):
+            state.forward(ids)
+            state.rollback(k)
+        wall = (time.perf_counter() - t0) / repeats
+    events = [e for e in prof.key_averages() if e.self_cpu_time_total > 0]
+    total = sum(e.self_cpu_time_total for e in events) or 1.0
+    rows = [(e.key, e.count // repeats, e.self_cpu_time_total / total) for e in events]
+    return wall, sorted(rows, key=lambda r: -r[2])
+
+
+def matmul_curve(model: Any, ks: Sequence[int], repeats: int) -> None:
+    """The matmul alone at the model's own shapes (an MLP projection and the LM head): µs per
+    call, GFLOP/s and weight GB/s by k.  A flat µs in k would mean bandwidth-bound (verification
+    nearly free); µs growing with k at a fixed GFLOP/s means the small-M GEMM path is compute-bound."""
+    weights = {"mlp up_proj": model.model.layers[0].mlp.up_proj.weight, "lm_head": model.lm_head.weight}
+    print(f"\n{'matmul':<12} {'k':>3} {'us/call':>10} {'GFLOP/s':>9} {'weight GB/s':>12} {'vs k=1':>7}")
+    for name, w in weights.items():
+        base = None
+        for k in ks:
+            x = torch.randn(k, w.shape[1], dtype=w.dtype)
+            torch.nn.functional.linear(x, w)
+            t0 = time.perf_counter()
+            for _ in range(repeats):
+                torch.nn.functional.linear(x, w)
+            us = (time.perf_counter() - t0) / repeats * 1e6
+            base = base or us
+            gflops = 2 * k * w.numel() / us / 1e3
+            gbs = w.numel() * w.element_size() / us / 1e3
+            print(f"{name:<12} {k:>3} {us:>10.1f} {gflops:>9.1f} {gbs:>12.1f} {us / base:>7.2f}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    model = load(args)
+    prompt = [(7 * i + 3) % model.config.vocab_size for i in range(args.prompt_tokens)]
+    ks = [int(x) for x in args.ks.split(",")]
+    walls: dict[int, float] = {}
+    for k in ks:
+        wall, rows = profile_k(model, prompt, k, args.repeats)
+        walls[k] = wall
+        n_ops = sum(c for _, c, _ in rows)
+        print(f"\n== k={k}: {wall * 1e3:.2f} ms per forward (+rollback), {n_ops} op calls per forward")
+        print(f"{'op':<40} {'calls':>6} {'self-CPU share':>15}")
+        for name, calls, share in rows[: args.top]:
+            print(f"{name[:40]:<40} {calls:>6} {100 * share:>14.1f}%")
+    base = walls.get(1)
+    if base:
+        print("\nT(k)/T(1): " + ", ".join(f"{k}: {walls[k] / base:.2f}" for k in ks))
+    matmul_curve(model, ks, args.repeats)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

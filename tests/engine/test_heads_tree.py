@@ -9,7 +9,8 @@
   exactly computed distribution (chi-square goodness of fit, significance 0.001, cells with
   expected count < 5 pooled, fixed seeds: deterministic).  The multi-draft rule itself is also
   checked on synthetic distributions, with a negative control (siblings tested against p
-  without the residual update) that the same test rejects.
+  without the residual update) that the same test rejects; the same bug end to end through ``tree`` at
+  T = 1 (N = 2000 decodes) is rejected too.
 * per-step counts: drafted = tree depth, accepted = accepted path length, emitted sums to the
   output, τ = tokens / steps.
 * training: a few steps on a tiny model lower the distillation loss; files round-trip.
@@ -344,7 +345,7 @@ def test_multi_draft_rule_is_exact_and_the_test_has_power():
 
 
 V, K = 4, 3
-N_FAST, N_SLOW = 500, 2000  # decodes are batch-1 here, so N costs N separate decodes
+N_FAST, N_SLOW = 2000, 2000  # decodes are batch-1 here, so N costs N separate decodes (~15 s at 2000)
 PROMPT = [0, 3, 1]
 
 
@@ -382,6 +383,30 @@ def test_tree_samples_the_target_distribution(small_vocab, sampling, n):
     ]
     assert sum(s.accepted for r in rows for s in r.steps) > 0.2 * n  # trees were really accepted
     assert chi_square_p(_counts(rows), n * p) > SIGNIFICANCE
+
+
+def test_tree_negative_control_siblings_without_the_residual_update_are_detected(small_vocab, monkeypatch):
+    """The bug next to the real rule, end to end at the t1 case's size: after a rejected sibling the next
+    one is tested against p itself, not norm(max(p − q, 0)); the same chi-square test rejects it."""
+    from dataclasses import replace
+
+    target, drafter = small_vocab
+    s = Sampling(temperature=1.0, max_new_tokens=K)
+
+    real_step = T.sibling_step
+
+    def no_residual(p, q, token, gen):
+        ok, _ = real_step(p, q, token, gen)
+        return ok, p
+
+    monkeypatch.setattr(T, "sibling_step", no_residual)
+    spec = get_method("tree")
+    opts = spec.check(2, 1, drafter, {"tree_branching": "2,2"})
+    rows = [
+        spec.decode(DecodeJob(target, [PROMPT], replace(s, seed=i), gamma=2, drafter=drafter, options=opts))[0]
+        for i in range(N_FAST)
+    ]
+    assert chi_square_p(_counts(rows), N_FAST * exact_joint(target, s)) < SIGNIFICANCE
 
 
 @pytest.mark.slow

@@ -186,6 +186,7 @@ class ReferenceBackend(Backend):
                 extra["stop_reason"] = r.stop_reason
                 if getattr(r, "tree_nodes", None) is not None:
                     extra["tree_nodes"] = r.tree_nodes  # nodes verified by tree methods
+                extra.update(getattr(r, "notes", {}))  # method facts (drafter shares, the tree chosen)
                 fields.update(
                     output_tokens=len(r.output_ids),
                     output_ids=list(r.output_ids),

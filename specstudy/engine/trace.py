@@ -13,6 +13,7 @@ import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -37,6 +38,7 @@ class RowTrace:
     finished: bool = False
     stop_reason: str = ""  # "length" or "eos"
     tree_nodes: int | None = None  # tree nodes verified (tree methods only)
+    notes: dict[str, Any] = field(default_factory=dict)  # method facts for the record's extra
 
     @property
     def remaining(self) -> int:

@@ -27,6 +27,8 @@ METHODS: dict[str, str] = {
     "heads": "heads",
     "tree": "tree",
     "eagle": "eagle",
+    "specinfer": "specinfer",
+    "sequoia": "sequoia",
 }
 
 

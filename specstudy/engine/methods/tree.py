@@ -346,11 +346,14 @@ def tree_decode(
     eos_token_ids: Sequence[int] = (),
     device: str | torch.device = "cpu",
     synthetic: SyntheticAcceptance | None = None,
+    verify: Callable[[TokenTree, torch.Tensor, Any, torch.Generator | None], TreeVerdict] | None = None,
 ) -> RowTrace:
     """Decode one prompt: prefill, then per step grow a tree, verify it in one target pass, keep
     the accepted path (steps 1-4 of the module docstring).  Returns the row's
     :class:`~specstudy.engine.trace.RowTrace`; ``row.tree_nodes`` counts the drafted nodes
-    verified.  ``synthetic``: keep paths at a fixed rate instead (benchmark-only).
+    verified.  ``synthetic``: keep paths at a fixed rate instead (benchmark-only).  ``verify``
+    replaces step 3's :func:`verify_tree` for trees that carry more than one draft distribution
+    per parent (:func:`specstudy.engine.proposals.accept_proposals`).
     """
     trace = BatchTrace([prompt], sampling.max_new_tokens, eos_token_ids, sampling.ignore_eos, device)
     row = trace.rows[0]
@@ -364,7 +367,10 @@ def tree_decode(
             tree = drafter.propose(committed, root, max(0, row.remaining - 1), generator)  # 1
         with Timer(device) as tv:
             hidden, logits = tree_forward(target, cache, len(committed), tree)  # 2
-            verdict = verify_tree(tree, logits, sampling, generator, kept)  # 3
+            if verify is None:
+                verdict = verify_tree(tree, logits, sampling, generator, kept)  # 3
+            else:
+                verdict = verify(tree, logits, sampling, generator)
             keep_cache_positions(cache, len(committed), verdict.path)  # 4
         drafter.accept(verdict.path, hidden[verdict.path[-1]])
         committed += [tree.tokens[n] for n in verdict.path]

@@ -16,9 +16,17 @@ TASKS = ("code", "translation", "summarization", "qa", "creative_writing", "math
 #: method families (the report's sections); engines may call a family member by its own name
 METHOD_FAMILIES = ("ar", "draft_target", "ngram", "layer_skip", "heads", "tree")
 #: engine-specific method names and the family they belong to
-METHOD_ALIASES = {"eagle": "heads", "eagle3": "heads", "medusa": "heads", "mtp": "heads", "suffix": "ngram"}
+METHOD_ALIASES = {
+    "eagle": "heads",
+    "eagle3": "heads",
+    "medusa": "heads",
+    "mtp": "heads",
+    "suffix": "ngram",
+    "specinfer": "tree",
+    "sequoia": "tree",
+}
 #: what the in-process reference engine runs (a test keeps this equal to engine.methods.METHODS)
-REFERENCE_METHODS = METHOD_FAMILIES + ("eagle",)
+REFERENCE_METHODS = METHOD_FAMILIES + ("eagle", "specinfer", "sequoia")
 #: families that need a drafter (a model, heads or an adapter) named in the model pair
 NEEDS_DRAFTER = ("draft_target",)
 #: the reference engine's own-layers drafter: "self" (half the layers) or "self:K"

@@ -151,6 +151,13 @@ def non_negative_int(v: Any) -> int:
     return n
 
 
+def non_negative_float(v: Any) -> float:
+    f = float(v)
+    if f < 0:
+        raise ValueError("need a number >= 0")
+    return f
+
+
 def probability(v: Any) -> float:
     f = float(v)
     if not 0.0 <= f <= 1.0:

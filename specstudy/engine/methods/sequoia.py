@@ -32,8 +32,16 @@ from ..sampling import make_generator
 from ..sequoia_calibration import acceptance_vector, cost_curve, draft_cost, draws_without_replacement
 from ..sequoia_dp import SequoiaChoice, Topology, choose_tree
 from ..trace import RowTrace
-from . import DecodeJob, positive_int
-from .tree import ModelTreeDrafter, TreeSpec, lm_forward, load_tree_drafter, tree_decode
+from . import DecodeJob, non_negative_float, positive_int
+from .tree import (
+    ModelTreeDrafter,
+    TreeSpec,
+    check_one_request,
+    check_same_vocab,
+    lm_forward,
+    load_tree_drafter,
+    tree_decode,
+)
 
 
 class TopologyTreeDrafter(ModelTreeDrafter):
@@ -122,15 +130,11 @@ def _calibrate(job: DecodeJob, drafter: SequoiaDrafter) -> tuple[SequoiaChoice, 
 
 
 def decode(job: DecodeJob) -> list[RowTrace]:
-    if len(job.prompts) != 1:
-        raise ValueError(f"method 'sequoia' decodes one request at a time: batch_size={len(job.prompts)}")
+    check_one_request(job, "sequoia")
     d = job.drafter
     if not isinstance(d, SequoiaDrafter):
         raise ValueError(f"method 'sequoia' needs its drafter loaded by its load_drafter, got {type(d).__name__}")
-    if d.model.config.vocab_size != job.target.config.vocab_size:
-        raise ValueError(
-            f"draft vocab_size={d.model.config.vocab_size} differs from the target's {job.target.config.vocab_size}"
-        )
+    check_same_vocab(d.model, job.target)
     choice, notes = _calibrate(job, d)
     grower = TopologyTreeDrafter(d.model, choice.topology, job.sampling)
     row = tree_decode(
@@ -165,13 +169,6 @@ def _cost(v: Any) -> dict[int, float]:
     return curve
 
 
-def _non_negative(v: Any) -> float:
-    f = float(v)
-    if f < 0:
-        raise ValueError("need a number >= 0")
-    return f
-
-
 @dataclass(frozen=True)
 class SequoiaSpec(TreeSpec):
     """The tree method's drafter check; the budget and calibration inputs checked as options."""
@@ -187,7 +184,7 @@ SPEC = SequoiaSpec(
         "tree_nodes": positive_int,
         "sequoia_acceptance": _acceptance,
         "sequoia_cost": _cost,
-        "sequoia_draft_cost": _non_negative,
+        "sequoia_draft_cost": non_negative_float,
     },
     description="Sequoia-style tree: the DP's topology of at most tree_nodes drafted nodes and depth <= gamma, "
     "chosen from the measured acceptance vector and verification-cost curve; drafter as for 'tree'",

@@ -34,7 +34,15 @@ from ..trace import RowTrace
 from . import DecodeJob, MethodSpec, positive_int
 from .heads import HeadsTreeDrafter, load_heads
 from .ngram import lookup
-from .tree import ModelTreeDrafter, TreeDrafter, load_tree_drafter, parse_branching, tree_decode
+from .tree import (
+    ModelTreeDrafter,
+    TreeDrafter,
+    check_one_request,
+    check_same_vocab,
+    load_tree_drafter,
+    parse_branching,
+    tree_decode,
+)
 
 NGRAM = "ngram"
 SEPARATOR = "+"
@@ -181,18 +189,13 @@ def build_drafter(job: DecodeJob, drafters: Drafters) -> MergedTreeDrafter:
             heads = module.to(device=job.device, dtype=next(job.target.parameters()).dtype)
             parts.append(HeadsTreeDrafter(heads, job.target, shape[: heads.num_heads], job.sampling))
         else:
-            if module.config.vocab_size != job.target.config.vocab_size:
-                raise ValueError(
-                    f"draft vocab_size={module.config.vocab_size} differs from the target's "
-                    f"{job.target.config.vocab_size}"
-                )
+            check_same_vocab(module, job.target)
             parts.append(ModelTreeDrafter(module, shape, job.sampling))
     return MergedTreeDrafter(parts, drafters.names)
 
 
 def decode(job: DecodeJob) -> list[RowTrace]:
-    if len(job.prompts) != 1:
-        raise ValueError(f"method 'specinfer' decodes one request at a time: batch_size={len(job.prompts)}")
+    check_one_request(job, "specinfer")
     drafters = job.drafter
     if not isinstance(drafters, Drafters):
         raise ValueError(f"method 'specinfer' needs its drafters loaded by its load_drafter, got {type(drafters)}")

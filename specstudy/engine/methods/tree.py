@@ -454,14 +454,24 @@ def load_tree_drafter(name: str, target, device: str = "cpu", dtype: str = "floa
     return load_model(name, device, dtype)[0]
 
 
-def decode(job: DecodeJob) -> list[RowTrace]:
+def check_one_request(job: DecodeJob, method: str) -> None:
+    """Tree methods verify one request's tree per target forward (no batched trees)."""
     if len(job.prompts) != 1:
-        raise ValueError(f"method 'tree' decodes one request at a time: batch_size={len(job.prompts)}")
-    model = job.drafter
-    if model.config.vocab_size != job.target.config.vocab_size:
+        raise ValueError(f"method {method!r} decodes one request at a time: batch_size={len(job.prompts)}")
+
+
+def check_same_vocab(draft: Any, target: Any) -> None:
+    """A draft LM's tokens index the target's logits: the vocabularies must be one."""
+    if draft.config.vocab_size != target.config.vocab_size:
         raise ValueError(
-            f"draft vocab_size={model.config.vocab_size} differs from the target's {job.target.config.vocab_size}"
+            f"draft vocab_size={draft.config.vocab_size} differs from the target's {target.config.vocab_size}"
         )
+
+
+def decode(job: DecodeJob) -> list[RowTrace]:
+    check_one_request(job, "tree")
+    model = job.drafter
+    check_same_vocab(model, job.target)
     drafter = ModelTreeDrafter(model, _branching(job.options, job.draft_length), job.sampling)
     return [
         tree_decode(

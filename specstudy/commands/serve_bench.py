@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from ..backends.base import Backend
     from ..records import Request
 
-SERVER_BACKENDS = ("vllm-server", "sglang", "llamacpp", "openai")
+SERVER_BACKENDS = ("vllm-server", "sglang", "llamacpp", "openai")  # the servers it can start or attach to
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -141,7 +141,8 @@ def _prompts(args: argparse.Namespace, n: int) -> Sequence[Request]:
 def _engine_python(backend: str) -> str:
     """The interpreter of the backend's pinned engine environment when it is installed (vLLM's,
     SGLang's: specstudy.environments.install), else this one."""
-    from ..environments.install import FRAMEWORK_ENGINE, engine_env, is_installed, python_of
+    from ..backends.registry import FRAMEWORK_ENGINE
+    from ..environments.install import engine_env, is_installed, python_of
 
     engine = FRAMEWORK_ENGINE.get(backend)
     if engine is None:

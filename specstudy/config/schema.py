@@ -22,9 +22,10 @@ from pydantic import (
     model_validator,
 )
 
+from ..backends.registry import drafter_methods
 from ..records import Sampling
 from .errors import not_allowed
-from .vocab import DTYPES, METHOD_ALIASES, METHOD_FAMILIES, NEEDS_DRAFTER, QUANTIZATIONS, method_family
+from .vocab import DTYPES, METHOD_ALIASES, METHOD_FAMILIES, QUANTIZATIONS, method_family
 
 NOTEBOOKS = ("hardware", "method_family", "task_category", "when_it_fails", "report")
 
@@ -175,7 +176,7 @@ class MethodSpec(BaseModel):
 
     @model_validator(mode="after")
     def _drafter_needed(self) -> MethodSpec:
-        if self.family in NEEDS_DRAFTER and not self.drafter:
+        if self.method in drafter_methods() and not self.drafter:
             raise not_allowed(
                 self.drafter,
                 "a drafter short name from study.models[].drafters",

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from specstudy.analysis import claims, fails, stats, tables
+from specstudy.analysis import claims, fails, memory, stats, tables
 from specstudy.analysis.claims import Estimate
 from specstudy.analysis.study import load
 from specstudy.layout import StudyLayout
@@ -259,10 +259,10 @@ def test_negative_memory_overhead_within_noise_is_unresolvable(lay):
     )
     study = load(lay.root)
     assert stats.pooled(study, ["hf_spec"]).memory_overhead_bytes == pytest.approx(-16.5 * MB)
-    table, _ = fails.memory_overhead(study)
+    table, _ = memory.memory_overhead(study)
     row = table.set_index("Method").loc["Prompt lookup"]
     assert row["Memory overhead (measured, largest over cells)"] == "no difference resolvable: |Δ| ≤ 16.5 MB (RSS)"
-    text = "\n".join(fails.memory_claims(study))
+    text = "\n".join(memory.memory_claims(study))
     assert "-16.5" not in text and "−16.5" not in text
     assert "as the seed expects of a method without a draft model (within the noise)" in text
     assert "Draft model (reference): +500.0 MB (beyond the ±16.5 MB noise of RSS)" in text

@@ -284,3 +284,18 @@ def test_best_method_among_rows_with_enough_prompts_names_runner_up_and_overlap(
     assert "The best of 2 noisy rows is biased upward" in greedy
     assert "1 row with fewer than 5 prompts not considered" in greedy and "Token tree" not in greedy
     assert sampled.startswith("- **reference**, T=0.7: the fastest of 1 row")
+
+
+def test_loading_results_never_measures_this_machine(lay, monkeypatch):
+    """A folder without a saved profile gets the profile file's own figures, not a measurement here."""
+    import specstudy.config.hardware as hardware
+
+    def no_measure():
+        raise AssertionError("loading a finished study measured the machine")
+
+    monkeypatch.setattr(hardware, "measure_cpu", no_measure)
+    _pair(lay, "ngram", "Prompt lookup", 4, 1.5)
+    lay.write_plan({"hardware": "cpu"})  # a shipped profile that measures itself when a study runs
+    assert not lay.profile_path.exists()
+    study = load(lay.root)
+    assert study.records and study.profile is not None and study.profile.name == "cpu"

@@ -241,7 +241,7 @@ def _engines(frameworks: list[str], cuda: bool, p: Probes) -> list[Missing]:
                     f"rebuild it: {make} --force",
                 )
             )
-    if "trtllm" in frameworks:
+    if {"trtllm", "trtllm-engine"} & set(frameworks):
         if not cuda:
             out.append(
                 Missing(

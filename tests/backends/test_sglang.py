@@ -4,6 +4,7 @@ from the real ``ServerArgs.add_cli_args`` (command inside; a ``--no-deps`` insta
 ``fake_servers.py`` answers in SGLang's native ``/generate`` format.  Parsing, not measurement.
 """
 
+import dataclasses
 from pathlib import Path
 
 import pytest

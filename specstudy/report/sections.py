@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 from matplotlib.figure import Figure
 
-from ..analysis import conditions, engine_costs, fails, figures, frames, memory, rates, stats, tables
+from ..analysis import conditions, engine_costs, fails, figures, frames, memory, rates, stats, tables, trees
 from ..analysis.format import FAMILY_TITLES, TASK_TITLES, fmt, fmt_ci
 from ..analysis.study import Study
 from ..metrics import MIN_PROMPTS_FOR_CI
@@ -156,7 +156,23 @@ def method_family_section(study: Study, family: str) -> Section:
     if len(sweep):
         sec.figures[f"method_{family}_pareto"] = figures.batch_pareto(sweep)
         sec.markdown += "\n" + PARETO_TEXT.format(point="batch size", ar="the paired AR cells at each batch size")
+    if family == "tree" and study.has_sweep(trees.SWEEP):
+        shapes, shapes_raw = trees.tree_shape_table(study)
+        sec.tables["tree_shapes"] = (shapes, shapes_raw)
+        sec.markdown += "\n" + TREE_SHAPES_TEXT + markdown_table(shapes)
     return sec
+
+
+TREE_SHAPES_TEXT = (
+    "### Tree shapes at a matched node budget\n\n"
+    "The same drafter(s), the same prompts and about the same number of drafted nodes per step, grown as a "
+    "chain, with a fixed branching per depth, as SpecInfer's merge of several drafters' trees and as "
+    "Sequoia's tree chosen by its dynamic program from the acceptance vector and this machine's "
+    "verification-cost curve. *Seed row* is the seed's name for the method; the row says what ran. "
+    "*AL expected* is a prediction (Sequoia: its DP's expected accepted tokens per step for the tree it "
+    "chose; a chain: (1 − α̂^(γ+1)) / (1 − α̂) from the row's own α̂); *AL measured* is pooled over the "
+    "row's prompts with its interval. A row that loses to AR is read in *When speculation does not pay*.\n\n"
+)
 
 
 def task_category_section(study: Study, task: str | None = None) -> Section:

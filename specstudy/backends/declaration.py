@@ -132,6 +132,13 @@ def check_method(
         )
 
 
+def check_choice(engine: str, key: str, value: Any, allowed: Iterable[str]) -> None:
+    """Refuse a framework option's value outside ``allowed``, naming both (before any engine starts)."""
+    names = sorted(allowed)
+    if value not in names:
+        raise ValueError(f"{engine} {key}={value!r}: allowed {names}")
+
+
 def check_engine_options(decl: EngineDeclaration, options: Mapping[str, Any], engine: str | None = None) -> None:
     """Reject framework options no code reads, naming the ones that are read."""
     engine = engine or decl.framework

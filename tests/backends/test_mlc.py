@@ -21,6 +21,7 @@ from specstudy.backends import backend_class, get_backend
 from specstudy.backends.mlc.declaration import MLC
 from specstudy.backends.mlc.server import (
     MlcServerBackend,
+    describe_mlc,
     engine_metrics,
     quantization_of,
     spec_decode_acceptance,
@@ -89,7 +90,7 @@ def test_bad_options_are_refused_before_any_server_starts():
         MlcServerBackend.check_cell("medusa", 4, {}, model=TARGET, drafter=None, cuda=True)
     with pytest.raises(ValueError, match="needs gamma >= 1"):
         MlcServerBackend.check_cell("eagle", 0, {}, model=TARGET, drafter="/e", cuda=True)
-    with pytest.raises(ValueError, match=r"mlc mode='fast': allowed \['local', 'interactive', 'server'\]"):
+    with pytest.raises(ValueError, match=r"mlc mode='fast': allowed \['interactive', 'local', 'server'\]"):
         get_backend("mlc", model=TARGET, mode="fast")
     with pytest.raises(ValueError, match="option 'dtype' is read by no code"):  # the precision is the weights'
         get_backend("mlc", model=TARGET, dtype="float16")
@@ -105,8 +106,8 @@ def test_the_declaration_is_the_backends():
     assert DECLARATIONS["mlc"] is MLC and backend_class("mlc") is MlcServerBackend
     assert MlcServerBackend.methods == MLC.methods == ("ar", "draft_target", "eagle", "medusa")
     assert MLC.server and MLC.tensor_parallel and not MLC.takes_dtype and MLC.needs_drafter == set(MLC.methods) - {"ar"}
-    assert "INT4 q4f16_1" in MlcServerBackend.describe("medusa", 3, {})
-    assert "--speculative-mode small_draft: a chain of 4" in MlcServerBackend.describe("draft_target", 4, {})
+    assert "INT4 q4f16_1" in describe_mlc("medusa", 3, {})
+    assert "--speculative-mode small_draft: a chain of 4" in describe_mlc("draft_target", 4, {})
     assert quantization_of(WEIGHTS[TARGET]) == "q4f16_1" and quantization_of("/w/Llama-q0f16-MLC") == "q0f16"
     assert quantization_of("/w/plain") is None
 

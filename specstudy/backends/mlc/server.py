@@ -48,6 +48,7 @@ from typing import Any
 from ...data.models import resolve_for_engine as resolve_model
 from ...metrics import counter_acceptance, per_position_conditional
 from ...records import Cell, Request, RequestRecord, Sampling
+from ..declaration import check_choice
 from ..lifecycle import http_request
 from ..server import StreamingServerBackend
 from ..sse import StreamState
@@ -101,6 +102,7 @@ class MlcServerBackend(StreamingServerBackend[dict[str, Any]]):
     """
 
     framework = "mlc"
+    sets_prefix_cache = True
     methods = MLC.methods
     api_path = "/v1/completions"
     health_path = "/v1/models"  # MLC's server has no /health
@@ -110,20 +112,10 @@ class MlcServerBackend(StreamingServerBackend[dict[str, Any]]):
     @classmethod
     def check_engine_options(cls, options: dict[str, Any]) -> None:
         super().check_engine_options(options)
-        mode = options.get("mode", "local")
-        if mode not in MLC_MODES:
-            raise ValueError(f"mlc mode={mode!r}: allowed {list(MLC_MODES)}")
+        check_choice("mlc", "mode", options.get("mode", "local"), MLC_MODES)
         for key in ("weights", "model_lib"):
             if not isinstance(options.get(key) or {}, Mapping):
                 raise ValueError(f"mlc {key} must map model names to MLC paths, got {options[key]!r}")
-
-    @classmethod
-    def describe(cls, method: str, gamma: int | None, options: Mapping[str, Any], cuda: bool | None = None) -> str:
-        return describe_mlc(method, gamma, options)
-
-    @property
-    def effective_prefix_cache(self) -> bool | None:
-        return None if self.base_url else bool(self.options.get("prefix_cache") or False)
 
     def weights(self, name: str) -> str:
         """MLC's weights for a kit model name (the ``weights`` map, else the name as it is)."""

@@ -73,6 +73,7 @@ class VllmServerBackend(ServerBackend):
     """
 
     framework = "vllm-server"
+    sets_prefix_cache = True
     methods = SERVER.methods
     metrics_path = "/metrics"
     #: options this backend reads (on top of the server base class's keyword arguments)
@@ -101,10 +102,6 @@ class VllmServerBackend(ServerBackend):
     @classmethod
     def describe(cls, method: str, gamma: int | None, options: Mapping[str, Any], cuda: bool | None = None) -> str:
         return describe_vllm(vllm_config.pinned_version(cuda), method, gamma, options)
-
-    @property
-    def effective_prefix_cache(self) -> bool | None:
-        return None if self.base_url else bool(self.options.get("prefix_cache") or False)
 
     def default_python(self) -> str:
         """The kit's vLLM env interpreter when installed, else this interpreter."""

@@ -9,6 +9,8 @@ mlc-ai/mlc-llm source it follows (main at 79d603f): ``serve-args.json`` (the opt
 from __future__ import annotations
 
 import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -27,7 +29,6 @@ from specstudy.backends.mlc.server import (
     spec_decode_acceptance,
 )
 from specstudy.backends.registry import DECLARATIONS
-from specstudy.backends.sse import SseDecoder, StreamState
 from specstudy.config import load_study
 from specstudy.records import Cell, Request, Sampling
 from specstudy.run.plan import check_backends, expand
@@ -106,30 +107,67 @@ def test_the_declaration_is_the_backends():
     assert DECLARATIONS["mlc"] is MLC and backend_class("mlc") is MlcServerBackend
     assert MlcServerBackend.methods == MLC.methods == ("ar", "draft_target", "eagle", "medusa")
     assert MLC.server and MLC.tensor_parallel and not MLC.takes_dtype and MLC.needs_drafter == set(MLC.methods) - {"ar"}
-    assert "INT4 q4f16_1" in describe_mlc("medusa", 3, {})
-    assert "--speculative-mode small_draft: a chain of 4" in describe_mlc("draft_target", 4, {})
+    assert "INT4 q4f16_1" in describe_mlc("medusa", 3)
+    assert "--speculative-mode small_draft: a chain of 4" in describe_mlc("draft_target", 4)
     assert quantization_of(WEIGHTS[TARGET]) == "q4f16_1" and quantization_of("/w/Llama-q0f16-MLC") == "q0f16"
     assert quantization_of("/w/plain") is None
 
 
-def test_the_stream_fixture_parsed_into_a_record():
-    b = get_backend("mlc", model=TARGET, weights=WEIGHTS)
-    decoder, st = SseDecoder(), StreamState()
-    chunks = []
-    for line in (FIXTURES / "completions_stream.txt").read_text().splitlines():
-        data = decoder.feed(line)
-        if data is not None and data != "[DONE]":
-            chunks.append(b.consume(json.loads(data), st))
-    c = cell("draft_target", 4)
-    rec = c.new_record(Request("p", "def fib"), Sampling(max_new_tokens=9))
-    b._finish(rec, Request("p", "def fib"), st)
-    assert chunks == [1, 1, 1, 1, 0]  # four text chunks (tokens per chunk unknown), then the usage chunk
+class Replay(BaseHTTPRequestHandler):
+    """Answers as ``mlc_llm serve --enable-debug`` from the fixture files: the stream for a
+    completion, the two engine-metrics dumps in turn (before the run, after it)."""
+
+    protocol_version = "HTTP/1.1"
+    dumps: list[bytes] = []
+    bodies: list[dict] = []
+
+    def log_message(self, *args):
+        pass
+
+    def _reply(self, body: bytes, ctype: str) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self):
+        if self.path != "/v1/models":
+            self.send_error(404)  # MLC serves no /health, /version
+            return
+        self._reply(json.dumps({"object": "list", "data": [{"id": WEIGHTS[TARGET]}]}).encode(), "application/json")
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if self.path == "/debug/dump_engine_metrics":
+            self._reply(self.dumps.pop(0), "application/json")
+            return
+        type(self).bodies.append(body)
+        self._reply((FIXTURES / "completions_stream.txt").read_bytes(), "text/event-stream")
+
+
+def test_the_fixtures_served_as_mlc_serves_them_make_a_record_and_the_runs_acceptance():
+    handler = type("R", (Replay,), {"bodies": []})
+    handler.dumps = [(FIXTURES / f"engine_metrics_{w}.json").read_bytes() for w in ("before", "after")]
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        b = get_backend("mlc", model=TARGET, weights=WEIGHTS, base_url=f"http://127.0.0.1:{httpd.server_address[1]}")
+        (rec,) = b.run([Request("p", "def fib")], Sampling(max_new_tokens=9, ignore_eos=True), cell("draft_target", 4))
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    assert rec.status == "ok", rec.error
+    assert handler.bodies[0]["model"] == WEIGHTS[TARGET] and handler.bodies[0]["debug_config"] == {"ignore_eos": True}
     assert rec.output_text == "def fib(n):\n    return n" and rec.extra["finish_reason"] == "length"
     assert (rec.output_tokens, rec.input_tokens) == (9, 12)  # from the final usage, not the chunk count
-    assert rec.extra["chunk_token_count"].startswith("text_chunks")
+    assert rec.chunk_tokens == [1, 1, 1, 1] and rec.extra["chunk_token_count"].startswith("text_chunks")
     assert rec.extra["mlc_request_metrics"]["ttft_s"] == pytest.approx(0.0127)
-    assert rec.extra["mlc_quantization"] == "q4f16_1"
+    assert rec.extra["mlc_quantization"] == "q4f16_1" and rec.extra["mlc_enable_debug"] is True
     assert rec.drafted_tokens is None  # MLC's usage has no per-request speculative counts: not guessed
+    run = b.last_run_acceptance  # the dumps' deltas: 20 steps, 80 drafted, 33 accepted
+    assert (run["drafts"], run["drafted_tokens"], run["accepted_tokens"]) == (20, 80, 33)
+    assert rec.extra["run_scope"]["acceptance"] is run
 
 
 def _dump(name: str) -> dict:
@@ -179,6 +217,7 @@ def test_run_against_a_fake_mlc_server():
         assert r.status == "ok", r.error
         assert r.output_tokens == out and len(r.chunk_tokens) == steps + 1
         assert r.extra["mlc_request_metrics"]["completion_tokens"] == out and r.drafted_tokens is None
+        assert r.extra["mlc_enable_debug"] is True  # attached: its metrics dump answered
     assert body["debug_config"] == {"ignore_eos": True} and "ignore_eos" not in body and "top_k" not in body
     assert body["prompt"] == [1, 2] and body["stream_options"] == {"include_usage": True}
     run = b.last_run_acceptance

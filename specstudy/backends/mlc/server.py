@@ -81,7 +81,7 @@ def speculative_flags(method: str, gamma: int | None, drafter: str, lib: str | N
     return ["--additional-models", model, "--speculative-mode", KIT_TO_MLC[method]]
 
 
-def describe_mlc(method: str, gamma: int | None, options: Mapping[str, Any] | None = None) -> str:
+def describe_mlc(method: str, gamma: int | None) -> str:
     """What MLC-LLM runs for a study method; its weights are its own compiled (usually INT4) ones."""
     precision = "on MLC's compiled weights (INT4 q4f16_1 is its norm: the precision is the weights' own)"
     if method == "ar":
@@ -108,6 +108,7 @@ class MlcServerBackend(StreamingServerBackend[dict[str, Any]]):
     health_path = "/v1/models"  # MLC's server has no /health
     metrics_path = "/debug/dump_engine_metrics"
     OPTIONS = frozenset({"mlc_llm", "weights", "model_lib", "device", "mode", "prefix_cache", *_OVERRIDES})
+    _dump_answered: bool | None = None
 
     @classmethod
     def check_engine_options(cls, options: dict[str, Any]) -> None:
@@ -170,6 +171,14 @@ class MlcServerBackend(StreamingServerBackend[dict[str, Any]]):
         extra = (st.usage or {}).get("extra")
         if isinstance(extra, dict):
             rec.extra["mlc_request_metrics"] = extra
+        # without --enable-debug MLC drops debug_config (ignore_eos) and has no metrics dump
+        rec.extra["mlc_enable_debug"] = self.debug_enabled
+
+    @property
+    def debug_enabled(self) -> bool | None:
+        """True when the kit started the server (with --enable-debug); attached: whether its
+        metrics dump answered (None before any scrape)."""
+        return True if self.base_url is None else self._dump_answered
 
     # ---- acceptance ---------------------------------------------------------------------------
 
@@ -179,8 +188,12 @@ class MlcServerBackend(StreamingServerBackend[dict[str, Any]]):
             return None
         try:
             status, body = http_request("POST", self.url + self.metrics_path, 30.0, {"model": self.served_model})
+        except OSError:
+            return None
+        self._dump_answered = status == 200
+        try:
             return engine_metrics(json.loads(body)) if status == 200 else None
-        except (OSError, ValueError):
+        except ValueError:
             return None
 
     def run_acceptance(

@@ -54,6 +54,8 @@ class EngineDeclaration:
     takes_dtype: bool = True
     #: largest batch it runs (None: any)
     max_batch: int | None = None
+    #: loads the model pair's checkpoints (False: weights of its own format, mapped in its options)
+    reads_checkpoints: bool = True
 
     def reads(self, method: str) -> tuple[str, ...]:
         """The cell options ``method`` reads here."""

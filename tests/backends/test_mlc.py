@@ -30,7 +30,9 @@ from specstudy.backends.mlc.server import (
 )
 from specstudy.backends.registry import DECLARATIONS
 from specstudy.config import load_study
+from specstudy.environments.preflight import Probes
 from specstudy.records import Cell, Request, Sampling
+from specstudy.run.environment import machine_needs
 from specstudy.run.plan import check_backends, expand
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "mlc"
@@ -246,3 +248,40 @@ def test_the_profiles_commented_mlc_rows_validate(tmp_path, no_model_work):
     assert spec and all(p.baseline_cell_id in {q.cell_id for q in plans} for p in spec)  # paired on MLC itself
     opts = yaml.safe_load(path.read_text())["study"]["framework_options"]["mlc"]
     assert all(quantization_of(w) == "q4f16_1" for w in opts["weights"].values())
+
+
+def test_an_mlc_only_study_needs_mlc_llm_not_the_checkpoints(tmp_path):
+    study = {
+        "name": "m",
+        "device": "cuda",
+        "models": [
+            {
+                "name": "llama",
+                "target": TARGET,
+                "dtype": "float16",
+                "drafters": {"tiny": DRAFT},
+                "vocab_size": {"target": 32000, "tiny": 32000},
+            }
+        ],
+        "methods": [{"method": "ar"}, {"method": "draft_target", "drafter": "tiny"}],
+        "frameworks": ["mlc"],
+        "framework_options": {"mlc": {"weights": WEIGHTS}},
+        "tasks": ["chat"],
+        "gammas": [4],
+        "prompts_per_task": 5,
+        "max_new_tokens": 16,
+    }
+    path = tmp_path / "m.yaml"
+    path.write_text(yaml.safe_dump({"study": study}))
+    bare = Probes(
+        gpus=lambda: ["NVIDIA GeForce RTX 4090"],
+        installed=lambda env: True,
+        imports=lambda py, mod: (True, ""),
+        cached=lambda repo: None,  # nothing in the HF cache, no token: MLC fetches its own weights
+        token=lambda: False,
+        disk_free=lambda p: 10**13,
+        which=lambda exe: None,
+        hf_home=lambda: Path("/hf"),
+    )
+    got = machine_needs(load_study("rtx4090", path), bare)
+    assert [(m.kind, m.what) for m in got] == [("engine", "mlc_llm")]

@@ -23,4 +23,5 @@ MLC = EngineDeclaration(
     environment=None,  # MLC's wheels are on mlc.ai/wheels, not PyPI: the user's own install
     requirement=None,  # preflight looks for mlc_llm on PATH
     takes_dtype=False,  # the precision is the compiled weights' own (q4f16_1 and the like)
+    reads_checkpoints=False,  # MLC's converted weights (framework option ``weights``), fetched by MLC
 )

@@ -61,11 +61,11 @@ def overrides(argv: list[str]) -> dict[str, str]:
     ("method", "mode"), [("draft_target", "small_draft"), ("eagle", "eagle"), ("medusa", "medusa")]
 )
 def test_argv_for_each_method_parses_with_mlcs_own_options(method, mode):
-    b = get_backend("mlc", **RUNNER_OPTIONS, weights=WEIGHTS, model_lib={DRAFT: "/lib/tiny.so"}, mode="server")
+    b = get_backend("mlc", **RUNNER_OPTIONS, weights=WEIGHTS, model_lib={DRAFT: "/lib/tiny.so"}, mode="local")
     argv = b.server_argv(cell(method, 5))
     assert argv[:3] == ["mlc_llm", "serve", WEIGHTS[TARGET]]  # MLC's compiled weights, not the HF checkpoint
     ns = parse(ARGS, argv[3:])  # every option known to mlc_llm serve, with its choices
-    assert (ns.speculative_mode, ns.mode, ns.prefix_cache_mode, ns.enable_debug) == (mode, "server", "disable", True)
+    assert (ns.speculative_mode, ns.mode, ns.prefix_cache_mode, ns.enable_debug) == (mode, "local", "disable", True)
     assert ns.additional_models == [f"{WEIGHTS[DRAFT]},/lib/tiny.so"] and ns.model_lib is None
     assert overrides(argv) == {"tensor_parallel_shards": "2", "spec_draft_length": "5", "spec_tree_width": "1"}
     assert b.server_key(cell(method, 5)) != b.server_key(cell(method, 4))
@@ -78,6 +78,7 @@ def test_ar_argv_and_the_prefix_cache():
     argv = b.server_argv(cell("ar", None, drafter=None))
     ns = parse(ARGS, argv[3:])
     assert argv[2] == TARGET and ns.speculative_mode is None and ns.additional_models is None  # MLC's default: disable
+    assert ns.mode == "server"  # MLC's own default, local, would queue a batch of 8 at 4
     assert ns.prefix_cache_mode == "radix" and b.effective_prefix_cache is True
     assert overrides(argv) == {"context_window_size": "4096", "gpu_memory_utilization": "0.8"}
     with pytest.raises(ValueError, match="options the engine does not know"):  # the replayed parser can refuse

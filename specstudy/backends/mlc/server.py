@@ -55,8 +55,11 @@ from ..sse import StreamState
 from .declaration import KIT_TO_MLC, MLC
 
 MLC_SOURCE = "mlc-ai/mlc-llm main at 79d603f (2026-07-23)"
-#: --device choices are open (cuda, cuda:1, vulkan, ...); --mode choices are fixed
+#: --device choices are open (cuda, cuda:1, vulkan, ...); --mode choices are fixed (interface/help.py:
+#: "local" caps the batch at 4, "interactive" at 1; "server" sizes it from GPU memory: the kit's default,
+#: so batch and request-rate cells are not queued silently)
 MLC_MODES = ("local", "interactive", "server")
+MLC_DEFAULT_MODE = "server"
 #: EngineConfigOverride keys (cli/serve.py) the kit's options write
 _OVERRIDES = {
     "tensor_parallel_size": "tensor_parallel_shards",
@@ -97,7 +100,8 @@ class MlcServerBackend(StreamingServerBackend[dict[str, Any]]):
     Options: ``mlc_llm`` (the executable, default ``mlc_llm`` on PATH), ``weights`` ({kit model
     or drafter name: MLC weights}; unmapped names are passed as they are), ``model_lib`` ({name:
     compiled library}; unmapped: MLC compiles it at start), ``device`` (default ``auto``), ``mode``
-    (``local``), ``prefix_cache`` (``--prefix-cache-mode radix``; default off), and overrides
+    (default ``server``: MLC's own default, ``local``, runs at most 4 requests at once),
+    ``prefix_cache`` (``--prefix-cache-mode radix``; default off), and the overrides
     ``tensor_parallel_size``, ``max_model_len``, ``gpu_memory_utilization``, ``max_num_sequence``.
     """
 
@@ -113,7 +117,7 @@ class MlcServerBackend(StreamingServerBackend[dict[str, Any]]):
     @classmethod
     def check_engine_options(cls, options: dict[str, Any]) -> None:
         super().check_engine_options(options)
-        check_choice("mlc", "mode", options.get("mode", "local"), MLC_MODES)
+        check_choice("mlc", "mode", options.get("mode", MLC_DEFAULT_MODE), MLC_MODES)
         for key in ("weights", "model_lib"):
             if not isinstance(options.get(key) or {}, Mapping):
                 raise ValueError(f"mlc {key} must map model names to MLC paths, got {options[key]!r}")
@@ -134,7 +138,12 @@ class MlcServerBackend(StreamingServerBackend[dict[str, Any]]):
         argv = [str(self.options.get("mlc_llm", "mlc_llm")), "serve", self.weights(self.model)]
         if libs.get(self.model):
             argv += ["--model-lib", str(libs[self.model])]
-        argv += ["--device", str(self.options.get("device", "auto")), "--mode", self.options.get("mode", "local")]
+        argv += [
+            "--device",
+            str(self.options.get("device", "auto")),
+            "--mode",
+            self.options.get("mode", MLC_DEFAULT_MODE),
+        ]
         argv += ["--prefix-cache-mode", "radix" if self.options.get("prefix_cache") else "disable"]
         argv += ["--enable-debug", "--host", "{host}", "--port", "{port}"]
         drafter = cell.drafter or self.drafter or ""

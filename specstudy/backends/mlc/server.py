@@ -76,8 +76,8 @@ def quantization_of(weights: str) -> str | None:
     return m.group(0) if m else None
 
 
-def speculative_flags(method: str, gamma: int | None, drafter: str, lib: str | None) -> list[str]:
-    """The speculative part of the command line (empty for AR): one additional model, a chain of γ."""
+def speculative_flags(method: str, drafter: str, lib: str | None) -> list[str]:
+    """The speculative part of the command line (empty for AR): its one additional model (γ: --overrides)."""
     if method == "ar":
         return []
     model = f"{drafter},{lib}" if lib else drafter
@@ -147,14 +147,14 @@ class MlcServerBackend(StreamingServerBackend[dict[str, Any]]):
         argv += ["--prefix-cache-mode", "radix" if self.options.get("prefix_cache") else "disable"]
         argv += ["--enable-debug", "--host", "{host}", "--port", "{port}"]
         drafter = cell.drafter or self.drafter or ""
-        argv += speculative_flags(cell.method, cell.gamma, self.weights(drafter), libs.get(drafter))
+        argv += speculative_flags(cell.method, self.weights(drafter), libs.get(drafter))
         if self.overrides(cell):
             argv += ["--overrides", self.overrides(cell)]
         return argv + self.server_args
 
     def server_key(self, cell: Cell) -> Any:
         drafter = cell.drafter or self.drafter or ""
-        return (tuple(speculative_flags(cell.method, cell.gamma, self.weights(drafter), None)), self.overrides(cell))
+        return (tuple(speculative_flags(cell.method, self.weights(drafter), None)), self.overrides(cell))
 
     def request_body(self, request: Request, sampling: Sampling) -> dict[str, Any]:
         """OpenAI completions as MLC reads them: ``ignore_eos`` in ``debug_config``; no ``top_k``."""

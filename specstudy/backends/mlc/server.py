@@ -54,7 +54,6 @@ from ..server import StreamingServerBackend
 from ..sse import StreamState
 from .declaration import KIT_TO_MLC, MLC
 
-MLC_SOURCE = "mlc-ai/mlc-llm main at 79d603f (2026-07-23)"
 #: --device choices are open (cuda, cuda:1, vulkan, ...); --mode choices are fixed (interface/help.py:
 #: "local" caps the batch at 4, "interactive" at 1; "server" sizes it from GPU memory: the kit's default,
 #: so batch and request-rate cells are not queued silently)
@@ -67,7 +66,7 @@ _OVERRIDES = {
     "gpu_memory_utilization": "gpu_memory_utilization",
     "max_num_sequence": "max_num_sequence",
 }
-_QUANT = re.compile(r"q(\d+)f(16|32)(?:_\d+)?|q0f(16|32)")
+_QUANT = re.compile(r"q\d+f(?:16|32)(?:_\d+)?")
 
 
 def quantization_of(weights: str) -> str | None:

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import json
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 import yaml
-from fake_servers import ACCEPT_CYCLE, FakeServer, K
+from fake_servers import ACCEPT_CYCLE, FakeServer, Handler, K
 from fixtures.replay_argparse import parse
 
 from specstudy import metrics
@@ -116,42 +116,31 @@ def test_the_declaration_is_the_backends():
     assert quantization_of("/w/plain") is None
 
 
-class Replay(BaseHTTPRequestHandler):
-    """Answers as ``mlc_llm serve --enable-debug`` from the fixture files: the stream for a
-    completion, the two engine-metrics dumps in turn (before the run, after it)."""
+class Replay(Handler):
+    """Answers as ``mlc_llm serve --enable-debug`` from the fixture files (not the fake's script):
+    the stream for a completion, the two engine-metrics dumps in turn (before the run, after it)."""
 
-    protocol_version = "HTTP/1.1"
-    dumps: list[bytes] = []
+    dumps: list[str] = []
     bodies: list[dict] = []
-
-    def log_message(self, *args):
-        pass
-
-    def _reply(self, body: bytes, ctype: str) -> None:
-        self.send_response(200)
-        self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
 
     def do_GET(self):
         if self.path != "/v1/models":
-            self.send_error(404)  # MLC serves no /health, /version
+            self._send(404, "not found")  # MLC serves no /health, /version
             return
-        self._reply(json.dumps({"object": "list", "data": [{"id": WEIGHTS[TARGET]}]}).encode(), "application/json")
+        self._send(200, json.dumps({"object": "list", "data": [{"id": WEIGHTS[TARGET]}]}), "application/json")
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         if self.path == "/debug/dump_engine_metrics":
-            self._reply(self.dumps.pop(0), "application/json")
+            self._send(200, self.dumps.pop(0), "application/json")
             return
         type(self).bodies.append(body)
-        self._reply((FIXTURES / "completions_stream.txt").read_bytes(), "text/event-stream")
+        self._send(200, (FIXTURES / "completions_stream.txt").read_text(), "text/event-stream")
 
 
 def test_the_fixtures_served_as_mlc_serves_them_make_a_record_and_the_runs_acceptance():
     handler = type("R", (Replay,), {"bodies": []})
-    handler.dumps = [(FIXTURES / f"engine_metrics_{w}.json").read_bytes() for w in ("before", "after")]
+    handler.dumps = [(FIXTURES / f"engine_metrics_{w}.json").read_text() for w in ("before", "after")]
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     try:

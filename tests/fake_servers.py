@@ -1,12 +1,13 @@
-"""Format fixtures, NOT measurements: a tiny HTTP server that answers like vLLM, SGLang or
-llama.cpp so the server backends' parsing, run-scoping, timeouts and lifecycle can be tested
+"""Format fixtures, NOT measurements: a tiny HTTP server that answers like vLLM, SGLang,
+llama.cpp, TensorRT-LLM or MLC-LLM so the server backends' parsing, run-scoping, timeouts and lifecycle can be tested
 without an engine.
 
 The wire formats follow the engines' own code/docs: vLLM 0.32 ``/v1/completions`` SSE chunks
 (``choices[].text/token_ids``, continuous ``usage``, a final usage chunk with
 ``metrics.speculative_decoding``) and ``vllm:spec_decode_*_total`` Prometheus counters; SGLang's
 native ``/generate`` SSE with cumulative ``text`` and ``meta_info`` spec counters; llama.cpp's
-OpenAI stream whose last chunk carries ``timings.draft_n`` / ``draft_n_accepted``.  Token ids,
+OpenAI stream whose last chunk carries ``timings.draft_n`` / ``draft_n_accepted``; MLC-LLM's
+text-only stream and its ``/debug/dump_engine_metrics`` ``spec_decode`` counts.  Token ids,
 text and acceptance are a fixed script (accepted drafts per step cycle through ACCEPT_CYCLE), so
 tests can compare what the backend parsed with what the fixture sent.
 

@@ -72,6 +72,7 @@ class VllmServerBackend(VllmCellCheck, ServerBackend):
     """
 
     framework = "vllm-server"
+    sets_prefix_cache = True
     methods = SERVER.methods
     metrics_path = "/metrics"
     #: options this backend reads (on top of the server base class's keyword arguments)
@@ -82,10 +83,6 @@ class VllmServerBackend(VllmCellCheck, ServerBackend):
         "waiting": "vllm:num_requests_waiting",
         "kv_cache_usage": "vllm:kv_cache_usage_perc",
     }
-
-    @property
-    def effective_prefix_cache(self) -> bool | None:
-        return None if self.base_url else bool(self.options.get("prefix_cache") or False)
 
     def default_python(self) -> str:
         """The kit's vLLM env interpreter when installed, else this interpreter."""

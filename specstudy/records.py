@@ -106,6 +106,8 @@ class RequestRecord:
     cell_id: str
     model: str
     drafter: str | None = None
+    #: which turn of a conversation (1 = the first or only one; parts written before turns read as 1)
+    turn: int = 1
     # the study plan's axes, stamped by the runner (empty for ad-hoc runs and parts written before them)
     label: str = ""
     family: str = ""

@@ -227,6 +227,9 @@ class TaskConfig(BaseModel):
     chat_template: bool = True
     system_prompt: Annotated[str, Field(pattern=r"\S")] | None = None
     input_length: InputLength = InputLength()
+    #: user turns of each record that run: 1 (the first only), n (the first n) or "all"; turn k + 1
+    #: is sent with the target's own answers to turns 1..k as its history
+    turns: PositiveInt | Literal["all"] = 1
     seed_reference: dict[str, Any] = {}
 
     @model_validator(mode="before")
@@ -278,6 +281,11 @@ class TaskConfig(BaseModel):
     @property
     def seed(self) -> int:
         return self.sample.seed
+
+    @property
+    def max_turns(self) -> int | None:
+        """How many user turns of a record run (None: all of them)."""
+        return None if self.turns == "all" else int(self.turns)
 
     @property
     def input_policy(self) -> str:

@@ -82,6 +82,10 @@ class TaskRequest(Request):
     source: str = ""
     reference: str | None = None
     truncated: bool = False
+    #: the conversation's user turns after this request's (replayed by :mod:`specstudy.run.turns`)
+    later_turns: tuple[str, ...] = ()
+    #: which turn this request is (1: the first); ``prompt``/``messages`` hold the history before it
+    turn: int = 1
 
 
 # --------------------------------------------------------------------------------------------
@@ -92,11 +96,11 @@ def _order_key(seed: int, prompt_id: str) -> str:
     return hashlib.sha256(f"{seed}:{prompt_id}".encode()).hexdigest()
 
 
-def _encode(tokenizer: Any, text: str, special: bool) -> list[int]:
+def encode_text(tokenizer: Any, text: str, special: bool) -> list[int]:
     return list(tokenizer(text, add_special_tokens=special)["input_ids"])
 
 
-def _render_chat(tokenizer: Any, messages: Sequence[tuple[str, str]]) -> str:
+def render_chat(tokenizer: Any, messages: Sequence[tuple[str, str]]) -> str:
     text: str = tokenizer.apply_chat_template(
         [{"role": r, "content": c} for r, c in messages], tokenize=False, add_generation_prompt=True
     )
@@ -120,20 +124,21 @@ class _Renderer:
     def user_text(self, row: PromptRow, text: str) -> str:
         return self.sources[row.source].template.format(text=text, **dict(row.values))
 
-    def messages(self, user: str) -> tuple[tuple[str, str], ...]:
-        sys_msg = (("system", self.cfg.system_prompt),) if self.cfg.system_prompt else ()
-        return sys_msg + (("user", user),)
+    def system(self, row: PromptRow) -> str | None:
+        """The record's own system message, else the task's ``system_prompt``."""
+        return row.system if row.system is not None else self.cfg.system_prompt
 
     def build(self, row: PromptRow, text: str) -> tuple[str, tuple[tuple[str, str], ...] | None, list[int] | None]:
         user = self.user_text(row, text)
+        system = self.system(row)
         if self.cfg.chat_template:
-            msgs = self.messages(user)
+            msgs = ((("system", system),) if system else ()) + (("user", user),)
             if self.tok is None:
                 return user, msgs, None
-            prompt = _render_chat(self.tok, msgs)
-            return prompt, msgs, _encode(self.tok, prompt, special=False)
-        prompt = f"{self.cfg.system_prompt}\n\n{user}" if self.cfg.system_prompt else user
-        return prompt, None, (_encode(self.tok, prompt, special=True) if self.tok is not None else None)
+            prompt = render_chat(self.tok, msgs)
+            return prompt, msgs, encode_text(self.tok, prompt, special=False)
+        prompt = f"{system}\n\n{user}" if system else user
+        return prompt, None, (encode_text(self.tok, prompt, special=True) if self.tok is not None else None)
 
     def _build_ids(self, row: PromptRow, text: str) -> tuple[str, tuple[tuple[str, str], ...] | None, list[int]]:
         """:meth:`build` with the ids a token limit needs (a tokenizer is set whenever a limit applies)."""
@@ -148,7 +153,7 @@ class _Renderer:
         prompt, msgs, ids = self._build_ids(row, text)
         if len(ids) <= limit:
             return prompt, msgs, ids, False
-        t_ids = _encode(self.tok, text, special=False)
+        t_ids = encode_text(self.tok, text, special=False)
         keep = len(t_ids) - (len(ids) - limit)
         for _ in range(16):
             if keep <= 0:
@@ -285,6 +290,7 @@ def draw_requests(
                 source=row.source,
                 reference=row.reference,
                 truncated=truncated,
+                later_turns=row.turns[1 : cfg.max_turns],
             )
         )
     if want is not None and len(out) < want:

@@ -423,6 +423,9 @@ def report_sections(study: Study) -> list[Section]:
     serving = serving_section(study)
     if serving.tables:  # a study without servers or prefix-cache pairs has no such section
         secs.append(serving)
+    from .workload import workload_sections  # the workload sections build on this module's Section
+
+    secs += workload_sections(study)
     secs += [
         hygiene_section(study),
         provenance_section(study),

@@ -23,6 +23,7 @@ from typing import Any
 from ..backends.server import ServerDied
 from ..config import StudyConfig, display_path, hardware_names, load_hardware_profile, load_task_config
 from ..config.task import seed_row
+from ..data.conversations import is_conversation
 from ..data.models import tokenizer_if_here
 from ..data.tasks import load_requests
 from ..layout import StudyLayout
@@ -33,6 +34,7 @@ from .engine_costs import measure_engine_costs
 from .plan import CellPlan, check_tasks, plan_summary
 from .pool import BackendFactory, BackendPool
 from .precision import extensions
+from .turns import run_turns
 
 RequestLoader = Callable[[str, int, int, Any], list[Request]]
 
@@ -260,22 +262,39 @@ def _run_one(
         warm, warm_tokens, self_warm = plan_warmup(state, backend, plan, cfg, warm)
         if not requests:
             raise RuntimeError(f"task {plan.cell.task!r} returned no prompts")
-        t0 = time.perf_counter()
-        records, tel = run_cell(plan, backend, requests, warm, warm_tokens, cfg.telemetry_period_s, progress)
-        wall = time.perf_counter() - t0
-        if len(records) != len(requests):
-            raise RuntimeError(f"backend returned {len(records)} records for {len(requests)} requests")
-        summary = tel.summary()
-        annotate(records, len(warm), wall, summary, warm_tokens if warm else 0, engine_warmed_itself=self_warm)
-        if tel.samples:
-            layout.write_telemetry(plan.cell_id, tel.samples)
-        layout.write_part(plan.cell_id, records)  # the commit point of the cell
         baseline = None
         if plan.baseline_cell_id:
             baseline = state.baselines.get(plan.baseline_cell_id)
             if baseline is None and layout.is_done(plan.baseline_cell_id):
                 baseline = layout.read_part(plan.baseline_cell_id)
+        t0 = time.perf_counter()
+        if any(is_conversation(r) for r in requests):
+            if plan.baseline_cell_id and baseline is None:
+                raise RuntimeError(
+                    f"conversations take their history from the baseline {plan.baseline_cell_id}: not run"
+                )
+            records, tel = run_turns(
+                plan,
+                backend,
+                requests,
+                warm,
+                warm_tokens,
+                cfg.telemetry_period_s,
+                progress,
+                history=baseline,
+                tokenizer=getattr(backend, "tokenizer", None),
+            )
         else:
+            records, tel = run_cell(plan, backend, requests, warm, warm_tokens, cfg.telemetry_period_s, progress)
+            if len(records) != len(requests):
+                raise RuntimeError(f"backend returned {len(records)} records for {len(requests)} requests")
+        wall = time.perf_counter() - t0
+        summary = tel.summary()
+        annotate(records, len(warm), wall, summary, warm_tokens if warm else 0, engine_warmed_itself=self_warm)
+        if tel.samples:
+            layout.write_telemetry(plan.cell_id, tel.samples)
+        layout.write_part(plan.cell_id, records)  # the commit point of the cell
+        if not plan.baseline_cell_id:
             state.baselines[plan.cell_id] = records
         return summarize(plan, records, wall, baseline, summary)
     except KeyboardInterrupt:

@@ -1,6 +1,7 @@
 """Conversations replayed turn by turn: records carry the turn, turn k + 1's history is the AR
 baseline's own answer to turn k for the baseline and its speculative cells alike, and the report
-gives α, AL and speedup per turn.  End to end on the reference engine's tiny model."""
+gives α, AL and speedup per turn.  End to end on the reference engine's tiny model and, marked
+slow, through a kit-started llama.cpp server with its prompt cache on."""
 
 from __future__ import annotations
 
@@ -207,3 +208,41 @@ def test_records_written_before_turns_read_back_as_turn_one(tmp_path):
     table = pa.Table.from_pylist([{k: v for k, v in rec.__dict__.items() if k not in ("turn", "steps", "extra")}])
     pq.write_table(table, tmp_path / "old.parquet")
     assert read_part(tmp_path / "old.parquet")[0].turn == 1
+
+
+@pytest.mark.slow
+def test_llamacpp_replays_conversations_with_its_own_answers_and_cache_hits_per_turn(tmp_path):
+    task = task_file(tmp_path, [conversation(i) for i in range(4)], chat_template=True)
+    study = {
+        "name": "talk-llamacpp",
+        "models": [{"name": "smollm2", "target": "smollm2-135m", "dtype": "float32"}],
+        "methods": [{"method": "ar"}, {"method": "ngram", "label": "Prompt lookup"}],
+        "frameworks": ["llamacpp"],
+        "framework_options": {"llamacpp": {"threads": 2}},
+        "tasks": [str(task)],
+        "gammas": [2],
+        "batch_sizes": [1],
+        "prefix_cache": [True],
+        "warmup": {"requests": 1, "max_new_tokens": 4},
+        "max_new_tokens": 12,
+        "prompts_per_task": 3,
+        "telemetry_period_s": 0.5,
+    }
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump({"study": study}, sort_keys=False))
+    cfg = load_study("cpu", path)
+    out = tmp_path / "outputs" / "cpu"
+    res = run_study(cfg, expand(cfg), StudyLayout(out), progress=False, log=lambda m: None)
+    assert [r.status for r in res if r.cell_id != "engine_costs"] == ["done", "done"], [r.message for r in res]
+    recs = StudyLayout(out).read_all()
+    by = {(r.method, r.prompt_id, r.turn): r for r in recs}
+    assert len(recs) == 2 * 3 * 2 and all(r.status == "ok" for r in recs), [r.error for r in recs]
+    for (method, pid, turn), r in by.items():
+        t = r.extra["llamacpp_timings"]
+        assert t["cache_n"] + t["prompt_n"] == r.input_tokens  # llama.cpp's own prompt accounting
+        if turn == 2:  # turn 2's prompt holds turn 1 and the AR answer: the same input for both cells
+            assert r.input_tokens == by[("ar", pid, 2)].input_tokens > by[("ar", pid, 1)].input_tokens
+    raw = turn_analysis.turn_frame(load_outputs(out))
+    assert list(raw["turn"]) == [1, 2] and list(raw["n_prompts"]) == [3, 3]
+    assert all(0.0 <= h <= 1.0 for h in raw["hit_rate"]), raw["hit_rate"]
+    assert "cache_n" in raw["hit_source"].iloc[0]

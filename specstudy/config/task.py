@@ -205,6 +205,28 @@ class InputLength(BaseModel):
         return "none"
 
 
+TRACE_FORMATS = ("mooncake", "vllm_custom")
+
+
+class TraceSpec(BaseModel):
+    """A trace file whose recorded arrivals a serving sweep replays (:mod:`specstudy.data.traces`).
+
+    ``path`` is a JSON-lines file (absolute, or relative to the task file's folder, else the
+    repository), pinned by ``sha256``; ``format`` is ``mooncake`` (AIPerf's ``mooncake_trace``:
+    timestamp ms, input_length, output_length, hash_ids) or ``vllm_custom`` (vLLM's custom dataset:
+    prompt, output_tokens, plus a timestamp in ms); ``time_scale`` multiplies the recorded gaps;
+    ``block_size`` is the tokens per hash id (Mooncake's and AIPerf's 512).
+    """
+
+    model_config = _STRICT
+    path: Annotated[str, Field(min_length=1)]
+    sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+    format: Literal[TRACE_FORMATS]  # type: ignore[valid-type]
+    time_scale: Annotated[float, Field(gt=0)] = 1.0
+    block_size: PositiveInt = 512
+    licence: str = ""
+
+
 class SampleSpec(BaseModel):
     model_config = _STRICT
     n: PositiveInt = 40
@@ -220,7 +242,7 @@ class TaskConfig(BaseModel):
     #: free text: one of the seed's seven (TASKS) keeps the seed article's row, any other is a user's
     category: str
     description: str = ""
-    sources: Annotated[tuple[Source, ...], Field(min_length=1)]
+    sources: tuple[Source, ...] = ()  # at least one, unless a trace gives the prompts
     online_sources: tuple[Source, ...] = ()
     online: bool = False
     sample: SampleSpec = SampleSpec()
@@ -230,6 +252,9 @@ class TaskConfig(BaseModel):
     #: user turns of each record that run: 1 (the first only), n (the first n) or "all"; turn k + 1
     #: is sent with the target's own answers to turns 1..k as its history
     turns: PositiveInt | Literal["all"] = 1
+    #: a trace to replay: its lines are the task's requests in their recorded order and times
+    #: (a Mooncake trace's hash blocks are filled with the tokenized text of ``sources``)
+    trace: TraceSpec | None = None
     seed_reference: dict[str, Any] = {}
 
     @model_validator(mode="before")
@@ -253,6 +278,9 @@ class TaskConfig(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> TaskConfig:
+        if not self.sources and (self.trace is None or self.trace.format == "mooncake"):
+            why = "a Mooncake trace fills its hash blocks with their text" if self.trace else "the prompts"
+            raise not_allowed([], f"at least one source ({why})", at="sources")
         for i, s in enumerate(self.sources):
             if s.kind == "hub":
                 raise not_allowed(

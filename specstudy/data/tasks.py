@@ -215,6 +215,10 @@ def load_requests(
     seed = cfg.seed if seed is None else seed
     if not _is_int(seed):
         raise ParamsError(cfg.file, "seed", seed, "an integer")
+    if cfg.trace is not None and data_file is None:  # a trace's requests come in its recorded order
+        from .traces import load_trace_requests
+
+        return load_trace_requests(cfg, want, tokenizer)
     sources = _resolve_sources(cfg, online, data_file, field_map)
     return draw_requests(cfg, task_rows(cfg, sources), sources, want, seed, tokenizer)
 

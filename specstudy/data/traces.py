@@ -20,6 +20,7 @@ twice as fast).  Multi-turn sessions (AIPerf's ``session_id``/``delay``) are ref
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -191,3 +192,26 @@ def load_trace_requests(cfg: TaskConfig, n: int | None, tokenizer: Any) -> list[
     if n is not None and len(rows) < n:
         raise ParamsError(cfg.file, "n", n, f"at most {len(rows)} requests in trace {cfg.trace.path}")
     return trace_requests(cfg, cfg.trace, rows, corpus, n)
+
+
+@functools.lru_cache(maxsize=64)
+def replay_rate(task: str | Path, n: int) -> float:
+    """The mean rate of the first ``n`` requests a trace task replays (what its Poisson twin runs at);
+    a ParamsError naming the key when the task has no trace or the trace does not read."""
+    from ..config.task import load_task_config
+
+    cfg = load_task_config(task)
+    if cfg.trace is None:
+        raise ParamsError(cfg.file, "trace", None, "a trace (arrivals: trace replays a trace task's recorded times)")
+    rows = read_trace(cfg.trace, trace_file(cfg), cfg.file)
+    return mean_rate(arrivals(cfg.trace, rows[:n]))
+
+
+def is_trace_task(task: str | Path) -> bool:
+    """Whether a task (a name or a task file) replays a trace; False for anything that is not a task file."""
+    from ..config.task import load_task_config
+
+    try:
+        return load_task_config(task).trace is not None
+    except (ValueError, OSError):  # a custom request loader's task names need no file
+        return False

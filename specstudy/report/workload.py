@@ -4,7 +4,7 @@ replays beside Poisson arrivals and input-length / entropy tiers).  Numbers come
 
 from __future__ import annotations
 
-from ..analysis import turns
+from ..analysis import rates, turns
 from ..analysis.study import Study
 from .sections import Section, markdown_table
 
@@ -33,4 +33,25 @@ def conversations_section(study: Study) -> Section | None:
 
 def workload_sections(study: Study) -> list[Section]:
     """The workload sections this study has data for, in order."""
-    return [s for s in (conversations_section(study),) if s is not None]
+    return [s for s in (conversations_section(study), traces_section(study)) if s is not None]
+
+
+def traces_section(study: Study) -> Section | None:
+    """Trace replays beside Poisson arrivals of the same requests at the same mean rate."""
+    raw = rates.trace_frame(rates.rate_frame(study))
+    if raw.empty:
+        return None
+    sec = Section("Trace replay beside Poisson arrivals")
+    table = rates.rate_table(raw)
+    sec.tables["trace_vs_poisson"] = (table, raw)
+    sec.markdown = "\n".join(
+        [
+            "Each trace task's requests (their recorded input and output lengths, Mooncake hash blocks "
+            "filled with real text in the target's tokens) sent at the trace's recorded times (`trace`) and, "
+            "beside them, the same requests as a Poisson process at the trace's mean rate (`poisson`). "
+            "Bursts in a trace queue requests that a Poisson process at the same mean rate spreads out: "
+            "compare TTFT and TPOT p99. Send lag is the load generator's own delay against the schedule.\n",
+            markdown_table(table),
+        ]
+    )
+    return sec

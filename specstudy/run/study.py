@@ -26,6 +26,7 @@ from ..config.task import seed_row
 from ..data.conversations import is_conversation
 from ..data.models import tokenizer_if_here
 from ..data.tasks import load_requests
+from ..data.traces import is_trace_task
 from ..layout import StudyLayout
 from ..provenance import provenance
 from ..records import Request, RequestRecord
@@ -235,6 +236,8 @@ def _requests(
 ) -> tuple[list[Request], list[Request]]:
     n = plan.prompt_offset + plan.prompts + cfg.warmup_requests  # a task's order is fixed by its seed
     key = (plan.cell.task, n, plan.sampling.seed - plan.cell.repeat, plan.target)
+    if tokenizer is None and key not in state.prompts and is_trace_task(cfg.task_file(plan.cell.task)):
+        tokenizer = tokenizer_if_here(plan.target)  # a Mooncake trace's prompt ids are the target's tokens
     if key not in state.prompts:
         state.prompts[key] = loader(plan.cell.task, n, plan.sampling.seed - plan.cell.repeat, tokenizer)
     return split_warmup(state.prompts[key][plan.prompt_offset :], plan.prompts, cfg.warmup_requests)

@@ -237,7 +237,7 @@ def test_llamacpp_replays_conversations_with_its_own_answers_and_cache_hits_per_
     recs = StudyLayout(out).read_all()
     by = {(r.method, r.prompt_id, r.turn): r for r in recs}
     assert len(recs) == 2 * 3 * 2 and all(r.status == "ok" for r in recs), [r.error for r in recs]
-    for (method, pid, turn), r in by.items():
+    for (_method, pid, turn), r in by.items():
         t = r.extra["llamacpp_timings"]
         assert t["cache_n"] + t["prompt_n"] == r.input_tokens  # llama.cpp's own prompt accounting
         if turn == 2:  # turn 2's prompt holds turn 1 and the AR answer: the same input for both cells

@@ -25,7 +25,9 @@ from specstudy.layout import StudyLayout
 from specstudy.run.plan import check_backends, expand
 from specstudy.run.study import run_study
 
-TEXTS = [{"id": f"t{i}", "text": f"Paragraph {i}: the river path opens in spring, the council said. " * 3} for i in range(3)]
+TEXTS = [
+    {"id": f"t{i}", "text": f"Paragraph {i}: the river path opens in spring, the council said. " * 3} for i in range(3)
+]
 
 
 @pytest.fixture(autouse=True)
@@ -111,7 +113,11 @@ def test_every_bad_trace_line_is_listed_at_once_naming_line_key_and_allowed(tmp_
         "trace line 4",
     ], keys
     bad = check.problems[2]
-    assert bad.value == 2000 and "1..10 for 1 hash_ids of block_size 10" in str(bad.allowed) and str(tmp_path) in str(bad.file)
+    assert (
+        bad.value == 2000
+        and "1..10 for 1 hash_ids of block_size 10" in str(bad.allowed)
+        and str(tmp_path) in str(bad.file)
+    )
     with pytest.raises(ParamsProblems):
         load_requests(load_task_config(trace_task(tmp_path, lines, block_size=10)), n=1, tokenizer=byte_tokenizer())
 

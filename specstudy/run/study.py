@@ -237,7 +237,10 @@ def _requests(
     n = plan.prompt_offset + plan.prompts + cfg.warmup_requests  # a task's order is fixed by its seed
     key = (plan.cell.task, n, plan.sampling.seed - plan.cell.repeat, plan.target)
     if tokenizer is None and key not in state.prompts and is_trace_task(cfg.task_file(plan.cell.task)):
-        tokenizer = tokenizer_if_here(plan.target)  # a Mooncake trace's prompt ids are the target's tokens
+        try:  # a Mooncake trace's prompt ids are the target's tokens (a server's engine has loaded them by now)
+            tokenizer = tokenizer_if_here(plan.target)
+        except LookupError:
+            tokenizer = None  # the trace's own prompt texts need none; hash blocks say what is missing
     if key not in state.prompts:
         state.prompts[key] = loader(plan.cell.task, n, plan.sampling.seed - plan.cell.repeat, tokenizer)
     return split_warmup(state.prompts[key][plan.prompt_offset :], plan.prompts, cfg.warmup_requests)

@@ -205,7 +205,7 @@ def test_llamacpp_receives_the_trace_at_its_recorded_times_beside_poisson_at_the
     assert len(poisson) == 4 and [r.scheduled_send_s for r in sorted(poisson, key=lambda r: r.prompt_id)] != [
         r.scheduled_send_s for r in trace
     ]
-    assert {r.request_rate for r in recs} == {pytest.approx(3 / 0.5)}
+    assert all(r.request_rate == pytest.approx(3 / 0.5) for r in recs)  # the trace slice: 3 gaps in 0.5 s
     raw = rates.trace_frame(rates.rate_frame(load_outputs(out)))
     assert sorted(zip(raw["method"], raw["arrivals"])) == [
         ("ar", "poisson"),

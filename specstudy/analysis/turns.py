@@ -15,9 +15,10 @@ from collections.abc import Sequence
 import pandas as pd
 
 from ..records import RequestRecord
-from .format import fmt, fmt_ci
+from .format import fmt
 from .rates import run_block
-from .stats import at_turn, pooled
+from .stats import Keep, subset
+from .strata import spec_groups, strata_table, stratum_row
 from .study import Study
 
 
@@ -42,60 +43,28 @@ def turn_hit_rate(records: Sequence[RequestRecord]) -> tuple[float | None, str]:
     return (hits / queries if queries else None), source
 
 
+def _at(turn: int) -> Keep:
+    return lambda r: r.turn == turn
+
+
 def turn_frame(study: Study) -> pd.DataFrame:
-    """One row per (framework, method, γ, task, prefix cache, turn) of the conversation cells."""
-    groups: dict[tuple[object, ...], list[str]] = {}
-    for cid in conversation_cells(study):
-        m = study.meta(cid)
-        key = (m["framework"], m["label"], m["gamma"], m["task"], m["prefix_cache"], m["batch_size"])
-        groups.setdefault(key, []).append(cid)
+    """One row per (framework, method, γ, task, prefix cache, batch, turn) of the conversation cells."""
     rows = []
-    for (fw, label, gamma, task, cache, batch), cids in sorted(groups.items(), key=lambda kv: str(kv[0])):
+    for key, cids in spec_groups(study, conversation_cells(study)).items():
         recs = [r for c in cids for r in study.records[c]]
         for turn in sorted({r.turn for r in recs}):
-            p = pooled(study, cids, turn=turn)
-            rate, source = turn_hit_rate(at_turn(recs, turn)) if cache else (None, "")
-            rows.append(
-                {
-                    "framework": fw,
-                    "label": label,
-                    "gamma": gamma,
-                    "task": task,
-                    "batch_size": batch,
-                    "prefix_cache": cache,
-                    "turn": turn,
-                    "n_prompts": p.n_prompts,
-                    "alpha": p.alpha,
-                    "alpha_ci": p.alpha_ci,
-                    "al": p.acceptance_length,
-                    "al_ci": p.acceptance_length_ci,
-                    "speedup": p.speedup,
-                    "speedup_ci": p.speedup_ci,
-                    "hit_rate": rate,
-                    "hit_source": source,
-                }
-            )
+            rate, source = turn_hit_rate(subset(recs, _at(turn))) if key[4] else (None, "")
+            rows.append(stratum_row(study, key, cids, _at(turn), turn=turn, hit_rate=rate, hit_source=source))
     return pd.DataFrame(rows)
 
 
 def turn_table(raw: pd.DataFrame) -> pd.DataFrame:
     """The per-turn frame as the report prints it."""
-    if raw.empty:
-        return raw
-    return pd.DataFrame(
+    return strata_table(
+        raw,
         {
-            "Framework": raw["framework"],
-            "Method": [f"{lab} γ={g:g}" if g == g and g else str(lab) for lab, g in zip(raw["label"], raw["gamma"])],
-            "Task": raw["task"],
-            "Batch": raw["batch_size"],
-            "Prefix cache": ["on" if c else "off" if c is not None else "—" for c in raw["prefix_cache"]],
-            "Turn": raw["turn"],
-            "n (prompts)": raw["n_prompts"],
-            "α": [fmt_ci(a, ci, 3, n=n) for a, ci, n in zip(raw["alpha"], raw["alpha_ci"], raw["n_prompts"])],
-            "AL": [fmt_ci(a, ci, 2, n=n) for a, ci, n in zip(raw["al"], raw["al_ci"], raw["n_prompts"])],
-            "Speedup": [
-                fmt_ci(s, ci, 2, "×", n=n) for s, ci, n in zip(raw["speedup"], raw["speedup_ci"], raw["n_prompts"])
-            ],
-            "Prefix-cache hit rate": [fmt(v, 3) if v is not None else "—" for v in raw["hit_rate"]],
-        }
-    ).reset_index(drop=True)
+            "Prefix cache": lambda d: ["on" if c else "off" if c is not None else "—" for c in d["prefix_cache"]],
+            "Turn": lambda d: d["turn"],
+            "Prefix-cache hit rate": lambda d: [fmt(v, 3) if v is not None else "—" for v in d["hit_rate"]],
+        },
+    )

@@ -227,6 +227,24 @@ class TraceSpec(BaseModel):
     licence: str = ""
 
 
+class TierSpec(BaseModel):
+    """Input-length tiers built from any source (:mod:`specstudy.data.tiers`): each prompt is the
+    sources' texts joined until it holds exactly ``input_tokens[i]`` tokens of the target's tokenizer
+    (SPEED-Bench's ~1k/2k/4k/8k throughput tiers); ``random_control`` adds, beside each, a prompt of
+    as many uniformly random tokens (how much random inputs distort speculative throughput)."""
+
+    model_config = _STRICT
+    input_tokens: Annotated[tuple[PositiveInt, ...], Field(min_length=1)]
+    random_control: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _as_tuple(cls, v: Any) -> Any:
+        if isinstance(v, dict) and isinstance(v.get("input_tokens"), list):
+            v = {**v, "input_tokens": tuple(v["input_tokens"])}
+        return v
+
+
 class SampleSpec(BaseModel):
     model_config = _STRICT
     n: PositiveInt = 40
@@ -255,6 +273,8 @@ class TaskConfig(BaseModel):
     #: a trace to replay: its lines are the task's requests in their recorded order and times
     #: (a Mooncake trace's hash blocks are filled with the tokenized text of ``sources``)
     trace: TraceSpec | None = None
+    #: input-length tiers (and a random-token control) built from the sources
+    tiers: TierSpec | None = None
     seed_reference: dict[str, Any] = {}
 
     @model_validator(mode="before")
@@ -291,6 +311,12 @@ class TaskConfig(BaseModel):
             dup = sorted({x for x in names if names.count(x) > 1})
             if dup:
                 raise not_allowed(dup[0], "unique source names", at=(key,))
+        if self.tiers is not None and self.trace is not None:
+            raise not_allowed(
+                {"input_tokens": list(self.tiers.input_tokens)},
+                "no tiers on a trace task (its lines set lengths)",
+                at="tiers",
+            )
         if self.online and not self.online_sources:
             raise not_allowed(self.online, [False], "online: true needs online_sources", at="online")
         if self.seed_reference and self.category not in TASKS:

@@ -245,6 +245,10 @@ def draw_requests(
 ) -> list[TaskRequest]:
     """``want`` requests (None: all) from a task's rows: ordered by ``seed``, rendered, length-controlled."""
     rows = sorted(rows, key=lambda r: _order_key(seed, r.prompt_id))
+    if cfg.tiers is not None:  # prompts of fixed token lengths built from the rows
+        from .tiers import tier_requests
+
+        return tier_requests(cfg, cfg.tiers, rows, want, tokenizer)
 
     renderer = _Renderer(cfg, tokenizer, {s.name: s for s in sources})
     length = cfg.input_length

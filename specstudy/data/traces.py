@@ -207,11 +207,13 @@ def replay_rate(task: str | Path, n: int) -> float:
     return mean_rate(arrivals(cfg.trace, rows[:n]))
 
 
-def is_trace_task(task: str | Path) -> bool:
-    """Whether a task (a name or a task file) replays a trace; False for anything that is not a task file."""
+def needs_target_tokens(task: str | Path) -> bool:
+    """Whether a task's prompts are built in the target's tokens (a trace, or input-length tiers), so a
+    server's cell needs the target's tokenizer here too; False for anything that is not a task file."""
     from ..config.task import load_task_config
 
     try:
-        return load_task_config(task).trace is not None
+        cfg = load_task_config(task)
     except (ValueError, OSError):  # a custom request loader's task names need no file
         return False
+    return cfg.trace is not None or cfg.tiers is not None

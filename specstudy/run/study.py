@@ -26,7 +26,7 @@ from ..config.task import seed_row
 from ..data.conversations import is_conversation
 from ..data.models import tokenizer_if_here
 from ..data.tasks import load_requests
-from ..data.traces import is_trace_task
+from ..data.traces import needs_target_tokens
 from ..layout import StudyLayout
 from ..provenance import provenance
 from ..records import Request, RequestRecord
@@ -236,8 +236,8 @@ def _requests(
 ) -> tuple[list[Request], list[Request]]:
     n = plan.prompt_offset + plan.prompts + cfg.warmup_requests  # a task's order is fixed by its seed
     key = (plan.cell.task, n, plan.sampling.seed - plan.cell.repeat, plan.target)
-    if tokenizer is None and key not in state.prompts and is_trace_task(cfg.task_file(plan.cell.task)):
-        try:  # a Mooncake trace's prompt ids are the target's tokens (a server's engine has loaded them by now)
+    if tokenizer is None and key not in state.prompts and needs_target_tokens(cfg.task_file(plan.cell.task)):
+        try:  # trace hash blocks and tiers are the target's tokens (a server's engine has loaded them by now)
             tokenizer = tokenizer_if_here(plan.target)
         except LookupError:
             tokenizer = None  # the trace's own prompt texts need none; hash blocks say what is missing

@@ -109,6 +109,11 @@ class ByteIds:
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
         return "".join(chr(32 + int(i)) for i in ids)
 
+    all_special_ids = [0, 1, 2]  # ids no byte maps to
+
+    def __len__(self) -> int:  # ids 0..92: inside the tiny model's vocabulary
+        return 93
+
 
 class TinyFactory:
     """Builds reference backends around a tiny random model; counts loads; can slow or break cells.

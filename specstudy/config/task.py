@@ -26,7 +26,20 @@ from .vocab import TASKS
 
 LENGTH_POLICIES = ("none", "truncate", "filter", "bucket")
 SOURCE_KINDS = ("package", "file", "hub")
-_COMMON = {"name", "kind", "fields", "template", "where", "licence", "upstream"}
+_COMMON = {"name", "kind", "fields", "schema", "template", "where", "licence", "upstream"}
+#: field maps of published prompt sets' documented schemas (``schema:`` of a source)
+SCHEMAS = {
+    # SPEED-Bench (nvidia/SPEED-Bench, every config): question_id, category, sub_category, turns (a
+    # list of user turns), source, src_id, difficulty, multiturn
+    "speed_bench": {
+        "id": "question_id",
+        "text": "turns",
+        "category": "category",
+        "sub_category": "sub_category",
+        "difficulty": "difficulty",
+        "source": "source",
+    },
+}
 _KEYS_BY_KIND = {
     "package": _COMMON | {"package", "version", "member", "sha256", "records"},
     "file": _COMMON | {"path", "sha256", "records", "split"},
@@ -69,6 +82,8 @@ class Source(BaseModel):
     model_config = _STRICT
     name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]+$")]
     kind: Literal[SOURCE_KINDS]  # type: ignore[valid-type]
+    #: a published schema whose field map the kit knows (``fields`` then adds to or overrides it)
+    schema_: Literal[tuple(SCHEMAS)] | None = Field(default=None, alias="schema")  # type: ignore[valid-type]
     fields: dict[str, Annotated[str, Field(min_length=1)]]
     template: Annotated[str, Field(min_length=1)] = "{text}"
     where: dict[str, Annotated[list[str | int], Field(min_length=1)]] = {}
@@ -92,6 +107,13 @@ class Source(BaseModel):
     max_records: PositiveInt | None = None
     #: the folder of the task file this source is in (set on load; a relative path starts there)
     base: str | None = Field(default=None, description="internal")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _schema_fields(cls, v: Any) -> Any:
+        if isinstance(v, dict) and v.get("schema") in SCHEMAS:
+            v = {**v, "fields": {**SCHEMAS[v["schema"]], **(v.get("fields") or {})}}
+        return v
 
     @model_validator(mode="before")
     @classmethod

@@ -104,6 +104,10 @@ def check_task(
     available = len(rows) if complete else None
     if cfg is not None and cfg.trace is not None:  # a trace's lines are the task's requests
         available = _trace_problems(cfg, path, problems)
+    elif cfg is not None and cfg.tiers is not None and available is not None:
+        from .tiers import tier_capacity
+
+        available = tier_capacity(cfg.tiers, available)
     if cfg is not None and available and tokenizers and cfg.input_length.policy != "none":
         want = min(need, available)  # fewer prompts than needed is the study's problem, not the policy's
         for target, tok in tokenizers.items() if want else ():

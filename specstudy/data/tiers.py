@@ -59,6 +59,11 @@ def random_ids(tokenizer: Any, n: int, key: str) -> list[int]:
     return [int(x) for x in rng.choice(vocab, size=n)]
 
 
+def tier_capacity(spec: TierSpec, records: int) -> int:
+    """How many distinct tiered prompts ``records`` source records make."""
+    return records * len(spec.input_tokens) * (2 if spec.random_control else 1)
+
+
 def tier_requests(
     cfg: TaskConfig, spec: TierSpec, rows: Sequence[PromptRow], want: int | None, tokenizer: Any
 ) -> list[TaskRequest]:
@@ -74,8 +79,17 @@ def tier_requests(
     if not rows:
         raise ParamsError(cfg.file, "sources", [], "at least one record to build tiers from")
     out: list[TaskRequest] = []
+    total = tier_capacity(spec, len(rows)) if want is None else want
+    if total > tier_capacity(spec, len(rows)):
+        raise ParamsError(
+            cfg.file,
+            "n",
+            want,
+            f"at most {tier_capacity(spec, len(rows))} ({len(rows)} records × {len(spec.input_tokens)} tiers"
+            + (" × real and random)" if spec.random_control else ")"),
+            "each record starts one prompt per tier, so no two prompts are the same",
+        )
     per = 2 if spec.random_control else 1
-    total = want if want is not None else len(rows) * len(spec.input_tokens) * per
     k = 0
     while len(out) < total:
         for tokens in spec.input_tokens:

@@ -1,10 +1,11 @@
-"""The report's workload sections: conversations turn by turn (and, where a study has them, trace
-replays beside Poisson arrivals and input-length / entropy tiers).  Numbers come from
+"""The report's workload sections: conversations turn by turn, trace replays beside Poisson arrivals,
+input-length tiers with the random-token control, and entropy tiers.  Numbers come from
 :mod:`specstudy.analysis`; a section appears only when the study has such cells."""
 
 from __future__ import annotations
 
-from ..analysis import rates, turns
+from ..analysis import rates, tiers, turns
+from ..analysis.format import fmt
 from ..analysis.study import Study
 from .sections import Section, markdown_table
 
@@ -33,7 +34,7 @@ def conversations_section(study: Study) -> Section | None:
 
 def workload_sections(study: Study) -> list[Section]:
     """The workload sections this study has data for, in order."""
-    return [s for s in (conversations_section(study), traces_section(study)) if s is not None]
+    return [s for s in (conversations_section(study), traces_section(study), tiers_section(study)) if s is not None]
 
 
 def traces_section(study: Study) -> Section | None:
@@ -54,4 +55,44 @@ def traces_section(study: Study) -> Section | None:
             markdown_table(table),
         ]
     )
+    return sec
+
+
+def tiers_section(study: Study) -> Section | None:
+    """Input-length tiers with the random-token control, and entropy tiers of the target's own entropy."""
+    raw, ent = tiers.tier_frame(study), tiers.entropy_tier_frame(study)
+    if raw.empty and ent.empty:
+        return None
+    sec = Section("Input-length and entropy tiers")
+    parts = []
+    if not raw.empty:
+        table = tiers.tier_table(raw)
+        over = tiers.random_overstatement(raw)
+        sec.tables["input_length_tiers"] = (table, raw)
+        parts += [
+            "Prompts of exactly the tier's length in the target's tokens, built from the task's own texts "
+            "(`real`), and beside each a prompt of as many uniformly random tokens (`random`), each paired "
+            "with its AR baseline on the same input.\n",
+            markdown_table(table),
+        ]
+        if not over.empty:
+            shown = over.assign(
+                **{c: [fmt(v, 2, "×") for v in over[c]] for c in ("real", "random")},
+                ratio=[fmt(v, 2) for v in over["ratio"]],
+            ).rename(columns={"real": "Speedup, real", "random": "Speedup, random", "ratio": "random / real"})
+            sec.tables["random_control"] = (shown, over)
+            parts += [
+                "\nRandom tokens against real prompts (SPEED-Bench reports random inputs overstate speculative "
+                "throughput by about 23 %; a ratio above 1 is an overstatement measured here):\n",
+                markdown_table(shown),
+            ]
+    if not ent.empty:
+        table = tiers.entropy_tier_table(ent)
+        sec.tables["entropy_tiers"] = (table, ent)
+        parts += [
+            "\nEntropy tiers: each task's prompts in thirds by the target's own mean per-token entropy over "
+            "its AR baseline's output (measured while decoding; engines that report it), low to high.\n",
+            markdown_table(table),
+        ]
+    sec.markdown = "\n".join(parts)
     return sec

@@ -167,3 +167,40 @@ def test_speed_bench_schema_reads_a_local_file_with_its_categories_and_turns(tmp
     assert by["speed:q-code-1"].prompt == "[python/easy] Write a Python function that reverses a list."
     assert by["speed:q-code-1"].later_turns == ("Now make it work on strings too.",)
     assert by["speed:q-code-2"].later_turns == ()
+
+
+@pytest.mark.slow
+def test_llamacpp_decodes_tiers_of_exact_lengths_beside_random_tokens(tmp_path, monkeypatch):
+    """The tiers' token ids reach a kit-started llama.cpp server as they are (its own prompt count
+    equals the tier), real and random prompts alike, each paired with AR on the same ids."""
+    monkeypatch.delenv("SPECSTUDY_CACHE")  # the target's tokenizer from the kit's own cache
+    task = tier_task(tmp_path, (64, 256))
+    study = {
+        "name": "tiers-llamacpp",
+        "models": [{"name": "smollm2", "target": "smollm2-135m", "dtype": "float32"}],
+        "methods": [{"method": "ar"}, {"method": "ngram", "label": "Prompt lookup"}],
+        "frameworks": ["llamacpp"],
+        "framework_options": {"llamacpp": {"threads": 2}},
+        "tasks": [str(task)],
+        "gammas": [4],
+        "batch_sizes": [1],
+        "warmup": {"requests": 1, "max_new_tokens": 2},
+        "max_new_tokens": 12,
+        "prompts_per_task": 8,
+        "telemetry_period_s": 0.5,
+    }
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump({"study": study}, sort_keys=False))
+    cfg = load_study("cpu", path)
+    out = tmp_path / "outputs" / "cpu"
+    res = run_study(cfg, expand(cfg), StudyLayout(out), progress=False, log=lambda m: None)
+    assert [r.status for r in res if r.cell_id != "engine_costs"] == ["done", "done"], [r.message for r in res]
+    recs = StudyLayout(out).read_all()
+    assert len(recs) == 16 and all(r.status == "ok" for r in recs), [r.error for r in recs]
+    for r in recs:
+        tier = int(r.input_policy.split(":")[1])
+        t = r.extra["llamacpp_timings"]
+        assert r.input_tokens == tier == t["prompt_n"] + t["cache_n"], (r.prompt_id, r.input_tokens, t)
+    raw = tier_analysis.tier_frame(load_outputs(out))
+    assert sorted(zip(raw["input_tokens"], raw["prompts"])) == [(64, "random"), (64, "real"), (256, "random"), (256, "real")]
+    assert set(raw["n_prompts"]) == {2} and raw["speedup"].notna().all()

@@ -167,3 +167,47 @@ def run_tiny_study(cfg, plans, out: Path, factory, **kw):
         log=lambda m: None,
         **kw,
     )
+
+
+def write_task(folder: Path, rows, fields: dict, name: str = "task", **top) -> Path:
+    """A task file ``<name>.yaml`` with one file source over ``rows`` (``<name>.jsonl`` beside it, pinned);
+    ``top`` adds or overrides top-level keys (plain text prompts unless ``chat_template`` says otherwise)."""
+    import json
+
+    import yaml
+
+    from specstudy.data.fetch import sha256_file
+
+    data = folder / f"{name}.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    src = {"name": name, "kind": "file", "path": str(data), "sha256": sha256_file(data)}
+    cfg = {"category": name, "chat_template": False, **top}
+    cfg["sources"] = [{**src, "licence": "CC0 (written for the test)", "fields": fields}]
+    p = folder / f"{name}.yaml"
+    p.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return p
+
+
+def write_study_file(folder: Path, tasks, frameworks=("reference",), dtype: str = "float64", **study) -> Path:
+    """A study of AR and prompt lookup on SmolLM2 (the tiny model under TinyFactory) over ``tasks``;
+    ``study`` adds or overrides keys of its ``study:`` section."""
+    import yaml
+
+    body = {
+        "name": "study",
+        "models": [{"name": "smollm2", "target": "smollm2-135m", "dtype": dtype}],
+        "methods": [{"method": "ar"}, {"method": "ngram", "label": "Prompt lookup"}],
+        "frameworks": list(frameworks),
+        "framework_options": {"llamacpp": {"threads": 2}},
+        "tasks": [str(t) for t in tasks],
+        "gammas": [2],
+        "batch_sizes": [1],
+        "warmup": {"requests": 1, "max_new_tokens": 2},
+        "max_new_tokens": 8,
+        "prompts_per_task": 5,
+        "telemetry_period_s": 0.05,
+        **study,
+    }
+    p = folder / "study.yaml"
+    p.write_text(yaml.safe_dump({"study": body}, sort_keys=False))
+    return p

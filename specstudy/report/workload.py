@@ -4,10 +4,19 @@ input-length tiers with the random-token control, and entropy tiers.  Numbers co
 
 from __future__ import annotations
 
+import pandas as pd
+
 from ..analysis import rates, tiers, turns
 from ..analysis.format import fmt
 from ..analysis.study import Study
 from .sections import Section, markdown_table
+
+
+def _one_table(title: str, name: str, table: pd.DataFrame, raw: pd.DataFrame, text: str) -> Section:
+    """A section of one explained table."""
+    sec = Section(title, "\n".join([text, markdown_table(table)]))
+    sec.tables[name] = (table, raw)
+    return sec
 
 
 def conversations_section(study: Study) -> Section | None:
@@ -15,21 +24,18 @@ def conversations_section(study: Study) -> Section | None:
     raw = turns.turn_frame(study)
     if raw.empty:
         return None
-    sec = Section("Conversations: turn by turn")
-    table = turns.turn_table(raw)
-    sec.tables["conversation_turns"] = (table, raw)
-    sec.markdown = "\n".join(
-        [
-            "Multi-turn records replayed turn by turn: turn k + 1 is sent with turns 1..k and the AR baseline's "
-            "own greedy answers to them as its history, to the baseline and to every speculative cell paired "
-            "with it, so each turn's pair decodes the same prompts. α, AL and speedup per turn are the same "
-            "definitions and intervals as every other table (over conversations); the prefix-cache hit rate "
-            "is the engine's own counter over that turn's run (llama.cpp `timings.cache_n`, vLLM "
-            "`prefix_cache_hits / queries`), — with the prefix cache off or where the engine reports none.\n",
-            markdown_table(table),
-        ]
+    return _one_table(
+        "Conversations: turn by turn",
+        "conversation_turns",
+        turns.turn_table(raw),
+        raw,
+        "Multi-turn records replayed turn by turn: turn k + 1 is sent with turns 1..k and the AR baseline's "
+        "own greedy answers to them as its history, to the baseline and to every speculative cell paired "
+        "with it, so each turn's pair decodes the same prompts. α, AL and speedup per turn are the same "
+        "definitions and intervals as every other table (over conversations); the prefix-cache hit rate "
+        "is the engine's own counter over that turn's run (llama.cpp `timings.cache_n`, vLLM "
+        "`prefix_cache_hits / queries`), — with the prefix cache off or where the engine reports none.\n",
     )
-    return sec
 
 
 def workload_sections(study: Study) -> list[Section]:
@@ -42,20 +48,17 @@ def traces_section(study: Study) -> Section | None:
     raw = rates.trace_frame(rates.rate_frame(study))
     if raw.empty:
         return None
-    sec = Section("Trace replay beside Poisson arrivals")
-    table = rates.rate_table(raw)
-    sec.tables["trace_vs_poisson"] = (table, raw)
-    sec.markdown = "\n".join(
-        [
-            "Each trace task's requests (their recorded input and output lengths, Mooncake hash blocks "
-            "filled with real text in the target's tokens) sent at the trace's recorded times (`trace`) and, "
-            "beside them, the same requests as a Poisson process at the trace's mean rate (`poisson`). "
-            "Bursts in a trace queue requests that a Poisson process at the same mean rate spreads out: "
-            "compare TTFT and TPOT p99. Send lag is the load generator's own delay against the schedule.\n",
-            markdown_table(table),
-        ]
+    return _one_table(
+        "Trace replay beside Poisson arrivals",
+        "trace_vs_poisson",
+        rates.rate_table(raw),
+        raw,
+        "Each trace task's requests (their recorded input and output lengths, Mooncake hash blocks "
+        "filled with real text in the target's tokens) sent at the trace's recorded times (`trace`) and, "
+        "beside them, the same requests as a Poisson process at the trace's mean rate (`poisson`). "
+        "Bursts in a trace queue requests that a Poisson process at the same mean rate spreads out: "
+        "compare TTFT and TPOT p99. Send lag is the load generator's own delay against the schedule.\n",
     )
-    return sec
 
 
 def tiers_section(study: Study) -> Section | None:

@@ -4,12 +4,11 @@ per-tier α, AL and speedup in a study on the reference engine's tiny model."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 import yaml
-from support import ByteIds, TinyFactory, byte_tokenizer
+from support import ByteIds, TinyFactory, byte_tokenizer, write_study_file, write_task
 
 from specstudy.analysis import tiers as tier_analysis
 from specstudy.analysis.study import load as load_outputs
@@ -35,26 +34,8 @@ def cache(tmp_path, monkeypatch):
 
 
 def tier_task(folder: Path, tokens=(16, 40), random_control=True) -> Path:
-    data = folder / "texts.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in TEXTS))
-    cfg = {
-        "category": "tiers",
-        "chat_template": False,
-        "tiers": {"input_tokens": list(tokens), "random_control": random_control},
-        "sources": [
-            {
-                "name": "texts",
-                "kind": "file",
-                "path": str(data),
-                "sha256": sha256_file(data),
-                "licence": "CC0 (written for the test)",
-                "fields": {"id": "id", "text": "text"},
-            }
-        ],
-    }
-    p = folder / "tiered.yaml"
-    p.write_text(yaml.safe_dump(cfg, sort_keys=False))
-    return p
+    tiers = {"input_tokens": list(tokens), "random_control": random_control}
+    return write_task(folder, TEXTS, {"id": "id", "text": "text"}, name="tiered", category="tiers", tiers=tiers)
 
 
 def test_tiers_have_exact_lengths_and_a_random_twin_without_special_tokens(tmp_path):
@@ -63,7 +44,7 @@ def test_tiers_have_exact_lengths_and_a_random_twin_without_special_tokens(tmp_p
     assert [r.input_policy for r in reqs[:4]] == ["tier:30", "tier:30:random", "tier:100", "tier:100:random"]
     assert [len(r.prompt_ids) for r in reqs] == [30, 30, 100, 100] * 2
     real = reqs[2]
-    assert real.source == "texts" and reqs[3].source == "random"
+    assert real.source == "tiered" and reqs[3].source == "random"
     joined = tok("\n\n".join(t["text"] for t in TEXTS) * 3, add_special_tokens=False)["input_ids"]
     assert all(i in joined for i in real.prompt_ids)  # real text: only ids the sources' text has
     rnd = reqs[3].prompt_ids
@@ -88,21 +69,8 @@ def test_tiers_need_the_targets_tokenizer_and_refuse_a_trace(tmp_path):
 
 def test_a_tiered_study_reports_alpha_and_speedup_per_tier_beside_random_tokens(tmp_path):
     task = tier_task(tmp_path)
-    study = {
-        "name": "tiers",
-        "models": [{"name": "tiny", "target": "smollm2-135m", "dtype": "float64"}],
-        "methods": [{"method": "ar"}, {"method": "ngram", "label": "Prompt lookup", "options": {"ngram_min": 1}}],
-        "frameworks": ["reference"],
-        "tasks": [str(task)],
-        "gammas": [2],
-        "batch_sizes": [1],
-        "warmup": {"requests": 1, "max_new_tokens": 2},
-        "max_new_tokens": 8,
-        "prompts_per_task": 20,
-        "telemetry_period_s": 0.05,
-    }
-    path = tmp_path / "study.yaml"
-    path.write_text(yaml.safe_dump({"study": study}, sort_keys=False))
+    ngram = {"method": "ngram", "label": "Prompt lookup", "options": {"ngram_min": 1}}
+    path = write_study_file(tmp_path, [task], methods=[{"method": "ar"}, ngram], prompts_per_task=20)
     cfg = load_study("cpu", path)
     out = tmp_path / "outputs" / "cpu"
     factory = TinyFactory(tokenizer=ByteIds())
@@ -175,22 +143,16 @@ def test_llamacpp_decodes_tiers_of_exact_lengths_beside_random_tokens(tmp_path, 
     equals the tier), real and random prompts alike, each paired with AR on the same ids."""
     monkeypatch.delenv("SPECSTUDY_CACHE")  # the target's tokenizer from the kit's own cache
     task = tier_task(tmp_path, (64, 256))
-    study = {
-        "name": "tiers-llamacpp",
-        "models": [{"name": "smollm2", "target": "smollm2-135m", "dtype": "float32"}],
-        "methods": [{"method": "ar"}, {"method": "ngram", "label": "Prompt lookup"}],
-        "frameworks": ["llamacpp"],
-        "framework_options": {"llamacpp": {"threads": 2}},
-        "tasks": [str(task)],
-        "gammas": [4],
-        "batch_sizes": [1],
-        "warmup": {"requests": 1, "max_new_tokens": 2},
-        "max_new_tokens": 12,
-        "prompts_per_task": 8,
-        "telemetry_period_s": 0.5,
-    }
-    path = tmp_path / "study.yaml"
-    path.write_text(yaml.safe_dump({"study": study}, sort_keys=False))
+    path = write_study_file(
+        tmp_path,
+        [task],
+        frameworks=["llamacpp"],
+        dtype="float32",
+        gammas=[4],
+        max_new_tokens=12,
+        prompts_per_task=8,
+        telemetry_period_s=0.5,
+    )
     cfg = load_study("cpu", path)
     out = tmp_path / "outputs" / "cpu"
     res = run_study(cfg, expand(cfg), StudyLayout(out), progress=False, log=lambda m: None)
@@ -202,5 +164,10 @@ def test_llamacpp_decodes_tiers_of_exact_lengths_beside_random_tokens(tmp_path, 
         t = r.extra["llamacpp_timings"]
         assert r.input_tokens == tier == t["prompt_n"] + t["cache_n"], (r.prompt_id, r.input_tokens, t)
     raw = tier_analysis.tier_frame(load_outputs(out))
-    assert sorted(zip(raw["input_tokens"], raw["prompts"])) == [(64, "random"), (64, "real"), (256, "random"), (256, "real")]
+    assert sorted(zip(raw["input_tokens"], raw["prompts"])) == [
+        (64, "random"),
+        (64, "real"),
+        (256, "random"),
+        (256, "real"),
+    ]
     assert set(raw["n_prompts"]) == {2} and raw["speedup"].notna().all()

@@ -9,8 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-import yaml
-from support import byte_tokenizer
+from support import byte_tokenizer, write_study_file, write_task
 
 from specstudy.analysis import rates
 from specstudy.analysis.study import load as load_outputs
@@ -38,32 +37,15 @@ def cache(tmp_path, monkeypatch):
 def trace_task(folder: Path, lines, fmt: str = "mooncake", time_scale: float = 1.0, block_size: int = 512) -> Path:
     trace = folder / "trace.jsonl"
     trace.write_text("".join((json.dumps(x) if not isinstance(x, str) else x) + "\n" for x in lines))
-    corpus = folder / "corpus.jsonl"
-    corpus.write_text("".join(json.dumps(r) + "\n" for r in TEXTS))
-    cfg = {
-        "category": "trace",
-        "chat_template": False,
-        "trace": {
-            "path": "trace.jsonl",
-            "sha256": sha256_file(trace),
-            "format": fmt,
-            "time_scale": time_scale,
-            "block_size": block_size,
-        },
-        "sources": [
-            {
-                "name": "corpus",
-                "kind": "file",
-                "path": "corpus.jsonl",
-                "sha256": sha256_file(corpus),
-                "licence": "CC0 (written for the test)",
-                "fields": {"id": "id", "text": "text"},
-            }
-        ],
-    }
-    p = folder / "replay.yaml"
-    p.write_text(yaml.safe_dump(cfg, sort_keys=False))
-    return p
+    spec = {"path": "trace.jsonl", "sha256": sha256_file(trace), "format": fmt, "time_scale": time_scale}
+    return write_task(
+        folder,
+        TEXTS,
+        {"id": "id", "text": "text"},
+        name="replay",
+        category="trace",
+        trace={**spec, "block_size": block_size},
+    )
 
 
 MOONCAKE = [
@@ -129,25 +111,17 @@ def test_a_stale_trace_pin_is_a_problem_of_the_trace_key(tmp_path):
 
 
 def study_yaml(folder: Path, task: Path, frameworks=("llamacpp",), **sweep) -> Path:
-    study = {
-        "name": "replay",
-        "models": [{"name": "smollm2", "target": "smollm2-135m", "dtype": "float32"}],
-        "methods": [{"method": "ar"}, {"method": "ngram", "label": "Prompt lookup"}],
-        "frameworks": list(frameworks),
-        "framework_options": {"llamacpp": {"threads": 2}},
-        "tasks": [str(task)],
-        "gammas": [2],
-        "batch_sizes": [4],
-        "warmup": {"requests": 1, "max_new_tokens": 2},
-        "max_new_tokens": 8,
-        "prompts_per_task": 2,
-        "telemetry_period_s": 0.5,
-        "arrivals": ["trace", "poisson"],
+    return write_study_file(
+        folder,
+        [task],
+        frameworks,
+        dtype="float32",
+        batch_sizes=[4],
+        prompts_per_task=2,
+        telemetry_period_s=0.5,
+        arrivals=["trace", "poisson"],
         **sweep,
-    }
-    p = folder / "study.yaml"
-    p.write_text(yaml.safe_dump({"study": study}, sort_keys=False))
-    return p
+    )
 
 
 def test_a_trace_sweep_pairs_trace_and_poisson_cells_at_the_traces_mean_rate(tmp_path):

@@ -5,12 +5,10 @@ slow, through a kit-started llama.cpp server with its prompt cache on."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
-import yaml
-from support import ByteIds, TinyFactory, byte_tokenizer
+from support import ByteIds, TinyFactory, byte_tokenizer, write_study_file, write_task
 
 from specstudy import metrics
 from specstudy.analysis import turns as turn_analysis
@@ -19,7 +17,6 @@ from specstudy.backends.base import Backend
 from specstudy.config import load_study
 from specstudy.config.task import load_task_config
 from specstudy.data.conversations import next_turn
-from specstudy.data.fetch import sha256_file
 from specstudy.data.tasks import TaskDataError, load_requests
 from specstudy.layout import StudyLayout
 from specstudy.records import RequestRecord
@@ -47,26 +44,9 @@ def conversation(i: int) -> dict:
 
 
 def task_file(folder: Path, rows, turns="all", chat_template=False) -> Path:
-    data = folder / "talk.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    cfg = {
-        "category": "dialogue",
-        "chat_template": chat_template,
-        "turns": turns,
-        "sources": [
-            {
-                "name": "talk",
-                "kind": "file",
-                "path": str(data),
-                "sha256": sha256_file(data),
-                "licence": "CC0 (written for the test)",
-                "fields": {"id": "cid", "text": "messages"},
-            }
-        ],
-    }
-    p = folder / "talk.yaml"
-    p.write_text(yaml.safe_dump(cfg, sort_keys=False))
-    return p
+    return write_task(
+        folder, rows, {"id": "cid", "text": "messages"}, name="talk", turns=turns, chat_template=chat_template
+    )
 
 
 def test_role_content_messages_become_user_turns_with_the_record_system_message(tmp_path):
@@ -124,22 +104,10 @@ class Echo(Backend):
 
 
 def study_yaml(folder: Path, task: Path, prompts: int = 5) -> Path:
-    study = {
-        "name": "talk",
-        "models": [{"name": "tiny", "target": "smollm2-135m", "dtype": "float64"}],
-        "methods": [{"method": "ar"}, {"method": "ngram", "label": "Prompt lookup", "options": {"ngram_min": 1}}],
-        "frameworks": ["reference"],
-        "tasks": [str(task)],
-        "gammas": [2],
-        "batch_sizes": [1],
-        "warmup": {"requests": 1, "max_new_tokens": 2},
-        "max_new_tokens": 6,
-        "prompts_per_task": prompts,
-        "telemetry_period_s": 0.05,
-    }
-    p = folder / "study.yaml"
-    p.write_text(yaml.safe_dump({"study": study}, sort_keys=False))
-    return p
+    ngram = {"method": "ngram", "label": "Prompt lookup", "options": {"ngram_min": 1}}
+    return write_study_file(
+        folder, [task], methods=[{"method": "ar"}, ngram], max_new_tokens=6, prompts_per_task=prompts
+    )
 
 
 def test_every_turn_after_the_first_is_built_from_the_baselines_answers(tmp_path):
@@ -213,23 +181,17 @@ def test_records_written_before_turns_read_back_as_turn_one(tmp_path):
 @pytest.mark.slow
 def test_llamacpp_replays_conversations_with_its_own_answers_and_cache_hits_per_turn(tmp_path):
     task = task_file(tmp_path, [conversation(i) for i in range(4)], chat_template=True)
-    study = {
-        "name": "talk-llamacpp",
-        "models": [{"name": "smollm2", "target": "smollm2-135m", "dtype": "float32"}],
-        "methods": [{"method": "ar"}, {"method": "ngram", "label": "Prompt lookup"}],
-        "frameworks": ["llamacpp"],
-        "framework_options": {"llamacpp": {"threads": 2}},
-        "tasks": [str(task)],
-        "gammas": [2],
-        "batch_sizes": [1],
-        "prefix_cache": [True],
-        "warmup": {"requests": 1, "max_new_tokens": 4},
-        "max_new_tokens": 12,
-        "prompts_per_task": 3,
-        "telemetry_period_s": 0.5,
-    }
-    path = tmp_path / "study.yaml"
-    path.write_text(yaml.safe_dump({"study": study}, sort_keys=False))
+    path = write_study_file(
+        tmp_path,
+        [task],
+        frameworks=["llamacpp"],
+        dtype="float32",
+        prefix_cache=[True],
+        warmup={"requests": 1, "max_new_tokens": 4},
+        max_new_tokens=12,
+        prompts_per_task=3,
+        telemetry_period_s=0.5,
+    )
     cfg = load_study("cpu", path)
     out = tmp_path / "outputs" / "cpu"
     res = run_study(cfg, expand(cfg), StudyLayout(out), progress=False, log=lambda m: None)

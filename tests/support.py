@@ -211,3 +211,23 @@ def write_study_file(folder: Path, tasks, frameworks=("reference",), dtype: str 
     p = folder / "study.yaml"
     p.write_text(yaml.safe_dump({"study": body}, sort_keys=False))
     return p
+
+
+#: write_study_file's settings for a kit-started llama.cpp server on the embedded SmolLM2 GGUF
+LLAMACPP = {"frameworks": ["llamacpp"], "dtype": "float32", "telemetry_period_s": 0.5}
+
+
+def run_study_file(path: Path, factory=None, check: bool = False):
+    """The study file's cells through :func:`run_study` into ``outputs/cpu`` beside it, quietly:
+    (results, records read back, the output folder); ``check`` runs the backends' checks first."""
+    from specstudy.config import load_study
+    from specstudy.layout import StudyLayout
+    from specstudy.run.plan import check_backends, expand
+    from specstudy.run.study import run_study
+
+    cfg = load_study("cpu", path)
+    if check:
+        cfg = check_backends(cfg, files=False)
+    out = path.parent / "outputs" / "cpu"
+    res = run_study(cfg, expand(cfg), StudyLayout(out), factory=factory, progress=False, log=lambda m: None)
+    return res, StudyLayout(out).read_all(), out

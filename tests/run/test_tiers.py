@@ -8,18 +8,15 @@ from pathlib import Path
 
 import pytest
 import yaml
-from support import ByteIds, TinyFactory, byte_tokenizer, write_study_file, write_task
+from support import LLAMACPP, ByteIds, TinyFactory, byte_tokenizer, run_study_file, write_study_file, write_task
 
 from specstudy.analysis import tiers as tier_analysis
 from specstudy.analysis.study import load as load_outputs
-from specstudy.config import ParamsError, load_study
+from specstudy.config import ParamsError
 from specstudy.config.task import load_task_config
 from specstudy.data.fetch import sha256_file
 from specstudy.data.tasks import load_requests
-from specstudy.layout import StudyLayout
 from specstudy.report.workload import tiers_section
-from specstudy.run.plan import expand
-from specstudy.run.study import run_study
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "speed_bench" / "qualitative.jsonl"
 TEXTS = [
@@ -71,12 +68,8 @@ def test_a_tiered_study_reports_alpha_and_speedup_per_tier_beside_random_tokens(
     task = tier_task(tmp_path)
     ngram = {"method": "ngram", "label": "Prompt lookup", "options": {"ngram_min": 1}}
     path = write_study_file(tmp_path, [task], methods=[{"method": "ar"}, ngram], prompts_per_task=20)
-    cfg = load_study("cpu", path)
-    out = tmp_path / "outputs" / "cpu"
-    factory = TinyFactory(tokenizer=ByteIds())
-    res = run_study(cfg, expand(cfg), StudyLayout(out), factory=factory, progress=False, log=lambda m: None)
+    res, recs, out = run_study_file(path, TinyFactory(tokenizer=ByteIds()))
     assert [r.status for r in res] == ["done", "done"], [r.message for r in res]
-    recs = StudyLayout(out).read_all()
     assert sorted({(r.input_policy, r.input_tokens) for r in recs}) == [
         ("tier:16", 16),
         ("tier:16:random", 16),
@@ -146,18 +139,13 @@ def test_llamacpp_decodes_tiers_of_exact_lengths_beside_random_tokens(tmp_path, 
     path = write_study_file(
         tmp_path,
         [task],
-        frameworks=["llamacpp"],
-        dtype="float32",
         gammas=[4],
         max_new_tokens=12,
         prompts_per_task=8,
-        telemetry_period_s=0.5,
+        **LLAMACPP,
     )
-    cfg = load_study("cpu", path)
-    out = tmp_path / "outputs" / "cpu"
-    res = run_study(cfg, expand(cfg), StudyLayout(out), progress=False, log=lambda m: None)
+    res, recs, out = run_study_file(path)
     assert [r.status for r in res if r.cell_id != "engine_costs"] == ["done", "done"], [r.message for r in res]
-    recs = StudyLayout(out).read_all()
     assert len(recs) == 16 and all(r.status == "ok" for r in recs), [r.error for r in recs]
     for r in recs:
         tier = int(r.input_policy.split(":")[1])

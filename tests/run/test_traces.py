@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-from support import byte_tokenizer, write_study_file, write_task
+from support import byte_tokenizer, run_study_file, write_study_file, write_task
 
 from specstudy.analysis import rates
 from specstudy.analysis.study import load as load_outputs
@@ -20,9 +20,7 @@ from specstudy.data.fetch import sha256_file
 from specstudy.data.task_check import check_task
 from specstudy.data.tasks import load_requests
 from specstudy.data.traces import mean_rate
-from specstudy.layout import StudyLayout
 from specstudy.run.plan import check_backends, expand
-from specstudy.run.study import run_study
 
 TEXTS = [
     {"id": f"t{i}", "text": f"Paragraph {i}: the river path opens in spring, the council said. " * 3} for i in range(3)
@@ -164,12 +162,8 @@ def test_llamacpp_receives_the_trace_at_its_recorded_times_beside_poisson_at_the
         {"timestamp": 2600, "prompt": "Name a tree.", "output_tokens": 6},
     ]
     task = trace_task(tmp_path, lines, fmt="vllm_custom", time_scale=0.5)
-    cfg = load_study("cpu", study_yaml(tmp_path, task, prompts_per_task=4))
-    cfg = check_backends(cfg, files=False)
-    out = tmp_path / "outputs" / "cpu"
-    res = run_study(cfg, expand(cfg), StudyLayout(out), progress=False, log=lambda m: None)
+    res, recs, out = run_study_file(study_yaml(tmp_path, task, prompts_per_task=4), check=True)
     assert all(r.status == "done" for r in res if r.cell_id != "engine_costs"), [r.message for r in res]
-    recs = StudyLayout(out).read_all()
     assert all(r.status == "ok" for r in recs), [r.error for r in recs]
     trace = sorted((r for r in recs if r.method == "ar" and r.extra["arrivals"] == "trace"), key=lambda r: r.prompt_id)
     assert [r.scheduled_send_s for r in trace] == pytest.approx([0.0, 0.05, 0.45, 0.5])  # time_scale 0.5

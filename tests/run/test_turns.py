@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from support import ByteIds, TinyFactory, byte_tokenizer, write_study_file, write_task
+from support import LLAMACPP, ByteIds, TinyFactory, byte_tokenizer, run_study_file, write_study_file, write_task
 
 from specstudy import metrics
 from specstudy.analysis import turns as turn_analysis
@@ -18,11 +18,9 @@ from specstudy.config import load_study
 from specstudy.config.task import load_task_config
 from specstudy.data.conversations import next_turn
 from specstudy.data.tasks import TaskDataError, load_requests
-from specstudy.layout import StudyLayout
 from specstudy.records import RequestRecord
 from specstudy.report.workload import conversations_section
 from specstudy.run.plan import expand
-from specstudy.run.study import run_study
 from specstudy.run.turns import run_turns
 
 
@@ -132,12 +130,8 @@ def test_every_turn_after_the_first_is_built_from_the_baselines_answers(tmp_path
 
 def test_a_conversation_task_runs_turn_by_turn_in_a_study_with_per_turn_alpha_and_speedup(tmp_path):
     task = task_file(tmp_path, [conversation(i) for i in range(6)])
-    cfg = load_study("cpu", study_yaml(tmp_path, task))
-    out = tmp_path / "outputs" / "cpu"
-    factory = TinyFactory(tokenizer=ByteIds())
-    res = run_study(cfg, expand(cfg), StudyLayout(out), factory=factory, progress=False, log=lambda m: None)
+    res, recs, out = run_study_file(study_yaml(tmp_path, task), TinyFactory(tokenizer=ByteIds()))
     assert [r.status for r in res] == ["done", "done"], [r.message for r in res]
-    recs = StudyLayout(out).read_all()
     by = {(r.method, r.prompt_id, r.turn): r for r in recs}
     assert len(recs) == 2 * 5 * 2 and {r.turn for r in recs} == {1, 2}
     tok = ByteIds()
@@ -184,19 +178,14 @@ def test_llamacpp_replays_conversations_with_its_own_answers_and_cache_hits_per_
     path = write_study_file(
         tmp_path,
         [task],
-        frameworks=["llamacpp"],
-        dtype="float32",
         prefix_cache=[True],
         warmup={"requests": 1, "max_new_tokens": 4},
         max_new_tokens=12,
         prompts_per_task=3,
-        telemetry_period_s=0.5,
+        **LLAMACPP,
     )
-    cfg = load_study("cpu", path)
-    out = tmp_path / "outputs" / "cpu"
-    res = run_study(cfg, expand(cfg), StudyLayout(out), progress=False, log=lambda m: None)
+    res, recs, out = run_study_file(path)
     assert [r.status for r in res if r.cell_id != "engine_costs"] == ["done", "done"], [r.message for r in res]
-    recs = StudyLayout(out).read_all()
     by = {(r.method, r.prompt_id, r.turn): r for r in recs}
     assert len(recs) == 2 * 3 * 2 and all(r.status == "ok" for r in recs), [r.error for r in recs]
     for (_method, pid, turn), r in by.items():

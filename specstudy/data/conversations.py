@@ -11,10 +11,13 @@ dataset's.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Sequence
 from typing import Any
 
-from .tasks import TaskRequest, encode_text, render_chat
+from ..config.task import load_task_config
+from .task_sources import TaskDataError
+from .tasks import TaskRequest, encode_text, render_chat, task_rows
 
 
 def is_conversation(request: Any) -> bool:
@@ -57,3 +60,21 @@ def answers_by_turn(records: Sequence[Any]) -> dict[tuple[str, int, int], str]:
     """(prompt id, repeat, turn) -> the output text of each finished request: the history a turn's
     successors are built from."""
     return {(r.prompt_id, r.repeat, r.turn): r.output_text for r in records if r.status == "ok"}
+
+
+@functools.lru_cache(maxsize=64)
+def turns_per_prompt(task: str) -> int:
+    """At most how many requests one prompt of a task makes (its conversations' turns), for sizing a
+    study before it runs: the most turns a record has, capped by the task's ``turns``; 1 for anything
+    that is not a multi-turn task file (or whose data is not here yet, when ``turns`` is "all")."""
+    try:
+        cfg = load_task_config(task)
+    except (ValueError, OSError):
+        return 1
+    if cfg.trace is not None or cfg.tiers is not None or cfg.max_turns == 1:
+        return 1
+    try:
+        most = max((len(r.turns) for r in task_rows(cfg, cfg.sources, fetch=False)), default=1)
+    except (TaskDataError, ValueError, OSError):
+        return cfg.max_turns or 1
+    return min(most, cfg.max_turns) if cfg.max_turns else most

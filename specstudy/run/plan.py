@@ -23,6 +23,7 @@ from ..config import ParamsError, StudyConfig, Sweep, hardware_names, load_hardw
 from ..config.errors import ParamsProblems
 from ..config.schema import ModelPair
 from ..config.vocab import DRAFTER_PER_CELL, REFERENCE_METHODS, SERVER_FRAMEWORKS, TOKENIZING_FRAMEWORKS
+from ..data.conversations import turns_per_prompt
 from ..data.traces import replay_rate
 from ..records import Cell, RequestRecord, Sampling
 
@@ -47,6 +48,12 @@ class CellPlan:
     sweeps: tuple[str, ...] = ()
     prompt_offset: int = 0  # a precision extension measures prompts [offset, offset + prompts) of the task
     arrivals: str = "poisson"  # a rate cell's arrivals: poisson at request_rate, or its trace task's recorded times
+    turns: int = 1  # requests per prompt: a conversation's turns (at most; for sizing the study)
+
+    @property
+    def requests(self) -> int:
+        """Requests the cell sends (its prompts times their turns, at most)."""
+        return self.prompts * self.turns
 
     @property
     def cell_id(self) -> str:
@@ -407,6 +414,7 @@ def expand(cfg: StudyConfig) -> list[CellPlan]:
                 prefix_cache=pc,
                 request_rate=rate,
                 arrivals=arrivals,
+                turns=turns_per_prompt(cfg.task_file(task)),
             )
             add(
                 CellPlan(cell=base_cell, label="ar", family="ar", drafter_id=None, baseline_cell_id=None, **common),
@@ -481,8 +489,8 @@ def _baselines_first(plans: list[CellPlan]) -> list[CellPlan]:
 def plan_summary(plans: Iterable[CellPlan], warmup_requests: int = 0, warmup_tokens: int = 0) -> dict[str, Any]:
     """Cells, requests and output tokens the plan will decode (for sizing a study before running it)."""
     plans = list(plans)
-    requests = sum(p.prompts for p in plans)
-    tokens = sum(p.prompts * p.sampling.max_new_tokens for p in plans)
+    requests = sum(p.requests for p in plans)
+    tokens = sum(p.requests * p.sampling.max_new_tokens for p in plans)
     return {
         "cells": len(plans),
         "baseline_cells": sum(p.is_baseline for p in plans),

@@ -20,7 +20,7 @@ from specstudy.data.conversations import next_turn
 from specstudy.data.tasks import TaskDataError, load_requests
 from specstudy.records import RequestRecord
 from specstudy.report.workload import conversations_section
-from specstudy.run.plan import expand
+from specstudy.run.plan import expand, plan_summary
 from specstudy.run.turns import run_turns
 
 
@@ -112,6 +112,7 @@ def test_every_turn_after_the_first_is_built_from_the_baselines_answers(tmp_path
     task = task_file(tmp_path, [conversation(i) for i in range(3)])
     cfg = load_study("cpu", study_yaml(tmp_path, task, prompts=2))
     base, spec = expand(cfg)
+    assert base.turns == spec.turns == 2 and plan_summary([base, spec])["requests"] == 8  # a dry run counts turns
     reqs = load_requests(load_task_config(task), n=2)
     echo = Echo()
     ar, _ = run_turns(base, echo, reqs, [], 2, 0.05, False, history=None, tokenizer=None)
@@ -197,3 +198,18 @@ def test_llamacpp_replays_conversations_with_its_own_answers_and_cache_hits_per_
     assert list(raw["turn"]) == [1, 2] and list(raw["n_prompts"]) == [3, 3]
     assert all(0.0 <= h <= 1.0 for h in raw["hit_rate"]), raw["hit_rate"]
     assert "cache_n" in raw["hit_source"].iloc[0]
+
+
+def test_a_turns_hit_rate_sums_each_cells_run_counters_of_that_turn():
+    """vLLM's prefix-cache counters are run-level (every record of a run carries the same block): a
+    turn's hit rate sums them once per cell, never once per request."""
+    from specstudy.analysis.turns import turn_hit_rate
+
+    def rec(cell, hits, queries):
+        r = RequestRecord("s", "cpu", "vllm-server", "ar", "talk", f"p-{cell}-{hits}", 0, cell, "m", turn=2)
+        r.extra["prefix_cache_counters"] = {"hits": hits, "queries": queries, "source": "vllm counters"}
+        return r
+
+    records = [rec("a", 30, 100), rec("a", 30, 100), rec("b", 10, 50)]
+    assert turn_hit_rate(records) == (pytest.approx(40 / 150), "vllm counters")
+    assert turn_hit_rate([RequestRecord("s", "cpu", "x", "ar", "t", "p", 0, "c", "m")]) == (None, "")

@@ -109,17 +109,8 @@ def test_a_stale_trace_pin_is_a_problem_of_the_trace_key(tmp_path):
 
 
 def study_yaml(folder: Path, task: Path, frameworks=("llamacpp",), **sweep) -> Path:
-    return write_study_file(
-        folder,
-        [task],
-        frameworks,
-        dtype="float32",
-        batch_sizes=[4],
-        prompts_per_task=2,
-        telemetry_period_s=0.5,
-        arrivals=["trace", "poisson"],
-        **sweep,
-    )
+    keys = {"batch_sizes": [4], "prompts_per_task": 2, "arrivals": ["trace", "poisson"], **sweep}
+    return write_study_file(folder, [task], frameworks, dtype="float32", telemetry_period_s=0.5, **keys)
 
 
 def test_a_trace_sweep_pairs_trace_and_poisson_cells_at_the_traces_mean_rate(tmp_path):

@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..config.task import load_task_config
-from .task_sources import TaskDataError
-from .tasks import TaskRequest, encode_text, render_chat, task_rows
+from .rendering import TaskRequest, encode_text, render_chat
+from .task_sources import TaskDataError, task_rows
 
 
 def is_conversation(request: Any) -> bool:

@@ -20,11 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..config import REPO_ROOT, ParamsError
+from ..config import ParamsError
 from ..config.task import (
     USER_FILE_FORMATS,
     Source,
+    TaskConfig,
 )
+from ..paths import REPO_ROOT
 from .fetch import WheelDownloadError, cache_dir, fetch_wheel, find_wheel, installed_member, read_member, sha256_file
 
 
@@ -461,3 +463,20 @@ def parse_field_map(text: str) -> dict[str, str]:
         k, v = part.split("=", 1)
         out[k.strip()] = v.strip()
     return out
+
+
+def task_rows(cfg: TaskConfig, sources: Sequence[Source], fetch: bool = True) -> list[PromptRow]:
+    """Every prompt of a task's sources, before sampling and length control (prompt ids unique)."""
+    rows: list[PromptRow] = []
+    for src in sources:
+        rows.extend(load_source_rows(src, fetch=fetch))
+    ids = [r.prompt_id for r in rows]
+    if len(set(ids)) != len(ids):
+        dup = next(x for x in ids if ids.count(x) > 1)
+        raise TaskDataError(
+            f"task {cfg.name}: duplicate prompt ids across sources; give sources distinct names",
+            "name",
+            dup.partition(":")[0],
+            "a source name no other source of the task has",
+        )
+    return rows

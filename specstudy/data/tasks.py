@@ -50,7 +50,6 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, TypeGuard
 
 from ..config import ParamsError
@@ -60,7 +59,7 @@ from ..config.task import (
     load_task_config,
     user_file_source,
 )
-from ..records import Request
+from .rendering import TaskRequest, encode_text, render_chat
 from .task_sources import (  # re-exported: the names callers have imported from here
     PromptRow,
     TaskDataError,
@@ -71,22 +70,10 @@ from .task_sources import (  # re-exported: the names callers have imported from
     sha256_data,
     sha256_folder,
     source_file,
+    task_rows,
 )
-
-
-@dataclass(frozen=True)
-class TaskRequest(Request):
-    """A :class:`Request` plus what the runner writes into records."""
-
-    input_policy: str = "none"
-    source: str = ""
-    reference: str | None = None
-    truncated: bool = False
-    #: the conversation's user turns after this request's (replayed by :mod:`specstudy.run.turns`)
-    later_turns: tuple[str, ...] = ()
-    #: which turn this request is (1: the first); ``prompt``/``messages`` hold the history before it
-    turn: int = 1
-
+from .tiers import tier_requests
+from .traces import load_trace_requests
 
 # --------------------------------------------------------------------------------------------
 # rendering, length control, sampling
@@ -94,17 +81,6 @@ class TaskRequest(Request):
 
 def _order_key(seed: int, prompt_id: str) -> str:
     return hashlib.sha256(f"{seed}:{prompt_id}".encode()).hexdigest()
-
-
-def encode_text(tokenizer: Any, text: str, special: bool) -> list[int]:
-    return list(tokenizer(text, add_special_tokens=special)["input_ids"])
-
-
-def render_chat(tokenizer: Any, messages: Sequence[tuple[str, str]]) -> str:
-    text: str = tokenizer.apply_chat_template(
-        [{"role": r, "content": c} for r, c in messages], tokenize=False, add_generation_prompt=True
-    )
-    return text
 
 
 class _Renderer:
@@ -216,28 +192,9 @@ def load_requests(
     if not _is_int(seed):
         raise ParamsError(cfg.file, "seed", seed, "an integer")
     if cfg.trace is not None and data_file is None:  # a trace's requests come in its recorded order
-        from .traces import load_trace_requests
-
         return load_trace_requests(cfg, want, tokenizer)
     sources = _resolve_sources(cfg, online, data_file, field_map)
     return draw_requests(cfg, task_rows(cfg, sources), sources, want, seed, tokenizer)
-
-
-def task_rows(cfg: TaskConfig, sources: Sequence[Source], fetch: bool = True) -> list[PromptRow]:
-    """Every prompt of a task's sources, before sampling and length control (prompt ids unique)."""
-    rows: list[PromptRow] = []
-    for src in sources:
-        rows.extend(load_source_rows(src, fetch=fetch))
-    ids = [r.prompt_id for r in rows]
-    if len(set(ids)) != len(ids):
-        dup = next(x for x in ids if ids.count(x) > 1)
-        raise TaskDataError(
-            f"task {cfg.name}: duplicate prompt ids across sources; give sources distinct names",
-            "name",
-            dup.partition(":")[0],
-            "a source name no other source of the task has",
-        )
-    return rows
 
 
 def draw_requests(
@@ -246,8 +203,6 @@ def draw_requests(
     """``want`` requests (None: all) from a task's rows: ordered by ``seed``, rendered, length-controlled."""
     rows = sorted(rows, key=lambda r: _order_key(seed, r.prompt_id))
     if cfg.tiers is not None:  # prompts of fixed token lengths built from the rows
-        from .tiers import tier_requests
-
         return tier_requests(cfg, cfg.tiers, rows, want, tokenizer)
 
     renderer = _Renderer(cfg, tokenizer, {s.name: s for s in sources})

@@ -23,8 +23,8 @@ import numpy as np
 
 from ..config.errors import ParamsError
 from ..config.task import TaskConfig, TierSpec
+from .rendering import TaskRequest, encode_text
 from .task_sources import PromptRow
-from .tasks import TaskRequest, encode_text
 
 
 def tier_policy(tokens: int, random: bool = False) -> str:

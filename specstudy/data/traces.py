@@ -28,7 +28,8 @@ from typing import Any
 
 from ..config.errors import ParamsError, ParamsProblems
 from ..config.task import TaskConfig, TraceSpec
-from .tasks import TaskRequest, encode_text, task_rows
+from .rendering import TaskRequest, encode_text
+from .task_sources import task_rows
 
 FORMATS = {
     "mooncake": {"timestamp", "input_length", "output_length", "hash_ids", "text_input"},

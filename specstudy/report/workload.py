@@ -9,7 +9,7 @@ import pandas as pd
 from ..analysis import rates, tiers, turns
 from ..analysis.format import fmt
 from ..analysis.study import Study
-from .sections import Section, markdown_table
+from .section import Section, markdown_table
 
 
 def _one_table(title: str, name: str, table: pd.DataFrame, raw: pd.DataFrame, text: str) -> Section:

@@ -8,28 +8,15 @@ and figures under those names and renders the markdown.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import pandas as pd
-from matplotlib.figure import Figure
 
 from ..analysis import conditions, engine_costs, fails, figures, frames, memory, rates, stats, tables, trees
 from ..analysis.format import FAMILY_TITLES, TASK_TITLES, fmt, fmt_ci
 from ..analysis.study import Study
 from ..metrics import MIN_PROMPTS_FOR_CI
+from .section import Section, markdown_table
 from .summary import summary_markdown
-
-
-def markdown_table(df: pd.DataFrame | None) -> str:
-    """A GitHub-flavoured markdown table (no tabulate dependency)."""
-    if df is None or len(df) == 0:
-        return "_no measured rows_\n"
-    cols = [str(c) for c in df.columns]
-    lines = ["| " + " | ".join(cols) + " |", "| " + " | ".join("---" for _ in cols) + " |"]
-    for _, row in df.iterrows():
-        lines.append("| " + " | ".join(str(v).replace("|", "\\|").replace("\n", " ") for v in row.values) + " |")
-    return "\n".join(lines) + "\n"
-
+from .workload import workload_sections
 
 #: what the Pareto figures of a batch or rate sweep show (vLLM's sweep plots), said once for both sections
 PARETO_TEXT = (
@@ -39,26 +26,6 @@ PARETO_TEXT = (
     "both; the dashed line joins the points no other point beats on both. Speculation pays where its line lies "
     "beyond AR's.\n"
 )
-
-
-@dataclass
-class Section:
-    title: str
-    markdown: str = ""
-    tables: dict[str, tuple[pd.DataFrame, pd.DataFrame | None]] = field(default_factory=dict)
-    figures: dict[str, Figure] = field(default_factory=dict)
-
-    def absorb(self, other: Section) -> None:
-        """Append another section's text, tables and figures (the telemetry inside the hardware section)."""
-        self.markdown += "\n" + other.markdown
-        self.tables.update(other.tables)
-        self.figures.update(other.figures)
-
-    def to_markdown(self, figures_rel: str = "figures", level: int = 2) -> str:
-        parts = [f"{'#' * level} {self.title}\n", self.markdown]
-        for name in self.figures:
-            parts.append(f"\n![{name}]({figures_rel}/{name}.png)\n\n(PDF: `{figures_rel}/{name}.pdf`)\n")
-        return "\n".join(parts) + "\n"
 
 
 def telemetry_section(study: Study) -> Section:
@@ -439,6 +406,7 @@ def report_sections(study: Study) -> list[Section]:
     serving = serving_section(study)
     if serving.tables:  # a study without servers or prefix-cache pairs has no such section
         secs.append(serving)
+    secs += workload_sections(study)
     secs += [
         hygiene_section(study),
         provenance_section(study),

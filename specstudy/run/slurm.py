@@ -12,6 +12,9 @@ the jobs and says, for a shard that failed, which cells are missing and why (its
 from __future__ import annotations
 
 import json
+import logging
+import re
+import subprocess
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -120,13 +123,36 @@ def _attach(kind: str, layout: StudyLayout, job_id: str) -> Any:
     return submitit.SlurmJob(folder=layout.jobs_dir / "%j", job_id=job_id)
 
 
+def job_state(job: Any) -> str:
+    """A job's state: submitit's (sacct's on Slurm), else, on a Slurm without accounting, the
+    controller's own (``scontrol show job``, which keeps a finished job for MinJobAge)."""
+    state = str(job.state).split()[0] if str(job.state) else "UNKNOWN"
+    if state != "UNKNOWN" or job.__class__.__name__ != "SlurmJob":
+        return state
+    out = subprocess.run(["scontrol", "show", "job", "-o", str(job.job_id)], capture_output=True, text=True)
+    found = re.search(r"JobState=(\S+)", out.stdout)
+    return found.group(1) if found else "UNKNOWN"
+
+
+def finished(job: Any) -> bool:
+    """The job runs no more: its result is written, or its state is final."""
+    return bool(job.paths.result_pickle.exists()) or job_state(job) not in (*ACTIVE_STATES, "UNKNOWN")
+
+
+def quiet_without_accounting() -> None:
+    """A Slurm without accounting makes submitit warn at every poll that sacct failed: say it once."""
+    ok = subprocess.run(["sacct", "-n", "-j", "1"], capture_output=True).returncode == 0
+    if not ok:
+        logging.getLogger("submitit").setLevel(logging.ERROR)
+
+
 def still_active(kind: str, layout: StudyLayout) -> dict[str, str]:
     """Shard name → job id of the shards whose last submitted Slurm job is queued or running."""
     if kind != "slurm":
         return {}
     out = {}
     for name, entry in _index(layout)["shards"].items():
-        if _attach(kind, layout, entry["job_id"]).state.split()[0] in ACTIVE_STATES:
+        if job_state(_attach(kind, layout, entry["job_id"])) in ACTIVE_STATES:
             out[name] = entry["job_id"]
     return out
 
@@ -205,7 +231,7 @@ def failure_lines(shard: Shard, job: Any, layout: StudyLayout) -> list[str]:
     """A failed shard: its state, the cells it left missing and why, as its own log says."""
     missing = shard.missing(layout)
     failed = {d["cell_id"]: d.get("error", "") for d in layout.failed_cells()}
-    state = getattr(job, "state", "?")
+    state = job_state(job)
     lines = [f"{shard.name} (job {job.job_id}) {state}: {len(missing)} of {len(shard.plans)} cells missing"]
     lines += [f"  {cid}: {failed.get(cid, 'not run (the job ended before it)')}" for cid in missing]
     log = "\n".join(t for t in (_read(job, "stdout"), _read(job, "stderr")) if t)
@@ -214,6 +240,16 @@ def failure_lines(shard: Shard, job: Any, layout: StudyLayout) -> list[str]:
         lines.append(f"  its log ({Path(job.paths.stderr)}) ends:")
         lines += [f"    {line}" for line in tail]
     return lines
+
+
+def _result(job: Any) -> dict[str, Any] | None:
+    """What the shard's function returned; None when it raised or the job ended before it returned."""
+    if not job.paths.result_pickle.exists():
+        return None
+    try:
+        return dict(job.result())
+    except Exception:  # submitit re-raises the job's own error (its log says which)
+        return None
 
 
 def _read(job: Any, what: str) -> str:
@@ -232,11 +268,10 @@ def follow(sub: Submission, ref: StudyRef, say: Callable[[str], None], poll_s: f
     bad = 0
     while pending:
         for name, (shard, job) in list(pending.items()):
-            if not job.done():
+            if not finished(job):
                 continue
             del pending[name]
-            err = job.exception()
-            result = None if err is not None else job.result()
+            result = _result(job)
             if result is not None and not result["failed"] and not shard.missing(sub.layout):
                 say(f"{name}: done ({result['done']} cells run, {result['skipped']} already on disk)")
                 continue
@@ -246,7 +281,7 @@ def follow(sub: Submission, ref: StudyRef, say: Callable[[str], None], poll_s: f
         if pending:
             time.sleep(poll_s)
     if sub.report is not None:
-        say(f"report: job {sub.report.job_id} ({sub.report.state}) renders {sub.layout.report_path}")
+        say(f"report: job {sub.report.job_id} ({job_state(sub.report)}) renders {sub.layout.report_path}")
     elif report and sub.jobs and not bad:
         report_job(ref)
     return 3 if bad else 0
@@ -264,6 +299,8 @@ def run_sharded(
     **job_kw: Any,
 ) -> int:
     """Submit, then follow (``wait``); Ctrl-C while following leaves the jobs running and says how to reach them."""
+    if kind == "slurm":
+        quiet_without_accounting()
     executor = make_executor(kind, ref.layout(), cluster)
     sub = submit_shards(kind, executor, cluster, ref, shards, say, **job_kw)
     if not sub.jobs:

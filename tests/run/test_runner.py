@@ -373,3 +373,28 @@ def test_a_server_that_dies_fails_its_cell_keeps_its_rows_and_a_rerun_retries_it
     again = run_study(cfg, plans, layout, **kw)  # the rerun retries only the failed cell
     assert [r.cell_id for r in again if r.status == "done"] == [cid]
     assert layout.is_done(cid) and not layout.failed_cells() and not layout.failed_rows_path(cid).exists()
+
+
+def test_every_server_the_study_starts_logs_under_the_studys_own_outputs_folder(tmp_path, monkeypatch):
+    """Server and worker logs go to <outputs>/<hw>/servers/, not to outputs/servers/ of the working directory."""
+    text = TINY_STUDY.replace("frameworks: [reference]", "frameworks: [openai]").replace(
+        "    - {method: layer_skip, label: Early exit, options: {exit_layer: 1}, max_batch_size: 1}\n", ""
+    )
+    cfg = load_study("cpu", write_study(tmp_path, text))
+    elsewhere = tmp_path / "elsewhere" / "cpu"
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    servers = []
+    res = run_study(
+        cfg,
+        expand(cfg),
+        StudyLayout(elsewhere),
+        factory=lambda fw, **o: servers.append(FakeServer(**o)) or servers[-1],
+        request_loader=tiny_requests,
+        progress=False,
+        log=lambda m: None,
+    )
+    assert all(r.status == "done" for r in res) and servers
+    assert {srv.opts["log_dir"] for srv in servers} == {str(elsewhere / "servers")}
+    assert not (cwd / "outputs").exists()

@@ -377,8 +377,10 @@ def test_a_server_that_dies_fails_its_cell_keeps_its_rows_and_a_rerun_retries_it
 
 def test_every_server_the_study_starts_logs_under_the_studys_own_outputs_folder(tmp_path, monkeypatch):
     """Server and worker logs go to <outputs>/<hw>/servers/, not to outputs/servers/ of the working directory."""
-    text = TINY_STUDY.replace("frameworks: [reference]", "frameworks: [openai]").replace(
-        "    - {method: layer_skip, label: Early exit, options: {exit_layer: 1}, max_batch_size: 1}\n", ""
+    text = (
+        TINY_STUDY.replace("frameworks: [reference]", "frameworks: [openai]\n  request_rates: [inf]")
+        .replace("    - {method: layer_skip, label: Early exit, options: {exit_layer: 1}, max_batch_size: 1}\n", "")
+        .replace("batch_sizes: [1, 2]", "batch_sizes: [1]")
     )
     cfg = load_study("cpu", write_study(tmp_path, text))
     elsewhere = tmp_path / "elsewhere" / "cpu"

@@ -141,6 +141,8 @@ def finished(job: Any) -> bool:
 
 def quiet_without_accounting() -> None:
     """A Slurm without accounting makes submitit warn at every poll that sacct failed: say it once."""
+    import submitit  # noqa: F401  (its import configures its logger: set the level after it)
+
     ok = subprocess.run(["sacct", "-n", "-j", "1"], capture_output=True).returncode == 0
     if not ok:
         logging.getLogger("submitit").setLevel(logging.ERROR)
@@ -216,10 +218,10 @@ def submit_shards(
         )
     if sub.jobs and kind == "slurm":
         after = ":".join(str(j.job_id) for _, j in sub.jobs.values())
-        executor.update_parameters(
-            **{**cluster.submitit_parameters(), "name": "report", "gpus_per_node": 0},
-            slurm_additional_parameters={"dependency": f"afterok:{after}", "kill_on_invalid_dep": "yes"},
-        )
+        params = {**cluster.submitit_parameters(), "name": "report", "gpus_per_node": 0}
+        # never left pending when a shard failed: Slurm drops it, and a rerun submits it again
+        params["slurm_additional_parameters"] = {**params["slurm_additional_parameters"], "kill_on_invalid_dep": "yes"}
+        executor.update_parameters(**params, slurm_dependency=f"afterok:{after}")
         sub.report = executor.submit(report_job, ref)
         index["report"] = str(sub.report.job_id)
         say(f"report: job {sub.report.job_id}, starts after the shards succeed (or `make report` later)")

@@ -282,7 +282,12 @@ def follow(sub: Submission, ref: StudyRef, say: Callable[[str], None], poll_s: f
                 say(line)
         if pending:
             time.sleep(poll_s)
-    if sub.report is not None:
+    if sub.report is not None and bad:
+        say(
+            f"report: job {sub.report.job_id} will not run (a shard did not succeed); rerun this command to "
+            f"run the missing cells, or `specstudy report` renders what is on disk"
+        )
+    elif sub.report is not None:
         say(f"report: job {sub.report.job_id} ({job_state(sub.report)}) renders {sub.layout.report_path}")
     elif report and sub.jobs and not bad:
         report_job(ref)

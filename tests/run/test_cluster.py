@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -161,3 +162,29 @@ def _wait_gone(job_ids: list[str], timeout_s: float) -> None:
 
 def _log_of(layout: StudyLayout, job_id: str) -> str:
     return "\n".join(p.read_text()[-2000:] for p in (layout.jobs_dir / job_id).glob("*.log*"))
+
+
+def test_ctrl_c_on_the_submitting_command_leaves_the_jobs_running_and_says_how_to_reach_them(study):
+    tmp, yaml = study
+    outputs = tmp / "interrupt"
+    layout = StudyLayout(outputs / "cpu")
+    cmd = [*SPECSTUDY, "run", "--params", str(yaml), "--executor", "slurm", "--outputs", str(outputs)]
+    follower = subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 300
+    while time.time() < deadline and not layout.jobs_index_path.exists():
+        time.sleep(0.2)
+    time.sleep(1)
+    follower.send_signal(signal.SIGINT)
+    out, _ = follower.communicate(timeout=60)
+    index = json.loads(layout.jobs_index_path.read_text())
+    ids = [e["job_id"] for e in index["shards"].values()] + [index["report"]]
+    try:
+        assert follower.returncode == 130, out
+        assert "Traceback" not in out
+        line = next(x for x in out.splitlines() if x.startswith("interrupted"))
+        assert f"squeue -j {','.join(ids)}" in line and f"scancel {' '.join(ids)}" in line
+        listed = subprocess.run(["squeue", "-h", "-o", "%i", "-j", ",".join(ids)], capture_output=True, text=True)
+        assert set(listed.stdout.split()) == set(ids)  # still queued or running
+    finally:
+        subprocess.run(["scancel", *ids], check=False)
+        _wait_gone(ids, 120)

@@ -13,14 +13,14 @@ from .base import Backend, BackendUnavailable
 
 # framework name -> "module:Class" under specstudy.backends
 BACKENDS: dict[str, str] = {
-    "reference": "reference:ReferenceBackend",
-    "hf": "hf:HfBackend",
-    "vllm": "vllm_offline:VllmOfflineBackend",
-    "vllm-server": "vllm_server:VllmServerBackend",
-    "sglang": "sglang_server:SglangServerBackend",
-    "openai": "openai_server:OpenAIBackend",
-    "trtllm": "trtllm_server:TrtllmServerBackend",
-    "llamacpp": "llamacpp:LlamaCppBackend",
+    "reference": "reference.backend:ReferenceBackend",
+    "hf": "hf.backend:HfBackend",
+    "vllm": "vllm.offline:VllmOfflineBackend",
+    "vllm-server": "vllm.server:VllmServerBackend",
+    "sglang": "sglang.server:SglangServerBackend",
+    "openai": "openai.server:OpenAIBackend",
+    "trtllm": "trtllm.server:TrtllmServerBackend",
+    "llamacpp": "llamacpp.backend:LlamaCppBackend",
 }
 
 

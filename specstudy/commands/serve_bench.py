@@ -140,8 +140,8 @@ def _prompts(args: argparse.Namespace, n: int) -> Sequence[Request]:
 
 def _engine_python(backend: str) -> str:
     """The interpreter of the backend's pinned engine environment when it is installed (vLLM's,
-    SGLang's: specstudy.engines.environments), else this one."""
-    from ..engines.environments import FRAMEWORK_ENGINE, engine_env, is_installed, python_of
+    SGLang's: specstudy.environments.install), else this one."""
+    from ..environments.install import FRAMEWORK_ENGINE, engine_env, is_installed, python_of
 
     engine = FRAMEWORK_ENGINE.get(backend)
     if engine is None:

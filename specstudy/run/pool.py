@@ -19,7 +19,7 @@ from typing import Any
 from ..backends import Backend, get_backend
 from ..config import StudyConfig
 from ..config.vocab import DRAFTER_PER_CELL, SERVER_FRAMEWORKS
-from ..engines.environments import FRAMEWORK_ENGINE, engine_env, python_of
+from ..environments.install import FRAMEWORK_ENGINE, engine_env, python_of
 from .plan import CellPlan
 
 BackendFactory = Callable[..., Any]

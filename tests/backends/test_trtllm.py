@@ -13,7 +13,7 @@ from fake_servers import FakeServer, K, script
 
 from specstudy import metrics
 from specstudy.backends import get_backend
-from specstudy.backends.trtllm_server import (
+from specstudy.backends.trtllm.server import (
     TrtllmServerBackend,
     chain,
     iteration_acceptance,

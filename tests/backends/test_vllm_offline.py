@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from specstudy.backends import BackendUnavailable
-from specstudy.backends.vllm_offline import VllmOfflineBackend, counters_snapshot, engine_kwargs, snapshot_delta
-from specstudy.backends.vllm_server import speculative_config
+from specstudy.backends.vllm.client import WorkerClient
+from specstudy.backends.vllm.offline import VllmOfflineBackend, counters_snapshot, engine_kwargs, snapshot_delta
+from specstudy.backends.vllm.server import speculative_config
 from specstudy.data.tasks import TaskRequest
-from specstudy.engines.vllm_client import WorkerClient
 from specstudy.records import Cell, Request, Sampling
 
 FIX = Path(__file__).parents[1] / "fixtures"

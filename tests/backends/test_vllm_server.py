@@ -14,7 +14,7 @@ from fake_servers import FakeServer, K, script
 
 from specstudy import metrics
 from specstudy.backends import get_backend
-from specstudy.backends.vllm_server import VllmServerBackend, spec_fields, speculative_config
+from specstudy.backends.vllm.server import VllmServerBackend, spec_fields, speculative_config
 from specstudy.records import Cell, Request, Sampling
 
 SAMPLING = Sampling(max_new_tokens=13)

@@ -12,7 +12,7 @@ import yaml
 
 from specstudy.config import ParamsError, hardware_names, load_study
 from specstudy.config.checks import draft_tokenizers, tokenizers_match
-from specstudy.engines.preflight import Probes
+from specstudy.environments.preflight import Probes
 from specstudy.run.environment import machine_needs, prepare_machine
 from specstudy.run.plan import check_backends, expand
 

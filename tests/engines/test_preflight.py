@@ -11,9 +11,9 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from specstudy.engines import environments as envs
-from specstudy.engines.drafters import adapt_for_sglang, check_drafter, safetensors_keys
-from specstudy.engines.preflight import DrafterUse, Missing, Probes, Weights, preflight
+from specstudy.environments import install as envs
+from specstudy.environments.drafter_preflight import adapt_for_sglang, check_drafter, safetensors_keys
+from specstudy.environments.preflight import DrafterUse, Missing, Probes, Weights, preflight
 
 A100 = {"device": "NVIDIA A100-SXM4-80GB", "kind": "gpu", "memory_gb": 80}
 CPU = {"device": "cpu", "kind": "cpu"}
@@ -104,7 +104,7 @@ def test_bad_model_ids_and_local_paths(tmp_path):
 def test_the_real_import_probe_spawns_and_times_out():
     import sys
 
-    from specstudy.engines.preflight import import_probe
+    from specstudy.environments.preflight import import_probe
 
     assert import_probe(sys.executable, "json") == (True, "")
     ok, err = import_probe(sys.executable, "no_such_module_xyz")

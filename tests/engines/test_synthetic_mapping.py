@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from specstudy import metrics
-from specstudy.backends.sglang_server import SglangServerBackend
-from specstudy.backends.vllm_server import speculative_config
-from specstudy.engines import capabilities as caps
+from specstudy.backends import capabilities as caps
+from specstudy.backends.sglang.server import SglangServerBackend
+from specstudy.backends.vllm.server import speculative_config
 from specstudy.records import Cell, Request, Sampling
 
 

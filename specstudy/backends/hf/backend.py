@@ -34,10 +34,10 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-from ..data.models import resolve_for_engine as resolve_model
-from ..engine.trace import cell_memory, current_rss, reset_peak_memory
-from ..records import Cell, Request, RequestRecord, Sampling, StepRecord
-from .base import Backend, encode_request
+from ...data.models import resolve_for_engine as resolve_model
+from ...engine.trace import cell_memory, current_rss, reset_peak_memory
+from ...records import Cell, Request, RequestRecord, Sampling, StepRecord
+from ..base import Backend, encode_request
 
 BATCH_NOTE = "sequential (HF assisted generation supports batch size 1 only)"
 

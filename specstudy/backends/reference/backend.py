@@ -16,12 +16,12 @@ import traceback
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from ..config.vocab import TORCH_DTYPES
-from ..data.models import get_entry, load_model, model_names, quantize_dynamic_int8, require_int8_device
-from ..engine.methods import SYNTHETIC, DecodeJob, get_method, method_names
-from ..engine.trace import cell_memory, current_rss, reset_peak_memory
-from ..records import Cell, Request, RequestRecord, Sampling
-from .base import Backend, encode_request
+from ...config.vocab import TORCH_DTYPES
+from ...data.models import get_entry, load_model, model_names, quantize_dynamic_int8, require_int8_device
+from ...engine.methods import SYNTHETIC, DecodeJob, get_method, method_names
+from ...engine.trace import cell_memory, current_rss, reset_peak_memory
+from ...records import Cell, Request, RequestRecord, Sampling
+from ..base import Backend, encode_request
 
 #: cell options the backend itself reads (the rest go to the method)
 BACKEND_CELL_OPTIONS = ("chat", "rate")

@@ -1,9 +1,9 @@
 """vLLM offline (``vllm.LLM``): batches of requests, acceptance from ``llm.get_metrics()`` deltas.
 
 vLLM's pins (torch, transformers) conflict with the kit's, so vLLM lives in its own venv
-(:mod:`specstudy.engines.environments`).  :class:`VllmOfflineBackend` is therefore usually a
-*client*: it spawns ``<vllm venv>/bin/python -m specstudy.engines.vllm_worker`` and streams the
-same records back (:mod:`specstudy.engines.protocol`).  Where ``vllm`` imports in this
+(:mod:`specstudy.environments.install`).  :class:`VllmOfflineBackend` is therefore usually a
+*client*: it spawns ``<vllm venv>/bin/python -m specstudy.backends.vllm.worker`` and streams the
+same records back (:mod:`specstudy.backends.vllm.protocol`).  Where ``vllm`` imports in this
 interpreter (the worker itself, or an env that has both), it runs in-process.  Both paths build
 records with the one :class:`VllmEngine` below.
 
@@ -25,15 +25,15 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from ..data.models import resolve_for_engine
-from ..engines import capabilities as caps
-from ..engines.environments import engine_env
-from ..metrics import acceptance_length, acceptance_rate, per_position_unconditional
-from ..records import Cell, Request, RequestRecord, Sampling
-from .base import Backend, BackendUnavailable, encode_request
-from .vllm_server import describe_vllm, spec_fields, speculative_config
+from ...data.models import resolve_for_engine
+from ...environments.install import engine_env
+from ...metrics import acceptance_length, acceptance_rate, per_position_unconditional
+from ...records import Cell, Request, RequestRecord, Sampling
+from .. import capabilities as caps
+from ..base import Backend, BackendUnavailable, encode_request
+from .server import describe_vllm, spec_fields, speculative_config
 
-INSTALL_HINT = "make engine-vllm (or: python -m specstudy.engines install vllm [--cpu|--cuda])"
+INSTALL_HINT = "make engine-vllm (or: python -m specstudy.environments install vllm [--cpu|--cuda])"
 
 #: kit option -> EngineArgs field (translated, never passed through under the kit's name)
 ENGINE_ARG_OPTIONS = {
@@ -306,7 +306,7 @@ class VllmOfflineBackend(Backend):
         if mode == "inprocess" or (mode == "auto" and not options.get("python") and _vllm_importable()):
             self.impl: Any = VllmEngine(path, draft, engine_opts)
         else:
-            from ..engines.vllm_client import WorkerClient
+            from .client import WorkerClient
 
             self.impl = WorkerClient(
                 path,

@@ -29,14 +29,14 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..data.models import resolve_for_engine as resolve_model
-from ..engines import capabilities as caps
-from ..engines.environments import engine_env, is_installed, python_of
-from ..metrics import acceptance_length, acceptance_rate, per_position_unconditional
-from ..records import Cell, Request, RequestRecord, Sampling
-from .prometheus import MetricSamples, metric_by_label, metric_total
-from .server import ServerBackend
-from .sse import StreamState
+from ...data.models import resolve_for_engine as resolve_model
+from ...environments.install import engine_env, is_installed, python_of
+from ...metrics import acceptance_length, acceptance_rate, per_position_unconditional
+from ...records import Cell, Request, RequestRecord, Sampling
+from .. import capabilities as caps
+from ..prometheus import MetricSamples, metric_by_label, metric_total
+from ..server import ServerBackend
+from ..sse import StreamState
 
 SPEC_COUNTERS = {
     "drafts": "vllm:spec_decode_num_drafts_total",
@@ -59,7 +59,7 @@ CACHE_CONFIG_LABELS = (
 )
 
 #: study method name -> vLLM speculative_config "method" (each pinned version runs a subset:
-#: specstudy.engines.capabilities.vllm_methods)
+#: specstudy.backends.capabilities.vllm_methods)
 VLLM_METHODS = caps.KIT_TO_VLLM
 
 
@@ -180,7 +180,7 @@ class VllmServerBackend(ServerBackend):
         cls, method: str, gamma: int | None, options: Mapping[str, Any], drafter: str | None, cuda: bool | None = None
     ) -> None:
         """Refuse a method the pinned vLLM lacks, a bad γ, a missing drafter or an unread option."""
-        from .vllm_offline import VllmOfflineBackend  # vllm_offline imports this module: a cycle
+        from .offline import VllmOfflineBackend  # vllm_offline imports this module: a cycle
 
         version = VllmOfflineBackend.pinned_version(cuda)
         caps.check_method(
@@ -195,7 +195,7 @@ class VllmServerBackend(ServerBackend):
 
     @classmethod
     def describe(cls, method: str, gamma: int | None, options: Mapping[str, Any], cuda: bool | None = None) -> str:
-        from .vllm_offline import VllmOfflineBackend  # vllm_offline imports this module: a cycle
+        from .offline import VllmOfflineBackend  # vllm_offline imports this module: a cycle
 
         return describe_vllm(VllmOfflineBackend.pinned_version(cuda), method, gamma, options)
 

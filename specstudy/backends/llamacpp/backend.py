@@ -1,6 +1,6 @@
 """llama.cpp's server as a study framework: AR, n-gram self-speculation and draft models.
 
-The kit starts llama.cpp as a child process (:mod:`specstudy.backends.llamacpp_serve`, the
+The kit starts llama.cpp as a child process (:mod:`specstudy.backends.llamacpp.serve`, the
 ``xllamacpp`` wheel), or a user's ``llama-server`` binary (``llama_server=PATH``), or attaches to
 a running one (``base_url=URL``); all three go through the same request and parsing code below.
 Requests stream llama.cpp's native ``/completion``: the OpenAI route ``/v1/completions`` returns
@@ -34,7 +34,7 @@ What llama.cpp reports, and how the kit counts (checked on xllamacpp 2026.10.115
   per-position counts equalled the ``/metrics`` deltas of every request.
 * ``extra["llamacpp_forward_ms"]``: llama.cpp's own ms of each forward after the prompt pass
   (Δ ``predicted_ms``; drafting and sampling included), from which
-  :mod:`specstudy.backends.llamacpp_costs` reads the cost of real verification forwards.
+  :mod:`specstudy.backends.llamacpp.costs` reads the cost of real verification forwards.
 * ``target_forwards`` counts every group, the prompt pass included (as the reference engine);
   ``draft_steps`` those that verified ≥ 1 draft, so AL = 1 + accepted / draft_steps is
   llama.cpp's own "mean len".
@@ -55,14 +55,14 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..data.models import needs_download
-from ..records import Cell, Request, RequestRecord, Sampling, StepRecord
-from .lifecycle import http_get
-from .llamacpp_config import METHODS, NOT_SERVER_KEYS, Plan, server_argv, spec_config
-from .llamacpp_config import check as _check
-from .prometheus import MetricSamples, metric_by_label, metric_total
-from .server import ServerBackend
-from .sse import StreamState
+from ...data.models import needs_download
+from ...records import Cell, Request, RequestRecord, Sampling, StepRecord
+from ..lifecycle import http_get
+from ..prometheus import MetricSamples, metric_by_label, metric_total
+from ..server import ServerBackend
+from ..sse import StreamState
+from .config import METHODS, NOT_SERVER_KEYS, Plan, server_argv, spec_config
+from .config import check as _check
 
 COUNTERS = {
     "drafts": "llamacpp:spec_decode_num_drafts_total",
@@ -318,7 +318,7 @@ class LlamaCppBackend(ServerBackend):
         }
         build.update(self_report(url, attached=self.base_url is not None))
         if build["launcher"] == "xllamacpp" and self.python in (None, sys.executable):
-            from .llamacpp_serve import build_info
+            from .serve import build_info
 
             build.update(build_info())
         self._build = build

@@ -51,7 +51,7 @@ class EngineEnv:
     build: str  # "cuda" or "cpu"
     venv: str  # directory name under the root
     packages: tuple[str, ...]  # pip requirement specifiers, installed as given
-    requirements_file: str  # the engine's declared Requires-Dist, under engines/requirements/
+    requirements_file: str  # the engine's declared Requires-Dist, under environments/requirements/
     frameworks: tuple[str, ...]  # kit frameworks that run on this engine
     remove: tuple[str, ...] = ()  # uninstalled after the install (they break the engine's import)
     #: (requirement, index URL): add the index only when pip cannot resolve the requirement without it
@@ -402,7 +402,7 @@ def pin_problems(env: EngineEnv) -> list[str]:
     if canonicalize_name(engine.name) != canonicalize_name(m.group(1)) or m.group(2) not in engine.specifier:
         problems.append(
             f"{env.name}: installs {env.engine_requirement} but {env.requirements_file} holds the "
-            f"metadata of {m.group(1)}=={m.group(2)}: refresh it (python -m specstudy.engines requirements --refresh)"
+            f"metadata of {m.group(1)}=={m.group(2)}: refresh it (python -m specstudy.environments requirements --refresh)"
         )
     declared = declared_specifiers(env)
     for spec in [*env.packages[1:], *(r for r, _ in env.index_fallbacks)]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .server import ServerBackend
+from ..server import ServerBackend
 
 
 class OpenAIBackend(ServerBackend):

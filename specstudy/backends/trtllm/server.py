@@ -41,12 +41,12 @@ from typing import Any
 
 import yaml
 
-from ..data.models import resolve_for_engine as resolve_model
-from ..engines import capabilities as caps
-from ..metrics import acceptance_rate
-from ..records import Cell, Request, RequestRecord, Sampling
-from .lifecycle import http_get
-from .server import StreamingServerBackend
+from ...data.models import resolve_for_engine as resolve_model
+from ...metrics import acceptance_rate
+from ...records import Cell, Request, RequestRecord, Sampling
+from .. import capabilities as caps
+from ..lifecycle import http_get
+from ..server import StreamingServerBackend
 
 TRTLLM_VERSION = "1.2"
 ITER_STATS_MAX = 100_000  # iteration stats the server keeps between two scrapes

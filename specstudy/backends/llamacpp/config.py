@@ -3,7 +3,7 @@
 A cell's method, γ and options become one :class:`SpecConfig` (llama.cpp's ``--spec-type`` and
 every parameter that shapes speculation); :func:`check` adds the verified GGUF files
 (:class:`Plan`).  The same plan renders the command line of the kit's own server entry point
-(:mod:`specstudy.backends.llamacpp_serve`) and of a user's ``llama-server`` binary, so the two
+(:mod:`specstudy.backends.llamacpp.serve`) and of a user's ``llama-server`` binary, so the two
 launchers cannot drift apart.
 
 Methods and options
@@ -44,12 +44,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, overload
 
-from ..config.model import get_entry
-from ..data.fetch import sha256_file
-from ..data.models import gguf_file as registry_gguf_file
-from ..engines.capabilities import llamacpp_synthetic_fields
+from ...config.model import get_entry
+from ...data.fetch import sha256_file
+from ...data.models import gguf_file as registry_gguf_file
+from ..capabilities import llamacpp_synthetic_fields
 from .gguf_meta import file_type_name, read_metadata, vocab_mismatch
-from .llamacpp_serve import SPEC_TYPE_ENUM
+from .serve import SPEC_TYPE_ENUM
 
 METHODS = ("ar", "ngram", "draft_target")
 NGRAM_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod")
@@ -406,7 +406,7 @@ def server_argv(
     head = [
         python or sys.executable,
         "-m",
-        "specstudy.backends.llamacpp_serve",
+        "specstudy.backends.llamacpp.serve",
         "--model",
         plan.model.path,
         "--host",

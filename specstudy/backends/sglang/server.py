@@ -22,13 +22,13 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from ..data.models import resolve_for_engine as resolve_model
-from ..engines import capabilities as caps
-from ..engines.environments import ENVIRONMENTS, is_installed, python_of
-from ..records import Cell, Request, RequestRecord, Sampling
-from .lifecycle import ServerInfo, http_get, split_url
-from .server import ServerBackend
-from .sse import StreamState
+from ...data.models import resolve_for_engine as resolve_model
+from ...environments.install import ENVIRONMENTS, is_installed, python_of
+from ...records import Cell, Request, RequestRecord, Sampling
+from .. import capabilities as caps
+from ..lifecycle import ServerInfo, http_get, split_url
+from ..server import ServerBackend
+from ..sse import StreamState
 
 SGLANG_ALGORITHMS = caps.KIT_TO_SGLANG
 SGLANG_VERSION = "0.5.23"

@@ -75,10 +75,10 @@ def pairing_groups(plans: Sequence[CellPlan]) -> list[list[CellPlan]]:
     return list(groups.values())
 
 
-def _gpus(cfg: StudyConfig, p: CellPlan, prof: HardwareProfile | None, cluster: ClusterSpec) -> int:
-    if prof is not None and prof.kind == "cpu" or (prof is None and not cfg.device.startswith("cuda")):
-        return 0
-    return p.tensor_parallel_size
+def _gpus(cfg: StudyConfig, p: CellPlan, prof: HardwareProfile | None) -> int:
+    """GPUs a job of this engine asks for: its tensor-parallel size on a GPU profile, none on a CPU one."""
+    cuda = prof.kind == "gpu" if prof is not None else cfg.device.startswith("cuda")
+    return p.tensor_parallel_size if cuda else 0
 
 
 def plan_shards(
@@ -96,8 +96,8 @@ def plan_shards(
     shards: list[Shard] = []
     problems: list[ParamsError] = []
     for engine, groups in by_engine.items():
-        gpus = _gpus(cfg, groups[0][0], prof, cluster)
-        if gpus > max(cluster.gpus_per_node, 0) and gpus:
+        gpus = _gpus(cfg, groups[0][0], prof)
+        if gpus > cluster.gpus_per_node:
             problems.append(
                 ParamsError(
                     cfg.file,

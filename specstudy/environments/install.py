@@ -27,10 +27,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..backends.registry import FRAMEWORK_ENGINE
+from ..paths import REPO_ROOT
+
 if TYPE_CHECKING:
     from packaging.specifiers import SpecifierSet
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 REQUIREMENTS_DIR = Path(__file__).resolve().parent / "requirements"
 STAMP_NAME = ".specstudy-engine.json"
 PTH_NAME = "specstudy-kit.pth"
@@ -105,9 +107,6 @@ ENVIRONMENTS: dict[str, EngineEnv] = {
     ),
 }
 
-#: frameworks that run on an engine the kit installs (trtllm-serve is the user's own install)
-FRAMEWORK_ENGINE = {"vllm": "vllm", "vllm-server": "vllm", "sglang": "sglang"}
-
 
 def has_nvidia_gpu() -> bool:
     """True when ``nvidia-smi -L`` lists a GPU (the CUDA builds need one)."""
@@ -155,7 +154,7 @@ def required_engines(frameworks: Iterable[str], cuda: bool) -> list[EngineEnv]:
     """
     out: list[EngineEnv] = []
     for fw in frameworks:
-        engine = FRAMEWORK_ENGINE.get(fw)
+        engine = FRAMEWORK_ENGINE.get(fw)  # the declarations' environments
         if engine is None:
             continue
         env = engine_env(engine, cuda)

@@ -203,9 +203,7 @@ def test_required_engines_drive_the_engine_checks():
 
 @pytest.mark.parametrize("hw", ["a100", "h100", "h200", "rtx4090"])
 def test_gpu_profiles_pass_every_backend_check(hw):
-    import importlib
-
-    from specstudy.backends import BACKENDS
+    from specstudy.backends import backend_class
     from specstudy.config.study import load_study
     from specstudy.run.plan import expand
 
@@ -213,11 +211,12 @@ def test_gpu_profiles_pass_every_backend_check(hw):
     seen = set()
     for plan in expand(cfg):
         c = plan.backend_cell()  # what the backend sees: method options (+ the arrival rate)
-        module, cls = BACKENDS[c.framework].split(":")
-        backend = getattr(importlib.import_module(f"specstudy.backends.{module}"), cls)
+        backend = backend_class(c.framework)
         kw = {"cuda": True} if c.framework in ("vllm", "vllm-server") else {}
         opts = dict(c.options)
-        backend.check(c.method, c.gamma, opts, plan.drafter_id, **kw)
+        backend.check_cell(
+            c.method, c.gamma, opts, model=plan.target, drafter=plan.drafter_id, cuda=True, batch_size=c.batch_size
+        )
         label, what = plan.label, backend.describe(c.method, c.gamma, opts, **kw)
         if "tree" in label.lower():
             assert "tree" in what, (label, what)

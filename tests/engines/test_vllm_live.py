@@ -106,13 +106,13 @@ def test_serve_bench_vllm_ngram_paired(tmp_path, model_dir):
         assert acc["drafted_tokens"] == per_req["drafted_tokens"] > 0
         assert acc["accepted_tokens"] == per_req["accepted_tokens"]
         assert sum(acc["accepted_per_position"]) == acc["accepted_tokens"]
-        assert acc["vllm_mean_acceptance_length"] > 1.0
+        assert acc["acceptance_length"] > 1.0
         print(
             run["load"],
             "alpha",
             acc["alpha"],
             "vLLM mean acceptance length",
-            acc["vllm_mean_acceptance_length"],
+            acc["acceptance_length"],
             "tokens per forward (records)",
             run["acceptance_per_request"].get("tokens_per_forward"),
         )

@@ -42,11 +42,12 @@ from typing import Any
 import yaml
 
 from ...data.models import resolve_for_engine as resolve_model
-from ...metrics import acceptance_rate
+from ...metrics import acceptance_length, acceptance_rate
 from ...records import Cell, Request, RequestRecord, Sampling
-from .. import capabilities as caps
+from ..declaration import check_method
 from ..lifecycle import http_get
 from ..server import StreamingServerBackend
+from .declaration import KIT_TO_TRTLLM, TRTLLM
 
 TRTLLM_VERSION = "1.2"
 ITER_STATS_MAX = 100_000  # iteration stats the server keeps between two scrapes
@@ -63,16 +64,8 @@ def speculative_config(
     """The YAML ``speculative_config`` for a study method; None for AR."""
     if method == "ar":
         return None
-    caps.check_method(
-        f"TensorRT-LLM {TRTLLM_VERSION}",
-        method,
-        gamma,
-        options,
-        drafter,
-        caps.KIT_TO_TRTLLM,
-        caps.TRTLLM_METHOD_OPTIONS,
-    )
-    decoding_type, _ = caps.KIT_TO_TRTLLM[method]
+    check_method(TRTLLM, method, gamma, options, drafter, engine=f"TensorRT-LLM {TRTLLM_VERSION}")
+    decoding_type, _ = KIT_TO_TRTLLM[method]
     cfg: dict[str, Any] = {"decoding_type": decoding_type, "max_draft_len": int(gamma or 0)}
     if method == "ngram":  # one pool per request, as prompt lookup: repeats cannot feed each other
         cfg.update(
@@ -99,7 +92,7 @@ def speculative_config(
 def describe_trtllm(method: str, gamma: int | None, options: Mapping[str, Any]) -> str:
     if method == "ar":
         return f"TensorRT-LLM {TRTLLM_VERSION} autoregressive decoding (no speculation)"
-    decoding_type, backend = caps.KIT_TO_TRTLLM[method]
+    decoding_type, backend = KIT_TO_TRTLLM[method]
     tree = options.get("medusa_choices") or options.get("eagle_choices")
     shape = f"a tree of {len(tree)} nodes" if tree else f"a chain of {gamma} draft tokens"
     return f"TensorRT-LLM {TRTLLM_VERSION} {decoding_type} ({backend} backend): {shape} per step"
@@ -115,7 +108,7 @@ class TrtllmServerBackend(StreamingServerBackend[list[dict[str, Any]]]):
     """
 
     framework = "trtllm"
-    methods = ("ar", *caps.KIT_TO_TRTLLM)
+    methods = TRTLLM.methods
     api_path = "/v1/completions"
     metrics_path = "/metrics"
     OPTIONS = frozenset(
@@ -135,19 +128,19 @@ class TrtllmServerBackend(StreamingServerBackend[list[dict[str, Any]]]):
         cls, method: str, gamma: int | None, options: Mapping[str, Any], drafter: str | None, cuda: bool | None = None
     ) -> None:
         """Refuse a method trtllm-serve lacks, a bad γ, a missing drafter or an unread option."""
-        caps.check_method(
-            f"TensorRT-LLM {TRTLLM_VERSION}",
-            method,
-            gamma,
-            options,
-            drafter,
-            caps.KIT_TO_TRTLLM,
-            caps.TRTLLM_METHOD_OPTIONS,
-        )
+        check_method(TRTLLM, method, gamma, options, drafter, engine=f"TensorRT-LLM {TRTLLM_VERSION}")
 
     @classmethod
     def check_cell(
-        cls, method: str, gamma: int | None, options: dict[str, Any], *, model: str, drafter: str | None, cuda: bool
+        cls,
+        method: str,
+        gamma: int | None,
+        options: dict[str, Any],
+        *,
+        model: str,
+        drafter: str | None,
+        cuda: bool,
+        batch_size: int = 1,
     ) -> None:
         cls.check(method, gamma, options, drafter, cuda=cuda)
 
@@ -182,7 +175,7 @@ class TrtllmServerBackend(StreamingServerBackend[list[dict[str, Any]]]):
         return {**out, **dict(self.options.get("llm_api_options") or {})}
 
     def server_argv(self, cell: Cell) -> list[str]:
-        backend = caps.KIT_TO_TRTLLM[cell.method][1] if cell.method != "ar" else "pytorch"
+        backend = KIT_TO_TRTLLM[cell.method][1] if cell.method != "ar" else "pytorch"
         opts = self.llm_api_options(cell)
         path = self.log_dir / f"trtllm_{cell.method}_g{cell.gamma}_{time.strftime('%Y%m%d-%H%M%S')}.yaml"
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -262,7 +255,7 @@ def iteration_acceptance(stats: Sequence[Mapping[str, Any]]) -> dict[str, Any] |
     drafted = sum(int(r["numDraftTokens"]) for r in rows)
     accepted = sum(int(r["numAcceptedTokens"]) for r in rows)
     steps = sum(int(r["numRequestsWithDraftTokens"]) for r in rows)
-    al = 1 + accepted / steps
+    al = acceptance_length(accepted, steps)
     reported = sum(float(r.get("acceptanceLength") or 0) * int(r["numRequestsWithDraftTokens"]) for r in rows) / steps
     convention = (
         "includes the bonus token (= the kit's AL)"

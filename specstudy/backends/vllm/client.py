@@ -18,7 +18,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from ...environments.install import REPO_ROOT, engine_env, is_installed, python_of
+from ...environments.install import engine_env, is_installed, python_of
+from ...paths import REPO_ROOT
 from ...records import Cell, Request, RequestRecord, Sampling
 from ..base import BackendUnavailable
 from ..lifecycle import engine_process_env
@@ -189,7 +190,7 @@ class WorkerClient:
         """Close the worker when ``cell`` needs another engine and a worker holds only one."""
         if not self.one_engine_per_process:
             return
-        from .offline import engine_key
+        from .config import engine_key
 
         key = engine_key(cell, self.drafter)
         if self._engine_key is not None and key != self._engine_key:

@@ -82,10 +82,11 @@ def shard_job(
     }
 
 
-def report_job(ref: StudyRef) -> int:
-    """After the shards: the plan with every shard's precision extensions, then the notebooks and report."""
-    from ..cli import main
+def report_job(ref: StudyRef) -> list[str]:
+    """After the shards: the plan with every shard's precision extensions, then the notebooks and report
+    (what ``specstudy report`` runs); returns the notebooks run, raises naming those that failed."""
     from ..config import load_study
+    from ..report.notebooks import execute_notebooks, plan_notebook_jobs
     from .plan import expand
     from .precision import extensions
     from .study import write_plan
@@ -95,10 +96,11 @@ def report_job(ref: StudyRef) -> int:
     on_disk, _ = extensions(cfg, plans, layout)
     write_plan(layout, cfg, [*plans, *on_disk])
     layout.records_stamp.touch()
-    rc = main(["report", "--hardware", ref.hardware, "--outputs", ref.outputs])
-    if rc:
-        raise RuntimeError(f"specstudy report exited {rc} (see this job's log)")
-    return rc
+    jobs = plan_notebook_jobs(layout.root, layout.read_plan()["cells"], cfg.notebooks)
+    failed = [f"{j.name}: {e}" for j, e in execute_notebooks(jobs) if e]
+    if failed:
+        raise RuntimeError("notebooks failed: " + "; ".join(failed))
+    return [j.name for j in jobs]
 
 
 def make_executor(kind: str, layout: StudyLayout, cluster: ClusterSpec) -> Any:

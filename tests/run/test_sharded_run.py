@@ -31,6 +31,8 @@ TWO_ENGINES = (
     .replace("batch_sizes: [1, 2]", "batch_sizes: [1]")
 )
 TESTS = Path(__file__).parents[1]
+#: two shard subprocesses, each importing torch and building the tiny model: ~35 s on 2 shared cores
+SUBPROCESS_SHARDS = pytest.mark.slow
 
 
 @pytest.fixture
@@ -50,6 +52,7 @@ def _outputs(layout):
     return {(r.cell_id, r.prompt_id): list(r.output_ids or []) for r in layout.read_all()}
 
 
+@SUBPROCESS_SHARDS
 def test_shards_as_subprocesses_write_what_a_local_run_writes(study, tmp_path):
     cfg, plans, shards, ref = study
     assert len(shards) == 2 and {s.plans[0].cell.framework for s in shards} == {"reference", "hf"}
@@ -80,6 +83,7 @@ def test_shards_as_subprocesses_write_what_a_local_run_writes(study, tmp_path):
     assert any("nothing to submit" in line for line in again)
 
 
+@SUBPROCESS_SHARDS
 def test_a_killed_shard_keeps_its_finished_cells_and_a_rerun_runs_only_its_missing_ones(study):
     cfg, plans, shards, ref = study
     layout = ref.layout()
@@ -143,6 +147,7 @@ def _kill_tree(pid: int) -> None:
         p.kill()
 
 
+@SUBPROCESS_SHARDS
 def test_a_cell_that_fails_in_a_shard_is_reported_with_its_error(study):
     cfg, plans, shards, ref = study
     lines: list[str] = []

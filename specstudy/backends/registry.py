@@ -8,12 +8,12 @@ from .llamacpp.declaration import LLAMACPP
 from .openai.declaration import OPENAI
 from .reference.declaration import REFERENCE
 from .sglang.declaration import SGLANG
-from .trtllm.declaration import TRTLLM
+from .trtllm.declaration import TRTLLM, TRTLLM_ENGINE
 from .vllm.declaration import OFFLINE as VLLM
 from .vllm.declaration import SERVER as VLLM_SERVER
 
 DECLARATIONS: dict[str, EngineDeclaration] = {
-    d.framework: d for d in (REFERENCE, HF, LLAMACPP, VLLM, VLLM_SERVER, SGLANG, TRTLLM, OPENAI)
+    d.framework: d for d in (REFERENCE, HF, LLAMACPP, VLLM, VLLM_SERVER, SGLANG, TRTLLM, TRTLLM_ENGINE, OPENAI)
 }
 #: every framework a study can name
 FRAMEWORKS = tuple(DECLARATIONS)

@@ -50,6 +50,10 @@ class Missing:
     what: str
     why: str
     how: str
+    #: a drafter finding's row: the framework, method and drafter it refuses (the rest still run)
+    framework: str = ""
+    method: str = ""
+    drafter: str = ""
 
 
 @dataclass(frozen=True)
@@ -218,6 +222,20 @@ def _engines(frameworks: list[str], cuda: bool, p: Probes) -> list[Missing]:
         needed = envs.required_engines(frameworks, cuda)
     except ValueError as e:
         return [Missing("engine", ", ".join(frameworks), str(e), "drop the framework from the profile on this machine")]
+    to_install = [env for env in needed if not p.installed(env)]
+    want = sum(env.disk_gb for env in to_install)
+    if want:
+        free = p.disk_free(envs.engines_root()) / 1e9
+        if free < want * 1.1:
+            names = ", ".join(env.name for env in to_install)
+            out.append(
+                Missing(
+                    "disk",
+                    str(envs.engines_root()),
+                    f"the {names} environment(s) need about {want:.0f} GB, {free:.0f} GB free",
+                    f"free disk space or set {envs.ROOT_ENV_VAR} to a larger disk",
+                )
+            )
     for env in needed:
         make = f"make engine-{env.engine} (python -m specstudy.environments install {env.engine} --{env.build})"
         py = str(envs.python_of(env))
@@ -241,7 +259,7 @@ def _engines(frameworks: list[str], cuda: bool, p: Probes) -> list[Missing]:
                     f"rebuild it: {make} --force",
                 )
             )
-    if "trtllm" in frameworks:
+    if {"trtllm", "trtllm-engine"} & set(frameworks):
         if not cuda:
             out.append(
                 Missing(
@@ -330,6 +348,9 @@ def _drafters(drafters: list[DrafterUse], p: Probes) -> list[Missing]:
                         f"{d.id} ({fw} {method})",
                         str(e),
                         "use a checkpoint in the engine's format, or drop this framework for the row",
+                        framework=fw,
+                        method=method,
+                        drafter=d.id,
                     )
                 )
     return out

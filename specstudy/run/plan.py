@@ -19,6 +19,7 @@ from typing import Any
 
 from .. import backends
 from ..backends.base import Backend
+from ..backends.declaration import LOAD_OPTIONS
 from ..backends.registry import DECLARATIONS, DRAFTER_PER_CELL, SERVER_FRAMEWORKS, TOKENIZING_FRAMEWORKS
 from ..config import ParamsError, StudyConfig, Sweep, hardware_names, load_hardware_profile, load_task_config
 from ..config.errors import ParamsProblems
@@ -62,6 +63,15 @@ class CellPlan:
         # the reference engine loads each cell's drafter itself (cached), so one engine per target
         drafter = None if self.cell.framework in DRAFTER_PER_CELL else self.drafter_id
         return (self.cell.framework, self.target, drafter, self.dtype, self.tensor_parallel_size, self.prefix_cache)
+
+    def engine_config_key(self) -> tuple[Any, ...]:
+        """Cells with the same key start the same engine configuration: for engines whose
+        speculation is fixed at start (a server, vLLM's engine), the method, γ, drafter and method
+        options (the offered load aside) too."""
+        if self.cell.framework not in SERVER_FRAMEWORKS:
+            return self.backend_key()
+        opts = tuple(o for o in self.method_options if o[0] not in LOAD_OPTIONS)
+        return (*self.backend_key(), self.cell.method, self.cell.gamma, self.drafter_id, opts)
 
     def backend_cell(self) -> Cell:
         """The cell handed to ``backend.run``: method options only (plus the arrival rate for servers).

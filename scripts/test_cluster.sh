@@ -67,4 +67,5 @@ sinfo -h -o %T | grep -q idle || { echo "test-cluster: the node never became idl
 echo "test-cluster: one-node Slurm up after $(( $(date +%s) - start )) s"
 # arguments: another command to run against this cluster instead of the tests (e.g. bash)
 if [ $# -gt 0 ]; then "$@"; exit $?; fi
-SPECSTUDY_SLURM=1 "$BIN/python" -m pytest -q -rs -m cluster tests/run/test_cluster.py ${PYTEST_ARGS:-}
+# its own basetemp: /tmp/pytest-of-<user> is shared with, and pruned by, other pytest runs
+SPECSTUDY_SLURM=1 "$BIN/python" -m pytest -q -rs -m cluster --basetemp="$WORK/pytest" tests/run/test_cluster.py ${PYTEST_ARGS:-}

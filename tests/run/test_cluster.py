@@ -118,12 +118,7 @@ def test_a_sharded_slurm_run_matches_a_local_run(study, local_run):
 def test_a_cancelled_shard_is_reported_and_a_rerun_runs_only_its_missing_cells(study):
     tmp, yaml = study
     outputs = tmp / "cancel"
-    layout = StudyLayout(outputs / "cpu")
-    cmd = [*SPECSTUDY, "run", "--params", str(yaml), "--executor", "slurm", "--outputs", str(outputs)]
-    follower = subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.time() + 300
-    while time.time() < deadline and not layout.jobs_index_path.exists():
-        time.sleep(0.2)
+    follower, layout, deadline = _submit_and_follow(yaml, outputs)
     index = json.loads(layout.jobs_index_path.read_text())
     name, entry = sorted(index["shards"].items())[0]
     while time.time() < deadline and not any(layout.is_done(c) for c in entry["cells"]):
@@ -149,6 +144,17 @@ def test_a_cancelled_shard_is_reported_and_a_rerun_runs_only_its_missing_cells(s
     print(f"cancelled shard {name}: kept {len(kept)} cells, the rerun ran {len(missing)}\n{out}\n{again}")
 
 
+def _submit_and_follow(yaml: Path, outputs: Path) -> tuple[subprocess.Popen[str], StudyLayout, float]:
+    """``specstudy run --executor slurm`` following its jobs in the background, once it has submitted them."""
+    layout = StudyLayout(outputs / "cpu")
+    cmd = [*SPECSTUDY, "run", "--params", str(yaml), "--executor", "slurm", "--outputs", str(outputs)]
+    follower = subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 300
+    while time.time() < deadline and not layout.jobs_index_path.exists():
+        time.sleep(0.2)
+    return follower, layout, deadline
+
+
 def _wait_gone(job_ids: list[str], timeout_s: float) -> None:
     """Until none of the jobs is queued or running (squeue lists them no more)."""
     deadline = time.time() + timeout_s
@@ -167,12 +173,7 @@ def _log_of(layout: StudyLayout, job_id: str) -> str:
 def test_ctrl_c_on_the_submitting_command_leaves_the_jobs_running_and_says_how_to_reach_them(study):
     tmp, yaml = study
     outputs = tmp / "interrupt"
-    layout = StudyLayout(outputs / "cpu")
-    cmd = [*SPECSTUDY, "run", "--params", str(yaml), "--executor", "slurm", "--outputs", str(outputs)]
-    follower = subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.time() + 300
-    while time.time() < deadline and not layout.jobs_index_path.exists():
-        time.sleep(0.2)
+    follower, layout, deadline = _submit_and_follow(yaml, outputs)
     time.sleep(1)
     follower.send_signal(signal.SIGINT)
     out, _ = follower.communicate(timeout=60)

@@ -48,6 +48,22 @@ def study(tmp_path, monkeypatch):
     return cfg, plans, shards, ref
 
 
+def _in_subprocesses(study, lines, **factory_kw):
+    """The study's shards through the LocalExecutor, the tiny model and prompts; no report."""
+    cfg, _, shards, ref = study
+    return run_sharded(
+        cfg,
+        shards,
+        ClusterSpec(),
+        ref,
+        "subprocess",
+        lines.append,
+        report=False,
+        factory=TinyFactory(**factory_kw),
+        request_loader=tiny_requests,
+    )
+
+
 def _outputs(layout):
     return {(r.cell_id, r.prompt_id): list(r.output_ids or []) for r in layout.read_all()}
 
@@ -57,17 +73,7 @@ def test_shards_as_subprocesses_write_what_a_local_run_writes(study, tmp_path):
     cfg, plans, shards, ref = study
     assert len(shards) == 2 and {s.plans[0].cell.framework for s in shards} == {"reference", "hf"}
     lines: list[str] = []
-    rc = run_sharded(
-        cfg,
-        shards,
-        ClusterSpec(),
-        ref,
-        "subprocess",
-        lines.append,
-        report=False,
-        factory=TinyFactory(),
-        request_loader=tiny_requests,
-    )
+    rc = _in_subprocesses(study, lines)
     assert rc == 0, lines
     assert sum("done (" in line for line in lines) == 2
     local = StudyLayout(tmp_path / "local")
@@ -118,17 +124,7 @@ def test_a_killed_shard_keeps_its_finished_cells_and_a_rerun_runs_only_its_missi
     assert not other.missing(layout)
     before = {c: layout.part_path(c).stat().st_mtime_ns for c in kept + other.cell_ids}
     again: list[str] = []
-    rc = run_sharded(
-        cfg,
-        shards,
-        ClusterSpec(),
-        ref,
-        "subprocess",
-        again.append,
-        report=False,
-        factory=TinyFactory(),
-        request_loader=tiny_requests,
-    )
+    rc = _in_subprocesses(study, again)
     assert rc == 0, again
     submitted = [line for line in again if ": job " in line]
     assert len(submitted) == 1 and submitted[0].startswith(victim.name)
@@ -151,17 +147,7 @@ def _kill_tree(pid: int) -> None:
 def test_a_cell_that_fails_in_a_shard_is_reported_with_its_error(study):
     cfg, plans, shards, ref = study
     lines: list[str] = []
-    rc = run_sharded(
-        cfg,
-        shards,
-        ClusterSpec(),
-        ref,
-        "subprocess",
-        lines.append,
-        report=False,
-        factory=TinyFactory(fail_method="ngram"),
-        request_loader=tiny_requests,
-    )
+    rc = _in_subprocesses(study, lines, fail_method="ngram")
     assert rc == 3
     ngram = [p.cell_id for p in plans if p.cell.method == "ngram"]
     for cid in ngram:

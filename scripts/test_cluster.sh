@@ -49,6 +49,16 @@ cleanup() {
   for pidf in "$WORK/slurmd.pid" "$WORK/slurmctld.pid" "$WORK/munged.pid"; do
     [ -f "$pidf" ] && kill "$(cat "$pidf")" 2>/dev/null || true
   done
+  sleep 1
+  # a job step of a cancelled job can outlive slurmd (slurmstepd waits for it): this cluster's own
+  # processes only, found by their working folder or command line under $WORK
+  for p in /proc/[0-9]*; do
+    pid=${p#/proc/}
+    [ "$pid" = $$ ] && continue
+    if [[ "$(readlink "$p/cwd" 2>/dev/null)" == "$WORK"* ]] || tr '\0' ' ' < "$p/cmdline" 2>/dev/null | grep -qF "$WORK/"; then
+      kill -9 "$pid" 2>/dev/null || true
+    fi
+  done
   echo "test-cluster: daemons stopped; $(( $(date +%s) - start )) s wall, load average $(cut -d' ' -f1-3 /proc/loadavg)"
 }
 trap cleanup EXIT

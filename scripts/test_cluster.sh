@@ -55,7 +55,7 @@ cleanup() {
   for p in /proc/[0-9]*; do
     pid=${p#/proc/}
     [ "$pid" = $$ ] && continue
-    if [[ "$(readlink "$p/cwd" 2>/dev/null)" == "$WORK"* ]] || tr '\0' ' ' < "$p/cmdline" 2>/dev/null | grep -qF "$WORK/"; then
+    if [[ "$(readlink "$p/cwd" 2>/dev/null)" == "$WORK"* ]] || { tr '\0' ' ' < "$p/cmdline"; } 2>/dev/null | grep -qF "$WORK/"; then
       kill -9 "$pid" 2>/dev/null || true
     fi
   done

@@ -155,8 +155,8 @@ def engine_env(engine: str, cuda: bool | None = None) -> EngineEnv:
 def required_engines(frameworks: Iterable[str], cuda: bool) -> list[EngineEnv]:
     """The environments a study's frameworks need (each once, in first-use order).
 
-    Frameworks that run in the kit's own environment (reference, hf, openai, trtllm — a
-    ``trtllm-serve`` the user installed) need none.  Raises ValueError for a framework that needs
+    Frameworks that run in the kit's own environment (reference, hf, openai, trtllm, mlc — a
+    ``trtllm-serve`` or ``mlc_llm`` the user installed) need none.  Raises ValueError for a framework that needs
     an engine with no build for this machine (SGLang on CPU), naming it.
     """
     out: list[EngineEnv] = []

@@ -41,6 +41,12 @@ TRTLLM_HINT = (
     "so that trtllm-serve is on PATH"
 )
 
+#: MLC-LLM's install, from its docs/install/mlc_llm.rst (prebuilt nightly wheels per CUDA version)
+MLC_HINT = (
+    "install MLC-LLM from its own wheel index so that mlc_llm is on PATH, e.g. python -m pip install "
+    "--pre -U -f https://mlc.ai/wheels mlc-llm-nightly-cu128 mlc-ai-nightly-cu128 (see llm.mlc.ai/docs/install)"
+)
+
 
 @dataclass(frozen=True)
 class Missing:
@@ -273,6 +279,11 @@ def _engines(frameworks: list[str], cuda: bool, p: Probes) -> list[Missing]:
             out.append(
                 Missing("engine", "trtllm-serve", "not on PATH (the kit does not install TensorRT-LLM)", TRTLLM_HINT)
             )
+    if "mlc" in frameworks and not p.which("mlc_llm"):
+        why = (
+            "not on PATH (MLC-LLM's wheels are not on PyPI, whose names are placeholders: the kit does not install it)"
+        )
+        out.append(Missing("engine", "mlc_llm", why, MLC_HINT))
     return out
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from ..backends.registry import DECLARATIONS
 from ..config import ParamsError, StudyConfig, hardware_names, load_hardware_profile
 from ..environments import install as envs
 from ..environments.preflight import DrafterUse, Missing, Probes, Weights, preflight
@@ -30,7 +31,8 @@ def machine_needs(cfg: StudyConfig, probes: Probes | None = None) -> list[Missin
         params[pair.target] = pair.params.get("target")
         params.update({mid: pair.params.get(short) for short, mid in pair.drafters.items()})
     dtype = {pair.target: pair.dtype if pair.quantization == "none" else pair.quantization for pair in cfg.models}
-    models = [Weights(t, params.get(t), dtype.get(t, "bfloat16")) for t in sorted({p.target for p in plans})]
+    targets = {p.target for p in plans if DECLARATIONS[p.cell.framework].reads_checkpoints}  # not MLC's own
+    models = [Weights(t, params.get(t), dtype.get(t, "bfloat16")) for t in sorted(targets)]
     uses: dict[str, set[tuple[str, str]]] = {}
     for p in plans:  # the engines that load a drafter checkpoint of their own format
         if p.drafter_id and p.cell.framework in DRAFTER_ENGINES:

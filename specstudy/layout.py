@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import socket
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -29,9 +30,10 @@ class BadPartError(RuntimeError):
 
 
 def atomic_write_text(path: Path, text: str) -> None:
-    """Write through a temp file in the same folder and rename: readers never see half a file."""
+    """Write through a temp file in the same folder and rename: readers never see half a file
+    (the host in the temp name: shards on several nodes of a shared filesystem may write at once)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(f".{path.name}.{socket.gethostname()}.{os.getpid()}.tmp")
     tmp.write_text(text)
     os.replace(tmp, path)
 
@@ -94,7 +96,21 @@ class StudyLayout:
 
     @property
     def servers_dir(self) -> Path:
+        """Server and engine-worker logs (the study's own, wherever its outputs folder is)."""
         return self.root / "servers"
+
+    @property
+    def jobs_dir(self) -> Path:
+        """A sharded study's jobs: submitit's folder (scripts, logs, results) and the index of submissions."""
+        return self.root / "jobs"
+
+    @property
+    def jobs_index_path(self) -> Path:
+        return self.jobs_dir / "jobs.json"
+
+    def run_log_of(self, shard: str | None) -> Path:
+        """The run log of a local run (``run.log``) or of one shard's job (``jobs/<shard>.log``)."""
+        return self.run_log_path if shard is None else self.jobs_dir / f"{shard}.log"
 
     def part_path(self, cell_id: str) -> Path:
         return self.records_dir / f"{cell_id}.parquet"
@@ -234,8 +250,14 @@ class StudyLayout:
         return HardwareProfile(**json.loads(self.profile_path.read_text()))
 
     def append_provenance(self, entry: Mapping[str, Any]) -> None:
-        runs = self.provenance_runs()
-        atomic_write_text(self.provenance_path, json.dumps({"runs": [*runs, dict(entry)]}, indent=1, default=str))
+        """One entry more; read, extended and written under a lock (shards of one study append at once)."""
+        import fcntl
+
+        self.root.mkdir(parents=True, exist_ok=True)
+        with open(self.root / ".provenance.lock", "w") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            runs = self.provenance_runs()
+            atomic_write_text(self.provenance_path, json.dumps({"runs": [*runs, dict(entry)]}, indent=1, default=str))
 
     def provenance_runs(self) -> list[dict[str, Any]]:
         if not self.provenance_path.exists():
@@ -263,12 +285,15 @@ class StudyLayout:
 
     # ---- one writer at a time ------------------------------------------------------------
     @contextlib.contextmanager
-    def lock(self) -> Iterator[None]:
-        """One runner per folder: a second (``make -j``, two terminals) fails fast instead of racing."""
+    def lock(self, shard: str | None = None) -> Iterator[None]:
+        """One runner per folder: a second (``make -j``, two terminals) fails fast instead of racing.
+
+        A shard's job locks only its shard (``.runner-<shard>.lock``): shards write disjoint cells.
+        """
         import fcntl
 
         self.root.mkdir(parents=True, exist_ok=True)
-        path = self.root / ".runner.lock"
+        path = self.root / (".runner.lock" if shard is None else f".runner-{shard}.lock")
         with open(path, "w") as f:
             try:
                 fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)

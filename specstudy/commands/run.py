@@ -9,10 +9,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
+import signal
 import sys
 import time
 import warnings
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from ..config import ParamsError, StudyConfig, hardware_names, load_hardware_profile, load_study
@@ -25,6 +28,35 @@ from ..run.plan import CellPlan, check_backends, check_tasks, expand, plan_summa
 
 #: exit status when the study ran but some cells failed (make study renders the report, then fails)
 EXIT_CELLS_FAILED = 3
+#: exit status after Ctrl-C (the shell's 128 + SIGINT)
+EXIT_INTERRUPTED = 130
+
+
+def resume_command() -> str:
+    """The command that resumes this run: the make target that set SPECSTUDY_COMMAND, else this one."""
+    return os.environ.get("SPECSTUDY_COMMAND") or "specstudy " + shlex.join(sys.argv[1:])
+
+
+def interrupted_line(layout: StudyLayout, plans: Sequence[CellPlan]) -> str:
+    """The one line Ctrl-C prints: what is kept on disk and the command that runs the rest."""
+    kept = sum(layout.is_done(p.cell_id) for p in plans)
+    return (
+        f"specstudy run: interrupted; {kept} of {len(plans)} cells are kept in {layout.records_dir} "
+        f"(the cell in flight is not); resume with: {resume_command()}"
+    )
+
+
+def _run_sharded(args: argparse.Namespace, cfg: StudyConfig, cluster: Any, shards: Any) -> int:
+    """Submit the shards (``--executor slurm|subprocess``) and follow them unless ``--no-wait``."""
+    from ..run.slurm import StudyRef, run_sharded
+
+    ref = StudyRef(
+        hardware=cfg.hardware,
+        params=str(Path(cfg.file).resolve()),
+        outputs=str(Path(args.outputs).resolve()),
+    )
+    say = (lambda m: print(m, file=sys.stderr, flush=True)) if args.json else (lambda m: print(m, flush=True))
+    return run_sharded(cfg, shards, cluster, ref, args.executor, say, wait=not args.no_wait)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -42,6 +74,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sweep", action="append", default=None, help="run only cells of this sweep (repeatable)")
     p.add_argument("--max-cells", type=int, default=None, help="stop after running this many cells")
     p.add_argument("--no-progress", action="store_true", help="no tqdm bars (one line per cell still printed)")
+    c = p.add_argument_group("cluster (--executor slurm; each overrides the profile's cluster: block)")
+    c.add_argument(
+        "--executor",
+        choices=("local", "slurm", "subprocess"),
+        default="local",
+        help="local: every cell in this process (default); slurm: one job per shard and a report job; "
+        "subprocess: the same shards as processes on this machine",
+    )
+    c.add_argument("--partition", default=None)
+    c.add_argument("--account", default=None)
+    c.add_argument("--time-limit", dest="time_limit_min", type=int, default=None, help="minutes")
+    c.add_argument("--gpus-per-node", type=int, default=None)
+    c.add_argument("--cpus-per-task", type=int, default=None)
+    c.add_argument("--sbatch", action="append", default=None, metavar="KEY=VALUE", help="extra sbatch option")
+    c.add_argument("--no-wait", action="store_true", help="submit and return (do not follow the jobs)")
 
 
 def _md(rows: list[dict[str, Any]]) -> str:
@@ -99,11 +146,36 @@ def _dry_run(
         "breakdown": cell_breakdown(plans),
         "memory_fit": memory_fit(cfg, plans, prof) if prof else [],
         "missing_on_this_machine": missing,
+        **_dry_run_shards(args, cfg, plans, prof),
         "cells_list": [
             {"cell_id": p.cell_id, "label": p.label, "sweeps": list(p.sweeps), "baseline": p.baseline_cell_id}
             for p in plans
         ],
     }
+
+
+def _cluster(args: argparse.Namespace, cfg: StudyConfig) -> Any:
+    """The cluster settings: the study file's ``cluster:`` block under the command line's values."""
+    from ..config.cluster import load_cluster, parse_sbatch
+
+    sbatch, problems = parse_sbatch(args.sbatch)
+    keys = ("partition", "account", "time_limit_min", "gpus_per_node", "cpus_per_task")
+    return load_cluster(cfg.file, {**{k: getattr(args, k) for k in keys}, "sbatch": sbatch, "_problems": problems})
+
+
+def _shards(args: argparse.Namespace, cfg: StudyConfig, plans: Sequence[CellPlan], prof: Any) -> tuple[Any, Any]:
+    from ..run.shards import plan_shards
+
+    cluster = _cluster(args, cfg)
+    return cluster, plan_shards(cfg, plans, prof, cluster)
+
+
+def _dry_run_shards(args: argparse.Namespace, cfg: StudyConfig, plans: Sequence[CellPlan], prof: Any) -> dict[str, Any]:
+    if args.executor == "local":
+        return {}
+    cluster, shards = _shards(args, cfg, plans, prof)
+    layout = StudyLayout.of(cfg.hardware, args.outputs)
+    return {"executor": args.executor, "shards": [s.row(cluster, layout) for s in shards]}
 
 
 def _print_dry_run(args: argparse.Namespace, doc: dict[str, Any]) -> None:
@@ -118,6 +190,11 @@ def _print_dry_run(args: argparse.Namespace, doc: dict[str, Any]) -> None:
     print(f"## Predicted duration ({doc['prediction_note']})\n\n" + _md(doc["duration"]))
     print("## Cells\n\n" + _md(doc["breakdown"]))
     print("## Memory fit per model pair (prediction)\n\n" + _md(doc["memory_fit"]))
+    if "shards" in doc:
+        print(
+            f"## Shards ({doc['executor']}: one job each, sized by the predicted minutes against the time limit)\n\n"
+            + _md(doc["shards"])
+        )
     missing = doc["missing_on_this_machine"]
     print(
         "## What this machine lacks to run it (warnings)\n\n"
@@ -126,20 +203,40 @@ def _print_dry_run(args: argparse.Namespace, doc: dict[str, Any]) -> None:
     )
 
 
+def _profile(cfg: StudyConfig) -> Any:
+    return load_hardware_profile(cfg.hardware, measure=False) if cfg.hardware in hardware_names() else None
+
+
+def _selected(args: argparse.Namespace, cfg: StudyConfig) -> tuple[list[CellPlan], list[CellPlan]]:
+    """Every cell of the study, and those of the sweeps ``--sweep`` names (all without it)."""
+    plans = all_plans = expand(cfg)
+    if args.sweep:
+        unknown = sorted(set(args.sweep) - {s.name for s in cfg.sweeps})
+        if unknown:
+            raise ParamsError(cfg.file, "--sweep", unknown[0], sorted(s.name for s in cfg.sweeps))
+        plans = [p for p in plans if set(p.sweeps) & set(args.sweep)]
+    return all_plans, plans
+
+
 def run(args: argparse.Namespace) -> int:
     # a busy 2-core machine decoded 4x slower with spinning OpenMP threads (engine issue): set it
     # before torch is imported, unless the caller chose otherwise
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     t0 = time.perf_counter()
+    sharded = None
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         cfg = check_backends(load_study(args.hardware, args.params), files=not args.dry_run)
+        all_plans, plans = _selected(args, cfg)
+        if args.executor != "local" and not args.dry_run:  # the cluster's settings, before anything starts
+            sharded = _shards(args, cfg, plans, _profile(cfg))
         # a dry run downloads nothing and loads no tokenizer: prompts are counted before length control
         tokenizer = None if args.dry_run else tokenizer_if_here
         for task_note in check_tasks(cfg, fetch=not args.dry_run, tokenizer=tokenizer, sweeps=args.sweep):
             warnings.warn(task_note, stacklevel=1)
         refused: set[tuple[str, str, str]] = set()
-        if not args.dry_run:
+        # a cluster's nodes prepare themselves (a login node has no GPU): only a run here prepares this machine
+        if not args.dry_run and args.executor != "slurm":
             notes = prepare_machine(cfg, force=args.force)
             refused = refused_rows(notes)
             for note in notes:
@@ -151,18 +248,17 @@ def run(args: argparse.Namespace) -> int:
                 warnings.warn(f"{note.what}: {note.why} ({after})", stacklevel=1)
     for w in caught:
         print(f"specstudy run: warning: {w.message}", file=sys.stderr)
-    plans = all_plans = [p for p in expand(cfg) if (p.cell.framework, p.cell.method, p.drafter_id or "") not in refused]
-    if args.sweep:
-        unknown = sorted(set(args.sweep) - {s.name for s in cfg.sweeps})
-        if unknown:
-            raise ParamsError(cfg.file, "--sweep", unknown[0], sorted(s.name for s in cfg.sweeps))
-        plans = [p for p in plans if set(p.sweeps) & set(args.sweep)]
+    if refused:  # rows whose drafter this machine's engine cannot load
+        all_plans, plans = (
+            [p for p in ps if (p.cell.framework, p.cell.method, p.drafter_id or "") not in refused]
+            for ps in (all_plans, plans)
+        )
+    if sharded is not None and refused:  # the shards of what is left
+        sharded = _shards(args, cfg, plans, _profile(cfg))
     summary = plan_summary(plans, cfg.warmup_requests, cfg.warmup_max_new_tokens)
     if args.dry_run:
         _print_dry_run(args, _dry_run(args, cfg, plans, summary, time.perf_counter() - t0))
         return 0
-    from ..run.study import run_study  # imports the engines' light parts; validation above stays fast
-
     layout = StudyLayout.of(cfg.hardware, args.outputs)
     layout.root.mkdir(parents=True, exist_ok=True)
     write_notebook_makefile(
@@ -170,6 +266,10 @@ def run(args: argparse.Namespace) -> int:
         layout.notebooks_makefile,
         layout.records_stamp,
     )
+    if sharded is not None:
+        return _run_sharded(args, cfg, *sharded)
+    from ..run.study import run_study  # imports the engines' light parts; validation above stays fast
+
     plan_before = layout.plan_path.read_text() if layout.plan_path.exists() else None
     try:
         log = (lambda m: print(m, file=sys.stderr, flush=True)) if args.json else (lambda m: print(m, flush=True))
@@ -187,6 +287,10 @@ def run(args: argparse.Namespace) -> int:
     except RuntimeError as e:  # another runner holds the outputs folder
         print(f"specstudy run: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C during the cleanup prints nothing more
+        print(interrupted_line(layout, plans), file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
     # the notebooks re-render when records changed, or when the plan did (the report reads labels,
     # sweeps and the SLO from it): a rerun after editing the study's SLO renders it
     plan_changed = layout.plan_path.read_text() != plan_before

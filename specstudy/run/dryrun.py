@@ -97,7 +97,7 @@ def estimate_cell(cfg: StudyConfig, plan: CellPlan, prof: HardwareProfile) -> Ce
     return CellEstimate(plan, ar / pred.speedup if pred.speedup > 0 else None)
 
 
-def _setup_seconds(cfg: StudyConfig, plans: Sequence[CellPlan], prof: HardwareProfile) -> float:
+def setup_seconds(cfg: StudyConfig, plans: Sequence[CellPlan], prof: HardwareProfile) -> float:
     """Engine loads (weights from disk) and server starts (one per speculative configuration)."""
     params, pair_of = _params(cfg)
     total = 0.0
@@ -136,7 +136,7 @@ def duration_table(cfg: StudyConfig, plans: Sequence[CellPlan], prof: HardwarePr
                 "cells_without_prediction": len(mine) - len(known),
             }
         )
-    setup = _setup_seconds(cfg, plans, prof)
+    setup = setup_seconds(cfg, plans, prof)
     decode = sum(e.seconds or 0.0 for e in est)
     rows.append(
         {

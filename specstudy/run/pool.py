@@ -13,6 +13,7 @@ import gc
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from ..backends import get_backend
@@ -44,8 +45,10 @@ class BackendPool:
         capacity: int = 3,
         log: Callable[[str], None] = print,
         cuda: bool | None = None,
+        log_dir: Path | None = None,
     ) -> None:
         self.cfg = cfg
+        self.log_dir = log_dir  # server and worker logs: the study's own outputs folder
         self.cuda = cuda  # which engine build (None: whether an NVIDIA GPU is here)
         self.factory = factory or _default_factory
         self.capacity = capacity
@@ -65,6 +68,8 @@ class BackendPool:
             opts["device"] = self.cfg.device
         if fw in SERVER_FRAMEWORKS:
             opts["prefix_cache"] = plan.prefix_cache
+            if self.log_dir is not None:  # the study's framework_options may still name another folder
+                opts.setdefault("log_dir", str(self.log_dir))
         engine = FRAMEWORK_ENGINE.get(fw)
         if engine is not None and "python" not in opts:  # the engine lives in its own pinned environment
             opts["python"] = str(python_of(engine_env(engine, self.cuda)))

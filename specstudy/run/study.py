@@ -137,20 +137,23 @@ def run_study(
     full_plan: Sequence[CellPlan] | None = None,
     cuda: bool | None = None,
     tasks_checked: bool = False,
+    shard: str | None = None,
 ) -> list[CellResult]:
     """Run every plan not already done; return one result per plan (done / skipped / failed).
 
     ``full_plan`` (default ``plans``) is what ``study.json`` records when only a subset is run,
     so the report keeps the other sweeps' records.  With the default request loader the plans'
     task files are checked first (:func:`check_tasks`; a bad one raises before any engine loads
-    or any output is written) unless the caller did (``tasks_checked``).
+    or any output is written) unless the caller did (``tasks_checked``).  ``shard`` names the
+    shard a cluster job runs: it locks only that shard and logs to ``jobs/<shard>.log``.
     """
     if request_loader is None and not tasks_checked:
         for note in check_tasks(cfg, tokenizer=tokenizer_if_here, sweeps={s for p in plans for s in p.sweeps}):
             log(f"warning: {note}")
     loader = request_loader or study_request_loader(cfg)
     results: list[CellResult] = []
-    with layout.lock(), open(layout.run_log_path, "a") as log_file:
+    layout.run_log_of(shard).parent.mkdir(parents=True, exist_ok=True)
+    with layout.lock(shard), open(layout.run_log_of(shard), "a") as log_file:
 
         def say(msg: str) -> None:
             log(msg)
@@ -165,7 +168,7 @@ def run_study(
             bad = layout.check_part(p.cell_id)
             if bad:
                 say(bad)
-        pool = BackendPool(cfg, factory, log=say, cuda=cuda)
+        pool = BackendPool(cfg, factory, log=say, cuda=cuda, log_dir=layout.servers_dir)
         state = _RunState()
         todo = [p for p in plans if not layout.is_done(p.cell_id)]
         say(

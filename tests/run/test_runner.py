@@ -414,3 +414,30 @@ def test_an_engine_configuration_that_fails_to_start_is_not_started_again(tmp_pa
     assert len(failed) == len(spec) and len(NgramWontStart.starts) == len(same)
     assert any("failed to start earlier" in r.message for r in failed)
     assert all(r.status == "done" for r in res if r not in failed)  # AR cells still ran
+
+
+def test_every_server_the_study_starts_logs_under_the_studys_own_outputs_folder(tmp_path, monkeypatch):
+    """Server and worker logs go to <outputs>/<hw>/servers/, not to outputs/servers/ of the working directory."""
+    text = (
+        TINY_STUDY.replace("frameworks: [reference]", "frameworks: [openai]\n  request_rates: [inf]")
+        .replace("    - {method: layer_skip, label: Early exit, options: {exit_layer: 1}, max_batch_size: 1}\n", "")
+        .replace("batch_sizes: [1, 2]", "batch_sizes: [1]")
+    )
+    cfg = load_study("cpu", write_study(tmp_path, text))
+    elsewhere = tmp_path / "elsewhere" / "cpu"
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    servers = []
+    res = run_study(
+        cfg,
+        expand(cfg),
+        StudyLayout(elsewhere),
+        factory=lambda fw, **o: servers.append(FakeServer(**o)) or servers[-1],
+        request_loader=tiny_requests,
+        progress=False,
+        log=lambda m: None,
+    )
+    assert all(r.status == "done" for r in res) and servers
+    assert {srv.opts["log_dir"] for srv in servers} == {str(elsewhere / "servers")}
+    assert not (cwd / "outputs").exists()

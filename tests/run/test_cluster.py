@@ -1,0 +1,191 @@
+"""The sharded study on a real Slurm: only under ``make test-cluster`` (scripts/test_cluster.sh starts it).
+
+A small CPU study (the embedded SmolLM2 through the reference engine and HF transformers, AR and
+prompt lookup) runs once here and once through ``specstudy run --executor slurm`` (two shards, one
+per engine, and the report job after them); the records must hold the same cells, prompts and
+greedy outputs, and both reports the same tables.  Then a shard is cancelled with ``scancel`` mid-run:
+the follower reports its missing cells from its log, and a rerun submits that shard alone, for its
+missing cells only, keeping the finished ones.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from specstudy.layout import StudyLayout
+
+pytestmark = [
+    pytest.mark.cluster,
+    pytest.mark.skipif(os.environ.get("SPECSTUDY_SLURM") != "1", reason="needs the Slurm of `make test-cluster`"),
+]
+
+STUDY = """
+study:
+  name: cluster-test
+  device: cpu
+  models:
+    - {name: smollm2, target: smollm2-135m, dtype: float32, params: {target: 134515008}}
+  methods:
+    - {method: ar, label: Baseline (AR)}
+    - {method: ngram, label: Prompt lookup, options: {ngram_min: 1, ngram_max: 3}}
+  frameworks: [reference, hf]
+  tasks: [code]
+  gammas: [2, 4]
+  batch_sizes: [1]
+  repeats: 1
+  warmup: {requests: 1, max_new_tokens: 4}
+  sampling: {temperature: 0.0, top_p: 1.0, top_k: 0, seed: 0, ignore_eos: true}
+  max_new_tokens: 16
+  prompts_per_task: 3
+  telemetry_period_s: 0.5
+cluster:
+  partition: debug
+  time_limit_min: 20
+  cpus_per_task: 1
+"""
+SPECSTUDY = [sys.executable, "-m", "specstudy.cli"]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}  # one thread: local and job decode alike
+
+
+def _run(*args: str, outputs: Path, check: bool = True) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run([*SPECSTUDY, *args, "--outputs", str(outputs)], env=ENV, capture_output=True, text=True)
+    if check:
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done
+
+
+def _greedy(layout: StudyLayout) -> dict[tuple[str, str], list[int]]:
+    return {(r.cell_id, r.prompt_id): list(r.output_ids or []) for r in layout.read_all()}
+
+
+def _tables(report: Path) -> list[str]:
+    """Each table row's first two columns (labels and n) and every heading: what does not depend on timing."""
+    out = []
+    for line in report.read_text().splitlines():
+        if line.startswith("#"):
+            out.append(line)
+        elif line.startswith("|") and not line.startswith("|--") and not line.startswith("| ---"):
+            out.append("|".join(line.split("|")[:3]))
+    return out
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("cluster")
+    (tmp / "cluster-test.yaml").write_text(STUDY)
+    return tmp, tmp / "cluster-test.yaml"
+
+
+@pytest.fixture(scope="module")
+def local_run(study):
+    tmp, yaml = study
+    _run("run", "--params", str(yaml), "--no-progress", outputs=tmp / "local")
+    _run("report", "--hardware", "cpu", outputs=tmp / "local")
+    return StudyLayout(tmp / "local" / "cpu")
+
+
+def test_dry_run_shows_two_shards(study):
+    tmp, yaml = study
+    out = _run("run", "--params", str(yaml), "--dry-run", "--executor", "slurm", outputs=tmp / "dry").stdout
+    assert len([r for r in out.split("## Shards", 1)[1].splitlines() if r.startswith("| s0")]) == 2
+
+
+def test_a_sharded_slurm_run_matches_a_local_run(study, local_run):
+    tmp, yaml = study
+    t0 = time.time()
+    done = _run("run", "--params", str(yaml), "--executor", "slurm", outputs=tmp / "slurm")
+    print(f"sharded run through Slurm: {time.time() - t0:.0f} s\n{done.stdout}")
+    layout = StudyLayout(tmp / "slurm" / "cpu")
+    index = json.loads(layout.jobs_index_path.read_text())
+    assert len(index["shards"]) == 2 and index.get("report")
+    assert sum(": done (" in line for line in done.stdout.splitlines()) == 2
+    # the report job (afterok on both shards) renders once they succeeded; wait for it
+    _wait_gone([index["report"]], 300)
+    assert _greedy(layout) == _greedy(local_run) and all(_greedy(layout).values())
+    assert layout.report_path.exists(), _log_of(layout, index["report"])
+    assert _tables(layout.report_path) == _tables(local_run.report_path)
+
+
+def test_a_cancelled_shard_is_reported_and_a_rerun_runs_only_its_missing_cells(study):
+    tmp, yaml = study
+    outputs = tmp / "cancel"
+    follower, layout, deadline = _submit_and_follow(yaml, outputs)
+    index = json.loads(layout.jobs_index_path.read_text())
+    name, entry = sorted(index["shards"].items())[0]
+    while time.time() < deadline and not any(layout.is_done(c) for c in entry["cells"]):
+        assert follower.poll() is None, follower.communicate()[0]
+        time.sleep(0.1)
+    subprocess.run(["scancel", entry["job_id"]], check=True)
+    out, _ = follower.communicate(timeout=300)
+    assert follower.returncode == 3, out
+    kept = [c for c in entry["cells"] if layout.is_done(c)]
+    missing = [c for c in entry["cells"] if c not in kept]
+    assert kept and missing, "the cancel must land mid-shard"
+    assert re.search(rf"{name} \(job {entry['job_id']}\) CANCELLED\S*: {len(missing)} of 3 cells missing", out), out
+    assert all(c in out for c in missing) and "its log" in out
+    mtimes = {c: layout.part_path(c).stat().st_mtime_ns for c in kept}
+    _wait_gone([index["report"], *[e["job_id"] for e in index["shards"].values()]], 300)
+    again = _run("run", "--params", str(yaml), "--executor", "slurm", outputs=outputs).stdout
+    submitted = [line for line in again.splitlines() if re.match(r"s\d{3}-.*: job \d+", line)]
+    assert len(submitted) == 1 and submitted[0].startswith(name), again
+    assert f"{len(missing)} of 3 cells to run" in submitted[0]
+    assert {c: layout.part_path(c).stat().st_mtime_ns for c in kept} == mtimes
+    keys = [(r.cell_id, r.prompt_id) for r in layout.read_all()]
+    assert len(keys) == len(set(keys)) == 6 * 3
+    print(f"cancelled shard {name}: kept {len(kept)} cells, the rerun ran {len(missing)}\n{out}\n{again}")
+
+
+def _submit_and_follow(yaml: Path, outputs: Path) -> tuple[subprocess.Popen[str], StudyLayout, float]:
+    """``specstudy run --executor slurm`` following its jobs in the background, once it has submitted them."""
+    layout = StudyLayout(outputs / "cpu")
+    cmd = [*SPECSTUDY, "run", "--params", str(yaml), "--executor", "slurm", "--outputs", str(outputs)]
+    follower = subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 300
+    while time.time() < deadline and not layout.jobs_index_path.exists():
+        time.sleep(0.2)
+    return follower, layout, deadline
+
+
+def _wait_gone(job_ids: list[str], timeout_s: float) -> None:
+    """Until none of the jobs is queued or running (squeue lists them no more)."""
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        listed = subprocess.run(["squeue", "-h", "-o", "%i", "-j", ",".join(job_ids)], capture_output=True, text=True)
+        if not listed.stdout.strip():
+            return
+        time.sleep(1)
+    raise AssertionError(f"jobs {job_ids} still queued or running after {timeout_s} s")
+
+
+def _log_of(layout: StudyLayout, job_id: str) -> str:
+    return "\n".join(p.read_text()[-2000:] for p in (layout.jobs_dir / job_id).glob("*.log*"))
+
+
+def test_ctrl_c_on_the_submitting_command_leaves_the_jobs_running_and_says_how_to_reach_them(study):
+    tmp, yaml = study
+    outputs = tmp / "interrupt"
+    follower, layout, deadline = _submit_and_follow(yaml, outputs)
+    time.sleep(1)
+    follower.send_signal(signal.SIGINT)
+    out, _ = follower.communicate(timeout=60)
+    index = json.loads(layout.jobs_index_path.read_text())
+    ids = [e["job_id"] for e in index["shards"].values()] + [index["report"]]
+    try:
+        assert follower.returncode == 130, out
+        assert "Traceback" not in out
+        line = next(x for x in out.splitlines() if x.startswith("interrupted"))
+        assert f"squeue -j {','.join(ids)}" in line and f"scancel {' '.join(ids)}" in line
+        listed = subprocess.run(["squeue", "-h", "-o", "%i", "-j", ",".join(ids)], capture_output=True, text=True)
+        assert set(listed.stdout.split()) == set(ids)  # still queued or running
+    finally:
+        subprocess.run(["scancel", *ids], check=False)
+        _wait_gone(ids, 120)

@@ -26,7 +26,7 @@ METHOD_ALIASES = {
     "sequoia": "tree",
 }
 #: what the in-process reference engine runs (a test keeps this equal to engine.methods.METHODS)
-REFERENCE_METHODS = METHOD_FAMILIES + ("eagle", "specinfer", "sequoia")
+REFERENCE_METHODS = METHOD_FAMILIES + ("eagle", "eagle3", "specinfer", "sequoia")
 #: families that need a drafter (a model, heads or an adapter) named in the model pair
 NEEDS_DRAFTER = ("draft_target",)
 #: the reference engine's own-layers drafter: "self" (half the layers) or "self:K"

@@ -38,7 +38,7 @@ from .kv import cache_arg
 # imported from there: the engine imports none of the kit's configuration, which needs pydantic)
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
-KINDS = ("heads", "layer_skip_adapter", "eagle")
+KINDS = ("heads", "layer_skip_adapter", "eagle", "eagle3")  # eagle3: its own folder layout (engine/eagle3.py)
 
 # --------------------------------------------------------------------------------------------
 # architectures
@@ -243,6 +243,11 @@ class EagleDraft(nn.Module):
         )
         predicted: torch.Tensor = out.last_hidden_state
         return predicted
+
+    def target_logits(self, predicted: torch.Tensor, target: Any) -> torch.Tensor:
+        """The target's LM head on the predicted feature (the target's vocabulary)."""
+        logits: torch.Tensor = target.get_output_embeddings()(predicted)
+        return logits
 
 
 #: a drafter module of one of :data:`KINDS` (what :func:`build_drafter` and :func:`load_drafter` return)

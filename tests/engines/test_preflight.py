@@ -224,7 +224,8 @@ def test_gpu_profiles_pass_every_backend_check(hw):
         if "chain" in label.lower():
             assert "chain" in what, (label, what)
         seen.add((c.framework, c.method))
-    assert ("trtllm", "medusa") in seen and ("trtllm", "draft_target") in seen and ("trtllm", "eagle") in seen
+    assert ("trtllm", "medusa") in seen and ("trtllm", "draft_target") in seen and ("trtllm", "eagle3") in seen
+    assert ("vllm", "eagle3") in seen and ("sglang", "eagle3") in seen and not any(m == "eagle" for _, m in seen)
     assert not any(fw in ("vllm", "vllm-server") and m == "medusa" for fw, m in seen)  # vLLM 0.33 has none
 
 

@@ -121,7 +121,7 @@ class Eagle3Draft(nn.Module):
         self.fc = nn.Linear(len(self.aux_layers) * h, h, bias=False)
         self.decoder = LlamaModel(self.cache_config)  # its KV cache, masks and rotary positions
         self.decoder.layers[0] = _midlayer_class()(self.cache_config)
-        self.decoder.norm = nn.Identity()  # the midlayer's output before ``norm`` is fed back
+        setattr(self.decoder, "norm", nn.Identity())  # noqa: B010  # typed LlamaRMSNorm: the output before ``norm`` is fed back
         self.norm = LlamaRMSNorm(h, eps=self.arch["rms_norm_eps"])
         self.lm_head = nn.Linear(h, len(draft_vocab), bias=False)
         t2d = torch.zeros(vocab_size, dtype=torch.bool)

@@ -28,6 +28,23 @@ def sequence_rows(features: Features, rows: torch.Tensor) -> dict[int, torch.Ten
     return out
 
 
+def length_weighted(
+    seqs: Sequence[torch.Tensor],
+    batch_tokens: int,
+    gen: torch.Generator,
+    loss: Callable[[torch.Tensor], torch.Tensor],
+) -> torch.Tensor:
+    """One step's loss: random sequences (rows) until ``batch_tokens`` pairs, each sequence's
+    ``loss`` weighted by its number of pairs (len − 1)."""
+    picked, n = [], 0
+    while n < batch_tokens:
+        idx = seqs[int(torch.randint(len(seqs), (1,), generator=gen))]
+        picked.append(idx)
+        n += len(idx) - 1
+    terms = [loss(idx) * (len(idx) - 1) for idx in picked]
+    return functools.reduce(operator.add, terms) / n  # sum(), typed: the same additions in order
+
+
 def eagle_sequence_loss(
     module: EagleDraft, model: PreTrainedModel, features: Features, idx: torch.Tensor, regression_weight: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -58,16 +75,14 @@ def train_eagle(
         raise ValueError("no training sequence of two or more positions")
 
     def step_losses(gen: torch.Generator) -> list[torch.Tensor]:
-        picked, n = [], 0
-        while n < settings.batch_tokens:
-            idx = train_seqs[int(torch.randint(len(train_seqs), (1,), generator=gen))]
-            picked.append(idx)
-            n += len(idx) - 1
-        terms = [
-            eagle_sequence_loss(module, model, features, idx, settings.regression_weight)[0] * (len(idx) - 1)
-            for idx in picked
+        return [
+            length_weighted(
+                train_seqs,
+                settings.batch_tokens,
+                gen,
+                lambda idx: eagle_sequence_loss(module, model, features, idx, settings.regression_weight)[0],
+            )
         ]
-        return [functools.reduce(operator.add, terms) / n]  # sum(), typed: the same additions in order
 
     log = optimise(module, settings, step_losses, progress)
     ev: dict[str, Any] = {}

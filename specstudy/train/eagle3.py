@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 from ..engine.eagle3 import Eagle3Draft
 from .data import Features, target_parts
-from .eagle import sequence_rows
+from .eagle import length_weighted, sequence_rows
 from .loop import TrainResult, TrainSettings, optimise, split_sequences
 
 
@@ -127,13 +127,14 @@ def train_eagle3(
         raise ValueError("no training sequence of three or more positions")
 
     def step_losses(gen: torch.Generator) -> list[torch.Tensor]:
-        picked, n = [], 0
-        while n < settings.batch_tokens:
-            idx = train_seqs[int(torch.randint(len(train_seqs), (1,), generator=gen))]
-            picked.append(idx)
-            n += len(idx) - 1
-        terms = [sequence_loss(module, model, features, idx, settings.unroll)[0] * (len(idx) - 1) for idx in picked]
-        return [functools.reduce(operator.add, terms) / n]
+        return [
+            length_weighted(
+                train_seqs,
+                settings.batch_tokens,
+                gen,
+                lambda idx: sequence_loss(module, model, features, idx, settings.unroll)[0],
+            )
+        ]
 
     log = optimise(module, settings, step_losses, progress)
     return TrainResult(module=module, log=log, eval=evaluate(module, model, features, eval_rows, prompt_lengths))

@@ -157,20 +157,25 @@ def decode(job: DecodeJob) -> list[RowTrace]:
             f"{job.target.config.hidden_size}"
         )
     draft = draft.to(device=job.device, dtype=next(job.target.parameters()).dtype)
-    gen = job.generator()
     with HiddenCapture(job.target) as capture:
-        drafter = EagleDrafter(job.target, draft, capture, len(job.prompts), job.sampling, gen, job.device)
-        return speculative_decode(
-            job.target,
-            drafter,
-            job.prompts,
-            job.sampling,
-            StaticGamma(job.draft_length),
-            gen,
-            job.eos_token_ids,
-            job.device,
-            synthetic=synthetic_acceptance(job),
-        )
+        return decode_with(job, draft, capture)
+
+
+def decode_with(job: DecodeJob, draft: EagleDraft | Eagle3Draft, capture: HiddenCapture | AuxCapture) -> list[RowTrace]:
+    """The chain loop with a feature drafter whose features ``capture`` reads (eagle and eagle3)."""
+    gen = job.generator()
+    drafter = EagleDrafter(job.target, draft, capture, len(job.prompts), job.sampling, gen, job.device)
+    return speculative_decode(
+        job.target,
+        drafter,
+        job.prompts,
+        job.sampling,
+        StaticGamma(job.draft_length),
+        gen,
+        job.eos_token_ids,
+        job.device,
+        synthetic=synthetic_acceptance(job),
+    )
 
 
 @dataclass(frozen=True)

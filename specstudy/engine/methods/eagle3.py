@@ -23,11 +23,10 @@ from typing import Any
 
 from ..drafters import REPO_ROOT
 from ..eagle3 import Eagle3Draft, load_eagle3, read_eagle3_config
-from ..speculate import StaticGamma, speculative_decode
 from ..synthetic import parse_synthetic
 from ..trace import RowTrace
-from . import SYNTHETIC, DecodeJob, MethodSpec, synthetic_acceptance
-from .eagle import EagleDrafter
+from . import SYNTHETIC, DecodeJob, MethodSpec
+from .eagle import decode_with
 from .heads import AuxCapture
 
 
@@ -56,20 +55,8 @@ def decode(job: DecodeJob) -> list[RowTrace]:
             f"are not the target's {cfg.hidden_size} and {cfg.vocab_size}"
         )
     draft = draft.to(device=job.device, dtype=next(job.target.parameters()).dtype)
-    gen = job.generator()
     with AuxCapture(job.target, draft.aux_layers) as capture:
-        drafter = EagleDrafter(job.target, draft, capture, len(job.prompts), job.sampling, gen, job.device)
-        return speculative_decode(
-            job.target,
-            drafter,
-            job.prompts,
-            job.sampling,
-            StaticGamma(job.draft_length),
-            gen,
-            job.eos_token_ids,
-            job.device,
-            synthetic=synthetic_acceptance(job),
-        )
+        return decode_with(job, draft, capture)
 
 
 @dataclass(frozen=True)

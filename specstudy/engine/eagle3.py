@@ -138,16 +138,9 @@ class Eagle3Draft(nn.Module):
     @classmethod
     def for_target(cls, config: Any, draft_vocab: torch.Tensor) -> Eagle3Draft:
         """Shaped like one layer of the target (a transformers Llama-style config)."""
-        rope = getattr(config, "rope_parameters", None) or {}
-        arch = {
-            "hidden_size": int(config.hidden_size),
-            "intermediate_size": int(config.intermediate_size),
-            "num_attention_heads": int(config.num_attention_heads),
-            "num_key_value_heads": int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads),
-            "head_dim": int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads),
-            "rope_theta": float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))),
-            "rms_norm_eps": float(getattr(config, "rms_norm_eps", 1e-5)),
-        }
+        from .drafters import layer_shape
+
+        arch = layer_shape(config)
         return cls(arch, int(config.vocab_size), draft_vocab, default_aux_layers(int(config.num_hidden_layers)))
 
     def forward(

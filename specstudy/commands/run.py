@@ -17,7 +17,7 @@ from typing import Any
 
 from ..config import ParamsError, StudyConfig, hardware_names, load_hardware_profile, load_study
 from ..data.models import tokenizer_if_here
-from ..engines.preflight import Probes
+from ..environments.preflight import Probes
 from ..layout import StudyLayout
 from ..report.notebooks import plan_notebook_jobs, write_notebook_makefile
 from ..run.environment import machine_needs, prepare_machine

@@ -1,7 +1,7 @@
 """Is this machine ready for a study: the GPUs its profile describes, the engines, the weights?
 
 Separate from validation, so a GPU profile validates (and dry-runs) on any machine.  The checks
-are :func:`specstudy.engines.preflight.preflight`'s: GPU model and count, each engine's pinned
+are :func:`specstudy.environments.preflight.preflight`'s: GPU model and count, each engine's pinned
 environment present and importable, each model local or in the Hugging Face cache, a token for
 gated repositories, disk space, each drafter checkpoint against the engine that loads it.  A dry
 run prints them as warnings; a real run installs the missing engine environments it can and then
@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..config import ParamsError, StudyConfig, hardware_names, load_hardware_profile
-from ..engines import environments as envs
-from ..engines.preflight import DrafterUse, Missing, Probes, Weights, preflight
+from ..environments import install as envs
+from ..environments.preflight import DrafterUse, Missing, Probes, Weights, preflight
 from .plan import expand, uses_cuda
 
 #: frameworks whose engine loads the drafter checkpoint itself (checked against its loader)

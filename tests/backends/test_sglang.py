@@ -12,7 +12,7 @@ from fixtures.replay_argparse import parse
 
 from specstudy import metrics
 from specstudy.backends import get_backend
-from specstudy.backends.sglang_server import SglangServerBackend, meta_fields, speculative_flags
+from specstudy.backends.sglang.server import SglangServerBackend, meta_fields, speculative_flags
 from specstudy.records import Cell, Request, Sampling
 
 ARGS = Path(__file__).parents[1] / "fixtures" / "sglang-0.5.23-server-args.json"

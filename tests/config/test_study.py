@@ -12,7 +12,7 @@ import yaml
 
 from specstudy.config import ParamsError, hardware_names, load_study
 from specstudy.config.checks import draft_tokenizers, tokenizers_match
-from specstudy.engines.preflight import Probes
+from specstudy.environments.preflight import Probes
 from specstudy.run.environment import machine_needs, prepare_machine
 from specstudy.run.plan import check_backends, expand
 
@@ -346,3 +346,26 @@ def test_shipped_profiles_tasks_pass_the_task_check():
     for hw in hardware_names():
         notes = check_tasks(load_study(hw, check_tokenizers=False), fetch=False)
         assert all("not fetched" in n or "online" in n for n in notes), (hw, notes)
+
+
+@pytest.mark.parametrize(
+    "change, named",
+    [
+        ({"batch_sizes": [2]}, "batch_size=2 is not allowed; at most 1"),
+        ({"methods": [{"method": "ar"}, {"method": "ngram", "options": {"ngram_min": 3}}]}, "ngram_min=3"),
+        (
+            {"methods": [{"method": "ar"}, {"method": "ngram", "options": {"ngram_sise": 3}}]},
+            "'ngram_sise' is read by no",
+        ),
+    ],
+)
+def test_hf_cells_are_checked_before_any_model_loads(tmp_path, monkeypatch, change, named):
+    """HF's cell check runs at validation (its batch limit included), so no model loads for a bad cell."""
+    from specstudy.backends.hf.backend import HfBackend
+
+    def no_load(*a, **k):
+        raise AssertionError("a model loaded before the cell was checked")
+
+    monkeypatch.setattr(HfBackend, "__init__", no_load)
+    err = bad(tmp_path, {**BASE, "frameworks": ["hf"], "batch_sizes": [1], **change})
+    assert named in str(err) and "on hf" in err.key, str(err)

@@ -134,7 +134,7 @@ def test_the_checkpoint_is_the_engines_layout_and_round_trips(target, draft, tmp
             p.copy_(p.to(torch.bfloat16).double())  # the file holds bf16, as the engines' heads
         e, x = torch.randn(1, 4, 32, dtype=torch.float64), torch.randn(1, 4, 96, dtype=torch.float64)
         assert torch.allclose(back(e, x), rounded(e, x))
-    from specstudy.engines.drafters import check_drafter
+    from specstudy.environments.drafter_preflight import check_drafter
 
     for engine in ("vllm", "sglang", "trtllm"):  # the kit's preflight of the engines' loaders passes it
         report = check_drafter(engine, "eagle3", folder)

@@ -21,11 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..drafters import REPO_ROOT
+from ...paths import REPO_ROOT
 from ..eagle3 import Eagle3Draft, load_eagle3, read_eagle3_config
 from ..synthetic import parse_synthetic
 from ..trace import RowTrace
-from . import SYNTHETIC, DecodeJob, MethodSpec
+from . import SYNTHETIC, DecodeJob, EngineMethod
 from .eagle import decode_with
 from .heads import AuxCapture
 
@@ -60,11 +60,11 @@ def decode(job: DecodeJob) -> list[RowTrace]:
 
 
 @dataclass(frozen=True)
-class Eagle3Spec(MethodSpec):
+class Eagle3Spec(EngineMethod):
     """Checks that the drafter is an EAGLE-3 folder before any model is loaded."""
 
     def check(self, gamma: int | None, batch_size: int, drafter: Any, options: Mapping[str, Any]) -> dict[str, Any]:
-        out = MethodSpec.check(self, gamma, batch_size, drafter, options)
+        out = EngineMethod.check(self, gamma, batch_size, drafter, options)
         if not isinstance(drafter, Eagle3Draft):
             read_eagle3_config(resolve_folder(drafter))
         return out

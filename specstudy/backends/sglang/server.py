@@ -22,16 +22,16 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from ..data.models import resolve_for_engine as resolve_model
-from ..engines import capabilities as caps
-from ..engines.environments import ENVIRONMENTS, is_installed, python_of
-from ..records import Cell, Request, RequestRecord, Sampling
-from .lifecycle import ServerInfo, http_get, split_url
-from .server import ServerBackend
-from .sse import StreamState
+from ...data.models import resolve_for_engine as resolve_model
+from ...environments.install import ENVIRONMENTS, is_installed, python_of
+from ...records import Cell, Request, RequestRecord, Sampling
+from ..declaration import check_method
+from ..lifecycle import ServerInfo, http_get, split_url
+from ..server import ServerBackend
+from ..sse import StreamState
+from .declaration import KIT_TO_SGLANG, SGLANG, SGLANG_VERSION, sglang_synthetic_env
 
-SGLANG_ALGORITHMS = caps.KIT_TO_SGLANG
-SGLANG_VERSION = "0.5.23"
+SGLANG_ALGORITHMS = KIT_TO_SGLANG
 #: kit dtype -> SGLang --dtype (its choices: auto, bfloat16, float, float16, float32, half)
 SGLANG_DTYPES = {"auto": "auto", "bfloat16": "bfloat16", "float16": "float16", "float32": "float32"}
 
@@ -186,7 +186,7 @@ class SglangServerBackend(ServerBackend):
     """
 
     framework = "sglang"
-    methods = ("ar", *SGLANG_ALGORITHMS)
+    methods = SGLANG.methods
     api_path = "/generate"
     OPTIONS = frozenset(
         {"dtype", "max_model_len", "tensor_parallel_size", "gpu_memory_utilization", "prefix_cache", "flush_cache"}
@@ -198,9 +198,7 @@ class SglangServerBackend(ServerBackend):
     ) -> None:
         """Refuse a method SGLang 0.5.23 lacks, a bad γ or tree budget, a missing drafter, an unread option
         (``cuda`` is accepted for a uniform call: SGLang has one, CUDA, build)."""
-        caps.check_method(
-            f"SGLang {SGLANG_VERSION}", method, gamma, options, drafter, SGLANG_ALGORITHMS, caps.SGLANG_METHOD_OPTIONS
-        )
+        check_method(SGLANG, method, gamma, options, drafter, engine=f"SGLang {SGLANG_VERSION}")
         if method not in ("ar", "ngram"):
             tree_shape(method, int(gamma or 0), dict(options))
 
@@ -213,9 +211,18 @@ class SglangServerBackend(ServerBackend):
 
     @classmethod
     def check_cell(
-        cls, method: str, gamma: int | None, options: dict[str, Any], *, model: str, drafter: str | None, cuda: bool
+        cls,
+        method: str,
+        gamma: int | None,
+        options: dict[str, Any],
+        *,
+        model: str,
+        drafter: str | None,
+        cuda: bool,
+        batch_size: int = 1,
     ) -> None:
         cls.check(method, gamma, options, drafter, cuda=cuda)
+        check_method(SGLANG, method, gamma, options, drafter, batch_size=batch_size)
 
     @classmethod
     def describe(cls, method: str, gamma: int | None, options: Mapping[str, Any], cuda: bool | None = None) -> str:
@@ -227,7 +234,7 @@ class SglangServerBackend(ServerBackend):
 
     def server_env(self, cell: Cell) -> dict[str, str]:
         """The server's environment; a synthetic-acceptance cell sets SGLang's simulated acceptance length."""
-        return {**super().server_env(cell), **caps.sglang_synthetic_env(dict(cell.options), cell.gamma)}
+        return {**super().server_env(cell), **sglang_synthetic_env(dict(cell.options), cell.gamma)}
 
     def server_argv(self, cell: Cell) -> list[str]:
         argv = [

@@ -27,10 +27,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..backends.registry import FRAMEWORK_ENGINE
+from ..paths import REPO_ROOT
+
 if TYPE_CHECKING:
     from packaging.specifiers import SpecifierSet
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 REQUIREMENTS_DIR = Path(__file__).resolve().parent / "requirements"
 STAMP_NAME = ".specstudy-engine.json"
 PTH_NAME = "specstudy-kit.pth"
@@ -51,7 +53,7 @@ class EngineEnv:
     build: str  # "cuda" or "cpu"
     venv: str  # directory name under the root
     packages: tuple[str, ...]  # pip requirement specifiers, installed as given
-    requirements_file: str  # the engine's declared Requires-Dist, under engines/requirements/
+    requirements_file: str  # the engine's declared Requires-Dist, under environments/requirements/
     frameworks: tuple[str, ...]  # kit frameworks that run on this engine
     remove: tuple[str, ...] = ()  # uninstalled after the install (they break the engine's import)
     #: (requirement, index URL): add the index only when pip cannot resolve the requirement without it
@@ -105,9 +107,6 @@ ENVIRONMENTS: dict[str, EngineEnv] = {
     ),
 }
 
-#: frameworks that run on an engine the kit installs (trtllm-serve is the user's own install)
-FRAMEWORK_ENGINE = {"vllm": "vllm", "vllm-server": "vllm", "sglang": "sglang"}
-
 
 def has_nvidia_gpu() -> bool:
     """True when ``nvidia-smi -L`` lists a GPU (the CUDA builds need one)."""
@@ -155,7 +154,7 @@ def required_engines(frameworks: Iterable[str], cuda: bool) -> list[EngineEnv]:
     """
     out: list[EngineEnv] = []
     for fw in frameworks:
-        engine = FRAMEWORK_ENGINE.get(fw)
+        engine = FRAMEWORK_ENGINE.get(fw)  # the declarations' environments
         if engine is None:
             continue
         env = engine_env(engine, cuda)
@@ -402,7 +401,7 @@ def pin_problems(env: EngineEnv) -> list[str]:
     if canonicalize_name(engine.name) != canonicalize_name(m.group(1)) or m.group(2) not in engine.specifier:
         problems.append(
             f"{env.name}: installs {env.engine_requirement} but {env.requirements_file} holds the "
-            f"metadata of {m.group(1)}=={m.group(2)}: refresh it (python -m specstudy.engines requirements --refresh)"
+            f"metadata of {m.group(1)}=={m.group(2)}: refresh it (python -m specstudy.environments requirements --refresh)"
         )
     declared = declared_specifiers(env)
     for spec in [*env.packages[1:], *(r for r, _ in env.index_fallbacks)]:

@@ -4,7 +4,7 @@
 the hardware profile and tensor parallelism, each engine environment present and importable
 (its interpreter spawned with a timeout), each model a local path or in the Hugging Face cache,
 a token for gated repositories, disk space for the weights still to download, and each drafter
-checkpoint against the engine that will load it (:mod:`specstudy.engines.drafters`).  It returns
+checkpoint against the engine that will load it (:mod:`specstudy.environments.drafter_preflight`).  It returns
 every :class:`Missing` at once; the caller decides which are errors.
 """
 
@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from ..config.model import get_entry
-from . import environments as envs
-from .drafters import check_drafter
+from . import install as envs
+from .drafter_preflight import check_drafter
 
 #: hub repositories that need an accepted licence and a token
 GATED_PREFIXES = ("meta-llama/",)
@@ -219,7 +219,7 @@ def _engines(frameworks: list[str], cuda: bool, p: Probes) -> list[Missing]:
     except ValueError as e:
         return [Missing("engine", ", ".join(frameworks), str(e), "drop the framework from the profile on this machine")]
     for env in needed:
-        make = f"make engine-{env.engine} (python -m specstudy.engines install {env.engine} --{env.build})"
+        make = f"make engine-{env.engine} (python -m specstudy.environments install {env.engine} --{env.build})"
         py = str(envs.python_of(env))
         if not p.installed(env):
             out.append(
@@ -241,7 +241,7 @@ def _engines(frameworks: list[str], cuda: bool, p: Probes) -> list[Missing]:
                     f"rebuild it: {make} --force",
                 )
             )
-    if "trtllm" in frameworks:
+    if {"trtllm", "trtllm-engine"} & set(frameworks):
         if not cuda:
             out.append(
                 Missing(

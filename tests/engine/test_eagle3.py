@@ -170,7 +170,7 @@ def test_a_drafter_of_another_target_is_refused(target, tmp_path):
 def test_the_committed_eagle3_head_is_lossless_on_the_default_model():
     from pathlib import Path
 
-    from specstudy.config import REPO_ROOT
+    from specstudy.paths import REPO_ROOT
     from specstudy.data.models import load_model
 
     folder = Path(REPO_ROOT) / "params/drafters/smollm2-135m-eagle3"

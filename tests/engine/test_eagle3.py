@@ -170,8 +170,8 @@ def test_a_drafter_of_another_target_is_refused(target, tmp_path):
 def test_the_committed_eagle3_head_is_lossless_on_the_default_model():
     from pathlib import Path
 
-    from specstudy.paths import REPO_ROOT
     from specstudy.data.models import load_model
+    from specstudy.paths import REPO_ROOT
 
     folder = Path(REPO_ROOT) / "params/drafters/smollm2-135m-eagle3"
     record = json.loads((folder / "specstudy.json").read_text())

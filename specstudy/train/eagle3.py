@@ -24,8 +24,8 @@ if TYPE_CHECKING:
 
 from ..engine.eagle3 import Eagle3Draft
 from .data import Features, target_parts
-from .eagle import length_weighted, sequence_rows
-from .loop import TrainResult, TrainSettings, optimise, split_sequences
+from .eagle import sequence_rows, sequence_steps
+from .loop import TrainResult, TrainSettings, optimise
 
 
 def choose_draft_vocab(features: Features, vocab_size: int, size: int) -> torch.Tensor:
@@ -121,21 +121,9 @@ def train_eagle3(
     """EAGLE-3 training: random whole sequences until ``batch_tokens`` pairs per step."""
     vocab = choose_draft_vocab(features, int(model.config.vocab_size), settings.draft_vocab_size)
     module = init_from_target(Eagle3Draft.for_target(model.config, vocab), model).to(dtype=features.hidden.dtype)
-    train_rows, eval_rows = split_sequences(features, settings.eval_fraction, settings.seed)
-    train_seqs = [v for v in sequence_rows(features, train_rows).values() if len(v) >= 3]
-    if not train_seqs:
-        raise ValueError("no training sequence of three or more positions")
-
-    def step_losses(gen: torch.Generator) -> list[torch.Tensor]:
-        return [
-            length_weighted(
-                train_seqs,
-                settings.batch_tokens,
-                gen,
-                lambda idx: sequence_loss(module, model, features, idx, settings.unroll)[0],
-            )
-        ]
-
+    step_losses, eval_rows = sequence_steps(
+        features, settings, 3, lambda idx: sequence_loss(module, model, features, idx, settings.unroll)[0]
+    )
     log = optimise(module, settings, step_losses, progress)
     return TrainResult(module=module, log=log, eval=evaluate(module, model, features, eval_rows, prompt_lengths))
 

@@ -50,23 +50,29 @@ def check_lossless(ar, spec) -> dict:
     return acc
 
 
-@pytest.fixture(scope="module")
-def vllm_ar(vllm_python, model_dir, tmp_path_factory):  # noqa: F811
+def vllm_backend(framework: str, python: str, model: str, log_dir, env: dict, **timeouts):
+    """The kit's vLLM backend on SmolLM2 in fp32, eager, prefix cache off (both vLLM frameworks)."""
     from specstudy.backends import get_backend
 
-    b = get_backend(
-        "vllm",
-        model=model_dir,
-        python=vllm_python,
+    return get_backend(
+        framework,
+        model=model,
+        python=python,
         dtype="float32",
         max_model_len=1024,
         prefix_cache=False,
         enforce_eager=True,
-        env={**CPU_ENV, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
-        log_dir=tmp_path_factory.mktemp("vllm"),
-        startup_timeout_s=900,
-        run_timeout_s=900,
+        env=env,
+        log_dir=log_dir,
+        **timeouts,
     )
+
+
+@pytest.fixture(scope="module")
+def vllm_ar(vllm_python, model_dir, tmp_path_factory):  # noqa: F811
+    env = {**CPU_ENV, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    log_dir = tmp_path_factory.mktemp("vllm")
+    b = vllm_backend("vllm", vllm_python, model_dir, log_dir, env, startup_timeout_s=900, run_timeout_s=900)
     try:
         ar = list(b.run(REQS, GREEDY, cell("vllm", "ar")))
         spec = list(b.run(REQS, GREEDY, cell("vllm", "eagle3", 4)))
@@ -82,20 +88,7 @@ def test_vllm_offline_runs_the_kits_eagle3_head_losslessly(vllm_ar):
 
 
 def test_vllm_server_runs_the_same_head_losslessly(vllm_python, model_dir, vllm_ar, tmp_path):  # noqa: F811
-    from specstudy.backends import get_backend
-
-    b = get_backend(
-        "vllm-server",
-        model=model_dir,
-        python=vllm_python,
-        dtype="float32",
-        max_model_len=1024,
-        prefix_cache=False,
-        enforce_eager=True,
-        env=CPU_ENV,
-        log_dir=tmp_path,
-        ready_timeout_s=1800,
-    )
+    b = vllm_backend("vllm-server", vllm_python, model_dir, tmp_path, CPU_ENV, ready_timeout_s=1800)
     try:
         spec = list(b.run(REQS, GREEDY, cell("vllm-server", "eagle3", 4)))
     finally:

@@ -421,9 +421,9 @@ def prompt_of(r: RequestRecord) -> tuple[str, str]:
     return (r.task, r.prompt_id)
 
 
-def _pair_key(r: RequestRecord) -> tuple[str, str, int]:
-    """What pairs a speculative request with its baseline: the same prompt and repeat."""
-    return (r.task, r.prompt_id, r.repeat)
+def _pair_key(r: RequestRecord) -> tuple[str, str, int, int]:
+    """What pairs a speculative request with its baseline: the same prompt, repeat and turn."""
+    return (r.task, r.prompt_id, r.repeat, r.turn)
 
 
 def per_prompt_sums(
@@ -464,19 +464,21 @@ def per_prompt_means(
 ) -> tuple[FloatArray, FloatArray, int]:
     """(baseline, speculative) means of ``value`` (E2E by default) per prompt, and the most repeats of one.
 
-    Repeats of a prompt are averaged first, so every interval resamples prompts, not requests.
+    Repeats of a prompt are averaged first, so every interval resamples prompts, not requests; the
+    turns of one conversation are summed after that (a conversation is one prompt).
     Pairs whose value is NaN for either side (a one-token TPOT) are left out.
     """
     fn = value or e2e
-    acc: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    acc: dict[tuple[str, str], dict[int, list[tuple[float, float]]]] = {}
     for b, s in pairs:
         vb, vs = fn(b), fn(s)
         if vb == vb and vs == vs:
-            acc.setdefault(prompt_of(s), []).append((vb, vs))
+            acc.setdefault(prompt_of(s), {}).setdefault(s.turn, []).append((vb, vs))
     if not acc:
         return np.empty(0), np.empty(0), 0
-    means = np.asarray([np.mean(v, axis=0) for v in acc.values()], dtype=float)
-    return means[:, 0], means[:, 1], max(len(v) for v in acc.values())
+    # a conversation's turns are one prompt: each turn's repeats averaged, then the turns summed
+    means = np.asarray([np.sum([np.mean(v, axis=0) for v in t.values()], axis=0) for t in acc.values()], dtype=float)
+    return means[:, 0], means[:, 1], max(len(v) for t in acc.values() for v in t.values())
 
 
 def paired_latencies(baseline: Sequence[RequestRecord], spec: Sequence[RequestRecord]) -> tuple[FloatArray, FloatArray]:

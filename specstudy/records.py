@@ -59,6 +59,16 @@ class Request:
     task: str = "adhoc"
     prompt_ids: tuple[int, ...] | None = None
     messages: tuple[tuple[str, str], ...] | None = None  # (role, content) turns, for chat
+    #: a trace's own output length for this request (None: the cell's sampling.max_new_tokens)
+    max_new_tokens: int | None = None
+    #: a trace's recorded arrival, seconds after its first request (time scale applied)
+    arrival_s: float | None = None
+
+    def sampling_for(self, sampling: Sampling) -> Sampling:
+        """The cell's sampling with this request's own output length, where a trace gives one."""
+        if self.max_new_tokens is None or self.max_new_tokens == sampling.max_new_tokens:
+            return sampling
+        return dataclasses.replace(sampling, max_new_tokens=self.max_new_tokens)
 
 
 @dataclass
@@ -106,6 +116,8 @@ class RequestRecord:
     cell_id: str
     model: str
     drafter: str | None = None
+    #: which turn of a conversation (1 = the first or only one; parts written before turns read as 1)
+    turn: int = 1
     # the study plan's axes, stamped by the runner (empty for ad-hoc runs and parts written before them)
     label: str = ""
     family: str = ""

@@ -1,12 +1,13 @@
-"""Format fixtures, NOT measurements: a tiny HTTP server that answers like vLLM, SGLang or
-llama.cpp so the server backends' parsing, run-scoping, timeouts and lifecycle can be tested
+"""Format fixtures, NOT measurements: a tiny HTTP server that answers like vLLM, SGLang,
+llama.cpp, TensorRT-LLM or MLC-LLM so the server backends' parsing, run-scoping, timeouts and lifecycle can be tested
 without an engine.
 
 The wire formats follow the engines' own code/docs: vLLM 0.32 ``/v1/completions`` SSE chunks
 (``choices[].text/token_ids``, continuous ``usage``, a final usage chunk with
 ``metrics.speculative_decoding``) and ``vllm:spec_decode_*_total`` Prometheus counters; SGLang's
 native ``/generate`` SSE with cumulative ``text`` and ``meta_info`` spec counters; llama.cpp's
-OpenAI stream whose last chunk carries ``timings.draft_n`` / ``draft_n_accepted``.  Token ids,
+OpenAI stream whose last chunk carries ``timings.draft_n`` / ``draft_n_accepted``; MLC-LLM's
+text-only stream and its ``/debug/dump_engine_metrics`` ``spec_decode`` counts.  Token ids,
 text and acceptance are a fixed script (accepted drafts per step cycle through ACCEPT_CYCLE), so
 tests can compare what the backend parsed with what the fixture sent.
 
@@ -67,6 +68,9 @@ class FakeState:
         self.requests = 0
         self.flushes = 0  # SGLang's POST /flush_cache
         self.iter_stats: list[dict] = []  # TensorRT-LLM iteration stats, drained by GET /metrics
+        # MLC-LLM's SpecDecodeMetrics (per step position, bonus token at 0), with earlier traffic
+        self.mlc_counts = {"draft_count": [7] * (K + 1), "accept_count": [7, 5, 3, 2, 1]}
+        self.last_body: dict | None = None
         self.in_flight = 0
         self.max_in_flight = 0
         self.die_after: int | None = None  # script mode only: the process exits on request die_after + 1
@@ -97,6 +101,10 @@ class Handler(BaseHTTPRequestHandler):
             self._send(200, "")
         elif self.path == "/version":
             self._send(200, json.dumps({"version": "0.32.0-fake"}), "application/json")
+        elif self.path == "/v1/models":  # MLC-LLM's server has no /health
+            self._send(
+                200, json.dumps({"object": "list", "data": [{"id": "m", "object": "model"}]}), "application/json"
+            )
         elif self.path == "/get_server_info":
             self._send(200, json.dumps({"version": "0.5.23-fake"}), "application/json")
         elif self.path == "/metrics" and st.mode == "trtllm":  # JSON iteration stats, drained per call
@@ -141,6 +149,13 @@ class Handler(BaseHTTPRequestHandler):
                 st.flushes += 1
             self._send(200, "Cache flushed.\n")
             return
+        if self.path == "/debug/dump_engine_metrics" and st.mode == "mlc":
+            with st.lock:  # FastAPI serialises MLC's EngineMetrics through its attributes
+                spec = {k: list(v) for k, v in st.mlc_counts.items()} if st.spec else None
+            metrics = {"completion_tokens_sum": 123, **({"spec_decode": spec} if spec else {})}
+            self._send(200, json.dumps({"metrics": metrics}), "application/json")
+            return
+        st.last_body = body
         if st.behavior == "http_error":
             self._send(
                 500, json.dumps({"object": "error", "message": "fixture failure", "code": 500}), "application/json"
@@ -167,6 +182,8 @@ class Handler(BaseHTTPRequestHandler):
                 self._llamacpp(body)
             elif st.mode == "trtllm":
                 self._trtllm(body)
+            elif st.mode == "mlc":
+                self._mlc(body)
             else:
                 self._vllm(body)
             self.wfile.write(b"data: [DONE]\n\n")
@@ -358,6 +375,27 @@ class Handler(BaseHTTPRequestHandler):
                 "usage": {"prompt_tokens": 5, "completion_tokens": done, "total_tokens": done + 5},
             }
         )
+
+    def _mlc(self, body) -> None:
+        """mlc_llm serve's completions stream: one text-only chunk per engine step, the last with
+        ``choices: []`` and ``usage`` (``extra`` with --enable-debug); a verification step commits
+        accepted + 1 tokens even past max_tokens (request_state.cc finishes after the step) and
+        counts SpecDecodeMetrics::Update(K + 1, accepted + 1)."""
+        st = self.state
+        n, done, i = int(body.get("max_tokens", 16)), 0, 0
+        while done < n:
+            acc = ACCEPT_CYCLE[i % len(ACCEPT_CYCLE)] if st.spec and done else 0
+            emit, done, i = acc + 1, done + acc + 1, i + 1
+            choice = {"index": 0, "text": "".join(_tok(done - emit + j) for j in range(emit)), "logprobs": None}
+            self._event({"id": "cmpl-m", "choices": [{**choice, "finish_reason": "length" if done >= n else None}]})
+            if st.spec and i > 1:
+                with st.lock:
+                    for j in range(K + 1):
+                        st.mlc_counts["draft_count"][j] += 1
+                        st.mlc_counts["accept_count"][j] += int(j <= acc)
+        usage = {"prompt_tokens": 5, "completion_tokens": done, "total_tokens": done + 5}
+        usage["extra"] = {"prompt_tokens": 5, "completion_tokens": done, "ttft_s": 0.01, "decode_tokens_per_s": 90.0}
+        self._event({"id": "cmpl-m", "choices": [], "object": "text_completion", "usage": usage})
 
     def _sglang(self, body) -> None:
         st = self.state

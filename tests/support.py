@@ -109,6 +109,11 @@ class ByteIds:
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
         return "".join(chr(32 + int(i)) for i in ids)
 
+    all_special_ids = [0, 1, 2]  # ids no byte maps to
+
+    def __len__(self) -> int:  # ids 0..92: inside the tiny model's vocabulary
+        return 93
+
 
 class TinyFactory:
     """Builds reference backends around a tiny random model; counts loads; can slow or break cells.
@@ -162,3 +167,67 @@ def run_tiny_study(cfg, plans, out: Path, factory, **kw):
         log=lambda m: None,
         **kw,
     )
+
+
+def write_task(folder: Path, rows, fields: dict, name: str = "task", **top) -> Path:
+    """A task file ``<name>.yaml`` with one file source over ``rows`` (``<name>.jsonl`` beside it, pinned);
+    ``top`` adds or overrides top-level keys (plain text prompts unless ``chat_template`` says otherwise)."""
+    import json
+
+    import yaml
+
+    from specstudy.data.fetch import sha256_file
+
+    data = folder / f"{name}.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    src = {"name": name, "kind": "file", "path": str(data), "sha256": sha256_file(data)}
+    cfg = {"category": name, "chat_template": False, **top}
+    cfg["sources"] = [{**src, "licence": "CC0 (written for the test)", "fields": fields}]
+    p = folder / f"{name}.yaml"
+    p.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return p
+
+
+def write_study_file(folder: Path, tasks, frameworks=("reference",), dtype: str = "float64", **study) -> Path:
+    """A study of AR and prompt lookup on SmolLM2 (the tiny model under TinyFactory) over ``tasks``;
+    ``study`` adds or overrides keys of its ``study:`` section."""
+    import yaml
+
+    body = {
+        "name": "study",
+        "models": [{"name": "smollm2", "target": "smollm2-135m", "dtype": dtype}],
+        "methods": [{"method": "ar"}, {"method": "ngram", "label": "Prompt lookup"}],
+        "frameworks": list(frameworks),
+        "framework_options": {"llamacpp": {"threads": 2}},
+        "tasks": [str(t) for t in tasks],
+        "gammas": [2],
+        "batch_sizes": [1],
+        "warmup": {"requests": 1, "max_new_tokens": 2},
+        "max_new_tokens": 8,
+        "prompts_per_task": 5,
+        "telemetry_period_s": 0.05,
+        **study,
+    }
+    p = folder / "study.yaml"
+    p.write_text(yaml.safe_dump({"study": body}, sort_keys=False))
+    return p
+
+
+#: write_study_file's settings for a kit-started llama.cpp server on the embedded SmolLM2 GGUF
+LLAMACPP = {"frameworks": ["llamacpp"], "dtype": "float32", "telemetry_period_s": 0.5}
+
+
+def run_study_file(path: Path, factory=None, check: bool = False):
+    """The study file's cells through :func:`run_study` into ``outputs/cpu`` beside it, quietly:
+    (results, records read back, the output folder); ``check`` runs the backends' checks first."""
+    from specstudy.config import load_study
+    from specstudy.layout import StudyLayout
+    from specstudy.run.plan import check_backends, expand
+    from specstudy.run.study import run_study
+
+    cfg = load_study("cpu", path)
+    if check:
+        cfg = check_backends(cfg, files=False)
+    out = path.parent / "outputs" / "cpu"
+    res = run_study(cfg, expand(cfg), StudyLayout(out), factory=factory, progress=False, log=lambda m: None)
+    return res, StudyLayout(out).read_all(), out

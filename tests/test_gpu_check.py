@@ -47,6 +47,7 @@ ALLOWED = (
     "specstudy",
     "specstudy.engine",
     "specstudy.paths",
+    "specstudy.drafter_names",
     "specstudy.costmodel",
     "specstudy.metrics",
     "specstudy.records",

@@ -28,6 +28,24 @@ FAMILY_TITLES = {
 }
 
 
+#: the seed's hardware-table row each kit method stands for (its six rows; others: —)
+SEED_ROWS = {
+    "ar": "Baseline",
+    "draft_target": "Speculative Sampling",
+    "specinfer": "SpecInfer",
+    "heads": "Medusa-2",
+    "medusa": "Medusa-2",
+    "eagle": "EAGLE-2",
+    "eagle3": "EAGLE-2",
+    "sequoia": "Sequoia",
+}
+
+
+def seed_row_name(method: str) -> str:
+    """The seed's row name for a kit method (its hardware tables), or — when the seed has none."""
+    return SEED_ROWS.get(method, "—")
+
+
 def fmt(x: Any, digits: int = 2, suffix: str = "") -> str:
     if x is None or (isinstance(x, float) and x != x):
         return "—"

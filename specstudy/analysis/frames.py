@@ -34,6 +34,8 @@ def requests_frame(study: Study) -> pd.DataFrame:
                 {
                     **{k: m[k] for k in CELL_FIELDS if k != "sweeps"},
                     "prompt_id": r.prompt_id,
+                    "turn": r.turn,
+                    "input_policy": r.input_policy,
                     "status": r.status,
                     "input_tokens": r.input_tokens,
                     "output_tokens": r.output_tokens,

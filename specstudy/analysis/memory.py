@@ -7,7 +7,7 @@ from typing import Any
 
 import pandas as pd
 
-from ..config.vocab import SELF_DRAFTER
+from ..drafter_names import SELF
 from . import claims
 from .format import fmt
 from .stats import isnum, pooled
@@ -80,7 +80,7 @@ def _memory_cells(study: Study) -> list[dict[str, Any]]:
 def _expects_memory(family: str, drafter: str | None) -> bool:
     """Whether the seed expects the method to cost memory: a draft model or heads of its own (not n-grams
     or the target's own layers)."""
-    own = bool(drafter) and not str(drafter).startswith(SELF_DRAFTER)
+    own = bool(drafter) and not str(drafter).startswith(SELF)
     return family in ("draft_target", "heads") or own
 
 

@@ -101,6 +101,7 @@ def rate_frame(study: Study, slo: Slo | None = None) -> pd.DataFrame:
                 "prefix_cache": m["prefix_cache"],
                 "task": m["task"],
                 "rate": _rate(m["request_rate"]),
+                "arrivals": m.get("arrivals") or "poisson",
                 "n": len(recs),
                 "ok": sum(r.status == "ok" for r in recs),
                 "request_throughput_rps": metrics.request_throughput(recs),
@@ -134,12 +135,17 @@ def _rate_text(r: float) -> str:
     return "inf" if math.isinf(r) else f"{r:g}"
 
 
+def _with_arrivals(raw: pd.DataFrame) -> pd.DataFrame:
+    """The frame with an ``arrivals`` column (frames built before arrivals existed were all Poisson)."""
+    return raw if "arrivals" in raw else raw.assign(arrivals="poisson")
+
+
 def rate_table(raw: pd.DataFrame) -> pd.DataFrame:
-    """The sweep as a reader sees it: one row per (framework, method, rate)."""
+    """The sweep as a reader sees it: one row per (framework, method, rate, arrivals)."""
     if raw.empty:
         return raw
-    out = raw.sort_values(
-        ["framework", "task", "prefix_cache", "method", "label", "gamma", "rate"], na_position="first"
+    out = _with_arrivals(raw).sort_values(
+        ["framework", "task", "prefix_cache", "method", "label", "gamma", "rate", "arrivals"], na_position="first"
     )
     return pd.DataFrame(
         {
@@ -148,6 +154,7 @@ def rate_table(raw: pd.DataFrame) -> pd.DataFrame:
             "Task": out["task"],
             "Prefix cache": [_cache_text(p) for p in out["prefix_cache"]],
             "Rate (req/s)": [_rate_text(r) for r in out["rate"]],
+            "Arrivals": out["arrivals"],
             "ok / n": [f"{o}/{n}" for o, n in zip(out["ok"], out["n"])],
             "req/s": [fmt(v, 2) for v in out["request_throughput_rps"]],
             "Output tok/s": [fmt(v, 1) for v in out["output_throughput_tps"]],
@@ -164,10 +171,21 @@ def rate_table(raw: pd.DataFrame) -> pd.DataFrame:
     ).reset_index(drop=True)
 
 
+def trace_frame(raw: pd.DataFrame) -> pd.DataFrame:
+    """The rate cells of tasks replayed from a trace: each trace run beside the Poisson run of the
+    same requests at the trace's mean rate (the sweep's ``arrivals: [trace, poisson]``)."""
+    if raw.empty:
+        return raw
+    traced = set(raw.loc[raw["arrivals"] == "trace", "task"])
+    return raw[raw["task"].isin(traced)]
+
+
 def stops_paying_table(raw: pd.DataFrame) -> pd.DataFrame:
     """Per framework and speculative method: the lowest offered rate whose paired speedup is ≤ 1."""
     rows = []
-    spec = raw[raw["method"] != "ar"] if not raw.empty else raw
+    # a rate sweep's cells: a trace replay is one load pattern, not a point of the sweep
+    raw = _with_arrivals(raw)
+    spec = raw[(raw["method"] != "ar") & (raw["arrivals"] != "trace")] if not raw.empty else raw
     keys = ["framework", "label", "gamma", "task", "prefix_cache"]
     for (fw, label, gamma, task, cache), g in spec.groupby(keys, dropna=False) if len(spec) else []:
         pairs = [(float(r), {"speedup": float(s)}) for r, s in zip(g["rate"], g["speedup"])]

@@ -216,10 +216,18 @@ class _Pairs:
     spec_recs: list[RequestRecord]
 
 
-def _collect_pairs(data: Study, cell_ids: Sequence[str]) -> _Pairs:
+Keep = Callable[[RequestRecord], bool]
+
+
+def subset(records: Sequence[RequestRecord], keep: Keep | None) -> list[RequestRecord]:
+    """The requests ``keep`` selects (a turn of the conversations, an input-length tier; all for None)."""
+    return list(records) if keep is None else [r for r in records if keep(r)]
+
+
+def _collect_pairs(data: Study, cell_ids: Sequence[str], keep: Keep | None = None) -> _Pairs:
     acc = _Pairs([], {}, [], [], [], [], [])
     for cid in cell_ids:
-        base, spec = data.baseline(cid), data.records.get(cid, [])
+        base, spec = subset(data.baseline(cid), keep), subset(data.records.get(cid, []), keep)
         if not base or not spec:
             continue
         pairs = metrics.paired_records(base, spec)
@@ -281,10 +289,11 @@ def _paired(out: Pooled, pairs: _Pairs) -> None:
             out.logprob_p = metrics.logprob_shift_test(pairs.base_recs, pairs.spec_recs)["p_value"]
 
 
-def pooled(data: Study, cell_ids: Iterable[str]) -> Pooled:
-    """Pool the requests of ``cell_ids`` (each paired with its own baseline cell)."""
+def pooled(data: Study, cell_ids: Iterable[str], keep: Keep | None = None) -> Pooled:
+    """Pool the requests of ``cell_ids`` (each paired with its own baseline cell); ``keep``: only the
+    requests it selects, on both sides of each pair (one turn, one input-length tier)."""
     cell_ids = list(cell_ids)
-    recs = [r for cid in cell_ids for r in data.records.get(cid, [])]
+    recs = [r for cid in cell_ids for r in subset(data.records.get(cid, []), keep)]
     ok = [r for r in recs if r.status == "ok"]
     out = Pooled(n_requests=len(recs), n_cells=len(cell_ids), n_errors=len(recs) - len(ok))
     if not ok:
@@ -300,7 +309,7 @@ def pooled(data: Study, cell_ids: Iterable[str]) -> Pooled:
     out.entropy_ci = (lo, hi)
     out.n_prompts = len({metrics.prompt_of(r) for r in ok})  # AR rows; a paired row counts its pairs below
     _latency(out, ok)
-    _paired(out, _collect_pairs(data, cell_ids))
+    _paired(out, _collect_pairs(data, cell_ids, keep))
     if out.synthetic is not None:
         out.exact_match, out.ppl_diff, out.logprob_p = NAN, NAN, NAN
     return out

@@ -59,6 +59,8 @@ def _measured(cell: dict[str, Any], r: RequestRecord) -> dict[str, Any]:
         "sampling": sampling_label(r.temperature, r.top_p, r.top_k),
         "precision": str(r.extra.get("precision") or cell["dtype"]),
         "synthetic": r.synthetic_acceptance,
+        # a rate cell's arrivals: its trace task's recorded times, else Poisson at its rate
+        "arrivals": r.extra.get("arrivals", "poisson") if cell.get("request_rate") is not None else None,
     }
 
 

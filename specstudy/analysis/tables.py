@@ -18,7 +18,7 @@ from ..config.task import load_task_config, seed_row
 from ..config.vocab import TASKS
 from ..metrics import MIN_PROMPTS_FOR_CI
 from .drafts import model_note, optimal_measured, pooled_drafts
-from .format import FAMILY_TITLES, TASK_TITLES, fmt, fmt_ci, short_model
+from .format import FAMILY_TITLES, TASK_TITLES, fmt, fmt_ci, seed_row_name, short_model
 from .memory import memory_groups
 from .rates import peak_memory
 from .stats import NAN, Pooled, isnum, pooled, predicted_for
@@ -129,6 +129,7 @@ def hardware_table(study: Study, sweep: str | None = "hardware") -> Frames:
         rows.append(
             {
                 "Method": "Baseline (AR)" if is_ar else _label(m, p),
+                "Seed row": seed_row_name(method),
                 "Framework": fw,
                 "Precision": m["precision"],
                 "Target": short_model(model),

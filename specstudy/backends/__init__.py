@@ -1,6 +1,6 @@
 """Backends: every engine is driven through :class:`specstudy.backends.base.Backend`.
 
-Each engine's code lives in its own package (``vllm/``, ``llamacpp/``, ``sglang/``, ``trtllm/``,
+Each engine's code lives in its own package (``vllm/``, ``llamacpp/``, ``sglang/``, ``trtllm/``, ``mlc/``,
 ``hf/``, ``reference/``, ``openai/``), with its declaration (``declaration.py``: methods,
 options, server or in-process, environment) collected in :mod:`.registry`.
 ``get_backend(framework, model=..., drafter=..., **options)`` imports the module lazily, so a

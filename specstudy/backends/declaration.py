@@ -54,6 +54,8 @@ class EngineDeclaration:
     takes_dtype: bool = True
     #: largest batch it runs (None: any)
     max_batch: int | None = None
+    #: loads the model pair's checkpoints (False: weights of its own format, mapped in its options)
+    reads_checkpoints: bool = True
 
     def reads(self, method: str) -> tuple[str, ...]:
         """The cell options ``method`` reads here."""
@@ -130,6 +132,13 @@ def check_method(
             f"{engine} reads: {sorted(readable - LOAD_OPTIONS) or 'none'} (plus load options "
             f"{sorted(LOAD_OPTIONS)})"
         )
+
+
+def check_choice(engine: str, key: str, value: Any, allowed: Iterable[str]) -> None:
+    """Refuse a framework option's value outside ``allowed``, naming both (before any engine starts)."""
+    names = sorted(allowed)
+    if value not in names:
+        raise ValueError(f"{engine} {key}={value!r}: allowed {names}")
 
 
 def check_engine_options(decl: EngineDeclaration, options: Mapping[str, Any], engine: str | None = None) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import atexit
 import http.client
+import json
 import os
 import shlex
 import signal
@@ -65,10 +66,19 @@ def split_url(url: str) -> tuple[str, int, str]:
 
 def http_get(url: str, timeout_s: float = 5.0) -> tuple[int, str]:
     """(status, body) of a GET; raises OSError on connection failure or timeout."""
+    return http_request("GET", url, timeout_s)
+
+
+def http_request(method: str, url: str, timeout_s: float = 5.0, json_body: Any = None) -> tuple[int, str]:
+    """(status, body) of one request (``json_body`` sent as JSON); raises OSError on connection failure."""
     host, port, path = split_url(url)
     conn = http.client.HTTPConnection(host, port, timeout=timeout_s)
     try:
-        conn.request("GET", path or "/")
+        if json_body is None:
+            conn.request(method, path or "/")
+        else:
+            body = json.dumps(json_body).encode()
+            conn.request(method, path or "/", body=body, headers={"Content-Type": "application/json"})
         resp = conn.getresponse()
         return resp.status, resp.read().decode("utf-8", errors="replace")
     finally:

@@ -138,7 +138,9 @@ async def offer_async(
         # every request made ready before the clock starts (bodies, records, HTTP requests): at its
         # send time a request only goes out; its budget is what the run deadline leaves at its arrival
         preps = [
-            sender.prepare_send(http, r, sampling, cell, min(request_timeout_s, max(run_timeout_s - off, 1e-3)))
+            sender.prepare_send(
+                http, r, r.sampling_for(sampling), cell, min(request_timeout_s, max(run_timeout_s - off, 1e-3))
+            )
             for r, off in zip(requests, offsets)
         ]
         # connections ahead for the requests whose send time is known (all of an open loop, the

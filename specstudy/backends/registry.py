@@ -5,6 +5,7 @@ from __future__ import annotations
 from .declaration import EngineDeclaration
 from .hf.declaration import HF
 from .llamacpp.declaration import LLAMACPP
+from .mlc.declaration import MLC
 from .openai.declaration import OPENAI
 from .reference.declaration import REFERENCE
 from .sglang.declaration import SGLANG
@@ -13,7 +14,7 @@ from .vllm.declaration import OFFLINE as VLLM
 from .vllm.declaration import SERVER as VLLM_SERVER
 
 DECLARATIONS: dict[str, EngineDeclaration] = {
-    d.framework: d for d in (REFERENCE, HF, LLAMACPP, VLLM, VLLM_SERVER, SGLANG, TRTLLM, TRTLLM_ENGINE, OPENAI)
+    d.framework: d for d in (REFERENCE, HF, LLAMACPP, VLLM, VLLM_SERVER, SGLANG, TRTLLM, TRTLLM_ENGINE, MLC, OPENAI)
 }
 #: every framework a study can name
 FRAMEWORKS = tuple(DECLARATIONS)

@@ -126,6 +126,16 @@ class StreamingServerBackend(ServingBackend, StreamedRequests, Generic[SnapshotT
         self.last_run_acceptance: dict[str, Any] | None = None
         self._start_lock = threading.Lock()
 
+    #: the kit starts its server with the prefix cache the ``prefix_cache`` option says
+    sets_prefix_cache = False
+
+    @property
+    def effective_prefix_cache(self) -> bool | None:
+        """The prefix cache as the kit started the server; None attached (or where it sets none)."""
+        if self.base_url or not self.sets_prefix_cache:
+            return None
+        return bool(self.options.get("prefix_cache") or False)
+
     #: options a subclass reads on top of SERVER_KWARGS; None: not declared, so not checked
     OPTIONS: frozenset[str] | None = None
 

@@ -61,7 +61,7 @@ def _run_from(args: argparse.Namespace) -> int:
     # lazy: pandas and the report's formatting load only for --from, not for a plain prediction
     from ..analysis.predict import predict_from_study
     from ..analysis.study import load
-    from ..report.sections import markdown_table
+    from ..report.section import markdown_table
 
     if not (Path(args.from_dir) / "records").is_dir():
         raise FileNotFoundError(

@@ -100,6 +100,8 @@ def _run_show(args: argparse.Namespace) -> int:
         print(f"=== {r.prompt_id}  (input {r.input_policy}{tokens}{', truncated' if r.truncated else ''})")
         text = r.prompt if len(r.prompt) <= args.max_chars else r.prompt[: args.max_chars] + " [...]"
         print(text)
+        for k, turn in enumerate(r.later_turns, r.turn + 1):
+            print(f"--- turn {k} (after the target's own answer): {turn[: args.max_chars]}")
         if r.reference:
             ref = r.reference if len(r.reference) <= 200 else r.reference[:200] + " [...]"
             print(f"--- reference: {ref}")

@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..backends.registry import FRAMEWORKS
+from ..drafter_names import LOOKUP, MERGE_SEPARATOR, SELF, is_self, merged_parts
 from .errors import ParamsError
 from .model import get_entry, model_names
 from .schema import MethodSpec, ModelPair, StudySpec
 from .task import task_names
-from .vocab import SELF_DRAFTER
 
 
 class StudyModels(Protocol):
@@ -98,8 +98,13 @@ def drop_missing_optional(
 def known_model(name: str) -> bool:
     """A registry entry, an existing local path, or a hub id (owner/name)."""
     names = model_names()
-    if name == SELF_DRAFTER or (name.startswith(SELF_DRAFTER + ":") and name.partition(":")[2].isdigit()):
+    if is_self(name):
         return True
+    if MERGE_SEPARATOR in name:  # a merged tree's drafters (SpecInfer): each part known, or prompt lookup
+        try:
+            return all(part == LOOKUP or known_model(part) for part in merged_parts(name))
+        except ValueError:
+            return False
     return (
         name in names or Path(name).expanduser().exists() or (name.count("/") == 1 and not name.startswith((".", "/")))
     )
@@ -198,7 +203,7 @@ def draft_tokenizers(
         tsig = dict(signature(pair.target))
         tsig["vocab_size"] = tsig["vocab_size"] or pair.vocab_size.get("target")
         for short in used:
-            if pair.drafters[short].partition(":")[0] == SELF_DRAFTER:
+            if pair.drafters[short].partition(":")[0] == SELF:
                 continue  # the target's own layers: its own tokenizer
             dsig = dict(signature(pair.drafters[short]))
             dsig["vocab_size"] = dsig["vocab_size"] or pair.vocab_size.get(short)

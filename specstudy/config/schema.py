@@ -213,6 +213,9 @@ class _Axes(BaseModel):
     gammas: Annotated[list[PositiveInt], BeforeValidator(_as_list)] | None = None
     batch_sizes: Annotated[list[PositiveInt], BeforeValidator(_as_list)] | None = None
     request_rates: Annotated[list[Rate], BeforeValidator(_as_list)] | None = None
+    #: how requests arrive at a server: poisson (at request_rates), trace (a trace task's recorded
+    #: times); with trace, both run at the trace's mean rate, so the two read side by side
+    arrivals: Annotated[list[Literal["poisson", "trace"]], BeforeValidator(_as_list)] | None = None
     repeats: PositiveInt | None = None
     sampling: Annotated[list[SamplingSpec], BeforeValidator(_as_list)] | None = None  # one setting or an axis of them
     max_new_tokens: PositiveInt | None = None

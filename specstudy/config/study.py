@@ -79,6 +79,8 @@ class Sweep:
     prompts_per_task: int
     prefix_cache: tuple[bool, ...]
     description: str = ""
+    #: poisson and/or trace (a trace task's recorded arrivals, and Poisson at the trace's mean rate)
+    arrivals: tuple[str, ...] = ("poisson",)
     #: the stopping rule (PrecisionSpec's fields), None: a fixed prompts_per_task
     precision: Mapping[str, Any] | None = None
     #: the key the sweep's most prompts per task come from (prompts_per_task or precision.max_prompts,
@@ -144,6 +146,7 @@ _DEFAULTS: dict[str, Any] = {
     "max_new_tokens": 64,
     "prompts_per_task": 4,
     "prefix_cache": [False],
+    "arrivals": ["poisson"],
 }
 
 
@@ -184,9 +187,16 @@ def _resolve_sweep(
     sweep_models = spec.models if spec.models is not None else [m.name for m in models]
     (fws, fw_at), (ts, ts_at) = axis("frameworks"), axis("tasks")
     resolved: dict[str, Any] = {}
-    for key in ("gammas", "batch_sizes", "request_rates", "prefix_cache"):
+    for key in ("gammas", "batch_sizes", "request_rates", "prefix_cache", "arrivals"):
         value, where = axis(key)
         resolved[key] = names(key, value, where, value) if key != "request_rates" else tuple(value)
+    if "trace" in resolved["arrivals"] and resolved["request_rates"]:
+        raise ParamsError(
+            file,
+            f"{axis('request_rates')[1]}request_rates",
+            list(resolved["request_rates"]),
+            "[] with arrivals: trace (a trace sets its own rate; Poisson runs beside it at the same mean rate)",
+        )
     max_new = axis("max_new_tokens")[0]
     precision, prec_at = axis("precision")
     (ppt, ppt_at) = axis("prompts_per_task")

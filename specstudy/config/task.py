@@ -27,7 +27,20 @@ from .vocab import TASKS
 
 LENGTH_POLICIES = ("none", "truncate", "filter", "bucket")
 SOURCE_KINDS = ("package", "file", "hub")
-_COMMON = {"name", "kind", "fields", "template", "where", "licence", "upstream"}
+_COMMON = {"name", "kind", "fields", "schema", "template", "where", "licence", "upstream"}
+#: field maps of published prompt sets' documented schemas (``schema:`` of a source)
+SCHEMAS = {
+    # SPEED-Bench (nvidia/SPEED-Bench, every config): question_id, category, sub_category, turns (a
+    # list of user turns), source, src_id, difficulty, multiturn
+    "speed_bench": {
+        "id": "question_id",
+        "text": "turns",
+        "category": "category",
+        "sub_category": "sub_category",
+        "difficulty": "difficulty",
+        "source": "source",
+    },
+}
 _KEYS_BY_KIND = {
     "package": _COMMON | {"package", "version", "member", "sha256", "records"},
     "file": _COMMON | {"path", "sha256", "records", "split"},
@@ -70,6 +83,8 @@ class Source(BaseModel):
     model_config = _STRICT
     name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]+$")]
     kind: Literal[SOURCE_KINDS]  # type: ignore[valid-type]
+    #: a published schema whose field map the kit knows (``fields`` then adds to or overrides it)
+    schema_: Literal[tuple(SCHEMAS)] | None = Field(default=None, alias="schema")  # type: ignore[valid-type]
     fields: dict[str, Annotated[str, Field(min_length=1)]]
     template: Annotated[str, Field(min_length=1)] = "{text}"
     where: dict[str, Annotated[list[str | int], Field(min_length=1)]] = {}
@@ -93,6 +108,13 @@ class Source(BaseModel):
     max_records: PositiveInt | None = None
     #: the folder of the task file this source is in (set on load; a relative path starts there)
     base: str | None = Field(default=None, description="internal")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _schema_fields(cls, v: Any) -> Any:
+        if isinstance(v, dict) and v.get("schema") in SCHEMAS:
+            v = {**v, "fields": {**SCHEMAS[v["schema"]], **(v.get("fields") or {})}}
+        return v
 
     @model_validator(mode="before")
     @classmethod
@@ -206,6 +228,46 @@ class InputLength(BaseModel):
         return "none"
 
 
+TRACE_FORMATS = ("mooncake", "vllm_custom")
+
+
+class TraceSpec(BaseModel):
+    """A trace file whose recorded arrivals a serving sweep replays (:mod:`specstudy.data.traces`).
+
+    ``path`` is a JSON-lines file (absolute, or relative to the task file's folder, else the
+    repository), pinned by ``sha256``; ``format`` is ``mooncake`` (AIPerf's ``mooncake_trace``:
+    timestamp ms, input_length, output_length, hash_ids) or ``vllm_custom`` (vLLM's custom dataset:
+    prompt, output_tokens, plus a timestamp in ms); ``time_scale`` multiplies the recorded gaps;
+    ``block_size`` is the tokens per hash id (Mooncake's and AIPerf's 512).
+    """
+
+    model_config = _STRICT
+    path: Annotated[str, Field(min_length=1)]
+    sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+    format: Literal[TRACE_FORMATS]  # type: ignore[valid-type]
+    time_scale: Annotated[float, Field(gt=0)] = 1.0
+    block_size: PositiveInt = 512
+    licence: str = ""
+
+
+class TierSpec(BaseModel):
+    """Input-length tiers built from any source (:mod:`specstudy.data.tiers`): each prompt is the
+    sources' texts joined until it holds exactly ``input_tokens[i]`` tokens of the target's tokenizer
+    (SPEED-Bench's ~1k/2k/4k/8k throughput tiers); ``random_control`` adds, beside each, a prompt of
+    as many uniformly random tokens (how much random inputs distort speculative throughput)."""
+
+    model_config = _STRICT
+    input_tokens: Annotated[tuple[PositiveInt, ...], Field(min_length=1)]
+    random_control: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _as_tuple(cls, v: Any) -> Any:
+        if isinstance(v, dict) and isinstance(v.get("input_tokens"), list):
+            v = {**v, "input_tokens": tuple(v["input_tokens"])}
+        return v
+
+
 class SampleSpec(BaseModel):
     model_config = _STRICT
     n: PositiveInt = 40
@@ -221,13 +283,21 @@ class TaskConfig(BaseModel):
     #: free text: one of the seed's seven (TASKS) keeps the seed article's row, any other is a user's
     category: str
     description: str = ""
-    sources: Annotated[tuple[Source, ...], Field(min_length=1)]
+    sources: tuple[Source, ...] = ()  # at least one, unless a trace gives the prompts
     online_sources: tuple[Source, ...] = ()
     online: bool = False
     sample: SampleSpec = SampleSpec()
     chat_template: bool = True
     system_prompt: Annotated[str, Field(pattern=r"\S")] | None = None
     input_length: InputLength = InputLength()
+    #: user turns of each record that run: 1 (the first only), n (the first n) or "all"; turn k + 1
+    #: is sent with the target's own answers to turns 1..k as its history
+    turns: PositiveInt | Literal["all"] = 1
+    #: a trace to replay: its lines are the task's requests in their recorded order and times
+    #: (a Mooncake trace's hash blocks are filled with the tokenized text of ``sources``)
+    trace: TraceSpec | None = None
+    #: input-length tiers (and a random-token control) built from the sources
+    tiers: TierSpec | None = None
     seed_reference: dict[str, Any] = {}
 
     @model_validator(mode="before")
@@ -251,6 +321,9 @@ class TaskConfig(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> TaskConfig:
+        if not self.sources and (self.trace is None or self.trace.format == "mooncake"):
+            why = "a Mooncake trace fills its hash blocks with their text" if self.trace else "the prompts"
+            raise not_allowed([], f"at least one source ({why})", at="sources")
         for i, s in enumerate(self.sources):
             if s.kind == "hub":
                 raise not_allowed(
@@ -261,6 +334,12 @@ class TaskConfig(BaseModel):
             dup = sorted({x for x in names if names.count(x) > 1})
             if dup:
                 raise not_allowed(dup[0], "unique source names", at=(key,))
+        if self.tiers is not None and self.trace is not None:
+            raise not_allowed(
+                {"input_tokens": list(self.tiers.input_tokens)},
+                "no tiers on a trace task (its lines set lengths)",
+                at="tiers",
+            )
         if self.online and not self.online_sources:
             raise not_allowed(self.online, [False], "online: true needs online_sources", at="online")
         if self.seed_reference and self.category not in TASKS:
@@ -279,6 +358,11 @@ class TaskConfig(BaseModel):
     @property
     def seed(self) -> int:
         return self.sample.seed
+
+    @property
+    def max_turns(self) -> int | None:
+        """How many user turns of a record run (None: all of them)."""
+        return None if self.turns == "all" else int(self.turns)
 
     @property
     def input_policy(self) -> str:

@@ -25,8 +25,6 @@ METHOD_ALIASES = {
     "specinfer": "tree",
     "sequoia": "tree",
 }
-#: the reference engine's own-layers drafter: "self" (half the layers) or "self:K"
-SELF_DRAFTER = "self"
 
 
 def method_family(method: str) -> str:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import ParamsError
-from ..config.errors import validate_all
+from ..config.errors import ParamsProblems, validate_all
 from ..config.task import (
     Source,
     TaskConfig,
@@ -102,6 +102,12 @@ def check_task(
         problems.append(ParamsError(path, "sources", dup[0], "sources whose names (the prompt id prefix) differ"))
         complete = False
     available = len(rows) if complete else None
+    if cfg is not None and cfg.trace is not None:  # a trace's lines are the task's requests
+        available = _trace_problems(cfg, path, problems)
+    elif cfg is not None and cfg.tiers is not None and available is not None:
+        from .tiers import tier_capacity
+
+        available = tier_capacity(cfg.tiers, available)
     if cfg is not None and available and tokenizers and cfg.input_length.policy != "none":
         want = min(need, available)  # fewer prompts than needed is the study's problem, not the policy's
         for target, tok in tokenizers.items() if want else ():
@@ -109,6 +115,20 @@ def check_task(
             if problem is not None:
                 problems.append(problem)
     return TaskCheck(str(path), cfg, available, problems, notes)
+
+
+def _trace_problems(cfg: TaskConfig, path: Path, problems: list[ParamsError]) -> int | None:
+    """The trace's requests (None when it does not read), its problems appended to ``problems``."""
+    from .traces import read_trace, trace_file
+
+    assert cfg.trace is not None
+    try:
+        return len(read_trace(cfg.trace, trace_file(cfg), str(path)))
+    except TaskDataError as e:
+        problems.append(ParamsError(path, f"trace.{e.key}", e.value, e.allowed or "a readable trace file"))
+    except ParamsProblems as e:
+        problems.extend(e.problems)
+    return None
 
 
 def _length_problem(

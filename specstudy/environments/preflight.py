@@ -41,6 +41,12 @@ TRTLLM_HINT = (
     "so that trtllm-serve is on PATH"
 )
 
+#: MLC-LLM's install, from its docs/install/mlc_llm.rst (prebuilt nightly wheels per CUDA version)
+MLC_HINT = (
+    "install MLC-LLM from its own wheel index so that mlc_llm is on PATH, e.g. python -m pip install "
+    "--pre -U -f https://mlc.ai/wheels mlc-llm-nightly-cu128 mlc-ai-nightly-cu128 (see llm.mlc.ai/docs/install)"
+)
+
 
 @dataclass(frozen=True)
 class Missing:
@@ -50,6 +56,10 @@ class Missing:
     what: str
     why: str
     how: str
+    #: a drafter finding's row: the framework, method and drafter it refuses (the rest still run)
+    framework: str = ""
+    method: str = ""
+    drafter: str = ""
 
 
 @dataclass(frozen=True)
@@ -218,6 +228,20 @@ def _engines(frameworks: list[str], cuda: bool, p: Probes) -> list[Missing]:
         needed = envs.required_engines(frameworks, cuda)
     except ValueError as e:
         return [Missing("engine", ", ".join(frameworks), str(e), "drop the framework from the profile on this machine")]
+    to_install = [env for env in needed if not p.installed(env)]
+    want = sum(env.disk_gb for env in to_install)
+    if want:
+        free = p.disk_free(envs.engines_root()) / 1e9
+        if free < want * 1.1:
+            names = ", ".join(env.name for env in to_install)
+            out.append(
+                Missing(
+                    "disk",
+                    str(envs.engines_root()),
+                    f"the {names} environment(s) need about {want:.0f} GB, {free:.0f} GB free",
+                    f"free disk space or set {envs.ROOT_ENV_VAR} to a larger disk",
+                )
+            )
     for env in needed:
         make = f"make engine-{env.engine} (python -m specstudy.environments install {env.engine} --{env.build})"
         py = str(envs.python_of(env))
@@ -255,6 +279,11 @@ def _engines(frameworks: list[str], cuda: bool, p: Probes) -> list[Missing]:
             out.append(
                 Missing("engine", "trtllm-serve", "not on PATH (the kit does not install TensorRT-LLM)", TRTLLM_HINT)
             )
+    if "mlc" in frameworks and not p.which("mlc_llm"):
+        why = (
+            "not on PATH (MLC-LLM's wheels are not on PyPI, whose names are placeholders: the kit does not install it)"
+        )
+        out.append(Missing("engine", "mlc_llm", why, MLC_HINT))
     return out
 
 
@@ -330,6 +359,9 @@ def _drafters(drafters: list[DrafterUse], p: Probes) -> list[Missing]:
                         f"{d.id} ({fw} {method})",
                         str(e),
                         "use a checkpoint in the engine's format, or drop this framework for the row",
+                        framework=fw,
+                        method=method,
+                        drafter=d.id,
                     )
                 )
     return out

@@ -8,28 +8,15 @@ and figures under those names and renders the markdown.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import pandas as pd
-from matplotlib.figure import Figure
 
-from ..analysis import conditions, engine_costs, fails, figures, frames, memory, rates, stats, tables
+from ..analysis import conditions, engine_costs, fails, figures, frames, memory, rates, stats, tables, trees
 from ..analysis.format import FAMILY_TITLES, TASK_TITLES, fmt, fmt_ci
 from ..analysis.study import Study
 from ..metrics import MIN_PROMPTS_FOR_CI
+from .section import Section, markdown_table
 from .summary import summary_markdown
-
-
-def markdown_table(df: pd.DataFrame | None) -> str:
-    """A GitHub-flavoured markdown table (no tabulate dependency)."""
-    if df is None or len(df) == 0:
-        return "_no measured rows_\n"
-    cols = [str(c) for c in df.columns]
-    lines = ["| " + " | ".join(cols) + " |", "| " + " | ".join("---" for _ in cols) + " |"]
-    for _, row in df.iterrows():
-        lines.append("| " + " | ".join(str(v).replace("|", "\\|").replace("\n", " ") for v in row.values) + " |")
-    return "\n".join(lines) + "\n"
-
+from .workload import workload_sections
 
 #: what the Pareto figures of a batch or rate sweep show (vLLM's sweep plots), said once for both sections
 PARETO_TEXT = (
@@ -39,26 +26,6 @@ PARETO_TEXT = (
     "both; the dashed line joins the points no other point beats on both. Speculation pays where its line lies "
     "beyond AR's.\n"
 )
-
-
-@dataclass
-class Section:
-    title: str
-    markdown: str = ""
-    tables: dict[str, tuple[pd.DataFrame, pd.DataFrame | None]] = field(default_factory=dict)
-    figures: dict[str, Figure] = field(default_factory=dict)
-
-    def absorb(self, other: Section) -> None:
-        """Append another section's text, tables and figures (the telemetry inside the hardware section)."""
-        self.markdown += "\n" + other.markdown
-        self.tables.update(other.tables)
-        self.figures.update(other.figures)
-
-    def to_markdown(self, figures_rel: str = "figures", level: int = 2) -> str:
-        parts = [f"{'#' * level} {self.title}\n", self.markdown]
-        for name in self.figures:
-            parts.append(f"\n![{name}]({figures_rel}/{name}.png)\n\n(PDF: `{figures_rel}/{name}.pdf`)\n")
-        return "\n".join(parts) + "\n"
 
 
 def telemetry_section(study: Study) -> Section:
@@ -156,7 +123,23 @@ def method_family_section(study: Study, family: str) -> Section:
     if len(sweep):
         sec.figures[f"method_{family}_pareto"] = figures.batch_pareto(sweep)
         sec.markdown += "\n" + PARETO_TEXT.format(point="batch size", ar="the paired AR cells at each batch size")
+    if family == "tree" and study.has_sweep(trees.SWEEP):
+        shapes, shapes_raw = trees.tree_shape_table(study)
+        sec.tables["tree_shapes"] = (shapes, shapes_raw)
+        sec.markdown += "\n" + TREE_SHAPES_TEXT + markdown_table(shapes)
     return sec
+
+
+TREE_SHAPES_TEXT = (
+    "### Tree shapes at a matched node budget\n\n"
+    "The same drafter(s), the same prompts and about the same number of drafted nodes per step, grown as a "
+    "chain, with a fixed branching per depth, as SpecInfer's merge of several drafters' trees and as "
+    "Sequoia's tree chosen by its dynamic program from the acceptance vector and this machine's "
+    "verification-cost curve. *Seed row* is the seed's name for the method; the row says what ran. "
+    "*AL expected* is a prediction (Sequoia: its DP's expected accepted tokens per step for the tree it "
+    "chose; a chain: (1 − α̂^(γ+1)) / (1 − α̂) from the row's own α̂); *AL measured* is pooled over the "
+    "row's prompts with its interval. A row that loses to AR is read in *When speculation does not pay*.\n\n"
+)
 
 
 def task_category_section(study: Study, task: str | None = None) -> Section:
@@ -423,6 +406,7 @@ def report_sections(study: Study) -> list[Section]:
     serving = serving_section(study)
     if serving.tables:  # a study without servers or prefix-cache pairs has no such section
         secs.append(serving)
+    secs += workload_sections(study)
     secs += [
         hygiene_section(study),
         provenance_section(study),

@@ -19,7 +19,8 @@ from matplotlib.figure import Figure
 from ..analysis import tables
 from ..analysis.study import Study, load
 from .latex import latex_table
-from .sections import Section, extra_sections, markdown_table, report_head, report_sections
+from .section import Section, markdown_table
+from .sections import extra_sections, report_head, report_sections
 
 #: the PNGs' resolution; report.pdf prints each figure at its own size from it (pixels / dpi inches)
 FIGURE_DPI = 130

@@ -142,13 +142,21 @@ def run_at_rate(
     warmup_tokens: int,
     telemetry_period_s: float,
 ) -> tuple[list[RequestRecord], Telemetry]:
-    """A serving cell: Poisson arrivals at ``plan.request_rate`` against the cell's server."""
+    """A serving cell against the cell's server: Poisson arrivals at ``plan.request_rate``, or the
+    trace task's recorded arrivals (``plan.arrivals == "trace"``)."""
     if not isinstance(backend, ServingBackend):
         raise ValueError(
             f"request_rate needs a server backend (vllm-server, sglang, llamacpp, openai); "
             f"{type(backend).__name__} decodes offline batches"
         )
     assert plan.request_rate is not None
+    offsets: list[float] | None = None
+    if plan.arrivals == "trace":
+        recorded = [r.arrival_s for r in requests]
+        if any(t is None for t in recorded):
+            raise ValueError(f"cell {plan.cell_id}: arrivals trace needs requests from a trace task")
+        t0 = min(t for t in recorded if t is not None)
+        offsets = [t - t0 for t in recorded if t is not None]  # a later slice of the trace starts at once
     run = serve(
         backend,
         requests,
@@ -161,6 +169,7 @@ def run_at_rate(
         run_timeout_s=RATE_RUN_TIMEOUT_S,
         telemetry_period_s=telemetry_period_s,
         seed=plan.sampling.seed,
+        offsets=offsets,
     )
     policies = {r.prompt_id: getattr(r, "input_policy", "") for r in requests}
     for rec in run.records:

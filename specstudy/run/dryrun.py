@@ -86,7 +86,7 @@ def estimate_cell(cfg: StudyConfig, plan: CellPlan, prof: HardwareProfile) -> Ce
     pair = pair_of[plan.target]
     dt = cost_dtype(pair.dtype, pair.quantization)
     b, n = plan.cell.batch_size, plan.tensor_parallel_size
-    batches = math.ceil(plan.prompts / b)
+    batches = math.ceil(plan.requests / b)
     t1 = costmodel.step_time(p, prof, dt, b, 1, n)
     prefill = costmodel.step_time(p, prof, dt, b, PROMPT_TOKENS, n)
     ar = batches * (prefill + plan.sampling.max_new_tokens * t1)
@@ -130,8 +130,8 @@ def duration_table(cfg: StudyConfig, plans: Sequence[CellPlan], prof: HardwarePr
             {
                 "sweep": sw,
                 "cells": len(mine),
-                "requests": sum(e.plan.prompts for e in mine),
-                "output_tokens": sum(e.plan.prompts * e.plan.sampling.max_new_tokens for e in mine),
+                "requests": sum(e.plan.requests for e in mine),
+                "output_tokens": sum(e.plan.requests * e.plan.sampling.max_new_tokens for e in mine),
                 "predicted_minutes": round(sum(known) / 60, 1) if known else None,
                 "cells_without_prediction": len(mine) - len(known),
             }
@@ -155,8 +155,8 @@ def duration_table(cfg: StudyConfig, plans: Sequence[CellPlan], prof: HardwarePr
             {
                 "sweep": "precision targets: at most, if none is met (not in TOTAL)",
                 "cells": len(extra),
-                "requests": sum(p.prompts for p in extra),
-                "output_tokens": sum(p.prompts * p.sampling.max_new_tokens for p in extra),
+                "requests": sum(p.requests for p in extra),
+                "output_tokens": sum(p.requests * p.sampling.max_new_tokens for p in extra),
                 "predicted_minutes": round(sum(known) / 60, 1) if known else None,
                 "cells_without_prediction": len(extra) - len(known),
             }
@@ -165,8 +165,8 @@ def duration_table(cfg: StudyConfig, plans: Sequence[CellPlan], prof: HardwarePr
         {
             "sweep": "TOTAL",
             "cells": len(plans),
-            "requests": sum(p.prompts for p in plans),
-            "output_tokens": sum(p.prompts * p.sampling.max_new_tokens for p in plans),
+            "requests": sum(p.requests for p in plans),
+            "output_tokens": sum(p.requests * p.sampling.max_new_tokens for p in plans),
             "predicted_minutes": round((decode + setup) / 60, 1),
             "cells_without_prediction": sum(e.seconds is None for e in est),
         }

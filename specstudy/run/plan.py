@@ -19,10 +19,13 @@ from typing import Any
 
 from .. import backends
 from ..backends.base import Backend
+from ..backends.declaration import LOAD_OPTIONS
 from ..backends.registry import DECLARATIONS, DRAFTER_PER_CELL, SERVER_FRAMEWORKS, TOKENIZING_FRAMEWORKS
 from ..config import ParamsError, StudyConfig, Sweep, hardware_names, load_hardware_profile, load_task_config
 from ..config.errors import ParamsProblems
 from ..config.schema import ModelPair
+from ..data.conversations import turns_per_prompt
+from ..data.traces import replay_rate
 from ..records import Cell, RequestRecord, Sampling
 
 
@@ -45,6 +48,13 @@ class CellPlan:
     method_options: tuple[tuple[str, Any], ...] = ()  # what the backend sees in cell.options
     sweeps: tuple[str, ...] = ()
     prompt_offset: int = 0  # a precision extension measures prompts [offset, offset + prompts) of the task
+    arrivals: str = "poisson"  # a rate cell's arrivals: poisson at request_rate, or its trace task's recorded times
+    turns: int = 1  # requests per prompt: a conversation's turns (at most; for sizing the study)
+
+    @property
+    def requests(self) -> int:
+        """Requests the cell sends (its prompts times their turns, at most)."""
+        return self.prompts * self.turns
 
     @property
     def cell_id(self) -> str:
@@ -62,6 +72,15 @@ class CellPlan:
         # the reference engine loads each cell's drafter itself (cached), so one engine per target
         drafter = None if self.cell.framework in DRAFTER_PER_CELL else self.drafter_id
         return (self.cell.framework, self.target, drafter, self.dtype, self.tensor_parallel_size, self.prefix_cache)
+
+    def engine_config_key(self) -> tuple[Any, ...]:
+        """Cells with the same key start the same engine configuration: for engines whose
+        speculation is fixed at start (a server, vLLM's engine), the method, γ, drafter and method
+        options (the offered load aside) too."""
+        if self.cell.framework not in SERVER_FRAMEWORKS:
+            return self.backend_key()
+        opts = tuple(o for o in self.method_options if o[0] not in LOAD_OPTIONS)
+        return (*self.backend_key(), self.cell.method, self.cell.gamma, self.drafter_id, opts)
 
     def backend_cell(self) -> Cell:
         """The cell handed to ``backend.run``: method options only (plus the arrival rate for servers).
@@ -113,6 +132,8 @@ def _structure(cfg: StudyConfig) -> None:
     """Each (framework, method) of a sweep must be one the backend runs; drafters must exist."""
     declared = {fw: backend_methods(fw) for sw in cfg.sweeps for fw in sw.frameworks}
     for sw in cfg.sweeps:
+        if "trace" in sw.arrivals:
+            _trace_checks(cfg, sw)
         for label in sw.methods:
             m = cfg.method(label)
             name = m.method or m.family
@@ -142,6 +163,21 @@ def _structure(cfg: StudyConfig) -> None:
                     [p.name for p in cfg.models if m.drafter in p.drafters],
                     f"method {label!r} needs drafter {m.drafter!r}",
                 )
+
+
+def _trace_checks(cfg: StudyConfig, sw: Sweep) -> None:
+    """A trace sweep runs on servers only, and every one of its tasks replays a trace file."""
+    at = f"study.sweeps.{sw.name}" if sw.name != "default" else "study"
+    offline = [fw for fw in sw.frameworks if fw not in SERVER_FRAMEWORKS]
+    if offline:
+        raise ParamsError(
+            cfg.file, f"{at}.frameworks", offline, list(SERVER_FRAMEWORKS), "arrivals: trace needs servers"
+        )
+    for task in sw.tasks:
+        try:
+            replay_rate(cfg.task_file(task), sw.prompts_per_task)
+        except ParamsError as e:
+            raise ParamsError(e.file, e.key, e.value, e.allowed, f"task {task!r} of {at}.tasks ({cfg.file})") from None
 
 
 def uses_cuda(cfg: StudyConfig) -> bool:
@@ -342,7 +378,7 @@ def expand(cfg: StudyConfig) -> list[CellPlan]:
 
     for sw in cfg.sweeps:
         rates: tuple[float | None, ...] = sw.request_rates or (None,)
-        for model_name, fw, task, batch, pc, rate, smp, label, rep in itertools.product(
+        for model_name, fw, task, batch, pc, rate, smp, label, rep, arrivals in itertools.product(
             sw.models,
             sw.frameworks,
             sw.tasks,
@@ -352,7 +388,10 @@ def expand(cfg: StudyConfig) -> list[CellPlan]:
             sw.samplings,
             sw.methods,
             range(sw.repeats),
+            sw.arrivals,
         ):
+            if "trace" in sw.arrivals:  # both arrival kinds at the trace's own mean rate
+                rate = replay_rate(cfg.task_file(task), sw.prompts_per_task)
             if rate is not None and fw not in SERVER_FRAMEWORKS:
                 continue  # request-rate sweeps are for servers; offline engines run batches
             pair = cfg.model(model_name)
@@ -365,6 +404,8 @@ def expand(cfg: StudyConfig) -> list[CellPlan]:
                 continue
             sampling = dataclasses.replace(smp, seed=smp.seed + rep)
             run_opts = _run_options(smp, pair, pc, rate, sw.prompts_per_task)
+            if arrivals != "poisson":  # Poisson cells keep the ids they had before arrivals existed
+                run_opts = tuple(sorted({**dict(run_opts), "arrivals": arrivals}.items()))
             base_cell = _with_id(
                 Cell(
                     study=cfg.name,
@@ -388,6 +429,8 @@ def expand(cfg: StudyConfig) -> list[CellPlan]:
                 tensor_parallel_size=pair.tensor_parallel_size,
                 prefix_cache=pc,
                 request_rate=rate,
+                arrivals=arrivals,
+                turns=turns_per_prompt(cfg.task_file(task)),
             )
             add(
                 CellPlan(cell=base_cell, label="ar", family="ar", drafter_id=None, baseline_cell_id=None, **common),
@@ -462,8 +505,8 @@ def _baselines_first(plans: list[CellPlan]) -> list[CellPlan]:
 def plan_summary(plans: Iterable[CellPlan], warmup_requests: int = 0, warmup_tokens: int = 0) -> dict[str, Any]:
     """Cells, requests and output tokens the plan will decode (for sizing a study before running it)."""
     plans = list(plans)
-    requests = sum(p.prompts for p in plans)
-    tokens = sum(p.prompts * p.sampling.max_new_tokens for p in plans)
+    requests = sum(p.requests for p in plans)
+    tokens = sum(p.requests * p.sampling.max_new_tokens for p in plans)
     return {
         "cells": len(plans),
         "baseline_cells": sum(p.is_baseline for p in plans),

@@ -152,8 +152,10 @@ def serve(
     run_timeout_s: float,
     telemetry_period_s: float,
     seed: int = 0,
+    offsets: Sequence[float] | None = None,
 ) -> ServedRun:
-    """Start (or attach to) the cell's server, warm it up, then offer ``requests`` at ``load``.
+    """Start (or attach to) the cell's server, warm it up, then offer ``requests`` at ``load``
+    (or at ``offsets``, seconds from the run's start: a trace's recorded arrivals).
 
     Raises :class:`~specstudy.backends.server.ServerDied` (with the run's records) when the
     server exits during the run.
@@ -166,7 +168,7 @@ def serve(
             list(requests),
             sampling,
             cell,
-            arrival_offsets(len(requests), load.rate, load.burstiness, seed),
+            list(offsets) if offsets is not None else arrival_offsets(len(requests), load.rate, load.burstiness, seed),
             concurrency=load.concurrency,
             request_timeout_s=request_timeout_s,
             run_timeout_s=run_timeout_s,
@@ -176,6 +178,7 @@ def serve(
     records, wall, run_acc = batch.records, batch.wall_s, batch.run_acceptance
     for rec in records:  # the same run-level block on every record of the run: NOT a per-request number
         rec.extra["run_scope"] = {"acceptance": run_acc, "n_requests": len(records), "wall_s": wall, "load": load.label}
+        rec.extra["arrivals"] = "trace" if offsets is not None else "poisson"
     return ServedRun(records, wall, tel, run_acc, sum(1 for w in warm if w.status == "ok"), len(warm))
 
 

@@ -20,11 +20,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..backends.base import BackendUnavailable
+from ..backends.lifecycle import ServerStartError
 from ..backends.server import ServerDied
 from ..config import StudyConfig, display_path, hardware_names, load_hardware_profile, load_task_config
 from ..config.task import seed_row
+from ..data.conversations import is_conversation
 from ..data.models import tokenizer_if_here
 from ..data.tasks import load_requests
+from ..data.traces import needs_target_tokens
 from ..layout import StudyLayout
 from ..provenance import provenance
 from ..records import Request, RequestRecord
@@ -33,6 +37,7 @@ from .engine_costs import measure_engine_costs
 from .plan import CellPlan, check_tasks, plan_summary
 from .pool import BackendFactory, BackendPool
 from .precision import extensions
+from .turns import run_turns
 
 RequestLoader = Callable[[str, int, int, Any], list[Request]]
 
@@ -82,6 +87,9 @@ class _RunState:
     prompts: dict[tuple[Any, ...], list[Request]] = field(default_factory=dict)
     baselines: dict[str, list[RequestRecord]] = field(default_factory=dict)
     failed_engines: dict[tuple[Any, ...], str] = field(default_factory=dict)
+    #: engine configurations that failed to start (a server launch, vLLM's engine build), by
+    #: :meth:`CellPlan.engine_config_key`: their later cells fail at once instead of starting again
+    failed_starts: dict[tuple[Any, ...], str] = field(default_factory=dict)
     #: per loaded engine (the backend object: one evicted and loaded again is cold again), the
     #: (method, γ, batch size, method options) it has been warmed up for
     warmed: weakref.WeakKeyDictionary[Any, set[tuple[Any, ...]]] = field(default_factory=weakref.WeakKeyDictionary)
@@ -233,6 +241,11 @@ def _requests(
 ) -> tuple[list[Request], list[Request]]:
     n = plan.prompt_offset + plan.prompts + cfg.warmup_requests  # a task's order is fixed by its seed
     key = (plan.cell.task, n, plan.sampling.seed - plan.cell.repeat, plan.target)
+    if tokenizer is None and key not in state.prompts and needs_target_tokens(cfg.task_file(plan.cell.task)):
+        try:  # trace hash blocks and tiers are the target's tokens (a server's engine has loaded them by now)
+            tokenizer = tokenizer_if_here(plan.target)
+        except LookupError:
+            tokenizer = None  # the trace's own prompt texts need none; hash blocks say what is missing
     if key not in state.prompts:
         state.prompts[key] = loader(plan.cell.task, n, plan.sampling.seed - plan.cell.repeat, tokenizer)
     return split_warmup(state.prompts[key][plan.prompt_offset :], plan.prompts, cfg.warmup_requests)
@@ -256,26 +269,52 @@ def _run_one(
         except Exception as e:
             state.failed_engines[key] = f"{type(e).__name__}: {e}"
             raise
+        start_key = plan.engine_config_key()
+        if start_key in state.failed_starts:
+            raise RuntimeError(
+                f"engine failed to start earlier with this configuration: {state.failed_starts[start_key]}"
+            )
         requests, warm = _requests(cfg, plan, loader, getattr(backend, "tokenizer", None), state)
         warm, warm_tokens, self_warm = plan_warmup(state, backend, plan, cfg, warm)
         if not requests:
             raise RuntimeError(f"task {plan.cell.task!r} returned no prompts")
-        t0 = time.perf_counter()
-        records, tel = run_cell(plan, backend, requests, warm, warm_tokens, cfg.telemetry_period_s, progress)
-        wall = time.perf_counter() - t0
-        if len(records) != len(requests):
-            raise RuntimeError(f"backend returned {len(records)} records for {len(requests)} requests")
-        summary = tel.summary()
-        annotate(records, len(warm), wall, summary, warm_tokens if warm else 0, engine_warmed_itself=self_warm)
-        if tel.samples:
-            layout.write_telemetry(plan.cell_id, tel.samples)
-        layout.write_part(plan.cell_id, records)  # the commit point of the cell
         baseline = None
         if plan.baseline_cell_id:
             baseline = state.baselines.get(plan.baseline_cell_id)
             if baseline is None and layout.is_done(plan.baseline_cell_id):
                 baseline = layout.read_part(plan.baseline_cell_id)
-        else:
+        t0 = time.perf_counter()
+        try:
+            if any(is_conversation(r) for r in requests):
+                if plan.baseline_cell_id and baseline is None:
+                    raise RuntimeError(
+                        f"conversations take their history from the baseline {plan.baseline_cell_id}: not run"
+                    )
+                records, tel = run_turns(
+                    plan,
+                    backend,
+                    requests,
+                    warm,
+                    warm_tokens,
+                    cfg.telemetry_period_s,
+                    progress,
+                    history=baseline,
+                    tokenizer=getattr(backend, "tokenizer", None),
+                )
+            else:
+                records, tel = run_cell(plan, backend, requests, warm, warm_tokens, cfg.telemetry_period_s, progress)
+                if len(records) != len(requests):
+                    raise RuntimeError(f"backend returned {len(records)} records for {len(requests)} requests")
+        except (ServerStartError, BackendUnavailable) as e:
+            state.failed_starts[start_key] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            raise
+        wall = time.perf_counter() - t0
+        summary = tel.summary()
+        annotate(records, len(warm), wall, summary, warm_tokens if warm else 0, engine_warmed_itself=self_warm)
+        if tel.samples:
+            layout.write_telemetry(plan.cell_id, tel.samples)
+        layout.write_part(plan.cell_id, records)  # the commit point of the cell
+        if not plan.baseline_cell_id:
             state.baselines[plan.cell_id] = records
         return summarize(plan, records, wall, baseline, summary)
     except KeyboardInterrupt:

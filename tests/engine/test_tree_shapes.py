@@ -20,9 +20,10 @@ from exact_distribution import chi_square_p
 from exact_distribution import exact_joint as _exact_joint
 
 from specstudy.data.models import tiny_model
+from specstudy.drafter_names import merged_parts
 from specstudy.engine.methods import DecodeJob, get_method
 from specstudy.engine.methods.sequoia import SequoiaDrafter
-from specstudy.engine.methods.specinfer import Drafters, drafter_names
+from specstudy.engine.methods.specinfer import Drafters
 from specstudy.engine.proposals import ProposalTree, accept_proposals
 from specstudy.engine.sequoia_calibration import draws_without_replacement
 from specstudy.engine.sequoia_dp import Topology, best_trees, choose_tree, expected_tokens
@@ -236,7 +237,7 @@ def test_options_are_checked_before_any_model_loads(target):
     with pytest.raises(ValueError, match="sequoia_cost"):
         get_method("sequoia").check(3, 1, "self", {"sequoia_cost": "2:1.1"})
     with pytest.raises(ValueError, match="twice"):
-        drafter_names("self:2+self:2")
+        merged_parts("self:2+self:2")
     with pytest.raises(ValueError, match="self:0"):
         get_method("specinfer").check(3, 1, "self:0+ngram", {})
     with pytest.raises(ValueError, match="depth 2, but gamma=3"):

@@ -96,6 +96,13 @@ def test_no_gpu_driver_and_the_cpu_profile():
     assert got[0].kind == "engine" and "no cpu build" in got[0].why
 
 
+def test_mlc_llm_missing_from_path_says_how_to_install_it():
+    got = preflight(["mlc", "vllm"], [], [], A100, 1, probes=probes(which=lambda exe: None))
+    assert kinds(got) == [("engine", "mlc_llm")]  # vLLM's environment is there: only MLC is missing
+    assert "not on PATH" in got[0].why and "https://mlc.ai/wheels" in got[0].how
+    assert preflight(["mlc"], [], [], A100, 1, probes=probes()) == []  # mlc_llm on PATH: nothing missing
+
+
 def test_bad_model_ids_and_local_paths(tmp_path):
     got = preflight(["hf"], [str(tmp_path), "not-a-hub-id"], [], CPU, 1, probes=probes(cached=lambda r: None))
     assert kinds(got) == [("model", "not-a-hub-id")] and "neither a local path nor a hub id" in got[0].why

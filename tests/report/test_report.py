@@ -54,7 +54,7 @@ def test_report_has_every_section_with_measured_numbers(study_out):
     ):
         assert heading in md, heading
     hw = _table(md, "## Hardware table")
-    assert hw[0][:8] == ["Method", "Framework", "Precision", "Target", "Draft", "γ", "Sampling", "α"]
+    assert hw[0][:9] == ["Method", "Seed row", "Framework", "Precision", "Target", "Draft", "γ", "Sampling", "α"]
     assert {"AL", "tokens/s", "Speedup", "n (prompts)", "repeats", "Precision reached"} <= set(hw[0])
     seed_metrics = _table(md, "The rest of the seed's metric table")
     assert {

@@ -114,3 +114,16 @@ def test_a_rerun_re_renders_the_notebooks_when_the_plan_changed(tmp_path, study_
     os.utime(tmp_path / "cpu" / ".records-updated", ns=(first - 10**9, first - 10**9))
     assert run(TINY_STUDY) == first - 10**9  # the same plan, no new records: nothing to re-render
     assert run(TINY_STUDY + "  slo: {tpot_ms: 250}\n") > first - 10**9
+
+
+def test_the_h200_profile_plans_the_seeds_specinfer_and_sequoia_rows():
+    """On the reference engine (the kit's implementation of each), a 7B target with the papers' small drafts."""
+    from specstudy.config import load_study
+    from specstudy.run.plan import expand
+
+    plans = [p for p in expand(load_study("h200")) if "tree_shapes" in p.sweeps]
+    methods = {(p.cell.framework, p.cell.method) for p in plans}
+    assert {("reference", "specinfer"), ("reference", "sequoia"), ("reference", "ar")} <= methods
+    assert all(p.target == "meta-llama/Llama-2-7b-chat-hf" for p in plans)
+    assert {p.drafter_id for p in plans if p.cell.method == "specinfer"} == {"JackFram/llama-68m+JackFram/llama-160m"}
+    assert all("kit's reference engine" in p.label for p in plans if p.cell.method != "ar")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 import traceback
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from ...config.vocab import TORCH_DTYPES
@@ -62,6 +62,23 @@ class ReferenceBackend(Backend):
         else:  # an already loaded module (tests, notebooks); requests then need prompt_ids or a tokenizer
             self.model, self.tokenizer = model, options.get("tokenizer")
         self._drafters: dict[tuple[str | None, ...], Any] = {}  # (method, drafter[, quantization])
+
+    @classmethod
+    def describe(cls, method: str, gamma: int | None, options: Mapping[str, Any], cuda: bool | None = None) -> str:
+        """What the reference engine runs for a study method (a label that does not overstate)."""
+        opts = dict(options)
+        if method == "ar":
+            return "the kit's reference engine, autoregressive decoding (no speculation)"
+        if method == "sequoia":
+            return f"the kit's reference engine: a Sequoia DP token tree of at most {opts.get('tree_nodes')} nodes, depth <= {gamma}"
+        if method == "specinfer":
+            return "the kit's reference engine: SpecInfer, the drafters' token trees merged into one tree"
+        branching = str(opts.get("tree_branching", ""))
+        if method == "tree" and branching and set(branching.replace(",", "").strip()) == {"1"}:
+            return f"the kit's reference engine: a chain of {gamma} draft tokens, verified in one forward"
+        if method == "tree":
+            return f"the kit's reference engine: a token tree of depth {gamma}, verified in one forward (tree mask)"
+        return f"the kit's reference engine: {method}, {gamma} draft tokens per step"
 
     @classmethod
     def check_cell(

@@ -25,7 +25,7 @@ from typing import Any
 from ...data.models import resolve_for_engine as resolve_model
 from ...environments.install import ENVIRONMENTS, is_installed, python_of
 from ...records import Cell, Request, RequestRecord, Sampling
-from ..declaration import check_method
+from ..declaration import check_choice, check_method
 from ..lifecycle import ServerInfo, http_get, split_url
 from ..server import ServerBackend
 from ..sse import StreamState
@@ -103,8 +103,8 @@ def speculative_flags(method: str, gamma: int | None, drafter: str | None, optio
     ]
 
 
-def describe_sglang(method: str, gamma: int | None, options: Mapping[str, Any]) -> str:
-    """What SGLang 0.5.23 actually runs for a study method."""
+def describe_sglang(method: str, gamma: int | None, options: Mapping[str, Any], flush: bool = True) -> str:
+    """What SGLang 0.5.23 actually runs for a study method (``flush``: the framework's ``flush_cache``)."""
     opts = dict(options)
     if method == "ar":
         return f"SGLang {SGLANG_VERSION} autoregressive decoding (no speculation)"
@@ -113,7 +113,8 @@ def describe_sglang(method: str, gamma: int | None, options: Mapping[str, Any]) 
         shape = "a chain" if breadth == 1 else f"a BFS tree of breadth up to {breadth}"
         return (
             f"SGLang {SGLANG_VERSION} NGRAM, its own algorithm (not vLLM's prompt lookup): a trie over prompts "
-            f"and earlier outputs, {shape} of {gamma} draft tokens; the cache is flushed before every cell"
+            f"and earlier outputs, {shape} of {gamma} draft tokens; "
+            + ("the cache is flushed before every cell" if flush else "the cache is not flushed between cells")
         )
     name = {"eagle": "EAGLE", "eagle3": "EAGLE-3", "draft_target": "draft model (STANDALONE)"}[method]
     topk, n = tree_shape(method, int(gamma or 0), opts)
@@ -186,6 +187,7 @@ class SglangServerBackend(ServerBackend):
     """
 
     framework = "sglang"
+    sets_prefix_cache = True
     methods = SGLANG.methods
     api_path = "/generate"
     OPTIONS = frozenset(
@@ -205,9 +207,7 @@ class SglangServerBackend(ServerBackend):
     @classmethod
     def check_engine_options(cls, options: dict[str, Any]) -> None:
         super().check_engine_options(options)
-        dtype = options.get("dtype", "auto")
-        if dtype not in SGLANG_DTYPES:
-            raise ValueError(f"sglang dtype={dtype!r}: allowed {sorted(SGLANG_DTYPES)}")
+        check_choice("sglang", "dtype", options.get("dtype", "auto"), SGLANG_DTYPES)
 
     @classmethod
     def check_cell(
@@ -227,10 +227,6 @@ class SglangServerBackend(ServerBackend):
     @classmethod
     def describe(cls, method: str, gamma: int | None, options: Mapping[str, Any], cuda: bool | None = None) -> str:
         return describe_sglang(method, gamma, options)
-
-    @property
-    def effective_prefix_cache(self) -> bool | None:
-        return None if self.base_url else bool(self.options.get("prefix_cache") or False)
 
     def server_env(self, cell: Cell) -> dict[str, str]:
         """The server's environment; a synthetic-acceptance cell sets SGLang's simulated acceptance length."""
@@ -269,10 +265,13 @@ class SglangServerBackend(ServerBackend):
         return str(python_of(env)) if is_installed(env) else sys.executable
 
     def ensure_server(self, cell: Cell) -> ServerInfo:
-        """Start or attach, then flush the radix cache (and NGRAM's corpus) so no cell starts warm."""
+        """Start or attach, then flush the radix cache (and NGRAM's corpus) once per cell, before its
+        warm-up, so no cell starts warm from another's traffic and its own warm-up's prefix (with
+        ``prefix_cache`` on) is still there when its measured requests run."""
         info = super().ensure_server(cell)
-        if self.options.get("flush_cache", True):
+        if self.options.get("flush_cache", True) and getattr(self, "_flushed_for", None) != cell:
             self.last_flush = self.flush_cache()
+            self._flushed_for = cell
         return info
 
     def flush_cache(self, attempts: int = 5) -> bool:
@@ -359,7 +358,9 @@ class SglangServerBackend(ServerBackend):
         return n
 
     def fill_acceptance(self, rec: RequestRecord, st: StreamState) -> None:
-        rec.extra["cache_flushed"] = getattr(self, "last_flush", None)
+        rec.extra["cache_flushed"] = (
+            getattr(self, "last_flush", None) if self.options.get("flush_cache", True) else False
+        )
         fields = meta_fields(st.meta_info or {}, depth=rec.gamma if rec.method != "ar" else None)
         if fields is None:
             return

@@ -112,6 +112,7 @@ class TrtllmServerBackend(StreamingServerBackend[list[dict[str, Any]]]):
     """
 
     framework = "trtllm"
+    sets_prefix_cache = True
     methods = TRTLLM.methods
     #: the runtime backend every cell of this framework runs on, its AR baseline included
     runtime_backend = "pytorch"
@@ -156,10 +157,6 @@ class TrtllmServerBackend(StreamingServerBackend[list[dict[str, Any]]]):
     @classmethod
     def describe(cls, method: str, gamma: int | None, options: Mapping[str, Any], cuda: bool | None = None) -> str:
         return describe_trtllm(method, gamma, options)
-
-    @property
-    def effective_prefix_cache(self) -> bool | None:
-        return None if self.base_url else bool(self.options.get("prefix_cache") or False)
 
     def llm_api_options(self, cell: Cell) -> dict[str, Any]:
         """The ``--extra_llm_api_options`` YAML for the cell (pure)."""

@@ -129,3 +129,25 @@ def engine_key(cell: Cell, drafter: str | None) -> str:
     """Which ``vllm.LLM`` a cell needs: its speculative configuration (one engine per value)."""
     cfg = speculative_config(cell.method, cell.gamma, cell.drafter or drafter, dict(cell.options))
     return json.dumps(cfg, sort_keys=True)
+
+
+class VllmCellCheck:
+    """The cell check and label both vLLM backends share (offline and server run the same builds)."""
+
+    @classmethod
+    def check_cell(
+        cls,
+        method: str,
+        gamma: int | None,
+        options: dict[str, Any],
+        *,
+        model: str,
+        drafter: str | None,
+        cuda: bool,
+        batch_size: int = 1,
+    ) -> None:
+        check(method, gamma, options, drafter, cuda=cuda, batch_size=batch_size)
+
+    @classmethod
+    def describe(cls, method: str, gamma: int | None, options: Mapping[str, Any], cuda: bool | None = None) -> str:
+        return describe_vllm(pinned_version(cuda), method, gamma, options)

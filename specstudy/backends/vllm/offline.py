@@ -29,8 +29,7 @@ from ...metrics import counter_acceptance
 from ...records import Cell, Request, RequestRecord, Sampling
 from ..base import Backend, BackendUnavailable, encode_request
 from ..declaration import check_engine_options
-from . import config as vllm_config
-from .config import describe_vllm, engine_key, spec_fields, speculative_config
+from .config import VllmCellCheck, engine_key, spec_fields, speculative_config
 from .declaration import CLIENT_OPTIONS, ENGINE_ARG_OPTIONS, KIT_TO_VLLM, OFFLINE
 
 INSTALL_HINT = "make engine-vllm (or: python -m specstudy.environments install vllm [--cpu|--cuda])"
@@ -239,7 +238,7 @@ class VllmEngine:
             pass
 
 
-class VllmOfflineBackend(Backend):
+class VllmOfflineBackend(VllmCellCheck, Backend):
     """``vllm.LLM`` with ``speculative_config`` from the cell's method, γ and options.
 
     Options: the kit's generic ``dtype``, ``tensor_parallel_size``, ``max_model_len``,
@@ -279,24 +278,6 @@ class VllmOfflineBackend(Backend):
             )
 
     # ---- validation (pure, before any model loads) --------------------------------------------
-
-    @classmethod
-    def check_cell(
-        cls,
-        method: str,
-        gamma: int | None,
-        options: dict[str, Any],
-        *,
-        model: str,
-        drafter: str | None,
-        cuda: bool,
-        batch_size: int = 1,
-    ) -> None:
-        vllm_config.check(method, gamma, options, drafter, cuda=cuda, batch_size=batch_size)
-
-    @classmethod
-    def describe(cls, method: str, gamma: int | None, options: Mapping[str, Any], cuda: bool | None = None) -> str:
-        return describe_vllm(vllm_config.pinned_version(cuda), method, gamma, options)
 
     @property
     def effective_prefix_cache(self) -> bool:

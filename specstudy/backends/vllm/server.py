@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from ...data.models import resolve_for_engine as resolve_model
@@ -36,8 +36,7 @@ from ...records import Cell, Request, RequestRecord, Sampling
 from ..prometheus import MetricSamples, counter_deltas, labelled_deltas, metric_total
 from ..server import ServerBackend
 from ..sse import StreamState
-from . import config as vllm_config
-from .config import describe_vllm, spec_fields, speculative_config
+from .config import VllmCellCheck, spec_fields, speculative_config
 from .declaration import SERVER, SERVER_OPTIONS
 
 SPEC_COUNTERS = {
@@ -61,7 +60,7 @@ CACHE_CONFIG_LABELS = (
 )
 
 
-class VllmServerBackend(ServerBackend):
+class VllmServerBackend(VllmCellCheck, ServerBackend):
     """``python -m vllm.entrypoints.openai.api_server`` started per speculative configuration.
 
     Options: ``python`` (the interpreter of the vLLM environment; default: the kit's vLLM env,
@@ -73,6 +72,7 @@ class VllmServerBackend(ServerBackend):
     """
 
     framework = "vllm-server"
+    sets_prefix_cache = True
     methods = SERVER.methods
     metrics_path = "/metrics"
     #: options this backend reads (on top of the server base class's keyword arguments)
@@ -83,28 +83,6 @@ class VllmServerBackend(ServerBackend):
         "waiting": "vllm:num_requests_waiting",
         "kv_cache_usage": "vllm:kv_cache_usage_perc",
     }
-
-    @classmethod
-    def check_cell(
-        cls,
-        method: str,
-        gamma: int | None,
-        options: dict[str, Any],
-        *,
-        model: str,
-        drafter: str | None,
-        cuda: bool,
-        batch_size: int = 1,
-    ) -> None:
-        vllm_config.check(method, gamma, options, drafter, cuda=cuda, batch_size=batch_size)
-
-    @classmethod
-    def describe(cls, method: str, gamma: int | None, options: Mapping[str, Any], cuda: bool | None = None) -> str:
-        return describe_vllm(vllm_config.pinned_version(cuda), method, gamma, options)
-
-    @property
-    def effective_prefix_cache(self) -> bool | None:
-        return None if self.base_url else bool(self.options.get("prefix_cache") or False)
 
     def default_python(self) -> str:
         """The kit's vLLM env interpreter when installed, else this interpreter."""

@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from ...drafter_names import LOOKUP, merged_parts
 from ..proposals import ProposalTree, ProposalVerdict, accept_proposals, merge_tree, sub_path
 from ..tokentree import TokenTree
 from ..trace import RowTrace
@@ -44,19 +45,8 @@ from .tree import (
     tree_decode,
 )
 
-NGRAM = "ngram"
-SEPARATOR = "+"
+NGRAM = LOOKUP
 KINDS = ("lm", "heads", NGRAM)
-
-
-def drafter_names(name: str) -> list[str]:
-    """``"self:8+ngram"`` → ``["self:8", "ngram"]``; refuses empty parts and repeats."""
-    parts = [p.strip() for p in str(name).split(SEPARATOR)]
-    if any(not p for p in parts):
-        raise ValueError(f"drafter={name!r}: expected drafter names joined by '+', e.g. 'self:8+self:15+ngram'")
-    if len(set(parts)) != len(parts):
-        raise ValueError(f"drafter={name!r} names a drafter twice; each drafter once")
-    return parts
 
 
 def drafter_kind(name: str) -> str:
@@ -95,7 +85,7 @@ class Drafters:
 
 
 def load_drafters(name: str, target: Any, device: str = "cpu", dtype: str = "float32") -> Drafters:
-    names = drafter_names(name)
+    names = merged_parts(name)
     kinds = [drafter_kind(n) for n in names]
     modules: list[Any] = []
     for n, k in zip(names, kinds):
@@ -245,7 +235,7 @@ class SpecInferSpec(EngineMethod):
             raise ValueError(f"method 'specinfer': ngram_min={out['ngram_min']} > ngram_max={out.get('ngram_max', 3)}")
         if isinstance(drafter, str):
             problems = []
-            for part in drafter_names(drafter):
+            for part in merged_parts(drafter):
                 try:
                     _check_part(part, gamma, branching)
                 except ValueError as e:

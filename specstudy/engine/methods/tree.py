@@ -49,6 +49,7 @@ from typing import Any, Protocol
 
 import torch
 
+from ...drafter_names import SELF
 from ..drafters import load_drafter, resolve_drafter_path
 from ..kv import cache_arg, new_cache
 from ..sampling import next_tokens, probs_for, sample_from
@@ -414,9 +415,6 @@ def _emit_path(
 # the method: the drafter is a draft model, or the target's own first layers
 
 
-SELF_PREFIX = "self"
-
-
 def _branching(options, gamma: int | None) -> tuple[int, ...]:
     opts = dict(options)
     if "tree_branching" in opts:
@@ -441,7 +439,7 @@ def load_tree_drafter(name: str, target, device: str = "cpu", dtype: str = "floa
     a ``layer_skip_adapter`` file from ``specstudy train-drafter``: the same plus the trained
     adapter (K from the file); anything else: a draft model from :mod:`specstudy.data.models`.
     """
-    if name == SELF_PREFIX or name.startswith(SELF_PREFIX + ":"):
+    if name == SELF or name.startswith(SELF + ":"):
         k = _self_exit_layer(name)
         return early_exit_draft(target, {} if k is None else {"exit_layer": k}, device)
     if str(name).endswith(".safetensors"):
@@ -488,7 +486,7 @@ def decode(job: DecodeJob) -> list[RowTrace]:
 
 
 def _check_drafter_name(name: str) -> None:
-    if name == SELF_PREFIX or name.startswith(SELF_PREFIX + ":"):
+    if name == SELF or name.startswith(SELF + ":"):
         _self_exit_layer(name)
     elif name.endswith(".safetensors"):
         from safetensors import safe_open

@@ -1,0 +1,102 @@
+"""Input-length tiers, the random-token control beside them, and entropy tiers.
+
+* **Input-length tiers** (a task's ``tiers:``; :mod:`specstudy.data.tiers`): one row per tier and
+  kind of prompt (real text, random tokens), from the records' ``input_policy``.  The random
+  control's speedup over the real prompts' at the same tier says how much random inputs distort
+  speculative throughput (SPEED-Bench reports an overstatement of about 23 %); both are measured.
+* **Entropy tiers**: each task's prompts split into thirds (low, mixed, high) by the target's own
+  mean per-token entropy over its AR baseline's greedy output (the entropy the engine measured
+  while decoding, :mod:`specstudy.engine.entropy`: no extra forward); only where the engine reports
+  it (the reference engine and HF).  SPEED-Bench's entropy tiers are sets chosen in advance; these are
+  terciles of this study's own prompts, named so.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ..data.tiers import parse_tier
+from ..records import RequestRecord
+from .stats import Keep
+from .strata import spec_groups, strata_table, stratum_row
+from .study import Study
+
+ENTROPY_TIERS = ("low", "mixed", "high")
+
+
+def _tier_of(r: RequestRecord) -> tuple[int, bool] | None:
+    return parse_tier(r.input_policy)
+
+
+def _is(tier: tuple[int, bool]) -> Keep:
+    return lambda r: _tier_of(r) == tier
+
+
+def tier_frame(study: Study) -> pd.DataFrame:
+    """One row per (framework, method, γ, task, batch, input tier, real or random) of tiered cells."""
+    cells = [
+        cid
+        for cid in study.cell_ids()
+        if study.meta(cid)["baseline_cell_id"] and any(_tier_of(r) for r in study.records.get(cid, []))
+    ]
+    rows = []
+    for key, cids in spec_groups(study, cells).items():
+        tiers = sorted({t for c in cids for r in study.records[c] if (t := _tier_of(r)) is not None})
+        for tokens, rnd in tiers:
+            rows.append(
+                stratum_row(
+                    study, key, cids, _is((tokens, rnd)), input_tokens=tokens, prompts="random" if rnd else "real"
+                )
+            )
+    return pd.DataFrame(rows)
+
+
+def random_overstatement(raw: pd.DataFrame) -> pd.DataFrame:
+    """Per row and tier: speedup on random tokens / speedup on real prompts (1.23: random overstates by 23 %)."""
+    if raw.empty or not (raw["prompts"] == "random").any():
+        return pd.DataFrame()
+    keys = ["framework", "label", "gamma", "task", "batch_size", "input_tokens"]
+    real = raw[raw["prompts"] == "real"].set_index(keys)["speedup"]
+    rnd = raw[raw["prompts"] == "random"].set_index(keys)["speedup"]
+    both = pd.concat({"real": real, "random": rnd}, axis=1).dropna()
+    return both.assign(ratio=both["random"] / both["real"]).reset_index()
+
+
+def entropy_terciles(baseline: list[RequestRecord]) -> dict[tuple[str, str], str]:
+    """(task, prompt id) → low / mixed / high: thirds of the prompts by their AR output's mean entropy."""
+    means: dict[tuple[str, str], float] = {}
+    for r in baseline:
+        if r.status == "ok" and r.token_entropy:
+            means[(r.task, r.prompt_id)] = float(np.mean(r.token_entropy))
+    if len(means) < 3:
+        return {}
+    order = sorted(means, key=lambda k: means[k])
+    return {k: ENTROPY_TIERS[min(2, 3 * i // len(order))] for i, k in enumerate(order)}
+
+
+def _in(tiers: dict[tuple[str, str], str], tier: str) -> Keep:
+    return lambda r: tiers.get((r.task, r.prompt_id)) == tier
+
+
+def entropy_tier_frame(study: Study) -> pd.DataFrame:
+    """One row per (framework, method, γ, task, batch, entropy tier) where the engine measured entropy."""
+    rows: list[dict[str, Any]] = []
+    spec = [c for c in study.cell_ids() if study.meta(c)["baseline_cell_id"]]
+    for key, cids in spec_groups(study, spec).items():
+        tiers = entropy_terciles([r for c in cids for r in study.baseline(c)])
+        if not tiers:
+            continue
+        for tier in ENTROPY_TIERS:
+            rows.append(stratum_row(study, key, cids, _in(tiers, tier), entropy_tier=tier))
+    return pd.DataFrame(rows)
+
+
+def tier_table(raw: pd.DataFrame) -> pd.DataFrame:
+    return strata_table(raw, {"Input tokens": lambda d: d["input_tokens"], "Prompts": lambda d: d["prompts"]})
+
+
+def entropy_tier_table(raw: pd.DataFrame) -> pd.DataFrame:
+    return strata_table(raw, {"Entropy tier (AR output terciles)": lambda d: d["entropy_tier"]})

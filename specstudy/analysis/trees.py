@@ -1,0 +1,114 @@
+"""Tree shapes at a matched node budget: chain, fixed branching, SpecInfer-merged and Sequoia trees
+on the same drafter(s), measured AL beside the AL each shape's own model expects.
+
+The expected AL is a prediction, labelled as one: Sequoia's dynamic program gives it for the tree
+it chose (``extra["sequoia_expected_al"]``, from the calibrated acceptance vector); a chain's is
+Leviathan et al.'s (1 − α̂^(γ+1)) / (1 − α̂) from the row's own i.i.d. α̂; the other shapes have no
+closed form here and say so.  Every measured figure is pooled over the row's prompts with its
+interval (:func:`specstudy.analysis.stats.pooled`); n counts distinct prompts.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from typing import Any
+
+import pandas as pd
+
+from ..metrics import expected_acceptance_length
+from .format import fmt, fmt_ci, seed_row_name, short_model
+from .stats import Pooled, isnum, pooled
+from .study import Study
+
+#: the sweep whose rows this table reads (and its ``tree_shapes_<part>`` siblings)
+SWEEP = "tree_shapes"
+TREE_METHODS = ("tree", "specinfer", "sequoia")
+
+
+def _extras(study: Study, cells: list[str], key: str) -> list[Any]:
+    return [r.extra[key] for c in cells for r in study.records.get(c, []) if r.status == "ok" and key in r.extra]
+
+
+def _options(study: Study, cell_id: str) -> dict[str, Any]:
+    """The cell's method options, from the plan snapshot the runner wrote."""
+    for c in study.plan.get("cells", []):
+        if c.get("cell_id") == cell_id:
+            return dict((c.get("cell") or {}).get("options") or [])
+    return {}
+
+
+def _shape(m: dict[str, Any], study: Study, cells: list[str]) -> str:
+    """What the row's tree is: Sequoia's chosen topology, or the options that fixed the shape."""
+    if m["method"] == "sequoia":
+        trees = Counter(str(t) for t in _extras(study, cells, "sequoia_tree"))
+        return trees.most_common(1)[0][0] if trees else "—"
+    opts = _options(study, cells[0])
+    if "tree_branching" in opts:
+        return f"branching {opts['tree_branching']}"
+    if "tree_width" in opts:
+        return f"width {opts['tree_width']} per depth"
+    return "chain"
+
+
+def expected_al(m: dict[str, Any], p: Pooled, study: Study, cells: list[str]) -> tuple[float, str]:
+    """(expected AL, where it comes from); NaN where the shape has no model here."""
+    if m["method"] == "sequoia":
+        vals = [float(v) for v in _extras(study, cells, "sequoia_expected_al")]
+        return (sum(vals) / len(vals), "Sequoia DP (calibrated acceptance)") if vals else (math.nan, "—")
+    if _shape(m, study, cells) == "chain" and isnum(p.alpha_hat) and m["gamma"]:
+        return float(expected_acceptance_length(float(p.alpha_hat), int(m["gamma"]))), "chain, i.i.d. α̂"
+    return math.nan, "no closed form for this shape"
+
+
+def drafter_shares(study: Study, cells: list[str]) -> str:
+    """Accepted tokens per drafter of a merged tree (SpecInfer), as shares of all accepted."""
+    total: Counter[str] = Counter()
+    for shares in _extras(study, cells, "drafter_tokens"):
+        total.update({str(k): int(v) for k, v in dict(shares).items()})
+    n = sum(total.values())
+    return ", ".join(f"{short_model(k)} {v / n:.0%}" for k, v in total.most_common()) if n else "—"
+
+
+def tree_shape_table(study: Study) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """One row per tree row of the sweep: its shape, node budget, measured AL and speedup, expected AL."""
+    groups: dict[tuple[Any, ...], list[str]] = {}
+    for c in study.spec_cell_ids(SWEEP):
+        m = study.meta(c)
+        if m["method"] in TREE_METHODS or m["family"] == "tree":
+            groups.setdefault((m["label"], m["drafter"] or "", m["gamma"] or 0), []).append(c)
+    rows, raw = [], []
+    for (label, drafter, gamma), cells in sorted(groups.items()):
+        m, p = study.meta(cells[0]), pooled(study, cells)
+        nodes = [int(v) for v in _extras(study, cells, "tree_nodes")]
+        exp, source = expected_al(m, p, study, cells)
+        rows.append(
+            {
+                "Seed row": seed_row_name(m["method"]),
+                "Method (what ran)": label,
+                "Drafter(s)": " + ".join(short_model(d) for d in str(drafter).split("+")) if drafter else "—",
+                "Shape": _shape(m, study, cells),
+                "Depth (γ)": gamma,
+                "Nodes verified / step (mean)": fmt(sum(nodes) / len(nodes), 1) if nodes else "—",
+                "AL measured": fmt_ci(p.acceptance_length, p.acceptance_length_ci, n=p.n_prompts),
+                "AL expected (prediction)": fmt(exp),
+                "Expected from": source,
+                "Speedup": fmt_ci(p.speedup, p.speedup_ci, 2, "×", n=p.n_prompts),
+                "Accepted per drafter": drafter_shares(study, cells) if m["method"] == "specinfer" else "—",
+                "n (prompts)": p.n_prompts,
+            }
+        )
+        raw.append(
+            {
+                "label": label,
+                "method": m["method"],
+                "drafter": drafter,
+                "gamma": gamma,
+                "expected_al": exp,
+                "acceptance_length": p.acceptance_length,
+                "speedup": p.speedup,
+                "speedup_ci": p.speedup_ci,
+                "n_prompts": p.n_prompts,
+            }
+        )
+    return pd.DataFrame(rows), pd.DataFrame(raw)

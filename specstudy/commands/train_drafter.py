@@ -30,7 +30,7 @@ from ..records import Sampling
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--kind", required=True, help="heads | layer_skip_adapter | eagle")
+    p.add_argument("--kind", required=True, help="heads | layer_skip_adapter | eagle | eagle3")
     p.add_argument("--model", default="smollm2-135m", help="target model (params/models entry or a local path)")
     p.add_argument("--out", default=None, help="output path without suffix (default params/drafters/<model>-<kind>)")
     p.add_argument(
@@ -56,6 +56,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="layer_skip_adapter: layers kept (default: half the target's, as layer_skip)",
     )
+    p.add_argument(
+        "--draft-vocab-size",
+        type=int,
+        default=8192,
+        help="eagle3: target ids the drafter's LM head covers (the most frequent under the target)",
+    )
+    p.add_argument("--unroll", type=int, default=2, help="eagle3: training-time-test steps (own outputs fed back)")
     p.add_argument("--steps", type=int, default=600)
     p.add_argument("--batch-tokens", type=int, default=256, help="positions per head per step")
     p.add_argument("--lr", type=float, default=1e-3)
@@ -90,6 +97,8 @@ def _check(args: argparse.Namespace) -> None:
         "label_top_k",
         "threads",
         "eval_max_new_tokens",
+        "draft_vocab_size",
+        "unroll",
     ):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')}={getattr(args, name)!r}: must be >= 1")
@@ -143,7 +152,7 @@ def measure_acceptance(
     from ..engine.methods import DecodeJob, get_method
 
     sampling = Sampling(temperature=0.0, max_new_tokens=max_new_tokens, ignore_eos=True)
-    if kind in ("heads", "eagle"):
+    if kind in ("heads", "eagle", "eagle3"):
         spec = get_method(kind)
         options = spec.check(gamma, 1, str(path), {})
         assert spec.load_drafter is not None  # heads and eagle load their drafter files
@@ -169,13 +178,22 @@ def measure_acceptance(
     return {"gamma": gamma, "max_new_tokens": max_new_tokens, "sampling": "greedy", "per_task": per_task}
 
 
+def save(module: Any, out: Path, model: str, info: dict[str, Any]) -> Path:
+    """The drafter's files: an EAGLE-3 folder (engine/eagle3.py), else ``<out>.safetensors`` + ``.json``."""
+    from ..engine.drafters import save_drafter
+    from ..engine.eagle3 import Eagle3Draft, save_eagle3
+
+    if isinstance(module, Eagle3Draft):
+        return save_eagle3(module, out, {"target": model, **info})
+    return save_drafter(module, out, target=model, info=info)
+
+
 def run(args: argparse.Namespace) -> int:
     _check(args)
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     # lazy: torch and the training stack load only once the arguments passed their checks
     import torch
 
-    from ..engine.drafters import save_drafter
     from ..train.data import generate_with_features
     from ..train.distill import train_drafter
     from ..train.loop import TrainSettings, settings_dict
@@ -209,6 +227,8 @@ def run(args: argparse.Namespace) -> int:
         weight_decay=args.weight_decay,
         label_top_k=args.label_top_k,
         seed=args.seed,
+        draft_vocab_size=args.draft_vocab_size,
+        unroll=args.unroll,
     )
     tasks = [t for t in args.tasks.split(",") if t]
     prompts = training_prompts(tasks, args.prompts_per_task, tokenizer, args.max_prompt_tokens)
@@ -253,7 +273,7 @@ def run(args: argparse.Namespace) -> int:
             "ignore_eos); features read from "
             + (
                 "one target pass over each whole sequence (prompt included)"
-                if args.kind == "eagle"
+                if args.kind in ("eagle", "eagle3")
                 else "the generation passes"
             ),
         },
@@ -274,11 +294,11 @@ def run(args: argparse.Namespace) -> int:
             "loadavg": os.getloadavg(),
         },
     }
-    path = save_drafter(result.module, out, target=args.model, info=info)
+    path = save(result.module, out, args.model, info)
     if args.eval_prompts:
         t0 = time.perf_counter()
         ev = eval_prompts([t for t in args.eval_tasks.split(",") if t], args.eval_prompts, tokenizer)
-        gamma = args.num_heads if args.kind == "heads" else 4  # eagle drafts any length: γ = 4, as the study
+        gamma = args.num_heads if args.kind == "heads" else 4  # eagle(3) drafts any length: γ = 4, as the study
         info["acceptance"] = measure_acceptance(
             model, result.module, args.kind, ev, args.eval_max_new_tokens, gamma, path
         )
@@ -286,11 +306,12 @@ def run(args: argparse.Namespace) -> int:
         info["timing_s"]["acceptance_eval"] = round(time.perf_counter() - t0, 1)
     info["timing_s"]["total"] = round(time.perf_counter() - t_start, 1)
     info["timing_s"]["total_cpu"] = round(time.process_time(), 1)
-    path = save_drafter(result.module, out, target=args.model, info=info)
+    path = save(result.module, out, args.model, info)
+    weights = path / "model.safetensors" if path.is_dir() else path
     summary = {
-        "weights": str(path),
-        "bytes": path.stat().st_size,
-        "json": str(path.with_suffix(".json")),
+        "weights": str(weights),
+        "bytes": weights.stat().st_size,
+        "json": str(path / "specstudy.json" if path.is_dir() else path.with_suffix(".json")),
         "final_loss": result.log[-1]["loss"] if result.log else None,
         "heldout_top1": result.eval.get("top1"),
         "acceptance": info.get("acceptance", {}).get("per_task"),

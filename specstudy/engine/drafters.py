@@ -35,7 +35,7 @@ from torch import nn
 from ..paths import REPO_ROOT  # drafter paths may be given relative to the repository
 from .kv import cache_arg
 
-KINDS = ("heads", "layer_skip_adapter", "eagle")
+KINDS = ("heads", "layer_skip_adapter", "eagle", "eagle3")  # eagle3: its own folder layout (engine/eagle3.py)
 
 # --------------------------------------------------------------------------------------------
 # architectures
@@ -147,6 +147,21 @@ class LayerSkipAdapter(nn.Module):
         return adapted
 
 
+def layer_shape(config: Any) -> dict[str, Any]:
+    """One decoder layer's shape from a Llama-style target's transformers config (EagleDraft's
+    arguments; EAGLE-3's midlayer too)."""
+    rope = getattr(config, "rope_parameters", None) or {}
+    return {
+        "hidden_size": int(config.hidden_size),
+        "intermediate_size": int(config.intermediate_size),
+        "num_attention_heads": int(config.num_attention_heads),
+        "num_key_value_heads": int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads),
+        "head_dim": int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads),
+        "rope_theta": float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))),
+        "rms_norm_eps": float(getattr(config, "rms_norm_eps", 1e-5)),
+    }
+
+
 class EagleDraft(nn.Module):
     """One decoder layer over (feature, next token) pairs: ``f_j, e_{j+1} → f̂_{j+1}``.
 
@@ -206,16 +221,7 @@ class EagleDraft(nn.Module):
     @classmethod
     def for_target(cls, config: Any) -> EagleDraft:
         """Shaped like one layer of the target (transformers config of a Llama-style model)."""
-        rope = getattr(config, "rope_parameters", None) or {}
-        return cls(
-            config.hidden_size,
-            config.intermediate_size,
-            config.num_attention_heads,
-            getattr(config, "num_key_value_heads", None) or config.num_attention_heads,
-            getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads,
-            float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))),
-            float(getattr(config, "rms_norm_eps", 1e-5)),
-        )
+        return cls(**layer_shape(config))
 
     def config(self) -> dict[str, Any]:
         return {"kind": self.kind, **self.arch}
@@ -240,6 +246,11 @@ class EagleDraft(nn.Module):
         )
         predicted: torch.Tensor = out.last_hidden_state
         return predicted
+
+    def target_logits(self, predicted: torch.Tensor, target: Any) -> torch.Tensor:
+        """The target's LM head on the predicted feature (the target's vocabulary)."""
+        logits: torch.Tensor = target.get_output_embeddings()(predicted)
+        return logits
 
 
 #: a drafter module of one of :data:`KINDS` (what :func:`build_drafter` and :func:`load_drafter` return)

@@ -48,17 +48,23 @@ def collect_features(
     label_top_k: int = 32,
 ) -> Features:
     """Run the target over each sequence once; keep positions from the last prompt token on
-    (``eagle``: every position, since its drafter attends to the prompt's features too)."""
+    (``eagle``, ``eagle3``: every position, since their drafters attend to the prompt's features
+    too).  ``eagle3``: ``hidden`` holds the streams entering its feature layers, concatenated."""
+    from ..engine.eagle3 import default_aux_layers
+
     base, norm, lm_head = target_parts(model)
+    aux = default_aux_layers(model.config.num_hidden_layers) if kind == "eagle3" else ()
     hs, fin, lid, lpr, seqs, poss, toks = [], [], [], [], [], [], []
     for s, (ids, plen) in enumerate(corpus):
         x = torch.tensor([ids])
-        out = base(input_ids=x, output_hidden_states=kind == "layer_skip_adapter")
+        out = base(input_ids=x, output_hidden_states=kind in ("layer_skip_adapter", "eagle3"))
         last = out.last_hidden_state[0]
         probs = torch.softmax(lm_head(last).float(), dim=-1)
         top = torch.topk(probs, label_top_k, dim=-1)
-        start = 0 if kind == "eagle" else max(plen - 1, 0)
+        start = 0 if kind in ("eagle", "eagle3") else max(plen - 1, 0)
         h = out.hidden_states[exit_layer][0] if kind == "layer_skip_adapter" else last
+        if aux:
+            h = torch.cat([out.hidden_states[k][0] for k in aux], dim=-1)
         hs.append(h[start:])
         fin.append(last[start:])
         lid.append(top.indices[start:])
@@ -90,15 +96,15 @@ def generate_with_features(
     measurement).  EOS does not stop generation, as in the study (``ignore_eos``).  Returns the
     corpus — (prompt + generation ids, prompt length) per prompt — and :class:`Features` for
     positions plen-1 .. plen+max_new_tokens-2 of each sequence (each generation step's input
-    token, whose next-token distribution the step computed).  ``eagle``: features of every
+    token, whose next-token distribution the step computed).  ``eagle``, ``eagle3``: features of every
     position, prompt included, from one target pass over each finished sequence
     (:func:`collect_features`), since its drafter attends to the prompt's features too.
     """
-    if kind == "eagle":
+    if kind in ("eagle", "eagle3"):
         generated, _ = generate_with_features(
             model, prompts, max_new_tokens, "heads", None, label_top_k, batch_size, pad_id, progress
         )
-        return generated, collect_features(model, generated, "eagle", label_top_k=label_top_k)
+        return generated, collect_features(model, generated, kind, label_top_k=label_top_k)
 
     config = copy.deepcopy(model.generation_config)
     config.eos_token_id = None

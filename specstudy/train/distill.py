@@ -12,6 +12,7 @@ if TYPE_CHECKING:
 
 from .data import Features
 from .eagle import train_eagle
+from .eagle3 import train_eagle3
 from .heads import train_heads
 from .loop import TrainResult, TrainSettings
 
@@ -33,4 +34,6 @@ def train_drafter(
         p.requires_grad_(False)
     if settings.kind == "eagle":
         return train_eagle(model, features, settings, progress, prompt_lengths)
+    if settings.kind == "eagle3":
+        return train_eagle3(model, features, settings, progress, prompt_lengths)
     return train_heads(model, features, settings, progress)

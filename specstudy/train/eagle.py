@@ -28,6 +28,35 @@ def sequence_rows(features: Features, rows: torch.Tensor) -> dict[int, torch.Ten
     return out
 
 
+def length_weighted(
+    seqs: Sequence[torch.Tensor],
+    batch_tokens: int,
+    gen: torch.Generator,
+    loss: Callable[[torch.Tensor], torch.Tensor],
+) -> torch.Tensor:
+    """One step's loss: random sequences (rows) until ``batch_tokens`` pairs, each sequence's
+    ``loss`` weighted by its number of pairs (len − 1)."""
+    picked, n = [], 0
+    while n < batch_tokens:
+        idx = seqs[int(torch.randint(len(seqs), (1,), generator=gen))]
+        picked.append(idx)
+        n += len(idx) - 1
+    terms = [loss(idx) * (len(idx) - 1) for idx in picked]
+    return functools.reduce(operator.add, terms) / n  # sum(), typed: the same additions in order
+
+
+def sequence_steps(
+    features: Features, settings: TrainSettings, min_len: int, loss: Callable[[torch.Tensor], torch.Tensor]
+) -> tuple[Callable[[torch.Generator], list[torch.Tensor]], torch.Tensor]:
+    """The optimiser's step over whole training sequences of at least ``min_len`` positions
+    (:func:`length_weighted` of ``loss``), and the held-out rows."""
+    train_rows, eval_rows = split_sequences(features, settings.eval_fraction, settings.seed)
+    seqs = [v for v in sequence_rows(features, train_rows).values() if len(v) >= min_len]
+    if not seqs:
+        raise ValueError(f"no training sequence of {min_len} or more positions")
+    return (lambda gen: [length_weighted(seqs, settings.batch_tokens, gen, loss)]), eval_rows
+
+
 def eagle_sequence_loss(
     module: EagleDraft, model: PreTrainedModel, features: Features, idx: torch.Tensor, regression_weight: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -52,23 +81,12 @@ def train_eagle(
     """EAGLE-style training: whole sequences, teacher-forced with the target's own features;
     each step takes random sequences until ``batch_tokens`` positions, loss weighted by length."""
     module = EagleDraft.for_target(model.config).to(dtype=features.final.dtype)
-    train_rows, eval_rows = split_sequences(features, settings.eval_fraction, settings.seed)
-    train_seqs = [v for v in sequence_rows(features, train_rows).values() if len(v) >= 2]
-    if not train_seqs:
-        raise ValueError("no training sequence of two or more positions")
-
-    def step_losses(gen: torch.Generator) -> list[torch.Tensor]:
-        picked, n = [], 0
-        while n < settings.batch_tokens:
-            idx = train_seqs[int(torch.randint(len(train_seqs), (1,), generator=gen))]
-            picked.append(idx)
-            n += len(idx) - 1
-        terms = [
-            eagle_sequence_loss(module, model, features, idx, settings.regression_weight)[0] * (len(idx) - 1)
-            for idx in picked
-        ]
-        return [functools.reduce(operator.add, terms) / n]  # sum(), typed: the same additions in order
-
+    step_losses, eval_rows = sequence_steps(
+        features,
+        settings,
+        2,
+        lambda idx: eagle_sequence_loss(module, model, features, idx, settings.regression_weight)[0],
+    )
     log = optimise(module, settings, step_losses, progress)
     ev: dict[str, Any] = {}
     if bool(eval_rows.any()):

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from ..engine.drafters import KINDS, TrainedDrafter
+from ..engine.eagle3 import Eagle3Draft
 from .data import Features
 
 
@@ -29,13 +30,24 @@ class TrainSettings:
     weight_decay: float = 0.0
     label_top_k: int = 32
     regression_weight: float = 1.0
+    draft_vocab_size: int = 8192  # eagle3: target ids the drafter's LM head covers
+    unroll: int = 2  # eagle3: training-time-test steps (the drafter's own outputs fed back)
     seed: int = 0
     eval_fraction: float = 0.1
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"kind={self.kind!r}: allowed {KINDS}")
-        for name in ("num_heads", "num_layers", "exit_layer", "steps", "batch_tokens", "label_top_k"):
+        for name in (
+            "num_heads",
+            "num_layers",
+            "exit_layer",
+            "steps",
+            "batch_tokens",
+            "label_top_k",
+            "draft_vocab_size",
+            "unroll",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)!r}: must be >= 1")
         if not 0.0 <= self.eval_fraction < 1.0:
@@ -44,7 +56,7 @@ class TrainSettings:
 
 @dataclass
 class TrainResult:
-    module: TrainedDrafter
+    module: TrainedDrafter | Eagle3Draft
     log: list[dict[str, float]] = field(default_factory=list)
     eval: dict[str, Any] = field(default_factory=dict)
 

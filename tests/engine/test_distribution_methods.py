@@ -102,6 +102,34 @@ def test_method_samples_the_target_distribution(models, heads, case):
     assert p_value(rows, target) > SIGNIFICANCE
 
 
+def test_eagle3_with_a_reduced_draft_vocabulary_samples_the_target_distribution(models):
+    """EAGLE-3 drafts only from its draft vocabulary (ids 0, 2, 3 here): q is 0 on ids 1 and 4,
+    which the target reaches through rejections and the bonus token alone."""
+    from specstudy.engine.eagle3 import Eagle3Draft
+
+    target, _ = models
+    c = target.config
+    arch = {
+        "hidden_size": c.hidden_size,
+        "intermediate_size": c.intermediate_size,
+        "num_attention_heads": c.num_attention_heads,
+        "num_key_value_heads": c.num_key_value_heads,
+        "head_dim": c.head_dim,
+        "rope_theta": 10000.0,
+        "rms_norm_eps": c.rms_norm_eps,
+    }
+    torch.manual_seed(3)
+    draft = Eagle3Draft(arch, V, torch.tensor([0, 2, 3]), aux_layers=(0, 1, 1))
+    for prm in draft.parameters():
+        torch.nn.init.normal_(prm, std=0.5)
+    rows = decode("eagle3", target, gamma=3, drafter=draft.double().eval())
+    drafted, rejected = drafted_and_rejected(rows)
+    assert drafted > N and rejected > 0.05 * N
+    outputs = {t for r in rows for t in r.output_ids}
+    assert outputs == set(range(V))  # ids outside the draft vocabulary are still produced
+    assert p_value(rows, target) > SIGNIFICANCE
+
+
 def test_the_drafters_really_differ_from_the_target(models):
     """The tests above would pass trivially if the draft law were the target's."""
     target, drafter = models

@@ -137,17 +137,23 @@ def test_the_committed_eagle_drafter_is_lossless_on_the_default_model():
     import json
     from pathlib import Path
 
-    from specstudy.data.models import load_model
     from specstudy.paths import REPO_ROOT
 
     path = Path(REPO_ROOT) / "params/drafters/smollm2-135m-eagle.safetensors"
     meta = json.loads(path.with_suffix(".json").read_text())
     assert meta["target"] == "smollm2-135m" and meta["command"].startswith("specstudy train-drafter --kind eagle")
     assert path.stat().st_size <= 20e6
+    assert_lossless_on_the_default_model("eagle", str(path))
+
+
+def assert_lossless_on_the_default_model(method: str, drafter: str) -> None:
+    """A committed drafter file: greedy outputs equal AR's on SmolLM2, and some drafts accepted."""
+    from specstudy.data.models import load_model
+
     model, tok = load_model("smollm2-135m")
-    spec = get_method("eagle")
-    spec.check(3, 2, str(path), {})
-    d = spec.load_drafter(str(path), model, "cpu", "float32")
+    spec = get_method(method)
+    spec.check(3, 2, drafter, {})
+    d = spec.load_drafter(drafter, model, "cpu", "float32")
     prompts = [
         tok(p)["input_ids"]
         for p in (
@@ -159,4 +165,4 @@ def test_the_committed_eagle_drafter_is_lossless_on_the_default_model():
     want = [r.output_ids for r in get_method("ar").decode(DecodeJob(model, prompts, s))]
     rows = spec.decode(DecodeJob(model, prompts, s, gamma=3, drafter=d))
     assert [r.output_ids for r in rows] == want
-    assert sum(st.accepted for r in rows for st in r.steps) > 0  # the trained layer does draft real tokens
+    assert sum(st.accepted for r in rows for st in r.steps) > 0  # the trained drafter does draft real tokens

@@ -231,7 +231,8 @@ def test_gpu_profiles_pass_every_backend_check(hw):
             assert "chain" in what, (label, what)
         seen.add((c.framework, c.method))
     assert ("trtllm-engine", "medusa") in seen and ("trtllm", "draft_target") in seen
-    assert ("trtllm-engine", "eagle") in seen or ("trtllm", "eagle3") in seen
+    assert ("trtllm", "eagle3") in seen and ("vllm", "eagle3") in seen and ("sglang", "eagle3") in seen
+    assert not any(m == "eagle" for _, m in seen)  # no EAGLE-1 head left in a GPU profile
     assert not any(fw in ("vllm", "vllm-server") and m == "medusa" for fw, m in seen)  # vLLM 0.33 has none
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from ..declaration import EngineDeclaration
 
-METHODS = ("ar", "draft_target", "ngram", "layer_skip", "heads", "tree", "eagle", "specinfer", "sequoia")
+METHODS = ("ar", "draft_target", "ngram", "layer_skip", "heads", "tree", "eagle", "eagle3", "specinfer", "sequoia")
 #: the framework options its constructor reads
 CONSTRUCTOR_OPTIONS = ("threads", "tokenizer", "chat")
 
@@ -16,7 +16,7 @@ REFERENCE = EngineDeclaration(
     backend="reference.backend:ReferenceBackend",
     methods=METHODS,
     engine_options=CONSTRUCTOR_OPTIONS,
-    needs_drafter=frozenset({"draft_target", "heads", "tree", "eagle", "specinfer", "sequoia"}),
+    needs_drafter=frozenset({"draft_target", "heads", "tree", "eagle", "eagle3", "specinfer", "sequoia"}),
     drafter_per_cell=True,
     tokenizing=True,
     takes_device=True,

@@ -27,6 +27,7 @@ METHODS: dict[str, str] = {
     "heads": "heads",
     "tree": "tree",
     "eagle": "eagle",
+    "eagle3": "eagle3",
     "specinfer": "specinfer",
     "sequoia": "sequoia",
 }

@@ -27,12 +27,13 @@ from typing import Any
 import torch
 
 from ..drafters import EagleDraft, drafter_file_metadata, load_drafter
+from ..eagle3 import Eagle3Draft
 from ..kv import KVState, pad_ragged
 from ..speculate import Draft, StaticGamma, sample_chain, speculative_decode
 from ..synthetic import parse_synthetic
 from ..trace import RowTrace
 from . import SYNTHETIC, DecodeJob, EngineMethod, synthetic_acceptance
-from .heads import HiddenCapture
+from .heads import AuxCapture, HiddenCapture
 
 
 class EagleModel(torch.nn.Module):
@@ -40,7 +41,7 @@ class EagleModel(torch.nn.Module):
     features f_j in, logits and predicted features out.  Holds the target's embedding and LM head
     by reference (no copy)."""
 
-    def __init__(self, target: Any, draft: EagleDraft):
+    def __init__(self, target: Any, draft: EagleDraft | Eagle3Draft):
         super().__init__()
         object.__setattr__(self, "_target", target)  # not registered: the target's weights stay its own
         self.draft = draft
@@ -63,11 +64,12 @@ class EagleModel(torch.nn.Module):
         )
         if logits_to_keep:
             f = f[:, -logits_to_keep:]
-        return SimpleNamespace(logits=self._target.get_output_embeddings()(f), features=f)
+        return SimpleNamespace(logits=self.draft.target_logits(f, self._target), features=f)
 
 
 class EagleDrafter:
-    """The :class:`~specstudy.engine.speculate.Drafter` of ``eagle``.
+    """The :class:`~specstudy.engine.speculate.Drafter` of ``eagle`` and ``eagle3`` (whose
+    features are the target's low, middle and high layers, :class:`AuxCapture`).
 
     ``known[b]``: the target features of row b's positions whose pair is not in the drafter's
     cache yet (cache length = pairs fed = the position of the first of them).
@@ -76,8 +78,8 @@ class EagleDrafter:
     def __init__(
         self,
         target: Any,
-        draft: EagleDraft,
-        capture: HiddenCapture,
+        draft: EagleDraft | Eagle3Draft,
+        capture: HiddenCapture | AuxCapture,
         batch_size: int,
         sampling,
         generator: torch.Generator | None,
@@ -155,20 +157,25 @@ def decode(job: DecodeJob) -> list[RowTrace]:
             f"{job.target.config.hidden_size}"
         )
     draft = draft.to(device=job.device, dtype=next(job.target.parameters()).dtype)
-    gen = job.generator()
     with HiddenCapture(job.target) as capture:
-        drafter = EagleDrafter(job.target, draft, capture, len(job.prompts), job.sampling, gen, job.device)
-        return speculative_decode(
-            job.target,
-            drafter,
-            job.prompts,
-            job.sampling,
-            StaticGamma(job.draft_length),
-            gen,
-            job.eos_token_ids,
-            job.device,
-            synthetic=synthetic_acceptance(job),
-        )
+        return decode_with(job, draft, capture)
+
+
+def decode_with(job: DecodeJob, draft: EagleDraft | Eagle3Draft, capture: HiddenCapture | AuxCapture) -> list[RowTrace]:
+    """The chain loop with a feature drafter whose features ``capture`` reads (eagle and eagle3)."""
+    gen = job.generator()
+    drafter = EagleDrafter(job.target, draft, capture, len(job.prompts), job.sampling, gen, job.device)
+    return speculative_decode(
+        job.target,
+        drafter,
+        job.prompts,
+        job.sampling,
+        StaticGamma(job.draft_length),
+        gen,
+        job.eos_token_ids,
+        job.device,
+        synthetic=synthetic_acceptance(job),
+    )
 
 
 @dataclass(frozen=True)

@@ -63,6 +63,41 @@ class HiddenCapture:
         self.close()
 
 
+class AuxCapture:
+    """Keeps the residual stream entering each of the target's layers ``layers`` (transformers'
+    ``hidden_states[k]``; vLLM's aux hidden state k) from every forward; ``last`` is their
+    concatenation ``[B, T, len(layers) * H]`` (EAGLE-3's features).  A context manager, as
+    :class:`HiddenCapture`."""
+
+    def __init__(self, target: Any, layers: Sequence[int]):
+        base = getattr(target, target.base_model_prefix)
+        n = len(base.layers)
+        if not layers or not all(0 <= k < n for k in layers):
+            raise ValueError(f"feature layers {list(layers)}: each must lie in [0, {n}) for this target")
+        self._parts: dict[int, torch.Tensor] = {}
+        self._order = list(layers)
+        self._handles = [
+            base.layers[k].register_forward_pre_hook(lambda m, args, k=k: self._parts.__setitem__(k, args[0]))
+            for k in sorted(set(self._order))
+        ]
+
+    @property
+    def last(self) -> torch.Tensor | None:
+        if any(k not in self._parts for k in self._order):
+            return None
+        return torch.cat([self._parts[k] for k in self._order], dim=-1)
+
+    def close(self) -> None:
+        for h in self._handles:
+            h.remove()
+
+    def __enter__(self) -> AuxCapture:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 def head_distributions(
     heads: MedusaHeads, target: Any, head: int, hidden: torch.Tensor, prev_tokens: torch.Tensor, sampling
 ) -> torch.Tensor:

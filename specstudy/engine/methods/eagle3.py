@@ -1,0 +1,82 @@
+"""``eagle3`` — EAGLE-3 drafting from the checkpoint vLLM and SGLang load (:mod:`specstudy.engine.eagle3`).
+
+The drafting loop is ``eagle``'s (:class:`~specstudy.engine.methods.eagle.EagleDrafter`): per
+step the pairs (feature_j, token j+1) the last target pass produced go into the drafter's cache,
+then it drafts γ tokens feeding its own output back.  What differs:
+
+* the features are the target's residual stream entering three layers (low, middle, high),
+  concatenated and mapped by the drafter's ``fc`` (:class:`~specstudy.engine.methods.heads.AuxCapture`);
+* the fed-back feature is the midlayer's output before the drafter's final norm (as both engines);
+* drafts come from the drafter's own LM head over its reduced vocabulary, mapped to target ids
+  by ``d2t``; tokens outside it get probability 0 in q, which exact rejection sampling allows.
+
+``drafter``: a folder from ``specstudy train-drafter --kind eagle3`` (or any EAGLE-3 checkpoint
+of a Llama-style target with one midlayer) holding ``config.json`` and ``model.safetensors``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ...paths import REPO_ROOT
+from ..eagle3 import Eagle3Draft, load_eagle3, read_eagle3_config
+from ..synthetic import parse_synthetic
+from ..trace import RowTrace
+from . import SYNTHETIC, DecodeJob, EngineMethod
+from .eagle import decode_with
+from .heads import AuxCapture
+
+
+def resolve_folder(name: str | Path) -> Path:
+    """A drafter folder as given (from the working directory), else relative to the repository."""
+    p = Path(name).expanduser()
+    if not p.exists() and not p.is_absolute() and (REPO_ROOT / p).exists():
+        p = REPO_ROOT / p
+    return p
+
+
+def load(name: str, target: Any, device: str = "cpu", dtype: str = "float32") -> Eagle3Draft:
+    """cell.drafter (an EAGLE-3 folder) → the drafter, in the target's dtype and on its device."""
+    draft = load_eagle3(resolve_folder(name), target.config)
+    return draft.to(device=device, dtype=next(target.parameters()).dtype)
+
+
+def decode(job: DecodeJob) -> list[RowTrace]:
+    draft = job.drafter
+    if not isinstance(draft, Eagle3Draft):
+        raise ValueError(f"method 'eagle3' needs an Eagle3Draft as its drafter, got {type(draft).__name__}")
+    cfg = job.target.config
+    if draft.hidden_size != cfg.hidden_size or draft.vocab_size != cfg.vocab_size:
+        raise ValueError(
+            f"method 'eagle3': the drafter's hidden_size {draft.hidden_size} and vocab_size {draft.vocab_size} "
+            f"are not the target's {cfg.hidden_size} and {cfg.vocab_size}"
+        )
+    draft = draft.to(device=job.device, dtype=next(job.target.parameters()).dtype)
+    with AuxCapture(job.target, draft.aux_layers) as capture:
+        return decode_with(job, draft, capture)
+
+
+@dataclass(frozen=True)
+class Eagle3Spec(EngineMethod):
+    """Checks that the drafter is an EAGLE-3 folder before any model is loaded."""
+
+    def check(self, gamma: int | None, batch_size: int, drafter: Any, options: Mapping[str, Any]) -> dict[str, Any]:
+        out = EngineMethod.check(self, gamma, batch_size, drafter, options)
+        if not isinstance(drafter, Eagle3Draft):
+            read_eagle3_config(resolve_folder(drafter))
+        return out
+
+
+SPEC = Eagle3Spec(
+    name="eagle3",
+    decode=decode,
+    needs_drafter=True,
+    load_drafter=load,
+    options={SYNTHETIC: parse_synthetic},
+    description="EAGLE-3 drafter (features from three target layers, reduced draft vocabulary); drafter: "
+    "an EAGLE-3 folder (config.json + model.safetensors) as vLLM and SGLang load it, e.g. from "
+    "`specstudy train-drafter --kind eagle3`",
+)

@@ -1,0 +1,248 @@
+"""A lean batch-1 forward of a transformers Llama model over a static KV cache (gpt-fast style).
+
+transformers' own forward spends a verification step's non-matmul time on a ``DynamicCache``
+that concatenates every layer's keys and values per call and on building a causal mask per
+call (≈ 915 extra small ops for more than one query token, ``bench/README.md``).  Here:
+
+- the cache is one preallocated tensor per layer, written in place at the row's positions;
+  a rollback only moves the length back (rejected slots are overwritten by the next forward
+  and never attended to, because attention reads slots ``[0, length)`` only);
+- the causal mask of a k-token block at position p is a view ``causal[p:p+k, :p+k]`` of one
+  mask built when the cache grows, and a 1-token step passes none;
+- q, k, v are one matmul and gate, up another: the projections' weights are rows of one
+  buffer each (the model's own parameters become views of it: no copy, same values), so a
+  layer runs 4 matmuls instead of 7;
+- RMSNorm, the activation and the LM head are the model's own modules (the same numbers, and
+  a forward hook on the final norm still fires: the heads method reads its hidden state there).
+
+It runs only where it computes what transformers computes: :func:`lean_supported` names the
+configurations (plain Llama, default RoPE, no biases, SiLU, full attention) and everything
+else keeps transformers' forward.  Its cache quacks like the ``DynamicCache`` methods
+:class:`~specstudy.engine.kv.KVState` calls (``get_seq_length``, ``crop``,
+``batch_select_indices``).
+"""
+
+from __future__ import annotations
+
+import weakref
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+#: tokens of cache allocated at first; it doubles when a forward needs more
+INITIAL_CAPACITY = 512
+
+
+def lean_supported(model: Any) -> str | None:
+    """None when :class:`LeanLlama` computes ``model``'s forward; else why not (a sentence)."""
+    from transformers import LlamaForCausalLM
+
+    if type(model) is not LlamaForCausalLM:
+        return f"{type(model).__name__} is not a plain LlamaForCausalLM"
+    cfg = model.config
+    rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
+    checks = {
+        "rope_type default": rope.get("rope_type", rope.get("type", "default")) == "default",
+        "no attention bias": not getattr(cfg, "attention_bias", False),
+        "no MLP bias": not getattr(cfg, "mlp_bias", False),
+        "hidden_act silu": getattr(cfg, "hidden_act", None) == "silu",
+        "pretraining_tp 1": getattr(cfg, "pretraining_tp", 1) == 1,
+        "full attention": all(t == "full_attention" for t in (getattr(cfg, "layer_types", None) or [])),
+        "no attention dropout in eval": not model.training,
+        "float nn.Linear projections (not quantized)": all(
+            type(m) is torch.nn.Linear for layer in model.model.layers for m in _projections(layer)
+        ),
+    }
+    failed = [name for name, ok in checks.items() if not ok]
+    return f"config lacks {failed}" if failed else None
+
+
+_LEAN: weakref.WeakKeyDictionary[torch.nn.Module, LeanLlama] = weakref.WeakKeyDictionary()
+_ENABLED = [True]
+
+
+def set_lean_forward(enabled: bool) -> bool:
+    """Turn the lean forward on or off for KV states created from now on (benchmarks compare the
+    two in one run); returns the previous setting."""
+    previous, _ENABLED[0] = _ENABLED[0], enabled
+    return previous
+
+
+def lean_cache(model: Any, batch_size: int, device: torch.device) -> StaticKV | None:
+    """A static cache running ``model`` through :class:`LeanLlama`, or None where transformers'
+    forward is used (batch > 1, an unsupported model, the lean forward switched off)."""
+    if batch_size != 1 or not _ENABLED[0] or lean_supported(model) is not None:
+        return None
+    lean = _LEAN.get(model)
+    if lean is None or not lean.aliases_model():  # new, or the model's weights were replaced (.to())
+        lean = _LEAN[model] = LeanLlama(model)
+    return lean.new_cache(device, next(model.parameters()).dtype)
+
+
+def _projections(layer: Any) -> list[Any]:
+    at, mlp = layer.self_attn, layer.mlp
+    return [at.q_proj, at.k_proj, at.v_proj, at.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj]
+
+
+def _fuse_rows(linears: list[torch.nn.Linear]) -> torch.Tensor:
+    """One ``[sum of out_features, in]`` buffer holding the linears' weights; each weight becomes a
+    view of its rows (the values are unchanged and the model holds no second copy)."""
+    fused = torch.cat([lin.weight.data for lin in linears], dim=0)
+    start = 0
+    for lin in linears:
+        n = lin.weight.shape[0]
+        lin.weight.data = fused[start : start + n]
+        start += n
+    return fused
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class LeanLlama:
+    """The fused weights and RoPE tables of one Llama model (shared by all its caches)."""
+
+    def __init__(self, model: Any):
+        why = lean_supported(model)
+        if why is not None:
+            raise ValueError(f"no lean forward: {why}")
+        cfg = model.config
+        self.model = model
+        self.base = model.model
+        self.n_heads = cfg.num_attention_heads
+        self.n_kv = cfg.num_key_value_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads
+        self.layers = []
+        for layer in self.base.layers:
+            at, mlp = layer.self_attn, layer.mlp
+            self.layers.append(
+                SimpleNamespace(
+                    layer=layer,
+                    qkv=_fuse_rows([at.q_proj, at.k_proj, at.v_proj]),
+                    o=at.o_proj.weight,
+                    gate_up=_fuse_rows([mlp.gate_proj, mlp.up_proj]),
+                    down=mlp.down_proj.weight,
+                    scaling=at.scaling,
+                )
+            )
+        self.rotary = self.base.rotary_emb
+        self._rope: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def aliases_model(self) -> bool:
+        """Whether the fused buffers still hold the model's weights (``model.to(...)`` replaces them)."""
+        return all(
+            w.layer.self_attn.q_proj.weight.data_ptr() == w.qkv.data_ptr()
+            and w.layer.mlp.gate_proj.weight.data_ptr() == w.gate_up.data_ptr()
+            and w.layer.self_attn.o_proj.weight is w.o
+            for w in self.layers
+        )
+
+    def rope(self, n: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin ``[n, head_dim]`` for positions 0..n-1, from the model's own rotary module
+        (the same float32 computation transformers does per call), grown as needed."""
+        if self._rope is None or self._rope[0].shape[0] < n:
+            pos = torch.arange(n, device=like.device)[None]
+            cos, sin = self.rotary(like, position_ids=pos)
+            self._rope = (cos[0], sin[0])
+        return self._rope
+
+    def new_cache(self, device: torch.device, dtype: torch.dtype) -> StaticKV:
+        return StaticKV(self, device, dtype)
+
+
+class StaticKV:
+    """One row's KV cache: ``[layers, kv heads, capacity, head_dim]`` keys and values, written
+    in place; ``length`` slots are real."""
+
+    def __init__(self, lean: LeanLlama, device: torch.device, dtype: torch.dtype):
+        self.lean = lean
+        self.device, self.dtype = device, dtype
+        self.length = 0
+        self.k = self.v = torch.empty(0)
+        self.causal = torch.empty(0, dtype=torch.bool)
+        self._grow(INITIAL_CAPACITY)
+
+    @property
+    def capacity(self) -> int:
+        return self.k.shape[2]
+
+    def _grow(self, need: int) -> None:
+        cap = max(INITIAL_CAPACITY, self.capacity if self.k.dim() == 4 else 0)
+        while cap < need:
+            cap *= 2
+        shape = (len(self.lean.layers), self.lean.n_kv, cap, self.lean.head_dim)
+        k = torch.zeros(shape, device=self.device, dtype=self.dtype)
+        v = torch.zeros(shape, device=self.device, dtype=self.dtype)
+        if self.length:
+            k[:, :, : self.length] = self.k[:, :, : self.length]
+            v[:, :, : self.length] = self.v[:, :, : self.length]
+        self.k, self.v = k, v
+        self.causal = torch.ones((cap, cap), dtype=torch.bool, device=self.device).tril()
+
+    # the DynamicCache methods KVState calls
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def crop(self, max_length: int) -> None:
+        """Keep the first ``max_length`` slots (negative: drop that many from the end)."""
+        self.length = max_length if max_length >= 0 else max(0, self.length + max_length)
+
+    def batch_select_indices(self, idx: torch.Tensor) -> None:
+        if idx.numel() != 1 or int(idx[0]) != 0:
+            raise ValueError(f"a lean cache holds one row; cannot select rows {idx.tolist()}")
+
+    @torch.no_grad()
+    def forward(self, ids: torch.Tensor, logits_to_keep: int = 0) -> torch.Tensor:
+        """Append ``ids [1, k]`` at positions ``length..length+k-1``; logits ``[1, k or keep, V]``."""
+        lean, k = self.lean, ids.shape[1]
+        p, end = self.length, self.length + ids.shape[1]
+        if end > self.capacity:
+            self._grow(end)
+        x = lean.base.embed_tokens(ids)
+        cos, sin = lean.rope(self.capacity, x)
+        cos, sin = cos[p:end], sin[p:end]
+        mask = self.causal[p:end, :end] if k > 1 else None
+        for i, w in enumerate(lean.layers):
+            x = self._layer(i, w, x, cos, sin, mask, p, end)
+        self.length = end
+        h = lean.base.norm(x)
+        if logits_to_keep:
+            h = h[:, -logits_to_keep:]
+        logits: torch.Tensor = lean.model.lm_head(h)
+        return logits
+
+    def _layer(
+        self,
+        i: int,
+        w: SimpleNamespace,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask: torch.Tensor | None,
+        p: int,
+        end: int,
+    ) -> torch.Tensor:
+        lean, layer, k = self.lean, w.layer, x.shape[1]
+        hd, nq, nkv = lean.head_dim, lean.n_heads, lean.n_kv
+        qkv = F.linear(layer.input_layernorm(x), w.qkv)
+        q = qkv[..., : nq * hd].view(1, k, nq, hd).transpose(1, 2)
+        kk = qkv[..., nq * hd : (nq + nkv) * hd].view(1, k, nkv, hd).transpose(1, 2)
+        vv = qkv[..., (nq + nkv) * hd :].view(1, k, nkv, hd).transpose(1, 2)
+        q = q * cos + _rotate_half(q) * sin
+        self.k[i, :, p:end] = (kk * cos + _rotate_half(kk) * sin)[0]
+        self.v[i, :, p:end] = vv[0]
+        attn = F.scaled_dot_product_attention(
+            q,
+            self.k[i : i + 1, :, :end],
+            self.v[i : i + 1, :, :end],
+            attn_mask=mask,
+            scale=w.scaling,
+            enable_gqa=nq != nkv,
+        )
+        x = x + F.linear(attn.transpose(1, 2).reshape(1, k, nq * hd), w.o)
+        gate, up = F.linear(layer.post_attention_layernorm(x), w.gate_up).chunk(2, dim=-1)
+        return x + F.linear(layer.mlp.act_fn(gate) * up, w.down)

@@ -104,3 +104,28 @@ def draft_cost_ratio(
     t_draft = _cached_times(draft, prompt_ids, [1], batch_size, device, repeats)[1]
     t_target = _cached_times(target, prompt_ids, [1], batch_size, device, repeats)[1]
     return t_draft / t_target
+
+
+def matmul_pass_time(model: torch.nn.Module, ks: Sequence[int], repeats: int = 5) -> dict[int, float]:
+    """Best-of-``repeats`` seconds of ``F.linear`` at M = k rows over every ``nn.Linear`` weight of
+    ``model`` (its layers' projections and the LM head), one after another as a forward streams
+    them from memory: the matmul floor of a k-token forward.  Where the matmuls are most of a step
+    (``bench/README.md``), T(k)/T(1) cannot fall below this pass's own ratio."""
+    seen: set[int] = set()
+    weights = []
+    for m in model.modules():
+        if type(m) is torch.nn.Linear and m.weight.data_ptr() not in seen:
+            seen.add(m.weight.data_ptr())
+            weights.append(m.weight)
+    out: dict[int, float] = {}
+    with torch.inference_mode():
+        for k in ks:
+            xs = {n: torch.randn(1, k, n, dtype=w.dtype, device=w.device) for w in weights for n in [w.shape[1]]}
+            best = float("inf")
+            for _ in range(repeats + 1):
+                with Timer(weights[0].device) as t:
+                    for w in weights:
+                        torch.nn.functional.linear(xs[w.shape[1]], w)
+                best = min(best, t.s)
+            out[k] = best
+    return out

@@ -12,8 +12,13 @@ call (≈ 915 extra small ops for more than one query token, ``bench/README.md``
 - q, k, v are one matmul and gate, up another: the projections' weights are rows of one
   buffer each (the model's own parameters become views of it: no copy, same values), so a
   layer runs 4 matmuls instead of 7;
-- RMSNorm, the activation and the LM head are the model's own modules (the same numbers, and
-  a forward hook on the final norm still fires: the heads method reads its hidden state there).
+- in float32 on a CPU with MKL, every matmul (the LM head included) runs on weights prepacked
+  once for MKL's sgemm (``torch.ops.mkl._mkl_linear``, what inductor's freezing uses): unpacked,
+  sgemm repacks the whole weight on every call with more than one row, which made a 2-token
+  forward cost 1.5-2x a 1-token one (``bench/README.md``).  Each pack costs about the model's
+  size in RSS (:data:`PACK_FOR_ROWS`);
+- RMSNorm and the activation are the model's own modules (the same numbers, and a forward hook
+  on the final norm still fires: the heads method reads its hidden state there).
 
 It runs only where it computes what transformers computes: :func:`lean_supported` names the
 configurations (plain Llama, default RoPE, no biases, SiLU, full attention) and everything
@@ -33,6 +38,16 @@ import torch.nn.functional as F
 
 #: tokens of cache allocated at first; it doubles when a forward needs more
 INITIAL_CAPACITY = 512
+#: prepack float32 CPU weights for MKL's sgemm (off: F.linear on the model's weights)
+PACK_WEIGHTS = True
+#: rows per packed multiply -> the row count its packing is made for.  Measured (SmolLM2-135M, one
+#: thread, ``bench/README.md``): a weight packed for 4 rows multiplies 1-4 rows at 1.0-1.3x the
+#: 1-row time but 5-8 rows at 1.7-2.3x; packed for 8 rows, 8 rows take 1.5x, while packs for 5 or 6
+#: rows are no faster at 5 or 6.  So 1-4 rows use the 4-row pack as they are, and 5-8 rows are
+#: padded with zero rows to 8 and use the 8-row pack (made on first use); more rows (a prompt) use F.linear.
+PACK_FOR_ROWS = {1: 4, 2: 4, 3: 4, 4: 4, 5: 8, 6: 8, 7: 8, 8: 8}
+#: models above this many weight bytes are not packed (each pack is another copy of the weights)
+PACK_MAX_MODEL_BYTES = 2 * 1024**3
 
 
 def lean_supported(model: Any) -> str | None:
@@ -98,6 +113,37 @@ def _fuse_rows(linears: list[torch.nn.Linear]) -> torch.Tensor:
     return fused
 
 
+class Matmul:
+    """``x @ weight.T``: through MKL's prepacked sgemm for a float32 CPU weight where MKL is there
+    (and :data:`PACK_WEIGHTS` is on), else ``F.linear``."""
+
+    def __init__(self, weight: torch.Tensor, pack: bool):
+        self.weight = weight
+        self.version = weight._version  # an in-place edit of the weight (or of a view of it) bumps it
+        self.packs: dict[int, torch.Tensor] = {}  # the row count a pack is made for -> the pack
+        mkl = torch.backends.mkl.is_available()  # type: ignore[no-untyped-call]  # untyped in torch
+        self.pack = pack and weight.dtype == torch.float32 and weight.device.type == "cpu"
+        self.pack = self.pack and mkl and hasattr(torch.ops.mkl, "_mkl_linear")
+
+    def current(self, weight: torch.Tensor) -> bool:
+        """Whether this still multiplies by ``weight``'s storage and values."""
+        return weight.data_ptr() == self.weight.data_ptr() and weight._version == self.version
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.numel() // x.shape[-1]
+        hint = PACK_FOR_ROWS.get(rows) if self.pack else None
+        if hint is None:
+            return F.linear(x, self.weight)
+        packed = self.packs.get(hint)
+        if packed is None:
+            packed = self.packs[hint] = torch.ops.mkl._mkl_reorder_linear_weight(self.weight.detach(), hint)
+        flat = x.reshape(rows, x.shape[-1])
+        if hint > rows and hint > 4:  # zero rows change no other row's result
+            flat = torch.cat([flat, flat.new_zeros(hint - rows, flat.shape[1])])
+        out: torch.Tensor = torch.ops.mkl._mkl_linear(flat, packed, self.weight, None, hint)
+        return out[:rows].reshape(*x.shape[:-1], out.shape[-1])
+
+
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
@@ -116,28 +162,32 @@ class LeanLlama:
         self.n_heads = cfg.num_attention_heads
         self.n_kv = cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads
+        pack = PACK_WEIGHTS and sum(p.numel() * p.element_size() for p in model.parameters()) <= PACK_MAX_MODEL_BYTES
         self.layers = []
         for layer in self.base.layers:
             at, mlp = layer.self_attn, layer.mlp
             self.layers.append(
                 SimpleNamespace(
                     layer=layer,
-                    qkv=_fuse_rows([at.q_proj, at.k_proj, at.v_proj]),
-                    o=at.o_proj.weight,
-                    gate_up=_fuse_rows([mlp.gate_proj, mlp.up_proj]),
-                    down=mlp.down_proj.weight,
+                    qkv=Matmul(_fuse_rows([at.q_proj, at.k_proj, at.v_proj]), pack),
+                    o=Matmul(at.o_proj.weight, pack),
+                    gate_up=Matmul(_fuse_rows([mlp.gate_proj, mlp.up_proj]), pack),
+                    down=Matmul(mlp.down_proj.weight, pack),
                     scaling=at.scaling,
                 )
             )
+        self.lm_head = Matmul(model.lm_head.weight, pack)
         self.rotary = self.base.rotary_emb
         self._rope: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def aliases_model(self) -> bool:
-        """Whether the fused buffers still hold the model's weights (``model.to(...)`` replaces them)."""
-        return all(
-            w.layer.self_attn.q_proj.weight.data_ptr() == w.qkv.data_ptr()
-            and w.layer.mlp.gate_proj.weight.data_ptr() == w.gate_up.data_ptr()
-            and w.layer.self_attn.o_proj.weight is w.o
+        """Whether the fused buffers and packed copies still hold the model's weights
+        (``model.to(...)`` replaces them, an in-place edit changes them)."""
+        return self.lm_head.current(self.model.lm_head.weight) and all(
+            w.qkv.current(w.layer.self_attn.q_proj.weight)
+            and w.gate_up.current(w.layer.mlp.gate_proj.weight)
+            and w.o.current(w.layer.self_attn.o_proj.weight)
+            and w.down.current(w.layer.mlp.down_proj.weight)
             for w in self.layers
         )
 
@@ -212,7 +262,7 @@ class StaticKV:
         h = lean.base.norm(x)
         if logits_to_keep:
             h = h[:, -logits_to_keep:]
-        logits: torch.Tensor = lean.model.lm_head(h)
+        logits: torch.Tensor = lean.lm_head(h)
         return logits
 
     def _layer(
@@ -228,7 +278,7 @@ class StaticKV:
     ) -> torch.Tensor:
         lean, layer, k = self.lean, w.layer, x.shape[1]
         hd, nq, nkv = lean.head_dim, lean.n_heads, lean.n_kv
-        qkv = F.linear(layer.input_layernorm(x), w.qkv)
+        qkv = w.qkv(layer.input_layernorm(x))
         q = qkv[..., : nq * hd].view(1, k, nq, hd).transpose(1, 2)
         kk = qkv[..., nq * hd : (nq + nkv) * hd].view(1, k, nkv, hd).transpose(1, 2)
         vv = qkv[..., (nq + nkv) * hd :].view(1, k, nkv, hd).transpose(1, 2)
@@ -243,6 +293,7 @@ class StaticKV:
             scale=w.scaling,
             enable_gqa=nq != nkv,
         )
-        x = x + F.linear(attn.transpose(1, 2).reshape(1, k, nq * hd), w.o)
-        gate, up = F.linear(layer.post_attention_layernorm(x), w.gate_up).chunk(2, dim=-1)
-        return x + F.linear(layer.mlp.act_fn(gate) * up, w.down)
+        x = x + w.o(attn.transpose(1, 2).reshape(1, k, nq * hd))
+        gate, up = w.gate_up(layer.post_attention_layernorm(x)).chunk(2, dim=-1)
+        out: torch.Tensor = x + w.down(layer.mlp.act_fn(gate) * up)
+        return out

@@ -91,3 +91,13 @@ def test_a_model_moved_after_fusing_gets_fresh_buffers(lean_on):
     fast = KVState(model, 1).forward(prompt)
     set_lean_forward(False)
     torch.testing.assert_close(fast, KVState(model, 1).forward(prompt), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 4, 5, 8, 9, 17])
+def test_packed_matmul_multiplies_like_f_linear_at_every_row_count(rows):
+    w = torch.randn(96, 48)
+    x = torch.randn(1, rows, 48)
+    mm = lean.Matmul(w, pack=True)
+    torch.testing.assert_close(mm(x), torch.nn.functional.linear(x, w), rtol=1e-5, atol=1e-5)
+    assert set(mm.packs) <= {lean.PACK_FOR_ROWS.get(rows)}  # 9+ rows (a prompt) use F.linear, no pack
+    assert not lean.Matmul(w.double(), pack=True).pack  # packing is float32 only

@@ -156,7 +156,7 @@ def test_engine_bench_prints_and_writes_every_figure_at_tiny_size(tmp_path, caps
     assert re.search(r"^ar\s", printed, re.M) and re.search(r"^ngram\s", printed, re.M)
     assert "verification cost T(k)/T(1) (lean forward)" in printed
     assert "verification cost T(k)/T(1) (transformers forward)" in printed
-    for limit in ("copy bandwidth:", "AR (lean):", "AR [tf]:", "matmul floor T_mm(k)/T_mm(1)", "over the matmul floor"):
+    for limit in ("copy bandwidth:", "AR (lean):", "AR [tf]:", "matmul floor T_mm(k)/T_mm(1)", "over its matmul floor"):
         assert limit in printed, limit  # why a target is or is not met, in numbers
     doc = json.loads(out.read_text())
     assert set(doc) == {

@@ -12,11 +12,12 @@ call (≈ 915 extra small ops for more than one query token, ``bench/README.md``
 - q, k, v are one matmul and gate, up another: the projections' weights are rows of one
   buffer each (the model's own parameters become views of it: no copy, same values), so a
   layer runs 4 matmuls instead of 7;
-- in float32 on a CPU with MKL, every matmul (the LM head included) runs on weights prepacked
-  once for MKL's sgemm (``torch.ops.mkl._mkl_linear``, what inductor's freezing uses): unpacked,
-  sgemm repacks the whole weight on every call with more than one row, which made a 2-token
-  forward cost 1.5-2x a 1-token one (``bench/README.md``).  Each pack costs about the model's
-  size in RSS (:data:`PACK_FOR_ROWS`);
+- for a model passed to :func:`prepare` (the reference backend's target), in float32 on a CPU
+  with MKL, every matmul (the LM head included) runs on weights prepacked once for MKL's sgemm
+  (``torch.ops.mkl._mkl_linear``, what inductor's freezing uses): unpacked, sgemm repacks the
+  whole weight on every call with more than one row, which made a 2-token forward cost 1.5-2x a
+  1-token one (``bench/README.md``).  The two packs (:data:`PACK_FOR_ROWS`) hold two more copies
+  of the weights; :func:`pack_bytes` counts them in a cell's memory;
 - RMSNorm and the activation are the model's own modules (the same numbers, and a forward hook
   on the final norm still fires: the heads method reads its hidden state there).
 
@@ -38,13 +39,13 @@ import torch.nn.functional as F
 
 #: tokens of cache allocated at first; it doubles when a forward needs more
 INITIAL_CAPACITY = 512
-#: prepack float32 CPU weights for MKL's sgemm (off: F.linear on the model's weights)
+#: :func:`prepare` prepacks float32 CPU weights for MKL's sgemm (off: F.linear on the model's weights)
 PACK_WEIGHTS = True
 #: rows per packed multiply -> the row count its packing is made for.  Measured (SmolLM2-135M, one
 #: thread, ``bench/README.md``): a weight packed for 4 rows multiplies 1-4 rows at 1.0-1.3x the
 #: 1-row time but 5-8 rows at 1.7-2.3x; packed for 8 rows, 8 rows take 1.5x, while packs for 5 or 6
 #: rows are no faster at 5 or 6.  So 1-4 rows use the 4-row pack as they are, and 5-8 rows are
-#: padded with zero rows to 8 and use the 8-row pack (made on first use); more rows (a prompt) use F.linear.
+#: padded with zero rows to 8 and use the 8-row pack; more rows (a prompt) use F.linear.
 PACK_FOR_ROWS = {1: 4, 2: 4, 3: 4, 4: 4, 5: 8, 6: 8, 7: 8, 8: 8}
 #: models above this many weight bytes are not packed (each pack is another copy of the weights)
 PACK_MAX_MODEL_BYTES = 2 * 1024**3
@@ -87,13 +88,46 @@ def set_lean_forward(enabled: bool) -> bool:
 
 def lean_cache(model: Any, batch_size: int, device: torch.device) -> StaticKV | None:
     """A static cache running ``model`` through :class:`LeanLlama`, or None where transformers'
-    forward is used (batch > 1, an unsupported model, the lean forward switched off)."""
-    if batch_size != 1 or not _ENABLED[0] or lean_supported(model) is not None:
+    forward is used (batch > 1, an unsupported model, the lean forward switched off).
+
+    A model may stand for the first layers of a Llama target (an early-exit draft without an
+    adapter): its ``lean_layers()`` returns ``(target, n_layers)``, or None when it cannot.
+    """
+    if batch_size != 1 or not _ENABLED[0]:
         return None
-    lean = _LEAN.get(model)
+    subset = getattr(model, "lean_layers", None)
+    pair = subset() if callable(subset) else None
+    target, n_layers = pair if pair is not None else (model, None)
+    if lean_supported(target) is not None:
+        return None
+    lean = _LEAN.get(target)
     if lean is None or not lean.aliases_model():  # new, or the model's weights were replaced (.to())
-        lean = _LEAN[model] = LeanLlama(model)
-    return lean.new_cache(device, next(model.parameters()).dtype)
+        lean = _LEAN[target] = LeanLlama(target, pack=lean is not None and lean.packed)
+    return StaticKV(lean, device, next(target.parameters()).dtype, n_layers or len(lean.layers))
+
+
+def prepare(model: Any, pack: bool = True) -> bool:
+    """Fuse (and with ``pack``, prepack) ``model``'s weights now, outside any timed or
+    memory-measured batch (fusing briefly holds the old and the new buffers); returns whether
+    its lean forward multiplies on packed weights (False: no lean forward, or not packed)."""
+    if lean_supported(model) is not None:
+        return False
+    pack = pack and PACK_WEIGHTS
+    lean = _LEAN.get(model)
+    if lean is None or (pack and not lean.packed) or not lean.aliases_model():
+        lean = _LEAN[model] = LeanLlama(model, pack=pack)
+    return lean.packed
+
+
+def pack_bytes(*modules: object) -> int:
+    """Bytes of the packed weight copies :func:`prepare` made for ``modules`` (the packs MKL
+    writes hold about the weight's own bytes each)."""
+    total = 0
+    for m in modules:
+        lean = _LEAN.get(m) if isinstance(m, torch.nn.Module) else None
+        for mm in lean.matmuls() if lean is not None else []:
+            total += len(mm.packs) * mm.weight.numel() * mm.weight.element_size()
+    return total
 
 
 def _projections(layer: Any) -> list[Any]:
@@ -120,10 +154,14 @@ class Matmul:
     def __init__(self, weight: torch.Tensor, pack: bool):
         self.weight = weight
         self.version = weight._version  # an in-place edit of the weight (or of a view of it) bumps it
-        self.packs: dict[int, torch.Tensor] = {}  # the row count a pack is made for -> the pack
         mkl = torch.backends.mkl.is_available()  # type: ignore[no-untyped-call]  # untyped in torch
-        self.pack = pack and weight.dtype == torch.float32 and weight.device.type == "cpu"
-        self.pack = self.pack and mkl and hasattr(torch.ops.mkl, "_mkl_linear")
+        pack = pack and weight.dtype == torch.float32 and weight.device.type == "cpu"
+        pack = pack and mkl and hasattr(torch.ops.mkl, "_mkl_linear")
+        #: the row count a pack is made for -> the pack (none: F.linear)
+        self.packs = {
+            hint: torch.ops.mkl._mkl_reorder_linear_weight(weight.detach(), hint)
+            for hint in (sorted(set(PACK_FOR_ROWS.values())) if pack else [])
+        }
 
     def current(self, weight: torch.Tensor) -> bool:
         """Whether this still multiplies by ``weight``'s storage and values."""
@@ -131,12 +169,10 @@ class Matmul:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // x.shape[-1]
-        hint = PACK_FOR_ROWS.get(rows) if self.pack else None
-        if hint is None:
+        hint = PACK_FOR_ROWS.get(rows)
+        packed = self.packs.get(hint) if hint is not None else None
+        if hint is None or packed is None:
             return F.linear(x, self.weight)
-        packed = self.packs.get(hint)
-        if packed is None:
-            packed = self.packs[hint] = torch.ops.mkl._mkl_reorder_linear_weight(self.weight.detach(), hint)
         flat = x.reshape(rows, x.shape[-1])
         if hint > rows and hint > 4:  # zero rows change no other row's result
             flat = torch.cat([flat, flat.new_zeros(hint - rows, flat.shape[1])])
@@ -152,7 +188,7 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 class LeanLlama:
     """The fused weights and RoPE tables of one Llama model (shared by all its caches)."""
 
-    def __init__(self, model: Any):
+    def __init__(self, model: Any, pack: bool = False):
         why = lean_supported(model)
         if why is not None:
             raise ValueError(f"no lean forward: {why}")
@@ -162,7 +198,7 @@ class LeanLlama:
         self.n_heads = cfg.num_attention_heads
         self.n_kv = cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads
-        pack = PACK_WEIGHTS and sum(p.numel() * p.element_size() for p in model.parameters()) <= PACK_MAX_MODEL_BYTES
+        pack = pack and sum(p.numel() * p.element_size() for p in model.parameters()) <= PACK_MAX_MODEL_BYTES
         self.layers = []
         for layer in self.base.layers:
             at, mlp = layer.self_attn, layer.mlp
@@ -177,8 +213,12 @@ class LeanLlama:
                 )
             )
         self.lm_head = Matmul(model.lm_head.weight, pack)
+        self.packed = bool(self.lm_head.packs)
         self.rotary = self.base.rotary_emb
         self._rope: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def matmuls(self) -> list[Matmul]:
+        return [self.lm_head] + [mm for w in self.layers for mm in (w.qkv, w.o, w.gate_up, w.down)]
 
     def aliases_model(self) -> bool:
         """Whether the fused buffers and packed copies still hold the model's weights
@@ -200,16 +240,15 @@ class LeanLlama:
             self._rope = (cos[0], sin[0])
         return self._rope
 
-    def new_cache(self, device: torch.device, dtype: torch.dtype) -> StaticKV:
-        return StaticKV(self, device, dtype)
-
 
 class StaticKV:
     """One row's KV cache: ``[layers, kv heads, capacity, head_dim]`` keys and values, written
-    in place; ``length`` slots are real."""
+    in place; ``length`` slots are real.  Its forward runs the model's first ``n_layers`` layers
+    (all of them, or an early-exit draft's), then the final norm and the LM head."""
 
-    def __init__(self, lean: LeanLlama, device: torch.device, dtype: torch.dtype):
+    def __init__(self, lean: LeanLlama, device: torch.device, dtype: torch.dtype, n_layers: int):
         self.lean = lean
+        self.n_layers = n_layers
         self.device, self.dtype = device, dtype
         self.length = 0
         self.k = self.v = torch.empty(0)
@@ -224,7 +263,7 @@ class StaticKV:
         cap = max(INITIAL_CAPACITY, self.capacity if self.k.dim() == 4 else 0)
         while cap < need:
             cap *= 2
-        shape = (len(self.lean.layers), self.lean.n_kv, cap, self.lean.head_dim)
+        shape = (self.n_layers, self.lean.n_kv, cap, self.lean.head_dim)
         k = torch.zeros(shape, device=self.device, dtype=self.dtype)
         v = torch.zeros(shape, device=self.device, dtype=self.dtype)
         if self.length:
@@ -256,7 +295,7 @@ class StaticKV:
         cos, sin = lean.rope(self.capacity, x)
         cos, sin = cos[p:end], sin[p:end]
         mask = self.causal[p:end, :end] if k > 1 else None
-        for i, w in enumerate(lean.layers):
+        for i, w in enumerate(lean.layers[: self.n_layers]):
             x = self._layer(i, w, x, cos, sin, mask, p, end)
         self.length = end
         h = lean.base.norm(x)

@@ -106,17 +106,23 @@ def draft_cost_ratio(
     return t_draft / t_target
 
 
-def matmul_pass_time(model: torch.nn.Module, ks: Sequence[int], repeats: int = 5) -> dict[int, float]:
+def matmul_pass_time(
+    model: torch.nn.Module, ks: Sequence[int], repeats: int = 5, packed: bool = False
+) -> dict[int, float]:
     """Best-of-``repeats`` seconds of ``F.linear`` at M = k rows over every ``nn.Linear`` weight of
     ``model`` (its layers' projections and the LM head), one after another as a forward streams
     them from memory: the matmul floor of a k-token forward.  Where the matmuls are most of a step
-    (``bench/README.md``), T(k)/T(1) cannot fall below this pass's own ratio."""
+    (``bench/README.md``), T(k)/T(1) cannot fall below this pass's own ratio.  ``packed``: through
+    the lean forward's prepacked weights (:class:`specstudy.engine.lean.Matmul`) instead."""
+    from .lean import Matmul
+
     seen: set[int] = set()
     weights = []
     for m in model.modules():
         if type(m) is torch.nn.Linear and m.weight.data_ptr() not in seen:
             seen.add(m.weight.data_ptr())
             weights.append(m.weight)
+    mms = [Matmul(w.detach(), pack=packed) for w in weights]
     out: dict[int, float] = {}
     with torch.inference_mode():
         for k in ks:
@@ -124,8 +130,8 @@ def matmul_pass_time(model: torch.nn.Module, ks: Sequence[int], repeats: int = 5
             best = float("inf")
             for _ in range(repeats + 1):
                 with Timer(weights[0].device) as t:
-                    for w in weights:
-                        torch.nn.functional.linear(xs[w.shape[1]], w)
+                    for mm in mms:
+                        mm(xs[mm.weight.shape[1]])
                 best = min(best, t.s)
             out[k] = best
     return out

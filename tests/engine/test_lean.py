@@ -99,5 +99,40 @@ def test_packed_matmul_multiplies_like_f_linear_at_every_row_count(rows):
     x = torch.randn(1, rows, 48)
     mm = lean.Matmul(w, pack=True)
     torch.testing.assert_close(mm(x), torch.nn.functional.linear(x, w), rtol=1e-5, atol=1e-5)
-    assert set(mm.packs) <= {lean.PACK_FOR_ROWS.get(rows)}  # 9+ rows (a prompt) use F.linear, no pack
-    assert not lean.Matmul(w.double(), pack=True).pack  # packing is float32 only
+    assert not lean.Matmul(w.double(), pack=True).packs  # packing is float32 only
+
+
+def test_prepare_packs_the_target_and_its_packs_count_in_its_memory(lean_on):
+    model = tiny_model(seed=6, dtype="float32")
+    prompt = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
+    assert lean.pack_bytes(model) == 0
+    KVState(model, 1).forward(prompt)
+    assert (
+        lean.pack_bytes(model) == 0
+    )  # the lean forward alone packs nothing (a draft model's memory stays its weights)
+    if not lean.prepare(model):
+        pytest.skip("no MKL here: nothing is packed")
+    assert lean.pack_bytes(model) >= 2 * sum(p.numel() * 4 for p in model.model.layers.parameters())
+    fast = KVState(model, 1)
+    outs = [fast.forward(prompt), fast.forward(torch.tensor([[7, 7, 7, 7, 7]]))]
+    set_lean_forward(False)
+    slow = KVState(model, 1)
+    for a, b in zip(outs, [slow.forward(prompt), slow.forward(torch.tensor([[7, 7, 7, 7, 7]]))], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_an_early_exit_draft_runs_the_targets_first_layers_lean(lean_on):
+    from specstudy.engine.methods.layer_skip import LayerSkipDraft
+
+    model = tiny_model(seed=5, num_layers=4)
+    draft = LayerSkipDraft(model, 2)
+    prompt, blocks = list(range(3, 12)), [([4, 5, 6], 2), ([7], 0), ([8, 9], 0)]
+    fast = KVState(draft, 1)
+    assert isinstance(fast.cache, StaticKV) and fast.cache.k.shape[0] == 2
+    set_lean_forward(False)
+    slow = KVState(draft, 1)
+    for a, b in zip(_steps(fast, prompt, blocks), _steps(slow, prompt, blocks), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+    set_lean_forward(True)
+    draft.adapter = torch.nn.Identity()
+    assert not isinstance(KVState(draft, 1).cache, StaticKV)  # the lean forward has no adapter

@@ -151,9 +151,11 @@ class Matmul:
     """``x @ weight.T``: through MKL's prepacked sgemm for a float32 CPU weight where MKL is there
     (and :data:`PACK_WEIGHTS` is on), else ``F.linear``."""
 
-    def __init__(self, weight: torch.Tensor, pack: bool):
+    def __init__(self, weight: torch.Tensor, pack: bool, sources: list[torch.nn.Linear] | None = None):
         self.weight = weight
-        self.version = weight._version  # an in-place edit of the weight (or of a view of it) bumps it
+        # the modules whose weights this multiplies by: their parameter, its storage and its version
+        # (an in-place edit bumps it; ``model.to(...)`` replaces the storage)
+        self.stamps = [(m, m.weight, m.weight.data_ptr(), m.weight._version) for m in sources or []]
         mkl = torch.backends.mkl.is_available()  # type: ignore[no-untyped-call]  # untyped in torch
         pack = pack and weight.dtype == torch.float32 and weight.device.type == "cpu"
         pack = pack and mkl and hasattr(torch.ops.mkl, "_mkl_linear")
@@ -163,9 +165,9 @@ class Matmul:
             for hint in (sorted(set(PACK_FOR_ROWS.values())) if pack else [])
         }
 
-    def current(self, weight: torch.Tensor) -> bool:
-        """Whether this still multiplies by ``weight``'s storage and values."""
-        return weight.data_ptr() == self.weight.data_ptr() and weight._version == self.version
+    def current(self) -> bool:
+        """Whether this still multiplies by its modules' weights (the same storage and values)."""
+        return all(m.weight is w and w.data_ptr() == ptr and w._version == v for m, w, ptr, v in self.stamps)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // x.shape[-1]
@@ -205,14 +207,14 @@ class LeanLlama:
             self.layers.append(
                 SimpleNamespace(
                     layer=layer,
-                    qkv=Matmul(_fuse_rows([at.q_proj, at.k_proj, at.v_proj]), pack),
-                    o=Matmul(at.o_proj.weight, pack),
-                    gate_up=Matmul(_fuse_rows([mlp.gate_proj, mlp.up_proj]), pack),
-                    down=Matmul(mlp.down_proj.weight, pack),
+                    qkv=Matmul(_fuse_rows(qkv := [at.q_proj, at.k_proj, at.v_proj]), pack, qkv),
+                    o=Matmul(at.o_proj.weight, pack, [at.o_proj]),
+                    gate_up=Matmul(_fuse_rows(gu := [mlp.gate_proj, mlp.up_proj]), pack, gu),
+                    down=Matmul(mlp.down_proj.weight, pack, [mlp.down_proj]),
                     scaling=at.scaling,
                 )
             )
-        self.lm_head = Matmul(model.lm_head.weight, pack)
+        self.lm_head = Matmul(model.lm_head.weight, pack, [model.lm_head])
         self.packed = bool(self.lm_head.packs)
         self.rotary = self.base.rotary_emb
         self._rope: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -223,13 +225,7 @@ class LeanLlama:
     def aliases_model(self) -> bool:
         """Whether the fused buffers and packed copies still hold the model's weights
         (``model.to(...)`` replaces them, an in-place edit changes them)."""
-        return self.lm_head.current(self.model.lm_head.weight) and all(
-            w.qkv.current(w.layer.self_attn.q_proj.weight)
-            and w.gate_up.current(w.layer.mlp.gate_proj.weight)
-            and w.o.current(w.layer.self_attn.o_proj.weight)
-            and w.down.current(w.layer.mlp.down_proj.weight)
-            for w in self.layers
-        )
+        return all(mm.current() for mm in self.matmuls())
 
     def rope(self, n: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin ``[n, head_dim]`` for positions 0..n-1, from the model's own rotary module

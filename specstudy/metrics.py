@@ -10,7 +10,10 @@ Conventions (the seed article's metric table):
   target forward that verified at least one drafted token: the tokens one verification step
   yields, bonus token included.  It is the seed's expected accepted length (comparable with
   (1 − α^(γ+1)) / (1 − α), :func:`expected_acceptance_length`) and vLLM's, SGLang's, SPEED-Bench's
-  and AIPerf's figure.  TensorRT-LLM reports AL − 1; its backend normalises when reading it.
+  and AIPerf's figure, and TensorRT-LLM 1.x's too: its PyTorch executor
+  (``tensorrt_llm/_torch/pyexecutor/py_executor.py``) sets ``acceptance_length`` = (accepted +
+  requests with drafts) / requests with drafts, the bonus token included (its backend records the
+  convention it finds, and normalises a release that would report AL − 1).
 * **tokens per target forward** = output tokens / every target forward (the prompt pass and
   forwards that drafted nothing included): a cost figure, not AL.
 * **per-position acceptance**, two forms: *conditional* (accepted at k / steps that reached k,
@@ -230,6 +233,25 @@ def _summed(records: Sequence[RequestRecord], field: str, depth: int) -> list[in
         for k, v in enumerate(getattr(r, field) or []):
             out[k] += v
     return out
+
+
+def counter_acceptance(
+    source: str, drafts: int, drafted: int, accepted: int, accepted_per_position: Sequence[int]
+) -> dict[str, Any]:
+    """Run-scoped acceptance from an engine's own counters (after − before): the kit's α, AL
+    (drafts = draft steps, so AL = 1 + accepted / drafts is vLLM's and llama.cpp's mean acceptance
+    length) and per-position acceptance (unconditional: accepted at k / draft steps, vLLM's form)."""
+    per_pos = [int(a) for a in accepted_per_position]
+    return {
+        "source": source,
+        "drafts": drafts,
+        "drafted_tokens": drafted,
+        "accepted_tokens": accepted,
+        "accepted_per_position": per_pos,
+        "alpha": acceptance_rate(accepted, drafted) if drafted else None,
+        "acceptance_length": acceptance_length(accepted, drafts) if drafts else None,
+        "per_position": per_position_unconditional(per_pos, drafts) if drafts and per_pos else None,
+    }
 
 
 def acceptance_summary(records: Sequence[RequestRecord]) -> dict[str, Any]:

@@ -124,7 +124,7 @@ class TinyFactory:
     def __call__(self, framework: str, model: str, drafter=None, device: str = "cpu", dtype: str = "float64", **kw):
         import torch
 
-        from specstudy.backends.reference import ReferenceBackend
+        from specstudy.backends.reference.backend import ReferenceBackend
         from specstudy.data.models import tiny_model
 
         torch.set_num_threads(1)

@@ -46,6 +46,7 @@ HIDDEN = [
 ALLOWED = (
     "specstudy",
     "specstudy.engine",
+    "specstudy.paths",
     "specstudy.costmodel",
     "specstudy.metrics",
     "specstudy.records",

@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..config import REPO_ROOT, display_path
+from ..config import display_path
+from ..paths import REPO_ROOT
 from ..provenance import provenance
 from .format import fmt
 from .study import Study

@@ -19,20 +19,20 @@ from typing import Any
 import pandas as pd
 
 from .. import metrics
-from ..config.schema import SloSpec
+from ..config.schema import Slo
 from ..records import RequestRecord
 from .format import fmt
-from .serving import Slo, stops_paying
+from .serving import stops_paying
 from .study import Study
 
 #: the schema's default (the seed's FAQ Q1: TPOT ≤ 50 ms reads as comfortable real-time chat)
-DEFAULT_SLO = Slo.from_ms(SloSpec().model_dump())
+DEFAULT_SLO = Slo()
 
 
 def study_slo(study: Study) -> Slo:
     """The SLO the study states (``study.slo`` in its YAML), else :data:`DEFAULT_SLO`."""
     block = study.config.get("slo")
-    return Slo.from_ms(block) if isinstance(block, dict) else DEFAULT_SLO
+    return Slo(**block) if isinstance(block, dict) else DEFAULT_SLO
 
 
 def send_lag(records: Sequence[RequestRecord]) -> dict[str, float]:

@@ -7,11 +7,11 @@ serving sweep reports and pair the speculative arm with its AR baseline at the s
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
 from .. import metrics
+from ..config.schema import Slo
 from ..records import RequestRecord
 
 
@@ -24,32 +24,6 @@ def json_safe(x: Any) -> Any:
     if isinstance(x, (list, tuple)):
         return [json_safe(v) for v in x]
     return x
-
-
-@dataclass(frozen=True)
-class Slo:
-    ttft_s: float | None = None
-    tpot_s: float | None = None
-    e2e_s: float | None = None
-
-    @classmethod
-    def from_ms(cls, ms: Mapping[str, float | None]) -> Slo:
-        """From a study's ``slo`` block (``ttft_ms``, ``tpot_ms``, ``e2e_ms``)."""
-
-        def sec(key: str) -> float | None:
-            v = ms.get(key)
-            return None if v is None else float(v) / 1e3
-
-        return cls(sec("ttft_ms"), sec("tpot_ms"), sec("e2e_ms"))
-
-    def describe(self) -> str:
-        """``TTFT ≤ 500 ms and TPOT ≤ 50 ms``: the SLOs a good request meets."""
-        parts = [
-            f"{name} ≤ {1e3 * v:g} ms"
-            for name, v in (("TTFT", self.ttft_s), ("TPOT", self.tpot_s), ("E2E", self.e2e_s))
-            if v is not None
-        ]
-        return " and ".join(parts) or "no SLO"
 
 
 def summarize(records: Sequence[RequestRecord], wall_s: float, slo: Slo) -> dict[str, Any]:

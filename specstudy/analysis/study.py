@@ -195,12 +195,14 @@ class Study:
 
 
 def _profile(layout: StudyLayout, hardware: str) -> HardwareProfile | None:
-    """The profile the runner saved; folders from before that measure it here (the old behaviour)."""
+    """The profile the runner saved; for folders from before that, the profile file's own figures
+    (never measured here: loading results has no side effects, and this machine is not the one
+    that ran them)."""
     saved = layout.load_profile()
     if saved is not None or hardware not in hardware_names():
         return saved
     try:
-        return load_hardware_profile(hardware, measure=True)
+        return load_hardware_profile(hardware, measure=False)
     except (ValueError, OSError):
         return None
 

@@ -19,6 +19,7 @@ from ..config.vocab import TASKS
 from ..metrics import MIN_PROMPTS_FOR_CI
 from .drafts import model_note, optimal_measured, pooled_drafts
 from .format import FAMILY_TITLES, TASK_TITLES, fmt, fmt_ci, short_model
+from .memory import memory_groups
 from .rates import peak_memory
 from .stats import NAN, Pooled, isnum, pooled, predicted_for
 from .study import Study
@@ -179,7 +180,6 @@ def _prediction(p: Pooled, gamma: Any) -> tuple[dict[str, str], float, str]:
 def metric_table(study: Study, sweep: str | None = "hardware") -> pd.DataFrame:
     """The rest of the seed's metric table for the hardware table's rows: latency (mean / p50 / p99),
     tokens per target forward, memory overhead, quality, and the run-to-run spread of the speedup."""
-    from .fails import memory_groups  # fails builds on this module's tables
 
     groups = hardware_groups(study, sweep)
     order = {f: i for i, f in enumerate(FAMILY_TITLES)}
@@ -441,7 +441,6 @@ def task_table(study: Study, tasks: Sequence[str] | None = None, sweep: str | No
 
 def framework_table(study: Study) -> pd.DataFrame:
     """The seed's framework table, measured: per framework the methods run and their best numbers."""
-    from .fails import memory_groups  # fails builds on this module's tables
 
     memory = {(g["framework"], g["label"]): g["reading"] for g in memory_groups(study)}
     rows = []

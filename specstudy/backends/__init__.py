@@ -1,5 +1,8 @@
 """Backends: every engine is driven through :class:`specstudy.backends.base.Backend`.
 
+Each engine's code lives in its own package (``vllm/``, ``llamacpp/``, ``sglang/``, ``trtllm/``,
+``hf/``, ``reference/``, ``openai/``), with its declaration (``declaration.py``: methods,
+options, server or in-process, environment) collected in :mod:`.registry`.
 ``get_backend(framework, model=..., drafter=..., **options)`` imports the module lazily, so a
 missing optional engine (vLLM, SGLang) only fails when asked for, naming the extra to install.
 """
@@ -7,34 +10,27 @@ missing optional engine (vLLM, SGLang) only fails when asked for, naming the ext
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .base import Backend, BackendUnavailable
+from .registry import DECLARATIONS, declaration
 
-# framework name -> "module:Class" under specstudy.backends
-BACKENDS: dict[str, str] = {
-    "reference": "reference:ReferenceBackend",
-    "hf": "hf:HfBackend",
-    "vllm": "vllm_offline:VllmOfflineBackend",
-    "vllm-server": "vllm_server:VllmServerBackend",
-    "sglang": "sglang_server:SglangServerBackend",
-    "openai": "openai_server:OpenAIBackend",
-    "trtllm": "trtllm_server:TrtllmServerBackend",
-    "llamacpp": "llamacpp:LlamaCppBackend",
-}
+if TYPE_CHECKING:
+    from .base import Backend
 
 
 def framework_names() -> list[str]:
-    return sorted(BACKENDS)
+    return sorted(DECLARATIONS)
+
+
+def backend_class(framework: str) -> type[Backend]:
+    """The backend class of ``framework`` (its module imported, no engine started)."""
+    module, cls = declaration(framework).backend.split(":")
+    found: type[Backend] = getattr(importlib.import_module(f"specstudy.backends.{module}"), cls)
+    return found
 
 
 def get_backend(framework: str, **options: Any) -> Backend:
-    if framework not in BACKENDS:
-        raise ValueError(f"framework={framework!r} is not known; allowed: {framework_names()}")
-    module, cls = BACKENDS[framework].split(":")
-    mod = importlib.import_module(f"specstudy.backends.{module}")
-    backend: Backend = getattr(mod, cls)(**options)
-    return backend
+    return backend_class(framework)(**options)
 
 
-__all__ = ["Backend", "BackendUnavailable", "BACKENDS", "framework_names", "get_backend"]
+__all__ = ["DECLARATIONS", "backend_class", "declaration", "framework_names", "get_backend"]

@@ -12,6 +12,8 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ..records import Cell, Request, RequestRecord, Sampling
+from .declaration import check_method
+from .registry import declaration
 
 
 def encode_request(tokenizer: Any, request: Request, chat: bool = False) -> list[int]:
@@ -49,15 +51,23 @@ class Backend(ABC):
 
     @classmethod
     def check_cell(
-        cls, method: str, gamma: int | None, options: dict[str, Any], *, model: str, drafter: str | None, cuda: bool
+        cls,
+        method: str,
+        gamma: int | None,
+        options: dict[str, Any],
+        *,
+        model: str,
+        drafter: str | None,
+        cuda: bool,
+        batch_size: int = 1,
     ) -> None:
         """Refuse, before any model loads, a cell this backend (at its pinned version) cannot run.
 
         ``options`` are the cell's method options; ``cuda`` says which build the study will use.
-        The default checks the method name; backends with more to check override it.
+        The default checks the cell against the engine's declaration (method, γ, drafter, option
+        names, batch size); backends with more to check extend it.
         """
-        if cls.methods and method not in cls.methods:
-            raise ValueError(f"{cls.framework} does not run method={method!r}; allowed: {list(cls.methods)}")
+        check_method(declaration(cls.framework), method, gamma, options, drafter, batch_size=batch_size)
 
     @abstractmethod
     def run(self, requests: Sequence[Request], sampling: Sampling, cell: Cell) -> Iterator[RequestRecord]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
 _SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{(.*)\})?\s+(\S+)(\s+\S+)?$")
 _LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
@@ -44,3 +45,14 @@ def metric_by_label(samples: MetricSamples, name: str, label: str) -> dict[str, 
         if label in lab:
             out[lab[label]] = out.get(lab[label], 0.0) + v
     return out
+
+
+def counter_deltas(before: MetricSamples, after: MetricSamples, names: Mapping[str, str]) -> dict[str, int]:
+    """{key: after − before} of counters named by ``names`` ({key: metric name}); absent counts as 0."""
+    return {k: round((metric_total(after, n) or 0.0) - (metric_total(before, n) or 0.0)) for k, n in names.items()}
+
+
+def labelled_deltas(before: MetricSamples, after: MetricSamples, name: str, label: str) -> list[int]:
+    """after − before of a counter per value of ``label`` (e.g. ``position``), in its numeric order."""
+    a, b = metric_by_label(after, name, label), metric_by_label(before, name, label)
+    return [round(a[k] - b.get(k, 0.0)) for k in sorted(a, key=int)]

@@ -30,6 +30,7 @@ from ..metrics import acceptance_summary
 from ..records import Cell, Request, RequestRecord, Sampling
 from .base import ServingBackend, encode_request
 from .connections import Http, address
+from .declaration import LOAD_OPTIONS  # cell options of the offered load, not the server's configuration
 from .exchange import StreamedRequests
 from .lifecycle import ManagedServer, ServerInfo, connect, http_get, split_url
 from .loadgen import batch_deadline, offer, run_sync
@@ -40,8 +41,6 @@ from .watch import ServerWatch, WatchResult
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-# cell options that describe the offered load (serving benchmark), not the server's configuration
-LOAD_OPTIONS = frozenset({"rate", "burstiness", "concurrency", "load"})
 #: the keyword arguments every server backend takes (StreamingServerBackend.__init__)
 SERVER_KWARGS = frozenset(
     {

@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
         get_entry(args.drafter)  # a draft model; heads files and self:K are checked by the method's loader
     chat = {"yes": True, "no": False, "auto": entry.chat}[args.chat]
 
-    from ..backends.reference import ReferenceBackend  # lazy: transformers only once the checks passed
+    from ..backends.reference.backend import ReferenceBackend  # lazy: transformers only once the checks passed
 
     backend = ReferenceBackend(
         args.model, drafter=args.drafter, device=args.device, dtype=args.dtype, threads=args.threads

@@ -17,10 +17,10 @@ from typing import Any
 
 from ..config import ParamsError, StudyConfig, hardware_names, load_hardware_profile, load_study
 from ..data.models import tokenizer_if_here
-from ..engines.preflight import Probes
+from ..environments.preflight import Probes
 from ..layout import StudyLayout
 from ..report.notebooks import plan_notebook_jobs, write_notebook_makefile
-from ..run.environment import machine_needs, prepare_machine
+from ..run.environment import machine_needs, prepare_machine, refused_rows
 from ..run.plan import CellPlan, check_backends, check_tasks, expand, plan_summary, uses_cuda
 
 #: exit status when the study ran but some cells failed (make study renders the report, then fails)
@@ -138,15 +138,20 @@ def run(args: argparse.Namespace) -> int:
         tokenizer = None if args.dry_run else tokenizer_if_here
         for task_note in check_tasks(cfg, fetch=not args.dry_run, tokenizer=tokenizer, sweeps=args.sweep):
             warnings.warn(task_note, stacklevel=1)
+        refused: set[tuple[str, str, str]] = set()
         if not args.dry_run:
-            for note in prepare_machine(cfg, force=args.force):
-                warnings.warn(
-                    f"{note.what}: {note.why} (--force: running anyway; the numbers belong to this machine)",
-                    stacklevel=1,
+            notes = prepare_machine(cfg, force=args.force)
+            refused = refused_rows(notes)
+            for note in notes:
+                after = (
+                    "this row is refused; the others run"
+                    if note.kind == "drafter"
+                    else "--force: running anyway; the numbers belong to this machine"
                 )
+                warnings.warn(f"{note.what}: {note.why} ({after})", stacklevel=1)
     for w in caught:
         print(f"specstudy run: warning: {w.message}", file=sys.stderr)
-    plans = all_plans = expand(cfg)
+    plans = all_plans = [p for p in expand(cfg) if (p.cell.framework, p.cell.method, p.drafter_id or "") not in refused]
     if args.sweep:
         unknown = sorted(set(args.sweep) - {s.name for s in cfg.sweeps})
         if unknown:

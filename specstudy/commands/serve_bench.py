@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ..analysis.serving import Slo
     from ..backends.base import Backend
+    from ..config.schema import Slo
     from ..records import Request
 
-SERVER_BACKENDS = ("vllm-server", "sglang", "llamacpp", "openai")
+SERVER_BACKENDS = ("vllm-server", "sglang", "llamacpp", "openai")  # the servers it can start or attach to
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -80,8 +80,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _check(args: argparse.Namespace) -> tuple[list[float], Slo, dict[str, str]]:
     """Every bad value named before anything starts."""
-    from ..analysis.serving import Slo
     from ..backends import get_backend  # noqa: F401  (import errors surface here)
+    from ..config.schema import Slo
     from ..run.serving import parse_rates
 
     if args.backend not in SERVER_BACKENDS:
@@ -103,10 +103,8 @@ def _check(args: argparse.Namespace) -> tuple[list[float], Slo, dict[str, str]]:
         k, v = kv.split("=", 1)
         envs[k] = v
 
-    def ms(x: float | None) -> float | None:
-        return None if x is None else x / 1000.0
-
-    return rates, Slo(ms(args.slo_ttft_ms), ms(args.slo_tpot_ms), ms(args.slo_e2e_ms)), envs
+    given = {"ttft_ms": args.slo_ttft_ms, "tpot_ms": args.slo_tpot_ms, "e2e_ms": args.slo_e2e_ms}
+    return rates, Slo(**{k: v for k, v in given.items() if v is not None}), envs  # unset: the seed's default
 
 
 def _prompts(args: argparse.Namespace, n: int) -> Sequence[Request]:
@@ -140,8 +138,9 @@ def _prompts(args: argparse.Namespace, n: int) -> Sequence[Request]:
 
 def _engine_python(backend: str) -> str:
     """The interpreter of the backend's pinned engine environment when it is installed (vLLM's,
-    SGLang's: specstudy.engines.environments), else this one."""
-    from ..engines.environments import FRAMEWORK_ENGINE, engine_env, is_installed, python_of
+    SGLang's: specstudy.environments.install), else this one."""
+    from ..backends.registry import FRAMEWORK_ENGINE
+    from ..environments.install import engine_env, is_installed, python_of
 
     engine = FRAMEWORK_ENGINE.get(backend)
     if engine is None:

@@ -7,7 +7,7 @@ model registry entries (:mod:`.model`) and task files (:mod:`.task`); one vocabu
 """
 
 from .errors import ParamsError, ParamsProblems
-from .files import REPO_ROOT, display_path, hardware_file, hardware_names, load_yaml, params_dir
+from .files import display_path, hardware_file, hardware_names, load_yaml, params_dir
 from .hardware import load_hardware_profile
 from .model import ModelEntry, get_entry, model_names
 from .schema import MethodSpec, ModelPair
@@ -15,7 +15,6 @@ from .study import StudyConfig, Sweep, load_study
 from .task import TaskConfig, load_task_config, task_names
 
 __all__ = [
-    "REPO_ROOT",
     "MethodSpec",
     "ModelEntry",
     "ModelPair",

@@ -12,16 +12,27 @@ import json
 import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from ..backends.registry import FRAMEWORKS
 from .errors import ParamsError
 from .model import get_entry, model_names
 from .schema import MethodSpec, ModelPair, StudySpec
 from .task import task_names
-from .vocab import FRAMEWORKS, SELF_DRAFTER
+from .vocab import SELF_DRAFTER
 
-if TYPE_CHECKING:  # study.py imports this module: for annotations only
-    from .study import StudyConfig
+
+class StudyModels(Protocol):
+    """What these checks read of a validated study (:class:`~specstudy.config.study.StudyConfig`,
+    which calls them: named by its shape, so this module does not import that one)."""
+
+    @property
+    def file(self) -> str: ...
+    @property
+    def models(self) -> Any: ...
+    @property
+    def sweeps(self) -> Any: ...
+    def method(self, label: str) -> MethodSpec: ...
 
 
 def known_frameworks() -> list[str]:
@@ -94,7 +105,7 @@ def known_model(name: str) -> bool:
     )
 
 
-def check_model_names(cfg: StudyConfig) -> None:
+def check_model_names(cfg: StudyModels) -> None:
     """Every target and drafter is a registry entry, a local path or a hub id."""
     allowed = model_names()
     hint = "a params/models/ entry, an existing local path, or a hub id owner/name"
@@ -172,7 +183,7 @@ def tokenizers_match(target: Mapping[str, Any], draft: Mapping[str, Any]) -> boo
 
 
 def draft_tokenizers(
-    cfg: StudyConfig, signature: Callable[[str], Mapping[str, Any]] = tokenizer_signature
+    cfg: StudyModels, signature: Callable[[str], Mapping[str, Any]] = tokenizer_signature
 ) -> list[str]:
     """Refuse a drafter whose tokenizer differs from its target's; return warnings for unknowns.
 

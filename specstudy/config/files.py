@@ -6,10 +6,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ..paths import REPO_ROOT
 from .errors import ParamsError
-
-PACKAGE_ROOT = Path(__file__).resolve().parent.parent
-REPO_ROOT = PACKAGE_ROOT.parent
 
 
 def params_dir() -> Path:

@@ -22,9 +22,10 @@ from pydantic import (
     model_validator,
 )
 
+from ..backends.registry import drafter_methods
 from ..records import Sampling
 from .errors import not_allowed
-from .vocab import DTYPES, METHOD_ALIASES, METHOD_FAMILIES, NEEDS_DRAFTER, QUANTIZATIONS, method_family
+from .vocab import DTYPES, METHOD_ALIASES, METHOD_FAMILIES, QUANTIZATIONS, method_family
 
 NOTEBOOKS = ("hardware", "method_family", "task_category", "when_it_fails", "report")
 
@@ -97,9 +98,10 @@ class PrecisionSpec(BaseModel):
     step: PositiveInt = 4
 
 
-class SloSpec(BaseModel):
+class Slo(BaseModel):
     """The serving SLOs goodput counts against: a request is good when it meets every one given.
-    The default is the seed's comfortable-chat figure, TPOT ≤ 50 ms; ``tpot_ms: null`` drops it."""
+    The default is the seed's comfortable-chat figure, TPOT ≤ 50 ms; ``tpot_ms: null`` drops it.
+    A study's ``slo`` block, the serving driver's and the analysis' SLO alike."""
 
     model_config = _STRICT
     ttft_ms: PositiveFloat | None = None
@@ -107,10 +109,27 @@ class SloSpec(BaseModel):
     e2e_ms: PositiveFloat | None = None
 
     @model_validator(mode="after")
-    def _some(self) -> SloSpec:
+    def _some(self) -> Slo:
         if self.ttft_ms is None and self.tpot_ms is None and self.e2e_ms is None:
             raise not_allowed(None, "at least one of ttft_ms, tpot_ms, e2e_ms", "goodput needs an SLO")
         return self
+
+    @property
+    def ttft_s(self) -> float | None:
+        return None if self.ttft_ms is None else self.ttft_ms / 1e3
+
+    @property
+    def tpot_s(self) -> float | None:
+        return None if self.tpot_ms is None else self.tpot_ms / 1e3
+
+    @property
+    def e2e_s(self) -> float | None:
+        return None if self.e2e_ms is None else self.e2e_ms / 1e3
+
+    def describe(self) -> str:
+        """``TTFT ≤ 500 ms and TPOT ≤ 50 ms``: the SLOs a good request meets."""
+        given = (("TTFT", self.ttft_ms), ("TPOT", self.tpot_ms), ("E2E", self.e2e_ms))
+        return " and ".join(f"{name} ≤ {v:g} ms" for name, v in given if v is not None)
 
 
 class ModelPair(BaseModel):
@@ -175,7 +194,7 @@ class MethodSpec(BaseModel):
 
     @model_validator(mode="after")
     def _drafter_needed(self) -> MethodSpec:
-        if self.family in NEEDS_DRAFTER and not self.drafter:
+        if self.method in drafter_methods() and not self.drafter:
             raise not_allowed(
                 self.drafter,
                 "a drafter short name from study.models[].drafters",
@@ -218,7 +237,7 @@ class StudySpec(_Axes):
     framework_options: dict[str, dict[str, Any]] = {}
     warmup: WarmupSpec = WarmupSpec()
     telemetry_period_s: PositiveFloat = 0.5
-    slo: SloSpec = SloSpec()
+    slo: Slo = Slo()
     # engines whose own step costs are measured after the cells (llama.cpp: T(k)/T(1) and c)
     engine_costs: Annotated[list[Literal["llamacpp"]], BeforeValidator(_as_list)] = []
     notebooks: Annotated[list[Literal[NOTEBOOKS]], BeforeValidator(_as_list)] = list(NOTEBOOKS)  # type: ignore[valid-type]

@@ -55,7 +55,7 @@ from ..records import Sampling
 from . import checks
 from .errors import ParamsError, validate
 from .files import hardware_file, load_yaml
-from .schema import NOTEBOOKS, MethodSpec, ModelPair, SamplingSpec, SloSpec, StudySpec, SweepSpec
+from .schema import NOTEBOOKS, MethodSpec, ModelPair, SamplingSpec, Slo, StudySpec, SweepSpec
 from .task import is_task_path, task_candidates
 
 # --------------------------------------------------------------------------------------------
@@ -108,7 +108,7 @@ class StudyConfig:
     notebooks: tuple[str, ...] = NOTEBOOKS
     engine_costs: tuple[str, ...] = ()
     #: goodput's SLOs, ms: {"ttft_ms", "tpot_ms", "e2e_ms"} (None: not part of the SLO)
-    slo: Mapping[str, float | None] = field(default_factory=lambda: SloSpec().model_dump())
+    slo: Mapping[str, float | None] = field(default_factory=lambda: Slo().model_dump())
     #: task name (its file's stem) -> its task file: the sweeps name tasks, the runner reads these files
     task_files: Mapping[str, str] = field(default_factory=dict)
 

@@ -20,8 +20,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, field_validator, model_validator
 
+from ..paths import REPO_ROOT
 from .errors import ParamsError, not_allowed, validate
-from .files import REPO_ROOT, load_yaml, params_dir
+from .files import load_yaml, params_dir
 from .vocab import TASKS
 
 LENGTH_POLICIES = ("none", "truncate", "filter", "bucket")

@@ -25,10 +25,6 @@ METHOD_ALIASES = {
     "specinfer": "tree",
     "sequoia": "tree",
 }
-#: what the in-process reference engine runs (a test keeps this equal to engine.methods.METHODS)
-REFERENCE_METHODS = METHOD_FAMILIES + ("eagle", "specinfer", "sequoia")
-#: families that need a drafter (a model, heads or an adapter) named in the model pair
-NEEDS_DRAFTER = ("draft_target",)
 #: the reference engine's own-layers drafter: "self" (half the layers) or "self:K"
 SELF_DRAFTER = "self"
 
@@ -38,25 +34,8 @@ def method_family(method: str) -> str:
     return METHOD_ALIASES.get(method, method)
 
 
-#: every framework the study can name (a test keeps this equal to specstudy.backends.BACKENDS)
-FRAMEWORKS = ("reference", "hf", "llamacpp", "vllm", "vllm-server", "sglang", "trtllm", "openai")
-#: frameworks whose speculation is fixed when the engine starts (one engine per method config)
-SERVER_FRAMEWORKS = ("llamacpp", "vllm", "vllm-server", "sglang", "trtllm", "openai")
-#: in-process engines that load the drafter named in each cell themselves (one engine per target)
-DRAFTER_PER_CELL = ("reference",)
-#: engines that hand the prompt loader their tokenizer: a task's input-length policy applies there
-#: (servers get the prompts as they are, and their records say the policy was ``unapplied``)
-TOKENIZING_FRAMEWORKS = ("reference", "hf")
-#: framework -> (python module that must be importable, what provides it)
-FRAMEWORK_REQUIREMENTS: dict[str, tuple[str, str]] = {
-    "reference": ("torch", "the base install (pip install -e .)"),
-    "hf": ("transformers", "the base install (pip install -e .)"),
-    "llamacpp": ("xllamacpp", "the base install (pip install -e .)"),
-    "vllm": ("vllm", "its own pinned environment .venv-vllm: make engine-vllm"),
-    "vllm-server": ("vllm", "its own pinned environment .venv-vllm: make engine-vllm"),
-    "sglang": ("sglang", "its own pinned environment .venv-sglang: make engine-sglang"),
-    "openai": ("urllib", "nothing (any OpenAI-compatible server URL)"),
-}
+# what each framework runs, reads and needs: one declaration per engine, collected in
+# specstudy.backends.registry
 
 #: weight dtypes by their torch / vLLM names ("auto": the checkpoint's own)
 DTYPES = ("float32", "bfloat16", "float16", "float64", "auto")

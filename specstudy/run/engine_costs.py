@@ -3,7 +3,7 @@
 The report's cost model predicts a speculative row from α̂, the draft cost c and the verification
 cost T(γ+1)/T(1).  The reference engine times its steps itself; llama.cpp does not split drafting
 from verification, so a study that lists ``engine_costs: [llamacpp]`` measures llama.cpp's curve
-and c with :func:`specstudy.backends.llamacpp_costs.measure_costs` for every (target, drafter)
+and c with :func:`specstudy.backends.llamacpp.costs.measure_costs` for every (target, drafter)
 its llama.cpp cells used, after the cells (so the timing does not share the machine with them).
 One file per pair under ``engine_costs/``: a rerun measures only what is missing.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from ..backends.llamacpp_costs import measure_costs
+from ..backends.llamacpp.costs import measure_costs
 from ..config import StudyConfig
 from ..layout import StudyLayout
 from .plan import CellPlan

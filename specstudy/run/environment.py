@@ -1,7 +1,7 @@
 """Is this machine ready for a study: the GPUs its profile describes, the engines, the weights?
 
 Separate from validation, so a GPU profile validates (and dry-runs) on any machine.  The checks
-are :func:`specstudy.engines.preflight.preflight`'s: GPU model and count, each engine's pinned
+are :func:`specstudy.environments.preflight.preflight`'s: GPU model and count, each engine's pinned
 environment present and importable, each model local or in the Hugging Face cache, a token for
 gated repositories, disk space, each drafter checkpoint against the engine that loads it.  A dry
 run prints them as warnings; a real run installs the missing engine environments it can and then
@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..config import ParamsError, StudyConfig, hardware_names, load_hardware_profile
-from ..engines import environments as envs
-from ..engines.preflight import DrafterUse, Missing, Probes, Weights, preflight
+from ..environments import install as envs
+from ..environments.preflight import DrafterUse, Missing, Probes, Weights, preflight
 from .plan import expand, uses_cuda
 
 #: frameworks whose engine loads the drafter checkpoint itself (checked against its loader)
@@ -56,28 +56,49 @@ def prepare_machine(
     probes: Probes | None = None,
     install: Callable[[envs.EngineEnv], object] | None = None,
 ) -> list[Missing]:
-    """Install the engine environments the study needs (pinned, reused), then refuse once with
-    whatever is still missing.  ``force`` runs a GPU profile on another machine anyway (the numbers
-    then belong to this machine).  Returns the notes that did not stop the run."""
+    """Check the machine, install the engine environments the study needs (pinned, reused), check
+    again, and refuse once with everything still missing.
+
+    What no install can provide (the GPUs, disk, weights, a hub token) is checked first: while any
+    of it is missing nothing is installed, and the refusal lists it beside the environments that
+    would be installed.  A drafter checkpoint an engine cannot load refuses only the rows that
+    need it (returned as notes; :func:`refused_rows` names them).  ``force`` runs a GPU profile on
+    another machine anyway (the numbers then belong to this machine).  Returns the notes that did
+    not stop the run."""
     install = install or (lambda env: envs.install(env))
     missing = machine_needs(cfg, probes)
-    engines = [m for m in missing if m.kind == "engine"]
-    if engines:
+    installed = False
+    if not _blocking(missing, force, engines=False) and any(m.kind == "engine" for m in missing):
+        installed = True
         for env in envs.required_engines(sorted({p.cell.framework for p in expand(cfg)}), uses_cuda(cfg)):
             if not (probes.installed(env) if probes else envs.is_installed(env)):
                 log(f"installing the {env.name} environment ({env.engine_requirement}) at {envs.venv_dir(env)}")
                 install(env)
         missing = machine_needs(cfg, probes)
-    notes = [m for m in missing if force and m.kind == "gpu"]
-    blocking = [m for m in missing if m not in notes]
+    blocking = _blocking(missing, force, engines=True)
     if blocking:
         raise ParamsError(
             cfg.file,
             "hardware",
             cfg.hardware,
             "a machine with what the study needs",
-            "this machine lacks:\n"
+            f"this machine lacks{'' if installed else ' (nothing was installed)'}:\n"
             + _missing_text(blocking)
             + ("\n(--force runs a GPU profile without its GPU)" if any(m.kind == "gpu" for m in blocking) else ""),
         )
-    return notes
+    return [m for m in missing if m not in blocking]
+
+
+def _blocking(missing: list[Missing], force: bool, engines: bool) -> list[Missing]:
+    """What stops the run: every finding but forced GPU notes and per-row drafter findings
+    (``engines=False``: leaving out the engines an install would provide, too)."""
+    return [
+        m
+        for m in missing
+        if not (m.kind == "gpu" and force) and m.kind != "drafter" and (engines or m.kind != "engine")
+    ]
+
+
+def refused_rows(notes: list[Missing]) -> set[tuple[str, str, str]]:
+    """(framework, method, drafter id) of the rows a drafter finding refuses."""
+    return {(m.framework, m.method, m.drafter) for m in notes if m.kind == "drafter" and m.framework}

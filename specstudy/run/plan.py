@@ -11,18 +11,19 @@ any model loads.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import itertools
 import math
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from ..backends import BACKENDS, Backend
+from .. import backends
+from ..backends.base import Backend
+from ..backends.declaration import LOAD_OPTIONS
+from ..backends.registry import DECLARATIONS, DRAFTER_PER_CELL, SERVER_FRAMEWORKS, TOKENIZING_FRAMEWORKS
 from ..config import ParamsError, StudyConfig, Sweep, hardware_names, load_hardware_profile, load_task_config
 from ..config.errors import ParamsProblems
 from ..config.schema import ModelPair
-from ..config.vocab import DRAFTER_PER_CELL, REFERENCE_METHODS, SERVER_FRAMEWORKS, TOKENIZING_FRAMEWORKS
 from ..records import Cell, RequestRecord, Sampling
 
 
@@ -63,6 +64,15 @@ class CellPlan:
         drafter = None if self.cell.framework in DRAFTER_PER_CELL else self.drafter_id
         return (self.cell.framework, self.target, drafter, self.dtype, self.tensor_parallel_size, self.prefix_cache)
 
+    def engine_config_key(self) -> tuple[Any, ...]:
+        """Cells with the same key start the same engine configuration: for engines whose
+        speculation is fixed at start (a server, vLLM's engine), the method, γ, drafter and method
+        options (the offered load aside) too."""
+        if self.cell.framework not in SERVER_FRAMEWORKS:
+            return self.backend_key()
+        opts = tuple(o for o in self.method_options if o[0] not in LOAD_OPTIONS)
+        return (*self.backend_key(), self.cell.method, self.cell.gamma, self.drafter_id, opts)
+
     def backend_cell(self) -> Cell:
         """The cell handed to ``backend.run``: method options only (plus the arrival rate for servers).
 
@@ -98,23 +108,15 @@ class CellPlan:
 
 def backend_class(framework: str) -> type[Backend] | None:
     """The backend class of a framework (its module imported, no engine started); None if it needs its engine."""
-    spec = BACKENDS.get(framework)
-    if not spec:
-        return None
-    module, cls = spec.split(":")
     try:
-        return getattr(importlib.import_module(f"specstudy.backends.{module}"), cls)  # type: ignore[no-any-return]
+        return backends.backend_class(framework)
     except ImportError:
         return None
 
 
 def backend_methods(framework: str) -> tuple[str, ...] | None:
-    """Method names a backend class declares (the reference engine's without importing torch)."""
-    if framework == "reference":
-        return REFERENCE_METHODS
-    cls = backend_class(framework)
-    methods = getattr(cls, "methods", None) if cls is not None else None
-    return tuple(methods) if methods else None
+    """The methods a framework's declaration says it runs (None: not a known framework)."""
+    return DECLARATIONS[framework].methods if framework in DECLARATIONS else None
 
 
 def _structure(cfg: StudyConfig) -> None:
@@ -163,7 +165,15 @@ def _cell_checks(cfg: StudyConfig) -> None:
     """Every speculative cell through its backend's own check: pinned version, options, drafter files."""
     cuda, seen = uses_cuda(cfg), set()
     for p in expand(cfg):
-        key = (p.cell.framework, p.cell.method, p.cell.gamma, p.method_options, p.drafter_id, p.target)
+        key = (
+            p.cell.framework,
+            p.cell.method,
+            p.cell.gamma,
+            p.method_options,
+            p.drafter_id,
+            p.target,
+            p.cell.batch_size,
+        )
         if key in seen:
             continue
         seen.add(key)
@@ -172,7 +182,13 @@ def _cell_checks(cfg: StudyConfig) -> None:
             continue
         try:
             cls.check_cell(
-                p.cell.method, p.cell.gamma, dict(p.method_options), model=p.target, drafter=p.drafter_id, cuda=cuda
+                p.cell.method,
+                p.cell.gamma,
+                dict(p.method_options),
+                model=p.target,
+                drafter=p.drafter_id,
+                cuda=cuda,
+                batch_size=p.cell.batch_size,
             )
         except (ValueError, FileNotFoundError) as e:
             where = next((s for s in p.sweeps), "default")

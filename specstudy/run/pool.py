@@ -15,15 +15,14 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
-from ..backends import Backend, get_backend
+from ..backends import get_backend
+from ..backends.base import Backend
+from ..backends.registry import DECLARATIONS, DRAFTER_PER_CELL, FRAMEWORK_ENGINE, SERVER_FRAMEWORKS, TENSOR_PARALLEL
 from ..config import StudyConfig
-from ..config.vocab import DRAFTER_PER_CELL, SERVER_FRAMEWORKS
-from ..engines.environments import FRAMEWORK_ENGINE, engine_env, python_of
+from ..environments.install import engine_env, python_of
 from .plan import CellPlan
 
 BackendFactory = Callable[..., Any]
-#: frameworks whose backends take ``tensor_parallel_size`` (the engine splits the model over GPUs)
-TENSOR_PARALLEL = ("vllm", "vllm-server", "sglang", "trtllm")
 
 
 def _default_factory(framework: str, **options: Any) -> Backend:
@@ -59,9 +58,10 @@ class BackendPool:
         opts: dict[str, Any] = dict(self.cfg.framework_options.get(fw, {}))
         # engines that load each cell's drafter themselves start without one
         opts.update(model=plan.target, drafter=None if fw in DRAFTER_PER_CELL else plan.drafter_id)
-        if plan.dtype != "auto" and fw != "llamacpp":  # llama.cpp runs the GGUF's own precision
+        decl = DECLARATIONS[fw]
+        if plan.dtype != "auto" and decl.takes_dtype:  # llama.cpp runs the GGUF's own precision
             opts["dtype"] = plan.dtype
-        if fw in ("reference", "hf"):
+        if decl.takes_device:
             opts["device"] = self.cfg.device
         if fw in SERVER_FRAMEWORKS:
             opts["prefix_cache"] = plan.prefix_cache

@@ -25,11 +25,12 @@ from typing import Any
 
 import numpy as np
 
-from ..analysis.serving import Slo, compare, json_safe, stops_paying, summarize
+from ..analysis.serving import compare, json_safe, stops_paying, summarize
 from ..backends.base import ServingBackend
 from ..backends.lifecycle import ServerStartError
 from ..backends.loadgen import AsyncSender, offer
 from ..backends.server import ServerDied
+from ..config.schema import Slo
 from ..records import Cell, Request, RequestRecord, Sampling, write_part
 from ..telemetry import Telemetry, TelemetrySampler
 

@@ -20,6 +20,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..backends.base import BackendUnavailable
+from ..backends.lifecycle import ServerStartError
 from ..backends.server import ServerDied
 from ..config import StudyConfig, display_path, hardware_names, load_hardware_profile, load_task_config
 from ..config.task import seed_row
@@ -82,6 +84,9 @@ class _RunState:
     prompts: dict[tuple[Any, ...], list[Request]] = field(default_factory=dict)
     baselines: dict[str, list[RequestRecord]] = field(default_factory=dict)
     failed_engines: dict[tuple[Any, ...], str] = field(default_factory=dict)
+    #: engine configurations that failed to start (a server launch, vLLM's engine build), by
+    #: :meth:`CellPlan.engine_config_key`: their later cells fail at once instead of starting again
+    failed_starts: dict[tuple[Any, ...], str] = field(default_factory=dict)
     #: per loaded engine (the backend object: one evicted and loaded again is cold again), the
     #: (method, γ, batch size, method options) it has been warmed up for
     warmed: weakref.WeakKeyDictionary[Any, set[tuple[Any, ...]]] = field(default_factory=weakref.WeakKeyDictionary)
@@ -256,12 +261,21 @@ def _run_one(
         except Exception as e:
             state.failed_engines[key] = f"{type(e).__name__}: {e}"
             raise
+        start_key = plan.engine_config_key()
+        if start_key in state.failed_starts:
+            raise RuntimeError(
+                f"engine failed to start earlier with this configuration: {state.failed_starts[start_key]}"
+            )
         requests, warm = _requests(cfg, plan, loader, getattr(backend, "tokenizer", None), state)
         warm, warm_tokens, self_warm = plan_warmup(state, backend, plan, cfg, warm)
         if not requests:
             raise RuntimeError(f"task {plan.cell.task!r} returned no prompts")
         t0 = time.perf_counter()
-        records, tel = run_cell(plan, backend, requests, warm, warm_tokens, cfg.telemetry_period_s, progress)
+        try:
+            records, tel = run_cell(plan, backend, requests, warm, warm_tokens, cfg.telemetry_period_s, progress)
+        except (ServerStartError, BackendUnavailable) as e:
+            state.failed_starts[start_key] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            raise
         wall = time.perf_counter() - t0
         if len(records) != len(requests):
             raise RuntimeError(f"backend returned {len(records)} records for {len(requests)} requests")

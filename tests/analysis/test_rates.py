@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from specstudy.analysis import figures, rates
-from specstudy.analysis.serving import Slo
+from specstudy.config.schema import Slo
 from specstudy.records import RequestRecord
 
 
@@ -103,7 +103,7 @@ def test_rate_pareto_one_facet_per_framework_points_labelled_by_rate():
 
 def test_goodput_counts_against_the_slo_the_study_states():
     stated = SimpleNamespace(config={"slo": {"ttft_ms": 800, "tpot_ms": 200, "e2e_ms": None}})
-    assert rates.study_slo(stated) == Slo(ttft_s=0.8, tpot_s=0.2)
+    assert rates.study_slo(stated) == Slo(ttft_ms=800, tpot_ms=200)
     assert rates.study_slo(stated).describe() == "TTFT ≤ 800 ms and TPOT ≤ 200 ms"
     assert rates.study_slo(SimpleNamespace(config={})) == rates.DEFAULT_SLO  # a study run before `slo` existed
     assert rates.DEFAULT_SLO.describe() == "TPOT ≤ 50 ms"

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from specstudy.backends.lifecycle import ManagedServer, ServerStartError
-from specstudy.backends.openai_server import OpenAIBackend
+from specstudy.backends.openai.server import OpenAIBackend
 from specstudy.backends.server import ServerDied
 from specstudy.records import Cell, Request, Sampling
 

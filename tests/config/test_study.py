@@ -3,6 +3,7 @@ with one error naming the file, the key, the bad value and the allowed values.""
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
@@ -12,8 +13,8 @@ import yaml
 
 from specstudy.config import ParamsError, hardware_names, load_study
 from specstudy.config.checks import draft_tokenizers, tokenizers_match
-from specstudy.engines.preflight import Probes
-from specstudy.run.environment import machine_needs, prepare_machine
+from specstudy.environments.preflight import Probes
+from specstudy.run.environment import prepare_machine
 from specstudy.run.plan import check_backends, expand
 
 BASE = {
@@ -258,22 +259,65 @@ def test_gpu_profile_without_the_gpu_is_refused_unless_forced(no_model_work):
     assert prepare_machine(cfg, probes=_probes(gpus=ready), log=lambda m: None) == []
 
 
-def test_missing_engines_are_installed_then_what_is_still_missing_is_one_list():
+def test_nothing_is_installed_while_what_no_install_provides_is_missing():
+    """No GPU, uncached gated weights, no token: refused at once, all listed, no environment installed."""
     cfg = check_backends(load_study("h100"), files=False)
     installed = []
-    ready = ["NVIDIA H100 80GB HBM3"] * 4
-    with pytest.raises(ParamsError) as e:  # engines get installed; the uncached gated weights remain
+    with pytest.raises(ParamsError) as e:
         prepare_machine(
             cfg,
-            probes=_probes(gpus=ready, installed=False, cached=False, token=False),
+            probes=_probes(gpus=[], installed=False, cached=False, token=False),
             log=lambda m: None,
             install=installed.append,
         )
-    assert {env.engine for env in installed} == {"vllm", "sglang"}
+    assert installed == []
     msg = str(e.value)
-    assert "[model] meta-llama/Llama-2-70b-chat-hf" in msg and "[token]" in msg and "HF_TOKEN" in msg
-    need = machine_needs(cfg, _probes(gpus=ready))
-    assert need == [] or all(m.kind == "drafter" for m in need)
+    assert "nothing was installed" in msg and "[gpu]" in msg and "[token]" in msg and "HF_TOKEN" in msg
+    assert "[model] meta-llama/Llama-2-70b-chat-hf" in msg and "[engine]" in msg  # the installs it would make
+
+
+def test_missing_engines_are_installed_once_the_machine_is_ready():
+    cfg = check_backends(load_study("h100"), files=False)
+    installed = []
+    ready = ["NVIDIA H100 80GB HBM3"] * 4
+    state = {"installed": False}
+    probes = _probes(gpus=ready)
+    probes = dataclasses.replace(probes, installed=lambda env: state["installed"])
+
+    def install(env):
+        installed.append(env)
+        state["installed"] = True
+
+    notes = prepare_machine(cfg, probes=probes, log=lambda m: None, install=install)
+    assert {env.engine for env in installed} <= {"vllm", "sglang"} and installed
+    assert all(n.kind == "drafter" for n in notes)
+
+
+def test_not_enough_disk_for_the_environments_is_refused_before_installing():
+    cfg = check_backends(load_study("h100"), files=False)
+    probes = dataclasses.replace(
+        _probes(gpus=["NVIDIA H100 80GB HBM3"] * 4, installed=False), disk_free=lambda p: 5 * 10**9
+    )
+    installed = []
+    with pytest.raises(ParamsError) as e:
+        prepare_machine(cfg, probes=probes, log=lambda m: None, install=installed.append)
+    assert installed == [] and "[disk]" in str(e.value) and "GB free" in str(e.value)
+
+
+def test_a_drafter_an_engine_cannot_load_refuses_only_its_rows(monkeypatch):
+    import specstudy.environments.preflight as pre
+    from specstudy.run.environment import refused_rows
+
+    cfg = check_backends(load_study("h100"), files=False)
+
+    def check_drafter(fw, method, d):
+        if fw == "sglang":
+            raise ValueError("declared as LlamaForCausalLM: SGLang would build random draft layers")
+
+    monkeypatch.setattr(pre, "check_drafter", check_drafter)
+    notes = prepare_machine(cfg, probes=_probes(gpus=["NVIDIA H100 80GB HBM3"] * 4), log=lambda m: None)
+    rows = refused_rows(notes)
+    assert rows and all(fw == "sglang" for fw, _, _ in rows)  # the other frameworks' rows still run
 
 
 def test_cli_dry_run_and_bad_file_fail_fast(tmp_path):
@@ -346,3 +390,26 @@ def test_shipped_profiles_tasks_pass_the_task_check():
     for hw in hardware_names():
         notes = check_tasks(load_study(hw, check_tokenizers=False), fetch=False)
         assert all("not fetched" in n or "online" in n for n in notes), (hw, notes)
+
+
+@pytest.mark.parametrize(
+    "change, named",
+    [
+        ({"batch_sizes": [2]}, "batch_size=2 is not allowed; at most 1"),
+        ({"methods": [{"method": "ar"}, {"method": "ngram", "options": {"ngram_min": 3}}]}, "ngram_min=3"),
+        (
+            {"methods": [{"method": "ar"}, {"method": "ngram", "options": {"ngram_sise": 3}}]},
+            "'ngram_sise' is read by no",
+        ),
+    ],
+)
+def test_hf_cells_are_checked_before_any_model_loads(tmp_path, monkeypatch, change, named):
+    """HF's cell check runs at validation (its batch limit included), so no model loads for a bad cell."""
+    from specstudy.backends.hf.backend import HfBackend
+
+    def no_load(*a, **k):
+        raise AssertionError("a model loaded before the cell was checked")
+
+    monkeypatch.setattr(HfBackend, "__init__", no_load)
+    err = bad(tmp_path, {**BASE, "frameworks": ["hf"], "batch_sizes": [1], **change})
+    assert named in str(err) and "on hf" in err.key, str(err)

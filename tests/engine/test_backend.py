@@ -5,7 +5,7 @@ import torch
 
 from specstudy import metrics
 from specstudy.backends import get_backend
-from specstudy.backends.reference import ReferenceBackend
+from specstudy.backends.reference.backend import ReferenceBackend
 from specstudy.data.models import tiny_model
 from specstudy.records import Cell, Request, Sampling
 

@@ -120,10 +120,15 @@ def test_a_drafter_of_another_width_is_refused(target):
 
 
 def test_the_study_knows_the_engine_runs_eagle():
-    from specstudy.config.vocab import METHOD_ALIASES, REFERENCE_METHODS
+    from specstudy.backends.reference.declaration import METHODS
+    from specstudy.config.vocab import METHOD_ALIASES
     from specstudy.engine.methods import method_names
 
-    assert sorted(REFERENCE_METHODS) == method_names()
+    assert sorted(METHODS) == method_names()
+    from specstudy.backends.reference.declaration import REFERENCE
+    from specstudy.engine.methods import get_method
+
+    assert REFERENCE.needs_drafter == {m for m in METHODS if get_method(m).needs_drafter}
     assert METHOD_ALIASES["eagle"] == "heads"  # reported in the heads family (Medusa/EAGLE)
 
 
@@ -132,8 +137,8 @@ def test_the_committed_eagle_drafter_is_lossless_on_the_default_model():
     import json
     from pathlib import Path
 
-    from specstudy.config import REPO_ROOT
     from specstudy.data.models import load_model
+    from specstudy.paths import REPO_ROOT
 
     path = Path(REPO_ROOT) / "params/drafters/smollm2-135m-eagle.safetensors"
     meta = json.loads(path.with_suffix(".json").read_text())

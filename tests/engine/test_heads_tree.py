@@ -566,8 +566,8 @@ DEFAULT_HEADS = "params/drafters/smollm2-135m-heads.safetensors"
 def test_heads_and_tree_are_lossless_on_the_default_model():
     from pathlib import Path
 
-    from specstudy.config import REPO_ROOT
     from specstudy.data.models import load_model
+    from specstudy.paths import REPO_ROOT
 
     model, tok = load_model("smollm2-135m")
     heads = str(Path(REPO_ROOT) / DEFAULT_HEADS)

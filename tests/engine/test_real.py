@@ -44,7 +44,7 @@ def test_every_method_is_lossless_on_the_default_model(smol):
 
 
 def test_reference_backend_with_chat_template(smol):
-    from specstudy.backends.reference import ReferenceBackend
+    from specstudy.backends.reference.backend import ReferenceBackend
     from specstudy.records import Cell, Request
 
     model, tok = smol

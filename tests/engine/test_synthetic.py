@@ -8,7 +8,7 @@ import torch
 from exact_distribution import chi_square_p
 
 from specstudy import metrics
-from specstudy.backends.reference import ReferenceBackend
+from specstudy.backends.reference.backend import ReferenceBackend
 from specstudy.data.models import tiny_model
 from specstudy.engine import drafters as D
 from specstudy.engine.methods import DecodeJob, get_method

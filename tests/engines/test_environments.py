@@ -1,6 +1,6 @@
 """Engine environments: each env's pins against its engine's declared requirements.
 
-The Requires-Dist files under ``specstudy/engines/requirements/`` were read from the real wheels'
+The Requires-Dist files under ``specstudy/environments/requirements/`` were read from the real wheels'
 metadata (the command is each file's header); this test needs no network.  Set
 ``SPECSTUDY_REFRESH_ENGINE_REQUIREMENTS=1`` to re-read them from the package index and compare.
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
-from specstudy.engines import environments as envs
+from specstudy.environments import install as envs
 
 REPO = Path(__file__).resolve().parents[2]
 ENVS = list(envs.ENVIRONMENTS.values())
@@ -153,7 +153,7 @@ def test_a_foreign_directory_is_not_deleted(tmp_path):
 def test_cli_python_of_prints_the_interpreter(tmp_path):
     env = {**os.environ, envs.ROOT_ENV_VAR: str(tmp_path)}
     out = subprocess.run(
-        [_python(), "-m", "specstudy.engines", "python-of", "vllm", "--cpu"],
+        [_python(), "-m", "specstudy.environments", "python-of", "vllm", "--cpu"],
         cwd=REPO,
         capture_output=True,
         text=True,

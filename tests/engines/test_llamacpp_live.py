@@ -12,7 +12,7 @@ pytestmark = pytest.mark.engines
 
 
 def test_rate_run_gauges_memory_schedule_and_prompt_cache(tmp_path):
-    from specstudy.backends.llamacpp import LlamaCppBackend
+    from specstudy.backends.llamacpp.backend import LlamaCppBackend
     from specstudy.data.models import load_tokenizer
     from specstudy.data.tasks import load_requests
     from specstudy.records import Cell, Sampling

@@ -11,9 +11,9 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from specstudy.engines import environments as envs
-from specstudy.engines.drafters import adapt_for_sglang, check_drafter, safetensors_keys
-from specstudy.engines.preflight import DrafterUse, Missing, Probes, Weights, preflight
+from specstudy.environments import install as envs
+from specstudy.environments.drafter_preflight import adapt_for_sglang, check_drafter, safetensors_keys
+from specstudy.environments.preflight import DrafterUse, Missing, Probes, Weights, preflight
 
 A100 = {"device": "NVIDIA A100-SXM4-80GB", "kind": "gpu", "memory_gb": 80}
 CPU = {"device": "cpu", "kind": "cpu"}
@@ -104,7 +104,7 @@ def test_bad_model_ids_and_local_paths(tmp_path):
 def test_the_real_import_probe_spawns_and_times_out():
     import sys
 
-    from specstudy.engines.preflight import import_probe
+    from specstudy.environments.preflight import import_probe
 
     assert import_probe(sys.executable, "json") == (True, "")
     ok, err = import_probe(sys.executable, "no_such_module_xyz")
@@ -203,9 +203,7 @@ def test_required_engines_drive_the_engine_checks():
 
 @pytest.mark.parametrize("hw", ["a100", "h100", "h200", "rtx4090"])
 def test_gpu_profiles_pass_every_backend_check(hw):
-    import importlib
-
-    from specstudy.backends import BACKENDS
+    from specstudy.backends import backend_class
     from specstudy.config.study import load_study
     from specstudy.run.plan import expand
 
@@ -213,18 +211,20 @@ def test_gpu_profiles_pass_every_backend_check(hw):
     seen = set()
     for plan in expand(cfg):
         c = plan.backend_cell()  # what the backend sees: method options (+ the arrival rate)
-        module, cls = BACKENDS[c.framework].split(":")
-        backend = getattr(importlib.import_module(f"specstudy.backends.{module}"), cls)
+        backend = backend_class(c.framework)
         kw = {"cuda": True} if c.framework in ("vllm", "vllm-server") else {}
         opts = dict(c.options)
-        backend.check(c.method, c.gamma, opts, plan.drafter_id, **kw)
+        backend.check_cell(
+            c.method, c.gamma, opts, model=plan.target, drafter=plan.drafter_id, cuda=True, batch_size=c.batch_size
+        )
         label, what = plan.label, backend.describe(c.method, c.gamma, opts, **kw)
         if "tree" in label.lower():
             assert "tree" in what, (label, what)
         if "chain" in label.lower():
             assert "chain" in what, (label, what)
         seen.add((c.framework, c.method))
-    assert ("trtllm", "medusa") in seen and ("trtllm", "draft_target") in seen and ("trtllm", "eagle") in seen
+    assert ("trtllm-engine", "medusa") in seen and ("trtllm", "draft_target") in seen
+    assert ("trtllm-engine", "eagle") in seen or ("trtllm", "eagle3") in seen
     assert not any(fw in ("vllm", "vllm-server") and m == "medusa" for fw, m in seen)  # vLLM 0.33 has none
 
 

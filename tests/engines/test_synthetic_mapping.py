@@ -6,9 +6,11 @@ from __future__ import annotations
 import pytest
 
 from specstudy import metrics
-from specstudy.backends.sglang_server import SglangServerBackend
-from specstudy.backends.vllm_server import speculative_config
-from specstudy.engines import capabilities as caps
+from specstudy.backends.declaration import check_method
+from specstudy.backends.sglang.declaration import sglang_synthetic_env
+from specstudy.backends.sglang.server import SglangServerBackend
+from specstudy.backends.vllm.declaration import OFFLINE
+from specstudy.backends.vllm.server import speculative_config
 from specstudy.records import Cell, Request, Sampling
 
 
@@ -23,8 +25,8 @@ def test_vllm_fields_for_each_rule():
 
 
 def test_sglang_environment_is_an_acceptance_length():
-    assert caps.sglang_synthetic_env({"synthetic_acceptance": "length=2.5"}, 4) == {"SGLANG_SIMULATE_ACC_LEN": "2.5"}
-    env = caps.sglang_synthetic_env({"synthetic_acceptance": "alpha=0.8"}, 4)
+    assert sglang_synthetic_env({"synthetic_acceptance": "length=2.5"}, 4) == {"SGLANG_SIMULATE_ACC_LEN": "2.5"}
+    env = sglang_synthetic_env({"synthetic_acceptance": "alpha=0.8"}, 4)
     assert float(env["SGLANG_SIMULATE_ACC_LEN"]) == pytest.approx(metrics.expected_acceptance_length(0.8, 4), rel=1e-5)
     b = SglangServerBackend("/m", python="py", prefix_cache=False)
     cell = Cell("t", "h", "sglang", "ngram", "code", "/m", gamma=4, options=(("synthetic_acceptance", "length=3"),))
@@ -42,9 +44,7 @@ def test_sglang_environment_is_an_acceptance_length():
 )
 def test_a_bad_rule_is_refused_at_validation(rule, gamma, match):
     with pytest.raises(ValueError, match=match):
-        caps.check_method(
-            "vllm", "ngram", gamma, {"synthetic_acceptance": rule}, None, ["ngram"], caps.VLLM_METHOD_OPTIONS
-        )
+        check_method(OFFLINE, "ngram", gamma, {"synthetic_acceptance": rule}, None)
 
 
 def test_records_of_any_engine_carry_the_rule():

@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _default_engines_python() -> str:
-    from specstudy.engines.environments import engine_env, python_of
+    from specstudy.environments.install import engine_env, python_of
 
     return str(python_of(engine_env("vllm")))
 
@@ -106,13 +106,13 @@ def test_serve_bench_vllm_ngram_paired(tmp_path, model_dir):
         assert acc["drafted_tokens"] == per_req["drafted_tokens"] > 0
         assert acc["accepted_tokens"] == per_req["accepted_tokens"]
         assert sum(acc["accepted_per_position"]) == acc["accepted_tokens"]
-        assert acc["vllm_mean_acceptance_length"] > 1.0
+        assert acc["acceptance_length"] > 1.0
         print(
             run["load"],
             "alpha",
             acc["alpha"],
             "vLLM mean acceptance length",
-            acc["vllm_mean_acceptance_length"],
+            acc["acceptance_length"],
             "tokens per forward (records)",
             run["acceptance_per_request"].get("tokens_per_forward"),
         )
@@ -132,7 +132,7 @@ def test_offline_llm_backend(tmp_path, model_dir):
     code = f"""
 import json, sys
 sys.path.insert(0, {str(REPO)!r})
-from specstudy.backends.vllm_offline import VllmOfflineBackend
+from specstudy.backends.vllm.offline import VllmOfflineBackend
 from specstudy.records import Cell, Request, Sampling
 b = VllmOfflineBackend({model_dir!r}, dtype="float32", max_model_len=1024, worker="inprocess")
 reqs = [Request("c0", {COPY_PROMPT!r}), Request("c1", {COPY_PROMPT!r} + "#")]

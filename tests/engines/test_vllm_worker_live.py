@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from specstudy.engines.environments import engine_env, is_installed, python_of
+from specstudy.environments.install import engine_env, is_installed, python_of
 
 pytestmark = pytest.mark.engines
 
@@ -60,8 +60,8 @@ def test_kit_options_build_a_real_engine_config(vllm_python, model_dir):
     code = f"""
 import json
 from vllm.engine.arg_utils import EngineArgs
-from specstudy.backends.vllm_offline import engine_kwargs
-from specstudy.backends.vllm_server import speculative_config
+from specstudy.backends.vllm.offline import engine_kwargs
+from specstudy.backends.vllm.server import speculative_config
 out = {{}}
 for pc in (False, True):
     kw = engine_kwargs({model_dir!r}, {{**{opts!r}, "prefix_cache": pc}},
@@ -85,7 +85,7 @@ print("RESULT" + json.dumps(out))
 def test_server_argv_parses_with_vllms_own_parser(vllm_python):
     code = """
 import json
-from specstudy.backends.vllm_server import VllmServerBackend
+from specstudy.backends.vllm.server import VllmServerBackend
 from specstudy.records import Cell
 from vllm.entrypoints.launchers.cli_args import make_arg_parser
 from vllm.utils.argparse_utils import FlexibleArgumentParser

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from specstudy.analysis import claims, fails, stats, tables
+from specstudy.analysis import claims, fails, memory, stats, tables
 from specstudy.analysis.claims import Estimate
 from specstudy.analysis.study import load
 from specstudy.layout import StudyLayout
@@ -259,10 +259,10 @@ def test_negative_memory_overhead_within_noise_is_unresolvable(lay):
     )
     study = load(lay.root)
     assert stats.pooled(study, ["hf_spec"]).memory_overhead_bytes == pytest.approx(-16.5 * MB)
-    table, _ = fails.memory_overhead(study)
+    table, _ = memory.memory_overhead(study)
     row = table.set_index("Method").loc["Prompt lookup"]
     assert row["Memory overhead (measured, largest over cells)"] == "no difference resolvable: |Δ| ≤ 16.5 MB (RSS)"
-    text = "\n".join(fails.memory_claims(study))
+    text = "\n".join(memory.memory_claims(study))
     assert "-16.5" not in text and "−16.5" not in text
     assert "as the seed expects of a method without a draft model (within the noise)" in text
     assert "Draft model (reference): +500.0 MB (beyond the ±16.5 MB noise of RSS)" in text
@@ -284,3 +284,18 @@ def test_best_method_among_rows_with_enough_prompts_names_runner_up_and_overlap(
     assert "The best of 2 noisy rows is biased upward" in greedy
     assert "1 row with fewer than 5 prompts not considered" in greedy and "Token tree" not in greedy
     assert sampled.startswith("- **reference**, T=0.7: the fastest of 1 row")
+
+
+def test_loading_results_never_measures_this_machine(lay, monkeypatch):
+    """A folder without a saved profile gets the profile file's own figures, not a measurement here."""
+    import specstudy.config.hardware as hardware
+
+    def no_measure():
+        raise AssertionError("loading a finished study measured the machine")
+
+    monkeypatch.setattr(hardware, "measure_cpu", no_measure)
+    _pair(lay, "ngram", "Prompt lookup", 4, 1.5)
+    lay.write_plan({"hardware": "cpu"})  # a shipped profile that measures itself when a study runs
+    assert not lay.profile_path.exists()
+    study = load(lay.root)
+    assert study.records and study.profile is not None and study.profile.name == "cpu"

@@ -19,6 +19,7 @@ import pytest
 from support import TINY_STUDY, TinyFactory, run_tiny_study, tiny_requests, write_study
 
 from specstudy.backends.base import ServingBackend
+from specstudy.backends.lifecycle import ServerStartError
 from specstudy.backends.server import ServedBatch, ServerDied
 from specstudy.backends.watch import WatchResult
 from specstudy.config import load_study
@@ -373,3 +374,43 @@ def test_a_server_that_dies_fails_its_cell_keeps_its_rows_and_a_rerun_retries_it
     again = run_study(cfg, plans, layout, **kw)  # the rerun retries only the failed cell
     assert [r.cell_id for r in again if r.status == "done"] == [cid]
     assert layout.is_done(cid) and not layout.failed_cells() and not layout.failed_rows_path(cid).exists()
+
+
+class NgramWontStart(FakeServer):
+    """A server stand-in whose n-gram configuration never starts (its AR configuration does)."""
+
+    starts: list[str] = []
+
+    def run(self, requests, sampling, cell):
+        if cell.method != "ar":
+            NgramWontStart.starts.append(cell.method)
+            raise ServerStartError(f"server exited with code 1 before it was ready ({cell.method})")
+        self.ensure_server(cell)
+        yield from (self.send(r, sampling, cell) for r in requests)
+
+
+def test_an_engine_configuration_that_fails_to_start_is_not_started_again(tmp_path):
+    text = (
+        TINY_STUDY.replace("frameworks: [reference]", "frameworks: [openai]")
+        .replace("    - {method: layer_skip, label: Early exit, options: {exit_layer: 1}, max_batch_size: 1}\n", "")
+        .replace("batch_sizes: [1, 2]", "batch_sizes: [1]")
+    )
+    cfg = load_study("cpu", write_study(tmp_path, text))
+    plans = expand(cfg)
+    spec = [p for p in plans if p.cell.method != "ar"]
+    same = {p.engine_config_key() for p in spec}
+    assert len(spec) > len(same)  # several cells share a configuration: the case under test
+    NgramWontStart.starts = []
+    res = run_study(
+        cfg,
+        plans,
+        StudyLayout(tmp_path / "out"),
+        factory=lambda fw, **o: NgramWontStart(**o),
+        request_loader=tiny_requests,
+        progress=False,
+        log=lambda m: None,
+    )
+    failed = [r for r in res if r.status == "failed"]
+    assert len(failed) == len(spec) and len(NgramWontStart.starts) == len(same)
+    assert any("failed to start earlier" in r.message for r in failed)
+    assert all(r.status == "done" for r in res if r not in failed)  # AR cells still ran

@@ -14,9 +14,10 @@ import pytest
 from fake_servers import FakeServer
 
 from specstudy import metrics
-from specstudy.analysis.serving import Slo, compare, stops_paying
+from specstudy.analysis.serving import compare, stops_paying
 from specstudy.backends import get_backend
 from specstudy.cli import main
+from specstudy.config.schema import Slo
 from specstudy.layout import StudyLayout
 from specstudy.records import Cell, Request, RequestRecord, Sampling
 from specstudy.run.serving import Load, SweepConfig, arrival_offsets, drive, parse_rates, run_sweep
@@ -200,7 +201,7 @@ def test_sweep_against_fixture_servers(tmp_path):
             warmup=1,
             request_timeout_s=10,
             run_timeout_s=60,
-            slo=Slo(ttft_s=5.0, tpot_s=1.0),
+            slo=Slo(ttft_ms=5000, tpot_ms=1000),
         )
         summary = run_sweep(backends, _reqs(4), _reqs(1), SAMPLING, CELL, cfg, tmp_path, progress=lambda m: None)
     assert [r["arm"] for r in summary["runs"]] == ["baseline", "baseline", "spec", "spec"]

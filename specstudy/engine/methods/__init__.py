@@ -1,7 +1,7 @@
-"""Method registry of the reference engine: name → module defining ``SPEC`` (a MethodSpec).
+"""Method registry of the reference engine: name → module defining ``SPEC`` (an EngineMethod).
 
 Add a method with one line in :data:`METHODS` and a module ``specstudy/engine/methods/<m>.py``
-that defines ``SPEC = MethodSpec(name=..., decode=..., ...)``.  ``decode(job) -> list[RowTrace]``
+that defines ``SPEC = EngineMethod(name=..., decode=..., ...)``.  ``decode(job) -> list[RowTrace]``
 decodes a batch of prompts (one :class:`~specstudy.engine.trace.RowTrace` per prompt, in order).
 """
 
@@ -53,14 +53,14 @@ class DecodeJob:
 
     @property
     def draft_length(self) -> int:
-        """γ of a method that drafts (its :meth:`MethodSpec.check` required an int >= 1)."""
+        """γ of a method that drafts (its :meth:`EngineMethod.check` required an int >= 1)."""
         if self.gamma is None:
             raise ValueError("this method drafts gamma tokens per step: DecodeJob.gamma is None")
         return self.gamma
 
 
 @dataclass(frozen=True)
-class MethodSpec:
+class EngineMethod:
     """What a method is and needs, checked before any model is loaded."""
 
     name: str
@@ -113,10 +113,10 @@ def method_names() -> list[str]:
     return sorted(METHODS)
 
 
-def get_method(name: str) -> MethodSpec:
+def get_method(name: str) -> EngineMethod:
     if name not in METHODS:
         raise ValueError(f"method={name!r} is not known to the reference engine; allowed: {method_names()}")
-    spec: MethodSpec = importlib.import_module(f"{__name__}.{METHODS[name]}").SPEC
+    spec: EngineMethod = importlib.import_module(f"{__name__}.{METHODS[name]}").SPEC
     return spec
 
 

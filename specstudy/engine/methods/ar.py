@@ -11,7 +11,7 @@ from ..kv import KVState
 from ..sampling import next_tokens
 from ..speculate import prefill
 from ..trace import BatchTrace, RowTrace, Timer
-from . import DecodeJob, MethodSpec
+from . import DecodeJob, EngineMethod
 
 
 def decode(job: DecodeJob) -> list[RowTrace]:
@@ -33,4 +33,4 @@ def decode(job: DecodeJob) -> list[RowTrace]:
             logits = state.forward(tok[:, None])[:, -1]
 
 
-SPEC = MethodSpec(name="ar", decode=decode, description="plain autoregressive decoding (baseline)", uses_gamma=False)
+SPEC = EngineMethod(name="ar", decode=decode, description="plain autoregressive decoding (baseline)", uses_gamma=False)

@@ -30,7 +30,7 @@ from . import (
     DRAFT_IN_PREFILL,
     SYNTHETIC,
     DecodeJob,
-    MethodSpec,
+    EngineMethod,
     draft_in_prefill,
     one_of,
     positive_int,
@@ -95,7 +95,7 @@ OPTIONS = {
     SYNTHETIC: parse_synthetic,
 }
 
-SPEC = MethodSpec(
+SPEC = EngineMethod(
     name="draft_target",
     decode=decode,
     needs_drafter=True,

@@ -31,7 +31,7 @@ from ..kv import KVState, pad_ragged
 from ..speculate import Draft, StaticGamma, sample_chain, speculative_decode
 from ..synthetic import parse_synthetic
 from ..trace import RowTrace
-from . import SYNTHETIC, DecodeJob, MethodSpec, synthetic_acceptance
+from . import SYNTHETIC, DecodeJob, EngineMethod, synthetic_acceptance
 from .heads import HiddenCapture
 
 
@@ -172,11 +172,11 @@ def decode(job: DecodeJob) -> list[RowTrace]:
 
 
 @dataclass(frozen=True)
-class EagleSpec(MethodSpec):
+class EagleSpec(EngineMethod):
     """Checks that the drafter is an eagle file before any model is loaded."""
 
     def check(self, gamma, batch_size, drafter, options):
-        out = MethodSpec.check(self, gamma, batch_size, drafter, options)
+        out = EngineMethod.check(self, gamma, batch_size, drafter, options)
         if not isinstance(drafter, EagleDraft):
             drafter_file_metadata(drafter, "eagle")
         return out

@@ -37,7 +37,7 @@ from ..speculate import Draft, StaticGamma, speculative_decode
 from ..synthetic import parse_synthetic
 from ..tokentree import TokenTree
 from ..trace import RowTrace
-from . import SYNTHETIC, DecodeJob, MethodSpec, synthetic_acceptance
+from . import SYNTHETIC, DecodeJob, EngineMethod, synthetic_acceptance
 from .tree import parse_branching, pick_children, tree_decode
 
 
@@ -222,11 +222,11 @@ def _heads_file(name: str) -> int:
 
 
 @dataclass(frozen=True)
-class HeadsSpec(MethodSpec):
+class HeadsSpec(EngineMethod):
     """Checks the heads file against γ and the tree shape before any model is loaded."""
 
     def check(self, gamma, batch_size, drafter, options):
-        out = MethodSpec.check(self, gamma, batch_size, drafter, options)
+        out = EngineMethod.check(self, gamma, batch_size, drafter, options)
         if "heads_tree" in out:
             if len(out["heads_tree"]) != gamma:
                 raise ValueError(

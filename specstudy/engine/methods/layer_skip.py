@@ -25,7 +25,7 @@ from ..kv import cache_arg
 from ..speculate import ModelDrafter, StaticGamma, speculative_decode
 from ..synthetic import parse_synthetic
 from ..trace import RowTrace
-from . import DRAFT_IN_PREFILL, SYNTHETIC, DecodeJob, MethodSpec, draft_in_prefill, positive_int, synthetic_acceptance
+from . import DRAFT_IN_PREFILL, SYNTHETIC, DecodeJob, EngineMethod, draft_in_prefill, positive_int, synthetic_acceptance
 
 
 def _decoder(target: Any) -> Any:
@@ -170,7 +170,7 @@ def _cross_check(options: dict) -> None:
         raise ValueError("method 'layer_skip': give exit_layer or skip_layers, not both")
 
 
-SPEC = MethodSpec(
+SPEC = EngineMethod(
     name="layer_skip",
     decode=decode,
     options={

@@ -31,7 +31,7 @@ from . import (
     DRAFT_IN_PREFILL,
     SYNTHETIC,
     DecodeJob,
-    MethodSpec,
+    EngineMethod,
     draft_in_prefill,
     one_of,
     positive_int,
@@ -106,7 +106,7 @@ def _cross_check(options: dict[str, Any]) -> None:
         raise ValueError(f"method 'ngram': ngram_min={lo} > ngram_max={hi}")
 
 
-SPEC = MethodSpec(
+SPEC = EngineMethod(
     name="ngram",
     decode=decode,
     options={

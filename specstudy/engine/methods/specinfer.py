@@ -31,7 +31,7 @@ import torch
 from ..proposals import ProposalTree, ProposalVerdict, accept_proposals, merge_tree, sub_path
 from ..tokentree import TokenTree
 from ..trace import RowTrace
-from . import DecodeJob, MethodSpec, positive_int
+from . import DecodeJob, EngineMethod, positive_int
 from .heads import HeadsTreeDrafter, load_heads
 from .ngram import lookup
 from .tree import (
@@ -230,11 +230,11 @@ def _check_part(name: str, gamma: int | None, branching: tuple[int, ...] | None)
 
 
 @dataclass(frozen=True)
-class SpecInferSpec(MethodSpec):
+class SpecInferSpec(EngineMethod):
     """Checks every drafter name and the tree shape against γ before any model is loaded."""
 
     def check(self, gamma: int | None, batch_size: int, drafter: Any, options: Mapping[str, Any]) -> dict[str, Any]:
-        out = MethodSpec.check(self, gamma, batch_size, drafter, options)
+        out = EngineMethod.check(self, gamma, batch_size, drafter, options)
         branching = out.get("tree_branching")
         if branching is not None and len(branching) != gamma:
             raise ValueError(

@@ -65,7 +65,7 @@ from ..tokentree import (
 )
 from ..trace import BatchTrace, RowTrace, Timer
 from ..verify import residual
-from . import SYNTHETIC, DecodeJob, MethodSpec, positive_int, synthetic_acceptance
+from . import SYNTHETIC, DecodeJob, EngineMethod, positive_int, synthetic_acceptance
 from .layer_skip import early_exit_draft
 
 # --------------------------------------------------------------------------------------------
@@ -508,11 +508,11 @@ def _check_drafter_name(name: str) -> None:
 
 
 @dataclass(frozen=True)
-class TreeSpec(MethodSpec):
+class TreeSpec(EngineMethod):
     """Checks the drafter name and the tree shape against γ before any model is loaded."""
 
     def check(self, gamma: int | None, batch_size: int, drafter: Any, options) -> dict[str, Any]:
-        out = MethodSpec.check(self, gamma, batch_size, drafter, options)
+        out = EngineMethod.check(self, gamma, batch_size, drafter, options)
         if isinstance(drafter, str):
             _check_drafter_name(drafter)
         if "tree_branching" in out:

@@ -22,16 +22,16 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from ..data.models import resolve_for_engine as resolve_model
-from ..engines import capabilities as caps
-from ..engines.environments import ENVIRONMENTS, is_installed, python_of
-from ..records import Cell, Request, RequestRecord, Sampling
-from .lifecycle import ServerInfo, http_get, split_url
-from .server import ServerBackend
-from .sse import StreamState
+from ...data.models import resolve_for_engine as resolve_model
+from ...environments.install import ENVIRONMENTS, is_installed, python_of
+from ...records import Cell, Request, RequestRecord, Sampling
+from ..declaration import check_method
+from ..lifecycle import ServerInfo, http_get, split_url
+from ..server import ServerBackend
+from ..sse import StreamState
+from .declaration import KIT_TO_SGLANG, SGLANG, SGLANG_VERSION, sglang_synthetic_env
 
-SGLANG_ALGORITHMS = caps.KIT_TO_SGLANG
-SGLANG_VERSION = "0.5.23"
+SGLANG_ALGORITHMS = KIT_TO_SGLANG
 #: kit dtype -> SGLang --dtype (its choices: auto, bfloat16, float, float16, float32, half)
 SGLANG_DTYPES = {"auto": "auto", "bfloat16": "bfloat16", "float16": "float16", "float32": "float32"}
 
@@ -103,8 +103,8 @@ def speculative_flags(method: str, gamma: int | None, drafter: str | None, optio
     ]
 
 
-def describe_sglang(method: str, gamma: int | None, options: Mapping[str, Any]) -> str:
-    """What SGLang 0.5.23 actually runs for a study method."""
+def describe_sglang(method: str, gamma: int | None, options: Mapping[str, Any], flush: bool = True) -> str:
+    """What SGLang 0.5.23 actually runs for a study method (``flush``: the framework's ``flush_cache``)."""
     opts = dict(options)
     if method == "ar":
         return f"SGLang {SGLANG_VERSION} autoregressive decoding (no speculation)"
@@ -113,7 +113,8 @@ def describe_sglang(method: str, gamma: int | None, options: Mapping[str, Any]) 
         shape = "a chain" if breadth == 1 else f"a BFS tree of breadth up to {breadth}"
         return (
             f"SGLang {SGLANG_VERSION} NGRAM, its own algorithm (not vLLM's prompt lookup): a trie over prompts "
-            f"and earlier outputs, {shape} of {gamma} draft tokens; the cache is flushed before every cell"
+            f"and earlier outputs, {shape} of {gamma} draft tokens; "
+            + ("the cache is flushed before every cell" if flush else "the cache is not flushed between cells")
         )
     name = {"eagle": "EAGLE", "eagle3": "EAGLE-3", "draft_target": "draft model (STANDALONE)"}[method]
     topk, n = tree_shape(method, int(gamma or 0), opts)
@@ -186,7 +187,7 @@ class SglangServerBackend(ServerBackend):
     """
 
     framework = "sglang"
-    methods = ("ar", *SGLANG_ALGORITHMS)
+    methods = SGLANG.methods
     api_path = "/generate"
     OPTIONS = frozenset(
         {"dtype", "max_model_len", "tensor_parallel_size", "gpu_memory_utilization", "prefix_cache", "flush_cache"}
@@ -198,9 +199,7 @@ class SglangServerBackend(ServerBackend):
     ) -> None:
         """Refuse a method SGLang 0.5.23 lacks, a bad γ or tree budget, a missing drafter, an unread option
         (``cuda`` is accepted for a uniform call: SGLang has one, CUDA, build)."""
-        caps.check_method(
-            f"SGLang {SGLANG_VERSION}", method, gamma, options, drafter, SGLANG_ALGORITHMS, caps.SGLANG_METHOD_OPTIONS
-        )
+        check_method(SGLANG, method, gamma, options, drafter, engine=f"SGLang {SGLANG_VERSION}")
         if method not in ("ar", "ngram"):
             tree_shape(method, int(gamma or 0), dict(options))
 
@@ -213,9 +212,18 @@ class SglangServerBackend(ServerBackend):
 
     @classmethod
     def check_cell(
-        cls, method: str, gamma: int | None, options: dict[str, Any], *, model: str, drafter: str | None, cuda: bool
+        cls,
+        method: str,
+        gamma: int | None,
+        options: dict[str, Any],
+        *,
+        model: str,
+        drafter: str | None,
+        cuda: bool,
+        batch_size: int = 1,
     ) -> None:
         cls.check(method, gamma, options, drafter, cuda=cuda)
+        check_method(SGLANG, method, gamma, options, drafter, batch_size=batch_size)
 
     @classmethod
     def describe(cls, method: str, gamma: int | None, options: Mapping[str, Any], cuda: bool | None = None) -> str:
@@ -227,7 +235,7 @@ class SglangServerBackend(ServerBackend):
 
     def server_env(self, cell: Cell) -> dict[str, str]:
         """The server's environment; a synthetic-acceptance cell sets SGLang's simulated acceptance length."""
-        return {**super().server_env(cell), **caps.sglang_synthetic_env(dict(cell.options), cell.gamma)}
+        return {**super().server_env(cell), **sglang_synthetic_env(dict(cell.options), cell.gamma)}
 
     def server_argv(self, cell: Cell) -> list[str]:
         argv = [
@@ -262,10 +270,13 @@ class SglangServerBackend(ServerBackend):
         return str(python_of(env)) if is_installed(env) else sys.executable
 
     def ensure_server(self, cell: Cell) -> ServerInfo:
-        """Start or attach, then flush the radix cache (and NGRAM's corpus) so no cell starts warm."""
+        """Start or attach, then flush the radix cache (and NGRAM's corpus) once per cell, before its
+        warm-up, so no cell starts warm from another's traffic and its own warm-up's prefix (with
+        ``prefix_cache`` on) is still there when its measured requests run."""
         info = super().ensure_server(cell)
-        if self.options.get("flush_cache", True):
+        if self.options.get("flush_cache", True) and getattr(self, "_flushed_for", None) != cell:
             self.last_flush = self.flush_cache()
+            self._flushed_for = cell
         return info
 
     def flush_cache(self, attempts: int = 5) -> bool:
@@ -352,7 +363,9 @@ class SglangServerBackend(ServerBackend):
         return n
 
     def fill_acceptance(self, rec: RequestRecord, st: StreamState) -> None:
-        rec.extra["cache_flushed"] = getattr(self, "last_flush", None)
+        rec.extra["cache_flushed"] = (
+            getattr(self, "last_flush", None) if self.options.get("flush_cache", True) else False
+        )
         fields = meta_fields(st.meta_info or {}, depth=rec.gamma if rec.method != "ar" else None)
         if fields is None:
             return

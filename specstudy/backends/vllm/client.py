@@ -1,7 +1,7 @@
 """The kit's side of the offline vLLM worker: spawn it in vLLM's venv, stream records back.
 
-The worker (:mod:`specstudy.engines.vllm_worker`) runs under the vLLM environment's interpreter
-(:func:`specstudy.engines.environments.python_of`, or an explicit ``python``).  Its stderr (the
+The worker (:mod:`specstudy.backends.vllm.worker`) runs under the vLLM environment's interpreter
+(:func:`specstudy.environments.install.python_of`, or an explicit ``python``).  Its stderr (the
 engine's log) goes to a file; its stdout carries only the protocol.  Every wait has a deadline,
 and a worker that exits or fails to build its engine raises :class:`BackendUnavailable` with the
 log tail, so a broken configuration fails at once instead of hanging.
@@ -18,14 +18,15 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..backends.base import BackendUnavailable
-from ..backends.lifecycle import engine_process_env
-from ..backends.rss import TreeRssSampler
-from ..records import Cell, Request, RequestRecord, Sampling
+from ...environments.install import engine_env, is_installed, python_of
+from ...paths import REPO_ROOT
+from ...records import Cell, Request, RequestRecord, Sampling
+from ..base import BackendUnavailable
+from ..lifecycle import engine_process_env
+from ..rss import TreeRssSampler
 from . import protocol
-from .environments import REPO_ROOT, engine_env, is_installed, python_of
 
-WORKER_MODULE = "specstudy.engines.vllm_worker"
+WORKER_MODULE = "specstudy.backends.vllm.worker"
 #: vLLM's switch that runs its engine core (on CPU, the model executor too) inside the calling process
 IN_PROCESS_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
 
@@ -37,7 +38,7 @@ def default_python() -> str:
         raise BackendUnavailable(
             f"framework 'vllm' runs in the {env.name} environment, which is not installed "
             f"at {python_of(env).parent.parent}: run `make engine-vllm` "
-            f"(python -m specstudy.engines install vllm)"
+            f"(python -m specstudy.environments install vllm)"
         )
     return str(python_of(env))
 
@@ -189,7 +190,7 @@ class WorkerClient:
         """Close the worker when ``cell`` needs another engine and a worker holds only one."""
         if not self.one_engine_per_process:
             return
-        from ..backends.vllm_offline import engine_key
+        from .config import engine_key
 
         key = engine_key(cell, self.drafter)
         if self._engine_key is not None and key != self._engine_key:

@@ -1,4 +1,4 @@
-"""``python -m specstudy.engines``: install an engine's environment, print its interpreter,
+"""``python -m specstudy.environments``: install an engine's environment, print its interpreter,
 refresh the committed engine requirements."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import argparse
 import json
 import sys
 
-from . import environments as envs
+from . import install as envs
 
 
 def _build(args: argparse.Namespace) -> bool | None:
@@ -15,7 +15,7 @@ def _build(args: argparse.Namespace) -> bool | None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m specstudy.engines", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m specstudy.environments", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     engines = sorted({e.engine for e in envs.ENVIRONMENTS.values()})
     for name, help_ in (
@@ -30,7 +30,7 @@ def _parser() -> argparse.ArgumentParser:
         g.add_argument("--cuda", action="store_true", help="the CUDA build")
         if name == "install":
             s.add_argument("--force", action="store_true", help="rebuild even when the stamp matches")
-    r = sub.add_parser("requirements", help="check or refresh engines/requirements/*.txt against the index")
+    r = sub.add_parser("requirements", help="check or refresh environments/requirements/*.txt against the index")
     r.add_argument("--refresh", action="store_true", help="rewrite the files from the index (network)")
     return p
 

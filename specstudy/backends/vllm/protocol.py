@@ -20,7 +20,7 @@ import dataclasses
 import json
 from typing import Any
 
-from ..records import Cell, Request, RequestRecord, Sampling, StepRecord
+from ...records import Cell, Request, RequestRecord, Sampling, StepRecord
 
 #: error kinds: "load" (the engine could not be built: BackendUnavailable), "bad_request", "run"
 ERROR_KINDS = ("load", "bad_request", "run")

@@ -34,12 +34,21 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-from ..data.models import resolve_for_engine as resolve_model
-from ..engine.trace import cell_memory, current_rss, reset_peak_memory
-from ..records import Cell, Request, RequestRecord, Sampling, StepRecord
-from .base import Backend, encode_request
+from ...data.models import resolve_for_engine as resolve_model
+from ...engine.trace import cell_memory, current_rss, reset_peak_memory
+from ...records import Cell, Request, RequestRecord, Sampling, StepRecord
+from ..base import Backend, encode_request
+from .declaration import HF
 
 BATCH_NOTE = "sequential (HF assisted generation supports batch size 1 only)"
+
+
+def check_hf_options(method: str, options: dict[str, Any]) -> None:
+    """What transformers' generate refuses or ignores: prompt lookup always tries n-grams down to 1."""
+    if method == "ngram" and options.get("ngram_min", 1) != 1:
+        raise ValueError(
+            f"ngram_min={options['ngram_min']!r}: HF prompt lookup always tries n-grams down to n=1; allowed: 1"
+        )
 
 
 class _TimingStreamer:
@@ -129,7 +138,23 @@ class HfBackend(Backend):
     """
 
     framework = "hf"
-    methods = ("ar", "ngram", "draft_target", "layer_skip")
+    methods = HF.methods
+
+    @classmethod
+    def check_cell(
+        cls,
+        method: str,
+        gamma: int | None,
+        options: dict[str, Any],
+        *,
+        model: str,
+        drafter: str | None,
+        cuda: bool,
+        batch_size: int = 1,
+    ) -> None:
+        """The declaration's checks (batch size 1 included), then what transformers itself refuses."""
+        super().check_cell(method, gamma, options, model=model, drafter=drafter, cuda=cuda, batch_size=batch_size)
+        check_hf_options(method, options)
 
     def __init__(
         self,
@@ -195,12 +220,8 @@ class HfBackend(Backend):
             "num_assistant_tokens_schedule": "constant",
             "assistant_confidence_threshold": float(self.options.get("assistant_confidence_threshold", 0.0)),
         }
+        check_hf_options(cell.method, dict(cell.options))
         if cell.method == "ngram":
-            if int(cell.option("ngram_min", 1)) != 1:
-                raise ValueError(
-                    f"ngram_min={cell.option('ngram_min')!r}: HF prompt lookup always tries n-grams down "
-                    "to n=1; allowed: 1"
-                )
             n = self.options.get("max_matching_ngram_size", cell.option("ngram_max", 2))
             return {"prompt_lookup_num_tokens": int(gamma), "max_matching_ngram_size": int(n)}, None, {}
         if cell.method == "draft_target":

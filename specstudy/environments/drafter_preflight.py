@@ -144,7 +144,7 @@ def _sglang(report: DrafterReport, name: Any) -> None:
         raise ValueError(
             f"drafter {name}: architectures={report.architectures}; SGLang builds that as a plain "
             f"model and silently skips the head's weights (random draft layers). It needs {list(need)}: "
-            f"adapt a local copy with specstudy.engines.drafters.adapt_for_sglang(path, out_dir)"
+            f"adapt a local copy with specstudy.environments.drafter_preflight.adapt_for_sglang(path, out_dir)"
         )
 
 

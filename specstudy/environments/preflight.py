@@ -4,7 +4,7 @@
 the hardware profile and tensor parallelism, each engine environment present and importable
 (its interpreter spawned with a timeout), each model a local path or in the Hugging Face cache,
 a token for gated repositories, disk space for the weights still to download, and each drafter
-checkpoint against the engine that will load it (:mod:`specstudy.engines.drafters`).  It returns
+checkpoint against the engine that will load it (:mod:`specstudy.environments.drafter_preflight`).  It returns
 every :class:`Missing` at once; the caller decides which are errors.
 """
 
@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from ..config.model import get_entry
-from . import environments as envs
-from .drafters import check_drafter
+from . import install as envs
+from .drafter_preflight import check_drafter
 
 #: hub repositories that need an accepted licence and a token
 GATED_PREFIXES = ("meta-llama/",)
@@ -50,6 +50,10 @@ class Missing:
     what: str
     why: str
     how: str
+    #: a drafter finding's row: the framework, method and drafter it refuses (the rest still run)
+    framework: str = ""
+    method: str = ""
+    drafter: str = ""
 
 
 @dataclass(frozen=True)
@@ -218,8 +222,22 @@ def _engines(frameworks: list[str], cuda: bool, p: Probes) -> list[Missing]:
         needed = envs.required_engines(frameworks, cuda)
     except ValueError as e:
         return [Missing("engine", ", ".join(frameworks), str(e), "drop the framework from the profile on this machine")]
+    to_install = [env for env in needed if not p.installed(env)]
+    want = sum(env.disk_gb for env in to_install)
+    if want:
+        free = p.disk_free(envs.engines_root()) / 1e9
+        if free < want * 1.1:
+            names = ", ".join(env.name for env in to_install)
+            out.append(
+                Missing(
+                    "disk",
+                    str(envs.engines_root()),
+                    f"the {names} environment(s) need about {want:.0f} GB, {free:.0f} GB free",
+                    f"free disk space or set {envs.ROOT_ENV_VAR} to a larger disk",
+                )
+            )
     for env in needed:
-        make = f"make engine-{env.engine} (python -m specstudy.engines install {env.engine} --{env.build})"
+        make = f"make engine-{env.engine} (python -m specstudy.environments install {env.engine} --{env.build})"
         py = str(envs.python_of(env))
         if not p.installed(env):
             out.append(
@@ -241,7 +259,7 @@ def _engines(frameworks: list[str], cuda: bool, p: Probes) -> list[Missing]:
                     f"rebuild it: {make} --force",
                 )
             )
-    if "trtllm" in frameworks:
+    if {"trtllm", "trtllm-engine"} & set(frameworks):
         if not cuda:
             out.append(
                 Missing(
@@ -330,6 +348,9 @@ def _drafters(drafters: list[DrafterUse], p: Probes) -> list[Missing]:
                         f"{d.id} ({fw} {method})",
                         str(e),
                         "use a checkpoint in the engine's format, or drop this framework for the row",
+                        framework=fw,
+                        method=method,
+                        drafter=d.id,
                     )
                 )
     return out

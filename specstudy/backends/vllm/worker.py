@@ -1,8 +1,8 @@
-"""The offline vLLM worker: ``<vllm venv>/bin/python -m specstudy.engines.vllm_worker``.
+"""The offline vLLM worker: ``<vllm venv>/bin/python -m specstudy.backends.vllm.worker``.
 
 Runs inside vLLM's own environment (its torch/transformers pins), builds ``vllm.LLM`` through
-:class:`specstudy.backends.vllm_offline.VllmEngine` — the same code that builds records
-in-process — and answers the JSON-lines protocol of :mod:`specstudy.engines.protocol` on the
+:class:`specstudy.backends.vllm.offline.VllmEngine` — the same code that builds records
+in-process — and answers the JSON-lines protocol of :mod:`specstudy.backends.vllm.protocol` on the
 stdout it had at start.  Everything else written to stdout (vLLM logs to stdout by default) is
 sent to stderr, so it cannot corrupt the protocol.
 """
@@ -100,7 +100,7 @@ def _run(engine: Any, msg: dict[str, Any], send: Callable[[dict[str, Any]], None
 
 
 def _vllm_engine(model: str, drafter: str | None, options: dict[str, Any]) -> Any:
-    from ..backends.vllm_offline import VllmEngine  # runs inside vLLM's venv: imported only there, where vllm exists
+    from .offline import VllmEngine  # runs inside vLLM's venv: imported only there, where vllm exists
 
     return VllmEngine(model, drafter, options)
 

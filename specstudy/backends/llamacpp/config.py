@@ -3,7 +3,7 @@
 A cell's method, γ and options become one :class:`SpecConfig` (llama.cpp's ``--spec-type`` and
 every parameter that shapes speculation); :func:`check` adds the verified GGUF files
 (:class:`Plan`).  The same plan renders the command line of the kit's own server entry point
-(:mod:`specstudy.backends.llamacpp_serve`) and of a user's ``llama-server`` binary, so the two
+(:mod:`specstudy.backends.llamacpp.serve`) and of a user's ``llama-server`` binary, so the two
 launchers cannot drift apart.
 
 Methods and options
@@ -44,14 +44,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, overload
 
-from ..config.model import get_entry
-from ..data.fetch import sha256_file
-from ..data.models import gguf_file as registry_gguf_file
-from ..engines.capabilities import llamacpp_synthetic_fields
+from ...config.model import get_entry
+from ...data.fetch import sha256_file
+from ...data.models import gguf_file as registry_gguf_file
+from ..declaration import LOAD_OPTIONS
+from .declaration import LLAMACPP, MOD_KEYS, SIZED_KEYS, llamacpp_synthetic_fields
 from .gguf_meta import file_type_name, read_metadata, vocab_mismatch
-from .llamacpp_serve import SPEC_TYPE_ENUM
+from .serve import SPEC_TYPE_ENUM
 
-METHODS = ("ar", "ngram", "draft_target")
+METHODS = LLAMACPP.methods
 NGRAM_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod")
 #: speculative types this build exposes that the kit cannot run, and why
 REFUSED_TYPES = {
@@ -66,27 +67,21 @@ _REFUSED_METHODS = {"eagle": "draft-eagle3", "eagle3": "draft-eagle3", "mtp": "d
 # cell options that are not the server's: the offered load (server.LOAD_OPTIONS) and the run and
 # sampling settings the study puts on every cell and its baseline (study._run_options), which
 # reach llama.cpp per request or through the constructor (prefix_cache)
-NOT_SERVER_KEYS = frozenset(
-    {
-        "rate",
-        "burstiness",
-        "concurrency",
-        "load",
-        "request_rate",
-        "max_new_tokens",
-        "prompts",
-        "prefix_cache",
-        "temperature",
-        "top_p",
-        "top_k",
-        "ignore_eos",
-        "seed",
-        "dtype",
-        "tp",
-    }
-)
-_SIZED_KEYS = {"ngram_size_n": "size_n", "ngram_size_m": "size_m", "ngram_min_hits": "min_hits"}
-_MOD_KEYS = {"ngram_mod_n_match": "n_match", "ngram_mod_n_min": "mod_n_min"}
+NOT_SERVER_KEYS = LOAD_OPTIONS | {
+    "request_rate",
+    "max_new_tokens",
+    "prompts",
+    "prefix_cache",
+    "temperature",
+    "top_p",
+    "top_k",
+    "ignore_eos",
+    "seed",
+    "dtype",
+    "tp",
+}
+_SIZED_KEYS = SIZED_KEYS
+_MOD_KEYS = MOD_KEYS
 _NGRAM_KEYS = {
     "ngram-simple": {"ngram_size_n", "ngram_size_m"},
     "ngram-map-k": {"ngram_size_n", "ngram_size_m"},
@@ -259,7 +254,7 @@ def spec_config(method: str, gamma: int | None, options: Mapping[str, Any] | Non
         return SpecConfig(method="ar")
     g = _gamma(method, gamma)
     if method == "draft_target":
-        _check_keys(method, options, {"draft_min", "draft_p_min", "synthetic_acceptance"})
+        _check_keys(method, options, set(LLAMACPP.reads(method)))
         p_min = options.get("draft_p_min", 0.0)
         if isinstance(p_min, bool) or not isinstance(p_min, (int, float)) or not 0.0 <= p_min <= 1.0:
             raise ValueError(f"option draft_p_min={p_min!r}: must be a number in [0, 1]")
@@ -271,8 +266,7 @@ def spec_config(method: str, gamma: int | None, options: Mapping[str, Any] | Non
             p_min=float(p_min),
             synthetic=llamacpp_synthetic_fields(options, g),
         )
-    keys = {"spec_type", "ngram_min", "ngram_max", "draft_min", "synthetic_acceptance", *_SIZED_KEYS, *_MOD_KEYS}
-    _check_keys(method, options, keys)
+    _check_keys(method, options, set(LLAMACPP.reads(method)))
     stype = options.get("spec_type", "ngram-simple")
     if stype not in NGRAM_TYPES:
         why = f" ({REFUSED_TYPES[stype]})" if stype in REFUSED_TYPES else ""
@@ -406,7 +400,7 @@ def server_argv(
     head = [
         python or sys.executable,
         "-m",
-        "specstudy.backends.llamacpp_serve",
+        "specstudy.backends.llamacpp.serve",
         "--model",
         plan.model.path,
         "--host",

@@ -10,14 +10,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from .server import ServerBackend
+from ..server import ServerBackend
+from .declaration import OPENAI
 
 
 class OpenAIBackend(ServerBackend):
     """A generic OpenAI-compatible server; started from ``command=`` or attached via ``base_url=``."""
 
     framework = "openai"
-    methods = ("ar", "ngram", "draft_target")
+    methods = OPENAI.methods
 
     def __init__(self, model: str, drafter: str | None = None, **options: Any):
         if options.get("preset") is not None:  # the old llama.cpp preset: one backend per engine now

@@ -29,14 +29,16 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..data.models import resolve_for_engine as resolve_model
-from ..engines import capabilities as caps
-from ..engines.environments import engine_env, is_installed, python_of
-from ..metrics import acceptance_length, acceptance_rate, per_position_unconditional
-from ..records import Cell, Request, RequestRecord, Sampling
-from .prometheus import MetricSamples, metric_by_label, metric_total
-from .server import ServerBackend
-from .sse import StreamState
+from ...data.models import resolve_for_engine as resolve_model
+from ...environments.install import engine_env, is_installed, python_of
+from ...metrics import counter_acceptance as run_counter_acceptance
+from ...records import Cell, Request, RequestRecord, Sampling
+from ..prometheus import MetricSamples, counter_deltas, labelled_deltas, metric_total
+from ..server import ServerBackend
+from ..sse import StreamState
+from . import config as vllm_config
+from .config import describe_vllm, spec_fields, speculative_config
+from .declaration import SERVER, SERVER_OPTIONS
 
 SPEC_COUNTERS = {
     "drafts": "vllm:spec_decode_num_drafts_total",
@@ -58,88 +60,6 @@ CACHE_CONFIG_LABELS = (
     "cpu_kvcache_space_bytes",
 )
 
-#: study method name -> vLLM speculative_config "method" (each pinned version runs a subset:
-#: specstudy.engines.capabilities.vllm_methods)
-VLLM_METHODS = caps.KIT_TO_VLLM
-
-
-def speculative_config(
-    method: str, gamma: int | None, drafter: str | None, options: dict[str, Any]
-) -> dict[str, Any] | None:
-    """vLLM's ``speculative_config`` for a study method; None for the AR baseline."""
-    if method == "ar":
-        return None
-    if method not in VLLM_METHODS:
-        raise ValueError(f"method={method!r} has no vLLM equivalent; allowed: {['ar', *VLLM_METHODS]}")
-    if not gamma or gamma < 1:
-        raise ValueError(f"method={method!r} needs gamma >= 1 (num_speculative_tokens), got {gamma!r}")
-    cfg: dict[str, Any] = {"method": VLLM_METHODS[method], "num_speculative_tokens": int(gamma)}
-    if method == "ngram":
-        cfg["prompt_lookup_min"] = int(options.get("ngram_min", 2))
-        cfg["prompt_lookup_max"] = int(options.get("ngram_max", 4))
-        if cfg["prompt_lookup_min"] > cfg["prompt_lookup_max"]:
-            raise ValueError(f"ngram ngram_min={cfg['prompt_lookup_min']} > ngram_max={cfg['prompt_lookup_max']}")
-    elif method != "suffix":
-        if not drafter:
-            raise ValueError(f"method={method!r} needs a drafter model (vLLM speculative_config.model)")
-        cfg["model"] = resolve_model(drafter)
-    cfg.update(caps.vllm_synthetic_fields(options, int(gamma)))  # benchmark-only fixed acceptance
-    return cfg
-
-
-def describe_vllm(version: str, method: str, gamma: int | None, options: Mapping[str, Any]) -> str:
-    """What vLLM ``version`` actually runs for a study method (a label that does not overstate)."""
-    if method == "ar":
-        return f"vLLM {version} autoregressive decoding (no speculation)"
-    what = {
-        "ngram": f"prompt lookup (n-gram {options.get('ngram_min', 2)}..{options.get('ngram_max', 4)} over "
-        "prompt and output)",
-        "draft_target": "draft model",
-        "eagle": "EAGLE head (EAGLE-1 style feature drafter)",
-        "eagle3": "EAGLE-3 head",
-        "medusa": "Medusa heads",
-        "mtp": "MTP layers",
-        "suffix": "suffix decoding",
-    }
-    return (
-        f"vLLM {version} {what.get(method, method)}: a chain of {gamma} draft tokens per step, "
-        "verified in one target forward (no tree: vLLM has no tree decoding)"
-    )
-
-
-def spec_fields(spec: dict[str, Any], output_tokens: int) -> dict[str, Any]:
-    """Record fields from a response's ``metrics.speculative_decoding`` block.
-
-    ``target_forwards`` counts every target forward (see the module docstring).  Per-position counts
-    come from the per-step arrays (``detailed``) when present; otherwise the accepted ones from
-    the histogram, and the drafted ones only when every spec step drafted γ tokens.
-    """
-    steps = int(spec["num_spec_steps"])
-    drafted = int(spec["num_draft_tokens"])
-    accepted = int(spec["num_accepted_draft_tokens"])
-    k = int(spec.get("num_spec_tokens") or 0)
-    forwards = max(output_tokens - accepted, steps + 1) if output_tokens > 0 else steps
-    out: dict[str, Any] = {
-        "target_forwards": forwards,
-        "draft_steps": steps,
-        "drafted_tokens": drafted,
-        "accepted_tokens": accepted,
-        "accepted_per_position": None,
-        "drafts_per_position": None,
-    }
-    per_d, per_a = spec.get("per_step_drafted"), spec.get("per_step_accepted")
-    if per_d and per_a and len(per_d) == len(per_a):
-        depth = max(per_d)
-        out["drafts_per_position"] = [sum(1 for d in per_d if d >= j) for j in range(1, depth + 1)]
-        out["accepted_per_position"] = [sum(1 for a in per_a if a >= j) for j in range(1, depth + 1)]
-        return out
-    hist = spec.get("acceptance_histogram") or []
-    if hist:
-        out["accepted_per_position"] = [int(sum(hist[j:])) for j in range(1, len(hist))]
-        if k and drafted == steps * k:
-            out["drafts_per_position"] = [steps] * k
-    return out
-
 
 class VllmServerBackend(ServerBackend):
     """``python -m vllm.entrypoints.openai.api_server`` started per speculative configuration.
@@ -153,21 +73,10 @@ class VllmServerBackend(ServerBackend):
     """
 
     framework = "vllm-server"
-    methods = ("ar", *sorted(set(caps.vllm_methods("0.32.0")) & set(caps.vllm_methods("0.33.0"))))
+    methods = SERVER.methods
     metrics_path = "/metrics"
     #: options this backend reads (on top of the server base class's keyword arguments)
-    OPTIONS = frozenset(
-        {
-            "dtype",
-            "max_model_len",
-            "tensor_parallel_size",
-            "gpu_memory_utilization",
-            "max_num_seqs",
-            "enforce_eager",
-            "prefix_cache",
-            "spec_metrics",
-        }
-    )
+    OPTIONS = SERVER_OPTIONS
     #: vLLM's own batch gauges: requests in the running batch, waiting, and the KV cache in use (0..1)
     GAUGES = {
         "running": "vllm:num_requests_running",
@@ -176,28 +85,22 @@ class VllmServerBackend(ServerBackend):
     }
 
     @classmethod
-    def check(
-        cls, method: str, gamma: int | None, options: Mapping[str, Any], drafter: str | None, cuda: bool | None = None
-    ) -> None:
-        """Refuse a method the pinned vLLM lacks, a bad γ, a missing drafter or an unread option."""
-        from .vllm_offline import VllmOfflineBackend  # vllm_offline imports this module: a cycle
-
-        version = VllmOfflineBackend.pinned_version(cuda)
-        caps.check_method(
-            f"vLLM {version}", method, gamma, options, drafter, caps.vllm_methods(version), caps.VLLM_METHOD_OPTIONS
-        )
-
-    @classmethod
     def check_cell(
-        cls, method: str, gamma: int | None, options: dict[str, Any], *, model: str, drafter: str | None, cuda: bool
+        cls,
+        method: str,
+        gamma: int | None,
+        options: dict[str, Any],
+        *,
+        model: str,
+        drafter: str | None,
+        cuda: bool,
+        batch_size: int = 1,
     ) -> None:
-        cls.check(method, gamma, options, drafter, cuda=cuda)
+        vllm_config.check(method, gamma, options, drafter, cuda=cuda, batch_size=batch_size)
 
     @classmethod
     def describe(cls, method: str, gamma: int | None, options: Mapping[str, Any], cuda: bool | None = None) -> str:
-        from .vllm_offline import VllmOfflineBackend  # vllm_offline imports this module: a cycle
-
-        return describe_vllm(VllmOfflineBackend.pinned_version(cuda), method, gamma, options)
+        return describe_vllm(vllm_config.pinned_version(cuda), method, gamma, options)
 
     @property
     def effective_prefix_cache(self) -> bool | None:
@@ -323,25 +226,7 @@ def prefix_cache_delta(before: MetricSamples | None, after: MetricSamples | None
 
 
 def counter_acceptance(before: MetricSamples, after: MetricSamples) -> dict[str, Any]:
-    """Run-scoped acceptance from two /metrics scrapes (after − before), vLLM's conventions beside ours."""
-
-    d = {
-        k: int(round((metric_total(after, n) or 0.0) - (metric_total(before, n) or 0.0)))
-        for k, n in SPEC_COUNTERS.items()
-    }
-    pos_a, pos_b = (
-        metric_by_label(after, PER_POS_COUNTER, "position"),
-        metric_by_label(before, PER_POS_COUNTER, "position"),
-    )
-    per_pos = [int(round(pos_a[p] - pos_b.get(p, 0.0))) for p in sorted(pos_a, key=int)]
-    return {
-        "source": "server_counters",
-        "drafts": d["drafts"],
-        "drafted_tokens": d["draft_tokens"],
-        "accepted_tokens": d["accepted_tokens"],
-        "accepted_per_position": per_pos,
-        "alpha": acceptance_rate(d["accepted_tokens"], d["draft_tokens"]) if d["draft_tokens"] else None,
-        # vLLM's mean acceptance length = 1 + accepted / drafts: the kit's AL (drafts = draft steps)
-        "vllm_mean_acceptance_length": acceptance_length(d["accepted_tokens"], d["drafts"]) if d["drafts"] else None,
-        "per_position": per_position_unconditional(per_pos, d["drafts"]) if d["drafts"] else None,
-    }
+    """Run-scoped acceptance from two /metrics scrapes (after − before)."""
+    d = counter_deltas(before, after, SPEC_COUNTERS)
+    per_pos = labelled_deltas(before, after, PER_POS_COUNTER, "position")
+    return run_counter_acceptance("server_counters", d["drafts"], d["draft_tokens"], d["accepted_tokens"], per_pos)

@@ -16,17 +16,17 @@ import traceback
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from ..config.vocab import TORCH_DTYPES
-from ..data.models import get_entry, load_model, model_names, quantize_dynamic_int8, require_int8_device
-from ..engine.lean import prepare as prepare_lean
-from ..engine.methods import SYNTHETIC, DecodeJob, get_method, method_names
-from ..engine.trace import cell_memory, current_rss, reset_peak_memory
-from ..records import Cell, Request, RequestRecord, Sampling
-from .base import Backend, encode_request
+from ...config.vocab import TORCH_DTYPES
+from ...data.models import get_entry, load_model, model_names, quantize_dynamic_int8, require_int8_device
+from ...engine.lean import prepare as prepare_lean
+from ...engine.methods import SYNTHETIC, DecodeJob, get_method, method_names
+from ...engine.trace import cell_memory, current_rss, reset_peak_memory
+from ...records import Cell, Request, RequestRecord, Sampling
+from ..base import Backend, encode_request
+from .declaration import CONSTRUCTOR_OPTIONS
 
 #: cell options the backend itself reads (the rest go to the method)
 BACKEND_CELL_OPTIONS = ("chat", "rate")
-CONSTRUCTOR_OPTIONS = ("threads", "tokenizer", "chat")
 
 
 class ReferenceBackend(Backend):
@@ -67,14 +67,22 @@ class ReferenceBackend(Backend):
 
     @classmethod
     def check_cell(
-        cls, method: str, gamma: int | None, options: dict[str, Any], *, model: str, drafter: str | None, cuda: bool
+        cls,
+        method: str,
+        gamma: int | None,
+        options: dict[str, Any],
+        *,
+        model: str,
+        drafter: str | None,
+        cuda: bool,
+        batch_size: int = 1,
     ) -> None:
-        """The engine method's own option check (names, ranges, drafter), before any model loads."""
+        """The engine method's own check (option names and ranges, drafter, batch limit), before any model loads."""
         if method not in method_names():
             raise ValueError(f"reference does not run method={method!r}; allowed: {method_names()}")
         spec = get_method(method)
         opts = {k: v for k, v in options.items() if k not in BACKEND_CELL_OPTIONS}
-        spec.check(gamma, 1, drafter if spec.needs_drafter or drafter else None, opts)
+        spec.check(gamma, batch_size, drafter if spec.needs_drafter or drafter else None, opts)
 
     # ---------------------------------------------------------------------------------------
     @staticmethod

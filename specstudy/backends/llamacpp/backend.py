@@ -1,6 +1,6 @@
 """llama.cpp's server as a study framework: AR, n-gram self-speculation and draft models.
 
-The kit starts llama.cpp as a child process (:mod:`specstudy.backends.llamacpp_serve`, the
+The kit starts llama.cpp as a child process (:mod:`specstudy.backends.llamacpp.serve`, the
 ``xllamacpp`` wheel), or a user's ``llama-server`` binary (``llama_server=PATH``), or attaches to
 a running one (``base_url=URL``); all three go through the same request and parsing code below.
 Requests stream llama.cpp's native ``/completion``: the OpenAI route ``/v1/completions`` returns
@@ -34,7 +34,7 @@ What llama.cpp reports, and how the kit counts (checked on xllamacpp 2026.10.115
   per-position counts equalled the ``/metrics`` deltas of every request.
 * ``extra["llamacpp_forward_ms"]``: llama.cpp's own ms of each forward after the prompt pass
   (Δ ``predicted_ms``; drafting and sampling included), from which
-  :mod:`specstudy.backends.llamacpp_costs` reads the cost of real verification forwards.
+  :mod:`specstudy.backends.llamacpp.costs` reads the cost of real verification forwards.
 * ``target_forwards`` counts every group, the prompt pass included (as the reference engine);
   ``draft_steps`` those that verified ≥ 1 draft, so AL = 1 + accepted / draft_steps is
   llama.cpp's own "mean len".
@@ -55,14 +55,17 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..data.models import needs_download
-from ..records import Cell, Request, RequestRecord, Sampling, StepRecord
-from .lifecycle import http_get
-from .llamacpp_config import METHODS, NOT_SERVER_KEYS, Plan, server_argv, spec_config
-from .llamacpp_config import check as _check
-from .prometheus import MetricSamples, metric_by_label, metric_total
-from .server import ServerBackend
-from .sse import StreamState
+from ...data.models import needs_download
+from ...metrics import acceptance_length
+from ...metrics import counter_acceptance as run_counter_acceptance
+from ...records import Cell, Request, RequestRecord, Sampling, StepRecord
+from ..lifecycle import http_get
+from ..prometheus import MetricSamples, counter_deltas, labelled_deltas, metric_total
+from ..server import ServerBackend
+from ..sse import StreamState
+from .config import NOT_SERVER_KEYS, Plan, server_argv, spec_config
+from .config import check as _check
+from .declaration import LLAMACPP
 
 COUNTERS = {
     "drafts": "llamacpp:spec_decode_num_drafts_total",
@@ -150,17 +153,10 @@ def forward_ms(trace: Sequence[tuple[int, float | None, int, int]], times: Seque
 
 
 def counter_acceptance(before: MetricSamples, after: MetricSamples) -> dict[str, Any]:
-    """The run's llama.cpp counters (after − before) and llama.cpp's own acceptance length."""
-    d = {k: round((metric_total(after, n) or 0.0) - (metric_total(before, n) or 0.0)) for k, n in COUNTERS.items()}
-    pa, pb = metric_by_label(after, PER_POS_COUNTER, "position"), metric_by_label(before, PER_POS_COUNTER, "position")
-    per_pos = [round(pa[p] - pb.get(p, 0.0)) for p in sorted(pa, key=int)]
-    return {
-        "source": "server_counters",
-        **d,
-        "accepted_per_position": per_pos,
-        "alpha": d["accepted_tokens"] / d["drafted_tokens"] if d["drafted_tokens"] else None,
-        "acceptance_length": 1 + d["accepted_tokens"] / d["drafts"] if d["drafts"] else None,
-    }
+    """The run's llama.cpp counters (after − before): AL = 1 + accepted / drafts is llama.cpp's own "mean len"."""
+    d = counter_deltas(before, after, COUNTERS)
+    per_pos = labelled_deltas(before, after, PER_POS_COUNTER, "position")
+    return run_counter_acceptance("server_counters", d["drafts"], d["drafted_tokens"], d["accepted_tokens"], per_pos)
 
 
 def _get_json(url: str) -> Any:
@@ -199,7 +195,7 @@ class LlamaCppBackend(ServerBackend):
     """
 
     framework = "llamacpp"
-    methods = METHODS
+    methods = LLAMACPP.methods
 
     @property
     def warms_itself(self) -> bool:
@@ -253,7 +249,15 @@ class LlamaCppBackend(ServerBackend):
 
     @classmethod
     def check_cell(
-        cls, method: str, gamma: int | None, options: dict[str, Any], *, model: str, drafter: str | None, cuda: bool
+        cls,
+        method: str,
+        gamma: int | None,
+        options: dict[str, Any],
+        *,
+        model: str,
+        drafter: str | None,
+        cuda: bool,
+        batch_size: int = 1,
     ) -> None:
         """Options always; the GGUF files (sha256, draft vocabulary) when they are here.  A registry model
         still to be fetched from PyPI is not downloaded by validation: its engine load checks it."""
@@ -318,7 +322,7 @@ class LlamaCppBackend(ServerBackend):
         }
         build.update(self_report(url, attached=self.base_url is not None))
         if build["launcher"] == "xllamacpp" and self.python in (None, sys.executable):
-            from .llamacpp_serve import build_info
+            from .serve import build_info
 
             build.update(build_info())
         self._build = build
@@ -451,7 +455,9 @@ class LlamaCppBackend(ServerBackend):
             steps = [r.draft_steps for r in seen]
             per_request["draft_steps"] = sum(steps) if steps and None not in steps else None
             if per_request["draft_steps"]:
-                per_request["acceptance_length"] = 1 + per_request["accepted_tokens"] / per_request["draft_steps"]
+                per_request["acceptance_length"] = acceptance_length(
+                    per_request["accepted_tokens"], per_request["draft_steps"]
+                )
         if before is None or after is None or metric_total(after, COUNTERS["drafts"]) is None:
             return per_request
         counters = counter_acceptance(before, after)

@@ -9,14 +9,15 @@ Read from TensorRT-LLM's sources and docs (``tensorrt_llm/commands/serve.py``,
   --extra_llm_api_options FILE.yaml`` (``--config`` in newer releases; the old name still works).
   Speculative decoding is configured only in that YAML: ``speculative_config: {decoding_type,
   max_draft_len, speculative_model_dir, ...}`` with ``decoding_type`` ``DraftTarget``, ``NGram``,
-  ``Eagle3`` (PyTorch backend) or ``Eagle`` / ``Medusa`` (TensorRT engine backend only: the PyTorch
-  backend refuses Medusa and EAGLE-1/2 checkpoints).  Medusa and EAGLE trees are given
+  ``Eagle`` with an EAGLE-3 head (PyTorch backend: framework ``trtllm``) or ``Eagle`` with an
+  EAGLE-1/2 checkpoint / ``Medusa`` (TensorRT engine backend only: framework ``trtllm-engine``,
+  whose AR baseline runs on the same backend).  Medusa and EAGLE trees are given
   explicitly (``medusa_choices`` / ``eagle_choices``); the kit asks for a chain of γ unless a
   profile sets the tree.
 * KV-cache block reuse (its prefix cache) is on by default: ``kv_cache_config.enable_block_reuse``
   follows the study's ``prefix_cache``.
 * ``GET /metrics`` returns the iteration statistics queued since the last call (it drains them;
-  ``enable_iter_perf_stats: true`` turns them on): per iteration ``specDecodingStats`` with
+  ``enable_iter_perf_stats: true`` turns them on, a PyTorch-backend key): per iteration ``specDecodingStats`` with
   ``numDraftTokens``, ``numAcceptedTokens``, ``numRequestsWithDraftTokens`` and
   ``acceptanceLength``.  So :meth:`scrape` before a run discards earlier traffic and the scrape
   after it holds exactly the run's iterations.  The kit computes α = Σ accepted / Σ drafted and
@@ -41,12 +42,13 @@ from typing import Any
 
 import yaml
 
-from ..data.models import resolve_for_engine as resolve_model
-from ..engines import capabilities as caps
-from ..metrics import acceptance_rate
-from ..records import Cell, Request, RequestRecord, Sampling
-from .lifecycle import http_get
-from .server import StreamingServerBackend
+from ...data.models import resolve_for_engine as resolve_model
+from ...metrics import acceptance_length, acceptance_rate
+from ...records import Cell, Request, RequestRecord, Sampling
+from ..declaration import check_method
+from ..lifecycle import http_get
+from ..server import StreamingServerBackend
+from .declaration import ENGINE_DECODING, PYTORCH_DECODING, TRTLLM, TRTLLM_ENGINE
 
 TRTLLM_VERSION = "1.2"
 ITER_STATS_MAX = 100_000  # iteration stats the server keeps between two scrapes
@@ -63,16 +65,9 @@ def speculative_config(
     """The YAML ``speculative_config`` for a study method; None for AR."""
     if method == "ar":
         return None
-    caps.check_method(
-        f"TensorRT-LLM {TRTLLM_VERSION}",
-        method,
-        gamma,
-        options,
-        drafter,
-        caps.KIT_TO_TRTLLM,
-        caps.TRTLLM_METHOD_OPTIONS,
-    )
-    decoding_type, _ = caps.KIT_TO_TRTLLM[method]
+    decl = TRTLLM if method in PYTORCH_DECODING else TRTLLM_ENGINE
+    check_method(decl, method, gamma, options, drafter, engine=f"TensorRT-LLM {TRTLLM_VERSION} ({decl.framework})")
+    decoding_type = {**PYTORCH_DECODING, **ENGINE_DECODING}[method]
     cfg: dict[str, Any] = {"decoding_type": decoding_type, "max_draft_len": int(gamma or 0)}
     if method == "ngram":  # one pool per request, as prompt lookup: repeats cannot feed each other
         cfg.update(
@@ -99,10 +94,12 @@ def speculative_config(
 def describe_trtllm(method: str, gamma: int | None, options: Mapping[str, Any]) -> str:
     if method == "ar":
         return f"TensorRT-LLM {TRTLLM_VERSION} autoregressive decoding (no speculation)"
-    decoding_type, backend = caps.KIT_TO_TRTLLM[method]
+    decoding_type = {**PYTORCH_DECODING, **ENGINE_DECODING}[method]
+    backend = "pytorch backend" if method in PYTORCH_DECODING else "tensorrt backend: α and AL not exposed"
+    head = " with an EAGLE-3 head" if method == "eagle3" else ""
     tree = options.get("medusa_choices") or options.get("eagle_choices")
     shape = f"a tree of {len(tree)} nodes" if tree else f"a chain of {gamma} draft tokens"
-    return f"TensorRT-LLM {TRTLLM_VERSION} {decoding_type} ({backend} backend): {shape} per step"
+    return f"TensorRT-LLM {TRTLLM_VERSION} {decoding_type}{head} ({backend}): {shape} per step"
 
 
 class TrtllmServerBackend(StreamingServerBackend[list[dict[str, Any]]]):
@@ -115,7 +112,9 @@ class TrtllmServerBackend(StreamingServerBackend[list[dict[str, Any]]]):
     """
 
     framework = "trtllm"
-    methods = ("ar", *caps.KIT_TO_TRTLLM)
+    methods = TRTLLM.methods
+    #: the runtime backend every cell of this framework runs on, its AR baseline included
+    runtime_backend = "pytorch"
     api_path = "/v1/completions"
     metrics_path = "/metrics"
     OPTIONS = frozenset(
@@ -135,21 +134,24 @@ class TrtllmServerBackend(StreamingServerBackend[list[dict[str, Any]]]):
         cls, method: str, gamma: int | None, options: Mapping[str, Any], drafter: str | None, cuda: bool | None = None
     ) -> None:
         """Refuse a method trtllm-serve lacks, a bad γ, a missing drafter or an unread option."""
-        caps.check_method(
-            f"TensorRT-LLM {TRTLLM_VERSION}",
-            method,
-            gamma,
-            options,
-            drafter,
-            caps.KIT_TO_TRTLLM,
-            caps.TRTLLM_METHOD_OPTIONS,
-        )
+        decl = TRTLLM_ENGINE if cls.runtime_backend == "tensorrt" else TRTLLM
+        check_method(decl, method, gamma, options, drafter, engine=f"TensorRT-LLM {TRTLLM_VERSION} ({decl.framework})")
 
     @classmethod
     def check_cell(
-        cls, method: str, gamma: int | None, options: dict[str, Any], *, model: str, drafter: str | None, cuda: bool
+        cls,
+        method: str,
+        gamma: int | None,
+        options: dict[str, Any],
+        *,
+        model: str,
+        drafter: str | None,
+        cuda: bool,
+        batch_size: int = 1,
     ) -> None:
         cls.check(method, gamma, options, drafter, cuda=cuda)
+        if batch_size < 1:
+            raise ValueError(f"batch_size={batch_size}: must be >= 1")
 
     @classmethod
     def describe(cls, method: str, gamma: int | None, options: Mapping[str, Any], cuda: bool | None = None) -> str:
@@ -164,17 +166,16 @@ class TrtllmServerBackend(StreamingServerBackend[list[dict[str, Any]]]):
         kv: dict[str, Any] = {"enable_block_reuse": bool(self.options.get("prefix_cache") or False)}
         if self.options.get("gpu_memory_utilization") is not None:
             kv["free_gpu_memory_fraction"] = float(self.options["gpu_memory_utilization"])
-        out: dict[str, Any] = {
-            "enable_iter_perf_stats": True,
-            "iter_stats_max_iterations": ITER_STATS_MAX,
-            "kv_cache_config": kv,
-        }
+        out: dict[str, Any] = {"iter_stats_max_iterations": ITER_STATS_MAX, "kv_cache_config": kv}
+        pytorch = self.runtime_backend == "pytorch"
+        if pytorch:  # TorchLlmArgs keys: TrtLlmArgs (the TensorRT engine backend) forbids them
+            out["enable_iter_perf_stats"] = True
         if self.options.get("dtype", "auto") != "auto":
             out["dtype"] = self.options["dtype"]
         spec = speculative_config(cell.method, cell.gamma, cell.drafter or self.drafter, dict(cell.options))
         if spec is not None:
             out["speculative_config"] = spec
-            if cell.method in ("draft_target", "ngram"):
+            if pytorch and cell.method in ("draft_target", "ngram"):
                 out["disable_overlap_scheduler"] = True  # as the docs' two-model examples run
         clash = sorted(set(self.options.get("llm_api_options") or {}) & set(out))
         if clash:
@@ -182,7 +183,7 @@ class TrtllmServerBackend(StreamingServerBackend[list[dict[str, Any]]]):
         return {**out, **dict(self.options.get("llm_api_options") or {})}
 
     def server_argv(self, cell: Cell) -> list[str]:
-        backend = caps.KIT_TO_TRTLLM[cell.method][1] if cell.method != "ar" else "pytorch"
+        backend = self.runtime_backend
         opts = self.llm_api_options(cell)
         path = self.log_dir / f"trtllm_{cell.method}_g{cell.gamma}_{time.strftime('%Y%m%d-%H%M%S')}.yaml"
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -242,6 +243,8 @@ class TrtllmServerBackend(StreamingServerBackend[list[dict[str, Any]]]):
         records: Sequence[RequestRecord],
     ) -> dict[str, Any] | None:
         """The run's acceptance from its iteration stats (``after``: drained after the run)."""
+        if self.runtime_backend != "pytorch":
+            return None  # the TensorRT engine backend's iteration stats carry no speculative counts
         return iteration_acceptance(after) if after else None
 
 
@@ -262,7 +265,7 @@ def iteration_acceptance(stats: Sequence[Mapping[str, Any]]) -> dict[str, Any] |
     drafted = sum(int(r["numDraftTokens"]) for r in rows)
     accepted = sum(int(r["numAcceptedTokens"]) for r in rows)
     steps = sum(int(r["numRequestsWithDraftTokens"]) for r in rows)
-    al = 1 + accepted / steps
+    al = acceptance_length(accepted, steps)
     reported = sum(float(r.get("acceptanceLength") or 0) * int(r["numRequestsWithDraftTokens"]) for r in rows) / steps
     convention = (
         "includes the bonus token (= the kit's AL)"
@@ -293,3 +296,13 @@ __all__ = [
     "parse_iteration_stats",
     "speculative_config",
 ]
+
+
+class TrtllmEngineServerBackend(TrtllmServerBackend):
+    """``trtllm-serve --backend tensorrt``: Medusa and EAGLE-1/2 checkpoints, and their AR baseline
+    on the same backend.  Its iteration statistics carry no speculative counts, so records leave
+    α and AL unseen (None), never guessed."""
+
+    framework = "trtllm-engine"
+    methods = TRTLLM_ENGINE.methods
+    runtime_backend = "tensorrt"

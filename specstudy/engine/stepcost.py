@@ -35,7 +35,9 @@ def measure_verify_time(
     """Median seconds of one forward over k new tokens on a cached ``prompt_ids`` prefix, per k.
 
     Each k is timed ``repeats`` times after one untimed call (kernel set-up is per shape), the
-    cache rolled back after every call, so every k sees the same prefix.
+    cache rolled back after every call, so every k sees the same prefix.  The ks take turns
+    (round r times every k once), so a machine whose speed drifts (other jobs on its cores) shifts
+    every k alike instead of bending the curve.
     """
     if not prompt_ids:
         raise ValueError("prompt_ids is empty: the curve is measured on a cached prefix")
@@ -44,19 +46,17 @@ def measure_verify_time(
     device = torch.device(device)
     ids = list(prompt_ids)
     state = KVState(model, batch_size, device)
+    blocks = {k: torch.tensor([(ids * k)[-k:]] * batch_size, device=device) for k in ks}
+    times: dict[int, list[float]] = {k: [] for k in ks}
     with torch.inference_mode():
         state.forward(torch.tensor([ids] * batch_size, device=device))
-        out: dict[int, float] = {}
-        for k in ks:
-            block = torch.tensor([(ids * k)[-k:]] * batch_size, device=device)
-            times = []
-            for _ in range(repeats + 1):
+        for _ in range(repeats + 1):
+            for k, block in blocks.items():
                 with Timer(device) as t:
                     state.forward(block)
-                times.append(t.s)
+                times[k].append(t.s)
                 state.rollback(k)
-            out[k] = statistics.median(times[1:])
-    return out
+    return {k: statistics.median(ts[1:]) for k, ts in times.items()}
 
 
 def _cached_times(

@@ -102,6 +102,17 @@ ROWS = (
     "draft_target+cost+prefill",
 )
 PREFILL = "+prefill"  # a row suffix: the same row with draft_in_prefill: on (HF's first step)
+TF = " [tf]"  # a row suffix (--forward both): the same row through transformers' own forward at batch 1
+
+
+def method_of(label: str) -> str:
+    """The engine method of a row label: "ngram+cost", "ngram@2", "ar [tf]" -> "ngram", "ngram", "ar"."""
+    return label.removesuffix(TF).split("+")[0].split("@")[0]
+
+
+def baseline_of(label: str) -> str:
+    """The AR row a row is paired with: the one through the same forward."""
+    return "ar" + (TF if label.endswith(TF) else "")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -142,6 +153,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1 ≈ 2 for memory-bound decoding here)")
     ap.add_argument("--curve", default="1,2,3,4,5,6,8,12,16", help="k values of the T(k)/T(1) curve")
     ap.add_argument("--curve-repeats", type=int, default=7)
+    ap.add_argument(
+        "--forward",
+        choices=("lean", "transformers", "both"),
+        default="lean",
+        help="the engine's batch-1 forward: its lean static-cache one (specstudy.engine.lean), transformers' "
+        "own, or both side by side (rows suffixed [tf]: the before/after of one run)",
+    )
     ap.add_argument("--skip-hf", action="store_true", help="skip the HF transformers comparison")
     ap.add_argument("--chat", choices=("yes", "no"), default="yes")
     ap.add_argument("--json", default=None, help="also write the results to this JSON file")
@@ -158,6 +176,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     from specstudy.backends.reference.backend import ReferenceBackend
     from specstudy.data.models import load_model, model_bytes
+    from specstudy.engine.lean import set_lean_forward
     from specstudy.engine.stepcost import measure_verify_time
     from specstudy.telemetry import measure_cpu
 
@@ -196,9 +215,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         if name + PREFILL in ROWS
     ]
     methods = [m for m in methods if m[0] in wanted]
+    if args.forward != "lean":
+        tf_rows = [(name + TF, gamma, opts, d, dname) for name, gamma, opts, d, dname in methods]
+        methods = tf_rows if args.forward == "transformers" else methods + tf_rows
 
-    def method_of(label: str) -> str:  # "ngram+cost", "ngram@2" -> "ngram"
-        return label.split("+")[0].split("@")[0]
+    def run_row(name: str, reqs: list[Request], c: Cell) -> list[RequestRecord]:
+        """One engine row's records, through the forward the row names."""
+        previous = set_lean_forward(not name.endswith(TF))
+        try:
+            return list(backend.run(reqs, sampling, c))
+        finally:
+            set_lean_forward(previous)
 
     def cell(name: str, gamma: int | None, opts: dict[str, Any], dname: str | None) -> Cell:
         return Cell(
@@ -217,7 +244,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name, gamma, opts, d, dname in methods:
         if d is not None:
             backend._drafters[(method_of(name), dname)] = d
-        list(backend.run(requests[:1], sampling, cell(name, gamma, opts, dname)))
+        run_row(name, requests[:1], cell(name, gamma, opts, dname))
     if (
         drafter is not None
         and args.draft_quantization != "none"
@@ -237,13 +264,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
 
     ks = sorted({int(k) for k in args.curve.split(",")} | {args.gamma + 1})
-    curve = measure_verify_time(model, prompt_ids[0], ks, args.curve_repeats)
-    ratio = {k: curve[k] / curve[1] for k in ks}
-    print(
-        "verification cost T(k)/T(1): "
-        + "  ".join(f"k={k}:{ratio[k]:.2f}" for k in ks)
-        + f"   (T(1) = {curve[1] * 1e3:.1f} ms)"
-    )
+    curves: dict[str, dict[int, float]] = {}  # per forward ("" lean, TF transformers'): T(k) seconds
+    for suffix in [x for x, on in (("", args.forward != "transformers"), (TF, args.forward != "lean")) if on]:
+        previous = set_lean_forward(suffix == "")
+        curves[suffix] = measure_verify_time(model, prompt_ids[0], ks, args.curve_repeats)
+        set_lean_forward(previous)
+    ratios = {suffix: {k: t[k] / t[1] for k in ks} for suffix, t in curves.items()}
+    for suffix, t in curves.items():
+        print(
+            f"verification cost T(k)/T(1) ({'transformers forward' if suffix else 'lean forward'}): "
+            + "  ".join(f"k={k}:{ratios[suffix][k]:.2f}" for k in ks)
+            + f"   (T(1) = {t[1] * 1e3:.1f} ms)"
+        )
 
     # HF transformers' own implementation of each row, through the kit's hf backend (the same
     # records and metrics; it sets the draft length on the *drafting* model's generation_config,
@@ -271,8 +303,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             options=tuple(sorted(opts.items())),
         )
 
-    def hf_key(name: str) -> str:  # a +prefill row is compared with the same HF row as its plain twin
-        return name.removesuffix(PREFILL)
+    def hf_key(name: str) -> str:  # a +prefill or [tf] row is compared with the same HF row as its plain twin
+        return name.removesuffix(TF).removesuffix(PREFILL)
 
     results: dict[str, dict[str, Any]] = {}
     records: dict[str, list[RequestRecord]] = {}
@@ -284,7 +316,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for req in requests:  # round robin per prompt: this machine's speed drifts by 10 %+
         hf_done = set()
         for name, gamma, opts, _, dname in methods:
-            ours[name] += list(backend.run([req], sampling, cell(name, gamma, opts, dname)))
+            ours[name] += run_row(name, [req], cell(name, gamma, opts, dname))
             if (key := hf_key(name)) in hf_cells and key not in hf_done:
                 hf_recs[key] += list(hf_backend.run([req], sampling, hf_cells[key]))
                 hf_done.add(key)
@@ -315,53 +347,96 @@ def main(argv: Sequence[str] | None = None) -> int:
                 by_k.setdefault(s.drafted, []).append(s.verify_s)
         results[name]["verify_s_by_drafted"] = {k: statistics.median(v) for k, v in sorted(by_k.items())}
 
-    base = results.get("ar")
-    t1 = base["verify_s_per_step"] if base else curve[1]  # the target's one-token step, measured in AR decoding
     for name, r in results.items():
-        r["speedup"] = r["tokens_per_s"] / base["tokens_per_s"] if base else float("nan")
-        # the cost model describes decoding steps: compare it with the TPOT ratio (prefill excluded)
-        r["decode_speedup"] = base["tpot_s"] / r["tpot_s"] if base else float("nan")
-        r["exact_match_vs_ar"] = metrics.exact_match_rate(records["ar"], records[name]) if base else float("nan")
-        if r["gamma"]:
-            r["c"] = (r["draft_s_per_token"] or 0.0) / t1
-        # dynamic γ has no single γ for the static-γ formula; a +prefill row's first chunk holds
-        # several tokens, so its TPOT (and decode speedup) is not the per-step quantity predicted
-        if r["gamma"] and not r["dynamic_gamma"] and not name.endswith(PREFILL):
-            k = r["gamma"] + 1
-            r["verify_ratio"] = ratio.get(k, float("nan"))
-            a = r["alpha_hat"]
-            # the kit's cost model over the row's measured draft lengths (n-gram steps draft only on
-            # a match, often fewer than γ), with this bench's own T(k)/T(1) curve: a draft of k verifies k + 1
-            mix = draft_mix([(records[name], records["ar"])]) if base else None
-            curve_of = verify_curve({k - 1: v for k, v in ratio.items() if k > 1})
-            if mix is not None and curve_of is not None:
-                r["predicted"] = costmodel.mix_speedup(mix, r["gamma"], r["c"], curve_of)
-            else:
-                r["predicted"] = (
-                    costmodel.speedup_with_verify_cost(min(max(a, 0.0), 1.0), r["gamma"], r["c"], r["verify_ratio"])
-                    if a == a
-                    else float("nan")
-                )
-            r["measured_over_predicted"] = r["decode_speedup"] / r["predicted"] if r["predicted"] else float("nan")
+        derive_row(name, r, results, records, ratios[TF if name.endswith(TF) else ""])
         hf = hf_recs.get(hf_key(name))
         if hf:
-            bad = [x for x in hf if x.status != "ok"]
-            if bad:  # an HF feature missing for this model is a row note, not a crash
-                r["hf_error"] = bad[0].error.splitlines()[0]
-            else:
-                r["hf_tokens_per_s"] = metrics.per_request_throughput(hf)
-                r["hf_acceptance_length"] = metrics.acceptance_summary(hf)["acceptance_length"]
-                r["ours_over_hf"] = r["tokens_per_s"] / r["hf_tokens_per_s"]
-                r["hf_same_tokens"] = metrics.exact_match_rate(hf, records[name])
+            compare_hf(r, hf, records[name])
 
     cpu = measure_cpu()
-    if base:
-        bw = model_bytes(model) * base["tokens_per_s"] / 1e9
-        base["achieved_bandwidth_gbps"] = bw
+    print_table(results)
+    limits = machine_limits(model, model_bytes(model), ks, args.curve_repeats)
+    print_limits(results, ratios, limits, cpu)
+    load1 = os.getloadavg()
+    print(f"load average before {load0[0]:.2f}, after {load1[0]:.2f}")
+    if args.json:
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "results": results,
+                    # the first forward run (lean unless --forward transformers); with both, the other beside it
+                    "verify_ratio": next(iter(ratios.values())),
+                    "curve_s": next(iter(curves.values())),
+                    "verify_ratio_transformers_forward": ratios.get(TF) if len(ratios) > 1 else None,
+                    "limits": limits,
+                    "cpu": cpu,
+                    "load_avg": [load0, load1],
+                    "args": vars(args),
+                },
+                indent=2,
+                default=str,
+            )
+        )
+    return 0
 
-    def f(v: float | None, p: int = 2) -> str:  # a figure, or "-" when there is none
-        return "-" if v is None or v != v else f"{v:.{p}f}"
 
+def derive_row(
+    name: str,
+    r: dict[str, Any],
+    results: dict[str, dict[str, Any]],
+    records: dict[str, list[RequestRecord]],
+    ratio: dict[int, float],
+) -> None:
+    """Speedups against the row's paired AR (the same forward), c, and the cost model's prediction."""
+    nan = float("nan")
+    base_name = baseline_of(name)
+    base = results.get(base_name)
+    r["speedup"] = r["tokens_per_s"] / base["tokens_per_s"] if base else nan
+    # the cost model describes decoding steps: compare it with the TPOT ratio (prefill excluded)
+    r["decode_speedup"] = base["tpot_s"] / r["tpot_s"] if base else nan
+    r["exact_match_vs_ar"] = metrics.exact_match_rate(records[base_name], records[name]) if base else nan
+    if not r["gamma"] or not base:
+        return
+    r["c"] = (r["draft_s_per_token"] or 0.0) / base["verify_s_per_step"]  # per AR step, measured in decoding
+    # dynamic γ has no single γ for the static-γ formula; a +prefill row's first chunk holds
+    # several tokens, so its TPOT (and decode speedup) is not the per-step quantity predicted
+    if r["dynamic_gamma"] or name.removesuffix(TF).endswith(PREFILL):
+        return
+    r["verify_ratio"] = ratio.get(r["gamma"] + 1, nan)
+    a = r["alpha_hat"]
+    # the kit's cost model over the row's measured draft lengths (n-gram steps draft only on
+    # a match, often fewer than γ), with this bench's own T(k)/T(1) curve: a draft of k verifies k + 1
+    mix = draft_mix([(records[name], records[base_name])])
+    curve_of = verify_curve({k - 1: v for k, v in ratio.items() if k > 1})
+    if mix is not None and curve_of is not None:
+        r["predicted"] = costmodel.mix_speedup(mix, r["gamma"], r["c"], curve_of)
+    else:
+        clipped = min(max(a, 0.0), 1.0)
+        r["predicted"] = (
+            costmodel.speedup_with_verify_cost(clipped, r["gamma"], r["c"], r["verify_ratio"]) if a == a else nan
+        )
+    r["measured_over_predicted"] = r["decode_speedup"] / r["predicted"] if r["predicted"] else nan
+
+
+def compare_hf(r: dict[str, Any], hf: list[RequestRecord], ours: list[RequestRecord]) -> None:
+    """HF's own implementation of the row on the same prompts: tokens/s, AL, ours/HF, same tokens."""
+    bad = [x for x in hf if x.status != "ok"]
+    if bad:  # an HF feature missing for this model is a row note, not a crash
+        r["hf_error"] = bad[0].error.splitlines()[0]
+        return
+    r["hf_tokens_per_s"] = metrics.per_request_throughput(hf)
+    r["hf_acceptance_length"] = metrics.acceptance_summary(hf)["acceptance_length"]
+    r["ours_over_hf"] = r["tokens_per_s"] / r["hf_tokens_per_s"]
+    r["hf_same_tokens"] = metrics.exact_match_rate(hf, ours)
+
+
+def fmt(v: float | None, p: int = 2) -> str:
+    """A figure, or "-" when there is none."""
+    return "-" if v is None or v != v else f"{v:.{p}f}"
+
+
+def print_table(results: dict[str, dict[str, Any]]) -> None:
+    f = fmt
     head = (
         f"{'method':<27}{'tok/s':>8}{'speedup':>9}{'dec.sp':>8}{'alpha':>7}{'a_hat':>7}{'AL':>6}{'c':>7}{'T(g+1)/T1':>10}"
         f"{'pred':>7}{'meas/pred':>10}{'HF tok/s':>10}{'HF AL':>7}{'ours/HF':>9}{'HF=ours':>8}{'=ar':>5}"
@@ -378,38 +453,69 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         if "hf_error" in r:
             print(f"    HF comparison failed: {r['hf_error']}")
-    if base:
-        print(
-            f"AR achieved bandwidth {base['achieved_bandwidth_gbps']:.2f} GB/s (model bytes x tok/s) vs measured "
-            f"CPU copy bandwidth {cpu['copy_bandwidth_gbps']:.2f} GB/s "
-            f"({base['achieved_bandwidth_gbps'] / cpu['copy_bandwidth_gbps']:.0%})"
-        )
-    load1 = os.getloadavg()
-    if base:
-        t1 = base["verify_s_per_step"]
-        for name, r in results.items():
-            if r["gamma"]:
-                print(
-                    f"{name}: verification step time / AR step, by tokens drafted: "
-                    + "  ".join(f"{k}:{v / t1:.2f}" for k, v in r["verify_s_by_drafted"].items())
-                )
-    print(f"load average before {load0[0]:.2f}, after {load1[0]:.2f}")
-    if args.json:
-        Path(args.json).write_text(
-            json.dumps(
-                {
-                    "results": results,
-                    "verify_ratio": ratio,
-                    "curve_s": curve,
-                    "cpu": cpu,
-                    "load_avg": [load0, load1],
-                    "args": vars(args),
-                },
-                indent=2,
-                default=str,
+    for name, r in results.items():
+        base = results.get(baseline_of(name))
+        if r["gamma"] and base:
+            t1 = base["verify_s_per_step"]
+            print(
+                f"{name}: verification step time / AR step, by tokens drafted: "
+                + "  ".join(f"{k}:{v / t1:.2f}" for k, v in r["verify_s_by_drafted"].items())
             )
+
+
+def machine_limits(model: Any, nbytes: int, ks: Sequence[int], repeats: int) -> dict[str, Any]:
+    """What this CPU allows at the bench's threads: a copy as large as the model (past the
+    caches) and the model's matmuls alone at M = k (:func:`specstudy.engine.stepcost.matmul_pass_time`)."""
+    from specstudy.engine.stepcost import matmul_pass_time
+    from specstudy.telemetry import copy_bandwidth_gbps
+
+    small = [k for k in ks if k <= 8]
+    return {
+        "copy_gbps_model_size": copy_bandwidth_gbps(nbytes),
+        "matmul_pass_s": matmul_pass_time(model, small, repeats),
+        "packed_matmul_pass_s": matmul_pass_time(model, small, repeats, packed=True),
+        "model_bytes": nbytes,
+    }
+
+
+def print_limits(
+    results: dict[str, dict[str, Any]],
+    ratios: dict[str, dict[int, float]],
+    limits: dict[str, Any],
+    cpu: dict[str, float],
+) -> None:
+    """The issue-27 targets against what the machine allows, in measured numbers."""
+    mm, nbytes = limits["matmul_pass_s"], limits["model_bytes"]
+    big = limits["copy_gbps_model_size"]
+    print(
+        f"copy bandwidth: {cpu['copy_bandwidth_gbps']:.2f} GB/s at 64 MiB (measure_cpu), {big:.2f} GB/s at the "
+        f"model's {nbytes / 1e6:.0f} MB; the model's matmuls alone at M=1 stream {nbytes / mm[1] / 1e9:.2f} GB/s "
+        f"({1 / mm[1]:.1f} passes/s: the 1-token forward's ceiling at these threads)"
+    )
+    for suffix in ("", TF):
+        base = results.get("ar" + suffix)
+        if base:
+            bw = nbytes * base["tokens_per_s"] / 1e9
+            base["achieved_bandwidth_gbps"] = bw
+            print(
+                f"AR{suffix or ' (lean)'}: {base['tokens_per_s']:.2f} tok/s = {bw:.2f} GB/s of model bytes: "
+                f"{bw / cpu['copy_bandwidth_gbps']:.0%} of the 64 MiB copy, {bw / big:.0%} of the model-size copy, "
+                f"{base['tokens_per_s'] * mm[1]:.0%} of the matmul-only pass rate (target: >= 50 % of copy bandwidth)"
+            )
+    floors = {"": limits["packed_matmul_pass_s"], TF: mm}  # what each forward multiplies with
+    for suffix, how in ((TF, "F.linear, as transformers"), ("", "prepacked, as the lean forward")):
+        fl = floors[suffix]
+        print(
+            f"matmul floor T_mm(k)/T_mm(1), every weight at M=k, {how} (GFLOP/s): "
+            + "  ".join(f"k={k}:{t / fl[1]:.2f} ({2 * k * nbytes / 4 / t / 1e9:.0f})" for k, t in fl.items())
         )
-    return 0
+    for suffix, ratio in ratios.items():
+        fl = floors[suffix]
+        print(
+            f"T(k)/T(1){suffix or ' (lean)'} over its matmul floor: "
+            + "  ".join(f"k={k}:{ratio[k] / (fl[k] / fl[1]):.2f}" for k in fl if k in ratio)
+            + "   (target T(k)/T(1) <= 1.25 for k <= 5, non-decreasing)"
+        )
 
 
 if __name__ == "__main__":

@@ -332,6 +332,22 @@ def host_info() -> dict[str, Any]:
 _CPU_CACHE: dict[str, float] = {}
 
 
+def copy_bandwidth_gbps(nbytes: int, repeats: int = 3) -> float:
+    """Best-of-``repeats`` GB/s (bytes read + written) of one copy of ``nbytes`` with torch's
+    current threads: past the last-level cache when ``nbytes`` is the size of the model, where
+    :func:`measure_cpu`'s 64 MiB copy may still fit in a large L3."""
+    import torch
+
+    a = torch.ones(max(1, nbytes // 4), dtype=torch.float32)
+    b = torch.empty_like(a)
+    best = 0.0
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        b.copy_(a)
+        best = max(best, 2 * a.numel() * 4 / (time.perf_counter() - t0) / 1e9)
+    return best
+
+
 def measure_cpu(seconds: float = 0.3) -> dict[str, float]:
     """A short copy benchmark (bytes read + written) and an fp32 matmul: this CPU's two ceilings.
 

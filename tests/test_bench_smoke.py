@@ -147,18 +147,34 @@ def test_engine_bench_prints_and_writes_every_figure_at_tiny_size(tmp_path, caps
     # qa: the shortest packaged prompts (~50 tokens with the chat template; code's are ~200)
     argv = ["--methods", "ar,ngram", "--tasks", "qa", "--prompts", "1", "--max-new-tokens", "4", "--gamma", "2"]
     argv += ["--curve", "1", "--curve-repeats", "1", "--heads", "", "--eagle", "", "--json", str(out)]
+    argv += ["--forward", "both"]  # the lean forward and transformers' side by side: rows "ar", "ar [tf]", ...
     assert _script("engine.py").main(argv) == 0
     printed = capsys.readouterr().out
     header = next(ln for ln in printed.splitlines() if ln.startswith("method"))
     for col in ("tok/s", "speedup", "dec.sp", "alpha", "a_hat", "AL", "pred", "meas/pred", "HF tok/s", "HF AL"):
         assert re.search(rf"(^|\s){re.escape(col)}(\s|$)", header), col
     assert re.search(r"^ar\s", printed, re.M) and re.search(r"^ngram\s", printed, re.M)
-    assert "AR achieved bandwidth" in printed and "verification cost T(k)/T(1)" in printed
+    assert "verification cost T(k)/T(1) (lean forward)" in printed
+    assert "verification cost T(k)/T(1) (transformers forward)" in printed
+    for limit in ("copy bandwidth:", "AR (lean):", "AR [tf]:", "matmul floor T_mm(k)/T_mm(1)", "over its matmul floor"):
+        assert limit in printed, limit  # why a target is or is not met, in numbers
     doc = json.loads(out.read_text())
-    assert set(doc) == {"results", "verify_ratio", "curve_s", "cpu", "load_avg", "args"}
+    assert set(doc) == {
+        "results",
+        "verify_ratio",
+        "curve_s",
+        "verify_ratio_transformers_forward",
+        "limits",
+        "cpu",
+        "load_avg",
+        "args",
+    }
     assert set(doc["verify_ratio"]) == {"1", "3"} and doc["verify_ratio"]["1"] == 1.0  # k = 1 and γ + 1
+    assert set(doc["verify_ratio_transformers_forward"]) == {"1", "3"}
+    assert set(doc["limits"]["matmul_pass_s"]) == {"1", "3"} and doc["limits"]["copy_gbps_model_size"] > 0
     res = doc["results"]
-    assert set(res) == {"ar", "ngram"}
+    assert set(res) == {"ar", "ngram", "ar [tf]", "ngram [tf]"}
+    assert res["ar"]["achieved_bandwidth_gbps"] > 0 and res["ar [tf]"]["speedup"] == 1.0
     for name, r in res.items():
         for key in ("tokens_per_s", "speedup", "decode_speedup", "alpha", "acceptance_length", "exact_match_vs_ar"):
             assert key in r, (name, key)

@@ -21,9 +21,12 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable, Sequence
+from types import SimpleNamespace
 from typing import Any
 
 import torch
+
+from .lean import StaticKV, lean_cache
 
 #: the forward keyword of the KV cache, newest transformers first
 CACHE_KEYWORDS = ("cache", "past_key_values")
@@ -94,7 +97,8 @@ class KVState:
             raise ValueError(f"batch_size={batch_size!r}: must be >= 1")
         self.model = model
         self.device = torch.device(device)
-        self.cache = new_cache(model)
+        # batch 1 of a plain Llama: a static cache and the lean forward (:mod:`.lean`)
+        self.cache: Any = lean_cache(model, batch_size, self.device) or new_cache(model)
         self.mask = torch.ones((batch_size, 0), dtype=torch.long, device=self.device)
         self.lengths = torch.zeros(batch_size, dtype=torch.long, device=self.device)
         self.has_holes = False
@@ -128,15 +132,20 @@ class KVState:
         positions = (self.lengths[:, None] + torch.cumsum(valid.long(), dim=1) - 1).clamp(min=0)
         new_mask = torch.cat([self.mask, valid.long()], dim=1)
         self.has_holes = self.has_holes or not all_valid
-        out = self.model(
-            input_ids=ids,
-            attention_mask=new_mask if self.has_holes else None,
-            position_ids=positions,
-            use_cache=True,
-            logits_to_keep=logits_to_keep,
-            **cache_arg(self.model, self.cache),
-            **inputs,
-        )
+        if isinstance(self.cache, StaticKV):
+            if not all_valid or inputs:
+                raise ValueError("the lean forward (batch 1) takes neither holes nor extra model inputs")
+            out: Any = SimpleNamespace(logits=self.cache.forward(ids, logits_to_keep))
+        else:
+            out = self.model(
+                input_ids=ids,
+                attention_mask=new_mask if self.has_holes else None,
+                position_ids=positions,
+                use_cache=True,
+                logits_to_keep=logits_to_keep,
+                **cache_arg(self.model, self.cache),
+                **inputs,
+            )
         self.last_output = out
         self.mask = new_mask
         self.lengths = self.lengths + valid.long().sum(dim=1)

@@ -35,7 +35,9 @@ def measure_verify_time(
     """Median seconds of one forward over k new tokens on a cached ``prompt_ids`` prefix, per k.
 
     Each k is timed ``repeats`` times after one untimed call (kernel set-up is per shape), the
-    cache rolled back after every call, so every k sees the same prefix.
+    cache rolled back after every call, so every k sees the same prefix.  The ks take turns
+    (round r times every k once), so a machine whose speed drifts (other jobs on its cores) shifts
+    every k alike instead of bending the curve.
     """
     if not prompt_ids:
         raise ValueError("prompt_ids is empty: the curve is measured on a cached prefix")
@@ -44,19 +46,17 @@ def measure_verify_time(
     device = torch.device(device)
     ids = list(prompt_ids)
     state = KVState(model, batch_size, device)
+    blocks = {k: torch.tensor([(ids * k)[-k:]] * batch_size, device=device) for k in ks}
+    times: dict[int, list[float]] = {k: [] for k in ks}
     with torch.inference_mode():
         state.forward(torch.tensor([ids] * batch_size, device=device))
-        out: dict[int, float] = {}
-        for k in ks:
-            block = torch.tensor([(ids * k)[-k:]] * batch_size, device=device)
-            times = []
-            for _ in range(repeats + 1):
+        for _ in range(repeats + 1):
+            for k, block in blocks.items():
                 with Timer(device) as t:
                     state.forward(block)
-                times.append(t.s)
+                times[k].append(t.s)
                 state.rollback(k)
-            out[k] = statistics.median(times[1:])
-    return out
+    return {k: statistics.median(ts[1:]) for k, ts in times.items()}
 
 
 def _cached_times(
@@ -104,3 +104,34 @@ def draft_cost_ratio(
     t_draft = _cached_times(draft, prompt_ids, [1], batch_size, device, repeats)[1]
     t_target = _cached_times(target, prompt_ids, [1], batch_size, device, repeats)[1]
     return t_draft / t_target
+
+
+def matmul_pass_time(
+    model: torch.nn.Module, ks: Sequence[int], repeats: int = 5, packed: bool = False
+) -> dict[int, float]:
+    """Best-of-``repeats`` seconds of ``F.linear`` at M = k rows over every ``nn.Linear`` weight of
+    ``model`` (its layers' projections and the LM head), one after another as a forward streams
+    them from memory: the matmul floor of a k-token forward.  Where the matmuls are most of a step
+    (``bench/README.md``), T(k)/T(1) cannot fall below this pass's own ratio.  ``packed``: through
+    the lean forward's prepacked weights (:class:`specstudy.engine.lean.Matmul`) instead."""
+    from .lean import Matmul
+
+    seen: set[int] = set()
+    weights = []
+    for m in model.modules():
+        if type(m) is torch.nn.Linear and m.weight.data_ptr() not in seen:
+            seen.add(m.weight.data_ptr())
+            weights.append(m.weight)
+    mms = [Matmul(w.detach(), pack=packed) for w in weights]
+    out: dict[int, float] = {}
+    with torch.inference_mode():
+        for k in ks:
+            xs = {n: torch.randn(1, k, n, dtype=w.dtype, device=w.device) for w in weights for n in [w.shape[1]]}
+            best = float("inf")
+            for _ in range(repeats + 1):
+                with Timer(weights[0].device) as t:
+                    for mm in mms:
+                        mm(xs[mm.weight.shape[1]])
+                best = min(best, t.s)
+            out[k] = best
+    return out

@@ -19,6 +19,7 @@ import torch
 
 from ..records import StepRecord
 from .entropy import entropy_and_logprobs
+from .lean import pack_bytes
 
 
 @dataclass
@@ -256,4 +257,6 @@ def cell_memory(device: str | torch.device, rss_before: int | None, *modules: ob
     peak, source = peak_memory(device)
     if torch.device(device).type == "cuda" or peak is None or rss_before is None or source != "rss_peak":
         return peak, source
-    return module_bytes(*modules) + max(0, peak - rss_before), "module_bytes+transient_rss"
+    # the lean forward's packed weight copies (made before the batch by lean.prepare) are the modules' too
+    resident = module_bytes(*modules) + pack_bytes(*modules)
+    return resident + max(0, peak - rss_before), "module_bytes+transient_rss"

@@ -18,6 +18,7 @@ from typing import Any
 
 from ...config.vocab import TORCH_DTYPES
 from ...data.models import get_entry, load_model, model_names, quantize_dynamic_int8, require_int8_device
+from ...engine.lean import prepare as prepare_lean
 from ...engine.methods import SYNTHETIC, DecodeJob, get_method, method_names
 from ...engine.trace import cell_memory, current_rss, reset_peak_memory
 from ...records import Cell, Request, RequestRecord, Sampling
@@ -61,6 +62,7 @@ class ReferenceBackend(Backend):
             self.model, self.tokenizer = load_model(model, self.device, dtype)
         else:  # an already loaded module (tests, notebooks); requests then need prompt_ids or a tokenizer
             self.model, self.tokenizer = model, options.get("tokenizer")
+        prepare_lean(self.model)  # the target's packed weights, before any batch is timed or measured
         self._drafters: dict[tuple[str | None, ...], Any] = {}  # (method, drafter[, quantization])
 
     @classmethod
@@ -179,6 +181,8 @@ class ReferenceBackend(Backend):
     ) -> Iterator[RequestRecord]:
         import torch
 
+        if job.drafter is not None:
+            prepare_lean(job.drafter, pack=False)  # its fused weights, before the batch's memory is measured
         reset_peak_memory(self.device)
         rss_before = current_rss()
         start_epoch = time.time()

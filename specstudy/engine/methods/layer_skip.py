@@ -68,6 +68,11 @@ class LayerSkipDraft(torch.nn.Module):
         self.k = k
         self.adapter = adapter
 
+    def lean_layers(self) -> tuple[Any, int] | None:
+        """(target, k) for the lean forward (:mod:`specstudy.engine.lean`): the first k layers, the
+        final norm and the LM head; None with an adapter (the lean forward has none)."""
+        return (self._target, self.k) if self.adapter is None else None
+
     @torch.no_grad()
     def forward(
         self,

@@ -98,12 +98,18 @@ def lean_cache(model: Any, batch_size: int, device: torch.device) -> StaticKV | 
     subset = getattr(model, "lean_layers", None)
     pair = subset() if callable(subset) else None
     target, n_layers = pair if pair is not None else (model, None)
-    if lean_supported(target) is not None:
+    if lean_supported(target) is not None or layer_hooks(target):
         return None
     lean = _LEAN.get(target)
     if lean is None or not lean.aliases_model():  # new, or the model's weights were replaced (.to())
         lean = _LEAN[target] = LeanLlama(target, pack=lean is not None and lean.packed)
     return StaticKV(lean, device, next(target.parameters()).dtype, n_layers or len(lean.layers))
+
+
+def layer_hooks(model: Any) -> bool:
+    """Whether a hook watches a decoder layer (EAGLE-3's feature capture): the lean forward calls no
+    layer module, so such a model runs transformers' forward, where the hooks fire."""
+    return any(m._forward_hooks or m._forward_pre_hooks for layer in model.model.layers for m in layer.modules())
 
 
 def prepare(model: Any, pack: bool = True) -> bool:

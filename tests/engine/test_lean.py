@@ -148,3 +148,26 @@ def test_an_early_exit_draft_runs_the_targets_first_layers_lean(lean_on):
     set_lean_forward(True)
     draft.adapter = torch.nn.Identity()
     assert not isinstance(KVState(draft, 1).cache, StaticKV)  # the lean forward has no adapter
+
+
+def test_a_hook_on_a_decoder_layer_keeps_transformers_forward():
+    """EAGLE-3 reads features from hooks on the target's layers: the lean forward would skip them."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from specstudy.engine.lean import lean_cache
+
+    cfg = LlamaConfig(
+        vocab_size=32,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+    )
+    model = LlamaForCausalLM(cfg).eval()
+    assert lean_cache(model, 1, torch.device("cpu")) is not None
+    h = model.model.layers[1].register_forward_pre_hook(lambda m, a: None)
+    assert lean_cache(model, 1, torch.device("cpu")) is None
+    h.remove()
+    assert lean_cache(model, 1, torch.device("cpu")) is not None

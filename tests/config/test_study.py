@@ -194,11 +194,11 @@ def test_bad_values_name_file_key_value_and_allowed(tmp_path, study, key, value,
 def test_unknown_method_for_a_framework_is_refused(tmp_path):
     study = {
         **BASE,
-        "methods": [{"method": "eagle3", "drafter": "e"}],
-        "models": [{"name": "m", "target": "smollm2-135m", "drafters": {"e": "some/eagle3-head"}}],
+        "methods": [{"method": "medusa", "drafter": "e"}],  # vLLM 0.32 / TensorRT-LLM's, not the reference engine's
+        "models": [{"name": "m", "target": "smollm2-135m", "drafters": {"e": "some/medusa-heads"}}],
     }
     err = bad(tmp_path, study)
-    assert err.value == "eagle3" and "ngram" in str(err.allowed)
+    assert err.value == "medusa" and "ngram" in str(err.allowed)
 
 
 def test_draft_with_another_tokenizer_is_refused_from_metadata(tmp_path):

@@ -44,8 +44,12 @@ def _shape(m: dict[str, Any], study: Study, cells: list[str]) -> str:
         trees = Counter(str(t) for t in _extras(study, cells, "sequoia_tree"))
         return trees.most_common(1)[0][0] if trees else "—"
     opts = _options(study, cells[0])
+    if m["method"] == "specinfer":
+        parts = len(str(m["drafter"] or "").split("+"))
+        return f"{parts} drafters' trees merged (each {opts.get('tree_branching', 'a chain of γ')})"
     if "tree_branching" in opts:
-        return f"branching {opts['tree_branching']}"
+        widths = [int(w) for w in str(opts["tree_branching"]).replace(" ", "").strip("()[]").split(",") if w]
+        return "chain" if widths and set(widths) == {1} else f"branching {opts['tree_branching']}"
     if "tree_width" in opts:
         return f"width {opts['tree_width']} per depth"
     return "chain"
@@ -80,7 +84,8 @@ def tree_shape_table(study: Study) -> tuple[pd.DataFrame, pd.DataFrame]:
     rows, raw = [], []
     for (label, drafter, gamma), cells in sorted(groups.items()):
         m, p = study.meta(cells[0]), pooled(study, cells)
-        nodes = [int(v) for v in _extras(study, cells, "tree_nodes")]
+        nodes = sum(int(v) for v in _extras(study, cells, "tree_nodes"))
+        steps = sum(r.draft_steps or 0 for c in cells for r in study.records.get(c, []) if r.status == "ok")
         exp, source = expected_al(m, p, study, cells)
         rows.append(
             {
@@ -89,7 +94,7 @@ def tree_shape_table(study: Study) -> tuple[pd.DataFrame, pd.DataFrame]:
                 "Drafter(s)": " + ".join(short_model(d) for d in str(drafter).split("+")) if drafter else "—",
                 "Shape": _shape(m, study, cells),
                 "Depth (γ)": gamma,
-                "Nodes verified / step (mean)": fmt(sum(nodes) / len(nodes), 1) if nodes else "—",
+                "Nodes verified / step (mean)": fmt(nodes / steps, 1) if steps else "—",
                 "AL measured": fmt_ci(p.acceptance_length, p.acceptance_length_ci, n=p.n_prompts),
                 "AL expected (prediction)": fmt(exp),
                 "Expected from": source,

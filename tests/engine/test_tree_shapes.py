@@ -116,6 +116,30 @@ def test_sequoia_greedy_equals_ar_given_and_measured(target):
         assert row.notes["sequoia_acceptance_source"].startswith("measured")
 
 
+def test_sequoia_with_no_tree_that_pays_decodes_as_ar_drafting_nothing(target):
+    """A drafter this costly and this poor: the DP's best tree is the empty one, so no drafter runs."""
+    from specstudy.engine.methods.layer_skip import early_exit_draft
+
+    s = Sampling(temperature=0.0, max_new_tokens=16)
+    p = PROMPTS[0]
+    ref = get_method("ar").decode(DecodeJob(target, [p], s))[0]
+    poor = SequoiaDrafter("self:2", early_exit_draft(target, {"exit_layer": 2}, "cpu"))
+    row = _run(
+        "sequoia",
+        target,
+        p,
+        s,
+        poor,
+        tree_nodes=6,
+        sequoia_acceptance="0.01",
+        sequoia_cost="1:1,8:2",
+        sequoia_draft_cost=0.9,
+    )
+    assert row.notes["sequoia_tree"] == "[]" and row.notes["sequoia_expected_al"] == 1.0
+    assert row.output_ids == ref.output_ids and row.tree_nodes == 0
+    assert all(st.drafted == 0 for st in row.steps)
+
+
 # --------------------------------------------------------------------------------------------
 # sampling: exact
 

@@ -21,6 +21,7 @@ per step) and the inputs it came from, so the report prints the prediction besid
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -136,6 +137,13 @@ def decode(job: DecodeJob) -> list[RowTrace]:
         raise ValueError(f"method 'sequoia' needs its drafter loaded by its load_drafter, got {type(d).__name__}")
     check_same_vocab(d.model, job.target)
     choice, notes = _calibrate(job, d)
+    if choice.nodes <= 1:  # the DP found no tree that pays on this hardware: decode as AR, drafting nothing
+        from . import get_method
+
+        row = get_method("ar").decode(dataclasses.replace(job, drafter=None, gamma=None))[0]
+        row.tree_nodes = 0
+        row.notes.update(notes)
+        return [row]
     grower = TopologyTreeDrafter(d.model, choice.topology, job.sampling)
     row = tree_decode(
         job.target,

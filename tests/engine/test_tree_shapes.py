@@ -74,6 +74,17 @@ def test_specinfer_greedy_equals_ar_and_credits_every_accepted_token(target):
     assert sum(row.notes["drafter_tokens"].values()) > 0
 
 
+def test_prompt_lookup_in_a_merge_drafts_no_deeper_than_the_trees(target):
+    """The matched budget: prompt lookup's chain is cut at γ like the other drafters' trees (it had
+    drafted up to the tokens left, 12-14 nodes a step in the default study's γ 3 row)."""
+    s = Sampling(temperature=0.0, max_new_tokens=24)
+    only_lookup = Drafters(["ngram"], ["ngram"], [None])
+    row = _run("specinfer", target, PROMPTS[2], s, only_lookup, gamma=2)  # the repeating prompt
+    drafting = [st for st in row.steps if st.drafted]
+    assert drafting and all(st.drafted <= 2 for st in drafting)
+    assert row.tree_nodes <= 2 * len(drafting)
+
+
 def test_specinfer_merges_shared_prefixes(target):
     """Two copies of the same drafter propose the same chain: one node per token, two proposals."""
     from specstudy.engine.methods.specinfer import build_drafter

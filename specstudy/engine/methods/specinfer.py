@@ -99,11 +99,12 @@ def load_drafters(name: str, target: Any, device: str = "cpu", dtype: str = "flo
 
 
 class NgramTreeDrafter:
-    """Prompt lookup as a tree drafter: the continuation found in the context, as one chain
-    (deterministic: no draft distribution, one-hot under sampling)."""
+    """Prompt lookup as a tree drafter: the continuation found in the context, as one chain of at
+    most ``depth`` tokens (γ: the same depth as the other drafters' trees; deterministic: no draft
+    distribution, one-hot under sampling)."""
 
-    def __init__(self, ngram_min: int, ngram_max: int):
-        self.ngram_min, self.ngram_max = ngram_min, ngram_max
+    def __init__(self, ngram_min: int, ngram_max: int, depth: int):
+        self.ngram_min, self.ngram_max, self.depth = ngram_min, ngram_max, depth
 
     def start(self, prompt_hidden: torch.Tensor) -> None:
         pass
@@ -112,7 +113,7 @@ class NgramTreeDrafter:
         self, committed: Sequence[int], root: int, max_depth: int, generator: torch.Generator | None
     ) -> TokenTree:
         tree = TokenTree(tokens=[int(root)], parents=[-1])
-        for t in lookup(list(committed) + [int(root)], max_depth, self.ngram_min, self.ngram_max):
+        for t in lookup(list(committed) + [int(root)], min(max_depth, self.depth), self.ngram_min, self.ngram_max):
             tree.add(len(tree) - 1, t)
         return tree
 
@@ -174,7 +175,7 @@ def build_drafter(job: DecodeJob, drafters: Drafters) -> MergedTreeDrafter:
     parts: list[TreeDrafter] = []
     for kind, module in zip(drafters.kinds, drafters.modules):
         if kind == NGRAM:
-            parts.append(NgramTreeDrafter(job.option("ngram_min", 1), job.option("ngram_max", 3)))
+            parts.append(NgramTreeDrafter(job.option("ngram_min", 1), job.option("ngram_max", 3), len(shape)))
         elif kind == "heads":
             heads = module.to(device=job.device, dtype=next(job.target.parameters()).dtype)
             parts.append(HeadsTreeDrafter(heads, job.target, shape[: heads.num_heads], job.sampling))

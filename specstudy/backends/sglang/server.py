@@ -196,11 +196,17 @@ class SglangServerBackend(ServerBackend):
 
     @classmethod
     def check(
-        cls, method: str, gamma: int | None, options: Mapping[str, Any], drafter: str | None, cuda: bool | None = None
+        cls,
+        method: str,
+        gamma: int | None,
+        options: Mapping[str, Any],
+        drafter: str | None,
+        cuda: bool | None = None,
+        batch_size: int = 1,
     ) -> None:
         """Refuse a method SGLang 0.5.23 lacks, a bad γ or tree budget, a missing drafter, an unread option
         (``cuda`` is accepted for a uniform call: SGLang has one, CUDA, build)."""
-        check_method(SGLANG, method, gamma, options, drafter, engine=f"SGLang {SGLANG_VERSION}")
+        check_method(SGLANG, method, gamma, options, drafter, batch_size=batch_size, engine=f"SGLang {SGLANG_VERSION}")
         if method not in ("ar", "ngram"):
             tree_shape(method, int(gamma or 0), dict(options))
 
@@ -221,8 +227,7 @@ class SglangServerBackend(ServerBackend):
         cuda: bool,
         batch_size: int = 1,
     ) -> None:
-        cls.check(method, gamma, options, drafter, cuda=cuda)
-        check_method(SGLANG, method, gamma, options, drafter, batch_size=batch_size)
+        cls.check(method, gamma, options, drafter, cuda=cuda, batch_size=batch_size)
 
     @classmethod
     def describe(cls, method: str, gamma: int | None, options: Mapping[str, Any], cuda: bool | None = None) -> str:

@@ -132,11 +132,18 @@ class TrtllmServerBackend(StreamingServerBackend[list[dict[str, Any]]]):
 
     @classmethod
     def check(
-        cls, method: str, gamma: int | None, options: Mapping[str, Any], drafter: str | None, cuda: bool | None = None
+        cls,
+        method: str,
+        gamma: int | None,
+        options: Mapping[str, Any],
+        drafter: str | None,
+        cuda: bool | None = None,
+        batch_size: int = 1,
     ) -> None:
         """Refuse a method trtllm-serve lacks, a bad γ, a missing drafter or an unread option."""
         decl = TRTLLM_ENGINE if cls.runtime_backend == "tensorrt" else TRTLLM
-        check_method(decl, method, gamma, options, drafter, engine=f"TensorRT-LLM {TRTLLM_VERSION} ({decl.framework})")
+        engine = f"TensorRT-LLM {TRTLLM_VERSION} ({decl.framework})"
+        check_method(decl, method, gamma, options, drafter, batch_size=batch_size, engine=engine)
 
     @classmethod
     def check_cell(
@@ -150,9 +157,7 @@ class TrtllmServerBackend(StreamingServerBackend[list[dict[str, Any]]]):
         cuda: bool,
         batch_size: int = 1,
     ) -> None:
-        cls.check(method, gamma, options, drafter, cuda=cuda)
-        if batch_size < 1:
-            raise ValueError(f"batch_size={batch_size}: must be >= 1")
+        cls.check(method, gamma, options, drafter, cuda=cuda, batch_size=batch_size)
 
     @classmethod
     def describe(cls, method: str, gamma: int | None, options: Mapping[str, Any], cuda: bool | None = None) -> str:

@@ -9,11 +9,11 @@ import json
 import sys
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from fake_servers import FakeServer, K, script
+from fake_servers import FakeServer, Handler, K, script
 
 from specstudy import metrics
 from specstudy.backends import get_backend
@@ -324,33 +324,22 @@ def test_a_run_records_the_engines_batch_gauge_prefix_hits_and_the_send_schedule
 REAL = Path(__file__).parents[1] / "fixtures" / "vllm" / "completion_ngram.json"
 
 
-class _Replay(BaseHTTPRequestHandler):
+class _Replay(Handler):
     """Answers as the recorded server did: /health, the recorded stream, /metrics before then after."""
 
     fixture: dict = {}
     scrapes = 0
 
-    def log_message(self, *a):
-        pass
-
-    def _send(self, body: bytes, ctype: str) -> None:
-        self.send_response(200)
-        self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
     def do_GET(self):
         if self.path.startswith("/metrics"):
             key = "metrics_before" if _Replay.scrapes == 0 else "metrics_after"
             _Replay.scrapes += 1
-            return self._send(("\n".join(self.fixture[key]) + "\n").encode(), "text/plain")
-        return self._send(b"{}", "application/json")
+            return self._send(200, "\n".join(self.fixture[key]) + "\n")
+        return self._send(200, "{}", "application/json")
 
     def do_POST(self):
         self.rfile.read(int(self.headers.get("Content-Length", 0)))
-        body = "".join(f"data: {e}\n\n" for e in self.fixture["events"]).encode()
-        self._send(body, "text/event-stream")
+        self._send(200, "".join(f"data: {e}\n\n" for e in self.fixture["events"]), "text/event-stream")
 
 
 def test_a_real_vllm_stream_gives_the_counts_vllm_itself_reports():

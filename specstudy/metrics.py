@@ -368,11 +368,15 @@ def ratio_ci(
     positive ratio (a speedup, tokens/s), on the logit of r / ``upper`` for a ratio known to lie in
     [0, ``upper``] (α in [0, 1]; accepted per draft step in [0, γ]), so the interval stays inside
     its range; on the ratio scale, clipped, where the transform is undefined (r = 0 or r = upper).
-    (NaN, NaN) below ``min_n`` units, where no method holds.
+    (NaN, NaN) below ``min_n`` units, where no method holds.  A unit whose denominator is 0 (a prompt
+    that drafted nothing, for α or AL) says nothing about the ratio and is not counted: with it counted,
+    5 prompts of which one drafted gave a zero-width "interval", and simulated 95 % intervals over 8
+    prompts of which 60 % drafted nothing covered 75 % (``tests/test_intervals.py``).
     """
     num, den = np.asarray(numerators, float), np.asarray(denominators, float)
     if num.shape != den.shape:
         raise ValueError(f"paired samples differ in length: {num.shape} vs {den.shape}")
+    num, den = num[den != 0], den[den != 0]
     n = num.size
     if n < max(2, min_n) or den.sum() <= 0:
         return (NAN, NAN)

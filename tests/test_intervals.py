@@ -234,6 +234,29 @@ def test_a_bounded_ratio_stays_in_range_and_covers(a, b):
     assert inside == 2000 and 0.93 <= hits / 2000 <= 0.97
 
 
+@pytest.mark.parametrize("n,p_none", [(8, 0.3), (8, 0.6), (20, 0.5)])
+def test_prompts_that_drafted_nothing_are_not_units_of_alpha(n, p_none):
+    """n prompts, a share of which drafted nothing (an n-gram that never matched): the α interval counts
+    only the prompts that drafted, covers 0.93-0.97 of 2,000 studies where it is given, and is not
+    given below MIN_PROMPTS_FOR_CI drafting prompts.  Counting the empty prompts as units covered
+    0.92, 0.75 and 0.93 here, and one drafting prompt of five gave a zero-width interval."""
+    rng = np.random.default_rng(11)
+    true = 4 / 7  # each prompt's α ~ Beta(4, 3), drafts ~ Poisson(20) independent of it
+    hits = given = 0
+    for _ in range(2000):
+        d = rng.poisson(20, n) * (rng.random(n) > p_none)
+        acc = rng.binomial(d, rng.beta(4, 3, n)).astype(float)
+        lo, hi = M.ratio_ci(acc, d.astype(float), upper=1.0)
+        if (d > 0).sum() < M.MIN_PROMPTS_FOR_CI:
+            assert math.isnan(lo) and math.isnan(hi)
+        elif not math.isnan(lo):
+            given += 1
+            hits += lo <= true <= hi
+    assert given > 100 and 0.93 <= hits / given <= 0.97
+    one_drafted = M.ratio_ci([16.0, 0, 0, 0, 0], [17.0, 0, 0, 0, 0], upper=1.0)
+    assert all(math.isnan(x) for x in one_drafted)
+
+
 def test_a_bounded_ratio_at_its_edge():
     lo, hi = M.ratio_ci([10.0] * 6, [10.0] * 6, upper=1.0)  # every draft accepted
     assert lo == hi == 1.0

@@ -20,6 +20,7 @@ import pandas as pd
 
 from ..data.tiers import parse_tier
 from ..records import RequestRecord
+from .claims import Estimate, compare
 from .stats import Keep
 from .strata import spec_groups, strata_table, stratum_row
 from .study import Study
@@ -55,14 +56,25 @@ def tier_frame(study: Study) -> pd.DataFrame:
 
 
 def random_overstatement(raw: pd.DataFrame) -> pd.DataFrame:
-    """Per row and tier: speedup on random tokens / speedup on real prompts (1.23: random overstates by 23 %)."""
+    """Per row and tier: random tokens against real prompts, speedup and α, each with its interval
+    and a verdict from the two intervals (SPEED-Bench expects random above real:
+    :func:`specstudy.analysis.claims.compare`); ``ratio`` is random / real speedup (1.23: random
+    overstates by 23 %), a point value the verdict qualifies."""
     if raw.empty or not (raw["prompts"] == "random").any():
         return pd.DataFrame()
     keys = ["framework", "label", "gamma", "task", "batch_size", "input_tokens"]
-    real = raw[raw["prompts"] == "real"].set_index(keys)["speedup"]
-    rnd = raw[raw["prompts"] == "random"].set_index(keys)["speedup"]
-    both = pd.concat({"real": real, "random": rnd}, axis=1).dropna()
-    return both.assign(ratio=both["random"] / both["real"]).reset_index()
+    real = raw[raw["prompts"] == "real"].set_index(keys)
+    rnd = raw[raw["prompts"] == "random"].set_index(keys)
+    rows = []
+    for key in rnd.index.intersection(real.index):
+        a, b = rnd.loc[key], real.loc[key]
+        row = dict(zip(keys, key))
+        for what in ("speedup", "alpha"):
+            ra, rb = Estimate.of(a, what), Estimate.of(b, what)
+            row |= {f"real_{what}": rb, f"random_{what}": ra, f"{what}_verdict": compare(ra, rb, "above")}
+        row |= {"real": b["speedup"], "random": a["speedup"], "ratio": a["speedup"] / b["speedup"]}
+        rows.append(row)
+    return pd.DataFrame(rows)
 
 
 def entropy_terciles(baseline: list[RequestRecord]) -> dict[tuple[str, str], str]:

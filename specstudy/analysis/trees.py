@@ -3,8 +3,10 @@ on the same drafter(s), measured AL beside the AL each shape's own model expects
 
 The expected AL is a prediction, labelled as one: Sequoia's dynamic program gives it for the tree
 it chose (``extra["sequoia_expected_al"]``, from the calibrated acceptance vector); a chain's is
-Leviathan et al.'s (1 − α̂^(γ+1)) / (1 − α̂) from the row's own i.i.d. α̂; the other shapes have no
-closed form here and say so.  Every measured figure is pooled over the row's prompts with its
+Leviathan et al.'s (1 − α̂^(γ+1)) / (1 − α̂) from the row's own i.i.d. α̂; a SpecInfer merge's (greedy) is
+what its drafters would reach if they were independent, each at its own measured depth
+(:func:`independent_merge_al`), so the gap to the measured AL is how much the drafters agree; the other
+shapes have no closed form here and say so.  Every measured figure is pooled over the row's prompts with its
 interval (:func:`specstudy.analysis.stats.pooled`); n counts distinct prompts.
 """
 
@@ -55,8 +57,48 @@ def _shape(m: dict[str, Any], study: Study, cells: list[str]) -> str:
     return "chain"
 
 
+def independent_merge_al(reach: dict[str, list[int]], steps: int) -> float:
+    """A merged tree's expected AL if its drafters' hits were independent: with P_i(d) the share of
+    steps in which drafter i's own tree matched the accepted path to depth d,
+    AL = 1 + Σ_d [1 − Π_i (1 − P_i(d))].  Correlated drafters (they find the same easy tokens) reach
+    less than this; one drafter alone gives 1 + Σ_d P_i(d), its AL in those steps."""
+    if steps <= 0:
+        return math.nan
+    depth = max((len(c) for c in reach.values()), default=0)
+    miss = [1.0] * depth
+    for counts in reach.values():
+        for d, hits in enumerate(counts):
+            miss[d] *= 1.0 - hits / steps
+    return 1.0 + sum(1.0 - m for m in miss)
+
+
+def _pooled_reach(study: Study, cells: list[str]) -> tuple[dict[str, list[int]], int]:
+    """The SpecInfer records' per-drafter reach counts and steps, summed over the row's prompts."""
+    total: dict[str, list[int]] = {}
+    steps = 0
+    for c in cells:
+        for r in study.records.get(c, []):
+            if r.status != "ok" or "drafter_reach" not in r.extra:
+                continue
+            steps += int(r.extra.get("drafter_reach_steps", 0))
+            for name, counts in dict(r.extra["drafter_reach"]).items():
+                acc = total.setdefault(str(name), [])
+                acc.extend([0] * (len(counts) - len(acc)))
+                for d, v in enumerate(counts):
+                    acc[d] += int(v)
+    return total, steps
+
+
 def expected_al(m: dict[str, Any], p: Pooled, study: Study, cells: list[str]) -> tuple[float, str]:
     """(expected AL, where it comes from); NaN where the shape has no model here."""
+    if m["method"] == "specinfer":
+        recs = [r for c in cells for r in study.records.get(c, []) if r.status == "ok"]
+        if any(r.temperature != 0.0 for r in recs):
+            return math.nan, "independent drafters: greedy rows only"
+        reach, steps = _pooled_reach(study, cells)
+        if not steps:
+            return math.nan, "—"
+        return independent_merge_al(reach, steps), "independent drafters, each at its measured depth"
     if m["method"] == "sequoia":
         vals = [float(v) for v in _extras(study, cells, "sequoia_expected_al")]
         return (sum(vals) / len(vals), "Sequoia DP (calibrated acceptance)") if vals else (math.nan, "—")
@@ -66,12 +108,20 @@ def expected_al(m: dict[str, Any], p: Pooled, study: Study, cells: list[str]) ->
 
 
 def drafter_shares(study: Study, cells: list[str]) -> str:
-    """Accepted tokens per drafter of a merged tree (SpecInfer), as shares of all accepted."""
+    """Accepted tokens per drafter of a merged tree (SpecInfer), as shares of all accepted, each with
+    the AL its own tree reached in the same steps (1 + Σ_d P_i(d), see :func:`independent_merge_al`)."""
     total: Counter[str] = Counter()
     for shares in _extras(study, cells, "drafter_tokens"):
         total.update({str(k): int(v) for k, v in dict(shares).items()})
     n = sum(total.values())
-    return ", ".join(f"{short_model(k)} {v / n:.0%}" for k, v in total.most_common()) if n else "—"
+    if not n:
+        return "—"
+    reach, steps = _pooled_reach(study, cells)
+
+    def own(name: str) -> str:
+        return f" (own AL {fmt(1.0 + sum(reach[name]) / steps)})" if steps and name in reach else ""
+
+    return ", ".join(f"{short_model(k)} {v / n:.0%}{own(k)}" for k, v in total.most_common())
 
 
 def tree_shape_table(study: Study) -> tuple[pd.DataFrame, pd.DataFrame]:

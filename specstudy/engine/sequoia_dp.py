@@ -10,7 +10,8 @@ node count n and depth bound d, the tree that maximises it:
     F_d(n) = 1 + H_d(1, n − 1);   H_d(k, 0) = 0;   H_d(k, m) = max_{1 ≤ j ≤ m} a_k F_{d−1}(j) + H_d(k + 1, m − j)
 
 (children on contiguous ranks 1, 2, ..., each rank's subtree of j nodes and depth ≤ d − 1).
-Hardware-aware choice (:func:`choose_tree`): per (n, d), predicted speedup over the target
+At a fixed budget (:func:`budget_tree`) the tree is F's argmax at n alone.  Hardware-aware
+choice (:func:`choose_tree`): per (n, d), predicted speedup over the target
 alone = F / (T(n)/T(1) + d · c), with T(n)/T(1) the measured cost of verifying n tree nodes in
 one forward and c one drafter forward over one target forward (a drafter forward per level).
 """
@@ -171,3 +172,18 @@ def choose_tree(
             pick = SequoiaChoice(topo, value, speed, n, depth)
     assert pick is not None
     return pick
+
+
+def budget_tree(
+    acceptance: Sequence[float],
+    cost_curve: Mapping[int, float],
+    max_nodes: int,
+    max_depth: int,
+    draft_cost: float = 0.0,
+) -> SequoiaChoice:
+    """The tree of at most ``max_nodes`` nodes and depth ``max_depth`` with the most expected tokens
+    (Sequoia's DP without the hardware-aware choice of n: a matched node budget), with its predicted
+    speedup on this cost curve beside it."""
+    value, topo = best_trees(acceptance, max_nodes, max_depth)[(max_nodes, max_depth)]
+    speed = value / (cost_at(cost_curve, topo.size) + topo.depth * draft_cost)
+    return SequoiaChoice(topo, value, speed, topo.size, topo.depth)

@@ -10,7 +10,19 @@ from __future__ import annotations
 
 import pandas as pd
 
-from ..analysis import conditions, engine_costs, fails, figures, frames, memory, rates, stats, tables, trees
+from ..analysis import (
+    across_engines,
+    conditions,
+    engine_costs,
+    fails,
+    figures,
+    frames,
+    memory,
+    rates,
+    stats,
+    tables,
+    trees,
+)
 from ..analysis.format import FAMILY_TITLES, TASK_TITLES, fmt, fmt_ci
 from ..analysis.study import Study
 from ..metrics import MIN_PROMPTS_FOR_CI
@@ -80,9 +92,26 @@ def hardware_section(study: Study, hardware: tuple[pd.DataFrame, pd.DataFrame] |
 
 def frameworks_section(study: Study) -> Section:
     fw = tables.framework_table(study)
-    return Section(
+    sec = Section(
         "Frameworks", "Measured per framework on this machine.\n\n" + markdown_table(fw), {"frameworks": (fw, None)}
     )
+    same, same_raw = across_engines.acceptance_across_engines(study)
+    if len(same):
+        sec.tables["acceptance_across_engines"] = (same, same_raw)
+        sec.markdown += "\n" + ACROSS_ENGINES_TEXT + markdown_table(same)
+    return sec
+
+
+ACROSS_ENGINES_TEXT = (
+    "### The same drafter in several engines\n\n"
+    "The same target, drafter, γ, prompts and sampling in each engine (FAQ Q3: a fair comparison uses the "
+    "same checkpoints). Speed differs by engine; acceptance differs only where the engines draft differently: "
+    "an EAGLE-3 head's feature layers and its draft-to-target vocabulary map as each engine reads them, a "
+    "tree against a chain, prompt lookup's matching rule (which n-gram lengths, the first or the latest "
+    "match), or the draft length an engine cuts at the output's end. *Across engines* compares every pair of "
+    "AL intervals over prompts: disjoint intervals are a difference beyond noise; overlapping ones are not "
+    "resolved (a conservative test).\n\n"
+)
 
 
 def method_family_section(study: Study, family: str) -> Section:
@@ -137,8 +166,12 @@ TREE_SHAPES_TEXT = (
     "Sequoia's tree chosen by its dynamic program from the acceptance vector and this machine's "
     "verification-cost curve. *Seed row* is the seed's name for the method; the row says what ran. "
     "*AL expected* is a prediction (Sequoia: its DP's expected accepted tokens per step for the tree it "
-    "chose; a chain: (1 − α̂^(γ+1)) / (1 − α̂) from the row's own α̂); *AL measured* is pooled over the "
-    "row's prompts with its interval. A row that loses to AR is read in *When speculation does not pay*.\n\n"
+    "chose; a chain: (1 − α̂^(γ+1)) / (1 − α̂) from the row's own α̂; a SpecInfer merge at greedy: the AL its "
+    "drafters would reach together if their hits were independent, each at the depth its own tree matched in "
+    "the same steps, so measured below expected means the drafters find the same tokens); *AL measured* is "
+    "pooled over the row's prompts with its interval. A Sequoia row with *fixed budget* fills the node budget "
+    "with the DP's tree; the other lets the cost curve choose the node count, which may be no tree at all "
+    "when no tree pays on this machine. A row that loses to AR is read in *When speculation does not pay*.\n\n"
 )
 
 

@@ -14,7 +14,20 @@ from specstudy.records import Cell, Request, Sampling
 N = 6  # distinct prompts: enough for an interval (metrics.MIN_PROMPTS_FOR_CI)
 
 
-def _cell(lay, cid, method, label, *, base=None, drafter=None, gamma=None, extra=None, accepted=6, per_pos=None):
+def _cell(
+    lay,
+    cid,
+    method,
+    label,
+    *,
+    base=None,
+    drafter=None,
+    gamma=None,
+    extra=None,
+    accepted=6,
+    per_pos=None,
+    temperature=0.0,
+):
     cell = Cell("s", "synthetic", "reference", method, "code", "m", drafter=drafter, gamma=gamma, id=cid)
     recs = []
     for i in range(N):
@@ -22,7 +35,7 @@ def _cell(lay, cid, method, label, *, base=None, drafter=None, gamma=None, extra
         recs.append(
             cell.new_record(
                 Request(f"code/{i}", ""),
-                Sampling(max_new_tokens=32),
+                Sampling(max_new_tokens=32, temperature=temperature),
                 output_tokens=32,
                 first_token_s=0.05,
                 end_s=(1.0 + 0.1 * i) * (0.6 if spec else 1.0),
@@ -60,7 +73,14 @@ def study(tmp_path):
     )
     seq = {"sequoia_tree": "[[[]],[]]", "sequoia_expected_al": 2.4, "tree_nodes": 4}
     _cell(lay, "seq", "sequoia", "Sequoia", base="ar", drafter="self:15", gamma=3, extra=seq)
-    merged = {"drafter_tokens": {"self:15": 3, "ngram": 1}, "tree_nodes": 6}
+    # per request 6 steps: self:15's own tree matched depth 1 in 3 steps and depth 2 in 1, ngram's depth 1 in 2
+    reach = {"self:15": [3, 1], "ngram": [2, 2, 1]}
+    merged = {
+        "drafter_tokens": {"self:15": 3, "ngram": 1},
+        "tree_nodes": 6,
+        "drafter_reach": reach,
+        "drafter_reach_steps": 6,
+    }
     _cell(lay, "spi", "specinfer", "SpecInfer", base="ar", drafter="self:15+ngram", gamma=3, extra=merged)
     return load(lay.root)
 
@@ -77,7 +97,10 @@ def test_each_shape_has_measured_and_expected_al(study):
     want = metrics.acceptance_length(acc, 6 * N)
     got = raw.set_index("label").loc["Sequoia", "acceptance_length"]
     assert got == pytest.approx(want) and "[" in rows["Sequoia"]["AL measured"]
-    assert rows["SpecInfer"]["Accepted per drafter"] == "target's first 15 layers 75%, ngram 25%"
+    # each share with the AL the drafter's own tree reached in the same steps: 1 + (3 + 1) / 6, 1 + 5 / 6
+    assert rows["SpecInfer"]["Accepted per drafter"] == (
+        "target's first 15 layers 75% (own AL 1.67), ngram 25% (own AL 1.83)"
+    )
     assert rows["SpecInfer"]["Nodes verified / step (mean)"] == "1.0"  # 6 nodes a request over its 6 draft steps
 
 
@@ -87,4 +110,31 @@ def test_a_chain_expects_the_iid_formula_and_other_shapes_say_they_have_none(stu
     alpha_hat = metrics.alpha_hat([4 * N, 2 * N, 0], [6 * N, 4 * N, 2 * N])
     want = metrics.expected_acceptance_length(alpha_hat, 3)  # (1 − α̂^4) / (1 − α̂) from the row's own α̂
     assert r.loc["Chain of 3", "expected_al"] == pytest.approx(want)
-    assert r.loc["SpecInfer", "expected_al"] != r.loc["SpecInfer", "expected_al"]  # NaN: no closed form
+    # SpecInfer: independent drafters, P(d) per drafter from its reach: 1 + Σ_d [1 − Π_i (1 − P_i(d))]
+    p_self, p_ngram = [3 / 6, 1 / 6, 0.0], [2 / 6, 2 / 6, 1 / 6]
+    want = 1 + sum(1 - (1 - a) * (1 - b) for a, b in zip(p_self, p_ngram))
+    assert r.loc["SpecInfer", "expected_al"] == pytest.approx(want)
+    rows = {row["Method (what ran)"]: row for row in table.to_dict("records")}
+    assert rows["SpecInfer"]["Expected from"].startswith("independent drafters")
+
+
+def test_independent_merge_is_each_drafter_alone_and_never_below_the_best_one():
+    from specstudy.analysis.trees import independent_merge_al
+
+    assert independent_merge_al({"a": [6, 3]}, 6) == pytest.approx(1 + 1 + 0.5)  # one drafter: 1 + Σ_d P(d)
+    assert independent_merge_al({"a": [6, 3], "b": [0]}, 6) == pytest.approx(2.5)  # a drafter that never hits adds 0
+    both = independent_merge_al({"a": [3], "b": [3]}, 6)
+    assert both == pytest.approx(1 + 1 - 0.25) and both > independent_merge_al({"a": [3]}, 6)
+    assert independent_merge_al({"a": [1]}, 0) != independent_merge_al({"a": [1]}, 0)  # NaN without steps
+
+
+def test_specinfer_at_t_above_zero_predicts_nothing(tmp_path):
+    lay = StudyLayout(tmp_path / "hot")
+    _cell(lay, "ar", "ar", "AR")
+    extra = {"drafter_tokens": {"ngram": 1}, "drafter_reach": {"ngram": [2]}, "drafter_reach_steps": 6}
+    _cell(
+        lay, "spi", "specinfer", "SpecInfer", base="ar", drafter="self:15+ngram", gamma=3, extra=extra, temperature=0.7
+    )
+    table, raw = tree_shape_table(load(lay.root))
+    assert raw.loc[0, "expected_al"] != raw.loc[0, "expected_al"]
+    assert table.loc[0, "Expected from"] == "independent drafters: greedy rows only"

@@ -74,6 +74,25 @@ def test_specinfer_greedy_equals_ar_and_credits_every_accepted_token(target):
     assert sum(row.notes["drafter_tokens"].values()) > 0
 
 
+def test_specinfer_records_how_deep_each_drafters_own_tree_matched(target):
+    """Greedy: per step, drafter i's reach is the common prefix of its own tree with the accepted
+    path, so the deepest drafter's reach is the step's accepted count and the steps counted are the
+    draft steps; a drafter alone reaching depth d in a step also reached every depth below it."""
+    s = Sampling(temperature=0.0, max_new_tokens=24)
+    other = tiny_model(seed=5, num_layers=1, logit_scale=4.0)
+    row = _run("specinfer", target, PROMPTS[2], s, _merged(target, other), tree_branching="2,1,1")
+    reach, steps = row.notes["drafter_reach"], row.notes["drafter_reach_steps"]
+    assert set(reach) == {"self:2", "other", "ngram"} and steps == len(row.steps) - 1  # steps[0]: the prefill
+    for counts in reach.values():
+        assert len(counts) <= 3 and all(a >= b for a, b in zip(counts, counts[1:]))
+    accepted = [st.accepted for st in row.steps]
+    # the merged tree accepts at least as deep as any one drafter, and some drafter reached every accepted depth
+    union = [sum(1 for a in accepted if a > d) for d in range(3)]
+    for d in range(3):
+        assert max(c[d] if d < len(c) else 0 for c in reach.values()) <= union[d]
+    assert sum(union) == sum(accepted) > 0
+
+
 def test_prompt_lookup_in_a_merge_drafts_no_deeper_than_the_trees(target):
     """The matched budget: prompt lookup's chain is cut at γ like the other drafters' trees (it had
     drafted up to the tokens left, 12-14 nodes a step in the default study's γ 3 row)."""
@@ -266,7 +285,32 @@ def test_the_tree_changes_with_the_cost_curve():
     assert wide.expected_tokens > narrow.expected_tokens
 
 
+def test_a_fixed_budget_fills_it_where_the_speedup_choice_drafts_nothing(target):
+    """``sequoia_choose: tokens``: the DP's tree at the full node budget even where the cost curve
+    says no tree pays (the default study's CPU case), with its predicted speedup below 1 beside it."""
+    from specstudy.engine.methods.layer_skip import early_exit_draft
+    from specstudy.engine.sequoia_dp import budget_tree
+
+    acc, steep = [0.06, 0.02], {1: 1.0, 8: 1.4}
+    chosen = choose_tree(acc, steep, 7, 3, draft_cost=0.56)
+    filled = budget_tree(acc, steep, 7, 3, draft_cost=0.56)
+    assert chosen.nodes == 1 and filled.nodes == 7 and filled.depth <= 3
+    assert filled.expected_tokens == pytest.approx(best_trees(acc, 7, 3)[(7, 3)][0]) and filled.predicted_speedup < 1
+    s = Sampling(temperature=0.0, max_new_tokens=16)
+    p = PROMPTS[0]
+    ref = get_method("ar").decode(DecodeJob(target, [p], s))[0].output_ids
+    drafter = SequoiaDrafter("self:2", early_exit_draft(target, {"exit_layer": 2}, "cpu"))
+    opts = dict(tree_nodes=6, sequoia_acceptance="0.06,0.02", sequoia_cost="1:1,8:1.4", sequoia_draft_cost=0.56)
+    row = _run("sequoia", target, p, s, drafter, sequoia_choose="tokens", **opts)
+    assert row.output_ids == ref and row.notes["sequoia_nodes"] == 6 and row.notes["sequoia_choose"] == "tokens"
+    assert any(st.drafted for st in row.steps)
+    row = _run("sequoia", target, p, s, drafter, **opts)  # the hardware-aware choice on the same inputs
+    assert row.notes["sequoia_nodes"] == 0 and row.output_ids == ref
+
+
 def test_options_are_checked_before_any_model_loads(target):
+    with pytest.raises(ValueError, match="sequoia_choose.*'speedup', 'tokens'"):
+        get_method("sequoia").check(3, 1, "self", {"sequoia_choose": "fast"})
     with pytest.raises(ValueError, match="sequoia_acceptance"):
         get_method("sequoia").check(3, 1, "self", {"sequoia_acceptance": "0.9,0.5"})
     with pytest.raises(ValueError, match="sequoia_cost"):

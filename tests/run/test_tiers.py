@@ -11,6 +11,7 @@ import yaml
 from support import LLAMACPP, ByteIds, TinyFactory, byte_tokenizer, run_study_file, write_study_file, write_task
 
 from specstudy.analysis import tiers as tier_analysis
+from specstudy.analysis.claims import compare
 from specstudy.analysis.study import load as load_outputs
 from specstudy.config import ParamsError
 from specstudy.config.task import load_task_config
@@ -88,6 +89,12 @@ def test_a_tiered_study_reports_alpha_and_speedup_per_tier_beside_random_tokens(
     over = tier_analysis.random_overstatement(raw)
     assert list(over["input_tokens"]) == [16, 40]
     assert over["ratio"].tolist() == pytest.approx((over["random"] / over["real"]).tolist())
+    for _, row in over.iterrows():  # each verdict is the two rows' intervals compared, random expected above
+        for what in ("speedup", "alpha"):
+            rnd, real = row[f"random_{what}"], row[f"real_{what}"]
+            assert row[f"{what}_verdict"] == compare(rnd, real, "above")
+            if rnd.ci[0] > real.ci[1]:
+                assert row[f"{what}_verdict"] == "observed"
     ent = tier_analysis.entropy_tier_frame(study_)  # thirds of the 20 prompts by the AR output's entropy
     assert list(ent["entropy_tier"]) == ["low", "mixed", "high"] and sum(ent["n_prompts"]) == 20
     means = {}

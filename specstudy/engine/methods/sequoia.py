@@ -6,7 +6,9 @@ tokens (greedy) or c draws *without replacement* from its q (sampling), tested i
 (:func:`~specstudy.engine.proposals.accept_proposals`; the j-th draw's distribution is q with
 the earlier draws removed, which keeps the output exactly the target's).  The topology is the
 one of at most ``tree_nodes`` drafted nodes and depth at most γ with the highest predicted
-speedup (:func:`specstudy.engine.sequoia_dp.choose_tree`) from
+speedup (:func:`specstudy.engine.sequoia_dp.choose_tree`; with ``sequoia_choose: tokens`` the one
+of the most expected tokens at that budget, :func:`~specstudy.engine.sequoia_dp.budget_tree`, for
+a comparison of shapes at a matched node budget) from
 
 * the acceptance vector (option ``sequoia_acceptance: "0.55,0.12,0.05"``, e.g. from a finished
   study; else measured on the cell's first prompt, :mod:`specstudy.engine.sequoia_calibration`),
@@ -31,7 +33,7 @@ import torch
 from ..proposals import ProposalTree, accept_proposals
 from ..sampling import make_generator
 from ..sequoia_calibration import acceptance_vector, cost_curve, draft_cost, draws_without_replacement
-from ..sequoia_dp import SequoiaChoice, Topology, choose_tree
+from ..sequoia_dp import SequoiaChoice, Topology, budget_tree, choose_tree
 from ..trace import RowTrace
 from . import DecodeJob, non_negative_float, positive_int
 from .tree import (
@@ -100,7 +102,7 @@ def load_sequoia_drafter(name: str, target: Any, device: str = "cpu", dtype: str
 def _calibrate(job: DecodeJob, drafter: SequoiaDrafter) -> tuple[SequoiaChoice, dict[str, Any]]:
     s = job.sampling
     budget, depth = int(job.option("tree_nodes", 4)), job.draft_length
-    key = (s.temperature, s.top_k, s.top_p, budget, depth, str(job.device))
+    key = (s.temperature, s.top_k, s.top_p, budget, depth, str(job.device), job.option("sequoia_choose", "speedup"))
     if key in drafter.choices:
         return drafter.choices[key]
     prompt = list(job.prompts[0])
@@ -112,7 +114,8 @@ def _calibrate(job: DecodeJob, drafter: SequoiaDrafter) -> tuple[SequoiaChoice, 
     c = job.option("sequoia_draft_cost")
     if c is None:
         c = draft_cost(drafter.model, job.target, prompt, job.device)
-    choice = choose_tree(acc, curve, budget + 1, depth, float(c))
+    pick = budget_tree if job.option("sequoia_choose", "speedup") == "tokens" else choose_tree
+    choice = pick(acc, curve, budget + 1, depth, float(c))
     source = "given" if job.option("sequoia_acceptance") is not None else f"measured on a {len(prompt)}-token prompt"
     notes = {
         "sequoia_tree": choice.topology.describe(),
@@ -125,6 +128,7 @@ def _calibrate(job: DecodeJob, drafter: SequoiaDrafter) -> tuple[SequoiaChoice, 
         "sequoia_cost": {int(n): round(float(v), 4) for n, v in curve.items()},
         "sequoia_draft_cost": round(float(c), 4),
         "sequoia_budget": budget,
+        "sequoia_choose": job.option("sequoia_choose", "speedup"),
     }
     drafter.choices[key] = (choice, notes)
     return choice, notes
@@ -166,6 +170,18 @@ def _acceptance(v: Any) -> list[float]:
     return vals
 
 
+CHOOSE = ("speedup", "tokens")
+
+
+def _choose(v: Any) -> str:
+    if v not in CHOOSE:
+        raise ValueError(
+            f"need one of {list(CHOOSE)}: 'speedup' picks the node count from the cost curve (at most "
+            "tree_nodes), 'tokens' fills the budget with the tree of most expected tokens"
+        )
+    return str(v)
+
+
 def _cost(v: Any) -> dict[int, float]:
     items = v.items() if isinstance(v, dict) else (p.split(":") for p in str(v).split(","))
     try:
@@ -193,6 +209,7 @@ SPEC = SequoiaSpec(
         "sequoia_acceptance": _acceptance,
         "sequoia_cost": _cost,
         "sequoia_draft_cost": non_negative_float,
+        "sequoia_choose": _choose,
     },
     description="Sequoia-style tree: the DP's topology of at most tree_nodes drafted nodes and depth <= gamma, "
     "chosen from the measured acceptance vector and verification-cost curve; drafter as for 'tree'",

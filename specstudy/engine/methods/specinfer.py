@@ -17,7 +17,10 @@ become one node) and the target checks every node in ONE forward
 multi-step speculative sampling over every drafter's proposals in turn (exact: each proposal is
 an independent draw from its drafter's q).  Each record's ``extra["drafter_tokens"]`` counts
 the accepted tokens per drafter (the accepted proposal's drafter; greedy: the first drafter
-in cell.drafter's order that proposed the node), so the report shows each drafter's share.
+in cell.drafter's order that proposed the node), so the report shows each drafter's share, and
+``extra["drafter_reach"]`` how deep each drafter's own tree matched the accepted path per step, from
+which the report predicts the merged AL as if the drafters were independent
+(:func:`specstudy.analysis.trees.independent_merge_al`).
 """
 
 from __future__ import annotations
@@ -128,6 +131,8 @@ class MergedTreeDrafter:
     def __init__(self, drafters: Sequence[TreeDrafter], names: Sequence[str]):
         self.drafters, self.names = list(drafters), list(names)
         self.credit = [0] * len(self.drafters)
+        self.reach: list[list[int]] = [[] for _ in self.drafters]
+        self.steps = 0
         self._subs: list[TokenTree] = []
         self._tree: ProposalTree | None = None
 
@@ -157,12 +162,29 @@ class MergedTreeDrafter:
     def accept(self, path: Sequence[int], hidden: torch.Tensor) -> None:
         assert self._tree is not None
         tokens = [self._tree.tokens[n] for n in path[1:]]
-        for d, sub in zip(self.drafters, self._subs):
-            d.accept(sub_path(sub, tokens), hidden)
+        self.steps += 1
+        for i, (d, sub) in enumerate(zip(self.drafters, self._subs)):
+            own = sub_path(sub, tokens)
+            self._count_reach(i, len(own) - 1)
+            d.accept(own, hidden)
+
+    def _count_reach(self, i: int, depth: int) -> None:
+        """Drafter i's own tree matched the accepted path to ``depth``: one more step reaching 1..depth."""
+        counts = self.reach[i]
+        counts.extend([0] * (depth - len(counts)))
+        for k in range(depth):
+            counts[k] += 1
 
     def shares(self) -> dict[str, int]:
         """Accepted tokens per drafter name."""
         return dict(zip(self.names, self.credit))
+
+    def reach_counts(self) -> dict[str, list[int]]:
+        """Per drafter, the steps in which its own tree matched the accepted path to depth 1, 2, ...
+        Under greedy that is how far the target would have accepted that drafter's tree alone at
+        those steps (the accepted path is the target's own greedy continuation, as far as any tree
+        reached); the report's independent-drafters prediction reads it."""
+        return {n: list(c) for n, c in zip(self.names, self.reach)}
 
 
 def _branching(job: DecodeJob) -> tuple[int, ...]:
@@ -203,6 +225,8 @@ def decode(job: DecodeJob) -> list[RowTrace]:
     )
     row.notes["drafters"] = list(drafters.names)
     row.notes["drafter_tokens"] = merged.shares()
+    row.notes["drafter_reach"] = merged.reach_counts()
+    row.notes["drafter_reach_steps"] = merged.steps
     return [row]
 
 

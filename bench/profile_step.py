@@ -3,8 +3,10 @@ reference engine's KV state (:class:`specstudy.engine.kv.KVState`) beside a 1-to
 not a test).
 
 Each k is run the way the chain loop runs it: append k tokens after the prompt, then roll them
-back (the rejected drafts), ``--repeats`` times under the profiler.  Printed per k: the op
-count and self-CPU share of the top ops, the step's wall time and T(k)/T(1).  Op counts and
+back (the rejected drafts), ``--repeats`` times under the profiler, on the lean forward with
+prepacked weights as the reference backend runs it (``--no-prepack``: unpacked).  Printed per k:
+the op count and self-CPU share of the top ops, the step's wall time and T(k)/T(1); then one AR
+token split into the matmuls, the rest of the forward and the engine's work outside it.  Op counts and
 shares hold on a busy machine; absolute times need a quiet one.
 
     OMP_WAIT_POLICY=PASSIVE .venv/bin/python bench/profile_step.py [--ks 1,2,5,8] [--top 12]
@@ -42,6 +44,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--top", type=int, default=12, help="ops listed per k")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--no-prepack", action="store_true", help="the lean forward on unpacked weights")
+    ap.add_argument("--ar-tokens", type=int, default=48, help="tokens of the AR decode timed for the breakdown")
     return ap.parse_args(argv)
 
 
@@ -74,6 +78,46 @@ def profile_k(model: Any, prompt: list[int], k: int, repeats: int) -> tuple[floa
     return wall, sorted(rows, key=lambda r: -r[2])
 
 
+def ar_breakdown(model: Any, prompt: list[int], tokens: int, repeats: int, packed: bool) -> dict[str, float]:
+    """Where one AR token's time goes, ms: the engine's whole AR decode per token, its 1-token
+    forward alone (:class:`KVState`, as the decode runs it), and the model's matmuls alone at M = 1
+    (:func:`specstudy.engine.stepcost.matmul_pass_time`, packed as the forward multiplies).  The
+    differences are the forward's non-matmul work (attention, norms, RoPE, op dispatch) and the
+    engine's work outside the forward (sampling, entropy, the trace): what a faster AR step can cut."""
+    from specstudy.engine.methods import DecodeJob, get_method
+    from specstudy.engine.stepcost import matmul_pass_time
+    from specstudy.records import Sampling
+
+    job = DecodeJob(model, [prompt], Sampling(temperature=0.0, max_new_tokens=tokens, ignore_eos=True))
+    best = float("inf")
+    for _ in range(3):
+        row = get_method("ar").decode(job)[0]
+        best = min(best, sum(st.t_s for st in row.steps[1:]) / max(1, len(row.steps) - 1))
+    state = KVState(model, 1)
+    prefill(state, [prompt])
+    one = torch.tensor([prompt[-1:]])
+    fwd = float("inf")
+    with torch.inference_mode():
+        for _ in range(repeats + 1):
+            t0 = time.perf_counter()
+            state.forward(one)
+            fwd = min(fwd, time.perf_counter() - t0)
+            state.rollback(1)
+    mm = matmul_pass_time(model, [1], repeats, packed=packed)[1]
+    return {"ar_token_ms": best * 1e3, "forward_ms": fwd * 1e3, "matmul_ms": mm * 1e3}
+
+
+def print_breakdown(b: dict[str, float]) -> None:
+    ar, fwd, mm = b["ar_token_ms"], b["forward_ms"], b["matmul_ms"]
+    print(f"\nAR token {ar:.2f} ms (best of 3 decodes): matmuls alone {mm:.2f} ms ({mm / ar:.0%}), the rest of the")
+    print(
+        f"forward {fwd - mm:.2f} ms ({(fwd - mm) / ar:.0%}), outside the forward {ar - fwd:.2f} ms ({(ar - fwd) / ar:.0%})"
+    )
+    print(
+        f"a token at 1/1.2 of this step needs {ar - ar / 1.2:.2f} ms cut: {(ar - ar / 1.2) / (ar - mm):.0%} of the non-matmul time"
+    )
+
+
 def matmul_curve(model: Any, ks: Sequence[int], repeats: int) -> None:
     """The matmul alone at the model's own shapes (an MLP projection and the LM head): µs per
     call, GFLOP/s and weight GB/s by k.  A flat µs in k would mean bandwidth-bound (verification
@@ -99,6 +143,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     model = load(args)
+    if not args.no_prepack:
+        from specstudy.engine.lean import prepare
+
+        print("lean forward on prepacked weights:", prepare(model))
     prompt = [(7 * i + 3) % model.config.vocab_size for i in range(args.prompt_tokens)]
     ks = [int(x) for x in args.ks.split(",")]
     walls: dict[int, float] = {}
@@ -113,6 +161,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     base = walls.get(1)
     if base:
         print("\nT(k)/T(1): " + ", ".join(f"{k}: {walls[k] / base:.2f}" for k in ks))
+    print_breakdown(ar_breakdown(model, prompt, args.ar_tokens, args.repeats, packed=not args.no_prepack))
     matmul_curve(model, ks, args.repeats)
     return 0
 

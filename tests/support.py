@@ -11,7 +11,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from specstudy.records import Request
+from specstudy.records import Request, Sampling
 
 TINY_STUDY = """
 study:
@@ -231,3 +231,18 @@ def run_study_file(path: Path, factory=None, check: bool = False):
     out = path.parent / "outputs" / "cpu"
     res = run_study(cfg, expand(cfg), StudyLayout(out), factory=factory, progress=False, log=lambda m: None)
     return res, StudyLayout(out).read_all(), out
+
+
+def code_prompt_record(cell, i: int, *, end_s: float, temperature: float = 0.0, **fields):
+    """Prompt ``code/i``'s record of ``cell``: 32 greedy tokens (or at ``temperature``), the first after
+    50 ms, ``end_s`` in all, started 100 s after the previous prompt; ``fields`` the rest."""
+    return cell.new_record(
+        Request(f"code/{i}", ""),
+        Sampling(max_new_tokens=32, temperature=temperature),
+        output_tokens=32,
+        first_token_s=0.05,
+        end_s=end_s,
+        start_epoch=1000.0 + 100 * i,
+        output_ids=list(range(32)),
+        **fields,
+    )

@@ -237,8 +237,15 @@ def test_llamacpp_costs_bench_prints_the_curve_and_c_at_tiny_size(tmp_path, caps
 
 def test_profile_step_prints_op_shares_the_curve_and_the_matmul_rates(capsys, keep_torch_threads):
     """bench/profile_step.py at its tiniest: every k gets an op table, T(k)/T(1) and the matmul rows."""
-    assert _script("profile_step.py").main(["--tiny", "--ks", "1,2", "--repeats", "1", "--top", "3"]) == 0
+    assert (
+        _script("profile_step.py").main(["--tiny", "--ks", "1,2", "--repeats", "1", "--top", "3", "--ar-tokens", "4"])
+        == 0
+    )
     out = capsys.readouterr().out
     assert "== k=1:" in out and "== k=2:" in out and "aten::mm" in out
     assert re.search(r"T\(k\)/T\(1\): 1: 1\.00, 2: \d+\.\d\d", out)
     assert re.search(r"^lm_head\s+2\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+[\d.]+$", out, re.M)
+    # one AR token split into the matmuls, the rest of the forward and the engine's work outside it
+    m = re.search(r"AR token ([\d.]+) ms .*matmuls alone ([\d.]+) ms", out)
+    assert m and float(m.group(1)) > 0 and float(m.group(2)) > 0
+    assert re.search(r"forward -?[\d.]+ ms \(-?\d+%\), outside the forward -?[\d.]+ ms", out)

@@ -80,7 +80,36 @@ def telemetry_lines(study: Study, table: pd.DataFrame) -> list[str]:
     freq = table["cpu_freq_mean_mhz"].dropna()
     if len(freq):
         lines.append(f"- CPU frequency mean {fmt(freq.mean(), 0)} MHz (min over cells {fmt(freq.min(), 0)})")
+    lines += steal_lines(table)
     return lines
+
+
+#: steal (percentage points) between a cell and its AR baseline above which their pairing is flagged
+STEAL_GAP_PTS = 10.0
+
+
+def steal_lines(table: pd.DataFrame) -> list[str]:
+    """CPU steal over the cells, and the cells whose AR baseline ran at a steal that far from theirs:
+    on a VM a pair measured at different steal compares two machine speeds, not two methods."""
+    if "cpu_steal_mean_pct" not in table or not table["cpu_steal_mean_pct"].notna().any():
+        return []
+    steal = table.set_index("cell")["cpu_steal_mean_pct"].astype(float)
+    apart = [
+        (c, steal[c], steal[b])
+        for c, b in zip(table["cell"], table["baseline"])
+        if b in steal.index and abs(steal[c] - steal[b]) > STEAL_GAP_PTS
+    ]
+    out = [
+        f"- CPU steal (a VM's CPUs waiting for its host) during cells: mean {fmt(steal.mean(), 1)} %, max {fmt(steal.max(), 1)} %"
+    ]
+    if apart:
+        shown = "; ".join(f"{c} {s:.0f} % vs its AR baseline's {b:.0f} %" for c, s, b in apart[:5])
+        out.append(
+            f"- {len(apart)} cell(s) ran at a steal more than {STEAL_GAP_PTS:.0f} points from their AR baseline's: "
+            f"{shown}{' …' if len(apart) > 5 else ''}. Their speedups mix the method with the host's load; "
+            "to rerun a pair, delete both cells' `records/<cell>.parquet` and run the study again (it runs only the missing cells)"
+        )
+    return out
 
 
 def provenance_lines(study: Study) -> list[str]:

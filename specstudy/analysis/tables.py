@@ -531,6 +531,8 @@ def telemetry_table(study: Study) -> pd.DataFrame:
                 "cell": cid,
                 "load_1m_mean": e.get("tel_load_1m_mean"),
                 "cpu_freq_mean_mhz": e.get("tel_cpu_freq_mean_mhz"),
+                "cpu_steal_mean_pct": e.get("tel_cpu_steal_mean_pct"),
+                "baseline": study.meta(cid)["baseline_cell_id"] if cid in study.cells else None,
                 "rss_peak_gb": (e.get("tel_rss_peak_bytes") or 0) / 1e9 or None,
                 "gpu_temp_max_c": e.get("tel_gpu_temp_max_c"),
                 "gpu_sm_clock_min_mhz": e.get("tel_gpu_sm_clock_min_mhz"),

@@ -155,6 +155,12 @@ class SequoiaChoice:
     depth: int
 
 
+def _scored(value: float, topo: Topology, cost_curve: Mapping[int, float], draft_cost: float) -> SequoiaChoice:
+    """A tree with its predicted speedup F / (T(n)/T(1) + d · c)."""
+    speed = value / (cost_at(cost_curve, topo.size) + topo.depth * draft_cost)
+    return SequoiaChoice(topo, value, speed, topo.size, topo.depth)
+
+
 def choose_tree(
     acceptance: Sequence[float],
     cost_curve: Mapping[int, float],
@@ -163,14 +169,11 @@ def choose_tree(
     draft_cost: float = 0.0,
 ) -> SequoiaChoice:
     """The (n, d) tree with the highest predicted speedup F / (T(n)/T(1) + d · c)."""
-    best = best_trees(acceptance, max_nodes, max_depth)
-    pick: SequoiaChoice | None = None
-    for value, topo in best.values():
-        n, depth = topo.size, topo.depth
-        speed = value / (cost_at(cost_curve, n) + depth * draft_cost)
-        if pick is None or speed > pick.predicted_speedup + 1e-12:
-            pick = SequoiaChoice(topo, value, speed, n, depth)
-    assert pick is not None
+    scored = [_scored(v, t, cost_curve, draft_cost) for v, t in best_trees(acceptance, max_nodes, max_depth).values()]
+    pick = scored[0]
+    for choice in scored[1:]:
+        if choice.predicted_speedup > pick.predicted_speedup + 1e-12:
+            pick = choice
     return pick
 
 
@@ -185,5 +188,4 @@ def budget_tree(
     (Sequoia's DP without the hardware-aware choice of n: a matched node budget), with its predicted
     speedup on this cost curve beside it."""
     value, topo = best_trees(acceptance, max_nodes, max_depth)[(max_nodes, max_depth)]
-    speed = value / (cost_at(cost_curve, topo.size) + topo.depth * draft_cost)
-    return SequoiaChoice(topo, value, speed, topo.size, topo.depth)
+    return _scored(value, topo, cost_curve, draft_cost)

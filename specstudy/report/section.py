@@ -33,6 +33,11 @@ class Section:
         self.tables.update(other.tables)
         self.figures.update(other.figures)
 
+    def add_table(self, name: str, shown: pd.DataFrame, raw: pd.DataFrame | None, text: str) -> None:
+        """Append a subsection: ``text`` then the table as markdown, the table kept under ``name``."""
+        self.tables[name] = (shown, raw)
+        self.markdown += "\n" + text + markdown_table(shown)
+
     def to_markdown(self, figures_rel: str = "figures", level: int = 2) -> str:
         parts = [f"{'#' * level} {self.title}\n", self.markdown]
         for name in self.figures:

@@ -97,8 +97,7 @@ def frameworks_section(study: Study) -> Section:
     )
     same, same_raw = across_engines.acceptance_across_engines(study)
     if len(same):
-        sec.tables["acceptance_across_engines"] = (same, same_raw)
-        sec.markdown += "\n" + ACROSS_ENGINES_TEXT + markdown_table(same)
+        sec.add_table("acceptance_across_engines", same, same_raw, ACROSS_ENGINES_TEXT)
     return sec
 
 
@@ -154,8 +153,7 @@ def method_family_section(study: Study, family: str) -> Section:
         sec.markdown += "\n" + PARETO_TEXT.format(point="batch size", ar="the paired AR cells at each batch size")
     if family == "tree" and study.has_sweep(trees.SWEEP):
         shapes, shapes_raw = trees.tree_shape_table(study)
-        sec.tables["tree_shapes"] = (shapes, shapes_raw)
-        sec.markdown += "\n" + TREE_SHAPES_TEXT + markdown_table(shapes)
+        sec.add_table("tree_shapes", shapes, shapes_raw, TREE_SHAPES_TEXT)
     return sec
 
 

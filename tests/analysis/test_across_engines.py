@@ -4,11 +4,12 @@ from the AL intervals (disjoint: a difference beyond noise; overlapping: not res
 from __future__ import annotations
 
 import pytest
+from support import code_prompt_record
 
 from specstudy.analysis.across_engines import AGREE, acceptance_across_engines
 from specstudy.analysis.study import load
 from specstudy.layout import StudyLayout
-from specstudy.records import Cell, Request, Sampling
+from specstudy.records import Cell
 
 N = 6  # distinct prompts (an interval needs 5)
 
@@ -31,14 +32,10 @@ def _cell(lay, fw, method, *, base=None, gamma=None, accepted=(6, 7), label=None
     for i in range(N):
         spec = method != "ar"
         recs.append(
-            cell.new_record(
-                Request(f"code/{i}", ""),
-                Sampling(max_new_tokens=32),
-                output_tokens=32,
-                first_token_s=0.05,
+            code_prompt_record(
+                cell,
+                i,
                 end_s=1.0 + 0.1 * i,
-                start_epoch=1000.0 + 100 * i,
-                output_ids=list(range(32)),
                 drafted_tokens=24 if spec else None,
                 accepted_tokens=accepted[i % 2] if spec else None,
                 draft_steps=6 if spec else None,

@@ -4,12 +4,13 @@ model expects (Sequoia's DP, a chain's i.i.d. formula), SpecInfer's per-drafter 
 from __future__ import annotations
 
 import pytest
+from support import code_prompt_record
 
 from specstudy import metrics
 from specstudy.analysis.study import load
 from specstudy.analysis.trees import tree_shape_table
 from specstudy.layout import StudyLayout
-from specstudy.records import Cell, Request, Sampling
+from specstudy.records import Cell
 
 N = 6  # distinct prompts: enough for an interval (metrics.MIN_PROMPTS_FOR_CI)
 
@@ -33,14 +34,11 @@ def _cell(
     for i in range(N):
         spec = method != "ar"
         recs.append(
-            cell.new_record(
-                Request(f"code/{i}", ""),
-                Sampling(max_new_tokens=32, temperature=temperature),
-                output_tokens=32,
-                first_token_s=0.05,
+            code_prompt_record(
+                cell,
+                i,
                 end_s=(1.0 + 0.1 * i) * (0.6 if spec else 1.0),
-                start_epoch=1000.0 + 100 * i,
-                output_ids=list(range(32)),
+                temperature=temperature,
                 drafted_tokens=18 if spec else None,
                 accepted_tokens=accepted + (i % 2) if spec else None,
                 draft_steps=6 if spec else None,

@@ -91,8 +91,8 @@ def ar_breakdown(model: Any, prompt: list[int], tokens: int, repeats: int, packe
     job = DecodeJob(model, [prompt], Sampling(temperature=0.0, max_new_tokens=tokens, ignore_eos=True))
     best = float("inf")
     for _ in range(3):
-        row = get_method("ar").decode(job)[0]
-        best = min(best, sum(st.t_s for st in row.steps[1:]) / max(1, len(row.steps) - 1))
+        steps = get_method("ar").decode(job)[0].steps  # t_s: each step's end since the request began
+        best = min(best, (steps[-1].t_s - steps[0].t_s) / max(1, len(steps) - 1))  # decode steps, prefill excluded
     state = KVState(model, 1)
     prefill(state, [prompt])
     one = torch.tensor([prompt[-1:]])

@@ -68,8 +68,11 @@ def test_cpu_profile_is_sized_for_this_machine():
     headline row (the hardware table) pools >= 10 distinct prompts, every other cell has >= 5.  The token
     budget bounds the plan at its largest (every precision target unmet): measured 2026-12-02, 79 cells
     (67 planned + 12 extensions: reference 3,920 and llama.cpp 8,160 tokens) in 8 min 27 s, the whole
-    `make study` on a fresh clone in 9 min 58 s; the tree-shape rows (issue 23) add 3 reference cells,
-    480 tokens (the closing note of that change gives the measured wall time)."""
+    `make study` on a fresh clone in 9 min 58 s; the tree-shape rows (issue 23) add 4 reference cells,
+    640 tokens: 10 min 11 s with 3 of them (2026-12-02, an Intel machine, reference AR 17.6 tok/s).  On
+    the slower kind of 2026-12-03 (AMD EPYC, `bench/engine.py` AR 11.7 tok/s against 17.0 on the Intel
+    one) the whole study with all 4 took 17 min 43 s (load 0.77 -> 1.78): over 15 minutes there, which
+    this budget cannot see; the README gives both."""
     from specstudy.metrics import MIN_PROMPTS_FOR_CI
     from specstudy.run.precision import most_extensions
 
@@ -78,7 +81,7 @@ def test_cpu_profile_is_sized_for_this_machine():
     tokens: dict[str, int] = {}
     for p in [*plans, *most_extensions(cfg, plans)]:
         tokens[p.cell.framework] = tokens.get(p.cell.framework, 0) + p.prompts * p.sampling.max_new_tokens
-    assert tokens["reference"] + tokens["hf"] <= 4800 and tokens["llamacpp"] <= 8200
+    assert tokens["reference"] + tokens["hf"] <= 4880 and tokens["llamacpp"] <= 8200
     headline = [sw for sw in cfg.sweeps if sw.name == "hardware" or sw.name.startswith("hardware_")]
     assert headline and all(sw.prompts_per_task * len(sw.tasks) >= 10 for sw in headline)
     assert all(sw.prompts_per_task >= MIN_PROMPTS_FOR_CI for sw in cfg.sweeps)

@@ -93,6 +93,7 @@ class Probes:
     disk_free: Callable[[Path], int] = field(default=lambda p: shutil.disk_usage(_existing(p)).free)
     which: Callable[[str], str | None] = field(default=shutil.which)
     hf_home: Callable[[], Path] = field(default=lambda: hf_cache_dir())
+    node_memory: Callable[[], tuple[int, int] | None] = field(default=lambda: numa_node_memory())
 
 
 # ---- the real probes ----------------------------------------------------------------------------
@@ -113,6 +114,19 @@ def nvml_gpus() -> list[str] | None:
         return [n.decode() if isinstance(n, bytes) else str(n) for n in names]
     finally:
         pynvml.nvmlShutdown()
+
+
+def numa_node_memory(node: int = 0, root: Path = Path("/sys/devices/system/node")) -> tuple[int, int] | None:
+    """(total, available) bytes of NUMA node ``node`` as vLLM's CPU worker reads them
+    (``vllm/utils/cpu_resource_utils.py``: MemFree + file pages + SReclaimable), or None without
+    per-node meminfo.  Some VMs report a node far smaller than the machine (8.3 of 24 GiB seen)."""
+    path = root / f"node{node}" / "meminfo"
+    try:
+        info = {p[2].rstrip(":"): int(p[3]) * 1024 for p in (ln.split() for ln in path.read_text().splitlines())}
+        free = info["MemFree"] + info["Active(file)"] + info["Inactive(file)"] + info["SReclaimable"]
+        return info["MemTotal"], free
+    except (OSError, KeyError, IndexError, ValueError):
+        return None
 
 
 def import_probe(python: str, module: str, timeout_s: float = 180.0) -> tuple[bool, str]:

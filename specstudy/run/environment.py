@@ -10,6 +10,7 @@ fails once with everything still missing.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 from ..backends.registry import DECLARATIONS
@@ -44,7 +45,39 @@ def machine_needs(cfg: StudyConfig, probes: Probes | None = None) -> list[Missin
         else {"kind": "gpu" if cfg.device.startswith("cuda") else "cpu"}
     )
     tp = max((p.tensor_parallel_size for p in plans), default=1)
-    return preflight(frameworks, models, drafters, profile, tp, cuda=uses_cuda(cfg), probes=probes)
+    found = preflight(frameworks, models, drafters, profile, tp, cuda=uses_cuda(cfg), probes=probes)
+    return found + ([] if uses_cuda(cfg) else vllm_cpu_memory(cfg, frameworks, probes or Probes()))
+
+
+#: vLLM's default ``gpu_memory_utilization``: on its CPU build the share of NUMA node 0 it reserves
+VLLM_DEFAULT_MEMORY_SHARE = 0.92
+
+
+def vllm_cpu_memory(cfg: StudyConfig, frameworks: list[str], probes: Probes) -> list[Missing]:
+    """vLLM's CPU build reserves ``gpu_memory_utilization`` (0.92) of NUMA node 0 unless the KV cache
+    has a fixed size (``VLLM_CPU_KVCACHE_SPACE``, GiB), and its engine refuses to start when that much
+    is not free there: found here before any engine starts, with the setting that fixes it."""
+    node = probes.node_memory()
+    out = []
+    for fw in (f for f in frameworks if f in ("vllm", "vllm-server")):
+        opts = cfg.framework_options.get(fw, {})
+        if (opts.get("env") or {}).get("VLLM_CPU_KVCACHE_SPACE") or os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+            continue
+        share = float(opts.get("gpu_memory_utilization") or VLLM_DEFAULT_MEMORY_SHARE)
+        if node is None or share * node[0] <= node[1]:
+            continue
+        gib = 1024**3
+        out.append(
+            Missing(
+                "memory",
+                f"{fw}: vLLM's CPU memory reservation",
+                f"vLLM CPU reserves gpu_memory_utilization={share} of NUMA node 0's {node[0] / gib:.1f} GiB "
+                f"= {share * node[0] / gib:.1f} GiB, and {node[1] / gib:.1f} GiB are free there (its engine would refuse to start)",
+                f"set study.framework_options.{fw}.env.VLLM_CPU_KVCACHE_SPACE to the KV cache's GiB (the engines "
+                f"study uses '1'), or a gpu_memory_utilization below {node[1] / node[0]:.2f}",
+            )
+        )
+    return out
 
 
 def _missing_text(found: list[Missing]) -> str:

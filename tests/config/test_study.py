@@ -14,7 +14,7 @@ import yaml
 from specstudy.config import ParamsError, hardware_names, load_study
 from specstudy.config.checks import draft_tokenizers, tokenizers_match
 from specstudy.environments.preflight import Probes
-from specstudy.run.environment import prepare_machine
+from specstudy.run.environment import machine_needs, prepare_machine
 from specstudy.run.plan import check_backends, expand
 
 BASE = {
@@ -248,7 +248,52 @@ def _probes(gpus=(), installed=True, cached=True, token=True):
         token=lambda: token,
         disk_free=lambda p: 10**15,
         which=lambda name: "/usr/bin/" + name,
+        node_memory=lambda: None,
     )
+
+
+def test_vllm_cpu_reserving_more_than_numa_node_0_has_free_is_refused_before_any_install(monkeypatch):
+    """vLLM's CPU build reserves 0.92 of NUMA node 0 unless its KV cache has a fixed size; on a VM
+    whose node 0 reports 8.3 GiB with 6.3 free (seen here) its engine refuses to start.  The
+    machine check says so before anything is installed or started, for each vLLM framework, with the
+    fix; the shipped engines profile (VLLM_CPU_KVCACHE_SPACE set) and a roomy node pass."""
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    cfg = check_backends(load_study("cpu-engines"), files=False)
+    opts = {k: dict(v) for k, v in cfg.framework_options.items()}
+    for fw in ("vllm", "vllm-server"):
+        opts[fw]["env"] = {k: v for k, v in opts[fw]["env"].items() if k != "VLLM_CPU_KVCACHE_SPACE"}
+    bare = dataclasses.replace(cfg, framework_options=opts)
+    gib = 1024**3
+    small = dataclasses.replace(_probes(), node_memory=lambda: (int(8.34 * gib), int(6.31 * gib)))
+    installed = []
+    with pytest.raises(ParamsError) as e:
+        prepare_machine(bare, probes=small, log=lambda m: None, install=installed.append)
+    msg = str(e.value)
+    assert installed == [] and msg.count("[memory]") == 2 and "nothing was installed" in msg
+    assert "vllm-server: vLLM's CPU memory reservation" in msg and "7.7 GiB" in msg and "6.3 GiB are free" in msg
+    assert "framework_options.vllm.env.VLLM_CPU_KVCACHE_SPACE" in msg
+    assert not [m for m in machine_needs(cfg, small) if m.kind == "memory"]  # the shipped profile sets it
+    roomy = dataclasses.replace(small, node_memory=lambda: (16 * gib, 15 * gib))
+    assert not [m for m in machine_needs(bare, roomy) if m.kind == "memory"]
+    low = {**opts, "vllm": {**opts["vllm"], "gpu_memory_utilization": 0.5}}
+    found = machine_needs(dataclasses.replace(bare, framework_options=low), small)
+    assert [m.what for m in found if m.kind == "memory"] == ["vllm-server: vLLM's CPU memory reservation"]
+
+
+def test_numa_node_memory_reads_what_vllms_cpu_worker_reads(tmp_path):
+    from specstudy.environments.preflight import numa_node_memory
+
+    (tmp_path / "node0").mkdir()
+    lines = {
+        "MemTotal": 8742632,
+        "MemFree": 5461280,
+        "Active(file)": 300000,
+        "Inactive(file)": 200000,
+        "SReclaimable": 50000,
+    }
+    (tmp_path / "node0" / "meminfo").write_text("".join(f"Node 0 {k}:  {v} kB\n" for k, v in lines.items()))
+    assert numa_node_memory(0, tmp_path) == (8742632 * 1024, (5461280 + 300000 + 200000 + 50000) * 1024)
+    assert numa_node_memory(1, tmp_path) is None  # no such node: no finding, not a crash
 
 
 def test_gpu_profile_without_the_gpu_is_refused_unless_forced(no_model_work):

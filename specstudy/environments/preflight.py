@@ -116,17 +116,42 @@ def nvml_gpus() -> list[str] | None:
         pynvml.nvmlShutdown()
 
 
-def numa_node_memory(node: int = 0, root: Path = Path("/sys/devices/system/node")) -> tuple[int, int] | None:
+def numa_node_memory(
+    node: int = 0, root: Path = Path("/sys/devices/system/node"), cgroup: Path = Path("/sys/fs/cgroup")
+) -> tuple[int, int] | None:
     """(total, available) bytes of NUMA node ``node`` as vLLM's CPU worker reads them
-    (``vllm/utils/cpu_resource_utils.py``: MemFree + file pages + SReclaimable), or None without
-    per-node meminfo.  Some VMs report a node far smaller than the machine (8.3 of 24 GiB seen)."""
+    (``vllm/utils/cpu_resource_utils.py``: MemFree + file pages + SReclaimable, both clamped to a
+    smaller cgroup limit), or None without per-node meminfo.  Some VMs report a node far smaller
+    than the machine (8.3 of 24 GiB seen)."""
     path = root / f"node{node}" / "meminfo"
     try:
         info = {p[2].rstrip(":"): int(p[3]) * 1024 for p in (ln.split() for ln in path.read_text().splitlines())}
+        total = info["MemTotal"]
         free = info["MemFree"] + info["Active(file)"] + info["Inactive(file)"] + info["SReclaimable"]
-        return info["MemTotal"], free
     except (OSError, KeyError, IndexError, ValueError):
         return None
+    limit, usage = _cgroup_memory(cgroup)
+    if limit is not None and limit < total:
+        total, free = limit, max(0, min(free, limit - (usage or 0)))
+    return total, free
+
+
+def _cgroup_memory(cgroup: Path) -> tuple[int | None, int | None]:
+    """(limit, usage) bytes of this process's memory cgroup, v2 or v1, as vLLM reads them
+    (v2's ``max`` and v1's huge sentinel mean no limit)."""
+
+    def read(name: str) -> int | None:
+        try:
+            return int((cgroup / name).read_text().strip())
+        except (OSError, ValueError):
+            return None
+
+    if (limit := read("memory.max")) is not None:
+        return limit, read("memory.current")
+    limit = read("memory/memory.limit_in_bytes")
+    if limit is None or limit >= 1 << 62:
+        return None, None
+    return limit, read("memory/memory.usage_in_bytes")
 
 
 def import_probe(python: str, module: str, timeout_s: float = 180.0) -> tuple[bool, str]:

@@ -45,8 +45,9 @@ def machine_needs(cfg: StudyConfig, probes: Probes | None = None) -> list[Missin
         else {"kind": "gpu" if cfg.device.startswith("cuda") else "cpu"}
     )
     tp = max((p.tensor_parallel_size for p in plans), default=1)
-    found = preflight(frameworks, models, drafters, profile, tp, cuda=uses_cuda(cfg), probes=probes)
-    return found + ([] if uses_cuda(cfg) else vllm_cpu_memory(cfg, frameworks, probes or Probes()))
+    cuda, probes = uses_cuda(cfg), probes or Probes()
+    found = preflight(frameworks, models, drafters, profile, tp, cuda=cuda, probes=probes)
+    return found + ([] if cuda else vllm_cpu_memory(cfg, frameworks, probes))
 
 
 #: vLLM's default ``gpu_memory_utilization``: on its CPU build the share of NUMA node 0 it reserves
@@ -59,7 +60,7 @@ def vllm_cpu_memory(cfg: StudyConfig, frameworks: list[str], probes: Probes) -> 
     is not free there: found here before any engine starts, with the setting that fixes it."""
     node = probes.node_memory()
     out = []
-    for fw in (f for f in frameworks if f in ("vllm", "vllm-server")):
+    for fw in (f for f in frameworks if DECLARATIONS[f].environment == "vllm"):
         opts = cfg.framework_options.get(fw, {})
         if (opts.get("env") or {}).get("VLLM_CPU_KVCACHE_SPACE") or os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
             continue

@@ -292,8 +292,21 @@ def test_numa_node_memory_reads_what_vllms_cpu_worker_reads(tmp_path):
         "SReclaimable": 50000,
     }
     (tmp_path / "node0" / "meminfo").write_text("".join(f"Node 0 {k}:  {v} kB\n" for k, v in lines.items()))
-    assert numa_node_memory(0, tmp_path) == (8742632 * 1024, (5461280 + 300000 + 200000 + 50000) * 1024)
-    assert numa_node_memory(1, tmp_path) is None  # no such node: no finding, not a crash
+    no_cgroup = tmp_path / "no-cgroup"
+    free = (5461280 + 300000 + 200000 + 50000) * 1024
+    assert numa_node_memory(0, tmp_path, no_cgroup) == (8742632 * 1024, free)
+    assert numa_node_memory(1, tmp_path, no_cgroup) is None  # no such node: no finding, not a crash
+    v2 = tmp_path / "v2"
+    v2.mkdir()
+    (v2 / "memory.max").write_text("max\n")  # v2 without a limit
+    assert numa_node_memory(0, tmp_path, v2) == (8742632 * 1024, free)
+    (v2 / "memory.max").write_text(f"{4 * 1024**3}\n")  # a pod's 4 GiB, 3 GiB of it in use
+    (v2 / "memory.current").write_text(f"{3 * 1024**3}\n")
+    assert numa_node_memory(0, tmp_path, v2) == (4 * 1024**3, 1024**3)
+    v1 = tmp_path / "v1" / "memory"
+    v1.mkdir(parents=True)
+    (v1 / "memory.limit_in_bytes").write_text(f"{1 << 63}\n")  # v1's no-limit sentinel
+    assert numa_node_memory(0, tmp_path, v1.parent) == (8742632 * 1024, free)
 
 
 def test_gpu_profile_without_the_gpu_is_refused_unless_forced(no_model_work):

@@ -71,8 +71,10 @@ def test_cpu_profile_is_sized_for_this_machine():
     `make study` on a fresh clone in 9 min 58 s; the tree-shape rows (issue 23) add 4 reference cells,
     640 tokens: 10 min 11 s with 3 of them (2026-12-02, an Intel machine, reference AR 17.6 tok/s).  On
     the slower kind of 2026-12-03 (AMD EPYC, `bench/engine.py` AR 11.7 tok/s against 17.0 on the Intel
-    one) the whole study with all 4 took 17 min 43 s (load 0.77 -> 1.78): over 15 minutes there, which
-    this budget cannot see; the README gives both."""
+    one) the whole study with all 4 took 17 min 43 s (load 0.77 -> 1.78): over 15 minutes there.  So the
+    study decodes 24 tokens, the reference headline rows grow to 10 prompts per task and llama.cpp's
+    gamma sweep starts at 2: 11 min 48 s on that machine (2026-12-03 08:42-08:54, load 0.47 -> 1.61),
+    plus 81 s for a fresh .venv.  The machine's speed is what this budget cannot see; the README gives it."""
     from specstudy.metrics import MIN_PROMPTS_FOR_CI
     from specstudy.run.precision import most_extensions
 
@@ -81,7 +83,7 @@ def test_cpu_profile_is_sized_for_this_machine():
     tokens: dict[str, int] = {}
     for p in [*plans, *most_extensions(cfg, plans)]:
         tokens[p.cell.framework] = tokens.get(p.cell.framework, 0) + p.prompts * p.sampling.max_new_tokens
-    assert tokens["reference"] + tokens["hf"] <= 4880 and tokens["llamacpp"] <= 8200
+    assert tokens["reference"] + tokens["hf"] <= 3800 and tokens["llamacpp"] <= 5600
     headline = [sw for sw in cfg.sweeps if sw.name == "hardware" or sw.name.startswith("hardware_")]
     assert headline and all(sw.prompts_per_task * len(sw.tasks) >= 10 for sw in headline)
     assert all(sw.prompts_per_task >= MIN_PROMPTS_FOR_CI for sw in cfg.sweeps)

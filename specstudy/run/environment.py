@@ -58,16 +58,22 @@ def vllm_cpu_memory(cfg: StudyConfig, frameworks: list[str], probes: Probes) -> 
     """vLLM's CPU build reserves ``gpu_memory_utilization`` (0.92) of NUMA node 0 unless the KV cache
     has a fixed size (``VLLM_CPU_KVCACHE_SPACE``, GiB), and its engine refuses to start when that much
     is not free there: found here before any engine starts, with the setting that fixes it."""
+    unsized = [
+        f
+        for f in frameworks
+        if DECLARATIONS[f].environment == "vllm"
+        and not ((cfg.framework_options.get(f, {}).get("env") or {}).get("VLLM_CPU_KVCACHE_SPACE"))
+    ]
+    if not unsized or os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+        return []  # no node to read: every vLLM framework has a fixed KV size, or there is none
     node = probes.node_memory()
-    out = []
-    for fw in (f for f in frameworks if DECLARATIONS[f].environment == "vllm"):
-        opts = cfg.framework_options.get(fw, {})
-        if (opts.get("env") or {}).get("VLLM_CPU_KVCACHE_SPACE") or os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+    if node is None:  # no per-node meminfo here: nothing to compare against
+        return []
+    gib, out = 1024**3, []
+    for fw in unsized:
+        share = float(cfg.framework_options.get(fw, {}).get("gpu_memory_utilization") or VLLM_DEFAULT_MEMORY_SHARE)
+        if share * node[0] <= node[1]:
             continue
-        share = float(opts.get("gpu_memory_utilization") or VLLM_DEFAULT_MEMORY_SHARE)
-        if node is None or share * node[0] <= node[1]:
-            continue
-        gib = 1024**3
         out.append(
             Missing(
                 "memory",

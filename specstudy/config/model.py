@@ -14,6 +14,7 @@ Names are checked before anything is downloaded; fetching and loading is :mod:`s
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -30,6 +31,8 @@ _REQUIRED = {
     "gguf_path": ("path",),
     "hub": ("repo",),
 }
+#: a Hugging Face hub id, owner/name (the characters the hub allows in each part)
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 Sha256 = Annotated[str, Field(pattern=r"^[0-9a-fA-F]{64}$")]
 
 
@@ -94,7 +97,8 @@ def model_names() -> list[str]:
 
 
 def get_entry(name: str) -> ModelEntry:
-    """The registry entry ``name``; a path to a local HF directory or a .gguf file also works."""
+    """The registry entry ``name``; a local HF directory, a .gguf file or a hub id ``owner/name`` also
+    works (the GPU profiles name hub ids, which the reference engine loads like any entry)."""
     file = models_dir() / f"{name}.yaml"
     if file.exists():
         data = load_yaml(file)
@@ -113,7 +117,9 @@ def get_entry(name: str) -> ModelEntry:
         return ModelEntry(name=str(p), source="local_dir", file=p, path=str(p))
     if p.is_file() and p.suffix == ".gguf":
         return ModelEntry(name=str(p), source="gguf_path", file=p, path=str(p))
+    if HUB_ID.match(name) and not p.exists():
+        return ModelEntry(name=name, source="hub", repo=name)
     raise ValueError(
         f"model={name!r} is not known; allowed: {model_names()} (entries in {models_dir()}), "
-        "or a local Hugging Face directory / .gguf path"
+        "a local Hugging Face directory / .gguf path, or a hub id owner/name"
     )

@@ -1,0 +1,104 @@
+"""Random-weight stand-ins shaped like a hub model, placed in a Hugging Face cache under its own id.
+
+A GPU profile names hub ids (``meta-llama/Llama-2-70b-chat-hf``); a rehearsal on a CPU runs the same
+profile against a cache holding, under each id, a model of the same architecture class, vocabulary,
+context and rope settings with fewer layers and a smaller width (:func:`scaled_config` says what it
+scaled).  Nothing here is a measurement: the weights are random.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+#: the config keys a stand-in keeps exactly (what engines check and tensor parallelism divides)
+KEPT = (
+    "architectures",
+    "model_type",
+    "vocab_size",
+    "max_position_embeddings",
+    "rope_theta",
+    "rope_scaling",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "bos_token_id",
+    "eos_token_id",
+    "pad_token_id",
+    "tie_word_embeddings",
+    "torch_dtype",
+)
+#: a snapshot name for stand-ins (the hub's commit hashes are 40 hex digits)
+SNAPSHOT = "0" * 40
+
+
+def scaled_config(cfg: dict[str, Any], layers: int = 2, head_dim: int = 32) -> tuple[dict[str, Any], list[str]]:
+    """``cfg`` with fewer layers and a smaller width, heads and KV heads kept; and what was scaled.
+
+    The width follows from the kept head count (hidden = heads x ``head_dim``), so the head and
+    KV-head structure that tensor parallelism and the engines' checks divide is the real one.
+    """
+    out = {k: cfg[k] for k in KEPT if k in cfg}
+    heads = int(cfg.get("num_attention_heads", 4))
+    hidden = heads * head_dim
+    scaled = {
+        "num_hidden_layers": min(layers, int(cfg.get("num_hidden_layers", layers))),
+        "hidden_size": hidden,
+        "intermediate_size": 2 * hidden,
+        "head_dim": head_dim,
+    }
+    notes = [f"{k}: {cfg.get(k)} -> {v}" for k, v in scaled.items() if cfg.get(k) != v]
+    return {**cfg, **out, **scaled}, notes
+
+
+def standin_tokenizer(vocab_size: int, model_max_length: int) -> Any:
+    """A byte-level tokenizer with exactly ``vocab_size`` ids (256 bytes, then fillers): any text encodes."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    specials = ["<unk>", "<s>", "</s>"]
+    vocab = {t: i for i, t in enumerate(specials + sorted(alphabet))}
+    vocab.update({f"<x{i}>": i for i in range(len(vocab), vocab_size)})
+    if len(vocab) != vocab_size:
+        raise ValueError(f"vocab_size={vocab_size}: a stand-in tokenizer needs at least {len(vocab)} ids")
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>", model_max_length=model_max_length
+    )
+
+
+def write_standin(cfg: dict[str, Any], folder: Path, seed: int = 0) -> Path:
+    """A random-weight model of config ``cfg`` and its stand-in tokenizer, saved to ``folder``."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    fields = {k: v for k, v in cfg.items() if k not in ("model_type", "architectures", "transformers_version")}
+    config = AutoConfig.for_model(cfg["model_type"], **fields)
+    config.architectures = cfg.get("architectures")
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder)
+    standin_tokenizer(int(cfg["vocab_size"]), int(cfg.get("max_position_embeddings", 2048))).save_pretrained(folder)
+    return folder
+
+
+def place_in_hub_cache(folder: Path, repo: str, cache: Path) -> Path:
+    """Copy ``folder``'s files into ``cache`` as the hub's layout for ``repo`` (what offline loads read)."""
+    root = cache / f"models--{repo.replace('/', '--')}"
+    snap = root / "snapshots" / SNAPSHOT
+    snap.mkdir(parents=True, exist_ok=True)
+    for f in folder.iterdir():
+        if f.is_file():
+            shutil.copy2(f, snap / f.name)
+    (root / "refs").mkdir(exist_ok=True)
+    (root / "refs" / "main").write_text(SNAPSHOT)
+    return snap
+
+
+def read_config(folder: Path) -> dict[str, Any]:
+    return dict(json.loads((folder / "config.json").read_text()))

@@ -1,0 +1,66 @@
+"""N1: the reference engine loads a hub id (the h200 profile's SpecInfer/Sequoia/chain rows name
+``meta-llama/Llama-2-7b-chat-hf`` and ``JackFram/llama-68m``), here from an offline hub cache holding a
+random-weight stand-in under that id."""
+
+import pytest
+
+from specstudy.config.model import get_entry
+from specstudy.data import standins
+
+# JackFram/llama-68m's published config.json (huggingface.co/JackFram/llama-68m): LlamaForCausalLM,
+# 2 layers, hidden 768, 12 heads, vocab 32000, 2048 positions
+LLAMA_68M = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 768,
+    "intermediate_size": 3072,
+    "num_attention_heads": 12,
+    "num_hidden_layers": 2,
+    "max_position_embeddings": 2048,
+    "vocab_size": 32000,
+    "bos_token_id": 0,
+    "eos_token_id": 2,
+    "pad_token_id": 1,
+}
+
+
+def test_get_entry_takes_a_hub_id_and_still_refuses_other_names():
+    e = get_entry("JackFram/llama-68m")
+    assert (e.source, e.repo) == ("hub", "JackFram/llama-68m")
+    with pytest.raises(ValueError, match="'no-such-model' is not known.*hub id owner/name"):
+        get_entry("no-such-model")
+    with pytest.raises(ValueError, match="is not known"):
+        get_entry("a/b/c")
+
+
+def test_scaled_config_keeps_vocab_context_and_heads():
+    cfg, notes = standins.scaled_config({**LLAMA_68M, "num_hidden_layers": 80, "num_key_value_heads": 4}, layers=1)
+    assert (cfg["vocab_size"], cfg["max_position_embeddings"], cfg["num_attention_heads"]) == (32000, 2048, 12)
+    assert cfg["num_key_value_heads"] == 4 and cfg["num_hidden_layers"] == 1
+    assert "num_hidden_layers: 80 -> 1" in notes and "hidden_size: 768 -> 384" in notes
+
+
+@pytest.fixture
+def hub_cache(tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    cache = tmp_path / "hub"
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    cfg, _ = standins.scaled_config({**LLAMA_68M, "vocab_size": 320}, layers=1, head_dim=4)
+    standins.place_in_hub_cache(standins.write_standin(cfg, tmp_path / "m"), "JackFram/llama-68m", cache)
+    return cache
+
+
+def test_reference_engine_loads_a_hub_id_offline(hub_cache):
+    from specstudy.backends.reference.backend import ReferenceBackend
+    from specstudy.records import Cell, Request, Sampling
+
+    be = ReferenceBackend("JackFram/llama-68m", drafter="JackFram/llama-68m")
+    assert be.model.config.vocab_size == 320 and len(be.tokenizer) == 320
+    sampling = Sampling(temperature=0.0, max_new_tokens=3, ignore_eos=True)
+    for method, gamma in (("ar", None), ("draft_target", 2)):
+        drafter = "JackFram/llama-68m" if gamma else None
+        cell = Cell("s", "h200", "reference", method, "code", "JackFram/llama-68m", drafter, gamma)
+        recs = list(be.run([Request(prompt_id="p0", prompt="def f(x):")], sampling, cell))
+        assert len(recs) == 1 and recs[0].output_tokens == 3, method

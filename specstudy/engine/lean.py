@@ -201,7 +201,8 @@ class LeanLlama:
         if why is not None:
             raise ValueError(f"no lean forward: {why}")
         cfg = model.config
-        self.model = model
+        # no reference to ``model`` itself: this object is the value of a WeakKeyDictionary keyed by
+        # it, and a value holding its key keeps the model (GPU memory) alive for the whole process
         self.base = model.model
         self.n_heads = cfg.num_attention_heads
         self.n_kv = cfg.num_key_value_heads

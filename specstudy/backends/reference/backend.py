@@ -11,6 +11,7 @@ marks every record's ``synthetic_acceptance`` with the rule, e.g. ``"alpha=0.8"`
 
 from __future__ import annotations
 
+import gc
 import time
 import traceback
 from collections.abc import Iterator, Mapping, Sequence
@@ -235,5 +236,11 @@ class ReferenceBackend(Backend):
             yield rec.fill_acceptance_from_steps()
 
     def close(self) -> None:
+        """Drop the models and hand their GPU memory back (a vLLM server may start next in this process's GPU)."""
         self._drafters.clear()
         self.model = None
+        gc.collect()
+        if self.device.startswith("cuda"):
+            import torch
+
+            torch.cuda.empty_cache()

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from ..config import ParamsError, StudyConfig, hardware_names, load_hardware_profile
 from ..environments import install as envs
 from ..environments.preflight import DrafterUse, Missing, Probes, Weights, preflight
+from ..drafter_names import LOOKUP, is_self, merged_parts
 from ..frameworks import DECLARATIONS, EngineEnv
 from .plan import expand, uses_cuda
 
@@ -36,6 +37,7 @@ def machine_needs(cfg: StudyConfig, probes: Probes | None = None) -> list[Missin
         if p.drafter_id and DECLARATIONS[p.cell.framework].drafter_format:
             uses.setdefault(p.drafter_id, set()).add((p.cell.framework, p.cell.method))
     drafters = [DrafterUse(d, tuple(sorted(u)), params.get(d)) for d, u in sorted(uses.items())]
+    models += [Weights(d, params.get(d)) for d in sorted(other_drafters(plans) - set(uses) - targets)]
     profile = (
         load_hardware_profile(cfg.hardware, measure=False)
         if cfg.hardware in hardware_names()
@@ -45,6 +47,17 @@ def machine_needs(cfg: StudyConfig, probes: Probes | None = None) -> list[Missin
     cuda, probes = uses_cuda(cfg), probes or Probes()
     found = preflight(frameworks, models, drafters, profile, tp, cuda=cuda, probes=probes)
     return found + ([] if cuda else vllm_cpu_memory(cfg, frameworks, probes))
+
+
+def other_drafters(plans: list) -> set[str]:
+    """Every checkpoint a row drafts with (Medusa heads for TensorRT-LLM's engine build, the reference
+    engine's draft models, each model of a merged tree): each must be here before an offline run."""
+    out = set()
+    for p in plans:
+        for part in merged_parts(p.drafter_id) if p.drafter_id else []:
+            if part != LOOKUP and not is_self(part):
+                out.add(part)
+    return out
 
 
 #: vLLM's default ``gpu_memory_utilization``: on its CPU build the share of NUMA node 0 it reserves

@@ -14,9 +14,9 @@ import os
 from collections.abc import Callable
 
 from ..config import ParamsError, StudyConfig, hardware_names, load_hardware_profile
+from ..drafter_names import LOOKUP, is_self, merged_parts
 from ..environments import install as envs
 from ..environments.preflight import DrafterUse, Missing, Probes, Weights, preflight
-from ..drafter_names import LOOKUP, is_self, merged_parts
 from ..frameworks import DECLARATIONS, EngineEnv
 from .plan import expand, uses_cuda
 

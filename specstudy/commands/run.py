@@ -23,7 +23,7 @@ from ..data.models import tokenizer_if_here
 from ..environments.preflight import Probes
 from ..layout import StudyLayout
 from ..report.notebooks import plan_notebook_jobs, write_notebook_makefile
-from ..run.environment import machine_needs, prepare_machine, refused_rows
+from ..run.environment import keep_rows, machine_needs, prepare_machine
 from ..run.plan import CellPlan, check_backends, check_tasks, expand, plan_summary, uses_cuda
 
 #: exit status when the study ran but some cells failed (make study renders the report, then fails)
@@ -234,25 +234,22 @@ def run(args: argparse.Namespace) -> int:
         tokenizer = None if args.dry_run else tokenizer_if_here
         for task_note in check_tasks(cfg, fetch=not args.dry_run, tokenizer=tokenizer, sweeps=args.sweep):
             warnings.warn(task_note, stacklevel=1)
-        refused: set[tuple[str, str, str]] = set()
+        refused: list = []
         # a cluster's nodes prepare themselves (a login node has no GPU): only a run here prepares this machine
         if not args.dry_run and args.executor != "slurm":
             notes = prepare_machine(cfg, force=args.force)
-            refused = refused_rows(notes)
+            refused = [n for n in notes if n.kind == "drafter" or n.target]
             for note in notes:
                 after = (
                     "this row is refused; the others run"
-                    if note.kind == "drafter"
+                    if note in refused
                     else "--force: running anyway; the numbers belong to this machine"
                 )
                 warnings.warn(f"{note.what}: {note.why} ({after})", stacklevel=1)
     for w in caught:
         print(f"specstudy run: warning: {w.message}", file=sys.stderr)
-    if refused:  # rows whose drafter this machine's engine cannot load
-        all_plans, plans = (
-            [p for p in ps if (p.cell.framework, p.cell.method, p.drafter_id or "") not in refused]
-            for ps in (all_plans, plans)
-        )
+    if refused:  # rows whose drafter this machine's engine cannot load, or that need more GPUs than it has
+        all_plans, plans = keep_rows(all_plans, refused), keep_rows(plans, refused)
     if sharded is not None and refused:  # the shards of what is left
         sharded = _shards(args, cfg, plans, _profile(cfg))
     summary = plan_summary(plans, cfg.warmup_requests, cfg.warmup_max_new_tokens)

@@ -51,6 +51,8 @@ class Missing:
     framework: str = ""
     method: str = ""
     drafter: str = ""
+    #: a tensor-parallel finding's row: the target whose tensor_parallel_size this machine cannot give
+    target: str = ""
 
 
 @dataclass(frozen=True)
@@ -245,6 +247,15 @@ def _gpus(profile: Mapping[str, Any], tp: int, p: Probes) -> list[Missing]:
             )
         )
     return out
+
+
+def matching_gpus(profile: Mapping[str, Any] | Any, p: Probes | None = None) -> int | None:
+    """How many GPUs NVML sees of the profile's kind (all of them when none match); None without NVML."""
+    names = (p or Probes()).gpus()
+    if not names:
+        return None
+    want = str(_as_mapping(profile).get("device", ""))
+    return len([n for n in names if _same_gpu(want, n)] or names)
 
 
 def _same_gpu(want: str, have: str) -> bool:

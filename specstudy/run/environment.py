@@ -16,7 +16,7 @@ from collections.abc import Callable
 from ..config import ParamsError, StudyConfig, hardware_names, load_hardware_profile
 from ..drafter_names import LOOKUP, is_self, merged_parts
 from ..environments import install as envs
-from ..environments.preflight import DrafterUse, Missing, Probes, Weights, preflight
+from ..environments.preflight import DrafterUse, Missing, Probes, Weights, matching_gpus, preflight
 from ..frameworks import DECLARATIONS, EngineEnv
 from .plan import expand, uses_cuda
 
@@ -43,10 +43,31 @@ def machine_needs(cfg: StudyConfig, probes: Probes | None = None) -> list[Missin
         if cfg.hardware in hardware_names()
         else {"kind": "gpu" if cfg.device.startswith("cuda") else "cpu"}
     )
-    tp = max((p.tensor_parallel_size for p in plans), default=1)
     cuda, probes = uses_cuda(cfg), probes or Probes()
-    found = preflight(frameworks, models, drafters, profile, tp, cuda=cuda, probes=probes)
+    found = preflight(frameworks, models, drafters, profile, 1, cuda=cuda, probes=probes)
+    found += tensor_parallel_rows(plans, profile, probes)
     return found + ([] if cuda else vllm_cpu_memory(cfg, frameworks, probes))
+
+
+def tensor_parallel_rows(plans: list, profile: object, probes: Probes) -> list[Missing]:
+    """A model whose tensor_parallel_size exceeds the GPUs here refuses its own rows, not the study's."""
+    kind = profile.get("kind") if isinstance(profile, dict) else getattr(profile, "kind", None)
+    if kind != "gpu":
+        return []
+    have = matching_gpus(profile, probes)
+    if have is None:
+        return []  # no GPU at all: preflight's own finding stops the run
+    sizes = {p.target: p.tensor_parallel_size for p in plans if p.tensor_parallel_size > have}
+    return [
+        Missing(
+            "gpu",
+            f"{tp} GPUs for {target}",
+            f"its tensor_parallel_size={tp} needs {tp} GPUs; {have} here",
+            "its rows are refused; run them on a machine with more GPUs, or lower its tensor_parallel_size",
+            target=target,
+        )
+        for target, tp in sorted(sizes.items())
+    ]
 
 
 def other_drafters(plans: list) -> set[str]:
@@ -147,10 +168,25 @@ def _blocking(missing: list[Missing], force: bool, engines: bool) -> list[Missin
     return [
         m
         for m in missing
-        if not (m.kind == "gpu" and force) and m.kind != "drafter" and (engines or m.kind != "engine")
+        if not (m.kind == "gpu" and force) and m.kind != "drafter" and not m.target and (engines or m.kind != "engine")
     ]
 
 
 def refused_rows(notes: list[Missing]) -> set[tuple[str, str, str]]:
     """(framework, method, drafter id) of the rows a drafter finding refuses."""
     return {(m.framework, m.method, m.drafter) for m in notes if m.kind == "drafter" and m.framework}
+
+
+def refused_targets(notes: list[Missing]) -> set[str]:
+    """The targets whose rows a tensor-parallel finding refuses (too few GPUs here)."""
+    return {m.target for m in notes if m.target}
+
+
+def keep_rows(plans: list, notes: list[Missing]) -> list:
+    """``plans`` without the rows the machine's findings refuse (drafter format, GPU count)."""
+    rows, targets = refused_rows(notes), refused_targets(notes)
+    return [
+        p
+        for p in plans
+        if (p.cell.framework, p.cell.method, p.drafter_id or "") not in rows and p.target not in targets
+    ]

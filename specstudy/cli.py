@@ -37,6 +37,10 @@ COMMANDS = {
         "serving benchmark: Poisson/bursty or fixed-concurrency load on a vLLM / SGLang / llama.cpp / "
         "OpenAI-compatible server, paired runs with and without speculation, speedup per rate",
     ),
+    "models": (
+        "models",
+        "'models configs --hardware GPU': fetch each hub model's config.json into the HF cache and check the study against them",
+    ),
     "run": ("run", "run the study matrix of params/hardware/<gpu>.yaml (warm-up, paired AR baseline, resume)"),
     "report": (
         "report",

@@ -133,6 +133,12 @@ class EngineDeclaration:
     max_batch: int | None = None
     #: loads the model pair's checkpoints (False: weights of its own format, mapped in its options)
     reads_checkpoints: bool = True
+    #: builds an EAGLE/EAGLE-3 draft with the target's context length and refuses a draft whose own
+    #: context is shorter (SGLang); False: the draft's context is min(target's, draft's) (vLLM)
+    draft_takes_target_context: bool = False
+    #: the engine versions its rows are written for, (lowest, first refused) as "major.minor"
+    #: (None: no bound); preflight reads the installed version and refuses the rows outside
+    versions: tuple[str | None, str | None] | None = None
 
     @property
     def environment(self) -> str | None:

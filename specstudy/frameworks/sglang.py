@@ -75,6 +75,11 @@ SGLANG = EngineDeclaration(
     http=True,
     serve_bench=True,
     start_s=120.0,
+    # eagle_worker_v2.py builds the draft worker with the target's context_length, and model_config.py
+    # refuses a context longer than the draft's max_position_embeddings unless
+    # SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN is set (which the kit never sets: the head was trained
+    # to its own length); a study's max_model_len above a head's context is refused at validation
+    draft_takes_target_context=True,
     tensor_parallel=True,
     environments=(SGLANG_ENV,),
     requirement=("sglang", "its own pinned environment .venv-sglang: make engine-sglang"),

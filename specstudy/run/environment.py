@@ -75,6 +75,8 @@ def other_drafters(plans: list) -> set[str]:
     engine's draft models, each model of a merged tree): each must be here before an offline run."""
     out = set()
     for p in plans:
+        if not DECLARATIONS[p.cell.framework].reads_checkpoints:
+            continue  # MLC fetches weights of its own format
         for part in merged_parts(p.drafter_id) if p.drafter_id else []:
             if part != LOOKUP and not is_self(part):
                 out.add(part)

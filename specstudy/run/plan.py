@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import warnings
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +22,7 @@ from .. import backends
 from ..backends.base import Backend
 from ..config import ParamsError, StudyConfig, Sweep, hardware_names, load_hardware_profile, load_task_config
 from ..config.errors import ParamsProblems
+from ..config.model_configs import config_problems
 from ..config.schema import ModelPair
 from ..data.conversations import turns_per_prompt
 from ..data.traces import replay_rate
@@ -230,9 +232,25 @@ def check_backends(cfg: StudyConfig, files: bool = True) -> StudyConfig:
     machine without the weights.
     """
     _structure(cfg)
+    model_configs(cfg)
     if files:
         _cell_checks(cfg)
     return cfg
+
+
+def model_configs(cfg: StudyConfig) -> None:
+    """The study against each model's own config.json (context, tensor parallelism, drafts, memory per GPU),
+    every problem at once; a model whose config is not here is named in a warning, not guessed."""
+    memory = load_hardware_profile(cfg.hardware, measure=False).memory_gb if cfg.hardware in hardware_names() else None
+    problems, unchecked = config_problems(cfg, memory if uses_cuda(cfg) else None)
+    if unchecked and uses_cuda(cfg):
+        warnings.warn(
+            f"{cfg.file}: not checked against their own config.json (none here; `specstudy models configs "
+            f"--hardware {cfg.hardware}` fetches them): {', '.join(unchecked)}",
+            stacklevel=2,
+        )
+    if problems:
+        raise ParamsProblems(problems, "study, against its models' own configs")
 
 
 def check_tasks(

@@ -20,7 +20,7 @@ from typing import Any
 
 from ..config import ParamsError, StudyConfig, hardware_names, load_hardware_profile, load_study
 from ..data.models import tokenizer_if_here
-from ..environments.preflight import Probes
+from ..environments.preflight import Missing, Probes
 from ..layout import StudyLayout
 from ..report.notebooks import plan_notebook_jobs, write_notebook_makefile
 from ..run.environment import keep_rows, machine_needs, prepare_machine
@@ -234,7 +234,7 @@ def run(args: argparse.Namespace) -> int:
         tokenizer = None if args.dry_run else tokenizer_if_here
         for task_note in check_tasks(cfg, fetch=not args.dry_run, tokenizer=tokenizer, sweeps=args.sweep):
             warnings.warn(task_note, stacklevel=1)
-        refused: list = []
+        refused: list[Missing] = []
         # a cluster's nodes prepare themselves (a login node has no GPU): only a run here prepares this machine
         if not args.dry_run and args.executor != "slurm":
             notes = prepare_machine(cfg, force=args.force)

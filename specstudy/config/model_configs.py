@@ -235,18 +235,16 @@ def _draft_shape(file: Any, use: Use, t: Mapping[str, Any], d: Mapping[str, Any]
 def _memory(
     file: Any, use: Use, t: Mapping[str, Any], d: Mapping[str, Any] | None, memory_gb: float
 ) -> list[ParamsError]:
-    """The weights per GPU (target split over its GPUs, plus the draft) within the engine's share."""
-    bytes_per = WEIGHT_BYTES.get(use.dtype, 2)
-    target = (params_of(t) or 0.0) * bytes_per / use.tensor_parallel_size
-    draft = (params_of(d) or 0.0) * WEIGHT_BYTES.get(
-        use.dtype if use.dtype in ("float16", "bfloat16") else "bfloat16", 2
-    )
-    need, budget = (target + draft) / 1e9, memory_gb * use.memory_share
+    """The weights per GPU (target and draft split over the same GPUs, the engines' default) within the
+    engine's share; a quantized target's draft is counted in 16 bits."""
+    target = (params_of(t) or 0.0) * WEIGHT_BYTES.get(use.dtype, 2)
+    draft = ((params_of(d) if d is not None else 0.0) or 0.0) * 2
+    need, budget = (target + draft) / use.tensor_parallel_size / 1e9, memory_gb * use.memory_share
     if need <= budget:
         return []
     hint = (
         f"{use.target} ({use.dtype}, tensor_parallel_size {use.tensor_parallel_size})"
-        f"{' + ' + use.drafter if d is not None else ''}: {need:.1f} GB of weights per GPU, before any KV cache"
+        f"{' + ' + str(use.drafter) if d is not None else ''}: {need:.1f} GB of weights per GPU, before any KV cache"
     )
     return [
         ParamsError(

@@ -66,7 +66,7 @@ def standin_tokenizer(vocab_size: int, model_max_length: int) -> Any:
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    return PreTrainedTokenizerFast(
+    return PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
         tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>", model_max_length=model_max_length
     )
 
@@ -80,7 +80,7 @@ def write_standin(cfg: dict[str, Any], folder: Path, seed: int = 0) -> Path:
     fields = {k: v for k, v in cfg.items() if k not in ("model_type", "architectures", "transformers_version")}
     config = AutoConfig.for_model(cfg["model_type"], **fields)
     config.architectures = cfg.get("architectures")
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)  # type: ignore[no-untyped-call]
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder)
     standin_tokenizer(int(cfg["vocab_size"]), int(cfg.get("max_position_embeddings", 2048))).save_pretrained(folder)

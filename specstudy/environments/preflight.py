@@ -319,7 +319,7 @@ def _engines(frameworks: list[str], cuda: bool, p: Probes) -> list[Missing]:
 def _registry_name(name: str) -> bool:
     """A kit registry entry or local file (a hub id, which get_entry also takes, must be in the cache)."""
     try:
-        return get_entry(name).source != "hub"
+        return bool(get_entry(name).source != "hub")
     except Exception:
         return False
 

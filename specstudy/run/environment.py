@@ -18,7 +18,7 @@ from ..drafter_names import LOOKUP, is_self, merged_parts
 from ..environments import install as envs
 from ..environments.preflight import DrafterUse, Missing, Probes, Weights, matching_gpus, preflight
 from ..frameworks import DECLARATIONS, EngineEnv
-from .plan import expand, uses_cuda
+from .plan import CellPlan, expand, uses_cuda
 
 
 def machine_needs(cfg: StudyConfig, probes: Probes | None = None) -> list[Missing]:
@@ -49,7 +49,7 @@ def machine_needs(cfg: StudyConfig, probes: Probes | None = None) -> list[Missin
     return found + ([] if cuda else vllm_cpu_memory(cfg, frameworks, probes))
 
 
-def tensor_parallel_rows(plans: list, profile: object, probes: Probes) -> list[Missing]:
+def tensor_parallel_rows(plans: list[CellPlan], profile: object, probes: Probes) -> list[Missing]:
     """A model whose tensor_parallel_size exceeds the GPUs here refuses its own rows, not the study's."""
     kind = profile.get("kind") if isinstance(profile, dict) else getattr(profile, "kind", None)
     if kind != "gpu":
@@ -70,10 +70,10 @@ def tensor_parallel_rows(plans: list, profile: object, probes: Probes) -> list[M
     ]
 
 
-def other_drafters(plans: list) -> set[str]:
+def other_drafters(plans: list[CellPlan]) -> set[str]:
     """Every checkpoint a row drafts with (Medusa heads for TensorRT-LLM's engine build, the reference
     engine's draft models, each model of a merged tree): each must be here before an offline run."""
-    out = set()
+    out: set[str] = set()
     for p in plans:
         if not DECLARATIONS[p.cell.framework].reads_checkpoints:
             continue  # MLC fetches weights of its own format
@@ -184,7 +184,7 @@ def refused_targets(notes: list[Missing]) -> set[str]:
     return {m.target for m in notes if m.target}
 
 
-def keep_rows(plans: list, notes: list[Missing]) -> list:
+def keep_rows(plans: list[CellPlan], notes: list[Missing]) -> list[CellPlan]:
     """``plans`` without the rows the machine's findings refuse (drafter format, GPU count)."""
     rows, targets = refused_rows(notes), refused_targets(notes)
     return [

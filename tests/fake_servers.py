@@ -105,7 +105,7 @@ class Handler(BaseHTTPRequestHandler):
             self._send(
                 200, json.dumps({"object": "list", "data": [{"id": "m", "object": "model"}]}), "application/json"
             )
-        elif self.path == "/get_server_info":
+        elif self.path == "/server_info":  # SGLang 0.5.23 (its /get_server_info is deprecated: not served here)
             self._send(200, json.dumps({"version": "0.5.23-fake"}), "application/json")
         elif self.path == "/metrics" and st.mode == "trtllm":  # JSON iteration stats, drained per call
             with st.lock:

@@ -1,9 +1,11 @@
 """TensorRT-LLM 1.2's declarations (``trtllm-serve``), one per runtime backend, so every
 speculative cell is paired with an AR baseline on its own backend.
 
-From its ``tensorrt_llm/llmapi/llm_args.py``: ``decoding_type`` DraftTarget, NGram, Eagle (the
-EAGLE config, EAGLE-3 heads on the PyTorch backend: ``EagleDecodingConfig`` with
-``eagle3_one_model``; there is no ``Eagle3`` type), Medusa, MTP.  The PyTorch backend runs
+From its ``tensorrt_llm/llmapi/llm_args.py``: ``decoding_type`` DraftTarget, NGram, Eagle, Medusa,
+MTP.  On the PyTorch backend ``Eagle`` (``EagleDecodingConfig``) runs an EAGLE-3 head (its
+``spec_dec_mode`` is EAGLE3, or EAGLE3_ONE_MODEL with ``eagle3_one_model``), which is what the kit
+writes; the sources also declare ``Eagle3`` (``Eagle3DecodingConfig``, a subclass of it that only
+renames the type), which the kit does not write.  The PyTorch backend runs
 DraftTarget, NGram and EAGLE-3; Medusa and EAGLE-1/2 checkpoints need the TensorRT engine
 backend (``--backend tensorrt``), whose arguments class (``TrtLlmArgs``) forbids the PyTorch-only
 keys (``enable_iter_perf_stats``, ``disable_overlap_scheduler``) and whose iteration statistics

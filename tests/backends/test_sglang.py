@@ -163,3 +163,22 @@ def test_the_warm_up_prefix_is_not_flushed_before_the_measured_requests():
         assert fake.state.flushes == 1 and rec.extra["cache_flushed"] is False
     assert "not flushed" in describe_sglang("ngram", 4, {}, flush=False)
     assert "flushed before every cell" in describe_sglang("ngram", 4, {})
+
+
+def test_the_version_is_read_from_sglangs_current_endpoint():
+    """N12: SGLang 0.5.23 serves /server_info and logs /get_server_info as deprecated; the fake serves
+    only the current path, so a probe of the old one alone would read no version."""
+    from specstudy.backends.sglang.server import SGLANG_INFO_PATHS
+
+    assert SGLANG_INFO_PATHS[0] == "/server_info"
+    with FakeServer(mode="sglang") as fake:
+        b = get_backend("sglang", model="m", base_url=fake.url, request_timeout_s=10)
+        assert b.version_probe(fake.url) == "0.5.23-fake"
+
+
+def test_the_trtllm_declaration_says_what_eagle3_rows_write():
+    """N12: TensorRT-LLM's sources declare an Eagle3 decoding type; the docstring no longer says there is none."""
+    import specstudy.frameworks.trtllm as t
+
+    assert "there is no ``Eagle3`` type" not in (t.__doc__ or "")
+    assert "Eagle3DecodingConfig" in (t.__doc__ or "") and t.PYTORCH_DECODING["eagle3"] == "Eagle"

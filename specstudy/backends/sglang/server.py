@@ -176,6 +176,10 @@ def meta_fields(meta: dict[str, Any], depth: int | None = None) -> dict[str, Any
     return out
 
 
+#: where a server says its version: the current endpoint first, then the deprecated one
+SGLANG_INFO_PATHS = ("/server_info", "/get_server_info")
+
+
 class SglangServerBackend(ServerBackend):
     """``python -m sglang.launch_server`` per speculative configuration, or attach via ``base_url``.
 
@@ -296,13 +300,18 @@ class SglangServerBackend(ServerBackend):
         return tuple(speculative_flags(cell.method, cell.gamma, cell.drafter or self.drafter, dict(cell.options)))
 
     def version_probe(self, url: str) -> str | None:
+        """The server's version from ``/server_info`` (SGLang 0.5.23's endpoint; it logs ``/get_server_info``
+        as deprecated), falling back to the old path for an older server the kit attaches to."""
         import json
 
-        try:
-            status, body = http_get(url + "/get_server_info", 10.0)
-            return str(json.loads(body).get("version")) if status == 200 else None
-        except (OSError, ValueError):
-            return None
+        for path in SGLANG_INFO_PATHS:
+            try:
+                status, body = http_get(url + path, 10.0)
+                if status == 200:
+                    return str(json.loads(body).get("version"))
+            except (OSError, ValueError):
+                continue
+        return None
 
     def request_body(self, request: Request, sampling: Sampling) -> dict[str, Any]:
         params: dict[str, Any] = {

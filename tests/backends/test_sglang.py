@@ -182,3 +182,30 @@ def test_the_trtllm_declaration_says_what_eagle3_rows_write():
 
     assert "there is no ``Eagle3`` type" not in (t.__doc__ or "")
     assert "Eagle3DecodingConfig" in (t.__doc__ or "") and t.PYTORCH_DECODING["eagle3"] == "Eagle"
+
+
+def test_a_request_that_accepted_nothing_keeps_its_per_position_counts():
+    """N11: every step accepted nothing, so SGLang's histogram has one entry ([steps]); the request still
+    counts, with zero accepted at each position: dropping it lifted α̂ for weak drafters."""
+    meta = {
+        "completion_tokens": 7,
+        "spec_verify_ct": 6,
+        "spec_num_correct_drafts": 0,
+        "spec_correct_drafts_histogram": [6],
+    }
+    f = meta_fields(meta, depth=3)
+    assert f["accepted_per_position"] == [0, 0, 0] and f["drafts_per_position"] == [6, 6, 6]
+    strong = meta_fields({**meta, "spec_num_correct_drafts": 9, "spec_correct_drafts_histogram": [0, 3, 3]}, depth=3)
+    recs = []
+    for i, fields in enumerate((f, strong)):
+        rec = Cell("t", "cpu", "sglang", "eagle3", "x", "m", gamma=3).new_record(Request(f"r{i}", "x"), Sampling())
+        for k, v in fields.items():
+            setattr(rec, k, v)
+        recs.append(rec)
+    pooled = metrics.acceptance_summary(recs)
+    alone = metrics.acceptance_summary(recs[1:])
+    assert pooled["alpha"] == pytest.approx(9 / 36) and alone["alpha"] == pytest.approx(9 / 18)
+    # per position (unconditional: accepted at k / drafting steps): the weak request's 6 steps count
+    assert pooled["per_position_unconditional"][0] == pytest.approx(6 / 12)
+    assert alone["per_position_unconditional"][0] == pytest.approx(6 / 6)
+    assert pooled["alpha_hat"] < alone["alpha_hat"]

@@ -167,8 +167,9 @@ def meta_fields(meta: dict[str, Any], depth: int | None = None) -> dict[str, Any
         out["accepted_per_position"] = [int(x) for x in by_a]
         return out
     hist = _first(meta, _HIST_KEYS)
-    if isinstance(hist, list) and len(hist) > 1:
-        k = depth or len(hist) - 1
+    k = (depth or len(hist) - 1) if isinstance(hist, list) else 0
+    # one entry: every step accepted nothing (kept: dropping it would lift α̂ for a weak drafter)
+    if isinstance(hist, list) and hist and k > 0:
         counts = [int(x) for x in hist] + [0] * max(k + 1 - len(hist), 0)
         out["accepted_per_position"] = [sum(counts[j:]) for j in range(1, k + 1)]
         if depth:

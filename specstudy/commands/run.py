@@ -238,7 +238,7 @@ def run(args: argparse.Namespace) -> int:
         # a cluster's nodes prepare themselves (a login node has no GPU): only a run here prepares this machine
         if not args.dry_run and args.executor != "slurm":
             notes = prepare_machine(cfg, force=args.force)
-            refused = [n for n in notes if n.kind == "drafter" or n.target]
+            refused = [n for n in notes if n.kind in ("drafter", "version") or n.target]
             for note in notes:
                 after = (
                     "this row is refused; the others run"

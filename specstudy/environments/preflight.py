@@ -20,6 +20,7 @@ from typing import Any
 
 from ..config.model import get_entry
 from ..frameworks import DECLARATIONS, EngineEnv
+from ..frameworks.declaration import version_allowed
 from . import install as envs
 from .drafter_preflight import check_drafter
 
@@ -43,7 +44,7 @@ DTYPE_BYTES = {
 class Missing:
     """One thing the study needs and this machine lacks: what, why, and how to provide it."""
 
-    kind: str  # gpu, engine, model, token, disk, drafter
+    kind: str  # gpu, engine, model, token, disk, drafter, version (an engine version its rows cannot run on)
     what: str
     why: str
     how: str
@@ -87,6 +88,8 @@ class Probes:
     which: Callable[[str], str | None] = field(default=shutil.which)
     hf_home: Callable[[], Path] = field(default=lambda: hf_cache_dir())
     node_memory: Callable[[], tuple[int, int] | None] = field(default=lambda: numa_node_memory())
+    #: the version of a package as the interpreter of an executable on PATH reports it
+    binary_version: Callable[[str, str], str | None] = field(default=lambda exe, pkg: binary_package_version(exe, pkg))
 
 
 # ---- the real probes ----------------------------------------------------------------------------
@@ -156,6 +159,23 @@ def import_probe(python: str, module: str, timeout_s: float = 180.0) -> tuple[bo
     except (OSError, subprocess.TimeoutExpired) as e:
         return False, str(e)
     return out.returncode == 0, "\n".join((out.stderr or "").strip().splitlines()[-3:])
+
+
+def binary_package_version(executable: str, package: str, timeout_s: float = 60.0) -> str | None:
+    """``package``'s version in the Python that runs ``executable`` (its ``#!`` line); None if unreadable."""
+    path = shutil.which(executable)
+    try:
+        first = Path(path).read_bytes()[:256].split(b"\n", 1)[0].decode() if path else ""
+    except OSError:
+        return None
+    if not first.startswith("#!") or "python" not in first:
+        return None
+    code = f"import importlib.metadata as m; print(m.version({package!r}))"
+    try:
+        out = subprocess.run([*first[2:].split(), "-c", code], capture_output=True, text=True, timeout=timeout_s)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
 
 
 def hf_cached(repo: str) -> str | None:
@@ -313,6 +333,34 @@ def _engines(frameworks: list[str], cuda: bool, p: Probes) -> list[Missing]:
             out.append(Missing("engine", name, why, "run its rows on the GPU box"))
         elif not p.which(name):
             out.append(Missing("engine", name, binary.why, binary.hint))
+        else:
+            out += _binary_versions(name, binary.package, frameworks, p)
+    return out
+
+
+def _binary_versions(name: str, package: str | None, frameworks: list[str], p: Probes) -> list[Missing]:
+    """Each framework run by ``name`` whose declared versions exclude the installed one: its rows refused."""
+    bounded = [
+        f for f in frameworks if getattr(DECLARATIONS[f].binary, "name", None) == name and DECLARATIONS[f].versions
+    ]
+    version = p.binary_version(name, package) if package and bounded else None
+    if version is None:  # unreadable (no Python #! line): nothing refused; provenance records it at start
+        return []
+    out = []
+    for f in bounded:
+        low, high = DECLARATIONS[f].versions or (None, None)
+        if version_allowed(version, DECLARATIONS[f].versions):
+            continue
+        why = f"{package} {version} is installed; {f} rows need {low or 'any'} <= version < {high or 'any'}"
+        out.append(
+            Missing(
+                "version",
+                f"{f} ({name})",
+                why,
+                f"install {package} in that range, or drop {f} from the profile",
+                framework=f,
+            )
+        )
     return out
 
 

@@ -80,6 +80,8 @@ class Binary:
     why: str  # why it is not on PATH here (the kit does not install it, ...)
     hint: str  # how to install it
     cuda_only: bool = False  # runs on NVIDIA GPUs only: refused on a machine without one
+    #: the distribution whose version the executable's own interpreter reports (None: not read)
+    package: str | None = None
 
 
 @dataclass(frozen=True)
@@ -231,6 +233,19 @@ def check_choice(engine: str, key: str, value: Any, allowed: Iterable[str]) -> N
     names = sorted(allowed)
     if value not in names:
         raise ValueError(f"{engine} {key}={value!r}: allowed {names}")
+
+
+def version_allowed(version: str, bounds: tuple[str | None, str | None] | None) -> bool:
+    """Whether ``version`` ("1.2.0rc3") lies in [lowest, first refused) by its major.minor."""
+    if bounds is None:
+        return True
+
+    def key(v: str) -> tuple[int, ...]:
+        parts = [p for p in v.split(".")[:2]]
+        return tuple(int("".join(ch for ch in p if ch.isdigit()) or 0) for p in parts)
+
+    low, high = bounds
+    return (low is None or key(version) >= key(low)) and (high is None or key(version) < key(high))
 
 
 def check_engine_options(decl: EngineDeclaration, options: Mapping[str, Any], engine: str | None = None) -> None:

@@ -165,18 +165,28 @@ def prepare_machine(
 
 
 def _blocking(missing: list[Missing], force: bool, engines: bool) -> list[Missing]:
-    """What stops the run: every finding but forced GPU notes and per-row drafter findings
-    (``engines=False``: leaving out the engines an install would provide, too)."""
+    """What stops the run: every finding but forced GPU notes and per-row findings (a drafter's format,
+    an engine version, a model's GPU count) (``engines=False``: leaving out the engines an install
+    would provide, too)."""
+    per_row = ("drafter", "version")
     return [
         m
         for m in missing
-        if not (m.kind == "gpu" and force) and m.kind != "drafter" and not m.target and (engines or m.kind != "engine")
+        if not (m.kind == "gpu" and force)
+        and m.kind not in per_row
+        and not m.target
+        and (engines or m.kind != "engine")
     ]
 
 
 def refused_rows(notes: list[Missing]) -> set[tuple[str, str, str]]:
     """(framework, method, drafter id) of the rows a drafter finding refuses."""
     return {(m.framework, m.method, m.drafter) for m in notes if m.kind == "drafter" and m.framework}
+
+
+def refused_frameworks(notes: list[Missing]) -> set[str]:
+    """The frameworks whose installed engine version cannot run their rows (TensorRT-LLM's engine build after 1.2)."""
+    return {m.framework for m in notes if m.kind == "version" and m.framework}
 
 
 def refused_targets(notes: list[Missing]) -> set[str]:
@@ -186,9 +196,11 @@ def refused_targets(notes: list[Missing]) -> set[str]:
 
 def keep_rows(plans: list[CellPlan], notes: list[Missing]) -> list[CellPlan]:
     """``plans`` without the rows the machine's findings refuse (drafter format, GPU count)."""
-    rows, targets = refused_rows(notes), refused_targets(notes)
+    rows, targets, frameworks = refused_rows(notes), refused_targets(notes), refused_frameworks(notes)
     return [
         p
         for p in plans
-        if (p.cell.framework, p.cell.method, p.drafter_id or "") not in rows and p.target not in targets
+        if (p.cell.framework, p.cell.method, p.drafter_id or "") not in rows
+        and p.target not in targets
+        and p.cell.framework not in frameworks
     ]

@@ -476,7 +476,7 @@ def expand(cfg: StudyConfig) -> list[CellPlan]:
                     ),
                     sw.name,
                 )
-    out = [dataclasses.replace(p, sweeps=tuple(sorted(sweeps_of[cid]))) for cid, p in plans.items()]
+    out = _paired_only([dataclasses.replace(p, sweeps=tuple(sorted(sweeps_of[cid]))) for cid, p in plans.items()])
 
     # group by engine; inside, by pairing group with the baseline first (in-process engines switch
     # method per cell for free), or by speculative config (a server restarts for each config)
@@ -502,6 +502,13 @@ def expand(cfg: StudyConfig) -> list[CellPlan]:
     if any(p.cell.framework in server_frameworks() for p in out):
         return engine_first
     return _baselines_first(engine_first)
+
+
+def _paired_only(plans: list[CellPlan]) -> list[CellPlan]:
+    """Without the AR cells of a (framework, target) that runs no speculative row: they pair with
+    nothing (on a GPU profile, e.g. a 70B TensorRT engine build for a baseline alone)."""
+    speculative = {(p.cell.framework, p.target) for p in plans if not p.is_baseline}
+    return [p for p in plans if not p.is_baseline or (p.cell.framework, p.target) in speculative]
 
 
 def _baselines_first(plans: list[CellPlan]) -> list[CellPlan]:

@@ -60,30 +60,38 @@ def load_average() -> tuple[float, float, float]:
 
 
 class _Nvml:
-    """pynvml handles, or nothing when there is no driver."""
+    """pynvml handles of the GPUs this process may use (``CUDA_VISIBLE_DEVICES``), or nothing when
+    there is no driver or NVML fails: telemetry never fails a cell (``error`` says why it is empty)."""
 
-    def __init__(self) -> None:
+    def __init__(self, visible: str | None = None) -> None:
         self.handles: list[Any] = []
         self.names: list[str] = []
         self.driver = ""
+        self.error = ""
         try:
             import pynvml
 
             pynvml.nvmlInit()
             self.nv = pynvml
-        except Exception:
-            self.nv = None
+        except Exception as e:
+            self.nv, self.error = None, f"{type(e).__name__}: {e}"
             return
         try:
             d = pynvml.nvmlSystemGetDriverVersion()
             self.driver = d.decode() if isinstance(d, bytes) else str(d)
         except Exception:
             pass
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            n = pynvml.nvmlDeviceGetName(h)
-            self.handles.append(h)
-            self.names.append(n.decode() if isinstance(n, bytes) else str(n))
+        try:
+            self._open(pynvml, os.environ.get("CUDA_VISIBLE_DEVICES") if visible is None else visible)
+        except Exception as e:  # a GPU fallen off the bus, a driver mismatch: no GPU figures, not a failed cell
+            self.handles, self.names, self.error = [], [], f"{type(e).__name__}: {e}"
+
+    def _open(self, nv: Any, visible: str | None) -> None:
+        every = [nv.nvmlDeviceGetHandleByIndex(i) for i in range(nv.nvmlDeviceGetCount())]
+        uuids = [_text(nv.nvmlDeviceGetUUID(h)) for h in every] if visible and not _indices(visible) else []
+        for i in visible_devices(visible, len(every), uuids):
+            self.handles.append(every[i])
+            self.names.append(_text(nv.nvmlDeviceGetName(every[i])))
 
     def sample(self) -> list[dict[str, Any]]:
         nv = self.nv
@@ -123,6 +131,31 @@ class _Nvml:
                 self.nv.nvmlShutdown()
             except Exception:
                 pass
+
+
+def _text(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def _indices(visible: str) -> bool:
+    return all(p.strip().lstrip("-").isdigit() for p in visible.split(",") if p.strip())
+
+
+def visible_devices(visible: str | None, count: int, uuids: list[str] | None = None) -> list[int]:
+    """NVML indices of the GPUs ``CUDA_VISIBLE_DEVICES`` lets a process see, in its order: unset, all;
+    indices or UUIDs (or their prefixes), up to the first that names no GPU (CUDA's rule); empty, none."""
+    if visible is None:
+        return list(range(count))
+    out: list[int] = []
+    for part in (p.strip() for p in visible.split(",")):
+        if part.lstrip("-").isdigit():
+            i = int(part)
+        else:
+            i = next((k for k, u in enumerate(uuids or []) if part and u.startswith(part)), -1)
+        if not 0 <= i < count or i in out:
+            break
+        out.append(i)
+    return out
 
 
 #: NVML handles for other samplers (the server watch reads memory per GPU with it)

@@ -21,6 +21,9 @@ from ..telemetry import Nvml
 from .prometheus import MetricSamples, metric_total
 from .rss import TreeRssSampler
 
+#: the memory source of a server on GPUs: the devices' used memory, its pre-reserved pool included
+SERVER_DEVICE_MEMORY = "nvml_device_incl_reserved_pool"
+
 
 @dataclass
 class WatchResult:
@@ -33,9 +36,11 @@ class WatchResult:
     gauges: dict[str, list[float]] = field(default_factory=dict)
 
     def memory(self) -> tuple[int | None, str | None]:
-        """(peak bytes, source): NVML's device memory when there are GPUs, else the tree's RSS."""
+        """(peak bytes, source): NVML's memory of the GPUs this process sees when there are any, else
+        the tree's RSS.  A server reserves its KV pool at start (``gpu_memory_utilization``), so its
+        device figure is mostly that reservation, not what the run needed: the source says so."""
         if self.device_peak_bytes:
-            return sum(self.device_peak_bytes), "nvml_device"
+            return sum(self.device_peak_bytes), SERVER_DEVICE_MEMORY
         if self.peak_rss_bytes is not None:
             return self.peak_rss_bytes, "server_rss"
         return None, None

@@ -88,6 +88,8 @@ class Probes:
     which: Callable[[str], str | None] = field(default=shutil.which)
     hf_home: Callable[[], Path] = field(default=lambda: hf_cache_dir())
     node_memory: Callable[[], tuple[int, int] | None] = field(default=lambda: numa_node_memory())
+    #: (CUDA version the driver supports as major*1000 + minor*10, driver version); None without NVML
+    cuda_driver: Callable[[], tuple[int, str] | None] = field(default=lambda: nvml_cuda_driver())
     #: the version of a package as the interpreter of an executable on PATH reports it
     binary_version: Callable[[str, str], str | None] = field(default=lambda exe, pkg: binary_package_version(exe, pkg))
 
@@ -108,6 +110,24 @@ def nvml_gpus() -> list[str] | None:
             pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i)) for i in range(pynvml.nvmlDeviceGetCount())
         ]
         return [n.decode() if isinstance(n, bytes) else str(n) for n in names]
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def nvml_cuda_driver() -> tuple[int, str] | None:
+    """(the CUDA version the driver supports, e.g. 13000 for 13.0; the driver version), or None."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:
+        return None
+    try:
+        cuda = int(pynvml.nvmlSystemGetCudaDriverVersion_v2())
+        d = pynvml.nvmlSystemGetDriverVersion()
+        return cuda, d.decode() if isinstance(d, bytes) else str(d)
+    except Exception:
+        return None
     finally:
         pynvml.nvmlShutdown()
 
@@ -303,6 +323,7 @@ def _engines(frameworks: list[str], cuda: bool, p: Probes) -> list[Missing]:
                     f"free disk space or set {envs.ROOT_ENV_VAR} to a larger disk",
                 )
             )
+    out += _driver(needed, p) if cuda else []
     for env in needed:
         make = f"make engine-{env.engine} (python -m specstudy.environments install {env.engine} --{env.build})"
         py = str(envs.python_of(env))
@@ -361,6 +382,30 @@ def _binary_versions(name: str, package: str | None, frameworks: list[str], p: P
                 framework=f,
             )
         )
+    return out
+
+
+def _driver(needed: list[EngineEnv], p: Probes) -> list[Missing]:
+    """Each CUDA environment's pins need a driver that supports their CUDA version (13.0: R580 or newer)."""
+    want = [env for env in needed if env.cuda]
+    found = p.cuda_driver() if want else None
+    if found is None:
+        return []  # no NVML: the GPU finding says so
+    have, driver = found
+    out = []
+    for env in want:
+        major, _, minor = str(env.cuda).partition(".")
+        need = int(major) * 1000 + int(minor or 0) * 10
+        if have < need:
+            out.append(
+                Missing(
+                    "driver",
+                    f"{env.name} environment",
+                    f"its pins ({env.engine_requirement}) need CUDA {env.cuda}; "
+                    f"the driver {driver} supports CUDA {have // 1000}.{have % 1000 // 10}",
+                    f"a driver that supports CUDA {env.cuda} (e.g. a machine image with NVIDIA driver R580 or newer)",
+                )
+            )
     return out
 
 

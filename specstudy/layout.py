@@ -38,6 +38,18 @@ def atomic_write_text(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+#: the marker file of a rehearsal's outputs (random-weight stand-ins): every report page and table is
+#: marked REHEARSAL, and nothing in the folder is a measurement
+REHEARSAL_MARKER = "REHEARSAL.json"
+#: the line every page and table of a rehearsal carries
+REHEARSAL_BANNER = "REHEARSAL: random-weight stand-ins of the profile's models on a CPU; no number here means anything"
+
+
+def is_rehearsal(out: str | os.PathLike[str]) -> bool:
+    """Whether an outputs folder holds a rehearsal."""
+    return (Path(out) / REHEARSAL_MARKER).exists()
+
+
 @dataclass(frozen=True)
 class StudyLayout:
     """The files of one study's output folder (``outputs/<hardware>/``)."""

@@ -71,6 +71,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--outputs", default="outputs", help="outputs root; records go to <outputs>/<hardware>/records")
     p.add_argument("--force", action="store_true", help="run a GPU profile on a machine without that GPU")
     p.add_argument("--dry-run", action="store_true", help="validate and print the plan; run nothing")
+    p.add_argument(
+        "--rehearse",
+        action="store_true",
+        help="run the GPU profile's matrix on this CPU with random-weight stand-ins of its models, into "
+        "<outputs>/<hardware>-rehearsal/ (every page marked REHEARSAL; nothing in it is a measurement)",
+    )
     p.add_argument("--sweep", action="append", default=None, help="run only cells of this sweep (repeatable)")
     p.add_argument("--max-cells", type=int, default=None, help="stop after running this many cells")
     p.add_argument("--no-progress", action="store_true", help="no tqdm bars (one line per cell still printed)")
@@ -223,6 +229,11 @@ def run(args: argparse.Namespace) -> int:
     # before torch is imported, unless the caller chose otherwise
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     t0 = time.perf_counter()
+    if args.rehearse:  # stand-ins built, the profile's study made small, the hub cache pointed at them
+        from ..run import rehearsal
+
+        args.params = str(rehearsal.prepare(args.hardware, args.outputs))
+        args.hardware = rehearsal.rehearsal_name(args.hardware)
     sharded = None
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

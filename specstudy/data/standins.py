@@ -21,8 +21,6 @@ KEPT = (
     "max_position_embeddings",
     "rope_theta",
     "rope_scaling",
-    "num_attention_heads",
-    "num_key_value_heads",
     "bos_token_id",
     "eos_token_id",
     "pad_token_id",
@@ -33,22 +31,29 @@ KEPT = (
 SNAPSHOT = "0" * 40
 
 
-def scaled_config(cfg: dict[str, Any], layers: int = 2, head_dim: int = 32) -> tuple[dict[str, Any], list[str]]:
-    """``cfg`` with fewer layers and a smaller width, heads and KV heads kept; and what was scaled.
+def scaled_config(
+    cfg: dict[str, Any], layers: int = 6, head_dim: int = 32, max_heads: int = 8
+) -> tuple[dict[str, Any], list[str]]:
+    """``cfg`` with fewer layers, at most ``max_heads`` heads of ``head_dim`` (the GQA ratio kept: MHA
+    stays MHA, 64/8 becomes 8/1), hence a smaller width; and what was scaled.
 
-    The width follows from the kept head count (hidden = heads x ``head_dim``), so the head and
-    KV-head structure that tensor parallelism and the engines' checks divide is the real one.
+    Vocabulary, context, rope and architecture stay exact.  A rehearsal runs tensor parallelism at 1,
+    so the head counts it divides are checked on the real config (:mod:`specstudy.config.model_configs`).
     """
     out = {k: cfg[k] for k in KEPT if k in cfg}
-    heads = int(cfg.get("num_attention_heads", 4))
-    hidden = heads * head_dim
+    n = int(cfg.get("num_attention_heads", 4))
+    kv = int(cfg.get("num_key_value_heads") or n)
+    heads = min(n, max_heads)
     scaled = {
         "num_hidden_layers": min(layers, int(cfg.get("num_hidden_layers", layers))),
-        "hidden_size": hidden,
-        "intermediate_size": 2 * hidden,
+        "num_attention_heads": heads,
+        "num_key_value_heads": max(1, round(kv * heads / n)),
+        "hidden_size": heads * head_dim,
+        "intermediate_size": 2 * heads * head_dim,
         "head_dim": head_dim,
     }
-    notes = [f"{k}: {cfg.get(k)} -> {v}" for k, v in scaled.items() if cfg.get(k) != v]
+    before = {**cfg, "num_key_value_heads": kv}
+    notes = [f"{k}: {before.get(k)} -> {v}" for k, v in scaled.items() if before.get(k) != v]
     return {**cfg, **out, **scaled}, notes
 
 

@@ -25,6 +25,7 @@ from ..analysis import (
 )
 from ..analysis.format import FAMILY_TITLES, TASK_TITLES, fmt, fmt_ci
 from ..analysis.study import Study
+from ..layout import REHEARSAL_BANNER, REHEARSAL_MARKER, is_rehearsal
 from ..metrics import MIN_PROMPTS_FOR_CI
 from .section import Section, markdown_table
 from .summary import summary_markdown
@@ -364,8 +365,10 @@ def report_head(study: Study) -> str:
         if study.stale_cells
         else ""
     )
+    banner = [f"> **{REHEARSAL_BANNER}** (see `{REHEARSAL_MARKER}`)\n"] if is_rehearsal(study.out) else []
     return "\n".join(
         [
+            *banner,
             f"# Speculative decoding study — `{study.config.get('name', study.hardware)}` on `{study.hardware}`\n",
             f"{len(study.records)} of {study.planned_cells} planned cells measured ({n_req} requests, {n_ok} ok); "
             f"{len(study.failed)} failed{stale}. Every number below is measured on this machine unless labelled "

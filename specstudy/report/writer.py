@@ -18,6 +18,7 @@ from matplotlib.figure import Figure
 
 from ..analysis import tables
 from ..analysis.study import Study, load
+from ..layout import REHEARSAL_BANNER, is_rehearsal
 from .latex import latex_table
 from .section import Section, markdown_table
 from .sections import extra_sections, report_head, report_sections
@@ -30,9 +31,12 @@ def save_table(out: Path, name: str, display: pd.DataFrame, raw: pd.DataFrame | 
     """``tables/<name>.md`` and ``.tex`` (what a reader sees, booktabs for a paper) and ``.csv`` (the numbers)."""
     d = out / "tables"
     d.mkdir(parents=True, exist_ok=True)
-    (d / f"{name}.md").write_text(markdown_table(display))
-    (d / f"{name}.tex").write_text(latex_table(display, caption=name.replace("_", " "), label=f"tab:{name}"))
-    (raw if raw is not None else display).to_csv(d / f"{name}.csv", index=False)
+    mark = is_rehearsal(out)  # random weights: each file says so, the CSV in a column of its own
+    caption = ("REHEARSAL " if mark else "") + name.replace("_", " ")
+    (d / f"{name}.md").write_text((f"*{REHEARSAL_BANNER}*\n\n" if mark else "") + markdown_table(display))
+    (d / f"{name}.tex").write_text(latex_table(display, caption=caption, label=f"tab:{name}"))
+    numbers = raw if raw is not None else display
+    (numbers.assign(rehearsal=True) if mark else numbers).to_csv(d / f"{name}.csv", index=False)
 
 
 def save_figure(out: Path, name: str, fig: Figure) -> Path:
@@ -41,6 +45,8 @@ def save_figure(out: Path, name: str, fig: Figure) -> Path:
 
     path = out / "figures" / name
     path.parent.mkdir(parents=True, exist_ok=True)
+    if is_rehearsal(out):
+        fig.suptitle("REHEARSAL (random weights: no number here means anything)", color="red")
     fig.tight_layout()
     fig.savefig(path.with_suffix(".png"), dpi=FIGURE_DPI)
     fig.savefig(path.with_suffix(".pdf"))

@@ -33,11 +33,15 @@ def test_get_entry_takes_a_hub_id_and_still_refuses_other_names():
         get_entry("a/b/c")
 
 
-def test_scaled_config_keeps_vocab_context_and_heads():
-    cfg, notes = standins.scaled_config({**LLAMA_68M, "num_hidden_layers": 80, "num_key_value_heads": 4}, layers=1)
-    assert (cfg["vocab_size"], cfg["max_position_embeddings"], cfg["num_attention_heads"]) == (32000, 2048, 12)
-    assert cfg["num_key_value_heads"] == 4 and cfg["num_hidden_layers"] == 1
-    assert "num_hidden_layers: 80 -> 1" in notes and "hidden_size: 768 -> 384" in notes
+def test_scaled_config_keeps_vocab_context_rope_and_the_gqa_ratio():
+    llama70 = {**LLAMA_68M, "num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": 8}
+    llama70["rope_scaling"] = {"rope_type": "llama3", "factor": 8.0}
+    cfg, notes = standins.scaled_config(llama70, layers=6)
+    assert (cfg["vocab_size"], cfg["max_position_embeddings"], cfg["rope_scaling"]) == (32000, 2048, llama70["rope_scaling"])
+    assert (cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["hidden_size"]) == (8, 1, 256)
+    assert "num_hidden_layers: 80 -> 6" in notes and "num_key_value_heads: 8 -> 1" in notes
+    mha, _ = standins.scaled_config({**LLAMA_68M, "num_attention_heads": 52})  # Vicuna-33B: MHA stays MHA
+    assert mha["num_attention_heads"] == mha["num_key_value_heads"] == 8
 
 
 @pytest.fixture

@@ -1,0 +1,253 @@
+"""A rehearsal: a GPU profile's matrix run on this CPU with random-weight stand-ins, before renting.
+
+Each hub model of the profile is replaced, under its own id in a private Hugging Face cache
+(``outputs/<gpu>-rehearsal/standins/hub``), by a model built from its own config (the same
+architecture, vocabulary, context and rope; fewer layers, at most 8 heads: :func:`scaled_config`),
+each EAGLE-3 head by a random head in its checkpoint format shaped for its stand-in target.  The
+profile's study becomes a small one (:func:`rehearsal_study`): the same models, methods, frameworks,
+framework options, batch and rate regimes and prefix-cache settings, on 2 prompts of one task and
+a few tokens; every change is listed in ``REHEARSAL.json``.  Engines with a CPU build run for real
+(reference, HF, vLLM offline and server); the others (SGLang, TensorRT-LLM, MLC) are listed as not
+rehearsed.  Its outputs are marked REHEARSAL on every page and table: random weights, no number in
+them means anything, and they never mix with measurements (their own folder).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ..config.files import hardware_file, load_yaml
+from ..config.model_configs import read_config
+from ..data.standins import place_in_hub_cache, scaled_config, write_standin
+from ..frameworks import DECLARATIONS
+from ..layout import REHEARSAL_MARKER
+
+#: the marker file of a rehearsal's outputs folder (the report reads it and marks every page)
+MARKER = REHEARSAL_MARKER
+#: what a rehearsal keeps of each axis
+PROMPTS, NEW_TOKENS, MAX_BATCH = 2, 4, 2
+#: vLLM's CPU build: a fixed 1 GiB KV cache, no compilation (as the cpu-engines profile runs it)
+VLLM_CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "0-1", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+
+
+def rehearsal_name(gpu: str) -> str:
+    return f"{gpu}-rehearsal"
+
+
+def cpu_build(framework: str) -> bool:
+    """Whether the framework's engine runs on this CPU (a kit-managed CPU build, or the kit's own)."""
+    d = DECLARATIONS[framework]
+    if d.binary is not None:
+        return not d.binary.cuda_only and d.reads_checkpoints
+    return not d.environments or any(e.build == "cpu" for e in d.environments)
+
+
+def hub_ids(study: dict[str, Any]) -> list[str]:
+    """Every hub id (owner/name) the study's models name, targets and drafters (merged trees split)."""
+    ids: set[str] = set()
+    for m in study.get("models", []):
+        for name in [m["target"], *(m.get("drafters") or {}).values()]:
+            ids.update(p for p in str(name).split("+") if p.count("/") == 1 and not p.startswith((".", "/")))
+    return sorted(ids)
+
+
+def heads_of(study: dict[str, Any]) -> dict[str, str]:
+    """EAGLE-3 head id -> its target's id (the rows that use each head as ``eagle3``)."""
+    methods = {m.get("drafter"): (m.get("method") or m.get("family")) for m in study.get("methods", [])}
+    return {
+        d: m["target"]
+        for m in study.get("models", [])
+        for short, d in (m.get("drafters") or {}).items()
+        if methods.get(short) == "eagle3"
+    }
+
+
+def build_standins(study: dict[str, Any], cache: Path, read: Callable[[str], Any] = read_config) -> dict[str, Any]:
+    """Stand-ins for every hub model (and EAGLE-3 head) into ``cache``; what was scaled, per model."""
+    heads, work = heads_of(study), cache.parent / "build"
+    notes: dict[str, Any] = {}
+    for repo in [r for r in hub_ids(study) if r not in heads]:
+        real = read(repo)
+        if real is None or "vocab_size" not in real:  # Medusa heads: loaded by no CPU engine
+            notes[repo] = "no stand-in: no config with a vocabulary here, and no CPU engine loads it"
+            continue
+        cfg, scaled = scaled_config(real)
+        place_in_hub_cache(write_standin(cfg, work / repo.replace("/", "--")), repo, cache)
+        notes[repo] = scaled
+    for head, target in heads.items():
+        notes[head] = _eagle3_standin(head, target, cache, read, work)
+    return notes
+
+
+def _eagle3_standin(head: str, target: str, cache: Path, read: Callable[[str], Any], work: Path) -> Any:
+    """A random EAGLE-3 head in its checkpoint format (config.json + model.safetensors, vLLM's and
+    SGLang's names) for the stand-in target, its context and draft vocabulary from the real head."""
+    import torch
+    from transformers import AutoConfig
+
+    from ..engine.eagle3 import Eagle3Draft, save_eagle3
+
+    real = read(head) or {}
+    snap = cache / f"models--{target.replace('/', '--')}" / "snapshots"
+    tcfg = AutoConfig.from_pretrained(str(next(snap.iterdir())))
+    draft_vocab = int(real.get("draft_vocab_size") or tcfg.vocab_size)
+    torch.manual_seed(0)
+    module = Eagle3Draft.for_target(tcfg, torch.arange(min(draft_vocab, tcfg.vocab_size)))
+    folder = save_eagle3(module, work / head.replace("/", "--"), {"rehearsal": "random weights"})
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["max_position_embeddings"] = int(real.get("max_position_embeddings") or cfg["max_position_embeddings"])
+    (folder / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    place_in_hub_cache(folder, head, cache)
+    return [
+        f"random EAGLE-3 head for the stand-in of {target}: hidden {tcfg.hidden_size}, draft vocabulary {draft_vocab}, "
+        f"context {cfg['max_position_embeddings']}"
+    ]
+
+
+def rehearsal_study(study: dict[str, Any]) -> tuple[dict[str, Any], list[str], list[dict[str, Any]]]:
+    """The profile's study made small for this CPU: (study, what changed, rows not rehearsed)."""
+    s = json.loads(json.dumps(study))  # a deep copy of plain YAML data
+    named = {*s.get("frameworks", []), *s.get("framework_options", {})}
+    named |= {f for m in s.get("methods", []) for f in m.get("frameworks") or []}
+    named |= {f for sw in (s.get("sweeps") or {}).values() for f in (sw or {}).get("frameworks") or []}
+    runnable = {f for f in named if f in DECLARATIONS and cpu_build(f)}
+    changes = [f"not run (no CPU build): {sorted(named - runnable)}; run: {sorted(runnable)}"]
+    skipped = _not_rehearsed(s, named - runnable)
+    s["methods"] = _methods(s.get("methods", []), runnable)
+    labels = {m["label"] for m in s["methods"]}
+    sweeps = {k: _sweep(sw or {}, runnable, labels, s) for k, sw in (s.get("sweeps") or {}).items()}
+    s["sweeps"] = {k: sw for k, sw in sweeps.items() if sw}
+    _axes(s, runnable)
+    changes += _models(s) + _options(s, runnable)
+    changes.append(
+        f"every sweep: its first task and first gamma, {PROMPTS} prompts, {NEW_TOKENS} new tokens, "
+        f"1 repeat, batch sizes above {MAX_BATCH} run at {MAX_BATCH}"
+    )
+    return s, changes, skipped
+
+
+def _methods(methods: list[dict[str, Any]], runnable: set[str]) -> list[dict[str, Any]]:
+    out = []
+    for m in methods:
+        fws = m.get("frameworks")
+        if fws is not None:
+            m = {**m, "frameworks": [f for f in fws if f in runnable]}
+            if not m["frameworks"]:
+                continue
+        out.append(m)
+    return out
+
+
+def _sweep(sw: dict[str, Any], runnable: set[str], labels: set[str], s: dict[str, Any]) -> dict[str, Any] | None:
+    sw = dict(sw)
+    if "frameworks" in sw:
+        sw["frameworks"] = [f for f in sw["frameworks"] if f in runnable]
+        if not sw["frameworks"]:
+            return None
+    fws = set(sw.get("frameworks") or s.get("frameworks") or [])
+    if isinstance(sw.get("methods"), list):
+        rows = {m["label"]: m for m in s["methods"]}
+        sw["methods"] = [
+            lb
+            for lb in sw["methods"]
+            if lb in labels and (rows[lb].get("frameworks") is None or fws & set(rows[lb]["frameworks"]))
+        ]
+        if not any(rows[lb].get("method", rows[lb].get("family")) != "ar" for lb in sw["methods"]):
+            return None
+    _shrink(sw)
+    return sw
+
+
+def _shrink(sw: dict[str, Any]) -> None:
+    """One task, one gamma, few prompts and tokens, one repeat; batch regimes above MAX_BATCH at MAX_BATCH."""
+    for key in ("tasks", "gammas"):
+        if sw.get(key):
+            sw[key] = sw[key][:1]
+    if sw.get("batch_sizes"):
+        sw["batch_sizes"] = sorted({min(int(b), MAX_BATCH) for b in sw["batch_sizes"]})
+    for key, value in (("repeats", 1), ("prompts_per_task", PROMPTS), ("max_new_tokens", NEW_TOKENS)):
+        if key in sw:
+            sw[key] = value
+    sw.pop("precision", None)
+
+
+def _axes(s: dict[str, Any], runnable: set[str]) -> None:
+    s["frameworks"] = [f for f in s.get("frameworks", ["reference"]) if f in runnable] or sorted(runnable)[:1]
+    _shrink(s)
+    s.update(device="cpu", repeats=1, prompts_per_task=PROMPTS, max_new_tokens=NEW_TOKENS)
+    s["warmup"] = {"requests": 1, "max_new_tokens": 2}
+    s["name"] = f"{s.get('name', 'study')}-REHEARSAL"
+
+
+def _models(s: dict[str, Any]) -> list[str]:
+    """Tensor parallelism at 1, float32, no weight quantization (CPU kernels): each change named."""
+    out = []
+    for m in s.get("models", []):
+        for key, value in (("tensor_parallel_size", 1), ("dtype", "float32"), ("quantization", "none")):
+            if m.get(key, value) != value:
+                out.append(f"{m.get('name', m['target'])}: {key} {m[key]} -> {value}")
+                m[key] = value
+    return out
+
+
+def _options(s: dict[str, Any], runnable: set[str]) -> list[str]:
+    """The profile's framework options for the engines that run; vLLM's CPU settings added."""
+    opts, out = s.get("framework_options") or {}, []
+    for fw in list(opts):
+        if fw not in runnable:
+            del opts[fw]
+    for fw in (f for f in runnable if DECLARATIONS[f].environment == "vllm"):
+        o = opts.setdefault(fw, {})
+        if o.pop("gpu_memory_utilization", None) is not None:
+            out.append(
+                f"{fw}: gpu_memory_utilization dropped (the CPU build's KV cache is VLLM_CPU_KVCACHE_SPACE=1 GiB)"
+            )
+        env = {**VLLM_CPU_ENV, **({"VLLM_ENABLE_V1_MULTIPROCESSING": "0"} if not DECLARATIONS[fw].server else {})}
+        o.update(enforce_eager=True, env={**env, **(o.get("env") or {})})
+    s["framework_options"] = opts
+    return out
+
+
+def _not_rehearsed(s: dict[str, Any], frameworks: set[str]) -> list[dict[str, Any]]:
+    """The rows of engines with no CPU build: listed, never counted as passed."""
+    rows = []
+    for m in s.get("methods", []):
+        for fw in sorted(set(m.get("frameworks") or s.get("frameworks", [])) & frameworks):
+            rows.append(
+                {
+                    "framework": fw,
+                    "label": m["label"],
+                    "method": m.get("method") or m.get("family"),
+                    "status": "not rehearsed: no CPU build",
+                }
+            )
+    return rows
+
+
+def prepare(gpu: str, outputs: str = "outputs", log: Callable[[str], None] = print) -> Path:
+    """Stand-ins, the small study file and the marker in ``<outputs>/<gpu>-rehearsal/``; the hub cache
+    pointed at the stand-ins (this process and every engine it starts).  Returns the study file."""
+    out = Path(outputs) / rehearsal_name(gpu)
+    cache = out / "standins" / "hub"
+    study = load_yaml(hardware_file(gpu))["study"]
+    built = out / "standins" / "built.json"
+    if not built.exists():
+        log(f"rehearsal: building stand-ins of {len(hub_ids(study))} models into {cache}")
+        built.parent.mkdir(parents=True, exist_ok=True)
+        built.write_text(json.dumps(build_standins(study, cache), indent=2))
+    small, changes, skipped = rehearsal_study(study)
+    path = out / "rehearsal.yaml"
+    import yaml
+
+    path.write_text(yaml.safe_dump({"study": small}, sort_keys=False))
+    marker = {"profile": gpu, "standins": json.loads(built.read_text()), "changes": changes, "not_rehearsed": skipped}
+    (out / MARKER).write_text(json.dumps(marker, indent=2))
+    os.environ.update(HF_HUB_CACHE=str(cache.resolve()), HF_HUB_OFFLINE="1")
+    from huggingface_hub import constants
+
+    constants.HF_HUB_CACHE = str(cache.resolve())
+    return path

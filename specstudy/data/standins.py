@@ -76,8 +76,17 @@ def standin_tokenizer(vocab_size: int, model_max_length: int) -> Any:
     )
 
 
-def write_standin(cfg: dict[str, Any], folder: Path, seed: int = 0) -> Path:
-    """A random-weight model of config ``cfg`` and its stand-in tokenizer, saved to ``folder``."""
+#: the chat template a stand-in's tokenizer gets when the real tokenizer config is not here
+GENERIC_CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ '<|' + m['role'] + '|>' + m['content'] + '\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}"
+)
+
+
+def write_standin(
+    cfg: dict[str, Any], folder: Path, seed: int = 0, chat_template: str | None = GENERIC_CHAT_TEMPLATE
+) -> Path:
+    """A random-weight model of config ``cfg`` and its stand-in tokenizer (with ``chat_template``), saved to ``folder``."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -88,7 +97,9 @@ def write_standin(cfg: dict[str, Any], folder: Path, seed: int = 0) -> Path:
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)  # type: ignore[no-untyped-call]
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder)
-    standin_tokenizer(int(cfg["vocab_size"]), int(cfg.get("max_position_embeddings", 2048))).save_pretrained(folder)
+    tok = standin_tokenizer(int(cfg["vocab_size"]), int(cfg.get("max_position_embeddings", 2048)))
+    tok.chat_template = chat_template
+    tok.save_pretrained(folder)
     return folder
 
 

@@ -200,6 +200,13 @@ def install(
     if vdir.exists():
         if not (vdir / "pyvenv.cfg").exists():
             raise RuntimeError(f"{vdir} exists and is not a virtual environment: move it away first")
+        owner = (read_stamp(env, root) or {}).get("kit_root")
+        if not force and owner and owner != str(REPO_ROOT):
+            raise RuntimeError(
+                f"{vdir} belongs to the kit checkout {owner} (its stamp), not this one ({REPO_ROOT}): "
+                f"not rebuilt (another checkout may be using it); set {ROOT_ENV_VAR} to a folder of this "
+                "checkout's own, or pass --force to rebuild it for this checkout"
+            )
         log(f"{env.name}: declaration changed or stamp missing, rebuilding {vdir}")
         shutil.rmtree(vdir)
     cmds: list[list[str]] = [[base_python or sys.executable, "-m", "venv", str(vdir)]]

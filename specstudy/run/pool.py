@@ -55,6 +55,9 @@ class BackendPool:
         self.log = log
         self.loaded: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
         self.loads: list[tuple[Any, ...]] = []  # every key loaded, in order (tests check "once per key")
+        #: engines whose close said their memory was not handed back (the study reports each as failed)
+        self.unreleased: list[str] = []
+        self._last_cell: dict[tuple[Any, ...], str] = {}
 
     def _options(self, plan: CellPlan) -> dict[str, Any]:
         fw = plan.cell.framework
@@ -84,6 +87,21 @@ class BackendPool:
         return opts
 
     def get(self, plan: CellPlan) -> Any:  # a Backend, or what a test's factory builds
+        backend = self._get(plan)
+        self._last_cell[next(k for k, b in self.loaded.items() if b is backend)] = plan.cell_id
+        return backend
+
+    def _close(self, key: tuple[Any, ...], backend: Any) -> None:
+        """Close one engine; a close that reports memory not handed back is kept, naming its last cell."""
+        try:
+            backend.close()
+        except MemoryError as e:
+            self.unreleased.append(f"{key[0]} engine of {key[1]} (last cell {self._last_cell.get(key)}): {e}")
+            self.log(f"warning: {self.unreleased[-1]}")
+        except Exception:  # a server that is already gone
+            pass
+
+    def _get(self, plan: CellPlan) -> Any:
         key = plan.backend_key()
         if key in self.loaded:
             self.loaded.move_to_end(key)
@@ -120,13 +138,11 @@ class BackendPool:
         # prefer dropping an engine without a drafter: drafter-less cells can use any other
         victim = next((k for k in self.loaded if k[2] is None), next(iter(self.loaded)))
         b = self.loaded.pop(victim)
-        with contextlib.suppress(Exception):
-            b.close()
+        self._close(victim, b)
         del b
         gc.collect()
 
     def close(self) -> None:
         while self.loaded:
-            _, b = self.loaded.popitem()
-            with contextlib.suppress(Exception):
-                b.close()
+            key, b = self.loaded.popitem()
+            self._close(key, b)

@@ -226,18 +226,17 @@ def _options(s: dict[str, Any], runnable: set[str]) -> list[str]:
 
 
 def _not_rehearsed(s: dict[str, Any], frameworks: set[str]) -> list[dict[str, Any]]:
-    """The rows of engines with no CPU build: listed, never counted as passed."""
-    rows = []
+    """The rows of engines with no CPU build (each speculative row and the AR baseline it pairs with):
+    listed, never counted as passed."""
+    rows, seen = [], set()
     for m in s.get("methods", []):
-        for fw in sorted(set(m.get("frameworks") or s.get("frameworks", [])) & frameworks):
-            rows.append(
-                {
-                    "framework": fw,
-                    "label": m["label"],
-                    "method": m.get("method") or m.get("family"),
-                    "status": "not rehearsed: no CPU build",
-                }
-            )
+        for fw in sorted(set(m.get("frameworks") or []) & frameworks):
+            for label, method in (("Baseline (AR)", "ar"), (m["label"], m.get("method") or m.get("family"))):
+                if (fw, label) not in seen:
+                    seen.add((fw, label))
+                    rows.append(
+                        {"framework": fw, "label": label, "method": method, "status": "not rehearsed: no CPU build"}
+                    )
     return rows
 
 

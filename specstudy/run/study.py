@@ -194,6 +194,8 @@ def run_study(
             left = None if max_cells is None else max_cells - ran
             results += _run_extensions(cfg, plans, full_plan, layout, left, say, one)
             pool.close()  # the engine cost timings get the machine to themselves
+            for problem in pool.unreleased:  # an engine that kept its memory starves the ones after it
+                results.append(CellResult("engine_release", "engine release", "failed", message=problem))
             for problem in measure_engine_costs(cfg, plans, layout, say):
                 results.append(CellResult("engine_costs", "engine costs", "failed", message=problem))
         finally:

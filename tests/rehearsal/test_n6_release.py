@@ -32,6 +32,7 @@ def test_closed_reference_engine_frees_its_model_and_empties_the_cuda_cache(monk
     emptied = []
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(True))
     be = ReferenceBackend(_lean_model(), tokenizer=None)
+    be._owns_model = True  # as when it loads the model from its name: close() checks it let go
     cell = Cell("s", "h200", "reference", "ar", "code", "tiny")
     list(be.run([Request(prompt_id="p", prompt="", prompt_ids=(1, 2, 3))], Sampling(max_new_tokens=2), cell))
     ref = weakref.ref(be.model)
@@ -39,3 +40,22 @@ def test_closed_reference_engine_frees_its_model_and_empties_the_cuda_cache(monk
     be.close()
     gc.collect()
     assert ref() is None and emptied == [True]
+
+
+def test_a_model_still_held_after_close_is_reported_naming_the_engine(monkeypatch):
+    """N6 planted: LeanLlama keeping its model again (the WeakKeyDictionary value holding its key)."""
+    import pytest
+
+    init = lean.LeanLlama.__init__
+
+    def holding(self, model, pack=False):
+        init(self, model, pack)
+        self.model = model  # the reverted fix
+
+    monkeypatch.setattr(lean.LeanLlama, "__init__", holding)
+    be = ReferenceBackend(_lean_model(), tokenizer=None)
+    be._owns_model, be.model_name = True, "meta-llama/Llama-2-7b-chat-hf"
+    with pytest.raises(
+        MemoryError, match="reference engine of meta-llama/Llama-2-7b-chat-hf: its model is still referenced"
+    ):
+        be.close()

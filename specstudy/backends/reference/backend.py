@@ -14,6 +14,7 @@ from __future__ import annotations
 import gc
 import time
 import traceback
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -29,6 +30,12 @@ from ..base import Backend, encode_request
 
 #: cell options the backend itself reads (the rest go to the method)
 BACKEND_CELL_OPTIONS = ("chat", "rate")
+
+
+def torch_module() -> type:
+    import torch
+
+    return torch.nn.Module
 
 
 class ReferenceBackend(Backend):
@@ -57,6 +64,7 @@ class ReferenceBackend(Backend):
         if drafter is not None and isinstance(model, str):
             self._check_tokenizer_match(target_entry, drafter)
         self.model: Any  # the target causal LM (None once closed)
+        self._owns_model = isinstance(model, str)
         self.tokenizer: Any  # None when a loaded module is passed without one
         if isinstance(model, str):
             self.model, self.tokenizer = load_model(model, self.device, dtype)
@@ -236,7 +244,10 @@ class ReferenceBackend(Backend):
             yield rec.fill_acceptance_from_steps()
 
     def close(self) -> None:
-        """Drop the models and hand their GPU memory back (a vLLM server may start next in this process's GPU)."""
+        """Drop the models and hand their GPU memory back (a vLLM server may start next on this GPU);
+        a MemoryError when something still holds the target (its memory would not be handed back)."""
+        # only a model it loaded itself: one passed in (tests, notebooks) is its caller's to keep
+        held = weakref.ref(self.model) if self._owns_model and isinstance(self.model, torch_module()) else None
         self._drafters.clear()
         self.model = None
         gc.collect()
@@ -244,3 +255,8 @@ class ReferenceBackend(Backend):
             import torch
 
             torch.cuda.empty_cache()
+        if held is not None and held() is not None:
+            raise MemoryError(
+                f"reference engine of {self.model_name}: its model is still referenced after close "
+                f"({type(held()).__name__}); its memory is not handed back to the engines that start next"
+            )

@@ -118,11 +118,14 @@ def describe_sglang(method: str, gamma: int | None, options: Mapping[str, Any], 
         )
     name = {"eagle": "EAGLE", "eagle3": "EAGLE-3", "draft_target": "draft model (STANDALONE)"}[method]
     topk, n = tree_shape(method, int(gamma or 0), opts)
+    # N3: SGLang gives an EAGLE head the target's context; the kit never sets the override that lets it
+    # exceed the head's own (validation refuses that), so the label says which context the head runs at
+    head = "; the head runs at the target's context (--context-length)" if method in ("eagle", "eagle3") else ""
     if topk == 1:
-        return f"SGLang {SGLANG_VERSION} {name} chain: {gamma} draft steps, top-k 1, {n} tokens verified per step"
+        return f"SGLang {SGLANG_VERSION} {name} chain: {gamma} draft steps, top-k 1, {n} tokens verified per step{head}"
     return (
         f"SGLang {SGLANG_VERSION} {name} tree: {gamma} draft steps, top-k {topk}, {n} tokens verified per step "
-        f"(a {n}-node tree)"
+        f"(a {n}-node tree){head}"
     )
 
 

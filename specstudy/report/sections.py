@@ -144,7 +144,10 @@ def method_family_section(study: Study, family: str) -> Section:
     hist = frames.al_histogram(study, study.spec_cell_ids(None, family=family))
     if hist:
         sec.figures[f"method_{family}_al_hist"] = figures.al_distribution(hist)
-    multi = raw.groupby(["label", "gamma"]).filter(lambda g: g["batch_size"].nunique() > 1)
+    # rows with a speedup only: a figure of none (every baseline missing, as in a rehearsal's heads rows)
+    # has nothing on its log axis and failed the whole report at layout
+    measured = raw[pd.to_numeric(raw["speedup"], errors="coerce").notna()]
+    multi = measured.groupby(["label", "gamma"]).filter(lambda g: g["batch_size"].nunique() > 1)
     if len(multi):
         sec.figures[f"method_{family}_batch"] = figures.speedup_vs_batch(multi)
         sec.markdown += "\nBreak-even batch: " + "; ".join(stats.break_even_notes(multi)) + ".\n"

@@ -137,6 +137,7 @@ else
 	  if [ $$rc -ne 0 ] && [ $$rc -ne 3 ]; then exit $$rc; fi
 	@$(MAKE) --no-print-directory -k -j$(NOTEBOOK_JOBS) -f $(OUT)/notebooks.mk BIN=$(BIN) all
 	@echo "report: $(OUT)/report.md ($(OUT)/report.html, $(OUT)/report.pdf)"
+	@if [ -f $(GOLDEN) ]; then $(BIN)/specstudy check --golden $(GOLDEN) $(OUT) --framework reference --greedy-only; fi
 	@if [ "$$(cat $(OUT)/.run-status)" = 3 ]; then \
 	  echo "make study: some cells failed (see $(OUT)/failed/ and the report); rerun to retry only them"; exit 1; fi
 endif
@@ -164,6 +165,19 @@ study-engines: $(STAMP)
 	  $(BIN)/python -m specstudy.environments install vllm $(ENGINE_FLAG) || exit $$?; \
 	  SPECSTUDY_COMMAND="make study-engines" $(MAKE) --no-print-directory study GPU=cpu-engines; rc=$$?; \
 	  echo "study-engines: $$(( $$(date +%s) - start )) s wall, load average $$(cut -d' ' -f1-3 /proc/loadavg)"; exit $$rc
+
+# The acceptance regression gate (issue 35): the greedy reference-engine rows of a study are deterministic,
+# so their golden is exact.  `make golden` writes params/golden/$(GPU).json from $(OUT) (once, from a study
+# run on main, then committed); `make check-golden` fails naming every row whose AL or per-position
+# acceptance moved (an engine upgrade, a drafter retrain).  `make study` runs the gate when a golden exists.
+GOLDEN ?= params/golden/$(GPU).json
+.PHONY: golden check-golden
+golden: $(STAMP)
+	@mkdir -p $(dir $(GOLDEN))
+	$(BIN)/specstudy check --write-golden $(GOLDEN) $(OUT) --framework reference --greedy-only --rel-tol 0
+
+check-golden: $(STAMP)
+	$(BIN)/specstudy check --golden $(GOLDEN) $(OUT) --framework reference --greedy-only
 
 # Re-render the notebooks and the report from the records already in $(OUT) (nothing is measured).
 report: $(STAMP)

@@ -1,0 +1,97 @@
+"""The acceptance regression gate: a rerun of the same study passes, a planted drafter change fails."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from support import TINY_STUDY, TinyFactory, run_tiny_study, write_study
+
+from specstudy.analysis.golden import acceptance_rows, compare, golden_doc
+from specstudy.analysis.study import load
+from specstudy.cli import main
+from specstudy.config import load_study
+from specstudy.engine.methods import layer_skip
+from specstudy.run.plan import expand
+
+GATE_STUDY = TINY_STUDY.replace("batch_sizes: [1, 2]", "batch_sizes: [1]")
+
+
+def _run(tmp_path, name):
+    cfg = load_study("cpu", write_study(tmp_path, GATE_STUDY, f"{name}.yaml"))
+    out = tmp_path / name / "cpu"
+    res = run_tiny_study(cfg, expand(cfg), out, TinyFactory())
+    assert all(r.status == "done" for r in res), [r.message for r in res]
+    return out
+
+
+@pytest.fixture(scope="module")
+def studies(tmp_path_factory):
+    """The same tiny study twice, then once with the early-exit drafter "retrained": a planted adapter
+    (a fixed random linear map) between its exit layer and the LM head, the label unchanged."""
+    import torch
+
+    tmp = tmp_path_factory.mktemp("gate")
+    first, rerun = _run(tmp, "first"), _run(tmp, "rerun")
+    real = layer_skip.early_exit_draft
+
+    def retrained(target, options, device):
+        torch.manual_seed(1)
+        adapter = torch.nn.Linear(target.config.hidden_size, target.config.hidden_size, dtype=torch.float64)
+        return real(target, {**options, "adapter": adapter}, device)
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(layer_skip, "early_exit_draft", retrained)
+    try:
+        planted = _run(tmp, "planted")
+    finally:
+        mp.undo()
+    return tmp, first, rerun, planted
+
+
+def test_exact_golden_passes_a_rerun_and_fails_a_planted_drafter_change(studies, capsys):
+    tmp, first, rerun, planted = studies
+    golden = tmp / "golden.json"
+    assert main(["check", "--write-golden", str(golden), str(first), "--rel-tol", "0"]) == 0
+    doc = json.loads(golden.read_text())
+    assert doc["rel_tol"] == 0 and any("Early exit" in k for k in doc["rows"])
+    assert main(["check", "--golden", str(golden), str(rerun)]) == 0
+    capsys.readouterr()
+    assert main(["check", "--golden", str(golden), str(planted)]) == 1
+    out = capsys.readouterr().out
+    moved = [line for line in out.splitlines() if line.startswith("MOVED")]
+    assert moved and all("label=Early exit" in line for line in moved), out
+    assert not any("label=Prompt lookup" in line for line in moved)  # its drafter did not change
+
+
+def test_tolerance_is_relative_per_position():
+    row = {"acceptance_length": 2.0, "alpha": 0.5, "per_position": [0.8, 0.4], "requests": 4}
+    golden = {"version": 1, "rel_tol": 0.05, "rows": {"r": row}}
+    near = {"r": {**row, "per_position": [0.82, 0.41]}}  # 2.5 % each: inside 5 %
+    far = {"r": {**row, "per_position": [0.8, 0.43]}}  # position 2 moved 7.5 %
+    assert compare(golden, near) == []
+    assert [m.reason for m in compare(golden, far)] == ["position 2 acceptance 0.4 -> 0.43"]
+    assert compare(golden, far, rel_tol=0.1) == []
+    assert [m.reason for m in compare(golden, {})] == ["row missing from the study"]
+    assert compare(golden, {"r": {**row, "per_position": [0.8]}})[0].reason == "per-position depth 2 -> 1"
+
+
+def test_rows_pool_repeats_and_skip_ar(studies):
+    _, first, _, _ = studies
+    rows = acceptance_rows(load(first))
+    assert rows and not any("framework=reference | label=ar" in k for k in rows)
+    drafted = [r for r in rows.values() if r["acceptance_length"] is not None]
+    assert drafted and all(1.0 <= r["acceptance_length"] <= 3.0 and len(r["per_position"]) == 2 for r in drafted)
+    # a row that drafted nothing stays in the golden (None): drafting there later is a move
+    assert compare(golden_doc(load(first), rows, 0.0), {k: {**r, "alpha": 0.5} for k, r in rows.items()})
+
+
+def test_bad_input_is_named(studies, tmp_path, capsys):
+    _, first, _, _ = studies
+    assert main(["check", "--golden", str(tmp_path / "g.json"), str(tmp_path / "nowhere")]) == 2
+    assert "OUTPUTS=" in capsys.readouterr().err
+    golden = tmp_path / "g.json"
+    golden.write_text(json.dumps(golden_doc(load(first), {}, 0.05) | {"version": 9}))
+    assert main(["check", "--golden", str(golden), str(first)]) == 2
+    assert "golden version=9" in capsys.readouterr().err
+    assert main(["check", "--golden", str(golden), str(first), "--rel-tol", "2"]) == 2

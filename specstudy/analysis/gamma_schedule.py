@@ -103,7 +103,7 @@ def _choose(cands: list[dict[str, Any]]) -> dict[str, Any]:
 def gamma_schedule(study: Study) -> pd.DataFrame:
     """One row per (engine, method, task, model, drafter, sampling) × batch-size bucket that measured
     at least two γ: the robust choice (or off), the runner-up, whether intervals separate them, and
-    the cost model's choice; ``rests_on`` lists the cells."""
+    the cost model's choice; ``rests_on`` lists the cells, their paired AR cells included."""
     groups: dict[tuple[Any, ...], list[str]] = {}
     for cid in study.spec_cell_ids():
         m = study.cells[cid]
@@ -115,9 +115,10 @@ def gamma_schedule(study: Study) -> pd.DataFrame:
         cands = _candidates(study, cells)
         if len({c["gamma"] for c in cands}) < 2:
             continue  # one γ: nothing to choose between
-        rows.append(
-            {**dict(zip((*_GROUP, "batch_size"), key)), **_choose(cands), "gammas": [c["gamma"] for c in cands]}
-        )
+        row = {**dict(zip((*_GROUP, "batch_size"), key)), **_choose(cands), "gammas": [c["gamma"] for c in cands]}
+        bases = {b for c in cells if (b := study.cells[c]["baseline_cell_id"])}
+        row["rests_on"] = sorted({*row["rests_on"], *bases})
+        rows.append(row)
     return pd.DataFrame(rows)
 
 

@@ -29,6 +29,7 @@ export TOKENIZERS_PARALLELISM := false
 help:
 	@echo "make study [GPU=cpu|a100|h100|h200|rtx4090]   run the study matrix and render the report"
 	@echo "make study-engines                            vLLM (offline + server), llama.cpp, hf, reference on this CPU (~28 min)"
+	@echo "make study-deploy [PRICE=USD/h]               capacity under the SLO, gamma per load, structured outputs, cost, energy (~30 min)"
 	@echo "make test                                     lint, then the test suite (fast + model tests)"
 	@echo "make lint                                     ruff (lint + format check) and mypy"
 	@echo "make test-fast                                the fast subset (no model loading)"
@@ -178,6 +179,23 @@ golden: $(STAMP)
 
 check-golden: $(STAMP)
 	$(BIN)/specstudy check --golden $(GOLDEN) $(OUT) --framework reference --greedy-only
+
+# The deployment decisions (issue 35): params/hardware/cpu-deploy.yaml on this CPU through llama.cpp's
+# server and vLLM's server: capacity under the study's SLO for AR and prompt lookup (2 repeats, one round
+# of the capacity search: --refine-capacity 1), the gamma schedule per batch bucket (llama.cpp, 3 repeats),
+# the JSON-schema task with and without speculation on both servers, energy per token where RAPL is
+# readable and $ per million tokens when a price is given (PRICE=USD per hour).  Sized for 30 minutes here
+# from the engines study's measured costs, not yet measured as a whole.  Writes outputs/cpu-deploy/report.md.
+PRICE ?=
+.PHONY: study-deploy
+study-deploy: $(STAMP)
+	@start=$$(date +%s); echo "study-deploy: start $$(date -u +%FT%TZ), load average $$(cut -d' ' -f1-3 /proc/loadavg)"; \
+	  $(BIN)/python -m specstudy.environments install vllm $(ENGINE_FLAG) || exit $$?; \
+	  $(BIN)/specstudy run --hardware cpu-deploy --outputs outputs --refine-capacity 1 $(STUDY_ARGS); rc=$$?; \
+	  if [ $$rc -ne 0 ] && [ $$rc -ne 3 ]; then exit $$rc; fi; \
+	  SPECSTUDY_PRICE_PER_HOUR="$(PRICE)" $(MAKE) --no-print-directory -k -j$(NOTEBOOK_JOBS) -f outputs/cpu-deploy/notebooks.mk BIN=$(BIN) all; \
+	  echo "study-deploy: $$(( $$(date +%s) - start )) s wall, load average $$(cut -d' ' -f1-3 /proc/loadavg)"; \
+	  echo "report: outputs/cpu-deploy/report.md"; exit $$rc
 
 # Re-render the notebooks and the report from the records already in $(OUT) (nothing is measured).
 report: $(STAMP)

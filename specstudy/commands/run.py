@@ -135,7 +135,7 @@ def _dry_run(
     args: argparse.Namespace, cfg: StudyConfig, plans: Sequence[CellPlan], summary: dict[str, Any], validated_s: float
 ) -> dict[str, Any]:
     """The plan, its predicted duration and memory fit, and what this machine lacks (warnings)."""
-    from ..run.dryrun import cell_breakdown, duration_table, memory_fit
+    from ..run.dryrun import cell_breakdown, deployment_plan, duration_table, memory_fit
 
     prof = load_hardware_profile(cfg.hardware, measure=False) if cfg.hardware in hardware_names() else None
     # an installed engine env is taken at its stamp: importing vLLM to check it takes ~10 s, and a
@@ -154,6 +154,7 @@ def _dry_run(
         "duration": duration_table(cfg, plans, prof) if prof else [],
         "breakdown": cell_breakdown(plans),
         "memory_fit": memory_fit(cfg, plans, prof) if prof else [],
+        "deployment": deployment_plan(cfg, prof, args.refine_capacity),
         "missing_on_this_machine": missing,
         **_dry_run_shards(args, cfg, plans, prof),
         "cells_list": [
@@ -199,6 +200,7 @@ def _print_dry_run(args: argparse.Namespace, doc: dict[str, Any]) -> None:
     print(f"## Predicted duration ({doc['prediction_note']})\n\n" + _md(doc["duration"]))
     print("## Cells\n\n" + _md(doc["breakdown"]))
     print("## Memory fit per model pair (prediction)\n\n" + _md(doc["memory_fit"]))
+    print("## Deployment decisions planned\n\n" + _md(doc["deployment"]))
     if "shards" in doc:
         print(
             f"## Shards ({doc['executor']}: one job each, sized by the predicted minutes against the time limit)\n\n"

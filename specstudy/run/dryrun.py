@@ -247,7 +247,7 @@ def deployment_plan(cfg: StudyConfig, profile: HardwareProfile | None, refine_st
     from ..config.schema import Slo
     from ..frameworks import declaration
 
-    slo = Slo(**dict(cfg.slo))
+    slo = Slo.model_validate(dict(cfg.slo))
     rows: list[dict[str, Any]] = []
     for sw in cfg.sweeps:
         if sw.request_rates:

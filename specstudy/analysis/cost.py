@@ -160,6 +160,7 @@ def price_note(study: Study) -> str:
             "(add `price:` to the hardware profile or pass `specstudy report --price-per-hour USD`)."
         )
     return (
-        f"Price: US$ {price.usd_per_gpu_hour:g} per GPU-hour ({price.date}; {price.source}); $ per million output "
+        f"Price: US$ {price.usd_per_gpu_hour:g} per GPU-hour, the whole machine on a CPU ({price.date}; "
+        f"{price.source}); $ per million output "
         "tokens = price × GPUs / 3600 / measured output tokens per s, at the row's TPOT p50."
     )

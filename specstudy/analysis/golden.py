@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..metrics import acceptance_summary
+from ..metrics import acceptance_length, acceptance_rate, acceptance_summary, draft_steps_of, per_position_unconditional
 from ..records import RequestRecord
 from .study import Study
 
@@ -66,8 +66,55 @@ def acceptance_rows(
             "alpha": _num(s["alpha"]),
             "per_position": [_num(v) for v in s["per_position_unconditional"] or []],
             "requests": sum(1 for r in recs if r.status == "ok"),
+            "prompts": _prompt_counts(recs),
         }
     return out
+
+
+def _prompt_counts(recs: Sequence[RequestRecord]) -> dict[str, dict[str, Any]]:
+    """Each ok request's acceptance counters, keyed by prompt, repeat and turn: a row grown by a precision
+    target holds more prompts on one run than another, so the gate compares the prompts both have."""
+    out = {}
+    for r in recs:
+        steps = draft_steps_of(r)
+        if r.status != "ok" or r.drafted_tokens is None or steps is None:
+            continue
+        out[f"{r.task}/{r.prompt_id}#r{r.repeat}#t{r.turn}"] = {
+            "accepted": int(r.accepted_tokens or 0),
+            "drafted": int(r.drafted_tokens),
+            "draft_steps": int(steps),
+            "accepted_per_position": [int(a) for a in r.accepted_per_position or []],
+        }
+    return out
+
+
+def _over(prompts: Mapping[str, Mapping[str, Any]], keys: Iterable[str]) -> dict[str, Any]:
+    """AL, α and unconditional per-position acceptance pooled over ``keys`` (the metrics' definitions)."""
+    rows = [prompts[k] for k in keys]
+    acc, drafted, steps = (sum(int(r[f]) for r in rows) for f in ("accepted", "drafted", "draft_steps"))
+    depth = max((len(r["accepted_per_position"]) for r in rows), default=0)
+    per_k = [
+        sum(r["accepted_per_position"][k] for r in rows if k < len(r["accepted_per_position"])) for k in range(depth)
+    ]
+    return {
+        "acceptance_length": _num(acceptance_length(acc, steps)),
+        "alpha": _num(acceptance_rate(acc, drafted)),
+        "per_position": [_num(v) for v in per_position_unconditional(per_k, steps)] if steps else [],
+    }
+
+
+def _on_common_prompts(
+    want: Mapping[str, Any], got: Mapping[str, Any]
+) -> tuple[Mapping[str, Any], Mapping[str, Any]] | None:
+    """Both rows restricted to the prompts both measured (None: no prompt in common); rows without
+    per-prompt counts compare as stored."""
+    wp, gp = want.get("prompts"), got.get("prompts")
+    if not wp or not gp:
+        return want, got
+    common = sorted(set(wp) & set(gp))
+    if not common:
+        return None
+    return _over(wp, common), _over(gp, common)
 
 
 def _num(v: Any) -> float | None:
@@ -113,7 +160,8 @@ def _row_moves(key: str, want: Mapping[str, Any], got: Mapping[str, Any], rel_to
 
 
 def compare(golden: Mapping[str, Any], current: Mapping[str, Any], rel_tol: float | None = None) -> list[Moved]:
-    """Every golden row missing from ``current`` or moved beyond ``rel_tol`` (default: the golden's own).
+    """Every golden row missing from ``current`` or moved beyond ``rel_tol`` (default: the golden's own),
+    compared over the prompts both measured where both hold per-prompt counts.
 
     Rows the study has and the golden lacks are not failures (a study may grow): :func:`new_rows`.
     """
@@ -124,10 +172,13 @@ def compare(golden: Mapping[str, Any], current: Mapping[str, Any], rel_tol: floa
         raise ValueError(f"rel_tol={tol!r}: allowed a number in [0, 1)")
     moved: list[Moved] = []
     for key, want in golden["rows"].items():
+        pair = _on_common_prompts(want, current[key]) if key in current else None
         if key not in current:
             moved.append(Moved(key, "row missing from the study"))
+        elif pair is None:
+            moved.append(Moved(key, "no prompt in common with the golden"))
         else:
-            moved.extend(_row_moves(key, want, current[key], tol))
+            moved.extend(_row_moves(key, *pair, tol))
     return moved
 
 

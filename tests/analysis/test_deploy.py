@@ -282,3 +282,43 @@ def test_price_from_the_command_line_overrides_and_none_means_no_cost(monkeypatc
     assert cost.cost_energy_frame(unpriced)["usd_per_m_tokens"].isna().all()
     assert "not computed" in cost.price_note(unpriced)
     assert "(no telemetry recorded a reading)" in " ".join(cost.energy_notes(unpriced))
+
+
+def test_the_capacity_search_adds_the_bracket_midpoint_to_its_sweep(tmp_path):
+    """`specstudy run --refine-capacity`: after a sweep whose SLO broke between 1 and 4 req/s, the next
+    round probes 2 req/s in that sweep (new cells in the plan; the finished ones stay done)."""
+    import yaml
+
+    from specstudy.commands.run import _refined
+    from specstudy.config import load_study
+    from specstudy.records import Request, Sampling
+    from specstudy.run.plan import expand
+
+    study = {
+        "name": "cap",
+        "models": [{"name": "m", "target": "smollm2-135m", "dtype": "float32"}],
+        "methods": [{"method": "ar"}],
+        "frameworks": ["openai"],
+        "framework_options": {"openai": {"base_url": "http://127.0.0.1:9"}},
+        "tasks": ["code"],
+        "request_rates": [1, 4],
+        "prompts_per_task": 5,
+        "slo": {"tpot_ms": 50, "percentile": 90},
+    }
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump({"study": study}))
+    cfg = load_study("cpu", tmp_path / "s.yaml", check_tokenizers=False)
+    layout = StudyLayout(tmp_path / "out")
+    for plan in expand(cfg):
+        tpot = 0.02 if plan.request_rate == 1 else 0.2  # the SLO holds at 1 req/s and breaks at 4
+        recs = []
+        for i in range(5):
+            r = plan.cell.new_record(Request(f"code/{i}", ""), Sampling(max_new_tokens=21))
+            r.output_tokens, r.first_token_s, r.end_s = 21, 0.05, 0.05 + 20 * tpot
+            recs.append(plan.stamp(r))
+        layout.write_part(plan.cell_id, recs)
+    refined = _refined(cfg, layout)
+    assert refined is not None
+    new_cfg, sweeps = refined
+    assert [sw.request_rates for sw in new_cfg.sweeps] == [(1.0, 2.0, 4.0)] and len(sweeps) == 1
+    assert {p.request_rate for p in expand(new_cfg)} == {1.0, 2.0, 4.0}
+    assert {p.cell_id for p in expand(cfg)} < {p.cell_id for p in expand(new_cfg)}  # done cells keep their ids

@@ -52,6 +52,9 @@ def test_shipped_profiles_validate_and_expand(hw, no_model_work):
     ids = {p.cell_id for p in plans}
     assert all(p.baseline_cell_id in ids for p in plans if p.baseline_cell_id)
     names = {s.name for s in cfg.sweeps}
+    if hw == "cpu-deploy":  # the deployment decisions (issue 35): capacity, gamma per load, structured outputs
+        assert {"capacity", "gamma_load", "structured"} <= names, names
+        return
     if "-" in hw:  # a focused CPU study (cpu-pair, cpu-engines): its own sweeps, a side-by-side table first
         assert names & {"hardware", "frameworks"}, names
         return

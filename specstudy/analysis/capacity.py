@@ -12,22 +12,40 @@ no interval over prompts applies).  Speculation's capacity stands beside its AR'
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from ..config.schema import Slo
-from ..metrics import slo_holds
+from ..metrics import slo_holds, ttft
+from ..records import RequestRecord
 from .rates import study_slo
 from .study import Study
 
 _GROUP = ("framework", "label", "method", "task", "gamma", "prefix_cache", "sampling")
 
 
+#: a probe whose last third of requests waited this many times longer for a first token than its first
+#: third had a queue still growing: not stationary (its percentiles depend on how long it ran)
+GROWING_QUEUE = 2.0
+
+
+def stationary(records: Sequence[RequestRecord]) -> bool | None:
+    """Whether a probe reached a steady state: the TTFT median of its last third of requests (by send
+    time) within :data:`GROWING_QUEUE` times its first third's (None: fewer than 6 ok requests)."""
+    ok = sorted((r for r in records if r.status == "ok"), key=lambda r: r.start_epoch)
+    if len(ok) < 6:
+        return None
+    third = len(ok) // 3
+    first, last = (float(np.median([ttft(r) for r in part])) for part in (ok[:third], ok[-third:]))
+    return bool(last <= GROWING_QUEUE * first)
+
+
 def probes(study: Study, slo: Slo | None = None) -> pd.DataFrame:
-    """One row per request-rate cell: its group, repeat, rate, sweeps and whether the SLO held."""
+    """One row per request-rate cell: its group, repeat, rate, sweeps, whether the SLO held and whether
+    the probe was stationary."""
     slo = slo or study_slo(study)
     rows = []
     for cid, m in study.cells.items():
@@ -40,6 +58,7 @@ def probes(study: Study, slo: Slo | None = None) -> pd.DataFrame:
                 "repeat": m["repeat"],
                 "rate": float(m["request_rate"]),
                 "held": held,
+                "stationary": stationary(study.records[cid]),
                 "sweeps": tuple(m["sweeps"]),
                 "cell_id": cid,
             }
@@ -81,6 +100,7 @@ def capacity_frame(study: Study, slo: Slo | None = None) -> pd.DataFrame:
                 "capacity_min_rps": min(caps),
                 "capacity_max_rps": max(caps),
                 "breaks_at_rps": float(np.median(breaks)),
+                "unsteady_probes": int((g["stationary"] == False).sum()),  # noqa: E712 (None: unknown)
                 "rates": sorted(set(g["rate"])),
             }
         )
@@ -128,4 +148,6 @@ def describe(row: Mapping[str, Any]) -> str:
         if math.isinf(row["breaks_at_rps"])
         else f"breaks at {row['breaks_at_rps']:g}"
     )
-    return f"{cap} ({spread}; {broke})"
+    unsteady = int(row.get("unsteady_probes") or 0)
+    steady = f"; {unsteady} probe(s) with a queue still growing" if unsteady else ""
+    return f"{cap} ({spread}; {broke}{steady})"

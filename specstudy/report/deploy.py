@@ -43,7 +43,9 @@ def _capacity(study: Study, sec: Section) -> list[str]:
         head,
         f"The highest offered rate (Poisson arrivals) at which {slo.describe_percentile()} held at that rate and every "
         "lower one probed, per repeat of the sweep; the first rate where it broke bounds it from above. "
-        "`specstudy run --refine-capacity N` bisects each bracket geometrically before the report. Repeats give the "
+        "`specstudy run --refine-capacity N` bisects each bracket geometrically before the report. A probe whose last "
+        "third of requests waited over twice as long for a first token as its first third had a queue still growing "
+        "(not stationary: its percentiles depend on how long it ran); the capacity names how many. Repeats give the "
         "range (run to run); a capacity is not a per-prompt statistic, so no interval over prompts applies.\n",
         markdown_table(shown),
     ]

@@ -134,6 +134,23 @@ def test_capacity_is_the_highest_rate_before_the_first_break_with_its_range_over
     assert "breaks at" in capacity.describe(frame.loc["ar"])
 
 
+def test_a_probe_whose_queue_still_grows_is_not_stationary():
+    steady = [rec("c", prompt=i, start=float(i), ttft=0.1) for i in range(9)]
+    growing = [rec("c", prompt=i, start=float(i), ttft=0.1 * (i + 1)) for i in range(9)]
+    assert capacity.stationary(steady) is True and capacity.stationary(growing) is False
+    assert capacity.stationary(steady[:5]) is None  # too few requests to tell
+    study = study_of(
+        [r for r in growing for r in [r]]
+        and [
+            rec("g", method="ar", label="AR", rate=1.0, prompt=i, start=float(i), ttft=0.1 * (i + 1)) for i in range(9)
+        ]
+    )
+    frame = capacity.capacity_frame(study)
+    assert frame["unsteady_probes"].tolist() == [1] and "1 probe(s) with a queue still growing" in capacity.describe(
+        frame.iloc[0]
+    )
+
+
 def test_bracket_and_the_next_probes_of_the_search():
     assert capacity.bracket({1.0: True, 2.0: True, 4.0: False, 8.0: True}) == (2.0, 4.0)  # the first break counts
     assert capacity.bracket({1.0: False}) == (0.0, 1.0)

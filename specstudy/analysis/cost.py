@@ -137,7 +137,10 @@ def energy_notes(study: Study) -> list[str]:
     energy = cell_energy(study)
     notes = []
     if any(e.get("gpu_energy_j") is not None for e in energy.values()):
-        notes.append("GPU energy: NVML's total-energy counter (last − first sample of each cell, summed over GPUs).")
+        notes.append(
+            "GPU energy: NVML's total-energy counter (last − first sample of each cell, summed over every GPU NVML "
+            "sees on the machine, idle ones included: a cell on fewer GPUs than the node has is charged for all)."
+        )
     elif study.profile is not None and study.profile.kind == "gpu":
         notes.append("GPU energy: not readable (NVML gave no total-energy counter on this machine); no GPU J/token.")
     if any(e.get("cpu_energy_j") is not None for e in energy.values()):

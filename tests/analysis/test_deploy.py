@@ -286,6 +286,7 @@ def test_cost_and_energy_per_token_beside_the_paired_ar(monkeypatch):
     assert cost.usd_per_million_tokens(3.6, 2, 2.0) == pytest.approx(1e6 * 3.6 * 2 / 3600 / 2.0)
     notes = " ".join(cost.energy_notes(_priced()))
     assert "RAPL not readable" in notes and "no RAPL here" in notes and "never estimates" in notes
+    assert "NVML's total-energy counter" in notes and "idle ones included" in notes
 
 
 def test_price_from_the_command_line_overrides_and_none_means_no_cost(monkeypatch):

@@ -3,7 +3,7 @@
 Each function measures one case from the records where they allow it and puts the cost model's
 prediction beside it, labelled as a prediction.  Tables are DataFrames; prediction statements
 are plain strings for the report to print.  The ``*_claims`` functions put each case's measured
-rows against the seed's expectation in words decided from the intervals (:mod:`.claims`): the
+rows against the seed's expectation in words decided from the intervals (:mod:`specstudy.analysis.claims`): the
 section and the summary print the same sentences, so neither can say more than the table shows.
 """
 
@@ -14,14 +14,14 @@ from typing import Any
 import pandas as pd
 
 from .. import costmodel
+from ..analysis import claims
+from ..analysis.claims import Direction, Estimate
+from ..analysis.format import fmt, fmt_ci, short_model
+from ..analysis.rows import headline_max_new
+from ..analysis.stats import NAN, Pooled, break_even_alpha, isnum, pooled, predicted_for
+from ..analysis.study import Study
 from ..config.vocab import cost_dtype
 from ..costmodel import HardwareProfile
-from . import claims
-from .claims import Direction, Estimate
-from .format import fmt, fmt_ci, short_model
-from .stats import NAN, Pooled, break_even_alpha, isnum, pooled, predicted_for
-from .study import Study
-from .tables import headline_max_new
 
 
 def _cm_dtype(study: Study, target: str) -> str:

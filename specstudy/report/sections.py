@@ -8,24 +8,26 @@ and figures under those names and renders the markdown.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pandas as pd
 
 from ..analysis import (
     across_engines,
     conditions,
     engine_costs,
-    fails,
     figures,
     frames,
     memory,
     rates,
     stats,
-    tables,
     trees,
 )
 from ..analysis.format import FAMILY_TITLES, TASK_TITLES, fmt, fmt_ci
+from ..analysis.rows import HardwareRow, hardware_rows, headline_max_new
 from ..analysis.study import Study
 from ..metrics import MIN_PROMPTS_FOR_CI
+from . import fails, tables
 from .section import Section, markdown_table
 from .summary import summary_markdown
 from .workload import workload_sections
@@ -69,7 +71,7 @@ def hardware_section(study: Study, hardware: tuple[pd.DataFrame, pd.DataFrame] |
     sec.tables["hardware_metrics"] = (metrics_table, None)
     notes = conditions.drafter_notes(study)
     sec.markdown = (
-        f"Measured on this machine, batch 1, max_new_tokens={tables.headline_max_new(study)}, pooled over the "
+        f"Measured on this machine, batch 1, max_new_tokens={headline_max_new(study)}, pooled over the "
         "`hardware` sweep's tasks. α = accepted/drafted; AL = 1 + accepted / draft steps (the tokens one verification "
         "step yields, bonus token included: the seed's expected accepted length, vLLM's mean acceptance length); "
         "tokens/s = Σ output tokens / Σ end-to-end time; speedup = paired AR latency / speculative latency on the same "
@@ -376,9 +378,9 @@ def report_head(study: Study) -> str:
     )
 
 
-def summary_section(study: Study, hw_raw: pd.DataFrame) -> Section:
-    """The opening summary, computed from the report's own tables (each sentence links to its table)."""
-    return Section("Summary", summary_markdown(study, hw_raw))
+def summary_section(study: Study, hw_rows: Sequence[HardwareRow]) -> Section:
+    """The opening summary, computed from the hardware table's rows (each sentence links to its table)."""
+    return Section("Summary", summary_markdown(study, hw_rows))
 
 
 def engine_costs_section(study: Study) -> Section | None:
@@ -425,8 +427,9 @@ def engine_costs_section(study: Study) -> Section | None:
 
 def report_sections(study: Study) -> list[Section]:
     """Every section of the report, in order."""
-    hardware = tables.hardware_table(study)
-    secs = [summary_section(study, hardware[1]), hardware_section(study, hardware), frameworks_section(study)]
+    hw_rows = hardware_rows(study)
+    hardware = tables.hardware_table(study, rows=hw_rows)
+    secs = [summary_section(study, hw_rows), hardware_section(study, hardware), frameworks_section(study)]
     secs += [method_family_section(study, fam) for fam in tables.families_in(study)]
     costs = engine_costs_section(study)
     secs += [costs] if costs is not None else []

@@ -10,8 +10,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from specstudy.analysis import figures, tables
+from specstudy.analysis import figures
 from specstudy.analysis.study import load
+from specstudy.report import tables
 
 NAN_CI = (math.nan, math.nan)
 

@@ -7,12 +7,13 @@ import math
 
 import pytest
 
-from specstudy.analysis import claims, fails, memory, stats, tables
+from specstudy.analysis import claims, memory, stats
 from specstudy.analysis.claims import Estimate
+from specstudy.analysis.rows import hardware_rows
 from specstudy.analysis.study import load
 from specstudy.layout import StudyLayout
 from specstudy.records import Cell, Request, Sampling
-from specstudy.report import sections, summary
+from specstudy.report import fails, sections, summary
 
 NAN = math.nan
 MB = 1e6
@@ -142,9 +143,7 @@ def lay(tmp_path):
 
 
 def _report(study):
-    return sections.when_it_fails_section(study).markdown, summary.summary_markdown(
-        study, tables.hardware_table(study)[1]
-    )
+    return sections.when_it_fails_section(study).markdown, summary.summary_markdown(study, hardware_rows(study))
 
 
 def test_short_outputs_faster_than_long_read_as_reversed(lay):
@@ -198,7 +197,7 @@ def test_n_too_small_is_said_and_no_winner_crowned_from_it(lay):
     study = load(lay.root)
     (claim,) = fails.short_claims(study)
     assert "(n too small)" in claim and "n too small for an interval (n = 3 prompts; an interval needs ≥ 5)" in claim
-    (best,) = summary.best_per_framework(tables.hardware_table(study)[1])
+    (best,) = summary.best_per_framework(hardware_rows(study))
     assert "none of its 2 rows at batch 1 has ≥ 5 paired prompts (n too small), so no best method is named" in best
 
 
@@ -238,9 +237,7 @@ def test_greedy_divergence_is_named_with_prompt_position_and_margin(lay):
     assert "2 of 6 paired greedy outputs differ" in cpp and "prompt code/0" in cpp and "prompt code/3" in cpp
     assert "the engine gives no log-probabilities, so whether they were near-ties is unknown" in cpp
     assert lines[-1] == "- The other 6 paired greedy speculative outputs matched their AR baseline token for token."
-    assert "**Greedy outputs against their AR baseline**" in summary.summary_markdown(
-        study, tables.hardware_table(study)[1]
-    )
+    assert "**Greedy outputs against their AR baseline**" in summary.summary_markdown(study, hardware_rows(study))
 
 
 def test_negative_memory_overhead_within_noise_is_unresolvable(lay):
@@ -275,7 +272,7 @@ def test_best_method_among_rows_with_enough_prompts_names_runner_up_and_overlap(
     _pair(lay, "c", "Token tree", 3, 3.0, method="tree")  # fastest, but on 3 prompts: not eligible
     _pair(lay, "t", "Prompt lookup", 8, 2.0, temperature=0.7)  # another sampling: ranked on its own
     study = load(lay.root)
-    lines = summary.best_per_framework(tables.hardware_table(study)[1])
+    lines = summary.best_per_framework(hardware_rows(study))
     greedy, sampled = lines
     ea, eb = (Estimate.of(stats.pooled(study, [c])) for c in ("a_spec", "b_spec"))
     assert greedy.startswith("- **reference**, greedy: the fastest of 2 rows at batch 1 with ≥ 5 paired prompts")

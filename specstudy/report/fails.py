@@ -17,11 +17,14 @@ from .. import costmodel
 from ..analysis import claims
 from ..analysis.claims import Direction, Estimate
 from ..analysis.format import fmt, fmt_ci, short_model
+from ..analysis.memory import memory_groups
 from ..analysis.rows import headline_max_new
 from ..analysis.stats import NAN, Pooled, break_even_alpha, isnum, pooled, predicted_for
 from ..analysis.study import Study
 from ..config.vocab import cost_dtype
 from ..costmodel import HardwareProfile
+from . import wording
+from .wording import estimate_text
 
 
 def _cm_dtype(study: Study, target: str) -> str:
@@ -119,7 +122,7 @@ def _compare_clause(a: Estimate, b: Estimate, expect: Direction) -> str:
     """``1.39× [..] vs 1.03× [..]``'s verdict: from the two intervals (the row without one names its n)."""
     v = claims.compare(a, b, expect)
     few = a if not a.has_interval else b
-    return claims.phrase(v, rows=2, n=few.n)
+    return wording.phrase(v, rows=2, n=few.n)
 
 
 def batch_claims(study: Study) -> list[str]:
@@ -129,7 +132,7 @@ def batch_claims(study: Study) -> list[str]:
         est = {b: Estimate.of(pooled(study, cs), "speedup") for b, cs in sorted(by_b.items())}
         b0, *larger = sorted(est)
         clauses = [
-            f"batch {b} gave {est[b].text()} vs {est[b0].text()} at batch {b0}: "
+            f"batch {b} gave {estimate_text(est[b])} vs {estimate_text(est[b0])} at batch {b0}: "
             + _compare_clause(est[b], est[b0], "below")
             for b in larger
         ]
@@ -137,7 +140,7 @@ def batch_claims(study: Study) -> list[str]:
         out.append(
             f"{_name(label, g, synth)} ({fw}, {sampling}): the seed expects the speedup to fall as batch × (γ + 1) "
             f"grows and verification turns compute-bound; here {'; '.join(clauses)}. At batch {max(est)}, the "
-            f"largest measured: {claims.versus(top)}"
+            f"largest measured: {wording.versus(top)}"
         )
     return out
 
@@ -214,14 +217,14 @@ def low_alpha_claims(study: Study, per_cell: pd.DataFrame) -> list[str]:
     k = _by_interval(lo)
     text = (
         f"the seed expects cells with α < 0.4 to run slower than AR; here the {len(lo)} such cells pooled gave "
-        f"{e.text()} over {e.n} prompts: {claims.phrase(claims.verdict(e, 1.0, 'below'), n=e.n)}. Cell by cell "
+        f"{estimate_text(e)} over {e.n} prompts: {wording.phrase(claims.verdict(e, 1.0, 'below'), n=e.n)}. Cell by cell "
         f"(each by its own interval): {k['below']} slower than AR, {k['contains']} not resolvable, "
         f"{k['above']} faster, {k[claims.N_TOO_SMALL]} n too small"
     )
     if len(hi):
         eh = Estimate.of(pooled(study, hi["cell"].tolist()), "speedup")
         text += (
-            f". Against the {len(hi)} cells with α ≥ 0.4 ({eh.text()}), the seed expects the low-α cells slower: "
+            f". Against the {len(hi)} cells with α ≥ 0.4 ({estimate_text(eh)}), the seed expects the low-α cells slower: "
             + _compare_clause(e, eh, "below")
         )
     return [text]
@@ -304,13 +307,13 @@ def short_claims(study: Study) -> list[str]:
         es = Estimate.of(pooled(study, cs), "speedup")
         head = (
             f"{_name(label, g, synth)} ({fw}, {sampling}): the seed expects less speedup with ≤ 10 output tokens "
-            f"(the prefill and first token are the same work either way); here {n} tokens gave {es.text()}"
+            f"(the prefill and first token are the same work either way); here {n} tokens gave {estimate_text(es)}"
         )
         if not longc:
             out.append(f"{head}, and the study has no row of this method at {mnt} tokens to compare it with")
             continue
         el = Estimate.of(pooled(study, longc), "speedup")
-        out.append(f"{head} vs {el.text()} at {mnt}: {_compare_clause(es, el, 'below')}")
+        out.append(f"{head} vs {estimate_text(el)} at {mnt}: {_compare_clause(es, el, 'below')}")
     return out
 
 
@@ -381,3 +384,41 @@ def claims_markdown(claims: list[str]) -> str:
         if claims
         else ""
     )
+
+
+def memory_overhead(study: Study) -> tuple[pd.DataFrame, list[str]]:
+    """Largest measured peak-memory overhead per method, read against the measurement's noise, and the sources."""
+    groups = memory_groups(study)
+    if not groups:
+        return pd.DataFrame(), []
+    md = pd.DataFrame(
+        [
+            {
+                "Method": g.label,
+                "Framework": g.framework,
+                "Memory overhead (measured, largest over cells)": wording.memory_text(g.overhead, g.noise, g.source),
+                "noise (MB)": fmt(g.noise / 1e6, 1),
+                "cells": g.cells,
+            }
+            for g in groups
+        ]
+    )
+    src = sorted({r.memory_source for r in study.all_records() if r.memory_source})
+    return md, src
+
+
+def memory_claims(study: Study) -> list[str]:
+    """FAQ Q4 (4) per method: a draft model (or heads) should cost memory; n-grams and own layers should not."""
+    out = []
+    for g in memory_groups(study):
+        v = g.verdict
+        head = f"{g.label} ({g.framework}): {wording.memory_text(g.overhead, g.noise, g.source)}"
+        if g.expects:
+            out.append(f"{head}; the seed expects a draft model or heads to cost memory: {wording.phrase(v)}")
+        elif v == claims.CANNOT_TELL:
+            out.append(f"{head}, as the seed expects of a method without a draft model (within the noise)")
+        elif v == claims.OBSERVED:
+            out.append(f"{head}: more than the seed expects of a method without a draft model")
+        else:
+            out.append(head)
+    return out

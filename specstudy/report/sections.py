@@ -18,7 +18,6 @@ from ..analysis import (
     engine_costs,
     figures,
     frames,
-    memory,
     rates,
     stats,
     trees,
@@ -251,7 +250,7 @@ def _fails_short_and_memory(study: Study, sec: Section) -> list[str]:
     else:
         parts.append("_no short-output cells in this study (add a sweep with max_new_tokens ≤ 10)_\n")
     parts.append("\n### (4) Memory pressure: the seed expects a draft model to cost memory the target may need\n")
-    md, src = memory.memory_overhead(study)
+    md, src = fails.memory_overhead(study)
     if len(md):
         sec.tables["fails_memory"] = (md, None)
         parts.append(
@@ -260,7 +259,7 @@ def _fails_short_and_memory(study: Study, sec: Section) -> list[str]:
             "for process memory (RSS, NVML), and the largest negative difference measured with the same source "
             "(speculation adds state, so a cell peaking below its baseline shows the noise).\n\n"
             + markdown_table(md)
-            + fails.claims_markdown(memory.memory_claims(study))
+            + fails.claims_markdown(fails.memory_claims(study))
         )
     else:
         parts.append("_the backend reported no peak memory_\n")

@@ -13,14 +13,15 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from .. import metrics
-from ..analysis import claims, memory, stats
+from ..analysis import claims, stats
 from ..analysis.claims import Estimate
 from ..analysis.format import fmt
 from ..analysis.rows import HardwareRow
 from ..analysis.stats import isnum
 from ..analysis.study import Study
 from ..metrics import MIN_PROMPTS_FOR_CI
-from . import fails
+from . import fails, wording
+from .wording import estimate_text
 
 
 def _link(name: str) -> str:
@@ -69,14 +70,14 @@ def _best_line(fw: str, sampling: str, ok: list[HardwareRow], few: int) -> str:
     e = Estimate.of(best.pooled)
     text = (
         f"- **{fw}**, {sampling}: the fastest of {len(ok)} row{'s' if len(ok) > 1 else ''} at batch 1 with "
-        f"≥ {MIN_PROMPTS_FOR_CI} paired prompts is {_row_name(best)} at {e.text()} over its paired AR "
-        f"baseline (AL {fmt(best.pooled.acceptance_length)}, n = {e.n} prompts): {claims.versus(e)}."
+        f"≥ {MIN_PROMPTS_FOR_CI} paired prompts is {_row_name(best)} at {estimate_text(e)} over its paired AR "
+        f"baseline (AL {fmt(best.pooled.acceptance_length)}, n = {e.n} prompts): {wording.versus(e)}."
     )
     if len(ok) > 1:
         ru = ok[1]
         er = Estimate.of(ru.pooled)
         text += (
-            f" Runner-up: {_row_name(ru)} at {er.text()}; the two intervals "
+            f" Runner-up: {_row_name(ru)} at {estimate_text(er)}; the two intervals "
             + (
                 "overlap, so which is faster is not resolved."
                 if claims.overlap(e, er)
@@ -105,7 +106,7 @@ def where_it_loses(study: Study) -> list[str]:
         _digest("Batch (FAQ Q4 (1))", fails.batch_claims(study), "fails_batch")
         + _digest("Low α (FAQ Q4 (2))", fails.low_alpha_claims(study, pc), "fails_low_alpha")
         + _digest("Short outputs (FAQ Q4 (3))", fails.short_claims(study), "fails_short")
-        + _digest("Memory (FAQ Q4 (4))", memory.memory_claims(study), "fails_memory")
+        + _digest("Memory (FAQ Q4 (4))", fails.memory_claims(study), "fails_memory")
     )
 
 
@@ -133,7 +134,7 @@ def divergences(study: Study) -> list[str]:
         name = f"{label} γ={g}" if g else str(label)
         lines.append(
             f"- **{fw}** {name}: {len(found)} of {n} paired greedy outputs differ from the AR baseline's (a lossless "
-            f"method matches all). {claims.divergence_text(found)}"
+            f"method matches all). {wording.divergence_text(found)}"
         )
     if matched:
         lines.append(

@@ -33,6 +33,7 @@ from ..analysis.study import Study
 from ..config.task import load_task_config, seed_row
 from ..config.vocab import TASKS
 from ..metrics import MIN_PROMPTS_FOR_CI
+from . import wording
 
 Frames = tuple[pd.DataFrame, pd.DataFrame]
 
@@ -57,6 +58,11 @@ def _quality(p: Pooled, is_ar: bool) -> dict[str, str]:
         "log-prob shift p": fmt(p.logprob_p),
         "Exact match (greedy)": fmt(p.exact_match),
     }
+
+
+def memory_readings(study: Study) -> dict[tuple[str, str], str]:
+    """(framework, label) → its memory overhead in words, as the tables' *Memory overhead* cells show it."""
+    return {(g.framework, g.label): wording.memory_text(g.overhead, g.noise, g.source) for g in memory_groups(study)}
 
 
 def precision_target(study: Study, cell_ids: Sequence[str]) -> dict[str, Any] | None:
@@ -143,7 +149,7 @@ def metric_table(study: Study, sweep: str | None = "hardware") -> pd.DataFrame:
     """The rest of the seed's metric table for the hardware table's rows: latency (mean / p50 / p99),
     tokens per target forward, memory overhead, quality, and the run-to-run spread of the speedup."""
 
-    memory = {(g["framework"], g["label"]): g["reading"] for g in memory_groups(study)}
+    memory = memory_readings(study)
     rows = []
     for r in hardware_rows(study, sweep, pool=pooled_drafts):
         p, is_ar = r.pooled, r.is_ar
@@ -371,7 +377,7 @@ def task_table(study: Study, tasks: Sequence[str] | None = None, sweep: str | No
 def framework_table(study: Study) -> pd.DataFrame:
     """The seed's framework table, measured: per framework the methods run and their best numbers."""
 
-    memory = {(g["framework"], g["label"]): g["reading"] for g in memory_groups(study)}
+    memory = memory_readings(study)
     rows = []
     mnt = headline_max_new(study)
     for fw in sorted({study.meta(c)["framework"] for c in study.records}):

@@ -12,21 +12,12 @@ from collections.abc import Sequence
 
 import pandas as pd
 
-from ..analysis import (
-    across_engines,
-    conditions,
-    engine_costs,
-    figures,
-    frames,
-    rates,
-    stats,
-    trees,
-)
+from ..analysis import engine_costs, frames, rates, stats, trees
 from ..analysis.format import FAMILY_TITLES, TASK_TITLES, fmt, fmt_ci
 from ..analysis.rows import HardwareRow, hardware_rows, headline_max_new
 from ..analysis.study import Study
 from ..metrics import MIN_PROMPTS_FOR_CI
-from . import fails, tables
+from . import across_engines, conditions, fails, figures, tables
 from .section import Section, markdown_table
 from .summary import summary_markdown
 from .workload import workload_sections

@@ -17,7 +17,7 @@ from ..analysis.format import FAMILY_TITLES, TASK_TITLES, fmt, fmt_ci
 from ..analysis.rows import HardwareRow, hardware_rows, headline_max_new
 from ..analysis.study import Study
 from ..metrics import MIN_PROMPTS_FOR_CI
-from . import across_engines, conditions, fails, figures, tables
+from . import across_engines, conditions, fails, figures, tables, wording
 from .section import Section, markdown_table
 from .summary import summary_markdown
 from .workload import workload_sections
@@ -138,7 +138,7 @@ def method_family_section(study: Study, family: str) -> Section:
     multi = raw.groupby(["label", "gamma"]).filter(lambda g: g["batch_size"].nunique() > 1)
     if len(multi):
         sec.figures[f"method_{family}_batch"] = figures.speedup_vs_batch(multi)
-        sec.markdown += "\nBreak-even batch: " + "; ".join(stats.break_even_notes(multi)) + ".\n"
+        sec.markdown += "\nBreak-even batch: " + "; ".join(wording.break_even_notes(multi)) + ".\n"
     sweep = tables.batch_sweep_frame(study, family)
     if len(sweep):
         sec.figures[f"method_{family}_pareto"] = figures.batch_pareto(sweep)

@@ -22,6 +22,7 @@ from ..analysis.claims import (
     side,
 )
 from ..analysis.format import fmt_ci
+from ..analysis.stats import break_even, isnum
 from ..metrics import MIN_PROMPTS_FOR_CI
 
 
@@ -125,3 +126,21 @@ def divergence_text(divs: list[dict[str, Any]], most: int = 3) -> str:
             f"{'it was a near-tie' if len(unknown) == 1 else 'they were near-ties'} is unknown."
         )
     return " ".join(parts)
+
+
+def break_even_notes(multi: Any) -> list[str]:
+    """Per (label, γ) of a frame with several batch sizes: where the measured speedup falls below 1×."""
+    notes = []
+    for (label, gamma), g in multi.groupby(["label", "gamma"]):
+        g = g.sort_values("batch_size")
+        be = break_even(g["batch_size"].tolist(), g["speedup"].tolist())
+        first = g["speedup"].iloc[0]
+        if be is not None and isnum(first) and first < 1.0:
+            notes.append(
+                f"{label} γ={gamma}: below 1× already at batch {g['batch_size'].iloc[0]} (no break-even to mark)"
+            )
+        elif be is not None:
+            notes.append(f"{label} γ={gamma}: speedup falls below 1× at batch ≈ {be:.1f} (measured, interpolated)")
+        else:
+            notes.append(f"{label} γ={gamma}: no break-even within the measured batch sizes")
+    return notes

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import pandas as pd
 
-from ..analysis import engine_costs, frames, rates, stats, trees
+from ..analysis import engine_costs, faq, frames, rates, stats, trees
 from ..analysis.format import FAMILY_TITLES, TASK_TITLES, fmt, fmt_ci
 from ..analysis.rows import HardwareRow, hardware_rows, headline_max_new
 from ..analysis.study import Study
@@ -210,7 +210,7 @@ def _fails_batch(study: Study, sec: Section) -> list[str]:
 
 def _fails_alpha(study: Study, sec: Section) -> list[str]:
     parts = ["\n### (2) Low acceptance (α < 0.4)\n"]
-    pc = fails.per_cell_acceptance(study)
+    pc = faq.per_cell_acceptance(study)
     if not len(pc):
         return parts + ["_no speculative cell with both α and a paired baseline_\n"]
     df = fails.low_alpha(study, pc)

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from .. import metrics
-from ..analysis import claims, stats
+from ..analysis import claims, faq, stats
 from ..analysis.claims import Estimate
 from ..analysis.format import fmt
 from ..analysis.rows import HardwareRow
@@ -101,7 +101,7 @@ def _digest(case: str, sentences: list[str], link: str, most: int = 3) -> list[s
 
 def where_it_loses(study: Study) -> list[str]:
     """The seed's FAQ Q4 reasons, each as this study measured it: observed, reversed, or cannot tell."""
-    pc = fails.per_cell_acceptance(study)
+    pc = faq.per_cell_acceptance(study)
     return (
         _digest("Batch (FAQ Q4 (1))", fails.batch_claims(study), "fails_batch")
         + _digest("Low α (FAQ Q4 (2))", fails.low_alpha_claims(study, pc), "fails_low_alpha")

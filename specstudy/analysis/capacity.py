@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -137,17 +136,3 @@ def refine_rates(study: Study, slo: Slo | None = None, resolution: float = 1.2) 
         for sweep in g["sweeps"].iloc[0]:
             out.setdefault(sweep, set()).add(mid)
     return {s: sorted(v) for s, v in out.items()}
-
-
-def describe(row: Mapping[str, Any]) -> str:
-    """``2.5 req/s (range 2-2.5 over 3 repeats; breaks at 3)``: a capacity as the report states it."""
-    cap = f"{row['capacity_rps']:g} req/s"
-    spread = f"range {row['capacity_min_rps']:g}-{row['capacity_max_rps']:g} over {row['repeats']} repeats"
-    broke = (
-        "never broke up to the highest rate probed"
-        if math.isinf(row["breaks_at_rps"])
-        else f"breaks at {row['breaks_at_rps']:g}"
-    )
-    unsteady = int(row.get("unsteady_probes") or 0)
-    steady = f"; {unsteady} probe(s) with a queue still growing" if unsteady else ""
-    return f"{cap} ({spread}; {broke}{steady})"

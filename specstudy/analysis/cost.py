@@ -132,38 +132,24 @@ def cost_energy_frame(study: Study, tpot_slo_ms: float | None = None) -> pd.Data
     return pd.DataFrame(rows)
 
 
-def energy_notes(study: Study) -> list[str]:
-    """What energy this study could read, and why not where it could not (said, never estimated)."""
+@dataclass(frozen=True)
+class EnergyRead:
+    """Which energy counters this study read: GPU (NVML), CPU (RAPL), and why RAPL was not readable."""
+
+    gpu: bool
+    cpu: bool
+    cpu_unavailable: tuple[str, ...]
+    gpu_machine: bool
+
+
+def energy_read(study: Study) -> EnergyRead:
+    """What energy the study could read, and the reasons RAPL gave where it could not (said, never estimated)."""
     energy = cell_energy(study)
-    notes = []
-    if any(e.get("gpu_energy_j") is not None for e in energy.values()):
-        notes.append(
-            "GPU energy: NVML's total-energy counter (last − first sample of each cell, summed over every GPU NVML "
-            "sees on the machine, idle ones included: a cell on fewer GPUs than the node has is charged for all)."
-        )
-    elif study.profile is not None and study.profile.kind == "gpu":
-        notes.append("GPU energy: not readable (NVML gave no total-energy counter on this machine); no GPU J/token.")
-    if any(e.get("cpu_energy_j") is not None for e in energy.values()):
-        notes.append("CPU energy: RAPL package counters (`/sys/class/powercap`), over the cell's measured requests.")
-    else:
-        why = sorted({str(e["cpu_energy_unavailable"]) for e in energy.values() if e.get("cpu_energy_unavailable")})
-        notes.append(
-            "CPU energy: RAPL not readable on this machine"
-            + (f" ({'; '.join(why)})" if why else " (no telemetry recorded a reading)")
-            + ", so no CPU J/token is shown; the kit never estimates it from power × time."
-        )
-    return notes
-
-
-def price_note(study: Study) -> str:
-    price = price_of(study)
-    if price is None:
-        return (
-            "No price per hour stated for this machine: $ per million tokens is not computed "
-            "(add `price:` to the hardware profile or pass `specstudy report --price-per-hour USD`)."
-        )
-    return (
-        f"Price: US$ {price.usd_per_gpu_hour:g} per GPU-hour, the whole machine on a CPU ({price.date}; "
-        f"{price.source}); $ per million output "
-        "tokens = price × GPUs / 3600 / measured output tokens per s, at the row's TPOT p50."
+    return EnergyRead(
+        gpu=any(e.get("gpu_energy_j") is not None for e in energy.values()),
+        cpu=any(e.get("cpu_energy_j") is not None for e in energy.values()),
+        cpu_unavailable=tuple(
+            sorted({str(e["cpu_energy_unavailable"]) for e in energy.values() if e.get("cpu_energy_unavailable")})
+        ),
+        gpu_machine=study.profile is not None and study.profile.kind == "gpu",
     )

@@ -122,32 +122,18 @@ def gamma_schedule(study: Study) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def schedule_lines(frame: pd.DataFrame) -> list[str]:
-    """The recommended schedule per (engine, method, task) in words, e.g. "γ 4 up to batch 2, γ 2 up to 8"."""
-    lines: list[str] = []
-    if frame.empty:
-        return lines
-    for key, g in frame.groupby(list(_GROUP), sort=True, dropna=False):
-        parts = []
-        for chosen, run in _runs(g.sort_values("batch_size")):
-            gamma = "off" if chosen == "off" else f"γ {chosen}"
-            parts.append(f"{gamma} up to batch {run}")
-        open_calls = [int(b) for b, s in zip(g["batch_size"], g["separated"]) if s is not True]
-        tail = (
-            f"; the data cannot separate the choice from the runner-up at batch {', '.join(map(str, open_calls))}"
-            if open_calls
-            else ""
-        )
-        lines.append(f"{key[0]} {key[1]} on {key[2]}: " + ", ".join(parts) + tail + ".")
-    return lines
-
-
-def _runs(g: pd.DataFrame) -> list[tuple[Any, int]]:
-    """Consecutive buckets with the same choice merged: (choice, largest batch of the run)."""
+def runs(g: pd.DataFrame) -> list[tuple[Any, int]]:
+    """The schedule of one (engine, method, task): consecutive batch buckets with the same choice merged,
+    as (choice, largest batch of the run), in batch order."""
     out: list[tuple[Any, int]] = []
+    g = g.sort_values("batch_size")
     for chosen, b in zip(g["chosen"], g["batch_size"]):
         if out and out[-1][0] == chosen:
             out[-1] = (chosen, int(b))
         else:
             out.append((chosen, int(b)))
     return out
+
+
+#: the columns that name one schedule (a row of :func:`gamma_schedule` minus its batch bucket)
+SCHEDULE_KEY = _GROUP

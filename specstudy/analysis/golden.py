@@ -8,6 +8,7 @@ definition of α and AL); a row pools a cell's repeats.  Pure: the command write
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -38,8 +39,14 @@ _ROW_FIELDS = (
 
 
 def row_key(meta: Mapping[str, Any]) -> str:
-    """A readable, stable name of a row: every cell field but the repeat and the cell id."""
-    return " | ".join(f"{k}={meta.get(k)}" for k in _ROW_FIELDS)
+    """A stable identifier of a row (its cell fields but the repeat and the cell id, as JSON): the
+    golden file's key; :func:`row_fields` reads it back."""
+    return json.dumps({k: meta.get(k) for k in _ROW_FIELDS}, sort_keys=True, default=str)
+
+
+def row_fields(key: str) -> dict[str, Any]:
+    fields: dict[str, Any] = json.loads(key)
+    return {k: fields.get(k) for k in _ROW_FIELDS}
 
 
 def acceptance_rows(
@@ -79,7 +86,7 @@ def _prompt_counts(recs: Sequence[RequestRecord]) -> dict[str, dict[str, Any]]:
         steps = draft_steps_of(r)
         if r.status != "ok" or r.drafted_tokens is None or steps is None:
             continue
-        out[f"{r.task}/{r.prompt_id}#r{r.repeat}#t{r.turn}"] = {
+        out[json.dumps([r.task, r.prompt_id, r.repeat, r.turn])] = {
             "accepted": int(r.accepted_tokens or 0),
             "drafted": int(r.drafted_tokens),
             "draft_steps": int(steps),
@@ -135,10 +142,15 @@ def golden_doc(study: Study, rows: Mapping[str, Any], rel_tol: float) -> dict[st
 
 @dataclass(frozen=True)
 class Moved:
-    """One row that fails the gate, and why."""
+    """One row that fails the gate and why: ``what`` is "missing" (no such row), "no_common_prompts",
+    "depth" (per-position depth ``before`` -> ``after``), or a figure that moved ("acceptance_length",
+    "alpha", "position" with its 1-based ``position``) from ``before`` to ``after``."""
 
     row: str
-    reason: str
+    what: str
+    before: Any = None
+    after: Any = None
+    position: int | None = None
 
 
 def _close(a: float | None, b: float | None, rel_tol: float) -> bool:
@@ -150,13 +162,13 @@ def _close(a: float | None, b: float | None, rel_tol: float) -> bool:
 def _row_moves(key: str, want: Mapping[str, Any], got: Mapping[str, Any], rel_tol: float) -> Iterable[Moved]:
     for name in ("acceptance_length", "alpha"):
         if not _close(want.get(name), got.get(name), rel_tol):
-            yield Moved(key, f"{name} {want.get(name)} -> {got.get(name)}")
+            yield Moved(key, name, want.get(name), got.get(name))
     wp, gp = list(want.get("per_position") or []), list(got.get("per_position") or [])
     if len(wp) != len(gp):
-        yield Moved(key, f"per-position depth {len(wp)} -> {len(gp)}")
+        yield Moved(key, "depth", len(wp), len(gp))
     for k, (a, b) in enumerate(zip(wp, gp), start=1):
         if not _close(a, b, rel_tol):
-            yield Moved(key, f"position {k} acceptance {a} -> {b}")
+            yield Moved(key, "position", a, b, position=k)
 
 
 def compare(golden: Mapping[str, Any], current: Mapping[str, Any], rel_tol: float | None = None) -> list[Moved]:
@@ -174,9 +186,9 @@ def compare(golden: Mapping[str, Any], current: Mapping[str, Any], rel_tol: floa
     for key, want in golden["rows"].items():
         pair = _on_common_prompts(want, current[key]) if key in current else None
         if key not in current:
-            moved.append(Moved(key, "row missing from the study"))
+            moved.append(Moved(key, "missing"))
         elif pair is None:
-            moved.append(Moved(key, "no prompt in common with the golden"))
+            moved.append(Moved(key, "no_common_prompts"))
         else:
             moved.extend(_row_moves(key, *pair, tol))
     return moved

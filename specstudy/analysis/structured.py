@@ -85,18 +85,17 @@ def structured_frame(study: Study) -> pd.DataFrame:
 
 
 def engines_table() -> pd.DataFrame:
-    """Per declared engine: whether the kit can constrain its outputs and whether it combines that
-    with speculation, with the source that says so (its declaration's fields)."""
+    """Per declared engine: where the kit sends a constraint, whether the engine combines it with
+    speculation (True / False / None: not documented) and the source that says so (its declaration)."""
     rows = []
     for fw in frameworks():
         d = declaration(fw)
-        combine = {True: "yes", False: "no", None: "not documented"}[d.structured_with_speculation]
         rows.append(
             {
-                "Framework": fw,
-                "Constraint fields": ", ".join(f"{k}: `{v}`" for k, v in d.structured_output_fields.items()) or "—",
-                "With speculation": combine,
-                "Source": d.structured_source or "—",
+                "framework": fw,
+                "fields": dict(d.structured_output_fields),
+                "with_speculation": d.structured_with_speculation,
+                "source": d.structured_source,
             }
         )
     return pd.DataFrame(rows)

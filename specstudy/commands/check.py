@@ -14,6 +14,7 @@ from pathlib import Path
 from ..analysis.golden import DEFAULT_REL_TOL, acceptance_rows, compare, golden_doc, new_rows
 from ..analysis.study import load
 from ..layout import StudyLayout, atomic_write_text
+from ..report.gate import moved_text, row_name
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -62,11 +63,12 @@ def run(args: argparse.Namespace) -> int:
     moved = compare(golden, rows, args.rel_tol)
     extra = new_rows(golden, rows)
     if args.json:
-        print(json.dumps({"moved": [m.__dict__ for m in moved], "new_rows": extra, "checked": len(golden["rows"])}))
+        shown = [{**m.__dict__, "row": row_name(m.row), "reason": moved_text(m)} for m in moved]
+        print(json.dumps({"moved": shown, "new_rows": [row_name(k) for k in extra], "checked": len(golden["rows"])}))
     else:
         for m in moved:
-            print(f"MOVED  {m.row}: {m.reason}")
+            print(f"MOVED  {row_name(m.row)}: {moved_text(m)}")
         for key in extra:
-            print(f"new    {key} (not in the golden; not checked)")
+            print(f"new    {row_name(key)} (not in the golden; not checked)")
         print(f"{len(golden['rows'])} golden rows checked, {len({m.row for m in moved})} moved")
     return 1 if moved else 0

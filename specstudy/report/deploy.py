@@ -7,6 +7,8 @@ The numbers are :mod:`specstudy.analysis.capacity`, ``gamma_schedule`` and ``cos
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from typing import Any
 
 import pandas as pd
 
@@ -14,6 +16,87 @@ from ..analysis import capacity, cost, gamma_schedule, rates, structured
 from ..analysis.format import fmt, fmt_ci
 from ..analysis.study import Study
 from .section import Section, markdown_table
+
+
+def capacity_text(row: Mapping[str, Any]) -> str:
+    """``2.5 req/s (range 2-2.5 over 3 repeats; breaks at 3)``: a capacity as the report states it."""
+    cap = f"{row['capacity_rps']:g} req/s"
+    spread = f"range {row['capacity_min_rps']:g}-{row['capacity_max_rps']:g} over {row['repeats']} repeats"
+    broke = (
+        "never broke up to the highest rate probed"
+        if math.isinf(row["breaks_at_rps"])
+        else f"breaks at {row['breaks_at_rps']:g}"
+    )
+    unsteady = int(row.get("unsteady_probes") or 0)
+    steady = f"; {unsteady} probe(s) with a queue still growing" if unsteady else ""
+    return f"{cap} ({spread}; {broke}{steady})"
+
+
+def schedule_lines(frame: pd.DataFrame) -> list[str]:
+    """The recommended schedule per (engine, method, task) in words, e.g. "γ 4 up to batch 2, γ 2 up to batch 8"."""
+    lines: list[str] = []
+    if frame.empty:
+        return lines
+    for key, g in frame.groupby(list(gamma_schedule.SCHEDULE_KEY), sort=True, dropna=False):
+        parts = [f"{'off' if c == 'off' else f'γ {c}'} up to batch {b}" for c, b in gamma_schedule.runs(g)]
+        open_calls = [int(b) for b, sep in zip(g["batch_size"], g["separated"]) if sep is not True]
+        tail = (
+            f"; the data cannot separate the choice from the runner-up at batch {', '.join(map(str, open_calls))}"
+            if open_calls
+            else ""
+        )
+        lines.append(f"{key[0]} {key[1]} on {key[2]}: " + ", ".join(parts) + tail + ".")
+    return lines
+
+
+def energy_notes(read: cost.EnergyRead) -> list[str]:
+    """What energy the study read, and why not where it could not (said, never estimated)."""
+    notes = []
+    if read.gpu:
+        notes.append(
+            "GPU energy: NVML's total-energy counter (last − first sample of each cell, summed over every GPU NVML "
+            "sees on the machine, idle ones included: a cell on fewer GPUs than the node has is charged for all)."
+        )
+    elif read.gpu_machine:
+        notes.append("GPU energy: not readable (NVML gave no total-energy counter on this machine); no GPU J/token.")
+    if read.cpu:
+        notes.append("CPU energy: RAPL package counters (`/sys/class/powercap`), over the cell's measured requests.")
+    else:
+        why = f" ({'; '.join(read.cpu_unavailable)})" if read.cpu_unavailable else " (no telemetry recorded a reading)"
+        notes.append(
+            "CPU energy: RAPL not readable on this machine"
+            + why
+            + ", so no CPU J/token is shown; the kit never estimates it from power × time."
+        )
+    return notes
+
+
+def price_note(price: cost.Price | None) -> str:
+    if price is None:
+        return (
+            "No price per hour stated for this machine: $ per million tokens is not computed "
+            "(add `price:` to the hardware profile or pass `specstudy report --price-per-hour USD`)."
+        )
+    return (
+        f"Price: US$ {price.usd_per_gpu_hour:g} per GPU-hour, the whole machine on a CPU ({price.date}; "
+        f"{price.source}); $ per million output tokens = price × GPUs / 3600 / measured output tokens per s, "
+        "at the row's TPOT p50."
+    )
+
+
+def engines_shown(frame: pd.DataFrame) -> pd.DataFrame:
+    """The engines' structured-output declarations as the report shows them."""
+    combine = {True: "yes", False: "no", None: "not documented"}
+    return pd.DataFrame(
+        {
+            "Framework": frame["framework"],
+            "Constraint fields": frame["fields"].map(lambda d: ", ".join(f"{k}: `{v}`" for k, v in d.items()) or "—"),
+            "With speculation": frame["with_speculation"].map(
+                lambda v: combine[None if v is None or v != v else bool(v)]
+            ),
+            "Source": frame["source"].map(lambda s: s or "—"),
+        }
+    )
 
 
 def _capacity(study: Study, sec: Section) -> list[str]:
@@ -32,7 +115,7 @@ def _capacity(study: Study, sec: Section) -> list[str]:
             "Method": frame["label"],
             "Task": frame["task"],
             "γ": frame["gamma"].map(lambda g: "—" if g is None or g != g else f"{g:g}"),
-            "Capacity": [capacity.describe(r) for r in frame.to_dict("records")],
+            "Capacity": [capacity_text(r) for r in frame.to_dict("records")],
             "Rates probed (req/s)": frame["rates"].map(
                 lambda rs: ", ".join("inf" if math.isinf(r) else f"{r:g}" for r in rs)
             ),
@@ -98,13 +181,14 @@ def _gamma(study: Study, sec: Section) -> list[str]:
         "The cells behind each row are in `tables/deploy_gamma_schedule.csv`.\n",
         markdown_table(shown),
         "\nSchedule:\n",
-        *[f"- {line}\n" for line in gamma_schedule.schedule_lines(frame)],
+        *[f"- {line}\n" for line in schedule_lines(frame)],
     ]
 
 
 def _structured(study: Study, sec: Section) -> list[str]:
-    engines = structured.engines_table()
-    sec.tables["deploy_structured_engines"] = (engines, None)
+    raw_engines = structured.engines_table()
+    engines = engines_shown(raw_engines)
+    sec.tables["deploy_structured_engines"] = (engines, raw_engines)
     lines = [
         "### Structured outputs under speculation\n",
         "Which engines combine constrained decoding with speculation (their declarations, with the source):\n",
@@ -140,8 +224,8 @@ def _structured(study: Study, sec: Section) -> list[str]:
 def _cost(study: Study, sec: Section) -> list[str]:
     slo = rates.study_slo(study)
     frame = cost.cost_energy_frame(study, slo.tpot_ms)
-    lines = ["### Cost and energy per output token\n", *[f"- {n}\n" for n in cost.energy_notes(study)]]
-    lines.append(f"- {cost.price_note(study)}\n")
+    lines = ["### Cost and energy per output token\n", *[f"- {n}\n" for n in energy_notes(cost.energy_read(study))]]
+    lines.append(f"- {price_note(cost.price_of(study))}\n")
     if frame.empty:
         return lines
     shown = pd.DataFrame(

@@ -16,6 +16,7 @@ from specstudy.costmodel import HardwareProfile
 from specstudy.layout import StudyLayout
 from specstudy.metrics import slo_holds
 from specstudy.records import RequestRecord
+from specstudy.report import deploy
 from specstudy.telemetry import Rapl, energy_of
 
 
@@ -131,7 +132,7 @@ def test_capacity_is_the_highest_rate_before_the_first_break_with_its_range_over
     assert (frame.loc["ngram", "capacity_min_rps"], frame.loc["ngram", "capacity_max_rps"]) == (1.0, 2.0)
     side = capacity.beside_ar(capacity.capacity_frame(_rate_study(rates, spec, repeats=2)))
     assert side["ar_capacity_rps"].tolist() == [1.0] and side["capacity_ratio"].tolist() == [1.5]
-    assert "breaks at" in capacity.describe(frame.loc["ar"])
+    assert "breaks at" in deploy.capacity_text(frame.loc["ar"])
 
 
 def test_a_probe_whose_queue_still_grows_is_not_stationary():
@@ -146,7 +147,7 @@ def test_a_probe_whose_queue_still_grows_is_not_stationary():
         ]
     )
     frame = capacity.capacity_frame(study)
-    assert frame["unsteady_probes"].tolist() == [1] and "1 probe(s) with a queue still growing" in capacity.describe(
+    assert frame["unsteady_probes"].tolist() == [1] and "1 probe(s) with a queue still growing" in deploy.capacity_text(
         frame.iloc[0]
     )
 
@@ -212,7 +213,7 @@ def test_gamma_schedule_chooses_robustly_per_batch_and_says_when_it_cannot_separ
     assert frame.loc[1, "chosen"] == 4 and frame.loc[1, "runner_up"] == 2 and frame.loc[1, "separated"]
     assert frame.loc[4, "chosen"] == 2
     assert frame.loc[8, "chosen"] == "off" and frame.loc[8, "runner_up"] == 2
-    line = gamma_schedule.schedule_lines(frame.reset_index())[0]
+    line = deploy.schedule_lines(frame.reset_index())[0]
     assert line.startswith("llamacpp PL on code: γ 4 up to batch 1, γ 2 up to batch 4, off up to batch 8")
     # every γ's three repeat cells and their three paired AR cells
     assert all(len(c) == 9 and sum(x.startswith("ar-") for x in c) == 3 for c in frame["rests_on"])
@@ -221,7 +222,7 @@ def test_gamma_schedule_chooses_robustly_per_batch_and_says_when_it_cannot_separ
 def test_gamma_schedule_says_when_intervals_overlap():
     frame = gamma_schedule.gamma_schedule(_gamma_study({(1, 2): [1.30, 1.30, 1.30], (1, 4): [1.31, 1.31, 1.31]}))
     assert frame["chosen"].tolist() == [4] and frame["separated"].tolist() != [True]
-    assert "cannot separate" in gamma_schedule.schedule_lines(frame)[0]
+    assert "cannot separate" in deploy.schedule_lines(frame)[0]
 
 
 # ---- energy and cost -------------------------------------------------------------------------------
@@ -284,7 +285,7 @@ def test_cost_and_energy_per_token_beside_the_paired_ar(monkeypatch):
     assert row["ar_usd_per_m_tokens"] > row["usd_per_m_tokens"]
     assert math.isnan(row["cpu_j_per_token"])
     assert cost.usd_per_million_tokens(3.6, 2, 2.0) == pytest.approx(1e6 * 3.6 * 2 / 3600 / 2.0)
-    notes = " ".join(cost.energy_notes(_priced()))
+    notes = " ".join(deploy.energy_notes(cost.energy_read(_priced())))
     assert "RAPL not readable" in notes and "no RAPL here" in notes and "never estimates" in notes
     assert "NVML's total-energy counter" in notes and "idle ones included" in notes
 
@@ -298,8 +299,8 @@ def test_price_from_the_command_line_overrides_and_none_means_no_cost(monkeypatc
     monkeypatch.delenv(cost.PRICE_ENV)
     unpriced = _priced(price=None, tel=False)
     assert cost.cost_energy_frame(unpriced)["usd_per_m_tokens"].isna().all()
-    assert "not computed" in cost.price_note(unpriced)
-    assert "(no telemetry recorded a reading)" in " ".join(cost.energy_notes(unpriced))
+    assert "not computed" in deploy.price_note(cost.price_of(unpriced))
+    assert "(no telemetry recorded a reading)" in " ".join(deploy.energy_notes(cost.energy_read(unpriced)))
 
 
 def test_the_capacity_search_adds_the_bracket_midpoint_to_its_sweep(tmp_path):

@@ -131,8 +131,8 @@ def test_the_h200_profile_plans_the_seeds_specinfer_and_sequoia_rows():
 
 def test_the_dry_run_plans_the_deployment_decisions():
     """Every GPU profile plans capacity probes under its SLO, γ buckets with repeats, the JSON-schema task on an
-    engine that combines it with speculation, NVML energy and its dated price (none stated for the RTX 4090); the CPU profile plans RAPL and says
-    it has no price."""
+    engine that combines it with speculation, NVML energy and its dated price (none stated for the RTX 4090);
+    the CPU profile plans RAPL and says it has no price."""
     from specstudy.config import load_hardware_profile, load_study
     from specstudy.run.dryrun import deployment_plan
 

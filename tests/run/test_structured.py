@@ -82,8 +82,13 @@ def test_each_engine_gets_the_constraint_in_its_own_field():
     with pytest.raises(ValueError, match="'openai' takes no json_schema"):
         constraint_body(declaration("openai"), text, None)
     assert declaration("trtllm").structured_with_speculation is False and declaration("trtllm").structured_source
-    table = structured.engines_table().set_index("Framework")
+    from specstudy.report.deploy import engines_shown
+
+    raw = structured.engines_table()
+    assert raw.set_index("framework").loc["trtllm", "with_speculation"] is False
+    table = engines_shown(raw).set_index("Framework")
     assert table.loc["trtllm", "With speculation"] == "no" and table.loc["llamacpp", "With speculation"] == "yes"
+    assert table.loc["sglang", "With speculation"] == "not documented"
 
 
 def _out(text, tokens=5, status="ok", schema=SCHEMA):

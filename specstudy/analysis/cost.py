@@ -25,7 +25,18 @@ from .study import Study
 
 #: set by ``specstudy report --price-per-hour`` (the notebooks run in subprocesses and inherit it)
 PRICE_ENV = "SPECSTUDY_PRICE_PER_HOUR"
-_ROW = ("framework", "label", "task", "model", "drafter", "gamma", "batch_size", "request_rate", "sampling")
+_ROW = (
+    "framework",
+    "label",
+    "task",
+    "model",
+    "drafter",
+    "gamma",
+    "batch_size",
+    "request_rate",
+    "sampling",
+    "max_new_tokens",
+)
 
 
 @dataclass(frozen=True)

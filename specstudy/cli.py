@@ -42,6 +42,11 @@ COMMANDS = {
         "'models configs --hardware GPU': fetch each hub model's config.json into the HF cache and check the study against them",
     ),
     "run": ("run", "run the study matrix of params/hardware/<gpu>.yaml (warm-up, paired AR baseline, resume)"),
+    "check": (
+        "check",
+        "acceptance regression gate: compare a study's per-position acceptance and AL per row with a golden file "
+        "(--golden), or write one (--write-golden)",
+    ),
     "report": (
         "report",
         "render outputs/<gpu>/report.md (+ HTML) from the records, executing the notebooks; or merge several",

@@ -54,7 +54,10 @@ def scaled_config(
     }
     before = {**cfg, "num_key_value_heads": kv}
     notes = [f"{k}: {before.get(k)} -> {v}" for k, v in scaled.items() if before.get(k) != v]
-    return {**cfg, **out, **scaled}, notes
+    full = {**cfg, **out, **scaled}
+    if full.pop("quantization_config", None) is not None:  # random weights are not quantized
+        notes.append(f"quantization_config ({cfg['quantization_config'].get('quant_method')}) dropped")
+    return full, notes
 
 
 def standin_tokenizer(vocab_size: int, model_max_length: int) -> Any:

@@ -211,7 +211,13 @@ class Eagle3Draft(nn.Module):
     def engine_state_dict(self) -> dict[str, torch.Tensor]:
         """The weights under the engines' names (bf16; d2t int64, t2d bool)."""
         out: dict[str, torch.Tensor] = {}
+        # a draft vocabulary that is the whole target vocabulary has no map: vLLM's Eagle3LlamaForCausalLM
+        # then has no draft_id_to_target_id and refuses a d2t (found by the rtx4090 rehearsal); the kit's
+        # loader reads its absence as the identity
+        full = len(self.d2t) == self.vocab_size
         for k, v in self.state_dict().items():
+            if full and k in ("d2t", "t2d"):
+                continue
             if k.startswith("decoder.embed_tokens") or k.startswith("decoder.rotary_emb"):
                 continue
             name = k.replace("decoder.layers.0.", "midlayer.")

@@ -121,9 +121,14 @@ def _eagle3_standin(head: str, target: str, cache: Path, read: Callable[[str], A
     ]
 
 
-def rehearsal_study(study: dict[str, Any]) -> tuple[dict[str, Any], list[str], list[dict[str, Any]]]:
-    """The profile's study made small for this CPU: (study, what changed, rows not rehearsed)."""
+def rehearsal_study(
+    study: dict[str, Any], base: Path | None = None
+) -> tuple[dict[str, Any], list[str], list[dict[str, Any]]]:
+    """The profile's study made small for this CPU: (study, what changed, rows not rehearsed).
+    ``base``: the profile's folder, which its relative task paths are relative to (made absolute)."""
     s = json.loads(json.dumps(study))  # a deep copy of plain YAML data
+    if base is not None:
+        _absolute_tasks(s, base)
     named = {*s.get("frameworks", []), *s.get("framework_options", {})}
     named |= {f for m in s.get("methods", []) for f in m.get("frameworks") or []}
     named |= {f for sw in (s.get("sweeps") or {}).values() for f in (sw or {}).get("frameworks") or []}
@@ -141,6 +146,18 @@ def rehearsal_study(study: dict[str, Any]) -> tuple[dict[str, Any], list[str], l
         f"1 repeat, batch sizes above {MAX_BATCH} run at {MAX_BATCH}"
     )
     return s, changes, skipped
+
+
+def _absolute_tasks(s: dict[str, Any], base: Path) -> None:
+    """Task file paths relative to the profile's folder, made absolute (the rehearsal's file lives elsewhere)."""
+    from ..config.task import is_task_path
+
+    for holder in [s, *((sw or {}) for sw in (s.get("sweeps") or {}).values())]:
+        if holder.get("tasks"):
+            holder["tasks"] = [
+                str((base / t).resolve()) if is_task_path(t) and not Path(t).is_absolute() else t
+                for t in holder["tasks"]
+            ]
 
 
 def _methods(methods: list[dict[str, Any]], runnable: set[str]) -> list[dict[str, Any]]:
@@ -251,7 +268,7 @@ def prepare(gpu: str, outputs: str = "outputs", log: Callable[[str], None] = pri
         log(f"rehearsal: building stand-ins of {len(hub_ids(study))} models into {cache}")
         built.parent.mkdir(parents=True, exist_ok=True)
         built.write_text(json.dumps(build_standins(study, cache), indent=2))
-    small, changes, skipped = rehearsal_study(study)
+    small, changes, skipped = rehearsal_study(study, hardware_file(gpu).parent)
     path = out / "rehearsal.yaml"
     import yaml
 

@@ -133,9 +133,11 @@ def test_models_configs_command(tmp_path):
     out = json.loads(r.stdout)
     assert "JackFram/llama-160m" in out["models"] and out["problems"] == [] and out["not_checked"] == []
     text = (Path("params/hardware/h200.yaml")).read_text().replace("max_model_len: 2048", "max_model_len: 4096")
-    (tmp_path / "h200.yaml").write_text(text)
+    (tmp_path / "hardware").mkdir()
+    (tmp_path / "workloads").symlink_to(Path("params/workloads").resolve())  # its task paths are relative
+    (tmp_path / "hardware" / "h200.yaml").write_text(text)
     r = subprocess.run(
-        [*run[:-1], "--params", str(tmp_path / "h200.yaml")],
+        [*run[:-1], "--params", str(tmp_path / "hardware" / "h200.yaml")],
         capture_output=True,
         text=True,
         timeout=120,

@@ -32,7 +32,7 @@ def test_which_engines_have_a_cpu_build():
 def test_each_profiles_rehearsal_keeps_its_cpu_rows_and_lists_the_rest(gpu, tmp_path, monkeypatch):
     monkeypatch.setenv("SPECSTUDY_MODEL_CONFIGS", str(FIXTURES))
     profile = load_yaml(hardware_file(gpu))["study"]
-    small, changes, skipped = rehearsal_study(profile)
+    small, changes, skipped = rehearsal_study(profile, hardware_file(gpu).parent)
     path = tmp_path / "r.yaml"
     path.write_text(yaml.safe_dump({"study": small}))
     cfg = check_backends(load_study(f"{gpu}-rehearsal", path, check_tokenizers=False), files=False)

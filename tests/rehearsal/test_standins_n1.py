@@ -72,3 +72,26 @@ def test_reference_engine_loads_a_hub_id_offline(hub_cache):
         cell = Cell("s", "h200", "reference", method, "code", "JackFram/llama-68m", drafter, gamma)
         recs = list(be.run([Request(prompt_id="p0", prompt="def f(x):")], sampling, cell))
         assert len(recs) == 1 and recs[0].output_tokens == 3, method
+
+
+def test_a_quantized_models_stand_in_is_not_declared_quantized():
+    """TheBloke/Llama-2-13B-chat-AWQ's config declares AWQ; random float weights must not (vLLM refused
+    float32 for AWQ in the rtx4090 rehearsal)."""
+    cfg, notes = standins.scaled_config({**LLAMA_68M, "quantization_config": {"quant_method": "awq", "bits": 4}})
+    assert "quantization_config" not in cfg and "quantization_config (awq) dropped" in notes
+
+
+def test_an_eagle3_head_over_the_whole_vocabulary_ships_no_draft_map():
+    """vLLM's Eagle3LlamaForCausalLM has no draft_id_to_target_id when draft and target vocabularies are
+    one (EAGLE3-Vicuna1.3-13B: 32000 of 32000): a d2t in the checkpoint failed its load."""
+    import torch
+    from transformers import LlamaConfig
+
+    from specstudy.engine.eagle3 import Eagle3Draft
+
+    target = LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_attention_heads=4, num_hidden_layers=6
+    )
+    full = Eagle3Draft.for_target(target, torch.arange(64)).engine_state_dict()
+    part = Eagle3Draft.for_target(target, torch.arange(16)).engine_state_dict()
+    assert "d2t" not in full and "t2d" not in full and "d2t" in part

@@ -18,7 +18,7 @@ from ..config.task import load_task_config, seed_row
 from ..config.vocab import TASKS
 from ..metrics import MIN_PROMPTS_FOR_CI
 from .drafts import model_note, optimal_measured, pooled_drafts
-from .format import FAMILY_TITLES, TASK_TITLES, fmt, fmt_ci, seed_row_name, short_model
+from .format import FAMILY_TITLES, TASK_TITLES, fmt, fmt_ci, is_dynamic_tree, seed_row_name, short_model
 from .memory import memory_groups
 from .rates import peak_memory
 from .stats import NAN, Pooled, isnum, pooled, predicted_for
@@ -35,6 +35,10 @@ def headline_max_new(study: Study) -> Any:
 
 def _sweep_or_all(study: Study, sweep: str | None) -> str | None:
     return sweep if sweep is None or study.has_sweep(sweep) else None
+
+
+def _records(study: Study, cells: list[str]) -> list[Any]:
+    return [r for c in cells for r in study.records.get(c, [])]
 
 
 def _label(m: dict[str, Any], p: Pooled) -> str:
@@ -129,7 +133,7 @@ def hardware_table(study: Study, sweep: str | None = "hardware") -> Frames:
         rows.append(
             {
                 "Method": "Baseline (AR)" if is_ar else _label(m, p),
-                "Seed row": seed_row_name(method),
+                "Seed row": seed_row_name(method, is_dynamic_tree(_records(study, groups[key]))),
                 "Framework": fw,
                 "Precision": m["precision"],
                 "Target": short_model(model),

@@ -5,24 +5,95 @@ same target and the same drafter (its own EAGLE-3 head, prompt lookup's n-gram r
 engines on the same prompts.  Their speeds differ by design; their acceptance should not, unless
 the engines draft differently.  Each group here is one (method label, drafter, γ, task, sampling) at
 batch 1 measured by two or more frameworks; each framework's α and AL are
-:func:`specstudy.analysis.stats.pooled`'s (intervals over prompts), and the verdict compares every
-pair of AL intervals (:func:`specstudy.analysis.claims.overlap`): disjoint intervals are a
-difference beyond noise, overlapping ones are not resolved.  Nothing here writes a file.
+:func:`specstudy.analysis.stats.pooled`'s (intervals over prompts).
+
+The verdict at greedy is exact and paired (:func:`paired_verdict`): greedy decoding of the same
+prompts is deterministic, so each prompt's accepted tokens, drafted tokens and draft steps are
+compared engine against engine.  Overlapping intervals would hide a head that accepts one token in
+fourteen read wrongly by one engine; equal counts prompt by prompt do not.  An engine that caps
+its drafts at the tokens left (the reference engine drafts min(γ, r − 1) with r tokens to go, and
+none at r = 1) drafts up to γ(γ+1)/2 fewer tokens in at most one fewer step per prompt than one
+that always drafts γ: within that bound, with the same accepted tokens, the verdict says
+"identical acceptance; drafting differs at the end".  At T > 0 the draws differ by engine: every
+pair of AL intervals is compared (:func:`specstudy.analysis.claims.overlap`); disjoint intervals
+are a difference beyond noise, overlapping ones are not resolved.  Nothing here writes a file.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from itertools import combinations
 from typing import Any
 
 import pandas as pd
 
+from ..metrics import draft_steps_of, prompt_of
+from ..records import RequestRecord
 from .claims import Estimate, overlap
 from .format import fmt_ci
 from .stats import Pooled, pooled
 from .study import Study
 
 AGREE = "agree within noise (every pair of AL intervals overlaps)"
+IDENTICAL = "identical acceptance and drafting, prompt by prompt"
+AT_END = "identical acceptance; drafting differs at the end"
+
+
+@dataclass(frozen=True)
+class PromptCounts:
+    """One prompt's greedy request in one engine: what the paired comparison compares."""
+
+    accepted: int
+    drafted: int
+    steps: int
+    output: tuple[int, ...]
+
+
+def prompt_counts(records: list[RequestRecord]) -> dict[tuple[str, str], PromptCounts]:
+    """Each prompt's first finished repeat (greedy repeats are the same decode)."""
+    out: dict[tuple[str, str], PromptCounts] = {}
+    for r in sorted(records, key=lambda r: r.repeat):
+        if r.status != "ok" or r.accepted_tokens is None or prompt_of(r) in out:
+            continue
+        steps = draft_steps_of(r) or 0
+        out[prompt_of(r)] = PromptCounts(r.accepted_tokens, r.drafted_tokens or 0, steps, tuple(r.output_ids))
+    return out
+
+
+def drafting_differs_at_end(a: PromptCounts, b: PromptCounts, gamma: int) -> bool:
+    """Whether a and b's drafting differs by no more than capping drafts at the tokens left can."""
+    return abs(a.steps - b.steps) <= 1 and abs(a.drafted - b.drafted) <= gamma * (gamma + 1) // 2
+
+
+def _totals(counts: dict[tuple[str, str], PromptCounts], keys: list[tuple[str, str]]) -> str:
+    acc, dr, st = (sum(getattr(counts[k], f) for k in keys) for f in ("accepted", "drafted", "steps"))
+    return f"{acc} accepted, {dr} drafted in {st} steps"
+
+
+def paired_verdict(by_fw: dict[str, list[RequestRecord]], gamma: int) -> str:
+    """The exact, prompt-by-prompt verdict of greedy rows (module docstring)."""
+    counts = {fw: prompt_counts(recs) for fw, recs in sorted(by_fw.items())}
+    keys = sorted(set.intersection(*(set(c) for c in counts.values())))
+    if not keys:
+        return "no prompt measured by every engine: not compared"
+    said, at_end = [], True
+    for a, b in combinations(sorted(counts), 2):
+        ca, cb = counts[a], counts[b]
+        outs = sum(ca[k].output != cb[k].output for k in keys)
+        acc = sum(ca[k].accepted != cb[k].accepted for k in keys)
+        if outs:
+            said.append(f"greedy outputs of {a} and {b} differ on {outs} of {len(keys)} prompts")
+        if acc:
+            said.append(
+                f"acceptance differs on {acc} of {len(keys)} prompts: {a} {_totals(ca, keys)}, {b} {_totals(cb, keys)}"
+            )
+        at_end &= all(drafting_differs_at_end(ca[k], cb[k], gamma) for k in keys)
+    if said:
+        return "; ".join(said)
+    if all(len({counts[fw][k] for fw in counts}) == 1 for k in keys):
+        return IDENTICAL
+    detail = ", ".join(f"{fw} {_totals(c, keys)}" for fw, c in counts.items())
+    return f"{AT_END} ({detail})" if at_end else f"identical acceptance; drafting differs beyond the end ({detail})"
 
 
 def groups(study: Study) -> dict[tuple[Any, ...], dict[str, list[str]]]:
@@ -54,7 +125,10 @@ def acceptance_across_engines(study: Study) -> tuple[pd.DataFrame, pd.DataFrame]
     rows, raw = [], []
     for (label, drafter, gamma, task, sampling), by_fw in groups(study).items():
         pooled_by = {fw: pooled(study, cids) for fw, cids in sorted(by_fw.items())}
-        said = verdict(pooled_by)
+        intervals = verdict(pooled_by)
+        recs = {fw: [r for c in cids for r in study.records.get(c, [])] for fw, cids in by_fw.items()}
+        greedy = all(r.temperature == 0.0 for rs in recs.values() for r in rs)
+        said = paired_verdict(recs, int(gamma or 0)) if greedy else intervals
         for fw, p in pooled_by.items():
             rows.append(
                 {
@@ -85,6 +159,7 @@ def acceptance_across_engines(study: Study) -> tuple[pd.DataFrame, pd.DataFrame]
                     "acceptance_length_ci": p.acceptance_length_ci,
                     "n_prompts": p.n_prompts,
                     "verdict": said,
+                    "interval_verdict": intervals,
                 }
             )
     return pd.DataFrame(rows), pd.DataFrame(raw)

@@ -107,9 +107,15 @@ ACROSS_ENGINES_TEXT = (
     "same checkpoints). Speed differs by engine; acceptance differs only where the engines draft differently: "
     "an EAGLE-3 head's feature layers and its draft-to-target vocabulary map as each engine reads them, a "
     "tree against a chain, prompt lookup's matching rule (which n-gram lengths, the first or the latest "
-    "match), or the draft length an engine cuts at the output's end. *Across engines* compares every pair of "
-    "AL intervals over prompts: disjoint intervals are a difference beyond noise; overlapping ones are not "
-    "resolved (a conservative test).\n\n"
+    "match), or the draft length an engine cuts at the output's end. *Across engines*, at greedy, compares "
+    "each prompt's accepted tokens, drafted tokens and draft steps engine against engine, exactly (greedy "
+    "decoding is deterministic): any accepted token of difference is named; drafting that differs no more than "
+    "capping drafts at the tokens left can explain reads *identical acceptance; drafting differs at the end*. "
+    "At T > 0 it compares every pair of AL intervals over prompts: disjoint intervals are a difference beyond "
+    "noise; overlapping ones are not resolved (a conservative test). A mistake in the exported checkpoint "
+    "itself (its vocabulary map, feature layers or norm) reaches every engine alike and shows in none of "
+    "these comparisons: the export's round trip against the trained head catches it "
+    "(`specstudy.engine.eagle3.check_round_trip`).\n\n"
 )
 
 

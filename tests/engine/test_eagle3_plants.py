@@ -128,3 +128,15 @@ def test_the_norm_plant_does_not_load_in_the_kits_reader(target, head, tmp_path)
     folder = _export(head, tmp_path / "norm", PLANTS["norm_skipped"])
     with pytest.raises(ValueError, match="missing \\['norm.weight'\\]"):
         load_eagle3(folder, target.config)
+
+
+def test_train_drafter_checks_every_eagle3_export(target, head, tmp_path, monkeypatch):
+    """The command's save step runs the round trip: a planted export stops the command."""
+    from specstudy.commands.train_drafter import save
+
+    assert save(head, tmp_path / "ok", "tiny", {}, target.config).is_dir()
+    state = head.engine_state_dict()
+    _shift_d2t(state, {})
+    monkeypatch.setattr(Eagle3Draft, "engine_state_dict", lambda self: state)
+    with pytest.raises(ValueError, match="d2t maps"):
+        save(head, tmp_path / "planted", "tiny", {}, target.config)

@@ -111,12 +111,12 @@ def test_llamacpp_loads_the_head_and_drafts(tmp_path):
     import time
     import urllib.request
 
-    from specstudy.data.models import gguf_file
+    from specstudy.data.models import get_entry, gguf_file
     from specstudy.paths import REPO_ROOT
 
     folder = REPO_ROOT / "params/drafters/smollm2-135m-eagle3"
     aux = json.loads((folder / "specstudy.json").read_text())["aux_layers"]
-    target = str(gguf_file("smollm2-135m"))
+    target = str(gguf_file(get_entry("smollm2-135m")))
     draft = write_eagle3_gguf(folder, target, tmp_path / "d.gguf", aux)
     cmd = [sys.executable, "-m", "specstudy.backends.llamacpp.serve", "--model", target, "--port", "18799"]
     cmd += ["--threads", "2", "--spec-type", "draft-eagle3", "--draft", str(draft), "--draft-max", "4"]

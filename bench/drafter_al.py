@@ -20,6 +20,7 @@ import argparse  # noqa: E402
 import json  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Sequence  # noqa: E402
+from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
 import torch  # noqa: E402
@@ -52,7 +53,7 @@ def summary(ar: Sequence[RequestRecord], recs: Sequence[RequestRecord]) -> dict[
     }
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--tasks", default="code,chat")
@@ -60,7 +61,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--rows", required=True, help="';'-separated method:gamma:drafter[:k=v,...]")
     ap.add_argument("--threads", type=int, default=2)
-    args = ap.parse_args(argv)
+    ap.add_argument("--json", default=None, help="also write the figures to this file")
+    return ap.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
     torch.set_num_threads(args.threads)
     from specstudy.backends.reference.backend import ReferenceBackend
     from specstudy.data.models import load_model
@@ -69,12 +75,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     model, tok = load_model(args.model)
     backend = ReferenceBackend(model, tokenizer=tok)
     sampling = Sampling(temperature=0.0, max_new_tokens=args.max_new_tokens, ignore_eos=True)
-    rows = [("ar", None, None, {})] + [parse_row(r) for r in args.rows.split(";") if r.strip()]
+    rows: list[tuple[str, int | None, str | None, dict[str, Any]]] = [("ar", None, None, {})]
+    rows += [parse_row(r) for r in args.rows.split(";") if r.strip()]
     out: dict[str, Any] = {"load_before": os.getloadavg(), "rows": {}}
     t0 = time.time()
     for task in args.tasks.split(","):
-        reqs = load_requests(task, n=args.prompts, tokenizer=tok)
-        reqs = [Request(r.prompt_id, r.prompt, task=task, prompt_ids=tuple(backend.encode(r, True))) for r in reqs]
+        drawn = load_requests(task, n=args.prompts, tokenizer=tok)
+        reqs = [Request(r.prompt_id, r.prompt, task=task, prompt_ids=tuple(backend.encode(r, True))) for r in drawn]
         ar: list[RequestRecord] = []
         for method, gamma, drafter, opts in rows:
             opt = tuple(sorted(opts.items()))
@@ -92,6 +99,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     out["wall_s"] = round(time.time() - t0, 1)
     out["load_after"] = os.getloadavg()
     print(json.dumps({k: out[k] for k in ("wall_s", "load_before", "load_after")}))
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
     return 0
 
 

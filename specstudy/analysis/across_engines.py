@@ -79,7 +79,7 @@ def paired_verdict(by_fw: dict[str, list[RequestRecord]], gamma: int) -> str:
     said, at_end = [], True
     for a, b in combinations(sorted(counts), 2):
         ca, cb = counts[a], counts[b]
-        outs = sum(ca[k].output != cb[k].output for k in keys)
+        outs = sum(bool(ca[k].output and cb[k].output) and ca[k].output != cb[k].output for k in keys)
         acc = sum(ca[k].accepted != cb[k].accepted for k in keys)
         if outs:
             said.append(f"greedy outputs of {a} and {b} differ on {outs} of {len(keys)} prompts")
@@ -90,7 +90,7 @@ def paired_verdict(by_fw: dict[str, list[RequestRecord]], gamma: int) -> str:
         at_end &= all(drafting_differs_at_end(ca[k], cb[k], gamma) for k in keys)
     if said:
         return "; ".join(said)
-    if all(len({counts[fw][k] for fw in counts}) == 1 for k in keys):
+    if all(len({(c[k].accepted, c[k].drafted, c[k].steps) for c in counts.values()}) == 1 for k in keys):
         return IDENTICAL
     detail = ", ".join(f"{fw} {_totals(c, keys)}" for fw, c in counts.items())
     return f"{AT_END} ({detail})" if at_end else f"identical acceptance; drafting differs beyond the end ({detail})"

@@ -142,6 +142,11 @@ def test_greedy_outputs_that_differ_are_named(tmp_path):
     assert table["Across engines"].iloc[0] == "greedy outputs of reference and vllm differ on 1 of 6 prompts"
 
 
+def test_an_engine_that_returns_no_token_ids_is_not_said_to_differ(tmp_path):
+    table, _ = _two_engines(tmp_path, "noids", outputs=[[]] * N)
+    assert set(table["Across engines"]) == {IDENTICAL}
+
+
 def test_sampled_rows_fall_back_to_the_intervals(tmp_path):
     table, _ = _two_engines(tmp_path, "t07", temperature=0.7, accepted=(6, 7, 6, 7, 6, 8))
     assert set(table["Across engines"]) == {AGREE}

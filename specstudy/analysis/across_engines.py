@@ -120,6 +120,11 @@ def verdict(rows: dict[str, Pooled]) -> str:
     return "differ beyond noise: " + "; ".join(words) + " (AL intervals disjoint)"
 
 
+def per_position(rates: list[float] | None) -> str:
+    """Accepted at k / reached k for k = 1.. (SPEED-Bench's conditional form), or — when unseen."""
+    return ", ".join(f"{r:.2f}" for r in rates) if rates else "—"
+
+
 def acceptance_across_engines(study: Study) -> tuple[pd.DataFrame, pd.DataFrame]:
     """One row per (group, framework): α, AL, greedy exact match and the group's verdict."""
     rows, raw = [], []
@@ -140,6 +145,7 @@ def acceptance_across_engines(study: Study) -> tuple[pd.DataFrame, pd.DataFrame]
                     "Framework": fw,
                     "α": fmt_ci(p.alpha, p.alpha_ci, 3, "", n=p.n_prompts),
                     "AL": fmt_ci(p.acceptance_length, p.acceptance_length_ci, n=p.n_prompts),
+                    "Per-position acceptance (conditional)": per_position(p.per_position_conditional),
                     "Greedy outputs equal AR's": "—" if p.exact_match != p.exact_match else f"{p.exact_match:.0%}",
                     "n (prompts)": p.n_prompts,
                     "Across engines": said,
@@ -157,6 +163,7 @@ def acceptance_across_engines(study: Study) -> tuple[pd.DataFrame, pd.DataFrame]
                     "alpha_ci": p.alpha_ci,
                     "acceptance_length": p.acceptance_length,
                     "acceptance_length_ci": p.acceptance_length_ci,
+                    "per_position_conditional": p.per_position_conditional,
                     "n_prompts": p.n_prompts,
                     "verdict": said,
                     "interval_verdict": intervals,

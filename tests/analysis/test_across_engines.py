@@ -30,6 +30,7 @@ def _cell(
     steps=(6,) * N,
     temperature=0.0,
     outputs=None,
+    per_pos=None,
 ):
     cid = f"{fw}_{method}_{gamma}_{batch}"
     cell = Cell(
@@ -60,6 +61,7 @@ def _cell(
                 family="heads" if spec else "ar",
                 sweeps=["frameworks"],
                 baseline_cell_id=base,
+                **(per_pos if spec and per_pos else {}),
             )
         )
         if outputs and spec:
@@ -140,6 +142,19 @@ def test_greedy_outputs_that_differ_are_named(tmp_path):
     outs = [list(range(32))] * 5 + [list(range(31)) + [99]]
     table, _ = _two_engines(tmp_path, "outs", outputs=outs)
     assert table["Across engines"].iloc[0] == "greedy outputs of reference and vllm differ on 1 of 6 prompts"
+
+
+def test_per_position_acceptance_is_shown_per_engine(tmp_path):
+    lay = StudyLayout(tmp_path / "pp")
+    counts = {"reference": [6, 3, 1, 0], "vllm": [6, 2, 1, 0]}
+    for fw, acc in counts.items():
+        base = _cell(lay, fw, "ar")
+        pp = {"accepted_per_position": acc, "drafts_per_position": [6, 6, 6, 6]}
+        _cell(lay, fw, "eagle3", base=base, gamma=4, label="EAGLE-3", per_pos=pp)
+    table, _ = acceptance_across_engines(load(lay.root))
+    pp = dict(zip(table["Framework"], table["Per-position acceptance (conditional)"]))
+    # accepted at k / reached k, position k reached when k − 1 was accepted: 3/6, 1/3 against 2/6, 1/2
+    assert pp == {"reference": "1.00, 0.50, 0.33, 0.00", "vllm": "1.00, 0.33, 0.50, 0.00"}
 
 
 def test_an_engine_that_returns_no_token_ids_is_not_said_to_differ(tmp_path):

@@ -28,6 +28,7 @@ SWEEP = "tree_shapes"
 TREE_METHODS = ("tree", "specinfer", "sequoia")
 #: the EAGLE heads: a chain, or EAGLE-2's dynamic tree (option tree_nodes)
 EAGLE_METHODS = ("eagle", "eagle3")
+EAGLE2_SHAPE = "EAGLE-2 dynamic: the drafter's top-k of the most confident nodes per level, reranked within the budget"
 
 
 def _extras(study: Study, cells: list[str], key: str) -> list[Any]:
@@ -52,8 +53,7 @@ def _shape(m: dict[str, Any], study: Study, cells: list[str]) -> str:
         trees = Counter(str(t) for t in _extras(study, cells, "sequoia_tree"))
         return trees.most_common(1)[0][0] if trees else "—"
     if m["method"] in EAGLE_METHODS and is_dynamic_tree(_records(study, cells)):
-        k, n = _extras(study, cells, "tree_topk")[0], _extras(study, cells, "tree_nodes_budget")[0]
-        return f"EAGLE-2 dynamic: top-{k} of the most confident per level, best {n} kept"
+        return EAGLE2_SHAPE
     opts = _options(study, cells[0])
     if m["method"] == "specinfer":
         parts = len(str(m["drafter"] or "").split("+"))

@@ -8,24 +8,16 @@ and figures under those names and renders the markdown.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pandas as pd
 
-from ..analysis import (
-    across_engines,
-    conditions,
-    engine_costs,
-    fails,
-    figures,
-    frames,
-    memory,
-    rates,
-    stats,
-    tables,
-    trees,
-)
+from ..analysis import engine_costs, faq, frames, rates, stats, trees
 from ..analysis.format import FAMILY_TITLES, TASK_TITLES, fmt, fmt_ci
+from ..analysis.rows import HardwareRow, hardware_rows, headline_max_new
 from ..analysis.study import Study
 from ..metrics import MIN_PROMPTS_FOR_CI
+from . import across_engines, conditions, fails, figures, tables, wording
 from .section import Section, markdown_table
 from .summary import summary_markdown
 from .workload import workload_sections
@@ -69,7 +61,7 @@ def hardware_section(study: Study, hardware: tuple[pd.DataFrame, pd.DataFrame] |
     sec.tables["hardware_metrics"] = (metrics_table, None)
     notes = conditions.drafter_notes(study)
     sec.markdown = (
-        f"Measured on this machine, batch 1, max_new_tokens={tables.headline_max_new(study)}, pooled over the "
+        f"Measured on this machine, batch 1, max_new_tokens={headline_max_new(study)}, pooled over the "
         "`hardware` sweep's tasks. α = accepted/drafted; AL = 1 + accepted / draft steps (the tokens one verification "
         "step yields, bonus token included: the seed's expected accepted length, vLLM's mean acceptance length); "
         "tokens/s = Σ output tokens / Σ end-to-end time; speedup = paired AR latency / speculative latency on the same "
@@ -152,7 +144,7 @@ def method_family_section(study: Study, family: str) -> Section:
     multi = raw.groupby(["label", "gamma"]).filter(lambda g: g["batch_size"].nunique() > 1)
     if len(multi):
         sec.figures[f"method_{family}_batch"] = figures.speedup_vs_batch(multi)
-        sec.markdown += "\nBreak-even batch: " + "; ".join(stats.break_even_notes(multi)) + ".\n"
+        sec.markdown += "\nBreak-even batch: " + "; ".join(wording.break_even_notes(multi)) + ".\n"
     sweep = tables.batch_sweep_frame(study, family)
     if len(sweep):
         sec.figures[f"method_{family}_pareto"] = figures.batch_pareto(sweep)
@@ -226,7 +218,7 @@ def _fails_batch(study: Study, sec: Section) -> list[str]:
 
 def _fails_alpha(study: Study, sec: Section) -> list[str]:
     parts = ["\n### (2) Low acceptance (α < 0.4)\n"]
-    pc = fails.per_cell_acceptance(study)
+    pc = faq.per_cell_acceptance(study)
     if not len(pc):
         return parts + ["_no speculative cell with both α and a paired baseline_\n"]
     df = fails.low_alpha(study, pc)
@@ -257,7 +249,7 @@ def _fails_short_and_memory(study: Study, sec: Section) -> list[str]:
     else:
         parts.append("_no short-output cells in this study (add a sweep with max_new_tokens ≤ 10)_\n")
     parts.append("\n### (4) Memory pressure: the seed expects a draft model to cost memory the target may need\n")
-    md, src = memory.memory_overhead(study)
+    md, src = fails.memory_overhead(study)
     if len(md):
         sec.tables["fails_memory"] = (md, None)
         parts.append(
@@ -266,7 +258,7 @@ def _fails_short_and_memory(study: Study, sec: Section) -> list[str]:
             "for process memory (RSS, NVML), and the largest negative difference measured with the same source "
             "(speculation adds state, so a cell peaking below its baseline shows the noise).\n\n"
             + markdown_table(md)
-            + fails.claims_markdown(memory.memory_claims(study))
+            + fails.claims_markdown(fails.memory_claims(study))
         )
     else:
         parts.append("_the backend reported no peak memory_\n")
@@ -384,9 +376,9 @@ def report_head(study: Study) -> str:
     )
 
 
-def summary_section(study: Study, hw_raw: pd.DataFrame) -> Section:
-    """The opening summary, computed from the report's own tables (each sentence links to its table)."""
-    return Section("Summary", summary_markdown(study, hw_raw))
+def summary_section(study: Study, hw_rows: Sequence[HardwareRow]) -> Section:
+    """The opening summary, computed from the hardware table's rows (each sentence links to its table)."""
+    return Section("Summary", summary_markdown(study, hw_rows))
 
 
 def engine_costs_section(study: Study) -> Section | None:
@@ -433,8 +425,9 @@ def engine_costs_section(study: Study) -> Section | None:
 
 def report_sections(study: Study) -> list[Section]:
     """Every section of the report, in order."""
-    hardware = tables.hardware_table(study)
-    secs = [summary_section(study, hardware[1]), hardware_section(study, hardware), frameworks_section(study)]
+    hw_rows = hardware_rows(study)
+    hardware = tables.hardware_table(study, rows=hw_rows)
+    secs = [summary_section(study, hw_rows), hardware_section(study, hardware), frameworks_section(study)]
     secs += [method_family_section(study, fam) for fam in tables.families_in(study)]
     costs = engine_costs_section(study)
     secs += [costs] if costs is not None else []

@@ -8,7 +8,7 @@ from support import code_prompt_record
 
 from specstudy import metrics
 from specstudy.analysis.study import load
-from specstudy.analysis.trees import tree_shape_table
+from specstudy.analysis.trees import EAGLE2_SHAPE, tree_shape_table
 from specstudy.layout import StudyLayout
 from specstudy.records import Cell
 
@@ -109,7 +109,7 @@ def test_eagle_rows_are_the_seeds_eagle2_row_only_with_the_dynamic_tree(study):
     rows = {r["Method (what ran)"]: r for r in tree_shape_table(study)[0].to_dict("records")}
     assert rows["EAGLE-2 tree"]["Seed row"] == "EAGLE-2"
     assert rows["EAGLE chain"]["Seed row"] == "EAGLE-2 (chain only, no dynamic tree)"
-    assert rows["EAGLE-2 tree"]["Shape"] == "EAGLE-2 dynamic: top-4 of the most confident per level, best 6 kept"
+    assert rows["EAGLE-2 tree"]["Shape"] == EAGLE2_SHAPE
     assert rows["EAGLE-2 tree"]["Nodes verified / step (mean)"] == "5.0"  # 30 nodes over 6 draft steps
     assert rows["EAGLE chain"]["Shape"] == "chain" and rows["EAGLE chain"]["Nodes verified / step (mean)"] == "3.0"
     assert rows["EAGLE-2 tree"]["Expected from"] == "no closed form for this shape"

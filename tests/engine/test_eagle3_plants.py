@@ -10,7 +10,7 @@ prompt).  What sees it:
 * :func:`~specstudy.engine.eagle3.check_round_trip` (run by ``train-drafter`` after every export):
   each plant raises, naming what differs; the clean export passes;
 * the paired acceptance of the head as trained against the head as exported, in the reference
-  engine on the same prompts (:func:`~specstudy.analysis.across_engines.paired_verdict`): the
+  engine on the same prompts (:func:`~specstudy.report.across_engines.paired_verdict`): the
   vocabulary-map and feature-layer plants change what is accepted; the norm plant does not load.
 """
 
@@ -21,11 +21,11 @@ import json
 import pytest
 import torch
 
-from specstudy.analysis.across_engines import IDENTICAL, paired_verdict
 from specstudy.data.models import tiny_model
 from specstudy.engine.eagle3 import CONFIG_FILE, Eagle3Draft, check_round_trip, load_eagle3, save_eagle3
 from specstudy.engine.methods import DecodeJob, get_method
 from specstudy.records import Cell, Request, Sampling
+from specstudy.report.across_engines import IDENTICAL, paired_verdict
 from specstudy.train.data import generate_with_features
 from specstudy.train.distill import train_drafter
 from specstudy.train.loop import TrainSettings

@@ -213,7 +213,7 @@ from support import TinyFactory, run_tiny_study
 from specstudy.config import load_study
 from specstudy.run.plan import expand
 cfg = load_study("cpu", {yaml!r})
-run_tiny_study(cfg, expand(cfg), {out!r}, TinyFactory(delay_s={delay}))
+run_tiny_study(cfg, expand(cfg), {out!r}, TinyFactory(hold=({hold!r}, 3)))
 """
 
 
@@ -228,24 +228,24 @@ def test_killed_study_resumes_without_redoing_or_duplicating(tmp_path):
             tests=str(Path(__file__).parents[1]),
             yaml=str(yaml),
             out=str(out),
-            delay=0.4,
+            hold=str(tmp_path / "third-cell-in-flight"),
         )
     )
+    hold = tmp_path / "third-cell-in-flight"  # touched by the fake engine mid-way through the third cell
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     deadline = time.time() + 120
     try:
-        while time.time() < deadline and len(part_paths(out)) < 2:
+        while time.time() < deadline and not hold.exists():
             assert proc.poll() is None, proc.stdout.read().decode()[-2000:]
             time.sleep(0.05)
-        time.sleep(0.5)  # into the next cell (each record takes >= 0.4 s)
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
     before = {p.name: p.stat().st_mtime_ns for p in part_paths(out)}
     cfg = load_study("cpu", yaml)
     plans = expand(cfg)
-    assert 2 <= len(before) < len(plans), "the kill must land mid-study"
+    assert len(before) == 2 < len(plans), "the kill must land in the third cell"
     res = _run(cfg, plans, out, TinyFactory())
     assert sum(r.status == "skipped" for r in res) == len(before)
     assert all(r.status in ("done", "skipped") for r in res)

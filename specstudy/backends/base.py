@@ -11,9 +11,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from ..frameworks import declaration
+from ..frameworks.declaration import check_method
 from ..records import Cell, Request, RequestRecord, Sampling
-from .declaration import check_method
-from .registry import declaration
 
 
 def encode_request(tokenizer: Any, request: Request, chat: bool = False) -> list[int]:

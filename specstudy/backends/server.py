@@ -26,11 +26,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from ..data.models import resolve_for_engine as resolve_model
+from ..frameworks import declaration as engine_declaration
+from ..frameworks.declaration import (
+    LOAD_OPTIONS,  # cell options of the offered load, not the server's configuration
+    check_engine_options,
+)
 from ..metrics import acceptance_summary
 from ..records import Cell, Request, RequestRecord, Sampling
 from .base import ServingBackend, encode_request
 from .connections import Http, address
-from .declaration import LOAD_OPTIONS  # cell options of the offered load, not the server's configuration
 from .exchange import StreamedRequests
 from .lifecycle import ManagedServer, ServerInfo, connect, http_get, split_url
 from .loadgen import batch_deadline, offer, run_sync
@@ -40,24 +44,6 @@ from .watch import ServerWatch, WatchResult
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
-
-#: the keyword arguments every server backend takes (StreamingServerBackend.__init__)
-SERVER_KWARGS = frozenset(
-    {
-        "base_url",
-        "served_model",
-        "request_timeout_s",
-        "idle_timeout_s",
-        "ready_timeout_s",
-        "log_dir",
-        "server_args",
-        "env",
-        "extra_body",
-        "api_key",
-        "python",
-    }
-)
-
 
 #: what one read of a server's metrics endpoint gives (:meth:`StreamingServerBackend.scrape`)
 SnapshotT = TypeVar("SnapshotT")
@@ -136,20 +122,11 @@ class StreamingServerBackend(ServingBackend, StreamedRequests, Generic[SnapshotT
             return None
         return bool(self.options.get("prefix_cache") or False)
 
-    #: options a subclass reads on top of SERVER_KWARGS; None: not declared, so not checked
-    OPTIONS: frozenset[str] | None = None
-
     @classmethod
     def check_engine_options(cls, options: dict[str, Any]) -> None:
-        """Reject options no code reads, naming the ones that are read (before any server starts)."""
-        if cls.OPTIONS is None:
-            return
-        unknown = sorted(set(options) - cls.OPTIONS - SERVER_KWARGS)
-        if unknown:
-            raise ValueError(
-                f"{cls.framework} option {unknown[0]!r} is read by no code; {cls.framework} reads: "
-                f"{sorted(cls.OPTIONS | SERVER_KWARGS)}"
-            )
+        """Reject options no code reads, naming the ones that are read (the framework's declaration:
+        the same check the study ran at load, before any server starts)."""
+        check_engine_options(engine_declaration(cls.framework), options)
 
     # ---- what subclasses define -----------------------------------------------------------
 

@@ -18,12 +18,18 @@ if TYPE_CHECKING:
     from ..config.schema import Slo
     from ..records import Request
 
-SERVER_BACKENDS = ("vllm-server", "sglang", "llamacpp", "openai")  # the servers it can start or attach to
 REPO = Path(__file__).resolve().parents[2]
 
 
+def serve_bench_servers() -> list[str]:
+    """The servers serve-bench can start or attach to (their declarations say ``serve_bench``)."""
+    from ..frameworks import DECLARATIONS
+
+    return [f for f, d in DECLARATIONS.items() if d.serve_bench]
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--backend", default="vllm-server", help=f"one of {', '.join(SERVER_BACKENDS)}")
+    p.add_argument("--backend", default="vllm-server", help=f"one of {', '.join(serve_bench_servers())}")
     p.add_argument("--model", required=True, help="registry name (params/models), local directory or hub id")
     p.add_argument("--drafter", default=None, help="draft model for draft_target / eagle / medusa")
     p.add_argument("--spec", required=True, help="speculative method: ngram, draft_target, eagle, eagle3, medusa, ...")
@@ -84,8 +90,8 @@ def _check(args: argparse.Namespace) -> tuple[list[float], Slo, dict[str, str]]:
     from ..config.schema import Slo
     from ..run.serving import parse_rates
 
-    if args.backend not in SERVER_BACKENDS:
-        raise ValueError(f"--backend={args.backend!r}: serve-bench drives servers; allowed: {SERVER_BACKENDS}")
+    if args.backend not in serve_bench_servers():
+        raise ValueError(f"--backend={args.backend!r}: serve-bench drives servers; allowed: {serve_bench_servers()}")
     rates = parse_rates(args.rates)
     for name in ("num_requests", "gamma"):
         if getattr(args, name) < 1:
@@ -139,10 +145,10 @@ def _prompts(args: argparse.Namespace, n: int) -> Sequence[Request]:
 def _engine_python(backend: str) -> str:
     """The interpreter of the backend's pinned engine environment when it is installed (vLLM's,
     SGLang's: specstudy.environments.install), else this one."""
-    from ..backends.registry import FRAMEWORK_ENGINE
     from ..environments.install import engine_env, is_installed, python_of
+    from ..frameworks import environment_of
 
-    engine = FRAMEWORK_ENGINE.get(backend)
+    engine = environment_of(backend)
     if engine is None:
         return sys.executable
     env = engine_env(engine)

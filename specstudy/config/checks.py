@@ -9,14 +9,15 @@ is not there yet, model names that must resolve, and drafts whose tokenizer must
 from __future__ import annotations
 
 import json
+import os
 import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..backends.registry import FRAMEWORKS
 from ..drafter_names import LOOKUP, MERGE_SEPARATOR, SELF, is_self, merged_parts
-from .errors import ParamsError
+from ..frameworks import declaration, frameworks
+from .errors import ParamsError, ParamsProblems
 from .model import get_entry, model_names
 from .schema import MethodSpec, ModelPair, StudySpec
 from .task import task_names
@@ -35,8 +36,27 @@ class StudyModels(Protocol):
     def method(self, label: str) -> MethodSpec: ...
 
 
+def framework_options(options: Mapping[str, Mapping[str, Any]], file: str | os.PathLike[str], known: list[str]) -> None:
+    """Every framework's options against its declaration (kit names only), all problems at once."""
+    problems: list[ParamsError] = []
+    for fw, opts in options.items():
+        if fw not in known:
+            problems.append(ParamsError(file, f"study.framework_options.{fw}", fw, known))
+            continue
+        allowed = declaration(fw).options_read()
+        problems += [
+            ParamsError(file, f"study.framework_options.{fw}.{key}", key, sorted(allowed), f"options {fw} reads")
+            for key in opts or {}
+            if key not in allowed
+        ]
+    if len(problems) == 1:
+        raise problems[0]
+    if problems:
+        raise ParamsProblems(problems, "framework options")
+
+
 def known_frameworks() -> list[str]:
-    return list(FRAMEWORKS)
+    return list(frameworks())
 
 
 def known_tasks() -> list[str]:

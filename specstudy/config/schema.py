@@ -22,7 +22,7 @@ from pydantic import (
     model_validator,
 )
 
-from ..backends.registry import drafter_methods
+from ..frameworks import drafter_methods
 from ..records import Sampling
 from .errors import not_allowed
 from .vocab import DTYPES, METHOD_ALIASES, METHOD_FAMILIES, QUANTIZATIONS, method_family

@@ -282,9 +282,7 @@ def load_study(hardware: str, path: str | os.PathLike[str] | None = None, check_
         )
         for p in models
     )
-    for k in spec.framework_options:
-        if k not in frameworks:
-            raise ParamsError(file, f"study.framework_options.{k}", k, frameworks)
+    checks.framework_options(spec.framework_options, file, frameworks)
     raw_sweeps = spec.sweeps or {"default": None}
     sweeps = []
     task_files: dict[str, str] = {}

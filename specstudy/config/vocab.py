@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ..frameworks import method_families
+
 if TYPE_CHECKING:
     import torch
 
@@ -15,25 +17,16 @@ TASKS = ("code", "translation", "summarization", "qa", "creative_writing", "math
 
 #: method families (the report's sections); engines may call a family member by its own name
 METHOD_FAMILIES = ("ar", "draft_target", "ngram", "layer_skip", "heads", "tree")
-#: engine-specific method names and the family they belong to
-METHOD_ALIASES = {
-    "eagle": "heads",
-    "eagle3": "heads",
-    "medusa": "heads",
-    "mtp": "heads",
-    "suffix": "ngram",
-    "specinfer": "tree",
-    "sequoia": "tree",
-}
+#: engine-specific method names and the family they belong to: what the engines' declarations say
+#: (specstudy.frameworks), collected once
+METHOD_ALIASES: dict[str, str] = method_families()
 
 
 def method_family(method: str) -> str:
-    """The family of an engine method name (eagle and medusa are heads)."""
-    return METHOD_ALIASES.get(method, method)
+    """The family of an engine method name (eagle and medusa are heads), as the catalogue says now
+    (an engine registered after import included)."""
+    return method_families().get(method, method)
 
-
-# what each framework runs, reads and needs: one declaration per engine, collected in
-# specstudy.backends.registry
 
 #: weight dtypes by their torch / vLLM names ("auto": the checkpoint's own)
 DTYPES = ("float32", "bfloat16", "float16", "float64", "auto")

@@ -27,9 +27,9 @@ import torch
 from ..costmodel import optimal_gamma
 from ..metrics import alpha_hat
 from ..records import Sampling
+from ..synthetic import SyntheticAcceptance
 from .kv import KVState, pad_ragged
 from .sampling import next_tokens, probs_for
-from .synthetic import SyntheticAcceptance
 from .trace import BatchTrace, RowTrace, Timer
 from .verify import VerifyOutcome, verify_step
 
@@ -182,7 +182,7 @@ def speculative_decode(
     Off (the default), the prompt pass is a step of its own that emits one token, as in
     ``ar``.  Prompts of one token always take the separate prefill.
     ``synthetic``: keep drafts at a fixed rate instead of verifying them (benchmark-only,
-    :mod:`specstudy.engine.synthetic`); the target still runs over every real draft.
+    :mod:`specstudy.synthetic`); the target still runs over every real draft.
     """
     trace = BatchTrace(prompts, sampling.max_new_tokens, eos_token_ids, sampling.ignore_eos, device)
     tstate = KVState(target, len(prompts), device)

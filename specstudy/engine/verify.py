@@ -21,7 +21,7 @@ Greedy (T = 0): accept while d_i == argmax p_i; then emit argmax at the first mi
 the bonus position) — identical to plain greedy decoding of the target.
 Padding (positions at or beyond ``n_draft[b]``) may hold any value, even -1: both paths ignore it.
 
-Synthetic acceptance (``synthetic=``, :mod:`specstudy.engine.synthetic`): the number of drafts
+Synthetic acceptance (``synthetic=``, :mod:`specstudy.synthetic`): the number of drafts
 kept comes from a fixed-rate rule instead of the test above; the next token is drawn as above
 after that prefix.  Benchmark-only: the output is no longer the target's.
 """
@@ -174,7 +174,7 @@ def verify_synthetic(
     draft_probs: torch.Tensor | None = None,
     generator: torch.Generator | None = None,
 ) -> VerifyOutcome:
-    """Synthetic acceptance (:mod:`specstudy.engine.synthetic`): ``kept[b]`` drafts are kept
+    """Synthetic acceptance (:mod:`specstudy.synthetic`): ``kept[b]`` drafts are kept
     whatever the target says; the next token is the target's own choice after them, drawn as
     :func:`verify_greedy` / :func:`verify_sampling` would draw it after that prefix."""
     _check_shapes(draft_tokens, n_draft, target_logits)
@@ -199,7 +199,7 @@ def verify_step(
 
     ``draft_probs`` must come from :func:`specstudy.engine.sampling.probs_for` with the same
     ``sampling`` (ignored when greedy).  ``synthetic``: ``n_draft -> drafts kept``
-    (:meth:`specstudy.engine.synthetic.SyntheticAcceptance.draws`) replaces the acceptance test.
+    (:meth:`specstudy.synthetic.SyntheticAcceptance.draws`) replaces the acceptance test.
     """
     if synthetic is not None:
         return verify_synthetic(

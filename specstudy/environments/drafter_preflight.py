@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..frameworks import DECLARATIONS
+
 EAGLE_METHODS = ("eagle", "eagle3")
 SGLANG_EAGLE_ARCHS = {"eagle": ("LlamaForCausalLMEagle",), "eagle3": ("LlamaForCausalLMEagle3",)}
 
@@ -99,9 +101,9 @@ def check_drafter(engine: str, method: str, drafter: str | os.PathLike[str] | Ma
     A drafter with no local config cannot be checked yet: the report says so in ``notes`` (the
     study's preflight lists it as missing before any GPU time is spent).
     """
-    engines = ("vllm", "vllm-server", "sglang", "trtllm")
-    if engine not in engines:
-        raise ValueError(f"engine={engine!r}: allowed {list(engines)}")
+    formats = {f: d.drafter_format for f, d in DECLARATIONS.items() if d.drafter_format}
+    if engine not in formats:
+        raise ValueError(f"engine={engine!r}: allowed {sorted(formats)}")
     config, keys = read_drafter(drafter)
     name = drafter if not isinstance(drafter, Mapping) else "<config>"
     if config is None:
@@ -117,7 +119,7 @@ def check_drafter(engine: str, method: str, drafter: str | os.PathLike[str] | Ma
     if keys is None:
         report.notes.append(f"{name}: no local safetensors; weight names unchecked (config only)")
     if method in EAGLE_METHODS:
-        {"sglang": _sglang, "trtllm": _trtllm}.get(engine, _vllm)(report, name)
+        {"sglang": _sglang, "trtllm": _trtllm, "vllm": _vllm}[formats[engine]](report, name)
     return report
 
 

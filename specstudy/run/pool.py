@@ -18,9 +18,9 @@ from typing import Any
 
 from ..backends import get_backend
 from ..backends.base import Backend
-from ..backends.registry import DECLARATIONS, DRAFTER_PER_CELL, FRAMEWORK_ENGINE, SERVER_FRAMEWORKS, TENSOR_PARALLEL
 from ..config import StudyConfig
 from ..environments.install import engine_env, python_of
+from ..frameworks import DECLARATIONS, drafter_per_cell, environment_of, server_frameworks, tensor_parallel
 from .plan import CellPlan
 
 BackendFactory = Callable[..., Any]
@@ -60,25 +60,25 @@ class BackendPool:
         fw = plan.cell.framework
         opts: dict[str, Any] = dict(self.cfg.framework_options.get(fw, {}))
         # engines that load each cell's drafter themselves start without one
-        opts.update(model=plan.target, drafter=None if fw in DRAFTER_PER_CELL else plan.drafter_id)
+        opts.update(model=plan.target, drafter=None if fw in drafter_per_cell() else plan.drafter_id)
         decl = DECLARATIONS[fw]
         if plan.dtype != "auto" and decl.takes_dtype:  # llama.cpp runs the GGUF's own precision
             opts["dtype"] = plan.dtype
         if decl.takes_device:
             opts["device"] = self.cfg.device
-        if fw in SERVER_FRAMEWORKS:
+        if fw in server_frameworks():
             opts["prefix_cache"] = plan.prefix_cache
             if self.log_dir is not None:  # the study's framework_options may still name another folder
                 opts.setdefault("log_dir", str(self.log_dir))
-        engine = FRAMEWORK_ENGINE.get(fw)
+        engine = environment_of(fw)
         if engine is not None and "python" not in opts:  # the engine lives in its own pinned environment
             opts["python"] = str(python_of(engine_env(engine, self.cuda)))
         tp = plan.tensor_parallel_size
         if tp > 1:  # multi-GPU is the engine's job: each backend passes its own tensor-parallel flag
-            if fw not in TENSOR_PARALLEL:
+            if fw not in tensor_parallel():
                 raise ValueError(
                     f"framework {fw!r} has no tensor parallelism; tensor_parallel_size={tp} "
-                    f"needs one of {list(TENSOR_PARALLEL)}"
+                    f"needs one of {list(tensor_parallel())}"
                 )
             opts["tensor_parallel_size"] = tp
         return opts
@@ -100,9 +100,11 @@ class BackendPool:
             with contextlib.suppress(Exception):
                 self.loaded.pop(k).close()
             gc.collect()  # the weights go now, before the next copy loads
-        cap = 1 if fw in SERVER_FRAMEWORKS else self.capacity
+        cap = 1 if fw in server_frameworks() else self.capacity
         while self.loaded and (
-            len(self.loaded) >= cap or fw in SERVER_FRAMEWORKS or any(k[0] in SERVER_FRAMEWORKS for k in self.loaded)
+            len(self.loaded) >= cap
+            or fw in server_frameworks()
+            or any(k[0] in server_frameworks() for k in self.loaded)
         ):
             self._evict()
         t0 = time.perf_counter()

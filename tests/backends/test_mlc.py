@@ -20,7 +20,6 @@ from fixtures.replay_argparse import parse
 
 from specstudy import metrics
 from specstudy.backends import backend_class, get_backend
-from specstudy.backends.mlc.declaration import MLC
 from specstudy.backends.mlc.server import (
     MlcServerBackend,
     describe_mlc,
@@ -28,9 +27,10 @@ from specstudy.backends.mlc.server import (
     quantization_of,
     spec_decode_acceptance,
 )
-from specstudy.backends.registry import DECLARATIONS
 from specstudy.config import load_study
 from specstudy.environments.preflight import Probes
+from specstudy.frameworks import DECLARATIONS
+from specstudy.frameworks.mlc import MLC
 from specstudy.records import Cell, Request, Sampling
 from specstudy.run.environment import machine_needs
 from specstudy.run.plan import check_backends, expand

@@ -13,9 +13,9 @@ from specstudy.data.models import tiny_model
 from specstudy.engine import drafters as D
 from specstudy.engine.methods import DecodeJob, get_method
 from specstudy.engine.sampling import make_generator
-from specstudy.engine.synthetic import SyntheticAcceptance, parse_synthetic
 from specstudy.engine.verify import verify_synthetic
 from specstudy.records import Cell, Request, Sampling
+from specstudy.synthetic import SyntheticAcceptance, parse_synthetic
 
 torch.set_num_threads(1)
 SIGNIFICANCE = 1e-3

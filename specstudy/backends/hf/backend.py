@@ -36,9 +36,10 @@ if TYPE_CHECKING:
 
 from ...data.models import resolve_for_engine as resolve_model
 from ...engine.trace import cell_memory, current_rss, reset_peak_memory
+from ...frameworks.declaration import check_engine_options
+from ...frameworks.hf import HF
 from ...records import Cell, Request, RequestRecord, Sampling, StepRecord
 from ..base import Backend, encode_request
-from .declaration import HF
 
 BATCH_NOTE = "sequential (HF assisted generation supports batch size 1 only)"
 
@@ -170,6 +171,7 @@ class HfBackend(Backend):
     ):
         import torch
 
+        check_engine_options(HF, options)  # what the study checked at load, for direct callers too
         self.torch = torch
         self.model_name, self.drafter_name = model, drafter
         self.device = device

@@ -56,6 +56,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ...data.models import needs_download
+from ...frameworks.llamacpp import LLAMACPP
 from ...metrics import acceptance_length
 from ...metrics import counter_acceptance as run_counter_acceptance
 from ...records import Cell, Request, RequestRecord, Sampling, StepRecord
@@ -65,7 +66,6 @@ from ..server import ServerBackend
 from ..sse import StreamState
 from .config import NOT_SERVER_KEYS, Plan, server_argv, spec_config
 from .config import check as _check
-from .declaration import LLAMACPP
 
 COUNTERS = {
     "drafts": "llamacpp:spec_decode_num_drafts_total",

@@ -47,8 +47,8 @@ from typing import Any, overload
 from ...config.model import get_entry
 from ...data.fetch import sha256_file
 from ...data.models import gguf_file as registry_gguf_file
-from ..declaration import LOAD_OPTIONS
-from .declaration import LLAMACPP, MOD_KEYS, SIZED_KEYS, llamacpp_synthetic_fields
+from ...frameworks.declaration import LOAD_OPTIONS
+from ...frameworks.llamacpp import LLAMACPP, MOD_KEYS, SIZED_KEYS, llamacpp_synthetic_fields
 from .gguf_meta import file_type_name, read_metadata, vocab_mismatch
 from .serve import SPEC_TYPE_ENUM
 

@@ -46,26 +46,19 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ...data.models import resolve_for_engine as resolve_model
+from ...frameworks.declaration import check_choice
+from ...frameworks.mlc import KIT_TO_MLC, MLC, OVERRIDES
 from ...metrics import counter_acceptance, per_position_conditional
 from ...records import Cell, Request, RequestRecord, Sampling
-from ..declaration import check_choice
 from ..lifecycle import http_request
 from ..server import StreamingServerBackend
 from ..sse import StreamState
-from .declaration import KIT_TO_MLC, MLC
 
 #: --device choices are open (cuda, cuda:1, vulkan, ...); --mode choices are fixed (interface/help.py:
 #: "local" caps the batch at 4, "interactive" at 1; "server" sizes it from GPU memory: the kit's default,
 #: so batch and request-rate cells are not queued silently)
 MLC_MODES = ("local", "interactive", "server")
 MLC_DEFAULT_MODE = "server"
-#: EngineConfigOverride keys (cli/serve.py) the kit's options write
-_OVERRIDES = {
-    "tensor_parallel_size": "tensor_parallel_shards",
-    "max_model_len": "context_window_size",
-    "gpu_memory_utilization": "gpu_memory_utilization",
-    "max_num_sequence": "max_num_sequence",
-}
 _QUANT = re.compile(r"q\d+f(?:16|32)(?:_\d+)?")
 
 
@@ -110,7 +103,6 @@ class MlcServerBackend(StreamingServerBackend[dict[str, Any]]):
     api_path = "/v1/completions"
     health_path = "/v1/models"  # MLC's server has no /health
     metrics_path = "/debug/dump_engine_metrics"
-    OPTIONS = frozenset({"mlc_llm", "weights", "model_lib", "device", "mode", "prefix_cache", *_OVERRIDES})
     _dump_answered: bool | None = None
 
     @classmethod
@@ -127,7 +119,7 @@ class MlcServerBackend(StreamingServerBackend[dict[str, Any]]):
 
     def overrides(self, cell: Cell) -> str:
         """The ``--overrides`` string: γ as spec_draft_length (never 0, MLC's adaptive length), a chain."""
-        parts = [f"{key}={self.options[opt]}" for opt, key in _OVERRIDES.items() if self.options.get(opt) is not None]
+        parts = [f"{key}={self.options[opt]}" for opt, key in OVERRIDES.items() if self.options.get(opt) is not None]
         if cell.method != "ar":
             parts += [f"spec_draft_length={int(cell.gamma or 0)}", "spec_tree_width=1"]
         return ";".join(parts)

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ...frameworks.openai import OPENAI
 from ..server import ServerBackend
-from .declaration import OPENAI
 
 
 class OpenAIBackend(ServerBackend):

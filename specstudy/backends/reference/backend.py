@@ -21,9 +21,10 @@ from ...data.models import get_entry, load_model, model_names, quantize_dynamic_
 from ...engine.lean import prepare as prepare_lean
 from ...engine.methods import SYNTHETIC, DecodeJob, get_method, method_names
 from ...engine.trace import cell_memory, current_rss, reset_peak_memory
+from ...frameworks.declaration import check_engine_options
+from ...frameworks.reference import REFERENCE
 from ...records import Cell, Request, RequestRecord, Sampling
 from ..base import Backend, encode_request
-from .declaration import CONSTRUCTOR_OPTIONS
 
 #: cell options the backend itself reads (the rest go to the method)
 BACKEND_CELL_OPTIONS = ("chat", "rate")
@@ -35,9 +36,7 @@ class ReferenceBackend(Backend):
     def __init__(
         self, model: Any, drafter: str | None = None, device: str = "cpu", dtype: str = "float32", **options: Any
     ):
-        unknown = sorted(set(options) - set(CONSTRUCTOR_OPTIONS))
-        if unknown:
-            raise ValueError(f"reference backend: unknown option(s) {unknown}; allowed: {list(CONSTRUCTOR_OPTIONS)}")
+        check_engine_options(REFERENCE, options)
         if dtype not in TORCH_DTYPES:
             raise ValueError(f"reference backend: dtype={dtype!r}; allowed: {list(TORCH_DTYPES)}")
         if not (device == "cpu" or str(device).startswith("cuda")):

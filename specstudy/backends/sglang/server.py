@@ -24,12 +24,12 @@ from typing import Any
 
 from ...data.models import resolve_for_engine as resolve_model
 from ...environments.install import ENVIRONMENTS, is_installed, python_of
+from ...frameworks.declaration import check_choice, check_method
+from ...frameworks.sglang import KIT_TO_SGLANG, SGLANG, SGLANG_FLAGS, SGLANG_VERSION, sglang_synthetic_env
 from ...records import Cell, Request, RequestRecord, Sampling
-from ..declaration import check_choice, check_method
 from ..lifecycle import ServerInfo, http_get, split_url
 from ..server import ServerBackend
 from ..sse import StreamState
-from .declaration import KIT_TO_SGLANG, SGLANG, SGLANG_VERSION, sglang_synthetic_env
 
 SGLANG_ALGORITHMS = KIT_TO_SGLANG
 #: kit dtype -> SGLang --dtype (its choices: auto, bfloat16, float, float16, float32, half)
@@ -190,9 +190,6 @@ class SglangServerBackend(ServerBackend):
     sets_prefix_cache = True
     methods = SGLANG.methods
     api_path = "/generate"
-    OPTIONS = frozenset(
-        {"dtype", "max_model_len", "tensor_parallel_size", "gpu_memory_utilization", "prefix_cache", "flush_cache"}
-    )
 
     @classmethod
     def check(
@@ -253,11 +250,8 @@ class SglangServerBackend(ServerBackend):
             "--dtype",
             SGLANG_DTYPES[self.options.get("dtype", "auto")],
         ]
-        for opt, flag in (
-            ("max_model_len", "--context-length"),
-            ("tensor_parallel_size", "--tp-size"),
-            ("gpu_memory_utilization", "--mem-fraction-static"),
-        ):
+        for opt in SGLANG_FLAGS:
+            flag = str(SGLANG.engine_options[opt])
             if self.options.get(opt) is not None:
                 argv += [flag, str(self.options[opt])]
         if not self.options.get("prefix_cache"):

@@ -43,12 +43,12 @@ from typing import Any
 import yaml
 
 from ...data.models import resolve_for_engine as resolve_model
+from ...frameworks.declaration import check_method
+from ...frameworks.trtllm import ENGINE_DECODING, PYTORCH_DECODING, TRTLLM, TRTLLM_ENGINE
 from ...metrics import acceptance_length, acceptance_rate
 from ...records import Cell, Request, RequestRecord, Sampling
-from ..declaration import check_method
 from ..lifecycle import http_get
 from ..server import StreamingServerBackend
-from .declaration import ENGINE_DECODING, PYTORCH_DECODING, TRTLLM, TRTLLM_ENGINE
 
 TRTLLM_VERSION = "1.2"
 ITER_STATS_MAX = 100_000  # iteration stats the server keeps between two scrapes
@@ -118,17 +118,6 @@ class TrtllmServerBackend(StreamingServerBackend[list[dict[str, Any]]]):
     runtime_backend = "pytorch"
     api_path = "/v1/completions"
     metrics_path = "/metrics"
-    OPTIONS = frozenset(
-        {
-            "trtllm_serve",
-            "dtype",
-            "max_model_len",
-            "tensor_parallel_size",
-            "gpu_memory_utilization",
-            "prefix_cache",
-            "llm_api_options",
-        }
-    )
 
     @classmethod
     def check(

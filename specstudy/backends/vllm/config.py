@@ -11,10 +11,10 @@ from typing import Any
 
 from ...data.models import resolve_for_engine as resolve_model
 from ...environments.install import engine_env
+from ...frameworks.declaration import check_method
+from ...frameworks.declaration import pinned_version as requirement_version
+from ...frameworks.vllm import KIT_TO_VLLM, OFFLINE, vllm_methods, vllm_synthetic_fields
 from ...records import Cell
-from ..declaration import check_method
-from ..declaration import pinned_version as requirement_version
-from .declaration import KIT_TO_VLLM, OFFLINE, vllm_methods, vllm_synthetic_fields
 
 #: study method name -> vLLM speculative_config "method" (each pinned version runs a subset: vllm_methods)
 VLLM_METHODS = KIT_TO_VLLM

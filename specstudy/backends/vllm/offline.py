@@ -25,12 +25,12 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from ...data.models import resolve_for_engine
+from ...frameworks.declaration import check_engine_options
+from ...frameworks.vllm import CLIENT_OPTIONS, ENGINE_ARG_OPTIONS, KIT_TO_VLLM, OFFLINE
 from ...metrics import counter_acceptance
 from ...records import Cell, Request, RequestRecord, Sampling
 from ..base import Backend, BackendUnavailable, encode_request
-from ..declaration import check_engine_options
 from .config import VllmCellCheck, engine_key, spec_fields, speculative_config
-from .declaration import CLIENT_OPTIONS, ENGINE_ARG_OPTIONS, KIT_TO_VLLM, OFFLINE
 
 INSTALL_HINT = "make engine-vllm (or: python -m specstudy.environments install vllm [--cpu|--cuda])"
 
@@ -259,7 +259,9 @@ class VllmOfflineBackend(VllmCellCheck, Backend):
         mode = options.get("worker", "auto")
         if mode not in ("auto", "process", "inprocess"):
             raise ValueError(f"worker={mode!r}: allowed 'auto', 'process', 'inprocess'")
-        engine_opts = {k: v for k, v in options.items() if k not in CLIENT_OPTIONS - {"prefix_cache", "engine_args"}}
+        engine_opts = {
+            k: v for k, v in options.items() if k not in set(CLIENT_OPTIONS) - {"prefix_cache", "engine_args"}
+        }
         path, draft = resolve_for_engine(model), resolve_for_engine(drafter) if drafter else None
         if mode == "inprocess" or (mode == "auto" and not options.get("python") and _vllm_importable()):
             self.impl: Any = VllmEngine(path, draft, engine_opts)

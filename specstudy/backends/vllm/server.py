@@ -31,13 +31,13 @@ from typing import Any
 
 from ...data.models import resolve_for_engine as resolve_model
 from ...environments.install import engine_env, is_installed, python_of
+from ...frameworks.vllm import SERVER, SERVER_FLAGS
 from ...metrics import counter_acceptance as run_counter_acceptance
 from ...records import Cell, Request, RequestRecord, Sampling
 from ..prometheus import MetricSamples, counter_deltas, labelled_deltas, metric_total
 from ..server import ServerBackend
 from ..sse import StreamState
 from .config import VllmCellCheck, spec_fields, speculative_config
-from .declaration import SERVER, SERVER_OPTIONS
 
 SPEC_COUNTERS = {
     "drafts": "vllm:spec_decode_num_drafts_total",
@@ -76,7 +76,6 @@ class VllmServerBackend(VllmCellCheck, ServerBackend):
     methods = SERVER.methods
     metrics_path = "/metrics"
     #: options this backend reads (on top of the server base class's keyword arguments)
-    OPTIONS = SERVER_OPTIONS
     #: vLLM's own batch gauges: requests in the running batch, waiting, and the KV cache in use (0..1)
     GAUGES = {
         "running": "vllm:num_requests_running",
@@ -111,12 +110,7 @@ class VllmServerBackend(VllmCellCheck, ServerBackend):
             str(self.options.get("dtype", "auto")),
             "--enable-prefix-caching" if self.options.get("prefix_cache") else "--no-enable-prefix-caching",
         ]
-        for opt, flag in (
-            ("max_model_len", "--max-model-len"),
-            ("tensor_parallel_size", "--tensor-parallel-size"),
-            ("gpu_memory_utilization", "--gpu-memory-utilization"),
-            ("max_num_seqs", "--max-num-seqs"),
-        ):
+        for opt, flag in SERVER_FLAGS.items():
             if self.options.get(opt) is not None:
                 argv += [flag, str(self.options[opt])]
         if self.options.get("enforce_eager"):  # no torch.compile / CUDA graphs: a CPU server starts in ~1 min, not ~3

@@ -15,8 +15,8 @@ from typing import Any
 import torch
 
 from ...records import Sampling
+from ...synthetic import SyntheticAcceptance, parse_synthetic
 from ..sampling import make_generator
-from ..synthetic import SyntheticAcceptance, parse_synthetic
 
 # method name -> module under specstudy.engine.methods
 METHODS: dict[str, str] = {
@@ -186,7 +186,7 @@ def draft_in_prefill(job: DecodeJob) -> bool:
 
 
 #: the option of every method that verifies drafts: keep them at a fixed rate instead, to time
-#: the system at a chosen acceptance (:mod:`specstudy.engine.synthetic`; benchmark-only)
+#: the system at a chosen acceptance (:mod:`specstudy.synthetic`; benchmark-only)
 SYNTHETIC = "synthetic_acceptance"
 
 

@@ -15,16 +15,16 @@ the rejected tokens.  γ is static, or dynamic:
 ``draft_in_prefill: on`` drafts from the prompt and verifies those drafts in the target's
 prompt pass (one target forward fewer per request, as HF's assisted generation does).
 ``synthetic_acceptance: alpha=0.8`` (or ``length=3.0``) keeps drafts at a fixed rate instead of
-verifying them, to time the system at that acceptance (:mod:`specstudy.engine.synthetic`).
+verifying them, to time the system at that acceptance (:mod:`specstudy.synthetic`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from ...synthetic import parse_synthetic
 from ..speculate import CostAwareGamma, HeuristicGamma, ModelDrafter, StaticGamma, speculative_decode
 from ..stepcost import draft_cost_ratio, verify_ratio
-from ..synthetic import parse_synthetic
 from ..trace import RowTrace
 from . import (
     DRAFT_IN_PREFILL,

@@ -15,7 +15,7 @@ into a distribution for token j+2.  Per step:
 
 Under sampling each draft is drawn from the drafter's distribution q (the shared sampling
 transform on its logits), which is all exact rejection sampling needs.  ``synthetic_acceptance``
-keeps drafts at a fixed rate instead (:mod:`specstudy.engine.synthetic`).
+keeps drafts at a fixed rate instead (:mod:`specstudy.synthetic`).
 """
 
 from __future__ import annotations
@@ -26,11 +26,11 @@ from typing import Any
 
 import torch
 
+from ...synthetic import parse_synthetic
 from ..drafters import EagleDraft, drafter_file_metadata, load_drafter
 from ..eagle3 import Eagle3Draft
 from ..kv import KVState, pad_ragged
 from ..speculate import Draft, StaticGamma, sample_chain, speculative_decode
-from ..synthetic import parse_synthetic
 from ..trace import RowTrace
 from . import SYNTHETIC, DecodeJob, EngineMethod, synthetic_acceptance
 from .heads import AuxCapture, HiddenCapture

@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from ...paths import REPO_ROOT
+from ...synthetic import parse_synthetic
 from ..eagle3 import Eagle3Draft, load_eagle3, read_eagle3_config
-from ..synthetic import parse_synthetic
 from ..trace import RowTrace
 from . import SYNTHETIC, DecodeJob, EngineMethod
 from .eagle import decode_with

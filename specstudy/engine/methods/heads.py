@@ -20,7 +20,7 @@ Two verification modes:
 Under sampling, head k's distribution q_k (a function of h_t and, token-conditioned, of the
 draft before it) is exactly the distribution draft k was drawn from, which is all rejection
 sampling needs: the output is distributed exactly as the target's.  ``synthetic_acceptance``
-keeps drafts (or tree paths) at a fixed rate instead (:mod:`specstudy.engine.synthetic`).
+keeps drafts (or tree paths) at a fixed rate instead (:mod:`specstudy.synthetic`).
 """
 
 from __future__ import annotations
@@ -31,10 +31,10 @@ from typing import Any
 
 import torch
 
+from ...synthetic import parse_synthetic
 from ..drafters import MedusaHeads, drafter_file_metadata, load_drafter
 from ..sampling import probs_for
 from ..speculate import Draft, StaticGamma, speculative_decode
-from ..synthetic import parse_synthetic
 from ..tokentree import TokenTree
 from ..trace import RowTrace
 from . import SYNTHETIC, DecodeJob, EngineMethod, synthetic_acceptance

@@ -9,7 +9,7 @@ its k layers (the target's cache of those layers is not shared: simpler, and the
 Options: ``exit_layer`` (k, layers kept) or ``skip_layers`` (layers skipped, k = L − skip);
 default k = L // 2, or the adapter's own exit layer.  ``adapter`` is a module or the path of a
 ``layer_skip_adapter`` file (``params/drafters/...``), so a study cell can name it.
-``synthetic_acceptance`` keeps drafts at a fixed rate (:mod:`specstudy.engine.synthetic`).
+``synthetic_acceptance`` keeps drafts at a fixed rate (:mod:`specstudy.synthetic`).
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from typing import Any
 
 import torch
 
+from ...synthetic import parse_synthetic
 from ..drafters import load_drafter
 from ..kv import cache_arg
 from ..speculate import ModelDrafter, StaticGamma, speculative_decode
-from ..synthetic import parse_synthetic
 from ..trace import RowTrace
 from . import DRAFT_IN_PREFILL, SYNTHETIC, DecodeJob, EngineMethod, draft_in_prefill, positive_int, synthetic_acceptance
 

@@ -13,7 +13,7 @@ the row's acceptance so far and the target's measured verification-cost curve
 batch size in the process, a few forwards).  ``off`` (the default) drafts up to γ, as HF does.
 ``draft_in_prefill: on`` looks up drafts in the prompt and verifies them in the prompt pass
 (HF's first step).  ``synthetic_acceptance: alpha=0.8`` (or ``length=3.0``) keeps drafts at a
-fixed rate instead of verifying them, to time the system (:mod:`specstudy.engine.synthetic`).
+fixed rate instead of verifying them, to time the system (:mod:`specstudy.synthetic`).
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from typing import Any
 
 import torch
 
+from ...synthetic import parse_synthetic
 from ..speculate import CostAwareGamma, Draft, StaticGamma, speculative_decode
 from ..stepcost import verify_ratio
-from ..synthetic import parse_synthetic
 from ..trace import RowTrace
 from . import (
     DRAFT_IN_PREFILL,

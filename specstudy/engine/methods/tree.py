@@ -24,7 +24,7 @@ Acceptance along the tree (step 3), with p_i the target's distribution after nod
   p = p_i.  When every child is rejected the next token is drawn from the last p.  Each
   sibling test is an ordinary speculative-sampling step against the current residual, so the
   emitted token is distributed exactly as p_i (Miao et al. 2024).
-* synthetic (option ``synthetic_acceptance``, benchmark-only, :mod:`specstudy.engine.synthetic`):
+* synthetic (option ``synthetic_acceptance``, benchmark-only, :mod:`specstudy.synthetic`):
   the path is the first-child chain (root, its first child, that one's first child, ...) cut
   after the number of nodes the rule keeps; the next token is the target's choice after it
   (argmax, or a sample of p after every child of the last node was rejected).  Not lossless.
@@ -50,10 +50,10 @@ from typing import Any, Protocol
 import torch
 
 from ...drafter_names import SELF
+from ...synthetic import SyntheticAcceptance, parse_synthetic
 from ..drafters import load_drafter, resolve_drafter_path
 from ..kv import cache_arg, new_cache
 from ..sampling import next_tokens, probs_for, sample_from
-from ..synthetic import SyntheticAcceptance, parse_synthetic
 from ..tokentree import (
     TokenTree,
     causal_forward,

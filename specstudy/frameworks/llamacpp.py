@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..declaration import EngineDeclaration, _unconditional_rates, synthetic_rule
+from .declaration import EngineDeclaration, _unconditional_rates, synthetic_rule
 
 #: n-gram size options of the n-gram types (kit name -> llama.cpp field)
 SIZED_KEYS = {"ngram_size_n": "size_n", "ngram_size_m": "size_m", "ngram_min_hits": "min_hits"}
@@ -35,8 +35,20 @@ LLAMACPP = EngineDeclaration(
     backend="llamacpp.backend:LlamaCppBackend",
     methods=("ar", "ngram", "draft_target"),
     method_options=METHOD_OPTIONS,
+    engine_options={
+        "threads": "--threads",
+        "ctx_size": "--ctx-size",
+        "prefix_cache": "cache_prompt",  # a request field: False recomputes every prompt
+        "llama_server": None,  # a llama-server binary instead of xllamacpp's entry point
+        "rss_period_s": None,  # the kit's memory sampling period
+    },
     needs_drafter=frozenset({"draft_target"}),
     server=True,
+    http=True,
+    serve_bench=True,
+    start_s=5.0,
     takes_dtype=False,  # llama.cpp runs the GGUF's own precision
     requirement=("xllamacpp", "the base install (pip install -e .)"),
+    provenance_packages=("xllamacpp", "gguf"),
 )
+DECLARATIONS = (LLAMACPP,)

@@ -1,29 +1,90 @@
-"""One declaration per engine, and the checks every backend shares.
+"""What an engine declaration holds, and the checks every backend shares.
 
-Each engine's package (``backends/<engine>/declaration.py``) declares, once, what the study may
-ask of it: the methods it runs, the options each reads, the framework options, which methods
-load a drafter, whether speculation is fixed when the engine starts (a server), tensor
-parallelism, its environment.  :mod:`specstudy.backends.registry` collects them; config
-validation, the plan's checks, the dry run, preflight, the engine pool and the backends
-themselves all read that one table (a test keeps it equal to what each backend runs).
-Pure data and checks: nothing here imports an engine.
+Each engine declares once (``specstudy/frameworks/<engine>.py``) what a study may ask of it and
+what the kit must know to run it: the methods it runs and the options each reads, its framework
+options (kit name -> the engine's own name), which methods load a drafter and in which format,
+whether speculation is fixed when the engine starts (a server), tensor parallelism, its pinned
+environments, a binary it needs on PATH, the packages provenance records, how long a start takes.
+Validation, the plan, the dry run, preflight, installs, provenance, the engine pool and the
+backends all read these fields; nothing else holds a per-engine fact.  Pure data and checks:
+this package imports nothing above :mod:`specstudy.metrics`.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..engine.synthetic import parse_synthetic  # the rule only: torch-free
+from ..synthetic import parse_synthetic  # torch-free until a rule draws
 
 #: cell options that describe the offered load (serving sweeps), read by the runner, not the engine
 LOAD_OPTIONS = frozenset({"rate", "burstiness", "concurrency", "load"})
 
 
+#: the keyword arguments every server backend takes (``StreamingServerBackend.__init__``): read by
+#: the kit's client, not passed to the engine (hence None)
+SERVER_OPTIONS: Mapping[str, str | None] = {
+    "base_url": None,
+    "served_model": None,
+    "request_timeout_s": None,
+    "idle_timeout_s": None,
+    "ready_timeout_s": None,
+    "log_dir": None,
+    "server_args": None,
+    "env": None,
+    "extra_body": None,
+    "api_key": None,
+    "python": None,
+}
+
+
+@dataclass(frozen=True)
+class EngineEnv:
+    """One pinned environment of an engine: what pip installs into it, nothing else."""
+
+    name: str  # "vllm-cuda", "vllm-cpu", "sglang"
+    engine: str  # the engine family and import name: "vllm", "sglang"
+    build: str  # "cuda" or "cpu"
+    venv: str  # directory name under the root
+    packages: tuple[str, ...]  # pip requirement specifiers, installed as given
+    requirements_file: str  # the engine's declared Requires-Dist, under environments/requirements/
+    remove: tuple[str, ...] = ()  # uninstalled after the install (they break the engine's import)
+    #: (requirement, index URL): add the index only when pip cannot resolve the requirement without it
+    index_fallbacks: tuple[tuple[str, str], ...] = ()
+    notes: str = ""
+    #: disk an install writes (GB): vllm-cpu measured here (3.5 GB); the CUDA builds estimated from
+    #: their wheels (torch CUDA, flashinfer, the engine), checked before any install starts
+    disk_gb: float = 0.0
+
+    @property
+    def engine_requirement(self) -> str:
+        """The engine's own pin (the first package), e.g. ``vllm==0.33.0``."""
+        return self.packages[0]
+
+    def spec(self) -> dict[str, Any]:
+        """What the stamp must match for the environment to be reused."""
+        d = asdict(self)
+        d.pop("notes")
+        d.pop("disk_gb")
+        spec: dict[str, Any] = json.loads(json.dumps(d))  # lists, as the stamp reads back
+        return spec
+
+
+@dataclass(frozen=True)
+class Binary:
+    """An executable the user installs (the kit cannot): preflight looks for it on PATH."""
+
+    name: str  # "trtllm-serve", "mlc_llm"
+    why: str  # why it is not on PATH here (the kit does not install it, ...)
+    hint: str  # how to install it
+    cuda_only: bool = False  # runs on NVIDIA GPUs only: refused on a machine without one
+
+
 @dataclass(frozen=True)
 class EngineDeclaration:
-    """What one framework (a study's ``frameworks:`` name) runs and reads."""
+    """What one framework (a study's ``frameworks:`` name) runs, reads and needs."""
 
     framework: str
     #: "module:Class" of its backend, under specstudy.backends
@@ -32,22 +93,38 @@ class EngineDeclaration:
     methods: tuple[str, ...]
     #: the cell (method) options it reads, per method; "*": every speculative method
     method_options: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-    #: the framework options (``framework_options:`` of a study) its constructor reads
-    engine_options: tuple[str, ...] = ()
+    #: the framework options (``framework_options:`` of a study): kit name -> the engine's own name
+    #: (its flag, argument or field), None where the kit itself reads it; checked at study load
+    engine_options: Mapping[str, str | None] = field(default_factory=dict)
+    #: engine method names outside the kit's families, and the family each belongs to
+    method_families: Mapping[str, str] = field(default_factory=dict)
     #: methods that load a drafter checkpoint named in the model pair
     needs_drafter: frozenset[str] = frozenset()
+    #: whose loader rules a drafter checkpoint must meet ("vllm", "sglang", "trtllm"); None: the
+    #: kit's own loaders (or none), checked by the backend itself
+    drafter_format: str | None = None
     #: speculation fixed when the engine starts: one engine per method configuration
     server: bool = False
+    #: an HTTP server the kit's streaming client drives (it takes :data:`SERVER_OPTIONS` too)
+    http: bool = False
+    #: ``specstudy serve-bench`` may start it (or attach to it)
+    serve_bench: bool = False
+    #: seconds a start takes (the dry run's estimate; 0: nothing to start)
+    start_s: float = 0.0
     #: an in-process engine that loads each cell's drafter itself (one engine per target)
     drafter_per_cell: bool = False
     #: hands the prompt loader its tokenizer (a task's input-length policy applies)
     tokenizing: bool = False
     #: splits the model over GPUs (``tensor_parallel_size``)
     tensor_parallel: bool = False
-    #: the kit-managed environment it runs in ("vllm", "sglang"); None: the kit's own, or the user's
-    environment: str | None = None
+    #: the kit-managed environments it runs in, one per build (none: the kit's own, or the user's)
+    environments: tuple[EngineEnv, ...] = ()
+    #: an executable the user installs, looked for on PATH by preflight
+    binary: Binary | None = None
     #: (python module that must import, what provides it); None: nothing the kit can check
     requirement: tuple[str, str] | None = None
+    #: distributions whose versions every study's provenance records
+    provenance_packages: tuple[str, ...] = ()
     #: takes the study's ``device`` (in-process torch engines)
     takes_device: bool = False
     #: takes the model pair's ``dtype`` (llama.cpp runs the GGUF's own precision)
@@ -57,10 +134,19 @@ class EngineDeclaration:
     #: loads the model pair's checkpoints (False: weights of its own format, mapped in its options)
     reads_checkpoints: bool = True
 
+    @property
+    def environment(self) -> str | None:
+        """The engine family of its kit-managed environments ("vllm", "sglang"), None without one."""
+        return self.environments[0].engine if self.environments else None
+
     def reads(self, method: str) -> tuple[str, ...]:
         """The cell options ``method`` reads here."""
         star = () if method == "ar" else self.method_options.get("*", ())
         return (*self.method_options.get(method, ()), *star)
+
+    def options_read(self) -> Mapping[str, str | None]:
+        """Every framework option it takes: its own, plus the server client's for a server."""
+        return {**(SERVER_OPTIONS if self.http else {}), **self.engine_options}
 
 
 #: option names used by no backend that profiles once carried, and what to write instead
@@ -142,10 +228,10 @@ def check_choice(engine: str, key: str, value: Any, allowed: Iterable[str]) -> N
 
 
 def check_engine_options(decl: EngineDeclaration, options: Mapping[str, Any], engine: str | None = None) -> None:
-    """Reject framework options no code reads, naming the ones that are read."""
+    """Reject framework options no code reads, naming every bad key and the ones that are read."""
     engine = engine or decl.framework
-    bad = sorted(set(options) - set(decl.engine_options))
+    allowed = decl.options_read()
+    bad = sorted(set(options) - set(allowed))
     if bad:
-        raise ValueError(
-            f"{engine} option {bad[0]!r} is read by no code; {engine} reads: {sorted(decl.engine_options)}"
-        )
+        names, verb = ", ".join(repr(b) for b in bad), "is" if len(bad) == 1 else "are"
+        raise ValueError(f"{engine} option {names} {verb} read by no code; {engine} reads: {sorted(allowed)}")

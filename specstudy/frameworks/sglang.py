@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ...metrics import expected_acceptance_length
-from ..declaration import EngineDeclaration, synthetic_rule
+from ..metrics import expected_acceptance_length
+from .declaration import EngineDeclaration, EngineEnv, synthetic_rule
 
 SGLANG_VERSION = "0.5.23"
 #: kit method -> SGLang --speculative-algorithm (0.5.23)
@@ -39,14 +39,45 @@ def sglang_synthetic_env(options: Mapping[str, Any], gamma: int | None) -> dict[
     return {SGLANG_SIMULATE_ENV: f"{length:.6g}"}
 
 
+#: framework option (kit name) -> SGLang's server flag (None: read by the kit's client)
+SGLANG_OPTIONS = {
+    "dtype": "--dtype",
+    "max_model_len": "--context-length",
+    "tensor_parallel_size": "--tp-size",
+    "gpu_memory_utilization": "--mem-fraction-static",
+    "prefix_cache": "--disable-radix-cache",  # off (the kit's default) adds the flag
+    "flush_cache": None,  # POST /flush_cache before every cell
+}
+#: the flags the server argv writes from the options above (dtype and the cache are written apart)
+SGLANG_FLAGS = ("max_model_len", "tensor_parallel_size", "gpu_memory_utilization")
+
+SGLANG_ENV = EngineEnv(
+    name="sglang",
+    engine="sglang",
+    build="cuda",
+    venv=".venv-sglang",
+    packages=(f"sglang=={SGLANG_VERSION}",),
+    requirements_file=f"sglang-{SGLANG_VERSION}.txt",
+    notes=f"CUDA only: SGLang {SGLANG_VERSION} has no CPU build that installs from PyPI",
+    disk_gb=15.0,
+)
+
 SGLANG = EngineDeclaration(
     framework="sglang",
     backend="sglang.server:SglangServerBackend",
     methods=("ar", *KIT_TO_SGLANG),
     method_options=SGLANG_METHOD_OPTIONS,
+    engine_options=SGLANG_OPTIONS,
+    method_families={"eagle": "heads", "eagle3": "heads"},
     needs_drafter=frozenset({"draft_target", "eagle", "eagle3"}),
+    drafter_format="sglang",
     server=True,
+    http=True,
+    serve_bench=True,
+    start_s=120.0,
     tensor_parallel=True,
-    environment="sglang",
+    environments=(SGLANG_ENV,),
     requirement=("sglang", "its own pinned environment .venv-sglang: make engine-sglang"),
+    provenance_packages=("sglang",),
 )
+DECLARATIONS = (SGLANG,)

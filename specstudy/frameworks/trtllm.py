@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..declaration import EngineDeclaration
+from .declaration import Binary, EngineDeclaration
 
 #: kit method -> TensorRT-LLM decoding_type, per runtime backend
 PYTORCH_DECODING = {"draft_target": "DraftTarget", "ngram": "NGram", "eagle3": "Eagle"}
@@ -22,18 +22,45 @@ ENGINE_DECODING = {"eagle": "Eagle", "medusa": "Medusa"}
 #: the cell options the TensorRT-LLM backends read, per method
 TRTLLM_METHOD_OPTIONS = {"ngram": ("ngram_max",), "medusa": ("medusa_choices",), "eagle": ("eagle_choices",)}
 
+TRTLLM_HINT = (
+    "install TensorRT-LLM 1.2 (NVIDIA's container, or pip install tensorrt-llm on a CUDA machine) "
+    "so that trtllm-serve is on PATH"
+)
+#: framework option (kit name) -> what the kit writes for trtllm-serve (a flag or an LLM API YAML key)
+TRTLLM_OPTIONS = {
+    "trtllm_serve": None,  # the executable (default trtllm-serve on PATH)
+    "dtype": "dtype",
+    "max_model_len": "--max_seq_len",
+    "tensor_parallel_size": "--tp_size",
+    "gpu_memory_utilization": "kv_cache_config.free_gpu_memory_fraction",
+    "prefix_cache": "kv_cache_config.enable_block_reuse",
+    "llm_api_options": "--extra_llm_api_options",
+}
+
 _COMMON: dict[str, Any] = dict(
     method_options=TRTLLM_METHOD_OPTIONS,
+    engine_options=TRTLLM_OPTIONS,
+    method_families={"eagle3": "heads", "eagle": "heads", "medusa": "heads"},
     server=True,
+    http=True,
     tensor_parallel=True,
-    environment=None,  # trtllm-serve is the user's own install (preflight looks for it on PATH)
+    # trtllm-serve is the user's own install: preflight looks for it on PATH
+    binary=Binary(
+        "trtllm-serve",
+        "not on PATH (the kit does not install TensorRT-LLM)",
+        TRTLLM_HINT,
+        cuda_only=True,
+    ),
     requirement=None,
+    provenance_packages=("tensorrt_llm",),
 )
 TRTLLM = EngineDeclaration(
     framework="trtllm",
     backend="trtllm.server:TrtllmServerBackend",
     methods=("ar", *PYTORCH_DECODING),
     needs_drafter=frozenset({"draft_target", "eagle3"}),
+    drafter_format="trtllm",
+    start_s=180.0,
     **_COMMON,
 )
 TRTLLM_ENGINE = EngineDeclaration(
@@ -41,5 +68,7 @@ TRTLLM_ENGINE = EngineDeclaration(
     backend="trtllm.server:TrtllmEngineServerBackend",
     methods=("ar", *ENGINE_DECODING),
     needs_drafter=frozenset({"eagle", "medusa"}),
+    start_s=60.0,
     **_COMMON,
 )
+DECLARATIONS = (TRTLLM, TRTLLM_ENGINE)

@@ -75,6 +75,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-cells", type=int, default=None, help="stop after running this many cells")
     p.add_argument("--no-progress", action="store_true", help="no tqdm bars (one line per cell still printed)")
     p.add_argument(
+        "--allow-unused",
+        action="store_true",
+        help="warn about top-level tasks/methods/frameworks/gammas no sweep uses instead of refusing the study",
+    )
+    p.add_argument(
         "--strict",
         action="store_true",
         help="refuse to start on a busy machine (load, CPU steal or frequency, other GPU users) instead of warning",
@@ -252,7 +257,9 @@ def run(args: argparse.Namespace) -> int:
     sharded = None
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        cfg = check_backends(load_study(args.hardware, args.params), files=not args.dry_run)
+        cfg = check_backends(
+            load_study(args.hardware, args.params, allow_unused=args.allow_unused), files=not args.dry_run
+        )
         all_plans, plans = _selected(args, cfg)
         if args.executor != "local" and not args.dry_run:  # the cluster's settings, before anything starts
             sharded = _shards(args, cfg, plans, _profile(cfg))

@@ -278,7 +278,7 @@ def unused_entries(
             name: Any = entry.label if key == "methods" else entry
             if key == "tasks":
                 try:
-                    name = _task_name(entry, file, "study.tasks", tasks, {})
+                    name = _task_name(str(entry), file, "study.tasks", tasks, {})
                 except ParamsError:
                     continue  # a bad entry no sweep reads: unused, and named below by its own text
             if name not in used[key]:

@@ -148,9 +148,24 @@ def versus(est: Estimate, threshold: float = 1.0, what: str = "AR") -> str:
     return f"{_no_interval(est.n)}: whether it beat {what} cannot be told"
 
 
+def memory_verdict(delta: float, noise: float) -> str:
+    """:func:`resolved` at the 0.1 MB the report prints: a difference that prints as large as the
+    noise ("+50.2 MB" against "±50.2 MB") is a tie, not beyond it."""
+    if not (_finite(delta) and _finite(noise)):
+        return N_TOO_SMALL
+    return resolved(round(delta / 1e5) * 1e5, round(noise / 1e5) * 1e5)
+
+
+def memory_phrase(v: str, noise: float) -> str:
+    """A memory verdict's closing words: in MB against the noise, never an interval against 1×."""
+    if v == CANNOT_TELL:
+        return f"no difference beyond the ±{noise / 1e6:.1f} MB noise: this study cannot tell"
+    return phrase(v)
+
+
 def memory_text(delta: float, noise: float, source: str) -> str:
     """A peak-memory difference as a resolved signed number, or as unresolvable within the source's noise."""
-    v = resolved(delta, noise)
+    v = memory_verdict(delta, noise)
     if v == N_TOO_SMALL:
         return "—"
     if v == CANNOT_TELL:

@@ -133,10 +133,12 @@ def memory_claims(study: Study) -> list[str]:
     """FAQ Q4 (4) per method: a draft model (or heads) should cost memory; n-grams and own layers should not."""
     out = []
     for g in memory_groups(study):
-        v = claims.resolved(g["overhead"], g["noise"])
+        v = claims.memory_verdict(g["overhead"], g["noise"])
         head = f"{g['label']} ({g['framework']}): {g['reading']}"
         if g["expects"]:
-            out.append(f"{head}; the seed expects a draft model or heads to cost memory: {claims.phrase(v)}")
+            out.append(
+                f"{head}; the seed expects a draft model or heads to cost memory: {claims.memory_phrase(v, g['noise'])}"
+            )
         elif v == claims.CANNOT_TELL:
             out.append(f"{head}, as the seed expects of a method without a draft model (within the noise)")
         elif v == claims.OBSERVED:

@@ -61,6 +61,15 @@ def test_memory_within_the_noise_is_not_a_signed_number():
     assert claims.resolved(-40 * MB, 16.5 * MB) == claims.REVERSED
 
 
+def test_a_memory_difference_that_prints_as_large_as_its_noise_is_a_tie_worded_in_mb():
+    """+50.24 MB against ±50.21 MB printed "+50.2 MB (beyond the ±50.2 MB noise)"."""
+    assert claims.memory_verdict(50.24 * MB, 50.21 * MB) == claims.CANNOT_TELL
+    assert claims.memory_text(50.24 * MB, 50.21 * MB, "RSS") == "no difference resolvable: |Δ| ≤ 50.2 MB (RSS)"
+    assert claims.memory_verdict(50.4 * MB, 50.21 * MB) == claims.OBSERVED  # 50.4 > 50.2 as printed
+    tie = claims.memory_phrase(claims.CANNOT_TELL, 16.5 * MB)
+    assert tie == "no difference beyond the ±16.5 MB noise: this study cannot tell" and "1×" not in tie
+
+
 def test_divergences_in_words():
     near = {"task": "code", "prompt_id": "code/3", "repeat": 0, "position": 17, "margin": 0.012}
     far = {"task": "chat", "prompt_id": "7", "repeat": 1, "position": 2, "margin": 2.5}

@@ -37,6 +37,24 @@ def _sweep_or_all(study: Study, sweep: str | None) -> str | None:
     return sweep if sweep is None or study.has_sweep(sweep) else None
 
 
+#: the mark of a row that pools a flagged cell (validity checks; the report's Validity section says why)
+FLAG_MARK = " ⚑"
+
+
+def _flags(study: Study) -> dict[str, str]:
+    return getattr(study, "flags", None) or {}
+
+
+def flag_mark(study: Study, cells: Sequence[str]) -> str:
+    """:data:`FLAG_MARK` when a cell of the row is flagged (its own checks or its baseline's), else ''."""
+    return FLAG_MARK if any(c in _flags(study) for c in cells) else ""
+
+
+def flag_reasons(study: Study, cells: Sequence[str]) -> str:
+    flags = _flags(study)
+    return "; ".join(sorted({flags[c] for c in cells if c in flags}))
+
+
 def _label(m: dict[str, Any], p: Pooled) -> str:
     """A row's method name, marked where its acceptance was fixed for timing."""
     return f"{m['label']} (synthetic acceptance {p.synthetic})" if p.synthetic else m["label"]
@@ -128,7 +146,7 @@ def hardware_table(study: Study, sweep: str | None = "hardware") -> Frames:
         )
         rows.append(
             {
-                "Method": "Baseline (AR)" if is_ar else _label(m, p),
+                "Method": ("Baseline (AR)" if is_ar else _label(m, p)) + flag_mark(study, groups[key]),
                 "Seed row": seed_row_name(method),
                 "Framework": fw,
                 "Precision": m["precision"],
@@ -158,6 +176,7 @@ def hardware_table(study: Study, sweep: str | None = "hardware") -> Frames:
                 "gamma": gamma,
                 "sampling": sampling,
                 "precision": m["precision"],
+                "flagged": flag_reasons(study, groups[key]),
                 **dataclasses.asdict(p),
             }
         )
@@ -193,7 +212,8 @@ def metric_table(study: Study, sweep: str | None = "hardware") -> pd.DataFrame:
         lo, hi = p.speedup_runs
         rows.append(
             {
-                "Method": "Baseline (AR)" if is_ar else _label(study.meta(groups[key][0]), p),
+                "Method": ("Baseline (AR)" if is_ar else _label(study.meta(groups[key][0]), p))
+                + flag_mark(study, groups[key]),
                 "Framework": fw,
                 "γ": "—" if is_ar else gamma,
                 "Sampling": sampling,
@@ -236,7 +256,7 @@ def method_table(study: Study, family: str, sweep: str | None = "method_family")
         rows.append(
             {
                 "Framework": fw,
-                "Method": _label(study.meta(groups[key][0]), p),
+                "Method": _label(study.meta(groups[key][0]), p) + flag_mark(study, groups[key]),
                 "γ": gamma,
                 "Batch": batch,
                 "Sampling": sampling,
@@ -265,6 +285,7 @@ def method_table(study: Study, family: str, sweep: str | None = "method_family")
                 "sampling": sampling,
                 "predicted_speedup": pred,
                 "model_note": note,
+                "flagged": flag_reasons(study, groups[key]),
                 **dataclasses.asdict(p),
             }
         )
@@ -408,14 +429,16 @@ def task_table(study: Study, tasks: Sequence[str] | None = None, sweep: str | No
         ent = pooled(study, base or spec)  # entropy of the target along its own (AR) text
         alphas = [p.alpha for p in (pooled(study, [c]) for c in spec) if isnum(p.alpha)]
         allp = pooled(study, spec) if spec else Pooled()
-        best, model_opt = _best_gammas(study, spec)
+        best, model_opt = _best_gammas(study, [c for c in spec if c not in _flags(study)])
+        left = sum(c in _flags(study) for c in spec)
         rows.append(
             {
-                "Task": TASK_TITLES.get(task, task),
+                "Task": TASK_TITLES.get(task, task) + flag_mark(study, spec + base),
                 "Entropy (nats/token)": fmt_ci(ent.entropy, ent.entropy_ci),
                 "α range (per cell)": f"{min(alphas):.2f}–{max(alphas):.2f}" if alphas else "—",
                 "α pooled": fmt_ci(allp.alpha, allp.alpha_ci, n=allp.n_prompts),
-                "Best γ measured": "; ".join(best) or "—",
+                "Best γ measured": ("; ".join(best) or "—")
+                + (f" ({left} flagged cell{'s' if left > 1 else ''} left out)" if left else ""),
                 "Optimal γ (cost model from measured draft lengths, α̂, c; prediction)": "; ".join(model_opt) or "—",
                 "n (prompts)": allp.n_prompts,
                 "Seed article (quoted, not measured)": seed_reference(task, study),
@@ -455,7 +478,7 @@ def framework_table(study: Study) -> pd.DataFrame:
         rows_b1: dict[tuple[Any, ...], list[str]] = {}
         for c in spec:
             m = study.meta(c)
-            if m["batch_size"] == 1 and not m["synthetic"]:
+            if m["batch_size"] == 1 and not m["synthetic"] and c not in _flags(study):  # best from unflagged rows
                 rows_b1.setdefault((m["label"], m["gamma"] or 0, m["sampling"]), []).append(c)
         # among rows with enough prompts for an interval, greedy first (rows of one sampling compared)
         ranked = sorted(
@@ -476,7 +499,7 @@ def framework_table(study: Study) -> pd.DataFrame:
         precisions = sorted({str(study.meta(c)["precision"]) for c in cells})
         rows.append(
             {
-                "Framework": fw,
+                "Framework": fw + flag_mark(study, cells),
                 "Methods measured": ", ".join(fams),
                 "Tree verification": "○" if "tree" in fams else "×",
                 "Precision": ", ".join(precisions),

@@ -13,16 +13,23 @@ from __future__ import annotations
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import metrics
 from ..records import Request, RequestRecord
 from ..telemetry import busy_reasons
 
+if TYPE_CHECKING:
+    import pandas as pd
+
 #: a request whose decode time per forward (or largest inter-token gap) exceeds this many times its
 #: cell's median is an outlier: clean cells stay within 1.15x, a CPU-starved llama.cpp request read
 #: 29x (260 ms against 9 ms), and 7 of 220 llama.cpp requests on a loaded machine 3-27.8x
 STALL_FACTOR = 3.0
+#: least time (s) a stall must have cost its request: a pause shorter than a few scheduler slices is
+#: the OS's ordinary jitter, and on a 1 ms-per-token model it alone would read as 3x (the starved
+#: llama.cpp request lost 5 s, its longest forward 2.1 s)
+STALL_MIN_EXTRA_S = 0.05
 #: fewest ok requests for a cell median to judge a request by
 STALL_MIN_REQUESTS = 3
 #: words per n-gram that counts as copied from the prompt
@@ -86,10 +93,17 @@ def _engine_cause(r: RequestRecord, cell_forward_median: float, factor: float) -
     )
 
 
+def _forwards(r: RequestRecord) -> int:
+    f = r.target_forwards or r.output_tokens
+    return max(f - 1, 1)
+
+
 def stalls(records: Sequence[RequestRecord], factor: float = STALL_FACTOR) -> list[Finding]:
     """The cell's requests whose decode time per forward or largest inter-token gap exceeds
-    ``factor`` times the cell's median (offline cells; under a request rate other requests' prefills
-    legitimately lengthen a request's gaps, and the busy check covers those cells)."""
+    ``factor`` times the cell's median and cost at least :data:`STALL_MIN_EXTRA_S` (offline cells;
+    under a request rate other requests' prefills legitimately lengthen a request's gaps, and the
+    busy check covers those cells)."""
+    floor = STALL_MIN_EXTRA_S  # read at the call: tests of other things set it out of reach
     ok = [r for r in records if r.status == "ok" and r.request_rate is None]
     if len(ok) < STALL_MIN_REQUESTS:
         return []
@@ -99,7 +113,8 @@ def stalls(records: Sequence[RequestRecord], factor: float = STALL_FACTOR) -> li
     out = []
     for r in ok:
         rt, rg = decode_time(r) / med_t if med_t > 0 else 0.0, _largest_gap(r) / med_g if med_g > 0 else 0.0
-        if max(rt, rg) > factor:
+        lost = max((decode_time(r) - med_t) * _forwards(r), _largest_gap(r) - med_g)
+        if max(rt, rg) > factor and lost >= floor:
             what = f"{rt:.1f}x the cell's median time per forward" if rt >= rg else f"largest gap {rg:.1f}x the median"
             out.append(
                 Finding(
@@ -337,3 +352,64 @@ def flagged(findings: Iterable[Finding], baselines: Mapping[str, str | None]) ->
             why = f"baseline {', '.join(own[b])}"
             out[c] = f"{out[c]}; {why}" if c in out else why
     return out
+
+
+# --------------------------------------------------------------------------------------------
+# the report's frames
+
+
+def _machine(records: Sequence[RequestRecord]) -> str:
+    """What the machine was doing during the cell, from the telemetry stamped on its records."""
+    e = records[0].extra if records and records[0].extra else {}
+
+    def num(key: str, digits: int = 1) -> str:
+        v = e.get(key)
+        return f"{v:.{digits}f}" if isinstance(v, (int, float)) and v == v else "—"
+
+    return (
+        f"load {num('tel_load_1m_mean', 2)} (max {num('tel_load_1m_max', 2)}) on {e.get('tel_cpu_cores', '—')} cores, "
+        f"steal {num('tel_cpu_steal_mean_pct')} %, CPU {num('tel_cpu_freq_min_mhz', 0)}–{num('tel_cpu_freq_max_mhz', 0)} MHz"
+    )
+
+
+def findings_frame(study: Any) -> pd.DataFrame:
+    """One row per finding: check, cell, the row it belongs to, what was found, whether it leaves
+    the cell out, the requests, and the machine during the cell."""
+    import pandas as pd
+
+    rows = []
+    for f in study.findings:
+        m = study.cells.get(f.cell_id)
+        if m is None:
+            continue
+        g = f" γ={m['gamma']}" if m["gamma"] else ""
+        rows.append(
+            {
+                "Check": f.check,
+                "Row": f"{m['framework']} {m['label']}{g} b={m['batch_size']} {m['task']} ({m['sampling']})",
+                "Cell": f.cell_id,
+                "Finding": f.finding,
+                "Verdicts": "left out" if f.flags else "noted",
+                "Machine during the cell": _machine(study.records.get(f.cell_id, [])),
+            }
+        )
+    return pd.DataFrame(rows, columns=["Check", "Row", "Cell", "Finding", "Verdicts", "Machine during the cell"])
+
+
+def reruns_frame(study: Any) -> pd.DataFrame:
+    """Cells run a second time because requests stalled in the first: what the first attempt had."""
+    import pandas as pd
+
+    rows = []
+    for cid, recs in sorted(study.records.items()):
+        first = recs[0].extra.get("first_attempt_stalls") if recs and recs[0].extra else None
+        if first:
+            again = stalls(recs)
+            rows.append(
+                {
+                    "Cell": cid,
+                    "First attempt": "; ".join(first),
+                    "Rerun": f"{len(again)} stalled again: flagged" if again else "clean: its records are the rerun's",
+                }
+            )
+    return pd.DataFrame(rows, columns=["Cell", "First attempt", "Rerun"])

@@ -22,9 +22,10 @@ from ..analysis import (
     stats,
     tables,
     trees,
+    validity,
 )
 from ..analysis.format import FAMILY_TITLES, TASK_TITLES, fmt, fmt_ci
-from ..analysis.study import Study
+from ..analysis.study import Study, vouched
 from ..metrics import MIN_PROMPTS_FOR_CI
 from .section import Section, markdown_table
 from .summary import summary_markdown
@@ -376,9 +377,72 @@ def report_head(study: Study) -> str:
     )
 
 
-def summary_section(study: Study, hw_raw: pd.DataFrame) -> Section:
-    """The opening summary, computed from the report's own tables (each sentence links to its table)."""
-    return Section("Summary", summary_markdown(study, hw_raw))
+def summary_section(study: Study, hw_raw: pd.DataFrame, left_out: dict[str, str] | None = None) -> Section:
+    """The opening summary, computed from the report's own tables (each sentence links to its table),
+    over unflagged cells; ``left_out`` (cell -> why) says what it does not read."""
+    head = ""
+    if left_out:
+        why = sorted({w for w in left_out.values()})
+        head = (
+            f"_{len(left_out)} flagged cell{'s' if len(left_out) > 1 else ''} left out of every line below "
+            f"({'; '.join(why)}): see [Validity](#validity)._\n\n"
+        )
+    return Section("Summary", head + summary_markdown(study, hw_raw))
+
+
+#: checks the kit cannot run from what a cell records, each with why
+NOT_CHECKED = (
+    "a server not idle when a cell began: the kit starts its own servers and sends nothing between cells, but it "
+    "reads no engine's running-request count before a cell, so a server someone else shares is not checked",
+)
+
+
+def validity_section(study: Study) -> Section:
+    """What the kit vouches for: each check, what it found, which rows; flagged rows are marked ⚑ in every
+    table and left out of the summary, the best-method lines and every verdict."""
+    sec = Section("Validity")
+    n, flagged = len(study.records), study.flags
+    own = {f.cell_id for f in study.findings if f.flags}
+    sec.markdown = (
+        f"Every cell is checked for the artifacts that fake a speedup (rules and thresholds: `docs/validity.md`): "
+        f"a request whose time per forward or largest inter-token gap exceeds {validity.STALL_FACTOR:g}× its "
+        "cell's median (a stall; the cell is rerun once and stays flagged if it recurs); a machine busy during the "
+        "cell (load above its cores, CPU steal, a clock drop, another GPU process); random-token prompts outside "
+        "the random control and a doubled BOS (where the engine's tokenizer is at hand); counters that went "
+        "backwards; prompts already in the prefix cache "
+        "from an earlier cell. Every configuration an engine had not served got an untimed warm-up request first "
+        "(each part records which). "
+        + (
+            f"**{len(flagged)} of {n} cells are flagged** ({len(own)} by their own checks, "
+            f"{len(set(flagged) - own)} through their AR baseline) and marked ⚑ in every table; the summary, "
+            "best-method lines and verdicts read the other cells only.\n"
+            if flagged
+            else f"No cell of {n} is flagged.\n"
+        )
+    )
+    found = validity.findings_frame(study)
+    if len(found):
+        sec.add_table("validity", found, None, "\n**Findings**\n\n")
+    reruns = validity.reruns_frame(study)
+    if len(reruns):
+        sec.add_table("validity_reruns", reruns, None, "\n**Cells rerun after a stall**\n\n")
+    copy = validity.copy_by_task(study.all_records())
+    if copy:
+        shown = pd.DataFrame(
+            {
+                "Task": list(copy),
+                f"Output words inside a {validity.COPY_NGRAM}-word run copied from the prompt": [
+                    f"{v:.0%}" for v in copy.values()
+                ],
+                "Reading": [
+                    "mostly restates its prompt: a high α here is copying" if v > validity.COPY_SHARE_HIGH else "—"
+                    for v in copy.values()
+                ],
+            }
+        )
+        sec.add_table("validity_copying", shown, None, "\n**Outputs that restate their prompt**\n\n")
+    sec.markdown += "\n" + "".join(f"- Not checked: {line}.\n" for line in NOT_CHECKED)
+    return sec
 
 
 def engine_costs_section(study: Study) -> Section | None:
@@ -426,13 +490,15 @@ def engine_costs_section(study: Study) -> Section | None:
 def report_sections(study: Study) -> list[Section]:
     """Every section of the report, in order."""
     hardware = tables.hardware_table(study)
-    secs = [summary_section(study, hardware[1]), hardware_section(study, hardware), frameworks_section(study)]
+    clean = vouched(study) if study.flags else study
+    summary = summary_section(clean, tables.hardware_table(clean)[1] if study.flags else hardware[1], study.flags)
+    secs = [validity_section(study), summary, hardware_section(study, hardware), frameworks_section(study)]
     secs += [method_family_section(study, fam) for fam in tables.families_in(study)]
     costs = engine_costs_section(study)
     secs += [costs] if costs is not None else []
     secs += [
         task_category_section(study),
-        when_it_fails_section(study),
+        when_it_fails_section(clean),  # verdicts from unflagged cells only
     ]
     serving = serving_section(study)
     if serving.tables:  # a study without servers or prefix-cache pairs has no such section

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from specstudy.analysis import validity as V
 from specstudy.records import Cell, Request, Sampling
+
+pytestmark = pytest.mark.validity
 
 
 def _rec(pid, tpot_s, tokens=24, *, cell="c", method="ar", forwards_ms=None, rate=None, **extra):

@@ -308,3 +308,39 @@ def test_loading_results_never_measures_this_machine(lay, monkeypatch):
     assert not lay.profile_path.exists()
     study = load(lay.root)
     assert study.records and study.profile is not None and study.profile.name == "cpu"
+
+
+@pytest.mark.validity
+def test_a_flagged_baseline_is_named_marked_and_its_rows_left_out_of_the_summary(lay):
+    """The issue's case: AR measured while another study ran beside it (load 3.4 on 2 cores) made a
+    9.33x speedup; the report names the cell, marks both rows and takes the best method from the rest."""
+    _pair(lay, "quiet", "Prompt lookup", 8, 1.2)
+    _pair(lay, "busy", "Early exit", 8, 9.33, method="layer_skip")
+    recs = lay.read_part("busy_ar")
+    for r in recs:
+        r.extra.update(tel_cpu_cores=2, tel_load_1m_mean=3.4, tel_cpu_steal_mean_pct=3.0)
+    lay.write_part("busy_ar", recs)
+    study = load(lay.root)
+    assert study.flags == {"busy_ar": "busy machine", "busy_spec": "baseline busy machine"}
+    secs = {s.title: s for s in sections.report_sections(study)}
+    assert list(secs)[:2] == ["Validity", "Summary"]
+    valid = secs["Validity"].markdown
+    assert "**2 of 4 cells are flagged** (1 by their own checks, 1 through their AR baseline)" in valid
+    assert "busy_ar" in valid and "load 3.40 on 2 cores (above 2.5)" in valid and "load 3.40 (max" in valid
+    summ = secs["Summary"].markdown
+    assert summ.startswith("_2 flagged cells left out of every line below (baseline busy machine; busy machine)")
+    assert "Prompt lookup (γ=2)" in summ and "Early exit" not in summ and "9.3" not in summ
+    hw = next(s for t, s in secs.items() if t.startswith("Hardware table"))
+    shown = hw.tables["hardware"][0].set_index("Method")
+    assert set(shown.index) == {"Early exit ⚑", "Baseline (AR) ⚑", "Prompt lookup"}  # the AR row pools both baselines
+
+
+@pytest.mark.validity
+def test_a_study_with_no_flag_says_so_and_leaves_nothing_out(lay):
+    _pair(lay, "quiet", "Prompt lookup", 8, 1.2)
+    study = load(lay.root)
+    assert study.flags == {} and study.findings == []
+    secs = {s.title: s for s in sections.report_sections(study)}
+    assert "No cell of 2 is flagged." in secs["Validity"].markdown
+    hw = next(s for t, s in secs.items() if t.startswith("Hardware table"))
+    assert not secs["Summary"].markdown.startswith("_") and "⚑" not in hw.markdown

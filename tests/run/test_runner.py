@@ -170,6 +170,7 @@ def _stall(cells, attempts):
     return plant
 
 
+@pytest.mark.validity
 def test_a_cell_with_a_stalled_request_runs_once_more_and_a_clean_rerun_replaces_it(tiny, tmp_path):
     from specstudy.analysis import validity
 
@@ -185,6 +186,7 @@ def test_a_cell_with_a_stalled_request_runs_once_more_and_a_clean_rerun_replaces
     assert first.exists() and validity.stalls(read_part(first))  # the stalled attempt, kept beside
 
 
+@pytest.mark.validity
 def test_a_stall_that_recurs_in_the_rerun_keeps_the_cell_flagged(tiny, tmp_path):
     from specstudy.analysis import validity
 
@@ -195,14 +197,6 @@ def test_a_stall_that_recurs_in_the_rerun_keeps_the_cell_flagged(tiny, tmp_path)
     assert "rerun once: 1 stalled again, cell flagged" in res[0].line(1, 1)
     found = validity.stalls(read_records(tmp_path))
     assert len(found) == 1 and found[0].requests[0].endswith("/0") and found[0].flags
-
-
-def test_a_clean_cell_is_not_rerun(tiny, tmp_path):
-    cfg, plans = tiny
-    factory = TinyFactory()
-    res = _run(cfg, [dataclasses.replace(plans[0], prompts=4)], tmp_path, factory)
-    assert res[0].note == "" and sum(not w for *_, w in factory.runs) == 1
-    assert not StudyLayout(tmp_path).stalled_path(plans[0].cell_id).exists()
 
 
 def test_rerun_skips_finished_cells_without_duplicates(tiny, tmp_path):
@@ -529,6 +523,7 @@ def test_every_server_the_study_starts_logs_under_the_studys_own_outputs_folder(
 BUSY = ["load 4.10 on 2 cores (above 0.5 before the engine)"]
 
 
+@pytest.mark.validity
 def test_strict_refuses_a_busy_machine_before_any_engine_loads(tmp_path, monkeypatch, capsys):
     import specstudy.telemetry as tel
     from specstudy.cli import main
@@ -541,6 +536,7 @@ def test_strict_refuses_a_busy_machine_before_any_engine_loads(tmp_path, monkeyp
     assert not (out / "cpu" / "records").exists()  # nothing ran, nothing loaded
 
 
+@pytest.mark.validity
 def test_a_busy_machine_without_strict_is_named_in_a_warning_and_a_quiet_one_says_nothing(tiny, capsys):
     from specstudy.commands.run import machine_fit
 
@@ -551,6 +547,7 @@ def test_a_busy_machine_without_strict_is_named_in_a_warning_and_a_quiet_one_say
     assert capsys.readouterr().err == ""
 
 
+@pytest.mark.validity
 def test_the_machine_rule_separates_the_quiet_and_the_loaded_vm():
     from specstudy.telemetry import busy_reasons
 

@@ -72,8 +72,8 @@ OVERSTATES = {
 
 def tiers_section(study: Study) -> Section | None:
     """Input-length tiers with the random-token control, and entropy tiers of the target's own entropy."""
-    raw, ent = tiers.tier_frame(study), tiers.entropy_tier_frame(study)
-    if raw.empty and ent.empty:
+    raw, (ent, ent_how) = tiers.tier_frame(study), tiers.entropy_tiers_shown(study)
+    if raw.empty and ent.empty and ent_how == "per task":
         return None
     sec = Section("Input-length and entropy tiers")
     parts = []
@@ -112,8 +112,12 @@ def tiers_section(study: Study) -> Section | None:
         sec.tables["entropy_tiers"] = (table, ent)
         parts += [
             "\nEntropy tiers: each task's prompts in thirds by the target's own mean per-token entropy over "
-            "its AR baseline's output (measured while decoding; engines that report it), low to high.\n",
+            "its AR baseline's output (measured while decoding; engines that report it), low to high"
+            + ("" if ent_how == "per task" else f"; {ent_how}")
+            + ".\n",
             markdown_table(table),
         ]
+    elif ent_how != "per task":
+        parts.append(f"\nEntropy tiers {ent_how}.\n")
     sec.markdown = "\n".join(parts)
     return sec

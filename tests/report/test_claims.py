@@ -344,3 +344,55 @@ def test_a_study_with_no_flag_says_so_and_leaves_nothing_out(lay):
     assert "No cell of 2 is flagged." in secs["Validity"].markdown
     hw = next(s for t, s in secs.items() if t.startswith("Hardware table"))
     assert not secs["Summary"].markdown.startswith("_") and "⚑" not in hw.markdown
+
+
+def _entropy_study(lay, tasks, prompts):
+    """AR and prompt lookup on ``prompts`` prompts of each task, the AR outputs' entropy rising by prompt."""
+    for task in tasks:
+        for method, cid in (("ar", f"{task}_ar"), ("ngram", f"{task}_spec")):
+            cell = Cell("s", "synthetic", "reference", method, task, "m", gamma=None if method == "ar" else 2, id=cid)
+            recs = [
+                cell.new_record(
+                    Request(f"{task}/{i}", ""),
+                    Sampling(max_new_tokens=8),
+                    output_tokens=8,
+                    first_token_s=0.05,
+                    end_s=(1.0 if method == "ar" else 0.8) * (1 + WOBBLE[i % len(WOBBLE)]),
+                    token_entropy=[0.1 * i] * 8,
+                    drafted_tokens=None if method == "ar" else 10,
+                    accepted_tokens=None if method == "ar" else 6,
+                    draft_steps=None if method == "ar" else 5,
+                    label="Prompt lookup" if method != "ar" else "AR",
+                    sweeps=["hardware"],
+                    baseline_cell_id=None if method == "ar" else f"{task}_ar",
+                )
+                for i in range(prompts)
+            ]
+            lay.write_part(cid, recs)
+    return load(lay.root)
+
+
+def test_entropy_tiers_too_small_per_task_are_pooled_over_tasks_or_left_out_with_one_line(lay, tmp_path):
+    from specstudy.analysis import tiers
+    from specstudy.report.workload import tiers_section
+
+    study = _entropy_study(lay, ["code", "chat", "qa"], 6)  # 2 prompts a tier per task, 6 over the 3 tasks
+    assert (tiers.entropy_tier_frame(study)["n_prompts"] < 5).all()
+    shown, how = tiers.entropy_tiers_shown(study)
+    assert how.startswith("pooled over each method's tasks") and set(shown["task"]) == {"all tasks"}
+    assert list(shown["n_prompts"]) == [6, 6, 6]
+    sec = tiers_section(study)
+    assert "pooled over each method's tasks" in sec.markdown and "n too small" not in sec.markdown
+
+    few = _entropy_study(StudyLayout(tmp_path / "few"), ["code"], 6)
+    shown, how = tiers.entropy_tiers_shown(few)
+    assert shown.empty and how.startswith("left out: every tier")
+    sec = tiers_section(few)
+    assert sec.tables == {} and sec.markdown.strip() == f"Entropy tiers {how}."
+
+
+def test_entropy_tiers_with_enough_prompts_per_task_stay_per_task(lay):
+    from specstudy.analysis import tiers
+
+    shown, how = tiers.entropy_tiers_shown(_entropy_study(lay, ["code", "chat"], 15))
+    assert how == "per task" and set(shown["task"]) == {"code", "chat"} and (shown["n_prompts"] == 5).all()

@@ -377,17 +377,20 @@ def report_head(study: Study) -> str:
     )
 
 
-def summary_section(study: Study, hw_raw: pd.DataFrame, left_out: dict[str, str] | None = None) -> Section:
+def summary_section(
+    study: Study, hw_raw: pd.DataFrame, whole: Study | None = None, whole_raw: pd.DataFrame | None = None
+) -> Section:
     """The opening summary, computed from the report's own tables (each sentence links to its table),
-    over unflagged cells; ``left_out`` (cell -> why) says what it does not read."""
+    over ``study``'s cells (the unflagged ones); ``whole`` (every cell) says what it leaves out and why."""
     head = ""
-    if left_out:
-        why = sorted({w for w in left_out.values()})
+    if whole is not None and whole.flags:
+        n = len(whole.flags)
+        why = sorted({part for w in whole.flags.values() for part in w.split("; ")})
         head = (
-            f"_{len(left_out)} flagged cell{'s' if len(left_out) > 1 else ''} left out of every line below "
+            f"_{n} flagged cell{'s' if n > 1 else ''} left out of every line below "
             f"({'; '.join(why)}): see [Validity](#validity)._\n\n"
         )
-    return Section("Summary", head + summary_markdown(study, hw_raw))
+    return Section("Summary", head + summary_markdown(study, hw_raw, whole, whole_raw))
 
 
 #: checks the kit cannot run from what a cell records, each with why
@@ -491,7 +494,8 @@ def report_sections(study: Study) -> list[Section]:
     """Every section of the report, in order."""
     hardware = tables.hardware_table(study)
     clean = vouched(study) if study.flags else study
-    summary = summary_section(clean, tables.hardware_table(clean)[1] if study.flags else hardware[1], study.flags)
+    clean_raw = tables.hardware_table(clean)[1] if study.flags else hardware[1]
+    summary = summary_section(clean, clean_raw, study, hardware[1])
     secs = [validity_section(study), summary, hardware_section(study, hardware), frameworks_section(study)]
     secs += [method_family_section(study, fam) for fam in tables.families_in(study)]
     costs = engine_costs_section(study)

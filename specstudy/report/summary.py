@@ -177,9 +177,18 @@ def caveats(study: Study, hw_raw: pd.DataFrame) -> list[str]:
     return lines
 
 
-def summary_markdown(study: Study, hw_raw: pd.DataFrame) -> str:
-    best = best_per_framework(hw_raw) or ["- no speculative cell measured"]
-    loses = where_it_loses(study, hw_raw) or ["- no row of this study tests the seed's FAQ Q4 cases"]
+def summary_markdown(
+    study: Study, hw_raw: pd.DataFrame, whole: Study | None = None, whole_raw: pd.DataFrame | None = None
+) -> str:
+    """The summary from ``study`` (the unflagged cells); the caveats describe ``whole`` (every cell),
+    and a study whose speculative cells are all flagged says so instead of naming none."""
+    left = bool(whole is not None and whole.flags)
+    none = "- every speculative row is flagged (see Validity): no best method is named" if left else ""
+    best = best_per_framework(hw_raw) or [none or "- no speculative cell measured"]
+    loses = where_it_loses(study, hw_raw) or [
+        none.replace("no best method is named", "no FAQ Q4 case is decided")
+        or "- no row of this study tests the seed's FAQ Q4 cases"
+    ]
     div = divergences(study)
     parts = [
         "**Best method per framework**\n",
@@ -188,6 +197,6 @@ def summary_markdown(study: Study, hw_raw: pd.DataFrame) -> str:
         *loses,
         *(["\n**Greedy outputs against their AR baseline**\n", *div] if div else []),
         "\n**Caveats**\n",
-        *caveats(study, hw_raw),
+        *caveats(whole or study, hw_raw if whole_raw is None else whole_raw),
     ]
     return "\n".join(parts) + "\n"

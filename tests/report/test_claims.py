@@ -396,3 +396,17 @@ def test_entropy_tiers_with_enough_prompts_per_task_stay_per_task(lay):
 
     shown, how = tiers.entropy_tiers_shown(_entropy_study(lay, ["code", "chat"], 15))
     assert how == "per task" and set(shown["task"]) == {"code", "chat"} and (shown["n_prompts"] == 5).all()
+
+
+@pytest.mark.validity
+def test_a_study_whose_every_row_is_flagged_names_no_best_method_and_keeps_its_caveats(lay):
+    _pair(lay, "busy", "Prompt lookup", 8, 9.33)
+    recs = lay.read_part("busy_ar")
+    for r in recs:
+        r.extra.update(tel_cpu_cores=2, tel_load_1m_mean=4.1)
+    lay.write_part("busy_ar", recs)
+    secs = {s.title: s for s in sections.report_sections(load(lay.root))}
+    summ = secs["Summary"].markdown
+    assert "- every speculative row is flagged (see Validity): no best method is named" in summ
+    assert "no FAQ Q4 case is decided" in summ and "9.3" not in summ.split("**Caveats**")[0]
+    assert "- Sampling: greedy, identical" in summ and "n: 8–8 distinct paired prompts" in summ

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..analysis import validity
-from ..backends.base import BackendUnavailable
+from ..backends.base import BackendUnavailable, ServingBackend
 from ..backends.lifecycle import ServerStartError
 from ..backends.server import ServerDied
 from ..config import StudyConfig, display_path, hardware_names, load_hardware_profile, load_task_config
@@ -88,6 +88,8 @@ class _RunState:
     prompts: dict[tuple[Any, ...], list[Request]] = field(default_factory=dict)
     baselines: dict[str, list[RequestRecord]] = field(default_factory=dict)
     failed_engines: dict[tuple[Any, ...], str] = field(default_factory=dict)
+    #: the targets' tokenizers for the prompt checks of server cells (None: not on this machine)
+    tokenizers: dict[str, Any] = field(default_factory=dict)
     #: engine configurations that failed to start (a server launch, vLLM's engine build), by
     #: :meth:`CellPlan.engine_config_key`: their later cells fail at once instead of starting again
     failed_starts: dict[tuple[Any, ...], str] = field(default_factory=dict)
@@ -316,6 +318,19 @@ def _measure(
     return records, tel, time.perf_counter() - t0
 
 
+def _checks_tokenizer(state: _RunState, backend: Any, target: str) -> Any:
+    """For a server's cells (its tokenizer lives in the server), the target's tokenizer where it is
+    on this machine already, for the prompt checks only (None when it is not: those checks are skipped)."""
+    if not isinstance(backend, ServingBackend):
+        return None
+    if target not in state.tokenizers:
+        try:
+            state.tokenizers[target] = tokenizer_if_here(target)
+        except Exception:  # not here, or not a name a tokenizer loads from: the checks need it, the cell does not
+            state.tokenizers[target] = None
+    return state.tokenizers[target]
+
+
 def _stamp_checks(records: list[RequestRecord], requests: list[Request], tokenizer: Any, plan: CellPlan) -> None:
     """What only the runner can see, on each record: the prompt checks (:func:`validity.prompt_checks`)
     and, with ``ignore_eos``, where the request would have stopped (its first EOS among the output ids)."""
@@ -362,6 +377,7 @@ def _run_one(
             if baseline is None and layout.is_done(plan.baseline_cell_id):
                 baseline = layout.read_part(plan.baseline_cell_id)
         tokenizer = getattr(backend, "tokenizer", None)
+        checks_tokenizer = tokenizer or _checks_tokenizer(state, backend, plan.target)
 
         def measure(warm: list[Request]) -> tuple[list[RequestRecord], Any, float]:
             try:
@@ -386,7 +402,7 @@ def _run_one(
             wu.tokens if wu.requests else 0,
             engine_warmed_itself=wu.engine_warmed_itself,
         )
-        _stamp_checks(records, requests, tokenizer, plan)
+        _stamp_checks(records, requests, checks_tokenizer, plan)
         for r in records:
             r.extra.update(wu.note())
         if tel.samples:

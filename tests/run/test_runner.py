@@ -555,3 +555,29 @@ def test_the_machine_rule_separates_the_quiet_and_the_loaded_vm():
     assert busy_reasons(3.4, 2, 2, during=True)  # one busy loop per core beside it
     assert busy_reasons(0.3, 2, 2, during=False) == [] and busy_reasons(2.0, 2, 2, during=False)
     assert busy_reasons(2.0, 16, 1, during=False) == []  # a GPU box: the client needs one core
+
+
+def test_the_runner_stamps_where_an_ignore_eos_request_would_have_stopped_and_the_prompt_checks(tiny):
+    from specstudy.records import Cell, Request
+    from specstudy.run.study import _stamp_checks
+
+    class Tok:
+        bos_token_id, eos_token_id, chat_template = 1, 2, None
+
+        def __call__(self, text):
+            return {"input_ids": [1, 1, 7, 8]}
+
+        def __len__(self):
+            return 100
+
+    _, plans = tiny
+    plan = plans[0]
+    assert plan.sampling.ignore_eos
+    cell = Cell("s", "cpu", "reference", "ar", "code", "m", id="c")
+    past, clean = (
+        cell.new_record(Request(pid, "p"), plan.sampling, output_ids=ids, output_tokens=len(ids))
+        for pid, ids in (("a", [5, 2, 6, 7]), ("b", [5, 6, 7, 2]))
+    )
+    _stamp_checks([past, clean], [Request("a", "p"), Request("b", "p")], Tok(), plan)
+    assert past.extra["past_eos_at"] == 2 and clean.extra["past_eos_at"] is None  # an EOS last is a natural stop
+    assert past.extra["double_bos"] is True and past.extra["chat_template_unused"] is False

@@ -410,3 +410,17 @@ def test_a_study_whose_every_row_is_flagged_names_no_best_method_and_keeps_its_c
     assert "- every speculative row is flagged (see Validity): no best method is named" in summ
     assert "no FAQ Q4 case is decided" in summ and "9.3" not in summ.split("**Caveats**")[0]
     assert "- Sampling: greedy, identical" in summ and "n: 8–8 distinct paired prompts" in summ
+
+
+@pytest.mark.validity
+def test_strata_tables_mark_the_rows_that_pool_a_flagged_cell(lay):
+    from specstudy.analysis import tiers
+
+    _entropy_study(lay, ["code", "chat"], 15)
+    recs = lay.read_part("chat_ar")
+    for r in recs:
+        r.extra.update(tel_cpu_cores=2, tel_load_1m_mean=4.1)
+    lay.write_part("chat_ar", recs)
+    table = tiers.entropy_tier_table(tiers.entropy_tiers_shown(load(lay.root))[0])
+    marked = dict(zip(table["Task"] + " " + table["Entropy tier (AR output terciles)"], table["Method"]))
+    assert marked["chat low"] == "Prompt lookup γ=2 ⚑" and marked["code low"] == "Prompt lookup γ=2"

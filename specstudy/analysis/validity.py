@@ -287,8 +287,9 @@ def _counter_findings(records: Sequence[RequestRecord]) -> list[Finding]:
 
 
 def prefix_cache_reuse(records_by_cell: Mapping[str, Sequence[RequestRecord]]) -> list[Finding]:
-    """Cells with the prefix cache on whose prompts an earlier cell on the same engine sent already:
-    their prefill is a cache hit the paired cell did not get."""
+    """Cells with the prefix cache on whose prompts an earlier cell on the same engine instance (the
+    runner's ``engine_instance``: a restarted server's cache is cold; parts without it: the same
+    framework and model) sent already: their prefill is a cache hit the paired cell did not get."""
     sent: dict[tuple[Any, ...], float] = {}
     order = sorted(
         (r.start_epoch, cid, r)
@@ -298,7 +299,7 @@ def prefix_cache_reuse(records_by_cell: Mapping[str, Sequence[RequestRecord]]) -
     )
     hits: dict[str, list[str]] = {}
     for t, cid, r in order:
-        key = (r.framework, r.model, r.task, r.prompt_id, r.turn)
+        key = (r.extra.get("engine_instance") or r.framework, r.model, r.task, r.prompt_id, r.turn)
         if key in sent and sent[key] < t and key[3] not in hits.get(cid, []):
             hits.setdefault(cid, []).append(r.prompt_id)
         sent.setdefault(key, t)

@@ -13,6 +13,7 @@ any engine loads, so a bad task file fails the run at once, listing every proble
 
 from __future__ import annotations
 
+import os
 import time
 import traceback
 import weakref
@@ -318,6 +319,14 @@ def _measure(
     return records, tel, time.perf_counter() - t0
 
 
+def _engine_instance(backend: Any) -> str:
+    """Which engine process served the cell (this run, the loaded backend, its server process):
+    a prompt is only in a prefix cache that the same instance filled."""
+    server = getattr(backend, "server", None)
+    proc = getattr(server, "proc", None)
+    return f"{os.getpid()}:{id(backend)}:{getattr(proc, 'pid', '-')}"
+
+
 def _checks_tokenizer(state: _RunState, backend: Any, target: str) -> Any:
     """For a server's cells (its tokenizer lives in the server), the target's tokenizer where it is
     on this machine already, for the prompt checks only (None when it is not: those checks are skipped)."""
@@ -404,7 +413,7 @@ def _run_one(
         )
         _stamp_checks(records, requests, checks_tokenizer, plan)
         for r in records:
-            r.extra.update(wu.note())
+            r.extra.update(wu.note(), engine_instance=_engine_instance(backend))
         if tel.samples:
             layout.write_telemetry(plan.cell_id, tel.samples)
         layout.write_part(plan.cell_id, records)  # the commit point of the cell

@@ -150,6 +150,11 @@ def test_a_prompt_cached_by_an_earlier_cell_is_caught_and_distinct_prompts_pass(
     assert V.prefix_cache_reuse({"ar": first, "ng": second}) == []
     second[0].prompt_id, second[0].prefix_cache = "p0", False  # a cache that is off caches nothing
     assert V.prefix_cache_reuse({"ar": first, "ng": second}) == []
+    second[0].prefix_cache = True
+    first[0].extra["engine_instance"], second[0].extra["engine_instance"] = "1:a:100", "1:a:101"  # a restarted server
+    assert V.prefix_cache_reuse({"ar": first, "ng": second}) == []
+    second[0].extra["engine_instance"] = "1:a:100"  # the same server process
+    assert len(V.prefix_cache_reuse({"ar": first, "ng": second})) == 1
 
 
 def test_copy_share_reads_an_output_that_restates_its_prompt():

@@ -181,6 +181,7 @@ def test_a_cell_with_a_stalled_request_runs_once_more_and_a_clean_rerun_replaces
     assert res[0].status == "done" and "1 stalled request(s), rerun once: clean" in res[0].line(1, 1)
     recs = read_records(tmp_path)
     assert all(r.extra["attempt"] == 2 and r.extra["first_attempt_stalls"] for r in recs)
+    assert all(r.extra["warmed_by"] == victim and r.extra["engine_instance"].count(":") == 2 for r in recs)
     assert validity.stalls(recs) == []
     first = StudyLayout(tmp_path).stalled_path(victim)
     assert first.exists() and validity.stalls(read_part(first))  # the stalled attempt, kept beside

@@ -246,8 +246,19 @@ def workload_findings(records: Sequence[RequestRecord]) -> list[Finding]:
                 "no chat template", cid, f"{k} of {n} prompts sent as plain text to a model with a chat template", False
             )
         )
-    out += _eos_findings(records) + _counter_findings(records)
+    out += _eos_findings(records) + _counter_findings(records) + _idle_findings(records)
     return out
+
+
+def _idle_findings(records: Sequence[RequestRecord]) -> list[Finding]:
+    """A server that was running or holding back requests when the cell's run began (its own gauges)."""
+    for r in records:
+        q = (r.extra or {}).get("server_at_start") or {}
+        busy = {k: v for k, v in q.items() if v}
+        if busy:
+            what = ", ".join(f"{v:g} {k}" for k, v in sorted(busy.items()))
+            return [Finding("server not idle", r.cell_id, f"the server had {what} when the cell began", True)]
+    return []
 
 
 def _eos_findings(records: Sequence[RequestRecord]) -> list[Finding]:

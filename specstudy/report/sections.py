@@ -395,8 +395,9 @@ def summary_section(
 
 #: checks the kit cannot run from what a cell records, each with why
 NOT_CHECKED = (
-    "a server not idle when a cell began: the kit starts its own servers and sends nothing between cells, but it "
-    "reads no engine's running-request count before a cell, so a server someone else shares is not checked",
+    "a server's idleness at a cell's start where the engine exports no running/waiting gauges (the in-process "
+    "engines have no queue; llama.cpp and vLLM servers are read from their /metrics)",
+    "engines whose tokenizer is not on this machine skip the random-token, BOS, chat-template and EOS checks",
 )
 
 
@@ -412,7 +413,7 @@ def validity_section(study: Study) -> Section:
         "cell's median (a stall; the cell is rerun once and stays flagged if it recurs); a machine busy during the "
         "cell (load above its cores, CPU steal, a clock drop, another GPU process); random-token prompts outside "
         "the random control and a doubled BOS (where the engine's tokenizer is at hand); counters that went "
-        "backwards; prompts already in the prefix cache "
+        "backwards; a server not idle when the cell began; prompts already in the prefix cache "
         "from an earlier cell. Every configuration an engine had not served got an untimed warm-up request first "
         "(each part records which). "
         + (

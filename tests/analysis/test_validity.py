@@ -182,3 +182,22 @@ def test_prompt_checks_see_a_doubled_bos_and_an_unused_chat_template():
     assert doubled["double_bos"] and doubled["chat_template_unused"]
     clean = V.prompt_checks(Request("p", "hello", messages=(("user", "hello"),)), rec, Tok())
     assert not clean["double_bos"] and not clean["chat_template_unused"]
+
+
+def test_a_server_busy_when_the_cell_began_is_flagged_and_an_idle_one_passes():
+    from specstudy.backends.llamacpp.backend import LlamaCppBackend
+    from specstudy.backends.prometheus import parse_prometheus
+
+    b = LlamaCppBackend("m")
+    text = "llamacpp:requests_processing {}\nllamacpp:requests_deferred {}\n"
+    busy = b.queue_at_start(parse_prometheus(text.format(1, 2)))
+    idle = b.queue_at_start(parse_prometheus(text.format(0, 0)))
+    assert busy == {"running": 1.0, "waiting": 2.0} and idle == {"running": 0.0, "waiting": 0.0}
+    assert b.queue_at_start(None) is None
+    (f,) = V.workload_findings([_rec("a", 0.01, server_at_start=busy)])
+    assert (
+        f.check == "server not idle"
+        and f.flags
+        and f.finding == "the server had 1 running, 2 waiting when the cell began"
+    )
+    assert V.workload_findings([_rec("a", 0.01, server_at_start=idle)]) == []

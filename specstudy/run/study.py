@@ -319,6 +319,30 @@ def _measure(
     return records, tel, time.perf_counter() - t0
 
 
+def _rerun_stalls(
+    measure: Callable[[list[Request]], tuple[list[RequestRecord], Any, float]],
+    wu: Warmup,
+    layout: StudyLayout,
+    plan: CellPlan,
+    requests: list[Request],
+) -> tuple[tuple[list[RequestRecord], Any, float], str]:
+    """The cell measured, and once more when requests stalled (the same prompts, a new part; the
+    first attempt kept in ``stalled/``); with the progress line's note.  A conversation is not rerun:
+    its turns take their history from the baseline's run."""
+    run = measure(wu.requests)
+    first = validity.stalls(run[0])
+    if not first or any(is_conversation(r) for r in requests):
+        return run, ""
+    layout.write_stalled(plan.cell_id, run[0])  # kept beside, read by no table
+    run = measure(wu.requests[:1])
+    for r in run[0]:
+        r.extra.update(attempt=2, first_attempt_stalls=[f.finding for f in first])
+    again = validity.stalls(run[0])
+    return run, f"{len(first)} stalled request(s), rerun once: " + (
+        f"{len(again)} stalled again, cell flagged" if again else "clean"
+    )
+
+
 def _engine_instance(backend: Any) -> str:
     """Which engine process served the cell (this run, the loaded backend, its server process):
     a prompt is only in a prefix cache that the same instance filled."""
@@ -395,13 +419,7 @@ def _run_one(
                 state.failed_starts[start_key] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
                 raise
 
-        records, tel, wall = measure(wu.requests)
-        first = validity.stalls(records)
-        if first and not any(is_conversation(r) for r in requests):
-            layout.write_stalled(plan.cell_id, records)  # kept beside, read by no table
-            records, tel, wall = measure(wu.requests[:1])  # the same prompts again: a new part
-            for r in records:
-                r.extra.update(attempt=2, first_attempt_stalls=[f.finding for f in first])
+        (records, tel, wall), note = _rerun_stalls(measure, wu, layout, plan, requests)
         summary = tel.summary()
         annotate(
             records,
@@ -420,11 +438,7 @@ def _run_one(
         if not plan.baseline_cell_id:
             state.baselines[plan.cell_id] = records
         res = summarize(plan, records, wall, baseline, summary)
-        again = validity.stalls(records)
-        if first:
-            res.note = f"{len(first)} stalled request(s), rerun once: " + (
-                f"{len(again)} stalled again, cell flagged" if again else "clean"
-            )
+        res.note = note
         return res
     except KeyboardInterrupt:
         raise

@@ -52,13 +52,17 @@ def verdict(rows: dict[str, Pooled]) -> str:
 def acceptance_across_engines(study: Study) -> tuple[pd.DataFrame, pd.DataFrame]:
     """One row per (group, framework): α, AL, greedy exact match and the group's verdict."""
     rows, raw = [], []
+    flags = getattr(study, "flags", None) or {}
     for (label, drafter, gamma, task, sampling), by_fw in groups(study).items():
         pooled_by = {fw: pooled(study, cids) for fw, cids in sorted(by_fw.items())}
-        said = verdict(pooled_by)
+        clean = {fw: [c for c in cids if c not in flags] for fw, cids in by_fw.items()}
+        # the verdict from unflagged cells only; an engine whose every cell is flagged is left out of it
+        kept = {fw: pooled(study, cids) for fw, cids in sorted(clean.items()) if cids}
+        said = verdict(kept) if len(kept) > 1 else "not compared: flagged cells left out (see Validity)"
         for fw, p in pooled_by.items():
             rows.append(
                 {
-                    "Method": label,
+                    "Method": label + (" ⚑" if len(clean[fw]) < len(by_fw[fw]) else ""),
                     "Drafter": drafter or "—",
                     "γ": gamma,
                     "Task": task,

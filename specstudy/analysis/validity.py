@@ -43,6 +43,8 @@ COPY_SHARE_HIGH = 0.5
 RANDOM_ID_SHARE = 0.2
 #: fewest prompt tokens whose median id means anything
 RANDOM_MIN_TOKENS = 16
+#: smallest vocabulary read this way: a byte-level or toy vocabulary is not in frequency order
+RANDOM_MIN_VOCAB = 1000
 
 
 @dataclass(frozen=True)
@@ -177,8 +179,9 @@ def copy_share(prompt: str, output: str, n: int = COPY_NGRAM) -> float | None:
 
 
 def random_id_share(ids: Sequence[int], vocab: int) -> float | None:
-    """The prompt's median token id over the vocabulary size (None for a short prompt)."""
-    if len(ids) < RANDOM_MIN_TOKENS or vocab <= 0:
+    """The prompt's median token id over the vocabulary size (None for a short prompt or a vocabulary
+    too small to be in frequency order)."""
+    if len(ids) < RANDOM_MIN_TOKENS or vocab < RANDOM_MIN_VOCAB:
         return None
     return float(statistics.median(ids)) / vocab
 

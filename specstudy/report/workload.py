@@ -8,7 +8,7 @@ import pandas as pd
 
 from ..analysis import claims, rates, tiers, turns
 from ..analysis.format import fmt
-from ..analysis.study import Study
+from ..analysis.study import Study, vouched
 from .section import Section, markdown_table
 
 
@@ -79,7 +79,8 @@ def tiers_section(study: Study) -> Section | None:
     parts = []
     if not raw.empty:
         table = tiers.tier_table(raw)
-        over = tiers.random_overstatement(raw)
+        # the verdicts from unflagged cells only (the table above marks the flagged rows)
+        over = tiers.random_overstatement(tiers.tier_frame(vouched(study)) if study.flags else raw)
         sec.tables["input_length_tiers"] = (table, raw)
         parts += [
             "Prompts of exactly the tier's length in the target's tokens, built from the task's own texts "

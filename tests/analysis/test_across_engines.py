@@ -81,3 +81,20 @@ def test_engines_that_agree_are_said_to(tmp_path):
         _cell(lay, fw, "eagle3", base=base, gamma=4, label="EAGLE-3")
     table, _ = acceptance_across_engines(load(lay.root))
     assert set(table["Across engines"]) == {AGREE}
+
+
+@pytest.mark.validity
+def test_a_flagged_engine_is_marked_and_left_out_of_the_across_engines_verdict(tmp_path):
+    """vllm-server's acceptance differs (disjoint intervals), but its baseline ran on a busy machine:
+    its row is marked and the verdict compares the two engines left."""
+    lay = StudyLayout(tmp_path / "flagged")
+    for fw, acc in (("reference", (6, 7)), ("vllm", (6, 8)), ("vllm-server", (18, 19))):
+        base = _cell(lay, fw, "ar")
+        _cell(lay, fw, "eagle3", base=base, gamma=4, accepted=acc, label="EAGLE-3")
+    recs = lay.read_part("vllm-server_ar_None_1")
+    for r in recs:
+        r.extra.update(tel_cpu_cores=2, tel_load_1m_mean=4.1)
+    lay.write_part("vllm-server_ar_None_1", recs)
+    table, _ = acceptance_across_engines(load(lay.root))
+    assert list(table["Method"]) == ["EAGLE-3", "EAGLE-3", "EAGLE-3 ⚑"]
+    assert set(table["Across engines"]) == {AGREE}  # reference and vllm overlap

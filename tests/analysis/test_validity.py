@@ -117,6 +117,7 @@ def test_random_token_prompts_are_caught_outside_the_random_control_only():
     assert V.random_id_share([rng.randrange(50_000) for _ in range(64)], 50_000) > V.RANDOM_ID_SHARE
     assert V.random_id_share([rng.randrange(900) for _ in range(64)], 50_000) < V.RANDOM_ID_SHARE  # text: low ids
     assert V.random_id_share([40_000] * 8, 50_000) is None  # too short to tell
+    assert V.random_id_share([rng.randrange(93) for _ in range(64)], 93) is None  # a byte vocabulary: no order
     rnd = _rec("r", 0.01, prompt_id_share=0.5)
     (f,) = V.workload_findings([rnd, _rec("t", 0.01, prompt_id_share=0.02)])
     assert f.check == "random-token prompts" and f.requests == ("r",)

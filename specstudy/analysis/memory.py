@@ -1,15 +1,13 @@
 """Peak-memory overhead of each speculative method over its paired baseline (FAQ Q4 (4)), read
-against what the measurement resolves: the memory table and its sentences."""
+against what the measurement resolves (:class:`MemoryReading`); the report words it."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
-
-import pandas as pd
 
 from ..drafter_names import SELF
 from . import claims
-from .format import fmt
 from .stats import isnum, pooled
 from .study import Study
 
@@ -84,8 +82,26 @@ def _expects_memory(family: str, drafter: str | None) -> bool:
     return family in ("draft_target", "heads") or own
 
 
-def memory_groups(study: Study) -> list[dict[str, Any]]:
-    """Per (framework, method label): the largest overhead over its cells, the noise it is read against, the reading."""
+@dataclass(frozen=True)
+class MemoryReading:
+    """One method's (framework, label) peak-memory overhead: the largest over its cells, read against the
+    noise of its source, with the verdict of :func:`~.claims.resolved` (the seed expects it positive)."""
+
+    framework: str
+    label: str
+    overhead: float  # bytes, speculative peak minus its baseline's
+    noise: float  # bytes the measurement cannot resolve
+    source: str
+    cells: int
+    expects: bool  # the seed expects the method to cost memory (a draft model or heads of its own)
+
+    @property
+    def verdict(self) -> str:
+        return claims.memory_verdict(self.overhead, self.noise)  # decided at the 0.1 MB shown
+
+
+def memory_groups(study: Study) -> list[MemoryReading]:
+    """Per (framework, method label): the largest overhead over its cells and the noise it is read against."""
     rows = _memory_cells(study)
     out = []
     for fw, label in sorted({(r["framework"], r["label"]) for r in rows}):
@@ -93,56 +109,6 @@ def memory_groups(study: Study) -> list[dict[str, Any]]:
         top = max(g, key=lambda r: r["overhead"])
         noise = max(r["noise"] for r in g)
         src = ", ".join(sorted({r["source"] for r in g}))
-        out.append(
-            {
-                "framework": fw,
-                "label": label,
-                "overhead": top["overhead"],
-                "noise": noise,
-                "source": src,
-                "cells": len(g),
-                "expects": _expects_memory(top["family"], top["drafter"]),
-                "reading": claims.memory_text(top["overhead"], noise, src),
-            }
-        )
-    return out
-
-
-def memory_overhead(study: Study) -> tuple[pd.DataFrame, list[str]]:
-    """Largest measured peak-memory overhead per method, read against the measurement's noise, and the sources."""
-    groups = memory_groups(study)
-    if not groups:
-        return pd.DataFrame(), []
-    md = pd.DataFrame(
-        [
-            {
-                "Method": g["label"],
-                "Framework": g["framework"],
-                "Memory overhead (measured, largest over cells)": g["reading"],
-                "noise (MB)": fmt(g["noise"] / 1e6, 1),
-                "cells": g["cells"],
-            }
-            for g in groups
-        ]
-    )
-    src = sorted({r.memory_source for r in study.all_records() if r.memory_source})
-    return md, src
-
-
-def memory_claims(study: Study) -> list[str]:
-    """FAQ Q4 (4) per method: a draft model (or heads) should cost memory; n-grams and own layers should not."""
-    out = []
-    for g in memory_groups(study):
-        v = claims.memory_verdict(g["overhead"], g["noise"])
-        head = f"{g['label']} ({g['framework']}): {g['reading']}"
-        if g["expects"]:
-            out.append(
-                f"{head}; the seed expects a draft model or heads to cost memory: {claims.memory_phrase(v, g['noise'])}"
-            )
-        elif v == claims.CANNOT_TELL:
-            out.append(f"{head}, as the seed expects of a method without a draft model (within the noise)")
-        elif v == claims.OBSERVED:
-            out.append(f"{head}: more than the seed expects of a method without a draft model")
-        else:
-            out.append(head)
+        expects = _expects_memory(top["family"], top["drafter"])
+        out.append(MemoryReading(fw, label, top["overhead"], noise, src, len(g), expects))
     return out

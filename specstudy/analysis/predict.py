@@ -20,9 +20,9 @@ from .. import costmodel
 from ..config.vocab import cost_dtype
 from ..costmodel import HardwareProfile
 from .drafts import draft_cap, model_note, optimal_measured, pooled_drafts, search_cap
+from .rows import headline_max_new
 from .stats import isnum, predicted_for
 from .study import Study
-from .tables import headline_max_new
 
 
 def _groups(study: Study, pool_tasks: bool) -> dict[tuple[Any, ...], dict[int, list[str]]]:

@@ -448,24 +448,6 @@ def break_even_alpha(c: float, verify_ratio: float) -> float:
     return hi
 
 
-def break_even_notes(multi: Any) -> list[str]:
-    """Per (label, γ) of a frame with several batch sizes: where the measured speedup falls below 1×."""
-    notes = []
-    for (label, gamma), g in multi.groupby(["label", "gamma"]):
-        g = g.sort_values("batch_size")
-        be = break_even(g["batch_size"].tolist(), g["speedup"].tolist())
-        first = g["speedup"].iloc[0]
-        if be is not None and isnum(first) and first < 1.0:
-            notes.append(
-                f"{label} γ={gamma}: below 1× already at batch {g['batch_size'].iloc[0]} (no break-even to mark)"
-            )
-        elif be is not None:
-            notes.append(f"{label} γ={gamma}: speedup falls below 1× at batch ≈ {be:.1f} (measured, interpolated)")
-        else:
-            notes.append(f"{label} γ={gamma}: no break-even within the measured batch sizes")
-    return notes
-
-
 def entropy_correlation(points: Any) -> float | None:
     """Pearson r of α with entropy over requests; None when fewer than 3 points or constant entropy."""
     if len(points) > 2 and points["entropy"].nunique() > 1:

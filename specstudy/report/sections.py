@@ -8,25 +8,16 @@ and figures under those names and renders the markdown.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pandas as pd
 
-from ..analysis import (
-    across_engines,
-    conditions,
-    engine_costs,
-    fails,
-    figures,
-    frames,
-    memory,
-    rates,
-    stats,
-    tables,
-    trees,
-    validity,
-)
+from ..analysis import engine_costs, faq, frames, rates, stats, trees, validity
 from ..analysis.format import FAMILY_TITLES, TASK_TITLES, fmt, fmt_ci
+from ..analysis.rows import HardwareRow, hardware_rows, headline_max_new
 from ..analysis.study import Study, vouched
 from ..metrics import MIN_PROMPTS_FOR_CI
+from . import across_engines, conditions, fails, figures, tables, wording
 from .section import Section, markdown_table
 from .summary import summary_markdown
 from .workload import workload_sections
@@ -70,7 +61,7 @@ def hardware_section(study: Study, hardware: tuple[pd.DataFrame, pd.DataFrame] |
     sec.tables["hardware_metrics"] = (metrics_table, None)
     notes = conditions.drafter_notes(study)
     sec.markdown = (
-        f"Measured on this machine, batch 1, max_new_tokens={tables.headline_max_new(study)}, pooled over the "
+        f"Measured on this machine, batch 1, max_new_tokens={headline_max_new(study)}, pooled over the "
         "`hardware` sweep's tasks. α = accepted/drafted; AL = 1 + accepted / draft steps (the tokens one verification "
         "step yields, bonus token included: the seed's expected accepted length, vLLM's mean acceptance length); "
         "tokens/s = Σ output tokens / Σ end-to-end time; speedup = paired AR latency / speculative latency on the same "
@@ -147,7 +138,7 @@ def method_family_section(study: Study, family: str) -> Section:
     multi = raw.groupby(["label", "gamma"]).filter(lambda g: g["batch_size"].nunique() > 1)
     if len(multi):
         sec.figures[f"method_{family}_batch"] = figures.speedup_vs_batch(multi)
-        sec.markdown += "\nBreak-even batch: " + "; ".join(stats.break_even_notes(multi)) + ".\n"
+        sec.markdown += "\nBreak-even batch: " + "; ".join(wording.break_even_notes(multi)) + ".\n"
     sweep = tables.batch_sweep_frame(study, family)
     if len(sweep):
         sec.figures[f"method_{family}_pareto"] = figures.batch_pareto(sweep)
@@ -219,7 +210,7 @@ def _fails_batch(study: Study, sec: Section) -> list[str]:
 
 def _fails_alpha(study: Study, sec: Section) -> list[str]:
     parts = ["\n### (2) Low acceptance (α < 0.4)\n"]
-    pc = fails.per_cell_acceptance(study)
+    pc = faq.per_cell_acceptance(study)
     if not len(pc):
         return parts + ["_no speculative cell with both α and a paired baseline_\n"]
     df = fails.low_alpha(study, pc)
@@ -250,7 +241,7 @@ def _fails_short_and_memory(study: Study, sec: Section) -> list[str]:
     else:
         parts.append("_no short-output cells in this study (add a sweep with max_new_tokens ≤ 10)_\n")
     parts.append("\n### (4) Memory pressure: the seed expects a draft model to cost memory the target may need\n")
-    md, src = memory.memory_overhead(study)
+    md, src = fails.memory_overhead(study)
     if len(md):
         sec.tables["fails_memory"] = (md, None)
         parts.append(
@@ -259,7 +250,7 @@ def _fails_short_and_memory(study: Study, sec: Section) -> list[str]:
             "for process memory (RSS, NVML), and the largest negative difference measured with the same source "
             "(speculation adds state, so a cell peaking below its baseline shows the noise).\n\n"
             + markdown_table(md)
-            + fails.claims_markdown(memory.memory_claims(study))
+            + fails.claims_markdown(fails.memory_claims(study))
         )
     else:
         parts.append("_the backend reported no peak memory_\n")
@@ -378,7 +369,10 @@ def report_head(study: Study) -> str:
 
 
 def summary_section(
-    study: Study, hw_raw: pd.DataFrame, whole: Study | None = None, whole_raw: pd.DataFrame | None = None
+    study: Study,
+    hw_rows: Sequence[HardwareRow],
+    whole: Study | None = None,
+    whole_rows: Sequence[HardwareRow] | None = None,
 ) -> Section:
     """The opening summary, computed from the report's own tables (each sentence links to its table),
     over ``study``'s cells (the unflagged ones); ``whole`` (every cell) says what it leaves out and why."""
@@ -390,7 +384,7 @@ def summary_section(
             f"_{n} flagged cell{'s' if n > 1 else ''} left out of every line below "
             f"({'; '.join(why)}): see [Validity](#validity)._\n\n"
         )
-    return Section("Summary", head + summary_markdown(study, hw_raw, whole, whole_raw))
+    return Section("Summary", head + summary_markdown(study, hw_rows, whole, whole_rows))
 
 
 #: checks the kit cannot run from what a cell records, each with why
@@ -493,10 +487,10 @@ def engine_costs_section(study: Study) -> Section | None:
 
 def report_sections(study: Study) -> list[Section]:
     """Every section of the report, in order."""
-    hardware = tables.hardware_table(study)
+    hw_rows = hardware_rows(study)
+    hardware = tables.hardware_table(study, rows=hw_rows)
     clean = vouched(study) if study.flags else study
-    clean_raw = tables.hardware_table(clean)[1] if study.flags else hardware[1]
-    summary = summary_section(clean, clean_raw, study, hardware[1])
+    summary = summary_section(clean, hardware_rows(clean) if study.flags else hw_rows, study, hw_rows)
     secs = [validity_section(study), summary, hardware_section(study, hardware), frameworks_section(study)]
     secs += [method_family_section(study, fam) for fam in tables.families_in(study)]
     costs = engine_costs_section(study)

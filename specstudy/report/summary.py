@@ -9,79 +9,85 @@ cannot tell, n too small), so the summary changes when the records do and never 
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from typing import Any
 
-import pandas as pd
-
 from .. import metrics
-from ..analysis import claims, fails, memory, stats
+from ..analysis import claims, faq, stats
 from ..analysis.claims import Estimate
 from ..analysis.format import fmt
+from ..analysis.rows import HardwareRow
 from ..analysis.stats import isnum
 from ..analysis.study import Study
 from ..metrics import MIN_PROMPTS_FOR_CI
+from . import fails, wording
+from .wording import estimate_text
 
 
 def _link(name: str) -> str:
     return f"[{name}](tables/{name}.md)"
 
 
-def _row_name(r: Any) -> str:
-    g = r["gamma"]
-    return f"{r['label']} (γ={g})" if g else str(r["label"])
+def _row_name(r: HardwareRow) -> str:
+    return f"{r.label} (γ={r.gamma})" if r.gamma else str(r.label)
 
 
-def _sampling_order(samplings: Any) -> list[str]:
+def _sampling_order(samplings: Iterable[str]) -> list[str]:
     """Greedy first: the row a lossless method's speed is usually quoted at."""
     return sorted(set(samplings), key=lambda s: (s != "greedy", s))
 
 
-def best_per_framework(hw_raw: pd.DataFrame) -> list[str]:
+def _speculative(rows: Sequence[HardwareRow]) -> list[HardwareRow]:
+    """The rows a best method is picked from: speculative, measured acceptance, a speedup."""
+    return [r for r in rows if not r.is_ar and r.pooled.synthetic is None and isnum(r.pooled.speedup)]
+
+
+def best_per_framework(hw_rows: Sequence[HardwareRow]) -> list[str]:
     """Per framework and sampling: the fastest row at batch 1 among rows with enough prompts for an interval.
 
     The runner-up and whether the two intervals overlap are named, and how many rows the best was
     picked from: the largest of many noisy estimates is biased upward.
     """
     lines: list[str] = []
-    if not len(hw_raw):
-        return lines
-    spec = hw_raw[(hw_raw["method"] != "ar") & hw_raw["synthetic"].isna() & hw_raw["speedup"].map(isnum)]
-    for fw, g_fw in spec.groupby("framework"):
-        for sampling in _sampling_order(g_fw["sampling"]):
-            g = g_fw[g_fw["sampling"] == sampling]
-            ok = g[g["n_prompts"] >= MIN_PROMPTS_FOR_CI].sort_values("speedup", ascending=False)
-            few = len(g) - len(ok)
-            if not len(ok):
-                lines.append(
-                    f"- **{fw}**, {sampling}: none of its {len(g)} rows at batch 1 has ≥ {MIN_PROMPTS_FOR_CI} paired "
-                    f"prompts (n too small), so no best method is named ({_link('hardware')})."
-                )
-                continue
-            best = ok.iloc[0]
-            e = Estimate.of(best)
-            text = (
-                f"- **{fw}**, {sampling}: the fastest of {len(ok)} row{'s' if len(ok) > 1 else ''} at batch 1 with "
-                f"≥ {MIN_PROMPTS_FOR_CI} paired prompts is {_row_name(best)} at {e.text()} over its paired AR "
-                f"baseline (AL {fmt(best['acceptance_length'])}, n = {e.n} prompts): {claims.versus(e)}."
-            )
-            if len(ok) > 1:
-                ru = ok.iloc[1]
-                er = Estimate.of(ru)
-                text += (
-                    f" Runner-up: {_row_name(ru)} at {er.text()}; the two intervals "
-                    + (
-                        "overlap, so which is faster is not resolved."
-                        if claims.overlap(e, er)
-                        else "are disjoint, so the best is faster than the runner-up."
-                    )
-                    + f" The best of {len(ok)} noisy rows is biased upward: read its speedup as optimistic."
-                )
-            if few:
-                text += (
-                    f" {few} row{'s' if few > 1 else ''} with fewer than {MIN_PROMPTS_FOR_CI} prompts not considered."
-                )
-            lines.append(text + f" ({_link('hardware')})")
+    spec = _speculative(hw_rows)
+    for fw in sorted({r.framework for r in spec}):
+        g_fw = [r for r in spec if r.framework == fw]
+        for sampling in _sampling_order(r.sampling for r in g_fw):
+            g = [r for r in g_fw if r.sampling == sampling]
+            ok = sorted((r for r in g if r.pooled.n_prompts >= MIN_PROMPTS_FOR_CI), key=lambda r: -r.pooled.speedup)
+            lines.append(_best_line(fw, sampling, ok, len(g) - len(ok)))
     return lines
+
+
+def _best_line(fw: str, sampling: str, ok: list[HardwareRow], few: int) -> str:
+    """One framework and sampling's best row (``ok``: rows with an interval, fastest first) in words."""
+    if not ok:
+        return (
+            f"- **{fw}**, {sampling}: none of its {few} rows at batch 1 has ≥ {MIN_PROMPTS_FOR_CI} paired "
+            f"prompts (n too small), so no best method is named ({_link('hardware')})."
+        )
+    best = ok[0]
+    e = Estimate.of(best.pooled)
+    text = (
+        f"- **{fw}**, {sampling}: the fastest of {len(ok)} row{'s' if len(ok) > 1 else ''} at batch 1 with "
+        f"≥ {MIN_PROMPTS_FOR_CI} paired prompts is {_row_name(best)} at {estimate_text(e)} over its paired AR "
+        f"baseline (AL {fmt(best.pooled.acceptance_length)}, n = {e.n} prompts): {wording.versus(e)}."
+    )
+    if len(ok) > 1:
+        ru = ok[1]
+        er = Estimate.of(ru.pooled)
+        text += (
+            f" Runner-up: {_row_name(ru)} at {estimate_text(er)}; the two intervals "
+            + (
+                "overlap, so which is faster is not resolved."
+                if claims.overlap(e, er)
+                else "are disjoint, so the best is faster than the runner-up."
+            )
+            + f" The best of {len(ok)} noisy rows is biased upward: read its speedup as optimistic."
+        )
+    if few:
+        text += f" {few} row{'s' if few > 1 else ''} with fewer than {MIN_PROMPTS_FOR_CI} prompts not considered."
+    return text + f" ({_link('hardware')})"
 
 
 def _digest(case: str, sentences: list[str], link: str, most: int = 3) -> list[str]:
@@ -93,14 +99,14 @@ def _digest(case: str, sentences: list[str], link: str, most: int = 3) -> list[s
     ]
 
 
-def where_it_loses(study: Study, hw_raw: pd.DataFrame) -> list[str]:
+def where_it_loses(study: Study) -> list[str]:
     """The seed's FAQ Q4 reasons, each as this study measured it: observed, reversed, or cannot tell."""
-    pc = fails.per_cell_acceptance(study)
+    pc = faq.per_cell_acceptance(study)
     return (
         _digest("Batch (FAQ Q4 (1))", fails.batch_claims(study), "fails_batch")
         + _digest("Low α (FAQ Q4 (2))", fails.low_alpha_claims(study, pc), "fails_low_alpha")
         + _digest("Short outputs (FAQ Q4 (3))", fails.short_claims(study), "fails_short")
-        + _digest("Memory (FAQ Q4 (4))", memory.memory_claims(study), "fails_memory")
+        + _digest("Memory (FAQ Q4 (4))", fails.memory_claims(study), "fails_memory")
     )
 
 
@@ -128,7 +134,7 @@ def divergences(study: Study) -> list[str]:
         name = f"{label} γ={g}" if g else str(label)
         lines.append(
             f"- **{fw}** {name}: {len(found)} of {n} paired greedy outputs differ from the AR baseline's (a lossless "
-            f"method matches all). {claims.divergence_text(found)}"
+            f"method matches all). {wording.divergence_text(found)}"
         )
     if matched:
         lines.append(
@@ -138,7 +144,7 @@ def divergences(study: Study) -> list[str]:
     return lines
 
 
-def caveats(study: Study, hw_raw: pd.DataFrame) -> list[str]:
+def caveats(study: Study, hw_rows: Sequence[HardwareRow]) -> list[str]:
     """What a reader must carry into a paper: model size, precision, n, sampling, hardware, synthetic rows."""
     cfg: dict[str, Any] = study.config
     params = study.model_params()
@@ -147,9 +153,9 @@ def caveats(study: Study, hw_raw: pd.DataFrame) -> list[str]:
         for t in {p.get("target") for p in cfg.get("models", [])}
         if t in params
     )
-    precisions = sorted({f"{r['framework']}: {r['precision']}" for _, r in hw_raw.iterrows()}) if len(hw_raw) else []
+    precisions = sorted({f"{r.framework}: {r.precision}" for r in hw_rows})
     samplings = sorted({m["sampling"] for m in study.cells.values()})
-    n = [int(r["n_prompts"]) for _, r in hw_raw.iterrows() if r["method"] != "ar"] if len(hw_raw) else []
+    n = [r.pooled.n_prompts for r in hw_rows if not r.is_ar]
     host = study.provenance.get("host", {})
     device = ", ".join(host.get("gpus") or []) or f"CPU ({host.get('cpu_model', '?')})"
     lines = [
@@ -178,16 +184,24 @@ def caveats(study: Study, hw_raw: pd.DataFrame) -> list[str]:
 
 
 def summary_markdown(
-    study: Study, hw_raw: pd.DataFrame, whole: Study | None = None, whole_raw: pd.DataFrame | None = None
+    study: Study,
+    hw_rows: Sequence[HardwareRow],
+    whole: Study | None = None,
+    whole_rows: Sequence[HardwareRow] | None = None,
 ) -> str:
-    """The summary from ``study`` (the unflagged cells); the caveats describe ``whole`` (every cell),
-    and a study whose speculative cells are all flagged says so instead of naming none."""
+    """The summary from the hardware table's rows and the FAQ Q4 cases of ``study`` (the unflagged
+    cells), each sentence linked to its table; the caveats describe ``whole`` (every cell), and a
+    study whose speculative cells are all flagged says so instead of naming none."""
     left = bool(whole is not None and whole.flags)
-    none = "- every speculative row is flagged (see Validity): no best method is named" if left else ""
-    best = best_per_framework(hw_raw) or [none or "- no speculative cell measured"]
-    loses = where_it_loses(study, hw_raw) or [
-        none.replace("no best method is named", "no FAQ Q4 case is decided")
-        or "- no row of this study tests the seed's FAQ Q4 cases"
+    best = best_per_framework(hw_rows) or [
+        "- every speculative row is flagged (see Validity): no best method is named"
+        if left
+        else "- no speculative cell measured"
+    ]
+    loses = where_it_loses(study) or [
+        "- every speculative row is flagged (see Validity): no FAQ Q4 case is decided"
+        if left
+        else "- no row of this study tests the seed's FAQ Q4 cases"
     ]
     div = divergences(study)
     parts = [
@@ -197,6 +211,6 @@ def summary_markdown(
         *loses,
         *(["\n**Greedy outputs against their AR baseline**\n", *div] if div else []),
         "\n**Caveats**\n",
-        *caveats(whole or study, hw_raw if whole_raw is None else whole_raw),
+        *caveats(whole or study, hw_rows if whole_rows is None else whole_rows),
     ]
     return "\n".join(parts) + "\n"

@@ -10,6 +10,7 @@ from ..analysis import claims, rates, tiers, turns
 from ..analysis.format import fmt
 from ..analysis.study import Study, vouched
 from .section import Section, markdown_table
+from .wording import estimate_text
 
 
 def _one_table(title: str, name: str, table: pd.DataFrame, raw: pd.DataFrame, text: str) -> Section:
@@ -92,12 +93,12 @@ def tiers_section(study: Study) -> Section | None:
             shown = pd.DataFrame(
                 {
                     **{k: over[k] for k in ("framework", "label", "gamma", "task", "batch_size", "input_tokens")},
-                    "Speedup, real": [e.text() for e in over["real_speedup"]],
-                    "Speedup, random": [e.text() for e in over["random_speedup"]],
+                    "Speedup, real": [estimate_text(e) for e in over["real_speedup"]],
+                    "Speedup, random": [estimate_text(e) for e in over["random_speedup"]],
                     "random / real": [fmt(v, 2) for v in over["ratio"]],
                     "Random overstates the speedup?": [OVERSTATES[v] for v in over["speedup_verdict"]],
-                    "α, real": [e.text(3, "") for e in over["real_alpha"]],
-                    "α, random": [e.text(3, "") for e in over["random_alpha"]],
+                    "α, real": [estimate_text(e, 3, "") for e in over["real_alpha"]],
+                    "α, random": [estimate_text(e, 3, "") for e in over["random_alpha"]],
                     "Random overstates α?": [OVERSTATES[v] for v in over["alpha_verdict"]],
                 }
             )

@@ -16,8 +16,8 @@ from pathlib import Path
 import pandas as pd
 from matplotlib.figure import Figure
 
-from ..analysis import tables
 from ..analysis.study import Study, load
+from . import tables
 from .latex import latex_table
 from .section import Section, markdown_table
 from .sections import extra_sections, report_head, report_sections

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from specstudy.analysis import tables
 from specstudy.analysis.predict import predict_from_study
 from specstudy.analysis.study import load
 from specstudy.cli import main
 from specstudy.config import load_hardware_profile
 from specstudy.config.vocab import method_family
 from specstudy.records import RequestRecord, StepRecord, write_part
+from specstudy.report import tables
 
 
 def test_own_rows_predicted_from_own_acceptance_and_costs(report_study):

@@ -8,9 +8,10 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 
-from specstudy.analysis import figures, rates
+from specstudy.analysis import rates
 from specstudy.config.schema import Slo
 from specstudy.records import RequestRecord
+from specstudy.report import figures
 
 
 def _rec(sched, sent):

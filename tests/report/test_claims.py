@@ -7,12 +7,14 @@ import math
 
 import pytest
 
-from specstudy.analysis import claims, fails, memory, stats, tables
+from specstudy.analysis import claims, faq, stats
 from specstudy.analysis.claims import Estimate
+from specstudy.analysis.rows import hardware_rows
 from specstudy.analysis.study import load
 from specstudy.layout import StudyLayout
 from specstudy.records import Cell, Request, Sampling
-from specstudy.report import sections, summary
+from specstudy.report import fails, sections, summary, wording
+from specstudy.report.wording import estimate_text
 
 NAN = math.nan
 MB = 1e6
@@ -40,24 +42,24 @@ def test_two_rows_are_compared_by_their_intervals():
     assert claims.compare(short, Estimate(1.2, (1.1, 1.3), 8), "below") == claims.CANNOT_TELL
     assert claims.overlap(short, long) is False and claims.overlap(short, Estimate(1.2, (1.1, 1.3), 8)) is True
     assert claims.compare(short, Estimate(1.0, (0.9, 1.1), 4), "below") == claims.N_TOO_SMALL
-    assert "conservative" in claims.phrase(claims.CANNOT_TELL, rows=2)
+    assert "conservative" in wording.phrase(claims.CANNOT_TELL, rows=2)
 
 
 def test_phrases_name_the_verdict():
-    assert claims.phrase(claims.OBSERVED) == "as the seed expects (observed in this study)"
-    assert claims.phrase(claims.REVERSED) == "the reverse of the seed's expectation (observed in this study)"
-    assert "contains 1×: no difference resolvable" in claims.phrase(claims.CANNOT_TELL)
-    assert "n = 3 prompts" in claims.phrase(claims.N_TOO_SMALL, n=3)
-    assert claims.versus(Estimate(1.02, (0.97, 1.08), 8)).startswith("no difference from AR resolvable")
-    assert claims.versus(Estimate(0.8, (0.7, 0.9), 8)).startswith("slower than AR")
+    assert wording.phrase(claims.OBSERVED) == "as the seed expects (observed in this study)"
+    assert wording.phrase(claims.REVERSED) == "the reverse of the seed's expectation (observed in this study)"
+    assert "contains 1×: no difference resolvable" in wording.phrase(claims.CANNOT_TELL)
+    assert "n = 3 prompts" in wording.phrase(claims.N_TOO_SMALL, n=3)
+    assert wording.versus(Estimate(1.02, (0.97, 1.08), 8)).startswith("no difference from AR resolvable")
+    assert wording.versus(Estimate(0.8, (0.7, 0.9), 8)).startswith("slower than AR")
     with pytest.raises(ValueError):
-        claims.phrase("maybe")
+        wording.phrase("maybe")
 
 
 def test_memory_within_the_noise_is_not_a_signed_number():
-    text = claims.memory_text(-12.5 * MB, 16.5 * MB, "RSS")
+    text = wording.memory_text(-12.5 * MB, 16.5 * MB, "RSS")
     assert text == "no difference resolvable: |Δ| ≤ 16.5 MB (RSS)" and "-12.5" not in text
-    assert claims.memory_text(500 * MB, 16.5 * MB, "RSS").startswith("+500.0 MB (beyond")
+    assert wording.memory_text(500 * MB, 16.5 * MB, "RSS").startswith("+500.0 MB (beyond")
     assert claims.resolved(-40 * MB, 16.5 * MB) == claims.REVERSED
 
 
@@ -74,7 +76,7 @@ def test_divergences_in_words():
     near = {"task": "code", "prompt_id": "code/3", "repeat": 0, "position": 17, "margin": 0.012}
     far = {"task": "chat", "prompt_id": "7", "repeat": 1, "position": 2, "margin": 2.5}
     blind = {"task": "code", "prompt_id": "code/1", "repeat": 0, "position": 5, "margin": NAN}
-    text = claims.divergence_text([near, far, blind])
+    text = wording.divergence_text([near, far, blind])
     assert "prompt code/3 (repeat 0) first differs at output position 17 (margin +0.012 nats)" in text
     assert "prompt chat/7" in text and "not a near-tie" in text and "verification needs checking" in text
     assert "a near-tie flip from batched numerics is not a verification bug, but the reader must be told" in text
@@ -151,9 +153,7 @@ def lay(tmp_path):
 
 
 def _report(study):
-    return sections.when_it_fails_section(study).markdown, summary.summary_markdown(
-        study, tables.hardware_table(study)[1]
-    )
+    return sections.when_it_fails_section(study).markdown, summary.summary_markdown(study, hardware_rows(study))
 
 
 def test_short_outputs_faster_than_long_read_as_reversed(lay):
@@ -165,7 +165,7 @@ def test_short_outputs_faster_than_long_read_as_reversed(lay):
     es = Estimate.of(stats.pooled(study, ["short_spec"]))
     el = Estimate.of(stats.pooled(study, ["long_spec"]))
     assert es.value > el.value and es.ci[0] > el.ci[1]  # the synthetic data do what the test says
-    assert f"here 8 tokens gave {es.text()} vs {el.text()} at 32" in claim
+    assert f"here 8 tokens gave {estimate_text(es)} vs {estimate_text(el)} at 32" in claim
     assert claim.endswith("the reverse of the seed's expectation (observed in this study)")
     md, summ = _report(study)
     assert claim[1:] in md and "little decode time" not in md
@@ -178,7 +178,10 @@ def test_batch_speedup_rising_with_batch_reads_as_reversed(lay):
     study = load(lay.root)
     (claim,) = fails.batch_claims(study)
     e1, e2 = (Estimate.of(stats.pooled(study, [c])) for c in ("b1_spec", "b2_spec"))
-    assert f"batch 2 gave {e2.text()} vs {e1.text()} at batch 1: the reverse of the seed's expectation" in claim
+    assert (
+        f"batch 2 gave {estimate_text(e2)} vs {estimate_text(e1)} at batch 1: the reverse of the seed's expectation"
+        in claim
+    )
     assert "At batch 2, the largest measured: faster than AR (interval above 1×)" in claim
     md, summ = _report(study)
     assert "verification turns compute-bound as batch" not in summ  # the hand-written claim is gone
@@ -196,7 +199,7 @@ def test_an_interval_crossing_one_cannot_tell(lay):
     assert "the intervals overlap, so this study cannot tell (overlap is a conservative test" in claim
     assert "no difference from AR resolvable (interval contains 1×)" in claim
     _, summ = _report(study)
-    assert f"Prompt lookup (γ=2) at {e.text()} over its paired AR baseline" in summ
+    assert f"Prompt lookup (γ=2) at {estimate_text(e)} over its paired AR baseline" in summ
     assert "no difference from AR resolvable (interval contains 1×)" in summ.split("**When")[0]
 
 
@@ -207,7 +210,7 @@ def test_n_too_small_is_said_and_no_winner_crowned_from_it(lay):
     study = load(lay.root)
     (claim,) = fails.short_claims(study)
     assert "(n too small)" in claim and "n too small for an interval (n = 3 prompts; an interval needs ≥ 5)" in claim
-    (best,) = summary.best_per_framework(tables.hardware_table(study)[1])
+    (best,) = summary.best_per_framework(hardware_rows(study))
     assert "none of its 2 rows at batch 1 has ≥ 5 paired prompts (n too small), so no best method is named" in best
 
 
@@ -216,10 +219,13 @@ def test_low_alpha_that_does_not_lose_reads_as_reversed(lay):
     study = load(lay.root)
     for r in study.records["lo_spec"]:
         r.accepted_tokens = 2  # α = 0.2 < 0.4, still faster than AR
-    pc = fails.per_cell_acceptance(study)
+    pc = faq.per_cell_acceptance(study)
     (claim,) = fails.low_alpha_claims(study, pc)
     e = Estimate.of(stats.pooled(study, ["lo_spec"]))
-    assert f"the 1 such cells pooled gave {e.text()} over 8 prompts: the reverse of the seed's expectation" in claim
+    assert (
+        f"the 1 such cells pooled gave {estimate_text(e)} over 8 prompts: the reverse of the seed's expectation"
+        in claim
+    )
     assert "1 faster" in claim
     assert fails.low_alpha(study, pc).iloc[0].iloc[4] == "0 / 0 / 1 / 0"
 
@@ -247,9 +253,7 @@ def test_greedy_divergence_is_named_with_prompt_position_and_margin(lay):
     assert "2 of 6 paired greedy outputs differ" in cpp and "prompt code/0" in cpp and "prompt code/3" in cpp
     assert "the engine gives no log-probabilities, so whether they were near-ties is unknown" in cpp
     assert lines[-1] == "- The other 6 paired greedy speculative outputs matched their AR baseline token for token."
-    assert "**Greedy outputs against their AR baseline**" in summary.summary_markdown(
-        study, tables.hardware_table(study)[1]
-    )
+    assert "**Greedy outputs against their AR baseline**" in summary.summary_markdown(study, hardware_rows(study))
 
 
 def test_negative_memory_overhead_within_noise_is_unresolvable(lay):
@@ -268,10 +272,10 @@ def test_negative_memory_overhead_within_noise_is_unresolvable(lay):
     )
     study = load(lay.root)
     assert stats.pooled(study, ["hf_spec"]).memory_overhead_bytes == pytest.approx(-16.5 * MB)
-    table, _ = memory.memory_overhead(study)
+    table, _ = fails.memory_overhead(study)
     row = table.set_index("Method").loc["Prompt lookup"]
     assert row["Memory overhead (measured, largest over cells)"] == "no difference resolvable: |Δ| ≤ 16.5 MB (RSS)"
-    text = "\n".join(memory.memory_claims(study))
+    text = "\n".join(fails.memory_claims(study))
     assert "-16.5" not in text and "−16.5" not in text
     assert "as the seed expects of a method without a draft model (within the noise)" in text
     assert "Draft model (reference): +500.0 MB (beyond the ±16.5 MB noise of RSS)" in text
@@ -284,12 +288,12 @@ def test_best_method_among_rows_with_enough_prompts_names_runner_up_and_overlap(
     _pair(lay, "c", "Token tree", 3, 3.0, method="tree")  # fastest, but on 3 prompts: not eligible
     _pair(lay, "t", "Prompt lookup", 8, 2.0, temperature=0.7)  # another sampling: ranked on its own
     study = load(lay.root)
-    lines = summary.best_per_framework(tables.hardware_table(study)[1])
+    lines = summary.best_per_framework(hardware_rows(study))
     greedy, sampled = lines
     ea, eb = (Estimate.of(stats.pooled(study, [c])) for c in ("a_spec", "b_spec"))
     assert greedy.startswith("- **reference**, greedy: the fastest of 2 rows at batch 1 with ≥ 5 paired prompts")
-    assert f"is Prompt lookup (γ=2) at {ea.text()}" in greedy and "faster than AR (interval above 1×)" in greedy
-    assert f"Runner-up: Early exit (γ=2) at {eb.text()}; the two intervals overlap" in greedy
+    assert f"is Prompt lookup (γ=2) at {estimate_text(ea)}" in greedy and "faster than AR (interval above 1×)" in greedy
+    assert f"Runner-up: Early exit (γ=2) at {estimate_text(eb)}; the two intervals overlap" in greedy
     assert "The best of 2 noisy rows is biased upward" in greedy
     assert "1 row with fewer than 5 prompts not considered" in greedy and "Token tree" not in greedy
     assert sampled.startswith("- **reference**, T=0.7: the fastest of 1 row")

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from specstudy import metrics
-from specstudy.analysis import stats, tables
+from specstudy.analysis import stats
 from specstudy.analysis.format import fmt_ci
 from specstudy.analysis.study import load
-from specstudy.report import writer
+from specstudy.report import tables, writer
 from specstudy.report.notebooks import plan_notebook_jobs, write_notebook_makefile
 
 

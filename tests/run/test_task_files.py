@@ -11,13 +11,13 @@ import yaml
 from support import ByteIds, TinyFactory
 
 from specstudy.analysis.study import load as load_outputs
-from specstudy.analysis.tables import seed_reference, task_table
 from specstudy.cli import main as cli_main
 from specstudy.config import ParamsError, load_study
 from specstudy.config.errors import ParamsProblems
 from specstudy.data.fetch import sha256_file
 from specstudy.data.tasks import sha256_folder
 from specstudy.layout import StudyLayout
+from specstudy.report.tables import seed_reference, task_table
 from specstudy.run.plan import expand
 from specstudy.run.study import run_study
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 from support import code_prompt_record
 
-from specstudy.analysis.across_engines import AGREE, acceptance_across_engines
 from specstudy.analysis.study import load
 from specstudy.layout import StudyLayout
 from specstudy.records import Cell
+from specstudy.report.across_engines import AGREE, acceptance_across_engines
 
 N = 6  # distinct prompts (an interval needs 5)
 

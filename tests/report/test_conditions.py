@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from specstudy.analysis.conditions import STEAL_GAP_PTS, steal_lines
+from specstudy.report.conditions import STEAL_GAP_PTS, steal_lines
 from specstudy.telemetry import Telemetry, _host_sample
 
 

@@ -17,10 +17,10 @@ from typing import Any
 
 import pandas as pd
 
-from .claims import Estimate, overlap
-from .format import fmt_ci
-from .stats import Pooled, pooled
-from .study import Study
+from ..analysis.claims import Estimate, overlap
+from ..analysis.format import fmt_ci
+from ..analysis.stats import Pooled, pooled
+from ..analysis.study import Study
 
 AGREE = "agree within noise (every pair of AL intervals overlaps)"
 

@@ -10,8 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from specstudy.analysis import figures, tables
 from specstudy.analysis.study import load
+from specstudy.report import figures, tables
 
 NAN_CI = (math.nan, math.nan)
 

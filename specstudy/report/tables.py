@@ -7,35 +7,35 @@ a file; :mod:`specstudy.report` does.
 
 from __future__ import annotations
 
-import dataclasses
-from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
 import pandas as pd
 
+from ..analysis.claims import Estimate, overlap
+from ..analysis.drafts import optimal_measured, pooled_drafts
+from ..analysis.format import FAMILY_TITLES, TASK_TITLES, fmt, fmt_ci, seed_row_name, short_model
+from ..analysis.memory import memory_groups
+from ..analysis.rates import peak_memory
+from ..analysis.rows import (
+    HardwareRow,
+    MethodRow,
+    Prediction,
+    family_cells,
+    hardware_rows,
+    headline_max_new,
+    method_rows,
+    raw_frame,
+    sweep_or_all,
+)
+from ..analysis.stats import NAN, Pooled, isnum, pooled, predicted_for
+from ..analysis.study import Study
 from ..config.task import load_task_config, seed_row
 from ..config.vocab import TASKS
 from ..metrics import MIN_PROMPTS_FOR_CI
-from .drafts import model_note, optimal_measured, pooled_drafts
-from .format import FAMILY_TITLES, TASK_TITLES, fmt, fmt_ci, seed_row_name, short_model
-from .memory import memory_groups
-from .rates import peak_memory
-from .stats import NAN, Pooled, isnum, pooled, predicted_for
-from .study import Study
+from . import wording
 
 Frames = tuple[pd.DataFrame, pd.DataFrame]
-
-
-def headline_max_new(study: Study) -> Any:
-    """The most common max_new_tokens: short-output cells (FAQ Q4) stay out of headline tables."""
-    cnt = Counter(study.meta(c)["max_new_tokens"] for c in study.records)
-    return cnt.most_common(1)[0][0] if cnt else None
-
-
-def _sweep_or_all(study: Study, sweep: str | None) -> str | None:
-    return sweep if sweep is None or study.has_sweep(sweep) else None
-
 
 #: the mark of a row that pools a flagged cell (validity checks; the report's Validity section says why)
 FLAG_MARK = " ⚑"
@@ -50,14 +50,9 @@ def flag_mark(study: Study, cells: Sequence[str]) -> str:
     return FLAG_MARK if any(c in _flags(study) for c in cells) else ""
 
 
-def flag_reasons(study: Study, cells: Sequence[str]) -> str:
-    flags = _flags(study)
-    return "; ".join(sorted({flags[c] for c in cells if c in flags}))
-
-
-def _label(m: dict[str, Any], p: Pooled) -> str:
+def _label(label: str, p: Pooled) -> str:
     """A row's method name, marked where its acceptance was fixed for timing."""
-    return f"{m['label']} (synthetic acceptance {p.synthetic})" if p.synthetic else m["label"]
+    return f"{label} (synthetic acceptance {p.synthetic})" if p.synthetic else label
 
 
 def _ms(p: Pooled, name: str) -> str:
@@ -75,6 +70,11 @@ def _quality(p: Pooled, is_ar: bool) -> dict[str, str]:
         "log-prob shift p": fmt(p.logprob_p),
         "Exact match (greedy)": fmt(p.exact_match),
     }
+
+
+def memory_readings(study: Study) -> dict[tuple[str, str], str]:
+    """(framework, label) → its memory overhead in words, as the tables' *Memory overhead* cells show it."""
+    return {(g.framework, g.label): wording.memory_text(g.overhead, g.noise, g.source) for g in memory_groups(study)}
 
 
 def precision_target(study: Study, cell_ids: Sequence[str]) -> dict[str, Any] | None:
@@ -103,193 +103,118 @@ def precision_note(p: Pooled, target: dict[str, Any] | None = None) -> str:
     return f"{reached} (target ±{100 * goal:g} % not met: cap of {target['max_prompts']} prompts per task)"
 
 
-def hardware_groups(study: Study, sweep: str | None = "hardware") -> dict[tuple[Any, ...], list[str]]:
-    """Batch-1 cells at the headline output length, one group per table row."""
-    sweep = _sweep_or_all(study, sweep)
-    mnt = headline_max_new(study)
-    groups: dict[tuple[Any, ...], list[str]] = {}
-    for c in study.cell_ids(sweep, batch_size=1):
-        m = study.meta(c)
-        if m["max_new_tokens"] == mnt:
-            key = (
-                m["framework"],
-                m["method"],
-                m["label"],
-                m["model"],
-                m["drafter"] or "",
-                m["gamma"] or 0,
-                m["sampling"],
-            )
-            groups.setdefault(key, []).append(c)
-    return groups
-
-
-def hardware_table(study: Study, sweep: str | None = "hardware") -> Frames:
+def hardware_table(study: Study, sweep: str | None = "hardware", rows: Sequence[HardwareRow] | None = None) -> Frames:
     """The seed's hardware table at batch 1 (method, target, draft, α, AL, tokens/s, speedup).
 
     One row per (framework, method label, drafter, γ, sampling), pooled over the sweep's tasks; AR
-    rows pool the baseline cells.  :func:`metric_table` gives the rest of the seed's metric table
-    for the same rows.
+    rows pool the baseline cells (``rows``: :func:`~specstudy.analysis.rows.hardware_rows`, computed
+    here when not given).  :func:`metric_table` gives the rest of the seed's metric table for the
+    same rows.
     """
-    groups = hardware_groups(study, sweep)
-    rows, raw = [], []
-    order = {f: i for i, f in enumerate(FAMILY_TITLES)}
-    for key in sorted(groups, key=lambda k: (k[0], order.get(k[1], 9), k[2], k[5], k[6])):
-        fw, method, label, model, drafter, gamma, sampling = key
-        p = pooled(study, groups[key])
-        m = study.meta(groups[key][0])
-        is_ar = method == "ar"
-        draft = (
-            short_model(drafter)
-            if drafter
-            else {"ngram": "prompt n-grams", "layer_skip": "target's first layers"}.get(method, "—")
-        )
-        rows.append(
-            {
-                "Method": ("Baseline (AR)" if is_ar else _label(m, p)) + flag_mark(study, groups[key]),
-                "Seed row": seed_row_name(method),
-                "Framework": fw,
-                "Precision": m["precision"],
-                "Target": short_model(model),
-                "Draft": "—" if is_ar else draft,
-                "γ": "—" if is_ar else gamma,
-                "Sampling": sampling,
-                "α": "—" if is_ar else fmt_ci(p.alpha, p.alpha_ci, n=p.n_prompts),
-                "AL": "—" if is_ar else fmt_ci(p.acceptance_length, p.acceptance_length_ci, n=p.n_prompts),
-                "tokens/s": fmt_ci(p.tokens_per_s, p.tokens_per_s_ci, 1, n=p.n_prompts),
-                "Speedup": "1.0×" if is_ar else fmt_ci(p.speedup, p.speedup_ci, 2, "×", n=p.n_prompts),
-                "Decode speedup (TPOT ratio)": "—"
-                if is_ar
-                else fmt_ci(p.decode_speedup, p.decode_speedup_ci, 2, "×", n=p.n_prompts),
-                "n (prompts)": p.n_prompts,
-                "repeats": p.n_repeats if not is_ar else "—",
-                "Precision reached": "—" if is_ar else precision_note(p, precision_target(study, groups[key])),
-            }
-        )
-        raw.append(
-            {
-                "framework": fw,
-                "method": method,
-                "label": label,
-                "model": model,
-                "drafter": drafter,
-                "gamma": gamma,
-                "sampling": sampling,
-                "precision": m["precision"],
-                "flagged": flag_reasons(study, groups[key]),
-                **dataclasses.asdict(p),
-            }
-        )
-    return pd.DataFrame(rows), pd.DataFrame(raw)
+    rows = hardware_rows(study, sweep) if rows is None else rows
+    return pd.DataFrame([_hardware_cells(study, r) for r in rows]), raw_frame(rows)
 
 
-def _prediction(p: Pooled, gamma: Any) -> tuple[dict[str, str], float, str]:
-    """The cost model's speedup for a measured row as shown (prediction, measured/predicted, what the
-    model took from the measurement or which assumption it breaks), the prediction and the note."""
-    pred = predicted_for(p, gamma)
-    ratio = p.speedup / pred if isnum(pred) and pred > 0 and isnum(p.speedup) else NAN
-    note = model_note(p, gamma, ratio) if isnum(pred) else ""
-    shown = {
-        "Speedup (cost model, prediction)": fmt(pred, 2, "×"),
-        "measured/predicted": fmt(ratio),
-        "Model note": note or "—",
+def _draft_name(r: HardwareRow) -> str:
+    """What drafts for the row: its drafter, or what a model-free method drafts from."""
+    if r.drafter:
+        return short_model(r.drafter)
+    return {"ngram": "prompt n-grams", "layer_skip": "target's first layers"}.get(r.method, "—")
+
+
+def _hardware_cells(study: Study, r: HardwareRow) -> dict[str, Any]:
+    """One hardware-table row as shown: values with their 95 % CI."""
+    p, is_ar = r.pooled, r.is_ar
+    return {
+        "Method": ("Baseline (AR)" if is_ar else _label(r.label, p)) + flag_mark(study, r.cells),
+        "Seed row": seed_row_name(r.method),
+        "Framework": r.framework,
+        "Precision": r.precision,
+        "Target": short_model(r.model),
+        "Draft": "—" if is_ar else _draft_name(r),
+        "γ": "—" if is_ar else r.gamma,
+        "Sampling": r.sampling,
+        "α": "—" if is_ar else fmt_ci(p.alpha, p.alpha_ci, n=p.n_prompts),
+        "AL": "—" if is_ar else fmt_ci(p.acceptance_length, p.acceptance_length_ci, n=p.n_prompts),
+        "tokens/s": fmt_ci(p.tokens_per_s, p.tokens_per_s_ci, 1, n=p.n_prompts),
+        "Speedup": "1.0×" if is_ar else fmt_ci(p.speedup, p.speedup_ci, 2, "×", n=p.n_prompts),
+        "Decode speedup (TPOT ratio)": "—"
+        if is_ar
+        else fmt_ci(p.decode_speedup, p.decode_speedup_ci, 2, "×", n=p.n_prompts),
+        "n (prompts)": p.n_prompts,
+        "repeats": p.n_repeats if not is_ar else "—",
+        "Precision reached": "—" if is_ar else precision_note(p, precision_target(study, r.cells)),
     }
-    return shown, pred, note
+
+
+def _prediction(pr: Prediction) -> dict[str, str]:
+    """The cost model's speedup for a measured row as shown: prediction, measured/predicted, and what
+    the model took from the measurement or which assumption it breaks."""
+    return {
+        "Speedup (cost model, prediction)": fmt(pr.speedup, 2, "×"),
+        "measured/predicted": fmt(pr.ratio),
+        "Model note": pr.note or "—",
+    }
 
 
 def metric_table(study: Study, sweep: str | None = "hardware") -> pd.DataFrame:
     """The rest of the seed's metric table for the hardware table's rows: latency (mean / p50 / p99),
     tokens per target forward, memory overhead, quality, and the run-to-run spread of the speedup."""
 
-    groups = hardware_groups(study, sweep)
-    order = {f: i for i, f in enumerate(FAMILY_TITLES)}
-    memory = {(g["framework"], g["label"]): g["reading"] for g in memory_groups(study)}
+    memory = memory_readings(study)
     rows = []
-    for key in sorted(groups, key=lambda k: (k[0], order.get(k[1], 9), k[2], k[5], k[6])):
-        fw, method, _, _, _, gamma, sampling = key
-        p = pooled_drafts(study, groups[key])
-        is_ar = method == "ar"
+    for r in hardware_rows(study, sweep, pool=pooled_drafts):
+        p, is_ar = r.pooled, r.is_ar
         lo, hi = p.speedup_runs
         rows.append(
             {
-                "Method": ("Baseline (AR)" if is_ar else _label(study.meta(groups[key][0]), p))
-                + flag_mark(study, groups[key]),
-                "Framework": fw,
-                "γ": "—" if is_ar else gamma,
-                "Sampling": sampling,
+                "Method": ("Baseline (AR)" if is_ar else _label(r.label, p)) + flag_mark(study, r.cells),
+                "Framework": r.framework,
+                "γ": "—" if is_ar else r.gamma,
+                "Sampling": r.sampling,
                 "tokens/s": fmt(p.tokens_per_s, 1),
                 "TTFT ms (mean / p50 / p99)": _ms(p, "ttft"),
                 "TPOT ms (mean / p50 / p99)": _ms(p, "tpot"),
                 "E2E ms (mean / p50 / p99)": _ms(p, "e2e"),
                 "tokens / target forward": fmt(p.tokens_per_forward),
-                "Memory overhead": "—" if is_ar else memory.get((fw, key[2]), "—"),
+                "Memory overhead": "—" if is_ar else memory.get((r.framework, r.label), "—"),
                 **_quality(p, is_ar),
                 "Speedup run-to-run (min–max)": "—" if is_ar or lo != lo else f"{lo:.2f}–{hi:.2f} ({p.n_repeats} runs)",
-                **(dict.fromkeys(_prediction(Pooled(), None)[0], "—") if is_ar else _prediction(p, gamma)[0]),
+                **(dict.fromkeys(_prediction(Prediction()), "—") if is_ar else _prediction(Prediction.of(p, r.gamma))),
             }
         )
     return pd.DataFrame(rows)
 
 
-def _family_cells(study: Study, family: str, sweep: str | None) -> list[str]:
-    """The family's speculative cells at the headline output length, from ``sweep`` where it ran there."""
-    sweep = _sweep_or_all(study, sweep)
-    mnt = headline_max_new(study)
-    cells = [c for c in study.spec_cell_ids(sweep, family=family) if study.meta(c)["max_new_tokens"] == mnt]
-    if not cells and sweep is not None:  # a family measured only in other sweeps (e.g. the hardware table)
-        cells = [c for c in study.spec_cell_ids(None, family=family) if study.meta(c)["max_new_tokens"] == mnt]
-    return cells
-
-
 def method_table(study: Study, family: str, sweep: str | None = "method_family") -> Frames:
     """α, AL, α̂, per-position acceptance, speedup (measured and predicted) per (label, γ, batch, sampling)."""
-    groups: dict[tuple[Any, ...], list[str]] = {}
-    for c in _family_cells(study, family, sweep):
-        m = study.meta(c)
-        key = (m["framework"], m["label"], m["gamma"] or 0, m["batch_size"], m["drafter"] or "", m["sampling"])
-        groups.setdefault(key, []).append(c)
-    rows, raw = [], []
-    for key in sorted(groups):
-        fw, label, gamma, batch, drafter, sampling = key
-        p = pooled_drafts(study, groups[key])
-        shown, pred, note = _prediction(p, gamma)
-        rows.append(
-            {
-                "Framework": fw,
-                "Method": _label(study.meta(groups[key][0]), p) + flag_mark(study, groups[key]),
-                "γ": gamma,
-                "Batch": batch,
-                "Sampling": sampling,
-                "α": fmt_ci(p.alpha, p.alpha_ci, n=p.n_prompts),
-                "α̂ (i.i.d.)": fmt(p.alpha_hat),
-                "AL": fmt_ci(p.acceptance_length, p.acceptance_length_ci, n=p.n_prompts),
-                "AL per request (mean)": fmt(p.acceptance_length_per_request),
-                "tokens / target forward": fmt(p.tokens_per_forward),
-                "c (measured)": fmt(p.c, 3),
-                "verify cost (×T1)": fmt(p.verify_ratio),
-                "tokens/s": fmt_ci(p.tokens_per_s, p.tokens_per_s_ci, 1, n=p.n_prompts),
-                "Speedup (measured)": fmt_ci(p.speedup, p.speedup_ci, 2, "×", n=p.n_prompts),
-                **shown,
-                "n (prompts)": p.n_prompts,
-                "repeats": p.n_repeats,
-                "Exact match (greedy)": fmt(p.exact_match),
-            }
-        )
-        raw.append(
-            {
-                "framework": fw,
-                "label": label,
-                "gamma": gamma,
-                "batch_size": batch,
-                "drafter": drafter,
-                "sampling": sampling,
-                "predicted_speedup": pred,
-                "model_note": note,
-                "flagged": flag_reasons(study, groups[key]),
-                **dataclasses.asdict(p),
-            }
-        )
-    return pd.DataFrame(rows), pd.DataFrame(raw)
+    rows = method_rows(study, family, sweep)
+    return pd.DataFrame([_method_cells(study, r) for r in rows]), raw_frame(rows)
+
+
+def _method_cells(study: Study, r: MethodRow) -> dict[str, Any]:
+    """One method-family row as shown (marked where it pools a flagged cell)."""
+    p = r.pooled
+    return {
+        "Framework": r.framework,
+        "Method": _label(r.label, p) + flag_mark(study, r.cells),
+        "γ": r.gamma,
+        "Batch": r.batch_size,
+        "Sampling": r.sampling,
+        "α": fmt_ci(p.alpha, p.alpha_ci, n=p.n_prompts),
+        "α̂ (i.i.d.)": fmt(p.alpha_hat),
+        "AL": fmt_ci(p.acceptance_length, p.acceptance_length_ci, n=p.n_prompts),
+        "AL per request (mean)": fmt(p.acceptance_length_per_request),
+        "tokens / target forward": fmt(p.tokens_per_forward),
+        "c (measured)": fmt(p.c, 3),
+        "verify cost (×T1)": fmt(p.verify_ratio),
+        "tokens/s": fmt_ci(p.tokens_per_s, p.tokens_per_s_ci, 1, n=p.n_prompts),
+        "Speedup (measured)": fmt_ci(p.speedup, p.speedup_ci, 2, "×", n=p.n_prompts),
+        **_prediction(r.prediction),
+        "n (prompts)": p.n_prompts,
+        "repeats": p.n_repeats,
+        "Exact match (greedy)": fmt(p.exact_match),
+    }
 
 
 def batch_sweep_frame(study: Study, family: str, sweep: str | None = "method_family") -> pd.DataFrame:
@@ -302,7 +227,7 @@ def batch_sweep_frame(study: Study, family: str, sweep: str | None = "method_fam
     token, whose inverse is the decode speed one request sees.
     """
     spec: dict[tuple[Any, ...], dict[int, list[str]]] = {}
-    for c in _family_cells(study, family, sweep):
+    for c in family_cells(study, family, sweep):
         m = study.meta(c)
         if m["request_rate"] is not None:  # a request-rate cell belongs to the rate sweep's figure
             continue
@@ -412,7 +337,7 @@ def _best_gammas(study: Study, spec: list[str]) -> tuple[list[str], list[str]]:
 
 def task_table(study: Study, tasks: Sequence[str] | None = None, sweep: str | None = "task_category") -> Frames:
     """The seed's task table measured: entropy, α range, optimal γ (measured and cost model)."""
-    sweep = _sweep_or_all(study, sweep)
+    sweep = sweep_or_all(study, sweep)
     mnt = headline_max_new(study)
     rows, raw = [], []
     for task in tasks or tasks_in(study):
@@ -466,7 +391,7 @@ def task_table(study: Study, tasks: Sequence[str] | None = None, sweep: str | No
 def framework_table(study: Study) -> pd.DataFrame:
     """The seed's framework table, measured: per framework the methods run and their best numbers."""
 
-    memory = {(g["framework"], g["label"]): g["reading"] for g in memory_groups(study)}
+    memory = memory_readings(study)
     rows = []
     mnt = headline_max_new(study)
     for fw in sorted({study.meta(c)["framework"] for c in study.records}):
@@ -538,8 +463,6 @@ def framework_table(study: Study) -> pd.DataFrame:
 def _overlap_word(a: Pooled, b: Pooled) -> str:
     """Whether two rows' speedup intervals overlap: a best whose interval overlaps the runner-up's is not
     shown to be better."""
-    from .claims import Estimate, overlap
-
     o = overlap(Estimate.of(a), Estimate.of(b))
     return "no interval" if o is None else ("overlap: not resolved" if o else "disjoint")
 

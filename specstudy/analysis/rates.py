@@ -119,7 +119,7 @@ def rate_frame(study: Study, slo: Slo | None = None) -> pd.DataFrame:
                 "speedup": sp,
                 "peak_memory_bytes": peak,
                 "memory_source": source,
-                "flagged": flags.get(cid, ""),
+                "flagged": cid in flags,
             }
         )
     return pd.DataFrame(rows)

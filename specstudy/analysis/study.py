@@ -136,7 +136,7 @@ class Study:
     #: every validity check's findings (:mod:`specstudy.analysis.validity`), and the cells they leave
     #: out of verdicts: cell id -> why (its own flags or its baseline's)
     findings: list[Any] = field(default_factory=list)
-    flags: dict[str, str] = field(default_factory=dict)
+    flags: dict[str, tuple[validity.Reason, ...]] = field(default_factory=dict)
 
     @property
     def out(self) -> Path:

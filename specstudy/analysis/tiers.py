@@ -120,21 +120,16 @@ def tier_table(raw: pd.DataFrame) -> pd.DataFrame:
 
 
 def entropy_tiers_shown(study: Study) -> tuple[pd.DataFrame, str]:
-    """The entropy-tier frame the report can show, and how it was chosen: per task; pooled over each
-    method's tasks when no per-task row has prompts enough for an interval; empty (with why) when
-    not even the pooled rows do."""
+    """The entropy-tier frame the report can show, and how it was chosen: ``"per task"``; ``"pooled"``
+    over each method's tasks when no per-task row has prompts enough for an interval; ``"left out"``
+    (an empty frame) when not even the pooled rows do."""
     per_task = entropy_tier_frame(study)
     if per_task.empty or (per_task["n_prompts"] >= MIN_PROMPTS_FOR_CI).any():
         return per_task, "per task"
     pooled_rows = entropy_tier_frame(study, pool_tasks=True)
     if (pooled_rows["n_prompts"] >= MIN_PROMPTS_FOR_CI).any():
-        return pooled_rows, (
-            f"pooled over each method's tasks: every per-task tier held fewer than {MIN_PROMPTS_FOR_CI} prompts"
-        )
-    return pooled_rows.iloc[0:0], (
-        f"left out: every tier, per task and pooled over tasks, holds fewer than {MIN_PROMPTS_FOR_CI} prompts "
-        "(n too small for an interval)"
-    )
+        return pooled_rows, "pooled"
+    return pooled_rows.iloc[0:0], "left out"
 
 
 def entropy_tier_table(raw: pd.DataFrame) -> pd.DataFrame:

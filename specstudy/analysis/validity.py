@@ -13,14 +13,11 @@ from __future__ import annotations
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .. import metrics
 from ..records import Request, RequestRecord
 from ..telemetry import busy_reasons
-
-if TYPE_CHECKING:
-    import pandas as pd
 
 #: a request whose decode time per forward (or largest inter-token gap) exceeds this many times its
 #: cell's median is an outlier: clean cells stay within 1.15x, a CPU-starved llama.cpp request read
@@ -49,11 +46,12 @@ RANDOM_MIN_VOCAB = 1000
 
 @dataclass(frozen=True)
 class Finding:
-    """One check's finding on one cell: one line of the report's Validity section."""
+    """One check's finding on one cell: the numbers the report's Validity section words
+    (:mod:`specstudy.report.validity`), and whether it leaves the cell out of verdicts."""
 
     check: str
     cell_id: str
-    finding: str
+    values: Mapping[str, Any]
     flags: bool  # True: the cell is left out of verdicts, the summary and best-method lines
     requests: tuple[str, ...] = ()
 
@@ -82,17 +80,15 @@ def _median(values: Iterable[float]) -> float:
     return statistics.median(v) if v else float("nan")
 
 
-def _engine_cause(r: RequestRecord, cell_forward_median: float, factor: float) -> str:
-    """From llama.cpp's own forward timings: the engine starved, or the time went elsewhere."""
+def _engine_cause(r: RequestRecord, cell_forward_median: float, factor: float) -> dict[str, Any]:
+    """From llama.cpp's own forward timings: the engine starved (its longest forward beyond ``factor``
+    times the cell's median forward), the client or transport (its forwards normal), or unknown."""
     ms = r.extra.get("llamacpp_forward_ms") if r.extra else None
     if not ms or cell_forward_median != cell_forward_median:
-        return "no engine timings: engine or client cannot be told apart"
-    worst = max(ms)
-    if worst > factor * cell_forward_median:
-        return f"engine starved: llama.cpp's own forwards up to {worst:,.0f} ms against the cell's median {cell_forward_median:.1f} ms"
-    return (
-        f"client or transport: llama.cpp's own forwards within {worst / cell_forward_median:.1f}x of the cell's median"
-    )
+        return {"cause": "unknown"}
+    worst = float(max(ms))
+    cause = "engine starved" if worst > factor * cell_forward_median else "client or transport"
+    return {"cause": cause, "worst_forward_ms": worst, "median_forward_ms": cell_forward_median}
 
 
 def _forwards(r: RequestRecord) -> int:
@@ -117,16 +113,8 @@ def stalls(records: Sequence[RequestRecord], factor: float = STALL_FACTOR) -> li
         rt, rg = decode_time(r) / med_t if med_t > 0 else 0.0, _largest_gap(r) / med_g if med_g > 0 else 0.0
         lost = max((decode_time(r) - med_t) * _forwards(r), _largest_gap(r) - med_g)
         if max(rt, rg) > factor and lost >= floor:
-            what = f"{rt:.1f}x the cell's median time per forward" if rt >= rg else f"largest gap {rg:.1f}x the median"
-            out.append(
-                Finding(
-                    "stall",
-                    r.cell_id,
-                    f"{r.prompt_id}: {what} ({_engine_cause(r, fwd, factor)})",
-                    True,
-                    (r.prompt_id,),
-                )
-            )
+            values = {"prompt_id": r.prompt_id, "time_ratio": rt, "gap_ratio": rg, **_engine_cause(r, fwd, factor)}
+            out.append(Finding("stall", r.cell_id, values, True, (r.prompt_id,)))
     return out
 
 
@@ -153,7 +141,7 @@ def machine_findings(records: Sequence[RequestRecord]) -> list[Finding]:
     )
     if not reasons:
         return []
-    return [Finding("busy machine", records[0].cell_id, "; ".join(reasons), True)]
+    return [Finding("busy machine", records[0].cell_id, {"reasons": reasons}, True)]
 
 
 # --------------------------------------------------------------------------------------------
@@ -212,45 +200,25 @@ def _share(records: Sequence[RequestRecord], key: str) -> tuple[int, int]:
 
 
 def workload_findings(records: Sequence[RequestRecord]) -> list[Finding]:
-    """The workload traps one cell's records show."""
+    """The workload traps one cell's records show.  Synthetic acceptance is noted, not flagged: its
+    rows already count in no acceptance table and no best-method line."""
     if not records:
         return []
     cid, out = records[0].cell_id, []
     if any(r.synthetic_acceptance for r in records):
-        out.append(
-            Finding(
-                "synthetic acceptance", cid, f"acceptance fixed ({records[0].synthetic_acceptance}): timing only", True
-            )
-        )
-    rnd = [
+        out.append(Finding("synthetic acceptance", cid, {"rule": records[0].synthetic_acceptance}, False))
+    rnd = tuple(
         r.prompt_id
         for r in records
         if (r.extra.get("prompt_id_share") or 0) > RANDOM_ID_SHARE and not r.input_policy.endswith(":random")
-    ]
+    )
     if rnd:
-        out.append(
-            Finding(
-                "random-token prompts",
-                cid,
-                f"{len(rnd)} prompt(s) of random-looking token ids outside the random control: acceptance on them is not a task's",
-                True,
-                tuple(rnd),
-            )
-        )
-    k, n = _share(records, "double_bos")
-    if k:
-        out.append(
-            Finding("double BOS", cid, f"{k} of {n} prompts start with two BOS tokens (lowers acceptance ~5 %)", True)
-        )
-    k, n = _share(records, "chat_template_unused")
-    if k:
-        out.append(
-            Finding(
-                "no chat template", cid, f"{k} of {n} prompts sent as plain text to a model with a chat template", False
-            )
-        )
-    out += _eos_findings(records) + _counter_findings(records) + _idle_findings(records)
-    return out
+        out.append(Finding("random-token prompts", cid, {"n": len(rnd)}, True, rnd))
+    for check, key, flags in (("double BOS", "double_bos", True), ("no chat template", "chat_template_unused", False)):
+        k, n = _share(records, key)
+        if k:
+            out.append(Finding(check, cid, {"k": k, "n": n}, flags))
+    return out + _eos_findings(records) + _counter_findings(records) + _idle_findings(records)
 
 
 def _idle_findings(records: Sequence[RequestRecord]) -> list[Finding]:
@@ -259,8 +227,7 @@ def _idle_findings(records: Sequence[RequestRecord]) -> list[Finding]:
         q = (r.extra or {}).get("server_at_start") or {}
         busy = {k: v for k, v in q.items() if v}
         if busy:
-            what = ", ".join(f"{v:g} {k}" for k, v in sorted(busy.items()))
-            return [Finding("server not idle", r.cell_id, f"the server had {what} when the cell began", True)]
+            return [Finding("server not idle", r.cell_id, {"queue": busy}, True)]
     return []
 
 
@@ -271,15 +238,8 @@ def _eos_findings(records: Sequence[RequestRecord]) -> list[Finding]:
     if not past:
         return []
     share = sum(r.output_tokens - r.extra["past_eos_at"] for r in past) / max(sum(r.output_tokens for r in checked), 1)
-    return [
-        Finding(
-            "ran past EOS",
-            records[0].cell_id,
-            f"{len(past)} of {len(checked)} requests decoded past their EOS (ignore_eos): {share:.0%} of output tokens",
-            False,
-            tuple(r.prompt_id for r in past),
-        )
-    ]
+    values = {"k": len(past), "n": len(checked), "share": share}
+    return [Finding("ran past EOS", records[0].cell_id, values, False, tuple(r.prompt_id for r in past))]
 
 
 def _counter_findings(records: Sequence[RequestRecord]) -> list[Finding]:
@@ -289,14 +249,7 @@ def _counter_findings(records: Sequence[RequestRecord]) -> list[Finding]:
         neg = [k for k in ("drafts", "drafted_tokens", "accepted_tokens") if (ra.get(k) or 0) < 0]
         neg += ["per-position"] if any(a < 0 for a in ra.get("accepted_per_position") or []) else []
         if neg:
-            return [
-                Finding(
-                    "counters reset",
-                    r.cell_id,
-                    f"the engine's {', '.join(neg)} counters went backwards inside the cell (reset or cache flush)",
-                    True,
-                )
-            ]
+            return [Finding("counters reset", r.cell_id, {"counters": neg}, True)]
     return []
 
 
@@ -317,16 +270,7 @@ def prefix_cache_reuse(records_by_cell: Mapping[str, Sequence[RequestRecord]]) -
         if key in sent and sent[key] < t and key[3] not in hits.get(cid, []):
             hits.setdefault(cid, []).append(r.prompt_id)
         sent.setdefault(key, t)
-    return [
-        Finding(
-            "prefix cache warm",
-            cid,
-            f"{len(p)} prompt(s) already in the prefix cache from an earlier cell",
-            True,
-            tuple(p),
-        )
-        for cid, p in sorted(hits.items())
-    ]
+    return [Finding("prefix cache warm", cid, {"n": len(p)}, True, tuple(p)) for cid, p in sorted(hits.items())]
 
 
 def copy_by_task(records: Iterable[RequestRecord]) -> dict[str, float]:
@@ -352,8 +296,12 @@ def assess(records_by_cell: Mapping[str, Sequence[RequestRecord]]) -> list[Findi
     return out + prefix_cache_reuse(records_by_cell)
 
 
-def flagged(findings: Iterable[Finding], baselines: Mapping[str, str | None]) -> dict[str, str]:
-    """cell id -> why it is left out of verdicts: its own flags, or its AR baseline's.
+#: why a cell is left out: (check, True when it is its AR baseline's flag rather than its own)
+Reason = tuple[str, bool]
+
+
+def flagged(findings: Iterable[Finding], baselines: Mapping[str, str | None]) -> dict[str, tuple[Reason, ...]]:
+    """cell id -> why it is left out of verdicts: its own flags, and its AR baseline's.
 
     ``baselines`` maps each cell to its paired baseline (None for a baseline itself).
     """
@@ -361,70 +309,8 @@ def flagged(findings: Iterable[Finding], baselines: Mapping[str, str | None]) ->
     for f in findings:
         if f.flags and f.check not in own.get(f.cell_id, []):
             own.setdefault(f.cell_id, []).append(f.check)
-    out = {c: ", ".join(v) for c, v in own.items()}
+    out: dict[str, tuple[Reason, ...]] = {c: tuple((k, False) for k in v) for c, v in own.items()}
     for c, b in baselines.items():
         if b and b in own:
-            why = f"baseline {', '.join(own[b])}"
-            out[c] = f"{out[c]}; {why}" if c in out else why
+            out[c] = out.get(c, ()) + tuple((k, True) for k in own[b])
     return out
-
-
-# --------------------------------------------------------------------------------------------
-# the report's frames
-
-
-def _machine(records: Sequence[RequestRecord]) -> str:
-    """What the machine was doing during the cell, from the telemetry stamped on its records."""
-    e = records[0].extra if records and records[0].extra else {}
-
-    def num(key: str, digits: int = 1) -> str:
-        v = e.get(key)
-        return f"{v:.{digits}f}" if isinstance(v, (int, float)) and v == v else "—"
-
-    return (
-        f"load {num('tel_load_1m_mean', 2)} (max {num('tel_load_1m_max', 2)}) on {e.get('tel_cpu_cores', '—')} cores, "
-        f"steal {num('tel_cpu_steal_mean_pct')} %, CPU {num('tel_cpu_freq_min_mhz', 0)}–{num('tel_cpu_freq_max_mhz', 0)} MHz"
-    )
-
-
-def findings_frame(study: Any) -> pd.DataFrame:
-    """One row per finding: check, cell, the row it belongs to, what was found, whether it leaves
-    the cell out, the requests, and the machine during the cell."""
-    import pandas as pd
-
-    rows = []
-    for f in study.findings:
-        m = study.cells.get(f.cell_id)
-        if m is None:
-            continue
-        g = f" γ={m['gamma']}" if m["gamma"] else ""
-        rows.append(
-            {
-                "Check": f.check,
-                "Row": f"{m['framework']} {m['label']}{g} b={m['batch_size']} {m['task']} ({m['sampling']})",
-                "Cell": f.cell_id,
-                "Finding": f.finding,
-                "Verdicts": "left out" if f.flags else "noted",
-                "Machine during the cell": _machine(study.records.get(f.cell_id, [])),
-            }
-        )
-    return pd.DataFrame(rows, columns=["Check", "Row", "Cell", "Finding", "Verdicts", "Machine during the cell"])
-
-
-def reruns_frame(study: Any) -> pd.DataFrame:
-    """Cells run a second time because requests stalled in the first: what the first attempt had."""
-    import pandas as pd
-
-    rows = []
-    for cid, recs in sorted(study.records.items()):
-        first = recs[0].extra.get("first_attempt_stalls") if recs and recs[0].extra else None
-        if first:
-            again = stalls(recs)
-            rows.append(
-                {
-                    "Cell": cid,
-                    "First attempt": "; ".join(first),
-                    "Rerun": f"{len(again)} stalled again: flagged" if again else "clean: its records are the rerun's",
-                }
-            )
-    return pd.DataFrame(rows, columns=["Cell", "First attempt", "Rerun"])

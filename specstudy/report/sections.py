@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import pandas as pd
 
-from ..analysis import engine_costs, faq, frames, rates, stats, trees, validity
+from ..analysis import engine_costs, faq, frames, rates, stats, trees
 from ..analysis.format import FAMILY_TITLES, TASK_TITLES, fmt, fmt_ci
 from ..analysis.rows import HardwareRow, hardware_rows, headline_max_new
 from ..analysis.study import Study, vouched
@@ -20,6 +20,7 @@ from ..metrics import MIN_PROMPTS_FOR_CI
 from . import across_engines, conditions, fails, figures, tables, wording
 from .section import Section, markdown_table
 from .summary import summary_markdown
+from .validity import reasons_text, validity_section
 from .workload import workload_sections
 
 #: what the Pareto figures of a batch or rate sweep show (vLLM's sweep plots), said once for both sections
@@ -379,68 +380,12 @@ def summary_section(
     head = ""
     if whole is not None and whole.flags:
         n = len(whole.flags)
-        why = sorted({part for w in whole.flags.values() for part in w.split("; ")})
+        why = sorted({w for reasons in whole.flags.values() for w in reasons_text(reasons)})
         head = (
             f"_{n} flagged cell{'s' if n > 1 else ''} left out of every line below "
             f"({'; '.join(why)}): see [Validity](#validity)._\n\n"
         )
     return Section("Summary", head + summary_markdown(study, hw_rows, whole, whole_rows))
-
-
-#: checks the kit cannot run from what a cell records, each with why
-NOT_CHECKED = (
-    "a server's idleness at a cell's start where the engine exports no running/waiting gauges (the in-process "
-    "engines have no queue; llama.cpp and vLLM servers are read from their /metrics)",
-    "engines whose tokenizer is not on this machine skip the random-token, BOS, chat-template and EOS checks",
-)
-
-
-def validity_section(study: Study) -> Section:
-    """What the kit vouches for: each check, what it found, which rows; flagged rows are marked ⚑ in every
-    table and left out of the summary, the best-method lines and every verdict."""
-    sec = Section("Validity")
-    n, flagged = len(study.records), study.flags
-    own = {f.cell_id for f in study.findings if f.flags}
-    sec.markdown = (
-        f"Every cell is checked for the artifacts that fake a speedup (rules and thresholds: `docs/validity.md`): "
-        f"a request whose time per forward or largest inter-token gap exceeds {validity.STALL_FACTOR:g}× its "
-        "cell's median (a stall; the cell is rerun once and stays flagged if it recurs); a machine busy during the "
-        "cell (load above its cores, CPU steal, a clock drop, another GPU process); random-token prompts outside "
-        "the random control and a doubled BOS (where the engine's tokenizer is at hand); counters that went "
-        "backwards; a server not idle when the cell began; prompts already in the prefix cache "
-        "from an earlier cell. Every configuration an engine had not served got an untimed warm-up request first "
-        "(each part records which). "
-        + (
-            f"**{len(flagged)} of {n} cells are flagged** ({len(own)} by their own checks, "
-            f"{len(set(flagged) - own)} through their AR baseline) and marked ⚑ in every table; the summary, "
-            "best-method lines and verdicts read the other cells only.\n"
-            if flagged
-            else f"No cell of {n} is flagged.\n"
-        )
-    )
-    found = validity.findings_frame(study)
-    if len(found):
-        sec.add_table("validity", found, None, "\n**Findings**\n\n")
-    reruns = validity.reruns_frame(study)
-    if len(reruns):
-        sec.add_table("validity_reruns", reruns, None, "\n**Cells rerun after a stall**\n\n")
-    copy = validity.copy_by_task(study.all_records())
-    if copy:
-        shown = pd.DataFrame(
-            {
-                "Task": list(copy),
-                f"Output words inside a {validity.COPY_NGRAM}-word run copied from the prompt": [
-                    f"{v:.0%}" for v in copy.values()
-                ],
-                "Reading": [
-                    "mostly restates its prompt: a high α here is copying" if v > validity.COPY_SHARE_HIGH else "—"
-                    for v in copy.values()
-                ],
-            }
-        )
-        sec.add_table("validity_copying", shown, None, "\n**Outputs that restate their prompt**\n\n")
-    sec.markdown += "\n" + "".join(f"- Not checked: {line}.\n" for line in NOT_CHECKED)
-    return sec
 
 
 def engine_costs_section(study: Study) -> Section | None:

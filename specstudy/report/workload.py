@@ -9,6 +9,7 @@ import pandas as pd
 from ..analysis import claims, rates, tiers, turns
 from ..analysis.format import fmt
 from ..analysis.study import Study, vouched
+from ..metrics import MIN_PROMPTS_FOR_CI
 from .section import Section, markdown_table
 from .wording import estimate_text
 
@@ -115,11 +116,18 @@ def tiers_section(study: Study) -> Section | None:
         parts += [
             "\nEntropy tiers: each task's prompts in thirds by the target's own mean per-token entropy over "
             "its AR baseline's output (measured while decoding; engines that report it), low to high"
-            + ("" if ent_how == "per task" else f"; {ent_how}")
+            + (
+                ""
+                if ent_how == "per task"
+                else f"; pooled over each method's tasks: every per-task tier held fewer than {MIN_PROMPTS_FOR_CI} prompts"
+            )
             + ".\n",
             markdown_table(table),
         ]
-    elif ent_how != "per task":
-        parts.append(f"\nEntropy tiers {ent_how}.\n")
+    elif ent_how == "left out":
+        parts.append(
+            f"\nEntropy tiers left out: every tier, per task and pooled over tasks, holds fewer than "
+            f"{MIN_PROMPTS_FOR_CI} prompts (n too small for an interval).\n"
+        )
     sec.markdown = "\n".join(parts)
     return sec

@@ -34,6 +34,7 @@ from ..data.traces import needs_target_tokens
 from ..layout import StudyLayout
 from ..provenance import provenance
 from ..records import Request, RequestRecord
+from ..report.validity import finding_text
 from .cell import CellResult, annotate, run_cell, split_warmup, summarize
 from .engine_costs import measure_engine_costs
 from .plan import CellPlan, check_tasks, plan_summary
@@ -336,7 +337,7 @@ def _rerun_stalls(
     layout.write_stalled(plan.cell_id, run[0])  # kept beside, read by no table
     run = measure(wu.requests[:1])
     for r in run[0]:
-        r.extra.update(attempt=2, first_attempt_stalls=[f.finding for f in first])
+        r.extra.update(attempt=2, first_attempt_stalls=[finding_text(f) for f in first])
     again = validity.stalls(run[0])
     return run, f"{len(first)} stalled request(s), rerun once: " + (
         f"{len(again)} stalled again, cell flagged" if again else "clean"

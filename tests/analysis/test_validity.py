@@ -8,6 +8,7 @@ import pytest
 
 from specstudy.analysis import validity as V
 from specstudy.records import Cell, Request, Sampling
+from specstudy.report.validity import finding_text
 
 pytestmark = pytest.mark.validity
 
@@ -34,14 +35,14 @@ def test_a_starved_first_request_is_an_outlier_and_its_cause_is_the_engine():
     recs[0] = _rec("p0", 0.260, forwards_ms=[58, 112, 832, 2131, 733, 1132] + [9.0] * 16)  # the record
     found = V.stalls(recs)
     assert [f.requests for f in found] == [("p0",)] and all(f.flags for f in found)
-    assert "engine starved" in found[0].finding and "2,131 ms" in found[0].finding
+    assert "engine starved" in finding_text(found[0]) and "2,131 ms" in finding_text(found[0])
 
 
 def test_a_slow_request_whose_engine_forwards_were_normal_is_read_as_the_client():
     recs = _clean()
     recs[3] = _rec("p3", 0.050, forwards_ms=[9.0] * 22)
     (f,) = V.stalls(recs)
-    assert f.requests == ("p3",) and "client or transport" in f.finding
+    assert f.requests == ("p3",) and "client or transport" in finding_text(f)
 
 
 def test_one_long_gap_inside_an_otherwise_normal_request_is_an_outlier():
@@ -89,18 +90,19 @@ def _tel(**kw):
 def test_a_cell_measured_on_a_busy_machine_is_flagged_and_a_quiet_one_is_not():
     assert V.machine_findings([_rec("p", 0.01, **_tel())]) == []  # the quiet VM: load 1.61, steal 3.1 %
     (f,) = V.machine_findings([_rec("p", 0.01, **_tel(tel_load_1m_mean=4.1))])
-    assert f.flags and "load 4.10 on 2 cores" in f.finding
+    assert f.flags and "load 4.10 on 2 cores" in finding_text(f)
     (f,) = V.machine_findings([_rec("p", 0.01, **_tel(tel_cpu_steal_mean_pct=30.0, tel_gpu_other_procs_max=1))])
-    assert "CPU steal 30.0 %" in f.finding and "1 other process(es) on the GPU" in f.finding
+    assert "CPU steal 30.0 %" in finding_text(f) and "1 other process(es) on the GPU" in finding_text(f)
     (f,) = V.machine_findings([_rec("p", 0.01, **_tel(tel_cpu_freq_dropped=True))])
-    assert "CPU clock fell" in f.finding
+    assert "CPU clock fell" in finding_text(f)
 
 
 def test_a_flag_on_the_baseline_flags_every_cell_paired_with_it():
-    findings = [V.Finding("busy machine", "ar", "load 4.1", True), V.Finding("no chat template", "s2", "x", False)]
+    busy = V.Finding("busy machine", "ar", {"reasons": ["load 4.1"]}, True)
+    findings = [busy, V.Finding("no chat template", "s2", {"k": 1, "n": 1}, False)]
     out = V.flagged(findings, {"ar": None, "s1": "ar", "s2": "ar", "s3": "other"})
-    assert out == {"ar": "busy machine", "s1": "baseline busy machine", "s2": "baseline busy machine"}
-    assert V.flagged([V.Finding("no chat template", "s2", "x", False)], {"s2": "ar"}) == {}
+    assert out == {"ar": (("busy machine", False),), "s1": (("busy machine", True),), "s2": (("busy machine", True),)}
+    assert V.flagged(findings[1:], {"s2": "ar"}) == {}
 
 
 def test_synthetic_acceptance_double_bos_and_an_unused_chat_template_are_named():
@@ -108,7 +110,7 @@ def test_synthetic_acceptance_double_bos_and_an_unused_chat_template_are_named()
     r.synthetic_acceptance = "alpha=0.8"
     checks = {f.check: f for f in V.workload_findings([r, _rec("q", 0.01, double_bos=False)])}
     assert set(checks) == {"synthetic acceptance", "double BOS", "no chat template"}
-    assert checks["double BOS"].finding.startswith("1 of 2 prompts") and not checks["no chat template"].flags
+    assert finding_text(checks["double BOS"]).startswith("1 of 2 prompts") and not checks["no chat template"].flags
     assert V.workload_findings(_clean()) == []
 
 
@@ -128,7 +130,9 @@ def test_random_token_prompts_are_caught_outside_the_random_control_only():
 def test_requests_that_ran_past_eos_are_counted_and_a_cell_that_did_not_passes():
     recs = [_rec("a", 0.01, past_eos_at=6), _rec("b", 0.01, past_eos_at=None)]
     (f,) = V.workload_findings(recs)
-    assert f.check == "ran past EOS" and "1 of 2 requests" in f.finding and "38% of output tokens" in f.finding
+    assert (
+        f.check == "ran past EOS" and "1 of 2 requests" in finding_text(f) and "38% of output tokens" in finding_text(f)
+    )
     assert V.workload_findings([_rec("b", 0.01, past_eos_at=None)]) == []
 
 
@@ -137,7 +141,7 @@ def test_counters_that_went_backwards_inside_a_cell_flag_it():
     assert V.workload_findings([_rec("a", 0.01, run_acceptance=ok)]) == []
     reset = {**ok, "accepted_tokens": -120}
     (f,) = V.workload_findings([_rec("a", 0.01, run_acceptance=reset)])
-    assert f.check == "counters reset" and f.flags and "accepted_tokens" in f.finding
+    assert f.check == "counters reset" and f.flags and "accepted_tokens" in finding_text(f)
 
 
 def test_a_prompt_cached_by_an_earlier_cell_is_caught_and_distinct_prompts_pass():
@@ -199,6 +203,6 @@ def test_a_server_busy_when_the_cell_began_is_flagged_and_an_idle_one_passes():
     assert (
         f.check == "server not idle"
         and f.flags
-        and f.finding == "the server had 1 running, 2 waiting when the cell began"
+        and finding_text(f) == "the server had 1 running, 2 waiting when the cell began"
     )
     assert V.workload_findings([_rec("a", 0.01, server_at_start=idle)]) == []

@@ -66,9 +66,9 @@ def test_memory_within_the_noise_is_not_a_signed_number():
 def test_a_memory_difference_that_prints_as_large_as_its_noise_is_a_tie_worded_in_mb():
     """+50.24 MB against ±50.21 MB printed "+50.2 MB (beyond the ±50.2 MB noise)"."""
     assert claims.memory_verdict(50.24 * MB, 50.21 * MB) == claims.CANNOT_TELL
-    assert claims.memory_text(50.24 * MB, 50.21 * MB, "RSS") == "no difference resolvable: |Δ| ≤ 50.2 MB (RSS)"
+    assert wording.memory_text(50.24 * MB, 50.21 * MB, "RSS") == "no difference resolvable: |Δ| ≤ 50.2 MB (RSS)"
     assert claims.memory_verdict(50.4 * MB, 50.21 * MB) == claims.OBSERVED  # 50.4 > 50.2 as printed
-    tie = claims.memory_phrase(claims.CANNOT_TELL, 16.5 * MB)
+    tie = wording.memory_phrase(claims.CANNOT_TELL, 16.5 * MB)
     assert tie == "no difference beyond the ±16.5 MB noise: this study cannot tell" and "1×" not in tie
 
 
@@ -325,7 +325,7 @@ def test_a_flagged_baseline_is_named_marked_and_its_rows_left_out_of_the_summary
         r.extra.update(tel_cpu_cores=2, tel_load_1m_mean=3.4, tel_cpu_steal_mean_pct=3.0)
     lay.write_part("busy_ar", recs)
     study = load(lay.root)
-    assert study.flags == {"busy_ar": "busy machine", "busy_spec": "baseline busy machine"}
+    assert study.flags == {"busy_ar": (("busy machine", False),), "busy_spec": (("busy machine", True),)}
     secs = {s.title: s for s in sections.report_sections(study)}
     assert list(secs)[:2] == ["Validity", "Summary"]
     valid = secs["Validity"].markdown
@@ -383,16 +383,19 @@ def test_entropy_tiers_too_small_per_task_are_pooled_over_tasks_or_left_out_with
     study = _entropy_study(lay, ["code", "chat", "qa"], 6)  # 2 prompts a tier per task, 6 over the 3 tasks
     assert (tiers.entropy_tier_frame(study)["n_prompts"] < 5).all()
     shown, how = tiers.entropy_tiers_shown(study)
-    assert how.startswith("pooled over each method's tasks") and set(shown["task"]) == {"all tasks"}
+    assert how == "pooled" and set(shown["task"]) == {"all tasks"}
     assert list(shown["n_prompts"]) == [6, 6, 6]
     sec = tiers_section(study)
     assert "pooled over each method's tasks" in sec.markdown and "n too small" not in sec.markdown
 
     few = _entropy_study(StudyLayout(tmp_path / "few"), ["code"], 6)
     shown, how = tiers.entropy_tiers_shown(few)
-    assert shown.empty and how.startswith("left out: every tier")
+    assert shown.empty and how == "left out"
     sec = tiers_section(few)
-    assert sec.tables == {} and sec.markdown.strip() == f"Entropy tiers {how}."
+    assert sec.tables == {} and sec.markdown.strip() == (
+        "Entropy tiers left out: every tier, per task and pooled over tasks, holds fewer than 5 prompts "
+        "(n too small for an interval)."
+    )
 
 
 def test_entropy_tiers_with_enough_prompts_per_task_stay_per_task(lay):

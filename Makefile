@@ -29,6 +29,7 @@ export TOKENIZERS_PARALLELISM := false
 help:
 	@echo "make study [GPU=cpu|a100|h100|h200|rtx4090]   run the study matrix and render the report"
 	@echo "make study-engines                            vLLM (offline + server), llama.cpp, hf, reference on this CPU (~28 min)"
+	@echo "make study-deploy [PRICE=USD/h]               capacity under the SLO, gamma per load, structured outputs, cost, energy (~30 min)"
 	@echo "make test                                     lint, then the test suite (fast + model tests)"
 	@echo "make lint                                     ruff (lint + format check) and mypy"
 	@echo "make test-fast                                the fast subset (no model loading)"
@@ -137,6 +138,7 @@ else
 	  if [ $$rc -ne 0 ] && [ $$rc -ne 3 ]; then exit $$rc; fi
 	@$(MAKE) --no-print-directory -k -j$(NOTEBOOK_JOBS) -f $(OUT)/notebooks.mk BIN=$(BIN) all
 	@echo "report: $(OUT)/report.md ($(OUT)/report.html, $(OUT)/report.pdf)"
+	@if [ -f $(GOLDEN) ]; then $(BIN)/specstudy check --golden $(GOLDEN) $(OUT) --framework reference --greedy-only; fi
 	@if [ "$$(cat $(OUT)/.run-status)" = 3 ]; then \
 	  echo "make study: some cells failed (see $(OUT)/failed/ and the report); rerun to retry only them"; exit 1; fi
 endif
@@ -164,6 +166,36 @@ study-engines: $(STAMP)
 	  $(BIN)/python -m specstudy.environments install vllm $(ENGINE_FLAG) || exit $$?; \
 	  SPECSTUDY_COMMAND="make study-engines" $(MAKE) --no-print-directory study GPU=cpu-engines; rc=$$?; \
 	  echo "study-engines: $$(( $$(date +%s) - start )) s wall, load average $$(cut -d' ' -f1-3 /proc/loadavg)"; exit $$rc
+
+# The acceptance regression gate (issue 35): the greedy reference-engine rows of a study are deterministic,
+# so their golden is exact.  `make golden` writes params/golden/$(GPU).json from $(OUT) (once, from a study
+# run on main, then committed); `make check-golden` fails naming every row whose AL or per-position
+# acceptance moved (an engine upgrade, a drafter retrain).  `make study` runs the gate when a golden exists.
+GOLDEN ?= params/golden/$(GPU).json
+.PHONY: golden check-golden
+golden: $(STAMP)
+	@mkdir -p $(dir $(GOLDEN))
+	$(BIN)/specstudy check --write-golden $(GOLDEN) $(OUT) --framework reference --greedy-only --rel-tol 0
+
+check-golden: $(STAMP)
+	$(BIN)/specstudy check --golden $(GOLDEN) $(OUT) --framework reference --greedy-only
+
+# The deployment decisions (issue 35): params/hardware/cpu-deploy.yaml on this CPU through llama.cpp's
+# server and vLLM's server: capacity under the study's SLO for AR and prompt lookup (2 repeats, one round
+# of the capacity search: --refine-capacity 1), the gamma schedule per batch bucket (llama.cpp, 3 repeats),
+# the JSON-schema task with and without speculation on both servers, energy per token where RAPL is
+# readable and $ per million tokens when a price is given (PRICE=USD per hour).  Sized for 30 minutes here
+# from the engines study's measured costs, not yet measured as a whole.  Writes outputs/cpu-deploy/report.md.
+PRICE ?=
+.PHONY: study-deploy
+study-deploy: $(STAMP)
+	@start=$$(date +%s); echo "study-deploy: start $$(date -u +%FT%TZ), load average $$(cut -d' ' -f1-3 /proc/loadavg)"; \
+	  $(BIN)/python -m specstudy.environments install vllm $(ENGINE_FLAG) || exit $$?; \
+	  $(BIN)/specstudy run --hardware cpu-deploy --outputs outputs --refine-capacity 1 $(STUDY_ARGS); rc=$$?; \
+	  if [ $$rc -ne 0 ] && [ $$rc -ne 3 ]; then exit $$rc; fi; \
+	  SPECSTUDY_PRICE_PER_HOUR="$(PRICE)" $(MAKE) --no-print-directory -k -j$(NOTEBOOK_JOBS) -f outputs/cpu-deploy/notebooks.mk BIN=$(BIN) all; \
+	  echo "study-deploy: $$(( $$(date +%s) - start )) s wall, load average $$(cut -d' ' -f1-3 /proc/loadavg)"; \
+	  echo "report: outputs/cpu-deploy/report.md"; exit $$rc
 
 # Re-render the notebooks and the report from the records already in $(OUT) (nothing is measured).
 report: $(STAMP)

@@ -38,6 +38,11 @@ COMMANDS = {
         "OpenAI-compatible server, paired runs with and without speculation, speedup per rate",
     ),
     "run": ("run", "run the study matrix of params/hardware/<gpu>.yaml (warm-up, paired AR baseline, resume)"),
+    "check": (
+        "check",
+        "acceptance regression gate: compare a study's per-position acceptance and AL per row with a golden file "
+        "(--golden), or write one (--write-golden)",
+    ),
     "report": (
         "report",
         "render outputs/<gpu>/report.md (+ HTML) from the records, executing the notebooks; or merge several",

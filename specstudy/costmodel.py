@@ -51,6 +51,11 @@ class HardwareProfile:
     step_overhead_ms: float = 0.2
     kind: str = "gpu"  # "gpu" or "cpu"
     source: str = "datasheet"
+    # what renting the machine costs (None: no price stated, so no $ per token); the date and source
+    # travel with it because prices move
+    price_usd_per_hour: float | None = None
+    price_date: str = ""
+    price_source: str = ""
 
     def peak_tflops(self, dtype: str) -> float:
         canon = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "q4": "int4"}.get(dtype, dtype)

@@ -209,6 +209,30 @@ def goodput(
     return n / wall if wall and wall > 0 else NAN
 
 
+def slo_holds(
+    records: Sequence[RequestRecord],
+    ttft_s: float | None = None,
+    tpot_s: float | None = None,
+    e2e_s: float | None = None,
+    percentile: float = 90.0,
+) -> bool | None:
+    """Whether a run met a percentile SLO (MLPerf's form: p99 TTFT and p99 TPOT within their limits):
+    the ``percentile`` of each limited latency over the run's requests, a request that failed counting
+    as infinitely slow and a one-token output's TPOT as 0 (nothing to exceed).  None: no requests."""
+    if not records:
+        return None
+    for limit, fn in ((ttft_s, ttft), (tpot_s, tpot), (e2e_s, e2e)):
+        if limit is None:
+            continue
+        vals = [fn(r) if r.status == "ok" else math.inf for r in records]
+        vals = [0.0 if v != v and fn is tpot else (math.inf if v != v else v) for v in vals]
+        with np.errstate(invalid="ignore"):  # inf beside inf interpolates to NaN: read as a break
+            at = float(np.percentile(vals, percentile))
+        if not at <= limit:
+            return False
+    return True
+
+
 def percentiles(values: Iterable[float], qs: Sequence[float] = (50, 90, 99)) -> dict[str, float]:
     v = np.asarray([x for x in values if x == x], dtype=float)
     return {f"p{int(q) if float(q).is_integer() else q}": (float(np.percentile(v, q)) if v.size else NAN) for q in qs}

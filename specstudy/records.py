@@ -63,6 +63,9 @@ class Request:
     max_new_tokens: int | None = None
     #: a trace's recorded arrival, seconds after its first request (time scale applied)
     arrival_s: float | None = None
+    #: constrained decoding: a JSON schema (as JSON text) or a grammar the output must follow
+    json_schema: str | None = None
+    grammar: str | None = None
 
     def sampling_for(self, sampling: Sampling) -> Sampling:
         """The cell's sampling with this request's own output length, where a trace gives one."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -155,6 +155,8 @@ class _Nvml:
             ("gpu_util_pct", lambda h: nv.nvmlDeviceGetUtilizationRates(h).gpu),
             ("gpu_mem_used_bytes", lambda h: nv.nvmlDeviceGetMemoryInfo(h).used),
             ("gpu_fan_pct", lambda h: nv.nvmlDeviceGetFanSpeed(h)),
+            # mJ since the driver loaded (Volta and newer): a cell's energy is its last minus first sample
+            ("gpu_energy_mj", lambda h: nv.nvmlDeviceGetTotalEnergyConsumption(h)),
         )
         for i, h in enumerate(self.handles):
             s: dict[str, Any] = {"gpu": i}
@@ -205,6 +207,57 @@ class _Nvml:
 Nvml = _Nvml
 
 
+RAPL_ROOT = "/sys/class/powercap"
+
+
+class Rapl:
+    """The CPU packages' energy from RAPL (``/sys/class/powercap/intel-rapl:N/energy_uj``), summed and
+    unwrapped since construction; ``reason`` says why not when the machine does not expose it (a VM,
+    or a kernel that makes the counter root-only): the report says so instead of estimating."""
+
+    def __init__(self, root: str = RAPL_ROOT) -> None:
+        self.domains: list[tuple[str, float]] = []  # (energy_uj path, wrap range in uJ)
+        self.reason = ""
+        try:
+            names = sorted(n for n in os.listdir(root) if n.count(":") == 1)  # packages, not their subzones
+        except OSError:
+            self.reason = f"{root} does not exist (no RAPL on this machine)"
+            return
+        for n in names:
+            path = os.path.join(root, n, "energy_uj")
+            try:
+                with open(path) as f:
+                    int(f.read())
+                with open(os.path.join(root, n, "max_energy_range_uj")) as f:
+                    self.domains.append((path, float(f.read())))
+            except (OSError, ValueError) as e:
+                self.reason = f"{path} not readable ({type(e).__name__})"
+                self.domains = []
+                return
+        if not self.domains:
+            self.reason = f"{root} has no RAPL package domain"
+        self._last = [self._read(p) for p, _ in self.domains]
+        self._total_uj = 0.0
+
+    @staticmethod
+    def _read(path: str) -> float:
+        with open(path) as f:
+            return float(f.read())
+
+    def joules(self) -> float | None:
+        """Joules since construction (None where unreadable); a counter that wrapped adds its range."""
+        if not self.domains:
+            return None
+        for i, (path, wrap) in enumerate(self.domains):
+            try:
+                now = self._read(path)
+            except (OSError, ValueError):
+                return None
+            self._total_uj += now - self._last[i] if now >= self._last[i] else now + wrap - self._last[i]
+            self._last[i] = now
+        return self._total_uj / 1e6
+
+
 def _host_sample(proc: psutil.Process) -> dict[str, Any]:
     import psutil
 
@@ -230,6 +283,28 @@ def _host_sample(proc: psutil.Process) -> dict[str, Any]:
     except Exception:
         s["cpu_temp_c"] = None
     return s
+
+
+def _num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v
+
+
+def energy_of(samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Joules over a cell's samples: GPUs from NVML's total-energy counter (last − first per GPU,
+    summed), CPU packages from RAPL; None where the counter was not readable, with the reason RAPL
+    gave (never an estimate from power × time)."""
+    by_gpu: dict[Any, list[float]] = {}
+    for s in samples:
+        if _num(s.get("gpu_energy_mj")):
+            by_gpu.setdefault(s.get("gpu"), []).append(float(s["gpu_energy_mj"]))
+    cpu = [float(s["cpu_energy_j"]) for s in samples if _num(s.get("cpu_energy_j"))]
+    reasons = {str(s["cpu_energy_unavailable"]) for s in samples if s.get("cpu_energy_unavailable")}
+    gpu_ok = [v for v in by_gpu.values() if len(v) >= 2]
+    return {
+        "gpu_energy_j": sum(max(v) - min(v) for v in gpu_ok) / 1e3 if gpu_ok else None,
+        "cpu_energy_j": max(cpu) - min(cpu) if len(cpu) >= 2 else None,
+        "cpu_energy_unavailable": "; ".join(sorted(reasons)) or None,
+    }
 
 
 @dataclass
@@ -295,6 +370,7 @@ class Telemetry:
             "gpu_other_procs_max": agg("gpu_other_procs", max),
             "load_1m_max": agg("load_1m", max),
             "throttled": bool(perf) or cpu_drop,
+            **energy_of(self.samples),
         }
 
 
@@ -322,6 +398,9 @@ class TelemetrySampler:
     def _sample_once(self) -> None:
         t = time.perf_counter() - self._t0
         host = _host_sample(self._proc)
+        host["cpu_energy_j"] = self._rapl.joules()
+        if self._rapl.reason:
+            host["cpu_energy_unavailable"] = self._rapl.reason
         host["t_s"] = t
         host["epoch"] = time.time()
         gpus = self._nvml.sample() if self._nvml and self._nvml.handles else []
@@ -344,6 +423,7 @@ class TelemetrySampler:
         import psutil
 
         self._proc = psutil.Process()
+        self._rapl = Rapl()
         psutil.cpu_percent(interval=None)  # prime the utilisation counter
         self._t0 = time.perf_counter()
         self._thread = threading.Thread(target=self._loop, name="specstudy-telemetry", daemon=True)

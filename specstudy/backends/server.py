@@ -30,6 +30,7 @@ from ..frameworks import declaration as engine_declaration
 from ..frameworks.declaration import (
     LOAD_OPTIONS,  # cell options of the offered load, not the server's configuration
     check_engine_options,
+    constraint_body,
 )
 from ..metrics import acceptance_summary
 from ..records import Cell, Request, RequestRecord, Sampling
@@ -206,6 +207,7 @@ class StreamingServerBackend(ServingBackend, StreamedRequests, Generic[SnapshotT
             body["top_k"] = sampling.top_k
         if sampling.ignore_eos:
             body["ignore_eos"] = True
+        body.update(constraint_body(engine_declaration(self.framework), request.json_schema, request.grammar))
         body.update(self.extra_body)
         return body
 

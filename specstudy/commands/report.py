@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
+from ..analysis.cost import PRICE_ENV
 from ..layout import StudyLayout
 from ..report.notebooks import execute_notebooks, plan_notebook_jobs
 from ..report.writer import write_cross_report, write_report
@@ -27,11 +29,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="cross-hardware report over several outputs/<gpu>/ folders (written to --dest)",
     )
     p.add_argument(
+        "--price-per-hour",
+        type=float,
+        default=None,
+        metavar="USD",
+        help="US$ per GPU-hour (the whole machine on a CPU) for $ per million tokens, instead of the hardware "
+        "profile's stated price",
+    )
+    p.add_argument(
         "--dest", default=None, help="folder of the cross-hardware report (default <outputs>/cross-hardware)"
     )
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.price_per_hour is not None:
+        if not args.price_per_hour > 0:
+            raise ValueError(f"--price-per-hour={args.price_per_hour}: allowed a positive number of US$ per GPU-hour")
+        os.environ[PRICE_ENV] = repr(args.price_per_hour)  # the notebooks run in subprocesses and inherit it
     if args.merge:
         missing = [d for d in args.merge if not StudyLayout(Path(d)).records_dir.is_dir()]
         if missing:

@@ -84,6 +84,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="refuse to start on a busy machine (load, CPU steal or frequency, other GPU users) instead of warning",
     )
+    p.add_argument(
+        "--refine-capacity",
+        type=int,
+        default=0,
+        metavar="STEPS",
+        help="after the run, up to STEPS rounds of capacity search: each adds, per request-rate sweep, the "
+        "geometric midpoint of every bracket (highest rate meeting the study's SLO, first rate breaking it) wider "
+        "than 1.2x and measures it (pass the same STEPS on every rerun: the refined cells belong to the plan)",
+    )
     c = p.add_argument_group("cluster (--executor slurm; each overrides the profile's cluster: block)")
     c.add_argument(
         "--executor",
@@ -136,7 +145,7 @@ def _dry_run(
     args: argparse.Namespace, cfg: StudyConfig, plans: Sequence[CellPlan], summary: dict[str, Any], validated_s: float
 ) -> dict[str, Any]:
     """The plan, its predicted duration and memory fit, and what this machine lacks (warnings)."""
-    from ..run.dryrun import cell_breakdown, duration_table, memory_fit
+    from ..run.dryrun import cell_breakdown, deployment_plan, duration_table, memory_fit
 
     prof = load_hardware_profile(cfg.hardware, measure=False) if cfg.hardware in hardware_names() else None
     # an installed engine env is taken at its stamp: importing vLLM to check it takes ~10 s, and a
@@ -155,6 +164,7 @@ def _dry_run(
         "duration": duration_table(cfg, plans, prof) if prof else [],
         "breakdown": cell_breakdown(plans),
         "memory_fit": memory_fit(cfg, plans, prof) if prof else [],
+        "deployment": deployment_plan(cfg, prof, args.refine_capacity),
         "missing_on_this_machine": missing,
         **_dry_run_shards(args, cfg, plans, prof),
         "cells_list": [
@@ -200,6 +210,7 @@ def _print_dry_run(args: argparse.Namespace, doc: dict[str, Any]) -> None:
     print(f"## Predicted duration ({doc['prediction_note']})\n\n" + _md(doc["duration"]))
     print("## Cells\n\n" + _md(doc["breakdown"]))
     print("## Memory fit per model pair (prediction)\n\n" + _md(doc["memory_fit"]))
+    print("## Deployment decisions planned\n\n" + _md(doc["deployment"]))
     if "shards" in doc:
         print(
             f"## Shards ({doc['executor']}: one job each, sized by the predicted minutes against the time limit)\n\n"
@@ -211,6 +222,30 @@ def _print_dry_run(args: argparse.Namespace, doc: dict[str, Any]) -> None:
         + ("\n".join(f"- [{m['kind']}] {m['what']}: {m['why']}; {m['how']}" for m in missing) or "nothing")
         + "\n"
     )
+
+
+def _refined(cfg: StudyConfig, layout: StudyLayout) -> tuple[StudyConfig, set[str]] | None:
+    """The study with the capacity search's next rates added to their sweeps (None: nothing to refine)."""
+    import dataclasses
+
+    from ..analysis.capacity import refine_rates
+    from ..analysis.study import load
+
+    extra = refine_rates(load(layout.root))
+    extra = {
+        s: [r for r in rs if r not in sw.request_rates] for sw in cfg.sweeps for s, rs in extra.items() if s == sw.name
+    }
+    extra = {s: rs for s, rs in extra.items() if rs}
+    if not extra:
+        return None
+    sweeps = tuple(
+        dataclasses.replace(sw, request_rates=tuple(sorted({*sw.request_rates, *extra[sw.name]})))
+        if sw.name in extra
+        else sw
+        for sw in cfg.sweeps
+    )
+    print(f"capacity search: probing {extra}", flush=True)
+    return dataclasses.replace(cfg, sweeps=sweeps), set(extra)
 
 
 def _profile(cfg: StudyConfig) -> Any:
@@ -310,17 +345,34 @@ def run(args: argparse.Namespace) -> int:
     plan_before = layout.plan_path.read_text() if layout.plan_path.exists() else None
     try:
         log = (lambda m: print(m, file=sys.stderr, flush=True)) if args.json else (lambda m: print(m, flush=True))
-        results = run_study(
-            cfg,
-            plans,
-            layout,
-            progress=not args.no_progress,
-            max_cells=args.max_cells,
-            log=log,
-            full_plan=all_plans,
-            cuda=uses_cuda(cfg),
-            tasks_checked=True,
-        )
+
+        def run_plans(cfg: StudyConfig, plans: list[CellPlan], all_plans: list[CellPlan]) -> list[Any]:
+            return run_study(
+                cfg,
+                plans,
+                layout,
+                progress=not args.no_progress,
+                max_cells=args.max_cells,
+                log=log,
+                full_plan=all_plans,
+                cuda=uses_cuda(cfg),
+                tasks_checked=True,
+            )
+
+        results = run_plans(cfg, plans, all_plans)
+        for _ in range(max(0, args.refine_capacity)):
+            refined = _refined(cfg, layout)
+            if refined is None:
+                break
+            cfg, extra_sweeps = refined
+            all_plans = expand(cfg)
+            plans = [p for p in all_plans if set(p.sweeps) & extra_sweeps]
+            write_notebook_makefile(
+                plan_notebook_jobs(layout.root, [p.as_dict() for p in all_plans], cfg.notebooks),
+                layout.notebooks_makefile,
+                layout.records_stamp,
+            )
+            results += run_plans(cfg, plans, all_plans)
     except RuntimeError as e:  # another runner holds the outputs folder
         print(f"specstudy run: error: {e}", file=sys.stderr)
         return 2

@@ -10,12 +10,22 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, PositiveFloat
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat
 
 from ..costmodel import HardwareProfile
 from ..telemetry import measure_cpu
 from .errors import ParamsError, validate
 from .files import hardware_file, load_yaml
+
+
+class PriceSpec(BaseModel):
+    """What the profile's machine costs to rent, with when and where that price was read."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    usd_per_hour: PositiveFloat
+    date: str = Field(pattern=r"^\d{4}-\d{2}(-\d{2})?$")
+    source: str = Field(min_length=1)
 
 
 class ProfileSpec(BaseModel):
@@ -32,6 +42,7 @@ class ProfileSpec(BaseModel):
     bandwidth_efficiency: PositiveFloat = 0.65
     compute_efficiency: PositiveFloat = 0.6
     step_overhead_ms: float = 0.2
+    price: PriceSpec | None = None
 
 
 def load_hardware_profile(name: str, measure: bool = True) -> HardwareProfile:
@@ -62,4 +73,7 @@ def load_hardware_profile(name: str, measure: bool = True) -> HardwareProfile:
         step_overhead_ms=spec.step_overhead_ms,
         kind=spec.kind,
         source=source,
+        price_usd_per_hour=spec.price.usd_per_hour if spec.price else None,
+        price_date=spec.price.date if spec.price else "",
+        price_source=spec.price.source if spec.price else "",
     )

@@ -98,15 +98,38 @@ class PrecisionSpec(BaseModel):
     step: PositiveInt = 4
 
 
+#: named SLOs (``slo: {preset: NAME}``; keys given beside it override the preset's)
+SLO_PRESETS: dict[str, dict[str, Any]] = {
+    # the seed's FAQ Q1: TPOT <= 50 ms for comfortable chat (the median request)
+    "seed-chat": {"tpot_ms": 50.0, "percentile": 50.0},
+    # MLPerf Inference's interactive scenario for Llama-3.1-8B: p99 TTFT <= 500 ms, p99 TPOT <= 30 ms
+    "mlperf-llama3.1-8b-interactive": {"ttft_ms": 500.0, "tpot_ms": 30.0, "percentile": 99.0},
+}
+
+
 class Slo(BaseModel):
     """The serving SLOs goodput counts against: a request is good when it meets every one given.
     The default is the seed's comfortable-chat figure, TPOT ≤ 50 ms; ``tpot_ms: null`` drops it.
-    A study's ``slo`` block, the serving driver's and the analysis' SLO alike."""
+    A study's ``slo`` block, the serving driver's and the analysis' SLO alike.  ``percentile`` is
+    what capacity under the SLO reads (the run holds when that percentile of each latency is within
+    its limit); ``preset`` names one of :data:`SLO_PRESETS`."""
 
     model_config = _STRICT
+    preset: str | None = None
     ttft_ms: PositiveFloat | None = None
     tpot_ms: PositiveFloat | None = 50.0
     e2e_ms: PositiveFloat | None = None
+    percentile: Annotated[float, Field(gt=0.0, le=100.0)] = 90.0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _preset(cls, v: Any) -> Any:
+        if not isinstance(v, dict) or v.get("preset") is None:
+            return v
+        if v["preset"] not in SLO_PRESETS:
+            raise not_allowed(v["preset"], sorted(SLO_PRESETS), at="preset")
+        base = {"ttft_ms": None, "tpot_ms": None, "e2e_ms": None, **SLO_PRESETS[v["preset"]]}
+        return {**base, **v}
 
     @model_validator(mode="after")
     def _some(self) -> Slo:
@@ -130,6 +153,12 @@ class Slo(BaseModel):
         """``TTFT ≤ 500 ms and TPOT ≤ 50 ms``: the SLOs a good request meets."""
         given = (("TTFT", self.ttft_ms), ("TPOT", self.tpot_ms), ("E2E", self.e2e_ms))
         return " and ".join(f"{name} ≤ {v:g} ms" for name, v in given if v is not None)
+
+    def describe_percentile(self) -> str:
+        """``p99 TTFT ≤ 500 ms and p99 TPOT ≤ 30 ms``: what capacity under the SLO holds to."""
+        given = (("TTFT", self.ttft_ms), ("TPOT", self.tpot_ms), ("E2E", self.e2e_ms))
+        p = f"p{self.percentile:g}"
+        return " and ".join(f"{p} {name} ≤ {v:g} ms" for name, v in given if v is not None)
 
 
 class ModelPair(BaseModel):

@@ -111,7 +111,7 @@ class StudyConfig:
     notebooks: tuple[str, ...] = NOTEBOOKS
     engine_costs: tuple[str, ...] = ()
     #: goodput's SLOs, ms: {"ttft_ms", "tpot_ms", "e2e_ms"} (None: not part of the SLO)
-    slo: Mapping[str, float | None] = field(default_factory=lambda: Slo().model_dump())
+    slo: Mapping[str, Any] = field(default_factory=lambda: Slo().model_dump())
     #: task name (its file's stem) -> its task file: the sweeps name tasks, the runner reads these files
     task_files: Mapping[str, str] = field(default_factory=dict)
 

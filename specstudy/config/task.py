@@ -274,6 +274,28 @@ class SampleSpec(BaseModel):
     seed: NonNegativeInt = 0
 
 
+class StructuredOutputSpec(BaseModel):
+    """Constrained decoding for every request of the task: a JSON schema (checked as one at load), or a
+    GBNF grammar (llama.cpp's; vLLM's ``grammar`` takes EBNF too).  Exactly one."""
+
+    model_config = _STRICT
+    json_schema: dict[str, Any] | None = None
+    grammar: Annotated[str, Field(min_length=1)] | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> StructuredOutputSpec:
+        if (self.json_schema is None) == (self.grammar is None):
+            raise not_allowed(None, "exactly one of json_schema, grammar")
+        if self.json_schema is not None:
+            import jsonschema
+
+            try:
+                jsonschema.validators.validator_for(self.json_schema).check_schema(self.json_schema)
+            except jsonschema.SchemaError as e:
+                raise not_allowed(e.message, "a valid JSON schema", at="json_schema") from None
+        return self
+
+
 class TaskConfig(BaseModel):
     """A validated task file (``params/tasks/<name>.yaml`` or a user's own, anywhere)."""
 
@@ -299,6 +321,8 @@ class TaskConfig(BaseModel):
     #: input-length tiers (and a random-token control) built from the sources
     tiers: TierSpec | None = None
     seed_reference: dict[str, Any] = {}
+    #: constrain every output (a JSON schema or a grammar): the structured-output rows
+    structured_output: StructuredOutputSpec | None = None
 
     @model_validator(mode="before")
     @classmethod

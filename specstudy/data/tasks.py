@@ -48,6 +48,7 @@ any engine loads: :func:`specstudy.run.plan.check_tasks`).
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeGuard
@@ -254,6 +255,8 @@ def draw_requests(
                 reference=row.reference,
                 truncated=truncated,
                 later_turns=row.turns[1 : cfg.max_turns],
+                json_schema=structured_fields(cfg)[0],
+                grammar=structured_fields(cfg)[1],
             )
         )
     if want is not None and len(out) < want:
@@ -349,3 +352,11 @@ __all__ = [
     "task_rows",
     "task_summary",
 ]
+
+
+def structured_fields(cfg: TaskConfig) -> tuple[str | None, str | None]:
+    """The task's output constraint as the Request's (json_schema as JSON text, grammar); (None, None) without one."""
+    so = cfg.structured_output
+    if so is None:
+        return None, None
+    return (json.dumps(so.json_schema, sort_keys=True) if so.json_schema else None), so.grammar

@@ -133,6 +133,13 @@ class EngineDeclaration:
     max_batch: int | None = None
     #: loads the model pair's checkpoints (False: weights of its own format, mapped in its options)
     reads_checkpoints: bool = True
+    #: where a task's output constraint goes in a request body: kind ("json_schema", "grammar") ->
+    #: dotted field path; empty: the kit sends no constraint to this engine (a task with one is refused)
+    structured_output_fields: Mapping[str, str] = field(default_factory=dict)
+    #: whether the engine combines constrained decoding with speculation, as ``structured_source``
+    #: says: True, False (the framework table says "no"), None (nothing says; the study measures it)
+    structured_with_speculation: bool | None = None
+    structured_source: str = ""
 
     @property
     def environment(self) -> str | None:
@@ -147,6 +154,27 @@ class EngineDeclaration:
     def options_read(self) -> Mapping[str, str | None]:
         """Every framework option it takes: its own, plus the server client's for a server."""
         return {**(SERVER_OPTIONS if self.http else {}), **self.engine_options}
+
+
+def constraint_body(decl: EngineDeclaration, json_schema: str | None, grammar: str | None) -> dict[str, Any]:
+    """The request-body fields that constrain one request's output on ``decl``'s engine ({} without a
+    constraint); a constraint the engine cannot take raises, naming what it takes."""
+    kind, value = ("json_schema", json.loads(json_schema)) if json_schema else ("grammar", grammar)
+    if value is None:
+        return {}
+    path = decl.structured_output_fields.get(kind)
+    if path is None:
+        raise ValueError(
+            f"framework {decl.framework!r} takes no {kind} constraint; allowed: "
+            f"{sorted(decl.structured_output_fields) or 'none (no structured outputs through the kit)'}"
+        )
+    body: dict[str, Any] = {}
+    node = body
+    *parents, leaf = path.split(".")
+    for p in parents:
+        node = node.setdefault(p, {})
+    node[leaf] = value
+    return body
 
 
 #: option names used by no backend that profiles once carried, and what to write instead

@@ -33,6 +33,11 @@ def llamacpp_synthetic_fields(options: Mapping[str, Any], gamma: int) -> tuple[t
 LLAMACPP = EngineDeclaration(
     framework="llamacpp",
     backend="llamacpp.backend:LlamaCppBackend",
+    # the native /completion body's own fields (a JSON schema is turned into a grammar by the server)
+    structured_output_fields={"json_schema": "json_schema", "grammar": "grammar"},
+    structured_with_speculation=True,
+    structured_source="llama.cpp tools/server: drafts are verified by common_sampler_sample_and_accept_n "
+    "with the slot's own sampler chain, its grammar included",
     methods=("ar", "ngram", "draft_target"),
     method_options=METHOD_OPTIONS,
     engine_options={

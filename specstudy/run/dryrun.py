@@ -239,3 +239,57 @@ def memory_fit(cfg: StudyConfig, plans: Sequence[CellPlan], prof: HardwareProfil
                 }
             )
     return rows
+
+
+def deployment_plan(cfg: StudyConfig, profile: HardwareProfile | None, refine_steps: int = 0) -> list[dict[str, Any]]:
+    """What the deployment decisions (issue 35) will rest on: the capacity probes and their SLO, the γ
+    buckets and their repeats, the constrained tasks per engine, the energy counter and the price."""
+    from ..config.schema import Slo
+    from ..frameworks import declaration
+
+    slo = Slo.model_validate(dict(cfg.slo))
+    rows: list[dict[str, Any]] = []
+    for sw in cfg.sweeps:
+        if sw.request_rates:
+            rows.append(
+                {
+                    "decision": "capacity under the SLO",
+                    "sweep": sw.name,
+                    "plan": f"{', '.join(sw.frameworks)}: rates {', '.join(f'{r:g}' for r in sw.request_rates)} req/s, "
+                    f"{sw.max_prompts} requests per probe, {sw.repeats} repeat(s), {refine_steps} search round(s); "
+                    f"SLO {slo.describe_percentile()}",
+                }
+            )
+        if len(sw.gammas) > 1 and not sw.request_rates:
+            few = " (fewer than 3 repeats: the robust score is the median alone)" if sw.repeats < 3 else ""
+            rows.append(
+                {
+                    "decision": "γ per load",
+                    "sweep": sw.name,
+                    "plan": f"{', '.join(sw.frameworks)}: γ {', '.join(map(str, sw.gammas))} at batch "
+                    f"{', '.join(map(str, sw.batch_sizes))}, {sw.repeats} repeat(s){few}",
+                }
+            )
+        for task in sw.tasks:
+            so = load_task_config(cfg.task_file(task)).structured_output
+            if so is not None:
+                combine = {True: "combines it with speculation", False: "does not combine it", None: "not documented"}
+                engines = "; ".join(f"{f} {combine[declaration(f).structured_with_speculation]}" for f in sw.frameworks)
+                rows.append({"decision": "structured outputs", "sweep": sw.name, "plan": f"task {task}: {engines}"})
+    gpu = profile is not None and profile.kind == "gpu"
+    rows.append(
+        {
+            "decision": "energy per token",
+            "sweep": "every cell",
+            "plan": "NVML's total-energy counter per GPU"
+            if gpu
+            else "RAPL package counters where readable (said where not)",
+        }
+    )
+    price = (
+        f"US$ {profile.price_usd_per_hour:g} per GPU-hour ({profile.price_date}; {profile.price_source})"
+        if profile is not None and profile.price_usd_per_hour
+        else "no price stated: $ per million tokens not computed (specstudy report --price-per-hour)"
+    )
+    rows.append({"decision": "cost per token", "sweep": "every cell", "plan": price})
+    return rows

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +24,8 @@ from ..config.errors import ParamsProblems
 from ..config.schema import ModelPair
 from ..data.conversations import turns_per_prompt
 from ..data.traces import replay_rate
-from ..frameworks import DECLARATIONS, drafter_per_cell, server_frameworks, tokenizing_frameworks
+from ..frameworks import DECLARATIONS, drafter_per_cell, frameworks, server_frameworks, tokenizing_frameworks
+from ..frameworks import declaration as engine_declaration
 from ..frameworks.declaration import LOAD_OPTIONS
 from ..records import Cell, RequestRecord, Sampling
 
@@ -273,6 +274,7 @@ def check_tasks(
     from ..data.task_check import check_task  # reads data (datasets): only when a check is asked for
 
     most: dict[str, tuple[int, Sweep]] = {}
+    runs_on: dict[str, list[Sweep]] = {}
     seeds: dict[str, set[int]] = {}
     targets: dict[str, set[str]] = {}
     for sw in cfg.sweeps:
@@ -282,6 +284,7 @@ def check_tasks(
             if t not in most or sw.max_prompts > most[t][0]:
                 most[t] = (sw.max_prompts, sw)
             seeds.setdefault(t, set()).update(s.seed for s in sw.samplings)
+            runs_on.setdefault(t, []).append(sw)
             if set(sw.frameworks) & set(tokenizing_frameworks()):
                 targets.setdefault(t, set()).update(cfg.model(m).target for m in sw.models)
     toks: dict[str, Any] = {}
@@ -312,9 +315,41 @@ def check_tasks(
                     "before the measured ones: add prompts, or lower this or warmup.requests",
                 )
             )
+    for name, sws in runs_on.items():
+        problems += _structured_problems(cfg, name, sws)
     if problems:
         raise ParamsProblems(problems, f"tasks of {cfg.file} (checked before any engine loads)")
     return notes
+
+
+def _structured_problems(cfg: StudyConfig, task: str, sweeps: Sequence[Sweep]) -> list[ParamsError]:
+    """A constrained task runs only on engines that take its constraint, and never with ignore_eos
+    (an object cut at max_new_tokens is neither valid nor invalid)."""
+    try:
+        so = load_task_config(cfg.task_file(task)).structured_output
+    except (ParamsError, ValueError, OSError):
+        return []  # the task check reports a broken file
+    if so is None:
+        return []
+    kind = "json_schema" if so.json_schema is not None else "grammar"
+    able = sorted(f for f in frameworks() if kind in engine_declaration(f).structured_output_fields)
+    out = []
+    for sw in sweeps:
+        for fw in sorted(set(sw.frameworks) - set(able)):
+            out.append(
+                ParamsError(cfg.file, f"sweeps.{sw.name}.frameworks", fw, able, f"task {task!r} states a {kind}")
+            )
+        if any(s.ignore_eos for s in sw.samplings):
+            out.append(
+                ParamsError(
+                    cfg.file,
+                    f"sweeps.{sw.name}.sampling.ignore_eos",
+                    True,
+                    "false",
+                    f"task {task!r} constrains its outputs: a JSON object cut at max_new_tokens says nothing",
+                )
+            )
+    return out
 
 
 def _tokenizers(

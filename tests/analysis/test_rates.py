@@ -148,3 +148,14 @@ def test_the_serving_section_says_which_slo_goodput_counted_against(monkeypatch,
     sec = sections.serving_section(SimpleNamespace(config=config))
     assert says in sec.markdown and "serving_rates" in sec.tables
     assert seen == [rates.study_slo(SimpleNamespace(config=config))]
+
+
+def test_rate_pareto_marks_the_slo_tpot_limit():
+    raw = _raw()
+    raw["tpot_p50_s"] = 0.04
+    plain = figures.rate_pareto(raw)
+    marked = figures.rate_pareto(raw, slo_tpot_s=0.05)
+    for ax in marked.axes:
+        slo = [l for l in ax.get_lines() if l.get_label() == "SLO TPOT ≤ 50 ms"]
+        assert len(slo) == 1 and list(slo[0].get_xdata()) == pytest.approx([20.0, 20.0])
+    assert not any(l.get_label().startswith("SLO") for ax in plain.axes for l in ax.get_lines())

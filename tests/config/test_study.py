@@ -52,6 +52,9 @@ def test_shipped_profiles_validate_and_expand(hw, no_model_work):
     ids = {p.cell_id for p in plans}
     assert all(p.baseline_cell_id in ids for p in plans if p.baseline_cell_id)
     names = {s.name for s in cfg.sweeps}
+    if hw == "cpu-deploy":  # the deployment decisions (issue 35): capacity, gamma per load, structured outputs
+        assert {"capacity", "gamma_load", "structured"} <= names, names
+        return
     if "-" in hw:  # a focused CPU study (cpu-pair, cpu-engines): its own sweeps, a side-by-side table first
         assert names & {"hardware", "frameworks"}, names
         return
@@ -441,9 +444,12 @@ def test_optional_method_is_skipped_with_a_warning_until_its_drafter_exists(tmp_
 
 
 def test_the_study_states_its_slo_and_the_seeds_tpot_50_ms_is_the_default(tmp_path):
-    assert load_study("cpu", write(tmp_path, BASE)).slo == {"ttft_ms": None, "tpot_ms": 50.0, "e2e_ms": None}
+    base = {"preset": None, "percentile": 90.0}  # capacity under the SLO reads p90 unless a preset says otherwise
+    assert load_study("cpu", write(tmp_path, BASE)).slo == {**base, "ttft_ms": None, "tpot_ms": 50.0, "e2e_ms": None}
     cfg = load_study("cpu", write(tmp_path, {**BASE, "slo": {"ttft_ms": 800, "tpot_ms": 200}}, "s.yaml"))
-    assert cfg.slo == {"ttft_ms": 800.0, "tpot_ms": 200.0, "e2e_ms": None}
+    assert cfg.slo == {**base, "ttft_ms": 800.0, "tpot_ms": 200.0, "e2e_ms": None}
+    mlperf = load_study("cpu", write(tmp_path, {**BASE, "slo": {"preset": "mlperf-llama3.1-8b-interactive"}}, "m.yaml"))
+    assert mlperf.slo["ttft_ms"] == 500.0 and mlperf.slo["tpot_ms"] == 30.0 and mlperf.slo["percentile"] == 99.0
     assert cfg.as_dict()["slo"] == cfg.slo  # in the plan snapshot the report reads
 
 

@@ -127,3 +127,26 @@ def test_the_h200_profile_plans_the_seeds_specinfer_and_sequoia_rows():
     assert all(p.target == "meta-llama/Llama-2-7b-chat-hf" for p in plans)
     assert {p.drafter_id for p in plans if p.cell.method == "specinfer"} == {"JackFram/llama-68m+JackFram/llama-160m"}
     assert all("kit's reference engine" in p.label for p in plans if p.cell.method != "ar")
+
+
+def test_the_dry_run_plans_the_deployment_decisions():
+    """Every GPU profile plans capacity probes under its SLO, γ buckets with repeats, the JSON-schema task on an
+    engine that combines it with speculation, NVML energy and its dated price (none stated for the RTX 4090);
+    the CPU profile plans RAPL and says it has no price."""
+    from specstudy.config import load_hardware_profile, load_study
+    from specstudy.run.dryrun import deployment_plan
+
+    for hw in ("a100", "h100", "h200", "rtx4090"):
+        rows = deployment_plan(load_study(hw, check_tokenizers=False), load_hardware_profile(hw, measure=False), 2)
+        by = {(r["decision"], r["sweep"]): r["plan"] for r in rows}
+        assert "2 search round(s); SLO p90 TPOT ≤ 50 ms" in by[("capacity under the SLO", "capacity")], hw
+        assert "3 repeat(s)" in by[("γ per load", "gamma_load")]
+        assert by[("structured outputs", "structured")] == "task json_extract: vllm-server combines it with speculation"
+        assert "NVML" in by[("energy per token", "every cell")]
+        # the datacentre GPUs carry a dated price; no rent for the RTX 4090 was found with a source to cite
+        price = "no price stated" if hw == "rtx4090" else "2026-05"
+        assert price in by[("cost per token", "every cell")], hw
+    rows = deployment_plan(load_study("cpu", check_tokenizers=False), load_hardware_profile("cpu", measure=False))
+    decisions = {r["decision"] for r in rows}
+    assert "capacity under the SLO" not in decisions and "structured outputs" not in decisions  # none planned there
+    assert any("RAPL" in r["plan"] for r in rows) and any("no price stated" in r["plan"] for r in rows)

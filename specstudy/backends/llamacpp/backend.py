@@ -56,6 +56,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ...data.models import needs_download
+from ...frameworks.declaration import constraint_body
 from ...frameworks.llamacpp import LLAMACPP
 from ...metrics import acceptance_length
 from ...metrics import counter_acceptance as run_counter_acceptance
@@ -368,6 +369,7 @@ class LlamaCppBackend(ServerBackend):
             "stream": True,
             "timings_per_token": True,
             "return_tokens": True,
+            **constraint_body(LLAMACPP, request.json_schema, request.grammar),
         }
         return {**body, **self.extra_body}
 

@@ -1,0 +1,138 @@
+"""Capacity under an SLO: the highest offered request rate at which a server still meets it.
+
+A request-rate sweep says how latency grows with load; a deployment needs the rate it can take.
+Per (engine, method, task, γ) and repeat, the capacity is the highest swept rate below which the
+SLO held at every rate (:func:`specstudy.metrics.slo_holds`, the study's percentile); the first
+rate where it broke bounds it from above.  :func:`refine_rates` proposes the rates that narrow
+those brackets (geometric bisection), which ``specstudy run --refine-capacity`` measures.  Over
+repeats the capacity is given as its median and the range (run-to-run; a rate is not a prompt, so
+no interval over prompts applies).  Speculation's capacity stands beside its AR's.  Pure.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from ..config.schema import Slo
+from ..metrics import slo_holds, ttft
+from ..records import RequestRecord
+from .rates import study_slo
+from .study import Study
+
+_GROUP = ("framework", "label", "method", "task", "gamma", "prefix_cache", "sampling")
+
+
+#: a probe whose last third of requests waited this many times longer for a first token than its first
+#: third had a queue still growing: not stationary (its percentiles depend on how long it ran)
+GROWING_QUEUE = 2.0
+
+
+def stationary(records: Sequence[RequestRecord]) -> bool | None:
+    """Whether a probe reached a steady state: the TTFT median of its last third of requests (by send
+    time) within :data:`GROWING_QUEUE` times its first third's (None: fewer than 6 ok requests)."""
+    ok = sorted((r for r in records if r.status == "ok"), key=lambda r: r.start_epoch)
+    if len(ok) < 6:
+        return None
+    third = len(ok) // 3
+    first, last = (float(np.median([ttft(r) for r in part])) for part in (ok[:third], ok[-third:]))
+    return bool(last <= GROWING_QUEUE * first)
+
+
+def probes(study: Study, slo: Slo | None = None) -> pd.DataFrame:
+    """One row per request-rate cell: its group, repeat, rate, sweeps, whether the SLO held and whether
+    the probe was stationary."""
+    slo = slo or study_slo(study)
+    rows = []
+    for cid, m in study.cells.items():
+        if m["request_rate"] is None or m.get("arrivals", "poisson") != "poisson":
+            continue
+        held = slo_holds(study.records[cid], slo.ttft_s, slo.tpot_s, slo.e2e_s, slo.percentile)
+        rows.append(
+            {
+                **{k: m[k] for k in _GROUP},
+                "repeat": m["repeat"],
+                "rate": float(m["request_rate"]),
+                "held": held,
+                "stationary": stationary(study.records[cid]),
+                "sweeps": tuple(m["sweeps"]),
+                "cell_id": cid,
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def bracket(held_by_rate: Mapping[float, bool | None]) -> tuple[float, float]:
+    """(capacity, first breaking rate): the highest rate below the first break, and that break
+    (inf when it never broke; capacity 0 when it broke at the lowest rate)."""
+    cap, broke = 0.0, math.inf
+    for rate in sorted(held_by_rate):
+        if held_by_rate[rate] is None:
+            continue
+        if not held_by_rate[rate]:
+            broke = rate
+            break
+        cap = rate
+    return cap, broke
+
+
+def capacity_frame(study: Study, slo: Slo | None = None) -> pd.DataFrame:
+    """Per group: capacity per repeat, its median and range, the break above it, and the rates probed."""
+    pr = probes(study, slo)
+    if pr.empty:
+        return pr
+    rows = []
+    for key, g in pr.groupby(list(_GROUP), dropna=False, sort=True):
+        caps, breaks = [], []
+        for _, rg in g.groupby("repeat"):
+            cap, broke = bracket(dict(zip(rg["rate"], rg["held"])))
+            caps.append(cap)
+            breaks.append(broke)
+        rows.append(
+            {
+                **dict(zip(_GROUP, key)),
+                "repeats": len(caps),
+                "capacity_rps": float(np.median(caps)),
+                "capacity_min_rps": min(caps),
+                "capacity_max_rps": max(caps),
+                "breaks_at_rps": float(np.median(breaks)),
+                "unsteady_probes": int((g["stationary"] == False).sum()),  # noqa: E712 (None: unknown)
+                "rates": sorted(set(g["rate"])),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def beside_ar(frame: pd.DataFrame) -> pd.DataFrame:
+    """Each speculative group with its engine's AR capacity on the same task, and their ratio."""
+    if frame.empty:
+        return frame
+    ar = frame[frame["method"] == "ar"].set_index(["framework", "task", "prefix_cache", "sampling"])["capacity_rps"]
+    spec = frame[frame["method"] != "ar"].copy()
+    keys = list(zip(spec["framework"], spec["task"], spec["prefix_cache"], spec["sampling"]))
+    spec["ar_capacity_rps"] = [ar.get(k, math.nan) for k in keys]
+    spec["capacity_ratio"] = [
+        c / a if a and a == a else math.nan for c, a in zip(spec["capacity_rps"], spec["ar_capacity_rps"])
+    ]
+    return spec
+
+
+def refine_rates(study: Study, slo: Slo | None = None, resolution: float = 1.2) -> dict[str, list[float]]:
+    """Per sweep, the rates that halve (geometrically) every finite bracket wider than ``resolution``
+    (the break over the capacity): the next probes of the search.  Empty when every bracket is narrow
+    enough, or when it never broke below the sweep's top finite rate (nothing above to bisect)."""
+    pr = probes(study, slo)
+    if pr.empty:
+        return {}
+    out: dict[str, set[float]] = {}
+    for _, g in pr.groupby(list(_GROUP) + ["repeat"], dropna=False):
+        cap, broke = bracket(dict(zip(g["rate"], g["held"])))
+        if math.isinf(broke) or cap <= 0 or broke / cap <= resolution:
+            continue
+        mid = round(math.sqrt(cap * broke), 3)
+        for sweep in g["sweeps"].iloc[0]:
+            out.setdefault(sweep, set()).add(mid)
+    return {s: sorted(v) for s, v in out.items()}

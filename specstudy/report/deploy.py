@@ -1,0 +1,268 @@
+"""The report's deployment section: capacity under the SLO, γ per load, cost and energy per token.
+
+Each part prints only what the study measured; a part without its cells says which sweep it needs.
+The numbers are :mod:`specstudy.analysis.capacity`, ``gamma_schedule`` and ``cost``'s.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import pandas as pd
+
+from ..analysis import capacity, cost, gamma_schedule, rates, structured
+from ..analysis.format import fmt, fmt_ci
+from ..analysis.study import Study
+from .section import Section, markdown_table
+
+
+def capacity_text(row: Mapping[str, Any]) -> str:
+    """``2.5 req/s (range 2-2.5 over 3 repeats; breaks at 3)``: a capacity as the report states it."""
+    cap = f"{row['capacity_rps']:g} req/s"
+    spread = f"range {row['capacity_min_rps']:g}-{row['capacity_max_rps']:g} over {row['repeats']} repeats"
+    broke = (
+        "never broke up to the highest rate probed"
+        if math.isinf(row["breaks_at_rps"])
+        else f"breaks at {row['breaks_at_rps']:g}"
+    )
+    unsteady = int(row.get("unsteady_probes") or 0)
+    steady = f"; {unsteady} probe(s) with a queue still growing" if unsteady else ""
+    return f"{cap} ({spread}; {broke}{steady})"
+
+
+def schedule_lines(frame: pd.DataFrame) -> list[str]:
+    """The recommended schedule per (engine, method, task) in words, e.g. "γ 4 up to batch 2, γ 2 up to batch 8"."""
+    lines: list[str] = []
+    if frame.empty:
+        return lines
+    for key, g in frame.groupby(list(gamma_schedule.SCHEDULE_KEY), sort=True, dropna=False):
+        parts = [f"{'off' if c == 'off' else f'γ {c}'} up to batch {b}" for c, b in gamma_schedule.runs(g)]
+        open_calls = [int(b) for b, sep in zip(g["batch_size"], g["separated"]) if sep is not True]
+        tail = (
+            f"; the data cannot separate the choice from the runner-up at batch {', '.join(map(str, open_calls))}"
+            if open_calls
+            else ""
+        )
+        lines.append(f"{key[0]} {key[1]} on {key[2]}: " + ", ".join(parts) + tail + ".")
+    return lines
+
+
+def energy_notes(read: cost.EnergyRead) -> list[str]:
+    """What energy the study read, and why not where it could not (said, never estimated)."""
+    notes = []
+    if read.gpu:
+        notes.append(
+            "GPU energy: NVML's total-energy counter (last − first sample of each cell, summed over every GPU NVML "
+            "sees on the machine, idle ones included: a cell on fewer GPUs than the node has is charged for all)."
+        )
+    elif read.gpu_machine:
+        notes.append("GPU energy: not readable (NVML gave no total-energy counter on this machine); no GPU J/token.")
+    if read.cpu:
+        notes.append("CPU energy: RAPL package counters (`/sys/class/powercap`), over the cell's measured requests.")
+    else:
+        why = f" ({'; '.join(read.cpu_unavailable)})" if read.cpu_unavailable else " (no telemetry recorded a reading)"
+        notes.append(
+            "CPU energy: RAPL not readable on this machine"
+            + why
+            + ", so no CPU J/token is shown; the kit never estimates it from power × time."
+        )
+    return notes
+
+
+def price_note(price: cost.Price | None) -> str:
+    if price is None:
+        return (
+            "No price per hour stated for this machine: $ per million tokens is not computed "
+            "(add `price:` to the hardware profile or pass `specstudy report --price-per-hour USD`)."
+        )
+    return (
+        f"Price: US$ {price.usd_per_gpu_hour:g} per GPU-hour, the whole machine on a CPU ({price.date}; "
+        f"{price.source}); $ per million output tokens = price × GPUs / 3600 / measured output tokens per s, "
+        "at the row's TPOT p50."
+    )
+
+
+def engines_shown(frame: pd.DataFrame) -> pd.DataFrame:
+    """The engines' structured-output declarations as the report shows them."""
+    combine = {True: "yes", False: "no", None: "not documented"}
+    return pd.DataFrame(
+        {
+            "Framework": frame["framework"],
+            "Constraint fields": frame["fields"].map(lambda d: ", ".join(f"{k}: `{v}`" for k, v in d.items()) or "—"),
+            "With speculation": frame["with_speculation"].map(
+                lambda v: combine[None if v is None or v != v else bool(v)]
+            ),
+            "Source": frame["source"].map(lambda s: s or "—"),
+        }
+    )
+
+
+def _capacity(study: Study, sec: Section) -> list[str]:
+    slo = rates.study_slo(study)
+    frame = capacity.capacity_frame(study, slo)
+    head = "### Capacity under the SLO\n"
+    if frame.empty:
+        return [
+            head,
+            "_no request-rate cells with Poisson arrivals in this study (a serving sweep's `request_rates`)_\n",
+        ]
+    side = capacity.beside_ar(frame)
+    shown = pd.DataFrame(
+        {
+            "Framework": frame["framework"],
+            "Method": frame["label"],
+            "Task": frame["task"],
+            "γ": frame["gamma"].map(lambda g: "—" if g is None or g != g else f"{g:g}"),
+            "Capacity": [capacity_text(r) for r in frame.to_dict("records")],
+            "Rates probed (req/s)": frame["rates"].map(
+                lambda rs: ", ".join("inf" if math.isinf(r) else f"{r:g}" for r in rs)
+            ),
+        }
+    )
+    sec.tables["deploy_capacity"] = (shown, frame)
+    lines = [
+        head,
+        f"The highest offered rate (Poisson arrivals) at which {slo.describe_percentile()} held at that rate and every "
+        "lower one probed, per repeat of the sweep; the first rate where it broke bounds it from above. "
+        "`specstudy run --refine-capacity N` bisects each bracket geometrically before the report. A probe whose last "
+        "third of requests waited over twice as long for a first token as its first third had a queue still growing "
+        "(not stationary: its percentiles depend on how long it ran); the capacity names how many. Repeats give the "
+        "range (run to run); a capacity is not a per-prompt statistic, so no interval over prompts applies.\n",
+        markdown_table(shown),
+    ]
+    for r in side.to_dict("records"):
+        if r["ar_capacity_rps"] == r["ar_capacity_rps"]:
+            verdict = (
+                "more than"
+                if r["capacity_min_rps"] > r["ar_capacity_rps"]
+                else "less than"
+                if r["capacity_max_rps"] < r["ar_capacity_rps"]
+                else "not separable from"
+            )
+            lines.append(
+                f"- {r['framework']} {r['label']} on {r['task']}: capacity {r['capacity_rps']:g} req/s, {verdict} AR's "
+                f"{r['ar_capacity_rps']:g} req/s over its repeats.\n"
+            )
+    return lines
+
+
+def _gamma(study: Study, sec: Section) -> list[str]:
+    frame = gamma_schedule.gamma_schedule(study)
+    head = "### γ per load\n"
+    if frame.empty:
+        return [
+            head,
+            "_no batch size measured at two or more γ for one method (a sweep with several `gammas` and `batch_sizes`)_\n",
+        ]
+    shown = pd.DataFrame(
+        {
+            "Framework": frame["framework"],
+            "Method": frame["label"],
+            "Task": frame["task"],
+            "Batch": frame["batch_size"],
+            "γ measured": frame["gammas"].map(lambda gs: ", ".join(map(str, gs))),
+            "Chosen γ": frame["chosen"],
+            "Robust speedup": frame["score"].map(lambda x: fmt(x, suffix="×")),
+            "Runner-up": frame["runner_up"],
+            "Separated": frame["separated"].map({True: "yes", False: "no"}).fillna("n too small"),
+            "Cost model's γ": frame["predicted_gamma"],
+            "Rests on": frame["rests_on"].map(lambda cs: f"{len(cs)} cells"),
+        }
+    )
+    sec.tables["deploy_gamma_schedule"] = (shown, frame)
+    return [
+        head,
+        "Per batch-size bucket, each measured γ scored by its paired speedup's median − 1.4826 × MAD over repeats "
+        "(vLLM's tuner's conservative score; one repeat: its speedup), AR scoring 1: γ off when none beats it. "
+        "*Separated*: whether the chosen setting's 95 % interval over prompts is disjoint from the runner-up's. "
+        "*Cost model's γ*: the best measured γ by the cost model from each row's own α̂, c and verification cost. "
+        "The cells behind each row are in `tables/deploy_gamma_schedule.csv`.\n",
+        markdown_table(shown),
+        "\nSchedule:\n",
+        *[f"- {line}\n" for line in schedule_lines(frame)],
+    ]
+
+
+def _structured(study: Study, sec: Section) -> list[str]:
+    raw_engines = structured.engines_table()
+    engines = engines_shown(raw_engines)
+    sec.tables["deploy_structured_engines"] = (engines, raw_engines)
+    lines = [
+        "### Structured outputs under speculation\n",
+        "Which engines combine constrained decoding with speculation (their declarations, with the source):\n",
+        markdown_table(engines),
+    ]
+    frame = structured.structured_frame(study)
+    if frame.empty:
+        return lines + ["\n_no task in this study states a `structured_output` (a JSON schema or grammar)_\n"]
+    ci = zip(frame["acceptance_length"], frame["acceptance_length_ci"], frame["n_prompts"])
+    sp = zip(frame["speedup"], frame["speedup_ci"], frame["n_prompts"])
+    shown = pd.DataFrame(
+        {
+            "Framework": frame["framework"],
+            "Method": frame["label"],
+            "Task": frame["task"],
+            "γ": frame["gamma"],
+            "α": frame["alpha"].map(fmt),
+            "AL": [fmt_ci(a, c, n=n) for a, c, n in ci],
+            "Speedup": [fmt_ci(s, c, suffix="×", n=n) for s, c, n in sp],
+            "Valid (spec)": [f"{fmt(s)} of {n}" for s, n in zip(frame["valid_share"], frame["valid_judged"])],
+            "Valid (AR)": [f"{fmt(s)} of {n}" for s, n in zip(frame["ar_valid_share"], frame["ar_valid_judged"])],
+        }
+    )
+    sec.tables["deploy_structured"] = (shown, frame)
+    return lines + [
+        "\nEvery request of these tasks carried the task's constraint, with and without speculation, on the same "
+        "prompts. *Valid*: outputs that parse as JSON and meet the schema (jsonschema), of those judged (outputs cut "
+        "at max_new_tokens are not judged; a grammar task is enforced by the engine and not re-parsed).\n",
+        markdown_table(shown),
+    ]
+
+
+def _cost(study: Study, sec: Section) -> list[str]:
+    slo = rates.study_slo(study)
+    frame = cost.cost_energy_frame(study, slo.tpot_ms)
+    lines = ["### Cost and energy per output token\n", *[f"- {n}\n" for n in energy_notes(cost.energy_read(study))]]
+    lines.append(f"- {price_note(cost.price_of(study))}\n")
+    if frame.empty:
+        return lines
+    shown = pd.DataFrame(
+        {
+            "Framework": frame["framework"],
+            "Method": frame["label"],
+            "Task": frame["task"],
+            "γ": frame["gamma"].map(lambda g: "—" if g is None or g != g else f"{g:g}"),
+            "Batch": frame["batch_size"],
+            "New tokens": frame["max_new_tokens"],
+            "Sampling": frame["sampling"],
+            "Rate": frame["request_rate"].map(lambda r: "—" if r is None or r != r else f"{r:g}"),
+            "tok/s": frame["tokens_per_s"].map(lambda x: fmt(x, 1)),
+            "TPOT p50 (ms)": frame["tpot_p50_ms"].map(lambda x: fmt(x, 1)),
+            f"TPOT ≤ {slo.tpot_ms:g} ms" if slo.tpot_ms else "TPOT SLO": frame["meets_tpot_slo"]
+            .map({True: "yes", False: "no"})
+            .fillna("—"),
+            "GPU J/token": frame["gpu_j_per_token"].map(lambda x: fmt(x, 3)),
+            "AR GPU J/token": frame["ar_gpu_j_per_token"].map(lambda x: fmt(x, 3)),
+            "CPU J/token": frame["cpu_j_per_token"].map(lambda x: fmt(x, 3)),
+            "AR CPU J/token": frame["ar_cpu_j_per_token"].map(lambda x: fmt(x, 3)),
+            "$/M tokens": frame["usd_per_m_tokens"].map(lambda x: fmt(x, 2)),
+            "AR $/M tokens": frame["ar_usd_per_m_tokens"].map(lambda x: fmt(x, 2)),
+        }
+    )
+    sec.tables["deploy_cost_energy"] = (shown, frame)
+    lines += [
+        "\nPer row (repeats pooled): output tokens/s = Σ tokens / Σ cell span, the span its energy counters cover; "
+        "its paired AR's figures beside it. Rows compare at a service level only where both meet the TPOT column.\n",
+        markdown_table(shown),
+    ]
+    return lines
+
+
+def deploy_section(study: Study) -> Section:
+    """Capacity under the SLO, γ per load, structured outputs, cost and energy (what a deployment decides)."""
+    sec = Section("Deployment decisions")
+    parts = _capacity(study, sec) + _gamma(study, sec) + _structured(study, sec) + _cost(study, sec)
+    sec.markdown = "\n".join(parts)
+    return sec

@@ -14,7 +14,7 @@ import pandas as pd
 
 from ..analysis.claims import Estimate, overlap
 from ..analysis.drafts import optimal_measured, pooled_drafts
-from ..analysis.format import FAMILY_TITLES, TASK_TITLES, fmt, fmt_ci, seed_row_name, short_model
+from ..analysis.format import FAMILY_TITLES, TASK_TITLES, fmt, fmt_ci, is_dynamic_tree, seed_row_name, short_model
 from ..analysis.memory import memory_groups
 from ..analysis.rates import peak_memory
 from ..analysis.rows import (
@@ -127,7 +127,7 @@ def _hardware_cells(study: Study, r: HardwareRow) -> dict[str, Any]:
     p, is_ar = r.pooled, r.is_ar
     return {
         "Method": ("Baseline (AR)" if is_ar else _label(r.label, p)) + flag_mark(study, r.cells),
-        "Seed row": seed_row_name(r.method),
+        "Seed row": seed_row_name(r.method, is_dynamic_tree(x for c in r.cells for x in study.records.get(c, []))),
         "Framework": r.framework,
         "Precision": r.precision,
         "Target": short_model(r.model),

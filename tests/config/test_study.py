@@ -77,7 +77,8 @@ def test_cpu_profile_is_sized_for_this_machine():
     one) the whole study with all 4 took 17 min 43 s (load 0.77 -> 1.78): over 15 minutes there.  So the
     study decodes 24 tokens, the reference headline rows grow to 10 prompts per task and llama.cpp's
     gamma sweep starts at 2 (reference + HF 3,200 and llama.cpp 5,280 tokens at most): 11 min 48 s on
-    that machine (2026-12-03 08:42-08:54, load 0.47 -> 1.61), plus 81 s for a fresh .venv.  The
+    that machine (2026-12-03 08:42-08:54, load 0.47 -> 1.61), plus 81 s for a fresh .venv.  EAGLE-2's
+    dynamic tree (issue 37) adds one reference cell of 5 code prompts x 24 tokens (120 tokens).  The
     machine's speed is what this budget cannot see; the README gives it."""
     from specstudy.metrics import MIN_PROMPTS_FOR_CI
     from specstudy.run.precision import most_extensions

@@ -72,6 +72,11 @@ class ReferenceBackend(Backend):
             return "the kit's reference engine, autoregressive decoding (no speculation)"
         if method == "sequoia":
             return f"the kit's reference engine: a Sequoia DP token tree of at most {opts.get('tree_nodes')} nodes, depth <= {gamma}"
+        if method in ("eagle", "eagle3") and "tree_nodes" in opts:
+            return (
+                f"the kit's reference engine: EAGLE-2's dynamic tree of {opts['tree_nodes']} nodes "
+                f"(top-{opts.get('tree_topk', 4)} expansion, depth {gamma}), verified in one forward"
+            )
         if method == "specinfer":
             return "the kit's reference engine: SpecInfer, the drafters' token trees merged into one tree"
         branching = str(opts.get("tree_branching", ""))

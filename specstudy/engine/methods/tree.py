@@ -53,6 +53,7 @@ from ...drafter_names import SELF
 from ...synthetic import SyntheticAcceptance, parse_synthetic
 from ..drafters import load_drafter, resolve_drafter_path
 from ..kv import cache_arg, new_cache
+from ..lean import lean_cache
 from ..sampling import next_tokens, probs_for, sample_from
 from ..tokentree import (
     TokenTree,
@@ -359,7 +360,7 @@ def tree_decode(
     trace = BatchTrace([prompt], sampling.max_new_tokens, eos_token_ids, sampling.ignore_eos, device)
     row = trace.rows[0]
     row.tree_nodes = 0
-    cache = new_cache(target)
+    cache = lean_cache(target, 1, torch.device(device)) or new_cache(target)  # the lean forward where it runs
     root = _prefill(target, cache, trace, drafter, sampling, generator, device)
     kept = synthetic.draws(sampling.seed) if synthetic is not None else None
     committed = list(row.prompt_ids)

@@ -39,7 +39,7 @@ from .connections import Http, address
 from .exchange import StreamedRequests
 from .lifecycle import ManagedServer, ServerInfo, connect, http_get, split_url
 from .loadgen import batch_deadline, offer, run_sync
-from .prometheus import MetricSamples, parse_prometheus
+from .prometheus import MetricSamples, metric_total, parse_prometheus
 from .sse import StreamState
 from .watch import ServerWatch, WatchResult
 
@@ -372,6 +372,7 @@ class StreamingServerBackend(ServingBackend, StreamedRequests, Generic[SnapshotT
         self.ensure_server(cell)
         pid = self.server.proc.pid if self.server is not None and self.server.proc is not None else None
         before = self.scrape()
+        at_start = self.queue_at_start(before)
         with ServerWatch(
             pid,
             self.gauge_scrape() if gauges else None,
@@ -400,9 +401,19 @@ class StreamingServerBackend(ServingBackend, StreamedRequests, Generic[SnapshotT
             if peak is not None:
                 rec.peak_memory_bytes, rec.memory_source = peak, source
             rec.extra["server_watch"] = block
+            if at_start is not None:  # run-level: the server's own gauges when the run began
+                rec.extra["server_at_start"] = at_start
             if prefix is not None:  # run-level, like run_scope: NOT a per-request number
                 rec.extra["prefix_cache_counters"] = prefix
         return ServedBatch(records, wall, acceptance, watch.result)
+
+    def queue_at_start(self, samples: SnapshotT | None) -> dict[str, float] | None:
+        """Requests the server was running and holding back before the run's first one (its own
+        :attr:`GAUGES`): anything but zero means the run did not start on an idle server."""
+        if not isinstance(samples, dict) or not self.GAUGES:
+            return None
+        out = {k: metric_total(samples, self.GAUGES[k]) for k in ("running", "waiting") if k in self.GAUGES}
+        return {k: float(v) for k, v in out.items() if v is not None} or None
 
     def engine_memory(self, samples: SnapshotT | None) -> dict[str, Any]:
         """The engine's own memory figures (KV cache) where its /metrics report them."""

@@ -75,6 +75,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-cells", type=int, default=None, help="stop after running this many cells")
     p.add_argument("--no-progress", action="store_true", help="no tqdm bars (one line per cell still printed)")
     p.add_argument(
+        "--allow-unused",
+        action="store_true",
+        help="warn about top-level tasks/methods/frameworks/gammas no sweep uses instead of refusing the study",
+    )
+    p.add_argument(
+        "--strict",
+        action="store_true",
+        help="refuse to start on a busy machine (load, CPU steal or frequency, other GPU users) instead of warning",
+    )
+    p.add_argument(
         "--refine-capacity",
         type=int,
         default=0,
@@ -253,6 +263,27 @@ def _selected(args: argparse.Namespace, cfg: StudyConfig) -> tuple[list[CellPlan
     return all_plans, plans
 
 
+def machine_fit(cfg: StudyConfig, strict: bool, check: Any = None) -> int | None:
+    """Before any model loads: a busy machine is named in a warning, or with ``strict`` refused
+    (exit 2).  ``check`` (default :func:`specstudy.telemetry.machine_check`) takes the cores the
+    engine and client need: one on a GPU box, every core of a CPU one."""
+    from ..telemetry import cpu_cores, machine_check
+
+    found = (check or machine_check)(1 if uses_cuda(cfg) else cpu_cores())
+    if not found:
+        return None
+    what = "; ".join(found)
+    if strict:
+        print(f"specstudy run: error: the machine is busy ({what}); --strict refuses to measure on it", file=sys.stderr)
+        return 2
+    print(
+        f"specstudy run: warning: the machine is busy ({what}): cells measured while it stays busy are flagged "
+        "and left out of the summary (--strict refuses to start)",
+        file=sys.stderr,
+    )
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     # a busy 2-core machine decoded 4x slower with spinning OpenMP threads (engine issue): set it
     # before torch is imported, unless the caller chose otherwise
@@ -261,7 +292,9 @@ def run(args: argparse.Namespace) -> int:
     sharded = None
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        cfg = check_backends(load_study(args.hardware, args.params), files=not args.dry_run)
+        cfg = check_backends(
+            load_study(args.hardware, args.params, allow_unused=args.allow_unused), files=not args.dry_run
+        )
         all_plans, plans = _selected(args, cfg)
         if args.executor != "local" and not args.dry_run:  # the cluster's settings, before anything starts
             sharded = _shards(args, cfg, plans, _profile(cfg))
@@ -270,6 +303,10 @@ def run(args: argparse.Namespace) -> int:
         for task_note in check_tasks(cfg, fetch=not args.dry_run, tokenizer=tokenizer, sweeps=args.sweep):
             warnings.warn(task_note, stacklevel=1)
         refused: set[tuple[str, str, str]] = set()
+        if not args.dry_run and args.executor == "local":  # a cluster's jobs measure on their own nodes
+            busy = machine_fit(cfg, args.strict)
+            if busy is not None:
+                return busy
         # a cluster's nodes prepare themselves (a login node has no GPU): only a run here prepares this machine
         if not args.dry_run and args.executor != "slurm":
             notes = prepare_machine(cfg, force=args.force)

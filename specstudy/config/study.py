@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,7 +54,7 @@ from typing import Any
 
 from ..records import Sampling
 from . import checks
-from .errors import ParamsError, validate
+from .errors import ParamsError, ParamsProblems, validate
 from .files import hardware_file, load_yaml
 from .schema import NOTEBOOKS, MethodSpec, ModelPair, SamplingSpec, Slo, StudySpec, SweepSpec
 from .task import is_task_path, task_candidates
@@ -255,7 +256,51 @@ def _task_name(entry: str, file: Any, key: str, known: list[str], task_files: di
     return name
 
 
-def load_study(hardware: str, path: str | os.PathLike[str] | None = None, check_tokenizers: bool = True) -> StudyConfig:
+def unused_entries(
+    spec: StudySpec, sweeps: tuple[Sweep, ...], methods: tuple[MethodSpec, ...], file: Any, tasks: list[str]
+) -> list[ParamsError]:
+    """Top-level ``tasks``, ``methods``, ``frameworks`` and ``gammas`` entries that no sweep uses
+    (every sweep named its own): one problem each, so a user's task listed there is not silently
+    never run.  ``methods`` are those left after optional ones were dropped; AR runs as every
+    sweep's baseline, so it is always used."""
+    used: dict[str, set[Any]] = {
+        "tasks": {t for sw in sweeps for t in sw.tasks},
+        "methods": {m for sw in sweeps for m in sw.methods},
+        "frameworks": {f for sw in sweeps for f in sw.frameworks},
+        "gammas": {g for sw in sweeps for g in sw.gammas},
+    }
+    out = []
+    for key in used:
+        entries = [m for m in methods if m.method != "ar"] if key == "methods" else getattr(spec, key)
+        if not entries or not spec.sweeps:
+            continue
+        for entry in entries:
+            name: Any = entry.label if key == "methods" else entry
+            if key == "tasks":
+                try:
+                    name = _task_name(str(entry), file, "study.tasks", tasks, {})
+                except ParamsError:
+                    continue  # a bad entry no sweep reads: unused, and named below by its own text
+            if name not in used[key]:
+                out.append(
+                    ParamsError(
+                        file,
+                        f"study.{key}",
+                        entry if key != "methods" else name,
+                        f"an entry some sweep uses ({', '.join(map(str, sorted(used[key], key=str)))})",
+                        "every sweep names its own, so this one never runs: remove it, or add it to a sweep "
+                        "(--allow-unused: warn instead)",
+                    )
+                )
+    return out
+
+
+def load_study(
+    hardware: str,
+    path: str | os.PathLike[str] | None = None,
+    check_tokenizers: bool = True,
+    allow_unused: bool = False,
+) -> StudyConfig:
     """Read and validate the ``study:`` section of ``params/hardware/<hardware>.yaml`` (or ``path``).
 
     Raises :class:`ParamsError` naming file, key, value and allowed values; loads no model.  Task
@@ -312,6 +357,11 @@ def load_study(hardware: str, path: str | os.PathLike[str] | None = None, check_
         slo=spec.slo.model_dump(),
         task_files=task_files,
     )
+    unused = unused_entries(spec, cfg.sweeps, methods, file, tasks)
+    if unused and not allow_unused:
+        raise ParamsProblems(unused, "study entries")
+    for problem in unused:
+        warnings.warn(f"unused: {problem}", stacklevel=2)
     used = {fw for sw in cfg.sweeps for fw in sw.frameworks}
     for fw in cfg.engine_costs:
         if fw not in used:

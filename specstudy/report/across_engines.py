@@ -128,16 +128,23 @@ def per_position(rates: list[float] | None) -> str:
 def acceptance_across_engines(study: Study) -> tuple[pd.DataFrame, pd.DataFrame]:
     """One row per (group, framework): α, AL, greedy exact match and the group's verdict."""
     rows, raw = [], []
+    flags = getattr(study, "flags", None) or {}
     for (label, drafter, gamma, task, sampling), by_fw in groups(study).items():
         pooled_by = {fw: pooled(study, cids) for fw, cids in sorted(by_fw.items())}
-        intervals = verdict(pooled_by)
-        recs = {fw: [r for c in cids for r in study.records.get(c, [])] for fw, cids in by_fw.items()}
+        clean = {fw: [c for c in cids if c not in flags] for fw, cids in by_fw.items()}
+        # the verdict from unflagged cells only; an engine whose every cell is flagged is left out of it
+        kept = {fw: cids for fw, cids in sorted(clean.items()) if cids}
+        recs = {fw: [r for c in cids for r in study.records.get(c, [])] for fw, cids in kept.items()}
         greedy = all(r.temperature == 0.0 for rs in recs.values() for r in rs)
-        said = paired_verdict(recs, int(gamma or 0)) if greedy else intervals
+        intervals = verdict({fw: pooled(study, cids) for fw, cids in kept.items()}) if kept else ""
+        if len(kept) < 2:
+            said = "not compared: flagged cells left out (see Validity)"
+        else:
+            said = paired_verdict(recs, int(gamma or 0)) if greedy else intervals
         for fw, p in pooled_by.items():
             rows.append(
                 {
-                    "Method": label,
+                    "Method": label + (" ⚑" if len(clean[fw]) < len(by_fw[fw]) else ""),
                     "Drafter": drafter or "—",
                     "γ": gamma,
                     "Task": task,

@@ -15,12 +15,13 @@ import pandas as pd
 from ..analysis import engine_costs, faq, frames, rates, stats, trees
 from ..analysis.format import FAMILY_TITLES, TASK_TITLES, fmt, fmt_ci
 from ..analysis.rows import HardwareRow, hardware_rows, headline_max_new
-from ..analysis.study import Study
+from ..analysis.study import Study, vouched
 from ..metrics import MIN_PROMPTS_FOR_CI
 from . import across_engines, conditions, fails, figures, tables, wording
 from .deploy import deploy_section
 from .section import Section, markdown_table
 from .summary import summary_markdown
+from .validity import reasons_text, validity_section
 from .workload import workload_sections
 
 #: what the Pareto figures of a batch or rate sweep show (vLLM's sweep plots), said once for both sections
@@ -377,9 +378,23 @@ def report_head(study: Study) -> str:
     )
 
 
-def summary_section(study: Study, hw_rows: Sequence[HardwareRow]) -> Section:
-    """The opening summary, computed from the hardware table's rows (each sentence links to its table)."""
-    return Section("Summary", summary_markdown(study, hw_rows))
+def summary_section(
+    study: Study,
+    hw_rows: Sequence[HardwareRow],
+    whole: Study | None = None,
+    whole_rows: Sequence[HardwareRow] | None = None,
+) -> Section:
+    """The opening summary, computed from the report's own tables (each sentence links to its table),
+    over ``study``'s cells (the unflagged ones); ``whole`` (every cell) says what it leaves out and why."""
+    head = ""
+    if whole is not None and whole.flags:
+        n = len(whole.flags)
+        why = sorted({w for reasons in whole.flags.values() for w in reasons_text(reasons)})
+        head = (
+            f"_{n} flagged cell{'s' if n > 1 else ''} left out of every line below "
+            f"({'; '.join(why)}): see [Validity](#validity)._\n\n"
+        )
+    return Section("Summary", head + summary_markdown(study, hw_rows, whole, whole_rows))
 
 
 def engine_costs_section(study: Study) -> Section | None:
@@ -428,13 +443,15 @@ def report_sections(study: Study) -> list[Section]:
     """Every section of the report, in order."""
     hw_rows = hardware_rows(study)
     hardware = tables.hardware_table(study, rows=hw_rows)
-    secs = [summary_section(study, hw_rows), hardware_section(study, hardware), frameworks_section(study)]
+    clean = vouched(study) if study.flags else study
+    summary = summary_section(clean, hardware_rows(clean) if study.flags else hw_rows, study, hw_rows)
+    secs = [validity_section(study), summary, hardware_section(study, hardware), frameworks_section(study)]
     secs += [method_family_section(study, fam) for fam in tables.families_in(study)]
     costs = engine_costs_section(study)
     secs += [costs] if costs is not None else []
     secs += [
         task_category_section(study),
-        when_it_fails_section(study),
+        when_it_fails_section(clean),  # verdicts from unflagged cells only
     ]
     serving = serving_section(study)
     if serving.tables:  # a study without servers or prefix-cache pairs has no such section

@@ -47,6 +47,7 @@ class CellResult:
     throttled: bool = False
     message: str = ""
     sweeps: tuple[str, ...] = ()
+    note: str = ""  # what the validity checks found while running it (stalls, a rerun)
 
     def line(self, i: int, total: int) -> str:
         head = f"[{i}/{total}] {self.cell_id}"
@@ -70,6 +71,8 @@ class CellResult:
         parts.append(f"load {self.load_1m:.2f}")
         if self.throttled:
             parts.append("THROTTLED")
+        if self.note:
+            parts.append(self.note)
         return f"{head}: " + ", ".join(parts)
 
 
@@ -213,7 +216,7 @@ def annotate(
             warmup_requests=warmup,
             warmup_max_new_tokens=warmup_tokens,
             engine_warmed_itself=engine_warmed_itself,
-            warmup_scope="engine, method, gamma, batch size",
+            warmup_scope="engine, method, gamma, batch size, options, sampling, output length, prefix cache, served, input length",
             cell_wall_s=wall_s,
             throttle_reasons=tel_summary.get("gpu_throttle_reasons", []),
             **{f"tel_{k}": v for k, v in keep.items()},

@@ -83,6 +83,23 @@ class CellPlan:
         opts = tuple(o for o in self.method_options if o[0] not in LOAD_OPTIONS)
         return (*self.backend_key(), self.cell.method, self.cell.gamma, self.drafter_id, opts)
 
+    def warmup_key(self) -> tuple[Any, ...]:
+        """What changes an engine's cost on first use, as far as the plan knows it: method, γ, batch
+        size, method options (a grammar or any engine option among them), the sampling (vLLM and
+        SGLang compile sampling kernels on first use), the output length, the prefix cache, and
+        offline vs served.  The runner adds the prompts' input-length regime."""
+        s = self.sampling
+        return (
+            self.cell.method,
+            self.cell.gamma,
+            self.cell.batch_size,
+            self.method_options,
+            (s.temperature, s.top_p, s.top_k),
+            s.max_new_tokens,
+            self.prefix_cache,
+            self.request_rate is not None,
+        )
+
     def backend_cell(self) -> Cell:
         """The cell handed to ``backend.run``: method options only (plus the arrival rate for servers).
 
@@ -547,12 +564,9 @@ def plan_summary(plans: Iterable[CellPlan], warmup_requests: int = 0, warmup_tok
         "baseline_cells": sum(p.is_baseline for p in plans),
         "requests": requests,
         "output_tokens": tokens,
-        # warm-up runs once per (engine, method, γ, batch size, method options)
-        "warmup_tokens": len(
-            {(p.backend_key(), p.cell.method, p.cell.gamma, p.cell.batch_size, p.method_options) for p in plans}
-        )
-        * warmup_requests
-        * warmup_tokens,
+        # warm-up runs once per engine and configuration (CellPlan.warmup_key; the input-length
+        # regime the runner adds can only add more)
+        "warmup_tokens": len({(p.backend_key(), p.warmup_key()) for p in plans}) * warmup_requests * warmup_tokens,
         "engines": len({p.backend_key() for p in plans}),
         "by_sweep": {s: sum(s in p.sweeps for p in plans) for s in sorted({s for p in plans for s in p.sweeps})},
     }

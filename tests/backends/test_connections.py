@@ -73,6 +73,12 @@ def test_paced_requests_get_their_connection_shortly_before_they_are_due(counted
     assert all(r.sent_s >= r.scheduled_send_s for r in run.records)
 
 
+async def _until(done) -> None:
+    """Wait on a state the code under test reads, not on the clock."""
+    while not done():
+        await asyncio.sleep(0.005)
+
+
 def test_a_connection_the_server_closed_before_its_request_is_replaced():
     accepted = 0
 
@@ -94,7 +100,9 @@ def test_a_connection_the_server_closed_before_its_request_is_replaced():
         conns = http.connections
         try:
             await conns.open(("127.0.0.1", port))
-            await asyncio.sleep(0.1)  # the server's close arrives
+            (stream,) = conns._ready[("127.0.0.1", port)]
+            # until the server's close has reached the client (what `usable` reads), however long that takes
+            await asyncio.wait_for(_until(lambda: stream.reader.at_eof()), 30)
             resp = await http.send(http.build_request("GET", f"http://127.0.0.1:{port}/health"))
             await resp.aread()
             await resp.aclose()

@@ -165,3 +165,21 @@ def test_an_engine_that_returns_no_token_ids_is_not_said_to_differ(tmp_path):
 def test_sampled_rows_fall_back_to_the_intervals(tmp_path):
     table, _ = _two_engines(tmp_path, "t07", temperature=0.7, accepted=(6, 7, 6, 7, 6, 8))
     assert set(table["Across engines"]) == {AGREE}
+
+
+@pytest.mark.validity
+def test_a_flagged_engine_is_marked_and_left_out_of_the_across_engines_verdict(tmp_path):
+    """vllm-server's acceptance differs (disjoint intervals), but its baseline ran on a busy machine:
+    its row is marked and the verdict compares the two engines left."""
+    lay = StudyLayout(tmp_path / "flagged")
+    for fw, acc in (("reference", (6, 7)), ("vllm", (6, 8)), ("vllm-server", (18, 19))):
+        base = _cell(lay, fw, "ar")
+        _cell(lay, fw, "eagle3", base=base, gamma=4, accepted=acc, label="EAGLE-3")
+    recs = lay.read_part("vllm-server_ar_None_1")
+    for r in recs:
+        r.extra.update(tel_cpu_cores=2, tel_load_1m_mean=4.1)
+    lay.write_part("vllm-server_ar_None_1", recs)
+    table, _ = acceptance_across_engines(load(lay.root))
+    assert list(table["Method"]) == ["EAGLE-3", "EAGLE-3", "EAGLE-3 ⚑"]
+    (said,) = set(table["Across engines"])  # one verdict for the group, from reference and vllm only
+    assert "reference" in said and "vllm" in said and "vllm-server" not in said

@@ -1,7 +1,7 @@
 """vLLM offline backend: option translation into EngineArgs, the worker protocol, get_metrics deltas.
 
 vLLM is not installed in the kit's environment (it lives in .venv-vllm); the real engine runs in
-``tests/engines`` (``make test-engines``).  EngineArgs' fields and SpeculativeConfig's methods
+``tests/backends/test_vllm_*live.py`` (``make test-engines``).  EngineArgs' fields and SpeculativeConfig's methods
 come from fixtures dumped from the real engines (``tests/fixtures/*vllm*.json``, commands inside);
 the worker here is ``tests/fixtures/fake_vllm_worker.py``: the real protocol loop around a fake
 engine.  Format and protocol tests, not measurements.

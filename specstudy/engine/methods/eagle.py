@@ -35,6 +35,18 @@ from ..trace import RowTrace
 from . import SYNTHETIC, DecodeJob, EngineMethod, synthetic_acceptance
 from .heads import AuxCapture, HiddenCapture
 
+#: what a study is checked against, read as a literal (no import, no torch) by
+#: specstudy.frameworks.reference; SPEC below is built from it
+HEADER = {
+    "name": "eagle",
+    "family": "heads",
+    "order": 60,
+    "needs_drafter": True,
+    "uses_gamma": True,
+    "max_batch": None,
+    "options": ("synthetic_acceptance",),
+}
+
 
 class EagleModel(torch.nn.Module):
     """The drafter called like a causal LM (what :class:`KVState` drives): token ids j+1 and
@@ -189,10 +201,9 @@ class EagleSpec(EngineMethod):
         return out
 
 
-SPEC = EagleSpec(
-    name="eagle",
+SPEC = EagleSpec.from_header(
+    HEADER,
     decode=decode,
-    needs_drafter=True,
     load_drafter=load_eagle,
     options={SYNTHETIC: parse_synthetic},
     description="EAGLE-style feature-level drafter (one decoder layer on the target's last hidden "

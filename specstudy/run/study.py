@@ -32,7 +32,7 @@ from ..data.traces import needs_target_tokens
 from ..layout import StudyLayout
 from ..provenance import provenance
 from ..records import Request, RequestRecord
-from .cell import CellResult, annotate, run_cell, split_warmup, summarize
+from .cell import CellResult, CellRun, annotate, run_cell, split_warmup, summarize
 from .engine_costs import measure_engine_costs
 from .plan import CellPlan, check_tasks, parsed_task, plan_summary
 from .pool import BackendFactory, BackendPool
@@ -281,6 +281,7 @@ def _run_one(
             baseline = state.baselines.get(plan.baseline_cell_id)
             if baseline is None and layout.is_done(plan.baseline_cell_id):
                 baseline = layout.read_part(plan.baseline_cell_id)
+        run = CellRun(plan, backend, requests, warm, warm_tokens, cfg.telemetry_period_s, progress)
         t0 = time.perf_counter()
         try:
             if any(is_conversation(r) for r in requests):
@@ -288,19 +289,9 @@ def _run_one(
                     raise RuntimeError(
                         f"conversations take their history from the baseline {plan.baseline_cell_id}: not run"
                     )
-                records, tel = run_turns(
-                    plan,
-                    backend,
-                    requests,
-                    warm,
-                    warm_tokens,
-                    cfg.telemetry_period_s,
-                    progress,
-                    history=baseline,
-                    tokenizer=getattr(backend, "tokenizer", None),
-                )
+                records, tel = run_turns(run, history=baseline, tokenizer=getattr(backend, "tokenizer", None))
             else:
-                records, tel = run_cell(plan, backend, requests, warm, warm_tokens, cfg.telemetry_period_s, progress)
+                records, tel = run_cell(run)
                 if len(records) != len(requests):
                     raise RuntimeError(f"backend returned {len(records)} records for {len(requests)} requests")
         except (ServerStartError, BackendUnavailable) as e:

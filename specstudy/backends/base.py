@@ -14,6 +14,7 @@ from typing import Any
 from ..frameworks import declaration
 from ..frameworks.declaration import check_method
 from ..records import Cell, Request, RequestRecord, Sampling
+from .loadgen import Offer
 
 
 def encode_request(tokenizer: Any, request: Request, chat: bool = False) -> list[int]:
@@ -104,18 +105,7 @@ class ServingBackend(Backend):
         """One request, one record; never raises for a server or network failure."""
 
     @abstractmethod
-    def offer_run(
-        self,
-        requests: Sequence[Request],
-        sampling: Sampling,
-        cell: Cell,
-        offsets: Sequence[float],
-        *,
-        concurrency: int | None,
-        request_timeout_s: float,
-        run_timeout_s: float,
-        gauges: bool = True,
-    ) -> Any:
-        """Offer ``requests[i]`` at ``offsets[i]`` s; a result with ``records``, ``wall_s``,
+    def offer_run(self, run: Offer, *, gauges: bool = True) -> Any:
+        """Offer ``run.requests[i]`` at ``run.offsets[i]`` s; a result with ``records``, ``wall_s``,
         ``run_acceptance`` and ``watch`` (see :class:`specstudy.backends.server.ServedBatch`).
         ``gauges``: sample the engine's batch gauges while the run lasts (request-rate runs)."""

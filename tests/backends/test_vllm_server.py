@@ -17,6 +17,7 @@ from fake_servers import FakeServer, Handler, K, script
 
 from specstudy import metrics
 from specstudy.backends import get_backend
+from specstudy.backends.loadgen import Offer
 from specstudy.backends.prometheus import parse_prometheus
 from specstudy.backends.vllm import config as vllm_config
 from specstudy.backends.vllm.server import VllmServerBackend, counter_acceptance, spec_fields, speculative_config
@@ -300,7 +301,7 @@ def test_a_run_records_the_engines_batch_gauge_prefix_hits_and_the_send_schedule
         b.gauge_period_s = 0.02
         c = dataclasses.replace(cell("ar", None), batch_size=4)
         batch = b.offer_run(
-            reqs(8), Sampling(max_new_tokens=10), c, [0.0] * 8, concurrency=4, request_timeout_s=10, run_timeout_s=60
+            Offer(reqs(8), Sampling(max_new_tokens=10), c, [0.0] * 8, 4, request_timeout_s=10, run_timeout_s=60)
         )
     with FakeServer(mode="vllm", spec=False, delay_s=0.02) as fake:
         b = VllmServerBackend("m", base_url=fake.url, request_timeout_s=10)

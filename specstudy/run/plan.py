@@ -36,7 +36,7 @@ from ..config.schema import ModelPair
 from ..data.conversations import turns_per_prompt
 from ..data.traces import replay_rate
 from ..frameworks import DECLARATIONS, drafter_per_cell, server_frameworks, tokenizing_frameworks
-from ..frameworks.declaration import LOAD_OPTIONS
+from ..frameworks.declaration import LOAD_OPTIONS, CellCheck
 from ..records import Cell, RequestRecord, Sampling
 
 
@@ -92,6 +92,12 @@ class CellPlan:
             return self.backend_key()
         opts = tuple(o for o in self.method_options if o[0] not in LOAD_OPTIONS)
         return (*self.backend_key(), self.cell.method, self.cell.gamma, self.drafter_id, opts)
+
+    def cell_check(self, cuda: bool) -> CellCheck:
+        """What the cell's backend checks before any model loads (``cuda``: the build the study uses)."""
+        c = self.cell
+        opts = dict(self.method_options)
+        return CellCheck(c.method, c.gamma, opts, self.target, self.drafter_id, cuda, c.batch_size)
 
     def backend_cell(self) -> Cell:
         """The cell handed to ``backend.run``: method options only (plus the arrival rate for servers).
@@ -223,15 +229,7 @@ def _cell_checks(cfg: StudyConfig, plans: Iterable[CellPlan]) -> None:
         if cls is None:
             continue
         try:
-            cls.check_cell(
-                p.cell.method,
-                p.cell.gamma,
-                dict(p.method_options),
-                model=p.target,
-                drafter=p.drafter_id,
-                cuda=cuda,
-                batch_size=p.cell.batch_size,
-            )
+            cls.check_cell(p.cell_check(cuda))
         except (ValueError, FileNotFoundError) as e:
             where = next((s for s in p.sweeps), "default")
             raise ParamsError(

@@ -105,11 +105,11 @@ engine-sglang: $(STAMP)
 engines-venv: engine-vllm
 
 # Every test marked @engines: real vLLM (CPU build here) servers and the offline worker, the kit-started
-# llama.cpp server through the serving path (tests/engines), the engines' own argument parsers, the
+# llama.cpp server through the serving path (tests/backends/*_live.py), the engines' own argument parsers, the
 # opt-in Qwen pair on llama.cpp when downloaded; slow (each vLLM start ~1.5 min eager, ~3 min compiled).
 test-engines: $(DEV_STAMP) engine-vllm
 	SPECSTUDY_ENGINES_PYTHON=$$($(BIN)/python -m specstudy.environments python-of vllm $(ENGINE_FLAG)) \
-	  $(BIN)/python -m pytest -q -rs -m engines tests/engines tests/backends $(PYTEST_ARGS)
+	  $(BIN)/python -m pytest -q -rs -m engines tests/backends tests/environments $(PYTEST_ARGS)
 # ---- end of the engines block -------------------------------------------------------------------------
 
 # The study (issue 5).  `make study GPU=cpu` (the default): `specstudy run` validates

@@ -57,7 +57,7 @@ from . import checks
 from .errors import ParamsError, ParamsProblems, validate
 from .files import hardware_file, load_yaml
 from .schema import NOTEBOOKS, MethodSpec, ModelPair, SamplingSpec, Slo, StudySpec, SweepSpec
-from .task import is_task_path, task_candidates
+from .task import ParsedTask, TaskConfig, is_task_path, load_task_config, parse_task, task_candidates
 
 # --------------------------------------------------------------------------------------------
 # the resolved matrix
@@ -114,10 +114,19 @@ class StudyConfig:
     slo: Mapping[str, Any] = field(default_factory=lambda: Slo().model_dump())
     #: task name (its file's stem) -> its task file: the sweeps name tasks, the runner reads these files
     task_files: Mapping[str, str] = field(default_factory=dict)
+    #: task name -> its file parsed and validated once at load; every later step reads these
+    tasks: Mapping[str, ParsedTask] = field(default_factory=dict, compare=False, repr=False)
 
     def task_file(self, name: str) -> str:
         """The file of one of the study's tasks (a name outside the study: itself, looked up in params/tasks/)."""
         return self.task_files.get(name, name)
+
+    def task(self, name: str) -> TaskConfig:
+        """The validated config of one of the study's tasks (parsed at load); a name outside the study
+        (a test's, a custom loader's) is read from params/tasks/.  Raises the file's first problem."""
+        if name in self.tasks:
+            return self.tasks[name].require()
+        return load_task_config(self.task_file(name))
 
     def model(self, name: str) -> ModelPair:
         return next(m for m in self.models if m.name == name)
@@ -134,6 +143,7 @@ class StudyConfig:
         d["framework_options"] = {k: dict(v) for k, v in self.framework_options.items()}
         d["slo"] = dict(self.slo)
         d["task_files"] = dict(self.task_files)
+        d.pop("tasks")  # the files themselves stand in the snapshot (the report reads its tasks section)
         return d
 
 
@@ -304,8 +314,9 @@ def load_study(
     """Read and validate the ``study:`` section of ``params/hardware/<hardware>.yaml`` (or ``path``).
 
     Raises :class:`ParamsError` naming file, key, value and allowed values; loads no model.  Task
-    entries are resolved to their files here; what the files say and the prompts they hold are
-    checked, every problem at once, by :func:`specstudy.run.plan.check_tasks` (it reads the data).
+    entries are resolved to their files, and each file is parsed once here (``StudyConfig.tasks``:
+    every later step reads these); what they say and the prompts they hold are checked, every
+    problem at once, by :func:`specstudy.run.plan.check_tasks` (it reads the data).
     """
     file = Path(path) if path else hardware_file(hardware)
     data = load_yaml(file)
@@ -356,6 +367,7 @@ def load_study(
         notebooks=tuple(spec.notebooks),
         slo=spec.slo.model_dump(),
         task_files=task_files,
+        tasks={name: parse_task(path) for name, path in task_files.items()},
     )
     unused = unused_entries(spec, cfg.sweeps, methods, file, tasks)
     if unused and not allow_unused:

@@ -51,13 +51,12 @@ def shard_job(
 
     ``factory`` and ``request_loader`` replace the engines and prompts (tests); default: the study's own.
     """
-    from ..config import load_study
-    from .plan import check_backends, expand, uses_cuda
+    from .plan import load, uses_cuda
     from .study import run_study
 
     # unused top-level entries: the submitting command refused or (--allow-unused) warned already
-    cfg = check_backends(load_study(ref.hardware, ref.params, allow_unused=True), files=factory is None)
-    all_plans = expand(cfg)
+    study = load(ref.hardware, ref.params, files=factory is None, allow_unused=True)
+    cfg, all_plans = study.cfg, list(study.plans)
     wanted = set(cell_ids)
     plans = [p for p in all_plans if p.cell_id in wanted]
     unknown = sorted(wanted - {p.cell_id for p in plans})

@@ -25,7 +25,7 @@ from ..analysis import validity
 from ..backends.base import BackendUnavailable, ServingBackend
 from ..backends.lifecycle import ServerStartError
 from ..backends.server import ServerDied
-from ..config import StudyConfig, display_path, hardware_names, load_hardware_profile, load_task_config
+from ..config import StudyConfig, display_path, hardware_names, load_hardware_profile
 from ..config.task import seed_row
 from ..data.conversations import is_conversation
 from ..data.models import tokenizer_if_here
@@ -35,9 +35,9 @@ from ..layout import StudyLayout
 from ..provenance import provenance
 from ..records import Request, RequestRecord
 from ..report.validity import finding_text
-from .cell import CellResult, annotate, run_cell, split_warmup, summarize
+from .cell import CellResult, CellRun, annotate, run_cell, split_warmup, summarize
 from .engine_costs import measure_engine_costs
-from .plan import CellPlan, check_tasks, plan_summary
+from .plan import CellPlan, check_tasks, parsed_task, plan_summary
 from .pool import BackendFactory, BackendPool
 from .precision import extensions
 from .turns import run_turns
@@ -45,14 +45,9 @@ from .turns import run_turns
 RequestLoader = Callable[[str, int, int, Any], list[Request]]
 
 
-def default_request_loader(task: str, n: int, seed: int, tokenizer: Any) -> list[Request]:
-    """A task's requests (``task``: a name in params/tasks/ or a task file's path)."""
-    return list(load_requests(task, n, seed, tokenizer))
-
-
 def study_request_loader(cfg: StudyConfig) -> RequestLoader:
-    """The default loader for one study: each task name read from the study's own task file."""
-    return lambda task, n, seed, tokenizer: default_request_loader(cfg.task_file(task), n, seed, tokenizer)
+    """The default loader for one study: each task's prompts from the config the study parsed at load."""
+    return lambda task, n, seed, tokenizer: list(load_requests(cfg.task(task), n, seed, tokenizer))
 
 
 def task_snapshot(cfg: StudyConfig) -> dict[str, dict[str, Any]]:
@@ -61,7 +56,7 @@ def task_snapshot(cfg: StudyConfig) -> dict[str, dict[str, Any]]:
     out = {}
     for name in sorted({t for sw in cfg.sweeps for t in sw.tasks}):
         try:
-            tc = load_task_config(cfg.task_file(name))
+            tc = cfg.task(name)
         except (ValueError, OSError):  # a custom request loader may run tasks no file describes
             continue
         out[name] = {"file": display_path(tc.file), "category": tc.category, "seed_reference": seed_row(tc)}
@@ -276,7 +271,7 @@ def _requests(
 ) -> tuple[list[Request], list[Request]]:
     n = plan.prompt_offset + plan.prompts + cfg.warmup_requests  # a task's order is fixed by its seed
     key = (plan.cell.task, n, plan.sampling.seed - plan.cell.repeat, plan.target)
-    if tokenizer is None and key not in state.prompts and needs_target_tokens(cfg.task_file(plan.cell.task)):
+    if tokenizer is None and key not in state.prompts and needs_target_tokens(parsed_task(cfg, plan.cell.task)):
         try:  # trace hash blocks and tiers are the target's tokens (a server's engine has loaded them by now)
             tokenizer = tokenizer_if_here(plan.target)
         except LookupError:
@@ -298,23 +293,14 @@ def _measure(
     tokenizer: Any,
 ) -> tuple[list[RequestRecord], Any, float]:
     """One timed pass over the cell's requests (after its warm-up): records, telemetry, wall time."""
+    run = CellRun(plan, backend, requests, warm, warm_tokens, cfg.telemetry_period_s, progress)
     t0 = time.perf_counter()
     if any(is_conversation(r) for r in requests):
         if plan.baseline_cell_id and baseline is None:
             raise RuntimeError(f"conversations take their history from the baseline {plan.baseline_cell_id}: not run")
-        records, tel = run_turns(
-            plan,
-            backend,
-            requests,
-            warm,
-            warm_tokens,
-            cfg.telemetry_period_s,
-            progress,
-            history=baseline,
-            tokenizer=tokenizer,
-        )
+        records, tel = run_turns(run, history=baseline, tokenizer=tokenizer)
     else:
-        records, tel = run_cell(plan, backend, requests, warm, warm_tokens, cfg.telemetry_period_s, progress)
+        records, tel = run_cell(run)
         if len(records) != len(requests):
             raise RuntimeError(f"backend returned {len(records)} records for {len(requests)} requests")
     return records, tel, time.perf_counter() - t0

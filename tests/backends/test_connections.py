@@ -12,6 +12,7 @@ from fake_servers import FakeServer
 
 from specstudy.backends import connections
 from specstudy.backends.connections import Connections, Http
+from specstudy.backends.loadgen import Offer
 from specstudy.backends.vllm.server import VllmServerBackend
 from specstudy.records import Sampling
 
@@ -37,16 +38,8 @@ def counted(monkeypatch):
 
 def _run(backend, n, offsets, concurrency):
     c = dataclasses.replace(cell("ar", None, 1), batch_size=concurrency or 1)
-    return backend.offer_run(
-        reqs(n),
-        Sampling(max_new_tokens=4),
-        c,
-        offsets,
-        concurrency=concurrency,
-        request_timeout_s=10,
-        run_timeout_s=60,
-        gauges=False,
-    )
+    run = Offer(reqs(n), Sampling(max_new_tokens=4), c, offsets, concurrency, request_timeout_s=10, run_timeout_s=60)
+    return backend.offer_run(run, gauges=False)
 
 
 def test_requests_due_at_once_are_sent_on_connections_opened_before_the_clock(counted):

@@ -363,12 +363,10 @@ class FakeServer(ServingBackend):
     def run_acceptance(self, before, after, records):
         return {"source": "fake counters", "requests": after["sent"] - before["sent"]}
 
-    def offer_run(
-        self, requests, sampling, cell, offsets, *, concurrency, request_timeout_s, run_timeout_s, gauges=True
-    ):
-        self.offsets.append(list(offsets))
+    def offer_run(self, run, *, gauges=True):
+        self.offsets.append(list(run.offsets))
         before = self.scrape()
-        recs = [self.send(r, sampling, cell) for r in requests]
+        recs = [self.send(r, run.sampling, run.cell) for r in run.requests]
         return ServedBatch(recs, 0.1, self.run_acceptance(before, self.scrape(), recs), WatchResult())
 
     def run(self, requests, sampling, cell):  # pragma: no cover - rate cells must not use it

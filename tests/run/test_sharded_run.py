@@ -161,7 +161,7 @@ sys.path[:0] = [{tests!r}]
 from support import TinyFactory, tiny_requests
 import specstudy.run.pool as pool, specstudy.run.study as study
 pool._default_factory = TinyFactory(hold=({hold!r}, 2))
-study.default_request_loader = lambda task, n, seed, tok: tiny_requests(task, n, seed, tok)
+study.study_request_loader = lambda cfg: lambda task, n, seed, tok: tiny_requests(task, n, seed, tok)
 from specstudy.cli import main
 sys.exit(main(["run", "--params", {yaml!r}, "--outputs", {out!r}, "--no-progress"]))
 """

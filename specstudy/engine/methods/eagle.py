@@ -47,6 +47,18 @@ from . import SYNTHETIC, DecodeJob, EngineMethod, positive_int, synthetic_accept
 from .heads import AuxCapture, HiddenCapture
 from .tree import check_one_request, tree_decode
 
+#: what a study is checked against, read as a literal (no import, no torch) by
+#: specstudy.frameworks.reference; SPEC below is built from it
+HEADER = {
+    "name": "eagle",
+    "family": "heads",
+    "order": 60,
+    "needs_drafter": True,
+    "uses_gamma": True,
+    "max_batch": None,
+    "options": ("synthetic_acceptance",),
+}
+
 
 class EagleModel(torch.nn.Module):
     """The drafter called like a causal LM (what :class:`KVState` drives): token ids j+1 and
@@ -335,10 +347,9 @@ class EagleSpec(EngineMethod):
         return out
 
 
-SPEC = EagleSpec(
-    name="eagle",
+SPEC = EagleSpec.from_header(
+    HEADER,
     decode=decode,
-    needs_drafter=True,
     load_drafter=load_eagle,
     options=EAGLE_OPTIONS,
     cross_check=check_tree_options,

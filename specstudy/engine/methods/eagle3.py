@@ -29,6 +29,18 @@ from . import DecodeJob, EngineMethod
 from .eagle import EAGLE_OPTIONS, check_tree_batch, check_tree_options, decode_with
 from .heads import AuxCapture
 
+#: what a study is checked against, read as a literal (no import, no torch) by
+#: specstudy.frameworks.reference; SPEC below is built from it
+HEADER = {
+    "name": "eagle3",
+    "family": "heads",
+    "order": 70,
+    "needs_drafter": True,
+    "uses_gamma": True,
+    "max_batch": None,
+    "options": ("synthetic_acceptance",),
+}
+
 
 def resolve_folder(name: str | Path) -> Path:
     """A drafter folder as given (from the working directory), else relative to the repository."""
@@ -71,10 +83,9 @@ class Eagle3Spec(EngineMethod):
         return out
 
 
-SPEC = Eagle3Spec(
-    name="eagle3",
+SPEC = Eagle3Spec.from_header(
+    HEADER,
     decode=decode,
-    needs_drafter=True,
     load_drafter=load,
     options=EAGLE_OPTIONS,
     cross_check=check_tree_options,

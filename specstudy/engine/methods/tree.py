@@ -70,6 +70,18 @@ from ..verify import residual
 from . import SYNTHETIC, DecodeJob, EngineMethod, positive_int, synthetic_acceptance
 from .layer_skip import early_exit_draft
 
+#: what a study is checked against, read as a literal (no import, no torch) by
+#: specstudy.frameworks.reference; SPEC below is built from it
+HEADER = {
+    "name": "tree",
+    "family": "tree",
+    "order": 50,
+    "needs_drafter": True,
+    "uses_gamma": True,
+    "max_batch": 1,
+    "options": ("tree_width", "tree_branching", "synthetic_acceptance"),
+}
+
 # --------------------------------------------------------------------------------------------
 # building trees
 
@@ -526,11 +538,9 @@ class TreeSpec(EngineMethod):
         return out
 
 
-SPEC = TreeSpec(
-    name="tree",
+SPEC = TreeSpec.from_header(
+    HEADER,
     decode=decode,
-    needs_drafter=True,
-    max_batch=1,
     load_drafter=load_tree_drafter,
     options={"tree_width": positive_int, "tree_branching": parse_branching, SYNTHETIC: parse_synthetic},
     description="multi-draft token tree verified in one target pass (tree attention mask); "

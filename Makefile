@@ -36,7 +36,7 @@ help:
 	@echo "make test-engines                             real vLLM CPU / llama.cpp servers (slow)"
 	@echo "make test-cluster                             a one-node Slurm here (root), the sharded study through it"
 	@echo "make bench-engine   make bench-engine-pair       engine benchmarks beside HF transformers (quiet machine)"
-	@echo "make bench-llamacpp-costs | bench-overhead | bench-send-schedule | bench-dryrun | bench-gpu-check"
+	@echo "make bench-llamacpp-costs | bench-overhead | bench-send-schedule | bench-dryrun | bench-gpu-check | bench-drafter-al"
 	@echo "                                              the other benchmarks (BENCH_ARGS=... passes their flags)"
 	@echo "make report GPU=...   make clean-study GPU=...   make lab"
 
@@ -105,11 +105,11 @@ engine-sglang: $(STAMP)
 engines-venv: engine-vllm
 
 # Every test marked @engines: real vLLM (CPU build here) servers and the offline worker, the kit-started
-# llama.cpp server through the serving path (tests/engines), the engines' own argument parsers, the
+# llama.cpp server through the serving path (tests/backends/*_live.py), the engines' own argument parsers, the
 # opt-in Qwen pair on llama.cpp when downloaded; slow (each vLLM start ~1.5 min eager, ~3 min compiled).
 test-engines: $(DEV_STAMP) engine-vllm
 	SPECSTUDY_ENGINES_PYTHON=$$($(BIN)/python -m specstudy.environments python-of vllm $(ENGINE_FLAG)) \
-	  $(BIN)/python -m pytest -q -rs -m engines tests/engines tests/backends $(PYTEST_ARGS)
+	  $(BIN)/python -m pytest -q -rs -m engines tests/backends tests/environments $(PYTEST_ARGS)
 # ---- end of the engines block -------------------------------------------------------------------------
 
 # The study (issue 5).  `make study GPU=cpu` (the default): `specstudy run` validates
@@ -224,7 +224,7 @@ clean-study:
 # a quiet machine.  BENCH_ARGS e.g. "--max-new-tokens 64 --prompts 3 --drafter NAME" (every bench-*
 # target passes BENCH_ARGS to its script; tests/test_bench_smoke.py runs each one at its tiniest size).
 BENCH_ARGS ?=
-.PHONY: bench-engine bench-engine-pair bench-profile-step bench-llamacpp-costs bench-overhead bench-send-schedule bench-dryrun bench-gpu-check
+.PHONY: bench-engine bench-engine-pair bench-profile-step bench-llamacpp-costs bench-overhead bench-send-schedule bench-dryrun bench-gpu-check bench-drafter-al
 bench-engine: $(STAMP)
 	$(BIN)/python bench/engine.py $(BENCH_ARGS)
 
@@ -254,6 +254,7 @@ drafters: $(STAMP)
 #   bench-llamacpp-costs  llama.cpp's own T(k)/T(1) and draft cost c (BENCH_ARGS=--pair: the Qwen pair too)
 #   bench-profile-step    per-op shares of a k-token verification forward beside a 1-token one (issue 27)
 #   bench-overhead        what timers and records cost against one decode step (goal: <= 1 %)
+#   bench-drafter-al      the trained EAGLE heads' AL and paired speedup per task, chain beside EAGLE-2's tree
 #   bench-send-schedule   the load generator's send spread and lag against a stub server (targets 5 ms, 1 ms)
 #   bench-dryrun          `specstudy run --dry-run` wall time per profile against its 5 s target
 #   bench-gpu-check       bench/gpu_check.py into $(GPU_CHECK_OUT): on a CUDA machine the real shapes; on a CPU
@@ -276,3 +277,10 @@ bench-dryrun: $(STAMP)
 
 bench-gpu-check: $(STAMP)
 	$(BIN)/python bench/gpu_check.py --out $(GPU_CHECK_OUT) $(BENCH_ARGS)
+
+EAGLE_FILE = params/drafters/smollm2-135m-eagle.safetensors
+EAGLE3_DIR = params/drafters/smollm2-135m-eagle3
+bench-drafter-al: $(STAMP)
+	$(BIN)/python bench/drafter_al.py --tasks code,chat --prompts 5 --max-new-tokens 24 --rows \
+	  "eagle:3:$(EAGLE_FILE);eagle:3:$(EAGLE_FILE):tree_nodes=6,tree_topk=3;eagle3:4:$(EAGLE3_DIR);eagle3:4:$(EAGLE3_DIR):tree_nodes=6,tree_topk=3" \
+	  $(BENCH_ARGS)

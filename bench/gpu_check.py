@@ -141,6 +141,7 @@ def datasheet_profile(name: str) -> costmodel.HardwareProfile:
     import yaml
 
     prof = yaml.safe_load((ROOT / "params" / "hardware" / f"{name}.yaml").read_text())["profile"]
+    price = prof.get("price") or {}
     return costmodel.HardwareProfile(
         name=name,
         device=str(prof.get("device", name)),
@@ -152,6 +153,9 @@ def datasheet_profile(name: str) -> costmodel.HardwareProfile:
         step_overhead_ms=float(prof.get("step_overhead_ms", 0.2)),
         kind=str(prof.get("kind", "gpu")),
         source="datasheet",
+        price_usd_per_hour=float(price["usd_per_hour"]) if price.get("usd_per_hour") is not None else None,
+        price_date=str(price.get("date", "")),
+        price_source=str(price.get("source", "")),
     )
 
 

@@ -278,6 +278,14 @@ class StudyLayout:
             return list(json.loads(self.provenance_path.read_text()).get("runs", []))
         return []
 
+    # ---- a cell's first attempt, rerun for its stalls -------------------------------------
+    def stalled_path(self, cell_id: str) -> Path:
+        """The first attempt of a cell rerun because requests stalled (kept to read, never counted)."""
+        return self.root / "stalled" / f"{cell_id}.parquet"
+
+    def write_stalled(self, cell_id: str, records: Sequence[RequestRecord]) -> Path:
+        return write_part(records, self.stalled_path(cell_id))
+
     # ---- failures ------------------------------------------------------------------------
     def write_failed_rows(self, cell_id: str, records: Sequence[RequestRecord]) -> Path:
         return write_part(records, self.failed_rows_path(cell_id))

@@ -43,6 +43,65 @@ PERFORMANCE_THROTTLES = {
 }
 #: a CPU whose clock falls below this share of its highest sampled clock is flagged
 CPU_FREQ_DROP = 0.85
+#: the machine is busy when the 1-minute load exceeds the cores free for the kit by more than this:
+#: on the 2-core VM a quiet `make study` ran at load 0.47-1.61 and one busy loop per core beside it
+#: at 3.4-4.1, so half a core of slack separates the two with room on both sides
+BUSY_LOAD_MARGIN = 0.5
+#: mean CPU steal (%) above which a VM's cores were not the kit's: 3.1 % on the quiet VM, cells ran
+#: 5x slower at 30 %
+BUSY_STEAL_PCT = 10.0
+
+
+def cpu_cores() -> int:
+    """Cores this process may run on (its affinity: a container's share, not the host's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def busy_reasons(
+    load_1m: float | None,
+    cores: int,
+    needed: int,
+    *,
+    during: bool,
+    steal_pct: float | None = None,
+    freq_dropped: bool = False,
+    gpu_other_procs: int | None = None,
+) -> list[str]:
+    """Why the machine was not fit to measure on, one phrase each (empty: fit).
+
+    ``needed``: the cores the kit's engine and client need (all of a CPU machine's, one on a GPU
+    box).  Before any cell the load is other work, which may take ``cores - needed``; while a cell
+    ``during`` decodes the load holds the kit's own ``needed`` too, so the limit is ``cores``.
+    Either way :data:`BUSY_LOAD_MARGIN` of slack.
+    """
+    out = []
+    limit = (cores if during else max(cores - needed, 0)) + BUSY_LOAD_MARGIN
+    if load_1m is not None and load_1m == load_1m and load_1m > limit:
+        out.append(f"load {load_1m:.2f} on {cores} cores (above {limit:.1f}{'' if during else ' before the engine'})")
+    if steal_pct is not None and steal_pct == steal_pct and steal_pct > BUSY_STEAL_PCT:
+        out.append(f"CPU steal {steal_pct:.1f} % (above {BUSY_STEAL_PCT:g} %)")
+    if freq_dropped:
+        out.append(f"CPU clock fell below {CPU_FREQ_DROP:.0%} of its highest")
+    if gpu_other_procs:
+        out.append(f"{gpu_other_procs} other process(es) on the GPU")
+    return out
+
+
+def machine_check(needed: int, seconds: float = 0.5) -> list[str]:
+    """The machine now, before any engine loads: load, steal over ``seconds``, other GPU users."""
+    import psutil
+
+    psutil.cpu_times_percent(interval=None)
+    steal = getattr(psutil.cpu_times_percent(interval=seconds), "steal", None)
+    nv = _Nvml()
+    try:
+        gpu = nv.other_processes()
+    finally:
+        nv.close()
+    return busy_reasons(load_average()[0], cpu_cores(), needed, during=False, steal_pct=steal, gpu_other_procs=gpu)
 
 
 def decode_throttle_reasons(mask: int) -> list[str]:
@@ -126,6 +185,23 @@ class _Nvml:
             s["gpu_throttle_mask"] = mask
             out.append(s)
         return out
+
+    def other_processes(self) -> int | None:
+        """Compute processes on this machine's GPUs that are neither this process nor its children
+        (the engines the kit started); None without NVML."""
+        if self.nv is None or not self.handles:
+            return None
+        import psutil
+
+        me = psutil.Process()
+        ours = {me.pid, *(c.pid for c in me.children(recursive=True))}
+        pids: set[int] = set()
+        for h in self.handles:
+            try:
+                pids |= {p.pid for p in self.nv.nvmlDeviceGetComputeRunningProcesses(h)}
+            except Exception:
+                return None
+        return len(pids - ours)
 
     def close(self) -> None:
         if self.nv is not None:
@@ -323,6 +399,8 @@ class Telemetry:
             "cpu_steal_max_pct": agg("cpu_steal_pct", max),
             "cpu_temp_max_c": agg("cpu_temp_c", max),
             "load_1m_mean": agg("load_1m", mean),
+            "cpu_cores": cpu_cores(),
+            "gpu_other_procs_max": agg("gpu_other_procs", max),
             "load_1m_max": agg("load_1m", max),
             "throttled": bool(perf) or cpu_drop,
             **energy_of(self.samples),
@@ -360,6 +438,7 @@ class TelemetrySampler:
         host["epoch"] = time.time()
         gpus = self._nvml.sample() if self._nvml and self._nvml.handles else []
         if gpus:
+            host["gpu_other_procs"] = self._nvml.other_processes() if self._nvml else None
             for g in gpus:
                 self.telemetry.samples.append({**host, **g})
         else:

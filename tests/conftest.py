@@ -49,3 +49,18 @@ def no_model_work(monkeypatch):
     monkeypatch.setattr(fetch, "pip_download", refuse("pip_download"))
     for cls in (transformers.AutoModelForCausalLM, transformers.AutoModel):
         monkeypatch.setattr(cls, "from_pretrained", refuse(f"{cls.__name__}.from_pretrained"))
+
+
+@pytest.fixture(autouse=True)
+def quiet_machine(request, monkeypatch):
+    """Every test reads its records as if measured on a quiet machine: the busy-machine rule and the
+    stall rule (both about the machine the tests run on, loaded or not) are out of reach, except in
+    tests marked ``validity``, which test those rules themselves."""
+    if request.node.get_closest_marker("validity"):
+        return
+    from specstudy import telemetry
+    from specstudy.analysis import validity
+
+    monkeypatch.setattr(validity, "STALL_MIN_EXTRA_S", float("inf"))
+    monkeypatch.setattr(validity, "busy_reasons", lambda *a, **k: [])
+    monkeypatch.setattr(telemetry, "busy_reasons", lambda *a, **k: [])

@@ -119,12 +119,17 @@ class TinyFactory:
     """Builds reference backends around a tiny random model; counts loads; can slow or break cells.
 
     ``tokenizer`` (e.g. :class:`ByteIds`) is the backend's, for requests read from task files.
+    ``hold`` = (file, k): the k-th measured call (the k-th cell) touches ``file`` after its first record
+    and then never returns, so a test that signals the study waits on that file, not on the clock.
     """
 
-    def __init__(self, delay_s: float = 0.0, fail_method: str | None = None, tokenizer=None):
+    def __init__(self, delay_s: float = 0.0, fail_method: str | None = None, tokenizer=None, hold=None, plant=None):
         self.loads: list[tuple] = []
         self.runs: list[tuple[str, int, int, bool]] = []  # (method, batch size, max_new_tokens, warm-up?) per call
         self.delay_s, self.fail_method, self.tokenizer = delay_s, fail_method, tokenizer
+        self.hold = hold
+        #: plant(cell, record, measured_calls_so_far) may alter a measured record (a planted stall)
+        self.plant = plant
 
     def __call__(self, framework: str, model: str, drafter=None, device: str = "cpu", dtype: str = "float64", **kw):
         import torch
@@ -144,9 +149,16 @@ class TinyFactory:
             factory.runs.append((cell.method, cell.batch_size, sampling.max_new_tokens, warm))
             if factory.fail_method and cell.method == factory.fail_method:
                 raise RuntimeError(f"injected failure for {cell.method}")
+            measured = sum(not w for *_, w in factory.runs)
             for rec in run(requests, sampling, cell):
                 time.sleep(factory.delay_s)
+                if factory.plant and not warm:
+                    factory.plant(cell, rec, measured)
                 yield rec
+                if factory.hold and not warm and measured == factory.hold[1]:
+                    Path(factory.hold[0]).touch()  # mid-cell now: the test may signal
+                    while True:
+                        time.sleep(0.05)
 
         backend.run = slow_run
         return backend

@@ -29,6 +29,7 @@ BENCH = ROOT / "bench"
 #: every bench script -> the test file that runs it at a tiny size
 SMOKED = {
     "dryrun.py": "tests/test_bench_smoke.py",
+    "drafter_al.py": "tests/test_bench_smoke.py",
     "engine.py": "tests/test_bench_smoke.py",
     "gpu_check.py": "tests/test_gpu_check.py",
     "llamacpp_costs.py": "tests/test_bench_smoke.py",
@@ -140,6 +141,18 @@ def keep_torch_threads():
     n = torch.get_num_threads()
     yield
     torch.set_num_threads(n)
+
+
+@pytest.mark.slow
+def test_drafter_al_bench_prints_each_row_and_checks_greedy_against_ar(tmp_path, capsys, keep_torch_threads):
+    out = tmp_path / "al.json"
+    rows = "eagle:2:params/drafters/smollm2-135m-eagle.safetensors:tree_nodes=3,tree_topk=2"
+    argv = ["--tasks", "qa", "--prompts", "1", "--max-new-tokens", "4", "--rows", rows, "--json", str(out)]
+    assert _script("drafter_al.py").main(argv) == 0
+    doc = json.loads(out.read_text())
+    (row,) = doc["rows"].values()
+    assert row["greedy_equals_ar"] is True and row["n_prompts"] == 1 and row["AL"] >= 1.0
+    assert "load_before" in doc and "wall_s" in capsys.readouterr().out
 
 
 @pytest.mark.slow

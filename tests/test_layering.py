@@ -133,3 +133,12 @@ def test_each_backend_runs_what_its_declaration_says(framework):
     assert decl.methods[0] == "ar"
     known = set(METHOD_FAMILIES) | set(METHOD_ALIASES)
     assert set(decl.methods) | set(decl.needs_drafter) <= known
+
+
+def test_test_folders_mirror_the_package():
+    """Each test folder is named after the package folder it tests (fixtures aside), so a newcomer
+    finds a module's tests where the module lives."""
+    tests = Path(__file__).parent
+    folders = {p.name for p in tests.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    packages = {p.name for p in ROOT.iterdir() if (p / "__init__.py").exists()}
+    assert folders - packages == set()

@@ -188,3 +188,22 @@ def test_throughput():
     rs = [rec(f"p{i}", n=10, end=1.0, start_epoch=100.0 + i) for i in range(3)]
     assert M.output_throughput(rs) == pytest.approx(30 / 3.0)
     assert M.per_request_throughput(rs) == pytest.approx(10.0)
+
+
+def test_a_speculative_repeat_is_paired_with_its_own_repeats_baseline():
+    """Repeat 0 ran on a quiet machine (AR 1 s, speculative 0.5 s), repeat 1 on a slow one (3 s and
+    1.5 s): each pair is 2x.  Keyed on prompt and turn only, repeat 0's speculative run would meet
+    repeat 1's baseline and the speedup would read 3x."""
+
+    def rec_of(method, repeat, e2e):
+        cell = Cell("s", "cpu", "reference", method, "code", "m", repeat=repeat)
+        r = cell.new_record(Request("p0", "x"), Sampling(), output_tokens=8, first_token_s=0.01, end_s=e2e)
+        r.repeat = repeat
+        return r
+
+    base = [rec_of("ar", 0, 1.0), rec_of("ar", 1, 3.0)]
+    spec = [rec_of("ngram", 0, 0.5), rec_of("ngram", 1, 1.5)]
+    pairs = M.paired_records(base, spec)
+    assert [(b.repeat, s.repeat) for b, s in pairs] == [(0, 0), (1, 1)]
+    assert M.paired_speedup(base, spec)["speedup"] == pytest.approx(2.0)
+    assert M.paired_speedup(base, spec)["n_prompts"] == 1  # one prompt, its repeats nested in it

@@ -102,3 +102,11 @@ def resolved(delta: float, noise: float) -> str:
     if abs(delta) <= noise:
         return CANNOT_TELL
     return OBSERVED if delta > 0 else REVERSED
+
+
+def memory_verdict(delta: float, noise: float) -> str:
+    """:func:`resolved` at the 0.1 MB the report prints: a difference that prints as large as the
+    noise ("+50.2 MB" against "±50.2 MB") is a tie, not beyond it."""
+    if not (finite(delta) and finite(noise)):
+        return N_TOO_SMALL
+    return resolved(round(delta / 1e5) * 1e5, round(noise / 1e5) * 1e5)

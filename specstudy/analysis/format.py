@@ -41,9 +41,22 @@ SEED_ROWS = {
 }
 
 
-def seed_row_name(method: str) -> str:
-    """The seed's row name for a kit method (its hardware tables), or — when the seed has none."""
+#: what an EAGLE chain is called beside the seed's EAGLE-2 row: EAGLE-2's addition is its dynamic tree
+EAGLE_CHAIN_ROW = "EAGLE-2 (chain only, no dynamic tree)"
+
+
+def seed_row_name(method: str, dynamic_tree: bool = False) -> str:
+    """The seed's row name for a kit method (its hardware tables), or — when the seed has none.
+    An EAGLE method is the seed's EAGLE-2 row only with its dynamic tree (records whose extra has
+    ``tree: eagle2_dynamic``, :func:`is_dynamic_tree`)."""
+    if method in ("eagle", "eagle3") and not dynamic_tree:
+        return EAGLE_CHAIN_ROW
     return SEED_ROWS.get(method, "—")
+
+
+def is_dynamic_tree(records: Any) -> bool:
+    """Whether these records ran EAGLE-2's dynamic tree (the engine notes it in each record's extra)."""
+    return any(getattr(r, "extra", {}).get("tree") == "eagle2_dynamic" for r in records)
 
 
 def fmt(x: Any, digits: int = 2, suffix: str = "") -> str:

@@ -97,7 +97,7 @@ class MemoryReading:
 
     @property
     def verdict(self) -> str:
-        return claims.resolved(self.overhead, self.noise)
+        return claims.memory_verdict(self.overhead, self.noise)  # decided at the 0.1 MB shown
 
 
 def memory_groups(study: Study) -> list[MemoryReading]:

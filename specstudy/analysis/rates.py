@@ -80,6 +80,7 @@ def rate_frame(study: Study, slo: Slo | None = None) -> pd.DataFrame:
     """One row per request-rate cell (numbers, not text): the sweep's raw table; goodput under
     ``slo`` (default: the study's own, :func:`study_slo`)."""
     slo = slo or study_slo(study)
+    flags = getattr(study, "flags", None) or {}
     rows = []
     for cid in study.cell_ids():
         m = study.meta(cid)
@@ -118,6 +119,7 @@ def rate_frame(study: Study, slo: Slo | None = None) -> pd.DataFrame:
                 "speedup": sp,
                 "peak_memory_bytes": peak,
                 "memory_source": source,
+                "flagged": cid in flags,
             }
         )
     return pd.DataFrame(rows)
@@ -150,7 +152,10 @@ def rate_table(raw: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(
         {
             "Framework": out["framework"],
-            "Method": [f"{lab} γ={g:g}" if g == g and g else str(lab) for lab, g in zip(out["label"], out["gamma"])],
+            "Method": [
+                (f"{lab} γ={g:g}" if g == g and g else str(lab)) + (" ⚑" if flag else "")
+                for lab, g, flag in zip(out["label"], out["gamma"], out.get("flagged", [""] * len(out)))
+            ],
             "Task": out["task"],
             "Prefix cache": [_cache_text(p) for p in out["prefix_cache"]],
             "Rate (req/s)": [_rate_text(r) for r in out["rate"]],
@@ -181,10 +186,13 @@ def trace_frame(raw: pd.DataFrame) -> pd.DataFrame:
 
 
 def stops_paying_table(raw: pd.DataFrame) -> pd.DataFrame:
-    """Per framework and speculative method: the lowest offered rate whose paired speedup is ≤ 1."""
+    """Per framework and speculative method: the lowest offered rate whose paired speedup is ≤ 1, from
+    unflagged cells only (how many were left out is said)."""
     rows = []
     # a rate sweep's cells: a trace replay is one load pattern, not a point of the sweep
     raw = _with_arrivals(raw)
+    left = raw[raw["flagged"].astype(bool)] if "flagged" in raw else raw.iloc[0:0]
+    raw = raw.drop(left.index)
     spec = raw[(raw["method"] != "ar") & (raw["arrivals"] != "trace")] if not raw.empty else raw
     keys = ["framework", "label", "gamma", "task", "prefix_cache"]
     for (fw, label, gamma, task, cache), g in spec.groupby(keys, dropna=False) if len(spec) else []:
@@ -199,6 +207,13 @@ def stops_paying_table(raw: pd.DataFrame) -> pd.DataFrame:
                 "Prefix cache": _cache_text(cache),
                 "Stops paying at (req/s)": "does not, up to the highest rate run" if stop is None else _rate_text(stop),
                 "Speedup per rate": measured,
+                "Flagged rates left out": ", ".join(
+                    _rate_text(float(r))
+                    for r in left.loc[
+                        (left["framework"] == fw) & (left["label"] == label) & (left["task"] == task), "rate"
+                    ]
+                )
+                or "—",
             }
         )
     return pd.DataFrame(rows)

@@ -28,6 +28,7 @@ def stratum_row(study: Study, key: tuple[Any, ...], cids: list[str], keep: Keep,
     """One stratum of one row: its pooled α, AL and speedup (intervals over prompts) and ``extra``."""
     fw, label, gamma, task, cache, batch = key
     p = pooled(study, cids, keep=keep)
+    flags = getattr(study, "flags", None) or {}
     return {
         "framework": fw,
         "label": label,
@@ -36,6 +37,7 @@ def stratum_row(study: Study, key: tuple[Any, ...], cids: list[str], keep: Keep,
         "prefix_cache": cache,
         "batch_size": batch,
         **extra,
+        "flagged": any(c in flags for c in cids),
         "n_prompts": p.n_prompts,
         "alpha": p.alpha,
         "alpha_ci": p.alpha_ci,
@@ -52,7 +54,10 @@ def strata_table(raw: pd.DataFrame, columns: Mapping[str, Callable[[pd.DataFrame
         return raw
     head = {
         "Framework": raw["framework"],
-        "Method": [f"{lab} γ={g:g}" if g == g and g else str(lab) for lab, g in zip(raw["label"], raw["gamma"])],
+        "Method": [
+            (f"{lab} γ={g:g}" if g == g and g else str(lab)) + (" ⚑" if flag else "")
+            for lab, g, flag in zip(raw["label"], raw["gamma"], raw.get("flagged", [""] * len(raw)))
+        ],
         "Task": raw["task"],
         "Batch": raw["batch_size"],
     }

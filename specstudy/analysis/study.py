@@ -8,6 +8,7 @@ once, here.  Cells on disk that the current plan no longer has are set aside (``
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from ..config.vocab import method_family
 from ..costmodel import HardwareProfile
 from ..layout import StudyLayout
 from ..records import RequestRecord
+from . import validity
 
 #: what describes a cell (one row of :func:`specstudy.analysis.frames.cells_frame`)
 CELL_FIELDS = (
@@ -131,6 +133,10 @@ class Study:
     stale_cells: list[str] = field(default_factory=list)
     profile: HardwareProfile | None = None
     engine_costs: list[dict[str, Any]] = field(default_factory=list)  # engines' own step-cost measurements
+    #: every validity check's findings (:mod:`specstudy.analysis.validity`), and the cells they leave
+    #: out of verdicts: cell id -> why (its own flags or its baseline's)
+    findings: list[Any] = field(default_factory=list)
+    flags: dict[str, tuple[validity.Reason, ...]] = field(default_factory=dict)
 
     @property
     def out(self) -> Path:
@@ -224,11 +230,13 @@ def load(out: str | os.PathLike[str]) -> Study:
     if tel is not None and stale and "cell_id" in tel:
         tel = tel[~tel["cell_id"].isin(stale)]
     failed = [f for f in layout.failed_cells() if not plans or f.get("cell_id") in plans]
+    cells = {cid: _describe(cid, rs, plans.get(cid)) for cid, rs in recs.items()}
+    findings = validity.assess(recs)
     return Study(
         layout=layout,
         hardware=hardware,
         records=recs,
-        cells={cid: _describe(cid, rs, plans.get(cid)) for cid, rs in recs.items()},
+        cells=cells,
         plan=plan,
         provenance=runs[-1] if runs else {},
         failed=failed,
@@ -236,4 +244,14 @@ def load(out: str | os.PathLike[str]) -> Study:
         stale_cells=stale,
         profile=_profile(layout, hardware),
         engine_costs=layout.read_engine_costs(),
+        findings=findings,
+        flags=validity.flagged(findings, {c: m["baseline_cell_id"] for c, m in cells.items()}),
+    )
+
+
+def vouched(study: Study) -> Study:
+    """The study without its flagged cells: what verdicts, the summary and best-method lines read."""
+    keep = [c for c in study.records if c not in study.flags]
+    return dataclasses.replace(
+        study, records={c: study.records[c] for c in keep}, cells={c: study.cells[c] for c in keep}, flags={}
     )

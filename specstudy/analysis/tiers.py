@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from ..data.tiers import parse_tier
+from ..metrics import MIN_PROMPTS_FOR_CI
 from ..records import RequestRecord
 from .claims import Estimate, compare
 from .stats import Keep
@@ -93,11 +94,19 @@ def _in(tiers: dict[tuple[str, str], str], tier: str) -> Keep:
     return lambda r: tiers.get((r.task, r.prompt_id)) == tier
 
 
-def entropy_tier_frame(study: Study) -> pd.DataFrame:
-    """One row per (framework, method, γ, task, batch, entropy tier) where the engine measured entropy."""
+def entropy_tier_frame(study: Study, pool_tasks: bool = False) -> pd.DataFrame:
+    """One row per (framework, method, γ, task, batch, entropy tier) where the engine measured entropy;
+    ``pool_tasks``: one row per method over all its tasks (terciles over all their prompts), for a
+    study whose per-task tiers hold too few prompts each for an interval."""
     rows: list[dict[str, Any]] = []
     spec = [c for c in study.cell_ids() if study.meta(c)["baseline_cell_id"]]
-    for key, cids in spec_groups(study, spec).items():
+    groups = spec_groups(study, spec)
+    if pool_tasks:
+        pooled_groups: dict[tuple[Any, ...], list[str]] = {}
+        for (fw, label, gamma, _task, cache, batch), cids in groups.items():
+            pooled_groups.setdefault((fw, label, gamma, "all tasks", cache, batch), []).extend(cids)
+        groups = pooled_groups
+    for key, cids in groups.items():
         tiers = entropy_terciles([r for c in cids for r in study.baseline(c)])
         if not tiers:
             continue
@@ -108,6 +117,19 @@ def entropy_tier_frame(study: Study) -> pd.DataFrame:
 
 def tier_table(raw: pd.DataFrame) -> pd.DataFrame:
     return strata_table(raw, {"Input tokens": lambda d: d["input_tokens"], "Prompts": lambda d: d["prompts"]})
+
+
+def entropy_tiers_shown(study: Study) -> tuple[pd.DataFrame, str]:
+    """The entropy-tier frame the report can show, and how it was chosen: ``"per task"``; ``"pooled"``
+    over each method's tasks when no per-task row has prompts enough for an interval; ``"left out"``
+    (an empty frame) when not even the pooled rows do."""
+    per_task = entropy_tier_frame(study)
+    if per_task.empty or (per_task["n_prompts"] >= MIN_PROMPTS_FOR_CI).any():
+        return per_task, "per task"
+    pooled_rows = entropy_tier_frame(study, pool_tasks=True)
+    if (pooled_rows["n_prompts"] >= MIN_PROMPTS_FOR_CI).any():
+        return pooled_rows, "pooled"
+    return pooled_rows.iloc[0:0], "left out"
 
 
 def entropy_tier_table(raw: pd.DataFrame) -> pd.DataFrame:

@@ -19,17 +19,24 @@ from typing import Any
 import pandas as pd
 
 from ..metrics import expected_acceptance_length
-from .format import fmt, fmt_ci, seed_row_name, short_model
+from .format import fmt, fmt_ci, is_dynamic_tree, seed_row_name, short_model
 from .stats import Pooled, isnum, pooled
 from .study import Study
 
 #: the sweep whose rows this table reads (and its ``tree_shapes_<part>`` siblings)
 SWEEP = "tree_shapes"
 TREE_METHODS = ("tree", "specinfer", "sequoia")
+#: the EAGLE heads: a chain, or EAGLE-2's dynamic tree (option tree_nodes)
+EAGLE_METHODS = ("eagle", "eagle3")
+EAGLE2_SHAPE = "EAGLE-2 dynamic: the drafter's top-k of the most confident nodes per level, reranked within the budget"
 
 
 def _extras(study: Study, cells: list[str], key: str) -> list[Any]:
     return [r.extra[key] for c in cells for r in study.records.get(c, []) if r.status == "ok" and key in r.extra]
+
+
+def _records(study: Study, cells: list[str]) -> list[Any]:
+    return [r for c in cells for r in study.records.get(c, []) if r.status == "ok"]
 
 
 def _options(study: Study, cell_id: str) -> dict[str, Any]:
@@ -45,6 +52,8 @@ def _shape(m: dict[str, Any], study: Study, cells: list[str]) -> str:
     if m["method"] == "sequoia":
         trees = Counter(str(t) for t in _extras(study, cells, "sequoia_tree"))
         return trees.most_common(1)[0][0] if trees else "—"
+    if m["method"] in EAGLE_METHODS and is_dynamic_tree(_records(study, cells)):
+        return EAGLE2_SHAPE
     opts = _options(study, cells[0])
     if m["method"] == "specinfer":
         parts = len(str(m["drafter"] or "").split("+"))
@@ -124,22 +133,29 @@ def drafter_shares(study: Study, cells: list[str]) -> str:
     return ", ".join(f"{short_model(k)} {v / n:.0%}{own(k)}" for k, v in total.most_common())
 
 
+def _chain_nodes(study: Study, cells: list[str]) -> int:
+    """A chain method's verified nodes (it records no tree): its drafted tokens."""
+    return sum(r.drafted_tokens or 0 for c in cells for r in study.records.get(c, []) if r.status == "ok")
+
+
 def tree_shape_table(study: Study) -> tuple[pd.DataFrame, pd.DataFrame]:
     """One row per tree row of the sweep: its shape, node budget, measured AL and speedup, expected AL."""
     groups: dict[tuple[Any, ...], list[str]] = {}
     for c in study.spec_cell_ids(SWEEP):
         m = study.meta(c)
-        if m["method"] in TREE_METHODS or m["family"] == "tree":
+        if m["method"] in TREE_METHODS + EAGLE_METHODS or m["family"] == "tree":
             groups.setdefault((m["label"], m["drafter"] or "", m["gamma"] or 0), []).append(c)
     rows, raw = [], []
     for (label, drafter, gamma), cells in sorted(groups.items()):
         m, p = study.meta(cells[0]), pooled(study, cells)
-        nodes = sum(int(v) for v in _extras(study, cells, "tree_nodes"))
+        nodes = sum(int(v) for v in _extras(study, cells, "tree_nodes")) or _chain_nodes(study, cells)
         steps = sum(r.draft_steps or 0 for c in cells for r in study.records.get(c, []) if r.status == "ok")
         exp, source = expected_al(m, p, study, cells)
         rows.append(
             {
-                "Seed row": seed_row_name(m["method"]),
+                "Seed row": seed_row_name(
+                    m["method"], is_dynamic_tree(r for c in cells for r in study.records.get(c, []))
+                ),
                 "Method (what ran)": label,
                 "Drafter(s)": " + ".join(short_model(d) for d in str(drafter).split("+")) if drafter else "—",
                 "Shape": _shape(m, study, cells),

@@ -12,8 +12,9 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ..frameworks import declaration
-from ..frameworks.declaration import check_method
+from ..frameworks.declaration import CellCheck
 from ..records import Cell, Request, RequestRecord, Sampling
+from .loadgen import Offer
 
 
 def encode_request(tokenizer: Any, request: Request, chat: bool = False) -> list[int]:
@@ -50,24 +51,14 @@ class Backend(ABC):
         return False
 
     @classmethod
-    def check_cell(
-        cls,
-        method: str,
-        gamma: int | None,
-        options: dict[str, Any],
-        *,
-        model: str,
-        drafter: str | None,
-        cuda: bool,
-        batch_size: int = 1,
-    ) -> None:
+    def check_cell(cls, cell: CellCheck) -> None:
         """Refuse, before any model loads, a cell this backend (at its pinned version) cannot run.
 
-        ``options`` are the cell's method options; ``cuda`` says which build the study will use.
-        The default checks the cell against the engine's declaration (method, γ, drafter, option
-        names, batch size); backends with more to check extend it.
+        ``cell.options`` are the cell's method options; ``cell.cuda`` says which build the study will
+        use.  The default checks the cell against the engine's declaration (method, γ, drafter,
+        option names, batch size); backends with more to check extend it.
         """
-        check_method(declaration(cls.framework), method, gamma, options, drafter, batch_size=batch_size)
+        cell.against(declaration(cls.framework))
 
     @abstractmethod
     def run(self, requests: Sequence[Request], sampling: Sampling, cell: Cell) -> Iterator[RequestRecord]:
@@ -104,18 +95,7 @@ class ServingBackend(Backend):
         """One request, one record; never raises for a server or network failure."""
 
     @abstractmethod
-    def offer_run(
-        self,
-        requests: Sequence[Request],
-        sampling: Sampling,
-        cell: Cell,
-        offsets: Sequence[float],
-        *,
-        concurrency: int | None,
-        request_timeout_s: float,
-        run_timeout_s: float,
-        gauges: bool = True,
-    ) -> Any:
-        """Offer ``requests[i]`` at ``offsets[i]`` s; a result with ``records``, ``wall_s``,
+    def offer_run(self, run: Offer, *, gauges: bool = True) -> Any:
+        """Offer ``run.requests[i]`` at ``run.offsets[i]`` s; a result with ``records``, ``wall_s``,
         ``run_acceptance`` and ``watch`` (see :class:`specstudy.backends.server.ServedBatch`).
         ``gauges``: sample the engine's batch gauges while the run lasts (request-rate runs)."""

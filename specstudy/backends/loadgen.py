@@ -26,6 +26,7 @@ import gc
 import math
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from ..records import Cell, Request, RequestRecord, Sampling
@@ -105,18 +106,24 @@ def warm_up(seconds: float) -> None:
         pass
 
 
-async def offer_async(
-    sender: AsyncSender,
-    requests: Sequence[Request],
-    sampling: Sampling,
-    cell: Cell,
-    offsets: Sequence[float],
-    *,
-    concurrency: int | None,
-    request_timeout_s: float,
-    run_timeout_s: float,
-) -> tuple[list[RequestRecord], float]:
+@dataclass(frozen=True)
+class Offer:
+    """One run handed to the load generator: what is sent, when, and within which limits (the runner's
+    rate cells, a closed-loop batch and serve-bench all build one)."""
+
+    requests: Sequence[Request]
+    sampling: Sampling
+    cell: Cell
+    offsets: Sequence[float]  # send time of requests[i], seconds from the run's start
+    concurrency: int | None  # requests in flight at most (None: no cap)
+    request_timeout_s: float
+    run_timeout_s: float
+
+
+async def offer_async(sender: AsyncSender, run: Offer) -> tuple[list[RequestRecord], float]:
     """Send ``requests[i]`` at ``offsets[i]``; the records in request order and the run's wall time."""
+    requests, sampling, cell, offsets = run.requests, run.sampling, run.cell, run.offsets
+    concurrency, request_timeout_s, run_timeout_s = run.concurrency, run.request_timeout_s, run.run_timeout_s
     if len(offsets) != len(requests):
         raise ValueError(f"{len(offsets)} offsets for {len(requests)} requests")
     if request_timeout_s <= 0 or run_timeout_s <= 0:
@@ -209,30 +216,9 @@ async def offer_async(
     return [r for r in records if r is not None], wall
 
 
-def offer(
-    sender: AsyncSender,
-    requests: Sequence[Request],
-    sampling: Sampling,
-    cell: Cell,
-    offsets: Sequence[float],
-    *,
-    concurrency: int | None,
-    request_timeout_s: float,
-    run_timeout_s: float,
-) -> tuple[list[RequestRecord], float]:
+def offer(sender: AsyncSender, run: Offer) -> tuple[list[RequestRecord], float]:
     """:func:`offer_async` from synchronous code (the runner, the serving driver)."""
-    return run_sync(
-        lambda: offer_async(
-            sender,
-            requests,
-            sampling,
-            cell,
-            offsets,
-            concurrency=concurrency,
-            request_timeout_s=request_timeout_s,
-            run_timeout_s=run_timeout_s,
-        )
-    )
+    return run_sync(lambda: offer_async(sender, run))
 
 
 def batch_deadline(n: int, batch_size: int, request_timeout_s: float) -> float:

@@ -38,8 +38,8 @@ from .base import ServingBackend, encode_request
 from .connections import Http, address
 from .exchange import StreamedRequests
 from .lifecycle import ManagedServer, ServerInfo, connect, http_get, split_url
-from .loadgen import batch_deadline, offer, run_sync
-from .prometheus import MetricSamples, parse_prometheus
+from .loadgen import Offer, batch_deadline, offer, run_sync
+from .prometheus import MetricSamples, metric_total, parse_prometheus
 from .sse import StreamState
 from .watch import ServerWatch, WatchResult
 
@@ -345,18 +345,7 @@ class StreamingServerBackend(ServingBackend, StreamedRequests, Generic[SnapshotT
     gauge_period_s: float = 0.5
     rss_period_s: float = 0.02
 
-    def offer_run(
-        self,
-        requests: Sequence[Request],
-        sampling: Sampling,
-        cell: Cell,
-        offsets: Sequence[float],
-        *,
-        concurrency: int | None,
-        request_timeout_s: float,
-        run_timeout_s: float,
-        gauges: bool = True,
-    ) -> ServedBatch:
+    def offer_run(self, run: Offer, *, gauges: bool = True) -> ServedBatch:
         """The one path of every server run: counters scraped before and after, the server
         watched (memory, and with ``gauges`` its batch gauges), the requests offered on schedule
         by the load generator.
@@ -369,9 +358,10 @@ class StreamingServerBackend(ServingBackend, StreamedRequests, Generic[SnapshotT
         Raises :class:`ServerDied` (carrying the records, unfinished ones as ``error`` rows with
         the server's last log lines) when the server the kit started exits during the run.
         """
-        self.ensure_server(cell)
+        self.ensure_server(run.cell)
         pid = self.server.proc.pid if self.server is not None and self.server.proc is not None else None
         before = self.scrape()
+        at_start = self.queue_at_start(before)
         with ServerWatch(
             pid,
             self.gauge_scrape() if gauges else None,
@@ -379,16 +369,7 @@ class StreamingServerBackend(ServingBackend, StreamedRequests, Generic[SnapshotT
             rss_period_s=self.rss_period_s,
             gauge_period_s=self.gauge_period_s,
         ) as watch:
-            records, wall = offer(
-                self,
-                requests,
-                sampling,
-                cell,
-                offsets,
-                concurrency=concurrency,
-                request_timeout_s=request_timeout_s,
-                run_timeout_s=run_timeout_s,
-            )
+            records, wall = offer(self, run)
         self.check_alive(records)
         after = self.scrape()
         acceptance = self.run_acceptance(before, after, records)
@@ -400,9 +381,19 @@ class StreamingServerBackend(ServingBackend, StreamedRequests, Generic[SnapshotT
             if peak is not None:
                 rec.peak_memory_bytes, rec.memory_source = peak, source
             rec.extra["server_watch"] = block
+            if at_start is not None:  # run-level: the server's own gauges when the run began
+                rec.extra["server_at_start"] = at_start
             if prefix is not None:  # run-level, like run_scope: NOT a per-request number
                 rec.extra["prefix_cache_counters"] = prefix
         return ServedBatch(records, wall, acceptance, watch.result)
+
+    def queue_at_start(self, samples: SnapshotT | None) -> dict[str, float] | None:
+        """Requests the server was running and holding back before the run's first one (its own
+        :attr:`GAUGES`): anything but zero means the run did not start on an idle server."""
+        if not isinstance(samples, dict) or not self.GAUGES:
+            return None
+        out = {k: metric_total(samples, self.GAUGES[k]) for k in ("running", "waiting") if k in self.GAUGES}
+        return {k: float(v) for k, v in out.items() if v is not None} or None
 
     def engine_memory(self, samples: SnapshotT | None) -> dict[str, Any]:
         """The engine's own memory figures (KV cache) where its /metrics report them."""
@@ -432,16 +423,16 @@ class StreamingServerBackend(ServingBackend, StreamedRequests, Generic[SnapshotT
         """The cell's requests ``cell.batch_size`` at a time (a closed loop of that many clients)."""
         if cell.batch_size < 1:
             raise ValueError(f"batch_size={cell.batch_size!r}: must be >= 1")
-        batch = self.offer_run(
-            requests,
+        closed_loop = Offer(
+            list(requests),
             sampling,
             cell,
             [0.0] * len(requests),
             concurrency=cell.batch_size,
             request_timeout_s=self.request_timeout_s,
             run_timeout_s=batch_deadline(len(requests), cell.batch_size, self.request_timeout_s),
-            gauges=False,
         )
+        batch = self.offer_run(closed_loop, gauges=False)
         for rec in batch.records:
             # the same run-level block on every record of the run: NOT a per-request number
             rec.extra["run_scope"] = {"acceptance": batch.run_acceptance, "n_requests": len(batch.records)}

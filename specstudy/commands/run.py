@@ -18,13 +18,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..config import ParamsError, StudyConfig, hardware_names, load_hardware_profile, load_study
+from ..config import ParamsError, StudyConfig, hardware_names, load_hardware_profile
 from ..data.models import tokenizer_if_here
 from ..environments.preflight import Missing, Probes
 from ..layout import StudyLayout
 from ..report.notebooks import plan_notebook_jobs, write_notebook_makefile
 from ..run.environment import keep_rows, machine_needs, prepare_machine
-from ..run.plan import CellPlan, check_backends, check_tasks, expand, plan_summary, uses_cuda
+from ..run.plan import CellPlan, LoadedStudy, check_tasks, expand, load, plan_summary, uses_cuda
 
 #: exit status when the study ran but some cells failed (make study renders the report, then fails)
 EXIT_CELLS_FAILED = 3
@@ -80,6 +80,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sweep", action="append", default=None, help="run only cells of this sweep (repeatable)")
     p.add_argument("--max-cells", type=int, default=None, help="stop after running this many cells")
     p.add_argument("--no-progress", action="store_true", help="no tqdm bars (one line per cell still printed)")
+    p.add_argument(
+        "--allow-unused",
+        action="store_true",
+        help="warn about top-level tasks/methods/frameworks/gammas no sweep uses instead of refusing the study",
+    )
+    p.add_argument(
+        "--strict",
+        action="store_true",
+        help="refuse to start on a busy machine (load, CPU steal or frequency, other GPU users) instead of warning",
+    )
     p.add_argument(
         "--refine-capacity",
         type=int,
@@ -138,16 +148,18 @@ def _downloads(plans: Sequence[CellPlan]) -> list[dict[str, Any]]:
 
 
 def _dry_run(
-    args: argparse.Namespace, cfg: StudyConfig, plans: Sequence[CellPlan], summary: dict[str, Any], validated_s: float
+    args: argparse.Namespace, study: LoadedStudy, plans: Sequence[CellPlan], summary: dict[str, Any], validated_s: float
 ) -> dict[str, Any]:
-    """The plan, its predicted duration and memory fit, and what this machine lacks (warnings)."""
+    """The plan (``plans``: the selected sweeps' cells), its predicted duration and memory fit, and what
+    this machine lacks for the whole study (warnings)."""
     from ..run.dryrun import cell_breakdown, deployment_plan, duration_table, memory_fit
 
+    cfg = study.cfg
     prof = load_hardware_profile(cfg.hardware, measure=False) if cfg.hardware in hardware_names() else None
     # an installed engine env is taken at its stamp: importing vLLM to check it takes ~10 s, and a
     # dry run must stay under 5 s (the real run's preflight does import it)
     stamp_only = Probes(imports=lambda py, mod: (True, ""))
-    missing = [m.__dict__ for m in machine_needs(cfg, stamp_only)] if prof is not None else []
+    missing = [m.__dict__ for m in machine_needs(cfg, stamp_only, study.plans)] if prof is not None else []
     missing += _downloads(plans)
     return {
         "study": cfg.name,
@@ -248,15 +260,37 @@ def _profile(cfg: StudyConfig) -> Any:
     return load_hardware_profile(cfg.hardware, measure=False) if cfg.hardware in hardware_names() else None
 
 
-def _selected(args: argparse.Namespace, cfg: StudyConfig) -> tuple[list[CellPlan], list[CellPlan]]:
+def _selected(args: argparse.Namespace, study: LoadedStudy) -> tuple[list[CellPlan], list[CellPlan]]:
     """Every cell of the study, and those of the sweeps ``--sweep`` names (all without it)."""
-    plans = all_plans = expand(cfg)
+    cfg = study.cfg
+    plans = all_plans = list(study.plans)
     if args.sweep:
         unknown = sorted(set(args.sweep) - {s.name for s in cfg.sweeps})
         if unknown:
             raise ParamsError(cfg.file, "--sweep", unknown[0], sorted(s.name for s in cfg.sweeps))
         plans = [p for p in plans if set(p.sweeps) & set(args.sweep)]
     return all_plans, plans
+
+
+def machine_fit(cfg: StudyConfig, strict: bool, check: Any = None) -> int | None:
+    """Before any model loads: a busy machine is named in a warning, or with ``strict`` refused
+    (exit 2).  ``check`` (default :func:`specstudy.telemetry.machine_check`) takes the cores the
+    engine and client need: one on a GPU box, every core of a CPU one."""
+    from ..telemetry import cpu_cores, machine_check
+
+    found = (check or machine_check)(1 if uses_cuda(cfg) else cpu_cores())
+    if not found:
+        return None
+    what = "; ".join(found)
+    if strict:
+        print(f"specstudy run: error: the machine is busy ({what}); --strict refuses to measure on it", file=sys.stderr)
+        return 2
+    print(
+        f"specstudy run: warning: the machine is busy ({what}): cells measured while it stays busy are flagged "
+        "and left out of the summary (--strict refuses to start)",
+        file=sys.stderr,
+    )
+    return None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -272,8 +306,10 @@ def run(args: argparse.Namespace) -> int:
     sharded = None
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        cfg = check_backends(load_study(args.hardware, args.params), files=not args.dry_run)
-        all_plans, plans = _selected(args, cfg)
+        # parsed and expanded once
+        study = load(args.hardware, args.params, files=not args.dry_run, allow_unused=args.allow_unused)
+        cfg = study.cfg
+        all_plans, plans = _selected(args, study)
         if args.executor != "local" and not args.dry_run:  # the cluster's settings, before anything starts
             sharded = _shards(args, cfg, plans, _profile(cfg))
         # a dry run downloads nothing and loads no tokenizer: prompts are counted before length control
@@ -281,9 +317,13 @@ def run(args: argparse.Namespace) -> int:
         for task_note in check_tasks(cfg, fetch=not args.dry_run, tokenizer=tokenizer, sweeps=args.sweep):
             warnings.warn(task_note, stacklevel=1)
         refused: list[Missing] = []
+        if not args.dry_run and args.executor == "local":  # a cluster's jobs measure on their own nodes
+            busy = machine_fit(cfg, args.strict)
+            if busy is not None:
+                return busy
         # a cluster's nodes prepare themselves (a login node has no GPU): only a run here prepares this machine
         if not args.dry_run and args.executor != "slurm":
-            notes = prepare_machine(cfg, force=args.force)
+            notes = prepare_machine(cfg, force=args.force, plans=all_plans)
             refused = [n for n in notes if n.kind in ("drafter", "version") or n.target]
             for note in notes:
                 after = (
@@ -300,7 +340,7 @@ def run(args: argparse.Namespace) -> int:
         sharded = _shards(args, cfg, plans, _profile(cfg))
     summary = plan_summary(plans, cfg.warmup_requests, cfg.warmup_max_new_tokens)
     if args.dry_run:
-        _print_dry_run(args, _dry_run(args, cfg, plans, summary, time.perf_counter() - t0))
+        _print_dry_run(args, _dry_run(args, study, plans, summary, time.perf_counter() - t0))
         return 0
     layout = StudyLayout.of(cfg.hardware, args.outputs)
     layout.root.mkdir(parents=True, exist_ok=True)
@@ -336,7 +376,7 @@ def run(args: argparse.Namespace) -> int:
             if refined is None:
                 break
             cfg, extra_sweeps = refined
-            all_plans = expand(cfg)
+            all_plans = expand(cfg)  # the refined config holds new sweeps: its plan is a new one
             plans = [p for p in all_plans if set(p.sweeps) & extra_sweeps]
             write_notebook_makefile(
                 plan_notebook_jobs(layout.root, [p.as_dict() for p in all_plans], cfg.notebooks),

@@ -178,13 +178,17 @@ def measure_acceptance(
     return {"gamma": gamma, "max_new_tokens": max_new_tokens, "sampling": "greedy", "per_task": per_task}
 
 
-def save(module: Any, out: Path, model: str, info: dict[str, Any]) -> Path:
-    """The drafter's files: an EAGLE-3 folder (engine/eagle3.py), else ``<out>.safetensors`` + ``.json``."""
+def save(module: Any, out: Path, model: str, info: dict[str, Any], target_config: Any = None) -> Path:
+    """The drafter's files: an EAGLE-3 folder (engine/eagle3.py; with ``target_config``, read back
+    and checked against the trained head), else ``<out>.safetensors`` + ``.json``."""
     from ..engine.drafters import save_drafter
-    from ..engine.eagle3 import Eagle3Draft, save_eagle3
+    from ..engine.eagle3 import Eagle3Draft, check_round_trip, save_eagle3
 
     if isinstance(module, Eagle3Draft):
-        return save_eagle3(module, out, {"target": model, **info})
+        folder = save_eagle3(module, out, {"target": model, **info})
+        if target_config is not None:
+            check_round_trip(module, folder, target_config)
+        return folder
     return save_drafter(module, out, target=model, info=info)
 
 
@@ -294,7 +298,7 @@ def run(args: argparse.Namespace) -> int:
             "loadavg": os.getloadavg(),
         },
     }
-    path = save(result.module, out, args.model, info)
+    path = save(result.module, out, args.model, info, model.config)
     if args.eval_prompts:
         t0 = time.perf_counter()
         ev = eval_prompts([t for t in args.eval_tasks.split(",") if t], args.eval_prompts, tokenizer)

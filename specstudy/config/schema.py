@@ -22,10 +22,10 @@ from pydantic import (
     model_validator,
 )
 
-from ..frameworks import drafter_methods
+from ..frameworks import drafter_methods, method_families
 from ..records import Sampling
 from .errors import not_allowed
-from .vocab import DTYPES, METHOD_ALIASES, METHOD_FAMILIES, QUANTIZATIONS, method_family
+from .vocab import DTYPES, METHOD_FAMILIES, QUANTIZATIONS, method_family
 
 NOTEBOOKS = ("hardware", "method_family", "task_category", "when_it_fails", "report")
 
@@ -211,7 +211,7 @@ class MethodSpec(BaseModel):
             v = {"method": v}
         if not isinstance(v, dict):
             return v
-        known = list(METHOD_FAMILIES) + sorted(METHOD_ALIASES)
+        known = list(METHOD_FAMILIES) + sorted(method_families())  # the catalogue now (a method added since import)
         method = v.get("method", v.get("family"))
         if method not in known:
             raise not_allowed(method, known, at="method")

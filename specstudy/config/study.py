@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,10 +54,10 @@ from typing import Any
 
 from ..records import Sampling
 from . import checks
-from .errors import ParamsError, validate
+from .errors import ParamsError, ParamsProblems, validate
 from .files import hardware_file, load_yaml
 from .schema import NOTEBOOKS, MethodSpec, ModelPair, SamplingSpec, Slo, StudySpec, SweepSpec
-from .task import is_task_path, task_candidates
+from .task import ParsedTask, TaskConfig, is_task_path, load_task_config, parse_task, task_candidates
 
 # --------------------------------------------------------------------------------------------
 # the resolved matrix
@@ -113,10 +114,19 @@ class StudyConfig:
     slo: Mapping[str, Any] = field(default_factory=lambda: Slo().model_dump())
     #: task name (its file's stem) -> its task file: the sweeps name tasks, the runner reads these files
     task_files: Mapping[str, str] = field(default_factory=dict)
+    #: task name -> its file parsed and validated once at load; every later step reads these
+    tasks: Mapping[str, ParsedTask] = field(default_factory=dict, compare=False, repr=False)
 
     def task_file(self, name: str) -> str:
         """The file of one of the study's tasks (a name outside the study: itself, looked up in params/tasks/)."""
         return self.task_files.get(name, name)
+
+    def task(self, name: str) -> TaskConfig:
+        """The validated config of one of the study's tasks (parsed at load); a name outside the study
+        (a test's, a custom loader's) is read from params/tasks/.  Raises the file's first problem."""
+        if name in self.tasks:
+            return self.tasks[name].require()
+        return load_task_config(self.task_file(name))
 
     def model(self, name: str) -> ModelPair:
         return next(m for m in self.models if m.name == name)
@@ -133,6 +143,7 @@ class StudyConfig:
         d["framework_options"] = {k: dict(v) for k, v in self.framework_options.items()}
         d["slo"] = dict(self.slo)
         d["task_files"] = dict(self.task_files)
+        d.pop("tasks")  # the files themselves stand in the snapshot (the report reads its tasks section)
         return d
 
 
@@ -255,12 +266,57 @@ def _task_name(entry: str, file: Any, key: str, known: list[str], task_files: di
     return name
 
 
-def load_study(hardware: str, path: str | os.PathLike[str] | None = None, check_tokenizers: bool = True) -> StudyConfig:
+def unused_entries(
+    spec: StudySpec, sweeps: tuple[Sweep, ...], methods: tuple[MethodSpec, ...], file: Any, tasks: list[str]
+) -> list[ParamsError]:
+    """Top-level ``tasks``, ``methods``, ``frameworks`` and ``gammas`` entries that no sweep uses
+    (every sweep named its own): one problem each, so a user's task listed there is not silently
+    never run.  ``methods`` are those left after optional ones were dropped; AR runs as every
+    sweep's baseline, so it is always used."""
+    used: dict[str, set[Any]] = {
+        "tasks": {t for sw in sweeps for t in sw.tasks},
+        "methods": {m for sw in sweeps for m in sw.methods},
+        "frameworks": {f for sw in sweeps for f in sw.frameworks},
+        "gammas": {g for sw in sweeps for g in sw.gammas},
+    }
+    out = []
+    for key in used:
+        entries = [m for m in methods if m.method != "ar"] if key == "methods" else getattr(spec, key)
+        if not entries or not spec.sweeps:
+            continue
+        for entry in entries:
+            name: Any = entry.label if key == "methods" else entry
+            if key == "tasks":
+                try:
+                    name = _task_name(str(entry), file, "study.tasks", tasks, {})
+                except ParamsError:
+                    continue  # a bad entry no sweep reads: unused, and named below by its own text
+            if name not in used[key]:
+                out.append(
+                    ParamsError(
+                        file,
+                        f"study.{key}",
+                        entry if key != "methods" else name,
+                        f"an entry some sweep uses ({', '.join(map(str, sorted(used[key], key=str)))})",
+                        "every sweep names its own, so this one never runs: remove it, or add it to a sweep "
+                        "(--allow-unused: warn instead)",
+                    )
+                )
+    return out
+
+
+def load_study(
+    hardware: str,
+    path: str | os.PathLike[str] | None = None,
+    check_tokenizers: bool = True,
+    allow_unused: bool = False,
+) -> StudyConfig:
     """Read and validate the ``study:`` section of ``params/hardware/<hardware>.yaml`` (or ``path``).
 
     Raises :class:`ParamsError` naming file, key, value and allowed values; loads no model.  Task
-    entries are resolved to their files here; what the files say and the prompts they hold are
-    checked, every problem at once, by :func:`specstudy.run.plan.check_tasks` (it reads the data).
+    entries are resolved to their files, and each file is parsed once here (``StudyConfig.tasks``:
+    every later step reads these); what they say and the prompts they hold are checked, every
+    problem at once, by :func:`specstudy.run.plan.check_tasks` (it reads the data).
     """
     file = Path(path) if path else hardware_file(hardware)
     data = load_yaml(file)
@@ -311,7 +367,13 @@ def load_study(hardware: str, path: str | os.PathLike[str] | None = None, check_
         notebooks=tuple(spec.notebooks),
         slo=spec.slo.model_dump(),
         task_files=task_files,
+        tasks={name: parse_task(path) for name, path in task_files.items()},
     )
+    unused = unused_entries(spec, cfg.sweeps, methods, file, tasks)
+    if unused and not allow_unused:
+        raise ParamsProblems(unused, "study entries")
+    for problem in unused:
+        warnings.warn(f"unused: {problem}", stacklevel=2)
     used = {fw for sw in cfg.sweeps for fw in sw.frameworks}
     for fw in cfg.engine_costs:
         if fw not in used:

@@ -12,16 +12,19 @@ they live in the study file.  Loading the prompts is :mod:`specstudy.data.tasks`
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import string
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, field_validator, model_validator
 
 from ..paths import REPO_ROOT
-from .errors import ParamsError, not_allowed, validate
+from .errors import ParamsError, not_allowed, validate, validate_all
 from .files import load_yaml, params_dir
 from .vocab import TASKS
 
@@ -463,6 +466,34 @@ def load_task_config(name: str | os.PathLike[str], base: str | os.PathLike[str] 
     return based(validate(TaskConfig, read_task_data(path), path), path)
 
 
+@dataclass(frozen=True)
+class ParsedTask:
+    """One task file read and validated once (:func:`parse_task`): what a study carries to every
+    step of a command, so none parses it again.  ``config`` is None when it does not validate; then
+    ``problems`` lists every one and ``data`` keeps the raw YAML for the data check."""
+
+    file: str
+    data: Mapping[str, Any]
+    config: TaskConfig | None
+    problems: tuple[ParamsError, ...] = ()
+
+    def require(self) -> TaskConfig:
+        """The validated config, or the file's first problem raised."""
+        if self.config is None:
+            raise self.problems[0]
+        return self.config
+
+
+def parse_task(path: str | os.PathLike[str]) -> ParsedTask:
+    """Read a task file once and validate it, every problem kept (the study's task check reports them)."""
+    try:
+        data = read_task_data(Path(path))
+    except ParamsError as e:  # not YAML, or not a mapping
+        return ParsedTask(str(path), {}, None, (e,))
+    cfg, problems = validate_all(TaskConfig, data, path)
+    return ParsedTask(str(path), data, based(cfg, path) if cfg is not None else None, tuple(problems))
+
+
 def seed_row(cfg: TaskConfig) -> dict[str, Any]:
     """The seed article's row for the task's category: its own ``seed_reference``, else the one of the
     seed task file of its category (``params/tasks/<category>.yaml``); {} for a user category."""
@@ -470,8 +501,14 @@ def seed_row(cfg: TaskConfig) -> dict[str, Any]:
         return {}
     if cfg.seed_reference:
         return dict(cfg.seed_reference)
+    return dict(_category_seed(cfg.category))
+
+
+@functools.lru_cache(maxsize=16)
+def _category_seed(category: str) -> Mapping[str, Any]:
+    """The seed task file's row of a kit category (read once per process: it is not the study's file)."""
     try:
-        return dict(load_task_config(cfg.category).seed_reference)
+        return dict(load_task_config(category).seed_reference)
     except (ValueError, OSError):
         return {}
 

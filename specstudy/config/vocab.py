@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..frameworks import method_families
+from ..frameworks.reference import families
 
 if TYPE_CHECKING:
     import torch
@@ -15,8 +16,9 @@ if TYPE_CHECKING:
 #: the seed article's seven task categories, in its table's order
 TASKS = ("code", "translation", "summarization", "qa", "creative_writing", "math", "chat")
 
-#: method families (the report's sections); engines may call a family member by its own name
-METHOD_FAMILIES = ("ar", "draft_target", "ngram", "layer_skip", "heads", "tree")
+#: method families (the report's sections, in order): the reference methods that found one, read from
+#: their files' headers; engines may call a family member by its own name
+METHOD_FAMILIES: tuple[str, ...] = families()
 #: engine-specific method names and the family they belong to: what the engines' declarations say
 #: (specstudy.frameworks), collected once
 METHOD_ALIASES: dict[str, str] = method_families()

@@ -11,11 +11,10 @@ dataset's.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Sequence
 from typing import Any
 
-from ..config.task import load_task_config
+from ..config.task import TaskConfig, load_task_config
 from .rendering import TaskRequest, encode_text, render_chat
 from .task_sources import TaskDataError, task_rows
 
@@ -62,14 +61,16 @@ def answers_by_turn(records: Sequence[Any]) -> dict[tuple[str, int, int], str]:
     return {(r.prompt_id, r.repeat, r.turn): r.output_text for r in records if r.status == "ok"}
 
 
-@functools.lru_cache(maxsize=64)
-def turns_per_prompt(task: str) -> int:
+def turns_per_prompt(task: str | TaskConfig | None) -> int:
     """At most how many requests one prompt of a task makes (its conversations' turns), for sizing a
     study before it runs: the most turns a record has, capped by the task's ``turns``; 1 for anything
-    that is not a multi-turn task file (or whose data is not here yet, when ``turns`` is "all")."""
+    that is not a multi-turn task file (or whose data is not here yet, when ``turns`` is "all").
+    ``task``: the study's parsed config (None: it did not validate), or a name or file."""
     try:
-        cfg = load_task_config(task)
+        cfg = task if isinstance(task, TaskConfig) or task is None else load_task_config(task)
     except (ValueError, OSError):
+        return 1
+    if cfg is None:
         return 1
     if cfg.trace is not None or cfg.tiers is not None or cfg.max_turns == 1:
         return 1

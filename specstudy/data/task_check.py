@@ -13,14 +13,7 @@ from typing import Any
 
 from ..config import ParamsError
 from ..config.errors import ParamsProblems, validate_all
-from ..config.task import (
-    Source,
-    TaskConfig,
-    based,
-    read_task_data,
-    task_file,
-    with_base,
-)
+from ..config.task import ParsedTask, Source, TaskConfig, parse_task, task_file, with_base
 from .task_sources import PromptRow, TaskDataError, load_source_rows
 from .tasks import draw_requests
 
@@ -56,7 +49,7 @@ def _sources_to_check(
 
 
 def check_task(
-    task: str | os.PathLike[str],
+    task: str | os.PathLike[str] | ParsedTask,
     need: int = 0,
     need_text: str = "",
     seeds: Sequence[int] = (0,),
@@ -70,15 +63,15 @@ def check_task(
     (target name -> tokenizer) are given and the input-length policy is not ``none``, whether
     ``need`` prompts survive that policy for each ``seeds`` draw (``need_text`` says why that many).
     ``fetch=False`` downloads nothing: a package not fetched yet is a note, and its prompts uncounted.
-    Online sources (``online: true``) need the network: a note, not read here.
+    Online sources (``online: true``) need the network: a note, not read here.  ``task``: a name,
+    a path, or the file as the study parsed it at load (:class:`~specstudy.config.task.ParsedTask`).
     """
-    try:
-        path = task_file(task)
-        data = read_task_data(path)
-    except ParamsError as e:
-        return TaskCheck(str(task), None, None, [e], [])
-    cfg, problems = validate_all(TaskConfig, data, path)
-    cfg = based(cfg, path) if cfg is not None else None
+    if not isinstance(task, ParsedTask):
+        try:
+            task = parse_task(task_file(task))
+        except ParamsError as e:
+            return TaskCheck(str(task), None, None, [e], [])
+    path, data, cfg, problems = Path(task.file), task.data, task.config, list(task.problems)
     notes: list[str] = []
     if cfg is not None and cfg.online:
         notes.append(f"{path}: online sources are read when the study runs (they need the network)")

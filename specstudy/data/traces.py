@@ -20,7 +20,6 @@ twice as fast).  Multi-turn sessions (AIPerf's ``session_id``/``delay``) are ref
 
 from __future__ import annotations
 
-import functools
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -195,26 +194,28 @@ def load_trace_requests(cfg: TaskConfig, n: int | None, tokenizer: Any) -> list[
     return trace_requests(cfg, cfg.trace, rows, corpus, n)
 
 
-@functools.lru_cache(maxsize=64)
-def replay_rate(task: str | Path, n: int) -> float:
+def replay_rate(task: str | Path | TaskConfig, n: int) -> float:
     """The mean rate of the first ``n`` requests a trace task replays (what its Poisson twin runs at);
-    a ParamsError naming the key when the task has no trace or the trace does not read."""
+    a ParamsError naming the key when the task has no trace or the trace does not read.  ``task``: the
+    study's parsed config, or a name or file."""
     from ..config.task import load_task_config
 
-    cfg = load_task_config(task)
+    cfg = task if isinstance(task, TaskConfig) else load_task_config(task)
     if cfg.trace is None:
         raise ParamsError(cfg.file, "trace", None, "a trace (arrivals: trace replays a trace task's recorded times)")
     rows = read_trace(cfg.trace, trace_file(cfg), cfg.file)
     return mean_rate(arrivals(cfg.trace, rows[:n]))
 
 
-def needs_target_tokens(task: str | Path) -> bool:
+def needs_target_tokens(task: str | Path | TaskConfig | None) -> bool:
     """Whether a task's prompts are built in the target's tokens (a trace, or input-length tiers), so a
     server's cell needs the target's tokenizer here too; False for anything that is not a task file."""
     from ..config.task import load_task_config
 
+    if task is None:  # a task file that does not validate (the task check reported it)
+        return False
     try:
-        cfg = load_task_config(task)
+        cfg = task if isinstance(task, TaskConfig) else load_task_config(task)
     except (ValueError, OSError):  # a custom request loader's task names need no file
         return False
     return cfg.trace is not None or cfg.tiers is not None

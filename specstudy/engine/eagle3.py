@@ -31,6 +31,7 @@ with vLLM's meaning.
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 from typing import Any
@@ -236,6 +237,46 @@ def save_eagle3(module: Eagle3Draft, folder: str | Path, record: dict[str, Any] 
     doc = {"kind": module.kind, "aux_layers": list(module.aux_layers), **(record or {})}
     (folder / RECORD_FILE).write_text(json.dumps(doc, indent=2, default=str) + "\n")
     return folder
+
+
+def check_round_trip(module: Eagle3Draft, folder: str | Path, target_config: Any, seed: int = 0) -> None:
+    """Reload ``folder`` as the engines read it and compare it with the trained ``module``.
+
+    A mistake in the export (the vocabulary map, the feature layers, a weight left out) reaches
+    every engine alike, so no comparison between engines sees it; this does.  Compares ``d2t``, the
+    feature layers an engine will capture, and the draft logits of both on random inputs (the
+    checkpoint holds bf16 weights: argmax agreement and a bf16-sized tolerance).  Raises
+    ValueError naming every difference.
+    """
+    try:
+        back = load_eagle3(folder, target_config)
+    except ValueError as e:
+        raise ValueError(f"{folder}: the export does not load back: {e}") from None
+    problems = []
+    if not torch.equal(back.draft_vocab.cpu(), module.draft_vocab.cpu()):
+        n = int((back.draft_vocab.cpu() != module.draft_vocab.cpu()).sum()) if len(back.d2t) == len(module.d2t) else -1
+        problems.append(f"d2t maps {n if n >= 0 else 'all'} draft ids to other target ids than the trained head's")
+    if back.aux_layers != module.aux_layers:
+        problems.append(
+            f"engines capture layers {list(back.aux_layers)}, the head was trained on {list(module.aux_layers)}"
+        )
+    if not problems and not _same_logits(module, back, seed):
+        problems.append("the reloaded head's draft logits differ from the trained head's beyond bf16 rounding")
+    if problems:
+        raise ValueError(f"{folder}: " + "; ".join(problems))
+
+
+@torch.no_grad()
+def _same_logits(a: Eagle3Draft, b: Eagle3Draft, seed: int) -> bool:
+    """Both heads on the same random (embedding, features) inputs: argmax mostly equal and logits close."""
+    gen = torch.Generator().manual_seed(seed)
+    h, n = a.hidden_size, len(a.aux_layers)
+    e, f = torch.randn(1, 16, h, generator=gen), torch.randn(1, 16, n * h, generator=gen)
+    pos = torch.arange(16)[None]
+    a, b = copy.deepcopy(a).float(), b.float()  # the trained head stays as it is
+    la, lb = a.draft_logits(a(e, f, position_ids=pos)), b.draft_logits(b(e, f, position_ids=pos))
+    agree = float((la.argmax(-1) == lb.argmax(-1)).float().mean())
+    return agree >= 0.9 and bool(torch.allclose(la, lb, rtol=0.05, atol=0.05 * float(la.abs().max())))
 
 
 def read_eagle3_config(folder: str | Path) -> dict[str, Any]:

@@ -290,22 +290,44 @@ class StaticKV:
     @torch.no_grad()
     def forward(self, ids: torch.Tensor, logits_to_keep: int = 0) -> torch.Tensor:
         """Append ``ids [1, k]`` at positions ``length..length+k-1``; logits ``[1, k or keep, V]``."""
+        h = self.hidden_forward(ids)
+        if logits_to_keep:
+            h = h[:, -logits_to_keep:]
+        logits: torch.Tensor = self.lean.lm_head(h)
+        return logits
+
+    @torch.no_grad()
+    def hidden_forward(
+        self, ids: torch.Tensor, positions: torch.Tensor | None = None, allowed: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Append ``ids [1, k]`` at slots ``length..length+k-1``; the final norm's output ``[1, k, H]``.
+
+        Default: causal, at rotary positions equal to the slots.  A token tree passes each node's
+        ``positions [k]`` (past + depth) and ``allowed [k, length + k]`` (True: attend), the
+        tree mask of :mod:`specstudy.engine.tokentree`.
+        """
         lean, k = self.lean, ids.shape[1]
-        p, end = self.length, self.length + ids.shape[1]
+        p, end = self.length, self.length + k
         if end > self.capacity:
             self._grow(end)
         x = lean.base.embed_tokens(ids)
         cos, sin = lean.rope(self.capacity, x)
-        cos, sin = cos[p:end], sin[p:end]
-        mask = self.causal[p:end, :end] if k > 1 else None
+        cos, sin = (cos[p:end], sin[p:end]) if positions is None else (cos[positions], sin[positions])
+        mask = allowed if allowed is not None else (self.causal[p:end, :end] if k > 1 else None)
         for i, w in enumerate(lean.layers[: self.n_layers]):
             x = self._layer(i, w, x, cos, sin, mask, p, end)
         self.length = end
-        h = lean.base.norm(x)
-        if logits_to_keep:
-            h = h[:, -logits_to_keep:]
-        logits: torch.Tensor = lean.lm_head(h)
-        return logits
+        h: torch.Tensor = lean.base.norm(x)
+        return h
+
+    def keep(self, past: int, slots: list[int]) -> None:
+        """Keep the first ``past`` slots and ``past + j`` for j in ``slots``, moved to ``past, past + 1, ...``
+        (a token tree's accepted path: its keys were rotated at exactly those positions)."""
+        idx = torch.tensor(slots, dtype=torch.long, device=self.k.device) + past
+        n = len(slots)
+        self.k[:, :, past : past + n] = self.k.index_select(2, idx)
+        self.v[:, :, past : past + n] = self.v.index_select(2, idx)
+        self.length = past + n
 
     def _layer(
         self,

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from .kv import cache_arg
+from .lean import StaticKV
 
 # --------------------------------------------------------------------------------------------
 # the tree and its attention mask
@@ -122,6 +123,9 @@ def keep_cache_positions(cache: Any, past_len: int, keep: Sequence[int]) -> None
     The accepted path's entries move to ``past_len, past_len + 1, ...`` — exactly where a plain
     causal decode would have put them (their rotary positions already are past_len + depth).
     """
+    if isinstance(cache, StaticKV):
+        cache.keep(past_len, list(keep))
+        return
     idx = torch.tensor(list(keep), dtype=torch.long) + past_len
     for layer in cache.layers:
         if getattr(layer, "is_sliding", False):
@@ -166,6 +170,8 @@ def tree_forward(model: Any, cache: Any, past_len: int, tree: TokenTree) -> tupl
     """
     base, lm_head = base_and_head(model)
     dev = model_device(model)
+    if isinstance(cache, StaticKV):
+        return _lean_tree_forward(cache, past_len, tree, lm_head, dev)
     out = base(
         input_ids=torch.tensor([tree.tokens], device=dev),
         attention_mask=tree_attention_mask(tree.parents, past_len, model_dtype(model)).to(dev),
@@ -177,6 +183,20 @@ def tree_forward(model: Any, cache: Any, past_len: int, tree: TokenTree) -> tupl
     return hidden, lm_head(hidden)
 
 
+def _lean_tree_forward(
+    cache: StaticKV, past_len: int, tree: TokenTree, lm_head: Any, dev: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`tree_forward` through the lean forward (:mod:`specstudy.engine.lean`): the same
+    positions and tree mask, on its static cache."""
+    if cache.length != past_len:
+        raise ValueError(f"lean cache holds {cache.length} tokens, not past_len={past_len}")
+    n = len(tree)
+    allowed = torch.cat([torch.ones(n, past_len, dtype=torch.bool), ancestor_matrix(tree.parents)], dim=1)
+    positions = tree_position_ids(tree.parents, past_len)[0]
+    h = cache.hidden_forward(torch.tensor([tree.tokens], device=dev), positions.to(dev), allowed.to(dev))[0]
+    return h, lm_head(h)
+
+
 @torch.no_grad()
 def causal_forward(
     model: Any, cache: Any, past_len: int, tokens: Sequence[int], last_only: bool = False
@@ -184,6 +204,11 @@ def causal_forward(
     """The target over ``tokens`` causally (the prefill): ``(hidden [k, H], logits [k or 1, V])``."""
     base, lm_head = base_and_head(model)
     dev = model_device(model)
+    if isinstance(cache, StaticKV):
+        if cache.length != past_len:
+            raise ValueError(f"lean cache holds {cache.length} tokens, not past_len={past_len}")
+        h = cache.hidden_forward(torch.tensor([list(tokens)], device=dev))[0]
+        return h, lm_head(h[-1:] if last_only else h)
     pos = torch.arange(past_len, past_len + len(tokens), device=dev)[None]
     out = base(
         input_ids=torch.tensor([list(tokens)], device=dev), position_ids=pos, use_cache=True, **cache_arg(base, cache)

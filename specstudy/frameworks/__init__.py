@@ -31,6 +31,13 @@ def register(decl: EngineDeclaration, *, replace: bool = False) -> EngineDeclara
     return decl
 
 
+def reload_methods() -> EngineDeclaration:
+    """Re-read the reference engine's method files (a method folder added to ``SPECSTUDY_METHOD_DIRS``
+    since import): its declaration is derived from their headers."""
+    reference._headers.cache_clear()
+    return register(reference.declaration(), replace=True)
+
+
 def unregister(framework: str) -> None:
     """Remove a framework :func:`register` added (tests)."""
     DECLARATIONS.pop(framework, None)
@@ -120,6 +127,7 @@ __all__ = [
     "method_families",
     "provenance_packages",
     "register",
+    "reload_methods",
     "server_frameworks",
     "tensor_parallel",
     "tokenizing_frameworks",

@@ -197,6 +197,33 @@ RENAMED_OPTIONS = {
 }
 
 
+@dataclass(frozen=True)
+class CellCheck:
+    """One cell as a backend checks it before any model loads (``Backend.check_cell``): the method,
+    γ and method options, the target and drafter, which build the study uses, the batch size."""
+
+    method: str
+    gamma: int | None = None
+    options: Mapping[str, Any] = field(default_factory=dict)
+    model: str = ""
+    drafter: str | None = None
+    cuda: bool | None = None  # the CUDA build (True) or the CPU one; None: this machine's
+    batch_size: int = 1
+
+    def against(self, decl: EngineDeclaration, engine: str | None = None, methods: Iterable[str] | None = None) -> None:
+        """:func:`check_method` of this cell against ``decl`` (named ``engine``, narrowed to ``methods``)."""
+        check_method(
+            decl,
+            self.method,
+            self.gamma,
+            self.options,
+            self.drafter,
+            batch_size=self.batch_size,
+            engine=engine,
+            methods=methods,
+        )
+
+
 def _unconditional_rates(alpha: float, gamma: int) -> tuple[float, ...]:
     """i.i.d. acceptance as per-position unconditional rates: P(first i+1 drafts all accepted) = α^(i+1)."""
     return tuple(alpha ** (i + 1) for i in range(gamma))

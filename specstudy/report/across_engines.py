@@ -5,13 +5,23 @@ same target and the same drafter (its own EAGLE-3 head, prompt lookup's n-gram r
 engines on the same prompts.  Their speeds differ by design; their acceptance should not, unless
 the engines draft differently.  Each group here is one (method label, drafter, γ, task, sampling) at
 batch 1 measured by two or more frameworks; each framework's α and AL are
-:func:`specstudy.analysis.stats.pooled`'s (intervals over prompts), and the verdict compares every
-pair of AL intervals (:func:`specstudy.analysis.claims.overlap`): disjoint intervals are a
-difference beyond noise, overlapping ones are not resolved.  Nothing here writes a file.
+:func:`specstudy.analysis.stats.pooled`'s (intervals over prompts).
+
+The verdict at greedy is exact and paired (:func:`paired_verdict`): greedy decoding of the same
+prompts is deterministic, so each prompt's accepted tokens, drafted tokens and draft steps are
+compared engine against engine.  Overlapping intervals would hide a head that accepts one token in
+fourteen read wrongly by one engine; equal counts prompt by prompt do not.  An engine that caps
+its drafts at the tokens left (the reference engine drafts min(γ, r − 1) with r tokens to go, and
+none at r = 1) drafts up to γ(γ+1)/2 fewer tokens in at most one fewer step per prompt than one
+that always drafts γ: within that bound, with the same accepted tokens, the verdict says
+"identical acceptance; drafting differs at the end".  At T > 0 the draws differ by engine: every
+pair of AL intervals is compared (:func:`specstudy.analysis.claims.overlap`); disjoint intervals
+are a difference beyond noise, overlapping ones are not resolved.  Nothing here writes a file.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from itertools import combinations
 from typing import Any
 
@@ -21,8 +31,69 @@ from ..analysis.claims import Estimate, overlap
 from ..analysis.format import fmt_ci
 from ..analysis.stats import Pooled, pooled
 from ..analysis.study import Study
+from ..metrics import draft_steps_of, prompt_of
+from ..records import RequestRecord
 
 AGREE = "agree within noise (every pair of AL intervals overlaps)"
+IDENTICAL = "identical acceptance and drafting, prompt by prompt"
+AT_END = "identical acceptance; drafting differs at the end"
+
+
+@dataclass(frozen=True)
+class PromptCounts:
+    """One prompt's greedy request in one engine: what the paired comparison compares."""
+
+    accepted: int
+    drafted: int
+    steps: int
+    output: tuple[int, ...]
+
+
+def prompt_counts(records: list[RequestRecord]) -> dict[tuple[str, str], PromptCounts]:
+    """Each prompt's first finished repeat (greedy repeats are the same decode)."""
+    out: dict[tuple[str, str], PromptCounts] = {}
+    for r in sorted(records, key=lambda r: r.repeat):
+        if r.status != "ok" or r.accepted_tokens is None or prompt_of(r) in out:
+            continue
+        steps = draft_steps_of(r) or 0
+        out[prompt_of(r)] = PromptCounts(r.accepted_tokens, r.drafted_tokens or 0, steps, tuple(r.output_ids))
+    return out
+
+
+def drafting_differs_at_end(a: PromptCounts, b: PromptCounts, gamma: int) -> bool:
+    """Whether a and b's drafting differs by no more than capping drafts at the tokens left can."""
+    return abs(a.steps - b.steps) <= 1 and abs(a.drafted - b.drafted) <= gamma * (gamma + 1) // 2
+
+
+def _totals(counts: dict[tuple[str, str], PromptCounts], keys: list[tuple[str, str]]) -> str:
+    acc, dr, st = (sum(getattr(counts[k], f) for k in keys) for f in ("accepted", "drafted", "steps"))
+    return f"{acc} accepted, {dr} drafted in {st} steps"
+
+
+def paired_verdict(by_fw: dict[str, list[RequestRecord]], gamma: int) -> str:
+    """The exact, prompt-by-prompt verdict of greedy rows (module docstring)."""
+    counts = {fw: prompt_counts(recs) for fw, recs in sorted(by_fw.items())}
+    keys = sorted(set.intersection(*(set(c) for c in counts.values())))
+    if not keys:
+        return "no prompt measured by every engine: not compared"
+    said, at_end = [], True
+    for a, b in combinations(sorted(counts), 2):
+        ca, cb = counts[a], counts[b]
+        outs = sum(bool(ca[k].output and cb[k].output) and ca[k].output != cb[k].output for k in keys)
+        acc = sum(ca[k].accepted != cb[k].accepted for k in keys)
+        if outs:
+            said.append(f"greedy outputs of {a} and {b} differ on {outs} of {len(keys)} prompts")
+        if acc:
+            said.append(
+                f"acceptance differs on {acc} of {len(keys)} prompts: {a} {_totals(ca, keys)}, {b} {_totals(cb, keys)}"
+            )
+        at_end &= all(drafting_differs_at_end(ca[k], cb[k], gamma) for k in keys)
+    if said:
+        return "; ".join(said)
+    if all(len({(c[k].accepted, c[k].drafted, c[k].steps) for c in counts.values()}) == 1 for k in keys):
+        return IDENTICAL
+    detail = ", ".join(f"{fw} {_totals(c, keys)}" for fw, c in counts.items())
+    return f"{AT_END} ({detail})" if at_end else f"identical acceptance; drafting differs beyond the end ({detail})"
 
 
 def groups(study: Study) -> dict[tuple[Any, ...], dict[str, list[str]]]:
@@ -49,16 +120,31 @@ def verdict(rows: dict[str, Pooled]) -> str:
     return "differ beyond noise: " + "; ".join(words) + " (AL intervals disjoint)"
 
 
+def per_position(rates: list[float] | None) -> str:
+    """Accepted at k / reached k for k = 1.. (SPEED-Bench's conditional form), or — when unseen."""
+    return ", ".join(f"{r:.2f}" for r in rates) if rates else "—"
+
+
 def acceptance_across_engines(study: Study) -> tuple[pd.DataFrame, pd.DataFrame]:
     """One row per (group, framework): α, AL, greedy exact match and the group's verdict."""
     rows, raw = [], []
+    flags = getattr(study, "flags", None) or {}
     for (label, drafter, gamma, task, sampling), by_fw in groups(study).items():
         pooled_by = {fw: pooled(study, cids) for fw, cids in sorted(by_fw.items())}
-        said = verdict(pooled_by)
+        clean = {fw: [c for c in cids if c not in flags] for fw, cids in by_fw.items()}
+        # the verdict from unflagged cells only; an engine whose every cell is flagged is left out of it
+        kept = {fw: cids for fw, cids in sorted(clean.items()) if cids}
+        recs = {fw: [r for c in cids for r in study.records.get(c, [])] for fw, cids in kept.items()}
+        greedy = all(r.temperature == 0.0 for rs in recs.values() for r in rs)
+        intervals = verdict({fw: pooled(study, cids) for fw, cids in kept.items()}) if kept else ""
+        if len(kept) < 2:
+            said = "not compared: flagged cells left out (see Validity)"
+        else:
+            said = paired_verdict(recs, int(gamma or 0)) if greedy else intervals
         for fw, p in pooled_by.items():
             rows.append(
                 {
-                    "Method": label,
+                    "Method": label + (" ⚑" if len(clean[fw]) < len(by_fw[fw]) else ""),
                     "Drafter": drafter or "—",
                     "γ": gamma,
                     "Task": task,
@@ -66,6 +152,7 @@ def acceptance_across_engines(study: Study) -> tuple[pd.DataFrame, pd.DataFrame]
                     "Framework": fw,
                     "α": fmt_ci(p.alpha, p.alpha_ci, 3, "", n=p.n_prompts),
                     "AL": fmt_ci(p.acceptance_length, p.acceptance_length_ci, n=p.n_prompts),
+                    "Per-position acceptance (conditional)": per_position(p.per_position_conditional),
                     "Greedy outputs equal AR's": "—" if p.exact_match != p.exact_match else f"{p.exact_match:.0%}",
                     "n (prompts)": p.n_prompts,
                     "Across engines": said,
@@ -83,8 +170,10 @@ def acceptance_across_engines(study: Study) -> tuple[pd.DataFrame, pd.DataFrame]
                     "alpha_ci": p.alpha_ci,
                     "acceptance_length": p.acceptance_length,
                     "acceptance_length_ci": p.acceptance_length_ci,
+                    "per_position_conditional": p.per_position_conditional,
                     "n_prompts": p.n_prompts,
                     "verdict": said,
+                    "interval_verdict": intervals,
                 }
             )
     return pd.DataFrame(rows), pd.DataFrame(raw)

@@ -39,7 +39,9 @@ def hygiene_table(study: Study) -> pd.DataFrame:
         (
             "Warm-up",
             f"{max(warm) if warm else 0} untimed request(s) of ≤ {cfg.get('warmup_max_new_tokens', '?')} tokens "
-            "before the first cell of each (engine, method, γ, batch size); one engine load per (framework, model, drafter)",
+            "before each configuration a loaded engine had not served (method, γ, batch size, options, sampling, "
+            "output length, prefix cache, input-length regime; llama.cpp included); one engine load per "
+            "(framework, model, drafter)",
         ),
         ("Input length", f"policy: {', '.join(pol)}; measured {ins_txt}"),
         (

@@ -323,7 +323,9 @@ def memory_claims(study: Study) -> list[str]:
         v = g.verdict
         head = f"{g.label} ({g.framework}): {wording.memory_text(g.overhead, g.noise, g.source)}"
         if g.expects:
-            out.append(f"{head}; the seed expects a draft model or heads to cost memory: {wording.phrase(v)}")
+            out.append(
+                f"{head}; the seed expects a draft model or heads to cost memory: {wording.memory_phrase(v, g.noise)}"
+            )
         elif v == claims.CANNOT_TELL:
             out.append(f"{head}, as the seed expects of a method without a draft model (within the noise)")
         elif v == claims.OBSERVED:

@@ -15,13 +15,14 @@ import pandas as pd
 from ..analysis import engine_costs, faq, frames, rates, stats, trees
 from ..analysis.format import FAMILY_TITLES, TASK_TITLES, fmt, fmt_ci
 from ..analysis.rows import HardwareRow, hardware_rows, headline_max_new
-from ..analysis.study import Study
+from ..analysis.study import Study, vouched
 from ..layout import REHEARSAL_BANNER, REHEARSAL_MARKER, is_rehearsal
 from ..metrics import MIN_PROMPTS_FOR_CI
 from . import across_engines, conditions, fails, figures, tables, wording
 from .deploy import deploy_section
 from .section import Section, markdown_table
 from .summary import summary_markdown
+from .validity import reasons_text, validity_section
 from .workload import workload_sections
 
 #: what the Pareto figures of a batch or rate sweep show (vLLM's sweep plots), said once for both sections
@@ -101,9 +102,15 @@ ACROSS_ENGINES_TEXT = (
     "same checkpoints). Speed differs by engine; acceptance differs only where the engines draft differently: "
     "an EAGLE-3 head's feature layers and its draft-to-target vocabulary map as each engine reads them, a "
     "tree against a chain, prompt lookup's matching rule (which n-gram lengths, the first or the latest "
-    "match), or the draft length an engine cuts at the output's end. *Across engines* compares every pair of "
-    "AL intervals over prompts: disjoint intervals are a difference beyond noise; overlapping ones are not "
-    "resolved (a conservative test).\n\n"
+    "match), or the draft length an engine cuts at the output's end. *Across engines*, at greedy, compares "
+    "each prompt's accepted tokens, drafted tokens and draft steps engine against engine, exactly (greedy "
+    "decoding is deterministic): any accepted token of difference is named; drafting that differs no more than "
+    "capping drafts at the tokens left can explain reads *identical acceptance; drafting differs at the end*. "
+    "At T > 0 it compares every pair of AL intervals over prompts: disjoint intervals are a difference beyond "
+    "noise; overlapping ones are not resolved (a conservative test). A mistake in the exported checkpoint "
+    "itself (its vocabulary map, feature layers or norm) reaches every engine alike and shows in none of "
+    "these comparisons: the export's round trip against the trained head catches it "
+    "(`specstudy.engine.eagle3.check_round_trip`).\n\n"
 )
 
 
@@ -159,7 +166,9 @@ TREE_SHAPES_TEXT = (
     "The same drafter(s), the same prompts and about the same number of drafted nodes per step, grown as a "
     "chain, with a fixed branching per depth, as SpecInfer's merge of several drafters' trees and as "
     "Sequoia's tree chosen by its dynamic program from the acceptance vector and this machine's "
-    "verification-cost curve. *Seed row* is the seed's name for the method; the row says what ran. "
+    "verification-cost curve; and EAGLE-2's dynamic tree (the most confident nodes of an EAGLE drafter's "
+    "top-k expansion, reranked within the node budget) beside the same drafter's chain: the seed's EAGLE-2 row "
+    "is the tree, the chain reads *chain only*. *Seed row* is the seed's name for the method; the row says what ran. "
     "*AL expected* is a prediction (Sequoia: its DP's expected accepted tokens per step for the tree it "
     "chose; a chain: (1 − α̂^(γ+1)) / (1 − α̂) from the row's own α̂; a SpecInfer merge at greedy: the AL its "
     "drafters would reach together if their hits were independent, each at the depth its own tree matched in "
@@ -375,9 +384,23 @@ def report_head(study: Study) -> str:
     )
 
 
-def summary_section(study: Study, hw_rows: Sequence[HardwareRow]) -> Section:
-    """The opening summary, computed from the hardware table's rows (each sentence links to its table)."""
-    return Section("Summary", summary_markdown(study, hw_rows))
+def summary_section(
+    study: Study,
+    hw_rows: Sequence[HardwareRow],
+    whole: Study | None = None,
+    whole_rows: Sequence[HardwareRow] | None = None,
+) -> Section:
+    """The opening summary, computed from the report's own tables (each sentence links to its table),
+    over ``study``'s cells (the unflagged ones); ``whole`` (every cell) says what it leaves out and why."""
+    head = ""
+    if whole is not None and whole.flags:
+        n = len(whole.flags)
+        why = sorted({w for reasons in whole.flags.values() for w in reasons_text(reasons)})
+        head = (
+            f"_{n} flagged cell{'s' if n > 1 else ''} left out of every line below "
+            f"({'; '.join(why)}): see [Validity](#validity)._\n\n"
+        )
+    return Section("Summary", head + summary_markdown(study, hw_rows, whole, whole_rows))
 
 
 def engine_costs_section(study: Study) -> Section | None:
@@ -426,13 +449,15 @@ def report_sections(study: Study) -> list[Section]:
     """Every section of the report, in order."""
     hw_rows = hardware_rows(study)
     hardware = tables.hardware_table(study, rows=hw_rows)
-    secs = [summary_section(study, hw_rows), hardware_section(study, hardware), frameworks_section(study)]
+    clean = vouched(study) if study.flags else study
+    summary = summary_section(clean, hardware_rows(clean) if study.flags else hw_rows, study, hw_rows)
+    secs = [validity_section(study), summary, hardware_section(study, hardware), frameworks_section(study)]
     secs += [method_family_section(study, fam) for fam in tables.families_in(study)]
     costs = engine_costs_section(study)
     secs += [costs] if costs is not None else []
     secs += [
         task_category_section(study),
-        when_it_fails_section(study),
+        when_it_fails_section(clean),  # verdicts from unflagged cells only
     ]
     serving = serving_section(study)
     if serving.tables:  # a study without servers or prefix-cache pairs has no such section

@@ -183,10 +183,26 @@ def caveats(study: Study, hw_rows: Sequence[HardwareRow]) -> list[str]:
     return lines
 
 
-def summary_markdown(study: Study, hw_rows: Sequence[HardwareRow]) -> str:
-    """The summary from the hardware table's rows and the FAQ Q4 cases, each sentence linked to its table."""
-    best = best_per_framework(hw_rows) or ["- no speculative cell measured"]
-    loses = where_it_loses(study) or ["- no row of this study tests the seed's FAQ Q4 cases"]
+def summary_markdown(
+    study: Study,
+    hw_rows: Sequence[HardwareRow],
+    whole: Study | None = None,
+    whole_rows: Sequence[HardwareRow] | None = None,
+) -> str:
+    """The summary from the hardware table's rows and the FAQ Q4 cases of ``study`` (the unflagged
+    cells), each sentence linked to its table; the caveats describe ``whole`` (every cell), and a
+    study whose speculative cells are all flagged says so instead of naming none."""
+    left = bool(whole is not None and whole.flags)
+    best = best_per_framework(hw_rows) or [
+        "- every speculative row is flagged (see Validity): no best method is named"
+        if left
+        else "- no speculative cell measured"
+    ]
+    loses = where_it_loses(study) or [
+        "- every speculative row is flagged (see Validity): no FAQ Q4 case is decided"
+        if left
+        else "- no row of this study tests the seed's FAQ Q4 cases"
+    ]
     div = divergences(study)
     parts = [
         "**Best method per framework**\n",
@@ -195,6 +211,6 @@ def summary_markdown(study: Study, hw_rows: Sequence[HardwareRow]) -> str:
         *loses,
         *(["\n**Greedy outputs against their AR baseline**\n", *div] if div else []),
         "\n**Caveats**\n",
-        *caveats(study, hw_rows),
+        *caveats(whole or study, hw_rows if whole_rows is None else whole_rows),
     ]
     return "\n".join(parts) + "\n"

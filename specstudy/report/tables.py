@@ -14,7 +14,7 @@ import pandas as pd
 
 from ..analysis.claims import Estimate, overlap
 from ..analysis.drafts import optimal_measured, pooled_drafts
-from ..analysis.format import FAMILY_TITLES, TASK_TITLES, fmt, fmt_ci, seed_row_name, short_model
+from ..analysis.format import FAMILY_TITLES, TASK_TITLES, fmt, fmt_ci, is_dynamic_tree, seed_row_name, short_model
 from ..analysis.memory import memory_groups
 from ..analysis.rates import peak_memory
 from ..analysis.rows import (
@@ -36,6 +36,18 @@ from ..metrics import MIN_PROMPTS_FOR_CI
 from . import wording
 
 Frames = tuple[pd.DataFrame, pd.DataFrame]
+
+#: the mark of a row that pools a flagged cell (validity checks; the report's Validity section says why)
+FLAG_MARK = " ⚑"
+
+
+def _flags(study: Study) -> dict[str, str]:
+    return getattr(study, "flags", None) or {}
+
+
+def flag_mark(study: Study, cells: Sequence[str]) -> str:
+    """:data:`FLAG_MARK` when a cell of the row is flagged (its own checks or its baseline's), else ''."""
+    return FLAG_MARK if any(c in _flags(study) for c in cells) else ""
 
 
 def _label(label: str, p: Pooled) -> str:
@@ -114,8 +126,8 @@ def _hardware_cells(study: Study, r: HardwareRow) -> dict[str, Any]:
     """One hardware-table row as shown: values with their 95 % CI."""
     p, is_ar = r.pooled, r.is_ar
     return {
-        "Method": "Baseline (AR)" if is_ar else _label(r.label, p),
-        "Seed row": seed_row_name(r.method),
+        "Method": ("Baseline (AR)" if is_ar else _label(r.label, p)) + flag_mark(study, r.cells),
+        "Seed row": seed_row_name(r.method, is_dynamic_tree(x for c in r.cells for x in study.records.get(c, []))),
         "Framework": r.framework,
         "Precision": r.precision,
         "Target": short_model(r.model),
@@ -156,7 +168,7 @@ def metric_table(study: Study, sweep: str | None = "hardware") -> pd.DataFrame:
         lo, hi = p.speedup_runs
         rows.append(
             {
-                "Method": "Baseline (AR)" if is_ar else _label(r.label, p),
+                "Method": ("Baseline (AR)" if is_ar else _label(r.label, p)) + flag_mark(study, r.cells),
                 "Framework": r.framework,
                 "γ": "—" if is_ar else r.gamma,
                 "Sampling": r.sampling,
@@ -177,15 +189,15 @@ def metric_table(study: Study, sweep: str | None = "hardware") -> pd.DataFrame:
 def method_table(study: Study, family: str, sweep: str | None = "method_family") -> Frames:
     """α, AL, α̂, per-position acceptance, speedup (measured and predicted) per (label, γ, batch, sampling)."""
     rows = method_rows(study, family, sweep)
-    return pd.DataFrame([_method_cells(r) for r in rows]), raw_frame(rows)
+    return pd.DataFrame([_method_cells(study, r) for r in rows]), raw_frame(rows)
 
 
-def _method_cells(r: MethodRow) -> dict[str, Any]:
-    """One method-family row as shown."""
+def _method_cells(study: Study, r: MethodRow) -> dict[str, Any]:
+    """One method-family row as shown (marked where it pools a flagged cell)."""
     p = r.pooled
     return {
         "Framework": r.framework,
-        "Method": _label(r.label, p),
+        "Method": _label(r.label, p) + flag_mark(study, r.cells),
         "γ": r.gamma,
         "Batch": r.batch_size,
         "Sampling": r.sampling,
@@ -342,14 +354,16 @@ def task_table(study: Study, tasks: Sequence[str] | None = None, sweep: str | No
         ent = pooled(study, base or spec)  # entropy of the target along its own (AR) text
         alphas = [p.alpha for p in (pooled(study, [c]) for c in spec) if isnum(p.alpha)]
         allp = pooled(study, spec) if spec else Pooled()
-        best, model_opt = _best_gammas(study, spec)
+        best, model_opt = _best_gammas(study, [c for c in spec if c not in _flags(study)])
+        left = sum(c in _flags(study) for c in spec)
         rows.append(
             {
-                "Task": TASK_TITLES.get(task, task),
+                "Task": TASK_TITLES.get(task, task) + flag_mark(study, spec + base),
                 "Entropy (nats/token)": fmt_ci(ent.entropy, ent.entropy_ci),
                 "α range (per cell)": f"{min(alphas):.2f}–{max(alphas):.2f}" if alphas else "—",
                 "α pooled": fmt_ci(allp.alpha, allp.alpha_ci, n=allp.n_prompts),
-                "Best γ measured": "; ".join(best) or "—",
+                "Best γ measured": ("; ".join(best) or "—")
+                + (f" ({left} flagged cell{'s' if left > 1 else ''} left out)" if left else ""),
                 "Optimal γ (cost model from measured draft lengths, α̂, c; prediction)": "; ".join(model_opt) or "—",
                 "n (prompts)": allp.n_prompts,
                 "Seed article (quoted, not measured)": seed_reference(task, study),
@@ -389,7 +403,7 @@ def framework_table(study: Study) -> pd.DataFrame:
         rows_b1: dict[tuple[Any, ...], list[str]] = {}
         for c in spec:
             m = study.meta(c)
-            if m["batch_size"] == 1 and not m["synthetic"]:
+            if m["batch_size"] == 1 and not m["synthetic"] and c not in _flags(study):  # best from unflagged rows
                 rows_b1.setdefault((m["label"], m["gamma"] or 0, m["sampling"]), []).append(c)
         # among rows with enough prompts for an interval, greedy first (rows of one sampling compared)
         ranked = sorted(
@@ -410,7 +424,7 @@ def framework_table(study: Study) -> pd.DataFrame:
         precisions = sorted({str(study.meta(c)["precision"]) for c in cells})
         rows.append(
             {
-                "Framework": fw,
+                "Framework": fw + flag_mark(study, cells),
                 "Methods measured": ", ".join(fams),
                 "Tree verification": "○" if "tree" in fams else "×",
                 "Precision": ", ".join(precisions),

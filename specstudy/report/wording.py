@@ -18,7 +18,7 @@ from ..analysis.claims import (
     VERDICTS,
     Estimate,
     finite,
-    resolved,
+    memory_verdict,
     side,
 )
 from ..analysis.format import fmt_ci
@@ -72,9 +72,16 @@ def versus(est: Estimate, threshold: float = 1.0, what: str = "AR") -> str:
     return f"{_no_interval(est.n)}: whether it beat {what} cannot be told"
 
 
+def memory_phrase(v: str, noise: float) -> str:
+    """A memory verdict's closing words: in MB against the noise, never an interval against 1×."""
+    if v == CANNOT_TELL:
+        return f"no difference beyond the ±{noise / 1e6:.1f} MB noise: this study cannot tell"
+    return phrase(v)
+
+
 def memory_text(delta: float, noise: float, source: str) -> str:
     """A peak-memory difference as a resolved signed number, or as unresolvable within the source's noise."""
-    v = resolved(delta, noise)
+    v = memory_verdict(delta, noise)
     if v == N_TOO_SMALL:
         return "—"
     if v == CANNOT_TELL:

@@ -8,7 +8,8 @@ import pandas as pd
 
 from ..analysis import claims, rates, tiers, turns
 from ..analysis.format import fmt
-from ..analysis.study import Study
+from ..analysis.study import Study, vouched
+from ..metrics import MIN_PROMPTS_FOR_CI
 from .section import Section, markdown_table
 from .wording import estimate_text
 
@@ -73,14 +74,15 @@ OVERSTATES = {
 
 def tiers_section(study: Study) -> Section | None:
     """Input-length tiers with the random-token control, and entropy tiers of the target's own entropy."""
-    raw, ent = tiers.tier_frame(study), tiers.entropy_tier_frame(study)
-    if raw.empty and ent.empty:
+    raw, (ent, ent_how) = tiers.tier_frame(study), tiers.entropy_tiers_shown(study)
+    if raw.empty and ent.empty and ent_how == "per task":
         return None
     sec = Section("Input-length and entropy tiers")
     parts = []
     if not raw.empty:
         table = tiers.tier_table(raw)
-        over = tiers.random_overstatement(raw)
+        # the verdicts from unflagged cells only (the table above marks the flagged rows)
+        over = tiers.random_overstatement(tiers.tier_frame(vouched(study)) if study.flags else raw)
         sec.tables["input_length_tiers"] = (table, raw)
         parts += [
             "Prompts of exactly the tier's length in the target's tokens, built from the task's own texts "
@@ -113,8 +115,19 @@ def tiers_section(study: Study) -> Section | None:
         sec.tables["entropy_tiers"] = (table, ent)
         parts += [
             "\nEntropy tiers: each task's prompts in thirds by the target's own mean per-token entropy over "
-            "its AR baseline's output (measured while decoding; engines that report it), low to high.\n",
+            "its AR baseline's output (measured while decoding; engines that report it), low to high"
+            + (
+                ""
+                if ent_how == "per task"
+                else f"; pooled over each method's tasks: every per-task tier held fewer than {MIN_PROMPTS_FOR_CI} prompts"
+            )
+            + ".\n",
             markdown_table(table),
         ]
+    elif ent_how == "left out":
+        parts.append(
+            f"\nEntropy tiers left out: every tier, per task and pooled over tasks, holds fewer than "
+            f"{MIN_PROMPTS_FOR_CI} prompts (n too small for an interval).\n"
+        )
     sec.markdown = "\n".join(parts)
     return sec

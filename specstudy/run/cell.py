@@ -27,6 +27,20 @@ RATE_REQUEST_TIMEOUT_S = 600.0
 RATE_RUN_TIMEOUT_S = 3600.0
 
 
+@dataclass(frozen=True)
+class CellRun:
+    """One cell's run as the runner hands it on (offline, at a rate, turn by turn): the plan, the
+    engine, the measured requests and the untimed warm-up, and how the run is watched."""
+
+    plan: CellPlan
+    backend: Backend
+    requests: Sequence[Request]
+    warmup: Sequence[Request] = ()
+    warmup_tokens: int = 0  # new tokens of each warm-up request (0: the plan's own)
+    telemetry_period_s: float = 0.5
+    progress: bool = True
+
+
 @dataclass
 class CellResult:
     """What the one progress line of a cell says."""
@@ -47,6 +61,7 @@ class CellResult:
     throttled: bool = False
     message: str = ""
     sweeps: tuple[str, ...] = ()
+    note: str = ""  # what the validity checks found while running it (stalls, a rerun)
 
     def line(self, i: int, total: int) -> str:
         head = f"[{i}/{total}] {self.cell_id}"
@@ -70,6 +85,8 @@ class CellResult:
         parts.append(f"load {self.load_1m:.2f}")
         if self.throttled:
             parts.append("THROTTLED")
+        if self.note:
+            parts.append(self.note)
         return f"{head}: " + ", ".join(parts)
 
 
@@ -106,26 +123,19 @@ def _stamp(plan: CellPlan, rec: RequestRecord, by_id: dict[str, Request]) -> Req
     return plan.stamp(rec)
 
 
-def run_offline(
-    plan: CellPlan,
-    backend: Backend,
-    requests: Sequence[Request],
-    warmup: Sequence[Request],
-    warmup_tokens: int,
-    telemetry_period_s: float,
-    progress: bool = True,
-) -> tuple[list[RequestRecord], Telemetry]:
-    """Warm up (untimed, discarded), then decode ``requests`` in batches under telemetry."""
+def run_offline(run: CellRun) -> tuple[list[RequestRecord], Telemetry]:
+    """Warm up (untimed, discarded), then decode the requests in batches under telemetry."""
+    plan, backend, requests = run.plan, run.backend, run.requests
     cell = plan.backend_cell()
-    if warmup:
-        for _ in backend.run(list(warmup), warmup_sampling(plan, warmup_tokens), cell):
+    if run.warmup:
+        for _ in backend.run(list(run.warmup), warmup_sampling(plan, run.warmup_tokens), cell):
             pass
     policies = {r.prompt_id: r for r in requests}
     records: list[RequestRecord] = []
     tokens = 0
     c = plan.cell
-    bar = _progress(len(requests), f"{plan.label} {c.task} γ={c.gamma or '-'} b={c.batch_size}", progress)
-    sampler = TelemetrySampler(telemetry_period_s).start()
+    bar = _progress(len(requests), f"{plan.label} {c.task} γ={c.gamma or '-'} b={c.batch_size}", run.progress)
+    sampler = TelemetrySampler(run.telemetry_period_s).start()
     t0 = time.perf_counter()
     try:
         for rec in backend.run(list(requests), plan.sampling, cell):
@@ -139,16 +149,10 @@ def run_offline(
     return records, tel
 
 
-def run_at_rate(
-    plan: CellPlan,
-    backend: Backend,
-    requests: Sequence[Request],
-    warmup: Sequence[Request],
-    warmup_tokens: int,
-    telemetry_period_s: float,
-) -> tuple[list[RequestRecord], Telemetry]:
+def run_at_rate(run: CellRun) -> tuple[list[RequestRecord], Telemetry]:
     """A serving cell against the cell's server: Poisson arrivals at ``plan.request_rate``, or the
     trace task's recorded arrivals (``plan.arrivals == "trace"``)."""
+    plan, backend, requests = run.plan, run.backend, run.requests
     if not isinstance(backend, ServingBackend):
         raise ValueError(
             f"request_rate needs a server backend (vllm-server, sglang, llamacpp, openai); "
@@ -162,39 +166,29 @@ def run_at_rate(
             raise ValueError(f"cell {plan.cell_id}: arrivals trace needs requests from a trace task")
         t0 = min(t for t in recorded if t is not None)
         offsets = [t - t0 for t in recorded if t is not None]  # a later slice of the trace starts at once
-    run = serve(
+    served = serve(
         backend,
         requests,
-        warmup,
+        run.warmup,
         plan.sampling,
-        warmup_sampling(plan, warmup_tokens),
+        warmup_sampling(plan, run.warmup_tokens),
         plan.backend_cell(),
         Load(plan.request_rate),
         request_timeout_s=RATE_REQUEST_TIMEOUT_S,
         run_timeout_s=RATE_RUN_TIMEOUT_S,
-        telemetry_period_s=telemetry_period_s,
+        telemetry_period_s=run.telemetry_period_s,
         seed=plan.sampling.seed,
         offsets=offsets,
     )
     policies = {r.prompt_id: r for r in requests}
-    for rec in run.records:
-        _stamp(plan, rec, policies).extra.update(run_wall_s=run.wall_s, run_acceptance=run.run_acceptance)
-    return run.records, run.telemetry
+    for rec in served.records:
+        _stamp(plan, rec, policies).extra.update(run_wall_s=served.wall_s, run_acceptance=served.run_acceptance)
+    return served.records, served.telemetry
 
 
-def run_cell(
-    plan: CellPlan,
-    backend: Backend,
-    requests: Sequence[Request],
-    warmup: Sequence[Request],
-    warmup_tokens: int,
-    telemetry_period_s: float,
-    progress: bool = True,
-) -> tuple[list[RequestRecord], Telemetry]:
+def run_cell(run: CellRun) -> tuple[list[RequestRecord], Telemetry]:
     """The cell's records and telemetry, offline or at its request rate."""
-    if plan.request_rate is not None:
-        return run_at_rate(plan, backend, requests, warmup, warmup_tokens, telemetry_period_s)
-    return run_offline(plan, backend, requests, warmup, warmup_tokens, telemetry_period_s, progress)
+    return run_at_rate(run) if run.plan.request_rate is not None else run_offline(run)
 
 
 def annotate(
@@ -213,7 +207,7 @@ def annotate(
             warmup_requests=warmup,
             warmup_max_new_tokens=warmup_tokens,
             engine_warmed_itself=engine_warmed_itself,
-            warmup_scope="engine, method, gamma, batch size",
+            warmup_scope="engine, method, gamma, batch size, options, sampling, output length, prefix cache, served, input length",
             cell_wall_s=wall_s,
             throttle_reasons=tel_summary.get("gpu_throttle_reasons", []),
             **{f"tel_{k}": v for k, v in keep.items()},

@@ -10,7 +10,6 @@ drafter, against the profile's memory times the tensor-parallel size.
 
 from __future__ import annotations
 
-import functools
 import math
 from collections import Counter
 from collections.abc import Sequence
@@ -18,12 +17,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import costmodel
-from ..config import StudyConfig, load_task_config
+from ..config import StudyConfig, TaskConfig, load_task_config
 from ..config.task import seed_row
 from ..config.vocab import cost_dtype
 from ..costmodel import HardwareProfile
 from ..frameworks import DECLARATIONS, server_frameworks
-from .plan import CellPlan
+from .plan import CellPlan, parsed_task
 from .precision import most_extensions
 
 #: prompt length assumed for the prefill of a planned request (tokens)
@@ -48,12 +47,13 @@ def kv_bytes_per_token(params: float, dtype: str) -> float:
     return 2.0 * layers * width * costmodel.dtype_bytes(dtype)
 
 
-@functools.cache
-def assumed_alpha(task: str) -> float:
+def assumed_alpha(task: TaskConfig | str | None) -> float:
     """The middle of the seed article's α range for a task's category (what the plan assumes before
-    measuring; ``task``: a name or a task file); 0.6 for a user category, which has no seed row."""
+    measuring; ``task``: the study's parsed config, a name or a task file); 0.6 for a user category,
+    which has no seed row, or a task that does not validate."""
     try:
-        lo, hi = seed_row(load_task_config(task)).get("alpha_range") or (0.6, 0.6)
+        tc = task if isinstance(task, TaskConfig) or task is None else load_task_config(task)
+        lo, hi = (seed_row(tc) if tc is not None else {}).get("alpha_range") or (0.6, 0.6)
     except (ValueError, OSError):
         lo, hi = 0.6, 0.6
     return (float(lo) + float(hi)) / 2
@@ -92,7 +92,7 @@ def estimate_cell(cfg: StudyConfig, plan: CellPlan, prof: HardwareProfile) -> Ce
     if plan.is_baseline:
         return CellEstimate(plan, ar)
     draft = params.get(plan.drafter_id or "") if plan.family == "draft_target" else None
-    pred = costmodel.predict(prof, p, draft, assumed_alpha(cfg.task_file(plan.cell.task)), dt, b, plan.cell.gamma, n)
+    pred = costmodel.predict(prof, p, draft, assumed_alpha(parsed_task(cfg, plan.cell.task)), dt, b, plan.cell.gamma, n)
     return CellEstimate(plan, ar / pred.speedup if pred.speedup > 0 else None)
 
 
@@ -271,7 +271,8 @@ def deployment_plan(cfg: StudyConfig, profile: HardwareProfile | None, refine_st
                 }
             )
         for task in sw.tasks:
-            so = load_task_config(cfg.task_file(task)).structured_output
+            parsed = cfg.tasks.get(task)
+            so = parsed.config.structured_output if parsed is not None and parsed.config is not None else None
             if so is not None:
                 combine = {True: "combines it with speculation", False: "does not combine it", None: "not documented"}
                 engines = "; ".join(f"{f} {combine[declaration(f).structured_with_speculation]}" for f in sw.frameworks)

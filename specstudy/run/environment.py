@@ -11,7 +11,7 @@ fails once with everything still missing.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from ..config import ParamsError, StudyConfig, hardware_names, load_hardware_profile
 from ..drafter_names import LOOKUP, is_self, merged_parts
@@ -21,9 +21,12 @@ from ..frameworks import DECLARATIONS, EngineEnv
 from .plan import CellPlan, expand, uses_cuda
 
 
-def machine_needs(cfg: StudyConfig, probes: Probes | None = None) -> list[Missing]:
-    """Everything this machine lacks for ``cfg`` (empty: ready); loads nothing, asks no hub."""
-    plans = expand(cfg)
+def machine_needs(
+    cfg: StudyConfig, probes: Probes | None = None, plans: Sequence[CellPlan] | None = None
+) -> list[Missing]:
+    """Everything this machine lacks for ``cfg`` (empty: ready); loads nothing, asks no hub.
+    ``plans``: the study's cells as the command expanded them (expanded here without them)."""
+    plans = expand(cfg) if plans is None else plans
     frameworks = sorted({p.cell.framework for p in plans})
     params = {}
     for pair in cfg.models:
@@ -49,7 +52,7 @@ def machine_needs(cfg: StudyConfig, probes: Probes | None = None) -> list[Missin
     return found + ([] if cuda else vllm_cpu_memory(cfg, frameworks, probes))
 
 
-def tensor_parallel_rows(plans: list[CellPlan], profile: object, probes: Probes) -> list[Missing]:
+def tensor_parallel_rows(plans: Sequence[CellPlan], profile: object, probes: Probes) -> list[Missing]:
     """A model whose tensor_parallel_size exceeds the GPUs here refuses its own rows, not the study's."""
     kind = profile.get("kind") if isinstance(profile, dict) else getattr(profile, "kind", None)
     if kind != "gpu":
@@ -70,7 +73,7 @@ def tensor_parallel_rows(plans: list[CellPlan], profile: object, probes: Probes)
     ]
 
 
-def other_drafters(plans: list[CellPlan]) -> set[str]:
+def other_drafters(plans: Sequence[CellPlan]) -> set[str]:
     """Every checkpoint a row drafts with (Medusa heads for TensorRT-LLM's engine build, the reference
     engine's draft models, each model of a merged tree): each must be here before an offline run."""
     out: set[str] = set()
@@ -130,6 +133,7 @@ def prepare_machine(
     log: Callable[[str], None] = print,
     probes: Probes | None = None,
     install: Callable[[EngineEnv], object] | None = None,
+    plans: Sequence[CellPlan] | None = None,
 ) -> list[Missing]:
     """Check the machine, install the engine environments the study needs (pinned, reused), check
     again, and refuse once with everything still missing.
@@ -141,15 +145,16 @@ def prepare_machine(
     another machine anyway (the numbers then belong to this machine).  Returns the notes that did
     not stop the run."""
     install = install or (lambda env: envs.install(env))
-    missing = machine_needs(cfg, probes)
+    plans = expand(cfg) if plans is None else plans
+    missing = machine_needs(cfg, probes, plans)
     installed = False
     if not _blocking(missing, force, engines=False) and any(m.kind == "engine" for m in missing):
         installed = True
-        for env in envs.required_engines(sorted({p.cell.framework for p in expand(cfg)}), uses_cuda(cfg)):
+        for env in envs.required_engines(sorted({p.cell.framework for p in plans}), uses_cuda(cfg)):
             if not (probes.installed(env) if probes else envs.is_installed(env)):
                 log(f"installing the {env.name} environment ({env.engine_requirement}) at {envs.venv_dir(env)}")
                 install(env)
-        missing = machine_needs(cfg, probes)
+        missing = machine_needs(cfg, probes, plans)
     blocking = _blocking(missing, force, engines=True)
     if blocking:
         raise ParamsError(

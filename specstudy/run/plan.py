@@ -5,7 +5,8 @@ sampling, engine, batch size).  Cells shared by sweeps run once.  The order grou
 engine so models load once per framework/model/drafter, and puts each baseline before the cells
 that need it.  :func:`check_backends` asks each framework's backend whether it runs the methods
 the study gives it, and :func:`check_tasks` reads every task file and its prompts, both before
-any model loads.
+any model loads.  A command calls :func:`load` once: the study with its task files parsed and its
+matrix expanded (:class:`LoadedStudy`), which every later step reads.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import os
 import warnings
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
@@ -20,7 +22,16 @@ from typing import Any
 
 from .. import backends
 from ..backends.base import Backend
-from ..config import ParamsError, StudyConfig, Sweep, hardware_names, load_hardware_profile, load_task_config
+from ..config import (
+    ParamsError,
+    StudyConfig,
+    Sweep,
+    TaskConfig,
+    hardware_names,
+    load_hardware_profile,
+    load_study,
+    load_task_config,
+)
 from ..config.errors import ParamsProblems
 from ..config.model_configs import config_problems
 from ..config.schema import ModelPair
@@ -28,7 +39,7 @@ from ..data.conversations import turns_per_prompt
 from ..data.traces import replay_rate
 from ..frameworks import DECLARATIONS, drafter_per_cell, frameworks, server_frameworks, tokenizing_frameworks
 from ..frameworks import declaration as engine_declaration
-from ..frameworks.declaration import LOAD_OPTIONS
+from ..frameworks.declaration import LOAD_OPTIONS, CellCheck
 from ..records import Cell, RequestRecord, Sampling
 
 
@@ -84,6 +95,29 @@ class CellPlan:
             return self.backend_key()
         opts = tuple(o for o in self.method_options if o[0] not in LOAD_OPTIONS)
         return (*self.backend_key(), self.cell.method, self.cell.gamma, self.drafter_id, opts)
+
+    def warmup_key(self) -> tuple[Any, ...]:
+        """What changes an engine's cost on first use, as far as the plan knows it: method, γ, batch
+        size, method options (a grammar or any engine option among them), the sampling (vLLM and
+        SGLang compile sampling kernels on first use), the output length, the prefix cache, and
+        offline vs served.  The runner adds the prompts' input-length regime."""
+        s = self.sampling
+        return (
+            self.cell.method,
+            self.cell.gamma,
+            self.cell.batch_size,
+            self.method_options,
+            (s.temperature, s.top_p, s.top_k),
+            s.max_new_tokens,
+            self.prefix_cache,
+            self.request_rate is not None,
+        )
+
+    def cell_check(self, cuda: bool) -> CellCheck:
+        """What the cell's backend checks before any model loads (``cuda``: the build the study uses)."""
+        c = self.cell
+        opts = dict(self.method_options)
+        return CellCheck(c.method, c.gamma, opts, self.target, self.drafter_id, cuda, c.batch_size)
 
     def backend_cell(self) -> Cell:
         """The cell handed to ``backend.run``: method options only (plus the arrival rate for servers).
@@ -178,7 +212,7 @@ def _trace_checks(cfg: StudyConfig, sw: Sweep) -> None:
         )
     for task in sw.tasks:
         try:
-            replay_rate(cfg.task_file(task), sw.prompts_per_task)
+            replay_rate(parsed_task(cfg, task) or cfg.task(task), sw.prompts_per_task)
         except ParamsError as e:
             raise ParamsError(e.file, e.key, e.value, e.allowed, f"task {task!r} of {at}.tasks ({cfg.file})") from None
 
@@ -190,10 +224,15 @@ def uses_cuda(cfg: StudyConfig) -> bool:
     return cfg.device.startswith("cuda")
 
 
-def _cell_checks(cfg: StudyConfig) -> None:
+def parsed_task(cfg: StudyConfig, name: str) -> TaskConfig | str | None:
+    """A task as the study parsed it at load (None: it does not validate), or a name outside the study."""
+    return cfg.tasks[name].config if name in cfg.tasks else cfg.task_file(name)
+
+
+def _cell_checks(cfg: StudyConfig, plans: Iterable[CellPlan]) -> None:
     """Every speculative cell through its backend's own check: pinned version, options, drafter files."""
     cuda, seen = uses_cuda(cfg), set()
-    for p in expand(cfg):
+    for p in plans:
         key = (
             p.cell.framework,
             p.cell.method,
@@ -210,15 +249,7 @@ def _cell_checks(cfg: StudyConfig) -> None:
         if cls is None:
             continue
         try:
-            cls.check_cell(
-                p.cell.method,
-                p.cell.gamma,
-                dict(p.method_options),
-                model=p.target,
-                drafter=p.drafter_id,
-                cuda=cuda,
-                batch_size=p.cell.batch_size,
-            )
+            cls.check_cell(p.cell_check(cuda))
         except (ValueError, FileNotFoundError) as e:
             where = next((s for s in p.sweeps), "default")
             raise ParamsError(
@@ -226,16 +257,16 @@ def _cell_checks(cfg: StudyConfig) -> None:
             ) from None
 
 
-def check_backends(cfg: StudyConfig, files: bool = True) -> StudyConfig:
+def check_backends(cfg: StudyConfig, files: bool = True, plans: Iterable[CellPlan] | None = None) -> StudyConfig:
     """The study against the backends it names: methods they run, then every cell through its backend's check.
 
     ``files=False`` skips the cell checks (they may hash model files): what a dry run needs on a
-    machine without the weights.
+    machine without the weights.  ``plans``: the study's expanded cells (expanded here without them).
     """
     _structure(cfg)
     model_configs(cfg)
     if files:
-        _cell_checks(cfg)
+        _cell_checks(cfg, expand(cfg) if plans is None else plans)
     return cfg
 
 
@@ -252,6 +283,29 @@ def model_configs(cfg: StudyConfig) -> None:
         )
     if problems:
         raise ParamsProblems(problems, "study, against its models' own configs")
+
+
+@dataclass(frozen=True)
+class LoadedStudy:
+    """A study validated once and carried through a command: its config (each task file parsed once,
+    ``cfg.tasks``) and its plan (the matrix expanded once); no step after the load parses or expands again."""
+
+    cfg: StudyConfig
+    plans: tuple[CellPlan, ...]
+
+
+def load(
+    hardware: str, path: str | os.PathLike[str] | None = None, files: bool = True, allow_unused: bool = False
+) -> LoadedStudy:
+    """Load, expand and check a study against its backends (:func:`check_backends`), once
+    (``allow_unused``: top-level entries no sweep uses are a warning, not an error)."""
+    cfg = load_study(hardware, path, allow_unused=allow_unused)
+    _structure(cfg)
+    model_configs(cfg)
+    plans = tuple(expand(cfg))
+    if files:
+        _cell_checks(cfg, plans)
+    return LoadedStudy(cfg, plans)
 
 
 def check_tasks(
@@ -293,14 +347,14 @@ def check_tasks(
     notes: list[str] = []
     warm = cfg.warmup_requests
     for name, (n, sw) in most.items():
-        file, need = cfg.task_file(name), n + warm
+        parsed, need = cfg.tasks.get(name), n + warm
         need_text = f"{sw.prompts_key.rsplit('.', 1)[-1]} {n} + warmup.requests {warm} in {cfg.file}"
         found = check_task(
-            file,
+            parsed or cfg.task_file(name),
             need,
             need_text,
             sorted(seeds[name]),
-            _tokenizers(file, targets.get(name, set()), tokenizer, toks, notes),
+            _tokenizers(parsed_task(cfg, name), targets.get(name, set()), tokenizer, toks, notes),
             fetch,
         )
         problems += found.problems
@@ -326,12 +380,10 @@ def check_tasks(
 def _structured_problems(cfg: StudyConfig, task: str, sweeps: Sequence[Sweep]) -> list[ParamsError]:
     """A constrained task runs only on engines that take its constraint, and never with ignore_eos
     (an object cut at max_new_tokens is neither valid nor invalid)."""
-    try:
-        so = load_task_config(cfg.task_file(task)).structured_output
-    except (ParamsError, ValueError, OSError):
-        return []  # the task check reports a broken file
+    parsed = cfg.tasks.get(task)
+    so = parsed.config.structured_output if parsed is not None and parsed.config is not None else None
     if so is None:
-        return []
+        return []  # no constraint, or a broken file (the task check reports it)
     kind = "json_schema" if so.json_schema is not None else "grammar"
     able = sorted(f for f in frameworks() if kind in engine_declaration(f).structured_output_fields)
     out = []
@@ -354,7 +406,7 @@ def _structured_problems(cfg: StudyConfig, task: str, sweeps: Sequence[Sweep]) -
 
 
 def _tokenizers(
-    file: str,
+    task: TaskConfig | str | None,
     targets: Collection[str],
     tokenizer: Callable[[str], Any] | None,
     cache: dict[str, Any],
@@ -364,7 +416,10 @@ def _tokenizers(
     if tokenizer is None or not targets:
         return {}
     try:
-        if load_task_config(file).input_length.policy == "none":
+        if (
+            task is None
+            or (task if isinstance(task, TaskConfig) else load_task_config(task)).input_length.policy == "none"
+        ):
             return {}
     except (ValueError, OSError):  # a bad task file: check_task reports it
         return {}
@@ -422,6 +477,8 @@ def expand(cfg: StudyConfig) -> list[CellPlan]:
     """
     plans: dict[str, CellPlan] = {}
     sweeps_of: dict[str, set[str]] = {}
+    turns = {t: turns_per_prompt(parsed_task(cfg, t)) for sw in cfg.sweeps for t in sw.tasks}  # each task read once
+    rates: dict[tuple[str, int], float] = {}
 
     def add(plan: CellPlan, sweep: str) -> None:
         cid = plan.cell_id
@@ -430,21 +487,22 @@ def expand(cfg: StudyConfig) -> list[CellPlan]:
         sweeps_of.setdefault(cid, set()).add(sweep)
 
     for sw in cfg.sweeps:
-        rates: tuple[float | None, ...] = sw.request_rates or (None,)
+        sweep_rates: tuple[float | None, ...] = sw.request_rates or (None,)
         for model_name, fw, task, batch, pc, rate, smp, label, rep, arrivals in itertools.product(
             sw.models,
             sw.frameworks,
             sw.tasks,
             sw.batch_sizes,
             sw.prefix_cache,
-            rates,
+            sweep_rates,
             sw.samplings,
             sw.methods,
             range(sw.repeats),
             sw.arrivals,
         ):
             if "trace" in sw.arrivals:  # both arrival kinds at the trace's own mean rate
-                rate = replay_rate(cfg.task_file(task), sw.prompts_per_task)
+                key = (task, sw.prompts_per_task)
+                rate = rates[key] if key in rates else rates.setdefault(key, replay_rate(cfg.task(task), key[1]))
             if rate is not None and fw not in server_frameworks():
                 continue  # request-rate sweeps are for servers; offline engines run batches
             pair = cfg.model(model_name)
@@ -483,7 +541,7 @@ def expand(cfg: StudyConfig) -> list[CellPlan]:
                 prefix_cache=pc,
                 request_rate=rate,
                 arrivals=arrivals,
-                turns=turns_per_prompt(cfg.task_file(task)),
+                turns=turns[task],
             )
             add(
                 CellPlan(cell=base_cell, label="ar", family="ar", drafter_id=None, baseline_cell_id=None, **common),
@@ -572,12 +630,9 @@ def plan_summary(plans: Iterable[CellPlan], warmup_requests: int = 0, warmup_tok
         "baseline_cells": sum(p.is_baseline for p in plans),
         "requests": requests,
         "output_tokens": tokens,
-        # warm-up runs once per (engine, method, γ, batch size, method options)
-        "warmup_tokens": len(
-            {(p.backend_key(), p.cell.method, p.cell.gamma, p.cell.batch_size, p.method_options) for p in plans}
-        )
-        * warmup_requests
-        * warmup_tokens,
+        # warm-up runs once per engine and configuration (CellPlan.warmup_key; the input-length
+        # regime the runner adds can only add more)
+        "warmup_tokens": len({(p.backend_key(), p.warmup_key()) for p in plans}) * warmup_requests * warmup_tokens,
         "engines": len({p.backend_key() for p in plans}),
         "by_sweep": {s: sum(s in p.sweeps for p in plans) for s in sorted({s for p in plans for s in p.sweeps})},
     }

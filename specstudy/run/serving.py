@@ -28,7 +28,7 @@ import numpy as np
 from ..analysis.serving import compare, json_safe, stops_paying, summarize
 from ..backends.base import ServingBackend
 from ..backends.lifecycle import ServerStartError
-from ..backends.loadgen import AsyncSender, offer
+from ..backends.loadgen import AsyncSender, Offer, offer
 from ..backends.server import ServerDied
 from ..config.schema import Slo
 from ..records import Cell, Request, RequestRecord, Sampling, write_part
@@ -115,15 +115,9 @@ def drive(
     Returns the records in request order and the run's wall time.  No request gets more time
     than is left of ``run_timeout_s``; requests not sent by then are ``timeout`` records.
     """
+    offsets = arrival_offsets(len(requests), load.rate, load.burstiness, seed)
     return offer(
-        sender,
-        list(requests),
-        sampling,
-        cell,
-        arrival_offsets(len(requests), load.rate, load.burstiness, seed),
-        concurrency=load.concurrency,
-        request_timeout_s=request_timeout_s,
-        run_timeout_s=run_timeout_s,
+        sender, Offer(list(requests), sampling, cell, offsets, load.concurrency, request_timeout_s, run_timeout_s)
     )
 
 
@@ -164,14 +158,11 @@ def serve(
     warm = [backend.send(r, warmup_sampling, cell, request_timeout_s) for r in warmup]
     sampler = TelemetrySampler(telemetry_period_s).start()
     try:
+        sends = (
+            list(offsets) if offsets is not None else arrival_offsets(len(requests), load.rate, load.burstiness, seed)
+        )
         batch = backend.offer_run(
-            list(requests),
-            sampling,
-            cell,
-            list(offsets) if offsets is not None else arrival_offsets(len(requests), load.rate, load.burstiness, seed),
-            concurrency=load.concurrency,
-            request_timeout_s=request_timeout_s,
-            run_timeout_s=run_timeout_s,
+            Offer(list(requests), sampling, cell, sends, load.concurrency, request_timeout_s, run_timeout_s)
         )
     finally:
         tel = sampler.stop()

@@ -51,12 +51,12 @@ def shard_job(
 
     ``factory`` and ``request_loader`` replace the engines and prompts (tests); default: the study's own.
     """
-    from ..config import load_study
-    from .plan import check_backends, expand, uses_cuda
+    from .plan import load, uses_cuda
     from .study import run_study
 
-    cfg = check_backends(load_study(ref.hardware, ref.params), files=factory is None)
-    all_plans = expand(cfg)
+    # unused top-level entries: the submitting command refused or (--allow-unused) warned already
+    study = load(ref.hardware, ref.params, files=factory is None, allow_unused=True)
+    cfg, all_plans = study.cfg, list(study.plans)
     wanted = set(cell_ids)
     plans = [p for p in all_plans if p.cell_id in wanted]
     unknown = sorted(wanted - {p.cell_id for p in plans})
@@ -91,7 +91,7 @@ def report_job(ref: StudyRef) -> list[str]:
     from .precision import extensions
     from .study import write_plan
 
-    cfg = load_study(ref.hardware, ref.params)
+    cfg = load_study(ref.hardware, ref.params, allow_unused=True)  # the submitter refused or warned already
     layout, plans = ref.layout(), expand(cfg)
     on_disk, _ = extensions(cfg, plans, layout)
     write_plan(layout, cfg, [*plans, *on_disk])

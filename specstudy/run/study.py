@@ -13,6 +13,7 @@ any engine loads, so a bad task file fails the run at once, listing every proble
 
 from __future__ import annotations
 
+import os
 import time
 import traceback
 import weakref
@@ -20,10 +21,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..backends.base import BackendUnavailable
+from ..analysis import validity
+from ..backends.base import BackendUnavailable, ServingBackend
 from ..backends.lifecycle import ServerStartError
 from ..backends.server import ServerDied
-from ..config import StudyConfig, display_path, hardware_names, load_hardware_profile, load_task_config
+from ..config import StudyConfig, display_path, hardware_names, load_hardware_profile
 from ..config.task import seed_row
 from ..data.conversations import is_conversation
 from ..data.models import tokenizer_if_here
@@ -32,9 +34,10 @@ from ..data.traces import needs_target_tokens
 from ..layout import StudyLayout
 from ..provenance import provenance
 from ..records import Request, RequestRecord
-from .cell import CellResult, annotate, run_cell, split_warmup, summarize
+from ..report.validity import finding_text
+from .cell import CellResult, CellRun, annotate, run_cell, split_warmup, summarize
 from .engine_costs import measure_engine_costs
-from .plan import CellPlan, check_tasks, plan_summary
+from .plan import CellPlan, check_tasks, parsed_task, plan_summary
 from .pool import BackendFactory, BackendPool
 from .precision import extensions
 from .turns import run_turns
@@ -42,14 +45,9 @@ from .turns import run_turns
 RequestLoader = Callable[[str, int, int, Any], list[Request]]
 
 
-def default_request_loader(task: str, n: int, seed: int, tokenizer: Any) -> list[Request]:
-    """A task's requests (``task``: a name in params/tasks/ or a task file's path)."""
-    return list(load_requests(task, n, seed, tokenizer))
-
-
 def study_request_loader(cfg: StudyConfig) -> RequestLoader:
-    """The default loader for one study: each task name read from the study's own task file."""
-    return lambda task, n, seed, tokenizer: default_request_loader(cfg.task_file(task), n, seed, tokenizer)
+    """The default loader for one study: each task's prompts from the config the study parsed at load."""
+    return lambda task, n, seed, tokenizer: list(load_requests(cfg.task(task), n, seed, tokenizer))
 
 
 def task_snapshot(cfg: StudyConfig) -> dict[str, dict[str, Any]]:
@@ -58,7 +56,7 @@ def task_snapshot(cfg: StudyConfig) -> dict[str, dict[str, Any]]:
     out = {}
     for name in sorted({t for sw in cfg.sweeps for t in sw.tasks}):
         try:
-            tc = load_task_config(cfg.task_file(name))
+            tc = cfg.task(name)
         except (ValueError, OSError):  # a custom request loader may run tasks no file describes
             continue
         out[name] = {"file": display_path(tc.file), "category": tc.category, "seed_reference": seed_row(tc)}
@@ -87,12 +85,16 @@ class _RunState:
     prompts: dict[tuple[Any, ...], list[Request]] = field(default_factory=dict)
     baselines: dict[str, list[RequestRecord]] = field(default_factory=dict)
     failed_engines: dict[tuple[Any, ...], str] = field(default_factory=dict)
+    #: the targets' tokenizers for the prompt checks of server cells (None: not on this machine)
+    tokenizers: dict[str, Any] = field(default_factory=dict)
     #: engine configurations that failed to start (a server launch, vLLM's engine build), by
     #: :meth:`CellPlan.engine_config_key`: their later cells fail at once instead of starting again
     failed_starts: dict[tuple[Any, ...], str] = field(default_factory=dict)
     #: per loaded engine (the backend object: one evicted and loaded again is cold again), the
-    #: (method, γ, batch size, method options) it has been warmed up for
-    warmed: weakref.WeakKeyDictionary[Any, set[tuple[Any, ...]]] = field(default_factory=weakref.WeakKeyDictionary)
+    #: configurations it has been warmed up for (:func:`plan_warmup`'s key) and the cell that did it
+    warmed: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], str]] = field(
+        default_factory=weakref.WeakKeyDictionary
+    )
 
 
 def warmup_tokens(cfg: StudyConfig, engine_warm: bool) -> int:
@@ -103,25 +105,50 @@ def warmup_tokens(cfg: StudyConfig, engine_warm: bool) -> int:
     return cfg.warmup_max_new_tokens
 
 
-def plan_warmup(
-    state: _RunState, backend: Any, plan: CellPlan, cfg: StudyConfig, warm: list[Request]
-) -> tuple[list[Request], int, bool]:
-    """The cell's warm-up requests, their new tokens, and whether the engine warmed itself up.
+def input_regime(requests: Sequence[Request]) -> int:
+    """The prompts' length regime: the bit length of the longest prompt (token ids where the
+    request has them, else characters), so 300- and 400-token prompts share one warm-up and a
+    4,000-token task gets its own (a new attention shape, KV allocation, prefill chunking)."""
+    longest = max((len(r.prompt_ids) if r.prompt_ids else len(r.prompt) for r in requests), default=0)
+    return int(longest).bit_length()
 
-    Warm-up is about the engine's state (caches, allocator, JIT/graph capture for a shape): once
-    per (method, γ, batch size, method options) on each loaded engine, full length on its first,
-    the warm-engine length after.  An engine that warms itself up at load needs no timing warm-up,
-    but with the prefix cache on the warm-up also fills the cache with the workload's shared prefix
-    (a server in steady state), so every engine gets it there.
-    """
-    done = state.warmed.setdefault(backend, set())
-    shape = (plan.cell.method, plan.cell.gamma, plan.cell.batch_size, plan.method_options)
-    self_warm = bool(getattr(backend, "warms_itself", False)) and not plan.prefix_cache
+
+@dataclass(frozen=True)
+class Warmup:
+    """The cell's warm-up: its requests and new tokens, and which configuration warmed the engine
+    for this cell (the cell whose warm-up ran for it, itself when it ran now)."""
+
+    requests: list[Request]
+    tokens: int
+    key: tuple[Any, ...]
+    warmed_by: str
+    engine_warmed_itself: bool
+
+    def note(self) -> dict[str, Any]:
+        """What each record of the cell says about the warm-up that preceded it."""
+        return {"warmup_key": repr(self.key), "warmed_by": self.warmed_by, "warmup_ran_for_cell": bool(self.requests)}
+
+
+def plan_warmup(
+    state: _RunState,
+    backend: Any,
+    plan: CellPlan,
+    cfg: StudyConfig,
+    warm: list[Request],
+    measured: Sequence[Request] = (),
+) -> Warmup:
+    """The cell's warm-up: untimed requests before every configuration this loaded engine has not
+    served yet (:meth:`CellPlan.warmup_key` plus the prompts' :func:`input_regime`), full length
+    on the engine's first, the warm-end length after.  A server's own load-time decode (llama.cpp's
+    ``warmup``) is greedy at one shape, so it no longer stands in for the study's warm-up."""
+    done = state.warmed.setdefault(backend, {})
+    key = (*plan.warmup_key(), input_regime(measured))
     tokens = warmup_tokens(cfg, engine_warm=bool(done))
-    if shape in done or self_warm:
-        warm = []
-    done.add(shape)
-    return warm, tokens, self_warm
+    self_warm = bool(getattr(backend, "warms_itself", False))
+    if key in done:
+        return Warmup([], tokens, key, done[key], self_warm)
+    done[key] = plan.cell_id
+    return Warmup(warm, tokens, key, plan.cell_id, self_warm)
 
 
 def run_study(
@@ -246,7 +273,7 @@ def _requests(
 ) -> tuple[list[Request], list[Request]]:
     n = plan.prompt_offset + plan.prompts + cfg.warmup_requests  # a task's order is fixed by its seed
     key = (plan.cell.task, n, plan.sampling.seed - plan.cell.repeat, plan.target)
-    if tokenizer is None and key not in state.prompts and needs_target_tokens(cfg.task_file(plan.cell.task)):
+    if tokenizer is None and key not in state.prompts and needs_target_tokens(parsed_task(cfg, plan.cell.task)):
         try:  # trace hash blocks and tiers are the target's tokens (a server's engine has loaded them by now)
             tokenizer = tokenizer_if_here(plan.target)
         except LookupError:
@@ -254,6 +281,89 @@ def _requests(
     if key not in state.prompts:
         state.prompts[key] = loader(plan.cell.task, n, plan.sampling.seed - plan.cell.repeat, tokenizer)
     return split_warmup(state.prompts[key][plan.prompt_offset :], plan.prompts, cfg.warmup_requests)
+
+
+def _measure(
+    cfg: StudyConfig,
+    plan: CellPlan,
+    backend: Any,
+    requests: list[Request],
+    warm: list[Request],
+    warm_tokens: int,
+    baseline: list[RequestRecord] | None,
+    progress: bool,
+    tokenizer: Any,
+) -> tuple[list[RequestRecord], Any, float]:
+    """One timed pass over the cell's requests (after its warm-up): records, telemetry, wall time."""
+    run = CellRun(plan, backend, requests, warm, warm_tokens, cfg.telemetry_period_s, progress)
+    t0 = time.perf_counter()
+    if any(is_conversation(r) for r in requests):
+        if plan.baseline_cell_id and baseline is None:
+            raise RuntimeError(f"conversations take their history from the baseline {plan.baseline_cell_id}: not run")
+        records, tel = run_turns(run, history=baseline, tokenizer=tokenizer)
+    else:
+        records, tel = run_cell(run)
+        if len(records) != len(requests):
+            raise RuntimeError(f"backend returned {len(records)} records for {len(requests)} requests")
+    return records, tel, time.perf_counter() - t0
+
+
+def _rerun_stalls(
+    measure: Callable[[list[Request]], tuple[list[RequestRecord], Any, float]],
+    wu: Warmup,
+    layout: StudyLayout,
+    plan: CellPlan,
+    requests: list[Request],
+) -> tuple[tuple[list[RequestRecord], Any, float], str]:
+    """The cell measured, and once more when requests stalled (the same prompts, a new part; the
+    first attempt kept in ``stalled/``); with the progress line's note.  A conversation is not rerun:
+    its turns take their history from the baseline's run."""
+    run = measure(wu.requests)
+    first = validity.stalls(run[0])
+    if not first or any(is_conversation(r) for r in requests):
+        return run, ""
+    layout.write_stalled(plan.cell_id, run[0])  # kept beside, read by no table
+    run = measure(wu.requests[:1])
+    for r in run[0]:
+        r.extra.update(attempt=2, first_attempt_stalls=[finding_text(f) for f in first])
+    again = validity.stalls(run[0])
+    return run, f"{len(first)} stalled request(s), rerun once: " + (
+        f"{len(again)} stalled again, cell flagged" if again else "clean"
+    )
+
+
+def _engine_instance(backend: Any) -> str:
+    """Which engine process served the cell (this run, the loaded backend, its server process):
+    a prompt is only in a prefix cache that the same instance filled."""
+    server = getattr(backend, "server", None)
+    proc = getattr(server, "proc", None)
+    return f"{os.getpid()}:{id(backend)}:{getattr(proc, 'pid', '-')}"
+
+
+def _checks_tokenizer(state: _RunState, backend: Any, target: str) -> Any:
+    """For a server's cells (its tokenizer lives in the server), the target's tokenizer where it is
+    on this machine already, for the prompt checks only (None when it is not: those checks are skipped)."""
+    if not isinstance(backend, ServingBackend):
+        return None
+    if target not in state.tokenizers:
+        try:
+            state.tokenizers[target] = tokenizer_if_here(target)
+        except Exception:  # not here, or not a name a tokenizer loads from: the checks need it, the cell does not
+            state.tokenizers[target] = None
+    return state.tokenizers[target]
+
+
+def _stamp_checks(records: list[RequestRecord], requests: list[Request], tokenizer: Any, plan: CellPlan) -> None:
+    """What only the runner can see, on each record: the prompt checks (:func:`validity.prompt_checks`)
+    and, with ``ignore_eos``, where the request would have stopped (its first EOS among the output ids)."""
+    by_id = {r.prompt_id: r for r in requests}
+    eos = getattr(tokenizer, "eos_token_id", None)
+    for rec in records:
+        req = by_id.get(rec.prompt_id)
+        if req is not None:
+            rec.extra.update(validity.prompt_checks(req, rec, tokenizer))
+        if plan.sampling.ignore_eos and isinstance(eos, int) and rec.output_ids:
+            rec.extra["past_eos_at"] = rec.output_ids.index(eos) + 1 if eos in rec.output_ids[:-1] else None
 
 
 def _run_one(
@@ -280,7 +390,7 @@ def _run_one(
                 f"engine failed to start earlier with this configuration: {state.failed_starts[start_key]}"
             )
         requests, warm = _requests(cfg, plan, loader, getattr(backend, "tokenizer", None), state)
-        warm, warm_tokens, self_warm = plan_warmup(state, backend, plan, cfg, warm)
+        wu = plan_warmup(state, backend, plan, cfg, warm, requests)
         if not requests:
             raise RuntimeError(f"task {plan.cell.task!r} returned no prompts")
         baseline = None
@@ -288,40 +398,37 @@ def _run_one(
             baseline = state.baselines.get(plan.baseline_cell_id)
             if baseline is None and layout.is_done(plan.baseline_cell_id):
                 baseline = layout.read_part(plan.baseline_cell_id)
-        t0 = time.perf_counter()
-        try:
-            if any(is_conversation(r) for r in requests):
-                if plan.baseline_cell_id and baseline is None:
-                    raise RuntimeError(
-                        f"conversations take their history from the baseline {plan.baseline_cell_id}: not run"
-                    )
-                records, tel = run_turns(
-                    plan,
-                    backend,
-                    requests,
-                    warm,
-                    warm_tokens,
-                    cfg.telemetry_period_s,
-                    progress,
-                    history=baseline,
-                    tokenizer=getattr(backend, "tokenizer", None),
-                )
-            else:
-                records, tel = run_cell(plan, backend, requests, warm, warm_tokens, cfg.telemetry_period_s, progress)
-                if len(records) != len(requests):
-                    raise RuntimeError(f"backend returned {len(records)} records for {len(requests)} requests")
-        except (ServerStartError, BackendUnavailable) as e:
-            state.failed_starts[start_key] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-            raise
-        wall = time.perf_counter() - t0
+        tokenizer = getattr(backend, "tokenizer", None)
+        checks_tokenizer = tokenizer or _checks_tokenizer(state, backend, plan.target)
+
+        def measure(warm: list[Request]) -> tuple[list[RequestRecord], Any, float]:
+            try:
+                return _measure(cfg, plan, backend, requests, warm, wu.tokens, baseline, progress, tokenizer)
+            except (ServerStartError, BackendUnavailable) as e:
+                state.failed_starts[start_key] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                raise
+
+        (records, tel, wall), note = _rerun_stalls(measure, wu, layout, plan, requests)
         summary = tel.summary()
-        annotate(records, len(warm), wall, summary, warm_tokens if warm else 0, engine_warmed_itself=self_warm)
+        annotate(
+            records,
+            len(wu.requests),
+            wall,
+            summary,
+            wu.tokens if wu.requests else 0,
+            engine_warmed_itself=wu.engine_warmed_itself,
+        )
+        _stamp_checks(records, requests, checks_tokenizer, plan)
+        for r in records:
+            r.extra.update(wu.note(), engine_instance=_engine_instance(backend))
         if tel.samples:
             layout.write_telemetry(plan.cell_id, tel.samples)
         layout.write_part(plan.cell_id, records)  # the commit point of the cell
         if not plan.baseline_cell_id:
             state.baselines[plan.cell_id] = records
-        return summarize(plan, records, wall, baseline, summary)
+        res = summarize(plan, records, wall, baseline, summary)
+        res.note = note
+        return res
     except KeyboardInterrupt:
         raise
     except ServerDied as e:  # its rows are kept beside the failure, not as the cell's records: a rerun retries it

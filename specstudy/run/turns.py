@@ -18,39 +18,30 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
-from ..backends.base import Backend
 from ..data.conversations import answers_by_turn, next_turn
 from ..records import Request, RequestRecord
 from ..telemetry import Telemetry
-from .cell import run_cell
-from .plan import CellPlan
+from .cell import CellRun, run_cell
 
 
 def run_turns(
-    plan: CellPlan,
-    backend: Backend,
-    requests: Sequence[Request],
-    warmup: Sequence[Request],
-    warmup_tokens: int,
-    telemetry_period_s: float,
-    progress: bool,
-    *,
-    history: Sequence[RequestRecord] | None,
-    tokenizer: Any,
+    run: CellRun, *, history: Sequence[RequestRecord] | None, tokenizer: Any
 ) -> tuple[list[RequestRecord], Telemetry]:
-    """Every turn of ``requests``' conversations, turn by turn; ``history``: the paired baseline's
+    """Every turn of the run's conversations, turn by turn; ``history``: the paired baseline's
     records (None for a cell that makes its own: the baseline).  Records carry their turn."""
     given = answers_by_turn(history) if history is not None else None
     records: list[RequestRecord] = []
     samples: list[dict[str, Any]] = []
-    tel = Telemetry(telemetry_period_s)
-    current, t0 = list(requests), time.perf_counter()
+    tel = Telemetry(run.telemetry_period_s)
+    current, t0 = list(run.requests), time.perf_counter()
     while current:
+        run = replace(run, requests=current)
         offset = time.perf_counter() - t0
-        recs, tel = run_cell(plan, backend, current, warmup, warmup_tokens, telemetry_period_s, progress)
-        warmup = []  # the engine is warm after the first turn
+        recs, tel = run_cell(run)
+        run = replace(run, warmup=())  # the engine is warm after the first turn
         by_id = {r.prompt_id: r for r in current}
         if sorted(r.prompt_id for r in recs) != sorted(by_id):
             raise RuntimeError(f"backend returned {len(recs)} records for {len(current)} requests of a turn")

@@ -75,6 +75,23 @@ def test_stops_paying_names_the_lowest_losing_rate_or_says_it_does_not():
     assert "inf: 0.80×" in stop.loc["vllm-server", "Speedup per rate"]
 
 
+def test_a_flagged_rate_cell_is_marked_and_left_out_of_where_speculation_stops_paying():
+    """The issue's busy-machine rates: a flagged 4 req/s cell (0.9x) no longer decides the verdict."""
+    raw = _raw()
+    raw["flagged"] = [
+        "busy machine" if (f, r, m) == ("vllm-server", 4.0, "ngram") else ""
+        for f, r, m in zip(raw["framework"], raw["rate"], raw["method"])
+    ]
+    stop = rates.stops_paying_table(raw).set_index("Framework")
+    assert stop.loc["vllm-server", "Stops paying at (req/s)"] == "inf"  # 4 req/s was the flagged one
+    assert (
+        stop.loc["vllm-server", "Flagged rates left out"] == "4"
+        and stop.loc["llamacpp", "Flagged rates left out"] == "—"
+    )
+    methods = rates.rate_table(raw)["Method"]
+    assert sum(m.endswith(" ⚑") for m in methods) == 1 and "PL γ=4 ⚑" in set(methods)
+
+
 def test_rate_table_rows_and_the_curve_figure():
     raw = _raw()
     table = rates.rate_table(raw)

@@ -8,7 +8,7 @@ from support import code_prompt_record
 
 from specstudy import metrics
 from specstudy.analysis.study import load
-from specstudy.analysis.trees import tree_shape_table
+from specstudy.analysis.trees import EAGLE2_SHAPE, tree_shape_table
 from specstudy.layout import StudyLayout
 from specstudy.records import Cell
 
@@ -80,13 +80,16 @@ def study(tmp_path):
         "drafter_reach_steps": 6,
     }
     _cell(lay, "spi", "specinfer", "SpecInfer", base="ar", drafter="self:15+ngram", gamma=3, extra=merged)
+    eagle2 = {"tree": "eagle2_dynamic", "tree_topk": 4, "tree_nodes_budget": 6, "tree_nodes": 30}
+    _cell(lay, "e2", "eagle", "EAGLE-2 tree", base="ar", drafter="e.safetensors", gamma=3, extra=eagle2)
+    _cell(lay, "ec", "eagle", "EAGLE chain", base="ar", drafter="e.safetensors", gamma=3)
     return load(lay.root)
 
 
 def test_each_shape_has_measured_and_expected_al(study):
     table, raw = tree_shape_table(study)
     rows = {r["Method (what ran)"]: r for r in table.to_dict("records")}
-    assert set(rows) == {"Chain of 3", "Sequoia", "SpecInfer"}
+    assert set(rows) == {"Chain of 3", "Sequoia", "SpecInfer", "EAGLE-2 tree", "EAGLE chain"}
     assert rows["Sequoia"]["Seed row"] == "Sequoia" and rows["SpecInfer"]["Seed row"] == "SpecInfer"
     assert rows["Sequoia"]["Shape"] == "[[[]],[]]" and rows["Sequoia"]["AL expected (prediction)"] == "2.40"
     assert rows["Sequoia"]["Expected from"].startswith("Sequoia DP")
@@ -100,6 +103,16 @@ def test_each_shape_has_measured_and_expected_al(study):
         "target's first 15 layers 75% (own AL 1.67), ngram 25% (own AL 1.83)"
     )
     assert rows["SpecInfer"]["Nodes verified / step (mean)"] == "1.0"  # 6 nodes a request over its 6 draft steps
+
+
+def test_eagle_rows_are_the_seeds_eagle2_row_only_with_the_dynamic_tree(study):
+    rows = {r["Method (what ran)"]: r for r in tree_shape_table(study)[0].to_dict("records")}
+    assert rows["EAGLE-2 tree"]["Seed row"] == "EAGLE-2"
+    assert rows["EAGLE chain"]["Seed row"] == "EAGLE-2 (chain only, no dynamic tree)"
+    assert rows["EAGLE-2 tree"]["Shape"] == EAGLE2_SHAPE
+    assert rows["EAGLE-2 tree"]["Nodes verified / step (mean)"] == "5.0"  # 30 nodes over 6 draft steps
+    assert rows["EAGLE chain"]["Shape"] == "chain" and rows["EAGLE chain"]["Nodes verified / step (mean)"] == "3.0"
+    assert rows["EAGLE-2 tree"]["Expected from"] == "no closed form for this shape"
 
 
 def test_a_chain_expects_the_iid_formula_and_other_shapes_say_they_have_none(study):

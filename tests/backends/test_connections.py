@@ -12,6 +12,7 @@ from fake_servers import FakeServer
 
 from specstudy.backends import connections
 from specstudy.backends.connections import Connections, Http
+from specstudy.backends.loadgen import Offer
 from specstudy.backends.vllm.server import VllmServerBackend
 from specstudy.records import Sampling
 
@@ -37,16 +38,8 @@ def counted(monkeypatch):
 
 def _run(backend, n, offsets, concurrency):
     c = dataclasses.replace(cell("ar", None, 1), batch_size=concurrency or 1)
-    return backend.offer_run(
-        reqs(n),
-        Sampling(max_new_tokens=4),
-        c,
-        offsets,
-        concurrency=concurrency,
-        request_timeout_s=10,
-        run_timeout_s=60,
-        gauges=False,
-    )
+    run = Offer(reqs(n), Sampling(max_new_tokens=4), c, offsets, concurrency, request_timeout_s=10, run_timeout_s=60)
+    return backend.offer_run(run, gauges=False)
 
 
 def test_requests_due_at_once_are_sent_on_connections_opened_before_the_clock(counted):
@@ -73,6 +66,12 @@ def test_paced_requests_get_their_connection_shortly_before_they_are_due(counted
     assert all(r.sent_s >= r.scheduled_send_s for r in run.records)
 
 
+async def _until(done) -> None:
+    """Wait on a state the code under test reads, not on the clock."""
+    while not done():
+        await asyncio.sleep(0.005)
+
+
 def test_a_connection_the_server_closed_before_its_request_is_replaced():
     accepted = 0
 
@@ -94,7 +93,9 @@ def test_a_connection_the_server_closed_before_its_request_is_replaced():
         conns = http.connections
         try:
             await conns.open(("127.0.0.1", port))
-            await asyncio.sleep(0.1)  # the server's close arrives
+            (stream,) = conns._ready[("127.0.0.1", port)]
+            # until the server's close has reached the client (what `usable` reads), however long that takes
+            await asyncio.wait_for(_until(lambda: stream.reader.at_eof()), 30)
             resp = await http.send(http.build_request("GET", f"http://127.0.0.1:{port}/health"))
             await resp.aread()
             await resp.aclose()

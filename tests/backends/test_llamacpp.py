@@ -239,7 +239,7 @@ def test_ngram_options_map_to_llamacpp_sizes():
 @pytest.mark.parametrize(
     "method, gamma, options, match",
     [
-        ("eagle", 4, {}, r"draft-eagle3\) is refused: needs an EAGLE-3 drafter"),
+        ("eagle", 4, {}, r"draft-eagle3\) is refused: is not a study method of this engine yet"),
         ("medusa", 4, {}, r"method='medusa' is not known; allowed: \['ar', 'ngram', 'draft_target'\]"),
         ("ngram", None, {}, "needs gamma >= 1"),
         ("ngram", 4, {"ngram_min": 1, "ngram_max": 3}, "exactly one n-gram length"),

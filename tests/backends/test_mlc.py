@@ -30,6 +30,7 @@ from specstudy.backends.mlc.server import (
 from specstudy.config import load_study
 from specstudy.environments.preflight import Probes
 from specstudy.frameworks import DECLARATIONS
+from specstudy.frameworks.declaration import CellCheck
 from specstudy.frameworks.mlc import MLC
 from specstudy.records import Cell, Request, Sampling
 from specstudy.run.environment import machine_needs
@@ -87,13 +88,13 @@ def test_ar_argv_and_the_prefix_cache():
 
 def test_bad_options_are_refused_before_any_server_starts():
     with pytest.raises(ValueError, match=r"option 'topk' is read by no code; mlc reads: none"):
-        MlcServerBackend.check_cell("eagle", 4, {"topk": 2}, model=TARGET, drafter="/e", cuda=True)
+        MlcServerBackend.check_cell(CellCheck("eagle", 4, {"topk": 2}, model=TARGET, drafter="/e", cuda=True))
     with pytest.raises(ValueError, match=r"method='ngram' is not available in mlc; allowed: \['ar', 'draft_target'"):
-        MlcServerBackend.check_cell("ngram", 4, {}, model=TARGET, drafter=None, cuda=True)
+        MlcServerBackend.check_cell(CellCheck("ngram", 4, {}, model=TARGET, drafter=None, cuda=True))
     with pytest.raises(ValueError, match="method='medusa' needs a drafter"):
-        MlcServerBackend.check_cell("medusa", 4, {}, model=TARGET, drafter=None, cuda=True)
+        MlcServerBackend.check_cell(CellCheck("medusa", 4, {}, model=TARGET, drafter=None, cuda=True))
     with pytest.raises(ValueError, match="needs gamma >= 1"):
-        MlcServerBackend.check_cell("eagle", 0, {}, model=TARGET, drafter="/e", cuda=True)
+        MlcServerBackend.check_cell(CellCheck("eagle", 0, {}, model=TARGET, drafter="/e", cuda=True))
     with pytest.raises(ValueError, match=r"mlc mode='fast': allowed \['interactive', 'local', 'server'\]"):
         get_backend("mlc", model=TARGET, mode="fast")
     with pytest.raises(ValueError, match="option 'dtype' is read by no code"):  # the precision is the weights'
@@ -231,7 +232,8 @@ def test_the_profiles_commented_mlc_rows_validate(tmp_path, no_model_work):
     text = src.read_text()
     assert "#mlc " in text
     path = tmp_path / "rtx4090.yaml"
-    path.write_text(text.replace("#mlc ", ""))
+    workloads = src.parents[1] / "workloads"  # the copy lives elsewhere: its relative task paths made absolute
+    path.write_text(text.replace("#mlc ", "").replace("../workloads/", f"{workloads}/"))
     cfg = check_backends(load_study("rtx4090", path))
     plans = [p for p in expand(cfg) if p.cell.framework == "mlc"]
     spec = [p for p in plans if p.cell.method == "draft_target"]

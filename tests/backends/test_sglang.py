@@ -14,6 +14,7 @@ from fixtures.replay_argparse import parse
 from specstudy import metrics
 from specstudy.backends import get_backend
 from specstudy.backends.sglang.server import SglangServerBackend, describe_sglang, meta_fields, speculative_flags
+from specstudy.frameworks.declaration import CellCheck
 from specstudy.records import Cell, Request, Sampling
 
 ARGS = Path(__file__).parents[1] / "fixtures" / "sglang-0.5.23-server-args.json"
@@ -65,7 +66,7 @@ def test_tree_budgets_are_explicit_and_described_as_trees():
     assert "5-node tree" in SglangServerBackend.describe("eagle", 4, {"topk": 4, "num_draft_tokens": 5})
     assert "chain" in SglangServerBackend.describe("eagle", 4, {})
     with pytest.raises(ValueError, match="topk=4 is a tree: give its budget num_draft_tokens explicitly"):
-        SglangServerBackend.check("eagle", 4, {"topk": 4}, "/d")
+        SglangServerBackend.check_cell(CellCheck("eagle", 4, {"topk": 4}, drafter="/d"))
     with pytest.raises(ValueError, match="num_draft_tokens=99: allowed 2..17"):
         speculative_flags("eagle", 4, "/d", {"topk": 4, "num_draft_tokens": 99})
     ns = parse(ARGS, speculative_flags("eagle", 4, "/d", {"topk": 4, "num_draft_tokens": 16}))
@@ -76,9 +77,9 @@ def test_check_refuses_what_sglang_lacks():
     with pytest.raises(
         ValueError, match=r"method='medusa' is not available in SGLang 0.5.23; allowed: \['ar', 'eagle'"
     ):
-        SglangServerBackend.check("medusa", 4, {}, "/d")
+        SglangServerBackend.check_cell(CellCheck("medusa", 4, {}, drafter="/d"))
     with pytest.raises(ValueError, match=r"'ngram_min' is read by no code.*\['ngram_breadth', 'ngram_max_trie_depth'"):
-        SglangServerBackend.check("ngram", 4, {"ngram_min": 2}, None)
+        SglangServerBackend.check_cell(CellCheck("ngram", 4, {"ngram_min": 2}, drafter=None))
     with pytest.raises(ValueError, match=r"dtype='float64': allowed \['auto', 'bfloat16', 'float16', 'float32'\]"):
         SglangServerBackend("m", dtype="float64")
     with pytest.raises(ValueError, match=r"option 'gpu_memory_fraction' is read by no code"):

@@ -22,6 +22,7 @@ from specstudy.backends.trtllm.server import (
     parse_iteration_stats,
     speculative_config,
 )
+from specstudy.frameworks.declaration import CellCheck
 from specstudy.records import Cell, Request, Sampling
 
 RUNNER_OPTIONS = {
@@ -98,16 +99,18 @@ def test_yaml_and_command_line_from_the_runners_options(tmp_path):
 
 
 def test_check_and_describe():
-    TrtllmEngineServerBackend.check("medusa", 4, {}, "/heads")
+    TrtllmEngineServerBackend.check_cell(CellCheck("medusa", 4, {}, drafter="/heads"))
     with pytest.raises(ValueError, match=r"method='medusa' is not available in TensorRT-LLM 1.2 \(trtllm\)"):
-        TrtllmServerBackend.check("medusa", 4, {}, "/heads")  # the PyTorch backend: trtllm-engine runs it
+        TrtllmServerBackend.check_cell(
+            CellCheck("medusa", 4, {}, drafter="/heads")
+        )  # the PyTorch backend: trtllm-engine runs it
     with pytest.raises(
         ValueError,
         match=r"method='mtp' is not available in TensorRT-LLM 1.2 \(trtllm\); allowed: \['ar', 'draft_target'",
     ):
-        TrtllmServerBackend.check("mtp", 4, {}, "/d")
+        TrtllmServerBackend.check_cell(CellCheck("mtp", 4, {}, drafter="/d"))
     with pytest.raises(ValueError, match=r"'topk' is read by no code.*\['eagle_choices'\]"):
-        TrtllmEngineServerBackend.check("eagle", 4, {"topk": 4}, "/e")
+        TrtllmEngineServerBackend.check_cell(CellCheck("eagle", 4, {"topk": 4}, drafter="/e"))
     with pytest.raises(ValueError, match="option 'tp' is read by no code"):
         TrtllmServerBackend("m", tp=2)
     assert "Medusa (tensorrt backend: α and AL not exposed): a chain of 4" in TrtllmServerBackend.describe(

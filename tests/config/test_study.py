@@ -77,7 +77,8 @@ def test_cpu_profile_is_sized_for_this_machine():
     one) the whole study with all 4 took 17 min 43 s (load 0.77 -> 1.78): over 15 minutes there.  So the
     study decodes 24 tokens, the reference headline rows grow to 10 prompts per task and llama.cpp's
     gamma sweep starts at 2 (reference + HF 3,200 and llama.cpp 5,280 tokens at most): 11 min 48 s on
-    that machine (2026-12-03 08:42-08:54, load 0.47 -> 1.61), plus 81 s for a fresh .venv.  The
+    that machine (2026-12-03 08:42-08:54, load 0.47 -> 1.61), plus 81 s for a fresh .venv.  EAGLE-2's
+    dynamic tree (issue 37) adds one reference cell of 5 code prompts x 24 tokens (120 tokens).  The
     machine's speed is what this budget cannot see; the README gives it."""
     from specstudy.metrics import MIN_PROMPTS_FOR_CI
     from specstudy.run.precision import most_extensions
@@ -484,3 +485,36 @@ def test_hf_cells_are_checked_before_any_model_loads(tmp_path, monkeypatch, chan
     monkeypatch.setattr(HfBackend, "__init__", no_load)
     err = bad(tmp_path, {**BASE, "frameworks": ["hf"], "batch_sizes": [1], **change})
     assert named in str(err) and "on hf" in err.key, str(err)
+
+
+def test_top_level_entries_no_sweep_uses_are_refused_all_at_once_or_warned_with_allow_unused(tmp_path):
+    """Every sweep names its own tasks, methods, frameworks and γs: the top level's other entries
+    (a user's own task file among them) would never run, so loading names every one of them."""
+    own = tmp_path / "heldout.yaml"
+    own.write_text((Path(__file__).parents[2] / "params" / "tasks" / "code.yaml").read_text())
+    study = {
+        **BASE,
+        "tasks": ["code", "chat", str(own)],
+        "gammas": [2, 4, 8],
+        "methods": [*BASE["methods"], {"method": "layer_skip", "label": "Layer skip"}],
+        "sweeps": {
+            "a": {"tasks": ["code"], "gammas": [2], "methods": ["Prompt lookup"]},
+            "b": {"tasks": ["chat"], "gammas": [4], "methods": ["ar", "Prompt lookup"]},
+        },
+    }
+    path = write(tmp_path, study)
+    with pytest.raises(ParamsError) as e:
+        load_study("cpu", path, check_tokenizers=False)
+    msg = str(e.value)
+    assert msg.startswith("3 problems in the study entries")
+    assert "study.tasks=" in msg and "heldout.yaml" in msg and "study.gammas=8" in msg
+    assert "study.methods='Layer skip'" in msg and "study.methods='ar'" not in msg  # AR: every sweep's baseline
+    with pytest.warns(UserWarning, match="unused: .*heldout.yaml"):
+        cfg = load_study("cpu", path, check_tokenizers=False, allow_unused=True)
+    assert {t for sw in cfg.sweeps for t in sw.tasks} == {"code", "chat"}
+
+
+def test_a_study_whose_sweeps_use_every_top_level_entry_loads_without_a_word(tmp_path, recwarn):
+    study = {**BASE, "sweeps": {"a": {"tasks": ["code"], "gammas": [2]}, "b": {"tasks": ["chat"], "gammas": [4]}}}
+    load_study("cpu", write(tmp_path, study), check_tokenizers=False)
+    assert not [w for w in recwarn if "unused" in str(w.message)]

@@ -171,3 +171,29 @@ def test_a_hook_on_a_decoder_layer_keeps_transformers_forward():
     assert lean_cache(model, 1, torch.device("cpu")) is None
     h.remove()
     assert lean_cache(model, 1, torch.device("cpu")) is not None
+
+
+def test_a_token_tree_through_the_lean_forward_is_transformers_tree_forward():
+    """Issue 37: tree methods verify through the lean cache.  Every node's hidden state and logits
+    equal transformers' tree forward (same positions, same tree mask), and after keeping a path the
+    next token's logits agree too (the path's keys moved to where a causal decode puts them)."""
+    from specstudy.data.models import tiny_model
+    from specstudy.engine.kv import new_cache
+    from specstudy.engine.lean import lean_cache
+    from specstudy.engine.tokentree import TokenTree, causal_forward, keep_cache_positions, tree_forward
+
+    model = tiny_model(seed=3, num_layers=3)
+    prompt = [5, 9, 2, 7, 7, 1]
+    tree = TokenTree(tokens=[4, 8, 3, 6, 2, 9], parents=[-1, 0, 0, 1, 1, 2])
+    path = [0, 1, 4]
+    lean = lean_cache(model, 1, torch.device("cpu"))
+    assert lean is not None
+    out = {}
+    for name, cache in (("lean", lean), ("transformers", new_cache(model))):
+        causal_forward(model, cache, 0, prompt)
+        h, logits = tree_forward(model, cache, len(prompt), tree)
+        keep_cache_positions(cache, len(prompt), path)
+        _, nxt = causal_forward(model, cache, len(prompt) + len(path), [11])
+        out[name] = (h, logits, nxt)
+    for a, b in zip(out["lean"], out["transformers"]):
+        assert torch.allclose(a, b, atol=1e-10)

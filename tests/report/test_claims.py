@@ -63,6 +63,15 @@ def test_memory_within_the_noise_is_not_a_signed_number():
     assert claims.resolved(-40 * MB, 16.5 * MB) == claims.REVERSED
 
 
+def test_a_memory_difference_that_prints_as_large_as_its_noise_is_a_tie_worded_in_mb():
+    """+50.24 MB against ±50.21 MB printed "+50.2 MB (beyond the ±50.2 MB noise)"."""
+    assert claims.memory_verdict(50.24 * MB, 50.21 * MB) == claims.CANNOT_TELL
+    assert wording.memory_text(50.24 * MB, 50.21 * MB, "RSS") == "no difference resolvable: |Δ| ≤ 50.2 MB (RSS)"
+    assert claims.memory_verdict(50.4 * MB, 50.21 * MB) == claims.OBSERVED  # 50.4 > 50.2 as printed
+    tie = wording.memory_phrase(claims.CANNOT_TELL, 16.5 * MB)
+    assert tie == "no difference beyond the ±16.5 MB noise: this study cannot tell" and "1×" not in tie
+
+
 def test_divergences_in_words():
     near = {"task": "code", "prompt_id": "code/3", "repeat": 0, "position": 17, "margin": 0.012}
     far = {"task": "chat", "prompt_id": "7", "repeat": 1, "position": 2, "margin": 2.5}
@@ -303,3 +312,122 @@ def test_loading_results_never_measures_this_machine(lay, monkeypatch):
     assert not lay.profile_path.exists()
     study = load(lay.root)
     assert study.records and study.profile is not None and study.profile.name == "cpu"
+
+
+@pytest.mark.validity
+def test_a_flagged_baseline_is_named_marked_and_its_rows_left_out_of_the_summary(lay):
+    """The issue's case: AR measured while another study ran beside it (load 3.4 on 2 cores) made a
+    9.33x speedup; the report names the cell, marks both rows and takes the best method from the rest."""
+    _pair(lay, "quiet", "Prompt lookup", 8, 1.2)
+    _pair(lay, "busy", "Early exit", 8, 9.33, method="layer_skip")
+    recs = lay.read_part("busy_ar")
+    for r in recs:
+        r.extra.update(tel_cpu_cores=2, tel_load_1m_mean=3.4, tel_cpu_steal_mean_pct=3.0)
+    lay.write_part("busy_ar", recs)
+    study = load(lay.root)
+    assert study.flags == {"busy_ar": (("busy machine", False),), "busy_spec": (("busy machine", True),)}
+    secs = {s.title: s for s in sections.report_sections(study)}
+    assert list(secs)[:2] == ["Validity", "Summary"]
+    valid = secs["Validity"].markdown
+    assert "**2 of 4 cells are flagged** (1 by their own checks, 1 through their AR baseline)" in valid
+    assert "busy_ar" in valid and "load 3.40 on 2 cores (above 2.5)" in valid and "load 3.40 (max" in valid
+    summ = secs["Summary"].markdown
+    assert summ.startswith("_2 flagged cells left out of every line below (baseline busy machine; busy machine)")
+    assert "Prompt lookup (γ=2)" in summ and "Early exit" not in summ and "9.3" not in summ
+    hw = next(s for t, s in secs.items() if t.startswith("Hardware table"))
+    shown = hw.tables["hardware"][0].set_index("Method")
+    assert set(shown.index) == {"Early exit ⚑", "Baseline (AR) ⚑", "Prompt lookup"}  # the AR row pools both baselines
+
+
+@pytest.mark.validity
+def test_a_study_with_no_flag_says_so_and_leaves_nothing_out(lay):
+    _pair(lay, "quiet", "Prompt lookup", 8, 1.2)
+    study = load(lay.root)
+    assert study.flags == {} and study.findings == []
+    secs = {s.title: s for s in sections.report_sections(study)}
+    assert "No cell of 2 is flagged." in secs["Validity"].markdown
+    hw = next(s for t, s in secs.items() if t.startswith("Hardware table"))
+    assert not secs["Summary"].markdown.startswith("_") and "⚑" not in hw.markdown
+
+
+def _entropy_study(lay, tasks, prompts):
+    """AR and prompt lookup on ``prompts`` prompts of each task, the AR outputs' entropy rising by prompt."""
+    for task in tasks:
+        for method, cid in (("ar", f"{task}_ar"), ("ngram", f"{task}_spec")):
+            cell = Cell("s", "synthetic", "reference", method, task, "m", gamma=None if method == "ar" else 2, id=cid)
+            recs = [
+                cell.new_record(
+                    Request(f"{task}/{i}", ""),
+                    Sampling(max_new_tokens=8),
+                    output_tokens=8,
+                    first_token_s=0.05,
+                    end_s=(1.0 if method == "ar" else 0.8) * (1 + WOBBLE[i % len(WOBBLE)]),
+                    token_entropy=[0.1 * i] * 8,
+                    drafted_tokens=None if method == "ar" else 10,
+                    accepted_tokens=None if method == "ar" else 6,
+                    draft_steps=None if method == "ar" else 5,
+                    label="Prompt lookup" if method != "ar" else "AR",
+                    sweeps=["hardware"],
+                    baseline_cell_id=None if method == "ar" else f"{task}_ar",
+                )
+                for i in range(prompts)
+            ]
+            lay.write_part(cid, recs)
+    return load(lay.root)
+
+
+def test_entropy_tiers_too_small_per_task_are_pooled_over_tasks_or_left_out_with_one_line(lay, tmp_path):
+    from specstudy.analysis import tiers
+    from specstudy.report.workload import tiers_section
+
+    study = _entropy_study(lay, ["code", "chat", "qa"], 6)  # 2 prompts a tier per task, 6 over the 3 tasks
+    assert (tiers.entropy_tier_frame(study)["n_prompts"] < 5).all()
+    shown, how = tiers.entropy_tiers_shown(study)
+    assert how == "pooled" and set(shown["task"]) == {"all tasks"}
+    assert list(shown["n_prompts"]) == [6, 6, 6]
+    sec = tiers_section(study)
+    assert "pooled over each method's tasks" in sec.markdown and "n too small" not in sec.markdown
+
+    few = _entropy_study(StudyLayout(tmp_path / "few"), ["code"], 6)
+    shown, how = tiers.entropy_tiers_shown(few)
+    assert shown.empty and how == "left out"
+    sec = tiers_section(few)
+    assert sec.tables == {} and sec.markdown.strip() == (
+        "Entropy tiers left out: every tier, per task and pooled over tasks, holds fewer than 5 prompts "
+        "(n too small for an interval)."
+    )
+
+
+def test_entropy_tiers_with_enough_prompts_per_task_stay_per_task(lay):
+    from specstudy.analysis import tiers
+
+    shown, how = tiers.entropy_tiers_shown(_entropy_study(lay, ["code", "chat"], 15))
+    assert how == "per task" and set(shown["task"]) == {"code", "chat"} and (shown["n_prompts"] == 5).all()
+
+
+@pytest.mark.validity
+def test_a_study_whose_every_row_is_flagged_names_no_best_method_and_keeps_its_caveats(lay):
+    _pair(lay, "busy", "Prompt lookup", 8, 9.33)
+    recs = lay.read_part("busy_ar")
+    for r in recs:
+        r.extra.update(tel_cpu_cores=2, tel_load_1m_mean=4.1)
+    lay.write_part("busy_ar", recs)
+    secs = {s.title: s for s in sections.report_sections(load(lay.root))}
+    summ = secs["Summary"].markdown
+    assert "- every speculative row is flagged (see Validity): no best method is named" in summ
+    assert "no FAQ Q4 case is decided" in summ and "9.3" not in summ.split("**Caveats**")[0]
+    assert "- Sampling: greedy, identical" in summ and "n: 8–8 distinct paired prompts" in summ
+
+
+@pytest.mark.validity
+def test_strata_tables_mark_the_rows_that_pool_a_flagged_cell(lay):
+    from specstudy.analysis import tiers
+
+    _entropy_study(lay, ["code", "chat"], 15)
+    recs = lay.read_part("chat_ar")
+    for r in recs:
+        r.extra.update(tel_cpu_cores=2, tel_load_1m_mean=4.1)
+    lay.write_part("chat_ar", recs)
+    table = tiers.entropy_tier_table(tiers.entropy_tiers_shown(load(lay.root))[0])
+    marked = dict(zip(table["Task"] + " " + table["Entropy tier (AR output terciles)"], table["Method"]))
+    assert marked["chat low"] == "Prompt lookup γ=2 ⚑" and marked["code low"] == "Prompt lookup γ=2"

@@ -116,10 +116,88 @@ def test_an_engine_loaded_again_is_warmed_up_again_at_full_length(tiny):
     cfg = dataclasses.replace(cfg, warmup_max_new_tokens=6, warm_engine_warmup_tokens=2)
     ar, other = plans[0], next(p for p in plans if p.cell.method != plans[0].cell.method)
     state, first, reloaded, reqs = _RunState(), Engine(), Engine(), tiny_requests("code", 1, 0, None)
-    assert plan_warmup(state, first, ar, cfg, reqs)[:2] == (reqs, 6)
-    assert plan_warmup(state, first, ar, cfg, reqs)[0] == []  # this shape is warm on this engine
-    assert plan_warmup(state, first, other, cfg, reqs)[:2] == (reqs, 2)  # a warm engine, a new shape
-    assert plan_warmup(state, reloaded, ar, cfg, reqs)[:2] == (reqs, 6)  # a new engine object: cold
+
+    def warm(engine, plan, measured=reqs):
+        w = plan_warmup(state, engine, plan, cfg, reqs, measured)
+        return w.requests, w.tokens
+
+    assert warm(first, ar) == (reqs, 6)
+    assert warm(first, ar)[0] == []  # this configuration is warm on this engine
+    assert warm(first, other) == (reqs, 2)  # a warm engine, a new configuration
+    assert warm(reloaded, ar) == (reqs, 6)  # a new engine object: cold
+
+
+def test_every_configuration_an_engine_has_not_served_gets_an_untimed_request_first(tiny):
+    """Sampling, output length, prefix cache and input length each change an engine's cost on first
+    use; a server that ran its own (greedy) load-time warm-up gets the study's too."""
+    from specstudy.run.study import _RunState, plan_warmup
+
+    class Engine:
+        warms_itself = True  # llama.cpp's own warm-up at load
+
+    cfg, plans = tiny
+    ar, state, engine = plans[0], _RunState(), Engine()
+    reqs = tiny_requests("code", 2, 0, None)
+    first = plan_warmup(state, engine, ar, cfg, reqs, reqs)
+    assert first.requests == reqs and first.warmed_by == ar.cell_id  # a self-warming server included
+    assert plan_warmup(state, engine, ar, cfg, reqs, reqs).requests == []
+    variants = [
+        dataclasses.replace(ar, sampling=dataclasses.replace(ar.sampling, temperature=0.7)),
+        dataclasses.replace(ar, sampling=dataclasses.replace(ar.sampling, top_p=0.9)),
+        dataclasses.replace(ar, sampling=dataclasses.replace(ar.sampling, max_new_tokens=64)),
+        dataclasses.replace(ar, prefix_cache=not ar.prefix_cache),
+        dataclasses.replace(ar, cell=dataclasses.replace(ar.cell, batch_size=4)),
+    ]
+    for v in variants:
+        assert plan_warmup(state, engine, v, cfg, reqs, reqs).requests == reqs, v
+    long = [dataclasses.replace(r, prompt_ids=r.prompt_ids * 40) for r in reqs]  # a new input-length regime
+    w = plan_warmup(state, engine, ar, cfg, reqs, long)
+    assert w.requests == reqs and w.note()["warmup_ran_for_cell"]
+    again = plan_warmup(state, engine, ar, cfg, reqs, reqs)
+    assert again.note() == {"warmup_key": repr(again.key), "warmed_by": ar.cell_id, "warmup_ran_for_cell": False}
+
+
+def _stall(cells, attempts):
+    """A planted stall: the first measured record of each of ``cells`` at the given measured calls
+    (1-based, counted over the study) decodes 30x slower than it did."""
+
+    def plant(cell, rec, calls):
+        if cell.id in cells and calls in attempts and rec.prompt_id.endswith("/0"):
+            t0 = rec.first_token_s
+            rec.chunk_times_s = [t0 + 30 * (t - t0) for t in rec.chunk_times_s]
+            rec.end_s = t0 + 30 * (rec.end_s - t0)
+
+    return plant
+
+
+@pytest.mark.validity
+def test_a_cell_with_a_stalled_request_runs_once_more_and_a_clean_rerun_replaces_it(tiny, tmp_path):
+    from specstudy.analysis import validity
+
+    cfg, plans = tiny
+    plan = dataclasses.replace(plans[0], prompts=4)  # a cell median needs 3 requests or more
+    victim = plan.cell_id
+    res = _run(cfg, [plan], tmp_path, TinyFactory(plant=_stall({victim}, {1})))
+    assert res[0].status == "done" and "1 stalled request(s), rerun once: clean" in res[0].line(1, 1)
+    recs = read_records(tmp_path)
+    assert all(r.extra["attempt"] == 2 and r.extra["first_attempt_stalls"] for r in recs)
+    assert all(r.extra["warmed_by"] == victim and r.extra["engine_instance"].count(":") == 2 for r in recs)
+    assert validity.stalls(recs) == []
+    first = StudyLayout(tmp_path).stalled_path(victim)
+    assert first.exists() and validity.stalls(read_part(first))  # the stalled attempt, kept beside
+
+
+@pytest.mark.validity
+def test_a_stall_that_recurs_in_the_rerun_keeps_the_cell_flagged(tiny, tmp_path):
+    from specstudy.analysis import validity
+
+    cfg, plans = tiny
+    plan = dataclasses.replace(plans[0], prompts=4)
+    victim = plan.cell_id
+    res = _run(cfg, [plan], tmp_path, TinyFactory(plant=_stall({victim}, {1, 2})))
+    assert "rerun once: 1 stalled again, cell flagged" in res[0].line(1, 1)
+    found = validity.stalls(read_records(tmp_path))
+    assert len(found) == 1 and found[0].requests[0].endswith("/0") and found[0].flags
 
 
 def test_rerun_skips_finished_cells_without_duplicates(tiny, tmp_path):
@@ -213,7 +291,7 @@ from support import TinyFactory, run_tiny_study
 from specstudy.config import load_study
 from specstudy.run.plan import expand
 cfg = load_study("cpu", {yaml!r})
-run_tiny_study(cfg, expand(cfg), {out!r}, TinyFactory(delay_s={delay}))
+run_tiny_study(cfg, expand(cfg), {out!r}, TinyFactory(hold=({hold!r}, 3)))
 """
 
 
@@ -228,24 +306,24 @@ def test_killed_study_resumes_without_redoing_or_duplicating(tmp_path):
             tests=str(Path(__file__).parents[1]),
             yaml=str(yaml),
             out=str(out),
-            delay=0.4,
+            hold=str(tmp_path / "third-cell-in-flight"),
         )
     )
+    hold = tmp_path / "third-cell-in-flight"  # touched by the fake engine mid-way through the third cell
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     deadline = time.time() + 120
     try:
-        while time.time() < deadline and len(part_paths(out)) < 2:
+        while time.time() < deadline and not hold.exists():
             assert proc.poll() is None, proc.stdout.read().decode()[-2000:]
             time.sleep(0.05)
-        time.sleep(0.5)  # into the next cell (each record takes >= 0.4 s)
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
     before = {p.name: p.stat().st_mtime_ns for p in part_paths(out)}
     cfg = load_study("cpu", yaml)
     plans = expand(cfg)
-    assert 2 <= len(before) < len(plans), "the kill must land mid-study"
+    assert len(before) == 2 < len(plans), "the kill must land in the third cell"
     res = _run(cfg, plans, out, TinyFactory())
     assert sum(r.status == "skipped" for r in res) == len(before)
     assert all(r.status in ("done", "skipped") for r in res)
@@ -285,12 +363,10 @@ class FakeServer(ServingBackend):
     def run_acceptance(self, before, after, records):
         return {"source": "fake counters", "requests": after["sent"] - before["sent"]}
 
-    def offer_run(
-        self, requests, sampling, cell, offsets, *, concurrency, request_timeout_s, run_timeout_s, gauges=True
-    ):
-        self.offsets.append(list(offsets))
+    def offer_run(self, run, *, gauges=True):
+        self.offsets.append(list(run.offsets))
         before = self.scrape()
-        recs = [self.send(r, sampling, cell) for r in requests]
+        recs = [self.send(r, run.sampling, run.cell) for r in run.requests]
         return ServedBatch(recs, 0.1, self.run_acceptance(before, self.scrape(), recs), WatchResult())
 
     def run(self, requests, sampling, cell):  # pragma: no cover - rate cells must not use it
@@ -441,3 +517,66 @@ def test_every_server_the_study_starts_logs_under_the_studys_own_outputs_folder(
     assert all(r.status == "done" for r in res) and servers
     assert {srv.opts["log_dir"] for srv in servers} == {str(elsewhere / "servers")}
     assert not (cwd / "outputs").exists()
+
+
+BUSY = ["load 4.10 on 2 cores (above 0.5 before the engine)"]
+
+
+@pytest.mark.validity
+def test_strict_refuses_a_busy_machine_before_any_engine_loads(tmp_path, monkeypatch, capsys):
+    import specstudy.telemetry as tel
+    from specstudy.cli import main
+
+    monkeypatch.setattr(tel, "machine_check", lambda needed: BUSY)
+    out = tmp_path / "out"
+    rc = main(["run", "--params", str(write_study(tmp_path)), "--outputs", str(out), "--strict", "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "the machine is busy (load 4.10 on 2 cores" in err and "--strict refuses" in err
+    assert not (out / "cpu" / "records").exists()  # nothing ran, nothing loaded
+
+
+@pytest.mark.validity
+def test_a_busy_machine_without_strict_is_named_in_a_warning_and_a_quiet_one_says_nothing(tiny, capsys):
+    from specstudy.commands.run import machine_fit
+
+    cfg, _ = tiny
+    assert machine_fit(cfg, strict=False, check=lambda needed: BUSY) is None
+    assert "warning: the machine is busy (load 4.10" in capsys.readouterr().err
+    assert machine_fit(cfg, strict=True, check=lambda needed: []) is None
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.validity
+def test_the_machine_rule_separates_the_quiet_and_the_loaded_vm():
+    from specstudy.telemetry import busy_reasons
+
+    assert busy_reasons(1.61, 2, 2, during=True, steal_pct=3.1) == []  # quiet `make study`
+    assert busy_reasons(3.4, 2, 2, during=True)  # one busy loop per core beside it
+    assert busy_reasons(0.3, 2, 2, during=False) == [] and busy_reasons(2.0, 2, 2, during=False)
+    assert busy_reasons(2.0, 16, 1, during=False) == []  # a GPU box: the client needs one core
+
+
+def test_the_runner_stamps_where_an_ignore_eos_request_would_have_stopped_and_the_prompt_checks(tiny):
+    from specstudy.records import Cell, Request
+    from specstudy.run.study import _stamp_checks
+
+    class Tok:
+        bos_token_id, eos_token_id, chat_template = 1, 2, None
+
+        def __call__(self, text):
+            return {"input_ids": [1, 1, 7, 8]}
+
+        def __len__(self):
+            return 100
+
+    _, plans = tiny
+    plan = plans[0]
+    assert plan.sampling.ignore_eos
+    cell = Cell("s", "cpu", "reference", "ar", "code", "m", id="c")
+    past, clean = (
+        cell.new_record(Request(pid, "p"), plan.sampling, output_ids=ids, output_tokens=len(ids))
+        for pid, ids in (("a", [5, 2, 6, 7]), ("b", [5, 6, 7, 2]))
+    )
+    _stamp_checks([past, clean], [Request("a", "p"), Request("b", "p")], Tok(), plan)
+    assert past.extra["past_eos_at"] == 2 and clean.extra["past_eos_at"] is None  # an EOS last is a natural stop
+    assert past.extra["double_bos"] is True and past.extra["chat_template_unused"] is False

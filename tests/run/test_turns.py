@@ -20,6 +20,7 @@ from specstudy.data.conversations import next_turn
 from specstudy.data.tasks import TaskDataError, load_requests
 from specstudy.records import RequestRecord
 from specstudy.report.workload import conversations_section
+from specstudy.run.cell import CellRun
 from specstudy.run.plan import expand, plan_summary
 from specstudy.run.turns import run_turns
 
@@ -115,8 +116,8 @@ def test_every_turn_after_the_first_is_built_from_the_baselines_answers(tmp_path
     assert base.turns == spec.turns == 2 and plan_summary([base, spec])["requests"] == 8  # a dry run counts turns
     reqs = load_requests(load_task_config(task), n=2)
     echo = Echo()
-    ar, _ = run_turns(base, echo, reqs, [], 2, 0.05, False, history=None, tokenizer=None)
-    ng, _ = run_turns(spec, echo, reqs, [], 2, 0.05, False, history=ar, tokenizer=None)
+    ar, _ = run_turns(CellRun(base, echo, reqs, [], 2, 0.05, False), history=None, tokenizer=None)
+    ng, _ = run_turns(CellRun(spec, echo, reqs, [], 2, 0.05, False), history=ar, tokenizer=None)
     assert (
         sorted((r.method, r.turn) for r in ar + ng)
         == [("ar", 1)] * 2 + [("ar", 2)] * 2 + [("ngram", 1)] * 2 + [("ngram", 2)] * 2

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
 from ...data.models import resolve_for_engine as resolve_model
 from ...engine.trace import cell_memory, current_rss, reset_peak_memory
-from ...frameworks.declaration import check_engine_options
+from ...frameworks.declaration import CellCheck, check_engine_options
 from ...frameworks.hf import HF
 from ...records import Cell, Request, RequestRecord, Sampling, StepRecord
 from ..base import Backend, encode_request
@@ -142,20 +142,10 @@ class HfBackend(Backend):
     methods = HF.methods
 
     @classmethod
-    def check_cell(
-        cls,
-        method: str,
-        gamma: int | None,
-        options: dict[str, Any],
-        *,
-        model: str,
-        drafter: str | None,
-        cuda: bool,
-        batch_size: int = 1,
-    ) -> None:
+    def check_cell(cls, cell: CellCheck) -> None:
         """The declaration's checks (batch size 1 included), then what transformers itself refuses."""
-        super().check_cell(method, gamma, options, model=model, drafter=drafter, cuda=cuda, batch_size=batch_size)
-        check_hf_options(method, options)
+        super().check_cell(cell)
+        check_hf_options(cell.method, dict(cell.options))
 
     def __init__(
         self,

@@ -56,7 +56,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ...data.models import needs_download
-from ...frameworks.declaration import constraint_body
+from ...frameworks.declaration import CellCheck, constraint_body
 from ...frameworks.llamacpp import LLAMACPP
 from ...metrics import acceptance_length
 from ...metrics import counter_acceptance as run_counter_acceptance
@@ -249,24 +249,14 @@ class LlamaCppBackend(ServerBackend):
         return _check(method, gamma, options, model, drafter)
 
     @classmethod
-    def check_cell(
-        cls,
-        method: str,
-        gamma: int | None,
-        options: dict[str, Any],
-        *,
-        model: str,
-        drafter: str | None,
-        cuda: bool,
-        batch_size: int = 1,
-    ) -> None:
+    def check_cell(cls, cell: CellCheck) -> None:
         """Options always; the GGUF files (sha256, draft vocabulary) when they are here.  A registry model
         still to be fetched from PyPI is not downloaded by validation: its engine load checks it."""
-        files = [model] + ([drafter] if method == "draft_target" and drafter else [])
+        files = [cell.model] + ([cell.drafter] if cell.method == "draft_target" and cell.drafter else [])
         if any(needs_download(f) for f in files):
-            spec_config(method, gamma, options)
+            spec_config(cell.method, cell.gamma, dict(cell.options))
             return
-        cls.check(method, gamma, options, model, drafter)
+        cls.check(cell.method, cell.gamma, cell.options, cell.model, cell.drafter)
 
     @property
     def effective_prefix_cache(self) -> bool:

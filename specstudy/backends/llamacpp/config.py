@@ -56,8 +56,9 @@ METHODS = LLAMACPP.methods
 NGRAM_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod")
 #: speculative types this build exposes that the kit cannot run, and why
 REFUSED_TYPES = {
-    "draft-eagle3": "needs an EAGLE-3 drafter converted to llama.cpp's GGUF; none exists for the kit's models "
-    "(the kit's own EAGLE-style layer is not in that format)",
+    "draft-eagle3": "is not a study method of this engine yet (its declaration lists no eagle3); the kit's "
+    "EAGLE-3 head converts to the GGUF it reads (`python -m specstudy.backends.llamacpp.eagle3_gguf`) and loads "
+    "and drafts live (issue 37); the EAGLE-style layer is not in that format",
     "draft-mtp": "needs a target GGUF with multi-token-prediction layers (SmolLM2 and Qwen2.5 have none)",
     "draft-dflash": "needs a DFlash drafter GGUF; none exists for the kit's models",
     "draft-dspark": "needs a DSpark drafter GGUF; none exists for the kit's models",

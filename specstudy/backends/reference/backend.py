@@ -23,7 +23,7 @@ from ...data.models import get_entry, load_model, model_names, quantize_dynamic_
 from ...engine.lean import prepare as prepare_lean
 from ...engine.methods import SYNTHETIC, DecodeJob, get_method, method_names
 from ...engine.trace import cell_memory, current_rss, reset_peak_memory
-from ...frameworks.declaration import check_engine_options
+from ...frameworks.declaration import CellCheck, check_engine_options
 from ...frameworks.reference import REFERENCE
 from ...records import Cell, Request, RequestRecord, Sampling
 from ..base import Backend, encode_request
@@ -81,6 +81,11 @@ class ReferenceBackend(Backend):
             return "the kit's reference engine, autoregressive decoding (no speculation)"
         if method == "sequoia":
             return f"the kit's reference engine: a Sequoia DP token tree of at most {opts.get('tree_nodes')} nodes, depth <= {gamma}"
+        if method in ("eagle", "eagle3") and "tree_nodes" in opts:
+            return (
+                f"the kit's reference engine: EAGLE-2's dynamic tree of {opts['tree_nodes']} nodes "
+                f"(top-{opts.get('tree_topk', 4)} expansion, depth {gamma}), verified in one forward"
+            )
         if method == "specinfer":
             return "the kit's reference engine: SpecInfer, the drafters' token trees merged into one tree"
         branching = str(opts.get("tree_branching", ""))
@@ -91,23 +96,13 @@ class ReferenceBackend(Backend):
         return f"the kit's reference engine: {method}, {gamma} draft tokens per step"
 
     @classmethod
-    def check_cell(
-        cls,
-        method: str,
-        gamma: int | None,
-        options: dict[str, Any],
-        *,
-        model: str,
-        drafter: str | None,
-        cuda: bool,
-        batch_size: int = 1,
-    ) -> None:
+    def check_cell(cls, cell: CellCheck) -> None:
         """The engine method's own check (option names and ranges, drafter, batch limit), before any model loads."""
-        if method not in method_names():
-            raise ValueError(f"reference does not run method={method!r}; allowed: {method_names()}")
-        spec = get_method(method)
-        opts = {k: v for k, v in options.items() if k not in BACKEND_CELL_OPTIONS}
-        spec.check(gamma, batch_size, drafter if spec.needs_drafter or drafter else None, opts)
+        if cell.method not in method_names():
+            raise ValueError(f"reference does not run method={cell.method!r}; allowed: {method_names()}")
+        spec = get_method(cell.method)
+        opts = {k: v for k, v in cell.options.items() if k not in BACKEND_CELL_OPTIONS}
+        spec.check(cell.gamma, cell.batch_size, cell.drafter if spec.needs_drafter or cell.drafter else None, opts)
 
     # ---------------------------------------------------------------------------------------
     @staticmethod

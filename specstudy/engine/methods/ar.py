@@ -13,6 +13,18 @@ from ..speculate import prefill
 from ..trace import BatchTrace, RowTrace, Timer
 from . import DecodeJob, EngineMethod
 
+#: what a study is checked against, read as a literal (no import, no torch) by
+#: specstudy.frameworks.reference; SPEC below is built from it
+HEADER = {
+    "name": "ar",
+    "family": "ar",
+    "order": 0,
+    "needs_drafter": False,
+    "uses_gamma": False,
+    "max_batch": None,
+    "options": (),
+}
+
 
 def decode(job: DecodeJob) -> list[RowTrace]:
     s, device = job.sampling, job.device
@@ -33,4 +45,8 @@ def decode(job: DecodeJob) -> list[RowTrace]:
             logits = state.forward(tok[:, None])[:, -1]
 
 
-SPEC = EngineMethod(name="ar", decode=decode, description="plain autoregressive decoding (baseline)", uses_gamma=False)
+SPEC = EngineMethod.from_header(
+    HEADER,
+    decode=decode,
+    description="plain autoregressive decoding (baseline)",
+)

@@ -38,6 +38,25 @@ from . import (
     synthetic_acceptance,
 )
 
+#: what a study is checked against, read as a literal (no import, no torch) by
+#: specstudy.frameworks.reference; SPEC below is built from it
+HEADER = {
+    "name": "draft_target",
+    "family": "draft_target",
+    "order": 10,
+    "needs_drafter": True,
+    "uses_gamma": True,
+    "max_batch": None,
+    "options": (
+        "dynamic_gamma",
+        "gamma_max",
+        "draft_confidence",
+        "draft_quantization",
+        "draft_in_prefill",
+        "synthetic_acceptance",
+    ),
+}
+
 
 def gamma_policy(job: DecodeJob) -> StaticGamma | HeuristicGamma | CostAwareGamma:
     mode = job.option("dynamic_gamma", "off")
@@ -95,10 +114,9 @@ OPTIONS = {
     SYNTHETIC: parse_synthetic,
 }
 
-SPEC = EngineMethod(
-    name="draft_target",
+SPEC = EngineMethod.from_header(
+    HEADER,
     decode=decode,
-    needs_drafter=True,
     options=OPTIONS,
     description="speculative sampling with a draft model (static or dynamic gamma)",
 )

@@ -13,6 +13,12 @@ into a distribution for token j+2.  Per step:
 3. the chain goes through the shared loop and verify step
    (:func:`specstudy.engine.speculate.speculative_decode`), any batch size.
 
+With option ``tree_nodes`` (and ``tree_topk``, default 4) the drafter grows EAGLE-2's dynamic
+tree instead (:mod:`specstudy.engine.dynamic_tree`; :class:`EagleTreeDrafter`): γ levels, the
+``tree_topk`` most confident nodes of each level expanded, the ``tree_nodes`` most confident of
+all verified in one target forward (batch 1, the tree loop of
+:func:`specstudy.engine.methods.tree.tree_decode`).  ``eagle3`` takes the same options.
+
 Under sampling each draft is drawn from the drafter's distribution q (the shared sampling
 transform on its logits), which is all exact rejection sampling needs.  ``synthetic_acceptance``
 keeps drafts at a fixed rate instead (:mod:`specstudy.synthetic`).
@@ -20,6 +26,7 @@ keeps drafts at a fixed rate instead (:mod:`specstudy.synthetic`).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
@@ -28,12 +35,29 @@ import torch
 
 from ...synthetic import parse_synthetic
 from ..drafters import EagleDraft, drafter_file_metadata, load_drafter
+from ..dynamic_tree import DraftNode, grow, rerank, verified_tree
 from ..eagle3 import Eagle3Draft
-from ..kv import KVState, pad_ragged
+from ..kv import KVState, new_cache, pad_ragged
+from ..proposals import ProposalTree, accept_proposals
+from ..sampling import probs_for
 from ..speculate import Draft, StaticGamma, sample_chain, speculative_decode
+from ..tokentree import keep_cache_positions
 from ..trace import RowTrace
-from . import SYNTHETIC, DecodeJob, EngineMethod, synthetic_acceptance
+from . import SYNTHETIC, DecodeJob, EngineMethod, positive_int, synthetic_acceptance
 from .heads import AuxCapture, HiddenCapture
+from .tree import check_one_request, tree_decode
+
+#: what a study is checked against, read as a literal (no import, no torch) by
+#: specstudy.frameworks.reference; SPEC below is built from it
+HEADER = {
+    "name": "eagle",
+    "family": "heads",
+    "order": 60,
+    "needs_drafter": True,
+    "uses_gamma": True,
+    "max_batch": None,
+    "options": ("synthetic_acceptance",),
+}
 
 
 class EagleModel(torch.nn.Module):
@@ -139,6 +163,92 @@ class EagleDrafter:
             self.known = [self.known[i] for i in keep]
 
 
+class EagleTreeDrafter:
+    """EAGLE-2's dynamic tree from an EAGLE drafter (the tree loop's drafter protocol, batch 1).
+
+    The drafter's cache holds the true pairs (f_j, token j+1) up to the root's, ``pairs`` of them;
+    tree nodes are fed after it with a mask that shows each node the cache and its own fed
+    ancestors, at position ``pairs - 1 + depth``, with the feature its parent predicted.  After
+    verification the cache is cut back to the true pairs and the accepted path's target features
+    (read from ``capture``, which the target's tree forward just filled) wait in ``known``.
+    """
+
+    def __init__(
+        self, target: Any, draft: EagleDraft | Eagle3Draft, capture: Any, sampling, depth: int, topk: int, budget: int
+    ):
+        self.model = EagleModel(target, draft)
+        self.capture, self.sampling = capture, sampling
+        self.depth, self.topk, self.budget = depth, topk, budget
+        self.cache = new_cache(self.model)
+        self.pairs = 0
+        self.known: torch.Tensor | None = None  # [m, F] target features of positions pairs.. not yet fed
+
+    def start(self, prompt_hidden: torch.Tensor) -> None:
+        self.known = self.capture.last[0]
+
+    def _q(self, logits: torch.Tensor) -> torch.Tensor:
+        """The confidence the tree ranks by: the drafter's sampling distribution (softmax at greedy)."""
+        return logits.softmax(-1) if self.sampling.greedy else probs_for(logits, self.sampling)
+
+    @torch.no_grad()
+    def _feed_known(self, committed: Sequence[int], root: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The waiting true pairs, up to the root's → (root's distribution, its predicted feature)."""
+        assert self.known is not None
+        toks = (list(committed) + [int(root)])[self.pairs + 1 :]
+        if len(toks) != len(self.known):
+            raise RuntimeError(f"eagle tree: {len(self.known)} known features but {len(toks)} tokens after them")
+        dev = self.known.device
+        out = self.model(
+            torch.tensor([toks], device=dev),
+            self.known[None],
+            position_ids=torch.arange(self.pairs, self.pairs + len(toks), device=dev)[None],
+            cache=self.cache,
+        )
+        self.pairs += len(toks)
+        self.known = None
+        return self._q(out.logits[0, -1]), out.features[0, -1]
+
+    @torch.no_grad()
+    def propose(
+        self, committed: Sequence[int], root: int, max_depth: int, generator: torch.Generator | None
+    ) -> ProposalTree:
+        root_q, root_f = self._feed_known(committed, root)
+        feats: dict[int, torch.Tensor] = {0: root_f}  # node -> the feature its drafter pass predicted
+        fed: list[int] = []  # nodes in the drafter's cache after the true pairs, in order
+
+        def expand(nodes: list[DraftNode], rows: list[int]) -> torch.Tensor:
+            out = self.model(
+                torch.tensor([[nodes[i].token for i in rows]], device=root_f.device),
+                torch.stack([feats[nodes[i].parent] for i in rows])[None],
+                attention_mask=self._mask(nodes, fed, rows, root_f.dtype).to(root_f.device),
+                position_ids=torch.tensor([[self.pairs - 1 + nodes[i].depth for i in rows]], device=root_f.device),
+                cache=self.cache,
+            )
+            fed.extend(rows)
+            feats.update({i: out.features[0, r] for r, i in enumerate(rows)})
+            return self._q(out.logits[0])
+
+        nodes = grow(root, root_q, expand, min(max_depth, self.depth), self.topk)
+        return verified_tree(nodes, rerank(nodes, self.budget))
+
+    def _mask(self, nodes: list[DraftNode], fed: list[int], rows: list[int], dtype: torch.dtype) -> torch.Tensor:
+        """Additive mask [1, 1, len(rows), pairs + len(fed) + len(rows)]: the true pairs, and of the
+        fed nodes each row's ancestors and itself."""
+        slot = {n: self.pairs + j for j, n in enumerate(fed + rows)}
+        allowed = torch.zeros(len(rows), self.pairs + len(fed) + len(rows), dtype=torch.bool)
+        allowed[:, : self.pairs] = True
+        for r, i in enumerate(rows):
+            while i > 0:
+                allowed[r, slot[i]] = True
+                i = nodes[i].parent
+        mask = torch.zeros(allowed.shape, dtype=dtype)
+        return mask.masked_fill_(~allowed, torch.finfo(dtype).min)[None, None]
+
+    def accept(self, path: Sequence[int], hidden: torch.Tensor) -> None:
+        keep_cache_positions(self.cache, self.pairs, [])  # the true pairs only
+        self.known = self.capture.last[0, list(path)]
+
+
 def load_eagle(name: str, target: Any, device: str = "cpu", dtype: str = "float32") -> EagleDraft:
     """cell.drafter (a file from ``specstudy train-drafter --kind eagle``) → the drafter, in the
     target's dtype."""
@@ -162,7 +272,10 @@ def decode(job: DecodeJob) -> list[RowTrace]:
 
 
 def decode_with(job: DecodeJob, draft: EagleDraft | Eagle3Draft, capture: HiddenCapture | AuxCapture) -> list[RowTrace]:
-    """The chain loop with a feature drafter whose features ``capture`` reads (eagle and eagle3)."""
+    """The chain loop with a feature drafter whose features ``capture`` reads (eagle and eagle3);
+    EAGLE-2's dynamic tree with option ``tree_nodes``."""
+    if job.option("tree_nodes") is not None:
+        return [decode_tree(job, draft, capture)]
     gen = job.generator()
     drafter = EagleDrafter(job.target, draft, capture, len(job.prompts), job.sampling, gen, job.device)
     return speculative_decode(
@@ -178,23 +291,68 @@ def decode_with(job: DecodeJob, draft: EagleDraft | Eagle3Draft, capture: Hidden
     )
 
 
+def decode_tree(job: DecodeJob, draft: EagleDraft | Eagle3Draft, capture: HiddenCapture | AuxCapture) -> RowTrace:
+    """EAGLE-2: one request, its dynamic tree verified by :func:`accept_proposals` each step."""
+    check_one_request(job, "eagle with tree_nodes")
+    topk, budget = int(job.option("tree_topk", DEFAULT_TOPK)), int(job.option("tree_nodes"))
+    drafter = EagleTreeDrafter(job.target, draft, capture, job.sampling, job.draft_length, topk, budget)
+    row = tree_decode(
+        job.target,
+        job.prompts[0],
+        job.sampling,
+        drafter,
+        job.generator(),
+        job.eos_token_ids,
+        job.device,
+        verify=accept_proposals,
+    )
+    row.notes.update({"tree": "eagle2_dynamic", "tree_topk": topk, "tree_nodes_budget": budget})
+    return row
+
+
+#: EAGLE-2's top-k per expanded node when ``tree_topk`` is not given (the paper uses 10 at a budget
+#: of 60 nodes; at the few nodes a CPU affords, 4 leaves room for depth)
+DEFAULT_TOPK = 4
+
+
+def check_tree_options(options: dict[str, Any]) -> None:
+    """``tree_topk`` means nothing without ``tree_nodes``; synthetic acceptance times chains only."""
+    if "tree_topk" in options and "tree_nodes" not in options:
+        raise ValueError("option tree_topk needs tree_nodes (the node budget of EAGLE-2's dynamic tree)")
+    if "tree_nodes" in options and SYNTHETIC in options:
+        raise ValueError(f"options tree_nodes and {SYNTHETIC} do not combine: synthetic acceptance times chains")
+
+
+def check_tree_batch(options: dict[str, Any], batch_size: int) -> None:
+    """The dynamic tree verifies one request's tree per target forward."""
+    if "tree_nodes" in options and batch_size > 1:
+        raise ValueError(
+            f"option tree_nodes (EAGLE-2's dynamic tree) decodes one request at a time: batch_size={batch_size}"
+        )
+
+
+#: the options of the EAGLE methods (eagle and eagle3)
+EAGLE_OPTIONS = {SYNTHETIC: parse_synthetic, "tree_nodes": positive_int, "tree_topk": positive_int}
+
+
 @dataclass(frozen=True)
 class EagleSpec(EngineMethod):
     """Checks that the drafter is an eagle file before any model is loaded."""
 
     def check(self, gamma, batch_size, drafter, options):
         out = EngineMethod.check(self, gamma, batch_size, drafter, options)
+        check_tree_batch(out, batch_size)
         if not isinstance(drafter, EagleDraft):
             drafter_file_metadata(drafter, "eagle")
         return out
 
 
-SPEC = EagleSpec(
-    name="eagle",
+SPEC = EagleSpec.from_header(
+    HEADER,
     decode=decode,
-    needs_drafter=True,
     load_drafter=load_eagle,
-    options={SYNTHETIC: parse_synthetic},
+    options=EAGLE_OPTIONS,
+    cross_check=check_tree_options,
     description="EAGLE-style feature-level drafter (one decoder layer on the target's last hidden "
     "state); drafter: a file from `specstudy train-drafter --kind eagle`",
 )

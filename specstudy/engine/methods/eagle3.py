@@ -7,6 +7,7 @@ then it drafts γ tokens feeding its own output back.  What differs:
 * the features are the target's residual stream entering three layers (low, middle, high),
   concatenated and mapped by the drafter's ``fc`` (:class:`~specstudy.engine.methods.heads.AuxCapture`);
 * the fed-back feature is the midlayer's output before the drafter's final norm (as both engines);
+* option ``tree_nodes`` (and ``tree_topk``) grows EAGLE-2's dynamic tree, as for ``eagle``;
 * drafts come from the drafter's own LM head over its reduced vocabulary, mapped to target ids
   by ``d2t``; tokens outside it get probability 0 in q, which exact rejection sampling allows.
 
@@ -22,12 +23,23 @@ from pathlib import Path
 from typing import Any
 
 from ...paths import REPO_ROOT
-from ...synthetic import parse_synthetic
 from ..eagle3 import Eagle3Draft, load_eagle3, read_eagle3_config
 from ..trace import RowTrace
-from . import SYNTHETIC, DecodeJob, EngineMethod
-from .eagle import decode_with
+from . import DecodeJob, EngineMethod
+from .eagle import EAGLE_OPTIONS, check_tree_batch, check_tree_options, decode_with
 from .heads import AuxCapture
+
+#: what a study is checked against, read as a literal (no import, no torch) by
+#: specstudy.frameworks.reference; SPEC below is built from it
+HEADER = {
+    "name": "eagle3",
+    "family": "heads",
+    "order": 70,
+    "needs_drafter": True,
+    "uses_gamma": True,
+    "max_batch": None,
+    "options": ("synthetic_acceptance",),
+}
 
 
 def resolve_folder(name: str | Path) -> Path:
@@ -65,17 +77,18 @@ class Eagle3Spec(EngineMethod):
 
     def check(self, gamma: int | None, batch_size: int, drafter: Any, options: Mapping[str, Any]) -> dict[str, Any]:
         out = EngineMethod.check(self, gamma, batch_size, drafter, options)
+        check_tree_batch(out, batch_size)
         if not isinstance(drafter, Eagle3Draft):
             read_eagle3_config(resolve_folder(drafter))
         return out
 
 
-SPEC = Eagle3Spec(
-    name="eagle3",
+SPEC = Eagle3Spec.from_header(
+    HEADER,
     decode=decode,
-    needs_drafter=True,
     load_drafter=load,
-    options={SYNTHETIC: parse_synthetic},
+    options=EAGLE_OPTIONS,
+    cross_check=check_tree_options,
     description="EAGLE-3 drafter (features from three target layers, reduced draft vocabulary); drafter: "
     "an EAGLE-3 folder (config.json + model.safetensors) as vLLM and SGLang load it, e.g. from "
     "`specstudy train-drafter --kind eagle3`",

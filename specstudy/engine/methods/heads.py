@@ -40,6 +40,18 @@ from ..trace import RowTrace
 from . import SYNTHETIC, DecodeJob, EngineMethod, synthetic_acceptance
 from .tree import parse_branching, pick_children, tree_decode
 
+#: what a study is checked against, read as a literal (no import, no torch) by
+#: specstudy.frameworks.reference; SPEC below is built from it
+HEADER = {
+    "name": "heads",
+    "family": "heads",
+    "order": 40,
+    "needs_drafter": True,
+    "uses_gamma": True,
+    "max_batch": None,
+    "options": ("heads_tree", "synthetic_acceptance"),
+}
+
 
 class HiddenCapture:
     """Keeps the output of the target's final norm (its last hidden state) from every forward;
@@ -280,10 +292,9 @@ class HeadsSpec(EngineMethod):
         return out
 
 
-SPEC = HeadsSpec(
-    name="heads",
+SPEC = HeadsSpec.from_header(
+    HEADER,
     decode=decode,
-    needs_drafter=True,
     load_drafter=load_heads,
     options={"heads_tree": parse_branching, SYNTHETIC: parse_synthetic},
     description="Medusa-style heads on the target's last hidden state (linear or tree verification); "

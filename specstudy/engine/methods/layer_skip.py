@@ -27,6 +27,18 @@ from ..speculate import ModelDrafter, StaticGamma, speculative_decode
 from ..trace import RowTrace
 from . import DRAFT_IN_PREFILL, SYNTHETIC, DecodeJob, EngineMethod, draft_in_prefill, positive_int, synthetic_acceptance
 
+#: what a study is checked against, read as a literal (no import, no torch) by
+#: specstudy.frameworks.reference; SPEC below is built from it
+HEADER = {
+    "name": "layer_skip",
+    "family": "layer_skip",
+    "order": 30,
+    "needs_drafter": False,
+    "uses_gamma": True,
+    "max_batch": None,
+    "options": ("exit_layer", "skip_layers", "adapter", "draft_in_prefill", "synthetic_acceptance"),
+}
+
 
 def _decoder(target: Any) -> Any:
     base = getattr(target, "model", None)
@@ -170,8 +182,8 @@ def _cross_check(options: dict) -> None:
         raise ValueError("method 'layer_skip': give exit_layer or skip_layers, not both")
 
 
-SPEC = EngineMethod(
-    name="layer_skip",
+SPEC = EngineMethod.from_header(
+    HEADER,
     decode=decode,
     options={
         "exit_layer": positive_int,

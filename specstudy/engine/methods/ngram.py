@@ -38,6 +38,18 @@ from . import (
     synthetic_acceptance,
 )
 
+#: what a study is checked against, read as a literal (no import, no torch) by
+#: specstudy.frameworks.reference; SPEC below is built from it
+HEADER = {
+    "name": "ngram",
+    "family": "ngram",
+    "order": 20,
+    "needs_drafter": False,
+    "uses_gamma": True,
+    "max_batch": None,
+    "options": ("ngram_min", "ngram_max", "dynamic_gamma", "draft_in_prefill", "synthetic_acceptance"),
+}
+
 
 def lookup(context: Sequence[int], max_tokens: int, ngram_min: int, ngram_max: int) -> list[int]:
     """The continuation of the leftmost earlier match of the longest matching suffix n-gram."""
@@ -106,8 +118,8 @@ def _cross_check(options: dict[str, Any]) -> None:
         raise ValueError(f"method 'ngram': ngram_min={lo} > ngram_max={hi}")
 
 
-SPEC = EngineMethod(
-    name="ngram",
+SPEC = EngineMethod.from_header(
+    HEADER,
     decode=decode,
     options={
         "ngram_min": positive_int,

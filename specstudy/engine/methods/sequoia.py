@@ -46,6 +46,18 @@ from .tree import (
     tree_decode,
 )
 
+#: what a study is checked against, read as a literal (no import, no torch) by
+#: specstudy.frameworks.reference; SPEC below is built from it
+HEADER = {
+    "name": "sequoia",
+    "family": "tree",
+    "order": 90,
+    "needs_drafter": True,
+    "uses_gamma": True,
+    "max_batch": 1,
+    "options": ("tree_nodes", "sequoia_acceptance", "sequoia_cost", "sequoia_draft_cost", "sequoia_choose"),
+}
+
 
 class TopologyTreeDrafter(ModelTreeDrafter):
     """A :class:`ModelTreeDrafter` that grows a fixed topology, one drafter forward per level."""
@@ -198,11 +210,9 @@ class SequoiaSpec(TreeSpec):
     """The tree method's drafter check; the budget and calibration inputs checked as options."""
 
 
-SPEC = SequoiaSpec(
-    name="sequoia",
+SPEC = SequoiaSpec.from_header(
+    HEADER,
     decode=decode,
-    needs_drafter=True,
-    max_batch=1,
     load_drafter=load_sequoia_drafter,
     options={
         "tree_nodes": positive_int,

@@ -48,6 +48,18 @@ from .tree import (
     tree_decode,
 )
 
+#: what a study is checked against, read as a literal (no import, no torch) by
+#: specstudy.frameworks.reference; SPEC below is built from it
+HEADER = {
+    "name": "specinfer",
+    "family": "tree",
+    "order": 80,
+    "needs_drafter": True,
+    "uses_gamma": True,
+    "max_batch": 1,
+    "options": ("tree_branching", "ngram_min", "ngram_max"),
+}
+
 NGRAM = LOOKUP
 KINDS = ("lm", "heads", NGRAM)
 
@@ -270,11 +282,9 @@ class SpecInferSpec(EngineMethod):
         return out
 
 
-SPEC = SpecInferSpec(
-    name="specinfer",
+SPEC = SpecInferSpec.from_header(
+    HEADER,
     decode=decode,
-    needs_drafter=True,
-    max_batch=1,
     load_drafter=load_drafters,
     options={"tree_branching": parse_branching, "ngram_min": positive_int, "ngram_max": positive_int},
     description="SpecInfer-style merged token tree: several drafters joined by '+' (draft models, "

@@ -53,6 +53,7 @@ from ...drafter_names import SELF
 from ...synthetic import SyntheticAcceptance, parse_synthetic
 from ..drafters import load_drafter, resolve_drafter_path
 from ..kv import cache_arg, new_cache
+from ..lean import lean_cache
 from ..sampling import next_tokens, probs_for, sample_from
 from ..tokentree import (
     TokenTree,
@@ -68,6 +69,18 @@ from ..trace import BatchTrace, RowTrace, Timer
 from ..verify import residual
 from . import SYNTHETIC, DecodeJob, EngineMethod, positive_int, synthetic_acceptance
 from .layer_skip import early_exit_draft
+
+#: what a study is checked against, read as a literal (no import, no torch) by
+#: specstudy.frameworks.reference; SPEC below is built from it
+HEADER = {
+    "name": "tree",
+    "family": "tree",
+    "order": 50,
+    "needs_drafter": True,
+    "uses_gamma": True,
+    "max_batch": 1,
+    "options": ("tree_width", "tree_branching", "synthetic_acceptance"),
+}
 
 # --------------------------------------------------------------------------------------------
 # building trees
@@ -359,7 +372,7 @@ def tree_decode(
     trace = BatchTrace([prompt], sampling.max_new_tokens, eos_token_ids, sampling.ignore_eos, device)
     row = trace.rows[0]
     row.tree_nodes = 0
-    cache = new_cache(target)
+    cache = lean_cache(target, 1, torch.device(device)) or new_cache(target)  # the lean forward where it runs
     root = _prefill(target, cache, trace, drafter, sampling, generator, device)
     kept = synthetic.draws(sampling.seed) if synthetic is not None else None
     committed = list(row.prompt_ids)
@@ -525,11 +538,9 @@ class TreeSpec(EngineMethod):
         return out
 
 
-SPEC = TreeSpec(
-    name="tree",
+SPEC = TreeSpec.from_header(
+    HEADER,
     decode=decode,
-    needs_drafter=True,
-    max_batch=1,
     load_drafter=load_tree_drafter,
     options={"tree_width": positive_int, "tree_branching": parse_branching, SYNTHETIC: parse_synthetic},
     description="multi-draft token tree verified in one target pass (tree attention mask); "

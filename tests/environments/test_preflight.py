@@ -14,6 +14,7 @@ from safetensors.torch import save_file
 from specstudy.environments import install as envs
 from specstudy.environments.drafter_preflight import adapt_for_sglang, check_drafter, safetensors_keys
 from specstudy.environments.preflight import DrafterUse, Missing, Probes, Weights, preflight
+from specstudy.frameworks.declaration import CellCheck
 
 A100 = {"device": "NVIDIA A100-SXM4-80GB", "kind": "gpu", "memory_gb": 80}
 CPU = {"device": "cpu", "kind": "cpu"}
@@ -221,9 +222,7 @@ def test_gpu_profiles_pass_every_backend_check(hw):
         backend = backend_class(c.framework)
         kw = {"cuda": True} if c.framework in ("vllm", "vllm-server") else {}
         opts = dict(c.options)
-        backend.check_cell(
-            c.method, c.gamma, opts, model=plan.target, drafter=plan.drafter_id, cuda=True, batch_size=c.batch_size
-        )
+        backend.check_cell(CellCheck(c.method, c.gamma, opts, plan.target, plan.drafter_id, True, c.batch_size))
         label, what = plan.label, backend.describe(c.method, c.gamma, opts, **kw)
         if "tree" in label.lower():
             assert "tree" in what, (label, what)

@@ -214,7 +214,7 @@ def test_a_request_that_accepted_nothing_keeps_its_per_position_counts():
 
 def test_an_eagle_rows_label_says_the_head_runs_at_the_targets_context():
     """N3: decided (the override SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN is never set; a longer
-    context than the head's is refused at validation: tests/rehearsal/test_model_configs.py), labelled."""
+    context than the head's is refused at validation: tests/run/test_model_configs.py), labelled."""
     assert "the head runs at the target's context" in describe_sglang("eagle3", 3, {})
     assert "target's context" not in describe_sglang("draft_target", 3, {})
     assert "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN" not in " ".join(speculative_flags("eagle3", 3, "h", {}))

@@ -56,7 +56,7 @@ HEADER = {
     "needs_drafter": True,
     "uses_gamma": True,
     "max_batch": None,
-    "options": ("synthetic_acceptance",),
+    "options": ("synthetic_acceptance", "tree_nodes", "tree_topk"),
 }
 
 

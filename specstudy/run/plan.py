@@ -598,10 +598,19 @@ def expand(cfg: StudyConfig) -> list[CellPlan]:
 
 
 def _paired_only(plans: list[CellPlan]) -> list[CellPlan]:
-    """Without the AR cells of a (framework, target) that runs no speculative row: they pair with
-    nothing (on a GPU profile, e.g. a 70B TensorRT engine build for a baseline alone)."""
+    """Without the AR cells of a (framework, target) that runs no speculative row where the study
+    measures speculation: they pair with nothing (on a GPU profile, e.g. a 70B TensorRT engine build
+    for a baseline alone).  An AR cell of a sweep without any speculative cell is what that sweep
+    asked for (an AR-only capacity search, say): it stays."""
     speculative = {(p.cell.framework, p.target) for p in plans if not p.is_baseline}
-    return [p for p in plans if not p.is_baseline or (p.cell.framework, p.target) in speculative]
+    spec_sweeps = {s for p in plans if not p.is_baseline for s in p.sweeps}
+    return [
+        p
+        for p in plans
+        if not p.is_baseline
+        or (p.cell.framework, p.target) in speculative
+        or not set(p.sweeps) & spec_sweeps
+    ]
 
 
 def _baselines_first(plans: list[CellPlan]) -> list[CellPlan]:

@@ -607,9 +607,7 @@ def _paired_only(plans: list[CellPlan]) -> list[CellPlan]:
     return [
         p
         for p in plans
-        if not p.is_baseline
-        or (p.cell.framework, p.target) in speculative
-        or not set(p.sweeps) & spec_sweeps
+        if not p.is_baseline or (p.cell.framework, p.target) in speculative or not set(p.sweeps) & spec_sweeps
     ]
 
 

@@ -9,6 +9,7 @@ section and the summary print the same sentences, so neither can say more than t
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import pandas as pd
@@ -226,26 +227,33 @@ def short_claims(study: Study) -> list[str]:
     return out
 
 
-def predicted_break_even(study: Study, prof: HardwareProfile | None) -> list[str]:
-    """Prediction: the roofline's break-even batch for each configured pair."""
-    if prof is None:
-        return []
-    params, lines = study.model_params(), []
+def _configured_pairs(study: Study) -> Iterator[tuple[dict[str, Any], str, str, str]]:
+    """(model pair, target, drafter, the cost model's dtype) for every configured target + drafter whose
+    parameter counts are known: what the roofline predictions below are made for."""
+    params = study.model_params()
     for pair in study.config.get("models", []):
         tgt = pair.get("target")
         if tgt not in params:
             continue
         dt = _cm_dtype(study, tgt)
         for mid in (pair.get("drafters") or {}).values():
-            if mid not in params:
-                continue
-            c = costmodel.step_time(params[mid], prof, dt) / costmodel.step_time(params[tgt], prof, dt)
-            for a in (0.6, 0.8):
-                g, _ = costmodel.optimal_gamma(a, c)
-                be = costmodel.break_even_batch(prof, params[tgt], params[mid], a, g, dt)
-                lines.append(
-                    f"- {short_model(tgt)} + {short_model(mid)}, α={a}, γ={g}: break-even batch {be if be else '> 4096'}"
-                )
+            if mid in params:
+                yield pair, tgt, mid, dt
+
+
+def predicted_break_even(study: Study, prof: HardwareProfile | None) -> list[str]:
+    """Prediction: the roofline's break-even batch for each configured pair."""
+    if prof is None:
+        return []
+    params, lines = study.model_params(), []
+    for _, tgt, mid, dt in _configured_pairs(study):
+        c = costmodel.step_time(params[mid], prof, dt) / costmodel.step_time(params[tgt], prof, dt)
+        for a in (0.6, 0.8):
+            g, _ = costmodel.optimal_gamma(a, c)
+            be = costmodel.break_even_batch(prof, params[tgt], params[mid], a, g, dt)
+            lines.append(
+                f"- {short_model(tgt)} + {short_model(mid)}, α={a}, γ={g}: break-even batch {be if be else '> 4096'}"
+            )
     return lines
 
 
@@ -274,16 +282,8 @@ def predicted_memory_fit(study: Study, prof: HardwareProfile | None) -> list[str
     """Prediction: does target + draft fit the profile's memory, and what the target would need to give up."""
     if prof is None:
         return []
-    params, lines = study.model_params(), []
-    for pair in study.config.get("models", []):
-        tgt = pair.get("target")
-        if tgt not in params:
-            continue
-        dt = _cm_dtype(study, tgt)
-        for mid in (pair.get("drafters") or {}).values():
-            if mid in params:
-                lines.append(_fit_line(pair, prof, tgt, mid, params, dt))
-    return lines
+    params = study.model_params()
+    return [_fit_line(pair, prof, tgt, mid, params, dt) for pair, tgt, mid, dt in _configured_pairs(study)]
 
 
 def claims_markdown(claims: list[str]) -> str:

@@ -64,6 +64,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--unroll", type=int, default=2, help="eagle3: training-time-test steps (own outputs fed back)")
     p.add_argument("--steps", type=int, default=600)
+    p.add_argument(
+        "--snapshot-steps",
+        default="",
+        help="comma-separated steps after which the drafter so far is also saved as <out>-step<N> "
+        "(the curve of acceptance against training positions, from one run)",
+    )
     p.add_argument("--batch-tokens", type=int, default=256, help="positions per head per step")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay")
@@ -76,15 +82,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _check(args: argparse.Namespace) -> None:
+    """Every bad argument at once, before the model loads."""
     from ..engine.drafters import KINDS  # lazy: torch stays out of the CLI's checks
 
+    problems: list[str] = []
     if args.kind not in KINDS:
-        raise ValueError(f"--kind={args.kind!r}: allowed {list(KINDS)}")
+        problems.append(f"--kind={args.kind!r}: allowed {list(KINDS)}")
     known = task_names()
     for flag in ("tasks", "eval_tasks"):
         for t in [x for x in getattr(args, flag).split(",") if x]:
             if t not in known:
-                raise ValueError(f"--{flag.replace('_', '-')}: task {t!r} is not known; allowed: {known}")
+                problems.append(f"--{flag.replace('_', '-')}: task {t!r} is not known; allowed: {known}")
     for name in (
         "prompts_per_task",
         "max_new_tokens",
@@ -101,17 +109,25 @@ def _check(args: argparse.Namespace) -> None:
         "unroll",
     ):
         if getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')}={getattr(args, name)!r}: must be >= 1")
+            problems.append(f"--{name.replace('_', '-')}={getattr(args, name)!r}: must be >= 1")
     if args.token_conditioned and args.kind != "heads":
-        raise ValueError("--token-conditioned applies to --kind heads only")
+        problems.append("--token-conditioned applies to --kind heads only")
+    try:
+        snaps = [int(x) for x in args.snapshot_steps.split(",") if x.strip()]
+    except ValueError:
+        snaps = [-1]
+    if any(not 1 <= n <= args.steps for n in snaps):
+        problems.append(f"--snapshot-steps={args.snapshot_steps!r}: integers in [1, --steps={args.steps}]")
     if args.eval_prompts < 0:
-        raise ValueError(f"--eval-prompts={args.eval_prompts!r}: must be >= 0")
+        problems.append(f"--eval-prompts={args.eval_prompts!r}: must be >= 0")
     if args.exit_layer is not None and args.exit_layer < 1:
-        raise ValueError(f"--exit-layer={args.exit_layer!r}: must be >= 1")
+        problems.append(f"--exit-layer={args.exit_layer!r}: must be >= 1")
     if not args.lr > 0:
-        raise ValueError(f"--lr={args.lr!r}: must be > 0")
+        problems.append(f"--lr={args.lr!r}: must be > 0")
     if not args.weight_decay >= 0:
-        raise ValueError(f"--weight-decay={args.weight_decay!r}: must be >= 0")
+        problems.append(f"--weight-decay={args.weight_decay!r}: must be >= 0")
+    if problems:
+        raise ValueError("train-drafter: " + "; ".join(problems))
 
 
 def training_prompts(tasks: list[str], per_task: int, tokenizer: Any, max_tokens: int) -> list[tuple[str, list[int]]]:
@@ -233,6 +249,7 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         draft_vocab_size=args.draft_vocab_size,
         unroll=args.unroll,
+        snapshots=tuple(int(x) for x in args.snapshot_steps.split(",") if x.strip()),
     )
     tasks = [t for t in args.tasks.split(",") if t]
     prompts = training_prompts(tasks, args.prompts_per_task, tokenizer, args.max_prompt_tokens)
@@ -254,8 +271,16 @@ def run(args: argparse.Namespace) -> int:
     gen_s, gen_cpu = time.perf_counter() - t0, time.process_time() - c0
     say(f"generation {gen_s:.0f} s wall, {gen_cpu:.0f} s CPU: {len(features.seq)} positions")
 
+    def snapshot(step: int, module: Any) -> None:
+        where = Path(f"{out}-step{step}")
+        seen = {"step": step, "positions_seen": step * args.batch_tokens, "of_steps": args.steps}
+        save(module, where, args.model, {"snapshot": seen, "target": args.model}, model.config)
+        say(f"snapshot at step {step}: {where}")
+
     t0, c0 = time.perf_counter(), time.process_time()
-    result = train_drafter(model, features, settings, progress=say, prompt_lengths=[p for _, p in corpus])
+    result = train_drafter(
+        model, features, settings, progress=say, prompt_lengths=[p for _, p in corpus], snapshot=snapshot
+    )
     train_s, train_cpu = time.perf_counter() - t0, time.process_time() - c0
 
     command = (

@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch import nn
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -77,6 +78,7 @@ def train_eagle(
     settings: TrainSettings,
     progress: Callable[[str], None] | None,
     prompt_lengths: Sequence[int] | None,
+    snapshot: Callable[[int, nn.Module], None] | None = None,
 ) -> TrainResult:
     """EAGLE-style training: whole sequences, teacher-forced with the target's own features;
     each step takes random sequences until ``batch_tokens`` positions, loss weighted by length."""
@@ -87,7 +89,7 @@ def train_eagle(
         2,
         lambda idx: eagle_sequence_loss(module, model, features, idx, settings.regression_weight)[0],
     )
-    log = optimise(module, settings, step_losses, progress)
+    log = optimise(module, settings, step_losses, progress, snapshot)
     ev: dict[str, Any] = {}
     if bool(eval_rows.any()):
         hits = total = 0

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
+from torch import nn
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -117,6 +118,7 @@ def train_eagle3(
     settings: TrainSettings,
     progress: Callable[[str], None] | None,
     prompt_lengths: Sequence[int] | None,
+    snapshot: Callable[[int, nn.Module], None] | None = None,
 ) -> TrainResult:
     """EAGLE-3 training: random whole sequences until ``batch_tokens`` pairs per step."""
     vocab = choose_draft_vocab(features, int(model.config.vocab_size), settings.draft_vocab_size)
@@ -124,7 +126,7 @@ def train_eagle3(
     step_losses, eval_rows = sequence_steps(
         features, settings, 3, lambda idx: sequence_loss(module, model, features, idx, settings.unroll)[0]
     )
-    log = optimise(module, settings, step_losses, progress)
+    log = optimise(module, settings, step_losses, progress, snapshot)
     return TrainResult(module=module, log=log, eval=evaluate(module, model, features, eval_rows, prompt_lengths))
 
 

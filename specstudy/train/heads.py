@@ -89,6 +89,7 @@ def train_heads(
     features: Features,
     settings: TrainSettings,
     progress: Callable[[str], None] | None = None,
+    snapshot: Callable[[int, nn.Module], None] | None = None,
 ) -> TrainResult:
     """Heads (``settings.kind == "heads"``) or a layer-skip adapter, distilled on ``features``."""
     hidden_size = features.hidden.shape[-1]
@@ -115,6 +116,6 @@ def train_heads(
             losses.append(ce + settings.regression_weight * regression_loss(vec, features.final[d]))
         return losses
 
-    log = optimise(module, settings, step_losses, progress)
+    log = optimise(module, settings, step_losses, progress, snapshot)
     ev = evaluate(module, model, features, eval_pairs) if bool(eval_rows.any()) else {}
     return TrainResult(module=module, log=log, eval=ev)

@@ -34,6 +34,7 @@ class TrainSettings:
     unroll: int = 2  # eagle3: training-time-test steps (the drafter's own outputs fed back)
     seed: int = 0
     eval_fraction: float = 0.1
+    snapshots: tuple[int, ...] = ()  # steps after which the drafter so far is handed to ``snapshot``
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -50,6 +51,9 @@ class TrainSettings:
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)!r}: must be >= 1")
+        bad = [s for s in self.snapshots if not 1 <= s <= self.steps]
+        if bad:
+            raise ValueError(f"snapshots={bad!r}: each must lie in [1, steps={self.steps}]")
         if not 0.0 <= self.eval_fraction < 1.0:
             raise ValueError(f"eval_fraction={self.eval_fraction!r}: must lie in [0, 1)")
 
@@ -76,9 +80,12 @@ def optimise(
     settings: TrainSettings,
     step_losses: Callable[[torch.Generator], list[torch.Tensor]],
     progress: Callable[[str], None] | None,
+    snapshot: Callable[[int, nn.Module], None] | None = None,
 ) -> list[dict[str, Any]]:
     """AdamW with 20 warm-up steps and a cosine decay; each step minimises the sum of
-    ``step_losses(gen)`` (one per head, or one); logs their means every ~5 % of the steps."""
+    ``step_losses(gen)`` (one per head, or one); logs their means every ~5 % of the steps.
+    After each step in ``settings.snapshots``, ``snapshot(step, module)`` sees the drafter so far
+    (in eval mode), so one run gives the curve of acceptance against training positions."""
     opt = torch.optim.AdamW(module.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / 20) * 0.5 * (1 + math.cos(math.pi * min(s, settings.steps) / settings.steps))
@@ -110,6 +117,10 @@ def optimise(
             running = []
             if progress:
                 progress(f"step {step + 1}/{settings.steps} loss {entry['loss']:.4f}")
+        if snapshot is not None and step + 1 in settings.snapshots:
+            module.eval()
+            snapshot(step + 1, module)
+            module.train()
     module.eval()
     return log
 

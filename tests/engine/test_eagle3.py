@@ -181,3 +181,42 @@ def test_the_committed_eagle3_head_is_lossless_on_the_default_model():
     cfg = json.loads((folder / "config.json").read_text())
     assert cfg["draft_vocab_size"] == 4096 and cfg["vocab_size"] == 49152
     assert_lossless_on_the_default_model("eagle3", str(folder))
+
+
+def test_snapshots_hand_over_the_drafter_so_far_at_the_named_steps(target):
+    gen = [list(range(1 + i, 9 + i)) for i in range(4)]
+    corpus, feats = generate_with_features(target, gen, 8, "eagle3", label_top_k=8, batch_size=2)
+    settings = TrainSettings(kind="eagle3", steps=6, batch_tokens=20, draft_vocab_size=32, snapshots=(2, 6))
+    seen: list[tuple[int, bool, torch.Tensor]] = []
+    res = train_drafter(
+        target,
+        feats,
+        settings,
+        prompt_lengths=[p for _, p in corpus],
+        snapshot=lambda step, m: seen.append((step, m.training, m.fc.weight.detach().clone())),
+    )
+    assert [s for s, _, _ in seen] == [2, 6] and not any(t for _, t, _ in seen)
+    assert not torch.equal(seen[0][2], seen[1][2]) and torch.equal(seen[1][2], res.module.fc.weight)
+    with pytest.raises(ValueError, match=r"snapshots=\[9\]"):
+        TrainSettings(kind="eagle3", steps=6, snapshots=(9,))
+
+
+def test_train_drafter_names_every_bad_argument_at_once(capsys):
+    from specstudy.cli import main
+
+    argv = [
+        "train-drafter",
+        "--kind",
+        "eagle3",
+        "--steps",
+        "5",
+        "--snapshot-steps",
+        "3,7",
+        "--lr",
+        "0",
+        "--tasks",
+        "nope",
+    ]
+    assert main(argv) != 0
+    msg = capsys.readouterr().err
+    assert "--snapshot-steps='3,7'" in msg and "--lr=0.0" in msg and "'nope'" in msg

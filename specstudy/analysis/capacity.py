@@ -4,9 +4,17 @@ A request-rate sweep says how latency grows with load; a deployment needs the ra
 Per (engine, method, task, γ) and repeat, the capacity is the highest swept rate below which the
 SLO held at every rate (:func:`specstudy.metrics.slo_holds`, the study's percentile); the first
 rate where it broke bounds it from above.  :func:`refine_rates` proposes the rates that narrow
-those brackets (geometric bisection), which ``specstudy run --refine-capacity`` measures.  Over
-repeats the capacity is given as its median and the range (run-to-run; a rate is not a prompt, so
-no interval over prompts applies).  Speculation's capacity stands beside its AR's.  Pure.
+those brackets (geometric bisection), which ``specstudy run --refine-capacity`` measures.
+
+Over repeats the capacity is the mean of the per-repeat capacities with the kit's t-interval
+(:func:`specstudy.metrics.mean_ci`), the repeat being the unit: a rate is not a prompt, so no
+interval over prompts applies, and each repeat is a whole independent search (its probes share
+nothing with another repeat's).  What the interval covers is the capacity this search finds on
+average (on its rate grid, refined to its resolution), not the SLO's exact crossing, which the
+grid bounds from below by at most one bracket.  Below ``MIN_PROMPTS_FOR_CI`` repeats there is no
+interval (the same floor as the prompt intervals'): tests/analysis/test_capacity_interval.py
+simulates the search with a known mean: 95 % intervals over 5 repeats covered 0.947.  Speculation's
+capacity stands beside its AR's.  Pure.
 """
 
 from __future__ import annotations
@@ -18,7 +26,7 @@ import numpy as np
 import pandas as pd
 
 from ..config.schema import Slo
-from ..metrics import slo_holds, ttft
+from ..metrics import MIN_PROMPTS_FOR_CI, mean_ci, slo_holds, ttft
 from ..records import RequestRecord
 from .rates import study_slo
 from .study import Study
@@ -79,8 +87,16 @@ def bracket(held_by_rate: Mapping[float, bool | None]) -> tuple[float, float]:
     return cap, broke
 
 
+def repeat_interval(caps: Sequence[float], level: float = 0.95) -> tuple[float, float, float]:
+    """Mean capacity over repeats and its t-interval (NaN bounds below ``MIN_PROMPTS_FOR_CI`` repeats,
+    or when a repeat never broke: an infinite capacity has no mean)."""
+    if any(math.isinf(c) for c in caps):
+        return (math.inf, math.nan, math.nan)
+    return mean_ci(list(caps), level=level, min_n=MIN_PROMPTS_FOR_CI)
+
+
 def capacity_frame(study: Study, slo: Slo | None = None) -> pd.DataFrame:
-    """Per group: capacity per repeat, its median and range, the break above it, and the rates probed."""
+    """Per group: capacity per repeat, its mean, interval and range, the break above it, and the rates probed."""
     pr = probes(study, slo)
     if pr.empty:
         return pr
@@ -95,7 +111,7 @@ def capacity_frame(study: Study, slo: Slo | None = None) -> pd.DataFrame:
             {
                 **dict(zip(_GROUP, key)),
                 "repeats": len(caps),
-                "capacity_rps": float(np.median(caps)),
+                **dict(zip(("capacity_rps", "capacity_ci_low", "capacity_ci_high"), repeat_interval(caps))),
                 "capacity_min_rps": min(caps),
                 "capacity_max_rps": max(caps),
                 "breaks_at_rps": float(np.median(breaks)),

@@ -59,9 +59,14 @@ _COMMON: dict[str, Any] = dict(
 )
 TRTLLM = EngineDeclaration(
     framework="trtllm",
-    structured_with_speculation=False,
-    structured_source="TensorRT-LLM's documentation, as issue 35 cites it: guided decoding is not combined with "
-    "speculative decoding (not re-checked against a release here)",
+    # Re-checked (2026-12): the "not combined" of issue 35 was TensorRT-LLM 1.0's PyTorch executor
+    # (https://github.com/NVIDIA/TensorRT-LLM/issues/7006, closed); 1.3's guided decoder applies the
+    # grammar to linear EAGLE-3 drafts, and a bug is open for dynamic trees only
+    # (https://github.com/NVIDIA/TensorRT-LLM/issues/18892).  The kit sends trtllm no constraint yet.
+    structured_with_speculation=True,
+    structured_source="TensorRT-LLM 1.3 PyTorch backend: guided decoding with linear speculation "
+    "(https://github.com/NVIDIA/TensorRT-LLM/issues/18892; refused up to 1.0, "
+    "https://github.com/NVIDIA/TensorRT-LLM/issues/7006); dynamic trees may leave the grammar",
     backend="trtllm.server:TrtllmServerBackend",
     methods=("ar", *PYTORCH_DECODING),
     needs_drafter=frozenset({"draft_target", "eagle3"}),
@@ -71,9 +76,9 @@ TRTLLM = EngineDeclaration(
 )
 TRTLLM_ENGINE = EngineDeclaration(
     framework="trtllm-engine",
-    structured_with_speculation=False,
-    structured_source="TensorRT-LLM's documentation, as issue 35 cites it: guided decoding is not combined with "
-    "speculative decoding (not re-checked against a release here)",
+    # the TensorRT engine backend's Medusa/EAGLE-1 with guided decoding: no document found either way
+    structured_with_speculation=None,
+    structured_source="TensorRT-LLM's engine backend: no document found on guided decoding with its speculation",
     backend="trtllm.server:TrtllmEngineServerBackend",
     methods=("ar", *ENGINE_DECODING),
     needs_drafter=frozenset({"eagle", "medusa"}),

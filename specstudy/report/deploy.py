@@ -15,13 +15,24 @@ import pandas as pd
 from ..analysis import capacity, cost, gamma_schedule, rates, structured
 from ..analysis.format import fmt, fmt_ci
 from ..analysis.study import Study
+from ..metrics import MIN_PROMPTS_FOR_CI
 from .section import Section, markdown_table
 
 
+def _has_interval(row: Mapping[str, Any]) -> bool:
+    return row.get("capacity_ci_low") == row.get("capacity_ci_low") and "capacity_ci_low" in row
+
+
 def capacity_text(row: Mapping[str, Any]) -> str:
-    """``2.5 req/s (range 2-2.5 over 3 repeats; breaks at 3)``: a capacity as the report states it."""
+    """``2.5 req/s [2.1, 2.9] over 5 repeats; breaks at 3``, or with fewer repeats than an interval needs
+    ``2 req/s (not enough repeats for an interval: 3, needs ≥ 5; breaks at 3)``."""
     cap = f"{row['capacity_rps']:g} req/s"
-    spread = f"range {row['capacity_min_rps']:g}-{row['capacity_max_rps']:g} over {row['repeats']} repeats"
+    n = int(row["repeats"])
+    spread = (
+        f"[{row['capacity_ci_low']:.3g}, {row['capacity_ci_high']:.3g}] over {n} repeats"
+        if _has_interval(row)
+        else f"not enough repeats for an interval: {n}, needs ≥ {MIN_PROMPTS_FOR_CI}"
+    )
     broke = (
         "never broke up to the highest rate probed"
         if math.isinf(row["breaks_at_rps"])
@@ -128,22 +139,25 @@ def _capacity(study: Study, sec: Section) -> list[str]:
         "lower one probed, per repeat of the sweep; the first rate where it broke bounds it from above. "
         "`specstudy run --refine-capacity N` bisects each bracket geometrically before the report. A probe whose last "
         "third of requests waited over twice as long for a first token as its first third had a queue still growing "
-        "(not stationary: its percentiles depend on how long it ran); the capacity names how many. Repeats give the "
-        "range (run to run); a capacity is not a per-prompt statistic, so no interval over prompts applies.\n",
+        "(not stationary: its percentiles depend on how long it ran); the capacity names how many. The capacity is "
+        "the mean over repeats of the sweep with a 95 % t-interval, the repeat being the unit (a capacity is not a "
+        f"per-prompt statistic); below {MIN_PROMPTS_FOR_CI} repeats no interval is given.\n",
         markdown_table(shown),
     ]
     for r in side.to_dict("records"):
         if r["ar_capacity_rps"] == r["ar_capacity_rps"]:
             verdict = (
-                "more than"
-                if r["capacity_min_rps"] > r["ar_capacity_rps"]
+                "not enough repeats to tell it from"
+                if not _has_interval(r)
+                else "more than"
+                if r["capacity_ci_low"] > r["ar_capacity_rps"]
                 else "less than"
-                if r["capacity_max_rps"] < r["ar_capacity_rps"]
+                if r["capacity_ci_high"] < r["ar_capacity_rps"]
                 else "not separable from"
             )
             lines.append(
                 f"- {r['framework']} {r['label']} on {r['task']}: capacity {r['capacity_rps']:g} req/s, {verdict} AR's "
-                f"{r['ar_capacity_rps']:g} req/s over its repeats.\n"
+                f"{r['ar_capacity_rps']:g} req/s.\n"
             )
     return lines
 

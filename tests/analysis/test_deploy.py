@@ -133,6 +133,9 @@ def test_capacity_is_the_highest_rate_before_the_first_break_with_its_range_over
     side = capacity.beside_ar(capacity.capacity_frame(_rate_study(rates, spec, repeats=2)))
     assert side["ar_capacity_rps"].tolist() == [1.0] and side["capacity_ratio"].tolist() == [1.5]
     assert "breaks at" in deploy.capacity_text(frame.loc["ar"])
+    assert "not enough repeats for an interval: 2, needs ≥ 5" in deploy.capacity_text(frame.loc["ngram"])
+    five = {**frame.loc["ngram"].to_dict(), "repeats": 5, "capacity_ci_low": 1.2, "capacity_ci_high": 1.8}
+    assert "1.5 req/s ([1.2, 1.8] over 5 repeats; breaks at" in deploy.capacity_text(five)
 
 
 def test_a_probe_whose_queue_still_grows_is_not_stationary():

@@ -131,7 +131,7 @@ def test_the_h200_profile_plans_the_seeds_specinfer_and_sequoia_rows():
 
 def test_the_dry_run_plans_the_deployment_decisions():
     """Every GPU profile plans capacity probes under its SLO, γ buckets with repeats, the JSON-schema task on an
-    engine that combines it with speculation, NVML energy and its dated price (none stated for the RTX 4090);
+    engine that combines it with speculation, NVML energy and its dated price;
     the CPU profile plans RAPL and says it has no price."""
     from specstudy.config import load_hardware_profile, load_study
     from specstudy.run.dryrun import deployment_plan
@@ -143,8 +143,8 @@ def test_the_dry_run_plans_the_deployment_decisions():
         assert "3 repeat(s)" in by[("γ per load", "gamma_load")]
         assert by[("structured outputs", "structured")] == "task json_extract: vllm-server combines it with speculation"
         assert "NVML" in by[("energy per token", "every cell")]
-        # the datacentre GPUs carry a dated price; no rent for the RTX 4090 was found with a source to cite
-        price = "no price stated" if hw == "rtx4090" else "2026-05"
+        # every GPU profile carries a dated price (the RTX 4090's a marketplace's own, dated to the day)
+        price = "2026-05-25" if hw == "rtx4090" else "2026-05"
         assert price in by[("cost per token", "every cell")], hw
     rows = deployment_plan(load_study("cpu", check_tokenizers=False), load_hardware_profile("cpu", measure=False))
     decisions = {r["decision"] for r in rows}

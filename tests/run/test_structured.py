@@ -81,13 +81,20 @@ def test_each_engine_gets_the_constraint_in_its_own_field():
     assert constraint_body(declaration("openai"), None, None) == {}
     with pytest.raises(ValueError, match="'openai' takes no json_schema"):
         constraint_body(declaration("openai"), text, None)
-    assert declaration("trtllm").structured_with_speculation is False and declaration("trtllm").structured_source
+    assert (
+        declaration("trtllm").structured_with_speculation is True
+        and "issues/18892" in declaration("trtllm").structured_source
+    )
+    assert declaration("trtllm-engine").structured_with_speculation is None
     from specstudy.report.deploy import engines_shown
 
     raw = structured.engines_table()
-    assert raw.set_index("framework").loc["trtllm", "with_speculation"] is False
+    assert raw.set_index("framework").loc["trtllm", "with_speculation"] is True
     table = engines_shown(raw).set_index("Framework")
-    assert table.loc["trtllm", "With speculation"] == "no" and table.loc["llamacpp", "With speculation"] == "yes"
+    assert (
+        table.loc["trtllm", "With speculation"] == "yes"
+        and table.loc["trtllm-engine", "With speculation"] == "not documented"
+    )
     assert table.loc["sglang", "With speculation"] == "not documented"
 
 

@@ -1,0 +1,50 @@
+"""The capacity's interval over repeats, checked by simulating the capacity search with a known truth.
+
+Each simulated repeat is a server whose capacity that day is ``C·exp(σ·z)`` (run-to-run spread); the
+search probes the sweep's rates, then bisects the bracket geometrically as ``refine_rates`` does
+(:func:`specstudy.analysis.capacity.bracket` finds each repeat's capacity).  The truth is the mean
+capacity this search finds, from many repeats; the interval over 5 repeats must cover it near 95 %.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from specstudy.analysis import capacity
+from specstudy.metrics import MIN_PROMPTS_FOR_CI
+
+RATES = (0.5, 1.0, 2.0, 4.0, 8.0)
+
+
+def _search(true_cap: float, rounds: int = 3) -> float:
+    """One repeat's capacity: the sweep's rates, then ``rounds`` geometric bisections of its bracket."""
+    held = {r: r <= true_cap for r in RATES}
+    for _ in range(rounds):
+        cap, broke = capacity.bracket(held)
+        if math.isinf(broke) or cap <= 0:
+            break
+        held[math.sqrt(cap * broke)] = math.sqrt(cap * broke) <= true_cap
+    return capacity.bracket(held)[0]
+
+
+def test_the_interval_over_repeats_covers_the_searched_capacity_near_nominal():
+    rng = np.random.default_rng(35)
+    true = lambda n: 2.7 * np.exp(0.25 * rng.standard_normal(n))  # noqa: E731
+    truth = float(np.mean([_search(c) for c in true(40_000)]))
+    hits, trials = 0, 2_000
+    for _ in range(trials):
+        _, lo, hi = capacity.repeat_interval([_search(c) for c in true(MIN_PROMPTS_FOR_CI)])
+        hits += lo <= truth <= hi
+    coverage = hits / trials
+    assert 0.92 <= coverage <= 0.975, coverage
+
+
+def test_too_few_repeats_or_a_search_that_never_broke_give_no_interval():
+    mean, lo, hi = capacity.repeat_interval([1.0, 2.0, 2.0])
+    assert mean == 5 / 3 and lo != lo and hi != hi
+    mean, lo, hi = capacity.repeat_interval([1.0, 2.0, 2.0, 1.0, math.inf])
+    assert math.isinf(mean) and lo != lo
+    mean, lo, hi = capacity.repeat_interval([1.0, 2.0, 2.0, 1.0, 1.5])
+    assert lo < mean < hi

@@ -11,7 +11,7 @@ import argparse
 import json
 from pathlib import Path
 
-from ..analysis.golden import DEFAULT_REL_TOL, acceptance_rows, compare, golden_doc, new_rows
+from ..analysis.golden import DEFAULT_REL_TOL, acceptance_rows, compare, golden_doc, machine_of, new_rows, tolerance_for
 from ..analysis.study import load
 from ..layout import StudyLayout, atomic_write_text
 from ..report.gate import moved_text, row_name
@@ -60,7 +60,8 @@ def run(args: argparse.Namespace) -> int:
         )
         return 0
     golden = json.loads(Path(args.golden).read_text())
-    moved = compare(golden, rows, args.rel_tol)
+    machine = machine_of(study)  # type: ignore[arg-type]
+    moved = compare(golden, rows, args.rel_tol, machine)
     extra = new_rows(golden, rows)
     if args.json:
         shown = [{**m.__dict__, "row": row_name(m.row), "reason": moved_text(m)} for m in moved]
@@ -70,5 +71,6 @@ def run(args: argparse.Namespace) -> int:
             print(f"MOVED  {row_name(m.row)}: {moved_text(m)}")
         for key in extra:
             print(f"new    {row_name(key)} (not in the golden; not checked)")
-        print(f"{len(golden['rows'])} golden rows checked, {len({m.row for m in moved})} moved")
+        tol = tolerance_for(golden, machine, args.rel_tol)
+        print(f"{len(golden['rows'])} golden rows checked at rel_tol {tol:g}, {len({m.row for m in moved})} moved")
     return 1 if moved else 0

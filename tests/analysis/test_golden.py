@@ -117,3 +117,20 @@ def test_bad_input_is_named(studies, tmp_path, capsys):
     assert main(["check", "--golden", str(golden), str(first)]) == 2
     assert "golden version=9" in capsys.readouterr().err
     assert main(["check", "--golden", str(golden), str(first), "--rel-tol", "2"]) == 2
+
+
+def test_an_exact_golden_is_checked_exactly_on_its_machine_kind_and_at_five_percent_on_another():
+    from specstudy.analysis.golden import CROSS_MACHINE_REL_TOL, tolerance_for
+
+    EPYC = {"cpu_model": "AMD EPYC", "cpu_cores_logical": 2, "gpus": []}
+    XEON = {"cpu_model": "Intel Xeon", "cpu_cores_logical": 16, "gpus": []}
+    row = {"acceptance_length": 3.0, "alpha": 0.5, "per_position": [0.8, 0.4]}
+    golden = {"version": 1, "rel_tol": 0.0, "machine": EPYC, "rows": {"r": row}}
+    near = {"r": {**row, "per_position": [0.8, 0.41]}}  # one position 2.5 % off: a near-tie flip elsewhere
+    far = {"r": {**row, "per_position": [0.8, 0.3]}}  # 25 % off: a drafter that changed
+    assert [m.position for m in compare(golden, near, machine=EPYC)] == [2]  # same kind: exact
+    assert compare(golden, near, machine=XEON) == []  # another kind: within 5 %
+    assert [m.position for m in compare(golden, far, machine=XEON)] == [2]
+    assert tolerance_for(golden, XEON) == CROSS_MACHINE_REL_TOL == 0.05
+    assert tolerance_for(golden, {}) == 0.0 and tolerance_for({"rel_tol": 0.0}, XEON) == 0.0
+    assert tolerance_for(golden, XEON, rel_tol=0.0) == 0.0  # --rel-tol wins

@@ -4,7 +4,9 @@ A request-rate sweep says how latency grows with load; a deployment needs the ra
 Per (engine, method, task, γ) and repeat, the capacity is the highest swept rate below which the
 SLO held at every rate (:func:`specstudy.metrics.slo_holds`, the study's percentile); the first
 rate where it broke bounds it from above.  :func:`refine_rates` proposes the rates that narrow
-those brackets (geometric bisection), which ``specstudy run --refine-capacity`` measures.
+those brackets (geometric bisection), which ``specstudy run --refine-capacity`` measures; the same
+rounds rerun a sweep whose probe was not stationary (:func:`stationary`) with twice its prompts, at
+most :data:`LONGEST_PROBE_GROWTH` times its configured count, and the longest probe of a rate counts.
 
 Over repeats the capacity is the mean of the per-repeat capacities with the kit's t-interval
 (:func:`specstudy.metrics.mean_ci`), the repeat being the unit: a rate is not a prompt, so no
@@ -21,12 +23,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from ..config.schema import Slo
-from ..metrics import MIN_PROMPTS_FOR_CI, mean_ci, slo_holds, ttft
+from ..metrics import MIN_PROMPTS_FOR_CI, mean_ci, prompt_of, slo_holds, ttft
 from ..records import RequestRecord
 from .rates import study_slo
 from .study import Study
@@ -50,9 +53,14 @@ def stationary(records: Sequence[RequestRecord]) -> bool | None:
     return bool(last <= GROWING_QUEUE * first)
 
 
+#: a probe that is not stationary is rerun longer (twice its prompts per round of the capacity search),
+#: up to this many times its sweep's configured prompts: beyond, it stays flagged
+LONGEST_PROBE_GROWTH = 4
+
+
 def probes(study: Study, slo: Slo | None = None) -> pd.DataFrame:
-    """One row per request-rate cell: its group, repeat, rate, sweeps, whether the SLO held and whether
-    the probe was stationary."""
+    """One row per request-rate cell: its group, repeat, rate, prompts, sweeps, whether the SLO held and
+    whether the probe was stationary."""
     slo = slo or study_slo(study)
     rows = []
     for cid, m in study.cells.items():
@@ -64,6 +72,7 @@ def probes(study: Study, slo: Slo | None = None) -> pd.DataFrame:
                 **{k: m[k] for k in _GROUP},
                 "repeat": m["repeat"],
                 "rate": float(m["request_rate"]),
+                "prompts": len({prompt_of(r) for r in study.records[cid]}),
                 "held": held,
                 "stationary": stationary(study.records[cid]),
                 "sweeps": tuple(m["sweeps"]),
@@ -71,6 +80,29 @@ def probes(study: Study, slo: Slo | None = None) -> pd.DataFrame:
             }
         )
     return pd.DataFrame(rows)
+
+
+def longest(pr: pd.DataFrame) -> tuple[pd.DataFrame, int]:
+    """Each (group, repeat, rate)'s longest probe (a lengthened probe replaces the shorter one it reran),
+    and how many shorter probes it replaced."""
+    if pr.empty:
+        return pr, 0
+    keys = list(_GROUP) + ["repeat", "rate"]
+    kept = pr.sort_values("prompts").groupby(keys, dropna=False, sort=False).tail(1)
+    return kept, len(pr) - len(kept)
+
+
+def unsteady_sweeps(study: Study, slo: Slo | None = None) -> dict[str, int]:
+    """Per sweep, the prompts of its longest probe that was not stationary (only probes that are still
+    their rate's longest): the sweeps whose probes the search lengthens."""
+    pr, _ = longest(probes(study, slo))
+    out: dict[str, int] = {}
+    if pr.empty:
+        return out
+    for _, row in pr[pr["stationary"] == False].iterrows():  # noqa: E712 (None: unknown)
+        for sweep in row["sweeps"]:
+            out[sweep] = max(out.get(sweep, 0), int(row["prompts"]))
+    return out
 
 
 def bracket(held_by_rate: Mapping[float, bool | None]) -> tuple[float, float]:
@@ -96,8 +128,10 @@ def repeat_interval(caps: Sequence[float], level: float = 0.95) -> tuple[float, 
 
 
 def capacity_frame(study: Study, slo: Slo | None = None) -> pd.DataFrame:
-    """Per group: capacity per repeat, its mean, interval and range, the break above it, and the rates probed."""
-    pr = probes(study, slo)
+    """Per group: capacity per repeat, its mean, interval and range, the break above it, the rates probed,
+    and its probes still not stationary and those replaced by a longer rerun."""
+    every = probes(study, slo)
+    pr, _ = longest(every)
     if pr.empty:
         return pr
     rows = []
@@ -116,10 +150,19 @@ def capacity_frame(study: Study, slo: Slo | None = None) -> pd.DataFrame:
                 "capacity_max_rps": max(caps),
                 "breaks_at_rps": float(np.median(breaks)),
                 "unsteady_probes": int((g["stationary"] == False).sum()),  # noqa: E712 (None: unknown)
+                "lengthened_probes": _replaced(every, key),
                 "rates": sorted(set(g["rate"])),
             }
         )
     return pd.DataFrame(rows)
+
+
+def _replaced(every: pd.DataFrame, key: tuple[Any, ...]) -> int:
+    """How many of one group's probes a longer rerun replaced."""
+    mask = pd.Series(True, index=every.index)
+    for col, val in zip(_GROUP, key):
+        mask &= every[col].isna() if val != val or val is None else every[col] == val
+    return longest(every[mask])[1]
 
 
 def beside_ar(frame: pd.DataFrame) -> pd.DataFrame:
@@ -140,7 +183,7 @@ def refine_rates(study: Study, slo: Slo | None = None, resolution: float = 1.2) 
     """Per sweep, the rates that halve (geometrically) every finite bracket wider than ``resolution``
     (the break over the capacity): the next probes of the search.  Empty when every bracket is narrow
     enough, or when it never broke below the sweep's top finite rate (nothing above to bisect)."""
-    pr = probes(study, slo)
+    pr, _ = longest(probes(study, slo))
     if pr.empty:
         return {}
     out: dict[str, set[float]] = {}

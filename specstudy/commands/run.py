@@ -97,7 +97,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="STEPS",
         help="after the run, up to STEPS rounds of capacity search: each adds, per request-rate sweep, the "
         "geometric midpoint of every bracket (highest rate meeting the study's SLO, first rate breaking it) wider "
-        "than 1.2x and measures it (pass the same STEPS on every rerun: the refined cells belong to the plan)",
+        "than 1.2x and measures it, and reruns a sweep whose probe's queue still grew with twice its prompts (at most "
+        "4x the configured count) (pass the same STEPS on every rerun: the refined cells belong to the plan)",
     )
     c = p.add_argument_group("cluster (--executor slurm; each overrides the profile's cluster: block)")
     c.add_argument(
@@ -232,28 +233,54 @@ def _print_dry_run(args: argparse.Namespace, doc: dict[str, Any]) -> None:
     )
 
 
-def _refined(cfg: StudyConfig, layout: StudyLayout) -> tuple[StudyConfig, set[str]] | None:
-    """The study with the capacity search's next rates added to their sweeps (None: nothing to refine)."""
+def _refined(
+    cfg: StudyConfig, layout: StudyLayout, base: StudyConfig | None = None
+) -> tuple[StudyConfig, set[str]] | None:
+    """The study with the capacity search's next round (None: nothing to refine): the next rates added to
+    their sweeps, and each sweep with a probe that was not stationary rerun with twice its prompts per
+    task, up to ``LONGEST_PROBE_GROWTH`` times its prompts in ``base`` (the study as configured) and to
+    what its tasks hold; the longer probe replaces the shorter in the capacity."""
     import dataclasses
 
-    from ..analysis.capacity import refine_rates
+    from ..analysis.capacity import LONGEST_PROBE_GROWTH, refine_rates, unsteady_sweeps
     from ..analysis.study import load
+    from ..config.errors import ParamsProblems
 
-    extra = refine_rates(load(layout.root))
+    study = load(layout.root)
+    extra = refine_rates(study)
     extra = {
         s: [r for r in rs if r not in sw.request_rates] for sw in cfg.sweeps for s, rs in extra.items() if s == sw.name
     }
     extra = {s: rs for s, rs in extra.items() if rs}
-    if not extra:
+    configured = {sw.name: sw.prompts_per_task for sw in (base or cfg).sweeps}
+    longer = {
+        sw.name: min(2 * sw.prompts_per_task, LONGEST_PROBE_GROWTH * configured.get(sw.name, sw.prompts_per_task))
+        for sw in cfg.sweeps
+        if sw.precision is None and sw.name in unsteady_sweeps(study)
+    }
+    longer = {s: n for s, n in longer.items() if n > next(sw.prompts_per_task for sw in cfg.sweeps if sw.name == s)}
+    for name in list(longer):
+        trial = [dataclasses.replace(sw, prompts_per_task=longer[name]) if sw.name == name else sw for sw in cfg.sweeps]
+        try:
+            check_tasks(dataclasses.replace(cfg, sweeps=tuple(trial)), fetch=False, sweeps=[name])
+        except ParamsProblems as e:
+            print(f"capacity search: not lengthening {name}'s unsteady probes ({e})", flush=True)
+            del longer[name]
+    if not extra and not longer:
         return None
     sweeps = tuple(
-        dataclasses.replace(sw, request_rates=tuple(sorted({*sw.request_rates, *extra[sw.name]})))
-        if sw.name in extra
-        else sw
+        dataclasses.replace(
+            sw,
+            request_rates=tuple(sorted({*sw.request_rates, *extra.get(sw.name, ())})),
+            prompts_per_task=longer.get(sw.name, sw.prompts_per_task),
+        )
         for sw in cfg.sweeps
     )
-    print(f"capacity search: probing {extra}", flush=True)
-    return dataclasses.replace(cfg, sweeps=sweeps), set(extra)
+    if extra:
+        print(f"capacity search: probing {extra}", flush=True)
+    if longer:
+        print(f"capacity search: rerunning unsteady probes longer (prompts per task) {longer}", flush=True)
+    return dataclasses.replace(cfg, sweeps=sweeps), set(extra) | set(longer)
 
 
 def _profile(cfg: StudyConfig) -> Any:
@@ -371,8 +398,9 @@ def run(args: argparse.Namespace) -> int:
             )
 
         results = run_plans(cfg, plans, all_plans)
+        configured = cfg
         for _ in range(max(0, args.refine_capacity)):
-            refined = _refined(cfg, layout)
+            refined = _refined(cfg, layout, configured)
             if refined is None:
                 break
             cfg, extra_sweeps = refined

@@ -40,6 +40,8 @@ def capacity_text(row: Mapping[str, Any]) -> str:
     )
     unsteady = int(row.get("unsteady_probes") or 0)
     steady = f"; {unsteady} probe(s) with a queue still growing" if unsteady else ""
+    lengthened = int(row.get("lengthened_probes") or 0)
+    steady += f"; {lengthened} probe(s) rerun longer for a steady queue" if lengthened else ""
     return f"{cap} ({spread}; {broke}{steady})"
 
 
@@ -139,7 +141,9 @@ def _capacity(study: Study, sec: Section) -> list[str]:
         "lower one probed, per repeat of the sweep; the first rate where it broke bounds it from above. "
         "`specstudy run --refine-capacity N` bisects each bracket geometrically before the report. A probe whose last "
         "third of requests waited over twice as long for a first token as its first third had a queue still growing "
-        "(not stationary: its percentiles depend on how long it ran); the capacity names how many. The capacity is "
+        "(not stationary: its percentiles depend on how long it ran); each refining round reruns its sweep with twice "
+        f"the prompts, up to {capacity.LONGEST_PROBE_GROWTH} times the configured count, the longer probe replacing "
+        "the shorter; the capacity names how many were rerun and how many stayed unsteady. The capacity is "
         "the mean over repeats of the sweep with a 95 % t-interval, the repeat being the unit (a capacity is not a "
         f"per-prompt statistic); below {MIN_PROMPTS_FOR_CI} repeats no interval is given.\n",
         markdown_table(shown),

@@ -344,3 +344,59 @@ def test_the_capacity_search_adds_the_bracket_midpoint_to_its_sweep(tmp_path):
     assert [sw.request_rates for sw in new_cfg.sweeps] == [(1.0, 2.0, 4.0)] and len(sweeps) == 1
     assert {p.request_rate for p in expand(new_cfg)} == {1.0, 2.0, 4.0}
     assert {p.cell_id for p in expand(cfg)} < {p.cell_id for p in expand(new_cfg)}  # done cells keep their ids
+
+
+def test_an_unsteady_probe_is_rerun_longer_bounded_and_the_longer_one_counts(tmp_path):
+    """`--refine-capacity`: a probe whose queue still grows is rerun with twice the prompts, at most
+    ``LONGEST_PROBE_GROWTH`` times the configured count; the capacity then reads the longer probe and
+    records that it replaced one."""
+    import yaml
+
+    from specstudy.analysis.study import load
+    from specstudy.commands.run import _refined
+    from specstudy.config import load_study
+    from specstudy.records import Request, Sampling
+    from specstudy.run.plan import expand
+
+    study = {
+        "name": "steady",
+        "models": [{"name": "m", "target": "smollm2-135m", "dtype": "float32"}],
+        "methods": [{"method": "ar"}],
+        "frameworks": ["openai"],
+        "framework_options": {"openai": {"base_url": "http://127.0.0.1:9"}},
+        "tasks": ["code"],
+        "request_rates": [1],
+        "prompts_per_task": 6,
+        "slo": {"tpot_ms": 50, "percentile": 90},
+    }
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump({"study": study}))
+    cfg = load_study("cpu", tmp_path / "s.yaml", check_tokenizers=False)
+    layout = StudyLayout(tmp_path / "out")
+
+    def serve(plans, growing):
+        """A fake server's answers: TTFT growing with each request (a queue building) or flat."""
+        for plan in plans:
+            recs = []
+            for i in range(plan.prompts):
+                r = plan.cell.new_record(Request(f"code/{i}", ""), Sampling(max_new_tokens=21))
+                ttft = 0.05 * (i + 1) if growing else 0.05
+                r.start_epoch, r.output_tokens, r.first_token_s, r.end_s = float(i), 21, ttft, ttft + 0.4
+                recs.append(plan.stamp(r))
+            layout.write_part(plan.cell_id, recs)
+
+    serve(expand(cfg), growing=True)
+    assert capacity.unsteady_sweeps(load(layout.root)) == {"default": 6}
+    new_cfg, sweeps = _refined(cfg, layout, cfg)
+    assert [sw.prompts_per_task for sw in new_cfg.sweeps] == [12] and sweeps == {"default"}
+    serve(expand(new_cfg), growing=False)  # the longer probe reached a steady queue
+    frame = capacity.capacity_frame(load(layout.root))
+    assert frame["unsteady_probes"].tolist() == [0] and frame["lengthened_probes"].tolist() == [1]
+    assert "1 probe(s) rerun longer" in deploy.capacity_text(frame.iloc[0])
+    assert _refined(new_cfg, layout, cfg) is None  # steady now: nothing more to do
+    # the bound: a probe at LONGEST_PROBE_GROWTH times the configured prompts is not lengthened again
+    import dataclasses
+
+    at_bound = dataclasses.replace(cfg, sweeps=tuple(dataclasses.replace(sw, prompts_per_task=24) for sw in cfg.sweeps))
+    assert capacity.LONGEST_PROBE_GROWTH == 4
+    serve(expand(at_bound), growing=True)
+    assert _refined(at_bound, layout, cfg) is None

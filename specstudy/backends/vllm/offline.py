@@ -25,7 +25,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from ...data.models import resolve_for_engine
-from ...frameworks.declaration import check_engine_options
+from ...frameworks.declaration import check_engine_options, constraint_body
 from ...frameworks.vllm import CLIENT_OPTIONS, ENGINE_ARG_OPTIONS, KIT_TO_VLLM, OFFLINE
 from ...metrics import counter_acceptance
 from ...records import Cell, Request, RequestRecord, Sampling
@@ -179,7 +179,8 @@ class VllmEngine:
     ) -> list[RequestRecord]:
         epoch, t0 = time.time(), time.monotonic()
         try:
-            outputs = llm.generate([self._prompt(r, llm) for r in batch], params, use_tqdm=False)
+            per_request = [constrained(self.vllm, params, r) for r in batch]
+            outputs = llm.generate([self._prompt(r, llm) for r in batch], per_request, use_tqdm=False)
         except Exception as e:  # one failed batch is records with a status, not a lost cell
             status = "oom" if "out of memory" in str(e).lower() else "error"
             return [
@@ -305,3 +306,15 @@ def _vllm_importable() -> bool:
     import importlib.util
 
     return importlib.util.find_spec("vllm") is not None
+
+
+def constrained(vllm: Any, params: Any, request: Request) -> Any:
+    """``params`` for one request: as given without a constraint, else a copy whose ``structured_outputs``
+    carries the request's JSON schema or grammar (vLLM's StructuredOutputsParams, the fields the
+    declaration names), so one batch mixes constrained and free requests."""
+    fields = constraint_body(OFFLINE, request.json_schema, request.grammar).get("structured_outputs")
+    if not fields:
+        return params
+    own = params.clone()
+    own.structured_outputs = vllm.sampling_params.StructuredOutputsParams(**fields)
+    return own

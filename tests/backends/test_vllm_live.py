@@ -205,3 +205,42 @@ def test_prefix_cache_hits_gauges_and_memory_from_a_live_server(tmp_path):
         assert all(r.sent_s is not None and r.sent_s >= r.scheduled_send_s for r in recs)
         assert all(r.prefix_cache is None or r.extra["engine_prefix_cache"] is on for r in recs)
     assert hits[False] == 0 and hits[True] >= 128  # at least one 128-token block of the shared prompt reused
+
+
+STRUCTURED_SMOKE = """
+import json, sys, yaml, vllm
+from specstudy.backends.vllm.offline import constrained
+from specstudy.records import Request
+def main():
+    schema = yaml.safe_load(open("params/workloads/json_extract.yaml"))["structured_output"]["json_schema"]
+    llm = vllm.LLM(model=sys.argv[1], max_model_len=512, dtype="float32", gpu_memory_utilization=0.15)
+    base = vllm.SamplingParams(max_tokens=40, temperature=0.0)
+    texts = ["Anna Berg, 34, lives in Oslo.", "The baker Tom Reyes is 51 and works in Lima."]
+    reqs = [Request(f"j/{i}", f"Extract name, age and city as JSON.\\n\\n{t}\\n", json_schema=json.dumps(schema))
+            for i, t in enumerate(texts)]
+    outs = llm.generate([r.prompt for r in reqs], [constrained(vllm, base, r) for r in reqs], use_tqdm=False)
+    print("SMOKE " + json.dumps([o.outputs[0].text for o in outs]))
+if __name__ == "__main__":
+    main()
+"""
+
+
+def test_vllm_offline_keeps_two_outputs_to_the_tasks_json_schema(tmp_path, model_dir):
+    """A smoke, not a measurement: 2 prompts through vLLM offline with the structured-output task's schema."""
+    import jsonschema
+    import yaml
+
+    py = _engines_python()
+    script = tmp_path / "smoke.py"
+    script.write_text(STRUCTURED_SMOKE)
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root), "HF_HUB_OFFLINE": "1"}
+    out = subprocess.run([py, str(script), model_dir], cwd=root, env=env, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    schema = yaml.safe_load((root / "params/workloads/json_extract.yaml").read_text())["structured_output"][
+        "json_schema"
+    ]
+    texts = json.loads(next(line for line in out.stdout.splitlines() if line.startswith("SMOKE "))[6:])
+    assert len(texts) == 2
+    for text in texts:
+        jsonschema.validate(json.loads(text), schema)

@@ -15,10 +15,11 @@ them means anything, and they never mix with measurements (their own folder).
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..config.files import hardware_file, load_yaml
 from ..config.model_configs import read_config
@@ -26,10 +27,13 @@ from ..data.standins import GENERIC_CHAT_TEMPLATE, place_in_hub_cache, scaled_co
 from ..frameworks import DECLARATIONS
 from ..layout import REHEARSAL_MARKER
 
+if TYPE_CHECKING:
+    from .plan import CellPlan
+
 #: the marker file of a rehearsal's outputs folder (the report reads it and marks every page)
 MARKER = REHEARSAL_MARKER
-#: what a rehearsal keeps of each axis
-PROMPTS, NEW_TOKENS, MAX_BATCH = 2, 4, 2
+#: what a rehearsal keeps of each axis (batch sizes stay the profile's: 2 prompts fill any batch slot count)
+PROMPTS, NEW_TOKENS = 2, 4
 #: vLLM's CPU build: a fixed 1 GiB KV cache, no compilation (as the cpu-engines profile runs it)
 VLLM_CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "0-1", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
 
@@ -142,10 +146,80 @@ def rehearsal_study(
     _axes(s, runnable)
     changes += _models(s) + _options(s, runnable)
     changes.append(
-        f"every sweep: its first task and first gamma, {PROMPTS} prompts, {NEW_TOKENS} new tokens, "
-        f"1 repeat, batch sizes above {MAX_BATCH} run at {MAX_BATCH}"
+        f"every sweep: its first task, {PROMPTS} prompts, {NEW_TOKENS} new tokens, 1 repeat; its batch sizes "
+        f"are the profile's (a batch of {PROMPTS} requests in an engine sized for the batch)"
     )
+    changes.append(f"cells: one per distinct configuration ({', '.join(KEY_FIELDS)}), its largest gamma")
     return s, changes, skipped
+
+
+#: the axes of a distinct configuration, in the order :func:`configuration_key` returns them
+KEY_FIELDS = (
+    "framework",
+    "method row",
+    "target",
+    "drafter",
+    "method options",
+    "batch size",
+    "rate regime",
+    "prefix cache",
+    "sampling",
+    "arrivals",
+    "multi-turn",
+)
+
+
+def rate_regime(rate: float | None) -> str:
+    """A request rate's regime: a closed batch (no rate), every request at once (inf), or Poisson
+    arrivals (any finite rate: the client's code path is the same whatever the rate)."""
+    if rate is None:
+        return "closed batch"
+    return "all at once" if math.isinf(rate) else "poisson"
+
+
+def configuration_key(p: CellPlan) -> tuple[Any, ...]:
+    """What makes a cell a distinct configuration for a rehearsal: the engine, the method row and its
+    models and options (what the engine is started with), the batch size and rate regime (what the
+    client does), prefix caching, greedy or random sampling, the arrivals and multi-turn.  Left out on
+    purpose: the task, the repeat, the exact rate and gamma (values along an axis the same code path
+    takes; :func:`pick` runs the largest gamma, the longest speculative span)."""
+    return (
+        p.cell.framework,
+        p.label,
+        p.target,
+        p.drafter_id,
+        p.method_options,
+        p.cell.batch_size,
+        rate_regime(p.request_rate),
+        p.prefix_cache,
+        "greedy" if p.sampling.temperature == 0 else "random",
+        p.arrivals,
+        p.turns > 1,
+    )
+
+
+def pick(plans: list[CellPlan]) -> list[CellPlan]:
+    """One cell per distinct configuration (:func:`configuration_key`), in plan order: each speculative
+    configuration's cell with the largest gamma and the AR baseline it pairs with, then an AR cell for
+    each AR configuration no baseline covered yet."""
+    best: dict[tuple[Any, ...], CellPlan] = {}
+    for p in plans:
+        key = configuration_key(p)
+        if key not in best or (p.cell.gamma or 0) > (best[key].cell.gamma or 0):
+            best[key] = p
+    speculative = [p for p in best.values() if p.baseline_cell_id]
+    ids = {p.cell.cell_id for p in speculative} | {p.baseline_cell_id for p in speculative}
+    covered = {configuration_key(p) for p in plans if p.cell.cell_id in ids}
+    ids |= {p.cell.cell_id for key, p in best.items() if key not in covered}
+    return [p for p in plans if p.cell.cell_id in ids]
+
+
+def uncovered(profile: list[CellPlan], rehearsed: list[CellPlan]) -> list[tuple[Any, ...]]:
+    """The distinct configurations of a profile's CPU-build cells that no rehearsed cell has."""
+    have = {configuration_key(p) for p in rehearsed}
+    return sorted(
+        {k for p in profile if cpu_build(p.cell.framework) and (k := configuration_key(p)) not in have}, key=repr
+    )
 
 
 def _absolute_tasks(s: dict[str, Any], base: Path) -> None:
@@ -193,12 +267,10 @@ def _sweep(sw: dict[str, Any], runnable: set[str], labels: set[str], s: dict[str
 
 
 def _shrink(sw: dict[str, Any]) -> None:
-    """One task, one gamma, few prompts and tokens, one repeat; batch regimes above MAX_BATCH at MAX_BATCH."""
-    for key in ("tasks", "gammas"):
-        if sw.get(key):
-            sw[key] = sw[key][:1]
-    if sw.get("batch_sizes"):
-        sw["batch_sizes"] = sorted({min(int(b), MAX_BATCH) for b in sw["batch_sizes"]})
+    """One task, few prompts and tokens, one repeat (every gamma and batch size stays: :func:`pick`
+    chooses the cells)."""
+    if sw.get("tasks"):
+        sw["tasks"] = sw["tasks"][:1]
     for key, value in (("repeats", 1), ("prompts_per_task", PROMPTS), ("max_new_tokens", NEW_TOKENS)):
         if key in sw:
             sw[key] = value

@@ -329,6 +329,17 @@ def _not_rehearsed(s: dict[str, Any], frameworks: set[str]) -> list[dict[str, An
     return rows
 
 
+def _validate_argvs(gpu: str, skipped: list[dict[str, Any]]) -> None:
+    """The rows of GPU-only engines checked by the engine's own parser where it imports here
+    (:mod:`specstudy.run.engine_argv`), on the profile's own plan (its real models and options)."""
+    from ..config import load_study
+    from .engine_argv import validate_rows
+    from .plan import expand
+
+    cfg = load_study(gpu, check_tokenizers=False)
+    validate_rows(skipped, cfg, expand(cfg))
+
+
 def prepare(gpu: str, outputs: str = "outputs", log: Callable[[str], None] = print) -> Path:
     """Stand-ins, the small study file and the marker in ``<outputs>/<gpu>-rehearsal/``; the hub cache
     pointed at the stand-ins (this process and every engine it starts).  Returns the study file."""
@@ -341,6 +352,7 @@ def prepare(gpu: str, outputs: str = "outputs", log: Callable[[str], None] = pri
         built.parent.mkdir(parents=True, exist_ok=True)
         built.write_text(json.dumps(build_standins(study, cache), indent=2))
     small, changes, skipped = rehearsal_study(study, hardware_file(gpu).parent)
+    _validate_argvs(gpu, skipped)
     path = out / "rehearsal.yaml"
     import yaml
 

@@ -3,7 +3,7 @@
 Each hub model of the profile is replaced, under its own id in a private Hugging Face cache
 (``outputs/<gpu>-rehearsal/standins/hub``), by a model built from its own config (the same
 architecture, vocabulary, context and rope; fewer layers, at most 8 heads: :func:`scaled_config`),
-each EAGLE-3 head by a random head in its checkpoint format shaped for its stand-in target.  The
+each EAGLE-3 head and Medusa head by random heads in their checkpoint formats shaped for its stand-in target.  The
 profile's study becomes a small one (:func:`rehearsal_study`): the same models, methods, frameworks,
 framework options, batch and rate regimes and prefix-cache settings, on 2 prompts of one task and
 a few tokens; every change is listed in ``REHEARSAL.json``.  Engines with a CPU build run for real
@@ -59,25 +59,25 @@ def hub_ids(study: dict[str, Any]) -> list[str]:
     return sorted(ids)
 
 
-def heads_of(study: dict[str, Any]) -> dict[str, str]:
-    """EAGLE-3 head id -> its target's id (the rows that use each head as ``eagle3``)."""
+def heads_of(study: dict[str, Any], method: str = "eagle3") -> dict[str, str]:
+    """Head id -> its target's id (the rows that use each head as ``method``: eagle3 or medusa)."""
     methods = {m.get("drafter"): (m.get("method") or m.get("family")) for m in study.get("methods", [])}
     return {
         d: m["target"]
         for m in study.get("models", [])
         for short, d in (m.get("drafters") or {}).items()
-        if methods.get(short) == "eagle3"
+        if methods.get(short) == method
     }
 
 
 def build_standins(study: dict[str, Any], cache: Path, read: Callable[[str], Any] = read_config) -> dict[str, Any]:
     """Stand-ins for every hub model (and EAGLE-3 head) into ``cache``; what was scaled, per model."""
-    heads, work = heads_of(study), cache.parent / "build"
+    heads, medusa, work = heads_of(study), heads_of(study, "medusa"), cache.parent / "build"
     notes: dict[str, Any] = {}
-    for repo in [r for r in hub_ids(study) if r not in heads]:
+    for repo in [r for r in hub_ids(study) if r not in heads and r not in medusa]:
         real = read(repo)
-        if real is None or "vocab_size" not in real:  # Medusa heads: loaded by no CPU engine
-            notes[repo] = "no stand-in: no config with a vocabulary here, and no CPU engine loads it"
+        if real is None or "vocab_size" not in real:
+            notes[repo] = "no stand-in: no config with a vocabulary here"
             continue
         cfg, scaled = scaled_config(real)
         template, said = _chat_template(repo, read)
@@ -85,7 +85,44 @@ def build_standins(study: dict[str, Any], cache: Path, read: Callable[[str], Any
         notes[repo] = [*scaled, said]
     for head, target in heads.items():
         notes[head] = _eagle3_standin(head, target, cache, read, work)
+    for head, target in medusa.items():
+        notes[head] = _medusa_standin(head, target, cache, read, work)
     return notes
+
+
+def _medusa_standin(head: str, target: str, cache: Path, read: Callable[[str], Any], work: Path) -> Any:
+    """Random Medusa-1 heads in FasterDecoding's checkpoint format (its config keys; ``medusa_lm_head.pt``
+    and the same tensors as ``model.safetensors``: ``{head}.{layer}.linear.weight|bias`` residual
+    blocks, ``{head}.{layers}.weight`` the head's LM head, the names vLLM's Medusa loader remaps), as
+    many heads and layers as the real ones, shaped for the stand-in target (its hidden size and vocabulary;
+    ``hidden_size`` and ``vocab_size`` written too, which vLLM's MedusaConfig reads)."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoConfig
+
+    real = read(head) or {}
+    heads, layers = int(real.get("medusa_num_heads", 4)), int(real.get("medusa_num_layers", 1))
+    snap = cache / f"models--{target.replace('/', '--')}" / "snapshots"
+    tcfg = AutoConfig.from_pretrained(str(next(snap.iterdir())))
+    hidden, vocab = int(tcfg.hidden_size), int(tcfg.vocab_size)
+    torch.manual_seed(0)
+    weights: dict[str, Any] = {}
+    for h in range(heads):
+        for i in range(layers):
+            weights[f"{h}.{i}.linear.weight"] = torch.randn(hidden, hidden) * 0.02
+            weights[f"{h}.{i}.linear.bias"] = torch.zeros(hidden)
+        weights[f"{h}.{layers}.weight"] = torch.randn(vocab, hidden) * 0.02
+    folder = work / head.replace("/", "--")
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.save(weights, folder / "medusa_lm_head.pt")
+    save_file(weights, str(folder / "model.safetensors"))
+    cfg = {**real, "medusa_num_heads": heads, "medusa_num_layers": layers, "base_model_name_or_path": target}
+    cfg.update(hidden_size=hidden, vocab_size=vocab, medusa_fc_bias=True, rehearsal="random weights")
+    (folder / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    place_in_hub_cache(folder, head, cache)
+    return [
+        f"random Medusa heads for the stand-in of {target}: {heads} heads x {layers} layers, hidden {hidden}, vocabulary {vocab}"
+    ]
 
 
 def _chat_template(repo: str, read: Callable[..., Any]) -> tuple[str | None, str]:

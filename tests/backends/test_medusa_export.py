@@ -103,6 +103,8 @@ def test_medusa_is_a_vllm_cpu_method_only():
     VllmCellCheck.check_cell(CellCheck("medusa", 4, {}, "smollm2-135m", "heads", cuda=False))
     with pytest.raises(ValueError, match=r"method='medusa' is not available in vLLM 0.33.0"):
         VllmCellCheck.check_cell(CellCheck("medusa", 4, {}, "smollm2-135m", "heads", cuda=True))
+    with pytest.raises(ValueError, match="medusa_export"):  # the kit's own file, not vLLM's folder
+        VllmCellCheck.check_cell(CellCheck("medusa", 4, {}, "smollm2-135m", str(COMMITTED), cuda=False))
 
 
 @pytest.mark.engines

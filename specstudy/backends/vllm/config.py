@@ -118,6 +118,12 @@ class VllmCellCheck:
         unread option."""
         version = pinned_version(cell.cuda)
         cell.against(OFFLINE, engine=f"vLLM {version}", methods=vllm_methods(version))
+        if cell.method == "medusa" and cell.drafter and str(cell.drafter).endswith(".safetensors"):
+            raise ValueError(
+                f"vLLM method='medusa' drafter {cell.drafter!r} is a kit heads file; vLLM loads a Medusa folder: "
+                f"export it with `python -m specstudy.backends.vllm.medusa_export {cell.drafter} TARGET_DIR OUT` "
+                "(plain heads only: token-conditioned heads cannot run in vLLM)"
+            )
 
     @classmethod
     def describe(cls, method: str, gamma: int | None, options: Mapping[str, Any], cuda: bool | None = None) -> str:

@@ -172,7 +172,7 @@ import json, sys
 sys.path.insert(0, {str(REPO)!r})
 from specstudy.backends.vllm.offline import VllmOfflineBackend
 from specstudy.records import Cell, Request, Sampling
-b = VllmOfflineBackend({model_dir!r}, dtype="float32", max_model_len=1024, worker="inprocess")
+b = VllmOfflineBackend({model_dir!r}, dtype="float32", max_model_len=1024, worker="inprocess", enforce_eager=True)
 reqs = [Request("c0", {COPY_PROMPT!r}), Request("c1", {COPY_PROMPT!r} + "#")]
 out = {{}}
 for method, gamma, opts in (("ar", None, ()), ("suffix", 4, (("max_cached_requests", 0), ("min_token_prob", 0.1)))):

@@ -28,6 +28,7 @@ export TOKENIZERS_PARALLELISM := false
 
 help:
 	@echo "make study [GPU=cpu|a100|h100|h200|rtx4090]   run the study matrix and render the report"
+	@echo "make arctic-inference                         build and install arctic-inference (suffix decoding; needs a C++ compiler)"
 	@echo "make study-engines                            vLLM (offline + server), llama.cpp, hf, reference on this CPU (~28 min)"
 	@echo "make study-deploy [PRICE=USD/h]               capacity under the SLO, gamma per load, structured outputs, cost, energy (~30 min)"
 	@echo "make test                                     lint, then the test suite (fast + model tests)"
@@ -99,6 +100,24 @@ ENGINE_FLAG  := $(if $(ENGINE_BUILD),--$(ENGINE_BUILD),)
 engine-vllm: $(STAMP)
 	$(BIN)/python -m specstudy.environments install vllm $(ENGINE_FLAG)
 
+# Suffix decoding's library (issue 37): arctic-inference is a source distribution whose C++ suffix
+# tree builds with cmake and nanobind (a C++ compiler needed; its isolated build also fetches torch:
+# 12 min 25 s on the 2-core machine at load 7-12, 2026-12-05).  The wheel is built once and installed
+# without dependencies into .venv (the reference engine's `suffix`) and, where it exists, the vLLM
+# environment (vLLM's method: suffix); its vLLM plugin stays off unless ARCTIC_INFERENCE_ENABLED=1.
+ARCTIC := arctic-inference==0.3.0
+ARCTIC_WHEELS := $(VENV)/wheels
+ARCTIC_STAMP := $(VENV)/.specstudy-arctic-inference
+.PHONY: arctic-inference
+arctic-inference: $(ARCTIC_STAMP)
+$(ARCTIC_STAMP): $(STAMP)
+	$(BIN)/python -m pip wheel --no-deps $(ARCTIC) -w $(ARCTIC_WHEELS)
+	$(BIN)/python -m pip install --no-deps $(ARCTIC_WHEELS)/arctic_inference-0.3.0-*.whl
+	@vllm_py="$${SPECSTUDY_ENGINES_ROOT:-.}/.venv-vllm/bin/python"; \
+	if [ -x "$$vllm_py" ]; then "$$vllm_py" -m pip install --no-deps $(ARCTIC_WHEELS)/arctic_inference-0.3.0-*.whl; \
+	else echo "arctic-inference: no vLLM environment at $$vllm_py (make engine-vllm first for vLLM's method: suffix)"; fi
+	touch $@
+
 engine-sglang: $(STAMP)
 	$(BIN)/python -m specstudy.environments install sglang $(ENGINE_FLAG)
 
@@ -161,7 +180,7 @@ study-pair: $(STAMP)
 # study into outputs/cpu-engines/ and renders its report.  Sized for 30 minutes on 2 cores, install
 # and server starts included; the measured time is in the profile's header and the lead's README.
 .PHONY: study-engines
-study-engines: $(STAMP)
+study-engines: $(STAMP) $(ARCTIC_STAMP)
 	@start=$$(date +%s); echo "study-engines: start $$(date -u +%FT%TZ), load average $$(cut -d' ' -f1-3 /proc/loadavg)"; \
 	  $(BIN)/python -m specstudy.environments install vllm $(ENGINE_FLAG) || exit $$?; \
 	  SPECSTUDY_COMMAND="make study-engines" $(MAKE) --no-print-directory study GPU=cpu-engines; rc=$$?; \

@@ -299,6 +299,15 @@ def _selected(args: argparse.Namespace, study: LoadedStudy) -> tuple[list[CellPl
     return all_plans, plans
 
 
+def _rehearsed(all_plans: list[CellPlan], plans: list[CellPlan]) -> tuple[list[CellPlan], list[CellPlan]]:
+    """A rehearsal's cells: one per distinct configuration (:func:`specstudy.run.rehearsal.pick`)."""
+    from ..run.rehearsal import pick
+
+    kept = pick(all_plans)
+    ids = {p.cell.cell_id for p in kept}
+    return kept, [p for p in plans if p.cell.cell_id in ids]
+
+
 def machine_fit(cfg: StudyConfig, strict: bool, check: Any = None) -> int | None:
     """Before any model loads: a busy machine is named in a warning, or with ``strict`` refused
     (exit 2).  ``check`` (default :func:`specstudy.telemetry.machine_check`) takes the cores the
@@ -337,6 +346,8 @@ def run(args: argparse.Namespace) -> int:
         study = load(args.hardware, args.params, files=not args.dry_run, allow_unused=args.allow_unused)
         cfg = study.cfg
         all_plans, plans = _selected(args, study)
+        if args.rehearse:  # one cell per distinct configuration of the profile
+            all_plans, plans = _rehearsed(all_plans, plans)
         if args.executor != "local" and not args.dry_run:  # the cluster's settings, before anything starts
             sharded = _shards(args, cfg, plans, _profile(cfg))
         # a dry run downloads nothing and loads no tokenizer: prompts are counted before length control

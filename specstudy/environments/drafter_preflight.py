@@ -10,6 +10,8 @@ Read from the engines' loaders:
   is built as a full Llama whose loader skips every unprefixed key (``layers.0.…``, ``fc.…``)
   without a word: random draft layers.  Adapted by :func:`adapt_for_sglang` (a local copy whose
   config names the EAGLE class, weights linked), or refused.
+* llama.cpp (``draft-eagle3``): an EAGLE-3 folder, which its backend converts to the eagle3 GGUF
+  (:mod:`specstudy.backends.llamacpp.eagle3_draft` checks it against the target GGUF).
 * TensorRT-LLM: Eagle (EAGLE-1/2) checkpoints load only through the TensorRT engine backend; the
   PyTorch backend accepts ``Eagle3`` heads only.
 
@@ -119,7 +121,7 @@ def check_drafter(engine: str, method: str, drafter: str | os.PathLike[str] | Ma
     if keys is None:
         report.notes.append(f"{name}: no local safetensors; weight names unchecked (config only)")
     if method in EAGLE_METHODS:
-        {"sglang": _sglang, "trtllm": _trtllm, "vllm": _vllm}[formats[engine]](report, name)
+        {"sglang": _sglang, "trtllm": _trtllm, "vllm": _vllm, "llamacpp": _llamacpp}[formats[engine]](report, name)
     return report
 
 
@@ -138,6 +140,15 @@ def _vllm(report: DrafterReport, name: Any) -> None:
         )
     if report.method == "eagle" and report.fc_bias is None:
         report.notes.append(f"{name}: fc bias unknown until the weights are local; vLLM refuses fc.bias")
+
+
+def _llamacpp(report: DrafterReport, name: Any) -> None:
+    if report.method == "eagle3" and SGLANG_EAGLE_ARCHS["eagle3"][0] not in report.architectures:
+        raise ValueError(
+            f"drafter {name}: architectures={report.architectures}; llama.cpp's draft-eagle3 runs the kit's "
+            f"EAGLE-3 folder ({list(SGLANG_EAGLE_ARCHS['eagle3'])}, from `specstudy train-drafter --kind eagle3`), "
+            "converted to its eagle3 GGUF by the llamacpp backend"
+        )
 
 
 def _sglang(report: DrafterReport, name: Any) -> None:

@@ -1,5 +1,6 @@
-"""llama.cpp's declaration (xllamacpp 2026.10.11549): AR, n-gram self-speculation and draft
-models; the option names each reads (:mod:`.config` turns them into server flags).
+"""llama.cpp's declaration (xllamacpp 2026.10.11549): AR, n-gram self-speculation, draft models
+and EAGLE-3 heads (``draft-eagle3``: the kit's EAGLE-3 folder, converted to llama.cpp's eagle3
+GGUF by the backend); the option names each reads (:mod:`.config` turns them into server flags).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ MOD_KEYS = {"ngram_mod_n_match": "n_match", "ngram_mod_n_min": "mod_n_min"}
 METHOD_OPTIONS = {
     "*": ("synthetic_acceptance", "draft_min"),
     "draft_target": ("draft_p_min",),
+    "eagle3": ("draft_p_min",),
     "ngram": ("spec_type", "ngram_min", "ngram_max", *SIZED_KEYS, *MOD_KEYS),
 }
 
@@ -38,7 +40,7 @@ LLAMACPP = EngineDeclaration(
     structured_with_speculation=True,
     structured_source="llama.cpp tools/server: drafts are verified by common_sampler_sample_and_accept_n "
     "with the slot's own sampler chain, its grammar included",
-    methods=("ar", "ngram", "draft_target"),
+    methods=("ar", "ngram", "draft_target", "eagle3"),
     method_options=METHOD_OPTIONS,
     engine_options={
         "threads": "--threads",
@@ -47,7 +49,11 @@ LLAMACPP = EngineDeclaration(
         "llama_server": None,  # a llama-server binary instead of xllamacpp's entry point
         "rss_period_s": None,  # the kit's memory sampling period
     },
-    needs_drafter=frozenset({"draft_target"}),
+    method_families={"eagle3": "heads"},
+    needs_drafter=frozenset({"draft_target", "eagle3"}),
+    #: an EAGLE-3 folder (config.json + model.safetensors) checked by the backend against the target
+    #: GGUF at study load; the draft model's GGUF (draft_target) by its registry entry
+    drafter_format="llamacpp",
     server=True,
     http=True,
     serve_bench=True,

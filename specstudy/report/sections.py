@@ -16,9 +16,9 @@ from ..analysis import engine_costs, faq, frames, rates, stats, trees
 from ..analysis.format import FAMILY_TITLES, TASK_TITLES, fmt, fmt_ci
 from ..analysis.rows import HardwareRow, hardware_rows, headline_max_new
 from ..analysis.study import Study, vouched
-from ..layout import REHEARSAL_BANNER, REHEARSAL_MARKER, is_rehearsal
 from ..metrics import MIN_PROMPTS_FOR_CI
 from . import across_engines, conditions, fails, figures, tables, wording
+from .banner import rehearsal_banner
 from .deploy import deploy_section
 from .section import Section, markdown_table
 from .summary import summary_markdown
@@ -370,10 +370,9 @@ def report_head(study: Study) -> str:
         if study.stale_cells
         else ""
     )
-    banner = [f"> **{REHEARSAL_BANNER}** (see `{REHEARSAL_MARKER}`)\n"] if is_rehearsal(study.out) else []
     return "\n".join(
         [
-            *banner,
+            *filter(None, [rehearsal_banner(study.out)]),
             f"# Speculative decoding study — `{study.config.get('name', study.hardware)}` on `{study.hardware}`\n",
             f"{len(study.records)} of {study.planned_cells} planned cells measured ({n_req} requests, {n_ok} ok); "
             f"{len(study.failed)} failed{stale}. Every number below is measured on this machine unless labelled "

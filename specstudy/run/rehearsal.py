@@ -3,7 +3,7 @@
 Each hub model of the profile is replaced, under its own id in a private Hugging Face cache
 (``outputs/<gpu>-rehearsal/standins/hub``), by a model built from its own config (the same
 architecture, vocabulary, context and rope; fewer layers, at most 8 heads: :func:`scaled_config`),
-each EAGLE-3 head by a random head in its checkpoint format shaped for its stand-in target.  The
+each EAGLE-3 head and Medusa head by random heads in their checkpoint formats shaped for its stand-in target.  The
 profile's study becomes a small one (:func:`rehearsal_study`): the same models, methods, frameworks,
 framework options, batch and rate regimes and prefix-cache settings, on 2 prompts of one task and
 a few tokens; every change is listed in ``REHEARSAL.json``.  Engines with a CPU build run for real
@@ -15,10 +15,11 @@ them means anything, and they never mix with measurements (their own folder).
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..config.files import hardware_file, load_yaml
 from ..config.model_configs import read_config
@@ -26,10 +27,13 @@ from ..data.standins import GENERIC_CHAT_TEMPLATE, place_in_hub_cache, scaled_co
 from ..frameworks import DECLARATIONS
 from ..layout import REHEARSAL_MARKER
 
+if TYPE_CHECKING:
+    from .plan import CellPlan
+
 #: the marker file of a rehearsal's outputs folder (the report reads it and marks every page)
 MARKER = REHEARSAL_MARKER
-#: what a rehearsal keeps of each axis
-PROMPTS, NEW_TOKENS, MAX_BATCH = 2, 4, 2
+#: what a rehearsal keeps of each axis (batch sizes stay the profile's: 2 prompts fill any batch slot count)
+PROMPTS, NEW_TOKENS = 2, 4
 #: vLLM's CPU build: a fixed 1 GiB KV cache, no compilation (as the cpu-engines profile runs it)
 VLLM_CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "0-1", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
 
@@ -55,25 +59,25 @@ def hub_ids(study: dict[str, Any]) -> list[str]:
     return sorted(ids)
 
 
-def heads_of(study: dict[str, Any]) -> dict[str, str]:
-    """EAGLE-3 head id -> its target's id (the rows that use each head as ``eagle3``)."""
+def heads_of(study: dict[str, Any], method: str = "eagle3") -> dict[str, str]:
+    """Head id -> its target's id (the rows that use each head as ``method``: eagle3 or medusa)."""
     methods = {m.get("drafter"): (m.get("method") or m.get("family")) for m in study.get("methods", [])}
     return {
         d: m["target"]
         for m in study.get("models", [])
         for short, d in (m.get("drafters") or {}).items()
-        if methods.get(short) == "eagle3"
+        if methods.get(short) == method
     }
 
 
 def build_standins(study: dict[str, Any], cache: Path, read: Callable[[str], Any] = read_config) -> dict[str, Any]:
     """Stand-ins for every hub model (and EAGLE-3 head) into ``cache``; what was scaled, per model."""
-    heads, work = heads_of(study), cache.parent / "build"
+    heads, medusa, work = heads_of(study), heads_of(study, "medusa"), cache.parent / "build"
     notes: dict[str, Any] = {}
-    for repo in [r for r in hub_ids(study) if r not in heads]:
+    for repo in [r for r in hub_ids(study) if r not in heads and r not in medusa]:
         real = read(repo)
-        if real is None or "vocab_size" not in real:  # Medusa heads: loaded by no CPU engine
-            notes[repo] = "no stand-in: no config with a vocabulary here, and no CPU engine loads it"
+        if real is None or "vocab_size" not in real:
+            notes[repo] = "no stand-in: no config with a vocabulary here"
             continue
         cfg, scaled = scaled_config(real)
         template, said = _chat_template(repo, read)
@@ -81,7 +85,44 @@ def build_standins(study: dict[str, Any], cache: Path, read: Callable[[str], Any
         notes[repo] = [*scaled, said]
     for head, target in heads.items():
         notes[head] = _eagle3_standin(head, target, cache, read, work)
+    for head, target in medusa.items():
+        notes[head] = _medusa_standin(head, target, cache, read, work)
     return notes
+
+
+def _medusa_standin(head: str, target: str, cache: Path, read: Callable[[str], Any], work: Path) -> Any:
+    """Random Medusa-1 heads in FasterDecoding's checkpoint format (its config keys; ``medusa_lm_head.pt``
+    and the same tensors as ``model.safetensors``: ``{head}.{layer}.linear.weight|bias`` residual
+    blocks, ``{head}.{layers}.weight`` the head's LM head, the names vLLM's Medusa loader remaps), as
+    many heads and layers as the real ones, shaped for the stand-in target (its hidden size and vocabulary;
+    ``hidden_size`` and ``vocab_size`` written too, which vLLM's MedusaConfig reads)."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoConfig
+
+    real = read(head) or {}
+    heads, layers = int(real.get("medusa_num_heads", 4)), int(real.get("medusa_num_layers", 1))
+    snap = cache / f"models--{target.replace('/', '--')}" / "snapshots"
+    tcfg = AutoConfig.from_pretrained(str(next(snap.iterdir())))
+    hidden, vocab = int(tcfg.hidden_size), int(tcfg.vocab_size)
+    torch.manual_seed(0)
+    weights: dict[str, Any] = {}
+    for h in range(heads):
+        for i in range(layers):
+            weights[f"{h}.{i}.linear.weight"] = torch.randn(hidden, hidden) * 0.02
+            weights[f"{h}.{i}.linear.bias"] = torch.zeros(hidden)
+        weights[f"{h}.{layers}.weight"] = torch.randn(vocab, hidden) * 0.02
+    folder = work / head.replace("/", "--")
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.save(weights, folder / "medusa_lm_head.pt")
+    save_file(weights, str(folder / "model.safetensors"))
+    cfg = {**real, "medusa_num_heads": heads, "medusa_num_layers": layers, "base_model_name_or_path": target}
+    cfg.update(hidden_size=hidden, vocab_size=vocab, medusa_fc_bias=True, rehearsal="random weights")
+    (folder / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    place_in_hub_cache(folder, head, cache)
+    return [
+        f"random Medusa heads for the stand-in of {target}: {heads} heads x {layers} layers, hidden {hidden}, vocabulary {vocab}"
+    ]
 
 
 def _chat_template(repo: str, read: Callable[..., Any]) -> tuple[str | None, str]:
@@ -142,10 +183,80 @@ def rehearsal_study(
     _axes(s, runnable)
     changes += _models(s) + _options(s, runnable)
     changes.append(
-        f"every sweep: its first task and first gamma, {PROMPTS} prompts, {NEW_TOKENS} new tokens, "
-        f"1 repeat, batch sizes above {MAX_BATCH} run at {MAX_BATCH}"
+        f"every sweep: its first task, {PROMPTS} prompts, {NEW_TOKENS} new tokens, 1 repeat; its batch sizes "
+        f"are the profile's (a batch of {PROMPTS} requests in an engine sized for the batch)"
     )
+    changes.append(f"cells: one per distinct configuration ({', '.join(KEY_FIELDS)}), its largest gamma")
     return s, changes, skipped
+
+
+#: the axes of a distinct configuration, in the order :func:`configuration_key` returns them
+KEY_FIELDS = (
+    "framework",
+    "method row",
+    "target",
+    "drafter",
+    "method options",
+    "batch size",
+    "rate regime",
+    "prefix cache",
+    "sampling",
+    "arrivals",
+    "multi-turn",
+)
+
+
+def rate_regime(rate: float | None) -> str:
+    """A request rate's regime: a closed batch (no rate), every request at once (inf), or Poisson
+    arrivals (any finite rate: the client's code path is the same whatever the rate)."""
+    if rate is None:
+        return "closed batch"
+    return "all at once" if math.isinf(rate) else "poisson"
+
+
+def configuration_key(p: CellPlan) -> tuple[Any, ...]:
+    """What makes a cell a distinct configuration for a rehearsal: the engine, the method row and its
+    models and options (what the engine is started with), the batch size and rate regime (what the
+    client does), prefix caching, greedy or random sampling, the arrivals and multi-turn.  Left out on
+    purpose: the task, the repeat, the exact rate and gamma (values along an axis the same code path
+    takes; :func:`pick` runs the largest gamma, the longest speculative span)."""
+    return (
+        p.cell.framework,
+        p.label,
+        p.target,
+        p.drafter_id,
+        p.method_options,
+        p.cell.batch_size,
+        rate_regime(p.request_rate),
+        p.prefix_cache,
+        "greedy" if p.sampling.temperature == 0 else "random",
+        p.arrivals,
+        p.turns > 1,
+    )
+
+
+def pick(plans: list[CellPlan]) -> list[CellPlan]:
+    """One cell per distinct configuration (:func:`configuration_key`), in plan order: each speculative
+    configuration's cell with the largest gamma and the AR baseline it pairs with, then an AR cell for
+    each AR configuration no baseline covered yet."""
+    best: dict[tuple[Any, ...], CellPlan] = {}
+    for p in plans:
+        key = configuration_key(p)
+        if key not in best or (p.cell.gamma or 0) > (best[key].cell.gamma or 0):
+            best[key] = p
+    speculative = [p for p in best.values() if p.baseline_cell_id]
+    ids = {p.cell.cell_id for p in speculative} | {p.baseline_cell_id for p in speculative}
+    covered = {configuration_key(p) for p in plans if p.cell.cell_id in ids}
+    ids |= {p.cell.cell_id for key, p in best.items() if key not in covered}
+    return [p for p in plans if p.cell.cell_id in ids]
+
+
+def uncovered(profile: list[CellPlan], rehearsed: list[CellPlan]) -> list[tuple[Any, ...]]:
+    """The distinct configurations of a profile's CPU-build cells that no rehearsed cell has."""
+    have = {configuration_key(p) for p in rehearsed}
+    return sorted(
+        {k for p in profile if cpu_build(p.cell.framework) and (k := configuration_key(p)) not in have}, key=repr
+    )
 
 
 def _absolute_tasks(s: dict[str, Any], base: Path) -> None:
@@ -193,12 +304,10 @@ def _sweep(sw: dict[str, Any], runnable: set[str], labels: set[str], s: dict[str
 
 
 def _shrink(sw: dict[str, Any]) -> None:
-    """One task, one gamma, few prompts and tokens, one repeat; batch regimes above MAX_BATCH at MAX_BATCH."""
-    for key in ("tasks", "gammas"):
-        if sw.get(key):
-            sw[key] = sw[key][:1]
-    if sw.get("batch_sizes"):
-        sw["batch_sizes"] = sorted({min(int(b), MAX_BATCH) for b in sw["batch_sizes"]})
+    """One task, few prompts and tokens, one repeat (every gamma and batch size stays: :func:`pick`
+    chooses the cells)."""
+    if sw.get("tasks"):
+        sw["tasks"] = sw["tasks"][:1]
     for key, value in (("repeats", 1), ("prompts_per_task", PROMPTS), ("max_new_tokens", NEW_TOKENS)):
         if key in sw:
             sw[key] = value
@@ -257,6 +366,17 @@ def _not_rehearsed(s: dict[str, Any], frameworks: set[str]) -> list[dict[str, An
     return rows
 
 
+def _validate_argvs(gpu: str, skipped: list[dict[str, Any]]) -> None:
+    """The rows of GPU-only engines checked by the engine's own parser where it imports here
+    (:mod:`specstudy.run.engine_argv`), on the profile's own plan (its real models and options)."""
+    from ..config import load_study
+    from .engine_argv import validate_rows
+    from .plan import expand
+
+    cfg = load_study(gpu, check_tokenizers=False)
+    validate_rows(skipped, cfg, expand(cfg))
+
+
 def prepare(gpu: str, outputs: str = "outputs", log: Callable[[str], None] = print) -> Path:
     """Stand-ins, the small study file and the marker in ``<outputs>/<gpu>-rehearsal/``; the hub cache
     pointed at the stand-ins (this process and every engine it starts).  Returns the study file."""
@@ -269,6 +389,7 @@ def prepare(gpu: str, outputs: str = "outputs", log: Callable[[str], None] = pri
         built.parent.mkdir(parents=True, exist_ok=True)
         built.write_text(json.dumps(build_standins(study, cache), indent=2))
     small, changes, skipped = rehearsal_study(study, hardware_file(gpu).parent)
+    _validate_argvs(gpu, skipped)
     path = out / "rehearsal.yaml"
     import yaml
 

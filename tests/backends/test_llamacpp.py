@@ -239,8 +239,8 @@ def test_ngram_options_map_to_llamacpp_sizes():
 @pytest.mark.parametrize(
     "method, gamma, options, match",
     [
-        ("eagle", 4, {}, r"draft-eagle3\) is refused: is not a study method of this engine yet"),
-        ("medusa", 4, {}, r"method='medusa' is not known; allowed: \['ar', 'ngram', 'draft_target'\]"),
+        ("eagle", 4, {}, r"draft-eagle3\) is refused: runs EAGLE-3 heads only \(method eagle3"),
+        ("medusa", 4, {}, r"method='medusa' is not known; allowed: \['ar', 'ngram', 'draft_target', 'eagle3'\]"),
         ("ngram", None, {}, "needs gamma >= 1"),
         ("ngram", 4, {"ngram_min": 1, "ngram_max": 3}, "exactly one n-gram length"),
         ("ngram", 4, {"prompt_lookup_max": 3}, r"\['prompt_lookup_max'\] not understood; allowed: \["),

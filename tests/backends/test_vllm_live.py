@@ -160,6 +160,39 @@ print("RESULT" + json.dumps(out))
     assert ng["run"]["drafted_tokens"] == sum(ng["drafted"]) and ng["run"]["accepted_tokens"] == sum(ng["accepted"])
 
 
+def test_offline_suffix_decoding_is_greedy_lossless(model_dir):
+    """vLLM's method: suffix (Arctic Inference's suffix cache, ``make arctic-inference``): 2 prompts × 32
+    greedy tokens equal to AR's, with drafts proposed and accepted on a copy prompt."""
+    py = _engines_python()
+    probe = subprocess.run([py, "-c", "import arctic_inference.suffix_decoding"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip(f"arctic-inference is not installed in {py}: run `make arctic-inference`")
+    code = f"""
+import json, sys
+sys.path.insert(0, {str(REPO)!r})
+from specstudy.backends.vllm.offline import VllmOfflineBackend
+from specstudy.records import Cell, Request, Sampling
+b = VllmOfflineBackend({model_dir!r}, dtype="float32", max_model_len=1024, worker="inprocess", enforce_eager=True)
+reqs = [Request("c0", {COPY_PROMPT!r}), Request("c1", {COPY_PROMPT!r} + "#")]
+out = {{}}
+for method, gamma, opts in (("ar", None, ()), ("suffix", 4, (("max_cached_requests", 0), ("min_token_prob", 0.1)))):
+    cell = Cell("t", "cpu", "vllm", method, "code", "smollm2-135m", gamma=gamma, batch_size=1, options=opts)
+    recs = list(b.run(reqs, Sampling(max_new_tokens=32), cell))
+    out[method] = {{"status": [r.status for r in recs], "ids": [r.output_ids for r in recs],
+                    "drafted": [r.drafted_tokens for r in recs], "accepted": [r.accepted_tokens for r in recs]}}
+print("RESULT" + json.dumps(out))
+"""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    proc = subprocess.run([py, "-c", code], capture_output=True, text=True, timeout=1800, env=env)
+    line = next((l for l in proc.stdout.splitlines() if l.startswith("RESULT")), None)
+    assert line, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = json.loads(line[len("RESULT") :])
+    print(json.dumps(out))
+    assert out["ar"]["status"] == out["suffix"]["status"] == ["ok", "ok"]
+    assert out["suffix"]["ids"] == out["ar"]["ids"] and all(len(i) == 32 for i in out["ar"]["ids"])
+    assert all(d and d > 0 for d in out["suffix"]["drafted"]) and sum(out["suffix"]["accepted"]) > 0
+
+
 def test_prefix_cache_hits_gauges_and_memory_from_a_live_server(tmp_path):
     """A shared ~600-token system prompt with vLLM's prefix cache on: the run's hits come from vLLM's
     own counters and are > 0; with it off vLLM counts no lookups and no hits.  The running-batch gauge and the server tree's

@@ -112,7 +112,7 @@ def test_per_engine_facts_are_declaration_fields():
 
     d = catalogue.DECLARATIONS
     assert {f: d[f].start_s for f in ("llamacpp", "vllm", "openai")} == {"llamacpp": 5.0, "vllm": 120.0, "openai": 0.0}
-    assert sorted(f for f in d if d[f].drafter_format) == ["sglang", "trtllm", "vllm", "vllm-server"]
+    assert sorted(f for f in d if d[f].drafter_format) == ["llamacpp", "sglang", "trtllm", "vllm", "vllm-server"]
     assert serve_bench_servers() == ["llamacpp", "vllm-server", "sglang", "openai"]
     assert install.ENVIRONMENTS == catalogue.environments() and set(install.ENVIRONMENTS) == {
         "vllm-cuda",

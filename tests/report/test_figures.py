@@ -158,3 +158,25 @@ def test_batch_sweep_frame_pools_ar_from_the_paired_baselines(report_study):
     assert tables.batch_sweep_frame(study, "layer_skip").empty
     fig = figures.batch_pareto(sweep)
     assert {l.get_label() for l in fig.axes[0].get_lines()} >= {"AR", "Prompt lookup γ=2"}
+
+
+def test_speedup_vs_batch_leaves_out_rows_without_a_speedup(report_study, monkeypatch):
+    """A row measured at several batch sizes whose baselines are all missing (a rehearsal's heads rows)
+    has no speedup: it is not drawn, and the other rows' figure still lays out on its log axis."""
+    import io
+
+    from specstudy.report import sections
+
+    study = load(report_study)
+    family = tables.families_in(study)[0]
+    table, raw = tables.method_table(study, family)
+    first = raw.iloc[:1]
+    lost = pd.concat([first.assign(batch_size=b, speedup=np.nan, label="no baseline") for b in (1, 4)])
+    kept = pd.concat([first.assign(batch_size=b, speedup=s) for b, s in ((1, 1.4), (4, 1.1))])
+    monkeypatch.setattr(tables, "method_table", lambda s, f: (table, pd.concat([raw, lost, kept])))
+    sec = sections.method_family_section(study, family)
+    fig = sec.figures[f"method_{family}_batch"]
+    fig.savefig(io.BytesIO(), format="png")  # all-missing rows failed here: nothing on the log axis
+    assert [t.get_text() for t in fig.axes[0].get_legend().get_texts()] == [
+        f"{first['label'].iloc[0]} γ={first['gamma'].iloc[0]}"
+    ]

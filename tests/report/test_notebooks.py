@@ -144,3 +144,50 @@ def test_the_study_papermill_entry_point_runs_a_notebook_without_the_iri_parser(
         text=True,
     )
     assert ours.stdout.strip().splitlines()[-1] == "False"  # blocked in the entry point
+
+
+def _banner_cell(name: str):
+    nb = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)
+    return [c for c in nb.cells if c.cell_type == "code"][1]
+
+
+@pytest.mark.parametrize("name", EXPECTED)
+def test_each_notebook_opens_with_the_rehearsal_banner(name):
+    """The cell after the parameters displays the outputs folder's REHEARSAL banner (empty for a study)."""
+    tree = ast.parse(_banner_cell(name).source)
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "rehearsal_banner"]
+    assert [ast.unparse(c) for c in calls] == ["rehearsal_banner(out_dir)"]
+    assert "display(Markdown(rehearsal_banner(out_dir)))" in _banner_cell(name).source
+
+
+def test_the_banner_is_the_rehearsal_markers(tmp_path):
+    from specstudy.layout import REHEARSAL_BANNER, REHEARSAL_MARKER
+    from specstudy.report.banner import rehearsal_banner
+
+    assert rehearsal_banner(tmp_path) == ""
+    (tmp_path / REHEARSAL_MARKER).write_text("{}")
+    assert REHEARSAL_BANNER in rehearsal_banner(tmp_path)
+
+
+@pytest.mark.slow
+def test_a_notebook_run_on_rehearsal_outputs_shows_the_banner(report_study, tmp_path):
+    """Executed by papermill over a rehearsal's folder, a notebook's first display is the REHEARSAL
+    banner; over a study's own folder, no REHEARSAL text anywhere."""
+    import shutil
+
+    from specstudy.layout import REHEARSAL_BANNER, REHEARSAL_MARKER
+
+    def shown(out):
+        jobs = [j for j in plan_notebook_jobs(out, load(out).plan["cells"]) if j.notebook == "hardware"]
+        assert [e for _, e in execute_notebooks(jobs, log=lambda m: None) if e] == []
+        nb = json.loads(Path(jobs[0].output).read_text())
+        code = [c for c in nb["cells"] if c["cell_type"] == "code"]
+        return ["".join(o.get("data", {}).get("text/markdown", "")) for c in code for o in c.get("outputs", [])]
+
+    rehearsal = tmp_path / "a100-rehearsal"
+    shutil.copytree(report_study, rehearsal)
+    (rehearsal / REHEARSAL_MARKER).write_text("{}")
+    assert REHEARSAL_BANNER in shown(rehearsal)[0]
+    plain = tmp_path / "cpu"
+    shutil.copytree(report_study, plain)
+    assert not any(REHEARSAL_BANNER in m for m in shown(plain))

@@ -12,7 +12,15 @@ from specstudy.config import load_study
 from specstudy.config.files import hardware_file, load_yaml
 from specstudy.layout import REHEARSAL_BANNER, REHEARSAL_MARKER
 from specstudy.run.plan import check_backends, expand
-from specstudy.run.rehearsal import cpu_build, rehearsal_study
+from specstudy.run.rehearsal import (
+    KEY_FIELDS,
+    configuration_key,
+    cpu_build,
+    pick,
+    rate_regime,
+    rehearsal_study,
+    uncovered,
+)
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "model_configs"
 
@@ -60,3 +68,67 @@ def test_rehearsal_tables_and_pages_are_marked(tmp_path):
     assert (tmp_path / "tables" / "t.md").read_text().startswith(f"*{REHEARSAL_BANNER}*")
     assert "REHEARSAL t" in (tmp_path / "tables" / "t.tex").read_text()
     assert list(pd.read_csv(tmp_path / "tables" / "t.csv").columns) == ["a", "rehearsal"]
+
+
+def _plans(gpu, tmp_path):
+    """The profile's cells, and its rehearsal's as `specstudy run --rehearse` picks them."""
+    profile = load_yaml(hardware_file(gpu))["study"]
+    small, _, _ = rehearsal_study(profile, hardware_file(gpu).parent)
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump({"study": small}))
+    rehearsal = expand(check_backends(load_study(f"{gpu}-rehearsal", path, check_tokenizers=False), files=False))
+    return expand(load_study(gpu, check_tokenizers=False)), rehearsal
+
+
+@pytest.mark.parametrize("gpu", ["a100", "h100", "h200", "rtx4090"])
+def test_every_distinct_configuration_of_a_profile_is_rehearsed_once(gpu, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECSTUDY_MODEL_CONFIGS", str(FIXTURES))
+    full, rehearsal = _plans(gpu, tmp_path)
+    picked = pick(rehearsal)
+    assert uncovered(full, picked) == []
+    keys = [configuration_key(p) for p in picked]
+    # one cell per configuration, but for the AR baselines the speculative cells pair with
+    spec = [k for p, k in zip(picked, keys, strict=True) if p.baseline_cell_id]
+    assert len(spec) == len(set(spec))
+    assert {p.baseline_cell_id for p in picked if p.baseline_cell_id} <= {p.cell.cell_id for p in picked}
+    assert len(picked) < len(rehearsal)  # the rest are values along axes already rehearsed
+    # the profile's real batch sizes, and each configuration at its largest gamma
+    assert {p.cell.batch_size for p in picked} == {p.cell.batch_size for p in full if cpu_build(p.cell.framework)}
+    for p in picked:
+        same = [q.cell.gamma or 0 for q in rehearsal if configuration_key(q) == configuration_key(p)]
+        assert (p.cell.gamma or 0) == max(same)
+    # a plan that drops one configuration is caught, naming it
+    dropped = next(p for p in picked if p.baseline_cell_id)
+    assert uncovered(full, [p for p in picked if p is not dropped]) == [configuration_key(dropped)]
+
+
+def test_the_configuration_key_separates_each_axis(monkeypatch, tmp_path):
+    """Each axis of the key alone makes two cells distinct configurations; the task, repeat, exact
+    rate and gamma do not."""
+    import dataclasses
+
+    monkeypatch.setenv("SPECSTUDY_MODEL_CONFIGS", str(FIXTURES))
+    _, rehearsal = _plans("a100", tmp_path)
+    p = next(q for q in rehearsal if q.baseline_cell_id and q.request_rate is not None and q.request_rate < 1e9)
+    k = configuration_key(p)
+    changed = {
+        "framework": dataclasses.replace(p, cell=dataclasses.replace(p.cell, framework="hf")),
+        "method row": dataclasses.replace(p, label="other"),
+        "target": dataclasses.replace(p, target="other/model"),
+        "drafter": dataclasses.replace(p, drafter_id="other/head"),
+        "method options": dataclasses.replace(p, method_options=(("x", 1),)),
+        "batch size": dataclasses.replace(p, cell=dataclasses.replace(p.cell, batch_size=p.cell.batch_size + 1)),
+        "rate regime": dataclasses.replace(p, request_rate=None),
+        "prefix cache": dataclasses.replace(p, prefix_cache=not p.prefix_cache),
+        "sampling": dataclasses.replace(p, sampling=dataclasses.replace(p.sampling, temperature=0.7)),
+        "arrivals": dataclasses.replace(p, arrivals="trace"),
+        "multi-turn": dataclasses.replace(p, turns=3),
+    }
+    assert set(changed) == set(KEY_FIELDS)
+    assert all(configuration_key(q) != k for q in changed.values())
+    same = [
+        dataclasses.replace(p, cell=dataclasses.replace(p.cell, task="other", repeat=1, gamma=(p.cell.gamma or 0) + 1)),
+        dataclasses.replace(p, request_rate=p.request_rate * 2),
+    ]
+    assert all(configuration_key(q) == k for q in same)
+    assert [rate_regime(r) for r in (None, float("inf"), 0.5)] == ["closed batch", "all at once", "poisson"]

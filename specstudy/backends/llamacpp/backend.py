@@ -1,4 +1,4 @@
-"""llama.cpp's server as a study framework: AR, n-gram self-speculation and draft models.
+"""llama.cpp's server as a study framework: AR, n-gram self-speculation, draft models, EAGLE-3 heads.
 
 The kit starts llama.cpp as a child process (:mod:`specstudy.backends.llamacpp.serve`, the
 ``xllamacpp`` wheel), or a user's ``llama-server`` binary (``llama_server=PATH``), or attaches to
@@ -67,6 +67,7 @@ from ..server import ServerBackend
 from ..sse import StreamState
 from .config import NOT_SERVER_KEYS, Plan, server_argv, spec_config
 from .config import check as _check
+from .eagle3_draft import check_folder
 
 COUNTERS = {
     "drafts": "llamacpp:spec_decode_num_drafts_total",
@@ -255,8 +256,10 @@ class LlamaCppBackend(ServerBackend):
         files = [cell.model] + ([cell.drafter] if cell.method == "draft_target" and cell.drafter else [])
         if any(needs_download(f) for f in files):
             spec_config(cell.method, cell.gamma, dict(cell.options))
+            if cell.method == "eagle3" and cell.drafter:  # the folder alone until the target is here
+                check_folder(cell.drafter, cell.model, None)
             return
-        cls.check(cell.method, cell.gamma, cell.options, cell.model, cell.drafter)
+        _check(cell.method, cell.gamma, cell.options, cell.model, cell.drafter, convert=False)
 
     @property
     def effective_prefix_cache(self) -> bool:
@@ -277,7 +280,7 @@ class LlamaCppBackend(ServerBackend):
                 f"cell {cell.cell_id} asks prefix_cache={wanted!r} but this llamacpp backend was built "
                 f"with prefix_cache={self.prefix_cache}: pass prefix_cache to the backend"
             )
-        drafter = (cell.drafter or self.drafter) if cell.method == "draft_target" else None
+        drafter = (cell.drafter or self.drafter) if cell.method in LLAMACPP.needs_drafter else None
         key = json.dumps(
             [
                 cell.method,

@@ -28,7 +28,11 @@ Methods and options
 * ``draft_target``: a draft GGUF (``draft-simple``), γ = ``n_max``; ``draft_min`` (n_min,
   default 0) and ``draft_p_min`` (default 0.0: always draft γ tokens, as the study's fixed γ
   means).  The draft's vocabulary must equal the target's.
-* ``synthetic_acceptance`` (``ngram`` and ``draft_target``): benchmark-only fixed acceptance, real
+* ``eagle3``: the kit's EAGLE-3 head (``draft-eagle3``), γ = ``n_max``, the same ``draft_min`` and
+  ``draft_p_min`` as ``draft_target``.  The drafter is an EAGLE-3 folder
+  (:mod:`.eagle3_draft` checks it against the target at study load and converts it to llama.cpp's
+  eagle3 GGUF once, cached by checksum).
+* ``synthetic_acceptance`` (``ngram``, ``draft_target`` and ``eagle3``): benchmark-only fixed acceptance, real
   step costs.  ``alpha=a`` becomes llama.cpp's ``--spec-synth-rates`` a, a², …, a^γ (unconditional
   rates, one per draft position); ``length=L`` becomes ``--spec-synth-len`` L (AL, bonus token
   included).  The output text is then not the model's; the records carry the rule.
@@ -49,6 +53,7 @@ from ...data.fetch import sha256_file
 from ...data.models import gguf_file as registry_gguf_file
 from ...frameworks.declaration import LOAD_OPTIONS
 from ...frameworks.llamacpp import LLAMACPP, MOD_KEYS, SIZED_KEYS, llamacpp_synthetic_fields
+from .eagle3_draft import check_folder, converted_gguf
 from .gguf_meta import file_type_name, read_metadata, vocab_mismatch
 from .serve import SPEC_TYPE_ENUM
 
@@ -56,15 +61,14 @@ METHODS = LLAMACPP.methods
 NGRAM_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod")
 #: speculative types this build exposes that the kit cannot run, and why
 REFUSED_TYPES = {
-    "draft-eagle3": "is not a study method of this engine yet (its declaration lists no eagle3); the kit's "
-    "EAGLE-3 head converts to the GGUF it reads (`python -m specstudy.backends.llamacpp.eagle3_gguf`) and loads "
-    "and drafts live (issue 37); the EAGLE-style layer is not in that format",
+    "draft-eagle3": "runs EAGLE-3 heads only (method eagle3, drafter: an EAGLE-3 folder); the kit's EAGLE-style "
+    "layer (method eagle) is not in that format",
     "draft-mtp": "needs a target GGUF with multi-token-prediction layers (SmolLM2 and Qwen2.5 have none)",
     "draft-dflash": "needs a DFlash drafter GGUF; none exists for the kit's models",
     "draft-dspark": "needs a DSpark drafter GGUF; none exists for the kit's models",
     "ngram-cache": "ignores the draft n_max (measured: 8-token drafts at n_max 4), so γ would not be γ",
 }
-_REFUSED_METHODS = {"eagle": "draft-eagle3", "eagle3": "draft-eagle3", "mtp": "draft-mtp", "dflash": "draft-dflash"}
+_REFUSED_METHODS = {"eagle": "draft-eagle3", "mtp": "draft-mtp", "dflash": "draft-dflash"}
 # cell options that are not the server's: the offered load (server.LOAD_OPTIONS) and the run and
 # sampling settings the study puts on every cell and its baseline (study._run_options), which
 # reach llama.cpp per request or through the constructor (prefix_cache)
@@ -254,14 +258,14 @@ def spec_config(method: str, gamma: int | None, options: Mapping[str, Any] | Non
         _check_keys(method, options, set())
         return SpecConfig(method="ar")
     g = _gamma(method, gamma)
-    if method == "draft_target":
+    if method in ("draft_target", "eagle3"):
         _check_keys(method, options, set(LLAMACPP.reads(method)))
         p_min = options.get("draft_p_min", 0.0)
         if isinstance(p_min, bool) or not isinstance(p_min, (int, float)) or not 0.0 <= p_min <= 1.0:
             raise ValueError(f"option draft_p_min={p_min!r}: must be a number in [0, 1]")
         return SpecConfig(
             method=method,
-            spec_type="draft-simple",
+            spec_type="draft-simple" if method == "draft_target" else "draft-eagle3",
             n_max=g,
             n_min=_int_option(options, "draft_min", 0, lo=0),
             p_min=float(p_min),
@@ -314,16 +318,48 @@ def gguf_file(name: str) -> GgufFile:
     )
 
 
+def eagle3_draft(drafter: str, model: str, target: GgufFile | None, convert: bool) -> GgufFile | None:
+    """An EAGLE-3 folder checked against the target (folder alone when ``target`` is None) and,
+    with ``convert``, the eagle3 GGUF made from it (cached by checksum)."""
+    folder = check_folder(drafter, model, target.meta if target is not None else None)
+    if not convert or target is None:
+        return None
+    arch = target.meta.get("general.architecture")
+    path = converted_gguf(folder, target.path, target.sha256, int(target.meta.get(f"{arch}.block_count", 0)))
+    meta = read_metadata(path)
+    tokens = meta.get("tokenizer.ggml.tokens")
+    return GgufFile(
+        name=str(drafter),
+        path=str(path),
+        sha256=sha256_file(path),
+        precision=file_type_name(meta),
+        vocab_size=len(tokens) if isinstance(tokens, list) else None,
+        meta=meta,
+    )
+
+
 def check(
-    method: str, gamma: int | None, options: Mapping[str, Any] | None, model: str, drafter: str | None = None
+    method: str,
+    gamma: int | None,
+    options: Mapping[str, Any] | None,
+    model: str,
+    drafter: str | None = None,
+    convert: bool = True,
 ) -> Plan:
-    """The whole pre-flight check of one llama.cpp cell: options, files, sha256, draft vocabulary."""
+    """The whole pre-flight check of one llama.cpp cell: options, files, sha256, draft vocabulary;
+    an EAGLE-3 folder is checked against the target and (``convert``) written as its GGUF."""
     spec = spec_config(method, gamma, options)
     if method == "draft_target" and not drafter:
         raise ValueError("llamacpp method='draft_target' needs a drafter: a registry name or a .gguf path")
-    if method != "draft_target" and drafter and method != "ar":
+    if method == "eagle3" and not drafter:
+        raise ValueError(
+            "llamacpp method='eagle3' needs a drafter: an EAGLE-3 folder (config.json + model.safetensors)"
+        )
+    if method not in LLAMACPP.needs_drafter and drafter and method != "ar":
         raise ValueError(f"llamacpp method={method!r} takes no drafter (got {drafter!r})")
     target = gguf_file(model)
+    if method == "eagle3" and drafter:
+        return Plan(spec=spec, model=target, draft=eagle3_draft(drafter, model, target, convert))
     draft = gguf_file(drafter) if method == "draft_target" and drafter else None
     if draft is not None:
         why = vocab_mismatch(target.meta, draft.meta, names=(f"target {model}", f"draft {drafter}"))

@@ -13,7 +13,7 @@ from ...data.models import resolve_for_engine as resolve_model
 from ...environments.install import engine_env
 from ...frameworks.declaration import CellCheck
 from ...frameworks.declaration import pinned_version as requirement_version
-from ...frameworks.vllm import KIT_TO_VLLM, OFFLINE, vllm_methods, vllm_synthetic_fields
+from ...frameworks.vllm import KIT_TO_VLLM, OFFLINE, VLLM_SUFFIX_FIELDS, vllm_methods, vllm_synthetic_fields
 from ...records import Cell
 
 #: study method name -> vLLM speculative_config "method" (each pinned version runs a subset: vllm_methods)
@@ -41,12 +41,19 @@ def speculative_config(
         cfg["prompt_lookup_max"] = int(options.get("ngram_max", 4))
         if cfg["prompt_lookup_min"] > cfg["prompt_lookup_max"]:
             raise ValueError(f"ngram ngram_min={cfg['prompt_lookup_min']} > ngram_max={cfg['prompt_lookup_max']}")
-    elif method != "suffix":
+    elif method == "suffix":
+        cfg.update(suffix_fields(options))
+    else:
         if not drafter:
             raise ValueError(f"method={method!r} needs a drafter model (vLLM speculative_config.model)")
         cfg["model"] = resolve_model(drafter)
     cfg.update(vllm_synthetic_fields(options, int(gamma)))  # benchmark-only fixed acceptance
     return cfg
+
+
+def suffix_fields(options: Mapping[str, Any]) -> dict[str, Any]:
+    """vLLM's ``suffix_decoding_*`` fields from a suffix cell's options (unset ones: vLLM's defaults)."""
+    return {VLLM_SUFFIX_FIELDS[k]: options[k] for k in VLLM_SUFFIX_FIELDS if k in options}
 
 
 def describe_vllm(version: str, method: str, gamma: int | None, options: Mapping[str, Any]) -> str:
@@ -61,8 +68,13 @@ def describe_vllm(version: str, method: str, gamma: int | None, options: Mapping
         "eagle3": "EAGLE-3 head",
         "medusa": "Medusa heads",
         "mtp": "MTP layers",
-        "suffix": "suffix decoding",
+        "suffix": "suffix decoding (Arctic Inference's suffix trees over prompt and past outputs)",
     }
+    if method == "suffix":
+        return (
+            f"vLLM {version} {what['suffix']}: up to {gamma} draft tokens per step, as many as the "
+            "tree's match supports, verified in one target forward"
+        )
     return (
         f"vLLM {version} {what.get(method, method)}: a chain of {gamma} draft tokens per step, "
         "verified in one target forward (no tree: vLLM has no tree decoding)"
@@ -118,6 +130,12 @@ class VllmCellCheck:
         unread option."""
         version = pinned_version(cell.cuda)
         cell.against(OFFLINE, engine=f"vLLM {version}", methods=vllm_methods(version))
+        if cell.method == "medusa" and cell.drafter and str(cell.drafter).endswith(".safetensors"):
+            raise ValueError(
+                f"vLLM method='medusa' drafter {cell.drafter!r} is a kit heads file; vLLM loads a Medusa folder: "
+                f"export it with `python -m specstudy.backends.vllm.medusa_export {cell.drafter} TARGET_DIR OUT` "
+                "(plain heads only: token-conditioned heads cannot run in vLLM)"
+            )
 
     @classmethod
     def describe(cls, method: str, gamma: int | None, options: Mapping[str, Any], cuda: bool | None = None) -> str:

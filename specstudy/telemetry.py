@@ -69,18 +69,27 @@ def busy_reasons(
     steal_pct: float | None = None,
     freq_dropped: bool = False,
     gpu_other_procs: int | None = None,
+    busy_cores_now: float | None = None,
 ) -> list[str]:
     """Why the machine was not fit to measure on, one phrase each (empty: fit).
 
     ``needed``: the cores the kit's engine and client need (all of a CPU machine's, one on a GPU
     box).  Before any cell the load is other work, which may take ``cores - needed``; while a cell
     ``during`` decodes the load holds the kit's own ``needed`` too, so the limit is ``cores``.
-    Either way :data:`BUSY_LOAD_MARGIN` of slack.
+    Either way :data:`BUSY_LOAD_MARGIN` of slack.  ``busy_cores_now`` (the start check): the cores
+    busy over the sampling window just taken.  It decides instead of the 1-minute load average,
+    which trails by a minute both ways: a `make test` that ended a minute ago still reads 0.8, and a
+    busy loop started ten seconds ago reads 0.3.
     """
     out = []
     limit = (cores if during else max(cores - needed, 0)) + BUSY_LOAD_MARGIN
-    if load_1m is not None and load_1m == load_1m and load_1m > limit:
-        out.append(f"load {load_1m:.2f} on {cores} cores (above {limit:.1f}{'' if during else ' before the engine'})")
+    where = "while the cell ran" if during else f"before the engine; the kit needs {min(needed, cores)} of them"
+    if busy_cores_now is not None and busy_cores_now == busy_cores_now:
+        if busy_cores_now > limit:
+            load = "" if load_1m is None or load_1m != load_1m else f" (load average {load_1m:.2f})"
+            out.append(f"{busy_cores_now:.1f} of {cores} cores busy now{load}, above {limit:.1f} {where}")
+    elif load_1m is not None and load_1m == load_1m and load_1m > limit:
+        out.append(f"load {load_1m:.2f} on {cores} cores (above {limit:.1f} {where})")
     if steal_pct is not None and steal_pct == steal_pct and steal_pct > BUSY_STEAL_PCT:
         out.append(f"CPU steal {steal_pct:.1f} % (above {BUSY_STEAL_PCT:g} %)")
     if freq_dropped:
@@ -95,13 +104,19 @@ def machine_check(needed: int, seconds: float = 0.5) -> list[str]:
     import psutil
 
     psutil.cpu_times_percent(interval=None)
-    steal = getattr(psutil.cpu_times_percent(interval=seconds), "steal", None)
+    window = psutil.cpu_times_percent(interval=seconds)
+    steal = getattr(window, "steal", None)
+    cores = cpu_cores()
+    idle = window.idle + getattr(window, "iowait", 0.0)
+    busy_now = max(0.0, (100.0 - idle) / 100.0 * (psutil.cpu_count() or cores))
     nv = _Nvml()
     try:
         gpu = nv.other_processes()
     finally:
         nv.close()
-    return busy_reasons(load_average()[0], cpu_cores(), needed, during=False, steal_pct=steal, gpu_other_procs=gpu)
+    return busy_reasons(
+        load_average()[0], cores, needed, during=False, steal_pct=steal, gpu_other_procs=gpu, busy_cores_now=busy_now
+    )
 
 
 def decode_throttle_reasons(mask: int) -> list[str]:

@@ -61,7 +61,7 @@ def _make_command(target: str, bench_args: str = "") -> list[str]:
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=30,
+        timeout=300,
         check=True,
     ).stdout
     lines = [ln for ln in out.replace("\\\n", " ").splitlines() if "bench/" in ln]

@@ -130,5 +130,5 @@ def test_llamacpp_loads_the_head_and_drafts(tmp_path):
         assert t["draft_n"] > 0 and 0 <= t["draft_n_accepted"] <= t["draft_n"]
     finally:
         proc.terminate()
-        proc.wait(timeout=30)
+        proc.wait(timeout=300)
         time.sleep(0.1)

@@ -402,7 +402,7 @@ def test_cli_dry_run_and_bad_file_fail_fast(tmp_path):
         [sys.executable, "-m", "specstudy.cli", "run", "--params", str(path), "--dry-run"],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=600,
     )
     assert r.returncode == 2 and "study.gammas" in r.stderr and "four" in r.stderr and str(path) in r.stderr
     ok = subprocess.run(
@@ -418,7 +418,7 @@ def test_cli_dry_run_and_bad_file_fail_fast(tmp_path):
         ],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=600,
     )
     assert ok.returncode == 0, ok.stderr
     import json

@@ -173,7 +173,7 @@ def test_cli_python_of_prints_the_interpreter(tmp_path):
         capture_output=True,
         text=True,
         env=env,
-        timeout=60,
+        timeout=600,
     )
     assert out.returncode == 0 and out.stdout.strip() == str(tmp_path / ".venv-vllm" / "bin" / "python")
 

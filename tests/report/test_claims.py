@@ -330,7 +330,11 @@ def test_a_flagged_baseline_is_named_marked_and_its_rows_left_out_of_the_summary
     assert list(secs)[:2] == ["Validity", "Summary"]
     valid = secs["Validity"].markdown
     assert "**2 of 4 cells are flagged** (1 by their own checks, 1 through their AR baseline)" in valid
-    assert "busy_ar" in valid and "load 3.40 on 2 cores (above 2.5)" in valid and "load 3.40 (max" in valid
+    assert (
+        "busy_ar" in valid
+        and "load 3.40 on 2 cores (above 2.5 while the cell ran)" in valid
+        and "load 3.40 (max" in valid
+    )
     summ = secs["Summary"].markdown
     assert summ.startswith("_2 flagged cells left out of every line below (baseline busy machine; busy machine)")
     assert "Prompt lookup (γ=2)" in summ and "Early exit" not in summ and "9.3" not in summ

@@ -176,7 +176,7 @@ def test_ctrl_c_on_the_submitting_command_leaves_the_jobs_running_and_says_how_t
     follower, layout, deadline = _submit_and_follow(yaml, outputs)
     time.sleep(1)
     follower.send_signal(signal.SIGINT)
-    out, _ = follower.communicate(timeout=60)
+    out, _ = follower.communicate(timeout=600)
     index = json.loads(layout.jobs_index_path.read_text())
     ids = [e["job_id"] for e in index["shards"].values()] + [index["report"]]
     try:

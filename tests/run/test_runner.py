@@ -519,7 +519,7 @@ def test_every_server_the_study_starts_logs_under_the_studys_own_outputs_folder(
     assert not (cwd / "outputs").exists()
 
 
-BUSY = ["load 4.10 on 2 cores (above 0.5 before the engine)"]
+BUSY = ["load 4.10 on 2 cores (above 0.5 before the engine; the kit needs 2 of them)"]
 
 
 @pytest.mark.validity
@@ -554,6 +554,14 @@ def test_the_machine_rule_separates_the_quiet_and_the_loaded_vm():
     assert busy_reasons(3.4, 2, 2, during=True)  # one busy loop per core beside it
     assert busy_reasons(0.3, 2, 2, during=False) == [] and busy_reasons(2.0, 2, 2, during=False)
     assert busy_reasons(2.0, 16, 1, during=False) == []  # a GPU box: the client needs one core
+    # the start check reads the cores busy now: a load average trailing a finished job is not a busy
+    # machine, and a busy loop started seconds ago is, before the load average shows it
+    assert busy_reasons(0.82, 2, 2, during=False, busy_cores_now=0.1) == []
+    (why,) = busy_reasons(0.3, 2, 2, during=False, busy_cores_now=1.0)
+    assert why == "1.0 of 2 cores busy now (load average 0.30), above 0.5 before the engine; the kit needs 2 of them"
+    assert busy_reasons(0.3, 16, 1, during=False, busy_cores_now=3.0) == []  # a GPU box: 15 cores to spare
+    (why,) = busy_reasons(3.4, 2, 2, during=True)
+    assert why == "load 3.40 on 2 cores (above 2.5 while the cell ran)"
 
 
 def test_the_runner_stamps_where_an_ignore_eos_request_would_have_stopped_and_the_prompt_checks(tiny):

@@ -18,7 +18,7 @@ from ..analysis.rows import HardwareRow, hardware_rows, headline_max_new
 from ..analysis.study import Study, vouched
 from ..layout import REHEARSAL_BANNER, REHEARSAL_MARKER, is_rehearsal
 from ..metrics import MIN_PROMPTS_FOR_CI
-from . import across_engines, conditions, fails, figures, tables, wording
+from . import across_engines, conditions, fails, figures, rate_tables, tables, tree_tables, wording
 from .deploy import deploy_section
 from .section import Section, markdown_table
 from .summary import summary_markdown
@@ -156,7 +156,7 @@ def method_family_section(study: Study, family: str) -> Section:
         sec.figures[f"method_{family}_pareto"] = figures.batch_pareto(sweep)
         sec.markdown += "\n" + PARETO_TEXT.format(point="batch size", ar="the paired AR cells at each batch size")
     if family == "tree" and study.has_sweep(trees.SWEEP):
-        shapes, shapes_raw = trees.tree_shape_table(study)
+        shapes, shapes_raw = tree_tables.tree_shape_table(study)
         sec.add_table("tree_shapes", shapes, shapes_raw, TREE_SHAPES_TEXT)
     return sec
 
@@ -302,9 +302,9 @@ def serving_section(study: Study) -> Section:
             if slo == rates.DEFAULT_SLO
             else f"{slo.describe()} (the study's `slo`; the seed's default is {rates.DEFAULT_SLO.describe()})"
         )
-        table = rates.rate_table(raw)
+        table = rate_tables.rate_table(raw)
         sec.tables["serving_rates"] = (table, raw)
-        stop = rates.stops_paying_table(raw)
+        stop = rate_tables.stops_paying_table(raw)
         sec.tables["serving_stops_paying"] = (stop, None)
         sec.figures["serving_throughput_latency"] = figures.throughput_latency(raw)
         sec.figures["serving_pareto"] = figures.rate_pareto(raw, slo.tpot_s)
@@ -327,7 +327,7 @@ def serving_section(study: Study) -> Section:
     if pc_raw.empty:
         parts.append("_no cells ran with the prefix cache both off and on_\n")
     else:
-        pc = rates.prefix_cache_table(pc_raw)
+        pc = rate_tables.prefix_cache_table(pc_raw)
         sec.tables["serving_prefix_cache"] = (pc, pc_raw)
         parts += [
             "Lookups and hits are the engine's own counters over each run (vLLM "

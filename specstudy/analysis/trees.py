@@ -20,7 +20,6 @@ from typing import Any
 import pandas as pd
 
 from ..metrics import expected_acceptance_length
-from .format import is_dynamic_tree
 from .stats import Pooled, isnum, pooled
 from .study import Study
 
@@ -29,6 +28,11 @@ SWEEP = "tree_shapes"
 TREE_METHODS = ("tree", "specinfer", "sequoia")
 #: the EAGLE heads: a chain, or EAGLE-2's dynamic tree (option tree_nodes)
 EAGLE_METHODS = ("eagle", "eagle3")
+
+
+def is_dynamic_tree(records: Any) -> bool:
+    """Whether these records ran EAGLE-2's dynamic tree (the engine notes it in each record's extra)."""
+    return any(getattr(r, "extra", {}).get("tree") == "eagle2_dynamic" for r in records)
 
 
 def _extras(study: Study, cells: list[str], key: str) -> list[Any]:

@@ -28,11 +28,11 @@ from typing import Any
 import pandas as pd
 
 from ..analysis.claims import Estimate, overlap
-from ..analysis.format import fmt_ci
 from ..analysis.stats import Pooled, pooled
 from ..analysis.study import Study
 from ..metrics import draft_steps_of, prompt_of
 from ..records import RequestRecord
+from .format import fmt_ci
 
 AGREE = "agree within noise (every pair of AL intervals overlaps)"
 IDENTICAL = "identical acceptance and drafting, prompt by prompt"

@@ -13,8 +13,8 @@ from typing import Any
 import pandas as pd
 
 from ..analysis import capacity, cost, gamma_schedule, rates, structured
-from ..analysis.format import fmt, fmt_ci
 from ..analysis.study import Study
+from .format import fmt, fmt_ci
 from .section import Section, markdown_table
 
 

@@ -18,7 +18,6 @@ from .. import costmodel
 from ..analysis import claims
 from ..analysis.claims import Direction, Estimate
 from ..analysis.faq import BatchCase, batch_cases, short_cases
-from ..analysis.format import fmt, fmt_ci, short_model
 from ..analysis.memory import memory_groups
 from ..analysis.rows import headline_max_new
 from ..analysis.stats import NAN, Pooled, break_even_alpha, isnum, pooled, predicted_for
@@ -26,6 +25,7 @@ from ..analysis.study import Study
 from ..config.vocab import cost_dtype
 from ..costmodel import HardwareProfile
 from . import wording
+from .format import fmt, fmt_ci, short_model
 from .wording import estimate_text
 
 

@@ -13,8 +13,8 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from ..analysis.format import short_model
 from ..analysis.stats import break_even, isnum
+from .format import short_model
 
 PALETTE = "colorblind"
 

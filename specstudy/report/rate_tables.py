@@ -10,9 +10,9 @@ import math
 import pandas as pd
 
 from .. import metrics
-from ..analysis.format import fmt
 from ..analysis.rates import with_arrivals
 from ..analysis.serving import stops_paying
+from .format import fmt
 from .strata_tables import method_name, method_names
 
 

@@ -13,13 +13,13 @@ from collections.abc import Sequence
 import pandas as pd
 
 from ..analysis import engine_costs, faq, frames, rates, stats, trees
-from ..analysis.format import FAMILY_TITLES, TASK_TITLES, fmt, fmt_ci
 from ..analysis.rows import HardwareRow, hardware_rows, headline_max_new
 from ..analysis.study import Study, vouched
 from ..layout import REHEARSAL_BANNER, REHEARSAL_MARKER, is_rehearsal
 from ..metrics import MIN_PROMPTS_FOR_CI
 from . import across_engines, conditions, fails, figures, rate_tables, tables, tree_tables, wording
 from .deploy import deploy_section
+from .format import FAMILY_TITLES, TASK_TITLES, fmt, fmt_ci
 from .section import Section, markdown_table
 from .summary import summary_markdown
 from .validity import reasons_text, validity_section

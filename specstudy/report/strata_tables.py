@@ -9,7 +9,7 @@ from typing import Any
 
 import pandas as pd
 
-from ..analysis.format import fmt, fmt_ci
+from .format import fmt, fmt_ci
 
 #: marks a row that pools a flagged cell (see the report's Validity section)
 FLAG_MARK = " ⚑"

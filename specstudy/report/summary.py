@@ -15,12 +15,12 @@ from typing import Any
 from .. import metrics
 from ..analysis import claims, faq, stats
 from ..analysis.claims import Estimate
-from ..analysis.format import fmt
 from ..analysis.rows import HardwareRow
 from ..analysis.stats import isnum
 from ..analysis.study import Study
 from ..metrics import MIN_PROMPTS_FOR_CI
 from . import fails, wording
+from .format import fmt
 from .wording import estimate_text
 
 

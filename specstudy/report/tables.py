@@ -14,7 +14,6 @@ import pandas as pd
 
 from ..analysis.claims import Estimate, overlap
 from ..analysis.drafts import optimal_measured, pooled_drafts
-from ..analysis.format import FAMILY_TITLES, TASK_TITLES, fmt, fmt_ci, is_dynamic_tree, seed_row_name, short_model
 from ..analysis.memory import memory_groups
 from ..analysis.rates import peak_memory
 from ..analysis.rows import (
@@ -30,10 +29,12 @@ from ..analysis.rows import (
 )
 from ..analysis.stats import NAN, Pooled, isnum, pooled, predicted_for
 from ..analysis.study import Study
+from ..analysis.trees import is_dynamic_tree
 from ..config.task import load_task_config, seed_row
 from ..config.vocab import TASKS
 from ..metrics import MIN_PROMPTS_FOR_CI
 from . import wording
+from .format import FAMILY_TITLES, TASK_TITLES, fmt, fmt_ci, seed_row_name, short_model
 
 Frames = tuple[pd.DataFrame, pd.DataFrame]
 

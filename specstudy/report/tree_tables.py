@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pandas as pd
 
-from ..analysis.format import fmt, fmt_ci, seed_row_name, short_model
 from ..analysis.study import Study
 from ..analysis.trees import DrafterShare, TreeRow, TreeShape, tree_frame, tree_rows
+from .format import fmt, fmt_ci, seed_row_name, short_model
 
 EAGLE2_SHAPE = "EAGLE-2 dynamic: the drafter's top-k of the most confident nodes per level, reranked within the budget"
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pandas as pd
 
 from ..analysis import claims, rates, tiers, turns
-from ..analysis.format import fmt
 from ..analysis.study import Study, vouched
 from ..metrics import MIN_PROMPTS_FOR_CI
+from .format import fmt
 from .rate_tables import rate_table
 from .section import Section, markdown_table
 from .strata_tables import entropy_tier_table, tier_table, turn_table

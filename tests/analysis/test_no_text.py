@@ -23,13 +23,9 @@ NAME_PART = re.compile(r"^[A-Za-z0-9_.]*$")
 #: (what is left of issue 34's "strings in report/ only"; lower a count when you move its text)
 STILL_MAKING_TEXT = {
     "drafts.py": 9,  # the cost model's per-row note (model_note) and a drafter's depth limit, in words
-    "format.py": 4,  # fmt / fmt_ci / short_model: used by the modules below, so it moves last
     "frames.py": 1,  # where a cross-engine baseline came from
     "predict.py": 6,  # the `predict` command's table (commands/ prints it)
-    "rates.py": 9,  # the request-rate, stops-paying and prefix-cache display tables
-    "strata.py": 1,  # a tier table's method names
     "study.py": 3,  # a sampling's name (T=0.7, top-p 0.9), used as a grouping key and shown as is
-    "trees.py": 5,  # a tree's shape in words
 }
 
 

@@ -54,11 +54,6 @@ def seed_row_name(method: str, dynamic_tree: bool = False) -> str:
     return SEED_ROWS.get(method, "—")
 
 
-def is_dynamic_tree(records: Any) -> bool:
-    """Whether these records ran EAGLE-2's dynamic tree (the engine notes it in each record's extra)."""
-    return any(getattr(r, "extra", {}).get("tree") == "eagle2_dynamic" for r in records)
-
-
 def fmt(x: Any, digits: int = 2, suffix: str = "") -> str:
     if x is None or (isinstance(x, float) and x != x):
         return "—"

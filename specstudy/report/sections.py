@@ -20,6 +20,7 @@ from ..metrics import MIN_PROMPTS_FOR_CI
 from . import across_engines, conditions, fails, figures, rate_tables, tables, tree_tables, wording
 from .deploy import deploy_section
 from .format import FAMILY_TITLES, TASK_TITLES, fmt, fmt_ci
+from .model_notes import note_text
 from .section import Section, markdown_table
 from .summary import summary_markdown
 from .validity import reasons_text, validity_section
@@ -403,12 +404,18 @@ def summary_section(
     return Section("Summary", head + summary_markdown(study, hw_rows, whole, whole_rows))
 
 
+def _worded_notes(rows: pd.DataFrame) -> pd.DataFrame:
+    """The rows with their model note in words (— where no assumption is bent; empty without a prediction)."""
+    words = [note_text(b) if b is not None else "" for b in rows["model_bends"]]
+    return rows.assign(model_bends=words).rename(columns={"model_bends": "model_note"})
+
+
 def engine_costs_section(study: Study) -> Section | None:
     """llama.cpp's own T(k)/T(1) and c, and each llama.cpp row's speedup beside the cost model's."""
     curves = engine_costs.cost_curves(study)
     if not len(curves):
         return None
-    rows = engine_costs.predicted_rows(study)
+    rows = _worded_notes(engine_costs.predicted_rows(study))
     shown = rows.assign(
         alpha=rows["alpha"].map(fmt),
         alpha_hat=rows["alpha_hat"].map(fmt),

@@ -35,6 +35,7 @@ from ..config.vocab import TASKS
 from ..metrics import MIN_PROMPTS_FOR_CI
 from . import wording
 from .format import FAMILY_TITLES, TASK_TITLES, fmt, fmt_ci, seed_row_name, short_model
+from .model_notes import limit_text, note_text
 
 Frames = tuple[pd.DataFrame, pd.DataFrame]
 
@@ -154,7 +155,7 @@ def _prediction(pr: Prediction) -> dict[str, str]:
     return {
         "Speedup (cost model, prediction)": fmt(pr.speedup, 2, "×"),
         "measured/predicted": fmt(pr.ratio),
-        "Model note": pr.note or "—",
+        "Model note": note_text(pr.bends),
     }
 
 
@@ -190,7 +191,15 @@ def metric_table(study: Study, sweep: str | None = "hardware") -> pd.DataFrame:
 def method_table(study: Study, family: str, sweep: str | None = "method_family") -> Frames:
     """α, AL, α̂, per-position acceptance, speedup (measured and predicted) per (label, γ, batch, sampling)."""
     rows = method_rows(study, family, sweep)
-    return pd.DataFrame([_method_cells(study, r) for r in rows]), raw_frame(rows)
+    return pd.DataFrame([_method_cells(study, r) for r in rows]), _with_notes(raw_frame(rows), rows)
+
+
+def _with_notes(raw: pd.DataFrame, rows: Sequence[MethodRow]) -> pd.DataFrame:
+    """The rows' numbers with each row's model note in words beside its predicted speedup."""
+    if rows:
+        notes = [note_text(r.prediction.bends) if isnum(r.prediction.speedup) else "" for r in rows]
+        raw.insert(int(raw.columns.get_loc("predicted_speedup")) + 1, "model_note", notes)
+    return raw
 
 
 def _method_cells(study: Study, r: MethodRow) -> dict[str, Any]:
@@ -330,8 +339,9 @@ def _best_gammas(study: Study, spec: list[str]) -> tuple[list[str], list[str]]:
             best.append(f"{name}: γ={g_best} ({fmt_ci(pb.speedup, pb.speedup_ci, 2, '×', n=pb.n_prompts)}{vs})")
         opt = optimal_measured(study, {g: v for g, v in by_g.items() if g}, per_g=pg)
         if opt is not None:
+            why = limit_text(opt["why"], opt["max_gamma"])
             model_opt.append(
-                f"{name}: γ={opt['gamma']} ({opt['speedup']:.2f}×, searched γ ≤ {opt['max_gamma']}: {opt['why']})"
+                f"{name}: γ={opt['gamma']} ({opt['speedup']:.2f}×, searched γ ≤ {opt['max_gamma']}: {why})"
             )
     return best, model_opt
 

@@ -22,8 +22,6 @@ NAME_PART = re.compile(r"^[A-Za-z0-9_.]*$")
 #: modules that still word things for the reader, and how many text-making strings each holds
 #: (what is left of issue 34's "strings in report/ only"; lower a count when you move its text)
 STILL_MAKING_TEXT = {
-    "drafts.py": 9,  # the cost model's per-row note (model_note) and a drafter's depth limit, in words
-    "predict.py": 6,  # the `predict` command's table (commands/ prints it)
     "study.py": 3,  # a sampling's name (T=0.7, top-p 0.9), used as a grouping key and shown as is
 }
 

@@ -79,6 +79,20 @@ def fmt_ci(x: Any, ci: tuple[float, float], digits: int = 2, suffix: str = "", n
     return s
 
 
+#: a sampling key's parts (:func:`specstudy.analysis.study.sampling_key`) in words
+SAMPLING_PARTS = {"T": "T={}", "p": "top-p {}", "k": "top-k {}"}
+
+
+def sampling_text(key: str) -> str:
+    """``T=0.7, top-p 0.9`` for the key ``T0.7_p0.9`` (``greedy`` as is): how a cell sampled, in words."""
+    if key == "greedy":
+        return key
+    parts = str(key).split("_")
+    if any(p[:1] not in SAMPLING_PARTS for p in parts):
+        raise ValueError(f"sampling key {key!r}: expected greedy or parts {sorted(SAMPLING_PARTS)} joined by _")
+    return ", ".join(SAMPLING_PARTS[p[0]].format(p[1:]) for p in parts)
+
+
 def short_model(name: str | None) -> str:
     if not name:
         return "—"

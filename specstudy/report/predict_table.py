@@ -9,6 +9,7 @@ from typing import Any
 import pandas as pd
 
 from ..analysis.stats import isnum
+from .format import sampling_text
 from .model_notes import limit_text, note_text
 
 #: the data columns of a prediction that the worded ``costs`` and ``note`` replace
@@ -57,5 +58,7 @@ def predict_table(df: pd.DataFrame) -> pd.DataFrame:
         return df
     rows = df.to_dict("records")
     return df.drop(columns=[c for c in FACTS if c in df.columns]).assign(
-        costs=[costs_text(r) for r in rows], note=[prediction_note(r) for r in rows]
+        sampling=df["sampling"].map(sampling_text),
+        costs=[costs_text(r) for r in rows],
+        note=[prediction_note(r) for r in rows],
     )

@@ -34,7 +34,7 @@ from ..config.task import load_task_config, seed_row
 from ..config.vocab import TASKS
 from ..metrics import MIN_PROMPTS_FOR_CI
 from . import wording
-from .format import FAMILY_TITLES, TASK_TITLES, fmt, fmt_ci, seed_row_name, short_model
+from .format import FAMILY_TITLES, TASK_TITLES, fmt, fmt_ci, sampling_text, seed_row_name, short_model
 from .model_notes import limit_text, note_text
 
 Frames = tuple[pd.DataFrame, pd.DataFrame]
@@ -135,7 +135,7 @@ def _hardware_cells(study: Study, r: HardwareRow) -> dict[str, Any]:
         "Target": short_model(r.model),
         "Draft": "—" if is_ar else _draft_name(r),
         "γ": "—" if is_ar else r.gamma,
-        "Sampling": r.sampling,
+        "Sampling": sampling_text(r.sampling),
         "α": "—" if is_ar else fmt_ci(p.alpha, p.alpha_ci, n=p.n_prompts),
         "AL": "—" if is_ar else fmt_ci(p.acceptance_length, p.acceptance_length_ci, n=p.n_prompts),
         "tokens/s": fmt_ci(p.tokens_per_s, p.tokens_per_s_ci, 1, n=p.n_prompts),
@@ -173,7 +173,7 @@ def metric_table(study: Study, sweep: str | None = "hardware") -> pd.DataFrame:
                 "Method": ("Baseline (AR)" if is_ar else _label(r.label, p)) + flag_mark(study, r.cells),
                 "Framework": r.framework,
                 "γ": "—" if is_ar else r.gamma,
-                "Sampling": r.sampling,
+                "Sampling": sampling_text(r.sampling),
                 "tokens/s": fmt(p.tokens_per_s, 1),
                 "TTFT ms (mean / p50 / p99)": _ms(p, "ttft"),
                 "TPOT ms (mean / p50 / p99)": _ms(p, "tpot"),
@@ -210,7 +210,7 @@ def _method_cells(study: Study, r: MethodRow) -> dict[str, Any]:
         "Method": _label(r.label, p) + flag_mark(study, r.cells),
         "γ": r.gamma,
         "Batch": r.batch_size,
-        "Sampling": r.sampling,
+        "Sampling": sampling_text(r.sampling),
         "α": fmt_ci(p.alpha, p.alpha_ci, n=p.n_prompts),
         "α̂ (i.i.d.)": fmt(p.alpha_hat),
         "AL": fmt_ci(p.acceptance_length, p.acceptance_length_ci, n=p.n_prompts),
@@ -321,7 +321,9 @@ def _best_gammas(study: Study, spec: list[str]) -> tuple[list[str], list[str]]:
         by_row.setdefault((m["label"], m["framework"], m["sampling"]), []).append(c)
     for (label, fw, sampling), cs in sorted(by_row.items()):
         others = [k for k in by_row if k[0] == label]
-        name = label + "".join(f" ({v})" for i, v in ((1, fw), (2, sampling)) if len({k[i] for k in others}) > 1)
+        name = label + "".join(
+            f" ({v})" for i, v in ((1, fw), (2, sampling_text(sampling))) if len({k[i] for k in others}) > 1
+        )
         by_g: dict[int, list[str]] = {}
         for c in cs:
             by_g.setdefault(study.meta(c)["gamma"], []).append(c)
@@ -419,7 +421,7 @@ def framework_table(study: Study) -> pd.DataFrame:
         # among rows with enough prompts for an interval, greedy first (rows of one sampling compared)
         ranked = sorted(
             (
-                (sampling != "greedy", -p.speedup, f"{label} γ={gamma} ({sampling})", p, label)
+                (sampling != "greedy", -p.speedup, f"{label} γ={gamma} ({sampling_text(sampling)})", p, label)
                 for (label, gamma, sampling), cs in rows_b1.items()
                 if isnum((p := pooled(study, cs)).speedup) and p.n_prompts >= MIN_PROMPTS_FOR_CI
             ),

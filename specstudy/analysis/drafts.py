@@ -11,7 +11,7 @@ the model's assumptions the measurement does not support.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
 
@@ -128,9 +128,23 @@ def pooled_drafts(data: Study, cell_ids: Iterable[str]) -> Pooled:
     return with_draft_mix(pooled(data, cell_ids), data, cell_ids)
 
 
+#: why a prediction's γ search stops where it does (:mod:`specstudy.report.model_notes` words each);
+#: ``uncounted_<limit>``: draft lengths not counted, γ drafted every step assumed, searched to ``<limit>``
+SEARCH_LIMITS = (
+    "measured_depth",
+    "heads",
+    "search_limit",
+    "gamma_values_uncounted",
+    "uncounted_heads",
+    "uncounted_search_limit",
+    "uncounted_gamma_values",
+)
+
+
 @lru_cache(maxsize=64)
 def draft_cap(method: str, drafter: str | None) -> tuple[int | None, str]:
-    """The most tokens ``method``'s drafter can propose in one step, and why; (None, "") when unbounded.
+    """The most tokens ``method``'s drafter can propose in one step, and why (a :data:`SEARCH_LIMITS`
+    key); (None, "") when unbounded.
 
     Medusa-style heads draft one token per head (the reference engine refuses γ > heads).  EAGLE's
     layer, a draft model, early exit, trees and n-gram lookup draft any length.
@@ -142,14 +156,14 @@ def draft_cap(method: str, drafter: str | None) -> tuple[int | None, str]:
             k = int(drafter_file_metadata(drafter, "heads")["num_heads"])
         except (ValueError, OSError, KeyError, ImportError):
             return None, ""
-        return k, f"its {k} heads"
+        return k, "heads"
     return None, ""
 
 
 def search_cap(
     mixes: Sequence[costmodel.DraftMix], method: str, drafter: str | None, extrapolate: bool, max_gamma: int = 16
 ) -> tuple[int, int, str]:
-    """(largest γ a prediction searches, the measured draft depth, why that limit).
+    """(largest γ a prediction searches, the measured draft depth, why that limit: a :data:`SEARCH_LIMITS` key).
 
     The measured depth (α̂ is not carried past it), or with ``extrapolate`` the drafter's own cap
     (``max_gamma`` when it has none); never past what the drafter can draft.
@@ -157,10 +171,10 @@ def search_cap(
     cap, why = draft_cap(method, drafter)
     depth = max((m.gamma for m in mixes), default=0)
     if depth and not extrapolate and (cap is None or depth <= cap):
-        return depth, depth, "the measured draft depth"
+        return depth, depth, "measured_depth"
     if cap is not None:
         return cap, depth, why
-    return max_gamma, depth, "the search limit"
+    return max_gamma, depth, "search_limit"
 
 
 def mix_at(mixes: dict[int, costmodel.DraftMix], gamma: int) -> tuple[int, costmodel.DraftMix] | None:
@@ -206,7 +220,7 @@ def optimal_measured(
             return None
         heads = draft_cap(meta["method"], meta["drafter"])[0]
         depth = max(per_g)
-        cap, why = min(depth, heads or depth), "the γ values run; draft lengths not counted"
+        cap, why = min(depth, heads or depth), "gamma_values_uncounted"
 
         def at(g: int) -> float:
             return predicted_for(allp, g)
@@ -224,45 +238,72 @@ def _with_costs(mix: costmodel.DraftMix, costs: costmodel.DraftMix | None) -> co
     return replace(mix, c=costs.c, verify_by_k=costs.verify_by_k, no_draft=costs.no_draft)
 
 
-def model_note(p: Pooled, gamma: int | None, measured_over_predicted: float = NAN) -> str:
-    """Which of the cost model's assumptions a row's measurement bends, in a few words ("—": none)."""
+@dataclass(frozen=True)
+class Bend:
+    """One of the cost model's assumptions a row's measurement bends, with the numbers that show it
+    (:mod:`specstudy.report.model_notes` words it).  ``kind`` is one of :data:`BENDS`."""
+
+    kind: str
+    values: tuple[float, ...] = ()
+
+
+#: what a :class:`Bend` can say, and the numbers it carries
+BENDS = {
+    "not_counted": "draft lengths not counted: γ every step assumed",
+    "no_step_drafted": "no step drafted",
+    "drafts_vary": "(share of steps that draft, mean tokens drafted)",
+    "extrapolated": "(the measured depth α̂ is carried past)",
+    "few_draft_steps": "(draft steps)",
+    "verify_one_mean": "verification cost not timed per k",
+    "verify_missing": "(the k values not timed)",
+    "no_draft_cost": "(a step without a draft's cost, in T1)",
+    "prompt_pass": "(prompt pass / AR's, the model's ratio)",
+    "untimed": "(decode share outside timed steps, AR's)",
+    "no_draft_untimed": "steps without a draft not timed",
+    "outside_band": "(the band's low and high ends)",
+}
+
+
+def model_bends(p: Pooled, gamma: int | None, measured_over_predicted: float = NAN) -> tuple[Bend, ...]:
+    """Which of the cost model's assumptions a row's measurement bends (none: empty)."""
     if p.synthetic is not None or not gamma:
-        return "—"
+        return ()
     mix, notes = p.draft_mix, []
     if mix is None:
-        notes.append("draft lengths not counted: γ drafted every step assumed (i.i.d. α̂)")
+        notes.append(Bend("not_counted"))
     else:
         k = mix.steps_drafting(min(int(gamma), mix.gamma))
         mean_k = sum(kk * n for kk, n in k.items()) / mix.draft_steps if mix.draft_steps else 0.0
         if not mix.draft_steps:
-            notes.append("no step drafted: each an AR step and a failed lookup")
+            notes.append(Bend("no_step_drafted"))
         elif mix.draft_share < 0.99 or mean_k < min(int(gamma), mix.gamma) - 0.01:
-            notes.append(f"drafts vary: {mix.draft_share:.0%} of steps draft, {mean_k:.1f} tokens on average")
+            notes.append(Bend("drafts_vary", (mix.draft_share, mean_k)))
         if int(gamma) > mix.gamma:
-            notes.append(f"α̂ extrapolated past measured depth {mix.gamma}")
+            notes.append(Bend("extrapolated", (mix.gamma,)))
         if 0 < mix.draft_steps < FEW_DRAFT_STEPS:
-            notes.append(f"few draft steps ({mix.draft_steps})")
+            notes.append(Bend("few_draft_steps", (mix.draft_steps,)))
         if not mix.verify_by_k:
-            notes.append("verify cost not timed per k: one mean for every k" if isnum(p.verify_ratio) else "")
+            if isnum(p.verify_ratio):
+                notes.append(Bend("verify_one_mean"))
         elif missing := sorted(set(k) - set(mix.verify_by_k)):
-            notes.append(f"verify cost not measured at k={','.join(map(str, missing))} (nearest k used)")
+            notes.append(Bend("verify_missing", tuple(missing)))
         if isnum(mix.no_draft) and abs(mix.no_draft - 1.0) > 0.1 and mix.draft_share < 0.99:
-            notes.append(f"a step without a draft costs {mix.no_draft:.2f}×T1")
+            notes.append(Bend("no_draft_cost", (mix.no_draft,)))
     if isnum(measured_over_predicted) and not BAND[0] <= measured_over_predicted <= BAND[1]:
         notes += _why_off(p)
-    return "; ".join(n for n in notes if n) or "—"
+    return tuple(notes)
 
 
-def _why_off(p: Pooled) -> list[str]:
+def _why_off(p: Pooled) -> list[Bend]:
     """Measured departures from what the model takes as given, for a row outside :data:`BAND`."""
     ch, out = p.model_checks, []
     want = 1.0 + (p.c if p.separate_draft and isnum(p.c) else 0.0)
     r = ch.get("prompt_pass_ratio", NAN)
     if isnum(r) and abs(r / want - 1.0) > 0.1:
-        out.append(f"prompt pass {r:.2f}× AR's (model: {want:.2f}×)")
+        out.append(Bend("prompt_pass", (r, want)))
     us, ua = ch.get("untimed_spec", NAN), ch.get("untimed_ar", NAN)
     if isnum(us) and isnum(ua) and abs(us - ua) > 0.05:
-        out.append(f"decode time outside timed steps {us:.0%} (AR {ua:.0%})")
+        out.append(Bend("untimed", (us, ua)))
     if p.draft_mix is not None and not isnum(p.draft_mix.no_draft) and p.draft_mix.draft_share < 0.99:
-        out.append("steps without a draft not timed (taken as T1)")
-    return out or [f"outside {BAND[0]}–{BAND[1]} with no assumption flagged"]
+        out.append(Bend("no_draft_untimed"))
+    return out or [Bend("outside_band", BAND)]

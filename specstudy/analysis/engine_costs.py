@@ -14,7 +14,7 @@ from typing import Any
 import pandas as pd
 
 from . import stats
-from .drafts import model_note, pooled_drafts
+from .drafts import model_bends, pooled_drafts
 from .study import Study
 
 CURVE_COLUMNS = ["framework", "model", "drafter", "k", "verify_ms", "verify_ratio", "c", "threads", "load_1m"]
@@ -34,7 +34,7 @@ ROW_COLUMNS = [
     "speedup_ci",
     "predicted_speedup",
     "measured_over_predicted",
-    "model_note",
+    "model_bends",
 ]
 
 
@@ -109,7 +109,7 @@ def predicted_rows(study: Study) -> pd.DataFrame:
                 "speedup_ci": p.speedup_ci,
                 "predicted_speedup": pred,
                 "measured_over_predicted": ratio,
-                "model_note": model_note(p, gamma, ratio) if stats.isnum(pred) else "",
+                "model_bends": model_bends(p, gamma, ratio) if stats.isnum(pred) else None,
             }
         )
     return pd.DataFrame(rows, columns=ROW_COLUMNS)

@@ -103,7 +103,7 @@ def steps_frame(study: Study) -> pd.DataFrame:
     )
 
 
-ENTROPY_COLUMNS = ["task", "label", "framework", "gamma", "alpha", "entropy", "entropy_source"]
+ENTROPY_COLUMNS = ["task", "label", "framework", "gamma", "alpha", "entropy", "entropy_source", "entropy_framework"]
 
 
 def _ar_entropy_by_prompt(study: Study) -> dict[tuple[str, str, Any], RequestRecord]:
@@ -124,7 +124,8 @@ def entropy_points(study: Study, tasks: Sequence[str] | None = None) -> pd.DataF
     """Per request: its α and the target's mean entropy along the *paired AR* output (same prompt).
 
     When the paired baseline has no entropy (an engine without logits), another AR record of the
-    same prompt and sampling is used and ``entropy_source`` says so.
+    same prompt and sampling is used: ``entropy_source`` says which (``paired AR`` or ``same prompt``)
+    and ``entropy_framework`` names the framework whose AR record gave the entropy.
     """
     rows, stand_in = [], _ar_entropy_by_prompt(study)
     for c in study.records:
@@ -138,8 +139,7 @@ def entropy_points(study: Study, tasks: Sequence[str] | None = None) -> pd.DataF
             b = base.get((r.prompt_id, r.repeat))
             src, how = (b, "paired AR") if b is not None and b.token_entropy else (None, "")
             if src is None:
-                src = stand_in.get((m["task"], r.prompt_id, m.get("sampling")))
-                how = f"AR of the same prompt on {src.framework}" if src is not None else ""
+                src, how = stand_in.get((m["task"], r.prompt_id, m.get("sampling"))), "same prompt"
             if src is None:
                 continue
             rows.append(
@@ -151,6 +151,7 @@ def entropy_points(study: Study, tasks: Sequence[str] | None = None) -> pd.DataF
                     "alpha": metrics.acceptance_rate(r.accepted_tokens or 0, r.drafted_tokens),
                     "entropy": metrics.mean_entropy([src]),
                     "entropy_source": how,
+                    "entropy_framework": src.framework,
                 }
             )
     return pd.DataFrame(rows, columns=ENTROPY_COLUMNS)

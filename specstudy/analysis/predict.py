@@ -19,7 +19,7 @@ import pandas as pd
 from .. import costmodel
 from ..config.vocab import cost_dtype
 from ..costmodel import HardwareProfile
-from .drafts import draft_cap, model_note, optimal_measured, pooled_drafts, search_cap
+from .drafts import draft_cap, model_bends, optimal_measured, pooled_drafts, search_cap
 from .rows import headline_max_new
 from .stats import isnum, predicted_for
 from .study import Study
@@ -61,23 +61,22 @@ def _measured_rows(study: Study, by_gamma: dict[int, list[str]], extrapolate: bo
                 "searched_gamma_max": opt["max_gamma"],
                 "baseline_tokens_per_s": float("nan"),
                 "break_even_batch": None,
-                "costs": "measured (this study)",
-                "note": _note(model_note(p, g, ratio), opt, p.alpha_hat, measured_costs=True),
+                "costs_from": "measured",
+                **_search(opt, p.alpha_hat),
+                "bends": model_bends(p, g, ratio),
             }
         )
     return rows
 
 
-def _note(row_note: str, opt: dict[str, Any], alpha: float | None, measured_costs: bool = False) -> str:
-    """A row's model note and how far its optimal γ was searched (and whether it extrapolates)."""
-    parts = [] if row_note == "—" else [row_note]
-    parts.append(f"γ searched ≤ {opt['max_gamma']} ({opt['why']})")
-    if opt["extrapolated"]:
-        a = f"α̂ = {alpha:.2f}" if isnum(alpha) else "α̂"
-        parts.append(f"optimal γ={opt['gamma']} EXTRAPOLATED past measured depth {opt['depth']} ({a} assumed there)")
-        if measured_costs:
-            parts.append(f"verify cost past k={opt['depth']} taken as at the largest k timed")
-    return "; ".join(parts)
+def _search(opt: dict[str, Any], alpha: float | None) -> dict[str, Any]:
+    """How far a row's optimal γ was searched and why, and whether it extrapolates (with the α̂ assumed there)."""
+    return {
+        "search_why": opt["why"],
+        "search_depth": opt["depth"],
+        "extrapolated": bool(opt["extrapolated"]),
+        "alpha_assumed": alpha,
+    }
 
 
 def _roofline_row(
@@ -110,9 +109,7 @@ def _roofline_row(
         heads = draft_cap(method, drafter or None)[0]
         depth = deepest
         cap = (heads or 16) if extrapolate else min(deepest, heads or deepest)
-        why = "γ drafted every step assumed (draft lengths not counted); " + (
-            f"its {heads} heads" if heads == cap else "the search limit" if extrapolate else "the γ values run"
-        )
+        why = "uncounted_" + ("heads" if heads == cap else "search_limit" if extrapolate else "gamma_values")
     draft = dp if family != "ngram" else None
     beyond = alpha if extrapolate else None
     pred = costmodel.predict(profile, tp, draft, alpha, dt, max_gamma=cap, mix=mix, beyond=beyond)
@@ -130,8 +127,13 @@ def _roofline_row(
         "baseline_tokens_per_s": pred.baseline_tokens_per_s,
         "speculative_tokens_per_s": pred.speculative_tokens_per_s,
         "break_even_batch": be,
-        "costs": f"roofline ({profile.name}, {profile.source}), {tp:.3g} parameters {dt}",
-        "note": _note("—", opt, allp.alpha_hat),
+        "costs_from": "roofline",
+        "cost_profile": profile.name,
+        "cost_profile_source": profile.source,
+        "cost_target_params": tp,
+        "cost_dtype": dt,
+        **_search(opt, allp.alpha_hat),
+        "bends": (),
     }
 
 
@@ -144,7 +146,9 @@ def predict_from_study(
     pool_tasks: bool = False,
     extrapolate: bool = False,
 ) -> pd.DataFrame:
-    """One prediction per (framework, method, task, sampling) of ``study``, for ``profile``.
+    """One prediction per (framework, method, task, sampling) of ``study``, for ``profile``: numbers,
+    where the costs came from and how far γ was searched, as data (:mod:`specstudy.report.predict_table`
+    words them into the ``costs`` and ``note`` a reader sees).
 
     Without a profile the study's own measured step costs are used (its own machine: the row's
     measured speedup stands beside the prediction); with one, its roofline at the declared (or

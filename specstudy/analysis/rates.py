@@ -21,8 +21,6 @@ import pandas as pd
 from .. import metrics
 from ..config.schema import Slo
 from ..records import RequestRecord
-from .format import fmt
-from .serving import stops_paying
 from .study import Study
 
 #: the schema's default (the seed's FAQ Q1: TPOT ≤ 50 ms reads as comfortable real-time chat)
@@ -125,55 +123,9 @@ def rate_frame(study: Study, slo: Slo | None = None) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _ms(v: float) -> str:
-    return fmt(v * 1e3 if v == v else metrics.NAN, 1)
-
-
-def _cache_text(p: bool | None) -> str:
-    return "unknown" if p is None else ("on" if p else "off")
-
-
-def _rate_text(r: float) -> str:
-    return "inf" if math.isinf(r) else f"{r:g}"
-
-
-def _with_arrivals(raw: pd.DataFrame) -> pd.DataFrame:
+def with_arrivals(raw: pd.DataFrame) -> pd.DataFrame:
     """The frame with an ``arrivals`` column (frames built before arrivals existed were all Poisson)."""
     return raw if "arrivals" in raw else raw.assign(arrivals="poisson")
-
-
-def rate_table(raw: pd.DataFrame) -> pd.DataFrame:
-    """The sweep as a reader sees it: one row per (framework, method, rate, arrivals)."""
-    if raw.empty:
-        return raw
-    out = _with_arrivals(raw).sort_values(
-        ["framework", "task", "prefix_cache", "method", "label", "gamma", "rate", "arrivals"], na_position="first"
-    )
-    return pd.DataFrame(
-        {
-            "Framework": out["framework"],
-            "Method": [
-                (f"{lab} γ={g:g}" if g == g and g else str(lab)) + (" ⚑" if flag else "")
-                for lab, g, flag in zip(out["label"], out["gamma"], out.get("flagged", [""] * len(out)))
-            ],
-            "Task": out["task"],
-            "Prefix cache": [_cache_text(p) for p in out["prefix_cache"]],
-            "Rate (req/s)": [_rate_text(r) for r in out["rate"]],
-            "Arrivals": out["arrivals"],
-            "ok / n": [f"{o}/{n}" for o, n in zip(out["ok"], out["n"])],
-            "req/s": [fmt(v, 2) for v in out["request_throughput_rps"]],
-            "Output tok/s": [fmt(v, 1) for v in out["output_throughput_tps"]],
-            "TTFT p50 / p99 ms": [f"{_ms(a)} / {_ms(b)}" for a, b in zip(out["ttft_p50_s"], out["ttft_p99_s"])],
-            "TPOT p50 / p99 ms": [f"{_ms(a)} / {_ms(b)}" for a, b in zip(out["tpot_p50_s"], out["tpot_p99_s"])],
-            "Goodput (req/s)": [fmt(v, 2) for v in out["goodput_rps"]],
-            "Mean running batch": [fmt(v, 2) for v in out["mean_running"]],
-            "Speedup vs AR": [fmt(v, 2, "×") for v in out["speedup"]],
-            "Send lag p50 / max ms": [
-                f"{fmt(a, 2)} / {fmt(b, 2)}" for a, b in zip(out["send_lag_p50_ms"], out["send_lag_max_ms"])
-            ],
-            "Peak memory MB": [fmt(v / 1e6 if v == v else metrics.NAN, 0) for v in out["peak_memory_bytes"]],
-        }
-    ).reset_index(drop=True)
 
 
 def trace_frame(raw: pd.DataFrame) -> pd.DataFrame:
@@ -183,40 +135,6 @@ def trace_frame(raw: pd.DataFrame) -> pd.DataFrame:
         return raw
     traced = set(raw.loc[raw["arrivals"] == "trace", "task"])
     return raw[raw["task"].isin(traced)]
-
-
-def stops_paying_table(raw: pd.DataFrame) -> pd.DataFrame:
-    """Per framework and speculative method: the lowest offered rate whose paired speedup is ≤ 1, from
-    unflagged cells only (how many were left out is said)."""
-    rows = []
-    # a rate sweep's cells: a trace replay is one load pattern, not a point of the sweep
-    raw = _with_arrivals(raw)
-    left = raw[raw["flagged"].astype(bool)] if "flagged" in raw else raw.iloc[0:0]
-    raw = raw.drop(left.index)
-    spec = raw[(raw["method"] != "ar") & (raw["arrivals"] != "trace")] if not raw.empty else raw
-    keys = ["framework", "label", "gamma", "task", "prefix_cache"]
-    for (fw, label, gamma, task, cache), g in spec.groupby(keys, dropna=False) if len(spec) else []:
-        pairs = [(float(r), {"speedup": float(s)}) for r, s in zip(g["rate"], g["speedup"])]
-        stop = stops_paying(pairs)
-        measured = ", ".join(f"{_rate_text(r)}: {fmt(s['speedup'], 2, '×')}" for r, s in sorted(pairs))
-        rows.append(
-            {
-                "Framework": fw,
-                "Method": f"{label} γ={gamma:g}" if gamma == gamma and gamma else str(label),
-                "Task": task,
-                "Prefix cache": _cache_text(cache),
-                "Stops paying at (req/s)": "does not, up to the highest rate run" if stop is None else _rate_text(stop),
-                "Speedup per rate": measured,
-                "Flagged rates left out": ", ".join(
-                    _rate_text(float(r))
-                    for r in left.loc[
-                        (left["framework"] == fw) & (left["label"] == label) & (left["task"] == task), "rate"
-                    ]
-                )
-                or "—",
-            }
-        )
-    return pd.DataFrame(rows)
 
 
 def prefix_cache_frame(study: Study) -> pd.DataFrame:
@@ -251,27 +169,3 @@ def prefix_cache_frame(study: Study) -> pd.DataFrame:
             }
         )
     return pd.DataFrame(rows)
-
-
-def prefix_cache_table(raw: pd.DataFrame) -> pd.DataFrame:
-    if raw.empty:
-        return raw
-    out = raw.assign(_rate=raw["rate"].fillna(-1.0)).sort_values(
-        ["framework", "label", "gamma", "task", "batch_size", "_rate", "prefix_cache"], na_position="first"
-    )
-    return pd.DataFrame(
-        {
-            "Framework": out["framework"],
-            "Method": [f"{lab} γ={g:g}" if g == g and g else str(lab) for lab, g in zip(out["label"], out["gamma"])],
-            "Task": out["task"],
-            "Batch": out["batch_size"],
-            "Rate (req/s)": [_rate_text(r) if r is not None and r == r else "— (batch)" for r in out["rate"]],
-            "Prefix cache": [_cache_text(p) for p in out["prefix_cache"]],
-            "Lookups (tokens)": [fmt(v) if v is not None else "—" for v in out["queries_tokens"]],
-            "Hits (tokens)": [fmt(v) if v is not None else "—" for v in out["hits_tokens"]],
-            "Hit rate": [fmt(v, 3) if v is not None and v == v else "—" for v in out["hit_rate"]],
-            "TTFT p50 ms": [fmt(v * 1e3 if v == v else metrics.NAN, 1) for v in out["ttft_p50_s"]],
-            "E2E p50 ms": [fmt(v * 1e3 if v == v else metrics.NAN, 1) for v in out["e2e_p50_s"]],
-            "n": out["n"],
-        }
-    ).reset_index(drop=True)

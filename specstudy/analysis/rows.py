@@ -17,7 +17,7 @@ from typing import Any
 import pandas as pd
 
 from ..config.vocab import METHOD_FAMILIES
-from .drafts import model_note, pooled_drafts
+from .drafts import Bend, model_bends, pooled_drafts
 from .stats import NAN, Pooled, isnum, pooled, predicted_for
 from .study import Study
 
@@ -94,17 +94,18 @@ def hardware_rows(study: Study, sweep: str | None = "hardware", pool: Pool = poo
 
 @dataclass(frozen=True)
 class Prediction:
-    """The cost model's speedup for a measured row, measured / predicted, and the row's model note."""
+    """The cost model's speedup for a measured row, measured / predicted, and which of the model's
+    assumptions the row bends (none without a prediction)."""
 
     speedup: float = NAN
     ratio: float = NAN
-    note: str = ""
+    bends: tuple[Bend, ...] = ()
 
     @classmethod
     def of(cls, p: Pooled, gamma: Any) -> Prediction:
         pred = predicted_for(p, gamma)
         ratio = p.speedup / pred if isnum(pred) and pred > 0 and isnum(p.speedup) else NAN
-        return cls(pred, ratio, model_note(p, gamma, ratio) if isnum(pred) else "")
+        return cls(pred, ratio, model_bends(p, gamma, ratio) if isnum(pred) else ())
 
 
 @dataclass(frozen=True)
@@ -122,9 +123,10 @@ class MethodRow:
     prediction: Prediction
 
     def record(self) -> dict[str, Any]:
-        """The row's CSV line: key fields, the prediction, then every field of its ``Pooled``."""
+        """The row's CSV line: key fields, the prediction, then every field of its ``Pooled`` (the report
+        words the prediction's note beside ``predicted_speedup``)."""
         keys = ("framework", "label", "gamma", "batch_size", "drafter", "sampling")
-        pred = {"predicted_speedup": self.prediction.speedup, "model_note": self.prediction.note}
+        pred = {"predicted_speedup": self.prediction.speedup}
         return {**{k: getattr(self, k) for k in keys}, **pred, **dataclasses.asdict(self.pooled)}
 
 

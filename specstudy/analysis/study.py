@@ -47,18 +47,26 @@ CELL_FIELDS = (
 )
 
 
-def sampling_label(temperature: float, top_p: float, top_k: int) -> str:
-    """``greedy`` or ``T=0.7, top-p 0.9``: how a cell sampled (identical for a method and its baseline)."""
+#: the sampling key of greedy decoding
+GREEDY = "greedy"
+
+
+def sampling_key(temperature: float, top_p: float, top_k: int) -> str:
+    """``greedy`` or ``T0.7_p0.9_k40``: how a cell sampled, as an identifier that groups cells (identical
+    for a method and its baseline); :func:`specstudy.report.format.sampling_text` words it."""
     if temperature == 0.0:
-        return "greedy"
-    return f"T={temperature:g}" + (f", top-p {top_p:g}" if top_p < 1.0 else "") + (f", top-k {top_k}" if top_k else "")
+        return GREEDY
+    parts = ["T" + format(temperature, "g")]
+    parts += ["p" + format(top_p, "g")] if top_p < 1.0 else []
+    parts += ["k" + str(top_k)] if top_k else []
+    return "_".join(parts)
 
 
 def _measured(cell: dict[str, Any], r: RequestRecord) -> dict[str, Any]:
     """Fields every cell has from its records alone: how it sampled, at what precision, synthetic or not."""
     return {
         **cell,
-        "sampling": sampling_label(r.temperature, r.top_p, r.top_k),
+        "sampling": sampling_key(r.temperature, r.top_p, r.top_k),
         "precision": str(r.extra.get("precision") or cell["dtype"]),
         "synthetic": r.synthetic_acceptance,
         # a rate cell's arrivals: its trace task's recorded times, else Poisson at its rate

@@ -23,7 +23,7 @@ from ..metrics import MIN_PROMPTS_FOR_CI
 from ..records import RequestRecord
 from .claims import Estimate, compare
 from .stats import Keep
-from .strata import spec_groups, strata_table, stratum_row
+from .strata import spec_groups, stratum_row
 from .study import Study
 
 ENTROPY_TIERS = ("low", "mixed", "high")
@@ -115,10 +115,6 @@ def entropy_tier_frame(study: Study, pool_tasks: bool = False) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def tier_table(raw: pd.DataFrame) -> pd.DataFrame:
-    return strata_table(raw, {"Input tokens": lambda d: d["input_tokens"], "Prompts": lambda d: d["prompts"]})
-
-
 def entropy_tiers_shown(study: Study) -> tuple[pd.DataFrame, str]:
     """The entropy-tier frame the report can show, and how it was chosen: ``"per task"``; ``"pooled"``
     over each method's tasks when no per-task row has prompts enough for an interval; ``"left out"``
@@ -130,7 +126,3 @@ def entropy_tiers_shown(study: Study) -> tuple[pd.DataFrame, str]:
     if (pooled_rows["n_prompts"] >= MIN_PROMPTS_FOR_CI).any():
         return pooled_rows, "pooled"
     return pooled_rows.iloc[0:0], "left out"
-
-
-def entropy_tier_table(raw: pd.DataFrame) -> pd.DataFrame:
-    return strata_table(raw, {"Entropy tier (AR output terciles)": lambda d: d["entropy_tier"]})

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
 
 from ..metrics import expected_acceptance_length
-from .format import fmt, fmt_ci, is_dynamic_tree, seed_row_name, short_model
 from .stats import Pooled, isnum, pooled
 from .study import Study
 
@@ -28,7 +28,11 @@ SWEEP = "tree_shapes"
 TREE_METHODS = ("tree", "specinfer", "sequoia")
 #: the EAGLE heads: a chain, or EAGLE-2's dynamic tree (option tree_nodes)
 EAGLE_METHODS = ("eagle", "eagle3")
-EAGLE2_SHAPE = "EAGLE-2 dynamic: the drafter's top-k of the most confident nodes per level, reranked within the budget"
+
+
+def is_dynamic_tree(records: Any) -> bool:
+    """Whether these records ran EAGLE-2's dynamic tree (the engine notes it in each record's extra)."""
+    return any(getattr(r, "extra", {}).get("tree") == "eagle2_dynamic" for r in records)
 
 
 def _extras(study: Study, cells: list[str], key: str) -> list[Any]:
@@ -47,23 +51,36 @@ def _options(study: Study, cell_id: str) -> dict[str, Any]:
     return {}
 
 
-def _shape(m: dict[str, Any], study: Study, cells: list[str]) -> str:
+@dataclass(frozen=True)
+class TreeShape:
+    """What a row's tree is, as data: its ``kind`` (``sequoia``, ``eagle2``, ``merged``, ``chain``,
+    ``branching``, ``width``, or ``unknown`` when a Sequoia row recorded no topology), the option or
+    topology that fixed it (``detail``) and, for a merge, how many drafters' trees it merged."""
+
+    kind: str
+    detail: str = ""
+    drafters: int = 0
+
+
+def tree_shape(m: dict[str, Any], study: Study, cells: list[str]) -> TreeShape:
     """What the row's tree is: Sequoia's chosen topology, or the options that fixed the shape."""
     if m["method"] == "sequoia":
         trees = Counter(str(t) for t in _extras(study, cells, "sequoia_tree"))
-        return trees.most_common(1)[0][0] if trees else "—"
+        return TreeShape("sequoia", trees.most_common(1)[0][0]) if trees else TreeShape("unknown")
     if m["method"] in EAGLE_METHODS and is_dynamic_tree(_records(study, cells)):
-        return EAGLE2_SHAPE
+        return TreeShape("eagle2")
     opts = _options(study, cells[0])
     if m["method"] == "specinfer":
         parts = len(str(m["drafter"] or "").split("+"))
-        return f"{parts} drafters' trees merged (each {opts.get('tree_branching', 'a chain of γ')})"
+        return TreeShape("merged", str(opts.get("tree_branching", "")), parts)
     if "tree_branching" in opts:
         widths = [int(w) for w in str(opts["tree_branching"]).replace(" ", "").strip("()[]").split(",") if w]
-        return "chain" if widths and set(widths) == {1} else f"branching {opts['tree_branching']}"
+        return (
+            TreeShape("chain") if widths and set(widths) == {1} else TreeShape("branching", str(opts["tree_branching"]))
+        )
     if "tree_width" in opts:
-        return f"width {opts['tree_width']} per depth"
-    return "chain"
+        return TreeShape("width", str(opts["tree_width"]))
+    return TreeShape("chain")
 
 
 def independent_merge_al(reach: dict[str, list[int]], steps: int) -> float:
@@ -111,26 +128,37 @@ def expected_al(m: dict[str, Any], p: Pooled, study: Study, cells: list[str]) ->
     if m["method"] == "sequoia":
         vals = [float(v) for v in _extras(study, cells, "sequoia_expected_al")]
         return (sum(vals) / len(vals), "Sequoia DP (calibrated acceptance)") if vals else (math.nan, "—")
-    if _shape(m, study, cells) == "chain" and isnum(p.alpha_hat) and m["gamma"]:
+    if tree_shape(m, study, cells).kind == "chain" and isnum(p.alpha_hat) and m["gamma"]:
         return float(expected_acceptance_length(float(p.alpha_hat), int(m["gamma"]))), "chain, i.i.d. α̂"
     return math.nan, "no closed form for this shape"
 
 
-def drafter_shares(study: Study, cells: list[str]) -> str:
+@dataclass(frozen=True)
+class DrafterShare:
+    """One drafter of a merged tree: its share of all accepted tokens and the AL its own tree reached
+    in the same steps (NaN without reach counts)."""
+
+    drafter: str
+    share: float
+    own_al: float
+
+
+def drafter_shares(study: Study, cells: list[str]) -> list[DrafterShare]:
     """Accepted tokens per drafter of a merged tree (SpecInfer), as shares of all accepted, each with
-    the AL its own tree reached in the same steps (1 + Σ_d P_i(d), see :func:`independent_merge_al`)."""
+    the AL its own tree reached in the same steps (1 + Σ_d P_i(d), see :func:`independent_merge_al`),
+    most accepted first; empty when the records count none."""
     total: Counter[str] = Counter()
     for shares in _extras(study, cells, "drafter_tokens"):
         total.update({str(k): int(v) for k, v in dict(shares).items()})
     n = sum(total.values())
     if not n:
-        return "—"
+        return []
     reach, steps = _pooled_reach(study, cells)
 
-    def own(name: str) -> str:
-        return f" (own AL {fmt(1.0 + sum(reach[name]) / steps)})" if steps and name in reach else ""
+    def own(name: str) -> float:
+        return 1.0 + sum(reach[name]) / steps if steps and name in reach else math.nan
 
-    return ", ".join(f"{short_model(k)} {v / n:.0%}{own(k)}" for k, v in total.most_common())
+    return [DrafterShare(k, v / n, own(k)) for k, v in total.most_common()]
 
 
 def _chain_nodes(study: Study, cells: list[str]) -> int:
@@ -138,48 +166,71 @@ def _chain_nodes(study: Study, cells: list[str]) -> int:
     return sum(r.drafted_tokens or 0 for c in cells for r in study.records.get(c, []) if r.status == "ok")
 
 
-def tree_shape_table(study: Study) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """One row per tree row of the sweep: its shape, node budget, measured AL and speedup, expected AL."""
+@dataclass(frozen=True)
+class TreeRow:
+    """One tree row of the sweep: what ran, its shape, nodes verified per step (NaN without steps),
+    its pooled measurement, the AL its shape's model expects and where that comes from, and (a
+    merged tree) each drafter's share."""
+
+    label: str
+    method: str
+    drafter: str
+    gamma: int
+    dynamic_tree: bool
+    shape: TreeShape
+    nodes_per_step: float
+    pooled: Pooled
+    expected_al: float
+    expected_from: str
+    shares: list[DrafterShare]
+
+
+def tree_rows(study: Study) -> list[TreeRow]:
+    """One row per (label, drafter, γ) of the tree-shape sweep's tree and EAGLE cells."""
     groups: dict[tuple[Any, ...], list[str]] = {}
     for c in study.spec_cell_ids(SWEEP):
         m = study.meta(c)
         if m["method"] in TREE_METHODS + EAGLE_METHODS or m["family"] == "tree":
             groups.setdefault((m["label"], m["drafter"] or "", m["gamma"] or 0), []).append(c)
-    rows, raw = [], []
+    rows = []
     for (label, drafter, gamma), cells in sorted(groups.items()):
         m, p = study.meta(cells[0]), pooled(study, cells)
         nodes = sum(int(v) for v in _extras(study, cells, "tree_nodes")) or _chain_nodes(study, cells)
         steps = sum(r.draft_steps or 0 for c in cells for r in study.records.get(c, []) if r.status == "ok")
         exp, source = expected_al(m, p, study, cells)
         rows.append(
-            {
-                "Seed row": seed_row_name(
-                    m["method"], is_dynamic_tree(r for c in cells for r in study.records.get(c, []))
-                ),
-                "Method (what ran)": label,
-                "Drafter(s)": " + ".join(short_model(d) for d in str(drafter).split("+")) if drafter else "—",
-                "Shape": _shape(m, study, cells),
-                "Depth (γ)": gamma,
-                "Nodes verified / step (mean)": fmt(nodes / steps, 1) if steps else "—",
-                "AL measured": fmt_ci(p.acceptance_length, p.acceptance_length_ci, n=p.n_prompts),
-                "AL expected (prediction)": fmt(exp),
-                "Expected from": source,
-                "Speedup": fmt_ci(p.speedup, p.speedup_ci, 2, "×", n=p.n_prompts),
-                "Accepted per drafter": drafter_shares(study, cells) if m["method"] == "specinfer" else "—",
-                "n (prompts)": p.n_prompts,
-            }
+            TreeRow(
+                label=label,
+                method=m["method"],
+                drafter=drafter,
+                gamma=gamma,
+                dynamic_tree=is_dynamic_tree(r for c in cells for r in study.records.get(c, [])),
+                shape=tree_shape(m, study, cells),
+                nodes_per_step=nodes / steps if steps else math.nan,
+                pooled=p,
+                expected_al=exp,
+                expected_from=source,
+                shares=drafter_shares(study, cells) if m["method"] == "specinfer" else [],
+            )
         )
-        raw.append(
+    return rows
+
+
+def tree_frame(rows: list[TreeRow]) -> pd.DataFrame:
+    """The rows' numbers as a frame (the report's raw table beside the worded one)."""
+    return pd.DataFrame(
+        [
             {
-                "label": label,
-                "method": m["method"],
-                "drafter": drafter,
-                "gamma": gamma,
-                "expected_al": exp,
-                "acceptance_length": p.acceptance_length,
-                "speedup": p.speedup,
-                "speedup_ci": p.speedup_ci,
-                "n_prompts": p.n_prompts,
+                "label": r.label,
+                "method": r.method,
+                "drafter": r.drafter,
+                "gamma": r.gamma,
+                "expected_al": r.expected_al,
+                "acceptance_length": r.pooled.acceptance_length,
+                "speedup": r.pooled.speedup,
+                "speedup_ci": r.pooled.speedup_ci,
+                "n_prompts": r.pooled.n_prompts,
             }
-        )
-    return pd.DataFrame(rows), pd.DataFrame(raw)
+            for r in rows
+        ]
+    )

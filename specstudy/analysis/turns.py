@@ -15,10 +15,9 @@ from collections.abc import Sequence
 import pandas as pd
 
 from ..records import RequestRecord
-from .format import fmt
 from .rates import run_block
 from .stats import Keep, subset
-from .strata import spec_groups, strata_table, stratum_row
+from .strata import spec_groups, stratum_row
 from .study import Study
 
 
@@ -56,15 +55,3 @@ def turn_frame(study: Study) -> pd.DataFrame:
             rate, source = turn_hit_rate(subset(recs, _at(turn))) if key[4] else (None, "")
             rows.append(stratum_row(study, key, cids, _at(turn), turn=turn, hit_rate=rate, hit_source=source))
     return pd.DataFrame(rows)
-
-
-def turn_table(raw: pd.DataFrame) -> pd.DataFrame:
-    """The per-turn frame as the report prints it."""
-    return strata_table(
-        raw,
-        {
-            "Prefix cache": lambda d: ["on" if c else "off" if c is not None else "—" for c in d["prefix_cache"]],
-            "Turn": lambda d: d["turn"],
-            "Prefix-cache hit rate": lambda d: [fmt(v, 3) if v is not None else "—" for v in d["hit_rate"]],
-        },
-    )

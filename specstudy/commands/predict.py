@@ -61,6 +61,7 @@ def _run_from(args: argparse.Namespace) -> int:
     # lazy: pandas and the report's formatting load only for --from, not for a plain prediction
     from ..analysis.predict import predict_from_study
     from ..analysis.study import load
+    from ..report.predict_table import predict_table
     from ..report.section import markdown_table
 
     if not (Path(args.from_dir) / "records").is_dir():
@@ -69,8 +70,14 @@ def _run_from(args: argparse.Namespace) -> int:
         )
     study = load(args.from_dir)
     profile = load_hardware_profile(args.hardware, measure=True) if args.hardware else None
-    df = predict_from_study(
-        study, profile, target_params=args.target_params, draft_params=args.draft_params, extrapolate=args.extrapolate
+    df = predict_table(
+        predict_from_study(
+            study,
+            profile,
+            target_params=args.target_params,
+            draft_params=args.draft_params,
+            extrapolate=args.extrapolate,
+        )
     )
     if args.json:
         print(

@@ -28,11 +28,11 @@ from typing import Any
 import pandas as pd
 
 from ..analysis.claims import Estimate, overlap
-from ..analysis.format import fmt_ci
 from ..analysis.stats import Pooled, pooled
 from ..analysis.study import Study
 from ..metrics import draft_steps_of, prompt_of
 from ..records import RequestRecord
+from .format import fmt_ci, sampling_text
 
 AGREE = "agree within noise (every pair of AL intervals overlaps)"
 IDENTICAL = "identical acceptance and drafting, prompt by prompt"
@@ -148,7 +148,7 @@ def acceptance_across_engines(study: Study) -> tuple[pd.DataFrame, pd.DataFrame]
                     "Drafter": drafter or "—",
                     "γ": gamma,
                     "Task": task,
-                    "Sampling": sampling,
+                    "Sampling": sampling_text(sampling),
                     "Framework": fw,
                     "α": fmt_ci(p.alpha, p.alpha_ci, 3, "", n=p.n_prompts),
                     "AL": fmt_ci(p.acceptance_length, p.acceptance_length_ci, n=p.n_prompts),

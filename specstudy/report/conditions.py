@@ -14,11 +14,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..analysis.format import fmt
 from ..analysis.study import Study
 from ..config import display_path
 from ..paths import REPO_ROOT
 from ..provenance import provenance
+from .format import fmt
 
 
 def hygiene_table(study: Study) -> pd.DataFrame:

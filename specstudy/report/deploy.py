@@ -13,9 +13,9 @@ from typing import Any
 import pandas as pd
 
 from ..analysis import capacity, cost, gamma_schedule, rates, structured
-from ..analysis.format import fmt, fmt_ci
 from ..analysis.study import Study
 from ..metrics import MIN_PROMPTS_FOR_CI
+from .format import fmt, fmt_ci, sampling_text
 from .section import Section, markdown_table
 
 
@@ -254,7 +254,7 @@ def _cost(study: Study, sec: Section) -> list[str]:
             "γ": frame["gamma"].map(lambda g: "—" if g is None or g != g else f"{g:g}"),
             "Batch": frame["batch_size"],
             "New tokens": frame["max_new_tokens"],
-            "Sampling": frame["sampling"],
+            "Sampling": frame["sampling"].map(sampling_text),
             "Rate": frame["request_rate"].map(lambda r: "—" if r is None or r != r else f"{r:g}"),
             "tok/s": frame["tokens_per_s"].map(lambda x: fmt(x, 1)),
             "TPOT p50 (ms)": frame["tpot_p50_ms"].map(lambda x: fmt(x, 1)),

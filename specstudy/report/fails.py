@@ -18,7 +18,6 @@ from .. import costmodel
 from ..analysis import claims
 from ..analysis.claims import Direction, Estimate
 from ..analysis.faq import BatchCase, batch_cases, short_cases
-from ..analysis.format import fmt, fmt_ci, short_model
 from ..analysis.memory import memory_groups
 from ..analysis.rows import headline_max_new
 from ..analysis.stats import NAN, Pooled, break_even_alpha, isnum, pooled, predicted_for
@@ -26,6 +25,7 @@ from ..analysis.study import Study
 from ..config.vocab import cost_dtype
 from ..costmodel import HardwareProfile
 from . import wording
+from .format import fmt, fmt_ci, sampling_text, short_model
 from .wording import estimate_text
 
 
@@ -57,7 +57,7 @@ def large_batch(study: Study) -> pd.DataFrame:
                 {
                     "Method": _name(case.label, case.gamma, case.synthetic),
                     "Framework": case.framework,
-                    "Sampling": case.sampling,
+                    "Sampling": sampling_text(case.sampling),
                     "Batch": b,
                     "Speedup (measured)": fmt_ci(p.speedup, p.speedup_ci, 2, "×", n=p.n_prompts),
                     "Speedup (cost model, prediction)": fmt(pred, 2, "×"),
@@ -109,7 +109,7 @@ def batch_claims(study: Study) -> list[str]:
             if b != b0
         ]
         out.append(
-            f"{_name(case.label, case.gamma, case.synthetic)} ({case.framework}, {case.sampling}): the seed expects "
+            f"{_name(case.label, case.gamma, case.synthetic)} ({case.framework}, {sampling_text(case.sampling)}): the seed expects "
             "the speedup to fall as batch × (γ + 1) grows and verification turns compute-bound; here "
             f"{'; '.join(clauses)}. At batch {case.largest}, the largest measured: {wording.versus(est[case.largest])}"
         )
@@ -198,7 +198,7 @@ def short_outputs(study: Study) -> pd.DataFrame:
                 "Method": _name(case.label, case.gamma, case.synthetic),
                 "max_new_tokens": case.max_new_tokens,
                 "Framework": case.framework,
-                "Sampling": case.sampling,
+                "Sampling": sampling_text(case.sampling),
                 "Speedup short (measured)": fmt_ci(ps.speedup, ps.speedup_ci, 2, "×", n=ps.n_prompts),
                 "AR's TTFT share of E2E (short)": fmt(ps.prefill_share),
                 f"Speedup at {mnt} tokens (measured)": fmt_ci(pl.speedup, pl.speedup_ci, 2, "×", n=pl.n_prompts),
@@ -215,7 +215,7 @@ def short_claims(study: Study) -> list[str]:
     for case in short_cases(study):
         es = Estimate.of(case.short)
         head = (
-            f"{_name(case.label, case.gamma, case.synthetic)} ({case.framework}, {case.sampling}): the seed expects "
+            f"{_name(case.label, case.gamma, case.synthetic)} ({case.framework}, {sampling_text(case.sampling)}): the seed expects "
             "less speedup with ≤ 10 output tokens (the prefill and first token are the same work either way); "
             f"here {case.max_new_tokens} tokens gave {estimate_text(es)}"
         )

@@ -13,8 +13,8 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from ..analysis.format import short_model
 from ..analysis.stats import break_even, isnum
+from .format import sampling_text, short_model
 
 PALETTE = "colorblind"
 
@@ -104,7 +104,7 @@ def hardware_methods(raw: pd.DataFrame, hardware: str) -> Figure:
             # error length would stop matplotlib
             ax.barh(pos, vals, xerr=_err(list(vals), cis, clip=True), color=colours, capsize=3, height=0.8)
             ax.set_xlabel(unit)
-            ax.set_title(f"{sampling}: {unit.split(' (')[0]}", fontsize=8)
+            ax.set_title(f"{sampling_text(sampling)}: {unit.split(' (')[0]}", fontsize=8)
             if col == "speedup":
                 ax.axvline(1.0, color="k", lw=0.8, ls="--")
         row_axes[0].set_yticks(pos, _row_names(rows), fontsize=7)
@@ -363,7 +363,7 @@ def _pareto(
             g = g.sort_values(point)
             is_ar = method == "ar"
             name = "AR" if is_ar else f"{label}" + (f" γ={gamma:g}" if gamma == gamma and gamma else "")
-            name += "".join(f", {c} {v}" for c, v in zip(varies, rest))
+            name += "".join(f", {c} {sampling_text(v) if c == 'sampling' else v}" for c, v in zip(varies, rest))
             colour = "k" if is_ar else pal[spec_i % len(pal)]
             spec_i += 0 if is_ar else 1
             ax.plot(g["_per_request"], g["_total"], "s-" if is_ar else "o-", color=colour, label=name, ms=4)

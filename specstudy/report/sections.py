@@ -13,13 +13,14 @@ from collections.abc import Sequence
 import pandas as pd
 
 from ..analysis import engine_costs, faq, frames, rates, stats, trees
-from ..analysis.format import FAMILY_TITLES, TASK_TITLES, fmt, fmt_ci
 from ..analysis.rows import HardwareRow, hardware_rows, headline_max_new
 from ..analysis.study import Study, vouched
 from ..metrics import MIN_PROMPTS_FOR_CI
-from . import across_engines, conditions, fails, figures, tables, wording
+from . import across_engines, conditions, fails, figures, rate_tables, tables, tree_tables, wording
 from .banner import rehearsal_banner
 from .deploy import deploy_section
+from .format import FAMILY_TITLES, TASK_TITLES, fmt, fmt_ci
+from .model_notes import note_text
 from .section import Section, markdown_table
 from .summary import summary_markdown
 from .validity import reasons_text, validity_section
@@ -156,7 +157,7 @@ def method_family_section(study: Study, family: str) -> Section:
         sec.figures[f"method_{family}_pareto"] = figures.batch_pareto(sweep)
         sec.markdown += "\n" + PARETO_TEXT.format(point="batch size", ar="the paired AR cells at each batch size")
     if family == "tree" and study.has_sweep(trees.SWEEP):
-        shapes, shapes_raw = trees.tree_shape_table(study)
+        shapes, shapes_raw = tree_tables.tree_shape_table(study)
         sec.add_table("tree_shapes", shapes, shapes_raw, TREE_SHAPES_TEXT)
     return sec
 
@@ -302,9 +303,9 @@ def serving_section(study: Study) -> Section:
             if slo == rates.DEFAULT_SLO
             else f"{slo.describe()} (the study's `slo`; the seed's default is {rates.DEFAULT_SLO.describe()})"
         )
-        table = rates.rate_table(raw)
+        table = rate_tables.rate_table(raw)
         sec.tables["serving_rates"] = (table, raw)
-        stop = rates.stops_paying_table(raw)
+        stop = rate_tables.stops_paying_table(raw)
         sec.tables["serving_stops_paying"] = (stop, None)
         sec.figures["serving_throughput_latency"] = figures.throughput_latency(raw)
         sec.figures["serving_pareto"] = figures.rate_pareto(raw, slo.tpot_s)
@@ -327,7 +328,7 @@ def serving_section(study: Study) -> Section:
     if pc_raw.empty:
         parts.append("_no cells ran with the prefix cache both off and on_\n")
     else:
-        pc = rates.prefix_cache_table(pc_raw)
+        pc = rate_tables.prefix_cache_table(pc_raw)
         sec.tables["serving_prefix_cache"] = (pc, pc_raw)
         parts += [
             "Lookups and hits are the engine's own counters over each run (vLLM "
@@ -402,12 +403,18 @@ def summary_section(
     return Section("Summary", head + summary_markdown(study, hw_rows, whole, whole_rows))
 
 
+def _worded_notes(rows: pd.DataFrame) -> pd.DataFrame:
+    """The rows with their model note in words (— where no assumption is bent; empty without a prediction)."""
+    words = [note_text(b) if b is not None else "" for b in rows["model_bends"]]
+    return rows.assign(model_bends=words).rename(columns={"model_bends": "model_note"})
+
+
 def engine_costs_section(study: Study) -> Section | None:
     """llama.cpp's own T(k)/T(1) and c, and each llama.cpp row's speedup beside the cost model's."""
     curves = engine_costs.cost_curves(study)
     if not len(curves):
         return None
-    rows = engine_costs.predicted_rows(study)
+    rows = _worded_notes(engine_costs.predicted_rows(study))
     shown = rows.assign(
         alpha=rows["alpha"].map(fmt),
         alpha_hat=rows["alpha_hat"].map(fmt),

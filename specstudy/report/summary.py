@@ -15,12 +15,12 @@ from typing import Any
 from .. import metrics
 from ..analysis import claims, faq, stats
 from ..analysis.claims import Estimate
-from ..analysis.format import fmt
 from ..analysis.rows import HardwareRow
 from ..analysis.stats import isnum
 from ..analysis.study import Study
 from ..metrics import MIN_PROMPTS_FOR_CI
 from . import fails, wording
+from .format import fmt, sampling_text
 from .wording import estimate_text
 
 
@@ -63,13 +63,13 @@ def _best_line(fw: str, sampling: str, ok: list[HardwareRow], few: int) -> str:
     """One framework and sampling's best row (``ok``: rows with an interval, fastest first) in words."""
     if not ok:
         return (
-            f"- **{fw}**, {sampling}: none of its {few} rows at batch 1 has ≥ {MIN_PROMPTS_FOR_CI} paired "
+            f"- **{fw}**, {sampling_text(sampling)}: none of its {few} rows at batch 1 has ≥ {MIN_PROMPTS_FOR_CI} paired "
             f"prompts (n too small), so no best method is named ({_link('hardware')})."
         )
     best = ok[0]
     e = Estimate.of(best.pooled)
     text = (
-        f"- **{fw}**, {sampling}: the fastest of {len(ok)} row{'s' if len(ok) > 1 else ''} at batch 1 with "
+        f"- **{fw}**, {sampling_text(sampling)}: the fastest of {len(ok)} row{'s' if len(ok) > 1 else ''} at batch 1 with "
         f"≥ {MIN_PROMPTS_FOR_CI} paired prompts is {_row_name(best)} at {estimate_text(e)} over its paired AR "
         f"baseline (AL {fmt(best.pooled.acceptance_length)}, n = {e.n} prompts): {wording.versus(e)}."
     )
@@ -154,7 +154,7 @@ def caveats(study: Study, hw_rows: Sequence[HardwareRow]) -> list[str]:
         if t in params
     )
     precisions = sorted({f"{r.framework}: {r.precision}" for r in hw_rows})
-    samplings = sorted({m["sampling"] for m in study.cells.values()})
+    samplings = sorted({sampling_text(m["sampling"]) for m in study.cells.values()})
     n = [r.pooled.n_prompts for r in hw_rows if not r.is_ar]
     host = study.provenance.get("host", {})
     device = ", ".join(host.get("gpus") or []) or f"CPU ({host.get('cpu_model', '?')})"

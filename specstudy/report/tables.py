@@ -14,7 +14,6 @@ import pandas as pd
 
 from ..analysis.claims import Estimate, overlap
 from ..analysis.drafts import optimal_measured, pooled_drafts
-from ..analysis.format import FAMILY_TITLES, TASK_TITLES, fmt, fmt_ci, is_dynamic_tree, seed_row_name, short_model
 from ..analysis.memory import memory_groups
 from ..analysis.rates import peak_memory
 from ..analysis.rows import (
@@ -30,10 +29,13 @@ from ..analysis.rows import (
 )
 from ..analysis.stats import NAN, Pooled, isnum, pooled, predicted_for
 from ..analysis.study import Study
+from ..analysis.trees import is_dynamic_tree
 from ..config.task import load_task_config, seed_row
 from ..config.vocab import TASKS
 from ..metrics import MIN_PROMPTS_FOR_CI
 from . import wording
+from .format import FAMILY_TITLES, TASK_TITLES, fmt, fmt_ci, sampling_text, seed_row_name, short_model
+from .model_notes import limit_text, note_text
 
 Frames = tuple[pd.DataFrame, pd.DataFrame]
 
@@ -133,7 +135,7 @@ def _hardware_cells(study: Study, r: HardwareRow) -> dict[str, Any]:
         "Target": short_model(r.model),
         "Draft": "—" if is_ar else _draft_name(r),
         "γ": "—" if is_ar else r.gamma,
-        "Sampling": r.sampling,
+        "Sampling": sampling_text(r.sampling),
         "α": "—" if is_ar else fmt_ci(p.alpha, p.alpha_ci, n=p.n_prompts),
         "AL": "—" if is_ar else fmt_ci(p.acceptance_length, p.acceptance_length_ci, n=p.n_prompts),
         "tokens/s": fmt_ci(p.tokens_per_s, p.tokens_per_s_ci, 1, n=p.n_prompts),
@@ -153,7 +155,7 @@ def _prediction(pr: Prediction) -> dict[str, str]:
     return {
         "Speedup (cost model, prediction)": fmt(pr.speedup, 2, "×"),
         "measured/predicted": fmt(pr.ratio),
-        "Model note": pr.note or "—",
+        "Model note": note_text(pr.bends),
     }
 
 
@@ -171,7 +173,7 @@ def metric_table(study: Study, sweep: str | None = "hardware") -> pd.DataFrame:
                 "Method": ("Baseline (AR)" if is_ar else _label(r.label, p)) + flag_mark(study, r.cells),
                 "Framework": r.framework,
                 "γ": "—" if is_ar else r.gamma,
-                "Sampling": r.sampling,
+                "Sampling": sampling_text(r.sampling),
                 "tokens/s": fmt(p.tokens_per_s, 1),
                 "TTFT ms (mean / p50 / p99)": _ms(p, "ttft"),
                 "TPOT ms (mean / p50 / p99)": _ms(p, "tpot"),
@@ -189,7 +191,15 @@ def metric_table(study: Study, sweep: str | None = "hardware") -> pd.DataFrame:
 def method_table(study: Study, family: str, sweep: str | None = "method_family") -> Frames:
     """α, AL, α̂, per-position acceptance, speedup (measured and predicted) per (label, γ, batch, sampling)."""
     rows = method_rows(study, family, sweep)
-    return pd.DataFrame([_method_cells(study, r) for r in rows]), raw_frame(rows)
+    return pd.DataFrame([_method_cells(study, r) for r in rows]), _with_notes(raw_frame(rows), rows)
+
+
+def _with_notes(raw: pd.DataFrame, rows: Sequence[MethodRow]) -> pd.DataFrame:
+    """The rows' numbers with each row's model note in words beside its predicted speedup."""
+    if rows:
+        notes = [note_text(r.prediction.bends) if isnum(r.prediction.speedup) else "" for r in rows]
+        raw.insert(int(raw.columns.get_loc("predicted_speedup")) + 1, "model_note", notes)
+    return raw
 
 
 def _method_cells(study: Study, r: MethodRow) -> dict[str, Any]:
@@ -200,7 +210,7 @@ def _method_cells(study: Study, r: MethodRow) -> dict[str, Any]:
         "Method": _label(r.label, p) + flag_mark(study, r.cells),
         "γ": r.gamma,
         "Batch": r.batch_size,
-        "Sampling": r.sampling,
+        "Sampling": sampling_text(r.sampling),
         "α": fmt_ci(p.alpha, p.alpha_ci, n=p.n_prompts),
         "α̂ (i.i.d.)": fmt(p.alpha_hat),
         "AL": fmt_ci(p.acceptance_length, p.acceptance_length_ci, n=p.n_prompts),
@@ -311,7 +321,9 @@ def _best_gammas(study: Study, spec: list[str]) -> tuple[list[str], list[str]]:
         by_row.setdefault((m["label"], m["framework"], m["sampling"]), []).append(c)
     for (label, fw, sampling), cs in sorted(by_row.items()):
         others = [k for k in by_row if k[0] == label]
-        name = label + "".join(f" ({v})" for i, v in ((1, fw), (2, sampling)) if len({k[i] for k in others}) > 1)
+        name = label + "".join(
+            f" ({v})" for i, v in ((1, fw), (2, sampling_text(sampling))) if len({k[i] for k in others}) > 1
+        )
         by_g: dict[int, list[str]] = {}
         for c in cs:
             by_g.setdefault(study.meta(c)["gamma"], []).append(c)
@@ -329,8 +341,9 @@ def _best_gammas(study: Study, spec: list[str]) -> tuple[list[str], list[str]]:
             best.append(f"{name}: γ={g_best} ({fmt_ci(pb.speedup, pb.speedup_ci, 2, '×', n=pb.n_prompts)}{vs})")
         opt = optimal_measured(study, {g: v for g, v in by_g.items() if g}, per_g=pg)
         if opt is not None:
+            why = limit_text(opt["why"], opt["max_gamma"])
             model_opt.append(
-                f"{name}: γ={opt['gamma']} ({opt['speedup']:.2f}×, searched γ ≤ {opt['max_gamma']}: {opt['why']})"
+                f"{name}: γ={opt['gamma']} ({opt['speedup']:.2f}×, searched γ ≤ {opt['max_gamma']}: {why})"
             )
     return best, model_opt
 
@@ -408,7 +421,7 @@ def framework_table(study: Study) -> pd.DataFrame:
         # among rows with enough prompts for an interval, greedy first (rows of one sampling compared)
         ranked = sorted(
             (
-                (sampling != "greedy", -p.speedup, f"{label} γ={gamma} ({sampling})", p, label)
+                (sampling != "greedy", -p.speedup, f"{label} γ={gamma} ({sampling_text(sampling)})", p, label)
                 for (label, gamma, sampling), cs in rows_b1.items()
                 if isnum((p := pooled(study, cs)).speedup) and p.n_prompts >= MIN_PROMPTS_FOR_CI
             ),

@@ -10,6 +10,7 @@ import pandas as pd
 
 from ..analysis.study import Study
 from ..analysis.validity import COPY_NGRAM, COPY_SHARE_HIGH, STALL_FACTOR, Finding, Reason, copy_by_task, stalls
+from .format import sampling_text
 from .section import Section
 
 
@@ -92,7 +93,7 @@ def findings_frame(study: Study) -> pd.DataFrame:
         rows.append(
             [
                 f.check,
-                f"{m['framework']} {m['label']}{g} b={m['batch_size']} {m['task']} ({m['sampling']})",
+                f"{m['framework']} {m['label']}{g} b={m['batch_size']} {m['task']} ({sampling_text(m['sampling'])})",
                 f.cell_id,
                 finding_text(f),
                 "left out" if f.flags else "noted",

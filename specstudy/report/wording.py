@@ -21,9 +21,9 @@ from ..analysis.claims import (
     memory_verdict,
     side,
 )
-from ..analysis.format import fmt_ci
 from ..analysis.stats import break_even, isnum
 from ..metrics import MIN_PROMPTS_FOR_CI
+from .format import fmt_ci
 
 
 def estimate_text(est: Estimate, digits: int = 2, suffix: str = "×") -> str:

@@ -7,10 +7,12 @@ from __future__ import annotations
 import pandas as pd
 
 from ..analysis import claims, rates, tiers, turns
-from ..analysis.format import fmt
 from ..analysis.study import Study, vouched
 from ..metrics import MIN_PROMPTS_FOR_CI
+from .format import fmt
+from .rate_tables import rate_table
 from .section import Section, markdown_table
+from .strata_tables import entropy_tier_table, tier_table, turn_table
 from .wording import estimate_text
 
 
@@ -29,7 +31,7 @@ def conversations_section(study: Study) -> Section | None:
     return _one_table(
         "Conversations: turn by turn",
         "conversation_turns",
-        turns.turn_table(raw),
+        turn_table(raw),
         raw,
         "Multi-turn records replayed turn by turn: turn k + 1 is sent with turns 1..k and the AR baseline's "
         "own greedy answers to them as its history, to the baseline and to every speculative cell paired "
@@ -53,7 +55,7 @@ def traces_section(study: Study) -> Section | None:
     return _one_table(
         "Trace replay beside Poisson arrivals",
         "trace_vs_poisson",
-        rates.rate_table(raw),
+        rate_table(raw),
         raw,
         "Each trace task's requests (their recorded input and output lengths, Mooncake hash blocks "
         "filled with real text in the target's tokens) sent at the trace's recorded times (`trace`) and, "
@@ -80,7 +82,7 @@ def tiers_section(study: Study) -> Section | None:
     sec = Section("Input-length and entropy tiers")
     parts = []
     if not raw.empty:
-        table = tiers.tier_table(raw)
+        table = tier_table(raw)
         # the verdicts from unflagged cells only (the table above marks the flagged rows)
         over = tiers.random_overstatement(tiers.tier_frame(vouched(study)) if study.flags else raw)
         sec.tables["input_length_tiers"] = (table, raw)
@@ -111,7 +113,7 @@ def tiers_section(study: Study) -> Section | None:
                 markdown_table(shown),
             ]
     if not ent.empty:
-        table = tiers.entropy_tier_table(ent)
+        table = entropy_tier_table(ent)
         sec.tables["entropy_tiers"] = (table, ent)
         parts += [
             "\nEntropy tiers: each task's prompts in thirds by the target's own mean per-token entropy over "

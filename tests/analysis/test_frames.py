@@ -28,7 +28,8 @@ def test_entropy_from_another_ar_record_when_the_baseline_has_none(report_study)
     study.records[base] = [dataclasses.replace(r, token_entropy=None) for r in study.records[base]]
     mine = frames.entropy_points(study)
     rows = mine[mine["label"] == study.meta(spec)["label"]]
-    assert len(rows) and rows["entropy_source"].str.startswith("AR of the same prompt on").any()
+    assert len(rows) and (rows["entropy_source"] == "same prompt").any()
+    assert set(rows.loc[rows["entropy_source"] == "same prompt", "entropy_framework"]) == {"reference"}
     assert (mine["entropy"] > 0).all()
     # without any AR record holding entropy for those prompts the points are dropped, not invented
     study.records["other-ar"] = [dataclasses.replace(r, token_entropy=None) for r in study.records["other-ar"]]

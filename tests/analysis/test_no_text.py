@@ -3,9 +3,8 @@
 Why: text made in analysis cannot be followed back to its numbers (the summary's "AL 2.00" was a
 dict lookup), and the same verdict got worded in two places.  The walk below finds every f-string and
 ``str.format`` call in ``specstudy/analysis/`` that makes text (literal words, spaces or a number
-format), leaving out exception messages and names built from parts (``f"{name}_ci"``).  Modules that
-still make text are listed with how many such strings they hold: the count may fall, never grow, and
-no other module may start.
+format), leaving out exception messages and names built from parts (``f"{name}_ci"``): none may
+make one.
 """
 
 from __future__ import annotations
@@ -18,19 +17,6 @@ import specstudy.analysis
 
 ANALYSIS = Path(specstudy.analysis.__file__).parent
 NAME_PART = re.compile(r"^[A-Za-z0-9_.]*$")
-
-#: modules that still word things for the reader, and how many text-making strings each holds
-#: (what is left of issue 34's "strings in report/ only"; lower a count when you move its text)
-STILL_MAKING_TEXT = {
-    "drafts.py": 9,  # the cost model's per-row note (model_note) and a drafter's depth limit, in words
-    "format.py": 4,  # fmt / fmt_ci / short_model: used by the modules below, so it moves last
-    "frames.py": 1,  # where a cross-engine baseline came from
-    "predict.py": 6,  # the `predict` command's table (commands/ prints it)
-    "rates.py": 9,  # the request-rate, stops-paying and prefix-cache display tables
-    "strata.py": 1,  # a tier table's method names
-    "study.py": 3,  # a sampling's name (T=0.7, top-p 0.9), used as a grouping key and shown as is
-    "trees.py": 5,  # a tree's shape in words
-}
 
 
 def _raised(tree: ast.AST) -> set[int]:
@@ -64,19 +50,10 @@ def text_strings(source: str) -> list[int]:
     return sorted(lines)
 
 
-def test_analysis_makes_no_new_text():
+def test_analysis_makes_no_text():
     found = {p.name: text_strings(p.read_text()) for p in sorted(ANALYSIS.glob("*.py"))}
-    grown = {
-        name: f"{len(lines)} text strings (lines {lines}), at most {STILL_MAKING_TEXT.get(name, 0)}"
-        for name, lines in found.items()
-        if len(lines) > STILL_MAKING_TEXT.get(name, 0)
-    }
-    assert grown == {}, "make the text in specstudy/report/ from a typed value instead"
-
-
-def test_typed_modules_make_no_text():
-    for name in ("rows.py", "faq.py", "claims.py", "memory.py", "stats.py"):
-        assert text_strings((ANALYSIS / name).read_text()) == [], name
+    making = {name: f"text strings at lines {lines}" for name, lines in found.items() if lines}
+    assert making == {}, "make the text in specstudy/report/ from a typed value instead"
 
 
 def test_the_walk_tells_text_from_names_and_errors():  # the checks above can fail

@@ -16,11 +16,17 @@ from specstudy.config import load_hardware_profile
 from specstudy.config.vocab import method_family
 from specstudy.records import RequestRecord, StepRecord, write_part
 from specstudy.report import tables
+from specstudy.report.predict_table import predict_table
+
+
+def _predict(*args, **kwargs):
+    """The predictions as the `predict` command shows them (costs and note in words)."""
+    return predict_table(predict_from_study(*args, **kwargs))
 
 
 def test_own_rows_predicted_from_own_acceptance_and_costs(report_study):
     study = load(report_study)
-    per_task = predict_from_study(study)
+    per_task = _predict(study)
     assert len(per_task) and set(per_task["costs"]) == {"measured (this study)"}
     assert {"code", "chat"} <= set(per_task["task"]) and (per_task["optimal_gamma"] >= 1).all()
     # the method_family sweep runs on code only: its batch-1 rows are the per-task code rows here,
@@ -40,13 +46,13 @@ def test_own_rows_predicted_from_own_acceptance_and_costs(report_study):
             assert row["measured_speedup"] == pytest.approx(m["speedup"])
             compared += 1
     assert compared >= 1
-    pooled_tasks = predict_from_study(study, pool_tasks=True)
+    pooled_tasks = _predict(study, pool_tasks=True)
     assert set(pooled_tasks["task"]) == {"all"}
 
 
 def test_prediction_for_another_profile_uses_its_roofline(report_study):
     h200 = load_hardware_profile("h200", measure=False)
-    pred = predict_from_study(load(report_study), h200, target_params=7e9)
+    pred = _predict(load(report_study), h200, target_params=7e9)
     assert len(pred) and all(c.startswith("roofline (h200") for c in pred["costs"])
     assert (pred["baseline_tokens_per_s"] > 100).all() and (pred["predicted_speedup"] > 0).all()
     assert pred["predicted_for"].unique().tolist() == ["h200"]
@@ -240,13 +246,13 @@ def _heads_study(folder: Path) -> Path:
 def test_optimal_gamma_of_heads_stays_within_the_measured_depth_and_the_heads(tmp_path):
     from specstudy.analysis.drafts import draft_cap
 
-    assert draft_cap("heads", HEADS) == (4, "its 4 heads") and draft_cap("ngram", None) == (None, "")
+    assert draft_cap("heads", HEADS) == (4, "heads") and draft_cap("ngram", None) == (None, "")
     study = load(_heads_study(tmp_path / "cpu"))
     h200 = load_hardware_profile("h200", measure=False)
-    row = predict_from_study(study, h200, target_params=7e9).iloc[0]
+    row = _predict(study, h200, target_params=7e9).iloc[0]
     assert row["optimal_gamma"] == 3 and row["searched_gamma_max"] == 3  # α̂ ≈ 0.9 alone would run to 16
     assert "measured draft depth" in row["note"] and "EXTRAPOLATED" not in row["note"]
-    far = predict_from_study(study, h200, target_params=7e9, extrapolate=True).iloc[0]
+    far = _predict(study, h200, target_params=7e9, extrapolate=True).iloc[0]
     assert far["searched_gamma_max"] == 4 and far["optimal_gamma"] == 4  # never past the 4 heads
     assert "optimal γ=4 EXTRAPOLATED past measured depth 3" in far["note"]
     _, task_raw = tables.task_table(study)

@@ -11,7 +11,7 @@ import pytest
 from specstudy.analysis import rates
 from specstudy.config.schema import Slo
 from specstudy.records import RequestRecord
-from specstudy.report import figures
+from specstudy.report import figures, rate_tables
 
 
 def _rec(sched, sent):
@@ -69,7 +69,7 @@ def _raw():
 
 
 def test_stops_paying_names_the_lowest_losing_rate_or_says_it_does_not():
-    stop = rates.stops_paying_table(_raw()).set_index("Framework")
+    stop = rate_tables.stops_paying_table(_raw()).set_index("Framework")
     assert stop.loc["vllm-server", "Stops paying at (req/s)"] == "4"
     assert stop.loc["llamacpp", "Stops paying at (req/s)"].startswith("does not")
     assert "inf: 0.80×" in stop.loc["vllm-server", "Speedup per rate"]
@@ -82,19 +82,19 @@ def test_a_flagged_rate_cell_is_marked_and_left_out_of_where_speculation_stops_p
         "busy machine" if (f, r, m) == ("vllm-server", 4.0, "ngram") else ""
         for f, r, m in zip(raw["framework"], raw["rate"], raw["method"])
     ]
-    stop = rates.stops_paying_table(raw).set_index("Framework")
+    stop = rate_tables.stops_paying_table(raw).set_index("Framework")
     assert stop.loc["vllm-server", "Stops paying at (req/s)"] == "inf"  # 4 req/s was the flagged one
     assert (
         stop.loc["vllm-server", "Flagged rates left out"] == "4"
         and stop.loc["llamacpp", "Flagged rates left out"] == "—"
     )
-    methods = rates.rate_table(raw)["Method"]
+    methods = rate_tables.rate_table(raw)["Method"]
     assert sum(m.endswith(" ⚑") for m in methods) == 1 and "PL γ=4 ⚑" in set(methods)
 
 
 def test_rate_table_rows_and_the_curve_figure():
     raw = _raw()
-    table = rates.rate_table(raw)
+    table = rate_tables.rate_table(raw)
     assert len(table) == len(raw) and set(table["Rate (req/s)"]) == {"0.5", "2", "4", "inf"}
     assert table.loc[0, "TPOT p50 / p99 ms"] == "40.0 / 60.0" and table.loc[0, "Peak memory MB"] == "4500"
     fig = figures.throughput_latency(raw)

@@ -8,9 +8,9 @@ from support import code_prompt_record
 
 from specstudy import metrics
 from specstudy.analysis.study import load
-from specstudy.analysis.trees import EAGLE2_SHAPE, tree_shape_table
 from specstudy.layout import StudyLayout
 from specstudy.records import Cell
+from specstudy.report.tree_tables import EAGLE2_SHAPE, tree_shape_table
 
 N = 6  # distinct prompts: enough for an interval (metrics.MIN_PROMPTS_FOR_CI)
 

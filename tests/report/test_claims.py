@@ -426,12 +426,13 @@ def test_a_study_whose_every_row_is_flagged_names_no_best_method_and_keeps_its_c
 @pytest.mark.validity
 def test_strata_tables_mark_the_rows_that_pool_a_flagged_cell(lay):
     from specstudy.analysis import tiers
+    from specstudy.report.strata_tables import entropy_tier_table
 
     _entropy_study(lay, ["code", "chat"], 15)
     recs = lay.read_part("chat_ar")
     for r in recs:
         r.extra.update(tel_cpu_cores=2, tel_load_1m_mean=4.1)
     lay.write_part("chat_ar", recs)
-    table = tiers.entropy_tier_table(tiers.entropy_tiers_shown(load(lay.root))[0])
+    table = entropy_tier_table(tiers.entropy_tiers_shown(load(lay.root))[0])
     marked = dict(zip(table["Task"] + " " + table["Entropy tier (AR output terciles)"], table["Method"]))
     assert marked["chat low"] == "Prompt lookup γ=2 ⚑" and marked["code low"] == "Prompt lookup γ=2"

@@ -28,7 +28,7 @@ def _hardware_raw() -> pd.DataFrame:
     """Two frameworks x two samplings x the same two labels: 8 rows of the hardware table's raw frame."""
     rows = []
     for i, fw in enumerate(("llamacpp", "reference")):
-        for j, sampling in enumerate(("greedy", "T=0.7")):
+        for j, sampling in enumerate(("greedy", "T0.7")):  # sampling keys (analysis.study.sampling_key)
             for method, label, gamma in (("ar", "ar", 0), ("ngram", "Prompt lookup", 3)):
                 tps = 20.0 + 5 * i + 2 * j + (3 if method == "ngram" else 0)
                 sp = math.nan if method == "ar" else 1.2 + 0.1 * i + 0.05 * j

@@ -12,9 +12,9 @@ import pytest
 
 from specstudy import metrics
 from specstudy.analysis import stats
-from specstudy.analysis.format import fmt_ci
 from specstudy.analysis.study import load
 from specstudy.report import tables, writer
+from specstudy.report.format import fmt_ci
 from specstudy.report.notebooks import plan_notebook_jobs, write_notebook_makefile
 
 

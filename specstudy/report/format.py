@@ -54,11 +54,6 @@ def seed_row_name(method: str, dynamic_tree: bool = False) -> str:
     return SEED_ROWS.get(method, "—")
 
 
-def is_dynamic_tree(records: Any) -> bool:
-    """Whether these records ran EAGLE-2's dynamic tree (the engine notes it in each record's extra)."""
-    return any(getattr(r, "extra", {}).get("tree") == "eagle2_dynamic" for r in records)
-
-
 def fmt(x: Any, digits: int = 2, suffix: str = "") -> str:
     if x is None or (isinstance(x, float) and x != x):
         return "—"
@@ -82,6 +77,20 @@ def fmt_ci(x: Any, ci: tuple[float, float], digits: int = 2, suffix: str = "", n
     if lo == lo and hi == hi:
         return f"{s} [{lo:.{digits}f}, {hi:.{digits}f}]"
     return s
+
+
+#: a sampling key's parts (:func:`specstudy.analysis.study.sampling_key`) in words
+SAMPLING_PARTS = {"T": "T={}", "p": "top-p {}", "k": "top-k {}"}
+
+
+def sampling_text(key: str) -> str:
+    """``T=0.7, top-p 0.9`` for the key ``T0.7_p0.9`` (``greedy`` as is): how a cell sampled, in words."""
+    if key == "greedy":
+        return key
+    parts = str(key).split("_")
+    if any(p[:1] not in SAMPLING_PARTS for p in parts):
+        raise ValueError(f"sampling key {key!r}: expected greedy or parts {sorted(SAMPLING_PARTS)} joined by _")
+    return ", ".join(SAMPLING_PARTS[p[0]].format(p[1:]) for p in parts)
 
 
 def short_model(name: str | None) -> str:

@@ -265,9 +265,10 @@ drafters: $(STAMP)
 	  --seed 0 --threads 1 --json
 	$(BIN)/specstudy train-drafter --kind eagle --model smollm2-135m --prompts-per-task 60 --max-new-tokens 112 \
 	  --gen-batch 16 --steps 1000 --batch-tokens 1024 --lr 1e-3 --seed 0 --threads 2 --json
-	$(BIN)/specstudy train-drafter --kind eagle3 --model smollm2-135m --prompts-per-task 4 --max-new-tokens 48 \
-	  --gen-batch 28 --steps 100 --batch-tokens 512 --lr 2e-3 --draft-vocab-size 4096 --unroll 2 --seed 0 \
-	  --threads 2 --eval-prompts 1 --json
+	$(BIN)/specstudy train-drafter --kind eagle3 --model smollm2-135m --out params/drafters/smollm2-135m-eagle3 \
+	  --prompts-per-task 60 --max-new-tokens 112 --gen-batch 16 --steps 1200 --batch-tokens 1024 --lr 1e-3 \
+	  --draft-vocab-size 8192 --unroll 3 --snapshot-steps 150,300,600 --seed 0 --threads 2 --eval-tasks code,chat \
+	  --eval-prompts 3 --json
 
 # The other benchmarks: each prints figures and ratios measured side by side (timing: a quiet machine).
 #   bench-llamacpp-costs  llama.cpp's own T(k)/T(1) and draft cost c (BENCH_ARGS=--pair: the Qwen pair too)

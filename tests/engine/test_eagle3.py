@@ -179,7 +179,7 @@ def test_the_committed_eagle3_head_is_lossless_on_the_default_model():
     assert record["target"] == "smollm2-135m" and record["command"].startswith("specstudy train-drafter --kind eagle3")
     assert (folder / "model.safetensors").stat().st_size <= 20e6
     cfg = json.loads((folder / "config.json").read_text())
-    assert cfg["draft_vocab_size"] == 4096 and cfg["vocab_size"] == 49152
+    assert cfg["draft_vocab_size"] == record["arguments"]["draft_vocab_size"] == 8192 and cfg["vocab_size"] == 49152
     assert_lossless_on_the_default_model("eagle3", str(folder))
 
 

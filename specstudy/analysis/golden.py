@@ -54,11 +54,23 @@ def row_fields(key: str) -> dict[str, Any]:
     return {k: fields.get(k) for k in _ROW_FIELDS}
 
 
+def drafting_reads_the_clock(method: str, options: Mapping[str, Any]) -> bool:
+    """Whether a row's drafts depend on measured time, so two runs of the same greedy prompts may draft
+    differently: γ chosen by the cost model from timed forwards (``dynamic_gamma: cost``), or a
+    Sequoia tree chosen for speedup from costs measured on the cell's first prompt (no
+    ``sequoia_cost`` given).  Such rows are left out of the gate (the first golden caught one)."""
+    if options.get("dynamic_gamma") == "cost":
+        return True
+    return (
+        method == "sequoia" and options.get("sequoia_choose", "speedup") == "speedup" and "sequoia_cost" not in options
+    )
+
+
 def acceptance_rows(
     study: Study, frameworks: Sequence[str] | None = None, greedy_only: bool = False
 ) -> dict[str, dict[str, Any]]:
     """Per row (repeats pooled) AL, α and unconditional per-position acceptance of every speculative,
-    non-synthetic cell whose engine counted acceptance."""
+    non-synthetic cell whose engine counted acceptance and whose drafting does not read the clock."""
     groups: dict[str, list[RequestRecord]] = {}
     for cid, meta in study.cells.items():
         if meta["method"] == "ar" or meta.get("synthetic"):
@@ -67,7 +79,11 @@ def acceptance_rows(
             continue
         if greedy_only and meta["sampling"] != "greedy":
             continue
-        groups.setdefault(row_key(meta), []).extend(study.records[cid])
+        recs = study.records[cid]
+        opts = (recs[0].extra or {}).get("method_options") or {} if recs else {}
+        if drafting_reads_the_clock(meta["method"], opts):
+            continue
+        groups.setdefault(row_key(meta), []).extend(recs)
     out = {}
     for key, recs in sorted(groups.items()):
         s = acceptance_summary(recs)

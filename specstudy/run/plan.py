@@ -139,6 +139,9 @@ class CellPlan:
             self.request_rate,
             self.dtype,
         )
+        # the method's options, for readers that must know how it drafted (the golden gate leaves out
+        # drafting that reads the clock)
+        record.extra = {**(record.extra or {}), "method_options": dict(self.method_options)}
         # what the engine actually ran with: a server the kit did not start is unknown (None), never False
         record.prefix_cache = (
             record.extra.get("engine_prefix_cache", self.prefix_cache) if record.extra else self.prefix_cache

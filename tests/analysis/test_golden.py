@@ -134,3 +134,24 @@ def test_an_exact_golden_is_checked_exactly_on_its_machine_kind_and_at_five_perc
     assert tolerance_for(golden, XEON) == CROSS_MACHINE_REL_TOL == 0.05
     assert tolerance_for(golden, {}) == 0.0 and tolerance_for({"rel_tol": 0.0}, XEON) == 0.0
     assert tolerance_for(golden, XEON, rel_tol=0.0) == 0.0  # --rel-tol wins
+
+
+def test_rows_whose_drafting_reads_the_clock_are_left_out(studies):
+    """Cost-aware γ drafted differently in two quiet `make study` runs (its γ comes from timed
+    forwards): such a row cannot be gated exactly; the runner stamps the options the gate reads."""
+    from specstudy.analysis.golden import drafting_reads_the_clock
+
+    study = load(studies[1])
+    rows = acceptance_rows(study)
+    cid, meta = next((c, m) for c, m in study.cells.items() if m["method"] != "ar")
+    assert "method_options" in (study.records[cid][0].extra or {})
+    for r in study.records[cid]:
+        r.extra = {**r.extra, "method_options": {"dynamic_gamma": "cost"}}
+    left = acceptance_rows(study)
+    assert len(left) == len(rows) - 1
+    assert drafting_reads_the_clock("sequoia", {}) and not drafting_reads_the_clock(
+        "sequoia", {"sequoia_choose": "tokens"}
+    )
+    assert not drafting_reads_the_clock("sequoia", {"sequoia_cost": "1,1.1"}) and not drafting_reads_the_clock(
+        "ngram", {}
+    )

@@ -4,7 +4,7 @@ prediction's γ search stopped where it did (:data:`specstudy.analysis.drafts.SE
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from ..analysis.drafts import SEARCH_LIMITS, Bend
 
@@ -12,7 +12,7 @@ from ..analysis.drafts import SEARCH_LIMITS, Bend
 def bend_text(b: Bend) -> str:
     """One bent assumption in a few words."""
     v = b.values
-    words = {
+    words: dict[str, Callable[[], str]] = {
         "not_counted": lambda: "draft lengths not counted: γ drafted every step assumed (i.i.d. α̂)",
         "no_step_drafted": lambda: "no step drafted: each an AR step and a failed lookup",
         "drafts_vary": lambda: f"drafts vary: {v[0]:.0%} of steps draft, {v[1]:.1f} tokens on average",

@@ -63,7 +63,8 @@ def server_argvs(cfg: StudyConfig, plans: Iterable[CellPlan], framework: str) ->
         if p.cell.framework != framework:
             continue
         opts = {k: v for k, v in pool._options(p).items() if k != "python"}
-        argv = get_backend(framework, python="python", **opts).server_argv(p.backend_cell())
+        backend: Any = get_backend(framework, python="python", **opts)  # a server backend: it has server_argv
+        argv = backend.server_argv(p.backend_cell())
         out[p.cell_id] = [a.replace("{host}", "127.0.0.1").replace("{port}", "30000") for a in argv[3:]]
     return out
 

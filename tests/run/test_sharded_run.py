@@ -156,7 +156,10 @@ def test_a_cell_that_fails_in_a_shard_is_reported_with_its_error(study):
 
 
 INTERRUPT_SCRIPT = """
-import sys
+import signal, sys
+# a shell's background job (`make test &`, nohup) starts with SIGINT ignored, which Python then keeps:
+# restore Ctrl-C's default so the test does not depend on how pytest was started
+signal.signal(signal.SIGINT, signal.default_int_handler)
 sys.path[:0] = [{tests!r}]
 from support import TinyFactory, tiny_requests
 import specstudy.run.pool as pool, specstudy.run.study as study

@@ -37,7 +37,7 @@ help:
 	@echo "make test-engines                             real vLLM CPU / llama.cpp servers (slow)"
 	@echo "make test-cluster                             a one-node Slurm here (root), the sharded study through it"
 	@echo "make bench-engine   make bench-engine-pair       engine benchmarks beside HF transformers (quiet machine)"
-	@echo "make bench-llamacpp-costs | bench-overhead | bench-send-schedule | bench-dryrun | bench-gpu-check | bench-drafter-al"
+	@echo "make bench-llamacpp-costs | bench-llamacpp-threads | bench-overhead | bench-send-schedule | bench-dryrun | bench-gpu-check | bench-drafter-al"
 	@echo "                                              the other benchmarks (BENCH_ARGS=... passes their flags)"
 	@echo "make report GPU=...   make clean-study GPU=...   make lab"
 
@@ -243,7 +243,7 @@ clean-study:
 # a quiet machine.  BENCH_ARGS e.g. "--max-new-tokens 64 --prompts 3 --drafter NAME" (every bench-*
 # target passes BENCH_ARGS to its script; tests/test_bench_smoke.py runs each one at its tiniest size).
 BENCH_ARGS ?=
-.PHONY: bench-engine bench-engine-pair bench-profile-step bench-llamacpp-costs bench-overhead bench-send-schedule bench-dryrun bench-gpu-check bench-drafter-al
+.PHONY: bench-engine bench-engine-pair bench-profile-step bench-llamacpp-costs bench-llamacpp-threads bench-overhead bench-send-schedule bench-dryrun bench-gpu-check bench-drafter-al
 bench-engine: $(STAMP)
 	$(BIN)/python bench/engine.py $(BENCH_ARGS)
 
@@ -272,6 +272,7 @@ drafters: $(STAMP)
 
 # The other benchmarks: each prints figures and ratios measured side by side (timing: a quiet machine).
 #   bench-llamacpp-costs  llama.cpp's own T(k)/T(1) and draft cost c (BENCH_ARGS=--pair: the Qwen pair too)
+#   bench-llamacpp-threads llama.cpp's ms/token at threads 1 vs 2 and with the telemetry sampler on vs off, interleaved
 #   bench-profile-step    per-op shares of a k-token verification forward beside a 1-token one (issue 27)
 #   bench-overhead        what timers and records cost against one decode step (goal: <= 1 %)
 #   bench-drafter-al      the trained EAGLE heads' AL and paired speedup per task, chain beside EAGLE-2's tree
@@ -282,6 +283,9 @@ drafters: $(STAMP)
 GPU_CHECK_OUT ?= outputs/gpu-check/calibration.json
 bench-llamacpp-costs: $(STAMP)
 	$(BIN)/python bench/llamacpp_costs.py $(BENCH_ARGS)
+
+bench-llamacpp-threads: $(STAMP)
+	$(BIN)/python bench/llamacpp_threads.py $(BENCH_ARGS)
 
 bench-profile-step: $(STAMP)
 	$(BIN)/python bench/profile_step.py $(BENCH_ARGS)

@@ -33,6 +33,7 @@ SMOKED = {
     "engine.py": "tests/test_bench_smoke.py",
     "gpu_check.py": "tests/test_gpu_check.py",
     "llamacpp_costs.py": "tests/test_bench_smoke.py",
+    "llamacpp_threads.py": "tests/test_bench_smoke.py",
     "overhead.py": "tests/test_bench_smoke.py",
     "profile_step.py": "tests/test_bench_smoke.py",
     "send_schedule.py": "tests/run/test_send_schedule_bench.py",
@@ -247,6 +248,22 @@ def test_llamacpp_costs_bench_prints_the_curve_and_c_at_tiny_size(tmp_path, caps
     assert re.search(r"^\s+1\s+[\d.]+\s+1\.000", out, re.M)
     with pytest.raises(SystemExit):
         mod.parse_args(["--kmax", "1"])  # the n-gram run needs one draft
+
+
+@pytest.mark.slow
+def test_llamacpp_threads_bench_compares_side_by_side_and_withholds_a_verdict_when_busy(tmp_path, capsys, monkeypatch):
+    mod = _script("llamacpp_threads.py")
+    argv = ["--prompts", "2", "--tokens", "4", "--rounds", "2", "--log-dir", str(tmp_path)]
+    assert mod.main([*argv, "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    for key, (a, b) in {"threads": ("threads 1", "threads 2"), "telemetry": ("telemetry off", "telemetry on")}.items():
+        s = res[key]
+        assert (s["a"], s["b"], s["n_prompts"]) == (a, b, 2) and s["tpot_ms_a"] > 0 and s["tpot_ms_b"] > 0
+    monkeypatch.setattr(mod, "busy_reasons", lambda *a, **k: ["load 9.00 on 2 cores (above 2.5 while the cell ran)"])
+    assert mod.main(argv) == 0
+    assert "no verdict: the machine was busy (load 9.00" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        mod.parse_args(["--rounds", "0"])
 
 
 def test_profile_step_prints_op_shares_the_curve_and_the_matmul_rates(capsys, keep_torch_threads):

@@ -110,8 +110,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     one = LlamaCppBackend(MODEL, threads=1, log_dir=a.log_dir)
     two = LlamaCppBackend(MODEL, threads=2, log_dir=a.log_dir)
     try:
-        prompts = [two.prompt_ids(r) for r in load_requests(a.task, n=a.prompts)]
-        if any(not p for p in prompts):
+        maybe = [two.prompt_ids(r) for r in load_requests(a.task, n=a.prompts)]
+        prompts = [p for p in maybe if p]
+        if len(prompts) != len(maybe):
             raise RuntimeError(f"no token ids for {MODEL!r}'s prompts: the bench needs llama.cpp's tokenizer")
         for backend in (one, two):  # untimed warm-up of each server
             tpot_ms(backend, prompts[0], a.tokens)

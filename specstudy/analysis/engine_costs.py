@@ -35,6 +35,7 @@ ROW_COLUMNS = [
     "predicted_speedup",
     "measured_over_predicted",
     "model_bends",
+    "cells",
 ]
 
 
@@ -110,6 +111,7 @@ def predicted_rows(study: Study) -> pd.DataFrame:
                 "predicted_speedup": pred,
                 "measured_over_predicted": ratio,
                 "model_bends": model_bends(p, gamma, ratio) if stats.isnum(pred) else None,
+                "cells": tuple(cids),
             }
         )
     return pd.DataFrame(rows, columns=ROW_COLUMNS)

@@ -183,6 +183,7 @@ class TreeRow:
     expected_al: float
     expected_from: str
     shares: list[DrafterShare]
+    cells: tuple[str, ...] = ()  # the cells it pools (a flagged one marks the row)
 
 
 def tree_rows(study: Study) -> list[TreeRow]:
@@ -211,6 +212,7 @@ def tree_rows(study: Study) -> list[TreeRow]:
                 expected_al=exp,
                 expected_from=source,
                 shares=drafter_shares(study, cells) if m["method"] == "specinfer" else [],
+                cells=tuple(cells),
             )
         )
     return rows

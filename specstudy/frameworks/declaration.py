@@ -147,6 +147,13 @@ class EngineDeclaration:
     #: where a task's output constraint goes in a request body: kind ("json_schema", "grammar") ->
     #: dotted field path; empty: the kit sends no constraint to this engine (a task with one is refused)
     structured_output_fields: Mapping[str, str] = field(default_factory=dict)
+    #: the kinds whose value the engine takes as JSON text, not an object (SGLang's json_schema)
+    structured_output_as_text: frozenset[str] = frozenset()
+    #: fixed fields sent with a kind, dotted path -> value (TensorRT-LLM's response_format.type)
+    structured_output_tags: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    #: the framework option a server needs set to take constraints at all (None: none needed);
+    #: a constrained task on this framework without it is refused at load
+    structured_needs_option: str | None = None
     #: whether the engine combines constrained decoding with speculation, as ``structured_source``
     #: says: True, False (the framework table says "no"), None (nothing says; the study measures it)
     structured_with_speculation: bool | None = None
@@ -170,8 +177,8 @@ class EngineDeclaration:
 def constraint_body(decl: EngineDeclaration, json_schema: str | None, grammar: str | None) -> dict[str, Any]:
     """The request-body fields that constrain one request's output on ``decl``'s engine ({} without a
     constraint); a constraint the engine cannot take raises, naming what it takes."""
-    kind, value = ("json_schema", json.loads(json_schema)) if json_schema else ("grammar", grammar)
-    if value is None:
+    kind, text = ("json_schema", json_schema) if json_schema else ("grammar", grammar)
+    if text is None:
         return {}
     path = decl.structured_output_fields.get(kind)
     if path is None:
@@ -179,13 +186,20 @@ def constraint_body(decl: EngineDeclaration, json_schema: str | None, grammar: s
             f"framework {decl.framework!r} takes no {kind} constraint; allowed: "
             f"{sorted(decl.structured_output_fields) or 'none (no structured outputs through the kit)'}"
         )
+    as_object = kind == "json_schema" and kind not in decl.structured_output_as_text
+    fields = {**decl.structured_output_tags.get(kind, {}), path: json.loads(text) if as_object else text}
     body: dict[str, Any] = {}
-    node = body
+    for where, value in fields.items():
+        _put(body, where, value)
+    return body
+
+
+def _put(body: dict[str, Any], path: str, value: Any) -> None:
+    """Set ``body``'s field at the dotted ``path``, its parents created."""
     *parents, leaf = path.split(".")
     for p in parents:
-        node = node.setdefault(p, {})
-    node[leaf] = value
-    return body
+        body = body.setdefault(p, {})
+    body[leaf] = value
 
 
 #: option names used by no backend that profiles once carried, and what to write instead

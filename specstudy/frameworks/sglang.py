@@ -82,6 +82,15 @@ SGLANG = EngineDeclaration(
     # to its own length); a study's max_model_len above a head's context is refused at validation
     draft_takes_target_context=True,
     tensor_parallel=True,
+    # the native /generate's sampling_params (SamplingParams: json_schema is a str, ebnf an xgrammar
+    # EBNF/GBNF grammar; one constraint per request); its EAGLE workers mask drafts with the grammar
+    # (spec v1's generate_token_bitmask; spec v2 since sgl-project/sglang#13425)
+    structured_output_fields={"json_schema": "sampling_params.json_schema", "grammar": "sampling_params.ebnf"},
+    structured_output_as_text=frozenset({"json_schema"}),
+    structured_with_speculation=True,
+    structured_source="SGLang: grammar bitmasks on EAGLE drafts (spec v1; spec v2 since "
+    "https://github.com/sgl-project/sglang/pull/13425); open report of EAGLE + structured outputs stuck: "
+    "https://github.com/sgl-project/sglang/issues/9187",
     environments=(SGLANG_ENV,),
     requirement=("sglang", "its own pinned environment .venv-sglang: make engine-sglang"),
     provenance_packages=("sglang",),

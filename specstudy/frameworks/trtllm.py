@@ -37,7 +37,20 @@ TRTLLM_OPTIONS = {
     "gpu_memory_utilization": "kv_cache_config.free_gpu_memory_fraction",
     "prefix_cache": "kv_cache_config.enable_block_reuse",
     "llm_api_options": "--extra_llm_api_options",
+    # xgrammar or llguidance: the server's guided decoder, needed before a request may carry a constraint
+    "guided_decoding_backend": "guided_decoding_backend",
 }
+#: trtllm-serve's completions ``response_format`` (openai_protocol.ResponseFormat: type "json" with
+#: ``schema``, type "ebnf" with ``ebnf``), turned into GuidedDecodingParams by the server
+TRTLLM_STRUCTURED: dict[str, Any] = dict(
+    structured_output_fields={"json_schema": "response_format.schema", "grammar": "response_format.ebnf"},
+    structured_output_tags={
+        "json_schema": {"response_format.type": "json"},
+        "grammar": {"response_format.type": "ebnf"},
+    },
+    structured_needs_option="guided_decoding_backend",
+)
+GUIDED_BACKENDS = ("xgrammar", "llguidance")
 
 _COMMON: dict[str, Any] = dict(
     method_options=TRTLLM_METHOD_OPTIONS,
@@ -46,6 +59,7 @@ _COMMON: dict[str, Any] = dict(
     server=True,
     http=True,
     tensor_parallel=True,
+    **TRTLLM_STRUCTURED,
     # trtllm-serve is the user's own install: preflight looks for it on PATH
     binary=Binary(
         "trtllm-serve",

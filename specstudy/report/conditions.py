@@ -53,8 +53,26 @@ def hygiene_table(study: Study) -> pd.DataFrame:
         ("Prefix cache", ", ".join(pcs)),
         ("Temperature / throttling", f"sampled every {cfg.get('telemetry_period_s', '?')} s; {thr} throttled cell(s)"),
         ("Load average", "recorded with every request (extra.load_1m)"),
+        ("Engine options", engine_options_text(cfg.get("framework_options") or {})),
     ]
     return pd.DataFrame(rows, columns=["Item", "This study"])
+
+
+#: why an option has the value it has, where a benchmark chose it
+CHOSEN_BY = {
+    ("llamacpp", "threads"): "chosen by `make bench-llamacpp-threads` (threads 1 vs 2, telemetry off vs on, "
+    "side by side; docs/validity.md)",
+}
+
+
+def engine_options_text(options: dict[str, dict[str, object]]) -> str:
+    """The study's framework options as run, each with how it was chosen where a benchmark chose it."""
+    parts = []
+    for fw, opts in sorted(options.items()):
+        for key, value in sorted((opts or {}).items()):
+            why = CHOSEN_BY.get((fw, key))
+            parts.append(f"{fw} {key}={value}" + (f" ({why})" if why else ""))
+    return "; ".join(parts) or "the engines' defaults (no framework_options)"
 
 
 def telemetry_lines(study: Study, table: pd.DataFrame) -> list[str]:

@@ -17,6 +17,7 @@ from ..analysis.study import Study
 from ..metrics import MIN_PROMPTS_FOR_CI
 from .format import fmt, fmt_ci, sampling_text
 from .section import Section, markdown_table
+from .validity import left_out_note
 
 
 def _has_interval(row: Mapping[str, Any]) -> bool:
@@ -278,9 +279,10 @@ def _cost(study: Study, sec: Section) -> list[str]:
     return lines
 
 
-def deploy_section(study: Study) -> Section:
-    """Capacity under the SLO, γ per load, structured outputs, cost and energy (what a deployment decides)."""
+def deploy_section(study: Study, whole: Study | None = None) -> Section:
+    """Capacity under the SLO, γ per load, structured outputs, cost and energy (what a deployment decides),
+    from ``study``'s cells (the unflagged ones); ``whole`` (every cell) says what was left out."""
     sec = Section("Deployment decisions")
     parts = _capacity(study, sec) + _gamma(study, sec) + _structured(study, sec) + _cost(study, sec)
-    sec.markdown = "\n".join(parts)
+    sec.markdown = left_out_note(whole) + "\n".join(parts)
     return sec

@@ -23,7 +23,7 @@ from .format import FAMILY_TITLES, TASK_TITLES, fmt, fmt_ci
 from .model_notes import note_text
 from .section import Section, markdown_table
 from .summary import summary_markdown
-from .validity import reasons_text, validity_section
+from .validity import left_out_note, validity_section
 from .workload import workload_sections
 
 #: what the Pareto figures of a batch or rate sweep show (vLLM's sweep plots), said once for both sections
@@ -279,12 +279,13 @@ def _fails_short_and_memory(study: Study, sec: Section) -> list[str]:
     return parts
 
 
-def when_it_fails_section(study: Study) -> Section:
+def when_it_fails_section(study: Study, whole: Study | None = None) -> Section:
     """FAQ Q4: large batch, α < 0.4, outputs under 10 tokens, memory pressure — measured where the
-    records allow it, the cost model's prediction beside it (labelled as a prediction)."""
+    records allow it, the cost model's prediction beside it (labelled as a prediction); ``study`` holds
+    the unflagged cells, ``whole`` (every cell) says what was left out."""
     sec = Section("When speculation does not pay (FAQ Q4)")
     parts = _fails_batch(study, sec) + _fails_alpha(study, sec) + _fails_short_and_memory(study, sec)
-    sec.markdown = "\n".join(parts)
+    sec.markdown = left_out_note(whole) + "\n".join(parts)
     return sec
 
 
@@ -392,15 +393,7 @@ def summary_section(
 ) -> Section:
     """The opening summary, computed from the report's own tables (each sentence links to its table),
     over ``study``'s cells (the unflagged ones); ``whole`` (every cell) says what it leaves out and why."""
-    head = ""
-    if whole is not None and whole.flags:
-        n = len(whole.flags)
-        why = sorted({w for reasons in whole.flags.values() for w in reasons_text(reasons)})
-        head = (
-            f"_{n} flagged cell{'s' if n > 1 else ''} left out of every line below "
-            f"({'; '.join(why)}): see [Validity](#validity)._\n\n"
-        )
-    return Section("Summary", head + summary_markdown(study, hw_rows, whole, whole_rows))
+    return Section("Summary", left_out_note(whole) + summary_markdown(study, hw_rows, whole, whole_rows))
 
 
 def _worded_notes(rows: pd.DataFrame) -> pd.DataFrame:
@@ -416,6 +409,7 @@ def engine_costs_section(study: Study) -> Section | None:
         return None
     rows = _worded_notes(engine_costs.predicted_rows(study))
     shown = rows.assign(
+        label=[lab + tables.flag_mark(study, cells) for lab, cells in zip(rows["label"], rows["cells"])],
         alpha=rows["alpha"].map(fmt),
         alpha_hat=rows["alpha_hat"].map(fmt),
         c=rows["c"].map(lambda x: fmt(x, 3)),
@@ -424,7 +418,7 @@ def engine_costs_section(study: Study) -> Section | None:
         speedup=[fmt_ci(s, ci, suffix="×", n=n) for s, ci, n in zip(rows["speedup"], rows["speedup_ci"], rows["n"])],
         predicted_speedup=rows["predicted_speedup"].map(lambda x: fmt(x, suffix="×")),
         measured_over_predicted=rows["measured_over_predicted"].map(fmt),
-    ).drop(columns=["speedup_ci"])
+    ).drop(columns=["speedup_ci", "cells"])
     curve = curves.assign(verify_ratio=curves["verify_ratio"].map(fmt), verify_ms=curves["verify_ms"].map(fmt))
     cs = sorted({f"{d}: c = {fmt(c, 3)}" for d, c in zip(curves["drafter"], curves["c"]) if d and c == c})
     sec = Section("llama.cpp's own step costs (FAQ case 1)")
@@ -463,12 +457,12 @@ def report_sections(study: Study) -> list[Section]:
     secs += [costs] if costs is not None else []
     secs += [
         task_category_section(study),
-        when_it_fails_section(clean),  # verdicts from unflagged cells only
+        when_it_fails_section(clean, study),  # verdicts from unflagged cells only
     ]
     serving = serving_section(study)
     if serving.tables:  # a study without servers or prefix-cache pairs has no such section
         secs.append(serving)
-    secs.append(deploy_section(study))
+    secs.append(deploy_section(clean, study))  # the decisions: from unflagged cells only
     secs += workload_sections(study)
     secs += [
         hygiene_section(study),

@@ -488,6 +488,7 @@ def telemetry_table(study: Study) -> pd.DataFrame:
         rows.append(
             {
                 "cell": cid,
+                "flagged": flag_mark(study, [cid]).strip(),
                 "load_1m_mean": e.get("tel_load_1m_mean"),
                 "cpu_freq_mean_mhz": e.get("tel_cpu_freq_mean_mhz"),
                 "cpu_steal_mean_pct": e.get("tel_cpu_steal_mean_pct"),

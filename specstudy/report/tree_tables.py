@@ -9,6 +9,7 @@ import pandas as pd
 from ..analysis.study import Study
 from ..analysis.trees import DrafterShare, TreeRow, TreeShape, tree_frame, tree_rows
 from .format import fmt, fmt_ci, seed_row_name, short_model
+from .tables import flag_mark
 
 EAGLE2_SHAPE = "EAGLE-2 dynamic: the drafter's top-k of the most confident nodes per level, reranked within the budget"
 
@@ -41,12 +42,12 @@ def shares_text(shares: list[DrafterShare]) -> str:
     return ", ".join(f"{short_model(s.drafter)} {s.share:.0%}{own(s)}" for s in shares)
 
 
-def tree_row_cells(r: TreeRow) -> dict[str, object]:
-    """One row of the printed table."""
+def tree_row_cells(r: TreeRow, mark: str = "") -> dict[str, object]:
+    """One row of the printed table (``mark``: the flag mark where the row pools a flagged cell)."""
     p = r.pooled
     return {
         "Seed row": seed_row_name(r.method, r.dynamic_tree),
-        "Method (what ran)": r.label,
+        "Method (what ran)": r.label + mark,
         "Drafter(s)": " + ".join(short_model(d) for d in str(r.drafter).split("+")) if r.drafter else "—",
         "Shape": shape_text(r.shape),
         "Depth (γ)": r.gamma,
@@ -63,4 +64,4 @@ def tree_row_cells(r: TreeRow) -> dict[str, object]:
 def tree_shape_table(study: Study) -> tuple[pd.DataFrame, pd.DataFrame]:
     """One row per tree row of the sweep: its shape, node budget, measured AL and speedup, expected AL."""
     rows = tree_rows(study)
-    return pd.DataFrame([tree_row_cells(r) for r in rows]), tree_frame(rows)
+    return pd.DataFrame([tree_row_cells(r, flag_mark(study, r.cells)) for r in rows]), tree_frame(rows)

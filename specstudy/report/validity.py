@@ -177,3 +177,15 @@ def validity_section(study: Study) -> Section:
         sec.add_table("validity_copying", shown, None, "\n**Outputs that restate their prompt**\n\n")
     sec.markdown += "\n" + "".join(f"- Not checked: {line}.\n" for line in NOT_CHECKED)
     return sec
+
+
+def left_out_note(whole: Study | None) -> str:
+    """The line opening a part read from unflagged cells only: how many were left out and why ('' if none)."""
+    if whole is None or not whole.flags:
+        return ""
+    n = len(whole.flags)
+    why = sorted({w for reasons in whole.flags.values() for w in reasons_text(reasons)})
+    return (
+        f"_{n} flagged cell{'s' if n > 1 else ''} left out of every line below "
+        f"({'; '.join(why)}): see [Validity](#validity)._\n\n"
+    )

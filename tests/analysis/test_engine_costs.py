@@ -92,3 +92,14 @@ def test_the_section_shows_the_curve_and_the_rows(report_study):
     assert sec is not None and "T(k)/T(1)" in sec.markdown and "3.12" in sec.markdown
     assert set(sec.tables) == {"engine_costs_curve", "engine_costs_rows"} and "engine_costs_curve" in sec.figures
     assert any(x.title.startswith("llama.cpp's own step costs") for x in report_sections(s))
+
+
+def test_a_row_pooling_a_flagged_cell_is_marked(report_study):
+    """Issue 36: flagged rows carry the mark in every table, the engine-cost rows included."""
+    s = _as_llamacpp(load(report_study))
+    rows = engine_costs.predicted_rows(s)
+    flagged = rows["cells"].iloc[0][0]
+    s.flags = {flagged: (("planted", False),)}
+    shown, _ = engine_costs_section(s).tables["engine_costs_rows"]
+    assert shown["label"].iloc[0].endswith(" ⚑") and "cells" not in shown
+    assert not any(lab.endswith("⚑") for lab, cs in zip(shown["label"], rows["cells"]) if flagged not in cs)

@@ -126,6 +126,7 @@ def test_a_cancelled_shard_is_reported_and_a_rerun_runs_only_its_missing_cells(s
         time.sleep(0.1)
     subprocess.run(["scancel", entry["job_id"]], check=True)
     out, _ = follower.communicate(timeout=300)
+    out = follower.head + out
     assert follower.returncode == 3, out
     kept = [c for c in entry["cells"] if layout.is_done(c)]
     missing = [c for c in entry["cells"] if c not in kept]
@@ -145,13 +146,23 @@ def test_a_cancelled_shard_is_reported_and_a_rerun_runs_only_its_missing_cells(s
 
 
 def _submit_and_follow(yaml: Path, outputs: Path) -> tuple[subprocess.Popen[str], StudyLayout, float]:
-    """``specstudy run --executor slurm`` following its jobs in the background, once it has submitted them."""
+    """``specstudy run --executor slurm`` following its jobs in the background, once it has submitted them:
+    its "follow: squeue ..." line, printed after the jobs index is written and just before it starts
+    following, is the event waited on (no sleep). The lines read so far are kept on ``follower.head``."""
     layout = StudyLayout(outputs / "cpu")
     cmd = [*SPECSTUDY, "run", "--params", str(yaml), "--executor", "slurm", "--outputs", str(outputs)]
-    follower = subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    follower = subprocess.Popen(
+        cmd, env={**ENV, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     deadline = time.time() + 300
-    while time.time() < deadline and not layout.jobs_index_path.exists():
-        time.sleep(0.2)
+    head = []
+    assert follower.stdout is not None
+    for line in follower.stdout:  # ends when the command exits without that line
+        head.append(line)
+        if line.startswith("follow: squeue -j"):
+            break
+    follower.head = "".join(head)  # type: ignore[attr-defined]
+    assert layout.jobs_index_path.exists(), follower.head  # type: ignore[attr-defined]
     return follower, layout, deadline
 
 
@@ -174,9 +185,9 @@ def test_ctrl_c_on_the_submitting_command_leaves_the_jobs_running_and_says_how_t
     tmp, yaml = study
     outputs = tmp / "interrupt"
     follower, layout, deadline = _submit_and_follow(yaml, outputs)
-    time.sleep(1)
-    follower.send_signal(signal.SIGINT)
+    follower.send_signal(signal.SIGINT)  # it is following: the line before its follow loop was printed
     out, _ = follower.communicate(timeout=600)
+    out = follower.head + out
     index = json.loads(layout.jobs_index_path.read_text())
     ids = [e["job_id"] for e in index["shards"].values()] + [index["report"]]
     try:

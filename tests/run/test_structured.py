@@ -28,7 +28,7 @@ def cache(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECSTUDY_CACHE", str(tmp_path / "cache"))
 
 
-def _files(tmp_path, frameworks, ignore_eos):
+def _files(tmp_path, frameworks, ignore_eos, framework_options=None):
     data = tmp_path / "rows.jsonl"
     data.write_text("".join(json.dumps({"qid": f"q{i}", "q": f"Name {i} as JSON."}) + "\n" for i in range(4)))
     src = {"name": "rows", "kind": "file", "path": str(data), "sha256": sha256_file(data), "licence": "CC0"}
@@ -50,6 +50,7 @@ def _files(tmp_path, frameworks, ignore_eos):
         "sampling": {"ignore_eos": ignore_eos},
         "max_new_tokens": 16,
         "prompts_per_task": 2,
+        **({"framework_options": framework_options} if framework_options else {}),
     }
     (tmp_path / "study.yaml").write_text(yaml.safe_dump({"study": study}, sort_keys=False))
     return load_study("cpu", tmp_path / "study.yaml", check_tokenizers=False)
@@ -95,7 +96,50 @@ def test_each_engine_gets_the_constraint_in_its_own_field():
         table.loc["trtllm", "With speculation"] == "yes"
         and table.loc["trtllm-engine", "With speculation"] == "not documented"
     )
-    assert table.loc["sglang", "With speculation"] == "not documented"
+    assert table.loc["sglang", "With speculation"] == "yes" and "pull/13425" in declaration("sglang").structured_source
+
+
+def test_sglang_takes_the_schema_as_json_text_and_a_grammar_as_ebnf_in_its_sampling_params():
+    """SGLang's SamplingParams.json_schema is a str (an object there is refused by its request check)."""
+    from specstudy.backends.sglang.server import SglangServerBackend
+    from specstudy.records import Request, Sampling
+
+    text = json.dumps(SCHEMA)
+    assert constraint_body(declaration("sglang"), text, None) == {"sampling_params": {"json_schema": text}}
+    assert constraint_body(declaration("sglang"), None, 'root ::= "a"') == {"sampling_params": {"ebnf": 'root ::= "a"'}}
+    backend = SglangServerBackend("smollm2-135m", base_url="http://127.0.0.1:9")
+    body = backend.request_body(Request("q0", "Name 0 as JSON.", json_schema=text), Sampling(max_new_tokens=8))
+    assert body["sampling_params"]["json_schema"] == text and body["sampling_params"]["max_new_tokens"] == 8
+    plain = backend.request_body(Request("q0", "Hi"), Sampling(max_new_tokens=8))["sampling_params"]
+    assert "json_schema" not in plain and "ebnf" not in plain
+
+
+def test_trtllm_takes_a_typed_response_format_once_its_guided_decoder_is_set(tmp_path):
+    """trtllm-serve's ResponseFormat: type "json" with ``schema``, "ebnf" with ``ebnf``; the server's
+    ``guided_decoding_backend`` must be set, or a constrained task is refused at load naming the option."""
+    from specstudy.backends.trtllm.server import TrtllmServerBackend
+    from specstudy.records import Cell
+
+    text = json.dumps(SCHEMA)
+    for fw in ("trtllm", "trtllm-engine"):
+        assert constraint_body(declaration(fw), text, None) == {"response_format": {"type": "json", "schema": SCHEMA}}
+        assert constraint_body(declaration(fw), None, "root ::= x") == {
+            "response_format": {"type": "ebnf", "ebnf": "root ::= x"}
+        }
+    cell = Cell("c", "local", "trtllm", "ar", "json", "smollm2-135m")
+    on = TrtllmServerBackend("smollm2-135m", base_url="http://127.0.0.1:9", guided_decoding_backend="xgrammar")
+    assert on.llm_api_options(cell)["guided_decoding_backend"] == "xgrammar"
+    off = TrtllmServerBackend("smollm2-135m", base_url="http://127.0.0.1:9")
+    assert "guided_decoding_backend" not in off.llm_api_options(cell)
+    with pytest.raises(ValueError, match=r"guided_decoding_backend='outlines': allowed \['llguidance', 'xgrammar'\]"):
+        TrtllmServerBackend("smollm2-135m", base_url="http://127.0.0.1:9", guided_decoding_backend="outlines")
+    with pytest.raises(ParamsProblems) as e:
+        check_tasks(_files(tmp_path, ["trtllm"], ignore_eos=False), fetch=False)
+    assert [p.key for p in e.value.problems] == ["framework_options.trtllm.guided_decoding_backend"]
+    ok = _files(
+        tmp_path, ["trtllm"], ignore_eos=False, framework_options={"trtllm": {"guided_decoding_backend": "xgrammar"}}
+    )
+    assert check_tasks(ok, fetch=False) == []
 
 
 def _out(text, tokens=5, status="ok", schema=SCHEMA):

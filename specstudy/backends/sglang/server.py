@@ -24,7 +24,7 @@ from typing import Any
 
 from ...data.models import resolve_for_engine as resolve_model
 from ...environments.install import ENVIRONMENTS, is_installed, python_of
-from ...frameworks.declaration import CellCheck, check_choice
+from ...frameworks.declaration import CellCheck, check_choice, constraint_body
 from ...frameworks.sglang import KIT_TO_SGLANG, SGLANG, SGLANG_FLAGS, SGLANG_VERSION, sglang_synthetic_env
 from ...records import Cell, Request, RequestRecord, Sampling
 from ..lifecycle import ServerInfo, http_get, split_url
@@ -302,6 +302,7 @@ class SglangServerBackend(ServerBackend):
             "top_p": sampling.top_p,
             "top_k": sampling.top_k if sampling.top_k > 0 else -1,
             "ignore_eos": sampling.ignore_eos,
+            **constraint_body(SGLANG, request.json_schema, request.grammar).get("sampling_params", {}),
         }
         body: dict[str, Any] = {"sampling_params": params, "stream": True}
         ids = self.prompt_ids(request)

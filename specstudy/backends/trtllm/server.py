@@ -43,8 +43,8 @@ from typing import Any
 import yaml
 
 from ...data.models import resolve_for_engine as resolve_model
-from ...frameworks.declaration import CellCheck, check_method
-from ...frameworks.trtllm import ENGINE_DECODING, PYTORCH_DECODING, TRTLLM, TRTLLM_ENGINE
+from ...frameworks.declaration import CellCheck, check_choice, check_method
+from ...frameworks.trtllm import ENGINE_DECODING, GUIDED_BACKENDS, PYTORCH_DECODING, TRTLLM, TRTLLM_ENGINE
 from ...metrics import acceptance_length, acceptance_rate
 from ...records import Cell, Request, RequestRecord, Sampling
 from ..lifecycle import http_get
@@ -126,6 +126,12 @@ class TrtllmServerBackend(StreamingServerBackend[list[dict[str, Any]]]):
         cell.against(decl, engine=f"TensorRT-LLM {TRTLLM_VERSION} ({decl.framework})")
 
     @classmethod
+    def check_engine_options(cls, options: dict[str, Any]) -> None:
+        super().check_engine_options(options)
+        if options.get("guided_decoding_backend") is not None:
+            check_choice(cls.framework, "guided_decoding_backend", options["guided_decoding_backend"], GUIDED_BACKENDS)
+
+    @classmethod
     def describe(cls, method: str, gamma: int | None, options: Mapping[str, Any], cuda: bool | None = None) -> str:
         return describe_trtllm(method, gamma, options)
 
@@ -140,6 +146,8 @@ class TrtllmServerBackend(StreamingServerBackend[list[dict[str, Any]]]):
             out["enable_iter_perf_stats"] = True
         if self.options.get("dtype", "auto") != "auto":
             out["dtype"] = self.options["dtype"]
+        if self.options.get("guided_decoding_backend"):  # requests may then carry a response_format
+            out["guided_decoding_backend"] = self.options["guided_decoding_backend"]
         spec = speculative_config(cell.method, cell.gamma, cell.drafter or self.drafter, dict(cell.options))
         if spec is not None:
             out["speculative_config"] = spec

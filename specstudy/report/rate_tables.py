@@ -72,7 +72,9 @@ def stops_paying_table(raw: pd.DataFrame) -> pd.DataFrame:
     for (fw, label, gamma, task, cache), g in spec.groupby(keys, dropna=False) if len(spec) else []:
         pairs = [(float(r), {"speedup": float(s)}) for r, s in zip(g["rate"], g["speedup"])]
         stop = stops_paying(pairs)
-        measured = ", ".join(f"{_rate_text(r)}: {fmt(s['speedup'], 2, '×')}" for r, s in sorted(pairs))
+        measured = ", ".join(
+            f"{_rate_text(r)}: {fmt(s['speedup'], 2, '×')}" for r, s in sorted(pairs, key=lambda p: p[0])
+        )
         rows.append(
             {
                 "Framework": fw,

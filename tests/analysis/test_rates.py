@@ -159,3 +159,14 @@ def test_rate_pareto_marks_the_slo_tpot_limit():
         slo = [l for l in ax.get_lines() if l.get_label() == "SLO TPOT ≤ 50 ms"]
         assert len(slo) == 1 and list(slo[0].get_xdata()) == pytest.approx([20.0, 20.0])
     assert not any(l.get_label().startswith("SLO") for ax in plain.axes for l in ax.get_lines())
+
+
+def test_repeats_at_the_same_rate_are_listed_in_rate_order():
+    """make study-deploy's capacity probes repeat a rate: sorting (rate, dict) pairs raised TypeError there."""
+    raw = pd.concat(
+        [_raw(), _raw().assign(cell_id=lambda d: d["cell_id"] + "_r1", speedup=lambda d: d["speedup"] * 0.9)]
+    )
+    stop = rate_tables.stops_paying_table(raw).set_index("Framework")
+    listed = stop.loc["vllm-server", "Speedup per rate"].split(", ")
+    rates = [x.split(":")[0] for x in listed]
+    assert len(listed) == 2 * len(set(rates)) and rates == sorted(rates, key=lambda r: float(r))

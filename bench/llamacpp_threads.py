@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -80,9 +81,9 @@ def summary(name_a: str, a: list[float], name_b: str, b: list[float]) -> dict[st
     return {
         "a": name_a,
         "b": name_b,
-        "tpot_ms_a": sorted(a)[len(a) // 2],
-        "tpot_ms_b": sorted(b)[len(b) // 2],
-        "ratio": sum(a) / sum(b),
+        "tpot_ms_a": statistics.median(a),
+        "tpot_ms_b": statistics.median(b),
+        "ratio": metrics.speedup(a, b),  # Σ A / Σ B: the kit's one ratio, as ratio_ci's interval
         "ci": [lo, hi],
         "n_prompts": len(a),
     }

@@ -154,6 +154,8 @@ class EngineDeclaration:
     #: the framework option a server needs set to take constraints at all (None: none needed);
     #: a constrained task on this framework without it is refused at load
     structured_needs_option: str | None = None
+    #: the values that option takes (checked at load by the backend)
+    structured_option_values: tuple[str, ...] = ()
     #: whether the engine combines constrained decoding with speculation, as ``structured_source``
     #: says: True, False (the framework table says "no"), None (nothing says; the study measures it)
     structured_with_speculation: bool | None = None

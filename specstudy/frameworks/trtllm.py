@@ -40,6 +40,8 @@ TRTLLM_OPTIONS = {
     # xgrammar or llguidance: the server's guided decoder, needed before a request may carry a constraint
     "guided_decoding_backend": "guided_decoding_backend",
 }
+#: the guided decoders trtllm-serve's guided_decoding_backend takes
+GUIDED_BACKENDS = ("xgrammar", "llguidance")
 #: trtllm-serve's completions ``response_format`` (openai_protocol.ResponseFormat: type "json" with
 #: ``schema``, type "ebnf" with ``ebnf``), turned into GuidedDecodingParams by the server
 TRTLLM_STRUCTURED: dict[str, Any] = dict(
@@ -49,8 +51,8 @@ TRTLLM_STRUCTURED: dict[str, Any] = dict(
         "grammar": {"response_format.type": "ebnf"},
     },
     structured_needs_option="guided_decoding_backend",
+    structured_option_values=GUIDED_BACKENDS,
 )
-GUIDED_BACKENDS = ("xgrammar", "llguidance")
 
 _COMMON: dict[str, Any] = dict(
     method_options=TRTLLM_METHOD_OPTIONS,

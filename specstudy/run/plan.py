@@ -395,18 +395,6 @@ def _structured_problems(cfg: StudyConfig, task: str, sweeps: Sequence[Sweep]) -
             out.append(
                 ParamsError(cfg.file, f"sweeps.{sw.name}.frameworks", fw, able, f"task {task!r} states a {kind}")
             )
-        for fw in sorted(set(sw.frameworks) & set(able)):
-            need = engine_declaration(fw).structured_needs_option
-            if need and not (cfg.framework_options.get(fw) or {}).get(need):
-                out.append(
-                    ParamsError(
-                        cfg.file,
-                        f"framework_options.{fw}.{need}",
-                        None,
-                        "set (e.g. xgrammar)",
-                        f"task {task!r} states a {kind}: {fw}'s server takes constraints only with {need} set",
-                    )
-                )
         if any(s.ignore_eos for s in sw.samplings):
             out.append(
                 ParamsError(
@@ -416,6 +404,14 @@ def _structured_problems(cfg: StudyConfig, task: str, sweeps: Sequence[Sweep]) -
                     "false",
                     f"task {task!r} constrains its outputs: a JSON object cut at max_new_tokens says nothing",
                 )
+            )
+    for fw in sorted({f for sw in sweeps for f in sw.frameworks} & set(able)):  # once per framework
+        decl = engine_declaration(fw)
+        need = decl.structured_needs_option
+        if need and not (cfg.framework_options.get(fw) or {}).get(need):
+            hint = f"task {task!r} states a {kind}: {fw}'s server takes constraints only with {need} set"
+            out.append(
+                ParamsError(cfg.file, f"framework_options.{fw}.{need}", None, list(decl.structured_option_values), hint)
             )
     return out
 

@@ -191,11 +191,14 @@ study-engines: $(STAMP) $(ARCTIC_STAMP)
 # runs every cell whose engine has a CPU build (reference, HF, vLLM offline and server) on 2 prompts x 4
 # tokens with the profile's own framework options, lists the others as not rehearsed, and renders the
 # report into outputs/$(GPU)-rehearsal/, every page and table marked REHEARSAL (nothing is measured).
+# Offline (no hub, as on the kit's CI box): MODEL_CONFIGS=tests/fixtures/model_configs, the kit's configs
+# written from the published values; a model whose config is nowhere is refused before anything is built.
 REH := outputs/$(GPU)-rehearsal
+MODEL_CONFIGS ?=
 .PHONY: rehearse
 rehearse: $(STAMP)
 	@mkdir -p $(REH); start=$$(date +%s); echo "rehearse $(GPU): start $$(date -u +%FT%TZ), load average $$(cut -d' ' -f1-3 /proc/loadavg)"; \
-	  $(BIN)/specstudy run --hardware $(GPU) --rehearse --outputs outputs $(STUDY_ARGS); rc=$$?; echo $$rc > $(REH)/.run-status; \
+	  $(if $(MODEL_CONFIGS),SPECSTUDY_MODEL_CONFIGS=$(abspath $(MODEL_CONFIGS))) $(BIN)/specstudy run --hardware $(GPU) --rehearse --outputs outputs $(STUDY_ARGS); rc=$$?; echo $$rc > $(REH)/.run-status; \
 	  if [ $$rc -ne 0 ] && [ $$rc -ne 3 ]; then exit $$rc; fi; \
 	  $(MAKE) --no-print-directory -k -j$(NOTEBOOK_JOBS) -f $(REH)/notebooks.mk BIN=$(BIN) all || rc=4; \
 	  echo "rehearse $(GPU): $$(( $$(date +%s) - start )) s wall, load average $$(cut -d' ' -f1-3 /proc/loadavg); report $(REH)/report.md"; \

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..config.files import hardware_file, load_yaml
-from ..config.model_configs import read_config
+from ..config.model_configs import CONFIGS_ENV, read_config
 from ..data.standins import GENERIC_CHAT_TEMPLATE, place_in_hub_cache, scaled_config, write_standin
 from ..frameworks import DECLARATIONS
 from ..layout import REHEARSAL_MARKER
@@ -377,6 +377,28 @@ def _validate_argvs(gpu: str, skipped: list[dict[str, Any]]) -> None:
     validate_rows(skipped, cfg, expand(cfg))
 
 
+def missing_configs(study: dict[str, Any], read: Callable[[str], Any] = read_config) -> None:
+    """Refuse, before anything is built, a rehearsal whose models' configs are not here: every missing
+    one named at once, with the two ways to get them (a stand-in is built from its model's own config,
+    never guessed, and a head's from its target's)."""
+    from ..config.errors import ParamsError, ParamsProblems
+
+    problems = [
+        ParamsError(
+            None,
+            f"models: {repo}",
+            "config.json not here",
+            "a config in the HF cache or in $" + CONFIGS_ENV + "/<owner>--<name>/",
+            "where the hub is reachable: specstudy models configs --hardware <gpu>; offline, the kit's configs "
+            "written from the published values: make rehearse GPU=<gpu> MODEL_CONFIGS=tests/fixtures/model_configs",
+        )
+        for repo in hub_ids(study)
+        if (read(repo) or {}).get("vocab_size") is None and repo not in {**heads_of(study), **heads_of(study, "medusa")}
+    ]
+    if problems:
+        raise ParamsProblems(problems, "rehearsal stand-ins (each model's own config)")
+
+
 def prepare(gpu: str, outputs: str = "outputs", log: Callable[[str], None] = print) -> Path:
     """Stand-ins, the small study file and the marker in ``<outputs>/<gpu>-rehearsal/``; the hub cache
     pointed at the stand-ins (this process and every engine it starts).  Returns the study file."""
@@ -385,6 +407,7 @@ def prepare(gpu: str, outputs: str = "outputs", log: Callable[[str], None] = pri
     study = load_yaml(hardware_file(gpu))["study"]
     built = out / "standins" / "built.json"
     if not built.exists():
+        missing_configs(study)
         log(f"rehearsal: building stand-ins of {len(hub_ids(study))} models into {cache}")
         built.parent.mkdir(parents=True, exist_ok=True)
         built.write_text(json.dumps(build_standins(study, cache), indent=2))

@@ -132,3 +132,24 @@ def test_the_configuration_key_separates_each_axis(monkeypatch, tmp_path):
     ]
     assert all(configuration_key(q) == k for q in same)
     assert [rate_regime(r) for r in (None, float("inf"), 0.5)] == ["closed batch", "all at once", "poisson"]
+
+
+def test_a_rehearsal_without_its_models_configs_is_refused_before_anything_is_built(tmp_path, monkeypatch):
+    """A fresh machine with no hub and no configs: every missing model named at once, with both ways to
+    get them, and no stand-in written (a head's stand-in used to crash on its target's missing folder)."""
+    from specstudy.config.errors import ParamsProblems
+    from specstudy.run.rehearsal import hub_ids, missing_configs, prepare
+
+    monkeypatch.setenv("SPECSTUDY_MODEL_CONFIGS", str(tmp_path / "none"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    study = load_yaml(hardware_file("a100"))["study"]
+    with pytest.raises(ParamsProblems) as e:
+        prepare("a100", str(tmp_path / "out"))
+    text = str(e.value)
+    assert "meta-llama/Llama-3.3-70B-Instruct" in text and "MODEL_CONFIGS=tests/fixtures/model_configs" in text
+    assert "specstudy models configs" in text
+    assert not (tmp_path / "out" / "a100-rehearsal" / "standins" / "hub").exists()
+    monkeypatch.setenv("SPECSTUDY_MODEL_CONFIGS", str(FIXTURES))
+    missing_configs(study)  # with the kit's configs nothing is missing
+    assert hub_ids(study)

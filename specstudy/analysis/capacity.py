@@ -5,7 +5,8 @@ Per (engine, method, task, γ) and repeat, the capacity is the highest swept rat
 SLO held at every rate (:func:`specstudy.metrics.slo_holds`, the study's percentile); the first
 rate where it broke bounds it from above.  :func:`refine_rates` proposes the rates that narrow
 those brackets (geometric bisection), which ``specstudy run --refine-capacity`` measures; the same
-rounds rerun a sweep whose probe was not stationary (:func:`stationary`) with twice its prompts, at
+rounds rerun a sweep whose probe held the SLO without being stationary (:func:`stationary`; a probe
+that broke with its queue growing is over capacity, and its break stands) with twice its prompts, at
 most :data:`LONGEST_PROBE_GROWTH` times its configured count, and the longest probe of a rate counts.
 
 Over repeats the capacity is the mean of the per-repeat capacities with the kit's t-interval
@@ -92,14 +93,20 @@ def longest(pr: pd.DataFrame) -> tuple[pd.DataFrame, int]:
     return kept, len(pr) - len(kept)
 
 
+def _doubtful(pr: pd.DataFrame) -> pd.Series:
+    """Probes whose SLO held while their queue still grew: run longer they might break.  A probe that
+    broke with a growing queue is over capacity (longer, its queue only grows) and its break stands."""
+    return (pr["stationary"] == False) & (pr["held"] == True)  # noqa: E712 (None: unknown)
+
+
 def unsteady_sweeps(study: Study, slo: Slo | None = None) -> dict[str, int]:
-    """Per sweep, the prompts of its longest probe that was not stationary (only probes that are still
-    their rate's longest): the sweeps whose probes the search lengthens."""
+    """Per sweep, the prompts of its longest probe that held the SLO without being stationary (only
+    probes that are still their rate's longest): the sweeps whose probes the search lengthens."""
     pr, _ = longest(probes(study, slo))
     out: dict[str, int] = {}
     if pr.empty:
         return out
-    for _, row in pr[pr["stationary"] == False].iterrows():  # noqa: E712 (None: unknown)
+    for _, row in pr[_doubtful(pr)].iterrows():
         for sweep in row["sweeps"]:
             out[sweep] = max(out.get(sweep, 0), int(row["prompts"]))
     return out
@@ -149,7 +156,7 @@ def capacity_frame(study: Study, slo: Slo | None = None) -> pd.DataFrame:
                 "capacity_min_rps": min(caps),
                 "capacity_max_rps": max(caps),
                 "breaks_at_rps": float(np.median(breaks)),
-                "unsteady_probes": int((g["stationary"] == False).sum()),  # noqa: E712 (None: unknown)
+                "unsteady_probes": int(_doubtful(g).sum()),
                 "lengthened_probes": _replaced(every, key),
                 "rates": sorted(set(g["rate"])),
             }

@@ -288,7 +288,8 @@ def deployment_plan(cfg: StudyConfig, profile: HardwareProfile | None, refine_st
         }
     )
     price = (
-        f"US$ {profile.price_usd_per_hour:g} per GPU-hour ({profile.price_date}; {profile.price_source})"
+        f"US$ {profile.price_usd_per_hour:g} per {'GPU-hour' if gpu else 'hour of the whole machine'} "
+        f"({profile.price_date}; {profile.price_source})"
         if profile is not None and profile.price_usd_per_hour
         else "no price stated: $ per million tokens not computed (specstudy report --price-per-hour)"
     )

@@ -75,6 +75,31 @@ def test_a_speculative_request_that_accepted_little_is_not_a_stall():
     assert [f.requests for f in V.stalls(recs)] == [("low",)]
 
 
+def test_a_gap_filled_by_another_requests_prefill_in_the_batch_is_not_a_stall():
+    """Batch 2 as llama.cpp runs it (make study-deploy, 2026-12-05): a request entering the batch has its
+    whole prompt prefilled in the forward that also decodes its partner, whose gap then reads 16-26x
+    the median on every rerun.  That gap is explained; the same pause with no first token in it is not."""
+
+    def pair(pause_s, partner_starts_at_pause):
+        recs = []
+        for i in range(8):
+            r = _rec(f"p{i}", 0.012, forwards_ms=[12.0] * 22)
+            r.batch_size, r.start_epoch = 2, 1000.0 + 10.0 * i  # the others far apart
+            recs.append(r)
+        r = recs[0]
+        r.chunk_times_s = [t + (pause_s if i >= 10 else 0.0) for i, t in enumerate(r.chunk_times_s)]
+        r.end_s = r.chunk_times_s[-1]
+        q = recs[1]  # its partner, sent during r's pause, first token at the pause's end
+        start = r.start_epoch + r.chunk_times_s[9] + (0.0 if partner_starts_at_pause else 5.0)
+        q.start_epoch, q.first_token_s = start, pause_s
+        q.chunk_times_s = [pause_s + 0.012 * i for i in range(24)]
+        q.end_s = q.chunk_times_s[-1]
+        return recs
+
+    assert V.stalls(pair(0.6, True)) == []
+    assert [f.requests for f in V.stalls(pair(0.6, False))] == [("p0",)]
+
+
 def test_rate_cells_and_tiny_cells_are_not_judged_by_the_stall_rule():
     recs = _clean(rate=2.0)
     recs[0] = _rec("p0", 0.260, rate=2.0)

@@ -61,6 +61,15 @@ def test_shipped_profiles_validate_and_expand(hw, no_model_work):
     names = {s.name for s in cfg.sweeps}
     if hw == "cpu-deploy":  # the deployment decisions (issue 35): capacity, gamma per load, structured outputs
         assert {"capacity", "gamma_load", "structured"} <= names, names
+        cap = next(s for s in cfg.sweeps if s.name == "capacity")
+        assert cap.repeats >= 5 and {"llamacpp", "vllm-server"} <= set(cap.frameworks)  # an interval over repeats
+        assert cfg.slo.get("ttft_ms") is not None  # at bounded concurrency TPOT alone cannot break as the queue grows
+        gamma_engines = {f for s in cfg.sweeps if len(s.gammas) > 1 and not s.request_rates for f in s.frameworks}
+        assert gamma_engines >= {"llamacpp", "vllm-server"}  # a γ schedule for each server engine
+        from specstudy.config.hardware import load_hardware_profile
+
+        price = load_hardware_profile(hw, measure=False)
+        assert price.price_usd_per_hour and price.price_source  # $/M tokens with its source
         return
     if "-" in hw:  # a focused CPU study (cpu-pair, cpu-engines): its own sweeps, a side-by-side table first
         assert names & {"hardware", "frameworks"}, names

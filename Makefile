@@ -193,11 +193,26 @@ study-engines: $(STAMP) $(ARCTIC_STAMP)
 # report into outputs/$(GPU)-rehearsal/, every page and table marked REHEARSAL (nothing is measured).
 # Offline (no hub, as on the kit's CI box): MODEL_CONFIGS=tests/fixtures/model_configs, the kit's configs
 # written from the published values; a model whose config is nowhere is refused before anything is built.
+# SGLang's rows are checked by SGLang's own argument parser (specstudy/run/engine_argv.py): its 0.5.23
+# wheel unpacked (no install: it has no CPU build) with orjson, ipython and traitlets beside it, imported
+# by the vLLM environment's Python; without the package index the rows stay "not rehearsed".
 REH := outputs/$(GPU)-rehearsal
 MODEL_CONFIGS ?=
-.PHONY: rehearse
+SGLANG_PARSER := .venv-vllm/sglang-parser
+.PHONY: rehearse sglang-parser
+sglang-parser: $(SGLANG_PARSER)/.done
+$(SGLANG_PARSER)/.done: $(STAMP)
+	$(BIN)/python -m specstudy.environments install vllm $(ENGINE_FLAG)
+	rm -rf $(SGLANG_PARSER) && mkdir -p $(SGLANG_PARSER)
+	$(BIN)/python -m pip download -q --no-deps sglang==0.5.23 -d $(SGLANG_PARSER)/wheel
+	$(BIN)/python -m zipfile -e $(SGLANG_PARSER)/wheel/sglang-0.5.23-*.whl $(SGLANG_PARSER)/pkg
+	.venv-vllm/bin/python -m pip install -q --target $(SGLANG_PARSER)/deps orjson ipython traitlets
+	touch $@
 rehearse: $(STAMP)
+	@$(MAKE) --no-print-directory sglang-parser || echo "rehearse: SGLang's parser not set up (its rows stay not rehearsed)"
 	@mkdir -p $(REH); start=$$(date +%s); echo "rehearse $(GPU): start $$(date -u +%FT%TZ), load average $$(cut -d' ' -f1-3 /proc/loadavg)"; \
+	  if [ -f $(SGLANG_PARSER)/.done ]; then export SPECSTUDY_SGLANG_PYTHON=$(abspath .venv-vllm/bin/python) \
+	    SPECSTUDY_SGLANG_PATH=$(abspath $(SGLANG_PARSER)/pkg):$(abspath $(SGLANG_PARSER)/deps); fi; \
 	  $(if $(MODEL_CONFIGS),SPECSTUDY_MODEL_CONFIGS=$(abspath $(MODEL_CONFIGS))) $(BIN)/specstudy run --hardware $(GPU) --rehearse --outputs outputs $(STUDY_ARGS); rc=$$?; echo $$rc > $(REH)/.run-status; \
 	  if [ $$rc -ne 0 ] && [ $$rc -ne 3 ]; then exit $$rc; fi; \
 	  $(MAKE) --no-print-directory -k -j$(NOTEBOOK_JOBS) -f $(REH)/notebooks.mk BIN=$(BIN) all || rc=4; \

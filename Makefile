@@ -105,13 +105,16 @@ engine-vllm: $(STAMP)
 # 12 min 25 s on the 2-core machine at load 7-12, 2026-12-05).  The wheel is built once and installed
 # without dependencies into .venv (the reference engine's `suffix`) and, where it exists, the vLLM
 # environment (vLLM's method: suffix); its vLLM plugin stays off unless ARCTIC_INFERENCE_ENABLED=1.
+# CMAKE_ARGS (read by its setup.py) names the Python and its headers: the cmake 4.4 its isolated build
+# fetched on 2026-12-05 found the interpreter but not its include folder (Development.Module).
 ARCTIC := arctic-inference==0.3.0
 ARCTIC_WHEELS := $(VENV)/wheels
 ARCTIC_STAMP := $(VENV)/.specstudy-arctic-inference
 .PHONY: arctic-inference
 arctic-inference: $(ARCTIC_STAMP)
 $(ARCTIC_STAMP): $(STAMP)
-	$(BIN)/python -m pip wheel --no-deps $(ARCTIC) -w $(ARCTIC_WHEELS)
+	CMAKE_ARGS="-DPython_EXECUTABLE=$(abspath $(BIN)/python) -DPython_INCLUDE_DIR=$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["include"])')" \
+	  $(BIN)/python -m pip wheel --no-deps $(ARCTIC) -w $(ARCTIC_WHEELS)
 	$(BIN)/python -m pip install --no-deps $(ARCTIC_WHEELS)/arctic_inference-0.3.0-*.whl
 	@vllm_py="$${SPECSTUDY_ENGINES_ROOT:-.}/.venv-vllm/bin/python"; \
 	if [ -x "$$vllm_py" ]; then "$$vllm_py" -m pip install --no-deps $(ARCTIC_WHEELS)/arctic_inference-0.3.0-*.whl; \

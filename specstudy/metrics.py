@@ -143,6 +143,13 @@ def tpot(rec: RequestRecord) -> float:
     return (rec.end_s - rec.first_token_s) / (n - 1)
 
 
+def queued(rec: RequestRecord) -> float:
+    """Seconds a request waited at the client for a free slot before it was sent (0 without a cap).
+    TTFT and E2E run from the send; a capacity judged at a request *rate* adds this wait, which a user
+    arriving at that moment waits too (the load generator keeps it as ``extra["queued_s"]``)."""
+    return float((rec.extra or {}).get("queued_s", 0.0))
+
+
 def itl(rec: RequestRecord) -> list[float]:
     """Inter-chunk latencies (seconds) between consecutive output arrivals."""
     t = rec.chunk_times_s
@@ -215,16 +222,21 @@ def slo_holds(
     tpot_s: float | None = None,
     e2e_s: float | None = None,
     percentile: float = 90.0,
+    from_arrival: bool = False,
 ) -> bool | None:
     """Whether a run met a percentile SLO (MLPerf's form: p99 TTFT and p99 TPOT within their limits):
     the ``percentile`` of each limited latency over the run's requests, a request that failed counting
-    as infinitely slow and a one-token output's TPOT as 0 (nothing to exceed).  None: no requests."""
+    as infinitely slow and a one-token output's TPOT as 0 (nothing to exceed).  None: no requests.
+    ``from_arrival``: TTFT and E2E counted from each request's arrival, its wait for a slot
+    (:func:`queued`) included, as MLPerf's server scenario counts them; without it a capped client
+    hides the queue (coordinated omission) and an overloaded server still "meets" a TTFT limit."""
     if not records:
         return None
-    for limit, fn in ((ttft_s, ttft), (tpot_s, tpot), (e2e_s, e2e)):
+    wait = queued if from_arrival else (lambda r: 0.0)
+    for limit, fn, plus in ((ttft_s, ttft, wait), (tpot_s, tpot, None), (e2e_s, e2e, wait)):
         if limit is None:
             continue
-        vals = [fn(r) if r.status == "ok" else math.inf for r in records]
+        vals = [(fn(r) + (plus(r) if plus else 0.0)) if r.status == "ok" else math.inf for r in records]
         vals = [0.0 if v != v and fn is tpot else (math.inf if v != v else v) for v in vals]
         with np.errstate(invalid="ignore"):  # inf beside inf interpolates to NaN: read as a break
             at = float(np.percentile(vals, percentile))

@@ -2,7 +2,9 @@
 
 A request-rate sweep says how latency grows with load; a deployment needs the rate it can take.
 Per (engine, method, task, γ) and repeat, the capacity is the highest swept rate below which the
-SLO held at every rate (:func:`specstudy.metrics.slo_holds`, the study's percentile); the first
+SLO held at every rate (:func:`specstudy.metrics.slo_holds`, the study's percentile, TTFT and E2E
+from each request's arrival: a request that waited for one of the cell's slots waited as a user
+would, and a probe whose queue grew at the client is judged by it, not hidden); the first
 rate where it broke bounds it from above.  :func:`refine_rates` proposes the rates that narrow
 those brackets (geometric bisection), which ``specstudy run --refine-capacity`` measures; the same
 rounds rerun a sweep whose probe held the SLO without being stationary (:func:`stationary`; a probe
@@ -30,7 +32,7 @@ import numpy as np
 import pandas as pd
 
 from ..config.schema import Slo
-from ..metrics import MIN_PROMPTS_FOR_CI, mean_ci, prompt_of, slo_holds, ttft
+from ..metrics import MIN_PROMPTS_FOR_CI, mean_ci, prompt_of, queued, slo_holds, ttft
 from ..records import RequestRecord
 from .rates import study_slo
 from .study import Study
@@ -44,13 +46,14 @@ GROWING_QUEUE = 2.0
 
 
 def stationary(records: Sequence[RequestRecord]) -> bool | None:
-    """Whether a probe reached a steady state: the TTFT median of its last third of requests (by send
-    time) within :data:`GROWING_QUEUE` times its first third's (None: fewer than 6 ok requests)."""
+    """Whether a probe reached a steady state: the median time from arrival to first token (the wait
+    for a slot included) of its last third of requests (by send time) within :data:`GROWING_QUEUE`
+    times its first third's (None: fewer than 6 ok requests)."""
     ok = sorted((r for r in records if r.status == "ok"), key=lambda r: r.start_epoch)
     if len(ok) < 6:
         return None
     third = len(ok) // 3
-    first, last = (float(np.median([ttft(r) for r in part])) for part in (ok[:third], ok[-third:]))
+    first, last = (float(np.median([ttft(r) + queued(r) for r in part])) for part in (ok[:third], ok[-third:]))
     return bool(last <= GROWING_QUEUE * first)
 
 
@@ -67,7 +70,7 @@ def probes(study: Study, slo: Slo | None = None) -> pd.DataFrame:
     for cid, m in study.cells.items():
         if m["request_rate"] is None or m.get("arrivals", "poisson") != "poisson":
             continue
-        held = slo_holds(study.records[cid], slo.ttft_s, slo.tpot_s, slo.e2e_s, slo.percentile)
+        held = slo_holds(study.records[cid], slo.ttft_s, slo.tpot_s, slo.e2e_s, slo.percentile, from_arrival=True)
         rows.append(
             {
                 **{k: m[k] for k in _GROUP},

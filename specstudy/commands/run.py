@@ -449,4 +449,28 @@ def run(args: argparse.Namespace) -> int:
                 indent=2,
             )
         )
+    if args.rehearse and not failed:  # a rehearsal passes only when every request of every cell ran
+        errors = _rehearsal_errors(layout, plans)
+        for line in errors:
+            print(f"specstudy run: rehearsal: {line}", file=sys.stderr)
+        if errors:
+            return EXIT_CELLS_FAILED
     return EXIT_CELLS_FAILED if failed else 0
+
+
+def _rehearsal_errors(layout: StudyLayout, plans: list[CellPlan]) -> list[str]:
+    """Each rehearsed cell whose requests did not all come back ok, with its first error: an engine that
+    dies on the first request leaves error records, not a raised cell, and a study would count the
+    cell as measured (the EAGLE-3 cells of vLLM's offline engine did, in all four profiles)."""
+    from ..records import read_part
+
+    out = []
+    for plan in plans:
+        path = layout.part_path(plan.cell_id)
+        records = read_part(path) if path.exists() else []
+        bad = [r for r in records if r.status != "ok"]
+        if bad:
+            out.append(
+                f"{plan.cell_id}: {len(bad)} of {len(records)} requests {bad[0].status}: {(bad[0].error or '')[:300]}"
+            )
+    return out

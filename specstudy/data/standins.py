@@ -32,10 +32,12 @@ SNAPSHOT = "0" * 40
 
 
 def scaled_config(
-    cfg: dict[str, Any], layers: int = 6, head_dim: int = 32, max_heads: int = 8
+    cfg: dict[str, Any], layers: int = 8, head_dim: int = 32, max_heads: int = 8
 ) -> tuple[dict[str, Any], list[str]]:
     """``cfg`` with fewer layers, at most ``max_heads`` heads of ``head_dim`` (the GQA ratio kept: MHA
-    stays MHA, 64/8 becomes 8/1), hence a smaller width; and what was scaled.
+    stays MHA, 64/8 becomes 8/1), hence a smaller width; and what was scaled.  8 layers, not fewer:
+    vLLM's EAGLE-3 takes its aux hidden states from layers (2, n // 2, n - 3), which coincide below
+    7 layers (6 gave (2, 3, 3): two states where the head's fc wants three, and the engine died).
 
     Vocabulary, context, rope and architecture stay exact.  A rehearsal runs tensor parallelism at 1,
     so the head counts it divides are checked on the real config (:mod:`specstudy.config.model_configs`).

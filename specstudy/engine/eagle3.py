@@ -47,8 +47,8 @@ CONFIG_FILE, WEIGHTS_FILE, RECORD_FILE = "config.json", "model.safetensors", "sp
 
 def default_aux_layers(num_layers: int) -> tuple[int, int, int]:
     """vLLM's and SGLang's default feature layers for an L-layer target: (2, L // 2, L − 3)."""
-    if num_layers < 6:
-        raise ValueError(f"an EAGLE-3 target needs at least 6 layers for its default features, got {num_layers}")
+    if num_layers < 7:  # below 7 the ids coincide, and vLLM collects each layer once: two features, not three
+        raise ValueError(f"an EAGLE-3 target needs at least 7 layers for its default features, got {num_layers}")
     return (2, num_layers // 2, num_layers - 3)
 
 

@@ -140,9 +140,12 @@ def _capacity(study: Study, sec: Section) -> list[str]:
         head,
         f"The highest offered rate (Poisson arrivals) at which {slo.describe_percentile()} held at that rate and every "
         "lower one probed, per repeat of the sweep; the first rate where it broke bounds it from above. "
+        "TTFT and E2E count from each request's arrival: a request that waited for a free slot at the "
+        "client (the cell's batch size caps the requests in flight) waited as a user would. "
         "`specstudy run --refine-capacity N` bisects each bracket geometrically before the report. A probe whose last "
         "third of requests waited over twice as long for a first token as its first third had a queue still growing "
-        "(not stationary: its percentiles depend on how long it ran); each refining round reruns its sweep with twice "
+        "(not stationary: its percentiles depend on how long it ran); where such a probe held the SLO, each refining "
+        "round reruns its sweep with twice "
         f"the prompts, up to {capacity.LONGEST_PROBE_GROWTH} times the configured count, the longer probe replacing "
         "the shorter; the capacity names how many were rerun and how many stayed unsteady. The capacity is "
         "the mean over repeats of the sweep with a 95 % t-interval, the repeat being the unit (a capacity is not a "

@@ -377,6 +377,11 @@ def _validate_argvs(gpu: str, skipped: list[dict[str, Any]]) -> None:
     validate_rows(skipped, cfg, expand(cfg))
 
 
+#: what the stand-ins are built by (:func:`specstudy.data.standins.scaled_config`'s defaults): a cache
+#: built by another recipe is rebuilt
+STANDIN_RECIPE = "8 layers, heads of 32, at most 8 heads (2026-12-05)"
+
+
 def missing_configs(study: dict[str, Any], read: Callable[[str], Any] = read_config) -> None:
     """Refuse, before anything is built, a rehearsal whose models' configs are not here: every missing
     one named at once, with the two ways to get them (a stand-in is built from its model's own config,
@@ -405,12 +410,18 @@ def prepare(gpu: str, outputs: str = "outputs", log: Callable[[str], None] = pri
     out = Path(outputs) / rehearsal_name(gpu)
     cache = out / "standins" / "hub"
     study = load_yaml(hardware_file(gpu))["study"]
-    built = out / "standins" / "built.json"
+    built, recipe = out / "standins" / "built.json", out / "standins" / "recipe.txt"
+    if built.exists() and (not recipe.exists() or recipe.read_text() != STANDIN_RECIPE):
+        import shutil  # stand-ins of an older recipe (6 layers), and the cells run on them, are never reused
+
+        log(f"rehearsal: {out} was built by another stand-in recipe; starting it again (nothing in it is measured)")
+        shutil.rmtree(out)
     if not built.exists():
         missing_configs(study)
         log(f"rehearsal: building stand-ins of {len(hub_ids(study))} models into {cache}")
         built.parent.mkdir(parents=True, exist_ok=True)
         built.write_text(json.dumps(build_standins(study, cache), indent=2))
+        recipe.write_text(STANDIN_RECIPE)
     small, changes, skipped = rehearsal_study(study, hardware_file(gpu).parent)
     _validate_argvs(gpu, skipped)
     path = out / "rehearsal.yaml"

@@ -98,6 +98,25 @@ def test_slo_holds_at_the_percentile_and_a_failed_request_is_infinitely_slow():
     assert slo_holds([], tpot_s=0.05) is None
 
 
+def test_a_capacity_probe_counts_the_wait_for_a_slot_and_a_capped_client_cannot_hide_a_queue():
+    """Two slots, requests arriving faster than they are served: each later request waits longer for a
+    slot at the client, then sees the same 0.5 s TTFT from its send.  Judged from the send the SLO
+    held and the queue looked steady (the first make study-deploy design never broke); from the
+    arrival it breaks, and the probe reads as a queue still growing."""
+    probe = []
+    for i in range(8):
+        r = rec("q", prompt=i, rate=2.0, batch=2, ttft=0.5, start=0.5 * i)
+        r.extra = {"queued_s": 0.6 * max(0, i - 1)} if i > 1 else {}
+        probe.append(r)
+    assert slo_holds(probe, ttft_s=2.0, percentile=90) is True  # from the send: the queue is invisible
+    assert slo_holds(probe, ttft_s=2.0, percentile=90, from_arrival=True) is False
+    assert slo_holds(probe, tpot_s=0.05, percentile=90, from_arrival=True) is True  # TPOT: no wait in it
+    assert capacity.stationary(probe) is False
+    study = study_of(probe)
+    (row,) = capacity.probes(study, Slo(ttft_ms=2000)).to_dict("records")
+    assert row["held"] is False and row["stationary"] is False
+
+
 def test_slo_presets_fill_what_is_not_given_and_unknown_ones_are_named():
     mlperf = Slo(preset="mlperf-llama3.1-8b-interactive")
     assert (mlperf.ttft_ms, mlperf.tpot_ms, mlperf.percentile) == (500.0, 30.0, 99.0)

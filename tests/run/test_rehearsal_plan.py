@@ -2,6 +2,7 @@
 framework options on a small scale, every other row is listed as not rehearsed, every change is
 named, and a rehearsal's outputs are marked REHEARSAL on every table and page."""
 
+import os
 from pathlib import Path
 
 import pandas as pd
@@ -153,3 +154,52 @@ def test_a_rehearsal_without_its_models_configs_is_refused_before_anything_is_bu
     monkeypatch.setenv("SPECSTUDY_MODEL_CONFIGS", str(FIXTURES))
     missing_configs(study)  # with the kit's configs nothing is missing
     assert hub_ids(study)
+
+
+def test_stand_ins_of_another_recipe_are_rebuilt_with_the_cells_run_on_them(tmp_path, monkeypatch):
+    """A rehearsal folder from the 6-layer recipe (whose EAGLE-3 cells died in vLLM) is started again,
+    not resumed: its stand-ins and its records are of other models."""
+    import huggingface_hub.constants
+
+    from specstudy.run import rehearsal
+
+    monkeypatch.setenv("SPECSTUDY_MODEL_CONFIGS", str(FIXTURES))
+    for var in ("HF_HUB_CACHE", "HF_HUB_OFFLINE"):  # prepare() points them at the stand-ins: restored after
+        monkeypatch.setenv(var, os.environ.get(var, ""))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", huggingface_hub.constants.HF_HUB_CACHE)
+    old = tmp_path / "out" / "rtx4090-rehearsal"
+    (old / "standins").mkdir(parents=True)
+    (old / "standins" / "built.json").write_text("{}")
+    (old / "records").mkdir()
+    (old / "records" / "stale.parquet").write_text("")
+    built = []
+    monkeypatch.setattr(rehearsal, "build_standins", lambda study, cache: built.append(cache) or {"m": ["notes"]})
+    monkeypatch.setattr(rehearsal, "_validate_argvs", lambda gpu, skipped: None)
+    rehearsal.prepare("rtx4090", str(tmp_path / "out"), log=lambda m: None)
+    assert built and not (old / "records" / "stale.parquet").exists()
+    assert (old / "standins" / "recipe.txt").read_text() == rehearsal.STANDIN_RECIPE
+    built.clear()
+    rehearsal.prepare("rtx4090", str(tmp_path / "out"), log=lambda m: None)  # same recipe: reused
+    assert not built
+
+
+def test_a_rehearsed_cell_whose_engine_died_fails_the_rehearsal(tmp_path):
+    """vLLM's EAGLE-3 cells came back as error records (EngineDeadError) and the rehearsal said
+    "0 failed": a rehearsal names every cell with a request that did not come back ok."""
+    from types import SimpleNamespace
+
+    from specstudy.commands.run import _rehearsal_errors
+    from specstudy.layout import StudyLayout
+    from specstudy.records import Cell, Request, Sampling
+
+    layout = StudyLayout(tmp_path)
+    cells = {ok: Cell("s", "cpu", "vllm", "eagle3", "code", "m", gamma=4, id=f"cell-{ok}") for ok in (True, False)}
+    for ok, cell in cells.items():
+        recs = [cell.new_record(Request(f"p{i}", "x"), Sampling(), output_tokens=4) for i in range(2)]
+        if not ok:
+            for r in recs:
+                r.status, r.error = "error", "EngineDeadError: EngineCore encountered an issue"
+        layout.write_part(cell.id, recs)
+    plans = [SimpleNamespace(cell_id=c.id) for c in cells.values()]
+    (line,) = _rehearsal_errors(layout, plans)
+    assert line.startswith("cell-False: 2 of 2 requests error: EngineDeadError")

@@ -90,8 +90,21 @@ def test_an_eagle3_head_over_the_whole_vocabulary_ships_no_draft_map():
     from specstudy.engine.eagle3 import Eagle3Draft
 
     target = LlamaConfig(
-        vocab_size=64, hidden_size=32, intermediate_size=64, num_attention_heads=4, num_hidden_layers=6
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_attention_heads=4, num_hidden_layers=8
     )
     full = Eagle3Draft.for_target(target, torch.arange(64)).engine_state_dict()
     part = Eagle3Draft.for_target(target, torch.arange(16)).engine_state_dict()
     assert "d2t" not in full and "t2d" not in full and "d2t" in part
+
+
+def test_a_stand_in_target_gives_vllm_three_distinct_eagle3_feature_layers():
+    """vLLM collects the aux hidden states of layers (2, n // 2, n - 3) once each: a 6-layer stand-in gave
+    (2, 3, 3), two features for a head whose fc wants three, and vLLM's engine died on every EAGLE-3 cell."""
+    from specstudy.engine.eagle3 import default_aux_layers
+
+    llama70 = {**LLAMA_68M, "num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": 8}
+    cfg, _ = standins.scaled_config(llama70)
+    ids = default_aux_layers(cfg["num_hidden_layers"])
+    assert len(set(ids)) == 3 and max(ids) < cfg["num_hidden_layers"]
+    with pytest.raises(ValueError, match="at least 7 layers"):
+        default_aux_layers(6)

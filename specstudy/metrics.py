@@ -232,11 +232,10 @@ def slo_holds(
     hides the queue (coordinated omission) and an overloaded server still "meets" a TTFT limit."""
     if not records:
         return None
-    wait = queued if from_arrival else (lambda r: 0.0)
-    for limit, fn, plus in ((ttft_s, ttft, wait), (tpot_s, tpot, None), (e2e_s, e2e, wait)):
+    for limit, fn, waits in ((ttft_s, ttft, from_arrival), (tpot_s, tpot, False), (e2e_s, e2e, from_arrival)):
         if limit is None:
             continue
-        vals = [(fn(r) + (plus(r) if plus else 0.0)) if r.status == "ok" else math.inf for r in records]
+        vals = [fn(r) + (queued(r) if waits else 0.0) if r.status == "ok" else math.inf for r in records]
         vals = [0.0 if v != v and fn is tpot else (math.inf if v != v else v) for v in vals]
         with np.errstate(invalid="ignore"):  # inf beside inf interpolates to NaN: read as a break
             at = float(np.percentile(vals, percentile))

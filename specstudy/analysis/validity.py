@@ -86,26 +86,21 @@ def _engine_cause(r: RequestRecord, cell_forward_median: float, factor: float) -
     return {"cause": cause, "worst_forward_ms": worst, "median_forward_ms": cell_forward_median}
 
 
-def _explained_gaps(records: Sequence[RequestRecord], slack: float) -> dict[int, list[int]]:
+def _explained_gaps(records: Sequence[RequestRecord], slack: float) -> dict[int, set[int]]:
     """Under concurrency (batch size above 1), per request (by position in ``records``), the indexes of
     its inter-token gaps during which another request of the cell had its first token (within
     ``slack`` after the gap): that request's prefill ran in the batch, and llama.cpp and vLLM put a
     whole prompt's prefill into the forward that also decodes the others, a gap reproduced on every
     rerun (a batch-4 llama.cpp cell: 2.36 s against a 55 ms median, three prompts' prefill)."""
     firsts = [r.start_epoch + r.first_token_s for r in records if r.first_token_s is not None]
-    out: dict[int, list[int]] = {}
+    out: dict[int, set[int]] = {}
     for k, r in enumerate(records):
         if not (r.batch_size and r.batch_size > 1 and r.start_epoch):
             continue
         own = r.start_epoch + (r.first_token_s or 0.0)
         t = [r.start_epoch + x for x in r.chunk_times_s]
-        out[k] = [i for i in range(len(t) - 1) if any(t[i] < f <= t[i + 1] + slack and f != own for f in firsts)]
+        out[k] = {i for i in range(len(t) - 1) if any(t[i] < f <= t[i + 1] + slack and f != own for f in firsts)}
     return out
-
-
-def _gaps_left(r: RequestRecord, explained: Sequence[int]) -> list[float]:
-    skip = set(explained)
-    return [g for i, g in enumerate(metrics.itl(r)) if i not in skip]
 
 
 def _forwards(r: RequestRecord) -> int:
@@ -123,12 +118,12 @@ def stalls(records: Sequence[RequestRecord], factor: float = STALL_FACTOR) -> li
     ok = [r for r in records if r.status == "ok" and r.request_rate is None]
     if len(ok) < STALL_MIN_REQUESTS:
         return []
-    slack = floor + _median(g for r in ok for g in metrics.itl(r))
-    explained = _explained_gaps(ok, slack)
-    gaps = [_gaps_left(r, explained.get(k, ())) for k, r in enumerate(ok)]
+    itls = [metrics.itl(r) for r in ok]
+    explained = _explained_gaps(ok, floor + _median(g for gs in itls for g in gs))
+    gaps = [[g for i, g in enumerate(gs) if i not in explained.get(k, set())] for k, gs in enumerate(itls)]
     largest = [max(g) if g else float("nan") for g in gaps]
     # decode time per forward with the explained gaps taken out (another request's prefill in the batch)
-    cut = [sum(metrics.itl(r)) - sum(g) for r, g in zip(ok, gaps)]
+    cut = [sum(gs) - sum(g) for gs, g in zip(itls, gaps)]
     dec = [decode_time(r) - c / _forwards(r) for r, c in zip(ok, cut)]
     med_t, med_g = _median(dec), _median(largest)
     fwd = _median(x for r in ok for x in (r.extra.get("llamacpp_forward_ms") or []))

@@ -31,8 +31,16 @@ KEPT = (
 SNAPSHOT = "0" * 40
 
 
+#: how a stand-in is scaled (:func:`scaled_config`'s defaults); a rehearsal's cache records it and is
+#: rebuilt when it differs
+RECIPE = {"layers": 8, "head_dim": 32, "max_heads": 8}
+
+
 def scaled_config(
-    cfg: dict[str, Any], layers: int = 8, head_dim: int = 32, max_heads: int = 8
+    cfg: dict[str, Any],
+    layers: int = RECIPE["layers"],
+    head_dim: int = RECIPE["head_dim"],
+    max_heads: int = RECIPE["max_heads"],
 ) -> tuple[dict[str, Any], list[str]]:
     """``cfg`` with fewer layers, at most ``max_heads`` heads of ``head_dim`` (the GQA ratio kept: MHA
     stays MHA, 64/8 becomes 8/1), hence a smaller width; and what was scaled.  8 layers, not fewer:

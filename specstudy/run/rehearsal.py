@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..config.files import hardware_file, load_yaml
 from ..config.model_configs import CONFIGS_ENV, read_config
-from ..data.standins import GENERIC_CHAT_TEMPLATE, place_in_hub_cache, scaled_config, write_standin
+from ..data.standins import GENERIC_CHAT_TEMPLATE, RECIPE, place_in_hub_cache, scaled_config, write_standin
 from ..frameworks import DECLARATIONS
 from ..layout import REHEARSAL_MARKER
 
@@ -70,11 +70,17 @@ def heads_of(study: dict[str, Any], method: str = "eagle3") -> dict[str, str]:
     }
 
 
+def standin_targets(study: dict[str, Any]) -> list[str]:
+    """The hub models built from their own config (heads are built for their targets instead)."""
+    heads = {**heads_of(study), **heads_of(study, "medusa")}
+    return [r for r in hub_ids(study) if r not in heads]
+
+
 def build_standins(study: dict[str, Any], cache: Path, read: Callable[[str], Any] = read_config) -> dict[str, Any]:
     """Stand-ins for every hub model (and EAGLE-3 head) into ``cache``; what was scaled, per model."""
     heads, medusa, work = heads_of(study), heads_of(study, "medusa"), cache.parent / "build"
     notes: dict[str, Any] = {}
-    for repo in [r for r in hub_ids(study) if r not in heads and r not in medusa]:
+    for repo in standin_targets(study):
         real = read(repo)
         if real is None or "vocab_size" not in real:
             notes[repo] = "no stand-in: no config with a vocabulary here"
@@ -377,9 +383,9 @@ def _validate_argvs(gpu: str, skipped: list[dict[str, Any]]) -> None:
     validate_rows(skipped, cfg, expand(cfg))
 
 
-#: what the stand-ins are built by (:func:`specstudy.data.standins.scaled_config`'s defaults): a cache
-#: built by another recipe is rebuilt
-STANDIN_RECIPE = "8 layers, heads of 32, at most 8 heads (2026-12-05)"
+#: what the stand-ins are built by (:data:`specstudy.data.standins.RECIPE`): a cache built by another
+#: recipe is rebuilt
+STANDIN_RECIPE = json.dumps(RECIPE, sort_keys=True)
 
 
 def missing_configs(study: dict[str, Any], read: Callable[[str], Any] = read_config) -> None:
@@ -397,8 +403,8 @@ def missing_configs(study: dict[str, Any], read: Callable[[str], Any] = read_con
             "where the hub is reachable: specstudy models configs --hardware <gpu>; offline, the kit's configs "
             "written from the published values: make rehearse GPU=<gpu> MODEL_CONFIGS=tests/fixtures/model_configs",
         )
-        for repo in hub_ids(study)
-        if (read(repo) or {}).get("vocab_size") is None and repo not in {**heads_of(study), **heads_of(study, "medusa")}
+        for repo in standin_targets(study)
+        if (read(repo) or {}).get("vocab_size") is None
     ]
     if problems:
         raise ParamsProblems(problems, "rehearsal stand-ins (each model's own config)")

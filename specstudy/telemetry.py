@@ -43,9 +43,12 @@ PERFORMANCE_THROTTLES = {
 }
 #: a CPU whose clock falls below this share of its highest sampled clock is flagged
 CPU_FREQ_DROP = 0.85
-#: the machine is busy when the 1-minute load exceeds the cores free for the kit by more than this:
+#: the machine is busy when other work holds more than this many cores beyond those free for the kit:
 #: on the 2-core VM a quiet `make study` ran at load 0.47-1.61 and one busy loop per core beside it
-#: at 3.4-4.1, so half a core of slack separates the two with room on both sides
+#: at 3.4-4.1, so half a core of slack separates the two with room on both sides.  While a cell ran,
+#: the other work is the CPU time of processes outside the study's process tree (quiet VM: 0.0-0.1
+#: cores); the load average counts the kit's own threads too, and vLLM's CPU server alone held it
+#: at 2.5-2.8 on 2 cores, over the limit with nothing else running
 BUSY_LOAD_MARGIN = 0.5
 #: mean CPU steal (%) above which a VM's cores were not the kit's: 3.1 % on the quiet VM, cells ran
 #: 5x slower at 30 %
@@ -70,6 +73,7 @@ def busy_reasons(
     freq_dropped: bool = False,
     gpu_other_procs: int | None = None,
     busy_cores_now: float | None = None,
+    others_cores: float | None = None,
 ) -> list[str]:
     """Why the machine was not fit to measure on, one phrase each (empty: fit).
 
@@ -79,14 +83,22 @@ def busy_reasons(
     Either way :data:`BUSY_LOAD_MARGIN` of slack.  ``busy_cores_now`` (the start check): the cores
     busy over the sampling window just taken.  It decides instead of the 1-minute load average,
     which trails by a minute both ways: a `make test` that ended a minute ago still reads 0.8, and a
-    busy loop started ten seconds ago reads 0.3.
+    busy loop started ten seconds ago reads 0.3.  ``others_cores`` (a cell's telemetry): the mean
+    cores used by processes outside the study's process tree while it ran; it decides instead of the
+    load average, which holds the kit's own engine (records without it fall back to the load).
     """
     out = []
     limit = (cores if during else max(cores - needed, 0)) + BUSY_LOAD_MARGIN
     where = "while the cell ran" if during else f"before the engine; the kit needs {min(needed, cores)} of them"
-    if busy_cores_now is not None and busy_cores_now == busy_cores_now:
+    load = "" if load_1m is None or load_1m != load_1m else f" (load average {load_1m:.2f})"
+    if others_cores is not None and others_cores == others_cores:
+        free = max(cores - needed, 0) + BUSY_LOAD_MARGIN
+        if others_cores > free:
+            out.append(
+                f"{others_cores:.2f} of {cores} cores used outside the study while the cell ran{load}, above {free:.1f}"
+            )
+    elif busy_cores_now is not None and busy_cores_now == busy_cores_now:
         if busy_cores_now > limit:
-            load = "" if load_1m is None or load_1m != load_1m else f" (load average {load_1m:.2f})"
             out.append(f"{busy_cores_now:.1f} of {cores} cores busy now{load}, above {limit:.1f} {where}")
     elif load_1m is not None and load_1m == load_1m and load_1m > limit:
         out.append(f"load {load_1m:.2f} on {cores} cores (above {limit:.1f} {where})")
@@ -306,6 +318,60 @@ class Rapl:
         return self._total_uj / 1e6
 
 
+def machine_busy_s() -> float | None:
+    """CPU seconds every core of the machine has spent running anything since boot (/proc/stat: user,
+    nice, system, irq, softirq; not idle, iowait or steal)."""
+    import psutil
+
+    try:
+        t = psutil.cpu_times()
+    except Exception:
+        return None
+    return float(t.user + t.nice + t.system + getattr(t, "irq", 0.0) + getattr(t, "softirq", 0.0))
+
+
+def tree_cpu_s(root: psutil.Process) -> float | None:
+    """CPU seconds of ``root`` and every process below it (the engines and servers the study started),
+    the children they have reaped included: a process that exits between two samples moves its time
+    into its parent's, so the sum only grows."""
+    import psutil
+
+    total = 0.0
+    try:
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return None
+    for p in procs:
+        try:
+            t = p.cpu_times()
+        except psutil.Error:  # exited since the listing: its time is in its parent's reaped children
+            continue
+        total += t.user + t.system + t.children_user + t.children_system
+    return total
+
+
+def others_cores(samples: Sequence[Mapping[str, Any]]) -> float | None:
+    """Mean cores used outside the study's process tree over the samples: the machine's CPU time less
+    the study's, over the wall time between the first and last sample (None under two samples)."""
+    pts = sorted(
+        (s["t_s"], s["cpu_machine_busy_s"], s["cpu_study_s"])
+        for s in samples
+        if _num(s.get("t_s")) and _num(s.get("cpu_machine_busy_s")) and _num(s.get("cpu_study_s"))
+    )
+    if len(pts) < 2 or pts[-1][0] - pts[0][0] <= 0:
+        return None
+    (t0, m0, k0), (t1, m1, k1) = pts[0], pts[-1]
+    return float(max(0.0, (m1 - m0) - (k1 - k0)) / (t1 - t0))
+
+
+def study_cores(samples: Sequence[Mapping[str, Any]]) -> float | None:
+    """Mean cores the study's process tree used over the samples (None under two samples)."""
+    pts = sorted((s["t_s"], s["cpu_study_s"]) for s in samples if _num(s.get("t_s")) and _num(s.get("cpu_study_s")))
+    if len(pts) < 2 or pts[-1][0] - pts[0][0] <= 0:
+        return None
+    return float((pts[-1][1] - pts[0][1]) / (pts[-1][0] - pts[0][0]))
+
+
 def _host_sample(proc: psutil.Process) -> dict[str, Any]:
     import psutil
 
@@ -324,6 +390,8 @@ def _host_sample(proc: psutil.Process) -> dict[str, Any]:
     # cells ran 5x slower at 30 % steal than at 5 % here, so a pair measured at different steal drifts
     s["cpu_steal_pct"] = getattr(psutil.cpu_times_percent(interval=None), "steal", None)
     s["load_1m"], s["load_5m"], s["load_15m"] = load_average()
+    s["cpu_machine_busy_s"] = machine_busy_s()
+    s["cpu_study_s"] = tree_cpu_s(proc)
     try:
         temps = psutil.sensors_temperatures() if hasattr(psutil, "sensors_temperatures") else {}
         vals = [t.current for ts in temps.values() for t in ts if t.current]
@@ -417,6 +485,8 @@ class Telemetry:
             "cpu_cores": cpu_cores(),
             "gpu_other_procs_max": agg("gpu_other_procs", max),
             "load_1m_max": agg("load_1m", max),
+            "cpu_others_cores_mean": others_cores(self.samples),
+            "cpu_study_cores_mean": study_cores(self.samples),
             "throttled": bool(perf) or cpu_drop,
             **energy_of(self.samples),
         }

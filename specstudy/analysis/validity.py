@@ -157,6 +157,7 @@ def machine_findings(records: Sequence[RequestRecord]) -> list[Finding]:
         steal_pct=e.get("tel_cpu_steal_mean_pct"),
         freq_dropped=bool(e.get("tel_cpu_freq_dropped")),
         gpu_other_procs=e.get("tel_gpu_other_procs_max"),
+        others_cores=e.get("tel_cpu_others_cores_mean"),
     )
     if not reasons:
         return []

@@ -76,6 +76,7 @@ def _machine(study: Study, cell_id: str) -> str:
 
     return (
         f"load {num('tel_load_1m_mean', 2)} (max {num('tel_load_1m_max', 2)}) on {e.get('tel_cpu_cores', '—')} cores, "
+        f"{num('tel_cpu_study_cores_mean', 2)} cores used by the study and {num('tel_cpu_others_cores_mean', 2)} outside it, "
         f"steal {num('tel_cpu_steal_mean_pct')} %, CPU {num('tel_cpu_freq_min_mhz', 0)}–{num('tel_cpu_freq_max_mhz', 0)} MHz"
     )
 

@@ -122,6 +122,23 @@ def test_a_cell_measured_on_a_busy_machine_is_flagged_and_a_quiet_one_is_not():
     assert "CPU clock fell" in finding_text(f)
 
 
+def test_the_cores_used_outside_the_study_decide_over_the_load_average():
+    """vLLM's CPU server held the load at 2.5-2.8 on 2 cores with nothing else running (its own API
+    process, engine core and OpenMP threads): the load rule flagged 19 quiet cells of make study-deploy.
+    Where the telemetry has the CPU time of processes outside the study's tree, that decides."""
+    vllm_alone = _tel(tel_load_1m_mean=2.76, tel_cpu_others_cores_mean=0.04, tel_cpu_study_cores_mean=2.0)
+    assert V.machine_findings([_rec("p", 0.01, **vllm_alone)]) == []
+    pip_beside = _tel(tel_load_1m_mean=2.6, tel_cpu_others_cores_mean=0.93)
+    (f,) = V.machine_findings([_rec("p", 0.01, **pip_beside)])
+    assert f.flags and "0.93 of 2 cores used outside the study" in finding_text(f)
+    # other work that leaves the load low still counts (a burst shorter than the load average's minute)
+    (f,) = V.machine_findings([_rec("p", 0.01, **_tel(tel_load_1m_mean=1.2, tel_cpu_others_cores_mean=0.7))])
+    assert "0.70 of 2 cores used outside the study" in finding_text(f)
+    # records measured before the split fall back to the load average
+    (f,) = V.machine_findings([_rec("p", 0.01, **_tel(tel_load_1m_mean=2.76))])
+    assert "load 2.76 on 2 cores" in finding_text(f)
+
+
 def test_a_flag_on_the_baseline_flags_every_cell_paired_with_it():
     busy = V.Finding("busy machine", "ar", {"reasons": ["load 4.1"]}, True)
     findings = [busy, V.Finding("no chat template", "s2", {"k": 1, "n": 1}, False)]

@@ -7,7 +7,7 @@ Side by side in one run, interleaved: both servers (threads 1 and threads 2) sta
 goes to one then the other, the order swapped each round; the telemetry comparison alternates the
 sampler on and off the same way on the threads-2 server.  The figure is llama.cpp's own
 ``timings.predicted_per_token_ms``; the ratio Σ A / Σ B over prompts (rounds averaged per prompt)
-and its interval come from :func:`specstudy.metrics.ratio_ci` (the kit's one interval).  The load
+and its interval come from :func:`specstudy.intervals.ratio_ci` (the kit's one interval).  The load
 average is printed before and after; above the kit's busy limit no verdict is printed.  Run it on
 a quiet machine: the study's ``framework_options.llamacpp.threads`` rests on it.
 """
@@ -24,7 +24,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from specstudy import metrics  # noqa: E402
+from specstudy import intervals, metrics  # noqa: E402
 from specstudy.backends.llamacpp.backend import LlamaCppBackend  # noqa: E402
 from specstudy.data.tasks import load_requests  # noqa: E402
 from specstudy.records import Cell, Request, Sampling  # noqa: E402
@@ -77,7 +77,7 @@ def with_telemetry(backend: LlamaCppBackend, tokens: int) -> Callable[[Sequence[
 
 def summary(name_a: str, a: list[float], name_b: str, b: list[float]) -> dict[str, Any]:
     """B's speedup over A (Σ A / Σ B) with its interval over prompts."""
-    lo, hi = metrics.ratio_ci(a, b)
+    lo, hi = intervals.ratio_ci(a, b)
     return {
         "a": name_a,
         "b": name_b,

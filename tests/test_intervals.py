@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
+from specstudy import intervals
 from specstudy import metrics as M
 from specstudy.records import Cell, Request, Sampling
 
@@ -47,36 +48,36 @@ def test_ratio_ci_known_value():
     r = 14.0 / 8.0
     u = num / num.mean() - den / den.mean()
     half = sps.t.ppf(0.975, 3) * u.std(ddof=1) / 2.0
-    lo, hi = M.ratio_ci(num, den, min_n=2)
+    lo, hi = intervals.ratio_ci(num, den, min_n=2)
     assert lo == pytest.approx(r * math.exp(-half)) and hi == pytest.approx(r * math.exp(half))
 
 
 def test_mean_ci_known_value():
     v = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
-    m, lo, hi = M.mean_ci(v)
+    m, lo, hi = intervals.mean_ci(v)
     half = sps.t.ppf(0.975, 5) * np.std(v, ddof=1) / math.sqrt(6)
     assert m == 3.5 and lo == pytest.approx(3.5 - half) and hi == pytest.approx(3.5 + half)
 
 
 def test_no_interval_below_the_minimum_n():
-    assert all(math.isnan(x) for x in M.ratio_ci([2.0, 3.0, 4.0, 5.0], [1.0, 1.0, 2.0, 2.0]))
-    m, lo, hi = M.mean_ci([1.0, 2.0, 3.0, 4.0])
+    assert all(math.isnan(x) for x in intervals.ratio_ci([2.0, 3.0, 4.0, 5.0], [1.0, 1.0, 2.0, 2.0]))
+    m, lo, hi = intervals.mean_ci([1.0, 2.0, 3.0, 4.0])
     assert m == 2.5 and math.isnan(lo) and math.isnan(hi)
-    assert M.MIN_PROMPTS_FOR_CI == 5
+    assert intervals.MIN_PROMPTS_FOR_CI == 5
 
 
 def test_level_is_honoured():
     rng = np.random.default_rng(3)
     b, s = _population(rng, 12)
-    w = {lvl: np.diff(M.ratio_ci(b, s, level=lvl))[0] for lvl in (0.5, 0.9, 0.95, 0.99)}
+    w = {lvl: np.diff(intervals.ratio_ci(b, s, level=lvl))[0] for lvl in (0.5, 0.9, 0.95, 0.99)}
     assert w[0.5] < w[0.9] < w[0.95] < w[0.99]
     # the half-width on the log scale scales with the t quantile exactly
-    lo, hi = M.ratio_ci(b, s, level=0.9)
-    lo2, hi2 = M.ratio_ci(b, s, level=0.99)
+    lo, hi = intervals.ratio_ci(b, s, level=0.9)
+    lo2, hi2 = intervals.ratio_ci(b, s, level=0.99)
     ratio = math.log(hi2 / lo2) / math.log(hi / lo)
     assert ratio == pytest.approx(sps.t.ppf(0.995, 11) / sps.t.ppf(0.95, 11))
     with pytest.raises(ValueError, match="level"):
-        M.ratio_ci(b, s, level=95)
+        intervals.ratio_ci(b, s, level=95)
 
 
 @pytest.mark.parametrize("n", [5, 10, 20])
@@ -87,7 +88,7 @@ def test_ratio_ci_coverage_at_the_studys_n(n):
     hits = 0
     for _ in range(2000):
         b, s = _population(rng, n)
-        lo, hi = M.ratio_ci(b, s)
+        lo, hi = intervals.ratio_ci(b, s)
         hits += lo <= true <= hi
     assert 0.93 <= hits / 2000 <= 0.97
 
@@ -95,7 +96,9 @@ def test_ratio_ci_coverage_at_the_studys_n(n):
 def test_coverage_of_the_nominal_level_below_95():
     rng = np.random.default_rng(7)
     true = _true_ratio()
-    hits = sum(lo <= true <= hi for lo, hi in (M.ratio_ci(*_population(rng, 10), level=0.8) for _ in range(2000)))
+    hits = sum(
+        lo <= true <= hi for lo, hi in (intervals.ratio_ci(*_population(rng, 10), level=0.8) for _ in range(2000))
+    )
     assert 0.77 <= hits / 2000 <= 0.83
 
 
@@ -105,8 +108,8 @@ def test_pairs_are_resampled_together():
     rng = np.random.default_rng(0)
     b = np.exp(rng.normal(0, 1.0, 12))
     s = b / (1.5 * np.exp(rng.normal(0, 0.02, 12)))
-    lo, hi = M.ratio_ci(b, s)
-    lo_x, hi_x = M.ratio_ci(b, rng.permutation(s))
+    lo, hi = intervals.ratio_ci(b, s)
+    lo_x, hi_x = intervals.ratio_ci(b, rng.permutation(s))
     assert hi / lo < 1.05 and (hi_x / lo_x) > 2.0
 
 
@@ -124,10 +127,10 @@ def test_repeats_are_nested_in_prompts():
     out = M.paired_speedup(base, spec)
     assert out["n_prompts"] == 5 and out["repeats"] == 3
     b, s = M.paired_latencies(base, spec)
-    assert b.size == 5 and (out["ci_low"], out["ci_high"]) == M.ratio_ci(b, s)
+    assert b.size == 5 and (out["ci_low"], out["ci_high"]) == intervals.ratio_ci(b, s)
     flat_b = np.array([r.end_s for r in base])
     flat_s = np.array([r.end_s for r in spec])
-    lo15, hi15 = M.ratio_ci(flat_b, flat_s)
+    lo15, hi15 = intervals.ratio_ci(flat_b, flat_s)
     assert (hi15 - lo15) < (out["ci_high"] - out["ci_low"])
 
 
@@ -159,8 +162,8 @@ def test_shift_test_counts_prompts_not_repeats():
 
 
 def test_relative_half_width():
-    assert M.relative_half_width(2.0, (1.8, 2.2)) == pytest.approx(0.1)
-    assert math.isnan(M.relative_half_width(2.0, (float("nan"), float("nan"))))
+    assert intervals.relative_half_width(2.0, (1.8, 2.2)) == pytest.approx(0.1)
+    assert math.isnan(intervals.relative_half_width(2.0, (float("nan"), float("nan"))))
 
 
 def test_first_divergence():
@@ -195,8 +198,8 @@ def _stopped(rng, minimum, step, cap, target):
     b, s = _population(rng, cap)
     n = minimum
     while True:
-        lo, hi = M.ratio_ci(b[:n], s[:n], min_n=2)
-        if n >= cap or target_met(M.relative_half_width(M.speedup(b[:n], s[:n]), (lo, hi)), n, minimum, target):
+        lo, hi = intervals.ratio_ci(b[:n], s[:n], min_n=2)
+        if n >= cap or target_met(intervals.relative_half_width(M.speedup(b[:n], s[:n]), (lo, hi)), n, minimum, target):
             return lo, hi, n
         n = min(cap, n + step)
 
@@ -228,7 +231,7 @@ def test_a_bounded_ratio_stays_in_range_and_covers(a, b):
     for _ in range(2000):
         d = rng.integers(20, 121, 5)
         acc = rng.binomial(d, rng.beta(a, b, 5)).astype(float)
-        lo, hi = M.ratio_ci(acc, d.astype(float), upper=1.0)
+        lo, hi = intervals.ratio_ci(acc, d.astype(float), upper=1.0)
         hits += lo <= true <= hi
         inside += 0.0 <= lo <= hi <= 1.0
     assert inside == 2000 and 0.93 <= hits / 2000 <= 0.97
@@ -246,19 +249,19 @@ def test_prompts_that_drafted_nothing_are_not_units_of_alpha(n, p_none):
     for _ in range(2000):
         d = rng.poisson(20, n) * (rng.random(n) > p_none)
         acc = rng.binomial(d, rng.beta(4, 3, n)).astype(float)
-        lo, hi = M.ratio_ci(acc, d.astype(float), upper=1.0)
-        if (d > 0).sum() < M.MIN_PROMPTS_FOR_CI:
+        lo, hi = intervals.ratio_ci(acc, d.astype(float), upper=1.0)
+        if (d > 0).sum() < intervals.MIN_PROMPTS_FOR_CI:
             assert math.isnan(lo) and math.isnan(hi)
         elif not math.isnan(lo):
             given += 1
             hits += lo <= true <= hi
     assert given > 100 and 0.93 <= hits / given <= 0.97
-    one_drafted = M.ratio_ci([16.0, 0, 0, 0, 0], [17.0, 0, 0, 0, 0], upper=1.0)
+    one_drafted = intervals.ratio_ci([16.0, 0, 0, 0, 0], [17.0, 0, 0, 0, 0], upper=1.0)
     assert all(math.isnan(x) for x in one_drafted)
 
 
 def test_a_bounded_ratio_at_its_edge():
-    lo, hi = M.ratio_ci([10.0] * 6, [10.0] * 6, upper=1.0)  # every draft accepted
+    lo, hi = intervals.ratio_ci([10.0] * 6, [10.0] * 6, upper=1.0)  # every draft accepted
     assert lo == hi == 1.0
-    lo, hi = M.ratio_ci([0.0] * 6, [10.0] * 6, upper=1.0)
+    lo, hi = intervals.ratio_ci([0.0] * 6, [10.0] * 6, upper=1.0)
     assert lo == hi == 0.0

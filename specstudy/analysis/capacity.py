@@ -7,12 +7,13 @@ from each request's arrival: a request that waited for one of the cell's slots w
 would, and a probe whose queue grew at the client is judged by it, not hidden); the first
 rate where it broke bounds it from above.  :func:`refine_rates` proposes the rates that narrow
 those brackets (geometric bisection), which ``specstudy run --refine-capacity`` measures; the same
-rounds rerun a sweep whose probe held the SLO without being stationary (:func:`stationary`; a probe
-that broke with its queue growing is over capacity, and its break stands) with twice its prompts, at
-most :data:`LONGEST_PROBE_GROWTH` times its configured count, and the longest probe of a rate counts.
+rounds rerun the rates at which a probe held the SLO without being stationary (:func:`stationary`; a
+probe that broke with its queue growing is over capacity, and its break stands) with twice its prompts,
+at most :data:`LONGEST_PROBE_GROWTH` times its configured count, for that framework's methods and
+repeats (:func:`unsteady_rates`), and the longest probe of a rate counts.
 
 Over repeats the capacity is the mean of the per-repeat capacities with the kit's t-interval
-(:func:`specstudy.metrics.mean_ci`), the repeat being the unit: a rate is not a prompt, so no
+(:func:`specstudy.intervals.mean_ci`), the repeat being the unit: a rate is not a prompt, so no
 interval over prompts applies, and each repeat is a whole independent search (its probes share
 nothing with another repeat's).  What the interval covers is the capacity this search finds on
 average (on its rate grid, refined to its resolution), not the SLO's exact crossing, which the
@@ -32,7 +33,8 @@ import numpy as np
 import pandas as pd
 
 from ..config.schema import Slo
-from ..metrics import MIN_PROMPTS_FOR_CI, mean_ci, prompt_of, queued, slo_holds, ttft
+from ..intervals import MIN_PROMPTS_FOR_CI, mean_ci
+from ..metrics import prompt_of, queued, slo_holds, ttft
 from ..records import RequestRecord
 from .rates import study_slo
 from .study import Study
@@ -105,14 +107,26 @@ def _doubtful(pr: pd.DataFrame) -> pd.Series:
 def unsteady_sweeps(study: Study, slo: Slo | None = None) -> dict[str, int]:
     """Per sweep, the prompts of its longest probe that held the SLO without being stationary (only
     probes that are still their rate's longest): the sweeps whose probes the search lengthens."""
-    pr, _ = longest(probes(study, slo))
     out: dict[str, int] = {}
+    for (sweep, _), (_, prompts) in unsteady_rates(study, slo).items():
+        out[sweep] = max(out.get(sweep, 0), prompts)
+    return out
+
+
+def unsteady_rates(study: Study, slo: Slo | None = None) -> dict[tuple[str, str], tuple[tuple[float, ...], int]]:
+    """Per (sweep, framework), the rates at which a probe held the SLO without being stationary (still its
+    rate's longest), and the prompts of the longest such probe: what the search reruns longer, every
+    method and repeat of that framework at those rates (the repeats of a rate stay alike, and AR's
+    probe stays the same length as speculation's), instead of the whole sweep."""
+    pr, _ = longest(probes(study, slo))
+    found: dict[tuple[str, str], tuple[set[float], int]] = {}
     if pr.empty:
-        return out
+        return {}
     for _, row in pr[_doubtful(pr)].iterrows():
         for sweep in row["sweeps"]:
-            out[sweep] = max(out.get(sweep, 0), int(row["prompts"]))
-    return out
+            rates, most = found.get((sweep, row["framework"]), (set(), 0))
+            found[(sweep, row["framework"])] = (rates | {float(row["rate"])}, max(most, int(row["prompts"])))
+    return {k: (tuple(sorted(rates)), most) for k, (rates, most) in found.items()}
 
 
 def bracket(held_by_rate: Mapping[float, bool | None]) -> tuple[float, float]:

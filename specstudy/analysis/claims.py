@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from ..metrics import MIN_PROMPTS_FOR_CI
+from ..intervals import MIN_PROMPTS_FOR_CI
 
 Direction = Literal["above", "below"]
 

@@ -44,20 +44,23 @@ class Price:
     usd_per_gpu_hour: float
     date: str
     source: str
+    #: what one unit of the price rents: a GPU, or on a CPU profile the whole machine
+    per: str = "GPU-hour"
 
 
 def price_of(study: Study) -> Price | None:
     """The command line's price if given, else the hardware profile's; None: no price stated."""
     env = os.environ.get(PRICE_ENV)
+    prof = study.profile
+    per = "hour of the whole machine" if prof is not None and prof.kind == "cpu" else "GPU-hour"
     if env:
         value = float(env)
         if not value > 0:
-            raise ValueError(f"--price-per-hour={env}: allowed a positive number of US$ per GPU-hour")
-        return Price(value, "given on the command line", "--price-per-hour")
-    prof = study.profile
+            raise ValueError(f"--price-per-hour={env}: allowed a positive number of US$ per {per}")
+        return Price(value, "given on the command line", "--price-per-hour", per)
     if prof is None or prof.price_usd_per_hour is None:
         return None
-    return Price(prof.price_usd_per_hour, prof.price_date, prof.price_source)
+    return Price(prof.price_usd_per_hour, prof.price_date, prof.price_source, per)
 
 
 def usd_per_million_tokens(usd_per_hour: float, gpus: int, tokens_per_s: float) -> float:

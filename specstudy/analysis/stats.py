@@ -1,7 +1,7 @@
 """Statistics over a study's cells: pooled headline numbers with CIs, step costs, break-even points.
 
 The centres come from :mod:`specstudy.metrics` (the one definition of every metric), and so do
-the 95 % intervals (:func:`metrics.ratio_ci`, :func:`metrics.mean_ci`).  The unit of every
+the 95 % intervals (:func:`intervals.ratio_ci`, :func:`intervals.mean_ci`).  The unit of every
 interval is the prompt: a prompt's repeats (and its cells, when a row pools several) are summed
 or averaged first, and ``n_prompts`` counts distinct prompts.  Predictions use
 :mod:`specstudy.costmodel` and are always labelled as such where they are shown.
@@ -16,7 +16,7 @@ from typing import Any, TypeGuard
 
 import numpy as np
 
-from .. import costmodel, metrics
+from .. import costmodel, intervals, metrics
 from ..records import RequestRecord, StepRecord
 from .study import Study
 
@@ -105,7 +105,7 @@ def _throughput(ok: Sequence[RequestRecord]) -> tuple[float, tuple[float, float]
     if all(r.batch_size == 1 for r in ok):
         tps = metrics.per_request_throughput(ok)
         sums = metrics.per_prompt_sums([r for r in ok if r.end_s], lambda r: (r.output_tokens, float(r.end_s or 0.0)))
-        return tps, metrics.ratio_ci(sums[:, 0], sums[:, 1]) if sums.size else (NAN, NAN)
+        return tps, intervals.ratio_ci(sums[:, 0], sums[:, 1]) if sums.size else (NAN, NAN)
     by_cell: dict[str, list[RequestRecord]] = {}
     for r in ok:
         by_cell.setdefault(r.cell_id, []).append(r)
@@ -123,8 +123,10 @@ def _throughput(ok: Sequence[RequestRecord]) -> tuple[float, tuple[float, float]
         if len(batches) < 2 or not disjoint:  # a concurrency-limited stream has no batches to resample
             return vals[0], (NAN, NAN)
         toks = [sum(r.output_tokens for r in b) for b in batches]
-        return sum(toks) / sum(walls), metrics.ratio_ci(toks, walls)  # a batch's prompts are its own: batches are units
-    m, lo, hi = metrics.mean_ci(vals)
+        return sum(toks) / sum(walls), intervals.ratio_ci(
+            toks, walls
+        )  # a batch's prompts are its own: batches are units
+    m, lo, hi = intervals.mean_ci(vals)
     return m, (lo, hi)
 
 
@@ -184,13 +186,13 @@ def _acceptance(out: Pooled, ok: Sequence[RequestRecord]) -> None:
         seen, lambda r: (r.accepted_tokens or 0, r.drafted_tokens or 0, float(metrics.draft_steps_of(r) or 0))
     )
     if sums.size and sums[:, 1].sum() > 0:
-        out.alpha_ci = metrics.ratio_ci(sums[:, 0], sums[:, 1], upper=1.0)
+        out.alpha_ci = intervals.ratio_ci(sums[:, 0], sums[:, 1], upper=1.0)
     depth = max((len(r.drafts_per_position or []) for r in seen), default=0) or max(
         (r.gamma or 0 for r in seen), default=0
     )
     if acc["acceptance_length"] is not None and sums.size and sums[:, 2].sum() > 0:
         # AL = 1 + Σ accepted / Σ draft steps, where a step accepts at most the deepest draft
-        lo, hi = metrics.ratio_ci(sums[:, 0], sums[:, 2], upper=float(depth) if depth else None)
+        lo, hi = intervals.ratio_ci(sums[:, 0], sums[:, 2], upper=float(depth) if depth else None)
         out.acceptance_length_ci = (1.0 + lo, 1.0 + hi)
 
 
@@ -199,7 +201,7 @@ def _latency(out: Pooled, ok: Sequence[RequestRecord]) -> None:
     out.ttft_s, out.ttft_p50_s, out.ttft_p99_s = lat["ttft_s_mean"], lat["ttft_s_p50"], lat["ttft_s_p99"]
     out.tpot_s, out.tpot_p50_s, out.tpot_p99_s = lat["tpot_s_mean"], lat["tpot_s_p50"], lat["tpot_s_p99"]
     out.e2e_s, out.e2e_p50_s, out.e2e_p99_s = lat["e2e_s_mean"], lat["e2e_s_p50"], lat["e2e_s_p99"]
-    _, lo, hi = metrics.mean_ci(metrics.per_prompt_mean(ok, metrics.tpot))
+    _, lo, hi = intervals.mean_ci(metrics.per_prompt_mean(ok, metrics.tpot))
     out.tpot_ci = (lo, hi)
 
 
@@ -263,11 +265,11 @@ def _paired(out: Pooled, pairs: _Pairs) -> None:
     if pairs.pairs:
         b, s, _ = metrics.per_prompt_means(pairs.pairs)
         out.speedup = metrics.speedup(b, s)
-        out.speedup_ci = metrics.ratio_ci(b, s)
-        out.speedup_precision = metrics.relative_half_width(out.speedup, out.speedup_ci)
+        out.speedup_ci = intervals.ratio_ci(b, s)
+        out.speedup_precision = intervals.relative_half_width(out.speedup, out.speedup_ci)
         out.n_pairs, out.n_prompts = len(pairs.pairs), int(b.size)
         tb, ts, _ = metrics.per_prompt_means(pairs.pairs, metrics.tpot)
-        out.decode_speedup, out.decode_speedup_ci = metrics.speedup(tb, ts), metrics.ratio_ci(tb, ts)
+        out.decode_speedup, out.decode_speedup_ci = metrics.speedup(tb, ts), intervals.ratio_ci(tb, ts)
     runs = [metrics.speedup(*metrics.per_prompt_means(rp)[:2]) for rp in pairs.repeats.values()]
     out.n_repeats = len(runs)
     if len(runs) > 1:
@@ -305,7 +307,7 @@ def pooled(data: Study, cell_ids: Iterable[str], keep: Keep | None = None) -> Po
     if out.synthetic is None:  # fixed acceptance measures step costs, not acceptance or quality
         _acceptance(out, ok)
     out.entropy = metrics.mean_entropy(ok)
-    _, lo, hi = metrics.mean_ci(metrics.per_prompt_mean(ok, lambda r: float(np.mean(r.token_entropy or [NAN]))))
+    _, lo, hi = intervals.mean_ci(metrics.per_prompt_mean(ok, lambda r: float(np.mean(r.token_entropy or [NAN]))))
     out.entropy_ci = (lo, hi)
     out.n_prompts = len({metrics.prompt_of(r) for r in ok})  # AR rows; a paired row counts its pairs below
     _latency(out, ok)

@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from ..data.tiers import parse_tier
-from ..metrics import MIN_PROMPTS_FOR_CI
+from ..intervals import MIN_PROMPTS_FOR_CI
 from ..records import RequestRecord
 from .claims import Estimate, compare
 from .stats import Keep

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import signal
 import sys
@@ -18,13 +19,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..config import ParamsError, StudyConfig, hardware_names, load_hardware_profile
+from ..config import ParamsError, StudyConfig, Sweep, hardware_names, load_hardware_profile
 from ..data.models import tokenizer_if_here
 from ..environments.preflight import Missing, Probes
 from ..layout import StudyLayout
 from ..report.notebooks import plan_notebook_jobs, write_notebook_makefile
 from ..run.environment import keep_rows, machine_needs, prepare_machine
-from ..run.plan import CellPlan, LoadedStudy, check_tasks, expand, load, plan_summary, uses_cuda
+from ..run.plan import CellPlan, LoadedStudy, expand, load, plan_summary, uses_cuda
+from ..run.task_checks import check_tasks
 
 #: exit status when the study ran but some cells failed (make study renders the report, then fails)
 EXIT_CELLS_FAILED = 3
@@ -237,14 +239,14 @@ def _refined(
     cfg: StudyConfig, layout: StudyLayout, base: StudyConfig | None = None
 ) -> tuple[StudyConfig, set[str]] | None:
     """The study with the capacity search's next round (None: nothing to refine): the next rates added to
-    their sweeps, and each sweep with a probe that was not stationary rerun with twice its prompts per
-    task, up to ``LONGEST_PROBE_GROWTH`` times its prompts in ``base`` (the study as configured) and to
-    what its tasks hold; the longer probe replaces the shorter in the capacity."""
+    their sweeps, and the rates whose probes held the SLO with a queue still growing rerun with twice
+    their prompts (up to ``LONGEST_PROBE_GROWTH`` times the prompts in ``base``, the study as
+    configured, and to what the tasks hold) in a sweep of their own per framework; the longer probe
+    replaces the shorter in the capacity."""
     import dataclasses
 
-    from ..analysis.capacity import LONGEST_PROBE_GROWTH, refine_rates, unsteady_sweeps
+    from ..analysis.capacity import refine_rates
     from ..analysis.study import load
-    from ..config.errors import ParamsProblems
 
     study = load(layout.root)
     extra = refine_rates(study)
@@ -252,35 +254,62 @@ def _refined(
         s: [r for r in rs if r not in sw.request_rates] for sw in cfg.sweeps for s, rs in extra.items() if s == sw.name
     }
     extra = {s: rs for s, rs in extra.items() if rs}
-    configured = {sw.name: sw.prompts_per_task for sw in (base or cfg).sweeps}
     longer = {
-        sw.name: min(2 * sw.prompts_per_task, LONGEST_PROBE_GROWTH * configured.get(sw.name, sw.prompts_per_task))
-        for sw in cfg.sweeps
-        if sw.precision is None and sw.name in unsteady_sweeps(study)
+        name: dataclasses.replace(sw, request_rates=tuple(sorted({*sw.request_rates, *extra.get(name, ())})))
+        for name, sw in _longer_sweeps(cfg, study, base or cfg).items()
     }
-    longer = {s: n for s, n in longer.items() if n > next(sw.prompts_per_task for sw in cfg.sweeps if sw.name == s)}
-    for name in list(longer):
-        trial = [dataclasses.replace(sw, prompts_per_task=longer[name]) if sw.name == name else sw for sw in cfg.sweeps]
-        try:
-            check_tasks(dataclasses.replace(cfg, sweeps=tuple(trial)), fetch=False, sweeps=[name])
-        except ParamsProblems as e:
-            print(f"capacity search: not lengthening {name}'s unsteady probes ({e})", flush=True)
-            del longer[name]
     if not extra and not longer:
         return None
-    sweeps = tuple(
-        dataclasses.replace(
-            sw,
-            request_rates=tuple(sorted({*sw.request_rates, *extra.get(sw.name, ())})),
-            prompts_per_task=longer.get(sw.name, sw.prompts_per_task),
-        )
+    sweeps = [
+        dataclasses.replace(sw, request_rates=tuple(sorted({*sw.request_rates, *extra.get(sw.name, ())})))
         for sw in cfg.sweeps
-    )
+        if sw.name not in longer
+    ]
     if extra:
         print(f"capacity search: probing {extra}", flush=True)
     if longer:
-        print(f"capacity search: rerunning unsteady probes longer (prompts per task) {longer}", flush=True)
-    return dataclasses.replace(cfg, sweeps=sweeps), set(extra) | set(longer)
+        shown = {n: (sw.request_rates, sw.prompts_per_task) for n, sw in longer.items()}
+        print(f"capacity search: rerunning unsteady probes longer (rates, prompts per task) {shown}", flush=True)
+    return dataclasses.replace(cfg, sweeps=(*sweeps, *longer.values())), set(extra) | set(longer)
+
+
+#: the sweeps the capacity search adds: ``<sweep>_longer<prompts>_<framework>``
+_LONGER = re.compile(r"_longer\d+_[a-z0-9_]+$")
+
+
+def _longer_sweeps(cfg: StudyConfig, study: Any, base: StudyConfig) -> dict[str, Sweep]:
+    """One sweep per (sweep, framework) with probes that held the SLO while their queue grew: that
+    framework's methods and repeats at those rates only, with twice the longest such probe's prompts."""
+    import dataclasses
+
+    from ..analysis.capacity import LONGEST_PROBE_GROWTH, unsteady_rates
+    from ..config.errors import ParamsProblems
+
+    by_name = {sw.name: sw for sw in cfg.sweeps}
+    configured = {sw.name: sw.prompts_per_task for sw in base.sweeps}
+    out: dict[str, Sweep] = {}
+    for (name, framework), (rates, prompts) in unsteady_rates(study).items():
+        sw = by_name.get(name)
+        if sw is None or sw.precision is not None:
+            continue
+        root = _LONGER.sub("", name)
+        n = min(2 * prompts, LONGEST_PROBE_GROWTH * configured.get(root, sw.prompts_per_task))
+        if n <= prompts:
+            continue
+        new = f"{root}_longer{n}_{re.sub(r'[^a-z0-9]+', '_', framework.lower())}"
+        have = out.get(new) or by_name.get(new)
+        rates = tuple(sorted({*rates, *(have.request_rates if have else ())}))
+        labels = tuple(m for m in sw.methods if framework in (cfg.method(m).frameworks or (framework,)))
+        out[new] = dataclasses.replace(
+            sw, name=new, frameworks=(framework,), methods=labels, request_rates=rates, prompts_per_task=n
+        )
+    for name, sw in list(out.items()):
+        try:
+            check_tasks(dataclasses.replace(cfg, sweeps=(*cfg.sweeps, sw)), fetch=False, sweeps=[name])
+        except ParamsProblems as e:
+            print(f"capacity search: not lengthening {name}'s unsteady probes ({e})", flush=True)
+            del out[name]
+    return out
 
 
 def _profile(cfg: StudyConfig) -> Any:

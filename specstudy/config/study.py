@@ -316,7 +316,7 @@ def load_study(
     Raises :class:`ParamsError` naming file, key, value and allowed values; loads no model.  Task
     entries are resolved to their files, and each file is parsed once here (``StudyConfig.tasks``:
     every later step reads these); what they say and the prompts they hold are checked, every
-    problem at once, by :func:`specstudy.run.plan.check_tasks` (it reads the data).
+    problem at once, by :func:`specstudy.run.task_checks.check_tasks` (it reads the data).
     """
     file = Path(path) if path else hardware_file(hardware)
     data = load_yaml(file)

@@ -1,6 +1,6 @@
 """A task file checked the way a run reads it, before any engine loads: every problem at once.
 
-The study's check (:func:`specstudy.run.plan.check_tasks`) calls :func:`check_task` per task file.
+The study's check (:func:`specstudy.run.task_checks.check_tasks`) calls :func:`check_task` per task file.
 """
 
 from __future__ import annotations

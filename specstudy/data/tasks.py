@@ -42,7 +42,7 @@ Errors: a missing or corrupted data file raises :class:`TaskDataError` naming th
 file and the expected sha256; online loading without network raises it naming the dataset.
 :mod:`specstudy.data.task_sources` reads the sources; :func:`specstudy.data.task_check.check_task`
 reads a task file the way a run will and returns every problem it finds (the study's check before
-any engine loads: :func:`specstudy.run.plan.check_tasks`).
+any engine loads: :func:`specstudy.run.task_checks.check_tasks`).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ import pandas as pd
 
 from ..analysis import capacity, cost, gamma_schedule, rates, structured
 from ..analysis.study import Study
-from ..metrics import MIN_PROMPTS_FOR_CI
+from ..intervals import MIN_PROMPTS_FOR_CI
 from .format import fmt, fmt_ci, sampling_text
 from .section import Section, markdown_table
 from .validity import left_out_note
@@ -92,9 +92,9 @@ def price_note(price: cost.Price | None) -> str:
             "(add `price:` to the hardware profile or pass `specstudy report --price-per-hour USD`)."
         )
     return (
-        f"Price: US$ {price.usd_per_gpu_hour:g} per GPU-hour, the whole machine on a CPU ({price.date}; "
-        f"{price.source}); $ per million output tokens = price × GPUs / 3600 / measured output tokens per s, "
-        "at the row's TPOT p50."
+        f"Price: US$ {price.usd_per_gpu_hour:g} per {price.per} ({price.date}; {price.source}); "
+        f"$ per million output tokens = price{' × GPUs' if price.per == 'GPU-hour' else ''} / 3600 / measured "
+        "output tokens per s, at the row's TPOT p50."
     )
 
 
@@ -145,7 +145,7 @@ def _capacity(study: Study, sec: Section) -> list[str]:
         "`specstudy run --refine-capacity N` bisects each bracket geometrically before the report. A probe whose last "
         "third of requests waited over twice as long for a first token as its first third had a queue still growing "
         "(not stationary: its percentiles depend on how long it ran); where such a probe held the SLO, each refining "
-        "round reruns its sweep with twice "
+        "round reruns that engine's methods and repeats at that rate with twice "
         f"the prompts, up to {capacity.LONGEST_PROBE_GROWTH} times the configured count, the longer probe replacing "
         "the shorter; the capacity names how many were rerun and how many stayed unsteady. The capacity is "
         "the mean over repeats of the sweep with a 95 % t-interval, the repeat being the unit (a capacity is not a "

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from ..metrics import MIN_PROMPTS_FOR_CI
+from ..intervals import MIN_PROMPTS_FOR_CI
 
 TASK_TITLES = {
     "code": "Code generation",
@@ -65,7 +65,7 @@ def fmt(x: Any, digits: int = 2, suffix: str = "") -> str:
 def fmt_ci(x: Any, ci: tuple[float, float], digits: int = 2, suffix: str = "", n: int | None = None) -> str:
     """``2.31× [2.10, 2.52]``: the value and its 95 % CI (— when not computable).
 
-    With ``n`` (distinct prompts) below :data:`specstudy.metrics.MIN_PROMPTS_FOR_CI` the value is
+    With ``n`` (distinct prompts) below :data:`specstudy.intervals.MIN_PROMPTS_FOR_CI` the value is
     marked ``(n too small)``: no interval method holds there, so none is printed.
     """
     s = fmt(x, digits, suffix)

@@ -15,7 +15,7 @@ import pandas as pd
 from ..analysis import engine_costs, faq, frames, rates, stats, trees
 from ..analysis.rows import HardwareRow, hardware_rows, headline_max_new
 from ..analysis.study import Study, vouched
-from ..metrics import MIN_PROMPTS_FOR_CI
+from ..intervals import MIN_PROMPTS_FOR_CI
 from . import across_engines, conditions, fails, figures, rate_tables, tables, tree_tables, wording
 from .banner import rehearsal_banner
 from .deploy import deploy_section

@@ -18,7 +18,7 @@ from ..analysis.claims import Estimate
 from ..analysis.rows import HardwareRow
 from ..analysis.stats import isnum
 from ..analysis.study import Study
-from ..metrics import MIN_PROMPTS_FOR_CI
+from ..intervals import MIN_PROMPTS_FOR_CI
 from . import fails, wording
 from .format import fmt, sampling_text
 from .wording import estimate_text

@@ -32,7 +32,7 @@ from ..analysis.study import Study
 from ..analysis.trees import is_dynamic_tree
 from ..config.task import load_task_config, seed_row
 from ..config.vocab import TASKS
-from ..metrics import MIN_PROMPTS_FOR_CI
+from ..intervals import MIN_PROMPTS_FOR_CI
 from . import wording
 from .format import FAMILY_TITLES, TASK_TITLES, fmt, fmt_ci, sampling_text, seed_row_name, short_model
 from .model_notes import limit_text, note_text

@@ -22,7 +22,7 @@ from ..analysis.claims import (
     side,
 )
 from ..analysis.stats import break_even, isnum
-from ..metrics import MIN_PROMPTS_FOR_CI
+from ..intervals import MIN_PROMPTS_FOR_CI
 from .format import fmt_ci
 
 

@@ -8,7 +8,7 @@ import pandas as pd
 
 from ..analysis import claims, rates, tiers, turns
 from ..analysis.study import Study, vouched
-from ..metrics import MIN_PROMPTS_FOR_CI
+from ..intervals import MIN_PROMPTS_FOR_CI
 from .format import fmt
 from .rate_tables import rate_table
 from .section import Section, markdown_table

@@ -22,8 +22,9 @@ from ..config.task import seed_row
 from ..config.vocab import cost_dtype
 from ..costmodel import HardwareProfile
 from ..frameworks import DECLARATIONS, server_frameworks
-from .plan import CellPlan, parsed_task
+from .plan import CellPlan
 from .precision import most_extensions
+from .task_checks import parsed_task
 
 #: prompt length assumed for the prefill of a planned request (tokens)
 PROMPT_TOKENS = 512

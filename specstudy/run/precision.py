@@ -16,7 +16,7 @@ import dataclasses
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from .. import metrics
+from .. import intervals, metrics
 from ..config import StudyConfig
 from ..layout import StudyLayout
 from ..records import RequestRecord
@@ -48,7 +48,7 @@ def _records(layout: StudyLayout, ids: Iterable[str]) -> list[RequestRecord]:
 def row_precision(layout: StudyLayout, spec_ids: Sequence[str], base_ids: Sequence[str]) -> tuple[float, int]:
     """(relative half-width of the paired speedup interval, distinct prompts) over a row's cells on disk."""
     sp = metrics.paired_speedup(_records(layout, base_ids), _records(layout, spec_ids))
-    return metrics.relative_half_width(sp["speedup"], (sp["ci_low"], sp["ci_high"])), int(sp["n_prompts"])
+    return intervals.relative_half_width(sp["speedup"], (sp["ci_low"], sp["ci_high"])), int(sp["n_prompts"])
 
 
 def _rows(plans: Sequence[CellPlan]) -> dict[str, list[CellPlan]]:

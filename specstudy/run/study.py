@@ -37,9 +37,10 @@ from ..records import Request, RequestRecord
 from ..report.validity import finding_text
 from .cell import CellResult, CellRun, annotate, run_cell, split_warmup, summarize
 from .engine_costs import measure_engine_costs
-from .plan import CellPlan, check_tasks, parsed_task, plan_summary
+from .plan import CellPlan, plan_summary
 from .pool import BackendFactory, BackendPool
 from .precision import extensions
+from .task_checks import check_tasks, parsed_task
 from .turns import run_turns
 
 RequestLoader = Callable[[str, int, int, Any], list[Request]]

@@ -13,7 +13,7 @@ import math
 import numpy as np
 
 from specstudy.analysis import capacity
-from specstudy.metrics import MIN_PROMPTS_FOR_CI
+from specstudy.intervals import MIN_PROMPTS_FOR_CI
 
 RATES = (0.5, 1.0, 2.0, 4.0, 8.0)
 

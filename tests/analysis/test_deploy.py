@@ -276,7 +276,7 @@ def test_rapl_reads_package_domains_unwraps_and_says_when_absent(tmp_path):
     assert gone.joules() is None and "does not exist" in gone.reason
 
 
-def _priced(price=2.0, tel=True):
+def _priced(price=2.0, tel=True, kind="gpu"):
     recs = []
     for i in range(5):
         recs.append(rec("ar", method="ar", label="AR", prompt=i, start=10.0 * i, tpot=0.04))
@@ -292,7 +292,9 @@ def _priced(price=2.0, tel=True):
         if tel
         else None
     )
-    prof = HardwareProfile("x", "X", 1.0, price_usd_per_hour=price, price_date="2026-05", price_source="quote")
+    prof = HardwareProfile(
+        "x", "X", 1.0, kind=kind, price_usd_per_hour=price, price_date="2026-05", price_source="quote"
+    )
     return study_of(recs, telemetry, prof)
 
 
@@ -323,6 +325,16 @@ def test_price_from_the_command_line_overrides_and_none_means_no_cost(monkeypatc
     assert cost.cost_energy_frame(unpriced)["usd_per_m_tokens"].isna().all()
     assert "not computed" in deploy.price_note(cost.price_of(unpriced))
     assert "(no telemetry recorded a reading)" in " ".join(deploy.energy_notes(cost.energy_read(unpriced)))
+
+
+def test_a_cpu_profile_is_priced_per_hour_of_the_machine_and_a_gpu_profile_per_gpu_hour(monkeypatch):
+    monkeypatch.delenv(cost.PRICE_ENV, raising=False)
+    gpu, cpu = (deploy.price_note(cost.price_of(_priced(kind=k))) for k in ("gpu", "cpu"))
+    assert "US$ 2 per GPU-hour" in gpu and "price × GPUs / 3600" in gpu
+    assert "US$ 2 per hour of the whole machine" in cpu and "GPU" not in cpu
+    monkeypatch.setenv(cost.PRICE_ENV, "-1")
+    with pytest.raises(ValueError, match="per hour of the whole machine"):
+        cost.price_of(_priced(kind="cpu"))
 
 
 def test_the_capacity_search_adds_the_bracket_midpoint_to_its_sweep(tmp_path):
@@ -409,7 +421,11 @@ def test_an_unsteady_probe_is_rerun_longer_bounded_and_the_longer_one_counts(tmp
     broke = capacity.study_slo(load(layout.root)).model_copy(update={"ttft_ms": 100.0})
     assert capacity.unsteady_sweeps(load(layout.root), broke) == {}
     new_cfg, sweeps = _refined(cfg, layout, cfg)
-    assert [sw.prompts_per_task for sw in new_cfg.sweeps] == [12] and sweeps == {"default"}
+    assert [(sw.name, sw.prompts_per_task) for sw in new_cfg.sweeps] == [
+        ("default", 6),
+        ("default_longer12_openai", 12),
+    ]
+    assert sweeps == {"default_longer12_openai"}
     serve(expand(new_cfg), growing=False)  # the longer probe reached a steady queue
     frame = capacity.capacity_frame(load(layout.root))
     assert frame["unsteady_probes"].tolist() == [0] and frame["lengthened_probes"].tolist() == [1]
@@ -422,3 +438,52 @@ def test_an_unsteady_probe_is_rerun_longer_bounded_and_the_longer_one_counts(tmp
     assert capacity.LONGEST_PROBE_GROWTH == 4
     serve(expand(at_bound), growing=True)
     assert _refined(at_bound, layout, cfg) is None
+
+
+def test_only_the_rates_whose_queue_grew_are_rerun_longer_for_every_method_and_repeat(tmp_path):
+    """The first make study-deploy reran its whole capacity sweep (80 cells, 21 of its 40 minutes) when
+    a few probes held the SLO with a growing queue: the search now reruns that framework's methods and
+    repeats at those rates only, in a sweep of its own, and the other rates keep their probes."""
+    import yaml
+
+    from specstudy.analysis.study import load
+    from specstudy.commands.run import _refined
+    from specstudy.config import load_study
+    from specstudy.records import Request, Sampling
+    from specstudy.run.plan import expand
+
+    study = {
+        "name": "rates",
+        "models": [{"name": "m", "target": "smollm2-135m", "dtype": "float32"}],
+        "methods": [{"method": "ar"}, {"method": "ngram", "label": "PL"}],
+        "frameworks": ["openai"],
+        "framework_options": {"openai": {"base_url": "http://127.0.0.1:9"}},
+        "tasks": ["code"],
+        "gammas": [4],
+        "request_rates": [0.5, 1, 8],
+        "repeats": 2,
+        "prompts_per_task": 6,
+    }
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump({"study": study}))
+    cfg = load_study("cpu", tmp_path / "s.yaml", check_tokenizers=False)
+    layout = StudyLayout(tmp_path / "out")
+    for plan in expand(cfg):  # judged under the default SLO (p90 TPOT <= 50 ms)
+        # 0.5 req/s steady; 1 req/s holds the SLO (TPOT 20 ms) while its queue grows (doubtful); 8 req/s
+        # breaks it (TPOT 100 ms) with its queue growing: over capacity, not rerun
+        grow, tpot = {0.5: (0.0, 0.02), 1.0: (0.05, 0.02), 8.0: (0.5, 0.1)}[plan.request_rate]
+        recs = []
+        for i in range(plan.prompts):
+            r = plan.cell.new_record(Request(f"code/{i}", ""), Sampling(max_new_tokens=21))
+            ttft = 0.05 + grow * i
+            r.start_epoch, r.output_tokens, r.first_token_s, r.end_s = float(i), 21, ttft, ttft + 20 * tpot
+            recs.append(plan.stamp(r))
+        layout.write_part(plan.cell_id, recs)
+    assert capacity.unsteady_rates(load(layout.root)) == {("default", "openai"): ((1.0,), 6)}
+    new_cfg, sweeps = _refined(cfg, layout, cfg)
+    assert sweeps == {"default", "default_longer12_openai"}  # the midpoint of 1..8 req/s, and the longer probes
+    (longer,) = [sw for sw in new_cfg.sweeps if sw.name == "default_longer12_openai"]
+    assert longer.request_rates == (1.0,) and longer.prompts_per_task == 12 and longer.frameworks == ("openai",)
+    rerun = [p for p in expand(new_cfg) if set(p.sweeps) & sweeps and p.prompts == 12]
+    # both methods, both repeats, one rate: 4 probes instead of the sweep's 12
+    assert len(rerun) == 4 and {p.request_rate for p in rerun} == {1.0}
+    assert {p.label for p in rerun} == {"ar", "PL"} and {p.cell.repeat for p in rerun} == {0, 1}

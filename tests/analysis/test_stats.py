@@ -11,6 +11,7 @@ import math
 import numpy as np
 import pytest
 
+from specstudy import intervals
 from specstudy import metrics as M
 from specstudy.analysis import stats
 from specstudy.records import Cell, Request, Sampling
@@ -73,10 +74,10 @@ def test_the_speedup_interval_is_the_one_over_per_prompt_means(study):
     b, s, reps = M.per_prompt_means(pairs)
     assert b.size == 6 and reps == 3
     assert p.speedup == pytest.approx(b.sum() / s.sum())
-    assert p.speedup_ci == pytest.approx(M.ratio_ci(b, s))
+    assert p.speedup_ci == pytest.approx(intervals.ratio_ci(b, s))
     assert p.speedup_precision == pytest.approx((p.speedup_ci[1] - p.speedup_ci[0]) / 2 / p.speedup)
     # the interval of 18 requests taken as independent is narrower: the row does not do that
-    flat = M.ratio_ci([a.end_s for a, _ in pairs], [z.end_s for _, z in pairs], min_n=2)
+    flat = intervals.ratio_ci([a.end_s for a, _ in pairs], [z.end_s for _, z in pairs], min_n=2)
     assert flat[1] - flat[0] < p.speedup_ci[1] - p.speedup_ci[0]
 
 
@@ -84,8 +85,8 @@ def test_alpha_and_al_intervals_sum_each_prompts_counts_first(study):
     p = stats.pooled(study, ["s0", "s1", "s2"])
     acc = np.array([3 * (10 + i) for i in range(6)], float)
     assert p.alpha == pytest.approx(acc.sum() / (6 * 3 * 40))
-    assert p.alpha_ci == pytest.approx(M.ratio_ci(acc, np.full(6, 3 * 40.0), upper=1.0))
-    lo, hi = M.ratio_ci(acc, np.full(6, 3 * 12.0), upper=4.0)  # a step accepts at most its 4 drafted tokens
+    assert p.alpha_ci == pytest.approx(intervals.ratio_ci(acc, np.full(6, 3 * 40.0), upper=1.0))
+    lo, hi = intervals.ratio_ci(acc, np.full(6, 3 * 12.0), upper=4.0)  # a step accepts at most its 4 drafted tokens
     assert 1.0 < p.acceptance_length_ci[0] < p.acceptance_length_ci[1] < 5.0
     assert p.acceptance_length_ci == pytest.approx((1 + lo, 1 + hi))
 
@@ -95,10 +96,10 @@ def test_throughput_tpot_and_entropy_intervals_are_per_prompt(study):
     recs = [r for c in ("b0", "b1", "b2") for r in study.records[c]]
     tok = np.array([sum(r.output_tokens for r in recs if r.prompt_id == f"p{i}") for i in range(6)], float)
     e2e = np.array([sum(r.end_s for r in recs if r.prompt_id == f"p{i}") for i in range(6)])
-    assert p.tokens_per_s_ci == pytest.approx(M.ratio_ci(tok, e2e))
+    assert p.tokens_per_s_ci == pytest.approx(intervals.ratio_ci(tok, e2e))
     tpot = [np.mean([M.tpot(r) for r in recs if r.prompt_id == f"p{i}"]) for i in range(6)]
-    assert p.tpot_ci == pytest.approx(M.mean_ci(tpot)[1:])
-    assert p.entropy_ci == pytest.approx(M.mean_ci([0.5 + 0.1 * i for i in range(6)])[1:])
+    assert p.tpot_ci == pytest.approx(intervals.mean_ci(tpot)[1:])
+    assert p.entropy_ci == pytest.approx(intervals.mean_ci([0.5 + 0.1 * i for i in range(6)])[1:])
 
 
 def test_no_interval_for_a_row_of_four_prompts():
@@ -139,4 +140,4 @@ def test_batched_throughput_interval_is_over_batches():
     toks = [recs[j].output_tokens + recs[j + 1].output_tokens for j in range(0, 10, 2)]
     walls = [max(recs[j].end_s, recs[j + 1].end_s) for j in range(0, 10, 2)]
     assert p.tokens_per_s == pytest.approx(sum(toks) / sum(walls))
-    assert p.tokens_per_s_ci == pytest.approx(M.ratio_ci(toks, walls))
+    assert p.tokens_per_s_ci == pytest.approx(intervals.ratio_ci(toks, walls))

@@ -18,7 +18,7 @@ from specstudy.data.fetch import sha256_file
 from specstudy.frameworks import declaration
 from specstudy.frameworks.declaration import constraint_body
 from specstudy.records import RequestRecord
-from specstudy.run.plan import check_tasks
+from specstudy.run.task_checks import check_tasks
 
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
 

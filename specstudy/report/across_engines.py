@@ -14,7 +14,12 @@ fourteen read wrongly by one engine; equal counts prompt by prompt do not.  An e
 its drafts at the tokens left (the reference engine drafts min(γ, r − 1) with r tokens to go, and
 none at r = 1) drafts up to γ(γ+1)/2 fewer tokens in at most one fewer step per prompt than one
 that always drafts γ: within that bound, with the same accepted tokens, the verdict says
-"identical acceptance; drafting differs at the end".  At T > 0 the draws differ by engine: every
+"identical acceptance; drafting differs at the end".  Accepted tokens are compared within the output:
+vLLM's scheduler counts a step's accepted drafts before ``max_tokens`` trims the step
+(``vllm/v1/core/sched/scheduler.py``: ``make_spec_decoding_stats`` before ``_update_request_with_output``),
+so its last step may count drafts accepted past the output's end, which an engine that caps its drafts
+never drafts: a prompt's draft steps plus accepted tokens beyond its decoded tokens (output − 1) are
+those, and come off its accepted count before the comparison (:attr:`PromptCounts.within`).  At T > 0 the draws differ by engine: every
 pair of AL intervals is compared (:func:`specstudy.analysis.claims.overlap`); disjoint intervals
 are a difference beyond noise, overlapping ones are not resolved.  Nothing here writes a file.
 """
@@ -47,6 +52,13 @@ class PromptCounts:
     drafted: int
     steps: int
     output: tuple[int, ...]
+    #: drafts counted as accepted past the output's end (draft steps + accepted beyond output − 1 tokens)
+    past_end: int = 0
+
+    @property
+    def within(self) -> int:
+        """Accepted tokens inside the output: what two engines that decode the same output must share."""
+        return self.accepted - self.past_end
 
 
 def prompt_counts(records: list[RequestRecord]) -> dict[tuple[str, str], PromptCounts]:
@@ -56,7 +68,8 @@ def prompt_counts(records: list[RequestRecord]) -> dict[tuple[str, str], PromptC
         if r.status != "ok" or r.accepted_tokens is None or prompt_of(r) in out:
             continue
         steps = draft_steps_of(r) or 0
-        out[prompt_of(r)] = PromptCounts(r.accepted_tokens, r.drafted_tokens or 0, steps, tuple(r.output_ids))
+        past = max(0, steps + r.accepted_tokens - (r.output_tokens - 1)) if r.output_tokens else 0
+        out[prompt_of(r)] = PromptCounts(r.accepted_tokens, r.drafted_tokens or 0, steps, tuple(r.output_ids), past)
     return out
 
 
@@ -80,7 +93,7 @@ def paired_verdict(by_fw: dict[str, list[RequestRecord]], gamma: int) -> str:
     for a, b in combinations(sorted(counts), 2):
         ca, cb = counts[a], counts[b]
         outs = sum(bool(ca[k].output and cb[k].output) and ca[k].output != cb[k].output for k in keys)
-        acc = sum(ca[k].accepted != cb[k].accepted for k in keys)
+        acc = sum(ca[k].within != cb[k].within for k in keys)
         if outs:
             said.append(f"greedy outputs of {a} and {b} differ on {outs} of {len(keys)} prompts")
         if acc:
@@ -93,6 +106,9 @@ def paired_verdict(by_fw: dict[str, list[RequestRecord]], gamma: int) -> str:
     if all(len({(c[k].accepted, c[k].drafted, c[k].steps) for c in counts.values()}) == 1 for k in keys):
         return IDENTICAL
     detail = ", ".join(f"{fw} {_totals(c, keys)}" for fw, c in counts.items())
+    past = [f"{fw} {n}" for fw, c in counts.items() if (n := sum(c[k].past_end for k in keys))]
+    if past:
+        detail += f"; accepted past the output's end, counted by the engine's counters: {', '.join(past)}"
     return f"{AT_END} ({detail})" if at_end else f"identical acceptance; drafting differs beyond the end ({detail})"
 
 

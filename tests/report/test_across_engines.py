@@ -104,9 +104,10 @@ def test_at_greedy_the_verdict_is_paired_and_names_each_differing_pair(study):
     assert said.count("acceptance differs on 6 of 6 prompts") == 2  # vllm-server against each
 
 
-def _two_engines(tmp_path, name, temperature=0.0, **vllm):
+def _two_engines(tmp_path, name, temperature=0.0, ref_steps=None, ref_acc=None, **vllm):
     lay = StudyLayout(tmp_path / name)
-    for fw, kw in (("reference", {}), ("vllm", vllm)):
+    ref = {"steps": (ref_steps,) * N, "accepted": (ref_acc,), "drafted": (46,) * N} if ref_steps else {}
+    for fw, kw in (("reference", ref), ("vllm", vllm)):
         base = _cell(lay, fw, "ar", temperature=temperature)
         _cell(lay, fw, "eagle3", base=base, gamma=4, label="EAGLE-3", temperature=temperature, **kw)
     return acceptance_across_engines(load(lay.root))
@@ -183,3 +184,23 @@ def test_a_flagged_engine_is_marked_and_left_out_of_the_across_engines_verdict(t
     assert list(table["Method"]) == ["EAGLE-3", "EAGLE-3", "EAGLE-3 ⚑"]
     (said,) = set(table["Across engines"])  # one verdict for the group, from reference and vllm only
     assert "reference" in said and "vllm" in said and "vllm-server" not in said
+
+
+def test_drafts_accepted_past_the_outputs_end_are_not_a_difference(tmp_path):
+    """vLLM's counters count a last step's accepted drafts before max_tokens trims them (its scheduler
+    records the stats first): the live engines study read 119 accepted against the reference's 112 on
+    the same outputs, 7 of them past the end.  32 output tokens = 31 decoded: the reference decodes
+    them in 12 draft steps accepting 18 and one step that drafts nothing (one token left); vLLM always
+    drafts, 13 steps accepting 21, 3 of them past the end."""
+    table, _ = _two_engines(
+        tmp_path, "past", accepted=(21,), steps=(13,) * N, drafted=(52,) * N, ref_steps=12, ref_acc=18
+    )
+    said = table["Across engines"].iloc[0]
+    assert (
+        said.startswith(AT_END) and "accepted past the output's end, counted by the engine's counters: vllm 18" in said
+    )
+    # one step fewer is one more token accepted inside the output: a difference, past-end counts or not
+    table, _ = _two_engines(
+        tmp_path, "fewer", accepted=(21,), steps=(12,) + (13,) * (N - 1), drafted=(52,) * N, ref_steps=12, ref_acc=18
+    )
+    assert table["Across engines"].iloc[0].startswith("acceptance differs on 1 of 6 prompts")

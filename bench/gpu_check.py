@@ -7,7 +7,7 @@ downloaded, no hub, no network):
 
 It expects one CUDA GPU with about 40 GB free, python3 with torch (2.11 there) built with CUDA,
 transformers (5.17 there), pyyaml, psutil, and nvidia-ml-py for telemetry (optional).  It needs
-no package beyond those: it imports only ``specstudy.engine``, ``costmodel``, ``metrics``,
+no package beyond those: it imports only ``specstudy.engine``, ``costmodel``, ``metrics`` (and its ``intervals``),
 ``records``, ``telemetry``, ``synthetic`` and ``params`` (tests/test_gpu_check.py runs it with the kit's other
 packages hidden).  It prints one table and writes the JSON after every section, so a run that
 is killed leaves what it measured.  Budget, estimated at ~30 ms per 7B step in transformers'

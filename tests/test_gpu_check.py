@@ -51,6 +51,7 @@ ALLOWED = (
     "specstudy.costmodel",
     "specstudy.frameworks",  # the catalogue (ground floor): the method registry reads its method headers
     "specstudy.metrics",
+    "specstudy.intervals",  # through metrics (numpy only; scipy imported where an interval is computed)
     "specstudy.records",
     "specstudy.telemetry",
     "specstudy.synthetic",

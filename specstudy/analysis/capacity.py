@@ -12,7 +12,9 @@ probe that broke with its queue growing is over capacity, and its break stands) 
 at most :data:`LONGEST_PROBE_GROWTH` times its configured count, for that framework's methods and
 repeats (:func:`unsteady_rates`), and the longest probe of a rate counts.
 
-Over repeats the capacity is the mean of the per-repeat capacities with the kit's t-interval
+Where a repeat never broke up to the highest rate probed, its capacity is only bounded from below and
+the group's capacity is that lower bound (the least such rate), with no interval.  Otherwise, over
+repeats the capacity is the mean of the per-repeat capacities with the kit's t-interval
 (:func:`specstudy.intervals.mean_ci`), the repeat being the unit: a rate is not a prompt, so no
 interval over prompts applies, and each repeat is a whole independent search (its probes share
 nothing with another repeat's).  What the interval covers is the capacity this search finds on
@@ -165,11 +167,15 @@ def capacity_frame(study: Study, slo: Slo | None = None) -> pd.DataFrame:
             cap, broke = bracket(dict(zip(rg["rate"], rg["held"])))
             caps.append(cap)
             breaks.append(broke)
+        # a repeat that never broke only bounds its capacity from below: no mean, no interval
+        unbroken = sum(math.isinf(b) for b in breaks)
+        estimate = (min(caps), math.nan, math.nan) if unbroken else repeat_interval(caps)
         rows.append(
             {
                 **dict(zip(_GROUP, key)),
                 "repeats": len(caps),
-                **dict(zip(("capacity_rps", "capacity_ci_low", "capacity_ci_high"), repeat_interval(caps))),
+                "repeats_never_broke": unbroken,
+                **dict(zip(("capacity_rps", "capacity_ci_low", "capacity_ci_high"), estimate)),
                 "capacity_min_rps": min(caps),
                 "capacity_max_rps": max(caps),
                 "breaks_at_rps": float(np.median(breaks)),

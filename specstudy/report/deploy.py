@@ -29,11 +29,15 @@ def capacity_text(row: Mapping[str, Any]) -> str:
     ``2 req/s (not enough repeats for an interval: 3, needs ≥ 5; breaks at 3)``."""
     cap = f"{row['capacity_rps']:g} req/s"
     n = int(row["repeats"])
+    unbroken = int(row.get("repeats_never_broke") or 0)
     spread = (
         f"[{row['capacity_ci_low']:.3g}, {row['capacity_ci_high']:.3g}] over {n} repeats"
         if _has_interval(row)
+        else f"a lower bound: {unbroken} of {n} repeats never broke, so no interval"
+        if unbroken
         else f"not enough repeats for an interval: {n}, needs ≥ {MIN_PROMPTS_FOR_CI}"
     )
+    cap = f"≥ {cap}" if unbroken else cap
     broke = (
         "never broke up to the highest rate probed"
         if math.isinf(row["breaks_at_rps"])
@@ -155,7 +159,9 @@ def _capacity(study: Study, sec: Section) -> list[str]:
     for r in side.to_dict("records"):
         if r["ar_capacity_rps"] == r["ar_capacity_rps"]:
             verdict = (
-                "not enough repeats to tell it from"
+                "a lower bound (it never broke), not comparable with"
+                if int(r.get("repeats_never_broke") or 0)
+                else "not enough repeats to tell it from"
                 if not _has_interval(r)
                 else "more than"
                 if r["capacity_ci_low"] > r["ar_capacity_rps"]

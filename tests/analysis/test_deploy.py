@@ -157,6 +157,21 @@ def test_capacity_is_the_highest_rate_before_the_first_break_with_its_range_over
     assert "1.5 req/s ([1.2, 1.8] over 5 repeats; breaks at" in deploy.capacity_text(five)
 
 
+def test_a_capacity_that_never_broke_is_a_lower_bound_without_an_interval():
+    """The second make study-deploy: vLLM's server held the SLO at 4 req/s in all 5 repeats and the
+    report printed "4 req/s ([4, 4] over 5 repeats ...)", an interval around a bound."""
+    rates = {0.5: 0.02, 1.0: 0.03}
+    frame = capacity.capacity_frame(_rate_study(rates, {0.5: [0.01] * 5, 1.0: [0.02] * 5}, repeats=5))
+    row = frame.set_index("method").loc["ngram"]
+    assert (
+        row["repeats_never_broke"] == 5
+        and row["capacity_rps"] == 1.0
+        and row["capacity_ci_low"] != row["capacity_ci_low"]
+    )
+    said = deploy.capacity_text(row)
+    assert said.startswith("≥ 1 req/s (a lower bound: 5 of 5 repeats never broke, so no interval") and "[" not in said
+
+
 def test_a_probe_whose_queue_still_grows_is_not_stationary():
     steady = [rec("c", prompt=i, start=float(i), ttft=0.1) for i in range(9)]
     growing = [rec("c", prompt=i, start=float(i), ttft=0.1 * (i + 1)) for i in range(9)]

@@ -106,15 +106,6 @@ def _doubtful(pr: pd.DataFrame) -> pd.Series:
     return (pr["stationary"] == False) & (pr["held"] == True)  # noqa: E712 (None: unknown)
 
 
-def unsteady_sweeps(study: Study, slo: Slo | None = None) -> dict[str, int]:
-    """Per sweep, the prompts of its longest probe that held the SLO without being stationary (only
-    probes that are still their rate's longest): the sweeps whose probes the search lengthens."""
-    out: dict[str, int] = {}
-    for (sweep, _), (_, prompts) in unsteady_rates(study, slo).items():
-        out[sweep] = max(out.get(sweep, 0), prompts)
-    return out
-
-
 def unsteady_rates(study: Study, slo: Slo | None = None) -> dict[tuple[str, str], tuple[tuple[float, ...], int]]:
     """Per (sweep, framework), the rates at which a probe held the SLO without being stationary (still its
     rate's longest), and the prompts of the longest such probe: what the search reruns longer, every

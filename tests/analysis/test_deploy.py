@@ -431,10 +431,10 @@ def test_an_unsteady_probe_is_rerun_longer_bounded_and_the_longer_one_counts(tmp
             layout.write_part(plan.cell_id, recs)
 
     serve(expand(cfg), growing=True)
-    assert capacity.unsteady_sweeps(load(layout.root)) == {"default": 6}
+    assert capacity.unsteady_rates(load(layout.root)) == {("default", "openai"): ((1.0,), 6)}
     # the same growing queue under an SLO it broke: over capacity, the break stands, nothing to lengthen
     broke = capacity.study_slo(load(layout.root)).model_copy(update={"ttft_ms": 100.0})
-    assert capacity.unsteady_sweeps(load(layout.root), broke) == {}
+    assert capacity.unsteady_rates(load(layout.root), broke) == {}
     new_cfg, sweeps = _refined(cfg, layout, cfg)
     assert [(sw.name, sw.prompts_per_task) for sw in new_cfg.sweeps] == [
         ("default", 6),

@@ -175,10 +175,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
     from specstudy.backends.reference.backend import ReferenceBackend
+    from specstudy.cpu_speed import measure_cpu
     from specstudy.data.models import load_model, model_bytes
     from specstudy.engine.lean import set_lean_forward
     from specstudy.engine.stepcost import measure_verify_time
-    from specstudy.telemetry import measure_cpu
 
     model, tok = load_model(args.model)
     drafter = load_model(args.drafter)[0] if args.drafter else None
@@ -466,8 +466,8 @@ def print_table(results: dict[str, dict[str, Any]]) -> None:
 def machine_limits(model: Any, nbytes: int, ks: Sequence[int], repeats: int) -> dict[str, Any]:
     """What this CPU allows at the bench's threads: a copy as large as the model (past the
     caches) and the model's matmuls alone at M = k (:func:`specstudy.engine.stepcost.matmul_pass_time`)."""
+    from specstudy.cpu_speed import copy_bandwidth_gbps
     from specstudy.engine.stepcost import matmul_pass_time
-    from specstudy.telemetry import copy_bandwidth_gbps
 
     small = [k for k in ks if k <= 8]
     return {

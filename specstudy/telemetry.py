@@ -17,6 +17,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .cpu_time import machine_busy_s, others_cores, study_cores, tree_cpu_s
+
 if TYPE_CHECKING:
     import pandas as pd
     import psutil
@@ -318,60 +320,6 @@ class Rapl:
         return self._total_uj / 1e6
 
 
-def machine_busy_s() -> float | None:
-    """CPU seconds every core of the machine has spent running anything since boot (/proc/stat: user,
-    nice, system, irq, softirq; not idle, iowait or steal)."""
-    import psutil
-
-    try:
-        t = psutil.cpu_times()
-    except Exception:
-        return None
-    return float(t.user + t.nice + t.system + getattr(t, "irq", 0.0) + getattr(t, "softirq", 0.0))
-
-
-def tree_cpu_s(root: psutil.Process) -> float | None:
-    """CPU seconds of ``root`` and every process below it (the engines and servers the study started),
-    the children they have reaped included: a process that exits between two samples moves its time
-    into its parent's, so the sum only grows."""
-    import psutil
-
-    total = 0.0
-    try:
-        procs = [root, *root.children(recursive=True)]
-    except psutil.Error:
-        return None
-    for p in procs:
-        try:
-            t = p.cpu_times()
-        except psutil.Error:  # exited since the listing: its time is in its parent's reaped children
-            continue
-        total += t.user + t.system + t.children_user + t.children_system
-    return total
-
-
-def others_cores(samples: Sequence[Mapping[str, Any]]) -> float | None:
-    """Mean cores used outside the study's process tree over the samples: the machine's CPU time less
-    the study's, over the wall time between the first and last sample (None under two samples)."""
-    pts = sorted(
-        (s["t_s"], s["cpu_machine_busy_s"], s["cpu_study_s"])
-        for s in samples
-        if _num(s.get("t_s")) and _num(s.get("cpu_machine_busy_s")) and _num(s.get("cpu_study_s"))
-    )
-    if len(pts) < 2 or pts[-1][0] - pts[0][0] <= 0:
-        return None
-    (t0, m0, k0), (t1, m1, k1) = pts[0], pts[-1]
-    return float(max(0.0, (m1 - m0) - (k1 - k0)) / (t1 - t0))
-
-
-def study_cores(samples: Sequence[Mapping[str, Any]]) -> float | None:
-    """Mean cores the study's process tree used over the samples (None under two samples)."""
-    pts = sorted((s["t_s"], s["cpu_study_s"]) for s in samples if _num(s.get("t_s")) and _num(s.get("cpu_study_s")))
-    if len(pts) < 2 or pts[-1][0] - pts[0][0] <= 0:
-        return None
-    return float((pts[-1][1] - pts[0][1]) / (pts[-1][0] - pts[0][0]))
-
-
 def _host_sample(proc: psutil.Process) -> dict[str, Any]:
     import psutil
 
@@ -609,60 +557,3 @@ def host_info() -> dict[str, Any]:
             pass
     nv.close()
     return info
-
-
-_CPU_CACHE: dict[str, float] = {}
-
-
-def copy_bandwidth_gbps(nbytes: int, repeats: int = 3) -> float:
-    """Best-of-``repeats`` GB/s (bytes read + written) of one copy of ``nbytes`` with torch's
-    current threads: past the last-level cache when ``nbytes`` is the size of the model, where
-    :func:`measure_cpu`'s 64 MiB copy may still fit in a large L3."""
-    import torch
-
-    a = torch.ones(max(1, nbytes // 4), dtype=torch.float32)
-    b = torch.empty_like(a)
-    best = 0.0
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        b.copy_(a)
-        best = max(best, 2 * a.numel() * 4 / (time.perf_counter() - t0) / 1e9)
-    return best
-
-
-def measure_cpu(seconds: float = 0.3) -> dict[str, float]:
-    """A short copy benchmark (bytes read + written) and an fp32 matmul: this CPU's two ceilings.
-
-    Taken once per process; best of a few repeats to damp a noisy shared machine.
-    """
-    if _CPU_CACHE:
-        return dict(_CPU_CACHE)
-    import numpy as np
-
-    n = 64 * 1024 * 1024 // 8  # 64 MiB of float64, well past the caches
-    a = np.ones(n)
-    b = np.empty_like(a)
-    best_bw = 0.0
-    t_end = time.perf_counter() + seconds
-    while True:
-        t0 = time.perf_counter()
-        np.copyto(b, a)
-        dt = time.perf_counter() - t0
-        best_bw = max(best_bw, 2 * a.nbytes / dt / 1e9)
-        if time.perf_counter() > t_end:
-            break
-    m = np.random.default_rng(0).standard_normal((512, 512)).astype(np.float32)
-    best_fl = 0.0
-    for _ in range(5):
-        t0 = time.perf_counter()
-        m @ m
-        dt = time.perf_counter() - t0
-        best_fl = max(best_fl, 2 * 512**3 / dt / 1e12)
-    try:
-        import psutil
-
-        mem = psutil.virtual_memory().total / 1e9
-    except ImportError:  # pragma: no cover
-        mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
-    _CPU_CACHE.update(copy_bandwidth_gbps=best_bw, fp32_tflops=best_fl, memory_gb=mem)
-    return dict(_CPU_CACHE)

@@ -54,6 +54,7 @@ ALLOWED = (
     "specstudy.intervals",  # through metrics (numpy only; scipy imported where an interval is computed)
     "specstudy.records",
     "specstudy.telemetry",
+    "specstudy.cpu_time",  # through telemetry (psutil only)
     "specstudy.synthetic",
 )
 

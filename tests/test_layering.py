@@ -67,7 +67,8 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
 #: the packages (and top-level modules) from the ground floor up: an import may only point to a lower
 #: floor.  The engine catalogue (frameworks) imports nothing above metrics.
 FLOORS = (
-    ("paths", "records", "synthetic", "drafter_names", "telemetry", "intervals", "__init__"),
+    ("paths", "records", "synthetic", "drafter_names", "intervals", "cpu_time", "cpu_speed", "__init__"),
+    ("telemetry",),
     ("metrics",),
     ("costmodel", "frameworks"),
     ("config", "layout", "provenance"),

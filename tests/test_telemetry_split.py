@@ -13,7 +13,8 @@ import time
 
 import psutil
 
-from specstudy.telemetry import TelemetrySampler, others_cores, study_cores
+from specstudy.cpu_time import others_cores, study_cores
+from specstudy.telemetry import TelemetrySampler
 
 LOOP = "import os, sys, time\nprint(os.getpid(), flush=True)\nt = time.time()\nwhile time.time() - t < 3.0: pass"
 

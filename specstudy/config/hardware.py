@@ -1,7 +1,7 @@
 """The ``profile:`` block of ``params/hardware/<name>.yaml``: the roofline figures of one device.
 
 GPU profiles hold datasheet values (calibrated where a lent machine measured them).  The cpu
-profile is measured on the spot (a copy benchmark and a matmul, :func:`telemetry.measure_cpu`)
+profile is measured on the spot (a copy benchmark and a matmul, :func:`cpu_speed.measure_cpu`)
 when ``measure: true``; the runner saves the profile it used into the outputs folder so the
 report predicts with the same figures.
 """
@@ -13,7 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat
 
 from ..costmodel import HardwareProfile
-from ..telemetry import measure_cpu
+from ..cpu_speed import measure_cpu
 from .errors import ParamsError, validate
 from .files import hardware_file, load_yaml
 

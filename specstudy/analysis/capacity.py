@@ -10,7 +10,8 @@ those brackets (geometric bisection), which ``specstudy run --refine-capacity`` 
 rounds rerun the rates at which a probe held the SLO without being stationary (:func:`stationary`; a
 probe that broke with its queue growing is over capacity, and its break stands) with twice its prompts,
 at most :data:`LONGEST_PROBE_GROWTH` times its configured count, for that framework's methods and
-repeats (:func:`unsteady_rates`), and the longest probe of a rate counts.
+repeats (:func:`unsteady_rates`), and the longest probe of a rate counts.  The search does not probe
+above a repeat's first break (:func:`broke_below`, applied by ``specstudy.run.capacity_search``).
 
 Where a repeat never broke up to the highest rate probed, its capacity is only bounded from below and
 the group's capacity is that lower bound (the least such rate), with no interval.  Otherwise, over
@@ -66,6 +67,11 @@ def stationary(records: Sequence[RequestRecord]) -> bool | None:
 LONGEST_PROBE_GROWTH = 4
 
 
+def probe_held(records: Sequence[RequestRecord], slo: Slo) -> bool | None:
+    """Whether one probe met the SLO, TTFT and E2E counted from each request's arrival (None: no requests)."""
+    return slo_holds(records, slo.ttft_s, slo.tpot_s, slo.e2e_s, slo.percentile, from_arrival=True)
+
+
 def probes(study: Study, slo: Slo | None = None) -> pd.DataFrame:
     """One row per request-rate cell: its group, repeat, rate, prompts, sweeps, whether the SLO held and
     whether the probe was stationary."""
@@ -74,7 +80,7 @@ def probes(study: Study, slo: Slo | None = None) -> pd.DataFrame:
     for cid, m in study.cells.items():
         if m["request_rate"] is None or m.get("arrivals", "poisson") != "poisson":
             continue
-        held = slo_holds(study.records[cid], slo.ttft_s, slo.tpot_s, slo.e2e_s, slo.percentile, from_arrival=True)
+        held = probe_held(study.records[cid], slo)
         rows.append(
             {
                 **{k: m[k] for k in _GROUP},
@@ -108,18 +114,29 @@ def _doubtful(pr: pd.DataFrame) -> pd.Series:
 
 def unsteady_rates(study: Study, slo: Slo | None = None) -> dict[tuple[str, str], tuple[tuple[float, ...], int]]:
     """Per (sweep, framework), the rates at which a probe held the SLO without being stationary (still its
-    rate's longest), and the prompts of the longest such probe: what the search reruns longer, every
+    rate's longest) at its repeat's capacity, and the prompts of the longest such probe: what the search
+    reruns longer (above a repeat's break the runner probes nothing), every
     method and repeat of that framework at those rates (the repeats of a rate stay alike, and AR's
     probe stays the same length as speculation's), instead of the whole sweep."""
     pr, _ = longest(probes(study, slo))
     found: dict[tuple[str, str], tuple[set[float], int]] = {}
     if pr.empty:
         return {}
-    for _, row in pr[_doubtful(pr)].iterrows():
+    deciding = _at_capacity(pr)
+    for _, row in pr[_doubtful(pr) & deciding].iterrows():
         for sweep in row["sweeps"]:
             rates, most = found.get((sweep, row["framework"]), (set(), 0))
             found[(sweep, row["framework"])] = (rates | {float(row["rate"])}, max(most, int(row["prompts"])))
     return {k: (tuple(sorted(rates)), most) for k, (rates, most) in found.items()}
+
+
+def _at_capacity(pr: pd.DataFrame) -> pd.Series:
+    """The probes at their repeat's capacity (the highest rate held below the first break): the ones whose
+    verdict decides it.  A held probe below it whose queue grew is not rerun: the higher rate held too."""
+    out = pd.Series(False, index=pr.index)
+    for _, g in pr.groupby(list(_GROUP) + ["repeat"], dropna=False):
+        out[g.index] = g["rate"] == bracket(dict(zip(g["rate"], g["held"])))[0]
+    return out
 
 
 def bracket(held_by_rate: Mapping[float, bool | None]) -> tuple[float, float]:
@@ -134,6 +151,14 @@ def bracket(held_by_rate: Mapping[float, bool | None]) -> tuple[float, float]:
             break
         cap = rate
     return cap, broke
+
+
+def broke_below(rate: float, held_by_rate: Mapping[float, bool | None]) -> float | None:
+    """The first rate below ``rate`` at which a repeat's probes broke the SLO (None: none did).  A search
+    does not probe above it: :func:`bracket` reads nothing past the first break (as vLLM's SLA search
+    stops at its first failing rate), so such a probe would cost its minutes and change no capacity."""
+    _, broke = bracket({r: h for r, h in held_by_rate.items() if r < rate})
+    return None if math.isinf(broke) else broke
 
 
 def repeat_interval(caps: Sequence[float], level: float = 0.95) -> tuple[float, float, float]:

@@ -100,7 +100,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="after the run, up to STEPS rounds of capacity search: each adds, per request-rate sweep, the "
         "geometric midpoint of every bracket (highest rate meeting the study's SLO, first rate breaking it) wider "
         "than 1.2x and measures it, and reruns a sweep whose probe's queue still grew with twice its prompts (at most "
-        "4x the configured count) (pass the same STEPS on every rerun: the refined cells belong to the plan)",
+        "4x the configured count); a probe above a rate at which its repeat already broke the SLO is not run "
+        "(pass the same STEPS on every rerun: the refined cells belong to the plan)",
     )
     c = p.add_argument_group("cluster (--executor slurm; each overrides the profile's cluster: block)")
     c.add_argument(
@@ -435,6 +436,7 @@ def run(args: argparse.Namespace) -> int:
                 full_plan=all_plans,
                 cuda=uses_cuda(cfg),
                 tasks_checked=True,
+                stop_at_break=args.refine_capacity > 0,
             )
 
         results = run_plans(cfg, plans, all_plans)

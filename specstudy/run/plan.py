@@ -452,7 +452,9 @@ def expand(cfg: StudyConfig) -> list[CellPlan]:
                 p.label,
                 p.prefix_cache,
             )
-            return (engine, config, p.cell.task, p.cell.batch_size, p.cell.repeat, str(p.request_rate))
+            # rates ascending within a repeat: a capacity search stops above its first break (run/capacity_search.py)
+            rate = -1.0 if p.request_rate is None else p.request_rate
+            return (engine, config, p.cell.task, p.cell.batch_size, p.cell.repeat, rate)
         group = p.baseline_cell_id or p.cell_id
         # an engine that loads drafters per cell runs each baseline next to its speculative cells;
         # one that takes its drafter at start groups cells by drafter (one load each)

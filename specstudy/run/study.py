@@ -26,6 +26,7 @@ from ..backends.base import BackendUnavailable, ServingBackend
 from ..backends.lifecycle import ServerStartError
 from ..backends.server import ServerDied
 from ..config import StudyConfig, display_path, hardware_names, load_hardware_profile
+from ..config.schema import Slo
 from ..config.task import seed_row
 from ..data.conversations import is_conversation
 from ..data.models import tokenizer_if_here
@@ -35,6 +36,7 @@ from ..layout import StudyLayout
 from ..provenance import provenance
 from ..records import Request, RequestRecord
 from ..report.validity import finding_text
+from .capacity_search import break_below
 from .cell import CellResult, CellRun, annotate, run_cell, split_warmup, summarize
 from .engine_costs import measure_engine_costs
 from .plan import CellPlan, plan_summary
@@ -166,6 +168,7 @@ def run_study(
     cuda: bool | None = None,
     tasks_checked: bool = False,
     shard: str | None = None,
+    stop_at_break: bool = False,
 ) -> list[CellResult]:
     """Run every plan not already done; return one result per plan (done / skipped / failed).
 
@@ -174,6 +177,8 @@ def run_study(
     task files are checked first (:func:`check_tasks`; a bad one raises before any engine loads
     or any output is written) unless the caller did (``tasks_checked``).  ``shard`` names the
     shard a cluster job runs: it locks only that shard and logs to ``jobs/<shard>.log``.
+    ``stop_at_break`` (a capacity search): a request-rate probe above a rate at which its search already
+    broke the study's SLO is not run (:mod:`specstudy.run.capacity_search`).
     """
     if request_loader is None and not tasks_checked:
         for note in check_tasks(cfg, tokenizer=tokenizer_if_here, sweeps={s for p in plans for s in p.sweeps}):
@@ -209,9 +214,16 @@ def run_study(
                 return _run_one(cfg, plan, layout, pool, loader, state, progress)
 
             ran = 0
+            slo = Slo.model_validate(dict(cfg.slo))
+            searched = full_plan if full_plan is not None else plans
             for i, plan in enumerate(plans, 1):
                 if layout.is_done(plan.cell_id):
                     results.append(CellResult(plan.cell_id, plan.label, "skipped", sweeps=plan.sweeps))
+                    continue
+                if stop_at_break and (broke := break_below(slo, plan, searched, layout)) is not None:
+                    why = f"not probed: its search broke the SLO at {broke:g} req/s"
+                    results.append(CellResult(plan.cell_id, plan.label, "skipped", sweeps=plan.sweeps, message=why))
+                    say(f"[{i}/{len(plans)}] {plan.cell_id}: {why}")
                     continue
                 if max_cells is not None and ran >= max_cells:
                     break

@@ -193,6 +193,9 @@ def test_bracket_and_the_next_probes_of_the_search():
     assert capacity.bracket({1.0: True, 2.0: True, 4.0: False, 8.0: True}) == (2.0, 4.0)  # the first break counts
     assert capacity.bracket({1.0: False}) == (0.0, 1.0)
     assert capacity.bracket({1.0: True, math.inf: True}) == (math.inf, math.inf)
+    assert capacity.broke_below(4.0, {1.0: True, 2.0: False, 4.0: True}) == 2.0  # above the first break
+    assert capacity.broke_below(2.0, {1.0: True, 2.0: False}) is None  # its own rate is not below it
+    assert capacity.broke_below(4.0, {1.0: True, 2.0: None}) is None  # an empty probe breaks nothing
     study = _rate_study({1.0: 0.02, 4.0: 0.2}, {1.0: [0.01], 4.0: [0.02]})
     assert capacity.refine_rates(study) == {"s": [2.0]}  # AR's bracket (1, 4) halves geometrically
     narrow = _rate_study({1.0: 0.02, 1.1: 0.2}, {1.0: [0.01], 1.1: [0.02]})
@@ -502,3 +505,38 @@ def test_only_the_rates_whose_queue_grew_are_rerun_longer_for_every_method_and_r
     # both methods, both repeats, one rate: 4 probes instead of the sweep's 12
     assert len(rerun) == 4 and {p.request_rate for p in rerun} == {1.0}
     assert {p.label for p in rerun} == {"ar", "PL"} and {p.cell.repeat for p in rerun} == {0, 1}
+
+
+def test_only_the_probe_at_a_repeats_capacity_is_rerun_longer(tmp_path):
+    """A held probe with a growing queue below the rate that decides its repeat's capacity is not rerun:
+    the higher rate held too.  Held at 1 and 2 req/s, both queues growing: only 2 req/s is lengthened."""
+    import yaml
+
+    from specstudy.analysis.study import load
+    from specstudy.config import load_study
+    from specstudy.records import Request, Sampling
+    from specstudy.run.plan import expand
+
+    study = {
+        "name": "deciding",
+        "models": [{"name": "m", "target": "smollm2-135m", "dtype": "float32"}],
+        "methods": [{"method": "ar"}],
+        "frameworks": ["openai"],
+        "framework_options": {"openai": {"base_url": "http://127.0.0.1:9"}},
+        "tasks": ["code"],
+        "request_rates": [1, 2],
+        "prompts_per_task": 6,
+        "slo": {"tpot_ms": 50, "percentile": 90},
+    }
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump({"study": study}))
+    cfg = load_study("cpu", tmp_path / "s.yaml", check_tokenizers=False)
+    layout = StudyLayout(tmp_path / "out")
+    for plan in expand(cfg):
+        recs = []
+        for i in range(plan.prompts):
+            r = plan.cell.new_record(Request(f"code/{i}", ""), Sampling(max_new_tokens=21))
+            ttft = 0.05 * (i + 1)  # a queue building in both probes
+            r.start_epoch, r.output_tokens, r.first_token_s, r.end_s = float(i), 21, ttft, ttft + 0.4
+            recs.append(plan.stamp(r))
+        layout.write_part(plan.cell_id, recs)
+    assert capacity.unsteady_rates(load(layout.root)) == {("default", "openai"): ((2.0,), 6)}

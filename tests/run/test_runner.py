@@ -408,6 +408,53 @@ def test_request_rate_cells_drive_a_server_at_that_rate(tmp_path):
     assert any(o[-1] > 0 and o == sorted(o) for o in offsets)
 
 
+class QueueingServer(FakeServer):
+    """A server stand-in whose first token waits 10 s from 2 req/s up: the SLO breaks there."""
+
+    def send(self, request, sampling, cell, timeout_s=None):
+        rec = super().send(request, sampling, cell, timeout_s)
+        if float(dict(cell.options)["rate"]) >= 2:
+            rec.first_token_s, rec.end_s = 10.0, 10.01
+        return rec
+
+
+@pytest.mark.parametrize("search", [True, False])
+def test_a_capacity_search_does_not_probe_above_its_first_break(tmp_path, search):
+    """`--refine-capacity`: per repeat, rates run lowest first and once one broke the SLO the rates above it
+    are not probed (the capacity cannot change); without the search every rate of the sweep runs."""
+    text = (
+        TINY_STUDY.replace(
+            "frameworks: [reference]", "frameworks: [openai]\n  request_rates: [4, 1, 2]\n  slo: {ttft_ms: 1000}"
+        )
+        .replace("    - {method: layer_skip, label: Early exit, options: {exit_layer: 1}, max_batch_size: 1}\n", "")
+        .replace("batch_sizes: [1, 2]", "batch_sizes: [1]")
+        .replace("tasks: [code, chat]", "tasks: [code]")
+        .replace("repeats: 1", "repeats: 2")
+    )
+    cfg = load_study("cpu", write_study(tmp_path, text))
+    plans = expand(cfg)
+    lines = []
+    res = run_study(
+        cfg,
+        plans,
+        StudyLayout(tmp_path / "out"),
+        factory=lambda fw, **o: QueueingServer(**o),
+        request_loader=tiny_requests,
+        progress=False,
+        log=lines.append,
+        stop_at_break=search,
+    )
+    rate = {p.cell_id: p.request_rate for p in plans}
+    ran = sorted(rate[r.cell_id] for r in res if r.status == "done")
+    assert len(plans) == 12  # AR and prompt lookup, 2 repeats, 3 rates
+    if search:
+        assert ran == [1.0] * 4 + [2.0] * 4
+        assert {rate[r.cell_id] for r in res if r.status == "skipped"} == {4.0}
+        assert sum("not probed: its search broke the SLO at 2 req/s" in m for m in lines) == 4
+    else:
+        assert ran == [1.0] * 4 + [2.0] * 4 + [4.0] * 4
+
+
 class DyingServer(FakeServer):
     """A server stand-in whose first batch run ends with its server dying mid-cell."""
 

@@ -355,30 +355,36 @@ def test_a_cpu_profile_is_priced_per_hour_of_the_machine_and_a_gpu_profile_per_g
         cost.price_of(_priced(kind="cpu"))
 
 
-def test_the_capacity_search_adds_the_bracket_midpoint_to_its_sweep(tmp_path):
-    """`specstudy run --refine-capacity`: after a sweep whose SLO broke between 1 and 4 req/s, the next
-    round probes 2 req/s in that sweep (new cells in the plan; the finished ones stay done)."""
+def _server_study(tmp_path, name, rates, prompts):
+    """An AR-only request-rate study on a (never started) OpenAI-compatible server: its config and layout."""
     import yaml
 
-    from specstudy.commands.run import _refined
     from specstudy.config import load_study
-    from specstudy.records import Request, Sampling
-    from specstudy.run.plan import expand
 
     study = {
-        "name": "cap",
+        "name": name,
         "models": [{"name": "m", "target": "smollm2-135m", "dtype": "float32"}],
         "methods": [{"method": "ar"}],
         "frameworks": ["openai"],
         "framework_options": {"openai": {"base_url": "http://127.0.0.1:9"}},
         "tasks": ["code"],
-        "request_rates": [1, 4],
-        "prompts_per_task": 5,
+        "request_rates": rates,
+        "prompts_per_task": prompts,
         "slo": {"tpot_ms": 50, "percentile": 90},
     }
     (tmp_path / "s.yaml").write_text(yaml.safe_dump({"study": study}))
-    cfg = load_study("cpu", tmp_path / "s.yaml", check_tokenizers=False)
-    layout = StudyLayout(tmp_path / "out")
+    return load_study("cpu", tmp_path / "s.yaml", check_tokenizers=False), StudyLayout(tmp_path / "out")
+
+
+def test_the_capacity_search_adds_the_bracket_midpoint_to_its_sweep(tmp_path):
+    """`specstudy run --refine-capacity`: after a sweep whose SLO broke between 1 and 4 req/s, the next
+    round probes 2 req/s in that sweep (new cells in the plan; the finished ones stay done)."""
+
+    from specstudy.commands.run import _refined
+    from specstudy.records import Request, Sampling
+    from specstudy.run.plan import expand
+
+    cfg, layout = _server_study(tmp_path, "cap", [1, 4], 5)
     for plan in expand(cfg):
         tpot = 0.02 if plan.request_rate == 1 else 0.2  # the SLO holds at 1 req/s and breaks at 4
         recs = []
@@ -399,28 +405,13 @@ def test_an_unsteady_probe_is_rerun_longer_bounded_and_the_longer_one_counts(tmp
     """`--refine-capacity`: a probe whose queue still grows is rerun with twice the prompts, at most
     ``LONGEST_PROBE_GROWTH`` times the configured count; the capacity then reads the longer probe and
     records that it replaced one."""
-    import yaml
 
     from specstudy.analysis.study import load
     from specstudy.commands.run import _refined
-    from specstudy.config import load_study
     from specstudy.records import Request, Sampling
     from specstudy.run.plan import expand
 
-    study = {
-        "name": "steady",
-        "models": [{"name": "m", "target": "smollm2-135m", "dtype": "float32"}],
-        "methods": [{"method": "ar"}],
-        "frameworks": ["openai"],
-        "framework_options": {"openai": {"base_url": "http://127.0.0.1:9"}},
-        "tasks": ["code"],
-        "request_rates": [1],
-        "prompts_per_task": 6,
-        "slo": {"tpot_ms": 50, "percentile": 90},
-    }
-    (tmp_path / "s.yaml").write_text(yaml.safe_dump({"study": study}))
-    cfg = load_study("cpu", tmp_path / "s.yaml", check_tokenizers=False)
-    layout = StudyLayout(tmp_path / "out")
+    cfg, layout = _server_study(tmp_path, "steady", [1], 6)
 
     def serve(plans, growing):
         """A fake server's answers: TTFT growing with each request (a queue building) or flat."""
@@ -510,27 +501,12 @@ def test_only_the_rates_whose_queue_grew_are_rerun_longer_for_every_method_and_r
 def test_only_the_probe_at_a_repeats_capacity_is_rerun_longer(tmp_path):
     """A held probe with a growing queue below the rate that decides its repeat's capacity is not rerun:
     the higher rate held too.  Held at 1 and 2 req/s, both queues growing: only 2 req/s is lengthened."""
-    import yaml
 
     from specstudy.analysis.study import load
-    from specstudy.config import load_study
     from specstudy.records import Request, Sampling
     from specstudy.run.plan import expand
 
-    study = {
-        "name": "deciding",
-        "models": [{"name": "m", "target": "smollm2-135m", "dtype": "float32"}],
-        "methods": [{"method": "ar"}],
-        "frameworks": ["openai"],
-        "framework_options": {"openai": {"base_url": "http://127.0.0.1:9"}},
-        "tasks": ["code"],
-        "request_rates": [1, 2],
-        "prompts_per_task": 6,
-        "slo": {"tpot_ms": 50, "percentile": 90},
-    }
-    (tmp_path / "s.yaml").write_text(yaml.safe_dump({"study": study}))
-    cfg = load_study("cpu", tmp_path / "s.yaml", check_tokenizers=False)
-    layout = StudyLayout(tmp_path / "out")
+    cfg, layout = _server_study(tmp_path, "deciding", [1, 2], 6)
     for plan in expand(cfg):
         recs = []
         for i in range(plan.prompts):

@@ -434,16 +434,8 @@ def test_a_capacity_search_does_not_probe_above_its_first_break(tmp_path, search
     cfg = load_study("cpu", write_study(tmp_path, text))
     plans = expand(cfg)
     lines = []
-    res = run_study(
-        cfg,
-        plans,
-        StudyLayout(tmp_path / "out"),
-        factory=lambda fw, **o: QueueingServer(**o),
-        request_loader=tiny_requests,
-        progress=False,
-        log=lines.append,
-        stop_at_break=search,
-    )
+    kw = dict(factory=lambda fw, **o: QueueingServer(**o), request_loader=tiny_requests, progress=False)
+    res = run_study(cfg, plans, StudyLayout(tmp_path / "out"), log=lines.append, stop_at_break=search, **kw)
     rate = {p.cell_id: p.request_rate for p in plans}
     ran = sorted(rate[r.cell_id] for r in res if r.status == "done")
     assert len(plans) == 12  # AR and prompt lookup, 2 repeats, 3 rates

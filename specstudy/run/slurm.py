@@ -315,10 +315,10 @@ def run_sharded(
     if not sub.jobs:
         say(f"every cell of {len(shards)} shard(s) is on disk in {ref.layout().root}: nothing to submit")
         return 0
-    say(sub.follow_hint())
-    if not wait:
-        return 0
-    try:
+    try:  # the hint inside: a Ctrl-C that lands while it prints still leaves the jobs running, said so
+        say(sub.follow_hint())
+        if not wait:
+            return 0
         return follow(sub, ref, say, report=report)
     except KeyboardInterrupt:
         say(f"interrupted: the jobs keep running; {sub.follow_hint()}; rerun the same command to resume")

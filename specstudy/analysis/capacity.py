@@ -29,7 +29,7 @@ capacity stands beside its AR's.  Pure.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -134,9 +134,15 @@ def _at_capacity(pr: pd.DataFrame) -> pd.Series:
     """The probes at their repeat's capacity (the highest rate held below the first break): the ones whose
     verdict decides it.  A held probe below it whose queue grew is not rerun: the higher rate held too."""
     out = pd.Series(False, index=pr.index)
-    for _, g in pr.groupby(list(_GROUP) + ["repeat"], dropna=False):
-        out[g.index] = g["rate"] == bracket(dict(zip(g["rate"], g["held"])))[0]
+    for g, (cap, _) in _repeat_brackets(pr):
+        out[g.index] = g["rate"] == cap
     return out
+
+
+def _repeat_brackets(pr: pd.DataFrame) -> Iterator[tuple[pd.DataFrame, tuple[float, float]]]:
+    """Each (group, repeat)'s probes with its :func:`bracket` (capacity, first break)."""
+    for _, g in pr.groupby(list(_GROUP) + ["repeat"], dropna=False):
+        yield g, bracket(dict(zip(g["rate"], g["held"])))
 
 
 def bracket(held_by_rate: Mapping[float, bool | None]) -> tuple[float, float]:
@@ -233,8 +239,7 @@ def refine_rates(study: Study, slo: Slo | None = None, resolution: float = 1.2) 
     if pr.empty:
         return {}
     out: dict[str, set[float]] = {}
-    for _, g in pr.groupby(list(_GROUP) + ["repeat"], dropna=False):
-        cap, broke = bracket(dict(zip(g["rate"], g["held"])))
+    for g, (cap, broke) in _repeat_brackets(pr):
         if math.isinf(broke) or cap <= 0 or broke / cap <= resolution:
             continue
         mid = round(math.sqrt(cap * broke), 3)

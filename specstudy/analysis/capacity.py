@@ -6,12 +6,15 @@ SLO held at every rate (:func:`specstudy.metrics.slo_holds`, the study's percent
 from each request's arrival: a request that waited for one of the cell's slots waited as a user
 would, and a probe whose queue grew at the client is judged by it, not hidden); the first
 rate where it broke bounds it from above.  :func:`refine_rates` proposes the rates that narrow
-those brackets (geometric bisection), which ``specstudy run --refine-capacity`` measures; the same
+those brackets (geometric bisection) and extend a grid that missed the capacity (one step of the grid
+below a repeat that broke at its lowest rate, one above a repeat that never broke), which
+``specstudy run --refine-capacity`` measures; the same
 rounds rerun the rates at which a probe held the SLO without being stationary (:func:`stationary`; a
 probe that broke with its queue growing is over capacity, and its break stands) with twice its prompts,
 at most :data:`LONGEST_PROBE_GROWTH` times its configured count, for that framework's methods and
-repeats (:func:`unsteady_rates`), and the longest probe of a rate counts.  The search does not probe
-above a repeat's first break (:func:`broke_below`, applied by ``specstudy.run.capacity_search``).
+repeats (:func:`unsteady_rates`), and the longest probe of a rate counts.  Each repeat runs only the
+probes that can move its own bracket (``specstudy.run.capacity_search``): none above its first break
+(:func:`broke_below`), none below a rate it held, and no longer rerun of a probe that was conclusive.
 
 Where a repeat never broke up to the highest rate probed, its capacity is only bounded from below and
 the group's capacity is that lower bound (the least such rate), with no interval.  Otherwise, over
@@ -37,7 +40,7 @@ import pandas as pd
 
 from ..config.schema import Slo
 from ..intervals import MIN_PROMPTS_FOR_CI, mean_ci
-from ..metrics import prompt_of, queued, slo_holds, ttft
+from ..metrics import e2e, prompt_of, queued, slo_holds, ttft
 from ..records import RequestRecord
 from .rates import study_slo
 from .study import Study
@@ -51,12 +54,18 @@ GROWING_QUEUE = 2.0
 
 
 def stationary(records: Sequence[RequestRecord]) -> bool | None:
-    """Whether a probe reached a steady state: the median time from arrival to first token (the wait
-    for a slot included) of its last third of requests (by send time) within :data:`GROWING_QUEUE`
-    times its first third's (None: fewer than 6 ok requests)."""
+    """Whether a probe reached a steady state: its arrivals spanned at least its median request's latency
+    from arrival (else it was a burst that a batching server takes in one go: the make study-deploy of
+    2026-12-05 19:35 had vLLM hold the SLO with 12 requests sent at 16 req/s, 0.7 s of arrivals against
+    4 s requests, and break it with 24), and the median time from arrival to first token (the wait for a
+    slot included) of its last third of requests (by send time) stayed within :data:`GROWING_QUEUE` times
+    its first third's (None: fewer than 6 ok requests)."""
     ok = sorted((r for r in records if r.status == "ok"), key=lambda r: r.start_epoch)
     if len(ok) < 6:
         return None
+    arrivals = [r.start_epoch - queued(r) for r in ok]
+    if max(arrivals) - min(arrivals) < float(np.median([e2e(r) + queued(r) for r in ok])):
+        return False
     third = len(ok) // 3
     first, last = (float(np.median([ttft(r) + queued(r) for r in part])) for part in (ok[:third], ok[-third:]))
     return bool(last <= GROWING_QUEUE * first)
@@ -231,18 +240,44 @@ def beside_ar(frame: pd.DataFrame) -> pd.DataFrame:
     return spec
 
 
+def next_rate(held_by_rate: Mapping[float, bool | None], step: float = 2.0, resolution: float = 1.2) -> float | None:
+    """The rate one repeat's search probes next (None: its bracket is narrow enough): the geometric midpoint of
+    its bracket; when it broke at its lowest rate, one grid ``step`` below that; when it never broke, one
+    ``step`` above its highest held rate.  A grid that missed the capacity is extended, not trusted."""
+    cap, broke = bracket(held_by_rate)
+    if cap <= 0 and not math.isinf(broke):
+        return round(broke / step, 3)
+    if math.isinf(cap):
+        return None
+    if math.isinf(broke):
+        return round(cap * step, 3)
+    return round(math.sqrt(cap * broke), 3) if broke / cap > resolution else None
+
+
+def _grid_step(rates: pd.Series) -> float:
+    """The ratio of a group's two lowest finite probed rates (2 with fewer): the step its grid extends by."""
+    finite = sorted({float(r) for r in rates if math.isfinite(r) and r > 0})
+    return finite[1] / finite[0] if len(finite) > 1 else 2.0
+
+
 def refine_rates(study: Study, slo: Slo | None = None, resolution: float = 1.2) -> dict[str, list[float]]:
-    """Per sweep, the rates that halve (geometrically) every finite bracket wider than ``resolution``
-    (the break over the capacity): the next probes of the search.  Empty when every bracket is narrow
-    enough, or when it never broke below the sweep's top finite rate (nothing above to bisect)."""
+    """Per sweep, the next probe of every repeat's search (:func:`next_rate`): the rates that halve
+    (geometrically) every bracket wider than ``resolution`` (the break over the capacity), and those that
+    extend the grid by its own step where a repeat broke at its lowest rate or never broke, or where its
+    capacity is its lowest rate from a probe held with its queue growing (rerun longer in the same round,
+    it may break).  Empty when every bracket is narrow enough."""
     pr, _ = longest(probes(study, slo))
     if pr.empty:
         return {}
     out: dict[str, set[float]] = {}
-    for g, (cap, broke) in _repeat_brackets(pr):
-        if math.isinf(broke) or cap <= 0 or broke / cap <= resolution:
-            continue
-        mid = round(math.sqrt(cap * broke), 3)
-        for sweep in g["sweeps"].iloc[0]:
-            out.setdefault(sweep, set()).add(mid)
+    for _, group in pr.groupby(list(_GROUP), dropna=False):
+        step = _grid_step(group["rate"])
+        for _, g in group.groupby("repeat"):
+            held = dict(zip(g["rate"], g["held"]))
+            rates = {next_rate(held, step, resolution)}
+            cap, _ = bracket(held)
+            if cap == g["rate"].min() and _doubtful(g[g["rate"] == cap]).any():
+                rates.add(round(cap / step, 3))  # its longer rerun may break: the rate below is probed beside it
+            for sweep in g["sweeps"].iloc[0]:
+                out.setdefault(sweep, set()).update(r for r in rates if r is not None)
     return {s: sorted(v) for s, v in out.items()}

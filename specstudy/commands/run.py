@@ -97,10 +97,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         default=0,
         metavar="STEPS",
-        help="after the run, up to STEPS rounds of capacity search: each adds, per request-rate sweep, the "
-        "geometric midpoint of every bracket (highest rate meeting the study's SLO, first rate breaking it) wider "
-        "than 1.2x and measures it, and reruns a sweep whose probe's queue still grew with twice its prompts (at most "
-        "4x the configured count); a probe above a rate at which its repeat already broke the SLO is not run "
+        help="after the run, up to STEPS rounds of capacity search: each measures, per repeat of a request-rate "
+        "sweep, the geometric midpoint of its bracket (highest rate meeting the study's SLO, first rate breaking it) "
+        "when wider than 1.2x, one grid step below a repeat that broke at its lowest rate or above one that never "
+        "broke, and reruns the probe deciding its capacity with twice its prompts (at most 4x the configured count) "
+        "where its queue still grew; a repeat runs only the probes that can move its capacity "
         "(pass the same STEPS on every rerun: the refined cells belong to the plan)",
     )
     c = p.add_argument_group("cluster (--executor slurm; each overrides the profile's cluster: block)")

@@ -36,7 +36,7 @@ from ..layout import StudyLayout
 from ..provenance import provenance
 from ..records import Request, RequestRecord
 from ..report.validity import finding_text
-from .capacity_search import break_below
+from .capacity_search import why_not_probed
 from .cell import CellResult, CellRun, annotate, run_cell, split_warmup, summarize
 from .engine_costs import measure_engine_costs
 from .plan import CellPlan, plan_summary
@@ -177,8 +177,9 @@ def run_study(
     task files are checked first (:func:`check_tasks`; a bad one raises before any engine loads
     or any output is written) unless the caller did (``tasks_checked``).  ``shard`` names the
     shard a cluster job runs: it locks only that shard and logs to ``jobs/<shard>.log``.
-    ``stop_at_break`` (a capacity search): a request-rate probe above a rate at which its search already
-    broke the study's SLO is not run (:mod:`specstudy.run.capacity_search`).
+    ``stop_at_break`` (a capacity search): a request-rate probe that cannot move its repeat's capacity (above
+    a rate where its search broke the study's SLO, below one where it held, a longer rerun of a conclusive
+    probe) is not run (:mod:`specstudy.run.capacity_search`).
     """
     if request_loader is None and not tasks_checked:
         for note in check_tasks(cfg, tokenizer=tokenizer_if_here, sweeps={s for p in plans for s in p.sweeps}):
@@ -220,8 +221,7 @@ def run_study(
                 if layout.is_done(plan.cell_id):
                     results.append(CellResult(plan.cell_id, plan.label, "skipped", sweeps=plan.sweeps))
                     continue
-                if stop_at_break and (broke := break_below(slo, plan, searched, layout)) is not None:
-                    why = f"not probed: its search broke the SLO at {broke:g} req/s"
+                if stop_at_break and (why := why_not_probed(slo, plan, searched, layout)) is not None:
                     results.append(CellResult(plan.cell_id, plan.label, "skipped", sweeps=plan.sweeps, message=why))
                     say(f"[{i}/{len(plans)}] {plan.cell_id}: {why}")
                     continue

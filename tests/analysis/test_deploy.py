@@ -177,6 +177,11 @@ def test_a_probe_whose_queue_still_grows_is_not_stationary():
     growing = [rec("c", prompt=i, start=float(i), ttft=0.1 * (i + 1)) for i in range(9)]
     assert capacity.stationary(steady) is True and capacity.stationary(growing) is False
     assert capacity.stationary(steady[:5]) is None  # too few requests to tell
+    # a burst: 9 arrivals within 0.8 s, each request 4 s long (vLLM at 16 req/s): a batching server takes it
+    # in one go, flat TTFTs or not, and its queue never had the time to settle
+    burst = [rec("c", prompt=i, start=0.1 * i, ttft=0.1, tpot=0.1, tokens=40) for i in range(9)]
+    assert capacity.stationary(burst) is False
+    assert capacity.stationary([rec("c", prompt=i, start=1.0 * i, ttft=0.1, tpot=0.1, tokens=40) for i in range(9)])
     study = study_of(
         [r for r in growing for r in [r]]
         and [
@@ -196,10 +201,18 @@ def test_bracket_and_the_next_probes_of_the_search():
     assert capacity.broke_below(4.0, {1.0: True, 2.0: False, 4.0: True}) == 2.0  # above the first break
     assert capacity.broke_below(2.0, {1.0: True, 2.0: False}) is None  # its own rate is not below it
     assert capacity.broke_below(4.0, {1.0: True, 2.0: None}) is None  # an empty probe breaks nothing
+    assert capacity.next_rate({1.0: True, 4.0: False}) == 2.0  # the bracket halves geometrically
+    assert capacity.next_rate({1.0: True, 1.1: False}) is None  # 1.1x apart: inside the search's resolution
+    assert capacity.next_rate({0.8: False}, step=1.5625) == 0.512  # broke at its lowest rate: one step below
+    assert capacity.next_rate({1.0: True, 2.0: True}, step=2.0) == 4.0  # never broke: one step above
+    assert capacity.next_rate({1.0: True, math.inf: True}) is None  # nothing above an unlimited rate
     study = _rate_study({1.0: 0.02, 4.0: 0.2}, {1.0: [0.01], 4.0: [0.02]})
-    assert capacity.refine_rates(study) == {"s": [2.0]}  # AR's bracket (1, 4) halves geometrically
+    # AR's bracket (1, 4) halves; prompt lookup held at both rates: the grid extends by its step, 4x
+    assert capacity.refine_rates(study) == {"s": [2.0, 16.0]}
     narrow = _rate_study({1.0: 0.02, 1.1: 0.2}, {1.0: [0.01], 1.1: [0.02]})
-    assert capacity.refine_rates(narrow) == {}  # 1.1x apart: inside the search's resolution
+    assert capacity.refine_rates(narrow) == {"s": [1.21]}  # AR's bracket is narrow; prompt lookup's grid extends
+    low = _rate_study({1.0: 0.2, 1.1: 0.2}, {1.0: [0.2], 1.1: [0.2]})
+    assert capacity.refine_rates(low) == {"s": [0.909]}  # both broke at the lowest rate: one step (1.1x) below
 
 
 # ---- gamma per load ----------------------------------------------------------------------------
@@ -430,23 +443,25 @@ def test_an_unsteady_probe_is_rerun_longer_bounded_and_the_longer_one_counts(tmp
     broke = capacity.study_slo(load(layout.root)).model_copy(update={"ttft_ms": 100.0})
     assert capacity.unsteady_rates(load(layout.root), broke) == {}
     new_cfg, sweeps = _refined(cfg, layout, cfg)
-    assert [(sw.name, sw.prompts_per_task) for sw in new_cfg.sweeps] == [
-        ("default", 6),
-        ("default_longer12_openai", 12),
+    assert [(sw.name, sw.request_rates, sw.prompts_per_task) for sw in new_cfg.sweeps] == [
+        # it never broke: the grid extends one step (2x) above; its capacity is its lowest rate, held with a queue
+        # still growing: rerun longer it may break, so the rate one step below is probed beside it
+        ("default", (0.5, 1.0, 2.0), 6),
+        ("default_longer12_openai", (1.0,), 12),
     ]
-    assert sweeps == {"default_longer12_openai"}
+    assert sweeps == {"default", "default_longer12_openai"}
     serve(expand(new_cfg), growing=False)  # the longer probe reached a steady queue
     frame = capacity.capacity_frame(load(layout.root))
     assert frame["unsteady_probes"].tolist() == [0] and frame["lengthened_probes"].tolist() == [1]
     assert "1 probe(s) rerun longer" in deploy.capacity_text(frame.iloc[0])
-    assert _refined(new_cfg, layout, cfg) is None  # steady now: nothing more to do
+    assert not any("_longer" in s for s in _refined(new_cfg, layout, cfg)[1])  # steady now: nothing to lengthen
     # the bound: a probe at LONGEST_PROBE_GROWTH times the configured prompts is not lengthened again
     import dataclasses
 
     at_bound = dataclasses.replace(cfg, sweeps=tuple(dataclasses.replace(sw, prompts_per_task=24) for sw in cfg.sweeps))
     assert capacity.LONGEST_PROBE_GROWTH == 4
     serve(expand(at_bound), growing=True)
-    assert _refined(at_bound, layout, cfg) is None
+    assert not any("_longer" in s for s in _refined(at_bound, layout, cfg)[1])
 
 
 def test_only_the_rates_whose_queue_grew_are_rerun_longer_for_every_method_and_repeat(tmp_path):

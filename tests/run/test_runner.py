@@ -447,6 +447,64 @@ def test_a_capacity_search_does_not_probe_above_its_first_break(tmp_path, search
         assert ran == [1.0] * 4 + [2.0] * 4 + [4.0] * 4
 
 
+class GrowingQueueServer(FakeServer):
+    """A server stand-in for a two-round search: at 40 req/s repeat 0's first tokens wait longer with every
+    request (a queue still growing, under the SLO) and repeat 1's do not; from 80 req/s up they wait 10 s."""
+
+    def send(self, request, sampling, cell, timeout_s=None):
+        rec = super().send(request, sampling, cell, timeout_s)
+        rate, tail = float(dict(cell.options)["rate"]), request.prompt_id.rsplit("/", 1)[-1]
+        i = int(tail) if tail.isdigit() else 0  # a warm-up request is no prompt of the task
+        rec.start_epoch = 1000.0 + i / rate  # arrivals spread at the rate (this stand-in sends at once)
+        if rate >= 80:
+            rec.first_token_s, rec.end_s = 10.0, 10.01
+        elif rate >= 40 and cell.repeat == 0:
+            rec.first_token_s, rec.end_s = 0.02 * (i + 1), 0.02 * (i + 1) + 0.01
+        return rec
+
+
+def test_a_search_round_runs_only_the_probes_that_can_move_each_repeats_capacity(tmp_path):
+    """A round's sweeps hold what any repeat needs; each repeat skips a rate below one it held, a longer rerun
+    of a probe that broke, and one of a probe whose queue was steady, and reruns the probe that held while
+    its queue grew (the one that decides its capacity)."""
+    first = (
+        TINY_STUDY.replace(
+            "frameworks: [reference]", "frameworks: [openai]\n  request_rates: [20, 40, 80]\n  slo: {ttft_ms: 1000}"
+        )
+        .replace("    - {method: layer_skip, label: Early exit, options: {exit_layer: 1}, max_batch_size: 1}\n", "")
+        .replace("    - {method: ngram, label: Prompt lookup, options: {ngram_min: 1, ngram_max: 2}}\n", "")
+        .replace("batch_sizes: [1, 2]", "batch_sizes: [1]")
+        .replace("tasks: [code, chat]", "tasks: [code]")
+        .replace("repeats: 1", "repeats: 2")
+        .replace("prompts_per_task: 2", "prompts_per_task: 6")
+    )
+    layout, lines = StudyLayout(tmp_path / "out"), []
+    kw = dict(factory=lambda fw, **o: GrowingQueueServer(**o), request_loader=tiny_requests, progress=False)
+    cfg = load_study("cpu", write_study(tmp_path, first))
+    res = run_study(cfg, expand(cfg), layout, log=lines.append, stop_at_break=True, **kw)
+    assert [r.status for r in res] == ["done"] * 6, [
+        r.message for r in res
+    ]  # 20 and 40 held, 80 broke, in both repeats
+    second = first + "  sweeps:\n    probes: {}\n    longer: {request_rates: [10, 20, 40, 80], prompts_per_task: 12}\n"
+    cfg = load_study("cpu", write_study(tmp_path, second))
+    every = expand(cfg)
+    plans = [p for p in every if p.sweeps == ("longer",)]
+    res = run_study(cfg, plans, layout, log=lines.append, stop_at_break=True, full_plan=every, **kw)
+    why = {
+        (p.cell.repeat, p.request_rate): r.message if r.status == "skipped" else r.status for p, r in zip(plans, res)
+    }
+    assert why == {
+        (0, 10.0): "not probed: its search held the SLO at 20 req/s with a steady queue",
+        (0, 20.0): "not rerun longer: its 6-request probe was steady",  # 40's queue grew: 20 may decide
+        (0, 40.0): "done",
+        (0, 80.0): "not rerun longer: its 6-request probe broke the SLO",
+        (1, 10.0): "not probed: its search held the SLO at 40 req/s with a steady queue",
+        (1, 20.0): "not probed: its search held the SLO at 40 req/s with a steady queue",
+        (1, 40.0): "not rerun longer: its 6-request probe was steady",
+        (1, 80.0): "not rerun longer: its 6-request probe broke the SLO",
+    }
+
+
 class DyingServer(FakeServer):
     """A server stand-in whose first batch run ends with its server dying mid-cell."""
 

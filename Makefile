@@ -30,7 +30,7 @@ help:
 	@echo "make study [GPU=cpu|a100|h100|h200|rtx4090]   run the study matrix and render the report"
 	@echo "make arctic-inference                         build and install arctic-inference (suffix decoding; needs a C++ compiler)"
 	@echo "make study-engines                            vLLM (offline + server), llama.cpp, hf, reference on this CPU (~28 min)"
-	@echo "make study-deploy [PRICE=USD/h]               capacity under the SLO, gamma per load, structured outputs, cost, energy (~50 min on 2 cores)"
+	@echo "make study-deploy [PRICE=USD/h]               capacity under the SLO, gamma per load, structured outputs, cost, energy (~28 min on 2 cores)"
 	@echo "make test                                     lint, then the test suite (fast + model tests)"
 	@echo "make lint                                     ruff (lint + format check) and mypy"
 	@echo "make test-fast                                the fast subset (no model loading)"

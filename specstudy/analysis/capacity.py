@@ -14,7 +14,8 @@ probe that broke with its queue growing is over capacity, and its break stands) 
 at most :data:`LONGEST_PROBE_GROWTH` times its configured count, for that framework's methods and
 repeats (:func:`unsteady_rates`), and the longest probe of a rate counts.  Each repeat runs only the
 probes that can move its own bracket (``specstudy.run.capacity_search``): none above its first break
-(:func:`broke_below`), none below a rate it held, and no longer rerun of a probe that was conclusive.
+(:func:`broke_below`), none below a rate it held with a steady queue, and no longer rerun of a probe
+that was conclusive.
 
 Where a repeat never broke up to the highest rate probed, its capacity is only bounded from below and
 the group's capacity is that lower bound (the least such rate), with no interval.  Otherwise, over

@@ -437,7 +437,7 @@ def run(args: argparse.Namespace) -> int:
                 full_plan=all_plans,
                 cuda=uses_cuda(cfg),
                 tasks_checked=True,
-                stop_at_break=args.refine_capacity > 0,
+                capacity_search=args.refine_capacity > 0,
             )
 
         results = run_plans(cfg, plans, all_plans)

@@ -53,7 +53,7 @@ def why_not_probed(slo: Slo, plan: CellPlan, plans: Sequence[CellPlan], layout: 
     if (broke := broke_below(rate, held)) is not None:
         return f"not probed: its search broke the SLO at {broke:g} req/s"
     cap, _ = bracket(held)
-    settled = [r for r in held if rate < r <= cap and stationary(records[r]) is not False]
+    settled = [r for r in held if rate < r <= cap and held[r] and stationary(records[r]) is not False]
     if settled:  # a rate above held with a steady queue: the capacity is at least that, whatever this one does
         return f"not probed: its search held the SLO at {max(settled):g} req/s with a steady queue"
     shorter = done.get(rate)

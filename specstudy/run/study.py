@@ -168,7 +168,7 @@ def run_study(
     cuda: bool | None = None,
     tasks_checked: bool = False,
     shard: str | None = None,
-    stop_at_break: bool = False,
+    capacity_search: bool = False,
 ) -> list[CellResult]:
     """Run every plan not already done; return one result per plan (done / skipped / failed).
 
@@ -177,7 +177,7 @@ def run_study(
     task files are checked first (:func:`check_tasks`; a bad one raises before any engine loads
     or any output is written) unless the caller did (``tasks_checked``).  ``shard`` names the
     shard a cluster job runs: it locks only that shard and logs to ``jobs/<shard>.log``.
-    ``stop_at_break`` (a capacity search): a request-rate probe that cannot move its repeat's capacity (above
+    ``capacity_search`` (``--refine-capacity``): a request-rate probe that cannot move its repeat's capacity (above
     a rate where its search broke the study's SLO, below one where it held, a longer rerun of a conclusive
     probe) is not run (:mod:`specstudy.run.capacity_search`).
     """
@@ -221,7 +221,7 @@ def run_study(
                 if layout.is_done(plan.cell_id):
                     results.append(CellResult(plan.cell_id, plan.label, "skipped", sweeps=plan.sweeps))
                     continue
-                if stop_at_break and (why := why_not_probed(slo, plan, searched, layout)) is not None:
+                if capacity_search and (why := why_not_probed(slo, plan, searched, layout)) is not None:
                     results.append(CellResult(plan.cell_id, plan.label, "skipped", sweeps=plan.sweeps, message=why))
                     say(f"[{i}/{len(plans)}] {plan.cell_id}: {why}")
                     continue

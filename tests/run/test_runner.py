@@ -435,7 +435,7 @@ def test_a_capacity_search_does_not_probe_above_its_first_break(tmp_path, search
     plans = expand(cfg)
     lines = []
     kw = dict(factory=lambda fw, **o: QueueingServer(**o), request_loader=tiny_requests, progress=False)
-    res = run_study(cfg, plans, StudyLayout(tmp_path / "out"), log=lines.append, stop_at_break=search, **kw)
+    res = run_study(cfg, plans, StudyLayout(tmp_path / "out"), log=lines.append, capacity_search=search, **kw)
     rate = {p.cell_id: p.request_rate for p in plans}
     ran = sorted(rate[r.cell_id] for r in res if r.status == "done")
     assert len(plans) == 12  # AR and prompt lookup, 2 repeats, 3 rates
@@ -481,7 +481,7 @@ def test_a_search_round_runs_only_the_probes_that_can_move_each_repeats_capacity
     layout, lines = StudyLayout(tmp_path / "out"), []
     kw = dict(factory=lambda fw, **o: GrowingQueueServer(**o), request_loader=tiny_requests, progress=False)
     cfg = load_study("cpu", write_study(tmp_path, first))
-    res = run_study(cfg, expand(cfg), layout, log=lines.append, stop_at_break=True, **kw)
+    res = run_study(cfg, expand(cfg), layout, log=lines.append, capacity_search=True, **kw)
     assert [r.status for r in res] == ["done"] * 6, [
         r.message for r in res
     ]  # 20 and 40 held, 80 broke, in both repeats
@@ -489,7 +489,7 @@ def test_a_search_round_runs_only_the_probes_that_can_move_each_repeats_capacity
     cfg = load_study("cpu", write_study(tmp_path, second))
     every = expand(cfg)
     plans = [p for p in every if p.sweeps == ("longer",)]
-    res = run_study(cfg, plans, layout, log=lines.append, stop_at_break=True, full_plan=every, **kw)
+    res = run_study(cfg, plans, layout, log=lines.append, capacity_search=True, full_plan=every, **kw)
     why = {
         (p.cell.repeat, p.request_rate): r.message if r.status == "skipped" else r.status for p, r in zip(plans, res)
     }

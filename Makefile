@@ -134,36 +134,21 @@ test-engines: $(DEV_STAMP) engine-vllm
 	  $(BIN)/python -m pytest -q -rs -m engines tests/backends tests/environments $(PYTEST_ARGS)
 # ---- end of the engines block -------------------------------------------------------------------------
 
-# The study (issue 5).  `make study GPU=cpu` (the default): `specstudy run` validates
-# params/hardware/$(GPU).yaml (< 5 s, before any model loads), runs every cell not yet in
-# $(OUT)/records/ (resume: finished cells are skipped; a failed cell is reported and the others
-# go on) and writes $(OUT)/notebooks.mk, one papermill execution per (notebook x parameter set);
-# that fragment executes them into $(OUT)/notebooks/ (in parallel under `make -j`, report.ipynb
-# first: it alone writes files, $(OUT)/report.md, report.html, report.pdf, figures/ and tables/, and needs none
-# of the exploring notebooks; -k: one broken notebook does not stop the others).
-# Failed cells make the target fail at the very end, after the report is rendered.
+# The study: `specstudy study` validates params/hardware/$(GPU).yaml (< 5 s, before any model loads), runs
+# every cell not yet in $(OUT)/records/ (resume), executes the notebooks older than the records (the report
+# first; NOTEBOOK_JOBS at a time), renders report.md/html/pdf and checks params/golden/$(GPU).json when it
+# exists.  Its exit code names the first stage that failed (3 cells, 4 notebooks, 5 golden).
+# EXECUTOR=slurm: one Slurm job per shard (cells of one engine, each speculative cell with its baseline),
+# followed from here (Ctrl-C leaves them running), then the same notebooks and gate; EXECUTOR=subprocess:
+# the same shards as processes here.  Cluster settings: the profile's cluster: block, or
+# STUDY_ARGS="--partition P --account A --time-limit MIN --sbatch qos=high".
 STUDY_ARGS ?=
 NOTEBOOK_JOBS ?= 2
-# EXECUTOR=slurm: one Slurm job per shard (cells of one engine, each speculative cell with its baseline)
-# and a report job after them, submitted from here and followed (Ctrl-C leaves them running);
-# EXECUTOR=subprocess: the same shards as processes on this machine.  Cluster settings: the profile's
-# cluster: block, or STUDY_ARGS="--partition P --account A --time-limit MIN --sbatch qos=high".
 EXECUTOR ?= local
+STUDY = $(BIN)/specstudy study --outputs outputs --executor $(EXECUTOR) --notebook-jobs $(NOTEBOOK_JOBS)
 
 study: $(STAMP)
-ifneq ($(EXECUTOR),local)
-	@mkdir -p $(OUT)
-	$(BIN)/specstudy run --hardware $(GPU) --outputs outputs --executor $(EXECUTOR) $(STUDY_ARGS)
-else
-	@mkdir -p $(OUT)
-	@$(BIN)/specstudy run --hardware $(GPU) --outputs outputs $(STUDY_ARGS); rc=$$?; echo $$rc > $(OUT)/.run-status; \
-	  if [ $$rc -ne 0 ] && [ $$rc -ne 3 ]; then exit $$rc; fi
-	@$(MAKE) --no-print-directory -k -j$(NOTEBOOK_JOBS) -f $(OUT)/notebooks.mk BIN=$(BIN) all
-	@echo "report: $(OUT)/report.md ($(OUT)/report.html, $(OUT)/report.pdf)"
-	@if [ -f $(GOLDEN) ]; then $(BIN)/specstudy check --golden $(GOLDEN) $(OUT) --framework reference --greedy-only; fi
-	@if [ "$$(cat $(OUT)/.run-status)" = 3 ]; then \
-	  echo "make study: some cells failed (see $(OUT)/failed/ and the report); rerun to retry only them"; exit 1; fi
-endif
+	$(STUDY) --hardware $(GPU) $(STUDY_ARGS)
 
 # The seed's "Speculative Sampling" row on this CPU (issue 12): the opt-in Qwen2.5-Coder 1.5B/0.5B pair
 # through llama.cpp (draft GGUF, prompt lookup), the reference engine (int8 draft) and HF assisted
@@ -172,9 +157,7 @@ endif
 # for the reference engine and HF.  Writes outputs/cpu-pair/report.md.
 .PHONY: study-pair
 study-pair: $(STAMP)
-	@start=$$(date +%s); echo "study-pair: start $$(date -u +%FT%TZ), load average $$(cut -d' ' -f1-3 /proc/loadavg)"; \
-	  SPECSTUDY_COMMAND="make study-pair" $(MAKE) --no-print-directory study GPU=cpu-pair; rc=$$?; \
-	  echo "study-pair: $$(( $$(date +%s) - start )) s wall, load average $$(cut -d' ' -f1-3 /proc/loadavg)"; exit $$rc
+	SPECSTUDY_COMMAND="make study-pair" $(STUDY) --hardware cpu-pair $(STUDY_ARGS)
 
 # The engines study (issue 13): params/hardware/cpu-engines.yaml on this CPU: vllm (offline worker in
 # .venv-vllm), vllm-server, llama.cpp's server, hf and reference on the embedded SmolLM2; batch sizes
@@ -183,11 +166,8 @@ study-pair: $(STAMP)
 # study into outputs/cpu-engines/ and renders its report.  Sized for 30 minutes on 2 cores, install
 # and server starts included; the measured time is in the profile's header and the lead's README.
 .PHONY: study-engines
-study-engines: $(STAMP) $(ARCTIC_STAMP)
-	@start=$$(date +%s); echo "study-engines: start $$(date -u +%FT%TZ), load average $$(cut -d' ' -f1-3 /proc/loadavg)"; \
-	  $(BIN)/python -m specstudy.environments install vllm $(ENGINE_FLAG) || exit $$?; \
-	  SPECSTUDY_COMMAND="make study-engines" $(MAKE) --no-print-directory study GPU=cpu-engines; rc=$$?; \
-	  echo "study-engines: $$(( $$(date +%s) - start )) s wall, load average $$(cut -d' ' -f1-3 /proc/loadavg)"; exit $$rc
+study-engines: $(STAMP) $(ARCTIC_STAMP) engine-vllm
+	SPECSTUDY_COMMAND="make study-engines" $(STUDY) --hardware cpu-engines $(STUDY_ARGS)
 
 # The rehearsal of a GPU profile on this CPU (issue 38): `make rehearse GPU=a100` builds random-weight
 # stand-ins of the profile's models from their own configs (the HF cache or SPECSTUDY_MODEL_CONFIGS),
@@ -211,16 +191,11 @@ $(SGLANG_PARSER)/.done: $(STAMP)
 	$(BIN)/python -m zipfile -e $(SGLANG_PARSER)/wheel/sglang-0.5.23-*.whl $(SGLANG_PARSER)/pkg
 	.venv-vllm/bin/python -m pip install -q --target $(SGLANG_PARSER)/deps orjson ipython traitlets
 	touch $@
-rehearse: $(STAMP)
+.PHONY: try-sglang-parser
+try-sglang-parser: $(STAMP)
 	@$(MAKE) --no-print-directory sglang-parser || echo "rehearse: SGLang's parser not set up (its rows stay not rehearsed)"
-	@mkdir -p $(REH); start=$$(date +%s); echo "rehearse $(GPU): start $$(date -u +%FT%TZ), load average $$(cut -d' ' -f1-3 /proc/loadavg)"; \
-	  if [ -f $(SGLANG_PARSER)/.done ]; then export SPECSTUDY_SGLANG_PYTHON=$(abspath .venv-vllm/bin/python) \
-	    SPECSTUDY_SGLANG_PATH=$(abspath $(SGLANG_PARSER)/pkg):$(abspath $(SGLANG_PARSER)/deps); fi; \
-	  $(if $(MODEL_CONFIGS),SPECSTUDY_MODEL_CONFIGS=$(abspath $(MODEL_CONFIGS))) $(BIN)/specstudy run --hardware $(GPU) --rehearse --outputs outputs $(STUDY_ARGS); rc=$$?; echo $$rc > $(REH)/.run-status; \
-	  if [ $$rc -ne 0 ] && [ $$rc -ne 3 ]; then exit $$rc; fi; \
-	  $(MAKE) --no-print-directory -k -j$(NOTEBOOK_JOBS) -f $(REH)/notebooks.mk BIN=$(BIN) all || rc=4; \
-	  echo "rehearse $(GPU): $$(( $$(date +%s) - start )) s wall, load average $$(cut -d' ' -f1-3 /proc/loadavg); report $(REH)/report.md"; \
-	  if [ $$rc -ne 0 ]; then echo "make rehearse: the rehearsal failed (see $(REH)/failed/)"; exit 1; fi
+rehearse: $(STAMP) try-sglang-parser
+	env $$([ -f $(SGLANG_PARSER)/.done ] && echo SPECSTUDY_SGLANG_PYTHON=$(abspath .venv-vllm/bin/python) SPECSTUDY_SGLANG_PATH=$(abspath $(SGLANG_PARSER)/pkg):$(abspath $(SGLANG_PARSER)/deps)) $(if $(MODEL_CONFIGS),SPECSTUDY_MODEL_CONFIGS=$(abspath $(MODEL_CONFIGS))) $(STUDY) --hardware $(GPU) --rehearse $(STUDY_ARGS)
 
 # The acceptance regression gate (issue 35): the greedy reference-engine rows of a study are deterministic,
 # so their golden is exact.  `make golden` writes params/golden/$(GPU).json from $(OUT) (once, from a study
@@ -243,14 +218,8 @@ check-golden: $(STAMP)
 # from the engines study's measured costs, not yet measured as a whole.  Writes outputs/cpu-deploy/report.md.
 PRICE ?=
 .PHONY: study-deploy
-study-deploy: $(STAMP)
-	@start=$$(date +%s); echo "study-deploy: start $$(date -u +%FT%TZ), load average $$(cut -d' ' -f1-3 /proc/loadavg)"; \
-	  $(BIN)/python -m specstudy.environments install vllm $(ENGINE_FLAG) || exit $$?; \
-	  $(BIN)/specstudy run --hardware cpu-deploy --outputs outputs --refine-capacity 1 $(STUDY_ARGS); rc=$$?; \
-	  if [ $$rc -ne 0 ] && [ $$rc -ne 3 ]; then exit $$rc; fi; \
-	  SPECSTUDY_PRICE_PER_HOUR="$(PRICE)" $(MAKE) --no-print-directory -k -j$(NOTEBOOK_JOBS) -f outputs/cpu-deploy/notebooks.mk BIN=$(BIN) all; \
-	  echo "study-deploy: $$(( $$(date +%s) - start )) s wall, load average $$(cut -d' ' -f1-3 /proc/loadavg)"; \
-	  echo "report: outputs/cpu-deploy/report.md"; exit $$rc
+study-deploy: $(STAMP) engine-vllm
+	$(STUDY) --hardware cpu-deploy --refine-capacity 1 $(if $(PRICE),--price-per-hour $(PRICE)) $(STUDY_ARGS)
 
 # Re-render the notebooks and the report from the records already in $(OUT) (nothing is measured).
 report: $(STAMP)

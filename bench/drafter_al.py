@@ -68,8 +68,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    from specstudy.backends.reference.backend import ReferenceBackend
-    from specstudy.data.models import load_model
+    from specstudy.backends.reference.reference_backend import ReferenceBackend
+    from specstudy.data.model_files import load_model
     from specstudy.data.tasks import load_requests
 
     model, tok = load_model(args.model)

@@ -174,9 +174,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
 
     torch.set_num_threads(args.threads)
-    from specstudy.backends.reference.backend import ReferenceBackend
+    from specstudy.backends.reference.reference_backend import ReferenceBackend
     from specstudy.cpu_speed import measure_cpu
-    from specstudy.data.models import load_model, model_bytes
+    from specstudy.data.model_files import load_model, model_bytes
     from specstudy.engine.lean import set_lean_forward
     from specstudy.engine.stepcost import measure_verify_time
 
@@ -281,7 +281,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # records and metrics; it sets the draft length on the *drafting* model's generation_config,
     # which transformers 5 reads instead of generate()'s: passed to generate(), γ is ignored and
     # the assistant drafts its default 20 tokens with a confidence cut-off)
-    from specstudy.backends.hf.backend import HfBackend
+    from specstudy.backends.hf.hf_backend import HfBackend
 
     hf_backend = HfBackend(args.model, model_obj=model, drafter_obj=drafter, tokenizer=tok)
 

@@ -25,7 +25,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from specstudy import intervals, metrics  # noqa: E402
-from specstudy.backends.llamacpp.backend import LlamaCppBackend  # noqa: E402
+from specstudy.backends.llamacpp.llamacpp_backend import LlamaCppBackend  # noqa: E402
 from specstudy.data.tasks import load_requests  # noqa: E402
 from specstudy.records import Cell, Request, Sampling  # noqa: E402
 from specstudy.telemetry import TelemetrySampler, busy_reasons, cpu_cores, load_average  # noqa: E402

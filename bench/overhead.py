@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the kit of th
 
 import torch  # noqa: E402
 
-from specstudy.data.models import load_model  # noqa: E402
+from specstudy.data.model_files import load_model  # noqa: E402
 from specstudy.engine.kv import KVState  # noqa: E402
 from specstudy.engine.speculate import prefill  # noqa: E402
 from specstudy.engine.trace import BatchTrace, Timer  # noqa: E402

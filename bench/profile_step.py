@@ -51,10 +51,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def load(args: argparse.Namespace) -> Any:
     if args.tiny:
-        from specstudy.data.models import tiny_model
+        from specstudy.data.model_files import tiny_model
 
         return tiny_model(seed=0, dtype="float32", vocab_size=512, num_layers=2)
-    from specstudy.data.models import load_model
+    from specstudy.data.model_files import load_model
 
     return load_model(args.model)[0]
 

@@ -44,9 +44,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from specstudy.backends.openai.server import OpenAIBackend  # noqa: E402
+from specstudy.backends.openai.openai_server import OpenAIBackend  # noqa: E402
 from specstudy.records import Cell, Request, Sampling  # noqa: E402
-from specstudy.run.serving import Load, arrival_offsets, drive  # noqa: E402
+from specstudy.run.serving_driver import Load, arrival_offsets, drive  # noqa: E402
 
 #: the issue's targets, ms: 32 sends at rate inf within 5 ms; Poisson sends within 1 ms of schedule
 TARGETS = {"inf_send_spread_ms": 5.0, "poisson_lag_max_ms": 1.0}

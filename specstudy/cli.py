@@ -16,39 +16,44 @@ from .config import ParamsError
 # subcommand -> (module under specstudy.commands, one-line help)
 COMMANDS = {
     "predict": (
-        "predict",
+        "predict_command",
         "predict baseline tokens/s, c, acceptance length, optimal gamma and speedup from the roofline cost model",
     ),
     "generate": (
-        "generate",
+        "generate_command",
         "decode one prompt with the reference engine (any method) and print text, ids, alpha, acceptance length, TTFT, TPOT, tok/s",
     ),
     "tasks": (
-        "tasks",
+        "tasks_command",
         "list task categories with their sources, offline record counts, licences and sha256 status; "
         "'tasks show NAME' prints sample prompts",
     ),
     "train-drafter": (
-        "train_drafter",
+        "train_drafter_command",
         "distil a small drafter (Medusa heads, a layer-skip adapter or an EAGLE-style layer) from the target on its own generations",
     ),
     "serve-bench": (
-        "serve_bench",
+        "serve_bench_command",
         "serving benchmark: Poisson/bursty or fixed-concurrency load on a vLLM / SGLang / llama.cpp / "
         "OpenAI-compatible server, paired runs with and without speculation, speedup per rate",
     ),
     "models": (
-        "models",
+        "models_command",
         "'models configs --hardware GPU': fetch each hub model's config.json into the HF cache and check the study against them",
     ),
-    "run": ("run", "run the study matrix of params/hardware/<gpu>.yaml (warm-up, paired AR baseline, resume)"),
+    "study": (
+        "study_command",
+        "the whole study: run every cell not on disk, execute the notebooks and render the report, check the "
+        "acceptance golden; one exit code (0 ok, 2 bad input, 3 cells failed, 4 notebooks failed, 5 golden moved)",
+    ),
+    "run": ("run_command", "only the cells of params/hardware/<gpu>.yaml (warm-up, paired AR baseline, resume)"),
     "check": (
-        "check",
+        "check_command",
         "acceptance regression gate: compare a study's per-position acceptance and AL per row with a golden file "
         "(--golden), or write one (--write-golden)",
     ),
     "report": (
-        "report",
+        "report_command",
         "render outputs/<gpu>/report.md (+ HTML) from the records, executing the notebooks; or merge several",
     ),
 }

@@ -94,12 +94,8 @@ class StudyLayout:
         return self.root / "notebooks"
 
     @property
-    def notebooks_makefile(self) -> Path:
-        return self.root / "notebooks.mk"
-
-    @property
     def records_stamp(self) -> Path:
-        """Touched whenever records change: the notebooks' make targets depend on it."""
+        """Touched whenever records change: a notebook executed before it is stale."""
         return self.root / ".records-updated"
 
     @property

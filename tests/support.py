@@ -134,8 +134,8 @@ class TinyFactory:
     def __call__(self, framework: str, model: str, drafter=None, device: str = "cpu", dtype: str = "float64", **kw):
         import torch
 
-        from specstudy.backends.reference.backend import ReferenceBackend
-        from specstudy.data.models import tiny_model
+        from specstudy.backends.reference.reference_backend import ReferenceBackend
+        from specstudy.data.model_files import tiny_model
 
         torch.set_num_threads(1)
         self.loads.append((framework, model, drafter))
@@ -165,9 +165,9 @@ class TinyFactory:
 
 
 def run_tiny_study(cfg, plans, out: Path, factory, **kw):
-    """A study through :func:`specstudy.run.study.run_study` on tiny prompts, quietly."""
+    """A study through :func:`specstudy.run.study_runner.run_study` on tiny prompts, quietly."""
     from specstudy.layout import StudyLayout
-    from specstudy.run.study import run_study
+    from specstudy.run.study_runner import run_study
 
     return run_study(
         cfg,
@@ -235,7 +235,7 @@ def run_study_file(path: Path, factory=None, check: bool = False):
     from specstudy.config import load_study
     from specstudy.layout import StudyLayout
     from specstudy.run.plan import check_backends, expand
-    from specstudy.run.study import run_study
+    from specstudy.run.study_runner import run_study
 
     cfg = load_study("cpu", path)
     if check:

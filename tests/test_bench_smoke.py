@@ -286,7 +286,7 @@ def test_the_ar_breakdown_is_per_token_not_a_sum_of_timestamps(keep_torch_thread
     """A step's ``t_s`` is its end since the request began: summed, it grows with the square of the
     tokens.  Three decodes of n tokens each hold n - 1 decode steps, so 3 (n - 1) x the per-token time
     can never exceed the call's own wall time (the summed timestamps read ~(n - 1) / 2 times it)."""
-    from specstudy.data.models import tiny_model
+    from specstudy.data.model_files import tiny_model
 
     bench = _script("profile_step.py")
     model = tiny_model(seed=0, dtype="float32", vocab_size=512, num_layers=2)

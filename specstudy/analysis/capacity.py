@@ -44,7 +44,7 @@ from ..intervals import MIN_PROMPTS_FOR_CI, mean_ci
 from ..metrics import e2e, prompt_of, queued, slo_holds, ttft
 from ..records import RequestRecord
 from .rates import study_slo
-from .study import Study
+from .study_records import Study
 
 _GROUP = ("framework", "label", "method", "task", "gamma", "prefix_cache", "sampling")
 

@@ -21,7 +21,7 @@ import pandas as pd
 from ..metrics import output_throughput, percentiles, tpot
 from ..records import RequestRecord
 from ..telemetry import energy_of
-from .study import Study
+from .study_records import Study
 
 #: set by ``specstudy report --price-per-hour`` (the notebooks run in subprocesses and inherit it)
 PRICE_ENV = "SPECSTUDY_PRICE_PER_HOUR"

@@ -20,7 +20,7 @@ import numpy as np
 from .. import costmodel
 from ..records import RequestRecord
 from .stats import NAN, Pooled, _step_times, isnum, pooled, predicted_for
-from .study import Study
+from .study_records import Study
 
 #: the measured/predicted band inside which a row needs no explanation
 BAND = (0.9, 1.1)

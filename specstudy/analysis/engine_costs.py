@@ -3,7 +3,7 @@
 The seed's FAQ (case 1) says speculation stops paying once verifying γ+1 tokens costs much more
 than one decode step.  For llama.cpp the study measures that cost itself (T(k)/T(1) from k-token
 extensions of a cached prompt, and c = draft / target decode time per token: see
-:mod:`specstudy.run.engine_costs`); here each llama.cpp row's measured speedup is set beside the
+:mod:`specstudy.run.engine_cost_probe`); here each llama.cpp row's measured speedup is set beside the
 cost model's prediction from its measured α̂, that c and T(γ+1)/T(1).
 """
 
@@ -15,7 +15,7 @@ import pandas as pd
 
 from . import stats
 from .drafts import model_bends, pooled_drafts
-from .study import Study
+from .study_records import Study
 
 CURVE_COLUMNS = ["framework", "model", "drafter", "k", "verify_ms", "verify_ratio", "c", "threads", "load_1m"]
 ROW_COLUMNS = [

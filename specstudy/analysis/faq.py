@@ -15,7 +15,7 @@ import pandas as pd
 from .claims import Estimate, compare
 from .rows import headline_max_new
 from .stats import Pooled, isnum, pooled
-from .study import Study
+from .study_records import Study
 
 
 def _spec_all(study: Study) -> list[str]:

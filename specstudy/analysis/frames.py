@@ -15,7 +15,7 @@ import pandas as pd
 
 from .. import metrics
 from ..records import RequestRecord
-from .study import CELL_FIELDS, Study
+from .study_records import CELL_FIELDS, Study
 
 
 def cells_frame(study: Study) -> pd.DataFrame:

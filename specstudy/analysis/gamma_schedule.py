@@ -19,7 +19,7 @@ import pandas as pd
 
 from ..metrics import paired_speedup
 from . import stats
-from .study import Study
+from .study_records import Study
 
 MAD_TO_SIGMA = 1.4826
 _GROUP = ("framework", "label", "task", "model", "drafter", "sampling")

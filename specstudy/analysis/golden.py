@@ -16,7 +16,7 @@ from typing import Any
 
 from ..metrics import acceptance_length, acceptance_rate, acceptance_summary, draft_steps_of, per_position_unconditional
 from ..records import RequestRecord
-from .study import Study
+from .study_records import Study
 
 GOLDEN_VERSION = 1
 #: vLLM's acceptance test allows 5 % per position; a deterministic (greedy, one engine) golden uses 0

@@ -9,7 +9,7 @@ from typing import Any
 from ..drafter_names import SELF
 from . import claims
 from .stats import isnum, pooled
-from .study import Study
+from .study_records import Study
 
 
 def _spec_all(study: Study) -> list[str]:

@@ -21,7 +21,7 @@ import pandas as pd
 from .. import metrics
 from ..config.schema import Slo
 from ..records import RequestRecord
-from .study import Study
+from .study_records import Study
 
 #: the schema's default (the seed's FAQ Q1: TPOT ≤ 50 ms reads as comfortable real-time chat)
 DEFAULT_SLO = Slo()

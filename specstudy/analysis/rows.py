@@ -19,7 +19,7 @@ import pandas as pd
 from ..config.vocab import METHOD_FAMILIES
 from .drafts import Bend, model_bends, pooled_drafts
 from .stats import NAN, Pooled, isnum, pooled, predicted_for
-from .study import Study
+from .study_records import Study
 
 Pool = Callable[[Study, list[str]], Pooled]
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from .. import costmodel, intervals, metrics
 from ..records import RequestRecord, StepRecord
-from .study import Study
+from .study_records import Study
 
 NAN = float("nan")
 

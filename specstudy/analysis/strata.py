@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from .stats import Keep, pooled
-from .study import Study
+from .study_records import Study
 
 
 def spec_groups(study: Study, cell_ids: list[str]) -> dict[tuple[Any, ...], list[str]]:

@@ -19,7 +19,7 @@ import pandas as pd
 from ..frameworks import declaration, frameworks
 from ..records import RequestRecord
 from . import stats
-from .study import Study
+from .study_records import Study
 
 
 def output_valid(rec: RequestRecord) -> bool | None:

@@ -1,6 +1,6 @@
 """Input-length tiers, the random-token control beside them, and entropy tiers.
 
-* **Input-length tiers** (a task's ``tiers:``; :mod:`specstudy.data.tiers`): one row per tier and
+* **Input-length tiers** (a task's ``tiers:``; :mod:`specstudy.data.tier_prompts`): one row per tier and
   kind of prompt (real text, random tokens), from the records' ``input_policy``.  The random
   control's speedup over the real prompts' at the same tier says how much random inputs distort
   speculative throughput (SPEED-Bench reports an overstatement of about 23 %); both are measured.
@@ -18,13 +18,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..data.tiers import parse_tier
+from ..data.tier_prompts import parse_tier
 from ..intervals import MIN_PROMPTS_FOR_CI
 from ..records import RequestRecord
 from .claims import Estimate, compare
 from .stats import Keep
 from .strata import spec_groups, stratum_row
-from .study import Study
+from .study_records import Study
 
 ENTROPY_TIERS = ("low", "mixed", "high")
 

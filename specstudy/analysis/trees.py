@@ -21,7 +21,7 @@ import pandas as pd
 
 from ..metrics import expected_acceptance_length
 from .stats import Pooled, isnum, pooled
-from .study import Study
+from .study_records import Study
 
 #: the sweep whose rows this table reads (and its ``tree_shapes_<part>`` siblings)
 SWEEP = "tree_shapes"

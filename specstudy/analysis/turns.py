@@ -18,7 +18,7 @@ from ..records import RequestRecord
 from .rates import run_block
 from .stats import Keep, subset
 from .strata import spec_groups, stratum_row
-from .study import Study
+from .study_records import Study
 
 
 def conversation_cells(study: Study) -> list[str]:

@@ -47,7 +47,7 @@ RANDOM_MIN_VOCAB = 1000
 @dataclass(frozen=True)
 class Finding:
     """One check's finding on one cell: the numbers the report's Validity section words
-    (:mod:`specstudy.report.validity`), and whether it leaves the cell out of verdicts."""
+    (:mod:`specstudy.report.validity_text`), and whether it leaves the cell out of verdicts."""
 
     check: str
     cell_id: str

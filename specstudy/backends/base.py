@@ -97,5 +97,5 @@ class ServingBackend(Backend):
     @abstractmethod
     def offer_run(self, run: Offer, *, gauges: bool = True) -> Any:
         """Offer ``run.requests[i]`` at ``run.offsets[i]`` s; a result with ``records``, ``wall_s``,
-        ``run_acceptance`` and ``watch`` (see :class:`specstudy.backends.server.ServedBatch`).
+        ``run_acceptance`` and ``watch`` (see :class:`specstudy.backends.server_base.ServedBatch`).
         ``gauges``: sample the engine's batch gauges while the run lasts (request-rate runs)."""

@@ -11,7 +11,7 @@ from .files import display_path, hardware_file, hardware_names, load_yaml, param
 from .hardware import load_hardware_profile
 from .model import ModelEntry, get_entry, model_names
 from .schema import MethodSpec, ModelPair
-from .study import StudyConfig, Sweep, load_study
+from .study_matrix import StudyConfig, Sweep, load_study
 from .task import TaskConfig, load_task_config, task_names
 
 __all__ = [

@@ -1,6 +1,6 @@
 """Relations between the parts of a study file, checked without loading any model.
 
-Shape, types and ranges are the pydantic schemas' job (:mod:`specstudy.config.study`); here:
+Shape, types and ranges are the pydantic schemas' job (:mod:`specstudy.config.study_matrix`); here:
 names that must be unique, drafters that must be declared, optional methods whose drafter file
 is not there yet, model names that must resolve, and drafts whose tokenizer must be the target's
 (from registry entries, local ``config.json`` files or the Hugging Face cache; never weights).
@@ -24,7 +24,7 @@ from .task import task_names
 
 
 class StudyModels(Protocol):
-    """What these checks read of a validated study (:class:`~specstudy.config.study.StudyConfig`,
+    """What these checks read of a validated study (:class:`~specstudy.config.study_matrix.StudyConfig`,
     which calls them: named by its shape, so this module does not import that one)."""
 
     @property

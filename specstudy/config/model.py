@@ -9,7 +9,7 @@ Sources (``source:``):
 * ``local_dir`` — a Hugging Face format directory; ``gguf_path`` — a local .gguf file;
 * ``hub`` — a Hugging Face hub id (online only: with HF_HUB_OFFLINE=1 it must be cached).
 
-Names are checked before anything is downloaded; fetching and loading is :mod:`specstudy.data.models`.
+Names are checked before anything is downloaded; fetching and loading is :mod:`specstudy.data.model_files`.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The pydantic schemas of a study file's ``study:`` section (shape, types and ranges).
 
-:mod:`specstudy.config.study` resolves a validated :class:`StudySpec` into the sweeps of a
-:class:`~specstudy.config.study.StudyConfig`; relations between parts are :mod:`.checks`.
+:mod:`specstudy.config.study_matrix` resolves a validated :class:`StudySpec` into the sweeps of a
+:class:`~specstudy.config.study_matrix.StudyConfig`; relations between parts are :mod:`.checks`.
 """
 
 from __future__ import annotations

@@ -254,7 +254,7 @@ class TraceSpec(BaseModel):
 
 
 class TierSpec(BaseModel):
-    """Input-length tiers built from any source (:mod:`specstudy.data.tiers`): each prompt is the
+    """Input-length tiers built from any source (:mod:`specstudy.data.tier_prompts`): each prompt is the
     sources' texts joined until it holds exactly ``input_tokens[i]`` tokens of the target's tokenizer
     (SPEED-Bench's ~1k/2k/4k/8k throughput tiers); ``random_control`` adds, beside each, a prompt of
     as many uniformly random tokens (how much random inputs distort speculative throughput)."""

@@ -1,7 +1,7 @@
 """A conversation's next turn: the earlier turns, the target's answers to them, and the next user turn.
 
 A multi-turn record (MT-bench's two turns, a list of user turns, a list of role/content messages)
-is replayed turn by turn (:mod:`specstudy.run.turns`): turn k + 1 is sent with the user turns 1..k
+is replayed turn by turn (:mod:`specstudy.run.conversation_cells`): turn k + 1 is sent with the user turns 1..k
 and the answers to them as its history, rendered the way turn 1 was (the chat template when the
 task uses one, else plain text), so a prefix cache and an n-gram drafter see what a deployment's
 second turn sees.  The answers are the target's own (its AR baseline's greedy output), never the

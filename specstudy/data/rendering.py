@@ -18,7 +18,7 @@ class TaskRequest(Request):
     source: str = ""
     reference: str | None = None
     truncated: bool = False
-    #: the conversation's user turns after this request's (replayed by :mod:`specstudy.run.turns`)
+    #: the conversation's user turns after this request's (replayed by :mod:`specstudy.run.conversation_cells`)
     later_turns: tuple[str, ...] = ()
     #: which turn this request is (1: the first); ``prompt``/``messages`` hold the history before it
     turn: int = 1

@@ -98,7 +98,7 @@ def check_task(
     if cfg is not None and cfg.trace is not None:  # a trace's lines are the task's requests
         available = _trace_problems(cfg, path, problems)
     elif cfg is not None and cfg.tiers is not None and available is not None:
-        from .tiers import tier_capacity
+        from .tier_prompts import tier_capacity
 
         available = tier_capacity(cfg.tiers, available)
     if cfg is not None and available and tokenizers and cfg.input_length.policy != "none":

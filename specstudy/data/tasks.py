@@ -73,7 +73,7 @@ from .task_sources import (  # re-exported: the names callers have imported from
     source_file,
     task_rows,
 )
-from .tiers import tier_requests
+from .tier_prompts import tier_requests
 from .traces import load_trace_requests
 
 # --------------------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ from .declaration import EngineDeclaration
 
 HF = EngineDeclaration(
     framework="hf",
-    backend="hf.backend:HfBackend",
+    backend="hf.hf_backend:HfBackend",
     methods=("ar", "ngram", "draft_target", "layer_skip"),
     method_options={"ngram": ("ngram_min", "ngram_max"), "layer_skip": ("exit_layer", "layers")},
     engine_options={

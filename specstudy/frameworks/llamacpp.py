@@ -34,7 +34,7 @@ def llamacpp_synthetic_fields(options: Mapping[str, Any], gamma: int) -> tuple[t
 
 LLAMACPP = EngineDeclaration(
     framework="llamacpp",
-    backend="llamacpp.backend:LlamaCppBackend",
+    backend="llamacpp.llamacpp_backend:LlamaCppBackend",
     # the native /completion body's own fields (a JSON schema is turned into a grammar by the server)
     structured_output_fields={"json_schema": "json_schema", "grammar": "grammar"},
     structured_with_speculation=True,

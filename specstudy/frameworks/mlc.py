@@ -27,7 +27,7 @@ OVERRIDES = {
 
 MLC = EngineDeclaration(
     framework="mlc",
-    backend="mlc.server:MlcServerBackend",
+    backend="mlc.mlc_server:MlcServerBackend",
     methods=("ar", *KIT_TO_MLC),
     method_options={},  # γ is spec_draft_length; no method reads a cell option
     engine_options={

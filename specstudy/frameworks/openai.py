@@ -6,7 +6,7 @@ from .declaration import EngineDeclaration
 
 OPENAI = EngineDeclaration(
     framework="openai",
-    backend="openai.server:OpenAIBackend",
+    backend="openai.openai_server:OpenAIBackend",
     methods=("ar", "ngram", "draft_target"),
     method_options={"*": ("ngram_min", "ngram_max")},
     engine_options={

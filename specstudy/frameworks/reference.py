@@ -100,7 +100,7 @@ def declaration() -> EngineDeclaration:
     headers = method_headers()
     return EngineDeclaration(
         framework="reference",
-        backend="reference.backend:ReferenceBackend",
+        backend="reference.reference_backend:ReferenceBackend",
         methods=tuple(headers),
         method_options={m: (*h.options, *BACKEND_CELL_OPTIONS) for m, h in headers.items()},
         engine_options={

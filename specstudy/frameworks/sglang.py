@@ -65,7 +65,7 @@ SGLANG_ENV = EngineEnv(
 
 SGLANG = EngineDeclaration(
     framework="sglang",
-    backend="sglang.server:SglangServerBackend",
+    backend="sglang.sglang_server:SglangServerBackend",
     methods=("ar", *KIT_TO_SGLANG),
     method_options=SGLANG_METHOD_OPTIONS,
     engine_options=SGLANG_OPTIONS,

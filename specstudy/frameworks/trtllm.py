@@ -83,7 +83,7 @@ TRTLLM = EngineDeclaration(
     structured_source="TensorRT-LLM 1.3 PyTorch backend: guided decoding with linear speculation "
     "(https://github.com/NVIDIA/TensorRT-LLM/issues/18892; refused up to 1.0, "
     "https://github.com/NVIDIA/TensorRT-LLM/issues/7006); dynamic trees may leave the grammar",
-    backend="trtllm.server:TrtllmServerBackend",
+    backend="trtllm.trtllm_server:TrtllmServerBackend",
     methods=("ar", *PYTORCH_DECODING),
     needs_drafter=frozenset({"draft_target", "eagle3"}),
     drafter_format="trtllm",
@@ -95,7 +95,7 @@ TRTLLM_ENGINE = EngineDeclaration(
     # the TensorRT engine backend's Medusa/EAGLE-1 with guided decoding: no document found either way
     structured_with_speculation=None,
     structured_source="TensorRT-LLM's engine backend: no document found on guided decoding with its speculation",
-    backend="trtllm.server:TrtllmEngineServerBackend",
+    backend="trtllm.trtllm_server:TrtllmEngineServerBackend",
     methods=("ar", *ENGINE_DECODING),
     needs_drafter=frozenset({"eagle", "medusa"}),
     # each start converts the HF checkpoint and builds a TensorRT engine (trtllm-serve --backend

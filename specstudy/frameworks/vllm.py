@@ -175,7 +175,7 @@ OFFLINE = EngineDeclaration(
 )
 SERVER = EngineDeclaration(
     framework="vllm-server",
-    backend="vllm.server:VllmServerBackend",
+    backend="vllm.vllm_server:VllmServerBackend",
     engine_options=SERVER_OPTIONS,
     http=True,
     serve_bench=True,

@@ -34,7 +34,7 @@ import pandas as pd
 
 from ..analysis.claims import Estimate, overlap
 from ..analysis.stats import Pooled, pooled
-from ..analysis.study import Study
+from ..analysis.study_records import Study
 from ..metrics import draft_steps_of, prompt_of
 from ..records import RequestRecord
 from .format import fmt_ci, sampling_text

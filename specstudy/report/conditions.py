@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..analysis.study import Study
+from ..analysis.study_records import Study
 from ..config import display_path
 from ..paths import REPO_ROOT
 from ..provenance import provenance

@@ -13,11 +13,11 @@ from typing import Any
 import pandas as pd
 
 from ..analysis import capacity, cost, gamma_schedule, rates, structured
-from ..analysis.study import Study
+from ..analysis.study_records import Study
 from ..intervals import MIN_PROMPTS_FOR_CI
 from .format import fmt, fmt_ci, sampling_text
-from .section import Section, markdown_table
-from .validity import left_out_note
+from .section_type import Section, markdown_table
+from .validity_text import left_out_note
 
 
 def _has_interval(row: Mapping[str, Any]) -> bool:

@@ -21,7 +21,7 @@ from ..analysis.faq import BatchCase, batch_cases, short_cases
 from ..analysis.memory import memory_groups
 from ..analysis.rows import headline_max_new
 from ..analysis.stats import NAN, Pooled, break_even_alpha, isnum, pooled, predicted_for
-from ..analysis.study import Study
+from ..analysis.study_records import Study
 from ..config.vocab import cost_dtype
 from ..costmodel import HardwareProfile
 from . import wording

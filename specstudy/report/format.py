@@ -79,7 +79,7 @@ def fmt_ci(x: Any, ci: tuple[float, float], digits: int = 2, suffix: str = "", n
     return s
 
 
-#: a sampling key's parts (:func:`specstudy.analysis.study.sampling_key`) in words
+#: a sampling key's parts (:func:`specstudy.analysis.study_records.sampling_key`) in words
 SAMPLING_PARTS = {"T": "T={}", "p": "top-p {}", "k": "top-k {}"}
 
 

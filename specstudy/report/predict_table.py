@@ -1,6 +1,6 @@
 """The `predict --from` table in words: where each row's step costs came from and its note (the
 assumptions its measurement bends, how far its optimal γ was searched, whether it extrapolates).
-The numbers and those facts come from :func:`specstudy.analysis.predict.predict_from_study`."""
+The numbers and those facts come from :func:`specstudy.analysis.predict_elsewhere.predict_from_study`."""
 
 from __future__ import annotations
 

@@ -14,16 +14,16 @@ import pandas as pd
 
 from ..analysis import engine_costs, faq, frames, rates, stats, trees
 from ..analysis.rows import HardwareRow, hardware_rows, headline_max_new
-from ..analysis.study import Study, vouched
+from ..analysis.study_records import Study, vouched
 from ..intervals import MIN_PROMPTS_FOR_CI
 from . import across_engines, conditions, fails, figures, rate_tables, tables, tree_tables, wording
 from .banner import rehearsal_banner
 from .deploy import deploy_section
 from .format import FAMILY_TITLES, TASK_TITLES, fmt, fmt_ci
 from .model_notes import note_text
-from .section import Section, markdown_table
+from .section_type import Section, markdown_table
 from .summary import summary_markdown
-from .validity import left_out_note, validity_section
+from .validity_text import left_out_note, validity_section
 from .workload import workload_sections
 
 #: what the Pareto figures of a batch or rate sweep show (vLLM's sweep plots), said once for both sections
@@ -111,7 +111,7 @@ ACROSS_ENGINES_TEXT = (
     "noise; overlapping ones are not resolved (a conservative test). A mistake in the exported checkpoint "
     "itself (its vocabulary map, feature layers or norm) reaches every engine alike and shows in none of "
     "these comparisons: the export's round trip against the trained head catches it "
-    "(`specstudy.engine.eagle3.check_round_trip`).\n\n"
+    "(`specstudy.engine.eagle3_drafter.check_round_trip`).\n\n"
 )
 
 

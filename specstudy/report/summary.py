@@ -17,7 +17,7 @@ from ..analysis import claims, faq, stats
 from ..analysis.claims import Estimate
 from ..analysis.rows import HardwareRow
 from ..analysis.stats import isnum
-from ..analysis.study import Study
+from ..analysis.study_records import Study
 from ..intervals import MIN_PROMPTS_FOR_CI
 from . import fails, wording
 from .format import fmt, sampling_text

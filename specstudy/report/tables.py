@@ -28,7 +28,7 @@ from ..analysis.rows import (
     sweep_or_all,
 )
 from ..analysis.stats import NAN, Pooled, isnum, pooled, predicted_for
-from ..analysis.study import Study
+from ..analysis.study_records import Study
 from ..analysis.trees import is_dynamic_tree
 from ..config.task import load_task_config, seed_row
 from ..config.vocab import TASKS

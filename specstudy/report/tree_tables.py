@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from ..analysis.study import Study
+from ..analysis.study_records import Study
 from ..analysis.trees import DrafterShare, TreeRow, TreeShape, tree_frame, tree_rows
 from .format import fmt, fmt_ci, seed_row_name, short_model
 from .tables import flag_mark

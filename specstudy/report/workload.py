@@ -7,11 +7,11 @@ from __future__ import annotations
 import pandas as pd
 
 from ..analysis import claims, rates, tiers, turns
-from ..analysis.study import Study, vouched
+from ..analysis.study_records import Study, vouched
 from ..intervals import MIN_PROMPTS_FOR_CI
 from .format import fmt
 from .rate_tables import rate_table
-from .section import Section, markdown_table
+from .section_type import Section, markdown_table
 from .strata_tables import entropy_tier_table, tier_table, turn_table
 from .wording import estimate_text
 

@@ -16,11 +16,11 @@ from pathlib import Path
 import pandas as pd
 from matplotlib.figure import Figure
 
-from ..analysis.study import Study, load
+from ..analysis.study_records import Study, load
 from ..layout import REHEARSAL_BANNER, is_rehearsal
 from . import tables
 from .latex import latex_table
-from .section import Section, markdown_table
+from .section_type import Section, markdown_table
 from .sections import extra_sections, report_head, report_sections
 
 #: the PNGs' resolution; report.pdf prints each figure at its own size from it (pixels / dpi inches)

@@ -2,7 +2,7 @@
 
 An offline cell decodes its prompts through ``backend.run`` in batches of the cell's size; a
 request-rate cell offers them to a server through the one serving driver
-(:func:`specstudy.run.serving.serve`).  Either way the records come back stamped with the plan's
+(:func:`specstudy.run.serving_driver.serve`).  Either way the records come back stamped with the plan's
 axes (label, family, sweeps, baseline, prefix cache, rate) as their own columns.
 """
 
@@ -20,7 +20,7 @@ from ..backends.base import Backend, ServingBackend
 from ..records import Request, RequestRecord, Sampling
 from ..telemetry import Telemetry, TelemetrySampler, load_average
 from .plan import CellPlan
-from .serving import Load, serve
+from .serving_driver import Load, serve
 
 #: bounds of one serving cell (a server that stops answering must not hang the study)
 RATE_REQUEST_TIMEOUT_S = 600.0

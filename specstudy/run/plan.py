@@ -1,4 +1,4 @@
-"""The study's cells: the sweeps of a :class:`~specstudy.config.study.StudyConfig` expanded.
+"""The study's cells: the sweeps of a :class:`~specstudy.config.study_matrix.StudyConfig` expanded.
 
 Every speculative cell is paired with the AR cell it is compared against (same prompts,
 sampling, engine, batch size).  Cells shared by sweeps run once.  The order groups cells by

@@ -149,7 +149,7 @@ def _eagle3_standin(head: str, target: str, cache: Path, read: Callable[[str], A
     import torch
     from transformers import AutoConfig
 
-    from ..engine.eagle3 import Eagle3Draft, save_eagle3
+    from ..engine.eagle3_drafter import Eagle3Draft, save_eagle3
 
     real = read(head) or {}
     snap = cache / f"models--{target.replace('/', '--')}" / "snapshots"

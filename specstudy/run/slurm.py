@@ -1,7 +1,7 @@
 """A sharded study as cluster jobs through submitit: one job per shard, the report job after them.
 
 Each shard's job rebuilds the study from its file on the node and runs its missing cells through
-:func:`specstudy.run.study.run_study` into the shared ``outputs/<hw>/`` (one atomic part per cell,
+:func:`specstudy.run.study_runner.run_study` into the shared ``outputs/<hw>/`` (one atomic part per cell,
 so shards never write the same file).  On Slurm the report job depends on every shard
 (``afterok``); elsewhere the submitter runs it when the shards are done.  A rerun submits only
 shards with cells missing on disk and skips shards whose job is still queued or running; a job
@@ -52,7 +52,7 @@ def shard_job(
     ``factory`` and ``request_loader`` replace the engines and prompts (tests); default: the study's own.
     """
     from .plan import load, uses_cuda
-    from .study import run_study
+    from .study_runner import run_study
 
     # unused top-level entries: the submitting command refused or (--allow-unused) warned already
     study = load(ref.hardware, ref.params, files=factory is None, allow_unused=True)
@@ -89,7 +89,7 @@ def report_job(ref: StudyRef) -> list[str]:
     from ..report.notebooks import execute_notebooks, plan_notebook_jobs
     from .plan import expand
     from .precision import extensions
-    from .study import write_plan
+    from .study_runner import write_plan
 
     cfg = load_study(ref.hardware, ref.params, allow_unused=True)  # the submitter refused or warned already
     layout, plans = ref.layout(), expand(cfg)
@@ -193,8 +193,10 @@ def submit_shards(
     *,
     factory: Any = None,
     request_loader: Any = None,
+    report_job_wanted: bool = True,
 ) -> Submission:
-    """Submit every shard with missing cells (not one still queued or running) and, on Slurm, the report job."""
+    """Submit every shard with missing cells (not one still queued or running) and, on Slurm and when
+    ``report_job_wanted`` (nobody follows the shards here), the report job."""
     layout = ref.layout()
     layout.jobs_dir.mkdir(parents=True, exist_ok=True)
     active = still_active(kind, layout)
@@ -218,7 +220,7 @@ def submit_shards(
             f"{s.name}: job {job.job_id}, {len(missing)} of {len(s.plans)} cells to run, {s.gpus} GPU(s), "
             f"{cluster.cpus_per_task} CPUs, predicted {s.predicted_s / 60:.1f} min of {cluster.time_limit_min}"
         )
-    if sub.jobs and kind == "slurm":
+    if sub.jobs and kind == "slurm" and report_job_wanted:
         after = ":".join(str(j.job_id) for _, j in sub.jobs.values())
         params = {**cluster.submitit_parameters(), "name": "report", "gpus_per_node": 0}
         # never left pending when a shard failed: Slurm drops it, and a rerun submits it again
@@ -311,7 +313,8 @@ def run_sharded(
     if kind == "slurm":
         quiet_without_accounting()
     executor = make_executor(kind, ref.layout(), cluster)
-    sub = submit_shards(kind, executor, cluster, ref, shards, say, **job_kw)
+    # followed here, the shards are followed by the report here (as a local study is); left, by a report job
+    sub = submit_shards(kind, executor, cluster, ref, shards, say, report_job_wanted=not wait, **job_kw)
     if not sub.jobs:
         say(f"every cell of {len(shards)} shard(s) is on disk in {ref.layout().root}: nothing to submit")
         return 0

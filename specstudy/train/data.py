@@ -50,7 +50,7 @@ def collect_features(
     """Run the target over each sequence once; keep positions from the last prompt token on
     (``eagle``, ``eagle3``: every position, since their drafters attend to the prompt's features
     too).  ``eagle3``: ``hidden`` holds the streams entering its feature layers, concatenated."""
-    from ..engine.eagle3 import default_aux_layers
+    from ..engine.eagle3_drafter import default_aux_layers
 
     base, norm, lm_head = target_parts(model)
     aux = default_aux_layers(model.config.num_hidden_layers) if kind == "eagle3" else ()

@@ -12,10 +12,10 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 from .data import Features
-from .eagle import train_eagle
-from .eagle3 import train_eagle3
-from .heads import train_heads
 from .loop import TrainResult, TrainSettings
+from .train_eagle import train_eagle
+from .train_eagle3 import train_eagle3
+from .train_heads import train_heads
 
 
 def train_drafter(

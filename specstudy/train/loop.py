@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from ..engine.drafters import KINDS, TrainedDrafter
-from ..engine.eagle3 import Eagle3Draft
+from ..engine.eagle3_drafter import Eagle3Draft
 from .data import Features
 
 

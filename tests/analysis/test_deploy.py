@@ -10,7 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from specstudy.analysis import capacity, cost, gamma_schedule
-from specstudy.analysis.study import Study, _describe
+from specstudy.analysis.study_records import Study, _describe
 from specstudy.config.schema import Slo
 from specstudy.costmodel import HardwareProfile
 from specstudy.layout import StudyLayout
@@ -393,7 +393,7 @@ def test_the_capacity_search_adds_the_bracket_midpoint_to_its_sweep(tmp_path):
     """`specstudy run --refine-capacity`: after a sweep whose SLO broke between 1 and 4 req/s, the next
     round probes 2 req/s in that sweep (new cells in the plan; the finished ones stay done)."""
 
-    from specstudy.commands.run import _refined
+    from specstudy.commands.run_command import _refined
     from specstudy.records import Request, Sampling
     from specstudy.run.plan import expand
 
@@ -419,8 +419,8 @@ def test_an_unsteady_probe_is_rerun_longer_bounded_and_the_longer_one_counts(tmp
     ``LONGEST_PROBE_GROWTH`` times the configured count; the capacity then reads the longer probe and
     records that it replaced one."""
 
-    from specstudy.analysis.study import load
-    from specstudy.commands.run import _refined
+    from specstudy.analysis.study_records import load
+    from specstudy.commands.run_command import _refined
     from specstudy.records import Request, Sampling
     from specstudy.run.plan import expand
 
@@ -470,8 +470,8 @@ def test_only_the_rates_whose_queue_grew_are_rerun_longer_for_every_method_and_r
     repeats at those rates only, in a sweep of its own, and the other rates keep their probes."""
     import yaml
 
-    from specstudy.analysis.study import load
-    from specstudy.commands.run import _refined
+    from specstudy.analysis.study_records import load
+    from specstudy.commands.run_command import _refined
     from specstudy.config import load_study
     from specstudy.records import Request, Sampling
     from specstudy.run.plan import expand
@@ -517,7 +517,7 @@ def test_only_the_probe_at_a_repeats_capacity_is_rerun_longer(tmp_path):
     """A held probe with a growing queue below the rate that decides its repeat's capacity is not rerun:
     the higher rate held too.  Held at 1 and 2 req/s, both queues growing: only 2 req/s is lengthened."""
 
-    from specstudy.analysis.study import load
+    from specstudy.analysis.study_records import load
     from specstudy.records import Request, Sampling
     from specstudy.run.plan import expand
 

@@ -9,7 +9,7 @@ import pytest
 from specstudy import costmodel
 from specstudy.analysis import engine_costs, stats
 from specstudy.analysis.drafts import pooled_drafts
-from specstudy.analysis.study import load
+from specstudy.analysis.study_records import load
 from specstudy.report.sections import engine_costs_section, report_sections
 
 

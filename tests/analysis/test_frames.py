@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from specstudy.analysis import frames
-from specstudy.analysis.study import load
+from specstudy.analysis.study_records import load
 
 
 def test_entropy_points_keep_their_columns_when_nothing_matches(report_study):

@@ -8,7 +8,7 @@ import pytest
 from support import TINY_STUDY, TinyFactory, run_tiny_study, write_study
 
 from specstudy.analysis.golden import acceptance_rows, compare, golden_doc
-from specstudy.analysis.study import load
+from specstudy.analysis.study_records import load
 from specstudy.cli import main
 from specstudy.config import load_study
 from specstudy.engine.methods import layer_skip

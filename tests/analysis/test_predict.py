@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from specstudy.analysis.predict import predict_from_study
-from specstudy.analysis.study import load
+from specstudy.analysis.predict_elsewhere import predict_from_study
+from specstudy.analysis.study_records import load
 from specstudy.cli import main
 from specstudy.config import load_hardware_profile
 from specstudy.config.vocab import method_family

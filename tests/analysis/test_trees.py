@@ -7,7 +7,7 @@ import pytest
 from support import code_prompt_record
 
 from specstudy import metrics
-from specstudy.analysis.study import load
+from specstudy.analysis.study_records import load
 from specstudy.layout import StudyLayout
 from specstudy.records import Cell
 from specstudy.report.tree_tables import EAGLE2_SHAPE, tree_shape_table

@@ -8,7 +8,7 @@ import pytest
 
 from specstudy.analysis import validity as V
 from specstudy.records import Cell, Request, Sampling
-from specstudy.report.validity import finding_text
+from specstudy.report.validity_text import finding_text
 
 pytestmark = pytest.mark.validity
 
@@ -232,7 +232,7 @@ def test_prompt_checks_see_a_doubled_bos_and_an_unused_chat_template():
 
 
 def test_a_server_busy_when_the_cell_began_is_flagged_and_an_idle_one_passes():
-    from specstudy.backends.llamacpp.backend import LlamaCppBackend
+    from specstudy.backends.llamacpp.llamacpp_backend import LlamaCppBackend
     from specstudy.backends.prometheus import parse_prometheus
 
     b = LlamaCppBackend("m")

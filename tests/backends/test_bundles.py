@@ -8,10 +8,10 @@ import inspect
 
 import pytest
 
-from specstudy.backends import backend_class, base, loadgen, server
+from specstudy.backends import backend_class, base, loadgen, server_base
 from specstudy.frameworks import frameworks
 from specstudy.frameworks.declaration import CellCheck
-from specstudy.run import cell, turns
+from specstudy.run import cell, conversation_cells
 
 
 def _params(fn) -> list[str]:
@@ -36,8 +36,10 @@ def test_a_cell_check_names_the_bad_value_for_every_engine_alike():
 def test_a_cells_run_and_an_offer_are_one_bundle_each():
     for fn in (cell.run_offline, cell.run_at_rate, cell.run_cell):
         assert _params(fn) == ["run"]
-    assert _params(turns.run_turns) == ["run", "history", "tokenizer"]
+    assert _params(conversation_cells.run_turns) == ["run", "history", "tokenizer"]
     assert _params(loadgen.offer) == _params(loadgen.offer_async) == ["sender", "run"]
     assert (
-        _params(base.ServingBackend.offer_run) == _params(server.StreamingServerBackend.offer_run) == ["run", "gauges"]
+        _params(base.ServingBackend.offer_run)
+        == _params(server_base.StreamingServerBackend.offer_run)
+        == ["run", "gauges"]
     )

@@ -13,7 +13,7 @@ from fake_servers import FakeServer
 from specstudy.backends import connections
 from specstudy.backends.connections import Connections, Http
 from specstudy.backends.loadgen import Offer
-from specstudy.backends.vllm.server import VllmServerBackend
+from specstudy.backends.vllm.vllm_server import VllmServerBackend
 from specstudy.records import Sampling
 
 from .test_vllm_server import cell, reqs

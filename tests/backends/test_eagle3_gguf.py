@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from specstudy.backends.llamacpp.eagle3_gguf import ARCH, TENSOR_NAMES, interleave_rotary, write_eagle3_gguf
-from specstudy.data.models import tiny_model
-from specstudy.engine.eagle3 import Eagle3Draft, save_eagle3
+from specstudy.data.model_files import tiny_model
+from specstudy.engine.eagle3_drafter import Eagle3Draft, save_eagle3
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +111,7 @@ def test_llamacpp_loads_the_head_and_drafts(tmp_path):
     import time
     import urllib.request
 
-    from specstudy.data.models import get_entry, gguf_file
+    from specstudy.data.model_files import get_entry, gguf_file
     from specstudy.paths import REPO_ROOT
 
     folder = REPO_ROOT / "params/drafters/smollm2-135m-eagle3"

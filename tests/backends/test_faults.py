@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from specstudy.backends.lifecycle import ManagedServer, ServerStartError
-from specstudy.backends.openai.server import OpenAIBackend
-from specstudy.backends.server import ServerDied
+from specstudy.backends.openai.openai_server import OpenAIBackend
+from specstudy.backends.server_base import ServerDied
 from specstudy.records import Cell, Request, Sampling
 
 FAKE = str(Path(__file__).resolve().parents[1] / "fake_servers.py")

@@ -9,7 +9,7 @@ import torch
 
 from specstudy import metrics
 from specstudy.backends import get_backend
-from specstudy.data.models import tiny_model
+from specstudy.data.model_files import tiny_model
 from specstudy.records import Cell, Request, Sampling
 
 torch.set_num_threads(1)
@@ -133,9 +133,9 @@ def test_hf_prompt_lookup_agrees_with_reference_ngram_on_default_model():
     per-step (drafted, accepted) except where the engines differ by design — HF already drafts
     from the prompt in its prefill pass (the reference's first step is the plain prefill), and HF
     does not shorten drafts near the max_new_tokens budget (the reference does)."""
-    from specstudy.data import models, tasks
+    from specstudy.data import model_files, tasks
 
-    tok = models.load_tokenizer("smollm2-135m")
+    tok = model_files.load_tokenizer("smollm2-135m")
     reqs = tasks.load_requests("code", n=2, tokenizer=tok)
     sampling, gamma = Sampling(max_new_tokens=40), 4
     opts = (("ngram_max", 2), ("ngram_min", 1))

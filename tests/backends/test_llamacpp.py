@@ -16,20 +16,20 @@ import numpy as np
 import pytest
 
 from specstudy.backends import get_backend
-from specstudy.backends.llamacpp.backend import (
+from specstudy.backends.llamacpp.costs import forward_ms_by_tokens
+from specstudy.backends.llamacpp.gguf_meta import file_type_name, read_metadata, vocab_mismatch
+from specstudy.backends.llamacpp.llamacpp_backend import (
     LlamaCppBackend,
     chunk_trace,
     counter_acceptance,
     forward_ms,
     steps_from_trace,
 )
-from specstudy.backends.llamacpp.config import GgufFile, Plan, SpecConfig, server_argv, spec_config
-from specstudy.backends.llamacpp.costs import forward_ms_by_tokens
-from specstudy.backends.llamacpp.gguf_meta import file_type_name, read_metadata, vocab_mismatch
+from specstudy.backends.llamacpp.llamacpp_spec import GgufFile, Plan, SpecConfig, server_argv, spec_config
 from specstudy.backends.prometheus import parse_prometheus
 from specstudy.backends.rss import TreeRssSampler
 from specstudy.backends.sse import StreamState
-from specstudy.data import fetch, models
+from specstudy.data import fetch, model_files
 from specstudy.records import Cell, Request, RequestRecord, Sampling
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "llamacpp"
@@ -554,7 +554,7 @@ def test_live_smollm2_ar_and_ngram_counts_equal_llamacpp_own(tmp_path):
         assert r.memory_source == "server_rss" and r.peak_memory_bytes > 50e6
         assert (
             r.extra["precision"] == "Q4_1"
-            and r.extra["llamacpp"]["model"]["sha256"] == models.get_entry("smollm2-135m").sha256
+            and r.extra["llamacpp"]["model"]["sha256"] == model_files.get_entry("smollm2-135m").sha256
         )
         assert r.target_forwards == r.output_tokens - r.accepted_tokens
     assert all(r.drafted_tokens == 0 and r.draft_steps == 0 for r in ar)

@@ -10,12 +10,12 @@ import shutil
 import pytest
 import torch
 
-from specstudy.backends.llamacpp.backend import LlamaCppBackend
-from specstudy.backends.llamacpp.config import GgufFile, check, server_argv, spec_config
 from specstudy.backends.llamacpp.eagle3_draft import check_folder, converted_gguf
 from specstudy.backends.llamacpp.gguf_meta import read_metadata
-from specstudy.data.models import tiny_model
-from specstudy.engine.eagle3 import Eagle3Draft, save_eagle3
+from specstudy.backends.llamacpp.llamacpp_backend import LlamaCppBackend
+from specstudy.backends.llamacpp.llamacpp_spec import GgufFile, check, server_argv, spec_config
+from specstudy.data.model_files import tiny_model
+from specstudy.engine.eagle3_drafter import Eagle3Draft, save_eagle3
 from specstudy.frameworks.declaration import CellCheck
 from specstudy.frameworks.llamacpp import LLAMACPP
 
@@ -108,7 +108,7 @@ def test_the_conversion_is_cached_by_checksum(target, folder, tmp_path, monkeypa
 
 def test_the_server_starts_with_draft_eagle3_and_the_converted_file(target, folder, tmp_path, monkeypatch):
     monkeypatch.setenv("SPECSTUDY_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr("specstudy.backends.llamacpp.config.gguf_file", lambda name: target[1])
+    monkeypatch.setattr("specstudy.backends.llamacpp.llamacpp_spec.gguf_file", lambda name: target[1])
     plan = check("eagle3", 4, {}, "tiny", str(folder))
     argv = server_argv(plan, threads=2, ctx_size=1024, parallel=1)
     assert argv[argv.index("--spec-type") + 1] == "draft-eagle3"
@@ -120,12 +120,14 @@ def test_the_server_starts_with_draft_eagle3_and_the_converted_file(target, fold
 
 
 def test_study_load_refuses_a_bad_drafter_before_any_server(target, tmp_path, monkeypatch):
-    monkeypatch.setattr("specstudy.backends.llamacpp.backend.needs_download", lambda f: False)
-    monkeypatch.setattr("specstudy.backends.llamacpp.config.gguf_file", lambda name: target[1])
+    monkeypatch.setattr("specstudy.backends.llamacpp.llamacpp_backend.needs_download", lambda f: False)
+    monkeypatch.setattr("specstudy.backends.llamacpp.llamacpp_spec.gguf_file", lambda name: target[1])
     with pytest.raises(ValueError, match="no such folder"):
         LlamaCppBackend.check_cell(CellCheck("eagle3", 4, {}, "tiny", str(tmp_path / "nowhere")))
     with pytest.raises(ValueError, match="needs a drafter"):
         LlamaCppBackend.check_cell(CellCheck("eagle3", 4, {}, "tiny", None))
-    monkeypatch.setattr("specstudy.backends.llamacpp.backend.needs_download", lambda f: True)  # target not here yet
+    monkeypatch.setattr(
+        "specstudy.backends.llamacpp.llamacpp_backend.needs_download", lambda f: True
+    )  # target not here yet
     with pytest.raises(ValueError, match="no such folder"):
         LlamaCppBackend.check_cell(CellCheck("eagle3", 4, {}, "tiny", str(tmp_path / "nowhere")))

@@ -19,7 +19,7 @@ GREEDY = Sampling(max_new_tokens=16)
 
 
 def test_the_eagle3_folder_runs_as_a_llamacpp_cell(tmp_path):
-    from specstudy.backends.llamacpp.backend import LlamaCppBackend
+    from specstudy.backends.llamacpp.llamacpp_backend import LlamaCppBackend
 
     def cell(method: str, gamma: int | None = None) -> Cell:
         return Cell(

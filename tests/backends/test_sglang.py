@@ -13,7 +13,7 @@ from fixtures.replay_argparse import parse
 
 from specstudy import metrics
 from specstudy.backends import get_backend
-from specstudy.backends.sglang.server import SglangServerBackend, describe_sglang, meta_fields, speculative_flags
+from specstudy.backends.sglang.sglang_server import SglangServerBackend, describe_sglang, meta_fields, speculative_flags
 from specstudy.frameworks.declaration import CellCheck
 from specstudy.records import Cell, Request, Sampling
 
@@ -169,7 +169,7 @@ def test_the_warm_up_prefix_is_not_flushed_before_the_measured_requests():
 def test_the_version_is_read_from_sglangs_current_endpoint():
     """N12: SGLang 0.5.23 serves /server_info and logs /get_server_info as deprecated; the fake serves
     only the current path, so a probe of the old one alone would read no version."""
-    from specstudy.backends.sglang.server import SGLANG_INFO_PATHS
+    from specstudy.backends.sglang.sglang_server import SGLANG_INFO_PATHS
 
     assert SGLANG_INFO_PATHS[0] == "/server_info"
     with FakeServer(mode="sglang") as fake:

@@ -26,7 +26,7 @@ def test_launch_argv_parses_with_sglangs_real_parser():
 import argparse, json, sys
 sys.path.insert(0, %r)
 from sglang.srt.server_args import ServerArgs
-from specstudy.backends.sglang.server import SglangServerBackend
+from specstudy.backends.sglang.sglang_server import SglangServerBackend
 from specstudy.records import Cell
 b = SglangServerBackend("/m", python="py", dtype="bfloat16", max_model_len=4096, prefix_cache=False, tensor_parallel_size=2)
 out = {}

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from specstudy import metrics
-from specstudy.backends.sglang.server import SglangServerBackend
-from specstudy.backends.vllm.server import speculative_config
+from specstudy.backends.sglang.sglang_server import SglangServerBackend
+from specstudy.backends.vllm.vllm_server import speculative_config
 from specstudy.frameworks.declaration import check_method
 from specstudy.frameworks.sglang import sglang_synthetic_env
 from specstudy.frameworks.vllm import OFFLINE

@@ -14,7 +14,7 @@ from fake_servers import FakeServer, K, script
 
 from specstudy import metrics
 from specstudy.backends import get_backend
-from specstudy.backends.trtllm.server import (
+from specstudy.backends.trtllm.trtllm_server import (
     TrtllmEngineServerBackend,
     TrtllmServerBackend,
     chain,

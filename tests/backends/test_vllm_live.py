@@ -45,16 +45,16 @@ def _engines_python() -> str:
 
 @pytest.fixture(scope="module")
 def model_dir() -> str:
-    from specstudy.data import models
+    from specstudy.data import model_files
 
-    return str(models.resolve("smollm2-135m"))
+    return str(model_files.resolve("smollm2-135m"))
 
 
 def test_serve_bench_vllm_ngram_paired(tmp_path, model_dir):
     from specstudy import metrics
     from specstudy.backends import get_backend
     from specstudy.records import Cell, Request, Sampling, read_records
-    from specstudy.run.serving import SweepConfig, run_sweep
+    from specstudy.run.serving_driver import SweepConfig, run_sweep
 
     py = _engines_python()
     backend = get_backend(
@@ -198,7 +198,7 @@ def test_prefix_cache_hits_gauges_and_memory_from_a_live_server(tmp_path):
     own counters and are > 0; with it off vLLM counts no lookups and no hits.  The running-batch gauge and the server tree's
     RSS are recorded for every run, and each request's send time beside its schedule."""
     from specstudy.backends import get_backend
-    from specstudy.data.models import load_tokenizer
+    from specstudy.data.model_files import load_tokenizer
     from specstudy.data.tasks import load_requests
     from specstudy.records import Cell, Sampling
 

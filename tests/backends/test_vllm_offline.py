@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from specstudy.backends.base import BackendUnavailable
-from specstudy.backends.vllm import config as vllm_config
+from specstudy.backends.vllm import speculative_config as vllm_config
 from specstudy.backends.vllm.client import WorkerClient
 from specstudy.backends.vllm.offline import VllmOfflineBackend, counters_snapshot, engine_kwargs, snapshot_delta
-from specstudy.backends.vllm.server import speculative_config
+from specstudy.backends.vllm.vllm_server import speculative_config
 from specstudy.data.tasks import TaskRequest
 from specstudy.frameworks.declaration import CellCheck
 from specstudy.records import Cell, Request, Sampling

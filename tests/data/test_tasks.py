@@ -628,8 +628,8 @@ def test_all_seven_categories_yield_40_prompts_offline():
 
 @pytest.mark.slow
 def test_default_model_tokenizer_leaves_40_prompts_per_category_after_length_control():
-    """The embedded SmolLM2 tokenizer (fetched by specstudy.data.models): chat template + each task's policy."""
-    models = pytest.importorskip("specstudy.data.models")
+    """The embedded SmolLM2 tokenizer (fetched by specstudy.data.model_files): chat template + each task's policy."""
+    models = pytest.importorskip("specstudy.data.model_files")
     tok = models.load_tokenizer(models.DEFAULT_MODEL)
     for name in CATEGORIES:
         cfg = load_task_config(name)

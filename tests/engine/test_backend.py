@@ -5,8 +5,8 @@ import torch
 
 from specstudy import metrics
 from specstudy.backends import get_backend
-from specstudy.backends.reference.backend import ReferenceBackend
-from specstudy.data.models import tiny_model
+from specstudy.backends.reference.reference_backend import ReferenceBackend
+from specstudy.data.model_files import tiny_model
 from specstudy.records import Cell, Request, Sampling
 
 torch.set_num_threads(1)
@@ -97,7 +97,7 @@ def test_constructor_checks_names_before_loading():
 
 
 def test_drafter_with_another_tokenizer_is_refused_before_loading(monkeypatch):
-    import specstudy.data.models as models
+    import specstudy.data.model_files as models
 
     def no_load(*a, **k):
         raise AssertionError("must not load a model")
@@ -120,7 +120,7 @@ def test_int8_draft_changes_the_draft_not_the_output():
     assert all(type(m).__name__ == "Linear" for m in small.modules() if "Linear" in type(m).__name__)
     with pytest.raises(ValueError, match="draft_quantization"):
         list(b.run(REQS, S, cell("draft_target", 3, drafter="small", draft_quantization="int4")))
-    from specstudy.data.models import quantize_dynamic_int8
+    from specstudy.data.model_files import quantize_dynamic_int8
 
     with pytest.raises(ValueError, match="CPU only; device='cuda'"):
         quantize_dynamic_int8(small, "cuda")

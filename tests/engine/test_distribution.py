@@ -14,7 +14,7 @@ import torch
 from exact_distribution import chi_square_p
 from exact_distribution import exact_joint as _exact_joint
 
-from specstudy.data.models import tiny_model
+from specstudy.data.model_files import tiny_model
 from specstudy.engine.methods import DecodeJob, get_method
 from specstudy.records import Sampling
 

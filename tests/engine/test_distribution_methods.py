@@ -23,7 +23,7 @@ from exact_distribution import chi_square_p
 from exact_distribution import exact_joint as _exact_joint
 
 import specstudy.engine.verify as verify_mod
-from specstudy.data.models import tiny_model
+from specstudy.data.model_files import tiny_model
 from specstudy.engine import drafters as D
 from specstudy.engine.methods import DecodeJob, get_method
 from specstudy.engine.sampling import sample_from
@@ -105,7 +105,7 @@ def test_method_samples_the_target_distribution(models, heads, case):
 def test_eagle3_with_a_reduced_draft_vocabulary_samples_the_target_distribution(models):
     """EAGLE-3 drafts only from its draft vocabulary (ids 0, 2, 3 here): q is 0 on ids 1 and 4,
     which the target reaches through rejections and the bonus token alone."""
-    from specstudy.engine.eagle3 import Eagle3Draft
+    from specstudy.engine.eagle3_drafter import Eagle3Draft
 
     target, _ = models
     c = target.config

@@ -5,7 +5,7 @@ import pytest
 import torch
 from exact_distribution import chi_square_p, exact_joint
 
-from specstudy.data.models import tiny_model
+from specstudy.data.model_files import tiny_model
 from specstudy.engine import drafters as D
 from specstudy.engine.drafters import EagleDraft
 from specstudy.engine.methods import DecodeJob, get_method
@@ -143,7 +143,7 @@ def test_the_committed_eagle_drafter_is_lossless_on_the_default_model():
 
 def assert_lossless_on_the_default_model(method: str, drafter: str) -> None:
     """A committed drafter file: greedy outputs equal AR's on SmolLM2, and some drafts accepted."""
-    from specstudy.data.models import load_model
+    from specstudy.data.model_files import load_model
 
     model, tok = load_model("smollm2-135m")
     spec = get_method(method)

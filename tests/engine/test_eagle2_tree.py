@@ -20,10 +20,10 @@ from exact_distribution import chi_square_p
 from exact_distribution import exact_joint as _exact_joint
 
 import specstudy.engine.proposals as proposals_mod
-from specstudy.data.models import tiny_model
+from specstudy.data.model_files import tiny_model
 from specstudy.engine.drafters import EagleDraft
 from specstudy.engine.dynamic_tree import DraftNode, rerank
-from specstudy.engine.eagle3 import Eagle3Draft
+from specstudy.engine.eagle3_drafter import Eagle3Draft
 from specstudy.engine.methods import DecodeJob, get_method
 from specstudy.engine.methods import eagle as eagle_method
 from specstudy.records import Sampling

@@ -7,16 +7,16 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from specstudy.data.models import tiny_model
-from specstudy.engine.eagle3 import ARCHITECTURE, Eagle3Draft, default_aux_layers, load_eagle3, save_eagle3
+from specstudy.data.model_files import tiny_model
+from specstudy.engine.eagle3_drafter import ARCHITECTURE, Eagle3Draft, default_aux_layers, load_eagle3, save_eagle3
 from specstudy.engine.kv import cache_arg
 from specstudy.engine.methods import DecodeJob, get_method
 from specstudy.engine.methods.heads import AuxCapture
 from specstudy.records import Sampling
 from specstudy.train.data import generate_with_features
 from specstudy.train.distill import train_drafter
-from specstudy.train.eagle3 import unrolled_outputs
 from specstudy.train.loop import TrainSettings
+from specstudy.train.train_eagle3 import unrolled_outputs
 
 torch.set_num_threads(1)
 

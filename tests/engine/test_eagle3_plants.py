@@ -7,7 +7,7 @@ reference engine, vLLM and SGLang alike and a comparison *between engines* canno
 below: the planted head against itself, as two engines reading one file, is identical prompt by
 prompt).  What sees it:
 
-* :func:`~specstudy.engine.eagle3.check_round_trip` (run by ``train-drafter`` after every export):
+* :func:`~specstudy.engine.eagle3_drafter.check_round_trip` (run by ``train-drafter`` after every export):
   each plant raises, naming what differs; the clean export passes;
 * the paired acceptance of the head as trained against the head as exported, in the reference
   engine on the same prompts (:func:`~specstudy.report.across_engines.paired_verdict`): the
@@ -21,8 +21,8 @@ import json
 import pytest
 import torch
 
-from specstudy.data.models import tiny_model
-from specstudy.engine.eagle3 import CONFIG_FILE, Eagle3Draft, check_round_trip, load_eagle3, save_eagle3
+from specstudy.data.model_files import tiny_model
+from specstudy.engine.eagle3_drafter import CONFIG_FILE, Eagle3Draft, check_round_trip, load_eagle3, save_eagle3
 from specstudy.engine.methods import DecodeJob, get_method
 from specstudy.records import Cell, Request, Sampling
 from specstudy.report.across_engines import IDENTICAL, paired_verdict
@@ -132,7 +132,7 @@ def test_the_norm_plant_does_not_load_in_the_kits_reader(target, head, tmp_path)
 
 def test_train_drafter_checks_every_eagle3_export(target, head, tmp_path, monkeypatch):
     """The command's save step runs the round trip: a planted export stops the command."""
-    from specstudy.commands.train_drafter import save
+    from specstudy.commands.train_drafter_command import save
 
     assert save(head, tmp_path / "ok", "tiny", {}, target.config).is_dir()
     state = head.engine_state_dict()

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from specstudy import costmodel, metrics
-from specstudy.data.models import tiny_model
+from specstudy.data.model_files import tiny_model
 from specstudy.engine.speculate import CostAwareGamma
 from specstudy.engine.stepcost import measure_verify_time, verify_ratio
 

@@ -24,7 +24,7 @@ import torch
 from exact_distribution import chi_square_p
 from exact_distribution import exact_joint as _exact_joint
 
-from specstudy.data.models import tiny_model
+from specstudy.data.model_files import tiny_model
 from specstudy.engine import drafters as D
 from specstudy.engine.methods import DecodeJob, get_method
 from specstudy.engine.methods import tree as T
@@ -216,7 +216,7 @@ def test_tree_options_are_checked_before_decoding(target):
 
 
 def test_a_tree_drafter_named_by_model_loads_through_the_registry(target, monkeypatch):
-    """Neither self:K nor an adapter file: the drafter comes from specstudy.data.models (this
+    """Neither self:K nor an adapter file: the drafter comes from specstudy.data.model_files (this
     branch imported a module that no longer exists)."""
     calls = []
 
@@ -224,7 +224,7 @@ def test_a_tree_drafter_named_by_model_loads_through_the_registry(target, monkey
         calls.append((name, device, dtype))
         return "draft-lm", "tokenizer"
 
-    import specstudy.data.models as registry  # tree imports it lazily (the engine imports no config)
+    import specstudy.data.model_files as registry  # tree imports it lazily (the engine imports no config)
 
     monkeypatch.setattr(registry, "load_model", fake_load_model)
     assert get_method("tree").load_drafter("some-draft-model", target, "cpu", "float64") == "draft-lm"
@@ -464,7 +464,7 @@ def test_training_lowers_the_loss_and_files_round_trip(kind, tmp_path):
     with pytest.raises(ValueError, match="trained for target"):
         D.load_drafter(path, target="other")
     # the command's acceptance measurement decodes through the engine's own method
-    from specstudy.commands.train_drafter import measure_acceptance
+    from specstudy.commands.train_drafter_command import measure_acceptance
 
     acc = measure_acceptance(model, again, kind, [("code", "p0", prompts[0]), ("code", "p1", prompts[1])], 12, 2, path)
     c = acc["per_task"]["code"]
@@ -567,7 +567,7 @@ DEFAULT_HEADS = "params/drafters/smollm2-135m-heads.safetensors"
 def test_heads_and_tree_are_lossless_on_the_default_model():
     from pathlib import Path
 
-    from specstudy.data.models import load_model
+    from specstudy.data.model_files import load_model
     from specstudy.paths import REPO_ROOT
 
     model, tok = load_model("smollm2-135m")

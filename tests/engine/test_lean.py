@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specstudy.data.models import tiny_model
+from specstudy.data.model_files import tiny_model
 from specstudy.engine import lean
 from specstudy.engine.kv import KVState
 from specstudy.engine.lean import StaticKV, lean_supported, set_lean_forward
@@ -177,7 +177,7 @@ def test_a_token_tree_through_the_lean_forward_is_transformers_tree_forward():
     """Issue 37: tree methods verify through the lean cache.  Every node's hidden state and logits
     equal transformers' tree forward (same positions, same tree mask), and after keeping a path the
     next token's logits agree too (the path's keys moved to where a causal decode puts them)."""
-    from specstudy.data.models import tiny_model
+    from specstudy.data.model_files import tiny_model
     from specstudy.engine.kv import new_cache
     from specstudy.engine.lean import lean_cache
     from specstudy.engine.tokentree import TokenTree, causal_forward, keep_cache_positions, tree_forward

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from specstudy import metrics
-from specstudy.data.models import tiny_model
+from specstudy.data.model_files import tiny_model
 from specstudy.engine.methods import DecodeJob, get_method, method_names
 from specstudy.engine.methods.ngram import lookup
 from specstudy.records import Cell, Request, Sampling

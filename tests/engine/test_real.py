@@ -17,7 +17,7 @@ PROMPTS = [
 
 @pytest.fixture(scope="module")
 def smol():
-    from specstudy.data.models import load_model
+    from specstudy.data.model_files import load_model
 
     torch.set_num_threads(1)
     model, tok = load_model("smollm2-135m")
@@ -44,7 +44,7 @@ def test_every_method_is_lossless_on_the_default_model(smol):
 
 
 def test_reference_backend_with_chat_template(smol):
-    from specstudy.backends.reference.backend import ReferenceBackend
+    from specstudy.backends.reference.reference_backend import ReferenceBackend
     from specstudy.records import Cell, Request
 
     model, tok = smol

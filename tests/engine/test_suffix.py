@@ -4,7 +4,7 @@ context, options checked, and a clear refusal where the optional package is abse
 import pytest
 import torch
 
-from specstudy.data.models import tiny_model
+from specstudy.data.model_files import tiny_model
 from specstudy.engine.methods import DecodeJob, get_method
 from specstudy.engine.methods import suffix as suffix_method
 from specstudy.records import Sampling

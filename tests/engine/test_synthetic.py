@@ -8,8 +8,8 @@ import torch
 from exact_distribution import chi_square_p
 
 from specstudy import metrics
-from specstudy.backends.reference.backend import ReferenceBackend
-from specstudy.data.models import tiny_model
+from specstudy.backends.reference.reference_backend import ReferenceBackend
+from specstudy.data.model_files import tiny_model
 from specstudy.engine import drafters as D
 from specstudy.engine.methods import DecodeJob, get_method
 from specstudy.engine.sampling import make_generator

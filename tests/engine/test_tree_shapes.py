@@ -19,7 +19,7 @@ import torch
 from exact_distribution import chi_square_p
 from exact_distribution import exact_joint as _exact_joint
 
-from specstudy.data.models import tiny_model
+from specstudy.data.model_files import tiny_model
 from specstudy.drafter_names import merged_parts
 from specstudy.engine.methods import DecodeJob, get_method
 from specstudy.engine.methods.sequoia import SequoiaDrafter

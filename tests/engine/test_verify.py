@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from specstudy.data.models import tiny_model
+from specstudy.data.model_files import tiny_model
 from specstudy.engine.kv import KVState, pad_ragged
 from specstudy.engine.sampling import apply_top_k, apply_top_p, logits_to_probs, make_generator
 from specstudy.engine.verify import accepted_prefix, verify_greedy, verify_sampling, verify_step

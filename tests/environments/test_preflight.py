@@ -212,7 +212,7 @@ def test_required_engines_drive_the_engine_checks():
 @pytest.mark.parametrize("hw", ["a100", "h100", "h200", "rtx4090"])
 def test_gpu_profiles_pass_every_backend_check(hw):
     from specstudy.backends import backend_class
-    from specstudy.config.study import load_study
+    from specstudy.config.study_matrix import load_study
     from specstudy.run.plan import expand
 
     cfg = load_study(hw)

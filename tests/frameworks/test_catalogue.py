@@ -24,7 +24,7 @@ from specstudy.frameworks.declaration import EngineDeclaration
 MYSERVE = register(
     EngineDeclaration(
         framework="myserve",
-        backend="openai.server:OpenAIBackend",
+        backend="openai.openai_server:OpenAIBackend",
         methods=("ar", "ngram"),
         engine_options={"command": None, "prefix_cache": None, "dtype": None},
         server=True,
@@ -105,7 +105,7 @@ def test_every_declared_option_is_accepted_and_a_backend_checks_what_load_checke
 
 def test_per_engine_facts_are_declaration_fields():
     """The seven tables the house issue found outside the declarations, each derived from them now."""
-    from specstudy.commands.serve_bench import serve_bench_servers
+    from specstudy.commands.serve_bench_command import serve_bench_servers
     from specstudy.config.vocab import method_family
     from specstudy.environments import install
     from specstudy.provenance import provenance_packages

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from support import code_prompt_record
 
-from specstudy.analysis.study import load
+from specstudy.analysis.study_records import load
 from specstudy.layout import StudyLayout
 from specstudy.records import Cell
 from specstudy.report.across_engines import AGREE, AT_END, IDENTICAL, acceptance_across_engines

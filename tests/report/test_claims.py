@@ -10,7 +10,7 @@ import pytest
 from specstudy.analysis import claims, faq, stats
 from specstudy.analysis.claims import Estimate
 from specstudy.analysis.rows import hardware_rows
-from specstudy.analysis.study import load
+from specstudy.analysis.study_records import load
 from specstudy.layout import StudyLayout
 from specstudy.records import Cell, Request, Sampling
 from specstudy.report import fails, sections, summary, wording

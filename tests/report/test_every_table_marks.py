@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from specstudy.analysis.study import load
+from specstudy.analysis.study_records import load
 from specstudy.report import sections
 from specstudy.report.tables import FLAG_MARK
 

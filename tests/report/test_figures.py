@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from specstudy.analysis.study import load
+from specstudy.analysis.study_records import load
 from specstudy.report import figures, tables
 
 NAN_CI = (math.nan, math.nan)

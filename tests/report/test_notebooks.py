@@ -11,7 +11,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from specstudy.analysis.study import load
+from specstudy.analysis.study_records import load
 from specstudy.report.notebooks import execute_notebooks, plan_notebook_jobs
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
@@ -116,7 +116,7 @@ def test_a_study_that_lists_some_notebooks_still_renders_its_report(tmp_path):
 
 
 def test_the_study_papermill_entry_point_runs_a_notebook_without_the_iri_parser(tmp_path):
-    """``python -m specstudy.report.papermill_cli`` (what notebooks.mk calls) is papermill's CLI:
+    """``python -m specstudy.report.papermill_cli`` (what ``specstudy study`` runs per notebook) is papermill's CLI:
     parameters injected, outputs written, the notebook valid, and jsonschema's IRI checker unloaded."""
     import subprocess
     import sys

@@ -3,8 +3,12 @@ PNG and PDF, provenance, failed cells, and the cross-hardware merge."""
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import re
 import shutil
+import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
@@ -12,10 +16,10 @@ import pytest
 
 from specstudy import metrics
 from specstudy.analysis import stats
-from specstudy.analysis.study import load
+from specstudy.analysis.study_records import load
 from specstudy.report import tables, writer
 from specstudy.report.format import fmt_ci
-from specstudy.report.notebooks import plan_notebook_jobs, write_notebook_makefile
+from specstudy.report.notebooks import execute_notebooks, plan_notebook_jobs, stale_jobs
 
 
 @pytest.fixture
@@ -196,7 +200,7 @@ def test_break_even_and_formatting_helpers():
     assert fmt_ci(1.0, (float("nan"), float("nan"))) == "1.00"
 
 
-def test_notebook_matrix_and_makefile(study_out, tmp_path):
+def test_notebook_matrix_report_first_and_only_stale_ones(study_out, tmp_path, monkeypatch):
     jobs = plan_notebook_jobs(study_out, load(study_out).plan["cells"])
     names = [j.name for j in jobs]
     assert names[0] == "hardware" and names[-1] == "report"
@@ -207,14 +211,26 @@ def test_notebook_matrix_and_makefile(study_out, tmp_path):
         "task_category-chat",
         "when_it_fails",
     } <= set(names)
-    mk = write_notebook_makefile(jobs, tmp_path / "nb.mk", study_out / ".records-updated").read_text()
-    assert mk.count("$(PAPERMILL)") == len(jobs)
-    report = str(study_out / "notebooks" / "report.ipynb")
-    report_rule = next(l for l in mk.splitlines() if l.startswith(report + ":"))
-    # the exploring notebooks write nothing: the report waits for none of them and is started first
-    assert not any(j.output in report_rule for j in jobs if j.notebook != "report")
-    all_rule = next(l for l in mk.splitlines() if l.startswith("all:")).split()
-    assert all_rule[1] == report and set(all_rule[2:]) == {j.output for j in jobs if j.notebook != "report"}
+    started: list[str] = []
+
+    def fake_run(argv, **kw):  # papermill's CLI: writes the output it is given
+        out = next(a for a in argv if a.endswith(".tmp.ipynb"))
+        started.append(Path(out).name)
+        Path(out).write_text("{}")
+        return subprocess.CompletedProcess(argv, 0, "", "")
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    jobs = [dataclasses.replace(j, output=str(tmp_path / Path(j.output).name)) for j in jobs]
+    stamp = tmp_path / ".records-updated"
+    stamp.touch()
+    assert stale_jobs(jobs, stamp) == jobs  # nothing executed yet
+    results = execute_notebooks(jobs, log=lambda m: None, workers=1)
+    # the exploring notebooks write nothing: the report is started first, and results keep the jobs' order
+    assert started[0] == "report.tmp.ipynb" and [j for j, _ in results] == jobs
+    assert all(err is None for _, err in results) and all(Path(j.output).exists() for j in jobs)
+    assert stale_jobs(jobs, stamp) == []  # a rerun executes nothing again
+    os.utime(stamp, (time.time() + 5, time.time() + 5))  # records written after the notebooks
+    assert stale_jobs(jobs, stamp) == jobs
 
 
 def test_report_cli_without_notebooks(study_out, capsys):

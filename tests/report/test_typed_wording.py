@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from specstudy.analysis.drafts import BENDS, SEARCH_LIMITS, Bend
-from specstudy.analysis.study import sampling_key
+from specstudy.analysis.study_records import sampling_key
 from specstudy.report.format import sampling_text
 from specstudy.report.model_notes import bend_text, limit_text, note_text
 

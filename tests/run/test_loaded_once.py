@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 from support import ByteIds, TinyFactory, write_study_file, write_task
 
-import specstudy.commands.report  # noqa: F401  # imported before the counters are put in
-import specstudy.commands.run as run_cmd
+import specstudy.commands.report_command  # noqa: F401  # imported before the counters are put in
+import specstudy.commands.run_command as run_cmd
 import specstudy.run.dryrun  # noqa: F401
 import specstudy.run.environment  # noqa: F401
 import specstudy.run.slurm  # noqa: F401
-import specstudy.run.study
+import specstudy.run.study_runner
 from specstudy.cli import main
 from specstudy.config import task as task_mod
 from specstudy.run import plan as plan_mod
@@ -68,8 +68,8 @@ def test_a_run_and_its_report_parse_each_task_file_once(study, counted, tmp_path
     reads, expands = counted
     monkeypatch.setattr(run_cmd, "prepare_machine", lambda *a, **k: [])  # this machine's engines: not the point
     factory = TinyFactory(tokenizer=ByteIds())
-    real_run = specstudy.run.study.run_study
-    monkeypatch.setattr(specstudy.run.study, "run_study", lambda *a, **k: real_run(*a, factory=factory, **k))
+    real_run = specstudy.run.study_runner.run_study
+    monkeypatch.setattr(specstudy.run.study_runner, "run_study", lambda *a, **k: real_run(*a, factory=factory, **k))
     out = tmp_path / "outputs"
     assert main(["run", "--params", str(path), "--outputs", str(out), "--no-progress"]) == 0
     assert len(factory.runs) > 0  # the cells ran, on the tiny model, from the task files' prompts

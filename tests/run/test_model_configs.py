@@ -39,7 +39,7 @@ def test_the_shipped_profiles_pass_their_models_configs(gpu):
 
 
 @pytest.mark.parametrize("gpu", GPUS)
-def test_n2_a_4096_context_for_the_vicuna_targets_is_refused_all_at_once(gpu):
+def test_a_4096_context_for_the_vicuna_targets_is_refused_all_at_once(gpu):
     """N2 planted: the profiles as they were (max_model_len 4096 for every engine)."""
     cfg = load_study(gpu, check_tokenizers=False)
     bad = _with_options(cfg, **{fw: {"max_model_len": 4096} for fw in cfg.framework_options})
@@ -55,7 +55,7 @@ def test_n2_a_4096_context_for_the_vicuna_targets_is_refused_all_at_once(gpu):
     assert "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN" in text  # N3 found in the same pass
 
 
-def test_n3_sglang_gives_an_eagle3_head_the_targets_context_and_vllm_does_not():
+def test_sglang_gives_an_eagle3_head_the_targets_context_and_vllm_does_not():
     """SGLang with no max_model_len runs Llama-3.3 at 131072: its 2048-position EAGLE-3 head is refused;
     vLLM's draft takes min(target, draft), so the same row on vLLM passes."""
     cfg = load_study("h100", check_tokenizers=False)

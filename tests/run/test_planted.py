@@ -12,7 +12,7 @@ from specstudy.engine import lean
 from specstudy.layout import StudyLayout
 from specstudy.run import rehearsal
 from specstudy.run.plan import check_backends, expand
-from specstudy.run.study import run_study
+from specstudy.run.study_runner import run_study
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "model_configs"
 pytestmark = pytest.mark.slow
@@ -48,7 +48,7 @@ def test_the_reference_rows_run_on_stand_ins(h200):
     assert len(results) == len(plans) and all(r.status == "done" for r in results), [r.message for r in results]
 
 
-def test_n1_reverted_fails_naming_cell_and_cause(h200, monkeypatch):
+def test_a_reference_engine_refusing_hub_ids_fails_naming_cell_and_cause(h200, monkeypatch):
     monkeypatch.setattr("specstudy.config.model.HUB_ID", re.compile(r"(?!)"))  # get_entry refuses hub ids again
     plans, results = _run_reference(*h200, "n1")
     failed = [r for r in results if r.status == "failed"]
@@ -57,7 +57,7 @@ def test_n1_reverted_fails_naming_cell_and_cause(h200, monkeypatch):
     assert "model='meta-llama/Llama-2-7b-chat-hf' is not known" in failed[0].message
 
 
-def test_n6_reverted_fails_naming_the_engine_and_its_last_cell(h200, monkeypatch):
+def test_an_engine_that_holds_its_model_fails_naming_the_engine_and_its_last_cell(h200, monkeypatch):
     init = lean.LeanLlama.__init__
 
     def holding(self, model, pack=False):
@@ -73,7 +73,7 @@ def test_n6_reverted_fails_naming_the_engine_and_its_last_cell(h200, monkeypatch
     )
 
 
-def test_n2_reverted_is_refused_naming_model_and_key(h200):
+def test_a_context_longer_than_the_model_is_refused_naming_model_and_key(h200):
     path, out = h200
     bad = out / "n2.yaml"
     bad.write_text(Path(path).read_text().replace("max_model_len: 2048", "max_model_len: 4096"))

@@ -11,13 +11,13 @@ import zlib
 import pytest
 from support import tiny_requests, write_study
 
-from specstudy.analysis.study import load
+from specstudy.analysis.study_records import load
 from specstudy.backends.base import Backend
 from specstudy.config import ParamsError, load_study
 from specstudy.layout import StudyLayout
 from specstudy.report import tables
 from specstudy.run.plan import expand
-from specstudy.run.study import run_study
+from specstudy.run.study_runner import run_study
 
 STUDY = """
 study:

@@ -188,7 +188,7 @@ def test_a_rehearsed_cell_whose_engine_died_fails_the_rehearsal(tmp_path):
     "0 failed": a rehearsal names every cell with a request that did not come back ok."""
     from types import SimpleNamespace
 
-    from specstudy.commands.run import _rehearsal_errors
+    from specstudy.commands.run_command import _rehearsal_errors
     from specstudy.layout import StudyLayout
     from specstudy.records import Cell, Request, Sampling
 

@@ -20,14 +20,14 @@ from support import TINY_STUDY, TinyFactory, run_tiny_study, tiny_requests, writ
 
 from specstudy.backends.base import ServingBackend
 from specstudy.backends.lifecycle import ServerStartError
-from specstudy.backends.server import ServedBatch, ServerDied
+from specstudy.backends.server_base import ServedBatch, ServerDied
 from specstudy.backends.watch import WatchResult
 from specstudy.config import load_study
 from specstudy.layout import StudyLayout
 from specstudy.records import read_part
 from specstudy.run.plan import expand
 from specstudy.run.pool import BackendPool
-from specstudy.run.study import run_study
+from specstudy.run.study_runner import run_study
 
 _run = run_tiny_study
 
@@ -107,7 +107,7 @@ def test_a_warm_engine_warms_a_later_method_up_with_the_shorter_length(tiny, tmp
 
 def test_an_engine_loaded_again_is_warmed_up_again_at_full_length(tiny):
     """Warm-up bookkeeping follows the loaded engine, not its key: one evicted and loaded again is cold."""
-    from specstudy.run.study import _RunState, plan_warmup
+    from specstudy.run.study_runner import _RunState, plan_warmup
 
     class Engine:
         pass
@@ -130,7 +130,7 @@ def test_an_engine_loaded_again_is_warmed_up_again_at_full_length(tiny):
 def test_every_configuration_an_engine_has_not_served_gets_an_untimed_request_first(tiny):
     """Sampling, output length, prefix cache and input length each change an engine's cost on first
     use; a server that ran its own (greedy) load-time warm-up gets the study's too."""
-    from specstudy.run.study import _RunState, plan_warmup
+    from specstudy.run.study_runner import _RunState, plan_warmup
 
     class Engine:
         warms_itself = True  # llama.cpp's own warm-up at load
@@ -634,7 +634,7 @@ def test_strict_refuses_a_busy_machine_before_any_engine_loads(tmp_path, monkeyp
 
 @pytest.mark.validity
 def test_a_busy_machine_without_strict_is_named_in_a_warning_and_a_quiet_one_says_nothing(tiny, capsys):
-    from specstudy.commands.run import machine_fit
+    from specstudy.commands.run_command import machine_fit
 
     cfg, _ = tiny
     assert machine_fit(cfg, strict=False, check=lambda needed: BUSY) is None
@@ -663,7 +663,7 @@ def test_the_machine_rule_separates_the_quiet_and_the_loaded_vm():
 
 def test_the_runner_stamps_where_an_ignore_eos_request_would_have_stopped_and_the_prompt_checks(tiny):
     from specstudy.records import Cell, Request
-    from specstudy.run.study import _stamp_checks
+    from specstudy.run.study_runner import _stamp_checks
 
     class Tok:
         bos_token_id, eos_token_id, chat_template = 1, 2, None

@@ -20,7 +20,7 @@ from specstudy.cli import main
 from specstudy.config.schema import Slo
 from specstudy.layout import StudyLayout
 from specstudy.records import Cell, Request, RequestRecord, Sampling
-from specstudy.run.serving import Load, SweepConfig, arrival_offsets, drive, parse_rates, run_sweep
+from specstudy.run.serving_driver import Load, SweepConfig, arrival_offsets, drive, parse_rates, run_sweep
 
 CELL = Cell("serve-bench", "cpu", "vllm-server", "ngram", "adhoc", "m", gamma=4)
 SAMPLING = Sampling(max_new_tokens=9)

@@ -101,7 +101,7 @@ def test_each_engine_gets_the_constraint_in_its_own_field():
 
 def test_sglang_takes_the_schema_as_json_text_and_a_grammar_as_ebnf_in_its_sampling_params():
     """SGLang's SamplingParams.json_schema is a str (an object there is refused by its request check)."""
-    from specstudy.backends.sglang.server import SglangServerBackend
+    from specstudy.backends.sglang.sglang_server import SglangServerBackend
     from specstudy.records import Request, Sampling
 
     text = json.dumps(SCHEMA)
@@ -117,7 +117,7 @@ def test_sglang_takes_the_schema_as_json_text_and_a_grammar_as_ebnf_in_its_sampl
 def test_trtllm_takes_a_typed_response_format_once_its_guided_decoder_is_set(tmp_path):
     """trtllm-serve's ResponseFormat: type "json" with ``schema``, "ebnf" with ``ebnf``; the server's
     ``guided_decoding_backend`` must be set, or a constrained task is refused at load naming the option."""
-    from specstudy.backends.trtllm.server import TrtllmServerBackend
+    from specstudy.backends.trtllm.trtllm_server import TrtllmServerBackend
     from specstudy.records import Cell
 
     text = json.dumps(SCHEMA)

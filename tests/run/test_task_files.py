@@ -10,7 +10,7 @@ import pytest
 import yaml
 from support import ByteIds, TinyFactory
 
-from specstudy.analysis.study import load as load_outputs
+from specstudy.analysis.study_records import load as load_outputs
 from specstudy.cli import main as cli_main
 from specstudy.config import ParamsError, load_study
 from specstudy.config.errors import ParamsProblems
@@ -19,7 +19,7 @@ from specstudy.data.tasks import sha256_folder
 from specstudy.layout import StudyLayout
 from specstudy.report.tables import seed_reference, task_table
 from specstudy.run.plan import expand
-from specstudy.run.study import run_study
+from specstudy.run.study_runner import run_study
 
 ROWS = [{"qid": f"h{i}", "q": f"Name a colour, number {i}."} for i in range(4)]
 
@@ -156,7 +156,7 @@ def test_too_few_prompts_for_the_sweep_and_its_warmup_name_the_study_key(tmp_pat
 
 
 def test_specstudy_run_checks_task_files_before_installing_or_loading_anything(tmp_path, monkeypatch, capsys):
-    import specstudy.commands.run as run_cmd
+    import specstudy.commands.run_command as run_cmd
     import specstudy.run.pool as pool
 
     calls = []

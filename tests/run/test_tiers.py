@@ -12,7 +12,7 @@ from support import LLAMACPP, ByteIds, TinyFactory, byte_tokenizer, run_study_fi
 
 from specstudy.analysis import tiers as tier_analysis
 from specstudy.analysis.claims import compare
-from specstudy.analysis.study import load as load_outputs
+from specstudy.analysis.study_records import load as load_outputs
 from specstudy.config import ParamsError
 from specstudy.config.task import load_task_config
 from specstudy.data.fetch import sha256_file

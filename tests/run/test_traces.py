@@ -12,7 +12,7 @@ import pytest
 from support import byte_tokenizer, run_study_file, write_study_file, write_task
 
 from specstudy.analysis import rates
-from specstudy.analysis.study import load as load_outputs
+from specstudy.analysis.study_records import load as load_outputs
 from specstudy.config import ParamsError, load_study
 from specstudy.config.errors import ParamsProblems
 from specstudy.config.task import load_task_config

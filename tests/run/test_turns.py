@@ -12,7 +12,7 @@ from support import LLAMACPP, ByteIds, TinyFactory, byte_tokenizer, run_study_fi
 
 from specstudy import metrics
 from specstudy.analysis import turns as turn_analysis
-from specstudy.analysis.study import load as load_outputs
+from specstudy.analysis.study_records import load as load_outputs
 from specstudy.backends.base import Backend
 from specstudy.config import load_study
 from specstudy.config.task import load_task_config
@@ -21,8 +21,8 @@ from specstudy.data.tasks import TaskDataError, load_requests
 from specstudy.records import RequestRecord
 from specstudy.report.workload import conversations_section
 from specstudy.run.cell import CellRun
+from specstudy.run.conversation_cells import run_turns
 from specstudy.run.plan import expand, plan_summary
-from specstudy.run.turns import run_turns
 
 
 @pytest.fixture(autouse=True)

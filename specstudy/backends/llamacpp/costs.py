@@ -27,7 +27,7 @@ from typing import Any
 
 from ...records import Cell, Request, Sampling
 from ...telemetry import load_average
-from .backend import LlamaCppBackend
+from .llamacpp_backend import LlamaCppBackend
 
 COPY_PROMPT = (
     "Copy this text exactly, twice: The target model verifies every drafted token in a single "

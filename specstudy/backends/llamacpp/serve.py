@@ -4,7 +4,7 @@ The prebuilt ``xllamacpp`` wheel runs llama.cpp's ``llama-server`` inside a Pyth
 kit starts it through this entry point so that :class:`~specstudy.backends.lifecycle.ManagedServer`
 treats it like any other server: its own process (own RSS, own log), a loopback port, llama.cpp's
 ``/health``, and a process-group SIGTERM to stop it.  Flags mirror ``llama-server``'s meaning
-(:func:`specstudy.backends.llamacpp.config.launch_args` renders both); the ``ready`` line on stdout names
+(:func:`specstudy.backends.llamacpp.llamacpp_spec.launch_args` renders both); the ``ready`` line on stdout names
 the build so the log says what ran.
 """
 

@@ -190,7 +190,7 @@ class WorkerClient:
         """Close the worker when ``cell`` needs another engine and a worker holds only one."""
         if not self.one_engine_per_process:
             return
-        from .config import engine_key
+        from .speculative_config import engine_key
 
         key = engine_key(cell, self.drafter)
         if self._engine_key is not None and key != self._engine_key:

@@ -24,13 +24,13 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from ...data.models import resolve_for_engine
+from ...data.model_files import resolve_for_engine
 from ...frameworks.declaration import check_engine_options, constraint_body
 from ...frameworks.vllm import CLIENT_OPTIONS, ENGINE_ARG_OPTIONS, KIT_TO_VLLM, OFFLINE
 from ...metrics import counter_acceptance
 from ...records import Cell, Request, RequestRecord, Sampling
 from ..base import Backend, BackendUnavailable, encode_request
-from .config import VllmCellCheck, engine_key, spec_fields, speculative_config
+from .speculative_config import VllmCellCheck, engine_key, spec_fields, speculative_config
 
 INSTALL_HINT = "make engine-vllm (or: python -m specstudy.environments install vllm [--cpu|--cuda])"
 

@@ -71,7 +71,7 @@ class EngineMethod:
     options: Mapping[str, Callable[[Any], Any]] = field(default_factory=dict)  # name -> validator/converter
     cross_check: Callable[[dict[str, Any]], None] | None = None  # checks between options (raises ValueError)
     #: how the backend turns cell.drafter (a name) into DecodeJob.drafter; None: a causal LM from
-    #: specstudy.data.models.  Called as load_drafter(name, target, device, dtype).
+    #: specstudy.data.model_files.  Called as load_drafter(name, target, device, dtype).
     load_drafter: Callable[[str, Any, str, str], Any] | None = None
     family: str = ""  # the report section (from the header)
 

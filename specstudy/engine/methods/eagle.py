@@ -36,7 +36,7 @@ import torch
 from ...synthetic import parse_synthetic
 from ..drafters import EagleDraft, drafter_file_metadata, load_drafter
 from ..dynamic_tree import DraftNode, grow, rerank, verified_tree
-from ..eagle3 import Eagle3Draft
+from ..eagle3_drafter import Eagle3Draft
 from ..kv import KVState, new_cache, pad_ragged
 from ..proposals import ProposalTree, accept_proposals
 from ..sampling import probs_for

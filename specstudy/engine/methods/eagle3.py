@@ -1,4 +1,4 @@
-"""``eagle3`` — EAGLE-3 drafting from the checkpoint vLLM and SGLang load (:mod:`specstudy.engine.eagle3`).
+"""``eagle3`` — EAGLE-3 drafting from the checkpoint vLLM and SGLang load (:mod:`specstudy.engine.eagle3_drafter`).
 
 The drafting loop is ``eagle``'s (:class:`~specstudy.engine.methods.eagle.EagleDrafter`): per
 step the pairs (feature_j, token j+1) the last target pass produced go into the drafter's cache,
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ...paths import REPO_ROOT
-from ..eagle3 import Eagle3Draft, load_eagle3, read_eagle3_config
+from ..eagle3_drafter import Eagle3Draft, load_eagle3, read_eagle3_config
 from ..trace import RowTrace
 from . import DecodeJob, EngineMethod
 from .eagle import EAGLE_OPTIONS, check_tree_batch, check_tree_options, decode_with

@@ -450,7 +450,7 @@ def load_tree_drafter(name: str, target, device: str = "cpu", dtype: str = "floa
 
     ``self`` / ``self:K``: the target's first K layers (default half) with its norm and LM head;
     a ``layer_skip_adapter`` file from ``specstudy train-drafter``: the same plus the trained
-    adapter (K from the file); anything else: a draft model from :mod:`specstudy.data.models`.
+    adapter (K from the file); anything else: a draft model from :mod:`specstudy.data.model_files`.
     """
     if name == SELF or name.startswith(SELF + ":"):
         k = _self_exit_layer(name)
@@ -460,7 +460,7 @@ def load_tree_drafter(name: str, target, device: str = "cpu", dtype: str = "floa
         return early_exit_draft(target, {"adapter": adapter}, device)
     # the model registry (config, pydantic) only for a drafter named by model: the engine itself
     # imports none of the kit's configuration (bench/gpu_check.py runs it where pydantic is absent)
-    from ...data.models import load_model
+    from ...data.model_files import load_model
 
     return load_model(name, device, dtype)[0]
 

@@ -143,3 +143,84 @@ def test_test_folders_mirror_the_package():
     folders = {p.name for p in tests.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
     packages = {p.name for p in ROOT.iterdir() if (p / "__init__.py").exists()}
     assert folders - packages == set()
+
+
+def test_every_module_name_is_unique_in_the_package():
+    """A name says what the module holds: no two modules (packages aside) share a file name, so
+    ``study.py`` can never again mean three things (the house issue)."""
+    seen: dict[str, list[str]] = {}
+    for p in ROOT.rglob("*.py"):
+        if p.name != "__init__.py":
+            seen.setdefault(p.stem, []).append(str(p.relative_to(ROOT)))
+    assert {k: v for k, v in seen.items() if len(v) > 1} == {}
+
+
+def test_no_test_is_named_after_an_issue_number():
+    """Tests are named after behaviour (``test_n5_n10_trtllm.py`` said nothing to a newcomer)."""
+    import re
+
+    tests = Path(__file__).parent
+    bad = [
+        str(p.relative_to(tests))
+        for p in tests.rglob("test_*.py")
+        if re.search(r"(^|_)(n|issue)\d+(_|$)", p.stem) or re.search(r"def test_(n|issue)\d+_", p.read_text())
+    ]
+    assert bad == []
+
+
+#: where a table may name engines or methods: their declarations, and code that is one engine's or one
+#: drafter kind's own (each with why)
+FACT_HOMES = {
+    "frameworks/": "the engines' declarations",
+    "engine/methods/": "the reference methods' own files (their HEADERs)",
+    "engine/drafters.py": "drafter checkpoint kinds (heads, eagle, eagle3), not methods",
+    "train/": "drafter training kinds",
+    "commands/train_drafter_command.py": "drafter training kinds",
+    "backends/llamacpp/": "llama.cpp's own driver: its method names",
+    "backends/sglang/": "SGLang's own driver",
+    "backends/trtllm/": "TensorRT-LLM's own driver",
+    "backends/vllm/": "vLLM's own driver",
+    "environments/drafter_preflight.py": "each drafter format's loader rules (keyed by the declarations' drafter_format)",
+}
+
+
+def _fact_tables(path: Path, names: set[str]) -> list[str]:
+    """Literal tables in ``path`` that name engines or methods: a dict keyed by one, or a sequence of two or more."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Dict):
+            consts = [k.value for k in node.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)]
+        elif isinstance(node, (ast.Tuple, ast.Set, ast.List)):
+            consts = [e.value for e in node.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+        else:
+            continue
+        found = [c for c in consts if c in names]
+        if (isinstance(node, ast.Dict) and found) or len(found) >= 2:
+            out.append(f"{path.relative_to(ROOT)}:{node.lineno}: {found}")
+    return out
+
+
+def test_no_fact_about_a_named_engine_or_method_sits_in_a_table_outside_its_declaration():
+    """A method's title, seed row, tree nature and what it drafts from live in its HEADER; an engine's in its
+    declaration.  A literal table of method or engine names elsewhere is a second copy that drifts."""
+    names = {m for d in DECLARATIONS.values() for m in (*d.methods, *d.method_families)} | set(DECLARATIONS)
+    names -= {"ar"}  # the baseline is every table's first row, not a fact about a method
+    found = [
+        hit
+        for p in sorted(ROOT.rglob("*.py"))
+        if not str(p.relative_to(ROOT)).startswith(tuple(FACT_HOMES))
+        for hit in _fact_tables(p, names)
+    ]
+    assert found == []
+
+
+def test_the_fact_scan_finds_a_planted_table(tmp_path):
+    planted = tmp_path / "leak.py"
+    planted.write_text('TITLES = {"ngram": "Prompt lookup"}\nTREES = ("tree", "sequoia")\nOK = ("ar", "x")\n')
+    names = {"ngram", "tree", "sequoia"}
+    global ROOT
+    root, ROOT = ROOT, tmp_path
+    try:
+        assert [h.split(": ")[1] for h in _fact_tables(planted, names)] == ["['ngram']", "['tree', 'sequoia']"]
+    finally:
+        ROOT = root

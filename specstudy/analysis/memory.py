@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..drafter_names import SELF
+from ..frameworks import extra_weight_families
 from . import claims
 from .stats import isnum, pooled
 from .study_records import Study
@@ -79,7 +80,7 @@ def _expects_memory(family: str, drafter: str | None) -> bool:
     """Whether the seed expects the method to cost memory: a draft model or heads of its own (not n-grams
     or the target's own layers)."""
     own = bool(drafter) and not str(drafter).startswith(SELF)
-    return family in ("draft_target", "heads") or own
+    return family in extra_weight_families() or own
 
 
 @dataclass(frozen=True)

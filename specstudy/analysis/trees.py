@@ -19,15 +19,13 @@ from typing import Any
 
 import pandas as pd
 
+from ..frameworks import eagle_methods, tree_methods
 from ..metrics import expected_acceptance_length
 from .stats import Pooled, isnum, pooled
 from .study_records import Study
 
 #: the sweep whose rows this table reads (and its ``tree_shapes_<part>`` siblings)
 SWEEP = "tree_shapes"
-TREE_METHODS = ("tree", "specinfer", "sequoia")
-#: the EAGLE heads: a chain, or EAGLE-2's dynamic tree (option tree_nodes)
-EAGLE_METHODS = ("eagle", "eagle3")
 
 
 def is_dynamic_tree(records: Any) -> bool:
@@ -67,7 +65,7 @@ def tree_shape(m: dict[str, Any], study: Study, cells: list[str]) -> TreeShape:
     if m["method"] == "sequoia":
         trees = Counter(str(t) for t in _extras(study, cells, "sequoia_tree"))
         return TreeShape("sequoia", trees.most_common(1)[0][0]) if trees else TreeShape("unknown")
-    if m["method"] in EAGLE_METHODS and is_dynamic_tree(_records(study, cells)):
+    if m["method"] in eagle_methods() and is_dynamic_tree(_records(study, cells)):
         return TreeShape("eagle2")
     opts = _options(study, cells[0])
     if m["method"] == "specinfer":
@@ -191,7 +189,7 @@ def tree_rows(study: Study) -> list[TreeRow]:
     groups: dict[tuple[Any, ...], list[str]] = {}
     for c in study.spec_cell_ids(SWEEP):
         m = study.meta(c)
-        if m["method"] in TREE_METHODS + EAGLE_METHODS or m["family"] == "tree":
+        if m["method"] in tree_methods() + eagle_methods() or m["family"] == "tree":
             groups.setdefault((m["label"], m["drafter"] or "", m["gamma"] or 0), []).append(c)
     rows = []
     for (label, drafter, gamma), cells in sorted(groups.items()):

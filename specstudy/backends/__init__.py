@@ -26,7 +26,7 @@ def backend_class(framework: str) -> type[Backend]:
     """The backend class of ``framework`` (its module imported, no engine started).
 
     A framework declared on another engine's backend (an OpenAI-compatible server is one declaration
-    over ``openai.server:OpenAIBackend``) gets that class under its own name and methods."""
+    over ``openai.openai_server:OpenAIBackend``) gets that class under its own name and methods."""
     decl = declaration(framework)
     module, name = decl.backend.split(":")
     found: type[Backend] = getattr(importlib.import_module(f"specstudy.backends.{module}"), name)

@@ -11,7 +11,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ..backends.base import Backend
@@ -71,15 +71,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--server-command",
         default=None,
-        help="openai backend: server command line with {port} {model} {drafter} {gamma}",
+        help="engines that start from a command line (openai and any OpenAI-compatible declaration): "
+        "the command with {port} {model} {drafter} {gamma}",
     )
     p.add_argument(
         "--server-arg", action="append", default=[], help="extra server flag (repeatable; use --server-arg=--x)"
     )
     p.add_argument("--env", action="append", default=[], help="KEY=VALUE for the server process (repeatable)")
-    p.add_argument("--dtype", default=None, help="vLLM --dtype (default float32 without a GPU, else auto)")
-    p.add_argument("--max-model-len", type=int, default=2048)
-    p.add_argument("--prefix-cache", choices=("on", "off"), default="off", help="vLLM prefix caching")
+    p.add_argument(
+        "--dtype",
+        default=None,
+        help="weights' dtype, for engines that take one (default float32 without a GPU, else auto)",
+    )
+    p.add_argument(
+        "--max-model-len", type=int, default=None, help="context length, for engines that take one (default 2048)"
+    )
+    p.add_argument(
+        "--prefix-cache",
+        choices=("on", "off"),
+        default=None,
+        help="prefix caching, for engines that take it (default off)",
+    )
     p.add_argument("--hardware", default="cpu", help="hardware label written into the records")
     p.add_argument("--out", default=None, help="output folder (default outputs/<hardware>/serve-bench/<time>)")
 
@@ -156,33 +168,35 @@ def _engine_python(backend: str) -> str:
 
 
 def _backend(args: argparse.Namespace, envs: Mapping[str, str], url: str | None) -> Backend:
+    """The backend as its declaration says: each serve-bench option goes to the engines that declare it (a
+    default only where the engine maps it to a flag of its own), the engine's environment and start variables."""
     from ..backends import get_backend
+    from ..frameworks import declaration
 
+    decl = declaration(args.backend)
     gpu = shutil.which("nvidia-smi") is not None
-    python = args.python or _engine_python(args.backend)
-    opts = dict(
+    given = {"dtype": args.dtype, "max_model_len": args.max_model_len, "command": args.server_command}
+    given["prefix_cache"] = None if args.prefix_cache is None else args.prefix_cache == "on"
+    defaults = {"dtype": "auto" if gpu else "float32", "max_model_len": 2048, "prefix_cache": False}
+    opts: dict[str, Any] = dict(
         model=args.model,
         drafter=args.drafter,
         base_url=url,
         ready_timeout_s=args.ready_timeout,
         request_timeout_s=args.request_timeout,
         server_args=args.server_arg,
-        python=python,
+        python=(args.python or _engine_python(args.backend)) if decl.environments else None,
         log_dir=str(Path(args.out) / "servers"),
     )
-    env = dict(envs)
-    if args.backend == "vllm-server":
-        opts.update(
-            dtype=args.dtype or ("auto" if gpu else "float32"),
-            max_model_len=args.max_model_len,
-            prefix_cache=args.prefix_cache == "on",
-        )
-        if not gpu:
-            env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    if args.backend == "llamacpp":
-        opts.update(prefix_cache=args.prefix_cache == "on", python=None)
-    if args.backend == "openai":
-        opts.update(command=args.server_command)
+    for key, value in given.items():
+        if key not in decl.engine_options or (key == "dtype" and not decl.takes_dtype):
+            continue
+        if value is None and decl.engine_options[key] is not None:
+            value = defaults.get(key)
+        if value is not None:
+            opts[key] = value
+    build = "cuda" if gpu else "cpu"
+    env = {**next((dict(e.run_env) for e in decl.environments if e.build == build), {}), **envs}
     env.setdefault("HF_HUB_OFFLINE", os.environ.get("HF_HUB_OFFLINE", "1"))
     opts["env"] = env
     return get_backend(args.backend, **opts)

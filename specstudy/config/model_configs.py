@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..frameworks import DECLARATIONS
+from ..frameworks import DECLARATIONS, head_drafter_methods
 from .errors import ParamsError
 
 #: a folder of ``<owner>--<name>/config.json`` read before the cache (tests, the rehearsal)
@@ -29,8 +29,6 @@ CONFIG_FILES = ("config.json", "tokenizer_config.json")
 WEIGHT_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2, "auto": 2, "awq": 0.5, "gptq": 0.5}
 #: the share of a GPU an engine may fill when the study sets none (vLLM's default)
 DEFAULT_MEMORY_SHARE = 0.9
-#: methods whose drafter is a head on the target's hidden states (width and vocabulary must match)
-HEAD_METHODS = ("eagle", "eagle3", "medusa")
 
 Reader = Callable[[str], "Mapping[str, Any] | None"]
 
@@ -195,7 +193,7 @@ def _context(file: Any, use: Use, t: Mapping[str, Any], d: Mapping[str, Any] | N
     if use.max_model_len and ctx and use.max_model_len > ctx:
         hint = f"{use.target}: max_position_embeddings={ctx}; the engine refuses a longer context"
         out.append(ParamsError(file, key, use.max_model_len, f"<= {ctx}", hint))
-    head_ctx = context(d) if d is not None and use.method in HEAD_METHODS else None
+    head_ctx = context(d) if d is not None and use.method in head_drafter_methods() else None
     rule = DECLARATIONS[use.framework].draft_takes_target_context if use.framework in DECLARATIONS else False
     given = use.max_model_len or ctx
     if rule and head_ctx and given and given > head_ctx:
@@ -224,7 +222,7 @@ def _tensor_parallel(file: Any, use: Use, t: Mapping[str, Any]) -> list[ParamsEr
 def _draft_shape(file: Any, use: Use, t: Mapping[str, Any], d: Mapping[str, Any]) -> list[ParamsError]:
     """A draft's vocabulary is the target's; a head's width (and vocabulary, where it has one) too."""
     out, key = [], f"study.models[{use.target}].drafters"
-    for what in ("vocab_size", "hidden_size") if use.method in HEAD_METHODS else ("vocab_size",):
+    for what in ("vocab_size", "hidden_size") if use.method in head_drafter_methods() else ("vocab_size",):
         tv, dv = t.get(what), d.get(what)
         if tv is not None and dv is not None and tv != dv:
             hint = f"{use.drafter}: {what}={dv}, its target {use.target}: {what}={tv} ({use.framework} {use.method})"

@@ -29,9 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..frameworks import DECLARATIONS
+from ..frameworks import DECLARATIONS, eagle_methods
 
-EAGLE_METHODS = ("eagle", "eagle3")
 SGLANG_EAGLE_ARCHS = {"eagle": ("LlamaForCausalLMEagle",), "eagle3": ("LlamaForCausalLMEagle3",)}
 
 
@@ -120,7 +119,7 @@ def check_drafter(engine: str, method: str, drafter: str | os.PathLike[str] | Ma
     report = DrafterReport(engine, method, list(config.get("architectures") or []), keys, _fc_bias(config, keys))
     if keys is None:
         report.notes.append(f"{name}: no local safetensors; weight names unchecked (config only)")
-    if method in EAGLE_METHODS:
+    if method in eagle_methods():
         {"sglang": _sglang, "trtllm": _trtllm, "vllm": _vllm, "llamacpp": _llamacpp}[formats[engine]](report, name)
     return report
 

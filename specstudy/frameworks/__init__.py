@@ -31,6 +31,32 @@ def register(decl: EngineDeclaration, *, replace: bool = False) -> EngineDeclara
     return decl
 
 
+#: the entry-point group through which an installed package adds engines: each entry point names an
+#: EngineDeclaration, a sequence of them, or a function returning either
+ENGINE_ENTRY_POINTS = "specstudy.frameworks"
+
+
+def register_installed() -> list[str]:
+    """Register every engine an installed package declares (entry points of :data:`ENGINE_ENTRY_POINTS`),
+    so the console script, the notebooks and a study see a user's own engines; returns their names."""
+    from importlib.metadata import entry_points
+
+    added = []
+    for ep in entry_points(group=ENGINE_ENTRY_POINTS):
+        found = ep.load()
+        if callable(found) and not isinstance(found, EngineDeclaration):
+            found = found()
+        decls = found if isinstance(found, (tuple, list)) else [found]
+        bad = [d for d in decls if not isinstance(d, EngineDeclaration)]
+        if bad:
+            raise ValueError(
+                f"entry point {ep.name}={ep.value!r} ({ENGINE_ENTRY_POINTS}) gave {bad[0]!r}; allowed: an "
+                f"EngineDeclaration, a sequence of them, or a function returning either"
+            )
+        added += [register(d).framework for d in decls]
+    return added
+
+
 def reload_methods() -> EngineDeclaration:
     """Re-read the reference engine's method files (a method folder added to ``SPECSTUDY_METHOD_DIRS``
     since import): its declaration is derived from their headers."""
@@ -100,6 +126,51 @@ def method_families() -> dict[str, str]:
     return out
 
 
+def seed_row(method: str) -> str:
+    """The seed's hardware-table row a method stands for ("": none): its header's, else what an engine
+    declares of its own method name (``method_seed_rows``)."""
+    header = reference.method_headers().get(method)
+    if header is not None:
+        return header.seed_row
+    return next((d.method_seed_rows[method] for d in DECLARATIONS.values() if method in d.method_seed_rows), "")
+
+
+def family_title(family: str) -> str:
+    """A method family's report title, from its founding method's header (the family's name if none)."""
+    header = reference.method_headers().get(family)
+    return header.title if header is not None and header.title else family
+
+
+def tree_methods() -> tuple[str, ...]:
+    """Methods that verify a token tree (their headers say ``tree``)."""
+    return tuple(m for m, h in reference.method_headers().items() if h.tree)
+
+
+def eagle_methods() -> tuple[str, ...]:
+    """The EAGLE heads: the seed's EAGLE-2 row, a chain or EAGLE-2's dynamic tree."""
+    return tuple(m for m, h in reference.method_headers().items() if h.seed_row == "EAGLE-2")
+
+
+def drafts_from(method: str) -> str:
+    """What a method that loads no drafter model drafts from ("": a drafter, or not declared)."""
+    header = reference.method_headers().get(method)
+    return header.drafts_from if header is not None else ""
+
+
+def extra_weight_families() -> tuple[str, ...]:
+    """Families whose members hold weights beside the target's (the seed expects them to cost memory)."""
+    return tuple(m for m, h in reference.method_headers().items() if h.extra_weights)
+
+
+def head_drafter_methods() -> frozenset[str]:
+    """Methods whose drafter checkpoint is a head on the target's hidden states (its width and vocabulary
+    must match the target's): the heads family's drafter methods of the engines that load checkpoints."""
+    families = {**method_families(), **{m: h.family for m, h in reference.method_headers().items()}}
+    return frozenset(
+        m for d in DECLARATIONS.values() if d.drafter_format for m in d.needs_drafter if families.get(m) == "heads"
+    )
+
+
 def provenance_packages() -> tuple[str, ...]:
     """The distributions the engines' declarations ask provenance to record."""
     return tuple(dict.fromkeys(p for d in DECLARATIONS.values() for p in d.provenance_packages))
@@ -113,12 +184,22 @@ def drafter_methods(decls: Iterable[EngineDeclaration] | None = None) -> frozens
     return frozenset(m for m in runs if all(m in d.needs_drafter for d in loaders if m in d.methods))
 
 
+# the reference engine's declaration already holds installed method packages (reference.method_folders)
+register_installed()
+
 __all__ = [
     "DECLARATIONS",
     "EngineDeclaration",
     "EngineEnv",
     "declaration",
     "drafter_methods",
+    "drafts_from",
+    "eagle_methods",
+    "extra_weight_families",
+    "family_title",
+    "head_drafter_methods",
+    "seed_row",
+    "tree_methods",
     "drafter_per_cell",
     "environment_frameworks",
     "environment_of",

@@ -59,6 +59,9 @@ class EngineEnv:
     disk_gb: float = 0.0
     #: the CUDA version its pinned wheels are built for ("13.0"): the driver must support it (None: CPU)
     cuda: str | None = None
+    #: environment variables its engine needs to start on this build (vLLM's CPU build sizes its KV cache
+    #: by one); a study's or the user's own values win
+    run_env: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def engine_requirement(self) -> str:
@@ -71,6 +74,7 @@ class EngineEnv:
         d.pop("notes")
         d.pop("disk_gb")
         d.pop("cuda")  # a fact about the pins, not part of what is installed
+        d.pop("run_env")  # how its engine starts, not what is installed
         spec: dict[str, Any] = json.loads(json.dumps(d))  # lists, as the stamp reads back
         return spec
 
@@ -87,13 +91,20 @@ class Binary:
     package: str | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class EngineDeclaration:
-    """What one framework (a study's ``frameworks:`` name) runs, reads and needs."""
+    """What one framework (a study's ``frameworks:`` name) runs, reads and needs, in five groups."""
 
+    # ---- identity: what a study names and how the kit drives it
+    #: the name a study's ``frameworks:`` uses
     framework: str
     #: "module:Class" of its backend, under specstudy.backends
     backend: str
+    #: the engine versions its rows are written for, (lowest, first refused) as "major.minor"
+    #: (None: no bound); preflight reads the installed version and refuses the rows outside
+    versions: tuple[str | None, str | None] | None = None
+
+    # ---- methods and options: what a study may ask of it
     #: kit methods it runs, "ar" first (names as in the study's method rows)
     methods: tuple[str, ...]
     #: the cell (method) options it reads, per method; "*": every speculative method
@@ -103,11 +114,42 @@ class EngineDeclaration:
     engine_options: Mapping[str, str | None] = field(default_factory=dict)
     #: engine method names outside the kit's families, and the family each belongs to
     method_families: Mapping[str, str] = field(default_factory=dict)
+    #: the seed's hardware-table row of each such method name (the reference methods' say so in their headers)
+    method_seed_rows: Mapping[str, str] = field(default_factory=dict)
     #: methods that load a drafter checkpoint named in the model pair
     needs_drafter: frozenset[str] = frozenset()
     #: whose loader rules a drafter checkpoint must meet ("vllm", "sglang", "trtllm"); None: the
     #: kit's own loaders (or none), checked by the backend itself
     drafter_format: str | None = None
+    #: builds an EAGLE/EAGLE-3 draft with the target's context length and refuses a draft whose own
+    #: context is shorter (SGLang); False: the draft's context is min(target's, draft's) (vLLM)
+    draft_takes_target_context: bool = False
+    #: largest batch it runs (None: any)
+    max_batch: int | None = None
+    #: splits the model over GPUs (``tensor_parallel_size``)
+    tensor_parallel: bool = False
+    #: takes the study's ``device`` (in-process torch engines)
+    takes_device: bool = False
+    #: takes the model pair's ``dtype`` (llama.cpp runs the GGUF's own precision)
+    takes_dtype: bool = True
+    #: loads the model pair's checkpoints (False: weights of its own format, mapped in its options)
+    reads_checkpoints: bool = True
+    #: hands the prompt loader its tokenizer (a task's input-length policy applies)
+    tokenizing: bool = False
+    #: an in-process engine that loads each cell's drafter itself (one engine per target)
+    drafter_per_cell: bool = False
+
+    # ---- environment: what must be installed, and where
+    #: the kit-managed environments it runs in, one per build (none: the kit's own, or the user's)
+    environments: tuple[EngineEnv, ...] = ()
+    #: an executable the user installs, looked for on PATH by preflight
+    binary: Binary | None = None
+    #: (python module that must import, what provides it); None: nothing the kit can check
+    requirement: tuple[str, str] | None = None
+    #: why its own argument parser cannot check a rehearsed row's argv here ("": nothing stops it)
+    argv_unchecked_why: str = ""
+
+    # ---- server: how it starts and takes requests
     #: speculation fixed when the engine starts: one engine per method configuration
     server: bool = False
     #: an HTTP server the kit's streaming client drives (it takes :data:`SERVER_OPTIONS` too)
@@ -116,34 +158,6 @@ class EngineDeclaration:
     serve_bench: bool = False
     #: seconds a start takes (the dry run's estimate; 0: nothing to start)
     start_s: float = 0.0
-    #: an in-process engine that loads each cell's drafter itself (one engine per target)
-    drafter_per_cell: bool = False
-    #: hands the prompt loader its tokenizer (a task's input-length policy applies)
-    tokenizing: bool = False
-    #: splits the model over GPUs (``tensor_parallel_size``)
-    tensor_parallel: bool = False
-    #: the kit-managed environments it runs in, one per build (none: the kit's own, or the user's)
-    environments: tuple[EngineEnv, ...] = ()
-    #: an executable the user installs, looked for on PATH by preflight
-    binary: Binary | None = None
-    #: (python module that must import, what provides it); None: nothing the kit can check
-    requirement: tuple[str, str] | None = None
-    #: distributions whose versions every study's provenance records
-    provenance_packages: tuple[str, ...] = ()
-    #: takes the study's ``device`` (in-process torch engines)
-    takes_device: bool = False
-    #: takes the model pair's ``dtype`` (llama.cpp runs the GGUF's own precision)
-    takes_dtype: bool = True
-    #: largest batch it runs (None: any)
-    max_batch: int | None = None
-    #: loads the model pair's checkpoints (False: weights of its own format, mapped in its options)
-    reads_checkpoints: bool = True
-    #: builds an EAGLE/EAGLE-3 draft with the target's context length and refuses a draft whose own
-    #: context is shorter (SGLang); False: the draft's context is min(target's, draft's) (vLLM)
-    draft_takes_target_context: bool = False
-    #: the engine versions its rows are written for, (lowest, first refused) as "major.minor"
-    #: (None: no bound); preflight reads the installed version and refuses the rows outside
-    versions: tuple[str | None, str | None] | None = None
     #: where a task's output constraint goes in a request body: kind ("json_schema", "grammar") ->
     #: dotted field path; empty: the kit sends no constraint to this engine (a task with one is refused)
     structured_output_fields: Mapping[str, str] = field(default_factory=dict)
@@ -159,7 +173,12 @@ class EngineDeclaration:
     #: whether the engine combines constrained decoding with speculation, as ``structured_source``
     #: says: True, False (the framework table says "no"), None (nothing says; the study measures it)
     structured_with_speculation: bool | None = None
+    #: where ``structured_with_speculation`` was read (a release note, an issue, a source file)
     structured_source: str = ""
+
+    # ---- provenance: what every study records of it
+    #: distributions whose versions every study's provenance records
+    provenance_packages: tuple[str, ...] = ()
 
     @property
     def environment(self) -> str | None:

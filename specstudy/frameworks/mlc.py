@@ -27,6 +27,7 @@ OVERRIDES = {
 
 MLC = EngineDeclaration(
     framework="mlc",
+    argv_unchecked_why="not tried: mlc_llm's serve arguments come with its CUDA build of TVM",
     backend="mlc.mlc_server:MlcServerBackend",
     methods=("ar", *KIT_TO_MLC),
     method_options={},  # γ is spec_draft_length; no method reads a cell option
@@ -40,6 +41,7 @@ MLC = EngineDeclaration(
         **OVERRIDES,
     },
     method_families={"medusa": "heads", "eagle": "heads"},
+    method_seed_rows={"medusa": "Medusa-2"},
     needs_drafter=frozenset(KIT_TO_MLC),
     server=True,
     http=True,

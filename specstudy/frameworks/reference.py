@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import ast
 import os
-from dataclasses import dataclass, fields
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,16 @@ class MethodHeader:
     uses_gamma: bool = True
     max_batch: int | None = None  # None: any batch size
     options: tuple[str, ...] = ()  # the option names its SPEC validates
+    title: str = ""  # a family founder's report section title
+    seed_row: str = ""  # the seed's hardware-table row it stands for ("": none)
+    tree: bool = False  # verifies a token tree (a tree mask), not a chain
+    drafts_from: str = ""  # what it drafts from when it loads no drafter model, as the tables say
+    extra_weights: bool = False  # a family founder whose members hold weights beside the target's (memory)
+    describe: str = ""  # what the engine runs, with {gamma} and the cell's options filled in
+    #: option -> what the engine runs when the cell sets that option (the first one set wins)
+    describe_when: Mapping[str, str] = field(default_factory=dict)
+    #: the values the method's code takes for options a cell leaves out (where a sentence names them)
+    option_defaults: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
     def of(cls, header: dict[str, Any], file: str = "") -> MethodHeader:
@@ -50,7 +61,15 @@ class MethodHeader:
         bad, missing = sorted(set(header) - allowed), sorted({"name", "family", "order"} - set(header))
         if bad or missing:
             raise ValueError(f"{file}: HEADER keys {bad} not allowed, {missing} missing; allowed: {sorted(allowed)}")
-        return cls(**{**header, "options": tuple(header.get("options", ()))}, file=file)
+        return cls(
+            **{
+                **header,
+                "options": tuple(header.get("options", ())),
+                "describe_when": header.get("describe_when", {}),
+                "option_defaults": header.get("option_defaults", {}),
+            },
+            file=file,
+        )
 
 
 def read_header(path: Path) -> MethodHeader | None:
@@ -65,10 +84,33 @@ def read_header(path: Path) -> MethodHeader | None:
     return None
 
 
+#: the entry-point group through which an installed package adds method folders (a package of method files)
+METHOD_ENTRY_POINTS = "specstudy.methods"
+
+
+def installed_method_folders() -> list[Path]:
+    """The folders of the method packages installed packages declare (entry points of
+    :data:`METHOD_ENTRY_POINTS`, each naming a package of method files); found, not imported."""
+    import importlib.util
+    from importlib.metadata import entry_points
+
+    out: list[Path] = []
+    for ep in entry_points(group=METHOD_ENTRY_POINTS):
+        spec = importlib.util.find_spec(ep.module)
+        if spec is None or not spec.submodule_search_locations:
+            raise ValueError(
+                f"entry point {ep.name}={ep.value!r} ({METHOD_ENTRY_POINTS}): {ep.module!r} is not an installed "
+                f"package; allowed: a package whose folder holds method files with a HEADER"
+            )
+        out.extend(Path(p) for p in spec.submodule_search_locations)
+    return out
+
+
 def method_folders() -> tuple[Path, ...]:
-    """The kit's method folder, then those named in :data:`METHOD_DIRS_ENV`."""
+    """The kit's method folder, those of installed packages (entry points), then those named in
+    :data:`METHOD_DIRS_ENV`."""
     extra = [Path(p) for p in os.environ.get(METHOD_DIRS_ENV, "").split(os.pathsep) if p]
-    return (BUILTIN_METHODS, *extra)
+    return (BUILTIN_METHODS, *installed_method_folders(), *extra)
 
 
 def method_headers() -> dict[str, MethodHeader]:

@@ -58,6 +58,7 @@ _COMMON: dict[str, Any] = dict(
     method_options=TRTLLM_METHOD_OPTIONS,
     engine_options=TRTLLM_OPTIONS,
     method_families={"eagle3": "heads", "eagle": "heads", "medusa": "heads"},
+    method_seed_rows={"medusa": "Medusa-2"},
     server=True,
     http=True,
     tensor_parallel=True,
@@ -75,6 +76,8 @@ _COMMON: dict[str, Any] = dict(
 )
 TRTLLM = EngineDeclaration(
     framework="trtllm",
+    argv_unchecked_why="not tried: tensorrt_llm's LLM API args live in the tensorrt_llm package, published only as "
+    "CUDA wheels of several GB that load the TensorRT and CUDA libraries at import",
     # Re-checked (2026-12): the "not combined" of issue 35 was TensorRT-LLM 1.0's PyTorch executor
     # (https://github.com/NVIDIA/TensorRT-LLM/issues/7006, closed); 1.3's guided decoder applies the
     # grammar to linear EAGLE-3 drafts, and a bug is open for dynamic trees only
@@ -92,6 +95,7 @@ TRTLLM = EngineDeclaration(
 )
 TRTLLM_ENGINE = EngineDeclaration(
     framework="trtllm-engine",
+    argv_unchecked_why="not tried: as trtllm (the same tensorrt_llm package)",
     # the TensorRT engine backend's Medusa/EAGLE-1 with guided decoding: no document found either way
     structured_with_speculation=None,
     structured_source="TensorRT-LLM's engine backend: no document found on guided decoding with its speculation",

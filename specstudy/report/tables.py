@@ -31,10 +31,11 @@ from ..analysis.stats import NAN, Pooled, isnum, pooled, predicted_for
 from ..analysis.study_records import Study
 from ..analysis.trees import is_dynamic_tree
 from ..config.task import load_task_config, seed_row
-from ..config.vocab import TASKS
+from ..config.vocab import METHOD_FAMILIES, TASKS
+from ..frameworks import drafts_from
 from ..intervals import MIN_PROMPTS_FOR_CI
 from . import wording
-from .format import FAMILY_TITLES, TASK_TITLES, fmt, fmt_ci, sampling_text, seed_row_name, short_model
+from .format import TASK_TITLES, fmt, fmt_ci, sampling_text, seed_row_name, short_model
 from .model_notes import limit_text, note_text
 
 Frames = tuple[pd.DataFrame, pd.DataFrame]
@@ -121,7 +122,7 @@ def _draft_name(r: HardwareRow) -> str:
     """What drafts for the row: its drafter, or what a model-free method drafts from."""
     if r.drafter:
         return short_model(r.drafter)
-    return {"ngram": "prompt n-grams", "layer_skip": "target's first layers"}.get(r.method, "—")
+    return drafts_from(r.method) or "—"
 
 
 def _hardware_cells(study: Study, r: HardwareRow) -> dict[str, Any]:
@@ -307,7 +308,7 @@ def tasks_in(study: Study) -> list[str]:
 
 def families_in(study: Study) -> list[str]:
     fams = {study.meta(c)["family"] for c in study.records} - {"ar"}
-    return [f for f in FAMILY_TITLES if f in fams] + sorted(fams - set(FAMILY_TITLES))
+    return [f for f in METHOD_FAMILIES if f in fams] + sorted(fams - set(METHOD_FAMILIES))
 
 
 def _best_gammas(study: Study, spec: list[str]) -> tuple[list[str], list[str]]:

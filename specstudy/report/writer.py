@@ -20,8 +20,9 @@ from ..analysis.study_records import Study, load
 from ..layout import REHEARSAL_BANNER, is_rehearsal
 from . import tables
 from .latex import latex_table
+from .report_body import APPENDIX_TITLE
 from .section_type import Section, markdown_table
-from .sections import extra_sections, report_head, report_sections
+from .sections import extra_sections, report_head, report_parts
 
 #: the PNGs' resolution; report.pdf prints each figure at its own size from it (pixels / dpi inches)
 FIGURE_DPI = 130
@@ -68,9 +69,15 @@ def write_report(
     """Render ``<out>/report.md`` (and ``report.html`` and ``report.pdf``), its tables and figures, from the
     records in ``<out>``; ``pdf`` defaults to ``html`` (the rendered copies go together)."""
     study = study or load(out)
-    secs = report_sections(study)
-    save_sections(study.out, [*secs, *extra_sections(study)])
-    md = report_head(study) + "\n" + "\n".join(s.to_markdown() for s in secs)
+    body, appendix = report_parts(study)
+    save_sections(study.out, [*body, *appendix, *extra_sections(study)])
+    md = (
+        report_head(study)
+        + "\n"
+        + "\n".join(s.to_markdown() for s in body)
+        + f"\n# {APPENDIX_TITLE}\n\n"
+        + "\n".join(s.to_markdown() for s in appendix)
+    )
     path = study.out / "report.md"
     path.write_text(md)
     if html:

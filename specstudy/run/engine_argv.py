@@ -7,7 +7,7 @@ SGLang cell's argv, built exactly as the study would start the server, to ``Serv
 parser, and its speculative algorithm to SGLang's ``SpeculativeAlgorithm``: an unknown flag, a value
 outside a choice or of the wrong type, or an unknown algorithm fails the cell, named.  What
 ``ServerArgs.__post_init__`` checks against the GPU and the model is not run.  Parsing is not running: such
-a cell is "argv validated", never "passed".  TensorRT-LLM has no such path (see :data:`NOT_IMPORTABLE`).
+a cell is "argv validated", never "passed".  TensorRT-LLM has no such path (its declaration's ``argv_unchecked_why`` says why).
 """
 
 from __future__ import annotations
@@ -19,15 +19,8 @@ from typing import Any
 
 from ..backends import get_backend
 from ..config import StudyConfig
+from ..frameworks import DECLARATIONS
 from .plan import CellPlan
-
-#: why an engine's own argument check does not run here (its cells stay "not rehearsed: no CPU build")
-NOT_IMPORTABLE = {
-    "trtllm": "not tried: tensorrt_llm's LLM API args live in the tensorrt_llm package, published only as "
-    "CUDA wheels of several GB that load the TensorRT and CUDA libraries at import",
-    "trtllm-engine": "not tried: as trtllm (the same tensorrt_llm package)",
-    "mlc": "not tried: mlc_llm's serve arguments come with its CUDA build of TVM",
-}
 
 #: the program run by the Python that can import SGLang: argvs on stdin, one error (or null) each on stdout
 _PARSE = """
@@ -115,5 +108,5 @@ def validate_rows(rows: list[dict[str, Any]], cfg: StudyConfig, plans: list[Cell
             )
         elif fw == "sglang":
             row["why"] = "SGLang's parser not here (set SPECSTUDY_SGLANG_PYTHON and SPECSTUDY_SGLANG_PATH)"
-        elif fw in NOT_IMPORTABLE:
-            row["why"] = NOT_IMPORTABLE[fw]
+        elif DECLARATIONS[fw].argv_unchecked_why:
+            row["why"] = DECLARATIONS[fw].argv_unchecked_why

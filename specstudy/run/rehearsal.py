@@ -34,8 +34,12 @@ if TYPE_CHECKING:
 MARKER = REHEARSAL_MARKER
 #: what a rehearsal keeps of each axis (batch sizes stay the profile's: 2 prompts fill any batch slot count)
 PROMPTS, NEW_TOKENS = 2, 4
-#: vLLM's CPU build: a fixed 1 GiB KV cache, no compilation (as the cpu-engines profile runs it)
-VLLM_CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "0-1", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+#: vLLM's CPU build as its declaration starts it (a fixed KV cache), its threads on this 2-core machine's cores
+VLLM_CPU_ENV = {
+    **next(e.run_env for e in DECLARATIONS["vllm"].environments if e.build == "cpu"),
+    "VLLM_CPU_OMP_THREADS_BIND": "0-1",
+    "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+}
 
 
 def rehearsal_name(gpu: str) -> str:

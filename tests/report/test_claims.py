@@ -327,7 +327,9 @@ def test_a_flagged_baseline_is_named_marked_and_its_rows_left_out_of_the_summary
     study = load(lay.root)
     assert study.flags == {"busy_ar": (("busy machine", False),), "busy_spec": (("busy machine", True),)}
     secs = {s.title: s for s in sections.report_sections(study)}
-    assert list(secs)[:2] == ["Validity", "Summary"]
+    assert list(secs)[:2] == ["Summary", "Measurement validity"]  # the body: the summary, then one line
+    line = secs["Measurement validity"].markdown
+    assert "**2 of 4 cells are flagged** (baseline busy machine; busy machine)" in line and "(#validity)" in line
     valid = secs["Validity"].markdown
     assert "**2 of 4 cells are flagged** (1 by their own checks, 1 through their AR baseline)" in valid
     assert (
@@ -338,7 +340,7 @@ def test_a_flagged_baseline_is_named_marked_and_its_rows_left_out_of_the_summary
     summ = secs["Summary"].markdown
     assert summ.startswith("_2 flagged cells left out of every line below (baseline busy machine; busy machine)")
     assert "Prompt lookup (γ=2)" in summ and "Early exit" not in summ and "9.3" not in summ
-    hw = next(s for t, s in secs.items() if t.startswith("Hardware table"))
+    hw = next(s for t, s in secs.items() if t.startswith("Headline table"))
     shown = hw.tables["hardware"][0].set_index("Method")
     assert set(shown.index) == {"Early exit ⚑", "Baseline (AR) ⚑", "Prompt lookup"}  # the AR row pools both baselines
 
@@ -350,7 +352,7 @@ def test_a_study_with_no_flag_says_so_and_leaves_nothing_out(lay):
     assert study.flags == {} and study.findings == []
     secs = {s.title: s for s in sections.report_sections(study)}
     assert "No cell of 2 is flagged." in secs["Validity"].markdown
-    hw = next(s for t, s in secs.items() if t.startswith("Hardware table"))
+    hw = next(s for t, s in secs.items() if t.startswith("Headline table"))
     assert not secs["Summary"].markdown.startswith("_") and "⚑" not in hw.markdown
 
 

@@ -46,7 +46,7 @@ def test_report_has_every_section_with_measured_numbers(study_out):
     path = writer.write_report(study_out)
     md = path.read_text()
     for heading in (
-        "## Hardware table",
+        "## Headline table",
         "## Frameworks",
         "## Method family — Prompt lookup",
         "## Method family — Self-speculation",
@@ -57,10 +57,10 @@ def test_report_has_every_section_with_measured_numbers(study_out):
         "## Failed cells",
     ):
         assert heading in md, heading
-    hw = _table(md, "## Hardware table")
+    hw = _table(md, "## Headline table")
     assert hw[0][:9] == ["Method", "Seed row", "Framework", "Precision", "Target", "Draft", "γ", "Sampling", "α"]
     assert {"AL", "tokens/s", "Speedup", "n (prompts)", "repeats", "Precision reached"} <= set(hw[0])
-    seed_metrics = _table(md, "The rest of the seed's metric table")
+    seed_metrics = _table(md, "The rest of the seed's metric table for the headline rows")
     assert {
         "TTFT ms (mean / p50 / p99)",
         "TPOT ms (mean / p50 / p99)",
@@ -71,7 +71,7 @@ def test_report_has_every_section_with_measured_numbers(study_out):
         "tokens / target forward",
     } <= set(seed_metrics[0])
     assert (
-        "## Summary" in md.split("## Hardware table")[0] and "(tables/hardware.md)" in md.split("## Hardware table")[0]
+        "## Summary" in md.split("## Headline table")[0] and "(tables/hardware.md)" in md.split("## Headline table")[0]
     )
     tex = (study_out / "tables" / "hardware.tex").read_text()
     assert "\\toprule" in tex and "$\\alpha$" in tex and "\\bottomrule" in tex
@@ -92,7 +92,7 @@ def test_report_has_every_section_with_measured_numbers(study_out):
     assert "prediction" in md.split("## When speculation does not pay")[1]
     assert "### (3) Short outputs" in md and "| Early exit γ=2 | 3 |" in md
     html = path.with_suffix(".html").read_text()
-    assert "data:image/png;base64" in html and "Hardware table" in html
+    assert "data:image/png;base64" in html and "Headline table" in html
     for m in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md):
         png = study_out / m
         assert png.exists() and png.with_suffix(".pdf").exists(), m
@@ -107,9 +107,9 @@ def test_report_pdf_has_the_text_tables_and_figures(study_out):
     pages = PdfReader(study_out / "report.pdf").pages
     text = "\n".join(p.extract_text() for p in pages)
     words = set(text.split())
-    for heading in ("Hardware table", "Method family — Prompt lookup", "Task categories", "Benchmark hygiene"):
+    for heading in ("Headline table", "Method family — Prompt lookup", "Task categories", "Benchmark hygiene"):
         assert heading in text, heading
-    hw = _table(md, "## Hardware table")
+    hw = _table(md, "## Headline table")
     for row in hw[:1] + hw[2:]:  # every word of the hardware table (header and rows), however its cells wrap
         missing = {w for cell in row for w in cell.split()} - words
         assert not missing, (row, missing)

@@ -24,7 +24,7 @@ from ...engine.lean import prepare as prepare_lean
 from ...engine.methods import SYNTHETIC, DecodeJob, get_method, method_names
 from ...engine.trace import cell_memory, current_rss, reset_peak_memory
 from ...frameworks.declaration import CellCheck, check_engine_options
-from ...frameworks.reference import REFERENCE
+from ...frameworks.reference import REFERENCE, method_headers
 from ...records import Cell, Request, RequestRecord, Sampling
 from ..base import Backend, encode_request
 
@@ -75,24 +75,17 @@ class ReferenceBackend(Backend):
 
     @classmethod
     def describe(cls, method: str, gamma: int | None, options: Mapping[str, Any], cuda: bool | None = None) -> str:
-        """What the reference engine runs for a study method (a label that does not overstate)."""
-        opts = dict(options)
-        if method == "ar":
-            return "the kit's reference engine, autoregressive decoding (no speculation)"
-        if method == "sequoia":
-            return f"the kit's reference engine: a Sequoia DP token tree of at most {opts.get('tree_nodes')} nodes, depth <= {gamma}"
-        if method in ("eagle", "eagle3") and "tree_nodes" in opts:
-            return (
-                f"the kit's reference engine: EAGLE-2's dynamic tree of {opts['tree_nodes']} nodes "
-                f"(top-{opts.get('tree_topk', 4)} expansion, depth {gamma}), verified in one forward"
-            )
-        if method == "specinfer":
-            return "the kit's reference engine: SpecInfer, the drafters' token trees merged into one tree"
-        branching = str(opts.get("tree_branching", ""))
-        if method == "tree" and branching and set(branching.replace(",", "").strip()) == {"1"}:
+        """What the reference engine runs for a study method (a label that does not overstate): the
+        method header's ``describe`` (or ``describe_when`` an option is set), its options filled in."""
+        header = method_headers().get(method)
+        opts = {**(header.option_defaults if header else {}), **dict(options), "gamma": gamma}
+        branching = str(options.get("tree_branching", ""))
+        if header is not None and header.tree and branching and set(branching.replace(",", "").strip()) == {"1"}:
             return f"the kit's reference engine: a chain of {gamma} draft tokens, verified in one forward"
-        if method == "tree":
-            return f"the kit's reference engine: a token tree of depth {gamma}, verified in one forward (tree mask)"
+        when = [text for opt, text in (header.describe_when.items() if header else ()) if opt in options]
+        text = (when or [header.describe if header else ""])[0]
+        if text:
+            return "the kit's reference engine: " + text.format(**opts)
         return f"the kit's reference engine: {method}, {gamma} draft tokens per step"
 
     @classmethod

@@ -23,6 +23,9 @@ HEADER = {
     "uses_gamma": False,
     "max_batch": None,
     "options": (),
+    "title": "Baseline (AR)",
+    "seed_row": "Baseline",
+    "describe": "autoregressive decoding (no speculation)",
 }
 
 

@@ -55,6 +55,9 @@ HEADER = {
         "draft_in_prefill",
         "synthetic_acceptance",
     ),
+    "title": "Speculative sampling (draft/target)",
+    "seed_row": "Speculative Sampling",
+    "extra_weights": True,
 }
 
 

@@ -57,6 +57,11 @@ HEADER = {
     "uses_gamma": True,
     "max_batch": None,
     "options": ("synthetic_acceptance", "tree_nodes", "tree_topk"),
+    "seed_row": "EAGLE-2",
+    "option_defaults": {"tree_topk": 4},
+    "describe_when": {
+        "tree_nodes": "EAGLE-2's dynamic tree of {tree_nodes} nodes (top-{tree_topk} expansion, depth {gamma}), verified in one forward",
+    },
 }
 
 
@@ -312,7 +317,7 @@ def decode_tree(job: DecodeJob, draft: EagleDraft | Eagle3Draft, capture: Hidden
 
 #: EAGLE-2's top-k per expanded node when ``tree_topk`` is not given (the paper uses 10 at a budget
 #: of 60 nodes; at the few nodes a CPU affords, 4 leaves room for depth)
-DEFAULT_TOPK = 4
+DEFAULT_TOPK = HEADER["option_defaults"]["tree_topk"]
 
 
 def check_tree_options(options: dict[str, Any]) -> None:

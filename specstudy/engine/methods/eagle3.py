@@ -39,6 +39,11 @@ HEADER = {
     "uses_gamma": True,
     "max_batch": None,
     "options": ("synthetic_acceptance", "tree_nodes", "tree_topk"),
+    "seed_row": "EAGLE-2",
+    "option_defaults": {"tree_topk": 4},
+    "describe_when": {
+        "tree_nodes": "EAGLE-2's dynamic tree of {tree_nodes} nodes (top-{tree_topk} expansion, depth {gamma}), verified in one forward",
+    },
 }
 
 

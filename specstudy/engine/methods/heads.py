@@ -50,6 +50,9 @@ HEADER = {
     "uses_gamma": True,
     "max_batch": None,
     "options": ("heads_tree", "synthetic_acceptance"),
+    "title": "Extra heads (Medusa/EAGLE)",
+    "seed_row": "Medusa-2",
+    "extra_weights": True,
 }
 
 

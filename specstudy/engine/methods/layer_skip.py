@@ -37,6 +37,8 @@ HEADER = {
     "uses_gamma": True,
     "max_batch": None,
     "options": ("exit_layer", "skip_layers", "adapter", "draft_in_prefill", "synthetic_acceptance"),
+    "title": "Self-speculation (layer skip)",
+    "drafts_from": "target's first layers",
 }
 
 

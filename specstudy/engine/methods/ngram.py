@@ -48,6 +48,8 @@ HEADER = {
     "uses_gamma": True,
     "max_batch": None,
     "options": ("ngram_min", "ngram_max", "dynamic_gamma", "draft_in_prefill", "synthetic_acceptance"),
+    "title": "Prompt lookup (n-gram)",
+    "drafts_from": "prompt n-grams",
 }
 
 

@@ -56,6 +56,9 @@ HEADER = {
     "uses_gamma": True,
     "max_batch": 1,
     "options": ("tree_nodes", "sequoia_acceptance", "sequoia_cost", "sequoia_draft_cost", "sequoia_choose"),
+    "seed_row": "Sequoia",
+    "tree": True,
+    "describe": "a Sequoia DP token tree of at most {tree_nodes} nodes, depth <= {gamma}",
 }
 
 

@@ -58,6 +58,9 @@ HEADER = {
     "uses_gamma": True,
     "max_batch": 1,
     "options": ("tree_branching", "ngram_min", "ngram_max"),
+    "seed_row": "SpecInfer",
+    "tree": True,
+    "describe": "SpecInfer, the drafters' token trees merged into one tree",
 }
 
 NGRAM = LOOKUP

@@ -80,6 +80,9 @@ HEADER = {
     "uses_gamma": True,
     "max_batch": 1,
     "options": ("tree_width", "tree_branching", "synthetic_acceptance"),
+    "title": "Token-tree verification",
+    "tree": True,
+    "describe": "a token tree of depth {gamma}, verified in one forward (tree mask)",
 }
 
 # --------------------------------------------------------------------------------------------

@@ -57,7 +57,8 @@ class Pooled:
     n_repeats: int = 0  # repeats of the cells (run-to-run spread); a prompt's repeats are nested in it
     n_pairs: int = 0  # paired requests (repeats included): not the n of any interval
     n_prompts: int = 0  # distinct paired prompts (AR rows: distinct prompts run): the n of every interval
-    acceptance_length_per_request: float | None = None  # AIPerf's per-request mean AL, averaged
+    acceptance_length_per_request: float | None = None  # AIPerf's per-request mean AL (never drafted: 1.0)
+    never_drafted: int | None = None  # requests with counters and no draft step (AL 1.0 in the mean above)
     divergences: list[dict[str, Any]] | None = None  # greedy outputs that differ from their AR baseline
     exact_match: float = NAN
     ppl_diff: float = NAN  # PPL(speculative) − PPL(paired baseline) under the target
@@ -179,6 +180,7 @@ def _acceptance(out: Pooled, ok: Sequence[RequestRecord]) -> None:
     out.alpha, out.alpha_hat = acc["alpha"], acc["alpha_hat"]
     out.acceptance_length, out.tokens_per_forward = acc["acceptance_length"], acc["tokens_per_forward"]
     out.acceptance_length_per_request = acc["acceptance_length_per_request"]
+    out.never_drafted = acc["never_drafted"]
     out.per_position_conditional = acc["per_position_conditional"]
     out.per_position_unconditional = acc["per_position_unconditional"]
     seen = [r for r in ok if r.drafted_tokens is not None]

@@ -125,8 +125,9 @@ def method_family_section(study: Study, family: str) -> Section:
     sec.markdown = (
         "AL is pooled over tokens (1 + Σ accepted / Σ draft steps over the row's requests: what vLLM's counters "
         "give for a run); *AL per request (mean)* averages each request's own 1 + accepted / draft steps "
-        "(AIPerf's mean_acceptance_length, averaged over requests). They differ when long and short requests "
-        "accept differently.\n\n"
+        "(AIPerf's mean_acceptance_length, averaged over requests; a request that never drafted counts 1.0, as "
+        "AIPerf counts it, and *requests never drafted* says how many did). They differ when long and short "
+        "requests accept differently.\n\n"
         "Predicted speedup: the decode steps speed up by s = tokens per step / cost per step over the row's "
         "*measured* draft lengths (Leviathan et al.'s AL(α̂, γ) / (γ·c + verify cost) when every step drafts γ): a "
         "step that drafts nothing (an n-gram miss) yields 1 token at one AR step T1, one that drafts k tokens yields "

@@ -215,6 +215,7 @@ def _method_cells(study: Study, r: MethodRow) -> dict[str, Any]:
         "α̂ (i.i.d.)": fmt(p.alpha_hat),
         "AL": fmt_ci(p.acceptance_length, p.acceptance_length_ci, n=p.n_prompts),
         "AL per request (mean)": fmt(p.acceptance_length_per_request),
+        "requests never drafted": "—" if p.never_drafted is None else p.never_drafted,
         "tokens / target forward": fmt(p.tokens_per_forward),
         "c (measured)": fmt(p.c, 3),
         "verify cost (×T1)": fmt(p.verify_ratio),

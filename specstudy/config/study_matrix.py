@@ -107,6 +107,7 @@ class StudyConfig:
     warmup_max_new_tokens: int
     telemetry_period_s: float
     warm_engine_warmup_tokens: int | None = None
+    aa_control: bool = False  # an A/A control cell per framework (:func:`specstudy.run.plan.controls`)
     framework_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     notebooks: tuple[str, ...] = NOTEBOOKS
     engine_costs: tuple[str, ...] = ()
@@ -362,6 +363,7 @@ def load_study(
         warmup_max_new_tokens=spec.warmup.max_new_tokens,
         warm_engine_warmup_tokens=spec.warmup.warm_engine_max_new_tokens,
         telemetry_period_s=float(spec.telemetry_period_s),
+        aa_control=spec.aa_control,
         engine_costs=tuple(spec.engine_costs),
         framework_options={k: dict(v) for k, v in spec.framework_options.items()},
         notebooks=tuple(spec.notebooks),

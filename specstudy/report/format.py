@@ -54,6 +54,15 @@ def seed_row_name(method: str, dynamic_tree: bool = False) -> str:
     return SEED_ROWS.get(method, "—")
 
 
+def apart_text(seconds: float, order: str) -> str:
+    """How far apart a row's two arms were timed: the median seconds (minutes past a minute) between
+    a pair's starts, and in which order (in time, cell after cell)."""
+    if seconds != seconds:
+        return "—"
+    span = f"{seconds:.1f} s" if seconds < 60 else f"{seconds / 60:.1f} min"
+    return f"{span} ({order})"
+
+
 def fmt(x: Any, digits: int = 2, suffix: str = "") -> str:
     if x is None or (isinstance(x, float) and x != x):
         return "—"

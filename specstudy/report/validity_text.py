@@ -8,9 +8,10 @@ from typing import Any
 
 import pandas as pd
 
+from ..analysis.pairing import ControlRow, control_rows
 from ..analysis.study_records import Study
 from ..analysis.validity import COPY_NGRAM, COPY_SHARE_HIGH, STALL_FACTOR, Finding, Reason, copy_by_task, stalls
-from .format import sampling_text
+from .format import apart_text, fmt, fmt_ci, sampling_text
 from .section_type import Section
 
 
@@ -152,10 +153,46 @@ def _intro(study: Study) -> str:
     )
 
 
+def control_frame(rows: list[ControlRow]) -> pd.DataFrame:
+    """The A/A controls as shown: AR against AR through a speculative row's pairing, per framework."""
+    return pd.DataFrame(
+        [
+            {
+                "Framework": r.framework + (" ⚑" if r.flagged else ""),
+                "Task": r.task,
+                "A/A speedup": fmt_ci(r.speedup, r.ci, 3, "×", n=r.n_prompts),
+                "± (half-width)": fmt(100 * r.half_width, 1, " %"),
+                "n (prompts)": r.n_prompts,
+                "Arms timed apart (median)": apart_text(r.apart.median_s, r.apart.order),
+                "Reading": "biased: its interval excludes 1×" if r.excludes_one else "1× within its interval",
+            }
+            for r in rows
+        ]
+    )
+
+
+def control_text(rows: list[ControlRow]) -> str:
+    """The A/A paragraph that opens the Validity section ('' when the study has no control)."""
+    if not rows:
+        return ""
+    return (
+        "**The measurement's own bias and precision (A/A control)**: per framework, an AR cell measured "
+        "against itself through exactly the pairing, analysis and report path of a speculative row. Its "
+        "speedup should read 1× within its interval; one whose interval excludes 1× says the machine drifted "
+        "or an arm was not warmed up, and every speedup of that framework carries the same bias. Its "
+        "half-width is the finest speedup difference this machine resolves at that n.\n"
+    )
+
+
 def validity_section(study: Study) -> Section:
-    """What the kit vouches for: each check, what it found, which rows; flagged rows are marked ⚑ in every
-    table and left out of the summary, the best-method lines and every verdict."""
-    sec = Section("Validity", _intro(study))
+    """What the kit vouches for: the A/A controls first, then each check, what it found, which rows; flagged
+    rows are marked ⚑ in every table and left out of the summary, the best-method lines and every verdict."""
+    aa = control_rows(study)
+    sec = Section("Validity", control_text(aa))
+    if aa:
+        sec.add_table("validity_aa_control", control_frame(aa), None, "")
+        sec.markdown += "\n"
+    sec.markdown += _intro(study)
     found = findings_frame(study)
     if len(found):
         sec.add_table("validity", found, None, "\n**Findings**\n\n")

@@ -291,12 +291,14 @@ from support import TinyFactory, run_tiny_study
 from specstudy.config import load_study
 from specstudy.run.plan import expand
 cfg = load_study("cpu", {yaml!r})
-run_tiny_study(cfg, expand(cfg), {out!r}, TinyFactory(hold=({hold!r}, 3)))
+run_tiny_study(cfg, expand(cfg), {out!r}, TinyFactory(hold=({hold!r}, 7)))
 """
 
 
 def test_killed_study_resumes_without_redoing_or_duplicating(tmp_path):
-    """SIGKILL a running study mid-cell, rerun it: finished parts untouched, nothing lost or doubled."""
+    """SIGKILL a running study mid-cell, rerun it: finished parts untouched, nothing lost or doubled.
+    The first AR cell and its two twins are measured in time (2 prompts x 3 arms: 6 calls), so the
+    7th measured call is the first of the next group."""
     yaml = write_study(tmp_path)
     out = tmp_path / "out"
     script = tmp_path / "run.py"
@@ -306,10 +308,10 @@ def test_killed_study_resumes_without_redoing_or_duplicating(tmp_path):
             tests=str(Path(__file__).parents[1]),
             yaml=str(yaml),
             out=str(out),
-            hold=str(tmp_path / "third-cell-in-flight"),
+            hold=str(tmp_path / "second-group-in-flight"),
         )
     )
-    hold = tmp_path / "third-cell-in-flight"  # touched by the fake engine mid-way through the third cell
+    hold = tmp_path / "second-group-in-flight"  # touched by the fake engine mid-way through the second group
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     deadline = time.time() + 120
@@ -323,7 +325,7 @@ def test_killed_study_resumes_without_redoing_or_duplicating(tmp_path):
     before = {p.name: p.stat().st_mtime_ns for p in part_paths(out)}
     cfg = load_study("cpu", yaml)
     plans = expand(cfg)
-    assert len(before) == 2 < len(plans), "the kill must land in the third cell"
+    assert len(before) == 3 < len(plans), "the kill must land in the second group of cells"
     res = _run(cfg, plans, out, TinyFactory())
     assert sum(r.status == "skipped" for r in res) == len(before)
     assert all(r.status in ("done", "skipped") for r in res)

@@ -43,7 +43,7 @@ def interrupted_line(layout: StudyLayout, plans: Sequence[CellPlan]) -> str:
     kept = sum(layout.is_done(p.cell_id) for p in plans)
     return (
         f"specstudy run: interrupted; {kept} of {len(plans)} cells are kept in {layout.records_dir} "
-        f"(the cell in flight is not); resume with: {resume_command()}"
+        f"(the cells in flight are not); resume with: {resume_command()}"
     )
 
 

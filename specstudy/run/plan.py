@@ -451,7 +451,7 @@ def expand(cfg: StudyConfig) -> list[CellPlan]:
                 str(p.drafter_id or ""),
                 p.cell.method,
                 p.cell.gamma or 0,
-                p.label,
+                "ar" if p.family == CONTROL_FAMILY else p.label,  # an A/A control right after its baseline
                 p.prefix_cache,
             )
             # rates ascending within a repeat: a capacity search stops above its first break (run/capacity_search.py)

@@ -18,15 +18,18 @@ probes that can move its own bracket (``specstudy.run.capacity_search``): none a
 that was conclusive.
 
 Where a repeat never broke up to the highest rate probed, its capacity is only bounded from below and
-the group's capacity is that lower bound (the least such rate), with no interval.  Otherwise, over
-repeats the capacity is the mean of the per-repeat capacities with the kit's t-interval
-(:func:`specstudy.intervals.mean_ci`), the repeat being the unit: a rate is not a prompt, so no
+the group's capacity is that lower bound (the least such rate), with no interval; where a repeat broke
+at every rate probed, it is below the lowest (0, no interval).  Otherwise, over repeats the capacity is
+the geometric mean of the per-repeat capacities with a t-interval on the log scale
+(:func:`specstudy.intervals.log_mean_ci`: a rate is positive, and both bounds stay so), the repeat being
+the unit: a rate is not a prompt, so no
 interval over prompts applies, and each repeat is a whole independent search (its probes share
 nothing with another repeat's).  What the interval covers is the capacity this search finds on
 average (on its rate grid, refined to its resolution), not the SLO's exact crossing, which the
 grid bounds from below by at most one bracket.  Below ``MIN_PROMPTS_FOR_CI`` repeats there is no
 interval (the same floor as the prompt intervals'): tests/analysis/test_capacity_interval.py
-simulates the search with a known mean: 95 % intervals over 5 repeats covered 0.947.  Speculation's
+simulates the search with a known truth (the geometric mean of the capacities it finds): 95 % intervals
+over 5 repeats cover it near 0.95.  Speculation's
 capacity stands beside its AR's.  Pure.
 """
 
@@ -40,7 +43,7 @@ import numpy as np
 import pandas as pd
 
 from ..config.schema import Slo
-from ..intervals import MIN_PROMPTS_FOR_CI, mean_ci
+from ..intervals import MIN_PROMPTS_FOR_CI, log_mean_ci
 from ..metrics import e2e, prompt_of, queued, slo_holds, ttft
 from ..records import RequestRecord
 from .rates import study_slo
@@ -178,11 +181,15 @@ def broke_below(rate: float, held_by_rate: Mapping[float, bool | None]) -> float
 
 
 def repeat_interval(caps: Sequence[float], level: float = 0.95) -> tuple[float, float, float]:
-    """Mean capacity over repeats and its t-interval (NaN bounds below ``MIN_PROMPTS_FOR_CI`` repeats,
-    or when a repeat never broke: an infinite capacity has no mean)."""
+    """Capacity over repeats, the geometric mean, and its interval on the log scale (a rate is positive:
+    :func:`~specstudy.intervals.log_mean_ci`); NaN bounds below ``MIN_PROMPTS_FOR_CI`` repeats.  A repeat
+    that never broke bounds the capacity from below (inf, no interval); one that never held, from above
+    (0: below the lowest rate probed, no interval)."""
     if any(math.isinf(c) for c in caps):
         return (math.inf, math.nan, math.nan)
-    return mean_ci(list(caps), level=level, min_n=MIN_PROMPTS_FOR_CI)
+    if any(c <= 0 for c in caps):
+        return (0.0, math.nan, math.nan)
+    return log_mean_ci(list(caps), level=level, min_n=MIN_PROMPTS_FOR_CI)
 
 
 def capacity_frame(study: Study, slo: Slo | None = None) -> pd.DataFrame:
@@ -199,14 +206,19 @@ def capacity_frame(study: Study, slo: Slo | None = None) -> pd.DataFrame:
             cap, broke = bracket(dict(zip(rg["rate"], rg["held"])))
             caps.append(cap)
             breaks.append(broke)
-        # a repeat that never broke only bounds its capacity from below: no mean, no interval
+        # a repeat that never broke only bounds its capacity from below, one that never held from above
         unbroken = sum(math.isinf(b) for b in breaks)
-        estimate = (min(caps), math.nan, math.nan) if unbroken else repeat_interval(caps)
+        never_held = sum(c <= 0 for c in caps)
+        if unbroken or never_held:
+            estimate = (min(caps) if unbroken else 0.0, math.nan, math.nan)
+        else:
+            estimate = repeat_interval(caps)
         rows.append(
             {
                 **dict(zip(_GROUP, key)),
                 "repeats": len(caps),
                 "repeats_never_broke": unbroken,
+                "repeats_never_held": never_held,
                 **dict(zip(("capacity_rps", "capacity_ci_low", "capacity_ci_high"), estimate)),
                 "capacity_min_rps": min(caps),
                 "capacity_max_rps": max(caps),

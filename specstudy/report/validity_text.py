@@ -116,7 +116,11 @@ def reruns_frame(study: Study) -> pd.DataFrame:
                 [
                     cid,
                     "; ".join(first),
-                    f"{len(again)} stalled again: flagged" if again else "clean: its records are the rerun's",
+                    f"{len(again)} stalled again: flagged"
+                    if again
+                    else "clean: its records are the rerun's"
+                    if all(r.extra.get("attempt") == 2 for r in recs)
+                    else "clean: the stalled prompts' records (every arm's) are the rerun's",
                 ]
             )
     return pd.DataFrame(rows, columns=["Cell", "First attempt", "Rerun"])
@@ -136,7 +140,8 @@ def _intro(study: Study) -> str:
     return (
         "Every cell is checked for the artifacts that fake a speedup (rules and thresholds: `docs/validity.md`): "
         f"a request whose time per forward or largest inter-token gap exceeds {STALL_FACTOR:g}× its "
-        "cell's median (a stall; the cell is rerun once and stays flagged if it recurs); a machine busy during the "
+        "cell's median (a stall; the cell is rerun once, or where its arms were measured in time the stalled prompts "
+        "with every arm, and stays flagged if it recurs); a machine busy during the "
         "cell (other processes' CPU time beyond the cores the study leaves free, CPU steal, a clock drop, another "
         "GPU process); random-token prompts outside "
         "the random control and a doubled BOS (where the engine's tokenizer is at hand); counters that went "

@@ -223,6 +223,7 @@ def run_study(
                 return [_run_one(cfg, plan, layout, pool, loader, state, progress)]
 
             ran = 0
+            place = {p.cell_id: k for k, p in enumerate(plans, 1)}
             slo = Slo.model_validate(dict(cfg.slo))
             searched = full_plan if full_plan is not None else plans
             for i, plan in enumerate(plans, 1):
@@ -241,7 +242,7 @@ def run_study(
                 ran += len(done)
                 results += done
                 for res in done:
-                    say(res.line(i, len(plans)))
+                    say(res.line(place.get(res.cell_id, i), len(plans)))
             left = None if max_cells is None else max_cells - ran
             results += _run_extensions(cfg, plans, full_plan, layout, left, say, one)
             pool.close()  # the engine cost timings get the machine to themselves
@@ -537,11 +538,14 @@ def _run_in_time(
             plans, backend, requests, [(w.requests, w.tokens) for w in wus], cfg.telemetry_period_s
         )
         note = ""
-        stalled = {f.values["prompt_id"] for recs in runs for f in validity.stalls(recs)}
+        found = [f for recs in runs for f in validity.stalls(recs)]
+        stalled = {f.values["prompt_id"] for f in found}
         if stalled:
             for p, recs in zip(plans, runs):
                 layout.write_stalled(p.cell_id, recs)  # kept beside, read by no table
             runs = rerun_prompts(plans, backend, runs, requests, stalled, cfg.telemetry_period_s)
+            for r in (r for recs in runs for r in recs):
+                r.extra.update(first_attempt_stalls=[f"{f.cell_id}: {finding_text(f)}" for f in found])
             again = {f.values["prompt_id"] for recs in runs for f in validity.stalls(recs)}
             note = f"{len(stalled)} stalled prompt(s) rerun with their partners: " + (
                 f"{len(again)} stalled again, flagged" if again else "clean"

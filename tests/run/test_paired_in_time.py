@@ -155,6 +155,13 @@ def test_a_stalled_prompt_is_measured_again_with_its_partner_and_nothing_else(ti
         assert again == [r.prompt_id for r in recs[cid] if r.prompt_id.endswith("/0")] and len(recs[cid]) == 4
         assert validity.stalls(recs[cid]) == []
     assert StudyLayout(tmp_path).stalled_path(spec.cell_id).exists()
+    assert all(spec.cell_id in r.extra["first_attempt_stalls"][0] for rs in recs.values() for r in rs)
+    from specstudy.analysis.study_records import load
+    from specstudy.report.validity_text import reruns_frame
+
+    shown = reruns_frame(load(tmp_path))
+    assert set(shown["Cell"]) == {base.cell_id, spec.cell_id}
+    assert set(shown["Rerun"]) == {"clean: the stalled prompts' records (every arm's) are the rerun's"}
 
 
 # --------------------------------------------------------------------------------------------

@@ -72,6 +72,12 @@ def _chunks(requests: Sequence[Request], size: int) -> list[list[Request]]:
     return [list(requests[i : i + size]) for i in range(0, len(requests), max(size, 1))]
 
 
+def batches_of(requests: Sequence[Request], prompt_ids: set[str], size: int) -> set[str]:
+    """The prompts of every batch (of ``size``, in order) that holds one of ``prompt_ids``: what a rerun of
+    those prompts measures again, so each is decoded at its own batch shape."""
+    return {r.prompt_id for c in _chunks(requests, size) if any(q.prompt_id in prompt_ids for q in c) for r in c}
+
+
 def measure_in_time(
     plans: Sequence[CellPlan],
     backend: Backend,
@@ -118,9 +124,10 @@ def rerun_prompts(
     prompt_ids: set[str],
     telemetry_period_s: float,
 ) -> list[list[RequestRecord]]:
-    """The arms with the prompts in ``prompt_ids`` measured again, in time as before, each record of
-    those prompts replaced (``attempt`` 2) and the others kept: a stall costs what its prompts cost,
-    not the whole group again."""
+    """The arms with the prompts in ``prompt_ids`` (the batches that hold them, above batch 1) measured
+    again, in time as before, each record of those prompts replaced (``attempt`` 2) and the others
+    kept: a stall costs what its prompts cost, not the whole group again."""
+    prompt_ids = batches_of(requests, prompt_ids, plans[0].cell.batch_size)
     again = [r for r in requests if r.prompt_id in prompt_ids]
     if not again:
         return runs

@@ -40,7 +40,7 @@ from .capacity_search import why_not_probed
 from .cell import CellResult, CellRun, annotate, run_cell, split_warmup, summarize
 from .conversation_cells import run_turns
 from .engine_cost_probe import measure_engine_costs
-from .paired_in_time import SEQUENTIAL, link_partners, measure_in_time, rerun_prompts, twins
+from .paired_in_time import SEQUENTIAL, batches_of, link_partners, measure_in_time, rerun_prompts, twins
 from .plan import CellPlan, plan_summary
 from .pool import BackendFactory, BackendPool
 from .precision import extensions
@@ -337,25 +337,32 @@ def _measure(
 
 
 def _rerun_stalls(
-    measure: Callable[[list[Request]], tuple[list[RequestRecord], Any, float]],
+    measure: Callable[[list[Request], list[Request]], tuple[list[RequestRecord], Any, float]],
     wu: Warmup,
     layout: StudyLayout,
     plan: CellPlan,
     requests: list[Request],
 ) -> tuple[tuple[list[RequestRecord], Any, float], str]:
-    """The cell measured, and once more when requests stalled (the same prompts, a new part; the
-    first attempt kept in ``stalled/``); with the progress line's note.  A conversation is not rerun:
-    its turns take their history from the baseline's run."""
-    run = measure(wu.requests)
+    """The cell measured, and its stalled requests once more (the first attempt kept in ``stalled/``):
+    at batch 1 only the stalled prompts, their new records replacing the old (a rerun costs what the
+    stall cost); above, the batches that held them, so each is measured at its own batch shape.  With
+    the progress line's note.  A conversation is not rerun: its turns take their history from the
+    baseline's run."""
+    run = measure(wu.requests, requests)
     first = validity.stalls(run[0])
     if not first or any(is_conversation(r) for r in requests):
         return run, ""
     layout.write_stalled(plan.cell_id, run[0])  # kept beside, read by no table
-    run = measure(wu.requests[:1])
-    for r in run[0]:
-        r.extra.update(attempt=2, first_attempt_stalls=[finding_text(f) for f in first])
-    again = validity.stalls(run[0])
-    return run, f"{len(first)} stalled request(s), rerun once: " + (
+    again_ids = batches_of(requests, {f.values["prompt_id"] for f in first}, plan.cell.batch_size)
+    redo = measure(wu.requests[:1], [r for r in requests if r.prompt_id in again_ids])
+    for r in redo[0]:
+        r.extra.update(attempt=2)
+    place = {q.prompt_id: i for i, q in enumerate(requests)}
+    records = sorted([*(r for r in run[0] if r.prompt_id not in again_ids), *redo[0]], key=lambda r: place[r.prompt_id])
+    for r in records:
+        r.extra.update(first_attempt_stalls=[finding_text(f) for f in first])
+    again = validity.stalls(records)
+    return (records, run[1], run[2] + redo[2]), f"{len(first)} stalled request(s), rerun once: " + (
         f"{len(again)} stalled again, cell flagged" if again else "clean"
     )
 
@@ -492,9 +499,9 @@ def _run_one(
                 baseline = layout.read_part(plan.baseline_cell_id)
         tokenizer = getattr(backend, "tokenizer", None)
 
-        def measure(warm: list[Request]) -> tuple[list[RequestRecord], Any, float]:
+        def measure(warm: list[Request], these: list[Request]) -> tuple[list[RequestRecord], Any, float]:
             try:
-                return _measure(cfg, plan, backend, requests, warm, wu.tokens, baseline, progress, tokenizer)
+                return _measure(cfg, plan, backend, these, warm, wu.tokens, baseline, progress, tokenizer)
             except (ServerStartError, BackendUnavailable) as e:
                 state.failed_starts[start_key] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
                 raise

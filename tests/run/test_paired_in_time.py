@@ -218,3 +218,12 @@ def test_the_aa_control_opens_the_validity_section_and_stays_out_of_the_method_t
     (line,) = summary.control_lines(biased)
     assert "A/A control of reference reads 0.500× [0.500, 0.500]" in line and "excluding 1×" in line
     assert len(summary.control_lines(study)) == int(row.excludes_one)
+
+
+def test_a_rerun_above_batch_1_measures_the_whole_batch_that_held_the_stall():
+    from specstudy.run.paired_in_time import batches_of
+
+    reqs = _prompts(7)
+    assert batches_of(reqs, {"p/0"}, 1) == {"p/0"}
+    assert batches_of(reqs, {"p/3"}, 2) == {"p/2", "p/3"}
+    assert batches_of(reqs, {"p/6", "p/1"}, 4) == {f"p/{i}" for i in range(7)}

@@ -177,10 +177,15 @@ def test_a_cell_with_a_stalled_request_runs_once_more_and_a_clean_rerun_replaces
     cfg, plans = tiny
     plan = dataclasses.replace(plans[0], prompts=4)  # a cell median needs 3 requests or more
     victim = plan.cell_id
-    res = _run(cfg, [plan], tmp_path, TinyFactory(plant=_stall({victim}, {1})))
+    factory = TinyFactory(plant=_stall({victim}, {1}))
+    res = _run(cfg, [plan], tmp_path, factory)
     assert res[0].status == "done" and "1 stalled request(s), rerun once: clean" in res[0].line(1, 1)
     recs = read_records(tmp_path)
-    assert all(r.extra["attempt"] == 2 and r.extra["first_attempt_stalls"] for r in recs)
+    assert all(r.extra["first_attempt_stalls"] for r in recs) and len(recs) == 4
+    # only the stalled prompt ran again (a rerun costs what the stall cost), its record replacing the first
+    assert [r.prompt_id for r in recs if r.extra.get("attempt") == 2] == [f"{plan.cell.task}/0"]
+    measured = [n for n, (*_, warm) in zip(factory.sizes, factory.runs) if not warm]
+    assert measured == [4, 1]  # the cell's 4 prompts, then the stalled one alone
     assert all(r.extra["warmed_by"] == victim and r.extra["engine_instance"].count(":") == 2 for r in recs)
     assert validity.stalls(recs) == []
     first = StudyLayout(tmp_path).stalled_path(victim)

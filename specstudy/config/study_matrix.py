@@ -38,6 +38,7 @@ Schema (every key optional except ``models``; sweeps inherit the top-level axes)
       prompts_per_task: 4
       prefix_cache: [false]
       telemetry_period_s: 0.5
+      aa_control: false           # true: per framework, an A/A control (AR paired with AR) opens Validity
       sweeps:                     # named sub-matrices; a cell shared by sweeps runs once
         hardware: {tasks: [code, qa], gammas: [4], batch_sizes: [1]}
 """

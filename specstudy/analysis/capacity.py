@@ -7,7 +7,8 @@ from each request's arrival: a request that waited for one of the cell's slots w
 would, and a probe whose queue grew at the client is judged by it, not hidden); the first
 rate where it broke bounds it from above.  :func:`refine_rates` proposes the rates that narrow
 those brackets (geometric bisection) and extend a grid that missed the capacity (one step of the grid
-below a repeat that broke at its lowest rate, one above a repeat that never broke), which
+below a repeat that broke at its lowest rate, or straight down to the rate this machine served in that
+probe where that is lower: :func:`served_rate`; one step above a repeat that never broke), which
 ``specstudy run --refine-capacity`` measures; the same
 rounds rerun the rates at which a probe held the SLO without being stationary (:func:`stationary`; a
 probe that broke with its queue growing is over capacity, and its break stands) with twice its prompts,
@@ -85,6 +86,16 @@ def probe_held(records: Sequence[RequestRecord], slo: Slo) -> bool | None:
     return slo_holds(records, slo.ttft_s, slo.tpot_s, slo.e2e_s, slo.percentile, from_arrival=True)
 
 
+def served_rate(records: Sequence[RequestRecord]) -> float:
+    """Requests the server completed per second over a probe (first send to last completion): at an
+    offered rate above its capacity, what this machine serves, whatever rate the grid guessed."""
+    ok = [r for r in records if r.status == "ok" and r.end_s is not None and r.start_epoch]
+    if len(ok) < 2:
+        return math.nan
+    t0, t1 = min(r.start_epoch for r in ok), max(r.start_epoch + (r.end_s or 0.0) for r in ok)
+    return len(ok) / (t1 - t0) if t1 > t0 else math.nan
+
+
 def probes(study: Study, slo: Slo | None = None) -> pd.DataFrame:
     """One row per request-rate cell: its group, repeat, rate, prompts, sweeps, whether the SLO held and
     whether the probe was stationary."""
@@ -102,6 +113,7 @@ def probes(study: Study, slo: Slo | None = None) -> pd.DataFrame:
                 "prompts": len({prompt_of(r) for r in study.records[cid]}),
                 "held": held,
                 "stationary": stationary(study.records[cid]),
+                "served_rps": served_rate(study.records[cid]),
                 "sweeps": tuple(m["sweeps"]),
                 "cell_id": cid,
             }
@@ -253,13 +265,21 @@ def beside_ar(frame: pd.DataFrame) -> pd.DataFrame:
     return spec
 
 
-def next_rate(held_by_rate: Mapping[float, bool | None], step: float = 2.0, resolution: float = 1.2) -> float | None:
+def next_rate(
+    held_by_rate: Mapping[float, bool | None],
+    step: float = 2.0,
+    resolution: float = 1.2,
+    served: float = math.nan,
+) -> float | None:
     """The rate one repeat's search probes next (None: its bracket is narrow enough): the geometric midpoint of
-    its bracket; when it broke at its lowest rate, one grid ``step`` below that; when it never broke, one
-    ``step`` above its highest held rate.  A grid that missed the capacity is extended, not trusted."""
+    its bracket; when it broke at its lowest rate, one grid ``step`` below that or, lower still, the rate the
+    machine served in that probe (``served``: :func:`served_rate`; a slow machine's capacity is found from
+    what it measured, not stepped down to from a grid made elsewhere); when it never broke, one ``step``
+    above its highest held rate.  A grid that missed the capacity is extended, not trusted."""
     cap, broke = bracket(held_by_rate)
     if cap <= 0 and not math.isinf(broke):
-        return round(broke / step, 3)
+        below = broke / step
+        return round(served if 0 < served < below else below, 3)
     if math.isinf(cap):
         return None
     if math.isinf(broke):
@@ -287,7 +307,8 @@ def refine_rates(study: Study, slo: Slo | None = None, resolution: float = 1.2) 
         step = _grid_step(group["rate"])
         for _, g in group.groupby("repeat"):
             held = dict(zip(g["rate"], g["held"]))
-            rates = {next_rate(held, step, resolution)}
+            lowest = g[g["rate"] == g["rate"].min()]
+            rates = {next_rate(held, step, resolution, float(lowest["served_rps"].iloc[0]))}
             cap, _ = bracket(held)
             if cap == g["rate"].min() and _doubtful(g[g["rate"] == cap]).any():
                 rates.add(round(cap / step, 3))  # its longer rerun may break: the rate below is probed beside it

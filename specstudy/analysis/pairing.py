@@ -24,7 +24,7 @@ NAN = float("nan")
 @dataclass(frozen=True)
 class ArmsApart:
     """The pairs' median time between the starts of the two arms (seconds) and how they were timed:
-    ``in time`` (every pair side by side), ``cell after cell``, ``mixed`` or ``unknown``."""
+    ``in_time`` (every pair side by side), ``cell_after_cell``, ``mixed`` or ``unknown`` (the report words it)."""
 
     median_s: float = NAN
     order: str = "unknown"
@@ -36,7 +36,7 @@ def arms_apart(pairs: Iterable[tuple[RequestRecord, RequestRecord]]) -> ArmsApar
     for b, s in pairs:
         if b.start_epoch and s.start_epoch:
             gaps.append(abs(s.start_epoch - b.start_epoch))
-        kinds.add("in time" if (s.extra or {}).get("pairing") == PAIRED_IN_TIME else "cell after cell")
+        kinds.add("in_time" if (s.extra or {}).get("pairing") == PAIRED_IN_TIME else "cell_after_cell")
     if not gaps:
         return ArmsApart()
     return ArmsApart(float(statistics.median(gaps)), kinds.pop() if len(kinds) == 1 else "mixed")

@@ -204,7 +204,7 @@ def test_the_aa_control_opens_the_validity_section_and_stays_out_of_the_method_t
     study = study_records.load(tmp_path)
     assert list(study.controls) == [ctl.cell_id] and ctl.cell_id not in study.records
     (row,) = control_rows(study)
-    assert row.framework == "reference" and row.n_prompts == 5 and row.apart.order == "in time"
+    assert row.framework == "reference" and row.n_prompts == 5 and row.apart.order == "in_time"
     assert row.speedup == row.speedup and row.ci[0] <= row.speedup <= row.ci[1]
     md = validity_text.validity_section(study).markdown
     assert md.lstrip().startswith("**The measurement's own bias and precision (A/A control)**")

@@ -159,24 +159,30 @@ def stalls(records: Sequence[RequestRecord], factor: float = STALL_FACTOR) -> li
 # the machine
 
 
+def busy_during(summary: Mapping[str, Any]) -> list[str]:
+    """Why the machine was busy while a run was measured, from its telemetry summary (the
+    :meth:`~specstudy.telemetry.Telemetry.summary` keys) against :func:`busy_reasons`; [] when quiet."""
+    cores = summary.get("cpu_cores")
+    if not cores:
+        return []
+    return busy_reasons(
+        summary.get("load_1m_mean"),
+        int(cores),
+        int(cores),
+        during=True,
+        steal_pct=summary.get("cpu_steal_mean_pct"),
+        freq_dropped=bool(summary.get("cpu_freq_dropped")),
+        gpu_other_procs=summary.get("gpu_other_procs_max"),
+        others_cores=summary.get("cpu_others_cores_mean"),
+    )
+
+
 def machine_findings(records: Sequence[RequestRecord]) -> list[Finding]:
     """The cell's telemetry (stamped on each record by the runner) against :func:`busy_reasons`."""
     if not records or not records[0].extra:
         return []
     e = records[0].extra
-    cores = e.get("tel_cpu_cores")
-    if not cores:
-        return []
-    reasons = busy_reasons(
-        e.get("tel_load_1m_mean"),
-        int(cores),
-        int(cores),
-        during=True,
-        steal_pct=e.get("tel_cpu_steal_mean_pct"),
-        freq_dropped=bool(e.get("tel_cpu_freq_dropped")),
-        gpu_other_procs=e.get("tel_gpu_other_procs_max"),
-        others_cores=e.get("tel_cpu_others_cores_mean"),
-    )
+    reasons = busy_during({k.removeprefix("tel_"): v for k, v in e.items() if k.startswith("tel_")})
     if not reasons:
         return []
     return [Finding("busy machine", records[0].cell_id, {"reasons": reasons}, True)]

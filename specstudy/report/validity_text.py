@@ -10,7 +10,16 @@ import pandas as pd
 
 from ..analysis.pairing import ControlRow, control_rows
 from ..analysis.study_records import Study
-from ..analysis.validity import COPY_NGRAM, COPY_SHARE_HIGH, STALL_FACTOR, Finding, Reason, copy_by_task, stalls
+from ..analysis.validity import (
+    COPY_NGRAM,
+    COPY_SHARE_HIGH,
+    STALL_FACTOR,
+    Finding,
+    Reason,
+    copy_by_task,
+    machine_findings,
+    stalls,
+)
 from .format import apart_text, fmt, fmt_ci, sampling_text
 from .section_type import Section
 
@@ -106,9 +115,20 @@ def findings_frame(study: Study) -> pd.DataFrame:
 
 
 def reruns_frame(study: Study) -> pd.DataFrame:
-    """Cells run a second time because requests stalled in the first: what the first attempt had."""
+    """Cells run a second time because requests stalled in the first, or because the machine was busy
+    while their in-time group ran: what the first attempt had."""
     rows = []
     for cid, recs in sorted(study.records.items()):
+        busy = recs[0].extra.get("first_attempt_busy") if recs and recs[0].extra else None
+        if busy:
+            still = machine_findings(recs)
+            rows.append(
+                [
+                    cid,
+                    "busy machine: " + "; ".join(busy),
+                    "still busy: flagged" if still else "quiet: its records are the rerun's (every arm's)",
+                ]
+            )
         first = recs[0].extra.get("first_attempt_stalls") if recs and recs[0].extra else None
         if first:
             again = stalls(recs)
@@ -203,7 +223,7 @@ def validity_section(study: Study) -> Section:
         sec.add_table("validity", found, None, "\n**Findings**\n\n")
     reruns = reruns_frame(study)
     if len(reruns):
-        sec.add_table("validity_reruns", reruns, None, "\n**Cells rerun after a stall**\n\n")
+        sec.add_table("validity_reruns", reruns, None, "\n**Cells rerun after a stall or a busy machine**\n\n")
     copy = copy_by_task(study.all_records())
     if copy:
         shown = pd.DataFrame(

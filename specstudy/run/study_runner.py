@@ -518,6 +518,33 @@ def _run_one(
         return _failed(plan, layout, e)
 
 
+def _rerun_busy(
+    cfg: StudyConfig,
+    plans: list[CellPlan],
+    backend: Any,
+    requests: list[Request],
+    layout: StudyLayout,
+    measured: tuple[list[list[RequestRecord]], Any],
+    wall_s: float,
+) -> tuple[tuple[list[list[RequestRecord]], Any], str]:
+    """An in-time group measured on a busy machine (:func:`validity.busy_during`) measured once more, every
+    arm, when it took at most the study's ``busy_rerun_budget_s`` (the rerun costs as much again); the first
+    attempt kept in ``stalled/``.  What is still busy stays flagged by the Validity checks, named."""
+    runs, tel = measured
+    busy = validity.busy_during(tel.summary())
+    if not busy or wall_s > cfg.busy_rerun_budget_s:
+        return measured, ""
+    for p, recs in zip(plans, runs):
+        layout.write_stalled(p.cell_id, recs)  # kept beside, read by no table
+    runs, tel = measure_in_time(plans, backend, requests, [((), 0)] * len(plans), cfg.telemetry_period_s)
+    for r in (r for recs in runs for r in recs):
+        r.extra.update(attempt=2, first_attempt_busy=busy)
+    still = validity.busy_during(tel.summary())
+    return (runs, tel), f"busy machine ({'; '.join(busy)}), measured again with every arm: " + (
+        "still busy, flagged; " if still else "quiet; "
+    )
+
+
 def _run_in_time(
     cfg: StudyConfig,
     plans: list[CellPlan],
@@ -544,7 +571,7 @@ def _run_in_time(
         runs, tel = measure_in_time(
             plans, backend, requests, [(w.requests, w.tokens) for w in wus], cfg.telemetry_period_s
         )
-        note = ""
+        (runs, tel), note = _rerun_busy(cfg, plans, backend, requests, layout, (runs, tel), time.perf_counter() - t0)
         found = [f for recs in runs for f in validity.stalls(recs)]
         stalled = {f.values["prompt_id"] for f in found}
         if stalled:
@@ -554,7 +581,7 @@ def _run_in_time(
             for r in (r for recs in runs for r in recs):
                 r.extra.update(first_attempt_stalls=[f"{f.cell_id}: {finding_text(f)}" for f in found])
             again = {f.values["prompt_id"] for recs in runs for f in validity.stalls(recs)}
-            note = f"{len(stalled)} stalled prompt(s) rerun with their partners: " + (
+            note += f"{len(stalled)} stalled prompt(s) rerun with their partners: " + (
                 f"{len(again)} stalled again, flagged" if again else "clean"
             )
         wall = time.perf_counter() - t0
@@ -568,7 +595,7 @@ def _run_in_time(
             res = _commit(
                 cfg, p, layout, state, backend, (recs, tel, wall), wu, requests, runs[0] if p is not plans[0] else None
             )
-            res.note = note
+            res.note = note.rstrip("; ")
         except Exception as e:
             res = _failed(p, layout, e)
         results.append(res)

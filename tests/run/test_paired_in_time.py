@@ -227,3 +227,36 @@ def test_a_rerun_above_batch_1_measures_the_whole_batch_that_held_the_stall():
     assert batches_of(reqs, {"p/0"}, 1) == {"p/0"}
     assert batches_of(reqs, {"p/3"}, 2) == {"p/2", "p/3"}
     assert batches_of(reqs, {"p/6", "p/1"}, 4) == {f"p/{i}" for i in range(7)}
+
+
+def test_a_group_measured_on_a_busy_machine_runs_once_more_within_its_budget(tiny, tmp_path, monkeypatch):
+    """Busy while the group ran (steal, say), quiet on the rerun: every arm measured again, the rerun's records
+    kept and named in Validity; with no budget, nothing is rerun (the Validity checks flag the cells)."""
+    from specstudy.analysis import validity
+    from specstudy.analysis.study_records import load
+    from specstudy.report.validity_text import reruns_frame
+
+    cfg, plans = tiny
+    base = plans[0]
+    group = [base, *twins(base, plans)]
+    calls = []
+
+    def busy_once(summary):
+        calls.append(1)
+        return ["CPU steal 27 %"] if len(calls) == 1 else []
+
+    monkeypatch.setattr(validity, "busy_during", busy_once)
+    factory = TinyFactory()
+    res = run_tiny_study(dataclasses.replace(cfg, busy_rerun_budget_s=1e9), group, tmp_path / "a", factory)
+    assert "busy machine (CPU steal 27 %), measured again with every arm: quiet" in res[0].line(1, 3)
+    assert len([w for *_, w in factory.runs if not w]) == 2 * 2 * len(group)  # 2 prompts x arms, twice
+    recs = StudyLayout(tmp_path / "a").read_records()
+    assert all(r.extra["attempt"] == 2 and r.extra["first_attempt_busy"] for rs in recs.values() for r in rs)
+    shown = reruns_frame(load(tmp_path / "a"))  # the rerun's telemetry reads quiet (the suite's quiet machine)
+    assert set(shown["First attempt"]) == {"busy machine: CPU steal 27 %"}
+    assert set(shown["Rerun"]) == {"quiet: its records are the rerun's (every arm's)"}
+
+    calls.clear()
+    factory = TinyFactory()
+    run_tiny_study(cfg, group, tmp_path / "b", factory)  # no budget: measured once
+    assert len([w for *_, w in factory.runs if not w]) == 2 * len(group)

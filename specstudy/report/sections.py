@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import pandas as pd
 
 from ..analysis import engine_costs, faq, frames, rates, stats, trees
-from ..analysis.rows import HardwareRow, hardware_rows, headline_max_new
+from ..analysis.rows import HardwareRow, hardware_rows, headline_max_new, vouched_numbers
 from ..analysis.study_records import Study, vouched
 from ..intervals import MIN_PROMPTS_FOR_CI
 from . import across_engines, conditions, fails, figures, rate_tables, tables, tree_tables, wording
@@ -72,6 +72,12 @@ def hardware_section(study: Study, hardware: tuple[pd.DataFrame, pd.DataFrame] |
         "prompts, sampling and engine. Brackets: 95 % interval over distinct prompts (log-ratio t-interval, a "
         "prompt's repeats averaged first; none below "
         f"{MIN_PROMPTS_FOR_CI} prompts); n = distinct paired prompts (AR rows: prompts run), repeats beside it.\n\n"
+        + (
+            "A row marked ⚑ pooled a flagged cell: its numbers are those of its unflagged cells, the ones the "
+            "summary reads (a row whose every cell is flagged shows them all); see [Validity](#validity).\n\n"
+            if study.flags
+            else ""
+        )
         + markdown_table(table)
         + "\nThe rest of the seed's metric table for the same rows: latency (mean / p50 / p99), tokens per target "
         "forward (a cost figure: prompt pass and forwards without drafts included), memory overhead (peak of the "
@@ -449,9 +455,10 @@ def engine_costs_section(study: Study) -> Section | None:
 def report_sections(study: Study) -> list[Section]:
     """Every section of the report, in order."""
     hw_rows = hardware_rows(study)
-    hardware = tables.hardware_table(study, rows=hw_rows)
     clean = vouched(study) if study.flags else study
-    summary = summary_section(clean, hardware_rows(clean) if study.flags else hw_rows, study, hw_rows)
+    clean_rows = hardware_rows(clean) if study.flags else hw_rows
+    hardware = tables.hardware_table(study, rows=vouched_numbers(hw_rows, clean_rows))  # the summary's numbers
+    summary = summary_section(clean, clean_rows, study, hw_rows)
     secs = [validity_section(study), summary, hardware_section(study, hardware), frameworks_section(study)]
     secs += [method_family_section(study, fam) for fam in tables.families_in(study)]
     costs = engine_costs_section(study)

@@ -91,6 +91,19 @@ def mean_ci(
     return float(v.mean()), float(v.mean() - half), float(v.mean() + half)
 
 
+def log_mean_ci(
+    values: Sequence[float], level: float = 0.95, min_n: int = MIN_PROMPTS_FOR_CI
+) -> tuple[float, float, float]:
+    """Geometric mean and its interval for a quantity that is positive by nature (a rate): the
+    t-interval of the logs (:func:`mean_ci`) taken back by exp, so both bounds stay above zero and the
+    interval is as wide in ratio below the centre as above it.  NaN when a value is not positive."""
+    v = [x for x in values if x == x]
+    if not v or any(x <= 0 or math.isinf(x) for x in v):
+        return NAN, NAN, NAN
+    centre, lo, hi = mean_ci([math.log(x) for x in v], level, min_n)
+    return math.exp(centre), math.exp(lo) if lo == lo else NAN, math.exp(hi) if hi == hi else NAN
+
+
 def relative_half_width(estimate: float, ci: tuple[float, float]) -> float:
     """(hi − lo) / 2 / estimate: the precision a study's stopping rule targets; NaN without an interval."""
     lo, hi = ci

@@ -296,7 +296,9 @@ def acceptance_summary(records: Sequence[RequestRecord]) -> dict[str, Any]:
     AL comes both ways: ``acceptance_length`` pooled over tokens (1 + Σ accepted / Σ draft steps, what
     vLLM's counters give for a run) and ``acceptance_length_per_request`` (the mean over requests
     of each request's 1 + accepted / draft steps, AIPerf's ``mean_acceptance_length`` averaged over
-    requests).  They differ when requests of many draft steps accept more or less than short ones.
+    requests, where a request that never drafted counts 1.0 as AIPerf counts it).  They differ when
+    requests of many draft steps accept more or less than short ones.  ``never_drafted`` counts the
+    requests with counters and no draft step (what moves the per-request mean and not the pooled AL).
     """
     seen = [r for r in records if r.status == "ok" and r.drafted_tokens is not None]
     keys = (
@@ -309,6 +311,7 @@ def acceptance_summary(records: Sequence[RequestRecord]) -> dict[str, Any]:
         "acceptance_length_per_request",
         "draft_steps",
         "target_forwards",
+        "never_drafted",
     )
     if not seen:
         return dict.fromkeys(keys)
@@ -335,16 +338,17 @@ def acceptance_summary(records: Sequence[RequestRecord]) -> dict[str, Any]:
         "acceptance_length_per_request": acceptance_length_per_request(seen),
         "draft_steps": draft_steps,
         "target_forwards": sum(r.target_forwards or 0 for r in forwards) if forwards else None,
+        "never_drafted": sum(s == 0 for s in steps) if draft_steps is not None else None,
     }
 
 
 def acceptance_length_per_request(records: Sequence[RequestRecord]) -> float | None:
-    """Mean over requests with draft steps of 1 + accepted / draft steps (None without step counts)."""
+    """Mean over requests with counters of 1 + accepted / draft steps, a request that never drafted
+    counting 1.0 (AIPerf's convention: the anchor the report names); None without step counts."""
     per = [(r.accepted_tokens or 0, draft_steps_of(r)) for r in records if r.drafted_tokens is not None]
     if not per or any(d is None for _, d in per):
         return None
-    vals = [acceptance_length(a, d) for a, d in per if d]
-    return float(np.mean(vals)) if vals else NAN
+    return float(np.mean([acceptance_length(a, d) if d else 1.0 for a, d in per]))
 
 
 def latency_summary(records: Sequence[RequestRecord]) -> dict[str, float]:

@@ -22,6 +22,14 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
 STATUSES = ("ok", "oom", "timeout", "error")
+#: the family and label of an A/A control cell: AR measured against AR through the pairing of a
+#: speculative cell (the measurement's own bias and precision)
+CONTROL_FAMILY = "control"
+CONTROL_LABEL = "A/A control"
+#: how a speculative record's pair was timed (its ``extra["pairing"]``): beside its AR twin,
+#: prompt by prompt, or after the whole baseline cell
+PAIRED_IN_TIME = "in time (ABBA)"
+PAIRED_CELL_AFTER_CELL = "cell after cell"
 
 
 @dataclass(frozen=True)

@@ -126,6 +126,7 @@ class TinyFactory:
     def __init__(self, delay_s: float = 0.0, fail_method: str | None = None, tokenizer=None, hold=None, plant=None):
         self.loads: list[tuple] = []
         self.runs: list[tuple[str, int, int, bool]] = []  # (method, batch size, max_new_tokens, warm-up?) per call
+        self.sizes: list[int] = []  # requests per call
         self.delay_s, self.fail_method, self.tokenizer = delay_s, fail_method, tokenizer
         self.hold = hold
         #: plant(cell, record, measured_calls_so_far) may alter a measured record (a planted stall)
@@ -147,6 +148,7 @@ class TinyFactory:
         def slow_run(requests, sampling, cell):
             warm = all(r.prompt_id.startswith("warmup") for r in requests)
             factory.runs.append((cell.method, cell.batch_size, sampling.max_new_tokens, warm))
+            factory.sizes.append(len(requests))
             if factory.fail_method and cell.method == factory.fail_method:
                 raise RuntimeError(f"injected failure for {cell.method}")
             measured = sum(not w for *_, w in factory.runs)

@@ -35,6 +35,7 @@ SMOKED = {
     "llamacpp_costs.py": "tests/test_bench_smoke.py",
     "llamacpp_threads.py": "tests/test_bench_smoke.py",
     "overhead.py": "tests/test_bench_smoke.py",
+    "planted_drift.py": "tests/test_bench_smoke.py",
     "profile_step.py": "tests/test_bench_smoke.py",
     "send_schedule.py": "tests/run/test_send_schedule_bench.py",
 }
@@ -225,6 +226,22 @@ def test_overhead_bench_reports_each_piece_against_a_decode_step(capsys, keep_to
     mod.show(res)
     out = capsys.readouterr().out
     assert "/ decode step" in out and all(p in out for p in pieces) and "instrumentation / decode step =" in out
+
+
+def test_planted_drift_bench_prints_each_order_and_row_at_tiny_size(capsys, keep_torch_threads):
+    """Structure only (no burner here): both orders, the A/A and prompt-lookup rows, their pairing gaps."""
+    mod = _script("planted_drift.py")
+    assert mod.main(["--tiny", "--prompts", "3", "--max-new-tokens", "4", "--burners", "0", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    got = [(r["order"], r["row"]) for r in res["rows"]]
+    assert got == [(o, row) for o in ("cell after cell", "in time") for row in ("A/A control", "Prompt lookup")]
+    for r in res["rows"]:
+        assert r["n_prompts"] == 3 and r["speedup"] > 0 and r["arms_apart_median_s"] >= 0
+        assert (r["aa_includes_1x"] is None) == (r["row"] != "A/A control")
+    apart = {r["order"]: r["arms_apart_median_s"] for r in res["rows"] if r["row"] == "A/A control"}
+    assert apart["in time"] < apart["cell after cell"]  # in time, a pair's arms are a request apart
+    mod.show(res)
+    assert "| in time | A/A control |" in capsys.readouterr().out
 
 
 @pytest.mark.slow

@@ -191,6 +191,26 @@ def test_acceptance_length_both_ways_and_pooled_identity():
     assert s["acceptance_length"] == pytest.approx(1 + sum(s["per_position_unconditional"]))
 
 
+def test_per_request_al_counts_a_request_that_never_drafted_as_one_like_aiperf():
+    """AIPerf's per-request mean AL counts a request with no draft step as AL 1.0 (the issue's 8 code
+    prompts read 1.56 there and 1.75 here when it was left out); the summary counts such requests,
+    and the pooled AL does not move."""
+    from specstudy.records import StepRecord
+
+    drafted = rec("a", end=1.0)
+    drafted.steps = [StepRecord(4, 2, 3, 0.0)] * 2
+    drafted.fill_acceptance_from_steps()
+    never = rec("b", end=1.0)
+    never.steps = [StepRecord(0, 0, 1, 0.0)] * 5
+    never.fill_acceptance_from_steps()
+    s = M.acceptance_summary([drafted, never])
+    assert never.drafted_tokens == 0 and M.draft_steps_of(never) == 0
+    assert s["acceptance_length_per_request"] == pytest.approx(((1 + 4 / 2) + 1.0) / 2)
+    assert s["never_drafted"] == 1
+    assert s["acceptance_length"] == pytest.approx(1 + 4 / 2)
+    assert M.acceptance_summary([drafted])["never_drafted"] == 0
+
+
 def _stopped(rng, minimum, step, cap, target):
     """One study under the runner's stopping rule: prompts added ``step`` at a time until it stops."""
     from specstudy.run.precision import target_met

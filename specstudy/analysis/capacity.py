@@ -7,7 +7,8 @@ from each request's arrival: a request that waited for one of the cell's slots w
 would, and a probe whose queue grew at the client is judged by it, not hidden); the first
 rate where it broke bounds it from above.  :func:`refine_rates` proposes the rates that narrow
 those brackets (geometric bisection) and extend a grid that missed the capacity (one step of the grid
-below a repeat that broke at its lowest rate, one above a repeat that never broke), which
+below a repeat that broke at its lowest rate, or straight down to the rate this machine served in that
+probe where that is lower: :func:`served_rate`; one step above a repeat that never broke), which
 ``specstudy run --refine-capacity`` measures; the same
 rounds rerun the rates at which a probe held the SLO without being stationary (:func:`stationary`; a
 probe that broke with its queue growing is over capacity, and its break stands) with twice its prompts,
@@ -18,15 +19,18 @@ probes that can move its own bracket (``specstudy.run.capacity_search``): none a
 that was conclusive.
 
 Where a repeat never broke up to the highest rate probed, its capacity is only bounded from below and
-the group's capacity is that lower bound (the least such rate), with no interval.  Otherwise, over
-repeats the capacity is the mean of the per-repeat capacities with the kit's t-interval
-(:func:`specstudy.intervals.mean_ci`), the repeat being the unit: a rate is not a prompt, so no
+the group's capacity is that lower bound (the least such rate), with no interval; where a repeat broke
+at every rate probed, it is below the lowest (0, no interval).  Otherwise, over repeats the capacity is
+the geometric mean of the per-repeat capacities with a t-interval on the log scale
+(:func:`specstudy.intervals.log_mean_ci`: a rate is positive, and both bounds stay so), the repeat being
+the unit: a rate is not a prompt, so no
 interval over prompts applies, and each repeat is a whole independent search (its probes share
 nothing with another repeat's).  What the interval covers is the capacity this search finds on
 average (on its rate grid, refined to its resolution), not the SLO's exact crossing, which the
 grid bounds from below by at most one bracket.  Below ``MIN_PROMPTS_FOR_CI`` repeats there is no
 interval (the same floor as the prompt intervals'): tests/analysis/test_capacity_interval.py
-simulates the search with a known mean: 95 % intervals over 5 repeats covered 0.947.  Speculation's
+simulates the search with a known truth (the geometric mean of the capacities it finds): 95 % intervals
+over 5 repeats cover it near 0.95.  Speculation's
 capacity stands beside its AR's.  Pure.
 """
 
@@ -40,7 +44,7 @@ import numpy as np
 import pandas as pd
 
 from ..config.schema import Slo
-from ..intervals import MIN_PROMPTS_FOR_CI, mean_ci
+from ..intervals import MIN_PROMPTS_FOR_CI, log_mean_ci
 from ..metrics import e2e, prompt_of, queued, slo_holds, ttft
 from ..records import RequestRecord
 from .rates import study_slo
@@ -82,6 +86,16 @@ def probe_held(records: Sequence[RequestRecord], slo: Slo) -> bool | None:
     return slo_holds(records, slo.ttft_s, slo.tpot_s, slo.e2e_s, slo.percentile, from_arrival=True)
 
 
+def served_rate(records: Sequence[RequestRecord]) -> float:
+    """Requests the server completed per second over a probe (first send to last completion): at an
+    offered rate above its capacity, what this machine serves, whatever rate the grid guessed."""
+    ok = [r for r in records if r.status == "ok" and r.end_s is not None and r.start_epoch]
+    if len(ok) < 2:
+        return math.nan
+    t0, t1 = min(r.start_epoch for r in ok), max(r.start_epoch + (r.end_s or 0.0) for r in ok)
+    return len(ok) / (t1 - t0) if t1 > t0 else math.nan
+
+
 def probes(study: Study, slo: Slo | None = None) -> pd.DataFrame:
     """One row per request-rate cell: its group, repeat, rate, prompts, sweeps, whether the SLO held and
     whether the probe was stationary."""
@@ -99,6 +113,7 @@ def probes(study: Study, slo: Slo | None = None) -> pd.DataFrame:
                 "prompts": len({prompt_of(r) for r in study.records[cid]}),
                 "held": held,
                 "stationary": stationary(study.records[cid]),
+                "served_rps": served_rate(study.records[cid]),
                 "sweeps": tuple(m["sweeps"]),
                 "cell_id": cid,
             }
@@ -178,11 +193,15 @@ def broke_below(rate: float, held_by_rate: Mapping[float, bool | None]) -> float
 
 
 def repeat_interval(caps: Sequence[float], level: float = 0.95) -> tuple[float, float, float]:
-    """Mean capacity over repeats and its t-interval (NaN bounds below ``MIN_PROMPTS_FOR_CI`` repeats,
-    or when a repeat never broke: an infinite capacity has no mean)."""
+    """Capacity over repeats, the geometric mean, and its interval on the log scale (a rate is positive:
+    :func:`~specstudy.intervals.log_mean_ci`); NaN bounds below ``MIN_PROMPTS_FOR_CI`` repeats.  A repeat
+    that never broke bounds the capacity from below (inf, no interval); one that never held, from above
+    (0: below the lowest rate probed, no interval)."""
     if any(math.isinf(c) for c in caps):
         return (math.inf, math.nan, math.nan)
-    return mean_ci(list(caps), level=level, min_n=MIN_PROMPTS_FOR_CI)
+    if any(c <= 0 for c in caps):
+        return (0.0, math.nan, math.nan)
+    return log_mean_ci(list(caps), level=level, min_n=MIN_PROMPTS_FOR_CI)
 
 
 def capacity_frame(study: Study, slo: Slo | None = None) -> pd.DataFrame:
@@ -199,14 +218,19 @@ def capacity_frame(study: Study, slo: Slo | None = None) -> pd.DataFrame:
             cap, broke = bracket(dict(zip(rg["rate"], rg["held"])))
             caps.append(cap)
             breaks.append(broke)
-        # a repeat that never broke only bounds its capacity from below: no mean, no interval
+        # a repeat that never broke only bounds its capacity from below, one that never held from above
         unbroken = sum(math.isinf(b) for b in breaks)
-        estimate = (min(caps), math.nan, math.nan) if unbroken else repeat_interval(caps)
+        never_held = sum(c <= 0 for c in caps)
+        if unbroken or never_held:
+            estimate = (min(caps) if unbroken else 0.0, math.nan, math.nan)
+        else:
+            estimate = repeat_interval(caps)
         rows.append(
             {
                 **dict(zip(_GROUP, key)),
                 "repeats": len(caps),
                 "repeats_never_broke": unbroken,
+                "repeats_never_held": never_held,
                 **dict(zip(("capacity_rps", "capacity_ci_low", "capacity_ci_high"), estimate)),
                 "capacity_min_rps": min(caps),
                 "capacity_max_rps": max(caps),
@@ -241,13 +265,21 @@ def beside_ar(frame: pd.DataFrame) -> pd.DataFrame:
     return spec
 
 
-def next_rate(held_by_rate: Mapping[float, bool | None], step: float = 2.0, resolution: float = 1.2) -> float | None:
+def next_rate(
+    held_by_rate: Mapping[float, bool | None],
+    step: float = 2.0,
+    resolution: float = 1.2,
+    served: float = math.nan,
+) -> float | None:
     """The rate one repeat's search probes next (None: its bracket is narrow enough): the geometric midpoint of
-    its bracket; when it broke at its lowest rate, one grid ``step`` below that; when it never broke, one
-    ``step`` above its highest held rate.  A grid that missed the capacity is extended, not trusted."""
+    its bracket; when it broke at its lowest rate, one grid ``step`` below that or, lower still, the rate the
+    machine served in that probe (``served``: :func:`served_rate`; a slow machine's capacity is found from
+    what it measured, not stepped down to from a grid made elsewhere); when it never broke, one ``step``
+    above its highest held rate.  A grid that missed the capacity is extended, not trusted."""
     cap, broke = bracket(held_by_rate)
     if cap <= 0 and not math.isinf(broke):
-        return round(broke / step, 3)
+        below = broke / step
+        return round(served if 0 < served < below else below, 3)
     if math.isinf(cap):
         return None
     if math.isinf(broke):
@@ -275,7 +307,8 @@ def refine_rates(study: Study, slo: Slo | None = None, resolution: float = 1.2) 
         step = _grid_step(group["rate"])
         for _, g in group.groupby("repeat"):
             held = dict(zip(g["rate"], g["held"]))
-            rates = {next_rate(held, step, resolution)}
+            lowest = g[g["rate"] == g["rate"].min()]
+            rates = {next_rate(held, step, resolution, float(lowest["served_rps"].iloc[0]))}
             cap, _ = bracket(held)
             if cap == g["rate"].min() and _doubtful(g[g["rate"] == cap]).any():
                 rates.add(round(cap / step, 3))  # its longer rerun may break: the rate below is probed beside it

@@ -92,6 +92,19 @@ def hardware_rows(study: Study, sweep: str | None = "hardware", pool: Pool = poo
     return rows
 
 
+def vouched_numbers(whole: Sequence[HardwareRow], clean: Sequence[HardwareRow]) -> list[HardwareRow]:
+    """The table's rows (``whole``) with the numbers of their unflagged cells (``clean``: the rows of
+    :func:`~specstudy.analysis.study_records.vouched`, what the summary reads) wherever a row has any, so a
+    row never says two things; each keeps its own cells (a row that pooled a flagged cell is still marked),
+    and a row whose every cell is flagged keeps the numbers of them all."""
+
+    def key(r: HardwareRow) -> tuple[Any, ...]:
+        return (r.framework, r.method, r.label, r.model, r.drafter, r.gamma, r.sampling)
+
+    by_key = {key(r): r for r in clean}
+    return [dataclasses.replace(by_key[key(r)], cells=r.cells) if key(r) in by_key else r for r in whole]
+
+
 @dataclass(frozen=True)
 class Prediction:
     """The cost model's speedup for a measured row, measured / predicted, and which of the model's

@@ -18,6 +18,7 @@ import numpy as np
 
 from .. import costmodel, intervals, metrics
 from ..records import RequestRecord, StepRecord
+from .pairing import arms_apart
 from .study_records import Study
 
 NAN = float("nan")
@@ -57,7 +58,10 @@ class Pooled:
     n_repeats: int = 0  # repeats of the cells (run-to-run spread); a prompt's repeats are nested in it
     n_pairs: int = 0  # paired requests (repeats included): not the n of any interval
     n_prompts: int = 0  # distinct paired prompts (AR rows: distinct prompts run): the n of every interval
-    acceptance_length_per_request: float | None = None  # AIPerf's per-request mean AL, averaged
+    arms_apart_s: float = NAN  # median seconds between the starts of a pair's AR and speculative requests
+    arms_order: str = ""  # how the pairs were timed: in time, cell after cell, mixed
+    acceptance_length_per_request: float | None = None  # AIPerf's per-request mean AL (never drafted: 1.0)
+    never_drafted: int | None = None  # requests with counters and no draft step (AL 1.0 in the mean above)
     divergences: list[dict[str, Any]] | None = None  # greedy outputs that differ from their AR baseline
     exact_match: float = NAN
     ppl_diff: float = NAN  # PPL(speculative) − PPL(paired baseline) under the target
@@ -179,6 +183,7 @@ def _acceptance(out: Pooled, ok: Sequence[RequestRecord]) -> None:
     out.alpha, out.alpha_hat = acc["alpha"], acc["alpha_hat"]
     out.acceptance_length, out.tokens_per_forward = acc["acceptance_length"], acc["tokens_per_forward"]
     out.acceptance_length_per_request = acc["acceptance_length_per_request"]
+    out.never_drafted = acc["never_drafted"]
     out.per_position_conditional = acc["per_position_conditional"]
     out.per_position_unconditional = acc["per_position_unconditional"]
     seen = [r for r in ok if r.drafted_tokens is not None]
@@ -268,6 +273,8 @@ def _paired(out: Pooled, pairs: _Pairs) -> None:
         out.speedup_ci = intervals.ratio_ci(b, s)
         out.speedup_precision = intervals.relative_half_width(out.speedup, out.speedup_ci)
         out.n_pairs, out.n_prompts = len(pairs.pairs), int(b.size)
+        apart = arms_apart(pairs.pairs)
+        out.arms_apart_s, out.arms_order = apart.median_s, apart.order
         tb, ts, _ = metrics.per_prompt_means(pairs.pairs, metrics.tpot)
         out.decode_speedup, out.decode_speedup_ci = metrics.speedup(tb, ts), intervals.ratio_ci(tb, ts)
     runs = [metrics.speedup(*metrics.per_prompt_means(rp)[:2]) for rp in pairs.repeats.values()]

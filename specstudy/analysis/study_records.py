@@ -19,7 +19,7 @@ from ..config import hardware_names, load_hardware_profile
 from ..config.vocab import method_family
 from ..costmodel import HardwareProfile
 from ..layout import StudyLayout
-from ..records import RequestRecord
+from ..records import CONTROL_FAMILY, RequestRecord
 from . import validity
 
 #: what describes a cell (one row of :func:`specstudy.analysis.frames.cells_frame`)
@@ -145,6 +145,9 @@ class Study:
     #: out of verdicts: cell id -> why (its own flags or its baseline's)
     findings: list[Any] = field(default_factory=list)
     flags: dict[str, tuple[validity.Reason, ...]] = field(default_factory=dict)
+    #: the A/A control cells' records (AR paired with AR), kept apart from every table of methods:
+    #: :mod:`specstudy.analysis.control` reads them with their baselines
+    controls: dict[str, list[RequestRecord]] = field(default_factory=dict)
 
     @property
     def out(self) -> Path:
@@ -232,6 +235,7 @@ def load(out: str | os.PathLike[str]) -> Study:
     stale = sorted(set(recs) - set(plans)) if plans else []
     for cid in stale:  # parts of cells no longer in the params (the plan changed since they ran)
         del recs[cid]
+    controls = {cid: recs.pop(cid) for cid in [c for c, rs in recs.items() if rs and rs[0].family == CONTROL_FAMILY]}
     hardware = plan.get("hardware") or (next(iter(recs.values()))[0].hardware if recs else layout.root.name)
     runs = layout.provenance_runs()
     tel = layout.read_telemetry()
@@ -254,6 +258,7 @@ def load(out: str | os.PathLike[str]) -> Study:
         engine_costs=layout.read_engine_costs(),
         findings=findings,
         flags=validity.flagged(findings, {c: m["baseline_cell_id"] for c, m in cells.items()}),
+        controls=controls,
     )
 
 

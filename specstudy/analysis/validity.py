@@ -108,12 +108,29 @@ def _forwards(r: RequestRecord) -> int:
     return max(f - 1, 1)
 
 
+def request_shape(r: RequestRecord) -> tuple[str, int]:
+    """What a request's decode speed depends on besides the machine: its input (the task's input-length
+    tier or policy: a 4,000-token context decodes slower than a 300-token one) and its turn."""
+    return (r.input_policy or "", r.turn)
+
+
+def _shape_peers(ok: Sequence[RequestRecord]) -> list[list[int]]:
+    """Per request, the requests it is judged against: those of its shape where there are enough of them
+    (:data:`STALL_MIN_REQUESTS`), else the whole cell."""
+    groups: dict[tuple[str, int], list[int]] = {}
+    for k, r in enumerate(ok):
+        groups.setdefault(request_shape(r), []).append(k)
+    every = list(range(len(ok)))
+    return [g if len(g := groups[request_shape(r)]) >= STALL_MIN_REQUESTS else every for r in ok]
+
+
 def stalls(records: Sequence[RequestRecord], factor: float = STALL_FACTOR) -> list[Finding]:
     """The cell's requests whose decode time per forward or largest inter-token gap exceeds
-    ``factor`` times the cell's median and cost at least :data:`STALL_MIN_EXTRA_S` (offline cells;
-    under a request rate other requests' prefills legitimately lengthen a request's gaps, and the
-    busy check covers those cells).  At batch sizes above 1 a gap in which another request of the
-    cell got its first token is that request's prefill, not a stall (:func:`_explained_gaps`)."""
+    ``factor`` times the median of the requests of the same shape (:func:`request_shape`; the cell's
+    where too few share it) and cost at least :data:`STALL_MIN_EXTRA_S` (offline cells; under a
+    request rate other requests' prefills legitimately lengthen a request's gaps, and the busy check
+    covers those cells).  At batch sizes above 1 a gap in which another request of the cell got its
+    first token is that request's prefill, not a stall (:func:`_explained_gaps`)."""
     floor = STALL_MIN_EXTRA_S  # read at the call: tests of other things set it out of reach
     ok = [r for r in records if r.status == "ok" and r.request_rate is None]
     if len(ok) < STALL_MIN_REQUESTS:
@@ -125,10 +142,11 @@ def stalls(records: Sequence[RequestRecord], factor: float = STALL_FACTOR) -> li
     # decode time per forward with the explained gaps taken out (another request's prefill in the batch)
     cut = [sum(gs) - sum(g) for gs, g in zip(itls, gaps)]
     dec = [decode_time(r) - c / _forwards(r) for r, c in zip(ok, cut)]
-    med_t, med_g = _median(dec), _median(largest)
-    fwd = _median(x for r in ok for x in (r.extra.get("llamacpp_forward_ms") or []))
+    peers = _shape_peers(ok)
     out = []
-    for r, t, g in zip(ok, dec, largest):
+    for r, t, g, near in zip(ok, dec, largest, peers):
+        med_t, med_g = _median(dec[i] for i in near), _median(largest[i] for i in near)
+        fwd = _median(x for i in near for x in (ok[i].extra.get("llamacpp_forward_ms") or []))
         rt, rg = t / med_t if med_t > 0 else 0.0, g / med_g if med_g > 0 else 0.0
         lost = max((t - med_t) * _forwards(r), g - med_g)
         if max(rt, rg) > factor and lost >= floor:
@@ -141,24 +159,30 @@ def stalls(records: Sequence[RequestRecord], factor: float = STALL_FACTOR) -> li
 # the machine
 
 
+def busy_during(summary: Mapping[str, Any]) -> list[str]:
+    """Why the machine was busy while a run was measured, from its telemetry summary (the
+    :meth:`~specstudy.telemetry.Telemetry.summary` keys) against :func:`busy_reasons`; [] when quiet."""
+    cores = summary.get("cpu_cores")
+    if not cores:
+        return []
+    return busy_reasons(
+        summary.get("load_1m_mean"),
+        int(cores),
+        int(cores),
+        during=True,
+        steal_pct=summary.get("cpu_steal_mean_pct"),
+        freq_dropped=bool(summary.get("cpu_freq_dropped")),
+        gpu_other_procs=summary.get("gpu_other_procs_max"),
+        others_cores=summary.get("cpu_others_cores_mean"),
+    )
+
+
 def machine_findings(records: Sequence[RequestRecord]) -> list[Finding]:
     """The cell's telemetry (stamped on each record by the runner) against :func:`busy_reasons`."""
     if not records or not records[0].extra:
         return []
     e = records[0].extra
-    cores = e.get("tel_cpu_cores")
-    if not cores:
-        return []
-    reasons = busy_reasons(
-        e.get("tel_load_1m_mean"),
-        int(cores),
-        int(cores),
-        during=True,
-        steal_pct=e.get("tel_cpu_steal_mean_pct"),
-        freq_dropped=bool(e.get("tel_cpu_freq_dropped")),
-        gpu_other_procs=e.get("tel_gpu_other_procs_max"),
-        others_cores=e.get("tel_cpu_others_cores_mean"),
-    )
+    reasons = busy_during({k.removeprefix("tel_"): v for k, v in e.items() if k.startswith("tel_")})
     if not reasons:
         return []
     return [Finding("busy machine", records[0].cell_id, {"reasons": reasons}, True)]

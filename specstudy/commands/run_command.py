@@ -23,6 +23,7 @@ from ..config import ParamsError, StudyConfig, Sweep, hardware_names, load_hardw
 from ..data.model_files import tokenizer_if_here
 from ..environments.preflight import Missing, Probes
 from ..layout import StudyLayout
+from ..records import CONTROL_FAMILY
 from ..run.environment import keep_rows, machine_needs, prepare_machine
 from ..run.plan import CellPlan, LoadedStudy, expand, load, plan_summary, uses_cuda
 from ..run.task_checks import check_tasks
@@ -43,7 +44,7 @@ def interrupted_line(layout: StudyLayout, plans: Sequence[CellPlan]) -> str:
     kept = sum(layout.is_done(p.cell_id) for p in plans)
     return (
         f"specstudy run: interrupted; {kept} of {len(plans)} cells are kept in {layout.records_dir} "
-        f"(the cell in flight is not); resume with: {resume_command()}"
+        f"(the cells in flight are not); resume with: {resume_command()}"
     )
 
 
@@ -326,7 +327,11 @@ def _selected(args: argparse.Namespace, study: LoadedStudy) -> tuple[list[CellPl
         unknown = sorted(set(args.sweep) - {s.name for s in cfg.sweeps})
         if unknown:
             raise ParamsError(cfg.file, "--sweep", unknown[0], sorted(s.name for s in cfg.sweeps))
-        plans = [p for p in plans if set(p.sweeps) & set(args.sweep)]
+        chosen = {p.cell_id for p in plans if set(p.sweeps) & set(args.sweep)}
+        # an A/A control runs with the baseline it controls, where the plan puts it (beside it)
+        plans = [
+            p for p in plans if p.cell_id in chosen or (p.family == CONTROL_FAMILY and p.baseline_cell_id in chosen)
+        ]
     return all_plans, plans
 
 

@@ -269,6 +269,11 @@ class StudySpec(_Axes):
     framework_options: dict[str, dict[str, Any]] = {}
     warmup: WarmupSpec = WarmupSpec()
     telemetry_period_s: PositiveFloat = 0.5
+    #: an A/A control per framework: its first offline AR cell at batch 1 measured against itself
+    aa_control: bool = False
+    #: a group of cells measured in time on a busy machine is measured once more, all arms, when it took
+    #: at most this many seconds (0: never); what stays busy is flagged as before
+    busy_rerun_budget_s: NonNegativeFloat = 0.0
     slo: Slo = Slo()
     # engines whose own step costs are measured after the cells (llama.cpp: T(k)/T(1) and c)
     engine_costs: Annotated[list[Literal["llamacpp"]], BeforeValidator(_as_list)] = []

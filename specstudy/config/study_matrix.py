@@ -38,6 +38,8 @@ Schema (every key optional except ``models``; sweeps inherit the top-level axes)
       prompts_per_task: 4
       prefix_cache: [false]
       telemetry_period_s: 0.5
+      aa_control: false           # true: per framework, an A/A control (AR paired with AR) opens Validity
+      busy_rerun_budget_s: 0      # an in-time group measured on a busy machine runs again if it took <= this
       sweeps:                     # named sub-matrices; a cell shared by sweeps runs once
         hardware: {tasks: [code, qa], gammas: [4], batch_sizes: [1]}
 """
@@ -107,6 +109,8 @@ class StudyConfig:
     warmup_max_new_tokens: int
     telemetry_period_s: float
     warm_engine_warmup_tokens: int | None = None
+    aa_control: bool = False  # an A/A control cell per framework (:func:`specstudy.run.plan.controls`)
+    busy_rerun_budget_s: float = 0.0  # an in-time group measured on a busy machine is rerun when it took at most this
     framework_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     notebooks: tuple[str, ...] = NOTEBOOKS
     engine_costs: tuple[str, ...] = ()
@@ -362,6 +366,8 @@ def load_study(
         warmup_max_new_tokens=spec.warmup.max_new_tokens,
         warm_engine_warmup_tokens=spec.warmup.warm_engine_max_new_tokens,
         telemetry_period_s=float(spec.telemetry_period_s),
+        aa_control=spec.aa_control,
+        busy_rerun_budget_s=float(spec.busy_rerun_budget_s),
         engine_costs=tuple(spec.engine_costs),
         framework_options={k: dict(v) for k, v in spec.framework_options.items()},
         notebooks=tuple(spec.notebooks),

@@ -30,14 +30,18 @@ def capacity_text(row: Mapping[str, Any]) -> str:
     cap = f"{row['capacity_rps']:g} req/s"
     n = int(row["repeats"])
     unbroken = int(row.get("repeats_never_broke") or 0)
+    never_held = int(row.get("repeats_never_held") or 0)
     spread = (
         f"[{row['capacity_ci_low']:.3g}, {row['capacity_ci_high']:.3g}] over {n} repeats"
         if _has_interval(row)
         else f"a lower bound: {unbroken} of {n} repeats never broke, so no interval"
         if unbroken
+        else f"an upper bound: {never_held} of {n} repeats broke at every rate probed, so no interval"
+        if never_held
         else f"not enough repeats for an interval: {n}, needs ≥ {MIN_PROMPTS_FOR_CI}"
     )
-    cap = f"≥ {cap}" if unbroken else cap
+    lowest = min(row.get("rates") or [math.nan])
+    cap = f"≥ {cap}" if unbroken else f"< {lowest:g} req/s" if never_held else cap
     broke = (
         "never broke up to the highest rate probed"
         if math.isinf(row["breaks_at_rps"])
@@ -154,8 +158,10 @@ def _capacity(study: Study, sec: Section) -> list[str]:
         "its repeat's capacity, each refining round reruns it with twice "
         f"the prompts, up to {capacity.LONGEST_PROBE_GROWTH} times the configured count, the longer probe replacing "
         "the shorter; the capacity names how many were rerun and how many stayed unsteady. The capacity is "
-        "the mean over repeats of the sweep with a 95 % t-interval, the repeat being the unit (a capacity is not a "
-        f"per-prompt statistic); below {MIN_PROMPTS_FOR_CI} repeats no interval is given.\n",
+        "the geometric mean over repeats of the sweep with a 95 % t-interval on the log scale (a rate is positive: "
+        "both bounds stay above zero), the repeat being the unit (a capacity is not a "
+        f"per-prompt statistic); below {MIN_PROMPTS_FOR_CI} repeats no interval is given, nor where a repeat broke "
+        "the SLO at every rate probed (the capacity is below the lowest).\n",
         markdown_table(shown),
     ]
     for r in side.to_dict("records"):
@@ -163,6 +169,8 @@ def _capacity(study: Study, sec: Section) -> list[str]:
             verdict = (
                 "a lower bound (it never broke), not comparable with"
                 if int(r.get("repeats_never_broke") or 0)
+                else "an upper bound (a repeat broke at every rate probed), not comparable with"
+                if int(r.get("repeats_never_held") or 0)
                 else "not enough repeats to tell it from"
                 if not _has_interval(r)
                 else "more than"

@@ -32,6 +32,24 @@ def seed_row_name(method: str, dynamic_tree: bool = False) -> str:
     return seed_row(method) or "—"
 
 
+#: how a row's pairs were timed (:class:`specstudy.analysis.pairing.ArmsApart`), in words
+ORDER_WORDS = {
+    "in_time": "in time",
+    "cell_after_cell": "cell after cell",
+    "mixed": "some in time",
+    "unknown": "order unknown",
+}
+
+
+def apart_text(seconds: float, order: str) -> str:
+    """How far apart a row's two arms were timed: the median seconds (minutes past a minute) between
+    a pair's starts, and in which order (in time, cell after cell)."""
+    if seconds != seconds:
+        return "—"
+    span = f"{seconds:.1f} s" if seconds < 60 else f"{seconds / 60:.1f} min"
+    return f"{span} ({ORDER_WORDS.get(order, order)})"
+
+
 def fmt(x: Any, digits: int = 2, suffix: str = "") -> str:
     if x is None or (isinstance(x, float) and x != x):
         return "—"

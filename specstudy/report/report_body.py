@@ -11,10 +11,12 @@ from __future__ import annotations
 import pandas as pd
 
 from ..analysis import frames
+from ..analysis.pairing import control_rows
 from ..analysis.rows import headline_max_new
 from ..analysis.study_records import Study
 from ..intervals import MIN_PROMPTS_FOR_CI
 from . import figures, tables
+from .format import fmt_ci
 from .section_type import Section, markdown_table
 from .validity_text import reasons_text
 
@@ -33,6 +35,17 @@ def validity_line(study: Study) -> Section:
             f"**{len(flagged)} of {n} cells are flagged** ({'; '.join(why)}), marked ⚑ in every table and left "
             "out of the summary and every verdict."
         )
+    controls = control_rows(study)
+    if controls:
+        text += (
+            " A/A control (AR against AR through the same pairing): "
+            + "; ".join(
+                f"{r.framework} {fmt_ci(r.speedup, r.ci, 3, '×', n=r.n_prompts)}"
+                + (" (biased: excludes 1×)" if r.excludes_one else "")
+                for r in controls
+            )
+            + "."
+        )
     return Section("Measurement validity", text + " Checks, findings and reruns: [Validity](#validity).\n")
 
 
@@ -43,7 +56,14 @@ def headline_section(study: Study, hardware: tuple[pd.DataFrame, pd.DataFrame]) 
         f"Headline table — {study.hardware}",
         f"Batch 1, max_new_tokens={headline_max_new(study)}, pooled over the `hardware` sweep's tasks; α, AL, "
         "tokens/s, speedup and the brackets as defined in [Methods](#methods). The rest of the seed's metric "
-        "table (latency percentiles, memory, quality) is in the appendix.\n\n" + markdown_table(table),
+        "table (latency percentiles, memory, quality) is in the appendix.\n\n"
+        + (
+            "A row marked ⚑ pooled a flagged cell: its numbers are those of its unflagged cells, the ones the "
+            "summary reads (a row whose every cell is flagged shows them all); see [Validity](#validity).\n\n"
+            if study.flags
+            else ""
+        )
+        + markdown_table(table),
         tables={"hardware": (table, raw)},
     )
 
@@ -120,8 +140,9 @@ def methods_section(study: Study) -> Section:
         "- **α** = accepted / drafted tokens (the seed's acceptance rate). **AL** = 1 + accepted / draft steps, "
         "pooled over tokens: the tokens one verification step yields, bonus token included (the seed's expected "
         "accepted length, vLLM's mean acceptance length). *AL per request (mean)* averages each request's own "
-        "AL. **Tokens per target forward** (output tokens / every target forward, prompt pass included) is a cost "
-        "figure, not AL.\n"
+        "AL (AIPerf's mean_acceptance_length: a request that never drafted counts 1.0, as AIPerf counts it, and "
+        "*requests never drafted* says how many did). **Tokens per target forward** (output tokens / every "
+        "target forward, prompt pass included) is a cost figure, not AL.\n"
         "- **tokens/s** = Σ output tokens / Σ end-to-end time. **TPOT** = (E2E − TTFT) / (output tokens − 1).\n"
         "- **Speedup** = paired AR latency / speculative latency on the same prompts, sampling, engine and "
         "machine, never against a number from elsewhere.\n"

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import pandas as pd
 
 from ..analysis import engine_costs, faq, frames, rates, stats, trees
-from ..analysis.rows import HardwareRow, hardware_rows
+from ..analysis.rows import HardwareRow, hardware_rows, vouched_numbers
 from ..analysis.study_records import Study, vouched
 from ..frameworks import family_title
 from . import across_engines, conditions, fails, figures, rate_tables, tables, tree_tables, wording
@@ -419,9 +419,10 @@ def engine_costs_section(study: Study) -> Section | None:
 def report_parts(study: Study) -> tuple[list[Section], list[Section]]:
     """The main body (:mod:`.report_body`) and the appendix: every other section, in order."""
     hw_rows = hardware_rows(study)
-    hardware = tables.hardware_table(study, rows=hw_rows)
     clean = vouched(study) if study.flags else study
-    summary = summary_section(clean, hardware_rows(clean) if study.flags else hw_rows, study, hw_rows)
+    clean_rows = hardware_rows(clean) if study.flags else hw_rows
+    hardware = tables.hardware_table(study, rows=vouched_numbers(hw_rows, clean_rows))  # the summary's numbers
+    summary = summary_section(clean, clean_rows, study, hw_rows)
     body = body_sections(study, summary, hardware)
     secs = [validity_section(study), hardware_section(study), frameworks_section(study)]
     secs += [method_family_section(study, fam) for fam in tables.families_in(study)]

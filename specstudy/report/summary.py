@@ -15,6 +15,7 @@ from typing import Any
 from .. import metrics
 from ..analysis import claims, faq, stats
 from ..analysis.claims import Estimate
+from ..analysis.pairing import control_rows
 from ..analysis.rows import HardwareRow
 from ..analysis.stats import isnum
 from ..analysis.study_records import Study
@@ -183,6 +184,17 @@ def caveats(study: Study, hw_rows: Sequence[HardwareRow]) -> list[str]:
     return lines
 
 
+def control_lines(study: Study) -> list[str]:
+    """A caveat per A/A control whose interval excludes 1x: the measurement itself is biased there."""
+    return [
+        f"- **The A/A control of {r.framework} reads {r.speedup:.3f}× [{r.ci[0]:.3f}, {r.ci[1]:.3f}]**, "
+        f"its interval excluding 1× (n = {r.n_prompts}): AR measured against itself was biased on this machine, "
+        f"so {r.framework}'s speedups carry a bias of that size (see [Validity](#validity))."
+        for r in control_rows(study)
+        if r.excludes_one
+    ]
+
+
 def summary_markdown(
     study: Study,
     hw_rows: Sequence[HardwareRow],
@@ -211,6 +223,7 @@ def summary_markdown(
         *loses,
         *(["\n**Greedy outputs against their AR baseline**\n", *div] if div else []),
         "\n**Caveats**\n",
+        *control_lines(whole or study),
         *caveats(whole or study, hw_rows if whole_rows is None else whole_rows),
     ]
     return "\n".join(parts) + "\n"

@@ -35,7 +35,7 @@ from ..config.vocab import METHOD_FAMILIES, TASKS
 from ..frameworks import drafts_from
 from ..intervals import MIN_PROMPTS_FOR_CI
 from . import wording
-from .format import TASK_TITLES, fmt, fmt_ci, sampling_text, seed_row_name, short_model
+from .format import TASK_TITLES, apart_text, fmt, fmt_ci, sampling_text, seed_row_name, short_model
 from .model_notes import limit_text, note_text
 
 Frames = tuple[pd.DataFrame, pd.DataFrame]
@@ -141,6 +141,7 @@ def _hardware_cells(study: Study, r: HardwareRow) -> dict[str, Any]:
         "AL": "—" if is_ar else fmt_ci(p.acceptance_length, p.acceptance_length_ci, n=p.n_prompts),
         "tokens/s": fmt_ci(p.tokens_per_s, p.tokens_per_s_ci, 1, n=p.n_prompts),
         "Speedup": "1.0×" if is_ar else fmt_ci(p.speedup, p.speedup_ci, 2, "×", n=p.n_prompts),
+        "Arms timed apart (median)": "—" if is_ar else apart_text(p.arms_apart_s, p.arms_order),
         "Decode speedup (TPOT ratio)": "—"
         if is_ar
         else fmt_ci(p.decode_speedup, p.decode_speedup_ci, 2, "×", n=p.n_prompts),
@@ -216,6 +217,7 @@ def _method_cells(study: Study, r: MethodRow) -> dict[str, Any]:
         "α̂ (i.i.d.)": fmt(p.alpha_hat),
         "AL": fmt_ci(p.acceptance_length, p.acceptance_length_ci, n=p.n_prompts),
         "AL per request (mean)": fmt(p.acceptance_length_per_request),
+        "requests never drafted": "—" if p.never_drafted is None else p.never_drafted,
         "tokens / target forward": fmt(p.tokens_per_forward),
         "c (measured)": fmt(p.c, 3),
         "verify cost (×T1)": fmt(p.verify_ratio),

@@ -8,9 +8,19 @@ from typing import Any
 
 import pandas as pd
 
+from ..analysis.pairing import ControlRow, control_rows
 from ..analysis.study_records import Study
-from ..analysis.validity import COPY_NGRAM, COPY_SHARE_HIGH, STALL_FACTOR, Finding, Reason, copy_by_task, stalls
-from .format import sampling_text
+from ..analysis.validity import (
+    COPY_NGRAM,
+    COPY_SHARE_HIGH,
+    STALL_FACTOR,
+    Finding,
+    Reason,
+    copy_by_task,
+    machine_findings,
+    stalls,
+)
+from .format import apart_text, fmt, fmt_ci, sampling_text
 from .section_type import Section
 
 
@@ -105,9 +115,20 @@ def findings_frame(study: Study) -> pd.DataFrame:
 
 
 def reruns_frame(study: Study) -> pd.DataFrame:
-    """Cells run a second time because requests stalled in the first: what the first attempt had."""
+    """Cells run a second time because requests stalled in the first, or because the machine was busy
+    while their in-time group ran: what the first attempt had."""
     rows = []
     for cid, recs in sorted(study.records.items()):
+        busy = recs[0].extra.get("first_attempt_busy") if recs and recs[0].extra else None
+        if busy:
+            still = machine_findings(recs)
+            rows.append(
+                [
+                    cid,
+                    "busy machine: " + "; ".join(busy),
+                    "still busy: flagged" if still else "quiet: its records are the rerun's (every arm's)",
+                ]
+            )
         first = recs[0].extra.get("first_attempt_stalls") if recs and recs[0].extra else None
         if first:
             again = stalls(recs)
@@ -115,7 +136,11 @@ def reruns_frame(study: Study) -> pd.DataFrame:
                 [
                     cid,
                     "; ".join(first),
-                    f"{len(again)} stalled again: flagged" if again else "clean: its records are the rerun's",
+                    f"{len(again)} stalled again: flagged"
+                    if again
+                    else "clean: its records are the rerun's"
+                    if all(r.extra.get("attempt") == 2 for r in recs)
+                    else "clean: the stalled prompts' records (every arm's) are the rerun's",
                 ]
             )
     return pd.DataFrame(rows, columns=["Cell", "First attempt", "Rerun"])
@@ -135,7 +160,8 @@ def _intro(study: Study) -> str:
     return (
         "Every cell is checked for the artifacts that fake a speedup (rules and thresholds: `docs/validity.md`): "
         f"a request whose time per forward or largest inter-token gap exceeds {STALL_FACTOR:g}× its "
-        "cell's median (a stall; the cell is rerun once and stays flagged if it recurs); a machine busy during the "
+        "cell's median (a stall; the cell is rerun once, or where its arms were measured in time the stalled prompts "
+        "with every arm, and stays flagged if it recurs); a machine busy during the "
         "cell (other processes' CPU time beyond the cores the study leaves free, CPU steal, a clock drop, another "
         "GPU process); random-token prompts outside "
         "the random control and a doubled BOS (where the engine's tokenizer is at hand); counters that went "
@@ -152,16 +178,52 @@ def _intro(study: Study) -> str:
     )
 
 
+def control_frame(rows: list[ControlRow]) -> pd.DataFrame:
+    """The A/A controls as shown: AR against AR through a speculative row's pairing, per framework."""
+    return pd.DataFrame(
+        [
+            {
+                "Framework": r.framework + (" ⚑" if r.flagged else ""),
+                "Task": r.task,
+                "A/A speedup": fmt_ci(r.speedup, r.ci, 3, "×", n=r.n_prompts),
+                "± (half-width)": fmt(100 * r.half_width, 1, " %"),
+                "n (prompts)": r.n_prompts,
+                "Arms timed apart (median)": apart_text(r.apart.median_s, r.apart.order),
+                "Reading": "biased: its interval excludes 1×" if r.excludes_one else "1× within its interval",
+            }
+            for r in rows
+        ]
+    )
+
+
+def control_text(rows: list[ControlRow]) -> str:
+    """The A/A paragraph that opens the Validity section ('' when the study has no control)."""
+    if not rows:
+        return ""
+    return (
+        "**The measurement's own bias and precision (A/A control)**: per framework, an AR cell measured "
+        "against itself through exactly the pairing, analysis and report path of a speculative row. Its "
+        "speedup should read 1× within its interval; one whose interval excludes 1× says the machine drifted "
+        "or an arm was not warmed up, and every speedup of that framework carries the same bias. Its "
+        "half-width is the finest speedup difference this machine resolves at that n.\n"
+    )
+
+
 def validity_section(study: Study) -> Section:
-    """What the kit vouches for: each check, what it found, which rows; flagged rows are marked ⚑ in every
-    table and left out of the summary, the best-method lines and every verdict."""
-    sec = Section("Validity", _intro(study))
+    """What the kit vouches for: the A/A controls first, then each check, what it found, which rows; flagged
+    rows are marked ⚑ in every table and left out of the summary, the best-method lines and every verdict."""
+    aa = control_rows(study)
+    sec = Section("Validity", control_text(aa))
+    if aa:
+        sec.add_table("validity_aa_control", control_frame(aa), None, "")
+        sec.markdown += "\n"
+    sec.markdown += _intro(study)
     found = findings_frame(study)
     if len(found):
         sec.add_table("validity", found, None, "\n**Findings**\n\n")
     reruns = reruns_frame(study)
     if len(reruns):
-        sec.add_table("validity_reruns", reruns, None, "\n**Cells rerun after a stall**\n\n")
+        sec.add_table("validity_reruns", reruns, None, "\n**Cells rerun after a stall or a busy machine**\n\n")
     copy = copy_by_task(study.all_records())
     if copy:
         shown = pd.DataFrame(

@@ -111,7 +111,7 @@ def _progress(total: int, desc: str, enabled: bool) -> Any:
     )
 
 
-def _stamp(plan: CellPlan, rec: RequestRecord, by_id: dict[str, Request]) -> RequestRecord:
+def stamp_request(plan: CellPlan, rec: RequestRecord, by_id: dict[str, Request]) -> RequestRecord:
     """The plan's identity, the request's input policy and output constraint (what judges its output
     valid), and the load average at its end."""
     l1, l5, l15 = load_average()
@@ -139,7 +139,7 @@ def run_offline(run: CellRun) -> tuple[list[RequestRecord], Telemetry]:
     t0 = time.perf_counter()
     try:
         for rec in backend.run(list(requests), plan.sampling, cell):
-            records.append(_stamp(plan, rec, policies))
+            records.append(stamp_request(plan, rec, policies))
             tokens += rec.output_tokens if rec.status == "ok" else 0
             bar.update(1)
             bar.set_postfix_str(f"{tokens / max(time.perf_counter() - t0, 1e-9):.1f} tok/s")
@@ -182,7 +182,7 @@ def run_at_rate(run: CellRun) -> tuple[list[RequestRecord], Telemetry]:
     )
     policies = {r.prompt_id: r for r in requests}
     for rec in served.records:
-        _stamp(plan, rec, policies).extra.update(run_wall_s=served.wall_s, run_acceptance=served.run_acceptance)
+        stamp_request(plan, rec, policies).extra.update(run_wall_s=served.wall_s, run_acceptance=served.run_acceptance)
     return served.records, served.telemetry
 
 

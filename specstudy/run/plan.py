@@ -16,7 +16,7 @@ import itertools
 import math
 import os
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,7 +37,7 @@ from ..data.conversations import turns_per_prompt
 from ..data.traces import replay_rate
 from ..frameworks import DECLARATIONS, drafter_per_cell, server_frameworks
 from ..frameworks.declaration import LOAD_OPTIONS, CellCheck
-from ..records import Cell, RequestRecord, Sampling
+from ..records import CONTROL_FAMILY, CONTROL_LABEL, Cell, RequestRecord, Sampling
 from .task_checks import parsed_task
 
 
@@ -74,7 +74,8 @@ class CellPlan:
 
     @property
     def is_baseline(self) -> bool:
-        return self.cell.method == "ar"
+        """An AR cell others pair with (an A/A control is AR paired with one: not a baseline)."""
+        return self.cell.method == "ar" and self.baseline_cell_id is None
 
     def backend_key(self) -> tuple[Any, ...]:
         """Cells with the same key share one loaded engine (models loaded once per key).
@@ -438,6 +439,7 @@ def expand(cfg: StudyConfig) -> list[CellPlan]:
                     sw.name,
                 )
     out = _paired_only([dataclasses.replace(p, sweeps=tuple(sorted(sweeps_of[cid]))) for cid, p in plans.items()])
+    out += controls(out) if cfg.aa_control else []
 
     # group by engine; inside, by pairing group with the baseline first (in-process engines switch
     # method per cell for free), or by speculative config (a server restarts for each config)
@@ -449,7 +451,7 @@ def expand(cfg: StudyConfig) -> list[CellPlan]:
                 str(p.drafter_id or ""),
                 p.cell.method,
                 p.cell.gamma or 0,
-                p.label,
+                "ar" if p.family == CONTROL_FAMILY else p.label,  # an A/A control right after its baseline
                 p.prefix_cache,
             )
             # rates ascending within a repeat: a capacity search stops above its first break (run/capacity_search.py)
@@ -465,6 +467,40 @@ def expand(cfg: StudyConfig) -> list[CellPlan]:
     if any(p.cell.framework in server_frameworks() for p in out):
         return engine_first
     return _baselines_first(engine_first)
+
+
+def controls(plans: Sequence[CellPlan]) -> list[CellPlan]:
+    """One A/A control per framework: its first offline AR cell at batch 1 (a headline sweep's first,
+    repeat 0) measured again as if it were a speculative cell paired with itself, through the same
+    pairing, analysis and report path; it reads 1x within its interval when the measurement is unbiased."""
+
+    def rank(p: CellPlan) -> tuple[Any, ...]:
+        return (not any(s.startswith("hardware") for s in p.sweeps), p.cell.task, p.cell_id)
+
+    out = []
+    for fw in sorted({p.cell.framework for p in plans}):
+        bases = [
+            p
+            for p in plans
+            if p.cell.framework == fw and p.is_baseline and p.request_rate is None and p.cell.batch_size == 1
+        ]
+        bases = [p for p in bases if p.cell.repeat == 0 and p.prompt_offset == 0 and p.turns == 1]
+        if not bases:
+            continue
+        base = min(bases, key=rank)
+        opts = tuple(sorted({**dict(base.cell.options), "label": CONTROL_LABEL}.items()))
+        cell = _with_id(dataclasses.replace(base.cell, options=opts, id=""))
+        out.append(
+            dataclasses.replace(
+                base,
+                cell=cell,
+                label=CONTROL_LABEL,
+                family=CONTROL_FAMILY,
+                baseline_cell_id=base.cell_id,
+                sweeps=(CONTROL_FAMILY,),
+            )
+        )
+    return out
 
 
 def _paired_only(plans: list[CellPlan]) -> list[CellPlan]:

@@ -40,6 +40,7 @@ from .capacity_search import why_not_probed
 from .cell import CellResult, CellRun, annotate, run_cell, split_warmup, summarize
 from .conversation_cells import run_turns
 from .engine_cost_probe import measure_engine_costs
+from .paired_in_time import SEQUENTIAL, batches_of, link_partners, measure_in_time, rerun_prompts, twins
 from .plan import CellPlan, plan_summary
 from .pool import BackendFactory, BackendPool
 from .precision import extensions
@@ -210,14 +211,24 @@ def run_study(
             f"{len(todo)} to run"
         )
         try:
+            ran_now: set[str] = set()
 
-            def one(plan: CellPlan) -> CellResult:
-                return _run_one(cfg, plan, layout, pool, loader, state, progress)
+            def one(plan: CellPlan, pending: Sequence[CellPlan], room: int | None) -> list[CellResult]:
+                """The cell, with the twins it is measured beside in time when it is their baseline."""
+                group = twins(plan, [q for q in pending if q.cell_id not in ran_now and not layout.is_done(q.cell_id)])
+                group = group[: None if room is None else max(room - 1, 0)]
+                ran_now.update([plan.cell_id, *(q.cell_id for q in group)])
+                if group:
+                    return _run_in_time(cfg, [plan, *group], layout, pool, loader, state)
+                return [_run_one(cfg, plan, layout, pool, loader, state, progress)]
 
             ran = 0
+            place = {p.cell_id: k for k, p in enumerate(plans, 1)}
             slo = Slo.model_validate(dict(cfg.slo))
             searched = full_plan if full_plan is not None else plans
             for i, plan in enumerate(plans, 1):
+                if plan.cell_id in ran_now:
+                    continue
                 if layout.is_done(plan.cell_id):
                     results.append(CellResult(plan.cell_id, plan.label, "skipped", sweeps=plan.sweeps))
                     continue
@@ -227,10 +238,11 @@ def run_study(
                     continue
                 if max_cells is not None and ran >= max_cells:
                     break
-                ran += 1
-                res = one(plan)
-                results.append(res)
-                say(res.line(i, len(plans)))
+                done = one(plan, plans, None if max_cells is None else max_cells - ran)
+                ran += len(done)
+                results += done
+                for res in done:
+                    say(res.line(place.get(res.cell_id, i), len(plans)))
             left = None if max_cells is None else max_cells - ran
             results += _run_extensions(cfg, plans, full_plan, layout, left, say, one)
             pool.close()  # the engine cost timings get the machine to themselves
@@ -257,7 +269,7 @@ def _run_extensions(
     layout: StudyLayout,
     left: int | None,
     say: Callable[[str], None],
-    run: Callable[[CellPlan], CellResult],
+    run: Callable[[CellPlan, Sequence[CellPlan], int | None], list[CellResult]],
 ) -> list[CellResult]:
     """Rounds of the precision targets' extension cells (:mod:`specstudy.run.precision`) until every
     row met its target or its cap, at most ``left`` cells; each round records the extensions on disk in
@@ -274,11 +286,14 @@ def _run_extensions(
         say(f"precision targets: {len(more)} extension cells ({sum(not p.is_baseline for p in more)} rows short)")
         batch = more[: None if left is None else left - len(results)]
         for k, plan in enumerate(batch, 1):
-            tried.add(plan.cell_id)
-            res = run(plan)
-            results.append(res)
+            if plan.cell_id in tried:  # measured beside its baseline already
+                continue
+            done = run(plan, batch, None if left is None else left - len(results))
+            tried.update(r.cell_id for r in done)
+            results += done
             first, last = plan.prompt_offset + 1, plan.prompt_offset + plan.prompts
-            say(f"extension {res.line(k, len(batch))} (the task's prompts {first}-{last})")
+            for res in done:
+                say(f"extension {res.line(k, len(batch))} (the task's prompts {first}-{last})")
 
 
 def _requests(
@@ -322,25 +337,32 @@ def _measure(
 
 
 def _rerun_stalls(
-    measure: Callable[[list[Request]], tuple[list[RequestRecord], Any, float]],
+    measure: Callable[[list[Request], list[Request]], tuple[list[RequestRecord], Any, float]],
     wu: Warmup,
     layout: StudyLayout,
     plan: CellPlan,
     requests: list[Request],
 ) -> tuple[tuple[list[RequestRecord], Any, float], str]:
-    """The cell measured, and once more when requests stalled (the same prompts, a new part; the
-    first attempt kept in ``stalled/``); with the progress line's note.  A conversation is not rerun:
-    its turns take their history from the baseline's run."""
-    run = measure(wu.requests)
+    """The cell measured, and its stalled requests once more (the first attempt kept in ``stalled/``):
+    at batch 1 only the stalled prompts, their new records replacing the old (a rerun costs what the
+    stall cost); above, the batches that held them, so each is measured at its own batch shape.  With
+    the progress line's note.  A conversation is not rerun: its turns take their history from the
+    baseline's run."""
+    run = measure(wu.requests, requests)
     first = validity.stalls(run[0])
     if not first or any(is_conversation(r) for r in requests):
         return run, ""
     layout.write_stalled(plan.cell_id, run[0])  # kept beside, read by no table
-    run = measure(wu.requests[:1])
-    for r in run[0]:
-        r.extra.update(attempt=2, first_attempt_stalls=[finding_text(f) for f in first])
-    again = validity.stalls(run[0])
-    return run, f"{len(first)} stalled request(s), rerun once: " + (
+    again_ids = batches_of(requests, {f.values["prompt_id"] for f in first}, plan.cell.batch_size)
+    redo = measure(wu.requests[:1], [r for r in requests if r.prompt_id in again_ids])
+    for r in redo[0]:
+        r.extra.update(attempt=2)
+    place = {q.prompt_id: i for i, q in enumerate(requests)}
+    records = sorted([*(r for r in run[0] if r.prompt_id not in again_ids), *redo[0]], key=lambda r: place[r.prompt_id])
+    for r in records:
+        r.extra.update(first_attempt_stalls=[finding_text(f) for f in first])
+    again = validity.stalls(records)
+    return (records, run[1], run[2] + redo[2]), f"{len(first)} stalled request(s), rerun once: " + (
         f"{len(again)} stalled again, cell flagged" if again else "clean"
     )
 
@@ -379,6 +401,81 @@ def _stamp_checks(records: list[RequestRecord], requests: list[Request], tokeniz
             rec.extra["past_eos_at"] = rec.output_ids.index(eos) + 1 if eos in rec.output_ids[:-1] else None
 
 
+def _commit(
+    cfg: StudyConfig,
+    plan: CellPlan,
+    layout: StudyLayout,
+    state: _RunState,
+    backend: Any,
+    measured: tuple[list[RequestRecord], Any, float],
+    wu: Warmup,
+    requests: list[Request],
+    baseline: list[RequestRecord] | None,
+) -> CellResult:
+    """The cell's records annotated (warm-up, telemetry, prompt checks, engine instance) and written:
+    the commit point of the cell; its progress line."""
+    records, tel, wall = measured
+    summary = tel.summary()
+    annotate(
+        records,
+        len(wu.requests),
+        wall,
+        summary,
+        wu.tokens if wu.requests else 0,
+        engine_warmed_itself=wu.engine_warmed_itself,
+    )
+    tokenizer = getattr(backend, "tokenizer", None)
+    _stamp_checks(records, requests, tokenizer or _checks_tokenizer(state, backend, plan.target), plan)
+    for r in records:
+        r.extra.update(wu.note(), engine_instance=_engine_instance(backend))
+    if tel.samples:
+        layout.write_telemetry(plan.cell_id, tel.samples)
+    layout.write_part(plan.cell_id, records)
+    if not plan.baseline_cell_id:
+        state.baselines[plan.cell_id] = records
+    return summarize(plan, records, wall, baseline, summary)
+
+
+def _failed(plan: CellPlan, layout: StudyLayout, e: Exception) -> CellResult:
+    """The cell's failure recorded (``failed/<cell_id>.json``; a dead server's rows beside it): a rerun retries it."""
+    extra: dict[str, Any]
+    if isinstance(e, ServerDied):  # its rows are kept beside the failure, not as the cell's records
+        msg = f"ServerDied: {e}"
+        extra = {"rows": str(layout.write_failed_rows(plan.cell_id, [plan.stamp(r) for r in e.records]))}
+    else:
+        msg = f"{type(e).__name__}: {e}"
+        extra = {"traceback": traceback.format_exc()}
+    layout.record_failure(
+        plan.cell_id,
+        {
+            "cell_id": plan.cell_id,
+            "label": plan.label,
+            "error": msg,
+            **extra,
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "cell": plan.as_dict(),
+        },
+    )
+    first = msg.splitlines()[0] if isinstance(e, ServerDied) else msg
+    return CellResult(plan.cell_id, plan.label, "failed", message=first, sweeps=plan.sweeps)
+
+
+def _backend_for(plan: CellPlan, pool: BackendPool, state: _RunState) -> Any:
+    """The cell's loaded engine; an engine (or configuration) that failed earlier fails it at once."""
+    key = plan.backend_key()
+    if key in state.failed_engines:
+        raise RuntimeError(f"engine failed to load earlier: {state.failed_engines[key]}")
+    try:
+        backend = pool.get(plan)
+    except Exception as e:
+        state.failed_engines[key] = f"{type(e).__name__}: {e}"
+        raise
+    start_key = plan.engine_config_key()
+    if start_key in state.failed_starts:
+        raise RuntimeError(f"engine failed to start earlier with this configuration: {state.failed_starts[start_key]}")
+    return backend
+
+
 def _run_one(
     cfg: StudyConfig,
     plan: CellPlan,
@@ -388,20 +485,9 @@ def _run_one(
     state: _RunState,
     progress: bool,
 ) -> CellResult:
-    key = plan.backend_key()
+    start_key = plan.engine_config_key()
     try:
-        if key in state.failed_engines:
-            raise RuntimeError(f"engine failed to load earlier: {state.failed_engines[key]}")
-        try:
-            backend = pool.get(plan)
-        except Exception as e:
-            state.failed_engines[key] = f"{type(e).__name__}: {e}"
-            raise
-        start_key = plan.engine_config_key()
-        if start_key in state.failed_starts:
-            raise RuntimeError(
-                f"engine failed to start earlier with this configuration: {state.failed_starts[start_key]}"
-            )
+        backend = _backend_for(plan, pool, state)
         requests, warm = _requests(cfg, plan, loader, getattr(backend, "tokenizer", None), state)
         wu = plan_warmup(state, backend, plan, cfg, warm, requests)
         if not requests:
@@ -412,64 +498,105 @@ def _run_one(
             if baseline is None and layout.is_done(plan.baseline_cell_id):
                 baseline = layout.read_part(plan.baseline_cell_id)
         tokenizer = getattr(backend, "tokenizer", None)
-        checks_tokenizer = tokenizer or _checks_tokenizer(state, backend, plan.target)
 
-        def measure(warm: list[Request]) -> tuple[list[RequestRecord], Any, float]:
+        def measure(warm: list[Request], these: list[Request]) -> tuple[list[RequestRecord], Any, float]:
             try:
-                return _measure(cfg, plan, backend, requests, warm, wu.tokens, baseline, progress, tokenizer)
+                return _measure(cfg, plan, backend, these, warm, wu.tokens, baseline, progress, tokenizer)
             except (ServerStartError, BackendUnavailable) as e:
                 state.failed_starts[start_key] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
                 raise
 
-        (records, tel, wall), note = _rerun_stalls(measure, wu, layout, plan, requests)
-        summary = tel.summary()
-        annotate(
-            records,
-            len(wu.requests),
-            wall,
-            summary,
-            wu.tokens if wu.requests else 0,
-            engine_warmed_itself=wu.engine_warmed_itself,
-        )
-        _stamp_checks(records, requests, checks_tokenizer, plan)
-        for r in records:
-            r.extra.update(wu.note(), engine_instance=_engine_instance(backend))
-        if tel.samples:
-            layout.write_telemetry(plan.cell_id, tel.samples)
-        layout.write_part(plan.cell_id, records)  # the commit point of the cell
-        if not plan.baseline_cell_id:
-            state.baselines[plan.cell_id] = records
-        res = summarize(plan, records, wall, baseline, summary)
+        measured, note = _rerun_stalls(measure, wu, layout, plan, requests)
+        if baseline is not None:
+            link_partners(baseline, measured[0], SEQUENTIAL)
+        res = _commit(cfg, plan, layout, state, backend, measured, wu, requests, baseline)
         res.note = note
         return res
     except KeyboardInterrupt:
         raise
-    except ServerDied as e:  # its rows are kept beside the failure, not as the cell's records: a rerun retries it
-        rows = layout.write_failed_rows(plan.cell_id, [plan.stamp(r) for r in e.records])
-        msg = f"ServerDied: {e}"
-        layout.record_failure(
-            plan.cell_id,
-            {
-                "cell_id": plan.cell_id,
-                "label": plan.label,
-                "error": msg,
-                "rows": str(rows),
-                "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                "cell": plan.as_dict(),
-            },
-        )
-        return CellResult(plan.cell_id, plan.label, "failed", message=msg.splitlines()[0], sweeps=plan.sweeps)
     except Exception as e:
-        msg = f"{type(e).__name__}: {e}"
-        layout.record_failure(
-            plan.cell_id,
-            {
-                "cell_id": plan.cell_id,
-                "label": plan.label,
-                "error": msg,
-                "traceback": traceback.format_exc(),
-                "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                "cell": plan.as_dict(),
-            },
+        return _failed(plan, layout, e)
+
+
+def _rerun_busy(
+    cfg: StudyConfig,
+    plans: list[CellPlan],
+    backend: Any,
+    requests: list[Request],
+    layout: StudyLayout,
+    measured: tuple[list[list[RequestRecord]], Any],
+    wall_s: float,
+) -> tuple[tuple[list[list[RequestRecord]], Any], str]:
+    """An in-time group measured on a busy machine (:func:`validity.busy_during`) measured once more, every
+    arm, when it took at most the study's ``busy_rerun_budget_s`` (the rerun costs as much again); the first
+    attempt kept in ``stalled/``.  What is still busy stays flagged by the Validity checks, named."""
+    runs, tel = measured
+    busy = validity.busy_during(tel.summary())
+    if not busy or wall_s > cfg.busy_rerun_budget_s:
+        return measured, ""
+    for p, recs in zip(plans, runs):
+        layout.write_stalled(p.cell_id, recs)  # kept beside, read by no table
+    runs, tel = measure_in_time(plans, backend, requests, [((), 0)] * len(plans), cfg.telemetry_period_s)
+    for r in (r for recs in runs for r in recs):
+        r.extra.update(attempt=2, first_attempt_busy=busy)
+    still = validity.busy_during(tel.summary())
+    return (runs, tel), f"busy machine ({'; '.join(busy)}), measured again with every arm: " + (
+        "still busy, flagged; " if still else "quiet; "
+    )
+
+
+def _run_in_time(
+    cfg: StudyConfig,
+    plans: list[CellPlan],
+    layout: StudyLayout,
+    pool: BackendPool,
+    loader: RequestLoader,
+    state: _RunState,
+) -> list[CellResult]:
+    """A baseline and its twins (:func:`~specstudy.run.paired_in_time.twins`) measured prompt by prompt
+    in time; stalled prompts measured again with all their arms.  Conversations, whose turns take
+    their history from the baseline's run, and cells whose prompts differ run one after another."""
+    try:
+        backend = _backend_for(plans[0], pool, state)
+        loaded = [_requests(cfg, p, loader, getattr(backend, "tokenizer", None), state) for p in plans]
+        requests = loaded[0][0]
+        if not requests:
+            raise RuntimeError(f"task {plans[0].cell.task!r} returned no prompts")
+        if any(is_conversation(r) for r in requests) or any(
+            [r.prompt_id for r in q] != [r.prompt_id for r in requests] for q, _ in loaded
+        ):
+            return [_run_one(cfg, p, layout, pool, loader, state, False) for p in plans]
+        wus = [plan_warmup(state, backend, p, cfg, warm, requests) for p, (_, warm) in zip(plans, loaded)]
+        t0 = time.perf_counter()
+        runs, tel = measure_in_time(
+            plans, backend, requests, [(w.requests, w.tokens) for w in wus], cfg.telemetry_period_s
         )
-        return CellResult(plan.cell_id, plan.label, "failed", message=msg, sweeps=plan.sweeps)
+        (runs, tel), note = _rerun_busy(cfg, plans, backend, requests, layout, (runs, tel), time.perf_counter() - t0)
+        found = [f for recs in runs for f in validity.stalls(recs)]
+        stalled = {f.values["prompt_id"] for f in found}
+        if stalled:
+            for p, recs in zip(plans, runs):
+                layout.write_stalled(p.cell_id, recs)  # kept beside, read by no table
+            runs = rerun_prompts(plans, backend, runs, requests, stalled, cfg.telemetry_period_s)
+            for r in (r for recs in runs for r in recs):
+                r.extra.update(first_attempt_stalls=[f"{f.cell_id}: {finding_text(f)}" for f in found])
+            again = {f.values["prompt_id"] for recs in runs for f in validity.stalls(recs)}
+            note += f"{len(stalled)} stalled prompt(s) rerun with their partners: " + (
+                f"{len(again)} stalled again, flagged" if again else "clean"
+            )
+        wall = time.perf_counter() - t0
+    except KeyboardInterrupt:
+        raise
+    except Exception as e:
+        return [_failed(p, layout, e) for p in plans]
+    results = []
+    for p, recs, wu in zip(plans, runs, wus):
+        try:
+            res = _commit(
+                cfg, p, layout, state, backend, (recs, tel, wall), wu, requests, runs[0] if p is not plans[0] else None
+            )
+            res.note = note.rstrip("; ")
+        except Exception as e:
+            res = _failed(p, layout, e)
+        results.append(res)
+    return results

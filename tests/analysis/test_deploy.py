@@ -150,11 +150,27 @@ def test_capacity_is_the_highest_rate_before_the_first_break_with_its_range_over
     assert frame.loc["ar", "capacity_rps"] == 1.0 and frame.loc["ar", "breaks_at_rps"] == 2.0
     assert (frame.loc["ngram", "capacity_min_rps"], frame.loc["ngram", "capacity_max_rps"]) == (1.0, 2.0)
     side = capacity.beside_ar(capacity.capacity_frame(_rate_study(rates, spec, repeats=2)))
-    assert side["ar_capacity_rps"].tolist() == [1.0] and side["capacity_ratio"].tolist() == [1.5]
+    assert side["ar_capacity_rps"].tolist() == [1.0]  # capacities 1 and 2: their geometric mean, √2
+    assert side["capacity_ratio"].tolist() == [pytest.approx(2**0.5)]
     assert "breaks at" in deploy.capacity_text(frame.loc["ar"])
     assert "not enough repeats for an interval: 2, needs ≥ 5" in deploy.capacity_text(frame.loc["ngram"])
     five = {**frame.loc["ngram"].to_dict(), "repeats": 5, "capacity_ci_low": 1.2, "capacity_ci_high": 1.8}
-    assert "1.5 req/s ([1.2, 1.8] over 5 repeats; breaks at" in deploy.capacity_text(five)
+    assert "1.41421 req/s ([1.2, 1.8] over 5 repeats; breaks at" in deploy.capacity_text(five)
+
+
+def test_a_capacity_that_never_held_is_an_upper_bound_without_an_interval():
+    """A slow machine: one repeat broke the SLO at every rate probed, so the capacity is below the lowest."""
+    rates = {0.5: 0.02, 1.0: 0.03, 2.0: 0.06}
+    spec = {0.5: [0.06, 0.01], 1.0: [0.07, 0.02], 2.0: [0.08, 0.07]}
+    frame = capacity.capacity_frame(_rate_study(rates, spec, repeats=2)).set_index("method")
+    row = frame.loc["ngram"]
+    assert (
+        row["repeats_never_held"] == 1
+        and row["capacity_rps"] == 0.0
+        and row["capacity_ci_low"] != row["capacity_ci_low"]
+    )
+    text = deploy.capacity_text(row)
+    assert text.startswith("< 0.5 req/s") and "an upper bound: 1 of 2 repeats broke at every rate probed" in text
 
 
 def test_a_capacity_that_never_broke_is_a_lower_bound_without_an_interval():

@@ -248,3 +248,22 @@ def test_a_server_busy_when_the_cell_began_is_flagged_and_an_idle_one_passes():
         and finding_text(f) == "the server had 1 running, 2 waiting when the cell began"
     )
     assert V.workload_findings([_rec("a", 0.01, server_at_start=idle)]) == []
+
+
+def test_a_request_is_judged_against_requests_of_its_own_input_tier():
+    """The issue's length-tier cell: long-context requests decode ~3.5x slower per token than short ones.
+    Judged against the whole cell they read as stalls; against their own tier they are normal, and a
+    real stall inside the long tier is still caught."""
+
+    def tiered(pid, tpot_s, tier):
+        r = _rec(pid, tpot_s)
+        r.input_policy = tier
+        return r
+
+    short = [tiered(f"s{i}", 0.020, "tier:300") for i in range(5)]
+    long = [tiered(f"l{i}", 0.070, "tier:4000") for i in range(3)]
+    assert V.stalls(short + long) == []
+    slow = tiered("l3", 0.250, "tier:4000")
+    assert [f.requests for f in V.stalls([*short, *long, slow])] == [("l3",)]
+    few = [tiered(f"l{i}", 0.070, "tier:4000") for i in range(2)]  # too few to judge by: the cell's median
+    assert {f.requests for f in V.stalls(short + few)} == {("l0",), ("l1",)}

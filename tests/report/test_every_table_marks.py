@@ -57,3 +57,23 @@ def test_every_table_marks_or_leaves_out_its_flagged_rows(tmp_path):
 def test_the_check_sees_an_unmarked_row():  # the test above can fail
     marked = pd.DataFrame({"Method": [f"Prompt lookup{FLAG_MARK}", "Baseline (AR)"], "Speedup": ["1.2×", "1.0×"]})
     assert _rows_unmarked(marked) == ["Baseline (AR) | 1.0×"]
+
+
+def test_a_row_that_pooled_a_flagged_cell_shows_the_numbers_the_summary_reads(tmp_path):
+    """The issue's ⚑ row read 1.23x in the table and 2.23x in the summary: now the table's row shows its
+    unflagged cells' numbers (the summary's), still marked, and says so."""
+    from specstudy.analysis.rows import hardware_rows
+    from specstudy.analysis.study_records import vouched
+
+    out = tmp_path / "cpu"
+    shutil.copytree(FIXTURE, out)
+    study = load(out)
+    whole = next(r for r in hardware_rows(study) if r.method == "ngram" and len(r.cells) > 1)
+    study.flags = {whole.cells[0]: (("planted", False),)}
+    clean = next(r for r in hardware_rows(vouched(study)) if r.method == "ngram" and r.label == whole.label)
+    assert clean.pooled.speedup != whole.pooled.speedup  # the two readings the issue saw
+    hardware = next(s for s in sections.report_sections(study) if s.title.startswith("Headline table"))
+    shown, raw = hardware.tables["hardware"]
+    i = next(k for k, r in raw.iterrows() if r["method"] == "ngram" and r["label"] == whole.label)
+    assert raw.loc[i, "speedup"] == clean.pooled.speedup and FLAG_MARK in shown.loc[i, "Method"]
+    assert "its numbers are those of its unflagged cells" in hardware.markdown

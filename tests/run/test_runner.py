@@ -177,10 +177,15 @@ def test_a_cell_with_a_stalled_request_runs_once_more_and_a_clean_rerun_replaces
     cfg, plans = tiny
     plan = dataclasses.replace(plans[0], prompts=4)  # a cell median needs 3 requests or more
     victim = plan.cell_id
-    res = _run(cfg, [plan], tmp_path, TinyFactory(plant=_stall({victim}, {1})))
+    factory = TinyFactory(plant=_stall({victim}, {1}))
+    res = _run(cfg, [plan], tmp_path, factory)
     assert res[0].status == "done" and "1 stalled request(s), rerun once: clean" in res[0].line(1, 1)
     recs = read_records(tmp_path)
-    assert all(r.extra["attempt"] == 2 and r.extra["first_attempt_stalls"] for r in recs)
+    assert all(r.extra["first_attempt_stalls"] for r in recs) and len(recs) == 4
+    # only the stalled prompt ran again (a rerun costs what the stall cost), its record replacing the first
+    assert [r.prompt_id for r in recs if r.extra.get("attempt") == 2] == [f"{plan.cell.task}/0"]
+    measured = [n for n, (*_, warm) in zip(factory.sizes, factory.runs) if not warm]
+    assert measured == [4, 1]  # the cell's 4 prompts, then the stalled one alone
     assert all(r.extra["warmed_by"] == victim and r.extra["engine_instance"].count(":") == 2 for r in recs)
     assert validity.stalls(recs) == []
     first = StudyLayout(tmp_path).stalled_path(victim)
@@ -291,12 +296,14 @@ from support import TinyFactory, run_tiny_study
 from specstudy.config import load_study
 from specstudy.run.plan import expand
 cfg = load_study("cpu", {yaml!r})
-run_tiny_study(cfg, expand(cfg), {out!r}, TinyFactory(hold=({hold!r}, 3)))
+run_tiny_study(cfg, expand(cfg), {out!r}, TinyFactory(hold=({hold!r}, 7)))
 """
 
 
 def test_killed_study_resumes_without_redoing_or_duplicating(tmp_path):
-    """SIGKILL a running study mid-cell, rerun it: finished parts untouched, nothing lost or doubled."""
+    """SIGKILL a running study mid-cell, rerun it: finished parts untouched, nothing lost or doubled.
+    The first AR cell and its two twins are measured in time (2 prompts x 3 arms: 6 calls), so the
+    7th measured call is the first of the next group."""
     yaml = write_study(tmp_path)
     out = tmp_path / "out"
     script = tmp_path / "run.py"
@@ -306,10 +313,10 @@ def test_killed_study_resumes_without_redoing_or_duplicating(tmp_path):
             tests=str(Path(__file__).parents[1]),
             yaml=str(yaml),
             out=str(out),
-            hold=str(tmp_path / "third-cell-in-flight"),
+            hold=str(tmp_path / "second-group-in-flight"),
         )
     )
-    hold = tmp_path / "third-cell-in-flight"  # touched by the fake engine mid-way through the third cell
+    hold = tmp_path / "second-group-in-flight"  # touched by the fake engine mid-way through the second group
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     deadline = time.time() + 120
@@ -323,7 +330,7 @@ def test_killed_study_resumes_without_redoing_or_duplicating(tmp_path):
     before = {p.name: p.stat().st_mtime_ns for p in part_paths(out)}
     cfg = load_study("cpu", yaml)
     plans = expand(cfg)
-    assert len(before) == 2 < len(plans), "the kill must land in the third cell"
+    assert len(before) == 3 < len(plans), "the kill must land in the second group of cells"
     res = _run(cfg, plans, out, TinyFactory())
     assert sum(r.status == "skipped" for r in res) == len(before)
     assert all(r.status in ("done", "skipped") for r in res)

@@ -163,7 +163,7 @@ signal.signal(signal.SIGINT, signal.default_int_handler)
 sys.path[:0] = [{tests!r}]
 from support import TinyFactory, tiny_requests
 import specstudy.run.pool as pool, specstudy.run.study_runner as study
-pool._default_factory = TinyFactory(hold=({hold!r}, 2))
+pool._default_factory = TinyFactory(hold=({hold!r}, 5))
 study.study_request_loader = lambda cfg: lambda task, n, seed, tok: tiny_requests(task, n, seed, tok)
 from specstudy.cli import main
 sys.exit(main(["run", "--params", {yaml!r}, "--outputs", {out!r}, "--no-progress"]))
@@ -174,7 +174,8 @@ def test_ctrl_c_on_a_local_study_prints_one_line_with_what_is_kept_and_the_resum
     yaml = write_study(tmp_path, TWO_ENGINES)
     out = tmp_path / "out"
     script = tmp_path / "run.py"
-    hold = tmp_path / "second-cell-in-flight"  # the fake engine touches it mid-way through the second cell
+    # the fake engine touches it at the 5th measured call: the first AR cell and its twin took 2 prompts x 2 arms
+    hold = tmp_path / "second-group-in-flight"
     script.write_text(INTERRUPT_SCRIPT.format(tests=str(TESTS), yaml=str(yaml), out=str(out), hold=str(hold)))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "SPECSTUDY_COMMAND": "make study GPU=tiny"}
     proc = subprocess.Popen(
@@ -185,7 +186,7 @@ def test_ctrl_c_on_a_local_study_prints_one_line_with_what_is_kept_and_the_resum
     while time.time() < deadline and not hold.exists():
         assert proc.poll() is None, proc.communicate()
         time.sleep(0.05)
-    assert hold.exists(), "the study never reached its second cell"
+    assert hold.exists(), "the study never reached its second group of cells"
     proc.send_signal(signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=600)
     assert proc.returncode == 130, stderr
@@ -194,8 +195,8 @@ def test_ctrl_c_on_a_local_study_prints_one_line_with_what_is_kept_and_the_resum
     lines = [x for x in stderr.strip().splitlines() if not x.startswith("specstudy run: warning: ")]
     assert len(lines) == 1, stderr
     kept = len(layout.part_paths())
-    assert kept == 1  # the first cell; the second was in flight
+    assert kept == 2  # the first AR cell and its twin; the second group was in flight
     assert lines[0] == (
         f"specstudy run: interrupted; {kept} of {len(expand(load_study('cpu', yaml)))} cells are kept in "
-        f"{layout.records_dir} (the cell in flight is not); resume with: make study GPU=tiny"
+        f"{layout.records_dir} (the cells in flight are not); resume with: make study GPU=tiny"
     )

@@ -1,0 +1,144 @@
+"""Paired in time: an AR baseline and the speculative cells paired with it, measured side by side.
+
+Where one loaded engine serves both arms (the reference engine, HF per call), the runner does not
+time the baseline cell and then, minutes later, each speculative cell: it sends every prompt (a
+batch of them at batch sizes above 1) to each arm in turn, in an order that reverses from one
+prompt to the next (AR, S1, S2 then S2, S1, AR: ABBA for two arms).  A drift that is linear in time
+(another tenant arriving, a clock that drops) then adds as much to each arm over two prompts, so it
+cancels out of every paired speedup instead of landing in it.  Each speculative record keeps its
+partner (the baseline cell and prompt) and how far apart in time the two were started; a cell run on
+its own (a resumed study, a server) keeps them too, so the report states per row how far apart its
+arms were timed, whichever way they ran.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ..backends.base import Backend
+from ..frameworks import server_frameworks
+from ..records import PAIRED_CELL_AFTER_CELL, PAIRED_IN_TIME, Request, RequestRecord
+from ..telemetry import Telemetry, TelemetrySampler
+from .cell import stamp_request, warmup_sampling
+from .plan import CellPlan
+
+IN_TIME, SEQUENTIAL = PAIRED_IN_TIME, PAIRED_CELL_AFTER_CELL
+
+
+def arm_orders(chunks: int, arms: int) -> list[list[int]]:
+    """Per chunk of prompts, the arms in the order they run: forward on even chunks, reversed on odd.
+
+    Over any two consecutive chunks every arm sits as often before as after every other, by the same
+    distance: a linear drift adds the same to both arms of every pair."""
+    forward = list(range(arms))
+    return [forward if i % 2 == 0 else forward[::-1] for i in range(chunks)]
+
+
+def twins(baseline: CellPlan, pending: Sequence[CellPlan]) -> list[CellPlan]:
+    """The speculative cells of ``pending`` to measure in time beside ``baseline``: those paired with it
+    on the same loaded in-process engine, offline, with the same prompts and batch size.  A server
+    (llama.cpp, vLLM, SGLang, ...) fixes its speculation at start, so its cells run one after another."""
+    if not baseline.is_baseline or baseline.request_rate is not None:
+        return []
+    if baseline.cell.framework in server_frameworks():
+        return []
+    same = (baseline.backend_key(), baseline.prompt_offset, baseline.prompts, baseline.cell.batch_size)
+    return [
+        p
+        for p in pending
+        if p.baseline_cell_id == baseline.cell_id
+        and p.request_rate is None
+        and (p.backend_key(), p.prompt_offset, p.prompts, p.cell.batch_size) == same
+    ]
+
+
+def link_partners(baseline: Sequence[RequestRecord], spec: Sequence[RequestRecord], pairing: str) -> None:
+    """On each speculative record: its AR partner (cell, prompt), the seconds between their starts
+    (speculative minus AR) and how the pair was timed."""
+    base = {(r.prompt_id, r.repeat, r.turn): r for r in baseline}
+    for r in spec:
+        b = base.get((r.prompt_id, r.repeat, r.turn))
+        gap = r.start_epoch - b.start_epoch if b is not None and b.start_epoch and r.start_epoch else None
+        r.extra.update(
+            partner_cell_id=b.cell_id if b is not None else None,
+            partner_prompt_id=b.prompt_id if b is not None else None,
+            partner_gap_s=gap,
+            pairing=pairing,
+        )
+
+
+def _chunks(requests: Sequence[Request], size: int) -> list[list[Request]]:
+    return [list(requests[i : i + size]) for i in range(0, len(requests), max(size, 1))]
+
+
+def batches_of(requests: Sequence[Request], prompt_ids: set[str], size: int) -> set[str]:
+    """The prompts of every batch (of ``size``, in order) that holds one of ``prompt_ids``: what a rerun of
+    those prompts measures again, so each is decoded at its own batch shape."""
+    return {r.prompt_id for c in _chunks(requests, size) if any(q.prompt_id in prompt_ids for q in c) for r in c}
+
+
+def measure_in_time(
+    plans: Sequence[CellPlan],
+    backend: Backend,
+    requests: Sequence[Request],
+    warmups: Sequence[tuple[Sequence[Request], int]],
+    telemetry_period_s: float,
+    on_record: Callable[[int], Any] = lambda arm: None,
+) -> tuple[list[list[RequestRecord]], Telemetry]:
+    """Each arm's warm-up (untimed), then every chunk of prompts through every arm in :func:`arm_orders`
+    under one telemetry window: per arm (in ``plans``' order, the baseline first) its stamped records."""
+    for plan, (warm, tokens) in zip(plans, warmups):
+        if warm:
+            for _ in backend.run(list(warm), warmup_sampling(plan, tokens), plan.backend_cell()):
+                pass
+    by_id = {r.prompt_id: r for r in requests}
+    chunks = _chunks(requests, plans[0].cell.batch_size)
+    out: list[list[RequestRecord]] = [[] for _ in plans]
+    sampler = TelemetrySampler(telemetry_period_s).start()
+    try:
+        for i, order in enumerate(arm_orders(len(chunks), len(plans))):
+            for slot, a in enumerate(order):
+                for rec in backend.run(chunks[i], plans[a].sampling, plans[a].backend_cell()):
+                    rec = stamp_request(plans[a], rec, by_id)
+                    rec.extra.update(arm_slot=slot, arms=len(plans))
+                    out[a].append(rec)
+                    on_record(a)
+    finally:
+        tel = sampler.stop()
+    for a, recs in enumerate(out):
+        if len(recs) != len(requests):
+            raise RuntimeError(
+                f"backend returned {len(recs)} records for {len(requests)} requests ({plans[a].cell_id})"
+            )
+    for recs in out[1:]:
+        link_partners(out[0], recs, IN_TIME)
+    return out, tel
+
+
+def rerun_prompts(
+    plans: Sequence[CellPlan],
+    backend: Backend,
+    runs: list[list[RequestRecord]],
+    requests: Sequence[Request],
+    prompt_ids: set[str],
+    telemetry_period_s: float,
+) -> list[list[RequestRecord]]:
+    """The arms with the prompts in ``prompt_ids`` (the batches that hold them, above batch 1) measured
+    again, in time as before, each record of those prompts replaced (``attempt`` 2) and the others
+    kept: a stall costs what its prompts cost, not the whole group again."""
+    prompt_ids = batches_of(requests, prompt_ids, plans[0].cell.batch_size)
+    again = [r for r in requests if r.prompt_id in prompt_ids]
+    if not again:
+        return runs
+    fresh, _ = measure_in_time(plans, backend, again, [((), 0)] * len(plans), telemetry_period_s)
+    place = {q.prompt_id: i for i, q in enumerate(requests)}
+    out = []
+    for old, new in zip(runs, fresh):
+        for r in new:
+            r.extra.update(attempt=2)
+        kept = [r for r in old if r.prompt_id not in prompt_ids]
+        out.append(sorted([*kept, *new], key=lambda r: place[r.prompt_id]))
+    for recs in out[1:]:
+        link_partners(out[0], recs, IN_TIME)
+    return out

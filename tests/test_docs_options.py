@@ -9,6 +9,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from specstudy import frameworks
 from specstudy.frameworks import DECLARATIONS, EngineDeclaration
@@ -69,8 +70,25 @@ def covers(row: Row, fw: str, option: str, method: str) -> bool:
     return every or method in named
 
 
+def header_defaults() -> dict[tuple[str, str], Any]:
+    """(method, option) -> the default its method file's HEADER states (``option_defaults``, where a
+    header has one)."""
+    return {(m, o): v for m, h in method_headers().items() for o, v in getattr(h, "option_defaults", {}).items()}
+
+
+def contradicted(rows: list[Row], defaults: Mapping[tuple[str, str], Any]) -> list[str]:
+    """Reference-engine rows whose default does not state the value the method's header gives."""
+    return [
+        f"reference: {option} of {method}: the header's default {value!r} is not in the row's default {r.default!r}"
+        for (method, option), value in defaults.items()
+        for r in rows
+        if covers(r, "reference", option, method) and str(value).lower() not in r.default.lower()
+    ]
+
+
 def problems(text: str, decls: Mapping[str, EngineDeclaration]) -> list[str]:
-    """Each option without a row, each row with an empty default, each row no engine of its section reads."""
+    """Each option without a row, each row with an empty default, each row no engine of its section reads,
+    each reference row whose default contradicts its method's header."""
     rows, wanted = doc_rows(text, set(decls)), declared(decls)
     missing = sorted(
         f"{fw}: {option} ({FRAMEWORK if m == FRAMEWORK else 'method ' + m}) has no row"
@@ -84,7 +102,8 @@ def problems(text: str, decls: Mapping[str, EngineDeclaration]) -> list[str]:
         for r in rows
         if not any((fw, r.option) in read for fw in r.frameworks)
     ]
-    return missing + empty + stale
+    wrong = contradicted(rows, header_defaults()) if "reference" in decls else []
+    return missing + empty + stale + wrong
 
 
 def test_every_declared_option_has_a_row_with_its_default():
@@ -139,4 +158,12 @@ def test_an_empty_default_and_a_row_no_engine_reads_are_named():
     assert problems(DOC.read_text() + extra, DECLARATIONS) == [
         "hf: max_matching_ngram_size has an empty default",
         "hf: no_such_option is read by none of its section's frameworks",
+    ]
+
+
+def test_a_default_that_contradicts_the_methods_header_is_named():
+    rows = doc_rows(DOC.read_text(), set(DECLARATIONS))
+    assert contradicted(rows, {("eagle", "tree_topk"): 4, ("sequoia", "tree_nodes"): 4}) == []
+    assert contradicted(rows, {("eagle3", "tree_topk"): 5}) == [
+        "reference: tree_topk of eagle3: the header's default 5 is not in the row's default '4'"
     ]

@@ -29,8 +29,8 @@ export TOKENIZERS_PARALLELISM := false
 help:
 	@echo "make study [GPU=cpu|a100|h100|h200|rtx4090]   run the study matrix and render the report"
 	@echo "make arctic-inference                         build and install arctic-inference (suffix decoding; needs a C++ compiler)"
-	@echo "make study-engines                            vLLM (offline + server), llama.cpp, hf, reference on this CPU (~28 min)"
-	@echo "make study-deploy [PRICE=USD/h]               capacity under the SLO, gamma per load, structured outputs, cost, energy (~28 min on 2 cores)"
+	@echo "make study-engines                            vLLM (offline + server), llama.cpp, hf, reference on this CPU (about 50 min on 2 cores, dated timings in docs/results.md)"
+	@echo "make study-deploy [PRICE=USD/h]               capacity under the SLO, gamma per load, structured outputs, cost, energy (about 30 min on 2 cores, dated timings in docs/results.md)"
 	@echo "make test                                     lint, then the test suite (fast + model tests)"
 	@echo "make lint                                     ruff (lint + format check) and mypy"
 	@echo "make test-fast                                the fast subset (no model loading)"
@@ -163,8 +163,8 @@ study-pair: $(STAMP)
 # .venv-vllm), vllm-server, llama.cpp's server, hf and reference on the embedded SmolLM2; batch sizes
 # 1-8, a request-rate sweep (0.5, 1, 2 req/s, inf) and the prefix cache off/on on a shared-prefix
 # workload.  Installs .venv-vllm first when missing (a stamp makes that a no-op later), then runs the
-# study into outputs/cpu-engines/ and renders its report.  Sized for 30 minutes on 2 cores, install
-# and server starts included; the measured time is in the profile's header and the lead's README.
+# study into outputs/cpu-engines/ and renders its report.  About 50 minutes on 2 cores, install and
+# server starts included (the input-length tiers alone about 22); dated timings in docs/results.md.
 .PHONY: study-engines
 study-engines: $(STAMP) $(ARCTIC_STAMP) engine-vllm
 	SPECSTUDY_COMMAND="make study-engines" $(STUDY) --hardware cpu-engines $(STUDY_ARGS)
@@ -214,8 +214,8 @@ check-golden: $(STAMP)
 # server and vLLM's server: capacity under the study's SLO for AR and prompt lookup (2 repeats, one round
 # of the capacity search: --refine-capacity 1), the gamma schedule per batch bucket (llama.cpp, 3 repeats),
 # the JSON-schema task with and without speculation on both servers, energy per token where RAPL is
-# readable and $ per million tokens when a price is given (PRICE=USD per hour).  Sized for 30 minutes here
-# from the engines study's measured costs, not yet measured as a whole.  Writes outputs/cpu-deploy/report.md.
+# readable and $ per million tokens when a price is given (PRICE=USD per hour).  Sized for 30 minutes here;
+# dated timings of whole runs in docs/results.md.  Writes outputs/cpu-deploy/report.md.
 PRICE ?=
 .PHONY: study-deploy
 study-deploy: $(STAMP) engine-vllm

@@ -30,7 +30,8 @@ COMMANDS = {
     ),
     "train-drafter": (
         "train_drafter_command",
-        "distil a small drafter (Medusa heads, a layer-skip adapter or an EAGLE-style layer) from the target on its own generations",
+        "distil a small drafter (Medusa heads, a layer-skip adapter, an EAGLE-style layer or an EAGLE-3 head) "
+        "from the target on its own generations",
     ),
     "serve-bench": (
         "serve_bench_command",

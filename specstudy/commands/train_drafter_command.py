@@ -1,11 +1,13 @@
-"""specstudy train-drafter: distil a small drafter (Medusa heads, a layer-skip adapter or an EAGLE-style
-layer) from a target.
+"""specstudy train-drafter: distil a small drafter (``--kind``: Medusa heads, a layer-skip adapter, an
+EAGLE-style layer or an EAGLE-3 head) from a target.
 
 The target generates greedy continuations of the kit's task prompts (prompts *outside* the
 study's own sample of each task, so the measured acceptance is on unseen prompts), then the
 drafter is trained to match the target's next-token distributions on that text.  Writes
 ``<out>.safetensors`` and ``<out>.json`` (the exact command, settings, prompts used, training
-log, held-out top-1 agreement and the acceptance measured by decoding held-out study prompts).
+log, held-out top-1 agreement and the acceptance measured by decoding held-out study prompts); an
+EAGLE-3 head is the folder ``<out>/`` instead (``config.json``, ``model.safetensors`` and that record
+as ``specstudy.json``), the layout vLLM and SGLang load.
 """
 
 from __future__ import annotations

@@ -1,7 +1,9 @@
 """The report's figures: each function takes frames and returns a matplotlib ``Figure``; none writes a file.
 
-Colours come from seaborn's colour-blind-safe palette.  Error bars are the 95 % bootstrap CIs
-held in the raw table frames; predictions are drawn as dashed lines with an "x" marker.
+Colours come from seaborn's colour-blind-safe palette.  Error bars are the 95 % intervals over
+prompts held in the raw table frames (:mod:`specstudy.intervals`: a delta-method t-interval of a
+ratio of per-prompt sums, on the log or logit scale, or a t-interval of per-prompt means; none below
+5 distinct prompts); predictions are drawn as dashed lines with an "x" marker.
 """
 
 from __future__ import annotations
@@ -100,8 +102,8 @@ def hardware_methods(raw: pd.DataFrame, hardware: str) -> Figure:
             if col == "speedup":  # AR is the reference: 1 by definition, no CI
                 vals = np.where(ar, 1.0, vals)
                 cis = [nan_ci if a else c for a, c in zip(ar, cis)]
-            # clipped: a bootstrap CI of a ratio need not contain its point estimate, and a negative
-            # error length would stop matplotlib
+            # clipped: an interval that leaves out the bar's value (AR's speedup, set to 1 above) would
+            # give a negative error length, which stops matplotlib
             ax.barh(pos, vals, xerr=_err(list(vals), cis, clip=True), color=colours, capsize=3, height=0.8)
             ax.set_xlabel(unit)
             ax.set_title(f"{sampling_text(sampling)}: {unit.split(' (')[0]}", fontsize=8)

@@ -1,4 +1,4 @@
-"""How long `specstudy run --dry-run` takes per hardware profile, against its 5 s target.  (A benchmark,
+"""How long `specstudy study --dry-run` (what `make study` plans first) takes per hardware profile, against its 5 s target.  (A benchmark,
 not a test: tests/run/test_dryrun.py checks what the dry run says; this prints how fast it said it.)
 
 Per profile, ``--repeats`` times, the command a user types, in a fresh interpreter, offline as the
@@ -50,7 +50,7 @@ def dry_run_once(hardware: str, hf_home: str) -> dict[str, Any]:
     }
     t0 = time.perf_counter()
     r = subprocess.run(
-        [sys.executable, "-m", "specstudy.cli", "run", "--hardware", hardware, "--dry-run", "--json"],
+        [sys.executable, "-m", "specstudy.cli", "study", "--hardware", hardware, "--dry-run", "--json"],
         capture_output=True,
         text=True,
         timeout=300,
@@ -105,7 +105,7 @@ def show(res: dict[str, Any]) -> None:
     """One line per profile (medians, worst, median / target), then which targets every run met."""
     before, after = res["load_avg"]
     print(
-        f"specstudy run --dry-run, {res['repeats']} repeat(s) per profile, load average {before[0]:.2f} -> "
+        f"specstudy study --dry-run, {res['repeats']} repeat(s) per profile, load average {before[0]:.2f} -> "
         f"{after[0]:.2f}"
     )
     print(

@@ -32,7 +32,7 @@ def stages(monkeypatch, tmp_path):
         said.append(f"notebooks x{workers}")
         return outcome["notebooks"]
 
-    def gate(layout, golden):
+    def gate(layout, golden, as_json=False):
         said.append(f"gate {golden.name}")
         return outcome["gate"]
 

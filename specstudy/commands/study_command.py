@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -73,14 +74,14 @@ def render(layout: StudyLayout, workers: int, say: object = print) -> list[tuple
     return [(j.name, e) for j, e in execute_notebooks(todo, say, workers) if e]  # type: ignore[arg-type]
 
 
-def gate(layout: StudyLayout, golden: Path) -> int:
+def gate(layout: StudyLayout, golden: Path, as_json: bool = False) -> int:
     """The acceptance gate on the greedy reference-engine rows (exact: the engine is deterministic)."""
     from ..analysis.golden import acceptance_rows
     from ..analysis.study_records import load
     from .check_command import check_golden
 
     study = load(layout.root)
-    return check_golden(study, acceptance_rows(study, ["reference"], True), golden, None, False)
+    return check_golden(study, acceptance_rows(study, ["reference"], True), golden, None, as_json)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -90,24 +91,25 @@ def run(args: argparse.Namespace) -> int:
     if args.price_per_hour is not None:
         os.environ[PRICE_ENV] = repr(args.price_per_hour)  # the notebooks run in subprocesses and inherit it
     t0, load0 = time.time(), _load()
-    print(f"specstudy study {args.hardware}: start {time.strftime('%FT%TZ', time.gmtime(t0))}, load average {load0}")
+    say = print if not args.json else (lambda m: print(m, file=sys.stderr, flush=True))  # --json: stdout is JSON
+    say(f"specstudy study {args.hardware}: start {time.strftime('%FT%TZ', time.gmtime(t0))}, load average {load0}")
     golden_name = args.hardware  # the profile's own golden (a rehearsal never has one)
     rc_cells = run_command.run(args)  # a rehearsal renames args.hardware to its own folder
     if args.dry_run or rc_cells not in (0, run_command.EXIT_CELLS_FAILED):
         return rc_cells
     layout = StudyLayout.of(args.hardware, args.outputs)
     if args.executor != "local" and args.no_wait:
-        print(
+        say(
             "specstudy study: the shards run on; the report job renders the report after them. Run this same "
             "command again once they are done: it submits nothing new, renders what is stale and checks the gate."
         )
         return rc_cells
     # what is stale only: followed shards that all succeeded have rendered it already (run_sharded)
-    failed_nb = render(layout, args.notebook_jobs)
+    failed_nb = render(layout, args.notebook_jobs, say)
     golden = (
         None if args.golden == "none" else Path(args.golden or REPO_ROOT / "params" / "golden" / f"{golden_name}.json")
     )
-    rc_gate = gate(layout, golden) if golden is not None and golden.is_file() and not args.rehearse else None
+    rc_gate = gate(layout, golden, args.json) if golden is not None and golden.is_file() and not args.rehearse else None
     stages = [
         ("cells", "ok" if rc_cells == 0 else f"some failed (see {layout.root / 'failed'}; a rerun retries only them)"),
         ("notebooks", "ok" if not failed_nb else "failed: " + ", ".join(n for n, _ in failed_nb)),
@@ -116,9 +118,9 @@ def run(args: argparse.Namespace) -> int:
             "not checked (none for this profile)" if rc_gate is None else "ok" if rc_gate == 0 else "rows moved",
         ),
     ]
-    print(f"report: {layout.report_path} ({layout.report_path.with_suffix('.html').name}, .pdf)")
-    print("specstudy study: " + "; ".join(f"{k} {v}" for k, v in stages))
-    print(f"specstudy study {args.hardware}: {time.time() - t0:.0f} s wall, load average {load0} -> {_load()}")
+    say(f"report: {layout.report_path} ({layout.report_path.with_suffix('.html').name}, .pdf)")
+    say("specstudy study: " + "; ".join(f"{k} {v}" for k, v in stages))
+    say(f"specstudy study {args.hardware}: {time.time() - t0:.0f} s wall, load average {load0} -> {_load()}")
     if rc_cells:
         return rc_cells
     if failed_nb:

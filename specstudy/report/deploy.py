@@ -303,5 +303,5 @@ def deploy_section(study: Study, whole: Study | None = None) -> Section:
     from ``study``'s cells (the unflagged ones); ``whole`` (every cell) says what was left out."""
     sec = Section("Deployment decisions")
     parts = _capacity(study, sec) + _gamma(study, sec) + _structured(study, sec) + _cost(study, sec)
-    sec.markdown = left_out_note(whole) + "\n".join(parts)
+    sec.markdown = left_out_note(whole, "every decision below") + "\n".join(parts)
     return sec

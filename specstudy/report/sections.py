@@ -258,7 +258,7 @@ def when_it_fails_section(study: Study, whole: Study | None = None) -> Section:
     the unflagged cells, ``whole`` (every cell) says what was left out."""
     sec = Section("When speculation does not pay (FAQ Q4)")
     parts = _fails_batch(study, sec) + _fails_alpha(study, sec) + _fails_short_and_memory(study, sec)
-    sec.markdown = left_out_note(whole) + "\n".join(parts)
+    sec.markdown = left_out_note(whole, "every verdict below") + "\n".join(parts)
     return sec
 
 
@@ -364,7 +364,9 @@ def summary_section(
 ) -> Section:
     """The opening summary, computed from the report's own tables (each sentence links to its table),
     over ``study``'s cells (the unflagged ones); ``whole`` (every cell) says what it leaves out and why."""
-    return Section("Summary", left_out_note(whole) + summary_markdown(study, hw_rows, whole, whole_rows))
+    return Section(
+        "Summary", left_out_note(whole, "every line below") + summary_markdown(study, hw_rows, whole, whole_rows)
+    )
 
 
 def _worded_notes(rows: pd.DataFrame) -> pd.DataFrame:

@@ -243,13 +243,13 @@ def validity_section(study: Study) -> Section:
     return sec
 
 
-def left_out_note(whole: Study | None) -> str:
-    """The line opening a part read from unflagged cells only: how many were left out and why ('' if none)."""
+def left_out_note(whole: Study | None, part: str) -> str:
+    """The line opening ``part`` (read from unflagged cells only): how many were left out and why ('' if none)."""
     if whole is None or not whole.flags:
         return ""
     n = len(whole.flags)
     why = sorted({w for reasons in whole.flags.values() for w in reasons_text(reasons)})
     return (
-        f"_{n} flagged cell{'s' if n > 1 else ''} left out of every line below "
+        f"_{n} flagged cell{'s' if n > 1 else ''} left out of {part} "
         f"({'; '.join(why)}): see [Validity](#validity)._\n\n"
     )

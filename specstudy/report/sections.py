@@ -21,6 +21,7 @@ from .banner import rehearsal_banner
 from .deploy import deploy_section
 from .format import FAMILY_TITLES, TASK_TITLES, fmt, fmt_ci
 from .model_notes import note_text
+from .published_section import published_section
 from .section_type import Section, markdown_table
 from .summary import summary_markdown
 from .validity_text import left_out_note, validity_section
@@ -451,7 +452,9 @@ def report_sections(study: Study) -> list[Section]:
     hardware = tables.hardware_table(study, rows=hw_rows)
     clean = vouched(study) if study.flags else study
     summary = summary_section(clean, hardware_rows(clean) if study.flags else hw_rows, study, hw_rows)
-    secs = [validity_section(study), summary, hardware_section(study, hardware), frameworks_section(study)]
+    published = published_section(study)  # a GPU profile's results open with its published references
+    secs = [validity_section(study), *([published] if published else []), summary]
+    secs += [hardware_section(study, hardware), frameworks_section(study)]
     secs += [method_family_section(study, fam) for fam in tables.families_in(study)]
     costs = engine_costs_section(study)
     secs += [costs] if costs is not None else []

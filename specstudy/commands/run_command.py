@@ -366,7 +366,9 @@ def _selected(args: argparse.Namespace, study: LoadedStudy) -> tuple[list[CellPl
 
         prof = _profile(cfg)
         if prof is None:
-            raise ParamsError(cfg.file, "--budget-min", args.budget_min, "a study with a hardware profile to predict with")
+            raise ParamsError(
+                cfg.file, "--budget-min", args.budget_min, "a study with a hardware profile to predict with"
+            )
         kept, cut = within_budget(cfg, plans, prof, args.budget_min)
         print(
             f"specstudy run: --budget-min {args.budget_min:g}: sweeps run {kept}; cut (predicted past the budget) {cut}",

@@ -47,7 +47,8 @@ def aux_layers(cfg: Mapping[str, Any]) -> list[int] | None:
 
 def dflash_fields(cfg: Mapping[str, Any]) -> tuple[int | None, list[int], int | None]:
     """A DFlash drafter's (block size, target layer ids, mask token id)."""
-    inner = cfg.get("dflash_config") if isinstance(cfg.get("dflash_config"), Mapping) else {}
+    nested = cfg.get("dflash_config")
+    inner: Mapping[str, Any] = nested if isinstance(nested, Mapping) else {}
     block = cfg.get("block_size", inner.get("block_size"))
     return (
         int(block) if isinstance(block, int) else None,
@@ -81,8 +82,7 @@ def _mtp(file: Any, use: Any, t: Mapping[str, Any]) -> list[ParamsError]:
 
 def _target_layers(file: Any, use: Any, t: Mapping[str, Any], ids: list[int], what: str) -> list[ParamsError]:
     n = t.get("num_hidden_layers")
-    bad = [i for i in ids if isinstance(n, int) and not 0 <= i < n]
-    if not bad:
+    if not isinstance(n, int) or all(0 <= i < n for i in ids):
         return []
     hint = f"{use.drafter}: {what}={ids}; {use.target} has num_hidden_layers={n} (a head trained on another target)"
     return [ParamsError(file, f"study.models[{use.target}].drafters", use.drafter, f"layer ids in 0..{n - 1}", hint)]
@@ -90,11 +90,15 @@ def _target_layers(file: Any, use: Any, t: Mapping[str, Any], ids: list[int], wh
 
 def _eagle3(file: Any, use: Any, t: Mapping[str, Any], d: Mapping[str, Any]) -> list[ParamsError]:
     out = _target_layers(file, use, t, aux_layers(d) or [], "eagle_aux_hidden_state_layer_ids")
-    spec = d.get("speculators_config") if isinstance(d.get("speculators_config"), Mapping) else {}
-    verifier = (spec.get("verifier") or {}).get("name_or_path") if isinstance(spec.get("verifier"), Mapping) else None
+    nested = d.get("speculators_config")
+    spec: Mapping[str, Any] = nested if isinstance(nested, Mapping) else {}
+    v = spec.get("verifier")
+    verifier = v.get("name_or_path") if isinstance(v, Mapping) else None
     if verifier and verifier != use.target:
         hint = f"{use.drafter}: speculators_config.verifier.name_or_path={verifier!r}: trained for another target"
-        out.append(ParamsError(file, f"study.models[{use.target}].drafters", use.drafter, f"a head for {use.target}", hint))
+        out.append(
+            ParamsError(file, f"study.models[{use.target}].drafters", use.drafter, f"a head for {use.target}", hint)
+        )
     return out
 
 
@@ -103,13 +107,17 @@ def _dflash(file: Any, use: Any, t: Mapping[str, Any], d: Mapping[str, Any]) -> 
     out = _target_layers(file, use, t, ids, "dflash_config.target_layer_ids")
     n_target = d.get("num_target_layers")
     if isinstance(n_target, int) and n_target != t.get("num_hidden_layers"):
-        hint = f"{use.drafter}: num_target_layers={n_target}, {use.target}: num_hidden_layers={t.get('num_hidden_layers')}"
-        out.append(ParamsError(file, f"study.models[{use.target}].drafters", use.drafter, "a drafter for this target", hint))
+        hint = (
+            f"{use.drafter}: num_target_layers={n_target}, {use.target}: num_hidden_layers={t.get('num_hidden_layers')}"
+        )
+        out.append(
+            ParamsError(file, f"study.models[{use.target}].drafters", use.drafter, "a drafter for this target", hint)
+        )
     if mask is None:
         hint = f"{use.drafter}: no dflash_config.mask_token_id (vLLM and SGLang fill the block's slots with it)"
         out.append(ParamsError(file, f"study.models[{use.target}].drafters", use.drafter, "a DFlash drafter", hint))
     too_long = [g for g in use.gammas if block is not None and g > block - 1]
-    if too_long:
+    if too_long and block is not None:
         hint = f"{use.drafter}: block_size={block} (one bonus token and γ masked slots per block)"
         out.append(ParamsError(file, f"gammas of {use.framework} dflash", too_long, f"<= {block - 1}", hint))
     return out

@@ -38,7 +38,9 @@ def verdict_words(row: Mapping[str, Any]) -> str:
     if v == REHEARSAL:
         return "REHEARSAL: no verdict (random weights)"
     if v == NO_VERDICT:
-        return f"speed: shown beside its source's hardware ({row['protocol'].get('hardware', 'not stated')}), no verdict"
+        return (
+            f"speed: shown beside its source's hardware ({row['protocol'].get('hardware', 'not stated')}), no verdict"
+        )
     assert v == NOT_MEASURED
     return "not measured in this study"
 
@@ -80,7 +82,11 @@ def _table(rows: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
 def published_markdown(rows: Sequence[Mapping[str, Any]], rehearsal: bool) -> str:
     """The section's text: its rule, the table, then each miss's protocol differences and checks."""
     head = (
-        ("**REHEARSAL**: random-weight stand-ins; the numbers below mean nothing and get no verdict.\n\n" if rehearsal else "")
+        (
+            "**REHEARSAL**: random-weight stand-ins; the numbers below mean nothing and get no verdict.\n\n"
+            if rehearsal
+            else ""
+        )
         + "Acceptance carries across hardware, so each acceptance reference is held to its tolerance "
         "(AL pooled over prompts within ±tol, each per-position rate at least (1 − tol) of the published one, "
         "as vLLM's own test holds it); speed does not, so a speed reference is shown beside its source's hardware "
@@ -88,7 +94,9 @@ def published_markdown(rows: Sequence[Mapping[str, Any]], rehearsal: bool) -> st
     )
     body = markdown_table(_table(rows))
     for r in rows:
-        diffs = [f"{d['field']}: published {d['published']!r}, measured {d['measured']!r}" for d in r["protocol_differences"]]
+        diffs = [
+            f"{d['field']}: published {d['published']!r}, measured {d['measured']!r}" for d in r["protocol_differences"]
+        ]
         checks = [check_words(c) for c in r["checks"]] if r["verdict"] in (OUTSIDE, REHEARSAL) else []
         if diffs or checks:
             body += f"\n**{r['name']}**\n\n" + "".join(f"- protocol: {d}\n" for d in diffs)

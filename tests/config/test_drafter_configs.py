@@ -58,7 +58,9 @@ def test_a_dflash_drafter_for_another_target_is_refused():
     assert any("num_target_layers=36" in m for m in msgs)
     d2 = copy.deepcopy(d)
     del d2["dflash_config"]["mask_token_id"]
-    msgs = [str(p) for p in drafter_problems("f", _use("dflash", "Qwen/Qwen3-8B", "x/dflash"), _cfg("Qwen/Qwen3-8B"), d2)]
+    msgs = [
+        str(p) for p in drafter_problems("f", _use("dflash", "Qwen/Qwen3-8B", "x/dflash"), _cfg("Qwen/Qwen3-8B"), d2)
+    ]
     assert any("mask_token_id" in m for m in msgs)
 
 

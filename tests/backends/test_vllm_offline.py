@@ -122,7 +122,7 @@ def test_check_refuses_bad_values_before_any_load():
         CellCheck("ngram", 4, {"ngram_min": 2, "ngram_max": 4, "rate": 1.0}, drafter=None, cuda=True)
     )
     with pytest.raises(
-        ValueError, match=r"'min_n' is read by no code \(did you mean 'ngram_min'\?\).*\['ngram_max', 'ngram_min'"
+        ValueError, match=r"'min_n' is read by no code \(did you mean 'ngram_min'\?\).*'ngram_max', 'ngram_min'"
     ):
         vllm_config.VllmCellCheck.check_cell(CellCheck("ngram", 4, {"min_n": 2, "max_n": 4}, drafter=None, cuda=True))
     with pytest.raises(ValueError, match="gamma >= 1"):
@@ -301,3 +301,14 @@ def test_dflash_pard_and_mtp_are_what_both_pins_list():
     assert (dflash["method"], "parallel_drafting" in dflash) == ("dflash", False)  # vLLM sets it itself
     with pytest.raises(ValueError, match="needs a drafter"):
         speculative_config("dflash", 3, None, {})
+
+
+def test_vllms_own_gamma_schedule_is_a_row_option():
+    """Issue 46: vLLM's num_speculative_tokens_per_batch_size (both pins) beside the kit's fixed γ."""
+    cfg = speculative_config("eagle3", 4, "/h", {"gamma_per_batch": "1-4:4,5-16:3,17-1024:1"})
+    assert cfg["num_speculative_tokens_per_batch_size"] == [(1, 4, 4), (5, 16, 3), (17, 1024, 1)]
+    assert "num_speculative_tokens_per_batch_size" in V032["speculative_config_fields"]
+    with pytest.raises(ValueError, match=r"0 <= gamma <= 4"):
+        speculative_config("eagle3", 4, "/h", {"gamma_per_batch": "1-4:6"})
+    with pytest.raises(ValueError, match="allowed 'start-end:gamma"):
+        speculative_config("eagle3", 4, "/h", {"gamma_per_batch": "1:4"})

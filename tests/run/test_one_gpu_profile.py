@@ -51,7 +51,9 @@ def test_every_row_is_planned_with_its_engine_and_drafter(doc):
         ("vllm", "MTP", ""),
         ("vllm", "Suffix decoding", ""),
         ("vllm", "Draft model", "meta-llama/Llama-3.2-1B-Instruct"),
-        ("hf", "HF assisted (heuristic schedule)", "Qwen/Qwen3-0.6B"),
+        ("hf", "HF assisted (heuristic schedule)", "meta-llama/Llama-3.2-1B-Instruct"),
+        ("sglang", "DFlash", "z-lab/Qwen3-8B-DFlash-b16"),
+        ("vllm-server", "EAGLE-3 (vLLM γ per batch size)", "RedHatAI/Llama-3.1-8B-Instruct-speculator.eagle3"),
         ("sglang", "EAGLE-3 tree (SGLang top-k 4; 16 tokens)", "RedHatAI/Llama-3.1-8B-Instruct-speculator.eagle3"),
         ("trtllm", "EAGLE-3 (chain)", "RedHatAI/Llama-3.1-8B-Instruct-speculator.eagle3"),
     ]:

@@ -16,8 +16,10 @@ from ...frameworks.declaration import pinned_version as requirement_version
 from ...frameworks.vllm import (
     KIT_TO_VLLM,
     OFFLINE,
+    VLLM_GAMMA_SCHEDULE_FIELD,
     VLLM_PARALLEL_DRAFTING,
     VLLM_SUFFIX_FIELDS,
+    vllm_gamma_schedule,
     vllm_methods,
     vllm_synthetic_fields,
 )
@@ -58,6 +60,8 @@ def speculative_config(
         cfg["model"] = resolve_model(drafter)
     if method in VLLM_PARALLEL_DRAFTING:
         cfg["parallel_drafting"] = True
+    if options.get("gamma_per_batch"):  # the engine's own schedule of γ by batch size
+        cfg[VLLM_GAMMA_SCHEDULE_FIELD] = vllm_gamma_schedule(options["gamma_per_batch"], int(gamma))
     cfg.update(vllm_synthetic_fields(options, int(gamma)))  # benchmark-only fixed acceptance
     return cfg
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..config.files import hardware_file, load_yaml
+from ..config.drafter_configs import layer_view
 from ..config.model_configs import CONFIGS_ENV, read_config
 from ..data.standin_drafters import dflash_standin, mtp_target_standin
 from ..data.standins import GENERIC_CHAT_TEMPLATE, RECIPE, place_in_hub_cache, scaled_config, write_standin
@@ -159,7 +160,7 @@ def _eagle3_standin(head: str, target: str, cache: Path, read: Callable[[str], A
 
     from ..engine.eagle3_drafter import Eagle3Draft, save_eagle3
 
-    real = read(head) or {}
+    real = layer_view(read(head) or {})  # a speculators-layout head's layer keys read like a plain config
     snap = cache / f"models--{target.replace('/', '--')}" / "snapshots"
     tcfg = AutoConfig.from_pretrained(str(next(snap.iterdir())))
     draft_vocab = int(real.get("draft_vocab_size") or tcfg.vocab_size)
@@ -405,7 +406,7 @@ def without_unconfigured_drafters(
     gone: dict[str, str] = {}
     for m in s.get("models", []):
         for short, repo in list((m.get("drafters") or {}).items()):
-            if repo.count("/") == 1 and "+" not in repo and (read(repo) or {}).get("vocab_size") is None:
+            if repo.count("/") == 1 and "+" not in repo and layer_view(read(repo) or {}).get("vocab_size") is None:
                 gone[short] = repo
                 del m["drafters"][short]
     left = {short for m in s.get("models", []) for short in (m.get("drafters") or {})}

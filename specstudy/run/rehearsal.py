@@ -21,8 +21,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..config.files import hardware_file, load_yaml
 from ..config.drafter_configs import layer_view
+from ..config.files import hardware_file, load_yaml
 from ..config.model_configs import CONFIGS_ENV, read_config
 from ..data.standin_drafters import dflash_standin, mtp_target_standin
 from ..data.standins import GENERIC_CHAT_TEMPLATE, RECIPE, place_in_hub_cache, scaled_config, write_standin

@@ -409,6 +409,8 @@ def without_unconfigured_drafters(
             if repo.count("/") == 1 and "+" not in repo and layer_view(read(repo) or {}).get("vocab_size") is None:
                 gone[short] = repo
                 del m["drafters"][short]
+                for counts in (m.get("params") or {}, m.get("vocab_size") or {}):
+                    counts.pop(short, None)
     left = {short for m in s.get("models", []) for short in (m.get("drafters") or {})}
     dropped = [m for m in s.get("methods", []) if m.get("drafter") in gone and m["drafter"] not in left]
     labels = {m["label"] for m in dropped}

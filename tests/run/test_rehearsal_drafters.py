@@ -28,6 +28,7 @@ def test_a_drafter_without_a_config_is_dropped_with_its_rows():
     study = load_yaml(hardware_file("h100-1"))["study"]
     small, skipped = without_unconfigured_drafters(study, _read)
     assert "pard" not in small["models"][0]["drafters"] and "PARD" not in {m["label"] for m in small["methods"]}
+    assert "pard" not in small["models"][0]["params"] and "pard" not in small["models"][0]["vocab_size"]
     assert all("PARD" not in (sw.get("methods") or []) for sw in small["sweeps"].values())
     assert {(s["framework"], s["label"]) for s in skipped} == {("vllm", "PARD"), ("vllm-server", "PARD")}
     assert all("amd/PARD-Llama-3.2-1B has no config.json here" in s["status"] for s in skipped)

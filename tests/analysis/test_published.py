@@ -107,8 +107,13 @@ def test_a_protocol_difference_is_listed(refs):
 
 
 def test_speed_rehearsal_and_unmeasured_rows_get_no_verdict(refs):
-    rows = _row(refs, _records((10, 5, 1), [BOS, BOS]), rehearsal=True)
+    recs = _records((10, 5, 1), [BOS, BOS])
+    for r in recs:  # a rehearsal runs one cell per configuration: the same row from another sweep
+        r.sweeps = ["method_family"]
+    assert _row(refs, recs)["vllm-eagle3-llama3.1-8b"]["verdict"] == NOT_MEASURED
+    rows = _row(refs, recs, rehearsal=True)
     assert rows["vllm-eagle3-llama3.1-8b"]["verdict"] == REHEARSAL
+    assert rows["vllm-eagle3-llama3.1-8b"]["measured_al"] == pytest.approx(1.16)
     assert rows["vllm-eagle3-qwen3-8b"]["verdict"] == NOT_MEASURED
     assert rows["spec-bench-eagle-vicuna-7b"]["verdict"] == NOT_MEASURED
     spec = next(r for r in refs if r.kind == "speed")

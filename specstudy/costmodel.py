@@ -90,9 +90,16 @@ def leviathan_speedup(alpha: float, gamma: int, c: float) -> float:
     return expected_acceptance_length(alpha, gamma) / (gamma * c + 1.0)
 
 
-def speedup_with_verify_cost(alpha: float, gamma: int, c: float, verify_ratio: float) -> float:
-    """Like :func:`leviathan_speedup` but a verification step costs ``verify_ratio`` target steps."""
-    return expected_acceptance_length(alpha, gamma) / (gamma * c + verify_ratio)
+def draft_cost(gamma: int, c: float, block: bool = False) -> float:
+    """One step's drafting in target steps: γ sequential draft forwards of ``c`` each, or, for a
+    drafter that drafts the whole block in one forward (DFlash, PARD), one forward whatever γ."""
+    return c if block else gamma * c
+
+
+def speedup_with_verify_cost(alpha: float, gamma: int, c: float, verify_ratio: float, block: bool = False) -> float:
+    """Like :func:`leviathan_speedup` but a verification step costs ``verify_ratio`` target steps
+    (``block``: the draft cost is one forward per block, :func:`draft_cost`)."""
+    return expected_acceptance_length(alpha, gamma) / (draft_cost(gamma, c, block) + verify_ratio)
 
 
 def optimal_gamma(
@@ -313,6 +320,7 @@ def predict(
     c: float | None = None,
     mix: DraftMix | None = None,
     beyond: float | None = None,
+    block: bool = False,
 ) -> Prediction:
     """Baseline tokens/s, c, acceptance length AL(α, γ), optimal (or given) γ and speedup of one configuration.
 
@@ -320,6 +328,7 @@ def predict(
     given.  The verification cost T(batch, γ+1)/T(batch, 1) comes from the roofline.  With a
     measured ``mix`` the speedup is :func:`mix_speedup` (drafts that vary; a step without a draft
     costs one AR step); γ past its measured depth needs ``beyond``, the acceptance assumed there.
+    ``block``: a block drafter (DFlash, PARD) costs one draft forward per step, not γ.
     """
     if not 0.0 <= alpha <= 1.0:
         raise ValueError(f"alpha={alpha!r}: must lie in [0, 1]")
@@ -334,7 +343,7 @@ def predict(
 
     def speedup(g: int) -> float:
         if mix is None:
-            return speedup_with_verify_cost(alpha, g, c, ratio(g))
+            return speedup_with_verify_cost(alpha, g, c, ratio(g), block)
         return mix_speedup(mix, g, c, ratio, 1.0, beyond)
 
     if gamma is None:

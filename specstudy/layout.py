@@ -38,6 +38,8 @@ def atomic_write_text(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+#: the sweeps ``specstudy run --budget-min`` kept and cut (JSON); the report's head names the cut ones
+BUDGET_FILE = "budget.json"
 #: the marker file of a rehearsal's outputs (random-weight stand-ins): every report page and table is
 #: marked REHEARSAL, and nothing in the folder is a measurement
 REHEARSAL_MARKER = "REHEARSAL.json"

@@ -169,3 +169,13 @@ def test_predict_with_a_mix_stays_within_max_gamma():
         C.predict(hw, 7e9, None, 0.9, mix=mix, max_gamma=8)
     with pytest.raises(ValueError, match="non-increasing"):
         C.DraftMix(decode_steps=10, drafted_ge=(2, 3), accepted_ge=(), gamma=2)
+
+
+def test_a_block_drafter_pays_one_draft_forward_per_step():
+    """DESIGN.md: a DFlash drafter drafts a whole block in one forward, so its draft cost is per block."""
+    from specstudy.costmodel import draft_cost, speedup_with_verify_cost
+
+    assert draft_cost(8, 0.1) == pytest.approx(0.8) and draft_cost(8, 0.1, block=True) == pytest.approx(0.1)
+    assert speedup_with_verify_cost(0.8, 1, 0.1, 1.0, block=True) == speedup_with_verify_cost(0.8, 1, 0.1, 1.0)
+    chain, block = (speedup_with_verify_cost(0.8, 8, 0.1, 1.2, block=b) for b in (False, True))
+    assert block == pytest.approx(chain * (0.8 + 1.2) / (0.1 + 1.2))

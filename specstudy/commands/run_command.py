@@ -22,7 +22,7 @@ from typing import Any
 from ..config import ParamsError, StudyConfig, Sweep, hardware_names, load_hardware_profile
 from ..data.model_files import tokenizer_if_here
 from ..environments.preflight import Missing, Probes
-from ..layout import StudyLayout
+from ..layout import BUDGET_FILE, StudyLayout
 from ..records import CONTROL_FAMILY
 from ..run.environment import keep_rows, machine_needs, prepare_machine
 from ..run.plan import CellPlan, LoadedStudy, expand, load, plan_summary, uses_cuda
@@ -82,6 +82,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--sweep", action="append", default=None, help="run only cells of this sweep (repeatable)")
     p.add_argument("--max-cells", type=int, default=None, help="stop after running this many cells")
+    p.add_argument(
+        "--budget-min",
+        type=float,
+        default=None,
+        metavar="N",
+        help="run the profile's sweeps in their order (its priority: calibration first) while the dry run's "
+        "predicted minutes fit N; the sweeps cut are printed (and listed in the dry run)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no tqdm bars (one line per cell still printed)")
     p.add_argument(
         "--allow-unused",
@@ -153,6 +161,23 @@ def _downloads(plans: Sequence[CellPlan]) -> list[dict[str, Any]]:
     return out
 
 
+def _cost(cfg: StudyConfig, prof: Any, duration: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The predicted rent of the whole plan: its TOTAL minutes on the study's GPUs at the profile's price."""
+    minutes = next((r["predicted_minutes"] for r in duration if r["sweep"] == "TOTAL"), None)
+    price = getattr(prof, "price_usd_per_hour", None)
+    if minutes is None or not price:
+        return None
+    gpus = max((m.tensor_parallel_size for m in cfg.models), default=1)
+    return {
+        "minutes": minutes,
+        "gpus": gpus,
+        "usd_per_gpu_hour": price,
+        "usd": round(minutes / 60 * gpus * price, 2),
+        "price_date": prof.price_date,
+        "price_source": prof.price_source,
+    }
+
+
 def _dry_run(
     args: argparse.Namespace, study: LoadedStudy, plans: Sequence[CellPlan], summary: dict[str, Any], validated_s: float
 ) -> dict[str, Any]:
@@ -167,6 +192,7 @@ def _dry_run(
     stamp_only = Probes(imports=lambda py, mod: (True, ""))
     missing = [m.__dict__ for m in machine_needs(cfg, stamp_only, study.plans)] if prof is not None else []
     missing += _downloads(plans)
+    duration = duration_table(cfg, plans, prof) if prof else []
     return {
         "study": cfg.name,
         "hardware": cfg.hardware,
@@ -175,7 +201,8 @@ def _dry_run(
         **summary,
         "prediction_note": "durations are predictions of the roofline cost model over the profile's "
         "figures at acceptance assumed from the seed article's task table; nothing was measured",
-        "duration": duration_table(cfg, plans, prof) if prof else [],
+        "duration": duration,
+        "cost": _cost(cfg, prof, duration),
         "breakdown": cell_breakdown(plans),
         "memory_fit": memory_fit(cfg, plans, prof) if prof else [],
         "deployment": deployment_plan(cfg, prof, args.refine_capacity),
@@ -222,6 +249,13 @@ def _print_dry_run(args: argparse.Namespace, doc: dict[str, Any]) -> None:
         f"warm-up, {doc['engines']} engine load(s); by sweep {doc['by_sweep']}\n"
     )
     print(f"## Predicted duration ({doc['prediction_note']})\n\n" + _md(doc["duration"]))
+    if doc.get("cost"):
+        c = doc["cost"]
+        print(
+            f"Predicted cost: {c['minutes']} min x {c['gpus']} GPU(s) x US$ {c['usd_per_gpu_hour']}/GPU-hour = "
+            f"US$ {c['usd']} (price of {c['price_date']}, {c['price_source']}; --price-per-hour on the report "
+            "overrides it)\n"
+        )
     print("## Cells\n\n" + _md(doc["breakdown"]))
     print("## Memory fit per model pair (prediction)\n\n" + _md(doc["memory_fit"]))
     print("## Deployment decisions planned\n\n" + _md(doc["deployment"]))
@@ -332,6 +366,21 @@ def _selected(args: argparse.Namespace, study: LoadedStudy) -> tuple[list[CellPl
         plans = [
             p for p in plans if p.cell_id in chosen or (p.family == CONTROL_FAMILY and p.baseline_cell_id in chosen)
         ]
+    if args.budget_min is not None:
+        from ..run.dryrun import within_budget
+
+        prof = _profile(cfg)
+        if prof is None:
+            raise ParamsError(
+                cfg.file, "--budget-min", args.budget_min, "a study with a hardware profile to predict with"
+            )
+        kept, cut = within_budget(cfg, plans, prof, args.budget_min)
+        print(
+            f"specstudy run: --budget-min {args.budget_min:g}: sweeps run {kept}; cut (predicted past the budget) {cut}",
+            file=sys.stderr,
+        )
+        plans = [p for p in plans if set(p.sweeps) & set(kept)]
+        args.budget_cut = {"budget_min": args.budget_min, "kept": kept, "cut": cut}
     return all_plans, plans
 
 
@@ -418,6 +467,10 @@ def run(args: argparse.Namespace) -> int:
         return 0
     layout = StudyLayout.of(cfg.hardware, args.outputs)
     layout.root.mkdir(parents=True, exist_ok=True)
+    if getattr(args, "budget_cut", None):  # the report says which sweeps the budget cut
+        (layout.root / BUDGET_FILE).write_text(json.dumps(args.budget_cut, indent=2) + "\n")
+    elif args.budget_min is None:  # a run without a budget runs what an earlier budget cut
+        (layout.root / BUDGET_FILE).unlink(missing_ok=True)
     if sharded is not None:
         return _run_sharded(args, cfg, *sharded)
     from ..run.study_runner import run_study  # imports the engines' light parts; validation above stays fast

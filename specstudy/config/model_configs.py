@@ -14,11 +14,12 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from ..frameworks import DECLARATIONS, head_drafter_methods
+from .drafter_configs import drafter_problems, layer_view
 from .errors import ParamsError
 
 #: a folder of ``<owner>--<name>/config.json`` read before the cache (tests, the rehearsal)
@@ -90,6 +91,10 @@ def hub_reachable(timeout_s: float = 3.0) -> bool:
         return False
 
 
+def _view(cfg: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    return None if cfg is None else layer_view(cfg)
+
+
 def context(cfg: Mapping[str, Any]) -> int | None:
     for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
         if isinstance(cfg.get(key), int):
@@ -130,6 +135,8 @@ class Use:
     dtype: str
     max_model_len: int | None
     memory_share: float
+    #: the γ values the study runs it at (a DFlash block bounds them)
+    gammas: tuple[int, ...] = ()
 
 
 def uses_of(cfg: Any) -> list[Use]:
@@ -140,6 +147,7 @@ def uses_of(cfg: Any) -> list[Use]:
             pair, m = cfg.model(model), cfg.method(label)
             if (m.frameworks is not None and fw not in m.frameworks) or (m.drafter and m.drafter not in pair.drafters):
                 continue
+            gammas = tuple(sorted(set(m.gammas or sw.gammas)))
             opts = cfg.framework_options.get(fw, {})
             use = Use(
                 framework=fw,
@@ -150,8 +158,12 @@ def uses_of(cfg: Any) -> list[Use]:
                 dtype=pair.quantization if pair.quantization != "none" else pair.dtype,
                 max_model_len=opts.get("max_model_len"),
                 memory_share=float(opts.get("gpu_memory_utilization") or DEFAULT_MEMORY_SHARE),
+                gammas=gammas,
             )
-            out.setdefault((use.framework, use.method, use.target, use.drafter), use)
+            key = (use.framework, use.method, use.target, use.drafter)
+            if key in out:
+                use = replace(use, gammas=tuple(sorted(set(out[key].gammas) | set(gammas))))
+            out[key] = use
     return list(out.values())
 
 
@@ -163,7 +175,7 @@ def config_problems(
     unchecked: set[str] = set()
     for use in uses_of(cfg):
         t = read(use.target)
-        d = read(use.drafter) if use.drafter and "/" in use.drafter and "+" not in use.drafter else None
+        d = _view(read(use.drafter)) if use.drafter and "/" in use.drafter and "+" not in use.drafter else None
         if use.drafter and d is None and "+" not in use.drafter and "/" in use.drafter:
             unchecked.add(use.drafter)
         if t is None:
@@ -177,7 +189,7 @@ def config_problems(
 def _checks(
     file: Any, use: Use, t: Mapping[str, Any], d: Mapping[str, Any] | None, memory_gb: float | None
 ) -> list[ParamsError]:
-    out = [*_context(file, use, t, d), *_tensor_parallel(file, use, t)]
+    out = [*_context(file, use, t, d), *_tensor_parallel(file, use, t), *drafter_problems(file, use, t, d)]
     if d is not None:
         out += _draft_shape(file, use, t, d)
     if memory_gb:

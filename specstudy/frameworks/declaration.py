@@ -118,6 +118,9 @@ class EngineDeclaration:
     method_seed_rows: Mapping[str, str] = field(default_factory=dict)
     #: methods that load a drafter checkpoint named in the model pair
     needs_drafter: frozenset[str] = frozenset()
+    #: methods whose drafter drafts all γ tokens in one forward (DFlash, PARD): the cost model counts
+    #: their draft cost per block, not per token
+    block_drafting: frozenset[str] = frozenset()
     #: whose loader rules a drafter checkpoint must meet ("vllm", "sglang", "trtllm"); None: the
     #: kit's own loaders (or none), checked by the backend itself
     drafter_format: str | None = None

@@ -9,7 +9,12 @@ HF = EngineDeclaration(
     framework="hf",
     backend="hf.hf_backend:HfBackend",
     methods=("ar", "ngram", "draft_target", "layer_skip"),
-    method_options={"ngram": ("ngram_min", "ngram_max"), "layer_skip": ("exit_layer", "layers")},
+    method_options={
+        "ngram": ("ngram_min", "ngram_max"),
+        "layer_skip": ("exit_layer", "layers"),
+        # transformers' num_assistant_tokens_schedule: "constant" (γ every step) or "heuristic" (its own)
+        "draft_target": ("assistant_schedule",),
+    },
     engine_options={
         # transformers' generation config fields
         "max_matching_ngram_size": "max_matching_ngram_size",

@@ -12,7 +12,15 @@ from .declaration import EngineDeclaration, EngineEnv, synthetic_rule
 
 SGLANG_VERSION = "0.5.23"
 #: kit method -> SGLang --speculative-algorithm (0.5.23)
-KIT_TO_SGLANG = {"eagle": "EAGLE", "eagle3": "EAGLE3", "ngram": "NGRAM", "draft_target": "STANDALONE"}
+KIT_TO_SGLANG = {
+    "eagle": "EAGLE",
+    "eagle3": "EAGLE3",
+    "ngram": "NGRAM",
+    "draft_target": "STANDALONE",
+    # --speculative-dflash-block-size is the verify window, γ + 1 (sglang/srt/arg_groups/fields/spec.py and
+    # speculative_hook.py of the 0.5.23 wheel: num_steps and topk forced to 1, the block its draft tokens)
+    "dflash": "DFLASH",
+}
 #: the cell options the SGLang backend reads, per method ("*": every speculative method)
 SGLANG_METHOD_OPTIONS = {
     "*": ("synthetic_acceptance",),
@@ -69,8 +77,9 @@ SGLANG = EngineDeclaration(
     methods=("ar", *KIT_TO_SGLANG),
     method_options=SGLANG_METHOD_OPTIONS,
     engine_options=SGLANG_OPTIONS,
-    method_families={"eagle": "heads", "eagle3": "heads"},
-    needs_drafter=frozenset({"draft_target", "eagle", "eagle3"}),
+    method_families={"eagle": "heads", "eagle3": "heads", "dflash": "heads"},
+    needs_drafter=frozenset({"draft_target", "eagle", "eagle3", "dflash"}),
+    block_drafting=frozenset({"dflash"}),
     drafter_format="sglang",
     server=True,
     http=True,

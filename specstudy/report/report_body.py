@@ -1,6 +1,7 @@
 """The report's main body: what a paper attaches, readable in ten minutes.
 
-The summary, one line on validity (details in the appendix), the headline table, one figure per question
+The summary, one line on validity (details in the appendix), a GPU profile's *Against published numbers*,
+the headline table, one figure per question
 the seed asks (hardware, tasks, γ, batch, frameworks) and the definitions, stated once in *Methods*.
 Everything else (the per-family and per-task tables, serving, deployment, workload, provenance) is the
 appendix, after the body in the same file.
@@ -163,12 +164,18 @@ def methods_section(study: Study) -> Section:
     )
 
 
-def body_sections(study: Study, summary: Section, hardware: tuple[pd.DataFrame, pd.DataFrame]) -> list[Section]:
-    """The main body, in order."""
+def body_sections(
+    study: Study,
+    summary: Section,
+    hardware: tuple[pd.DataFrame, pd.DataFrame],
+    published: Section | None = None,
+) -> list[Section]:
+    """The main body, in order; a GPU profile's results open with its published references (``published``)."""
     table, raw = hardware
     return [
         summary,
         validity_line(study),
+        *([published] if published is not None else []),
         headline_section(study, hardware),
         *question_sections(study, raw),
         methods_section(study),

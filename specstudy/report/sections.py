@@ -8,6 +8,7 @@ and figures under those names and renders the markdown.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 
 import pandas as pd
@@ -16,11 +17,13 @@ from ..analysis import engine_costs, faq, frames, rates, stats, trees
 from ..analysis.rows import HardwareRow, hardware_rows, vouched_numbers
 from ..analysis.study_records import Study, vouched
 from ..frameworks import family_title
+from ..layout import BUDGET_FILE
 from . import across_engines, conditions, fails, figures, rate_tables, tables, tree_tables, wording
 from .banner import rehearsal_banner
 from .deploy import deploy_section
 from .format import TASK_TITLES, fmt, fmt_ci
 from .model_notes import note_text
+from .published_section import published_section
 from .report_body import body_sections
 from .section_type import Section, markdown_table
 from .summary import summary_markdown
@@ -345,6 +348,14 @@ def report_head(study: Study) -> str:
         if study.stale_cells
         else ""
     )
+    budget = study.out / BUDGET_FILE
+    cut = json.loads(budget.read_text()) if budget.is_file() else None
+    cut_line = (
+        f"**Cut by the budget** (`--budget-min {cut['budget_min']:g}`, the profile's sweep order): "
+        f"{', '.join(cut['cut'])} not run; {', '.join(cut['kept'])} run.\n"
+        if cut and cut["cut"]
+        else ""
+    )
     return "\n".join(
         [
             *filter(None, [rehearsal_banner(study.out)]),
@@ -352,6 +363,7 @@ def report_head(study: Study) -> str:
             f"{len(study.records)} of {study.planned_cells} planned cells measured ({n_req} requests, {n_ok} ok); "
             f"{len(study.failed)} failed{stale}. Every number is measured on this machine unless labelled "
             "*prediction*; definitions in [Methods](#methods). The body ends at [Appendix](#appendix).\n",
+            *filter(None, [cut_line]),
         ]
     )
 
@@ -425,7 +437,8 @@ def report_parts(study: Study) -> tuple[list[Section], list[Section]]:
     clean_rows = hardware_rows(clean) if study.flags else hw_rows
     hardware = tables.hardware_table(study, rows=vouched_numbers(hw_rows, clean_rows))  # the summary's numbers
     summary = summary_section(clean, clean_rows, study, hw_rows)
-    body = body_sections(study, summary, hardware)
+    published = published_section(study)  # a GPU profile's results open with its published references
+    body = body_sections(study, summary, hardware, published)
     secs = [validity_section(study), hardware_section(study), frameworks_section(study)]
     secs += [method_family_section(study, fam) for fam in tables.families_in(study)]
     costs = engine_costs_section(study)

@@ -93,7 +93,9 @@ def estimate_cell(cfg: StudyConfig, plan: CellPlan, prof: HardwareProfile) -> Ce
     if plan.is_baseline:
         return CellEstimate(plan, ar)
     draft = params.get(plan.drafter_id or "") if plan.family == "draft_target" else None
-    pred = costmodel.predict(prof, p, draft, assumed_alpha(parsed_task(cfg, plan.cell.task)), dt, b, plan.cell.gamma, n)
+    block = plan.cell.method in DECLARATIONS[plan.cell.framework].block_drafting
+    alpha = assumed_alpha(parsed_task(cfg, plan.cell.task))
+    pred = costmodel.predict(prof, p, draft, alpha, dt, b, plan.cell.gamma, n, block=block)
     return CellEstimate(plan, ar / pred.speedup if pred.speedup > 0 else None)
 
 
@@ -115,6 +117,24 @@ def setup_seconds(cfg: StudyConfig, plans: Sequence[CellPlan], prof: HardwarePro
         if p.cell.framework in server_frameworks()
     }
     return total + sum(DECLARATIONS[fw].start_s for fw, *_ in configs)
+
+
+def within_budget(
+    cfg: StudyConfig, plans: Sequence[CellPlan], prof: HardwareProfile, minutes: float
+) -> tuple[list[str], list[str]]:
+    """(sweeps kept, sweeps cut): the profile's sweeps in its own order (its priority, calibration
+    first) while the predicted minutes of all kept so far, engine starts included, fit ``minutes``;
+    the first that does not fit and every later one are cut."""
+    kept: list[str] = []
+    chosen: list[CellPlan] = []
+    names = [s.name for s in cfg.sweeps]
+    for i, sw in enumerate(names):
+        trial = chosen + [p for p in plans if sw in p.sweeps and p not in chosen]
+        seconds = sum(estimate_cell(cfg, p, prof).seconds or 0.0 for p in trial) + setup_seconds(cfg, trial, prof)
+        if seconds / 60 > minutes:
+            return kept, names[i:]
+        kept, chosen = [*kept, sw], trial
+    return kept, []
 
 
 def duration_table(cfg: StudyConfig, plans: Sequence[CellPlan], prof: HardwareProfile) -> list[dict[str, Any]]:

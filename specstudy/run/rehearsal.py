@@ -21,8 +21,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..config.drafter_configs import layer_view
 from ..config.files import hardware_file, load_yaml
 from ..config.model_configs import CONFIGS_ENV, read_config
+from ..data.standin_drafters import dflash_standin, mtp_target_standin
 from ..data.standins import GENERIC_CHAT_TEMPLATE, RECIPE, place_in_hub_cache, scaled_config, write_standin
 from ..frameworks import DECLARATIONS
 from ..layout import REHEARSAL_MARKER
@@ -76,7 +78,7 @@ def heads_of(study: dict[str, Any], method: str = "eagle3") -> dict[str, str]:
 
 def standin_targets(study: dict[str, Any]) -> list[str]:
     """The hub models built from their own config (heads are built for their targets instead)."""
-    heads = {**heads_of(study), **heads_of(study, "medusa")}
+    heads = {**heads_of(study), **heads_of(study, "medusa"), **heads_of(study, "dflash")}
     return [r for r in hub_ids(study) if r not in heads]
 
 
@@ -91,10 +93,17 @@ def build_standins(study: dict[str, Any], cache: Path, read: Callable[[str], Any
             continue
         cfg, scaled = scaled_config(real)
         template, said = _chat_template(repo, read)
-        place_in_hub_cache(write_standin(cfg, work / repo.replace("/", "--"), chat_template=template), repo, cache)
+        build = mtp_target_standin if real.get("model_type") == "mimo" else write_standin
+        place_in_hub_cache(build(cfg, work / repo.replace("/", "--"), chat_template=template), repo, cache)
         notes[repo] = [*scaled, said]
     for head, target in heads.items():
         notes[head] = _eagle3_standin(head, target, cache, read, work)
+    for head, target in heads_of(study, "dflash").items():
+        snap = cache / f"models--{target.replace('/', '--')}" / "snapshots"
+        tcfg = json.loads((next(snap.iterdir()) / "config.json").read_text())
+        folder, built = dflash_standin(read(head) or {}, tcfg, work / head.replace("/", "--"))
+        place_in_hub_cache(folder, head, cache)
+        notes[head] = built
     for head, target in medusa.items():
         notes[head] = _medusa_standin(head, target, cache, read, work)
     return notes
@@ -155,7 +164,7 @@ def _eagle3_standin(head: str, target: str, cache: Path, read: Callable[[str], A
 
     from ..engine.eagle3_drafter import Eagle3Draft, save_eagle3
 
-    real = read(head) or {}
+    real = layer_view(read(head) or {})  # a speculators-layout head's layer keys read like a plain config
     snap = cache / f"models--{target.replace('/', '--')}" / "snapshots"
     tcfg = AutoConfig.from_pretrained(str(next(snap.iterdir())))
     draft_vocab = int(real.get("draft_vocab_size") or tcfg.vocab_size)
@@ -392,6 +401,40 @@ def _validate_argvs(gpu: str, skipped: list[dict[str, Any]]) -> None:
 STANDIN_RECIPE = json.dumps(RECIPE, sort_keys=True)
 
 
+def without_unconfigured_drafters(
+    study: dict[str, Any], read: Callable[[str], Any] = read_config
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The study without the drafters whose config is not here (a stand-in is never guessed) and the
+    method rows only they served; those rows listed as not rehearsed, with why."""
+    s = json.loads(json.dumps(study))
+    gone: dict[str, str] = {}
+    for m in s.get("models", []):
+        for short, repo in list((m.get("drafters") or {}).items()):
+            if repo.count("/") == 1 and "+" not in repo and layer_view(read(repo) or {}).get("vocab_size") is None:
+                gone[short] = repo
+                del m["drafters"][short]
+                for counts in (m.get("params") or {}, m.get("vocab_size") or {}):
+                    counts.pop(short, None)
+    left = {short for m in s.get("models", []) for short in (m.get("drafters") or {})}
+    dropped = [m for m in s.get("methods", []) if m.get("drafter") in gone and m["drafter"] not in left]
+    labels = {m["label"] for m in dropped}
+    s["methods"] = [m for m in s.get("methods", []) if m["label"] not in labels]
+    for sw in (s.get("sweeps") or {}).values():
+        if sw and isinstance(sw.get("methods"), list):
+            sw["methods"] = [lb for lb in sw["methods"] if lb not in labels]
+    skipped = [
+        {
+            "framework": fw,
+            "label": m["label"],
+            "method": m.get("method") or m.get("family"),
+            "status": f"not rehearsed: drafter {gone[m['drafter']]} has no config.json here (a stand-in is never guessed)",
+        }
+        for m in dropped
+        for fw in m.get("frameworks") or s.get("frameworks") or []
+    ]
+    return s, skipped
+
+
 def missing_configs(study: dict[str, Any], read: Callable[[str], Any] = read_config) -> None:
     """Refuse, before anything is built, a rehearsal whose models' configs are not here: every missing
     one named at once, with the two ways to get them (a stand-in is built from its model's own config,
@@ -419,7 +462,7 @@ def prepare(gpu: str, outputs: str = "outputs", log: Callable[[str], None] = pri
     pointed at the stand-ins (this process and every engine it starts).  Returns the study file."""
     out = Path(outputs) / rehearsal_name(gpu)
     cache = out / "standins" / "hub"
-    study = load_yaml(hardware_file(gpu))["study"]
+    study, unconfigured = without_unconfigured_drafters(load_yaml(hardware_file(gpu))["study"])
     built, recipe = out / "standins" / "built.json", out / "standins" / "recipe.txt"
     if built.exists() and (not recipe.exists() or recipe.read_text() != STANDIN_RECIPE):
         import shutil  # stand-ins of an older recipe (6 layers), and the cells run on them, are never reused
@@ -434,6 +477,7 @@ def prepare(gpu: str, outputs: str = "outputs", log: Callable[[str], None] = pri
         recipe.write_text(STANDIN_RECIPE)
     small, changes, skipped = rehearsal_study(study, hardware_file(gpu).parent)
     _validate_argvs(gpu, skipped)
+    skipped += unconfigured
     path = out / "rehearsal.yaml"
     import yaml
 

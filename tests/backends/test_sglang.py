@@ -218,3 +218,16 @@ def test_an_eagle_rows_label_says_the_head_runs_at_the_targets_context():
     assert "the head runs at the target's context" in describe_sglang("eagle3", 3, {})
     assert "target's context" not in describe_sglang("draft_target", 3, {})
     assert "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN" not in " ".join(speculative_flags("eagle3", 3, "h", {}))
+
+
+def test_dflash_is_a_block_of_gamma_in_sglangs_own_flags():
+    """Issue 46: SGLang 0.5.23's DFLASH verifies a window of γ + 1 (--speculative-dflash-block-size)."""
+    ns = parse(ARGS, speculative_flags("dflash", 7, "/dflash", {}))
+    assert (ns.speculative_algorithm, ns.speculative_dflash_block_size, ns.speculative_draft_model_path) == (
+        "DFLASH",
+        8,
+        "/dflash",
+    )
+    assert "one forward" in describe_sglang("dflash", 7, {})
+    with pytest.raises(ValueError, match="needs a drafter"):
+        speculative_flags("dflash", 7, None, {})

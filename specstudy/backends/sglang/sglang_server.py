@@ -88,6 +88,15 @@ def speculative_flags(method: str, gamma: int | None, drafter: str | None, optio
         if options.get("ngram_max_trie_depth") is not None:
             flags += ["--speculative-ngram-max-trie-depth", str(int(options["ngram_max_trie_depth"]))]
         return flags
+    if method == "dflash":  # one block of γ drafted in one forward; SGLang's window is the block + the bonus
+        if not drafter:
+            raise ValueError("method='dflash' needs a drafter (--speculative-draft-model-path)")
+        return flags + [
+            "--speculative-dflash-block-size",
+            str(gamma + 1),
+            "--speculative-draft-model-path",
+            resolve_model(drafter),
+        ]
     topk, n = tree_shape(method, gamma, options)
     if not drafter:
         raise ValueError(f"method={method!r} needs a drafter (--speculative-draft-model-path)")
@@ -115,6 +124,11 @@ def describe_sglang(method: str, gamma: int | None, options: Mapping[str, Any], 
             f"SGLang {SGLANG_VERSION} NGRAM, its own algorithm (not vLLM's prompt lookup): a trie over prompts "
             f"and earlier outputs, {shape} of {gamma} draft tokens; "
             + ("the cache is flushed before every cell" if flush else "the cache is not flushed between cells")
+        )
+    if method == "dflash":
+        return (
+            f"SGLang {SGLANG_VERSION} DFLASH: a block of {gamma} draft tokens drafted in one forward, "
+            f"verified as a window of {int(gamma or 0) + 1}"
         )
     name = {"eagle": "EAGLE", "eagle3": "EAGLE-3", "draft_target": "draft model (STANDALONE)"}[method]
     topk, n = tree_shape(method, int(gamma or 0), opts)

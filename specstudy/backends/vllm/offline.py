@@ -164,6 +164,7 @@ class VllmEngine:
             rec.extra["run_scope"] = {"acceptance": self.last_run_acceptance, "n_requests": len(records)}
             rec.extra["engine_prefix_cache"] = bool(self.options.get("prefix_cache") or False)
             rec.extra["prefix_cache_counters"] = prefix  # run-level: NOT a per-request number
+            rec.extra["max_model_len"] = self.options.get("max_model_len")  # read by the published-number checks
         return records
 
     @staticmethod
@@ -218,6 +219,9 @@ class VllmEngine:
             rec.extra["acceptance_source"] = "vllm CompletionOutput.spec_decode_metrics"
             rec.extra["vllm_spec"] = spec.to_dict()
         rec.extra["finish_reason"] = comp.finish_reason
+        # what the published-number checks read: the prompt's first ids (a doubled BOS) and the template
+        rec.extra["prompt_head_ids"] = list(out.prompt_token_ids or [])[:4]
+        rec.extra["chat_template"] = bool(req.messages)  # messages: rendered by the chat template (data.tasks)
         return rec
 
     def close(self) -> None:

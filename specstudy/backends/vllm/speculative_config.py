@@ -13,7 +13,16 @@ from ...data.model_files import resolve_for_engine as resolve_model
 from ...environments.install import engine_env
 from ...frameworks.declaration import CellCheck
 from ...frameworks.declaration import pinned_version as requirement_version
-from ...frameworks.vllm import KIT_TO_VLLM, OFFLINE, VLLM_SUFFIX_FIELDS, vllm_methods, vllm_synthetic_fields
+from ...frameworks.vllm import (
+    KIT_TO_VLLM,
+    OFFLINE,
+    VLLM_GAMMA_SCHEDULE_FIELD,
+    VLLM_PARALLEL_DRAFTING,
+    VLLM_SUFFIX_FIELDS,
+    vllm_gamma_schedule,
+    vllm_methods,
+    vllm_synthetic_fields,
+)
 from ...records import Cell
 
 #: study method name -> vLLM speculative_config "method" (each pinned version runs a subset: vllm_methods)
@@ -43,10 +52,16 @@ def speculative_config(
             raise ValueError(f"ngram ngram_min={cfg['prompt_lookup_min']} > ngram_max={cfg['prompt_lookup_max']}")
     elif method == "suffix":
         cfg.update(suffix_fields(options))
+    elif method == "mtp":
+        pass  # the target's own MTP layers: vLLM reads them from the target checkpoint
     else:
         if not drafter:
             raise ValueError(f"method={method!r} needs a drafter model (vLLM speculative_config.model)")
         cfg["model"] = resolve_model(drafter)
+    if method in VLLM_PARALLEL_DRAFTING:
+        cfg["parallel_drafting"] = True
+    if options.get("gamma_per_batch"):  # the engine's own schedule of γ by batch size
+        cfg[VLLM_GAMMA_SCHEDULE_FIELD] = vllm_gamma_schedule(options["gamma_per_batch"], int(gamma))
     cfg.update(vllm_synthetic_fields(options, int(gamma)))  # benchmark-only fixed acceptance
     return cfg
 
@@ -67,7 +82,9 @@ def describe_vllm(version: str, method: str, gamma: int | None, options: Mapping
         "eagle": "EAGLE head (EAGLE-1 style feature drafter)",
         "eagle3": "EAGLE-3 head",
         "medusa": "Medusa heads",
-        "mtp": "MTP layers",
+        "mtp": "MTP layers (the target's own, repeated when γ exceeds their count)",
+        "dflash": "DFlash block drafter (γ tokens drafted in one forward)",
+        "pard": "PARD parallel draft model (γ tokens drafted in one forward)",
         "suffix": "suffix decoding (Arctic Inference's suffix trees over prompt and past outputs)",
     }
     if method == "suffix":

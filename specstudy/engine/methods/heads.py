@@ -54,13 +54,17 @@ HEADER = {
 
 
 class HiddenCapture:
-    """Keeps the output of the target's final norm (its last hidden state) from every forward;
-    a context manager that removes its hook on exit."""
+    """Keeps the output of the target's final norm (its last hidden state) from every forward, or
+    with ``before_norm`` its input (the residual stream after the last layer, MTP's feature); a
+    context manager that removes its hook on exit."""
 
-    def __init__(self, target: Any):
+    def __init__(self, target: Any, before_norm: bool = False):
         base = getattr(target, target.base_model_prefix)
         self.last: torch.Tensor | None = None
-        self._handle = base.norm.register_forward_hook(self._hook)
+        if before_norm:
+            self._handle = base.norm.register_forward_pre_hook(lambda m, args: self._hook(m, args, args[0]))
+        else:
+            self._handle = base.norm.register_forward_hook(self._hook)
 
     def _hook(self, module, inputs, output) -> None:
         self.last = output

@@ -160,10 +160,16 @@ def read_mtp_config(folder: str | Path) -> dict[str, Any]:
 
 
 def mtp_from_state(arch: dict[str, Any], weights: dict[str, torch.Tensor], where: str, index: int = 0) -> MtpDraft:
-    """An MTP layer from MiMo-named tensors (layer ``index``); every tensor must be used and present."""
+    """An MTP layer from MiMo-named tensors (layer ``index``); every tensor must be used and present.
+    q/k/v biases (a MiMo checkpoint's Qwen2 layer has them) must be zero: this is a Llama layer."""
     module = MtpDraft(arch)
     prefix = f"model.mtp_layers.{index}."
     state = {k[len(prefix) :]: v.float() for k, v in weights.items() if k.startswith(prefix)}
+    biases = [k for k in state if k.endswith("_proj.bias") and ".self_attn." in f".{k}"]
+    nonzero = [k for k in biases if bool(state[k].any())]
+    if nonzero:
+        raise ValueError(f"{where}: MTP layer {index}: non-zero attention biases {nonzero} (a Llama layer has none)")
+    state = {k: v for k, v in state.items() if k not in biases}
     missing, unexpected = module.layer.load_state_dict(state, strict=False)
     if missing or unexpected:
         raise ValueError(f"{where}: MTP layer {index}: weights missing {missing}, unexpected {unexpected}")

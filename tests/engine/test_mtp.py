@@ -139,7 +139,12 @@ def _skip_final_norm(state):
     del state["model.mtp_layers.0.final_layernorm.weight"]
 
 
+def _bias_in_mtp_layer(state):
+    state["model.mtp_layers.0.self_attn.k_proj.bias"] += 0.01
+
+
 PLANTS = {
+    "mtp_bias_nonzero": (_bias_in_mtp_layer, "non-zero attention biases"),
     "layer_order": (_swap_layers, "base model's greedy ids differ"),
     "concat_order": (_swap_halves, "MTP layer read back differs"),
     "norms_swapped": (_swap_norms, "MTP layer read back differs"),
@@ -181,3 +186,34 @@ def test_smollm2_as_mimo_gives_smollm2s_greedy_ids_and_logits(tmp_path):
     with torch.no_grad():
         a, b = model(want).logits, base(want).logits
     assert float((a - b).abs().max()) <= 1e-3 * float(a.abs().max())
+
+
+def test_vllm_runs_mtp_on_the_mimo_target_one_engine_per_layer(target_dir, layer, tmp_path, monkeypatch):
+    from specstudy.backends.vllm import speculative_config as sc
+    from specstudy.records import Cell
+
+    monkeypatch.setattr("specstudy.data.fetch.cache_dir", lambda: tmp_path / "cache")
+    folder = str(save_mtp(layer, tmp_path / "mtp"))
+    assert sc.speculative_config("mtp", 4, folder, {}) == {"method": "mtp", "num_speculative_tokens": 4}
+    path = sc.engine_model(str(target_dir), "mtp", folder)
+    assert json.loads((tmp_path / "cache" / "mimo" / path.rsplit("/", 1)[1] / "config.json").read_text())[
+        "architectures"
+    ] == ["MiMoForCausalLM"]
+    assert sc.engine_model(str(target_dir), "mtp", folder) == path  # written once
+    assert sc.engine_model(str(target_dir), "eagle3", folder) == sc.engine_model(str(target_dir), "mtp", None)
+    assert sc.engine_model(str(target_dir), "mtp", None) == str(target_dir)  # a target with its own MTP layers
+    cells = [Cell("s", "cpu", "vllm", "mtp", "code", "m", drafter=d, gamma=4) for d in (folder, "other")]
+    assert sc.engine_key(cells[0], None) != sc.engine_key(cells[1], None)
+
+
+def test_the_mimo_folder_gives_every_qwen2_layer_zero_biases_the_mtp_layer_included(layer, target_dir, tmp_path):
+    from safetensors.torch import load_file
+
+    state = load_file(str(write_mimo(target_dir, save_mtp(layer, tmp_path / "mtp"), tmp_path / "mimo") / "model.safetensors"))
+    for prefix in ("model.layers.0.", "model.layers.3.", "model.mtp_layers.0."):
+        for p in ("q_proj", "k_proj", "v_proj"):
+            bias = state[f"{prefix}self_attn.{p}.bias"]
+            assert bias.shape[0] == state[f"{prefix}self_attn.{p}.weight"].shape[0] and not bias.any()
+    assert "model.layers.4.self_attn.q_proj.bias" not in state and torch.equal(
+        state["lm_head.weight"], state["model.embed_tokens.weight"]
+    )

@@ -67,15 +67,18 @@ def mimo_config(target_config: Any) -> dict[str, Any]:
 
 
 def mimo_state(target_state: dict[str, torch.Tensor], mtp_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Target tensors (transformers Llama names) + zero q/k/v biases + ``lm_head`` + the MTP layer's."""
+    """Target tensors (transformers Llama names) + ``lm_head`` + the MTP layer's, and zero q/k/v
+    biases for every layer, the MTP layer's included (vLLM's Qwen2 layers have them and would
+    otherwise keep whatever memory they were given)."""
     out = {k: v.contiguous() for k, v in target_state.items() if not k.endswith("rotary_emb.inv_freq")}
     if "lm_head.weight" not in out:
         out["lm_head.weight"] = out["model.embed_tokens.weight"].clone()
+    out |= dict(mtp_state)
     for k, v in list(out.items()):
         for p in ("q_proj", "k_proj", "v_proj"):
             if k.endswith(f"self_attn.{p}.weight"):
                 out[k.replace(".weight", ".bias")] = torch.zeros(v.shape[0], dtype=v.dtype)
-    return out | dict(mtp_state)
+    return out
 
 
 def write_mimo(target_dir: str | Path, mtp_folder: str | Path, out: str | Path) -> Path:

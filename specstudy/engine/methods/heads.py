@@ -33,6 +33,7 @@ import torch
 
 from ...synthetic import parse_synthetic
 from ..drafters import MedusaHeads, drafter_file_metadata, load_drafter
+from ..lean import LEAN_AWARE
 from ..sampling import probs_for
 from ..speculate import Draft, StaticGamma, speculative_decode
 from ..tokentree import TokenTree
@@ -92,10 +93,17 @@ class AuxCapture:
             raise ValueError(f"feature layers {list(layers)}: each must lie in [0, {n}) for this target")
         self._parts: dict[int, torch.Tensor] = {}
         self._order = list(layers)
-        self._handles = [
-            base.layers[k].register_forward_pre_hook(lambda m, args, k=k: self._parts.__setitem__(k, args[0]))
-            for k in sorted(set(self._order))
-        ]
+        self._handles = [base.layers[k].register_forward_pre_hook(self._keeper(k)) for k in sorted(set(self._order))]
+
+    def _keeper(self, k: int) -> Any:
+        """Layer k's pre-hook; marked for the lean batch-1 forward, which calls it itself (a plain
+        layer hook would send every verification through transformers' slower forward)."""
+
+        def keep(module: Any, args: tuple[Any, ...]) -> None:
+            self._parts[k] = args[0]
+
+        setattr(keep, LEAN_AWARE, True)
+        return keep
 
     @property
     def last(self) -> torch.Tensor | None:

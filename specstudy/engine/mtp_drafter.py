@@ -148,7 +148,9 @@ def read_mtp_config(folder: str | Path) -> dict[str, Any]:
     """config.json of an MTP folder; a ValueError naming the file unless it is one."""
     p = Path(folder) / CONFIG_FILE
     if not p.is_file():
-        raise ValueError(f"drafter={str(folder)!r}: no {CONFIG_FILE} (train one with `specstudy train-drafter --kind mtp`)")
+        raise ValueError(
+            f"drafter={str(folder)!r}: no {CONFIG_FILE} (train one with `specstudy train-drafter --kind mtp`)"
+        )
     cfg: dict[str, Any] = json.loads(p.read_text())
     if ARCHITECTURE not in (cfg.get("architectures") or []):
         raise ValueError(f"{p}: architectures {cfg.get('architectures')!r}, not [{ARCHITECTURE!r}]")

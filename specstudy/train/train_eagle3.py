@@ -65,7 +65,9 @@ def chain_mask(length: int, steps: int, dtype: torch.dtype) -> tuple[torch.Tenso
     return mask[None, None], (chain + step - 1)[None]
 
 
-def unrolled_outputs(module: Eagle3Draft | MtpDraft, emb: torch.Tensor, aux: torch.Tensor, steps: int) -> list[torch.Tensor]:
+def unrolled_outputs(
+    module: Eagle3Draft | MtpDraft, emb: torch.Tensor, aux: torch.Tensor, steps: int
+) -> list[torch.Tensor]:
     """Outputs of steps 1..``steps`` for one sequence of L+1 tokens: ``emb [L+1, H]`` their
     embeddings, ``aux [L+1, 3H]`` the target's features (``[L+1, H]`` for an MTP layer, whose
     ``fc`` is the identity); step m's output has one row per chain c = 0..L−m (``[L−m+1, H]``,

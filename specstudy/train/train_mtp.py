@@ -55,7 +55,9 @@ def mtp_sequence_loss(
     emb = model.get_input_embeddings()(features.token[idx])
     outs = unrolled_outputs(module, emb, features.hidden[idx], steps)
     terms = [
-        candidate_distill_loss(o, lm_head, features.label_ids[idx[m : m + len(o)]], features.label_probs[idx[m : m + len(o)]])
+        candidate_distill_loss(
+            o, lm_head, features.label_ids[idx[m : m + len(o)]], features.label_probs[idx[m : m + len(o)]]
+        )
         for m, o in enumerate(outs, start=1)
     ]
     return functools.reduce(operator.add, terms), outs

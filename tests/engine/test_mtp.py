@@ -209,7 +209,9 @@ def test_vllm_runs_mtp_on_the_mimo_target_one_engine_per_layer(target_dir, layer
 def test_the_mimo_folder_gives_every_qwen2_layer_zero_biases_the_mtp_layer_included(layer, target_dir, tmp_path):
     from safetensors.torch import load_file
 
-    state = load_file(str(write_mimo(target_dir, save_mtp(layer, tmp_path / "mtp"), tmp_path / "mimo") / "model.safetensors"))
+    state = load_file(
+        str(write_mimo(target_dir, save_mtp(layer, tmp_path / "mtp"), tmp_path / "mimo") / "model.safetensors")
+    )
     for prefix in ("model.layers.0.", "model.layers.3.", "model.mtp_layers.0."):
         for p in ("q_proj", "k_proj", "v_proj"):
             bias = state[f"{prefix}self_attn.{p}.bias"]

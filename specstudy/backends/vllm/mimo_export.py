@@ -133,7 +133,8 @@ def check_mimo(folder: str | Path, target: Any, trained: MtpDraft, seed: int = 0
     folder, problems = Path(folder), []
     gen = torch.Generator().manual_seed(seed)
     dtype = next(target.parameters()).dtype
-    base = Qwen2ForCausalLM.from_pretrained(folder, dtype=dtype).eval()
+    base = Qwen2ForCausalLM.from_pretrained(folder, dtype=dtype)
+    base.eval()  # type: ignore[no-untyped-call]  # untyped in transformers
     ids = torch.randint(0, int(target.config.vocab_size), (2, 24), generator=gen)
     want, got = target(input_ids=ids).logits, base(input_ids=ids).logits
     if not torch.equal(want.argmax(-1), got.argmax(-1)):
@@ -144,8 +145,10 @@ def check_mimo(folder: str | Path, target: Any, trained: MtpDraft, seed: int = 0
     keys = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim")
     arch = {k: int(cfg[k]) for k in keys} | {k: float(cfg[k]) for k in ("rope_theta", "rms_norm_eps")}
     if int(cfg.get("num_nextn_predict_layers", 0)) != 1 or cfg.get("architectures") != [ARCHITECTURE]:
-        problems.append(f"config.json: architectures {cfg.get('architectures')}, num_nextn_predict_layers "
-                        f"{cfg.get('num_nextn_predict_layers')}; need [{ARCHITECTURE!r}] and 1")
+        problems.append(
+            f"config.json: architectures {cfg.get('architectures')}, num_nextn_predict_layers "
+            f"{cfg.get('num_nextn_predict_layers')}; need [{ARCHITECTURE!r}] and 1"
+        )
     try:
         back = mtp_from_state(arch, load_file(str(folder / WEIGHTS_FILE)), str(folder))
     except ValueError as e:
@@ -164,7 +167,11 @@ def _layer_differences(a: MtpDraft, b: MtpDraft, gen: torch.Generator) -> list[s
     a, b = copy.deepcopy(a).float(), b.float()  # the trained layer stays as it is
     ya, yb = a(e, f, position_ids=pos), b(e, f, position_ids=pos)
     err = float((ya - yb).abs().max())
-    return [] if err <= 0.05 * float(ya.abs().max()) else [f"the MTP layer read back differs from the trained one by {err:.3g}"]
+    return (
+        []
+        if err <= 0.05 * float(ya.abs().max())
+        else [f"the MTP layer read back differs from the trained one by {err:.3g}"]
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

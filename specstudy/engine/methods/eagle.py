@@ -37,8 +37,8 @@ from ...synthetic import parse_synthetic
 from ..drafters import EagleDraft, drafter_file_metadata, load_drafter
 from ..dynamic_tree import DraftNode, grow, rerank, verified_tree
 from ..eagle3_drafter import Eagle3Draft
-from ..mtp_drafter import MtpDraft
 from ..kv import KVState, new_cache, pad_ragged
+from ..mtp_drafter import MtpDraft
 from ..proposals import ProposalTree, accept_proposals
 from ..sampling import probs_for
 from ..speculate import Draft, StaticGamma, sample_chain, speculative_decode
@@ -177,9 +177,7 @@ class EagleTreeDrafter:
     (read from ``capture``, which the target's tree forward just filled) wait in ``known``.
     """
 
-    def __init__(
-        self, target: Any, draft: FeatureDraft, capture: Any, sampling, depth: int, topk: int, budget: int
-    ):
+    def __init__(self, target: Any, draft: FeatureDraft, capture: Any, sampling, depth: int, topk: int, budget: int):
         self.model = EagleModel(target, draft)
         self.capture, self.sampling = capture, sampling
         self.depth, self.topk, self.budget = depth, topk, budget

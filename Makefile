@@ -247,7 +247,9 @@ bench-engine-pair: $(STAMP)
 
 # Trained drafters for the default model (issue 3): re-create the committed heads and EAGLE-style
 # files with the exact commands recorded in params/drafters/smollm2-135m-{heads,eagle}.json (CPU,
-# ~15-25 min each on 2 cores; seeded, so the same data and training order).
+# ~15-25 min each on 2 cores; seeded, so the same data and training order).  Every one is trained by the
+# kit's own trainer (specstudy/train/); the field's libraries (speculators, SpecForge) were not tried
+# here (issue 47 §3 open).  The MTP layer took 39 min at load 4-6 (docs/results.md).
 .PHONY: drafters
 drafters: $(STAMP)
 	$(BIN)/specstudy train-drafter --kind heads --model smollm2-135m --token-conditioned --prompts-per-task 14 \

@@ -75,11 +75,11 @@ class MtpDraft(nn.Module):
         super().__init__()
         from transformers import LlamaModel
 
-        from .eagle3_drafter import _layer_config
+        from .eagle3_drafter import decoder_layer_config
 
         self.arch = dict(arch)
         self.hidden_size = int(arch["hidden_size"])
-        self.cache_config = _layer_config(self.arch)
+        self.cache_config = decoder_layer_config(self.arch)
         self.fc = nn.Identity()  # the features are H wide already (the training loop shares EAGLE-3's)
         self.decoder = LlamaModel(self.cache_config)  # its KV cache, masks and rotary positions
         self.decoder.layers[0] = _mtp_layer_class()(self.cache_config)

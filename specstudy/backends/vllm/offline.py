@@ -135,6 +135,8 @@ class VllmEngine:
         cfg = speculative_config(cell.method, cell.gamma, cell.drafter or self.drafter, dict(cell.options))
         model = engine_model(self.model_path, cell.method, cell.drafter or self.drafter)
         kwargs = engine_kwargs(model, self.options, cfg)
+        if model != self.model_path:  # a MiMo model of the target: the target's own tokenizer (model_type qwen2
+            kwargs["tokenizer"] = self.model_path  # would make transformers pick Qwen2's, which splits text otherwise)
         try:
             self.llm = self.vllm.LLM(**kwargs)
         except Exception as e:  # a config vLLM refuses or a model that does not fit: fail the engine fast

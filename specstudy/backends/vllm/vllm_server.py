@@ -98,6 +98,8 @@ class VllmServerBackend(VllmCellCheck, ServerBackend):
             "vllm.entrypoints.openai.api_server",
             "--model",
             engine_model(resolve_model(self.model), cell.method, cell.drafter or self.drafter),
+            "--tokenizer",  # the target's own (a MiMo model of it says qwen2, whose tokenizer splits text otherwise)
+            resolve_model(self.model),
             "--host",
             "{host}",
             "--port",

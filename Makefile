@@ -247,7 +247,9 @@ bench-engine-pair: $(STAMP)
 
 # Trained drafters for the default model (issue 3): re-create the committed heads and EAGLE-style
 # files with the exact commands recorded in params/drafters/smollm2-135m-{heads,eagle}.json (CPU,
-# ~15-25 min each on 2 cores; seeded, so the same data and training order).
+# ~15-25 min each on 2 cores; seeded, so the same data and training order).  Every one is trained by the
+# kit's own trainer (specstudy/train/); the field's libraries (speculators, SpecForge) were not tried
+# here (issue 47 §3 open).  The MTP layer took 39 min at load 4-6 (docs/results.md).
 .PHONY: drafters
 drafters: $(STAMP)
 	$(BIN)/specstudy train-drafter --kind heads --model smollm2-135m --token-conditioned --prompts-per-task 14 \
@@ -259,6 +261,10 @@ drafters: $(STAMP)
 	  --prompts-per-task 60 --max-new-tokens 112 --gen-batch 16 --steps 1200 --batch-tokens 1024 --lr 1e-3 \
 	  --draft-vocab-size 8192 --unroll 3 --snapshot-steps 150,300,600 --seed 0 --threads 2 --eval-tasks code,chat \
 	  --eval-prompts 3 --json
+	# the MTP layer in MiMo's layout (issue 47): the kit's own trainer (its time: params/drafters/smollm2-135m-mtp/specstudy.json)
+	$(BIN)/specstudy train-drafter --kind mtp --model smollm2-135m --out params/drafters/smollm2-135m-mtp \
+	  --prompts-per-task 12 --max-new-tokens 96 --gen-batch 16 --steps 300 --batch-tokens 512 --lr 1e-3 --unroll 2 \
+	  --seed 0 --threads 2 --eval-tasks code,chat --eval-prompts 3 --json
 
 # The other benchmarks: each prints figures and ratios measured side by side (timing: a quiet machine).
 #   bench-llamacpp-costs  llama.cpp's own T(k)/T(1) and draft cost c (BENCH_ARGS=--pair: the Qwen pair too)

@@ -30,7 +30,8 @@ COMMANDS = {
     ),
     "train-drafter": (
         "train_drafter_command",
-        "distil a small drafter (Medusa heads, a layer-skip adapter, an EAGLE-style layer or an EAGLE-3 head) "
+        "distil a small drafter (Medusa heads, a layer-skip adapter, an EAGLE-style layer, an EAGLE-3 head or an "
+        "MTP layer) "
         "from the target on its own generations",
     ),
     "serve-bench": (

@@ -11,6 +11,7 @@ PHRASES = {
     "layer_skip_adapter": "layer-skip adapter",
     "eagle": "EAGLE-style layer",
     "eagle3": "EAGLE-3 head",
+    "mtp": "MTP layer",
 }
 
 

@@ -32,7 +32,7 @@ from ..records import Sampling
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--kind", required=True, help="heads | layer_skip_adapter | eagle | eagle3")
+    p.add_argument("--kind", required=True, help="heads | layer_skip_adapter | eagle | eagle3 | mtp")
     p.add_argument("--model", default="smollm2-135m", help="target model (params/models entry or a local path)")
     p.add_argument("--out", default=None, help="output path without suffix (default params/drafters/<model>-<kind>)")
     p.add_argument(
@@ -64,7 +64,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=8192,
         help="eagle3: target ids the drafter's LM head covers (the most frequent under the target)",
     )
-    p.add_argument("--unroll", type=int, default=2, help="eagle3: training-time-test steps (own outputs fed back)")
+    p.add_argument("--unroll", type=int, default=2, help="eagle3, mtp: training-time-test steps (own outputs fed back)")
     p.add_argument("--steps", type=int, default=600)
     p.add_argument(
         "--snapshot-steps",
@@ -170,7 +170,7 @@ def measure_acceptance(
     from ..engine.methods import DecodeJob, get_method
 
     sampling = Sampling(temperature=0.0, max_new_tokens=max_new_tokens, ignore_eos=True)
-    if kind in ("heads", "eagle", "eagle3"):
+    if kind in ("heads", "eagle", "eagle3", "mtp"):
         spec = get_method(kind)
         options = spec.check(gamma, 1, str(path), {})
         assert spec.load_drafter is not None  # heads and eagle load their drafter files
@@ -196,18 +196,36 @@ def measure_acceptance(
     return {"gamma": gamma, "max_new_tokens": max_new_tokens, "sampling": "greedy", "per_task": per_task}
 
 
-def save(module: Any, out: Path, model: str, info: dict[str, Any], target_config: Any = None) -> Path:
-    """The drafter's files: an EAGLE-3 folder (engine/eagle3.py; with ``target_config``, read back
-    and checked against the trained head), else ``<out>.safetensors`` + ``.json``."""
+def save(module: Any, out: Path, model: str, info: dict[str, Any], target: Any = None) -> Path:
+    """The drafter's files: an EAGLE-3 or MTP folder (engine/eagle3_drafter.py, engine/mtp_drafter.py;
+    with the loaded ``target``, read back as the engines read it and checked against the trained
+    drafter), else ``<out>.safetensors`` + ``.json``."""
     from ..engine.drafters import save_drafter
     from ..engine.eagle3_drafter import Eagle3Draft, check_round_trip, save_eagle3
+    from ..engine.mtp_drafter import MtpDraft, save_mtp
 
     if isinstance(module, Eagle3Draft):
         folder = save_eagle3(module, out, {"target": model, **info})
-        if target_config is not None:
-            check_round_trip(module, folder, target_config)
+        if target is not None:
+            check_round_trip(module, folder, target.config)
+        return folder
+    if isinstance(module, MtpDraft):
+        folder = save_mtp(module, out, {"target": model, **info})
+        if target is not None:
+            check_mtp_export(module, folder, model, target)
         return folder
     return save_drafter(module, out, target=model, info=info)
+
+
+def check_mtp_export(module: Any, folder: Path, model: str, target: Any) -> None:
+    """The MiMo model vLLM would load (target + this layer), written to a scratch folder and read back."""
+    import tempfile
+
+    from ..backends.vllm.mimo_export import check_mimo, write_mimo
+    from ..data.model_files import resolve
+
+    with tempfile.TemporaryDirectory() as tmp:
+        check_mimo(write_mimo(resolve(model), folder, Path(tmp) / "mimo"), target, module)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -216,7 +234,7 @@ def run(args: argparse.Namespace) -> int:
     # lazy: torch and the training stack load only once the arguments passed their checks
     import torch
 
-    from ..train.data import generate_with_features
+    from ..train.data import FEATURE_KINDS, generate_with_features
     from ..train.distill import train_drafter
     from ..train.loop import TrainSettings, settings_dict
 
@@ -276,7 +294,7 @@ def run(args: argparse.Namespace) -> int:
     def snapshot(step: int, module: Any) -> None:
         where = Path(f"{out}-step{step}")
         seen = {"step": step, "positions_seen": step * args.batch_tokens, "of_steps": args.steps}
-        save(module, where, args.model, {"snapshot": seen, "target": args.model}, model.config)
+        save(module, where, args.model, {"snapshot": seen, "target": args.model})
         say(f"snapshot at step {step}: {where}")
 
     t0, c0 = time.perf_counter(), time.process_time()
@@ -304,7 +322,7 @@ def run(args: argparse.Namespace) -> int:
             "ignore_eos); features read from "
             + (
                 "one target pass over each whole sequence (prompt included)"
-                if args.kind in ("eagle", "eagle3")
+                if args.kind in FEATURE_KINDS
                 else "the generation passes"
             ),
         },
@@ -325,7 +343,7 @@ def run(args: argparse.Namespace) -> int:
             "loadavg": os.getloadavg(),
         },
     }
-    path = save(result.module, out, args.model, info, model.config)
+    path = save(result.module, out, args.model, info, model)
     if args.eval_prompts:
         t0 = time.perf_counter()
         ev = eval_prompts([t for t in args.eval_tasks.split(",") if t], args.eval_prompts, tokenizer)

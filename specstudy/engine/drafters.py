@@ -35,7 +35,8 @@ from torch import nn
 from ..paths import REPO_ROOT  # drafter paths may be given relative to the repository
 from .kv import cache_arg
 
-KINDS = ("heads", "layer_skip_adapter", "eagle", "eagle3")  # eagle3: its own folder layout (engine/eagle3.py)
+#: eagle3 and mtp: their own folder layouts (engine/eagle3_drafter.py, engine/mtp_drafter.py)
+KINDS = ("heads", "layer_skip_adapter", "eagle", "eagle3", "mtp")
 
 # --------------------------------------------------------------------------------------------
 # architectures

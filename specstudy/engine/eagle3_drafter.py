@@ -52,7 +52,8 @@ def default_aux_layers(num_layers: int) -> tuple[int, int, int]:
     return (2, num_layers // 2, num_layers - 3)
 
 
-def _layer_config(arch: dict[str, Any]) -> Any:
+def decoder_layer_config(arch: dict[str, Any]) -> Any:
+    """A one-layer transformers Llama config of ``arch``'s shape: a drafter's KV cache, masks and rotary positions."""
     from transformers import LlamaConfig
 
     return LlamaConfig(
@@ -118,7 +119,7 @@ class Eagle3Draft(nn.Module):
         if len(draft_vocab) == 0 or int(draft_vocab[0]) < 0 or int(draft_vocab[-1]) >= vocab_size:
             raise ValueError(f"draft_vocab: ids must lie in [0, {vocab_size})")
         h = self.hidden_size
-        self.cache_config = _layer_config(self.arch)
+        self.cache_config = decoder_layer_config(self.arch)
         self.fc = nn.Linear(len(self.aux_layers) * h, h, bias=False)
         self.decoder = LlamaModel(self.cache_config)  # its KV cache, masks and rotary positions
         self.decoder.layers[0] = _midlayer_class()(self.cache_config)

@@ -106,10 +106,26 @@ def lean_cache(model: Any, batch_size: int, device: torch.device) -> StaticKV | 
     return StaticKV(lean, device, next(target.parameters()).dtype, n_layers or len(lean.layers))
 
 
+#: the attribute that marks a decoder layer's forward pre-hook the lean forward calls itself, with the
+#: layer's input (the residual stream entering it): EAGLE-3's feature capture
+#: (:class:`specstudy.engine.methods.heads.AuxCapture`)
+LEAN_AWARE = "lean_aware"
+
+
 def layer_hooks(model: Any) -> bool:
-    """Whether a hook watches a decoder layer (EAGLE-3's feature capture): the lean forward calls no
-    layer module, so such a model runs transformers' forward, where the hooks fire."""
-    return any(m._forward_hooks or m._forward_pre_hooks for layer in model.model.layers for m in layer.modules())
+    """Whether a hook the lean forward would not call watches a decoder layer: the lean forward calls
+    no layer module, so such a model runs transformers' forward, where the hooks fire.  Pre-hooks
+    marked :data:`LEAN_AWARE` do not count."""
+    return any(
+        m._forward_hooks or any(not getattr(h, LEAN_AWARE, False) for h in m._forward_pre_hooks.values())
+        for layer in model.model.layers
+        for m in layer.modules()
+    )
+
+
+def _lean_taps(layer: Any) -> list[Any]:
+    """The layer's own :data:`LEAN_AWARE` pre-hooks (its submodules' would see other inputs)."""
+    return [h for h in layer._forward_pre_hooks.values() if getattr(h, LEAN_AWARE, False)]
 
 
 def prepare(model: Any, pack: bool = True) -> bool:
@@ -315,6 +331,8 @@ class StaticKV:
         cos, sin = (cos[p:end], sin[p:end]) if positions is None else (cos[positions], sin[positions])
         mask = allowed if allowed is not None else (self.causal[p:end, :end] if k > 1 else None)
         for i, w in enumerate(lean.layers[: self.n_layers]):
+            for tap in _lean_taps(w.layer) if w.layer._forward_pre_hooks else ():
+                tap(w.layer, (x,))
             x = self._layer(i, w, x, cos, sin, mask, p, end)
         self.length = end
         h: torch.Tensor = lean.base.norm(x)

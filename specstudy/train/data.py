@@ -20,6 +20,11 @@ def target_parts(model: PreTrainedModel) -> tuple[nn.Module, nn.Module, nn.Linea
     return base, base.norm, cast(nn.Linear, model.get_output_embeddings())  # type: ignore[no-untyped-call]  # untyped in transformers
 
 
+#: drafters that attend to every position's features, the prompt's included: their features come
+#: from one target pass over each finished sequence
+FEATURE_KINDS = ("eagle", "eagle3", "mtp")
+
+
 @dataclass
 class Features:
     """Per training position: the drafter's input hidden state and the target's label distribution.
@@ -48,21 +53,26 @@ def collect_features(
     label_top_k: int = 32,
 ) -> Features:
     """Run the target over each sequence once; keep positions from the last prompt token on
-    (``eagle``, ``eagle3``: every position, since their drafters attend to the prompt's features
-    too).  ``eagle3``: ``hidden`` holds the streams entering its feature layers, concatenated."""
+    (``eagle``, ``eagle3``, ``mtp``: every position, since their drafters attend to the prompt's
+    features too).  ``eagle3``: ``hidden`` holds the streams entering its feature layers,
+    concatenated; ``mtp``: the stream after the last layer, before the final norm."""
     from ..engine.eagle3_drafter import default_aux_layers
 
     base, norm, lm_head = target_parts(model)
     aux = default_aux_layers(model.config.num_hidden_layers) if kind == "eagle3" else ()
     hs, fin, lid, lpr, seqs, poss, toks = [], [], [], [], [], [], []
+    pre_norm: list[torch.Tensor] = []
+    hook = norm.register_forward_pre_hook(lambda m, args: pre_norm.append(args[0])) if kind == "mtp" else None
     for s, (ids, plen) in enumerate(corpus):
         x = torch.tensor([ids])
         out = base(input_ids=x, output_hidden_states=kind in ("layer_skip_adapter", "eagle3"))
         last = out.last_hidden_state[0]
         probs = torch.softmax(lm_head(last).float(), dim=-1)
         top = torch.topk(probs, label_top_k, dim=-1)
-        start = 0 if kind in ("eagle", "eagle3") else max(plen - 1, 0)
+        start = 0 if kind in FEATURE_KINDS else max(plen - 1, 0)
         h = out.hidden_states[exit_layer][0] if kind == "layer_skip_adapter" else last
+        if kind == "mtp":
+            h = pre_norm.pop()[0]
         if aux:
             h = torch.cat([out.hidden_states[k][0] for k in aux], dim=-1)
         hs.append(h[start:])
@@ -72,6 +82,8 @@ def collect_features(
         seqs.append(torch.full((len(ids) - start,), s))
         poss.append(torch.arange(start, len(ids)))
         toks.append(torch.tensor(ids[start:]))
+    if hook is not None:
+        hook.remove()
     final = torch.cat(fin)
     hidden = final if kind == "heads" else torch.cat(hs)
     return Features(hidden, final, torch.cat(lid), torch.cat(lpr), torch.cat(seqs), torch.cat(poss), torch.cat(toks))
@@ -100,7 +112,7 @@ def generate_with_features(
     position, prompt included, from one target pass over each finished sequence
     (:func:`collect_features`), since its drafter attends to the prompt's features too.
     """
-    if kind in ("eagle", "eagle3"):
+    if kind in FEATURE_KINDS:
         generated, _ = generate_with_features(
             model, prompts, max_new_tokens, "heads", None, label_top_k, batch_size, pad_id, progress
         )

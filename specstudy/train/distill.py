@@ -16,6 +16,7 @@ from .loop import TrainResult, TrainSettings
 from .train_eagle import train_eagle
 from .train_eagle3 import train_eagle3
 from .train_heads import train_heads
+from .train_mtp import train_mtp
 
 
 def train_drafter(
@@ -39,4 +40,6 @@ def train_drafter(
         return train_eagle(model, features, settings, progress, prompt_lengths, snapshot)
     if settings.kind == "eagle3":
         return train_eagle3(model, features, settings, progress, prompt_lengths, snapshot)
+    if settings.kind == "mtp":
+        return train_mtp(model, features, settings, progress, prompt_lengths, snapshot)
     return train_heads(model, features, settings, progress, snapshot)

@@ -14,6 +14,7 @@ from torch import nn
 
 from ..engine.drafters import KINDS, TrainedDrafter
 from ..engine.eagle3_drafter import Eagle3Draft
+from ..engine.mtp_drafter import MtpDraft
 from .data import Features
 
 
@@ -31,7 +32,7 @@ class TrainSettings:
     label_top_k: int = 32
     regression_weight: float = 1.0
     draft_vocab_size: int = 8192  # eagle3: target ids the drafter's LM head covers
-    unroll: int = 2  # eagle3: training-time-test steps (the drafter's own outputs fed back)
+    unroll: int = 2  # eagle3, mtp: training-time-test steps (the drafter's own outputs fed back)
     seed: int = 0
     eval_fraction: float = 0.1
     snapshots: tuple[int, ...] = ()  # steps after which the drafter so far is handed to ``snapshot``
@@ -60,7 +61,7 @@ class TrainSettings:
 
 @dataclass
 class TrainResult:
-    module: TrainedDrafter | Eagle3Draft
+    module: TrainedDrafter | Eagle3Draft | MtpDraft
     log: list[dict[str, float]] = field(default_factory=list)
     eval: dict[str, Any] = field(default_factory=dict)
 

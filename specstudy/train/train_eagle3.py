@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 from ..engine.eagle3_drafter import Eagle3Draft
+from ..engine.mtp_drafter import MtpDraft
 from .data import Features, target_parts
 from .loop import TrainResult, TrainSettings, optimise
 from .train_eagle import sequence_rows, sequence_steps
@@ -64,10 +65,13 @@ def chain_mask(length: int, steps: int, dtype: torch.dtype) -> tuple[torch.Tenso
     return mask[None, None], (chain + step - 1)[None]
 
 
-def unrolled_outputs(module: Eagle3Draft, emb: torch.Tensor, aux: torch.Tensor, steps: int) -> list[torch.Tensor]:
+def unrolled_outputs(
+    module: Eagle3Draft | MtpDraft, emb: torch.Tensor, aux: torch.Tensor, steps: int
+) -> list[torch.Tensor]:
     """Outputs of steps 1..``steps`` for one sequence of L+1 tokens: ``emb [L+1, H]`` their
-    embeddings, ``aux [L+1, 3H]`` the target's features; step m's output has one row per chain
-    c = 0..L−m (``[L−m+1, H]``, before the drafter's norm)."""
+    embeddings, ``aux [L+1, 3H]`` the target's features (``[L+1, H]`` for an MTP layer, whose
+    ``fc`` is the identity); step m's output has one row per chain c = 0..L−m (``[L−m+1, H]``,
+    the vector the drafter feeds back)."""
     n_pairs = len(emb) - 1
     fc = module.fc(aux[:-1])
     outs: list[torch.Tensor] = []

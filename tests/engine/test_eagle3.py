@@ -220,3 +220,29 @@ def test_train_drafter_names_every_bad_argument_at_once(capsys):
     assert main(argv) != 0
     msg = capsys.readouterr().err
     assert "--snapshot-steps='3,7'" in msg and "--lr=0.0" in msg and "'nope'" in msg
+
+
+def test_eagle3_verifies_every_step_through_the_lean_forward_at_batch_1():
+    """Issue 47: no target forward of a batch-1 EAGLE-3 decode goes through transformers' LlamaModel (each
+    did before, costing ~2x T1 per verification on SmolLM2); the outputs and acceptance stay what
+    transformers' forward gives."""
+    from specstudy.engine.lean import layer_hooks, set_lean_forward
+
+    target = tiny_model(seed=0, num_layers=8, logit_scale=8.0)  # its own: no hook another test left
+    assert not layer_hooks(target)
+    draft = perturbed(target, torch.arange(target.config.vocab_size))
+    calls: list[int] = []
+    counter = target.model.register_forward_pre_hook(lambda m, a: calls.append(1))  # LlamaModel: not a layer
+    job = DecodeJob(target, [PROMPTS[0]], GREEDY, gamma=4, drafter=draft)
+    previous = set_lean_forward(True)
+    try:
+        lean_row = get_method("eagle3").decode(job)[0]
+        assert calls == [] and len(lean_row.steps) > 2
+        set_lean_forward(False)
+        hf_row = get_method("eagle3").decode(job)[0]
+        assert len(calls) == len(hf_row.steps)  # the prompt pass and every verification
+    finally:
+        set_lean_forward(previous)
+        counter.remove()
+    assert lean_row.output_ids == hf_row.output_ids
+    assert [(s.drafted, s.accepted) for s in lean_row.steps] == [(s.drafted, s.accepted) for s in hf_row.steps]

@@ -134,9 +134,9 @@ def test_train_drafter_checks_every_eagle3_export(target, head, tmp_path, monkey
     """The command's save step runs the round trip: a planted export stops the command."""
     from specstudy.commands.train_drafter_command import save
 
-    assert save(head, tmp_path / "ok", "tiny", {}, target.config).is_dir()
+    assert save(head, tmp_path / "ok", "tiny", {}, target).is_dir()
     state = head.engine_state_dict()
     _shift_d2t(state, {})
     monkeypatch.setattr(Eagle3Draft, "engine_state_dict", lambda self: state)
     with pytest.raises(ValueError, match="d2t maps"):
-        save(head, tmp_path / "planted", "tiny", {}, target.config)
+        save(head, tmp_path / "planted", "tiny", {}, target)

@@ -173,6 +173,35 @@ def test_a_hook_on_a_decoder_layer_keeps_transformers_forward():
     assert lean_cache(model, 1, torch.device("cpu")) is not None
 
 
+def test_eagle3_feature_capture_runs_lean_and_reads_transformers_streams(lean_on):
+    """The cause of EAGLE-3's verification at ~2x T1 (issue 47): its capture hooked the target's layers, so
+    every batch-1 verification ran transformers' forward (DynamicCache, unpacked matmuls) instead of the
+    lean one.  Its hooks are now lean-aware: the lean forward runs and hands them the same streams."""
+    from specstudy.engine.lean import lean_cache
+    from specstudy.engine.methods.heads import AuxCapture
+
+    model = tiny_model(seed=1, num_layers=8)
+    ids = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
+    with AuxCapture(model, (2, 4, 5)) as capture:
+        assert isinstance(lean_cache(model, 1, torch.device("cpu")), StaticKV)
+        state = KVState(model, 1)
+        state.forward(ids[:, :5], logits_to_keep=1)
+        state.forward(ids[:, 5:])  # a 3-token verification block
+        lean_block = capture.last
+        assert lean_block is not None and lean_block.shape == (1, 3, 3 * 32)
+        set_lean_forward(False)
+        hf = KVState(model, 1)
+        assert not isinstance(hf.cache, StaticKV)
+        hf.forward(ids[:, :5], logits_to_keep=1)
+        hf.forward(ids[:, 5:])
+        assert capture.last is not None and torch.allclose(lean_block, capture.last, atol=1e-12)
+    assert lean_cache(model, 1, torch.device("cpu")) is None  # switched off above
+    set_lean_forward(True)
+    h = model.model.layers[2].register_forward_pre_hook(lambda m, a: None)  # an unmarked hook still keeps transformers'
+    assert lean_cache(model, 1, torch.device("cpu")) is None
+    h.remove()
+
+
 def test_a_token_tree_through_the_lean_forward_is_transformers_tree_forward():
     """Issue 37: tree methods verify through the lean cache.  Every node's hidden state and logits
     equal transformers' tree forward (same positions, same tree mask), and after keeping a path the

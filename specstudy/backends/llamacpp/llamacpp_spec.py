@@ -63,7 +63,11 @@ NGRAM_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod")
 REFUSED_TYPES = {
     "draft-eagle3": "runs EAGLE-3 heads only (method eagle3, drafter: an EAGLE-3 folder); the kit's EAGLE-style "
     "layer (method eagle) is not in that format",
-    "draft-mtp": "needs a target GGUF with multi-token-prediction layers (SmolLM2 and Qwen2.5 have none)",
+    "draft-mtp": "needs a target with multi-token-prediction layers whose architecture has an MTP graph in "
+    "this build (xllamacpp 2026.10.11549's llama_model_*::graph_mtp: deepseek2/32/4, glm4_moe, glm5_next, "
+    "glm_dsa, qwen35, qwen35moe, qwen3next, qwen4exp, mimo2, step35, hy_v3, cohere2moe, bailingmoe3, "
+    "nemotron_h_moe; no dense llama or qwen2): the kit's MTP layer for SmolLM2 runs as MiMo (qwen2 layers) "
+    "in vLLM and the reference engine, not here",
     "draft-dflash": "needs a DFlash drafter GGUF; none exists for the kit's models",
     "draft-dspark": "needs a DSpark drafter GGUF; none exists for the kit's models",
     "ngram-cache": "ignores the draft n_max (measured: 8-token drafts at n_max 4), so γ would not be γ",

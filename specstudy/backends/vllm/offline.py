@@ -30,7 +30,7 @@ from ...frameworks.vllm import CLIENT_OPTIONS, ENGINE_ARG_OPTIONS, KIT_TO_VLLM, 
 from ...metrics import counter_acceptance
 from ...records import Cell, Request, RequestRecord, Sampling
 from ..base import Backend, BackendUnavailable, encode_request
-from .speculative_config import VllmCellCheck, engine_key, spec_fields, speculative_config
+from .speculative_config import VllmCellCheck, engine_key, engine_model, spec_fields, speculative_config
 
 INSTALL_HINT = "make engine-vllm (or: python -m specstudy.environments install vllm [--cpu|--cuda])"
 
@@ -133,7 +133,10 @@ class VllmEngine:
             return self.llm
         self.close()
         cfg = speculative_config(cell.method, cell.gamma, cell.drafter or self.drafter, dict(cell.options))
-        kwargs = engine_kwargs(self.model_path, self.options, cfg)
+        model = engine_model(self.model_path, cell.method, cell.drafter or self.drafter)
+        kwargs = engine_kwargs(model, self.options, cfg)
+        if model != self.model_path:  # a MiMo model of the target: the target's own tokenizer (model_type qwen2
+            kwargs["tokenizer"] = self.model_path  # would make transformers pick Qwen2's, which splits text otherwise)
         try:
             self.llm = self.vllm.LLM(**kwargs)
         except Exception as e:  # a config vLLM refuses or a model that does not fit: fail the engine fast

@@ -52,9 +52,7 @@ def speculative_config(
             raise ValueError(f"ngram ngram_min={cfg['prompt_lookup_min']} > ngram_max={cfg['prompt_lookup_max']}")
     elif method == "suffix":
         cfg.update(suffix_fields(options))
-    elif method == "mtp":
-        pass  # the target's own MTP layers: vLLM reads them from the target checkpoint
-    else:
+    elif method != "mtp":  # mtp: the target's own layers (with a kit MTP folder, engine_model's MiMo target)
         if not drafter:
             raise ValueError(f"method={method!r} needs a drafter model (vLLM speculative_config.model)")
         cfg["model"] = resolve_model(drafter)
@@ -132,9 +130,23 @@ def spec_fields(spec: dict[str, Any], output_tokens: int) -> dict[str, Any]:
     return out
 
 
+def engine_model(model_path: str, method: str, drafter: str | None) -> str:
+    """The folder vLLM loads as the target: for ``mtp`` with a drafter (a kit MTP folder), the target
+    and that layer as one MiMo model (:mod:`.mimo_export`, written once into the cache); else the
+    target as it is."""
+    if method != "mtp" or not drafter:
+        return model_path
+    from .mimo_export import mimo_dir  # lazy: torch and safetensors only when an mtp cell runs
+
+    return str(mimo_dir(model_path, resolve_model(drafter)))
+
+
 def engine_key(cell: Cell, drafter: str | None) -> str:
-    """Which ``vllm.LLM`` a cell needs: its speculative configuration (one engine per value)."""
+    """Which ``vllm.LLM`` a cell needs: its speculative configuration and, for ``mtp``, the MTP folder
+    (one engine per value)."""
     cfg = speculative_config(cell.method, cell.gamma, cell.drafter or drafter, dict(cell.options))
+    if cell.method == "mtp":
+        cfg = {**(cfg or {}), "mtp_layers": cell.drafter or drafter}
     return json.dumps(cfg, sort_keys=True)
 
 

@@ -37,7 +37,7 @@ from ...records import Cell, Request, RequestRecord, Sampling
 from ..prometheus import MetricSamples, counter_deltas, labelled_deltas, metric_total
 from ..server_base import ServerBackend
 from ..sse import StreamState
-from .speculative_config import VllmCellCheck, spec_fields, speculative_config
+from .speculative_config import VllmCellCheck, engine_key, engine_model, spec_fields, speculative_config
 
 SPEC_COUNTERS = {
     "drafts": "vllm:spec_decode_num_drafts_total",
@@ -97,6 +97,8 @@ class VllmServerBackend(VllmCellCheck, ServerBackend):
             "-m",
             "vllm.entrypoints.openai.api_server",
             "--model",
+            engine_model(resolve_model(self.model), cell.method, cell.drafter or self.drafter),
+            "--tokenizer",  # the target's own (a MiMo model of it says qwen2, whose tokenizer splits text otherwise)
             resolve_model(self.model),
             "--host",
             "{host}",
@@ -126,10 +128,7 @@ class VllmServerBackend(VllmCellCheck, ServerBackend):
         return argv + self.server_args
 
     def server_key(self, cell: Cell) -> Any:
-        return json.dumps(
-            speculative_config(cell.method, cell.gamma, cell.drafter or self.drafter, dict(cell.options)),
-            sort_keys=True,
-        )
+        return engine_key(cell, self.drafter)
 
     def request_body(self, request: Request, sampling: Sampling) -> dict[str, Any]:
         body = super().request_body(request, sampling)

@@ -38,6 +38,7 @@ from ..drafters import EagleDraft, drafter_file_metadata, load_drafter
 from ..dynamic_tree import DraftNode, grow, rerank, verified_tree
 from ..eagle3_drafter import Eagle3Draft
 from ..kv import KVState, new_cache, pad_ragged
+from ..mtp_drafter import MtpDraft
 from ..proposals import ProposalTree, accept_proposals
 from ..sampling import probs_for
 from ..speculate import Draft, StaticGamma, sample_chain, speculative_decode
@@ -46,6 +47,9 @@ from ..trace import RowTrace
 from . import SYNTHETIC, DecodeJob, EngineMethod, positive_int, synthetic_acceptance
 from .heads import AuxCapture, HiddenCapture
 from .tree import check_one_request, tree_decode
+
+#: the drafters this loop drives: EAGLE-style, EAGLE-3 and MTP layers
+FeatureDraft = EagleDraft | Eagle3Draft | MtpDraft
 
 #: what a study is checked against, read as a literal (no import, no torch) by
 #: specstudy.frameworks.reference; SPEC below is built from it
@@ -70,7 +74,7 @@ class EagleModel(torch.nn.Module):
     features f_j in, logits and predicted features out.  Holds the target's embedding and LM head
     by reference (no copy)."""
 
-    def __init__(self, target: Any, draft: EagleDraft | Eagle3Draft):
+    def __init__(self, target: Any, draft: FeatureDraft):
         super().__init__()
         object.__setattr__(self, "_target", target)  # not registered: the target's weights stay its own
         self.draft = draft
@@ -107,7 +111,7 @@ class EagleDrafter:
     def __init__(
         self,
         target: Any,
-        draft: EagleDraft | Eagle3Draft,
+        draft: FeatureDraft,
         capture: HiddenCapture | AuxCapture,
         batch_size: int,
         sampling,
@@ -178,9 +182,7 @@ class EagleTreeDrafter:
     (read from ``capture``, which the target's tree forward just filled) wait in ``known``.
     """
 
-    def __init__(
-        self, target: Any, draft: EagleDraft | Eagle3Draft, capture: Any, sampling, depth: int, topk: int, budget: int
-    ):
+    def __init__(self, target: Any, draft: FeatureDraft, capture: Any, sampling, depth: int, topk: int, budget: int):
         self.model = EagleModel(target, draft)
         self.capture, self.sampling = capture, sampling
         self.depth, self.topk, self.budget = depth, topk, budget
@@ -276,7 +278,7 @@ def decode(job: DecodeJob) -> list[RowTrace]:
         return decode_with(job, draft, capture)
 
 
-def decode_with(job: DecodeJob, draft: EagleDraft | Eagle3Draft, capture: HiddenCapture | AuxCapture) -> list[RowTrace]:
+def decode_with(job: DecodeJob, draft: FeatureDraft, capture: HiddenCapture | AuxCapture) -> list[RowTrace]:
     """The chain loop with a feature drafter whose features ``capture`` reads (eagle and eagle3);
     EAGLE-2's dynamic tree with option ``tree_nodes``."""
     if job.option("tree_nodes") is not None:
@@ -296,7 +298,7 @@ def decode_with(job: DecodeJob, draft: EagleDraft | Eagle3Draft, capture: Hidden
     )
 
 
-def decode_tree(job: DecodeJob, draft: EagleDraft | Eagle3Draft, capture: HiddenCapture | AuxCapture) -> RowTrace:
+def decode_tree(job: DecodeJob, draft: FeatureDraft, capture: HiddenCapture | AuxCapture) -> RowTrace:
     """EAGLE-2: one request, its dynamic tree verified by :func:`accept_proposals` each step."""
     check_one_request(job, "eagle with tree_nodes")
     topk, budget = int(job.option("tree_topk", DEFAULT_TOPK)), int(job.option("tree_nodes"))

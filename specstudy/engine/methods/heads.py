@@ -33,6 +33,7 @@ import torch
 
 from ...synthetic import parse_synthetic
 from ..drafters import MedusaHeads, drafter_file_metadata, load_drafter
+from ..lean import LEAN_AWARE
 from ..sampling import probs_for
 from ..speculate import Draft, StaticGamma, speculative_decode
 from ..tokentree import TokenTree
@@ -57,13 +58,17 @@ HEADER = {
 
 
 class HiddenCapture:
-    """Keeps the output of the target's final norm (its last hidden state) from every forward;
-    a context manager that removes its hook on exit."""
+    """Keeps the output of the target's final norm (its last hidden state) from every forward, or
+    with ``before_norm`` its input (the residual stream after the last layer, MTP's feature); a
+    context manager that removes its hook on exit."""
 
-    def __init__(self, target: Any):
+    def __init__(self, target: Any, before_norm: bool = False):
         base = getattr(target, target.base_model_prefix)
         self.last: torch.Tensor | None = None
-        self._handle = base.norm.register_forward_hook(self._hook)
+        if before_norm:
+            self._handle = base.norm.register_forward_pre_hook(lambda m, args: self._hook(m, args, args[0]))
+        else:
+            self._handle = base.norm.register_forward_hook(self._hook)
 
     def _hook(self, module, inputs, output) -> None:
         self.last = output
@@ -91,10 +96,17 @@ class AuxCapture:
             raise ValueError(f"feature layers {list(layers)}: each must lie in [0, {n}) for this target")
         self._parts: dict[int, torch.Tensor] = {}
         self._order = list(layers)
-        self._handles = [
-            base.layers[k].register_forward_pre_hook(lambda m, args, k=k: self._parts.__setitem__(k, args[0]))
-            for k in sorted(set(self._order))
-        ]
+        self._handles = [base.layers[k].register_forward_pre_hook(self._keeper(k)) for k in sorted(set(self._order))]
+
+    def _keeper(self, k: int) -> Any:
+        """Layer k's pre-hook; marked for the lean batch-1 forward, which calls it itself (a plain
+        layer hook would send every verification through transformers' slower forward)."""
+
+        def keep(module: Any, args: tuple[Any, ...]) -> None:
+            self._parts[k] = args[0]
+
+        setattr(keep, LEAN_AWARE, True)
+        return keep
 
     @property
     def last(self) -> torch.Tensor | None:

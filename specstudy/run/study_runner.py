@@ -587,8 +587,8 @@ def _run_in_time(
         wall = time.perf_counter() - t0
     except KeyboardInterrupt:
         raise
-    except Exception as e:
-        return [_failed(p, layout, e) for p in plans]
+    except Exception:  # one arm that fails must not take the others with it: each cell on its own, as unpaired
+        return [_run_one(cfg, p, layout, pool, loader, state, False) for p in plans]
     results = []
     for p, recs, wu in zip(plans, runs, wus):
         try:

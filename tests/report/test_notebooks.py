@@ -91,7 +91,7 @@ def test_notebooks_execute_with_papermill_on_tiny_records(report_study):
         if j.notebook in ("hardware", "method_family"):
             assert any("image/png" in o.get("data", {}) for o in outputs), f"{j.name} displayed no figure"
     md = (out / "report.md").read_text()
-    assert "## Hardware table" in md and "## Task categories" in md and (out / "report.html").exists()
+    assert "## Headline table" in md and "## Task categories" in md and (out / "report.html").exists()
     assert (out / "figures" / "hardware_methods.png").exists() and (out / "figures" / "hardware_methods.pdf").exists()
 
 

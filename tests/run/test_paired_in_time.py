@@ -111,11 +111,17 @@ def test_the_study_alternates_its_arms_prompt_by_prompt_and_records_each_partner
     methods = [p.cell.method for p in group]
     assert _measured_calls(factory) == methods + methods[::-1]  # 2 prompts at batch 1: ABBA
     recs = StudyLayout(tmp_path).read_records()
-    cell_s = max(r.end_s or 0 for rs in recs.values() for r in rs)
+    starts = sorted((r.start_epoch, r.prompt_id) for rs in recs.values() for r in rs)
+    partner = {r.prompt_id: r for r in recs[base.cell_id]}
     for p in group[1:]:
         for r in recs[p.cell_id]:
+            b = partner[r.extra["partner_prompt_id"]]
             assert r.extra["pairing"] == IN_TIME and r.extra["partner_cell_id"] == base.cell_id
-            assert abs(r.extra["partner_gap_s"]) <= 3 * cell_s  # started within a few requests of its partner
+            assert r.extra["partner_gap_s"] == pytest.approx(r.start_epoch - b.start_epoch)
+            # no request of another prompt started between the two arms (an order, not a clock, so it holds
+            # on a loaded machine too)
+            lo, hi = sorted((b.start_epoch, r.start_epoch))
+            assert {pid for t, pid in starts if lo <= t <= hi} == {r.prompt_id}
 
 
 def test_a_cell_whose_baseline_ran_earlier_says_it_was_timed_cell_after_cell(tiny, tmp_path):

@@ -352,3 +352,23 @@ def load_drafter(
     module = build_drafter(meta)
     module.load_state_dict(load_file(str(p)))
     return module.eval()
+
+
+def read_folder_config(
+    folder: str | Path, architecture: str, layers_key: str, kind: str, config_file: str, weights_file: str
+) -> dict[str, Any]:
+    """config.json of a one-layer drafter folder (EAGLE-3, MTP): a ValueError naming the file unless it
+    declares ``architecture`` with one layer under ``layers_key`` and holds ``weights_file``."""
+    p = Path(folder) / config_file
+    if not p.is_file():
+        raise ValueError(
+            f"drafter={str(folder)!r}: no {config_file} (train one with `specstudy train-drafter --kind {kind}`)"
+        )
+    cfg: dict[str, Any] = json.loads(p.read_text())
+    if architecture not in (cfg.get("architectures") or []):
+        raise ValueError(f"{p}: architectures {cfg.get('architectures')!r}, not [{architecture!r}]")
+    if int(cfg.get(layers_key, 1)) != 1:
+        raise ValueError(f"{p}: {layers_key}={cfg[layers_key]}; the kit runs one layer")
+    if not (Path(folder) / weights_file).is_file():
+        raise ValueError(f"drafter={str(folder)!r}: no {weights_file}")
+    return cfg

@@ -39,6 +39,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .drafters import read_folder_config
 from .kv import cache_arg
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
@@ -282,19 +283,7 @@ def _same_logits(a: Eagle3Draft, b: Eagle3Draft, seed: int) -> bool:
 
 def read_eagle3_config(folder: str | Path) -> dict[str, Any]:
     """config.json of an EAGLE-3 folder; a ValueError naming the file unless it is one."""
-    p = Path(folder) / CONFIG_FILE
-    if not p.is_file():
-        raise ValueError(
-            f"drafter={str(folder)!r}: no {CONFIG_FILE} (train one with `specstudy train-drafter --kind eagle3`)"
-        )
-    cfg: dict[str, Any] = json.loads(p.read_text())
-    if ARCHITECTURE not in (cfg.get("architectures") or []):
-        raise ValueError(f"{p}: architectures {cfg.get('architectures')!r}, not [{ARCHITECTURE!r}]")
-    if int(cfg.get("num_hidden_layers", 1)) != 1:
-        raise ValueError(f"{p}: num_hidden_layers={cfg['num_hidden_layers']}; the kit runs one midlayer")
-    if not (Path(folder) / WEIGHTS_FILE).is_file():
-        raise ValueError(f"drafter={str(folder)!r}: no {WEIGHTS_FILE}")
-    return cfg
+    return read_folder_config(folder, ARCHITECTURE, "num_hidden_layers", "eagle3", CONFIG_FILE, WEIGHTS_FILE)
 
 
 def pinned_aux_layers(cfg: dict[str, Any]) -> tuple[int, ...] | None:

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .drafters import read_folder_config
 from .kv import cache_arg
 
 ARCHITECTURE = "SpecstudyMtpLayers"
@@ -146,19 +147,7 @@ def save_mtp(module: MtpDraft, folder: str | Path, record: dict[str, Any] | None
 
 def read_mtp_config(folder: str | Path) -> dict[str, Any]:
     """config.json of an MTP folder; a ValueError naming the file unless it is one."""
-    p = Path(folder) / CONFIG_FILE
-    if not p.is_file():
-        raise ValueError(
-            f"drafter={str(folder)!r}: no {CONFIG_FILE} (train one with `specstudy train-drafter --kind mtp`)"
-        )
-    cfg: dict[str, Any] = json.loads(p.read_text())
-    if ARCHITECTURE not in (cfg.get("architectures") or []):
-        raise ValueError(f"{p}: architectures {cfg.get('architectures')!r}, not [{ARCHITECTURE!r}]")
-    if int(cfg.get("num_nextn_predict_layers", 1)) != 1:
-        raise ValueError(f"{p}: num_nextn_predict_layers={cfg['num_nextn_predict_layers']}; the kit runs one")
-    if not (Path(folder) / WEIGHTS_FILE).is_file():
-        raise ValueError(f"drafter={str(folder)!r}: no {WEIGHTS_FILE}")
-    return cfg
+    return read_folder_config(folder, ARCHITECTURE, "num_nextn_predict_layers", "mtp", CONFIG_FILE, WEIGHTS_FILE)
 
 
 def mtp_from_state(arch: dict[str, Any], weights: dict[str, torch.Tensor], where: str, index: int = 0) -> MtpDraft:

@@ -14,6 +14,7 @@ import argparse
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from ..analysis.cost import PRICE_ENV
@@ -61,7 +62,7 @@ def _load() -> str:
     return " ".join(Path("/proc/loadavg").read_text().split()[:3]) if Path("/proc/loadavg").exists() else "n/a"
 
 
-def render(layout: StudyLayout, workers: int, say: object = print) -> list[tuple[str, str]]:
+def render(layout: StudyLayout, workers: int, say: Callable[[str], None] = print) -> list[tuple[str, str]]:
     """The notebooks older than the records, executed; returns (notebook, error) for each that failed."""
     from ..report.notebooks import execute_notebooks, plan_notebook_jobs, stale_jobs
 
@@ -70,8 +71,8 @@ def render(layout: StudyLayout, workers: int, say: object = print) -> list[tuple
         return [("report", f"{layout.plan_path} is missing: no cell was planned")]
     jobs = plan_notebook_jobs(layout.root, plan["cells"], plan.get("config", {}).get("notebooks"))
     todo = stale_jobs(jobs, layout.records_stamp)
-    say(f"notebooks: {len(todo)} of {len(jobs)} to execute ({len(jobs) - len(todo)} newer than the records)")  # type: ignore[operator]
-    return [(j.name, e) for j, e in execute_notebooks(todo, say, workers) if e]  # type: ignore[arg-type]
+    say(f"notebooks: {len(todo)} of {len(jobs)} to execute ({len(jobs) - len(todo)} newer than the records)")
+    return [(j.name, e) for j, e in execute_notebooks(todo, say, workers) if e]
 
 
 def gate(layout: StudyLayout, golden: Path, as_json: bool = False) -> int:

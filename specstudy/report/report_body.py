@@ -10,6 +10,7 @@ appendix, after the body in the same file.
 from __future__ import annotations
 
 import pandas as pd
+from matplotlib.figure import Figure
 
 from ..analysis import frames
 from ..analysis.pairing import control_rows
@@ -19,7 +20,7 @@ from ..intervals import MIN_PROMPTS_FOR_CI
 from . import figures, tables
 from .format import fmt_ci
 from .section_type import Section, markdown_table
-from .validity_text import reasons_text
+from .validity_text import flag_reasons
 
 #: the appendix's heading, and the anchor the body's lines link to
 APPENDIX_TITLE = "Appendix"
@@ -31,7 +32,7 @@ def validity_line(study: Study) -> Section:
     if not flagged:
         text = f"The kit checked all {n} cells for the artifacts that fake a speedup and flagged none."
     else:
-        why = sorted({w for reasons in flagged.values() for w in reasons_text(reasons)})
+        why = flag_reasons(study)
         text = (
             f"**{len(flagged)} of {n} cells are flagged** ({'; '.join(why)}), marked ⚑ in every table and left "
             "out of the summary and every verdict."
@@ -76,10 +77,10 @@ def _method_rows(study: Study) -> pd.DataFrame:
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
 
 
-def _question(title: str, name: str, fig: object | None, caption: str, absent: str) -> Section:
+def _question(title: str, name: str, fig: Figure | None, caption: str, absent: str) -> Section:
     sec = Section(title, (caption if fig is not None else absent) + "\n")
     if fig is not None:
-        sec.figures[name] = fig  # type: ignore[assignment]
+        sec.figures[name] = fig
     return sec
 
 

@@ -243,12 +243,17 @@ def validity_section(study: Study) -> Section:
     return sec
 
 
+def flag_reasons(study: Study) -> list[str]:
+    """Why the study's flagged cells are flagged, each reason once, in words."""
+    return sorted({w for reasons in study.flags.values() for w in reasons_text(reasons)})
+
+
 def left_out_note(whole: Study | None, part: str) -> str:
     """The line opening ``part`` (read from unflagged cells only): how many were left out and why ('' if none)."""
     if whole is None or not whole.flags:
         return ""
     n = len(whole.flags)
-    why = sorted({w for reasons in whole.flags.values() for w in reasons_text(reasons)})
+    why = flag_reasons(whole)
     return (
         f"_{n} flagged cell{'s' if n > 1 else ''} left out of {part} "
         f"({'; '.join(why)}): see [Validity](#validity)._\n\n"

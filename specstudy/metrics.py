@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -263,12 +264,69 @@ def draft_steps_of(rec: RequestRecord) -> int | None:
     return None
 
 
-def _summed(records: Sequence[RequestRecord], field: str, depth: int) -> list[int]:
-    out = [0] * depth
-    for r in records:
-        for k, v in enumerate(getattr(r, field) or []):
-            out[k] += v
-    return out
+@dataclass(frozen=True)
+class Counters:
+    """Acceptance counters summed over requests, prompts, iterations or a run: what α, AL and the
+    per-position figures pool.  Why one type: every place that pools counters (a row, a golden row,
+    a server's run counters, TensorRT-LLM's iteration stats) sums them here and nowhere else.
+
+    ``draft_steps`` is None when some part lacks step counts (AL is then unknown); per-position
+    lists are padded with zeros to the deepest part.
+    """
+
+    drafted: int = 0
+    accepted: int = 0
+    draft_steps: int | None = 0
+    accepted_per_position: tuple[int, ...] = ()
+    drafts_per_position: tuple[int, ...] = ()
+
+    @classmethod
+    def of(cls, rec: RequestRecord) -> Counters:
+        """One request's counters (``draft_steps`` counted from its steps where it has no counter)."""
+        return cls(
+            int(rec.drafted_tokens or 0),
+            int(rec.accepted_tokens or 0),
+            draft_steps_of(rec),
+            tuple(int(a) for a in rec.accepted_per_position or ()),
+            tuple(int(d) for d in rec.drafts_per_position or ()),
+        )
+
+    @classmethod
+    def pooled(cls, parts: Iterable[Counters]) -> Counters:
+        """The sum of ``parts`` (an empty sum: nothing drafted, zero draft steps)."""
+        out = cls()
+        for c in parts:
+            out = out + c
+        return out
+
+    def __add__(self, other: Counters) -> Counters:
+        steps = None if self.draft_steps is None or other.draft_steps is None else self.draft_steps + other.draft_steps
+        return Counters(
+            self.drafted + other.drafted,
+            self.accepted + other.accepted,
+            steps,
+            _padded_sum(self.accepted_per_position, other.accepted_per_position),
+            _padded_sum(self.drafts_per_position, other.drafts_per_position),
+        )
+
+    @property
+    def alpha(self) -> float:
+        return acceptance_rate(self.accepted, self.drafted)
+
+    @property
+    def acceptance_length(self) -> float | None:
+        return acceptance_length(self.accepted, self.draft_steps) if self.draft_steps is not None else None
+
+    @property
+    def per_position_unconditional(self) -> list[float] | None:
+        if not self.accepted_per_position or self.draft_steps is None:
+            return None
+        return per_position_unconditional(self.accepted_per_position, self.draft_steps)
+
+
+def _padded_sum(a: Sequence[int], b: Sequence[int]) -> tuple[int, ...]:
+    n = max(len(a), len(b))
+    return tuple((a[k] if k < len(a) else 0) + (b[k] if k < len(b) else 0) for k in range(n))
 
 
 def counter_acceptance(
@@ -277,16 +335,16 @@ def counter_acceptance(
     """Run-scoped acceptance from an engine's own counters (after − before): the kit's α, AL
     (drafts = draft steps, so AL = 1 + accepted / drafts is vLLM's and llama.cpp's mean acceptance
     length) and per-position acceptance (unconditional: accepted at k / draft steps, vLLM's form)."""
-    per_pos = [int(a) for a in accepted_per_position]
+    c = Counters(int(drafted), int(accepted), int(drafts), tuple(int(a) for a in accepted_per_position))
     return {
         "source": source,
         "drafts": drafts,
         "drafted_tokens": drafted,
         "accepted_tokens": accepted,
-        "accepted_per_position": per_pos,
-        "alpha": acceptance_rate(accepted, drafted) if drafted else None,
-        "acceptance_length": acceptance_length(accepted, drafts) if drafts else None,
-        "per_position": per_position_unconditional(per_pos, drafts) if drafts and per_pos else None,
+        "accepted_per_position": list(c.accepted_per_position),
+        "alpha": c.alpha if drafted else None,
+        "acceptance_length": c.acceptance_length if drafts else None,
+        "per_position": c.per_position_unconditional if drafts and c.accepted_per_position else None,
     }
 
 
@@ -315,16 +373,14 @@ def acceptance_summary(records: Sequence[RequestRecord]) -> dict[str, Any]:
     )
     if not seen:
         return dict.fromkeys(keys)
-    drafted = sum(r.drafted_tokens or 0 for r in seen)
-    accepted = sum(r.accepted_tokens or 0 for r in seen)
-    steps = [draft_steps_of(r) for r in seen]
-    draft_steps = sum(s or 0 for s in steps) if all(s is not None for s in steps) else None
+    c = Counters.pooled(Counters.of(r) for r in seen)
     forwards = [r for r in seen if r.target_forwards is not None]
     depth = max((len(r.drafts_per_position or []) for r in seen), default=0)
-    acc_k, dr_k = _summed(seen, "accepted_per_position", depth), _summed(seen, "drafts_per_position", depth)
+    acc_k, dr_k = list(c.accepted_per_position[:depth]), list(c.drafts_per_position[:depth])
+    acc_k += [0] * (depth - len(acc_k))
     return {
-        "alpha": acceptance_rate(accepted, drafted),
-        "acceptance_length": acceptance_length(accepted, draft_steps) if draft_steps is not None else None,
+        "alpha": c.alpha,
+        "acceptance_length": c.acceptance_length,
         "tokens_per_forward": (
             tokens_per_forward(sum(r.output_tokens for r in forwards), sum(r.target_forwards or 0 for r in forwards))
             if forwards
@@ -333,12 +389,12 @@ def acceptance_summary(records: Sequence[RequestRecord]) -> dict[str, Any]:
         "alpha_hat": alpha_hat(acc_k, dr_k) if depth else NAN,
         "per_position_conditional": per_position_conditional(acc_k, dr_k) if depth else None,
         "per_position_unconditional": (
-            per_position_unconditional(acc_k, draft_steps) if depth and draft_steps is not None else None
+            per_position_unconditional(acc_k, c.draft_steps) if depth and c.draft_steps is not None else None
         ),
         "acceptance_length_per_request": acceptance_length_per_request(seen),
-        "draft_steps": draft_steps,
+        "draft_steps": c.draft_steps,
         "target_forwards": sum(r.target_forwards or 0 for r in forwards) if forwards else None,
-        "never_drafted": sum(s == 0 for s in steps) if draft_steps is not None else None,
+        "never_drafted": sum(draft_steps_of(r) == 0 for r in seen) if c.draft_steps is not None else None,
     }
 
 

@@ -208,3 +208,17 @@ def test_a_speculative_repeat_is_paired_with_its_own_repeats_baseline():
     assert [(b.repeat, s.repeat) for b, s in pairs] == [(0, 0), (1, 1)]
     assert M.paired_speedup(base, spec)["speedup"] == pytest.approx(2.0)
     assert M.paired_speedup(base, spec)["n_prompts"] == 1  # one prompt, its repeats nested in it
+
+
+def test_counters_pool_by_summing_and_pad_per_position_to_the_deepest_part():
+    a = M.Counters(drafted=8, accepted=5, draft_steps=2, accepted_per_position=(2, 2, 1))
+    b = M.Counters(drafted=4, accepted=1, draft_steps=2, accepted_per_position=(1,))
+    c = M.Counters.pooled([a, b])
+    assert (c.drafted, c.accepted, c.draft_steps, c.accepted_per_position) == (12, 6, 4, (3, 2, 1))
+    assert c.alpha == M.acceptance_rate(6, 12) and c.acceptance_length == M.acceptance_length(6, 4)
+    assert c.per_position_unconditional == M.per_position_unconditional([3, 2, 1], 4)
+
+
+def test_counters_without_step_counts_leave_al_unknown():
+    c = M.Counters.pooled([M.Counters(4, 2, 1), M.Counters(4, 2, None)])
+    assert c.draft_steps is None and c.acceptance_length is None and c.alpha == 0.5

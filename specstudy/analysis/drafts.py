@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import costmodel
+from .. import costmodel, metrics
 from ..records import RequestRecord
 from .stats import NAN, Pooled, _step_times, isnum, pooled, predicted_for
 from .study_records import Study
@@ -36,7 +36,7 @@ def draft_mix(pairs: Iterable[tuple[Sequence[RequestRecord], Sequence[RequestRec
     of its baseline's mean decode step T1 (as :func:`stats.step_costs`: with llama.cpp's whole-step
     times c is 0 and a step's drafting is inside its verification cost).  None without counters.
     """
-    n, gamma, dge, age = 0, 0, [0], [0]
+    n, gamma, counted = 0, 0, []
     by_k: dict[int, list[float]] = {}
     no_draft: list[float] = []
     draft_s = drafted = 0.0
@@ -48,10 +48,7 @@ def draft_mix(pairs: Iterable[tuple[Sequence[RequestRecord], Sequence[RequestRec
         for r in recs:
             n += int(r.target_forwards or 0) - 1
             gamma = max(gamma, int(r.gamma or 0))
-            for into, counts in ((dge, r.drafts_per_position or []), (age, r.accepted_per_position or [])):
-                into.extend([0] * (len(counts) - len(into)))
-                for k, v in enumerate(counts):
-                    into[k] += int(v)
+            counted.append(metrics.Counters.of(r))
         t1 = [t for b in base if b.status == "ok" for _, t in _step_times(b)[0]]
         if not t1 or float(np.mean(t1)) <= 0:
             continue
@@ -69,7 +66,8 @@ def draft_mix(pairs: Iterable[tuple[Sequence[RequestRecord], Sequence[RequestRec
                     draft_s, drafted = draft_s + st.draft_s / T1, drafted + st.drafted
     if n < 1 or gamma < 1:
         return None
-    dge, age = [d for d in dge if d], [a for a in age if a]
+    tot = metrics.Counters.pooled(counted)
+    dge, age = [d for d in tot.drafts_per_position if d], [a for a in tot.accepted_per_position if a]
     c = 0.0 if by_k and whole_only else (draft_s / drafted if drafted else NAN)
     try:
         return costmodel.DraftMix(

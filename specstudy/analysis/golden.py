@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..metrics import acceptance_length, acceptance_rate, acceptance_summary, draft_steps_of, per_position_unconditional
+from ..metrics import Counters, acceptance_summary, draft_steps_of
 from ..records import RequestRecord
 from .study_records import Study
 
@@ -118,16 +118,14 @@ def _prompt_counts(recs: Sequence[RequestRecord]) -> dict[str, dict[str, Any]]:
 
 def _over(prompts: Mapping[str, Mapping[str, Any]], keys: Iterable[str]) -> dict[str, Any]:
     """AL, α and unconditional per-position acceptance pooled over ``keys`` (the metrics' definitions)."""
-    rows = [prompts[k] for k in keys]
-    acc, drafted, steps = (sum(int(r[f]) for r in rows) for f in ("accepted", "drafted", "draft_steps"))
-    depth = max((len(r["accepted_per_position"]) for r in rows), default=0)
-    per_k = [
-        sum(r["accepted_per_position"][k] for r in rows if k < len(r["accepted_per_position"])) for k in range(depth)
-    ]
+    c = Counters.pooled(
+        Counters(int(r["drafted"]), int(r["accepted"]), int(r["draft_steps"]), tuple(r["accepted_per_position"]))
+        for r in (prompts[k] for k in keys)
+    )
     return {
-        "acceptance_length": _num(acceptance_length(acc, steps)),
-        "alpha": _num(acceptance_rate(acc, drafted)),
-        "per_position": [_num(v) for v in per_position_unconditional(per_k, steps)] if steps else [],
+        "acceptance_length": _num(c.acceptance_length),
+        "alpha": _num(c.alpha),
+        "per_position": [_num(v) for v in c.per_position_unconditional or []] if c.draft_steps else [],
     }
 
 

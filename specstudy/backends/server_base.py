@@ -32,7 +32,7 @@ from ..frameworks.declaration import (
     check_engine_options,
     constraint_body,
 )
-from ..metrics import acceptance_summary
+from ..metrics import Counters, acceptance_summary
 from ..records import Cell, Request, RequestRecord, Sampling
 from .base import ServingBackend, encode_request
 from .connections import Http, address
@@ -264,12 +264,12 @@ class StreamingServerBackend(ServingBackend, StreamedRequests, Generic[SnapshotT
         seen = [r for r in records if r.drafted_tokens is not None]
         if not seen:
             return None
-        acc = acceptance_summary(seen)
+        acc, c = acceptance_summary(seen), Counters.pooled(Counters.of(r) for r in seen)
         return {
             "source": "per_request_sum",
             "n_requests": len(seen),
-            "drafted_tokens": sum(r.drafted_tokens or 0 for r in seen),
-            "accepted_tokens": sum(r.accepted_tokens or 0 for r in seen),
+            "drafted_tokens": c.drafted,
+            "accepted_tokens": c.accepted,
             "draft_steps": acc["draft_steps"],
             "target_forwards": acc["target_forwards"],
             "output_tokens": sum(r.output_tokens for r in seen),

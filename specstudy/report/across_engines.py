@@ -35,7 +35,7 @@ import pandas as pd
 from ..analysis.claims import Estimate, overlap
 from ..analysis.stats import Pooled, pooled
 from ..analysis.study_records import Study
-from ..metrics import draft_steps_of, prompt_of
+from ..metrics import Counters, draft_steps_of, prompt_of
 from ..records import RequestRecord
 from .format import fmt_ci, sampling_text
 
@@ -79,8 +79,8 @@ def drafting_differs_at_end(a: PromptCounts, b: PromptCounts, gamma: int) -> boo
 
 
 def _totals(counts: dict[tuple[str, str], PromptCounts], keys: list[tuple[str, str]]) -> str:
-    acc, dr, st = (sum(getattr(counts[k], f) for k in keys) for f in ("accepted", "drafted", "steps"))
-    return f"{acc} accepted, {dr} drafted in {st} steps"
+    c = Counters.pooled(Counters(counts[k].drafted, counts[k].accepted, counts[k].steps) for k in keys)
+    return f"{c.accepted} accepted, {c.drafted} drafted in {c.draft_steps} steps"
 
 
 def paired_verdict(by_fw: dict[str, list[RequestRecord]], gamma: int) -> str:

@@ -58,7 +58,6 @@ from typing import Any
 from ...data.model_files import needs_download
 from ...frameworks.declaration import CellCheck, constraint_body
 from ...frameworks.llamacpp import LLAMACPP
-from ...metrics import acceptance_length
 from ...metrics import counter_acceptance as run_counter_acceptance
 from ...records import Cell, Request, RequestRecord, Sampling, StepRecord
 from ..lifecycle import http_get
@@ -445,14 +444,6 @@ class LlamaCppBackend(ServerBackend):
     ) -> dict[str, Any] | None:
         """Per-request sums, llama.cpp's counters over the run, and whether the two agree."""
         per_request = super().run_acceptance(before, after, records)
-        if per_request is not None:
-            seen = [r for r in records if r.drafted_tokens is not None]
-            steps = [r.draft_steps for r in seen]
-            per_request["draft_steps"] = sum(steps) if steps and None not in steps else None
-            if per_request["draft_steps"]:
-                per_request["acceptance_length"] = acceptance_length(
-                    per_request["accepted_tokens"], per_request["draft_steps"]
-                )
         if before is None or after is None or metric_total(after, COUNTERS["drafts"]) is None:
             return per_request
         counters = counter_acceptance(before, after)

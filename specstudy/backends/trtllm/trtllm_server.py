@@ -45,7 +45,7 @@ import yaml
 from ...data.model_files import resolve_for_engine as resolve_model
 from ...frameworks.declaration import CellCheck, check_choice, check_method
 from ...frameworks.trtllm import ENGINE_DECODING, GUIDED_BACKENDS, PYTORCH_DECODING, TRTLLM, TRTLLM_ENGINE
-from ...metrics import acceptance_length, acceptance_rate
+from ...metrics import Counters, acceptance_length
 from ...records import Cell, Request, RequestRecord, Sampling
 from ..lifecycle import http_get
 from ..server_base import StreamingServerBackend
@@ -238,10 +238,12 @@ def iteration_acceptance(stats: Sequence[Mapping[str, Any]]) -> dict[str, Any] |
     rows = [r for r in rows if int(r.get("numDraftTokens") or 0) > 0]
     if not rows:
         return None
-    drafted = sum(int(r["numDraftTokens"]) for r in rows)
-    accepted = sum(int(r["numAcceptedTokens"]) for r in rows)
-    steps = sum(int(r["numRequestsWithDraftTokens"]) for r in rows)
-    al = acceptance_length(accepted, steps)
+    c = Counters.pooled(
+        Counters(int(r["numDraftTokens"]), int(r["numAcceptedTokens"]), int(r["numRequestsWithDraftTokens"]))
+        for r in rows
+    )
+    steps = int(c.draft_steps or 0)
+    al = acceptance_length(c.accepted, steps)
     reported = sum(float(r.get("acceptanceLength") or 0) * int(r["numRequestsWithDraftTokens"]) for r in rows) / steps
     convention = (
         "includes the bonus token (= the kit's AL)"
@@ -253,10 +255,10 @@ def iteration_acceptance(stats: Sequence[Mapping[str, Any]]) -> dict[str, Any] |
     return {
         "source": "trtllm iteration stats",
         "iterations": len(rows),
-        "drafted_tokens": drafted,
-        "accepted_tokens": accepted,
+        "drafted_tokens": c.drafted,
+        "accepted_tokens": c.accepted,
         "draft_steps": steps,
-        "alpha": acceptance_rate(accepted, drafted),
+        "alpha": c.alpha,
         "acceptance_length": al,
         "trtllm_acceptance_length": reported,
         "trtllm_convention": convention,

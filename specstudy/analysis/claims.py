@@ -17,6 +17,7 @@ from typing import Any, Literal
 import numpy as np
 
 from ..intervals import MIN_PROMPTS_FOR_CI
+from .stats import Pooled
 
 Direction = Literal["above", "below"]
 
@@ -45,10 +46,11 @@ class Estimate:
 
     @classmethod
     def of(cls, row: Any, name: str = "speedup") -> Estimate:
-        """``name``, its ``_ci`` and ``n_prompts`` of a :class:`~.stats.Pooled` (or a frame row of one)."""
-        value = getattr(row, name)
-        lo, hi = getattr(row, f"{name}_ci")
-        return cls(float(value) if finite(value) else math.nan, (float(lo), float(hi)), int(row.n_prompts))
+        """``name``, its ``_ci`` and ``n_prompts`` of a :class:`~.stats.Pooled` (read from the part that
+        holds them) or of a frame row of one (its flat CSV line)."""
+        get = row.value if isinstance(row, Pooled) else lambda k: getattr(row, k)
+        value, (lo, hi) = get(name), get(f"{name}_ci")
+        return cls(float(value) if finite(value) else math.nan, (float(lo), float(hi)), int(get("n_prompts")))
 
     @property
     def has_interval(self) -> bool:

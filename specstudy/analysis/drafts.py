@@ -115,9 +115,14 @@ def model_checks(pairs: Iterable[tuple[Sequence[RequestRecord], Sequence[Request
 def with_draft_mix(p: Pooled, data: Study, cell_ids: Iterable[str]) -> Pooled:
     """``p`` (pooled from ``cell_ids``) with its measured draft mix and model checks set."""
     pairs = [(data.records.get(c, []), data.baseline(c)) for c in cell_ids]
-    p.draft_mix = draft_mix(pairs)
-    p.model_checks = model_checks(pairs)
+    p.cost.draft_mix = draft_mix(pairs)
+    p.cost.model_checks = model_checks(pairs)
     return p
+
+
+def _with_mix(p: Pooled, mix: costmodel.DraftMix) -> Pooled:
+    """A copy of ``p`` whose cost part holds ``mix``."""
+    return replace(p, cost=replace(p.cost, draft_mix=mix))
 
 
 def pooled_drafts(data: Study, cell_ids: Iterable[str]) -> Pooled:
@@ -202,7 +207,7 @@ def optimal_measured(
     if not per_g:
         return None
     allp = pooled_drafts(data, cells)
-    mixes = {g: p.draft_mix for g, p in per_g.items() if p.draft_mix is not None}
+    mixes = {g: p.cost.draft_mix for g, p in per_g.items() if p.cost.draft_mix is not None}
     meta = data.meta(cells[0])
     if mixes:
         cap, depth, why = search_cap(list(mixes.values()), meta["method"], meta["drafter"], extrapolate)
@@ -211,10 +216,10 @@ def optimal_measured(
             found = mix_at(mixes, g)
             if found is None:
                 return NAN
-            return predicted_for(replace(per_g[found[0]], draft_mix=_with_costs(found[1], allp.draft_mix)), g)
+            return predicted_for(_with_mix(per_g[found[0]], _with_costs(found[1], allp.cost.draft_mix)), g)
 
     else:  # no counters: Leviathan's γ every step, searched to the γ values run
-        if not (isnum(allp.alpha_hat) and isnum(allp.c) and isnum(allp.verify_ratio)):
+        if not (isnum(allp.acceptance.alpha_hat) and isnum(allp.cost.c) and isnum(allp.cost.verify_ratio)):
             return None
         heads = draft_cap(meta["method"], meta["drafter"])[0]
         depth = max(per_g)
@@ -264,9 +269,9 @@ BENDS = {
 
 def model_bends(p: Pooled, gamma: int | None, measured_over_predicted: float = NAN) -> tuple[Bend, ...]:
     """Which of the cost model's assumptions a row's measurement bends (none: empty)."""
-    if p.synthetic is not None or not gamma:
+    if p.sample.synthetic is not None or not gamma:
         return ()
-    mix, notes = p.draft_mix, []
+    mix, notes = p.cost.draft_mix, []
     if mix is None:
         notes.append(Bend("not_counted"))
     else:
@@ -281,7 +286,7 @@ def model_bends(p: Pooled, gamma: int | None, measured_over_predicted: float = N
         if 0 < mix.draft_steps < FEW_DRAFT_STEPS:
             notes.append(Bend("few_draft_steps", (mix.draft_steps,)))
         if not mix.verify_by_k:
-            if isnum(p.verify_ratio):
+            if isnum(p.cost.verify_ratio):
                 notes.append(Bend("verify_one_mean"))
         elif missing := sorted(set(k) - set(mix.verify_by_k)):
             notes.append(Bend("verify_missing", tuple(missing)))
@@ -294,14 +299,14 @@ def model_bends(p: Pooled, gamma: int | None, measured_over_predicted: float = N
 
 def _why_off(p: Pooled) -> list[Bend]:
     """Measured departures from what the model takes as given, for a row outside :data:`BAND`."""
-    ch, out = p.model_checks, []
-    want = 1.0 + (p.c if p.separate_draft and isnum(p.c) else 0.0)
+    ch, out = p.cost.model_checks, []
+    want = 1.0 + (p.cost.c if p.sample.separate_draft and isnum(p.cost.c) else 0.0)
     r = ch.get("prompt_pass_ratio", NAN)
     if isnum(r) and abs(r / want - 1.0) > 0.1:
         out.append(Bend("prompt_pass", (r, want)))
     us, ua = ch.get("untimed_spec", NAN), ch.get("untimed_ar", NAN)
     if isnum(us) and isnum(ua) and abs(us - ua) > 0.05:
         out.append(Bend("untimed", (us, ua)))
-    if p.draft_mix is not None and not isnum(p.draft_mix.no_draft) and p.draft_mix.draft_share < 0.99:
+    if p.cost.draft_mix is not None and not isnum(p.cost.draft_mix.no_draft) and p.cost.draft_mix.draft_share < 0.99:
         out.append(Bend("no_draft_untimed"))
     return out or [Bend("outside_band", BAND)]

@@ -91,8 +91,8 @@ def predicted_rows(study: Study) -> pd.DataFrame:
         v = by_k.get(int(gamma) + 1, float("nan"))
         p = pooled_drafts(study, cids)  # with its measured draft lengths: n-gram steps draft only on a match
         curve = stats.verify_curve({k - 1: r for k, r in by_k.items() if k > 1})  # a draft of k verifies k + 1
-        pred = stats.predicted_for(p, gamma, c, curve if p.draft_mix is not None and curve is not None else v)
-        ratio = p.speedup / pred if stats.isnum(pred) and pred > 0 else float("nan")
+        pred = stats.predicted_for(p, gamma, c, curve if p.cost.draft_mix is not None and curve is not None else v)
+        ratio = p.paired.speedup / pred if stats.isnum(pred) and pred > 0 else float("nan")
         rows.append(
             {
                 "label": label,
@@ -100,14 +100,14 @@ def predicted_rows(study: Study) -> pd.DataFrame:
                 "sampling": sampling,
                 "drafter": drafter or "—",
                 "gamma": gamma,
-                "n": p.n_prompts,
-                "alpha": p.alpha,
-                "alpha_hat": p.alpha_hat,
+                "n": p.sample.n_prompts,
+                "alpha": p.acceptance.alpha,
+                "alpha_hat": p.acceptance.alpha_hat,
                 "c": c,
                 "verify_ratio": v,
-                "prefill_share": p.prefill_share,
-                "speedup": p.speedup,
-                "speedup_ci": p.speedup_ci,
+                "prefill_share": p.cost.prefill_share,
+                "speedup": p.paired.speedup,
+                "speedup_ci": p.paired.speedup_ci,
                 "predicted_speedup": pred,
                 "measured_over_predicted": ratio,
                 "model_bends": model_bends(p, gamma, ratio) if stats.isnum(pred) else None,

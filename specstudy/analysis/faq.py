@@ -97,20 +97,20 @@ def per_cell_acceptance(study: Study) -> pd.DataFrame:
         if m["batch_size"] != 1 or m["max_new_tokens"] != mnt:
             continue
         p = pooled(study, [c])
-        if isnum(p.alpha) and isnum(p.speedup):
+        if isnum(p.acceptance.alpha) and isnum(p.paired.speedup):
             rows.append(
                 {
                     "cell": c,
                     "label": m["label"],
                     "task": m["task"],
                     "gamma": m["gamma"],
-                    "alpha": p.alpha,
-                    "speedup": p.speedup,
-                    "speedup_ci": p.speedup_ci,
-                    "n_prompts": p.n_prompts,
-                    "c": p.c,
-                    "verify_ratio": p.verify_ratio,
-                    "alpha_hat": p.alpha_hat,
+                    "alpha": p.acceptance.alpha,
+                    "speedup": p.paired.speedup,
+                    "speedup_ci": p.paired.speedup_ci,
+                    "n_prompts": p.sample.n_prompts,
+                    "c": p.cost.c,
+                    "verify_ratio": p.cost.verify_ratio,
+                    "alpha_hat": p.acceptance.alpha_hat,
                 }
             )
     return pd.DataFrame(rows)

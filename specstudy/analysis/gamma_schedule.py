@@ -58,9 +58,9 @@ def _candidates(study: Study, cells: Sequence[str]) -> list[dict[str, Any]]:
                 "gamma": g,
                 "repeats": len(reps),
                 "score": robust_score(reps),
-                "speedup": p.speedup,
-                "speedup_ci": p.speedup_ci,
-                "n_prompts": p.n_prompts,
+                "speedup": p.paired.speedup,
+                "speedup_ci": p.paired.speedup_ci,
+                "n_prompts": p.sample.n_prompts,
                 "predicted": stats.predicted_for(p, g),
                 "cells": sorted(cs),
             }

@@ -46,7 +46,7 @@ def _memory_cells(study: Study) -> list[dict[str, Any]]:
     rows = []
     for c in _spec_all(study):
         p = pooled(study, [c])
-        if not isnum(p.memory_overhead_bytes):
+        if not isnum(p.cost.memory_overhead_bytes):
             continue
         spec, base = study.records.get(c, []), study.baseline(c)
         src = {r.memory_source for r in spec + base if r.memory_source}
@@ -63,7 +63,7 @@ def _memory_cells(study: Study) -> list[dict[str, Any]]:
                 "label": m["label"],
                 "family": m["family"],
                 "drafter": m["drafter"],
-                "overhead": p.memory_overhead_bytes,
+                "overhead": p.cost.memory_overhead_bytes,
                 "noise": noise,
                 "source": _source_name(src),
             }

@@ -48,21 +48,21 @@ def _measured_rows(study: Study, by_gamma: dict[int, list[str]], extrapolate: bo
     rows = []
     for g, p in sorted(per_g.items()):
         pred = predicted_for(p, g)
-        ratio = p.speedup / pred if isnum(pred) and pred > 0 else float("nan")
+        ratio = p.paired.speedup / pred if isnum(pred) and pred > 0 else float("nan")
         rows.append(
             {
-                "alpha_hat": p.alpha_hat,
+                "alpha_hat": p.acceptance.alpha_hat,
                 "gamma": g,
-                "draft_share": p.draft_mix.draft_share if p.draft_mix else float("nan"),
+                "draft_share": p.cost.draft_mix.draft_share if p.cost.draft_mix else float("nan"),
                 "predicted_speedup": pred,
-                "measured_speedup": p.speedup,
+                "measured_speedup": p.paired.speedup,
                 "optimal_gamma": opt["gamma"],
                 "speedup_at_optimal_gamma": opt["speedup"],
                 "searched_gamma_max": opt["max_gamma"],
                 "baseline_tokens_per_s": float("nan"),
                 "break_even_batch": None,
                 "costs_from": "measured",
-                **_search(opt, p.alpha_hat),
+                **_search(opt, p.acceptance.alpha_hat),
                 "bends": model_bends(p, g, ratio),
             }
         )
@@ -94,14 +94,14 @@ def _roofline_row(
     allp = pooled_drafts(study, [c for cs in by_gamma.values() for c in cs])
     params = study.model_params()
     tp = target_params or params.get(model)
-    if not isnum(allp.alpha_hat) or not tp:
+    if not isnum(allp.acceptance.alpha_hat) or not tp:
         return None
     dp = draft_params or (params.get(drafter) if drafter else None)
     pair = study.model_pair(model) or {}
     dt = cost_dtype(pair.get("dtype", "bf16"), pair.get("quantization", "none")) if profile.kind == "cpu" else "bf16"
-    alpha = min(max(float(allp.alpha_hat), 0.0), 1.0)
+    alpha = min(max(float(allp.acceptance.alpha_hat), 0.0), 1.0)
     deepest = max(by_gamma)
-    mix = pooled_drafts(study, by_gamma[deepest]).draft_mix
+    mix = pooled_drafts(study, by_gamma[deepest]).cost.draft_mix
     method = study.meta(by_gamma[deepest][0])["method"]
     if mix is not None:
         cap, depth, why = search_cap([mix], method, drafter or None, extrapolate)
@@ -116,7 +116,7 @@ def _roofline_row(
     be = costmodel.break_even_batch(profile, tp, draft, alpha, pred.gamma, dt, mix=mix, beyond=beyond)
     opt = {"gamma": pred.gamma, "max_gamma": cap, "why": why, "depth": depth, "extrapolated": pred.gamma > depth}
     return {
-        "alpha_hat": allp.alpha_hat,
+        "alpha_hat": allp.acceptance.alpha_hat,
         "gamma": pred.gamma,
         "draft_share": pred.draft_share,
         "predicted_speedup": pred.speedup,
@@ -132,7 +132,7 @@ def _roofline_row(
         "cost_profile_source": profile.source,
         "cost_target_params": tp,
         "cost_dtype": dt,
-        **_search(opt, allp.alpha_hat),
+        **_search(opt, allp.acceptance.alpha_hat),
         "bends": (),
     }
 

@@ -57,7 +57,7 @@ class HardwareRow:
     def record(self) -> dict[str, Any]:
         """The row's numbers as its CSV line: key fields, then every field of its ``Pooled``."""
         keys = ("framework", "method", "label", "model", "drafter", "gamma", "sampling", "precision")
-        return {**{k: getattr(self, k) for k in keys}, **dataclasses.asdict(self.pooled)}
+        return {**{k: getattr(self, k) for k in keys}, **self.pooled.record()}
 
 
 def hardware_groups(study: Study, sweep: str | None = "hardware") -> dict[tuple[Any, ...], list[str]]:
@@ -117,7 +117,7 @@ class Prediction:
     @classmethod
     def of(cls, p: Pooled, gamma: Any) -> Prediction:
         pred = predicted_for(p, gamma)
-        ratio = p.speedup / pred if isnum(pred) and pred > 0 and isnum(p.speedup) else NAN
+        ratio = p.paired.speedup / pred if isnum(pred) and pred > 0 and isnum(p.paired.speedup) else NAN
         return cls(pred, ratio, model_bends(p, gamma, ratio) if isnum(pred) else ())
 
 
@@ -140,7 +140,7 @@ class MethodRow:
         words the prediction's note beside ``predicted_speedup``)."""
         keys = ("framework", "label", "gamma", "batch_size", "drafter", "sampling")
         pred = {"predicted_speedup": self.prediction.speedup}
-        return {**{k: getattr(self, k) for k in keys}, **pred, **dataclasses.asdict(self.pooled)}
+        return {**{k: getattr(self, k) for k in keys}, **pred, **self.pooled.record()}
 
 
 def family_cells(study: Study, family: str, sweep: str | None) -> list[str]:

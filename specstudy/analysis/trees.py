@@ -126,8 +126,8 @@ def expected_al(m: dict[str, Any], p: Pooled, study: Study, cells: list[str]) ->
     if m["method"] == "sequoia":
         vals = [float(v) for v in _extras(study, cells, "sequoia_expected_al")]
         return (sum(vals) / len(vals), "Sequoia DP (calibrated acceptance)") if vals else (math.nan, "—")
-    if tree_shape(m, study, cells).kind == "chain" and isnum(p.alpha_hat) and m["gamma"]:
-        return float(expected_acceptance_length(float(p.alpha_hat), int(m["gamma"]))), "chain, i.i.d. α̂"
+    if tree_shape(m, study, cells).kind == "chain" and isnum(p.acceptance.alpha_hat) and m["gamma"]:
+        return float(expected_acceptance_length(float(p.acceptance.alpha_hat), int(m["gamma"]))), "chain, i.i.d. α̂"
     return math.nan, "no closed form for this shape"
 
 
@@ -226,10 +226,10 @@ def tree_frame(rows: list[TreeRow]) -> pd.DataFrame:
                 "drafter": r.drafter,
                 "gamma": r.gamma,
                 "expected_al": r.expected_al,
-                "acceptance_length": r.pooled.acceptance_length,
-                "speedup": r.pooled.speedup,
-                "speedup_ci": r.pooled.speedup_ci,
-                "n_prompts": r.pooled.n_prompts,
+                "acceptance_length": r.pooled.acceptance.acceptance_length,
+                "speedup": r.pooled.paired.speedup,
+                "speedup_ci": r.pooled.paired.speedup_ci,
+                "n_prompts": r.pooled.sample.n_prompts,
             }
             for r in rows
         ]

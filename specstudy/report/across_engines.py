@@ -166,11 +166,15 @@ def acceptance_across_engines(study: Study) -> tuple[pd.DataFrame, pd.DataFrame]
                     "Task": task,
                     "Sampling": sampling_text(sampling),
                     "Framework": fw,
-                    "α": fmt_ci(p.alpha, p.alpha_ci, 3, "", n=p.n_prompts),
-                    "AL": fmt_ci(p.acceptance_length, p.acceptance_length_ci, n=p.n_prompts),
-                    "Per-position acceptance (conditional)": per_position(p.per_position_conditional),
-                    "Greedy outputs equal AR's": "—" if p.exact_match != p.exact_match else f"{p.exact_match:.0%}",
-                    "n (prompts)": p.n_prompts,
+                    "α": fmt_ci(p.acceptance.alpha, p.acceptance.alpha_ci, 3, "", n=p.sample.n_prompts),
+                    "AL": fmt_ci(
+                        p.acceptance.acceptance_length, p.acceptance.acceptance_length_ci, n=p.sample.n_prompts
+                    ),
+                    "Per-position acceptance (conditional)": per_position(p.acceptance.per_position_conditional),
+                    "Greedy outputs equal AR's": "—"
+                    if p.quality.exact_match != p.quality.exact_match
+                    else f"{p.quality.exact_match:.0%}",
+                    "n (prompts)": p.sample.n_prompts,
                     "Across engines": said,
                 }
             )
@@ -182,12 +186,12 @@ def acceptance_across_engines(study: Study) -> tuple[pd.DataFrame, pd.DataFrame]
                     "task": task,
                     "sampling": sampling,
                     "framework": fw,
-                    "alpha": p.alpha,
-                    "alpha_ci": p.alpha_ci,
-                    "acceptance_length": p.acceptance_length,
-                    "acceptance_length_ci": p.acceptance_length_ci,
-                    "per_position_conditional": p.per_position_conditional,
-                    "n_prompts": p.n_prompts,
+                    "alpha": p.acceptance.alpha,
+                    "alpha_ci": p.acceptance.alpha_ci,
+                    "acceptance_length": p.acceptance.acceptance_length,
+                    "acceptance_length_ci": p.acceptance.acceptance_length_ci,
+                    "per_position_conditional": p.acceptance.per_position_conditional,
+                    "n_prompts": p.sample.n_prompts,
                     "verdict": said,
                     "interval_verdict": intervals,
                 }

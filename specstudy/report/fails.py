@@ -59,12 +59,12 @@ def large_batch(study: Study) -> pd.DataFrame:
                     "Framework": case.framework,
                     "Sampling": sampling_text(case.sampling),
                     "Batch": b,
-                    "Speedup (measured)": fmt_ci(p.speedup, p.speedup_ci, 2, "×", n=p.n_prompts),
+                    "Speedup (measured)": fmt_ci(p.paired.speedup, p.paired.speedup_ci, 2, "×", n=p.sample.n_prompts),
                     "Speedup (cost model, prediction)": fmt(pred, 2, "×"),
-                    "measured/predicted": fmt(p.speedup / pred if isnum(pred) and pred > 0 else NAN),
+                    "measured/predicted": fmt(p.paired.speedup / pred if isnum(pred) and pred > 0 else NAN),
                     "costs": costs if isnum(pred) else "—",
-                    "n (prompts)": p.n_prompts,
-                    "repeats": p.n_repeats,
+                    "n (prompts)": p.sample.n_prompts,
+                    "repeats": p.sample.n_repeats,
                 }
             )
     return pd.DataFrame(rows)
@@ -76,12 +76,12 @@ def _batch_prediction(study: Study, case: BatchCase, b: int) -> tuple[float, str
     p, g = case.pooled[b], case.gamma
     pred, prof, params = predicted_for(p, g), study.profile, study.model_params()
     tgt = study.meta(case.cells[b][0])["model"]
-    if isnum(pred) or prof is None or tgt not in params or not isnum(p.alpha_hat):
+    if isnum(pred) or prof is None or tgt not in params or not isnum(p.acceptance.alpha_hat):
         return pred, "measured"
     dr = study.meta(case.cells[b][0])["drafter"]
     draft = params.get(dr) if dr else None
-    c = p.c if isnum(p.c) else None
-    pr = costmodel.predict(prof, params[tgt], draft, min(p.alpha_hat, 1.0), _cm_dtype(study, tgt), b, g, c=c)
+    c = p.cost.c if isnum(p.cost.c) else None
+    pr = costmodel.predict(prof, params[tgt], draft, min(p.acceptance.alpha_hat, 1.0), _cm_dtype(study, tgt), b, g, c=c)
     return pr.speedup, f"roofline ({prof.name})"
 
 
@@ -134,13 +134,13 @@ def low_alpha(study: Study, per_cell: pd.DataFrame) -> pd.DataFrame:
             {
                 "Cells": name,
                 "cells (n)": len(cells),
-                "α pooled": fmt_ci(p.alpha, p.alpha_ci, n=p.n_prompts),
-                "Speedup (measured)": fmt_ci(p.speedup, p.speedup_ci, 2, "×", n=p.n_prompts),
+                "α pooled": fmt_ci(p.acceptance.alpha, p.acceptance.alpha_ci, n=p.sample.n_prompts),
+                "Speedup (measured)": fmt_ci(p.paired.speedup, p.paired.speedup_ci, 2, "×", n=p.sample.n_prompts),
                 "cells slower / cannot tell / faster than AR (own interval) / n too small": (
                     f"{k['below']} / {k['contains']} / {k['above']} / {k[claims.N_TOO_SMALL]}"
                 ),
-                "n (prompts)": p.n_prompts,
-                "repeats": p.n_repeats,
+                "n (prompts)": p.sample.n_prompts,
+                "repeats": p.sample.n_repeats,
             }
         )
     return pd.DataFrame(tab)
@@ -199,10 +199,14 @@ def short_outputs(study: Study) -> pd.DataFrame:
                 "max_new_tokens": case.max_new_tokens,
                 "Framework": case.framework,
                 "Sampling": sampling_text(case.sampling),
-                "Speedup short (measured)": fmt_ci(ps.speedup, ps.speedup_ci, 2, "×", n=ps.n_prompts),
-                "AR's TTFT share of E2E (short)": fmt(ps.prefill_share),
-                f"Speedup at {mnt} tokens (measured)": fmt_ci(pl.speedup, pl.speedup_ci, 2, "×", n=pl.n_prompts),
-                "n (prompts)": ps.n_prompts,
+                "Speedup short (measured)": fmt_ci(
+                    ps.paired.speedup, ps.paired.speedup_ci, 2, "×", n=ps.sample.n_prompts
+                ),
+                "AR's TTFT share of E2E (short)": fmt(ps.cost.prefill_share),
+                f"Speedup at {mnt} tokens (measured)": fmt_ci(
+                    pl.paired.speedup, pl.paired.speedup_ci, 2, "×", n=pl.sample.n_prompts
+                ),
+                "n (prompts)": ps.sample.n_prompts,
             }
         )
     return pd.DataFrame(tab)

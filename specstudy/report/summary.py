@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from .. import metrics
-from ..analysis import claims, faq, stats
+from ..analysis import claims, faq, row_parts
 from ..analysis.claims import Estimate
 from ..analysis.pairing import control_rows
 from ..analysis.rows import HardwareRow
@@ -40,7 +40,7 @@ def _sampling_order(samplings: Iterable[str]) -> list[str]:
 
 def _speculative(rows: Sequence[HardwareRow]) -> list[HardwareRow]:
     """The rows a best method is picked from: speculative, measured acceptance, a speedup."""
-    return [r for r in rows if not r.is_ar and r.pooled.synthetic is None and isnum(r.pooled.speedup)]
+    return [r for r in rows if not r.is_ar and r.pooled.sample.synthetic is None and isnum(r.pooled.paired.speedup)]
 
 
 def best_per_framework(hw_rows: Sequence[HardwareRow]) -> list[str]:
@@ -55,7 +55,10 @@ def best_per_framework(hw_rows: Sequence[HardwareRow]) -> list[str]:
         g_fw = [r for r in spec if r.framework == fw]
         for sampling in _sampling_order(r.sampling for r in g_fw):
             g = [r for r in g_fw if r.sampling == sampling]
-            ok = sorted((r for r in g if r.pooled.n_prompts >= MIN_PROMPTS_FOR_CI), key=lambda r: -r.pooled.speedup)
+            ok = sorted(
+                (r for r in g if r.pooled.sample.n_prompts >= MIN_PROMPTS_FOR_CI),
+                key=lambda r: -r.pooled.paired.speedup,
+            )
             lines.append(_best_line(fw, sampling, ok, len(g) - len(ok)))
     return lines
 
@@ -72,7 +75,7 @@ def _best_line(fw: str, sampling: str, ok: list[HardwareRow], few: int) -> str:
     text = (
         f"- **{fw}**, {sampling_text(sampling)}: the fastest of {len(ok)} row{'s' if len(ok) > 1 else ''} at batch 1 with "
         f"≥ {MIN_PROMPTS_FOR_CI} paired prompts is {_row_name(best)} at {estimate_text(e)} over its paired AR "
-        f"baseline (AL {fmt(best.pooled.acceptance_length)}, n = {e.n} prompts): {wording.versus(e)}."
+        f"baseline (AL {fmt(best.pooled.acceptance.acceptance_length)}, n = {e.n} prompts): {wording.versus(e)}."
     )
     if len(ok) > 1:
         ru = ok[1]
@@ -128,7 +131,7 @@ def divergences(study: Study) -> list[str]:
         for c in sorted(cells):
             pairs = metrics.paired_records(study.baseline(c), study.records.get(c, []))
             n += len(pairs)
-            found += [{**d, "batch_size": study.meta(c)["batch_size"]} for d in stats.divergences(pairs)]
+            found += [{**d, "batch_size": study.meta(c)["batch_size"]} for d in row_parts.divergences(pairs)]
         if not found:
             matched += n
             continue
@@ -156,7 +159,7 @@ def caveats(study: Study, hw_rows: Sequence[HardwareRow]) -> list[str]:
     )
     precisions = sorted({f"{r.framework}: {r.precision}" for r in hw_rows})
     samplings = sorted({sampling_text(m["sampling"]) for m in study.cells.values()})
-    n = [r.pooled.n_prompts for r in hw_rows if not r.is_ar]
+    n = [r.pooled.sample.n_prompts for r in hw_rows if not r.is_ar]
     host = study.provenance.get("host", {})
     device = ", ".join(host.get("gpus") or []) or f"CPU ({host.get('cpu_model', '?')})"
     lines = [

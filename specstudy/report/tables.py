@@ -7,7 +7,8 @@ a file; :mod:`specstudy.report` does.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
@@ -55,12 +56,12 @@ def flag_mark(study: Study, cells: Sequence[str]) -> str:
 
 def _label(label: str, p: Pooled) -> str:
     """A row's method name, marked where its acceptance was fixed for timing."""
-    return f"{label} (synthetic acceptance {p.synthetic})" if p.synthetic else label
+    return f"{label} (synthetic acceptance {p.sample.synthetic})" if p.sample.synthetic else label
 
 
 def _ms(p: Pooled, name: str) -> str:
     """``mean / p50 / p99`` of a latency in milliseconds."""
-    vals = [getattr(p, f"{name}_s"), getattr(p, f"{name}_p50_s"), getattr(p, f"{name}_p99_s")]
+    vals = p.latency.of_kind(name)
     return " / ".join(fmt(v * 1e3 if isnum(v) else NAN, 1) for v in vals)
 
 
@@ -69,9 +70,9 @@ def _quality(p: Pooled, is_ar: bool) -> dict[str, str]:
     if is_ar:
         return {"PPL Δ (spec − AR)": "—", "log-prob shift p": "—", "Exact match (greedy)": "—"}
     return {
-        "PPL Δ (spec − AR)": fmt(p.ppl_diff, 3),
-        "log-prob shift p": fmt(p.logprob_p),
-        "Exact match (greedy)": fmt(p.exact_match),
+        "PPL Δ (spec − AR)": fmt(p.quality.ppl_diff, 3),
+        "log-prob shift p": fmt(p.quality.logprob_p),
+        "Exact match (greedy)": fmt(p.quality.exact_match),
     }
 
 
@@ -93,15 +94,15 @@ def precision_target(study: Study, cell_ids: Sequence[str]) -> dict[str, Any] | 
 def precision_note(p: Pooled, target: dict[str, Any] | None = None) -> str:
     """The speedup interval's half-width relative to the speedup, and whether the stopping rule met its
     target or its cap stopped it."""
-    if p.n_prompts < MIN_PROMPTS_FOR_CI:
-        return f"n too small ({p.n_prompts} prompts)"
-    if not isnum(p.speedup_precision):
+    if p.sample.n_prompts < MIN_PROMPTS_FOR_CI:
+        return f"n too small ({p.sample.n_prompts} prompts)"
+    if not isnum(p.paired.speedup_precision):
         return "—"
-    reached = f"±{100 * p.speedup_precision:.1f} %"
+    reached = f"±{100 * p.paired.speedup_precision:.1f} %"
     if target is None:
         return f"{reached} (fixed n)"
     goal = float(target["rel_half_width"])
-    if p.speedup_precision <= goal:
+    if p.paired.speedup_precision <= goal:
         return f"{reached} (target ±{100 * goal:g} % met)"
     return f"{reached} (target ±{100 * goal:g} % not met: cap of {target['max_prompts']} prompts per task)"
 
@@ -125,30 +126,68 @@ def _draft_name(r: HardwareRow) -> str:
     return drafts_from(r.method) or "—"
 
 
+Show = Callable[[Study, HardwareRow], Any]
+
+
+@dataclass(frozen=True)
+class Column:
+    """A column of the headline table: its title, what a row shows, and what an AR row shows instead
+    (None: the same)."""
+
+    title: str
+    show: Show
+    ar: Any = None
+
+
+def estimate(of: Callable[[Pooled], tuple[Any, tuple[float, float]]], digits: int = 2, suffix: str = "") -> Show:
+    """A measured estimate and its 95 % interval, both from the row's part (``of``: the pair), marked where
+    the row's n is too small for an interval."""
+    return lambda study, r: fmt_ci(*of(r.pooled), digits, suffix, n=r.pooled.sample.n_prompts)
+
+
+def _method_cell(study: Study, r: HardwareRow) -> str:
+    return ("Baseline (AR)" if r.is_ar else _label(r.label, r.pooled)) + flag_mark(study, r.cells)
+
+
+def _seed_row_cell(study: Study, r: HardwareRow) -> str:
+    return seed_row_name(r.method, is_dynamic_tree(x for c in r.cells for x in study.records.get(c, [])))
+
+
+#: the headline (hardware) table's columns in order.  A new column: its metric in
+#: :mod:`specstudy.metrics`, its field (and interval) in a part of :mod:`specstudy.analysis.row_parts`,
+#: and one line here (docs/methodology.md, "Adding a headline column")
+HEADLINE_COLUMNS: list[Column] = [
+    Column("Method", _method_cell),
+    Column("Seed row", _seed_row_cell),
+    Column("Framework", lambda study, r: r.framework),
+    Column("Precision", lambda study, r: r.precision),
+    Column("Target", lambda study, r: short_model(r.model)),
+    Column("Draft", lambda study, r: _draft_name(r), ar="—"),
+    Column("γ", lambda study, r: r.gamma, ar="—"),
+    Column("Sampling", lambda study, r: sampling_text(r.sampling)),
+    Column("α", estimate(lambda p: (p.acceptance.alpha, p.acceptance.alpha_ci)), ar="—"),
+    Column("AL", estimate(lambda p: (p.acceptance.acceptance_length, p.acceptance.acceptance_length_ci)), ar="—"),
+    Column("tokens/s", estimate(lambda p: (p.throughput.tokens_per_s, p.throughput.tokens_per_s_ci), 1)),
+    Column("Speedup", estimate(lambda p: (p.paired.speedup, p.paired.speedup_ci), 2, "×"), ar="1.0×"),
+    Column(
+        "Arms timed apart (median)",
+        lambda study, r: apart_text(r.pooled.sample.arms_apart_s, r.pooled.sample.arms_order),
+        ar="—",
+    ),
+    Column(
+        "Decode speedup (TPOT ratio)",
+        estimate(lambda p: (p.paired.decode_speedup, p.paired.decode_speedup_ci), 2, "×"),
+        ar="—",
+    ),
+    Column("n (prompts)", lambda study, r: r.pooled.sample.n_prompts),
+    Column("repeats", lambda study, r: r.pooled.sample.n_repeats, ar="—"),
+    Column("Precision reached", lambda study, r: precision_note(r.pooled, precision_target(study, r.cells)), ar="—"),
+]
+
+
 def _hardware_cells(study: Study, r: HardwareRow) -> dict[str, Any]:
-    """One hardware-table row as shown: values with their 95 % CI."""
-    p, is_ar = r.pooled, r.is_ar
-    return {
-        "Method": ("Baseline (AR)" if is_ar else _label(r.label, p)) + flag_mark(study, r.cells),
-        "Seed row": seed_row_name(r.method, is_dynamic_tree(x for c in r.cells for x in study.records.get(c, []))),
-        "Framework": r.framework,
-        "Precision": r.precision,
-        "Target": short_model(r.model),
-        "Draft": "—" if is_ar else _draft_name(r),
-        "γ": "—" if is_ar else r.gamma,
-        "Sampling": sampling_text(r.sampling),
-        "α": "—" if is_ar else fmt_ci(p.alpha, p.alpha_ci, n=p.n_prompts),
-        "AL": "—" if is_ar else fmt_ci(p.acceptance_length, p.acceptance_length_ci, n=p.n_prompts),
-        "tokens/s": fmt_ci(p.tokens_per_s, p.tokens_per_s_ci, 1, n=p.n_prompts),
-        "Speedup": "1.0×" if is_ar else fmt_ci(p.speedup, p.speedup_ci, 2, "×", n=p.n_prompts),
-        "Arms timed apart (median)": "—" if is_ar else apart_text(p.arms_apart_s, p.arms_order),
-        "Decode speedup (TPOT ratio)": "—"
-        if is_ar
-        else fmt_ci(p.decode_speedup, p.decode_speedup_ci, 2, "×", n=p.n_prompts),
-        "n (prompts)": p.n_prompts,
-        "repeats": p.n_repeats if not is_ar else "—",
-        "Precision reached": "—" if is_ar else precision_note(p, precision_target(study, r.cells)),
-    }
+    """One hardware-table row as shown: a value per :data:`HEADLINE_COLUMNS`, estimates with their 95 % CI."""
+    return {c.title: c.ar if r.is_ar and c.ar is not None else c.show(study, r) for c in HEADLINE_COLUMNS}
 
 
 def _prediction(pr: Prediction) -> dict[str, str]:
@@ -169,21 +208,23 @@ def metric_table(study: Study, sweep: str | None = "hardware") -> pd.DataFrame:
     rows = []
     for r in hardware_rows(study, sweep, pool=pooled_drafts):
         p, is_ar = r.pooled, r.is_ar
-        lo, hi = p.speedup_runs
+        lo, hi = p.paired.speedup_runs
         rows.append(
             {
                 "Method": ("Baseline (AR)" if is_ar else _label(r.label, p)) + flag_mark(study, r.cells),
                 "Framework": r.framework,
                 "γ": "—" if is_ar else r.gamma,
                 "Sampling": sampling_text(r.sampling),
-                "tokens/s": fmt(p.tokens_per_s, 1),
+                "tokens/s": fmt(p.throughput.tokens_per_s, 1),
                 "TTFT ms (mean / p50 / p99)": _ms(p, "ttft"),
                 "TPOT ms (mean / p50 / p99)": _ms(p, "tpot"),
                 "E2E ms (mean / p50 / p99)": _ms(p, "e2e"),
-                "tokens / target forward": fmt(p.tokens_per_forward),
+                "tokens / target forward": fmt(p.acceptance.tokens_per_forward),
                 "Memory overhead": "—" if is_ar else memory.get((r.framework, r.label), "—"),
                 **_quality(p, is_ar),
-                "Speedup run-to-run (min–max)": "—" if is_ar or lo != lo else f"{lo:.2f}–{hi:.2f} ({p.n_repeats} runs)",
+                "Speedup run-to-run (min–max)": "—"
+                if is_ar or lo != lo
+                else f"{lo:.2f}–{hi:.2f} ({p.sample.n_repeats} runs)",
                 **(dict.fromkeys(_prediction(Prediction()), "—") if is_ar else _prediction(Prediction.of(p, r.gamma))),
             }
         )
@@ -213,20 +254,20 @@ def _method_cells(study: Study, r: MethodRow) -> dict[str, Any]:
         "γ": r.gamma,
         "Batch": r.batch_size,
         "Sampling": sampling_text(r.sampling),
-        "α": fmt_ci(p.alpha, p.alpha_ci, n=p.n_prompts),
-        "α̂ (i.i.d.)": fmt(p.alpha_hat),
-        "AL": fmt_ci(p.acceptance_length, p.acceptance_length_ci, n=p.n_prompts),
-        "AL per request (mean)": fmt(p.acceptance_length_per_request),
-        "requests never drafted": "—" if p.never_drafted is None else p.never_drafted,
-        "tokens / target forward": fmt(p.tokens_per_forward),
-        "c (measured)": fmt(p.c, 3),
-        "verify cost (×T1)": fmt(p.verify_ratio),
-        "tokens/s": fmt_ci(p.tokens_per_s, p.tokens_per_s_ci, 1, n=p.n_prompts),
-        "Speedup (measured)": fmt_ci(p.speedup, p.speedup_ci, 2, "×", n=p.n_prompts),
+        "α": fmt_ci(p.acceptance.alpha, p.acceptance.alpha_ci, n=p.sample.n_prompts),
+        "α̂ (i.i.d.)": fmt(p.acceptance.alpha_hat),
+        "AL": fmt_ci(p.acceptance.acceptance_length, p.acceptance.acceptance_length_ci, n=p.sample.n_prompts),
+        "AL per request (mean)": fmt(p.acceptance.acceptance_length_per_request),
+        "requests never drafted": "—" if p.acceptance.never_drafted is None else p.acceptance.never_drafted,
+        "tokens / target forward": fmt(p.acceptance.tokens_per_forward),
+        "c (measured)": fmt(p.cost.c, 3),
+        "verify cost (×T1)": fmt(p.cost.verify_ratio),
+        "tokens/s": fmt_ci(p.throughput.tokens_per_s, p.throughput.tokens_per_s_ci, 1, n=p.sample.n_prompts),
+        "Speedup (measured)": fmt_ci(p.paired.speedup, p.paired.speedup_ci, 2, "×", n=p.sample.n_prompts),
         **_prediction(r.prediction),
-        "n (prompts)": p.n_prompts,
-        "repeats": p.n_repeats,
-        "Exact match (greedy)": fmt(p.exact_match),
+        "n (prompts)": p.sample.n_prompts,
+        "repeats": p.sample.n_repeats,
+        "Exact match (greedy)": fmt(p.quality.exact_match),
     }
 
 
@@ -269,11 +310,11 @@ def batch_sweep_frame(study: Study, family: str, sweep: str | None = "method_fam
                     "drafter": drafter,
                     "sampling": sampling,
                     "batch_size": batch,
-                    "tokens_per_s": p.tokens_per_s,
-                    "tokens_per_s_ci": p.tokens_per_s_ci,
-                    "tpot_p50_s": p.tpot_p50_s,
-                    "speedup": p.speedup,
-                    "n_requests": p.n_requests,
+                    "tokens_per_s": p.throughput.tokens_per_s,
+                    "tokens_per_s_ci": p.throughput.tokens_per_s_ci,
+                    "tpot_p50_s": p.latency.tpot_p50_s,
+                    "speedup": p.paired.speedup,
+                    "n_requests": p.sample.n_requests,
                 }
             )
     return pd.DataFrame(rows)
@@ -331,17 +372,19 @@ def _best_gammas(study: Study, spec: list[str]) -> tuple[list[str], list[str]]:
         for c in cs:
             by_g.setdefault(study.meta(c)["gamma"], []).append(c)
         pg = {g: pooled_drafts(study, v) for g, v in by_g.items()}
-        ok = {g: p for g, p in pg.items() if isnum(p.speedup)}
+        ok = {g: p for g, p in pg.items() if isnum(p.paired.speedup)}
         if ok:
-            g_best = max(ok, key=lambda g: ok[g].speedup)
+            g_best = max(ok, key=lambda g: ok[g].paired.speedup)
             pb = ok[g_best]
             pred = predicted_for(pb, g_best)
             vs = (
-                f", predicted {pred:.2f}×, measured/predicted {pb.speedup / pred:.2f}"
+                f", predicted {pred:.2f}×, measured/predicted {pb.paired.speedup / pred:.2f}"
                 if isnum(pred) and pred > 0
                 else ""
             )
-            best.append(f"{name}: γ={g_best} ({fmt_ci(pb.speedup, pb.speedup_ci, 2, '×', n=pb.n_prompts)}{vs})")
+            best.append(
+                f"{name}: γ={g_best} ({fmt_ci(pb.paired.speedup, pb.paired.speedup_ci, 2, '×', n=pb.sample.n_prompts)}{vs})"
+            )
         opt = optimal_measured(study, {g: v for g, v in by_g.items() if g}, per_g=pg)
         if opt is not None:
             why = limit_text(opt["why"], opt["max_gamma"])
@@ -368,37 +411,37 @@ def task_table(study: Study, tasks: Sequence[str] | None = None, sweep: str | No
         if not spec and not base:
             continue
         ent = pooled(study, base or spec)  # entropy of the target along its own (AR) text
-        alphas = [p.alpha for p in (pooled(study, [c]) for c in spec) if isnum(p.alpha)]
+        alphas = [p.acceptance.alpha for p in (pooled(study, [c]) for c in spec) if isnum(p.acceptance.alpha)]
         allp = pooled(study, spec) if spec else Pooled()
         best, model_opt = _best_gammas(study, [c for c in spec if c not in _flags(study)])
         left = sum(c in _flags(study) for c in spec)
         rows.append(
             {
                 "Task": TASK_TITLES.get(task, task) + flag_mark(study, spec + base),
-                "Entropy (nats/token)": fmt_ci(ent.entropy, ent.entropy_ci),
+                "Entropy (nats/token)": fmt_ci(ent.quality.entropy, ent.quality.entropy_ci),
                 "α range (per cell)": f"{min(alphas):.2f}–{max(alphas):.2f}" if alphas else "—",
-                "α pooled": fmt_ci(allp.alpha, allp.alpha_ci, n=allp.n_prompts),
+                "α pooled": fmt_ci(allp.acceptance.alpha, allp.acceptance.alpha_ci, n=allp.sample.n_prompts),
                 "Best γ measured": ("; ".join(best) or "—")
                 + (f" ({left} flagged cell{'s' if left > 1 else ''} left out)" if left else ""),
                 "Optimal γ (cost model from measured draft lengths, α̂, c; prediction)": "; ".join(model_opt) or "—",
-                "n (prompts)": allp.n_prompts,
+                "n (prompts)": allp.sample.n_prompts,
                 "Seed article (quoted, not measured)": seed_reference(task, study),
             }
         )
         raw.append(
             {
                 "task": task,
-                "entropy": ent.entropy,
-                "entropy_ci": ent.entropy_ci,
+                "entropy": ent.quality.entropy,
+                "entropy_ci": ent.quality.entropy_ci,
                 "alpha_min": min(alphas) if alphas else NAN,
                 "alpha_max": max(alphas) if alphas else NAN,
-                "alpha": allp.alpha,
-                "alpha_ci": allp.alpha_ci,
-                "alpha_hat": allp.alpha_hat,
+                "alpha": allp.acceptance.alpha,
+                "alpha_ci": allp.acceptance.alpha_ci,
+                "alpha_hat": allp.acceptance.alpha_hat,
                 "best_gamma": "; ".join(best),
                 "model_optimal_gamma": "; ".join(model_opt),
-                "n_prompts": allp.n_prompts,
-                "n_pairs": allp.n_pairs,
+                "n_prompts": allp.sample.n_prompts,
+                "n_pairs": allp.sample.n_pairs,
             }
         )
     return pd.DataFrame(rows), pd.DataFrame(raw)
@@ -424,9 +467,9 @@ def framework_table(study: Study) -> pd.DataFrame:
         # among rows with enough prompts for an interval, greedy first (rows of one sampling compared)
         ranked = sorted(
             (
-                (sampling != "greedy", -p.speedup, f"{label} γ={gamma} ({sampling_text(sampling)})", p, label)
+                (sampling != "greedy", -p.paired.speedup, f"{label} γ={gamma} ({sampling_text(sampling)})", p, label)
                 for (label, gamma, sampling), cs in rows_b1.items()
-                if isnum((p := pooled(study, cs)).speedup) and p.n_prompts >= MIN_PROMPTS_FOR_CI
+                if isnum((p := pooled(study, cs)).paired.speedup) and p.sample.n_prompts >= MIN_PROMPTS_FOR_CI
             ),
             key=lambda t: (t[0], t[1], t[2]),
         )
@@ -445,32 +488,40 @@ def framework_table(study: Study) -> pd.DataFrame:
                 "Tree verification": "○" if "tree" in fams else "×",
                 "Precision": ", ".join(precisions),
                 "Batch sizes (speculative)": ", ".join(map(str, batches)) or "—",
-                "AR tokens/s (batch 1)": fmt_ci(base.tokens_per_s, base.tokens_per_s_ci, 1, n=base.n_prompts),
+                "AR tokens/s (batch 1)": fmt_ci(
+                    base.throughput.tokens_per_s, base.throughput.tokens_per_s_ci, 1, n=base.sample.n_prompts
+                ),
                 "AR TPOT ms (mean / p50 / p99)": _ms(base, "tpot"),
                 "Best method (batch 1, ≥ 5 prompts)": (
                     f"{best}, the fastest of {len(ranked)} row{'s' if len(ranked) > 1 else ''}" if best else "—"
                 ),
                 "Runner-up (intervals)": (
-                    f"{runner[2]}: {fmt_ci(runner[3].speedup, runner[3].speedup_ci, 2, '×', n=runner[3].n_prompts)} "
+                    f"{runner[2]}: {fmt_ci(runner[3].paired.speedup, runner[3].paired.speedup_ci, 2, '×', n=runner[3].sample.n_prompts)} "
                     f"({_overlap_word(best_p, runner[3])})"
                     if runner and best_p
                     else "—"
                 ),
-                "Its speedup": fmt_ci(best_p.speedup, best_p.speedup_ci, 2, "×", n=best_p.n_prompts) if best_p else "—",
-                "Its tokens/s": fmt_ci(best_p.tokens_per_s, best_p.tokens_per_s_ci, 1, n=best_p.n_prompts)
+                "Its speedup": fmt_ci(
+                    best_p.paired.speedup, best_p.paired.speedup_ci, 2, "×", n=best_p.sample.n_prompts
+                )
+                if best_p
+                else "—",
+                "Its tokens/s": fmt_ci(
+                    best_p.throughput.tokens_per_s, best_p.throughput.tokens_per_s_ci, 1, n=best_p.sample.n_prompts
+                )
                 if best_p
                 else "—",
                 "Its TTFT / TPOT / E2E ms (p50)": (
                     " / ".join(
                         fmt(v * 1e3 if isnum(v) else NAN, 1)
-                        for v in (best_p.ttft_p50_s, best_p.tpot_p50_s, best_p.e2e_p50_s)
+                        for v in (best_p.latency.ttft_p50_s, best_p.latency.tpot_p50_s, best_p.latency.e2e_p50_s)
                     )
                     if best_p
                     else "—"
                 ),
                 "AR peak memory MB (source)": f"{fmt(peak / 1e6, 0)} ({source})" if isnum(peak) else "—",
                 "Its memory overhead": memory.get((fw, best_label), "—") if best_p else "—",
-                "n (prompts)": best_p.n_prompts if best_p else 0,
+                "n (prompts)": best_p.sample.n_prompts if best_p else 0,
             }
         )
     return pd.DataFrame(rows)

@@ -52,12 +52,12 @@ def tree_row_cells(r: TreeRow, mark: str = "") -> dict[str, object]:
         "Shape": shape_text(r.shape),
         "Depth (γ)": r.gamma,
         "Nodes verified / step (mean)": fmt(r.nodes_per_step, 1),
-        "AL measured": fmt_ci(p.acceptance_length, p.acceptance_length_ci, n=p.n_prompts),
+        "AL measured": fmt_ci(p.acceptance.acceptance_length, p.acceptance.acceptance_length_ci, n=p.sample.n_prompts),
         "AL expected (prediction)": fmt(r.expected_al),
         "Expected from": r.expected_from,
-        "Speedup": fmt_ci(p.speedup, p.speedup_ci, 2, "×", n=p.n_prompts),
+        "Speedup": fmt_ci(p.paired.speedup, p.paired.speedup_ci, 2, "×", n=p.sample.n_prompts),
         "Accepted per drafter": shares_text(r.shares) if r.method == "specinfer" else "—",
-        "n (prompts)": p.n_prompts,
+        "n (prompts)": p.sample.n_prompts,
     }
 
 

@@ -58,7 +58,7 @@ def test_rows_are_predicted_from_measured_alpha_hat_and_the_curve(report_study):
             assert r["predicted_speedup"] == pytest.approx(1.0)
             continue
         p = pooled_drafts(s, [c for c, m in s.cells.items() if _row_of(m, r)])
-        mix = p.draft_mix
+        mix = p.cost.draft_mix
         assert mix is not None  # the row is predicted from its measured draft lengths
         curve = {1: 1.77, 2: 2.4, 3: 3.12}  # a draft of k verifies k + 1 tokens: T(k+1)/T(1)
         steps = mix.steps_drafting(int(r["gamma"]))
@@ -83,7 +83,7 @@ def test_rows_are_predicted_from_measured_alpha_hat_and_the_curve(report_study):
         and m["gamma"] == rows["gamma"].iloc[0]
         and m["sampling"] == rows["sampling"].iloc[0]
     ]
-    assert rows["speedup"].iloc[0] == pytest.approx(stats.pooled(s, cids).speedup)
+    assert rows["speedup"].iloc[0] == pytest.approx(stats.pooled(s, cids).paired.speedup)
 
 
 def test_the_section_shows_the_curve_and_the_rows(report_study):

@@ -190,15 +190,15 @@ def test_prediction_from_a_known_draft_mix_equals_the_hand_computed_value(tmp_pa
 
     study = load(_lookup_study(tmp_path / "cpu"))
     p = pooled_drafts(study, ["lookup-g4"])
-    mix = p.draft_mix
+    mix = p.cost.draft_mix
     assert mix is not None and (mix.decode_steps, mix.draft_steps, mix.gamma) == (40, 12, 4)
     assert (
         mix.c == 0.0 and dict(mix.verify_by_k) == pytest.approx({2: 1.1, 4: 1.2}) and mix.no_draft == pytest.approx(1)
     )
-    assert p.prefill_share == pytest.approx(0.25)
+    assert p.cost.prefill_share == pytest.approx(0.25)
     want = 1 / (0.25 + 0.75 / (1.5 / 1.05))
     assert predicted_for(p, 4) == pytest.approx(want)
-    assert p.speedup == pytest.approx(want)  # the records' E2E are their timed steps: measured = predicted
+    assert p.paired.speedup == pytest.approx(want)  # the records' E2E are their timed steps: measured = predicted
 
 
 def test_lookup_row_drafting_on_30_percent_of_steps_is_predicted_below_the_always_draft_model(tmp_path):
@@ -207,8 +207,8 @@ def test_lookup_row_drafting_on_30_percent_of_steps_is_predicted_below_the_alway
 
     study = load(_lookup_study(tmp_path / "cpu"))
     p = pooled_drafts(study, ["lookup-g4"])
-    always = predicted_speedup(p.alpha_hat, 4, p.c, p.verify_ratio, p.prefill_share)
-    assert p.draft_mix is not None and p.draft_mix.draft_share == pytest.approx(0.3)
+    always = predicted_speedup(p.acceptance.alpha_hat, 4, p.cost.c, p.cost.verify_ratio, p.cost.prefill_share)
+    assert p.cost.draft_mix is not None and p.cost.draft_mix.draft_share == pytest.approx(0.3)
     assert predicted_for(p, 4) < 0.8 * always  # the old model: γ drafted every step, i.i.d. α̂ (5/7)
     table, raw = tables.method_table(study, "ngram")
     row = table.iloc[0]

@@ -65,7 +65,7 @@ def study():
 
 def test_a_row_counts_distinct_prompts_and_repeats(study):
     p = stats.pooled(study, ["s0", "s1", "s2"])
-    assert p.n_prompts == 6 and p.n_pairs == 18 and p.n_repeats == 3
+    assert p.sample.n_prompts == 6 and p.sample.n_pairs == 18 and p.sample.n_repeats == 3
 
 
 def test_the_speedup_interval_is_the_one_over_per_prompt_means(study):
@@ -73,22 +73,24 @@ def test_the_speedup_interval_is_the_one_over_per_prompt_means(study):
     pairs = [pr for c in ("s0", "s1", "s2") for pr in M.paired_records(study.baseline(c), study.records[c])]
     b, s, reps = M.per_prompt_means(pairs)
     assert b.size == 6 and reps == 3
-    assert p.speedup == pytest.approx(b.sum() / s.sum())
-    assert p.speedup_ci == pytest.approx(intervals.ratio_ci(b, s))
-    assert p.speedup_precision == pytest.approx((p.speedup_ci[1] - p.speedup_ci[0]) / 2 / p.speedup)
+    assert p.paired.speedup == pytest.approx(b.sum() / s.sum())
+    assert p.paired.speedup_ci == pytest.approx(intervals.ratio_ci(b, s))
+    assert p.paired.speedup_precision == pytest.approx(
+        (p.paired.speedup_ci[1] - p.paired.speedup_ci[0]) / 2 / p.paired.speedup
+    )
     # the interval of 18 requests taken as independent is narrower: the row does not do that
     flat = intervals.ratio_ci([a.end_s for a, _ in pairs], [z.end_s for _, z in pairs], min_n=2)
-    assert flat[1] - flat[0] < p.speedup_ci[1] - p.speedup_ci[0]
+    assert flat[1] - flat[0] < p.paired.speedup_ci[1] - p.paired.speedup_ci[0]
 
 
 def test_alpha_and_al_intervals_sum_each_prompts_counts_first(study):
     p = stats.pooled(study, ["s0", "s1", "s2"])
     acc = np.array([3 * (10 + i) for i in range(6)], float)
-    assert p.alpha == pytest.approx(acc.sum() / (6 * 3 * 40))
-    assert p.alpha_ci == pytest.approx(intervals.ratio_ci(acc, np.full(6, 3 * 40.0), upper=1.0))
+    assert p.acceptance.alpha == pytest.approx(acc.sum() / (6 * 3 * 40))
+    assert p.acceptance.alpha_ci == pytest.approx(intervals.ratio_ci(acc, np.full(6, 3 * 40.0), upper=1.0))
     lo, hi = intervals.ratio_ci(acc, np.full(6, 3 * 12.0), upper=4.0)  # a step accepts at most its 4 drafted tokens
-    assert 1.0 < p.acceptance_length_ci[0] < p.acceptance_length_ci[1] < 5.0
-    assert p.acceptance_length_ci == pytest.approx((1 + lo, 1 + hi))
+    assert 1.0 < p.acceptance.acceptance_length_ci[0] < p.acceptance.acceptance_length_ci[1] < 5.0
+    assert p.acceptance.acceptance_length_ci == pytest.approx((1 + lo, 1 + hi))
 
 
 def test_throughput_tpot_and_entropy_intervals_are_per_prompt(study):
@@ -96,10 +98,10 @@ def test_throughput_tpot_and_entropy_intervals_are_per_prompt(study):
     recs = [r for c in ("b0", "b1", "b2") for r in study.records[c]]
     tok = np.array([sum(r.output_tokens for r in recs if r.prompt_id == f"p{i}") for i in range(6)], float)
     e2e = np.array([sum(r.end_s for r in recs if r.prompt_id == f"p{i}") for i in range(6)])
-    assert p.tokens_per_s_ci == pytest.approx(intervals.ratio_ci(tok, e2e))
+    assert p.throughput.tokens_per_s_ci == pytest.approx(intervals.ratio_ci(tok, e2e))
     tpot = [np.mean([M.tpot(r) for r in recs if r.prompt_id == f"p{i}"]) for i in range(6)]
-    assert p.tpot_ci == pytest.approx(intervals.mean_ci(tpot)[1:])
-    assert p.entropy_ci == pytest.approx(intervals.mean_ci([0.5 + 0.1 * i for i in range(6)])[1:])
+    assert p.latency.tpot_ci == pytest.approx(intervals.mean_ci(tpot)[1:])
+    assert p.quality.entropy_ci == pytest.approx(intervals.mean_ci([0.5 + 0.1 * i for i in range(6)])[1:])
 
 
 def test_no_interval_for_a_row_of_four_prompts():
@@ -107,8 +109,10 @@ def test_no_interval_for_a_row_of_four_prompts():
     s.add("b", [_rec("ar", f"p{i}", 0, 2.0 + i) for i in range(4)])
     s.add("s", [_rec("ngram", f"p{i}", 0, 1.0 + i, acc=5, drafted=10, steps=3) for i in range(4)], baseline="b")
     p = stats.pooled(s, ["s"])
-    assert p.n_prompts == 4 and not math.isnan(p.speedup)
-    assert all(math.isnan(x) for x in (*p.speedup_ci, *p.alpha_ci, *p.acceptance_length_ci))
+    assert p.sample.n_prompts == 4 and not math.isnan(p.paired.speedup)
+    assert all(
+        math.isnan(x) for x in (*p.paired.speedup_ci, *p.acceptance.alpha_ci, *p.acceptance.acceptance_length_ci)
+    )
 
 
 def test_a_greedy_divergence_is_named_with_its_position_and_margin():
@@ -121,8 +125,8 @@ def test_a_greedy_divergence_is_named_with_its_position_and_margin():
     s.add("b", base)
     s.add("s", spec, baseline="b")
     p = stats.pooled(s, ["s"])
-    assert p.exact_match == pytest.approx(0.8)
-    (d,) = p.divergences
+    assert p.quality.exact_match == pytest.approx(0.8)
+    (d,) = p.quality.divergences
     assert (d["prompt_id"], d["position"]) == ("p3", 1) and d["margin"] == pytest.approx(0.03)
 
 
@@ -139,5 +143,5 @@ def test_batched_throughput_interval_is_over_batches():
     p = stats.pooled(s, ["b"])
     toks = [recs[j].output_tokens + recs[j + 1].output_tokens for j in range(0, 10, 2)]
     walls = [max(recs[j].end_s, recs[j + 1].end_s) for j in range(0, 10, 2)]
-    assert p.tokens_per_s == pytest.approx(sum(toks) / sum(walls))
-    assert p.tokens_per_s_ci == pytest.approx(intervals.ratio_ci(toks, walls))
+    assert p.throughput.tokens_per_s == pytest.approx(sum(toks) / sum(walls))
+    assert p.throughput.tokens_per_s_ci == pytest.approx(intervals.ratio_ci(toks, walls))

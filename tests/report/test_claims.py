@@ -243,7 +243,7 @@ def test_greedy_divergence_is_named_with_prompt_position_and_margin(lay):
     _write(lay, "cpp", "ngram", "Prompt lookup", s, base="cpp_ar", fw="llamacpp", outputs={0: flipped, 3: flipped})
     _write(lay, "same", "layer_skip", "Early exit", s, base="ar")  # matches AR token for token
     study = load(lay.root)
-    assert stats.pooled(study, ["spec"]).exact_match == pytest.approx(5 / 6)
+    assert stats.pooled(study, ["spec"]).quality.exact_match == pytest.approx(5 / 6)
     lines = summary.divergences(study)
     ref = next(line for line in lines if line.startswith("- **reference**"))
     assert "1 of 6 paired greedy outputs differ" in ref
@@ -271,7 +271,7 @@ def test_negative_memory_overhead_within_noise_is_unresolvable(lay):
         peaks=[p + 500 * MB for p in base],
     )
     study = load(lay.root)
-    assert stats.pooled(study, ["hf_spec"]).memory_overhead_bytes == pytest.approx(-16.5 * MB)
+    assert stats.pooled(study, ["hf_spec"]).cost.memory_overhead_bytes == pytest.approx(-16.5 * MB)
     table, _ = fails.memory_overhead(study)
     row = table.set_index("Method").loc["Prompt lookup"]
     assert row["Memory overhead (measured, largest over cells)"] == "no difference resolvable: |Δ| ≤ 16.5 MB (RSS)"

@@ -186,19 +186,28 @@ def _acceptance(out: Pooled, ok: Sequence[RequestRecord]) -> None:
     out.never_drafted = acc["never_drafted"]
     out.per_position_conditional = acc["per_position_conditional"]
     out.per_position_unconditional = acc["per_position_unconditional"]
+    out.alpha_ci, out.acceptance_length_ci = acceptance_cis(ok)
+
+
+def acceptance_cis(ok: Sequence[RequestRecord]) -> tuple[tuple[float, float], tuple[float, float]]:
+    """95 % intervals of α and AL over prompts ((NaN, NaN) where nothing was drafted): the ratios of
+    per-prompt sums, resampled together (:func:`intervals.ratio_ci`)."""
+    none = (NAN, NAN)
     seen = [r for r in ok if r.drafted_tokens is not None]
     sums = metrics.per_prompt_sums(
         seen, lambda r: (r.accepted_tokens or 0, r.drafted_tokens or 0, float(metrics.draft_steps_of(r) or 0))
     )
-    if sums.size and sums[:, 1].sum() > 0:
-        out.alpha_ci = intervals.ratio_ci(sums[:, 0], sums[:, 1], upper=1.0)
+    if not sums.size or sums[:, 1].sum() <= 0:
+        return none, none
+    alpha_ci = intervals.ratio_ci(sums[:, 0], sums[:, 1], upper=1.0)
     depth = max((len(r.drafts_per_position or []) for r in seen), default=0) or max(
         (r.gamma or 0 for r in seen), default=0
     )
-    if acc["acceptance_length"] is not None and sums.size and sums[:, 2].sum() > 0:
-        # AL = 1 + Σ accepted / Σ draft steps, where a step accepts at most the deepest draft
-        lo, hi = intervals.ratio_ci(sums[:, 0], sums[:, 2], upper=float(depth) if depth else None)
-        out.acceptance_length_ci = (1.0 + lo, 1.0 + hi)
+    if sums[:, 2].sum() <= 0:
+        return alpha_ci, none
+    # AL = 1 + Σ accepted / Σ draft steps, where a step accepts at most the deepest draft
+    lo, hi = intervals.ratio_ci(sums[:, 0], sums[:, 2], upper=float(depth) if depth else None)
+    return alpha_ci, (1.0 + lo, 1.0 + hi)
 
 
 def _latency(out: Pooled, ok: Sequence[RequestRecord]) -> None:

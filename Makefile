@@ -248,8 +248,8 @@ bench-engine-pair: $(STAMP)
 # Trained drafters for the default model (issue 3): re-create the committed heads and EAGLE-style
 # files with the exact commands recorded in params/drafters/smollm2-135m-{heads,eagle}.json (CPU,
 # ~15-25 min each on 2 cores; seeded, so the same data and training order).  Every one is trained by the
-# kit's own trainer (specstudy/train/); the field's libraries (speculators, SpecForge) were not tried
-# here (issue 47 §3 open).  The MTP layer took 39 min at load 4-6 (docs/results.md).
+# kit's own trainer (specstudy/train/); speculators 0.9 and SpecForge 0.2 do not train on this CPU as
+# shipped (measured: docs/study.md, "Which library trained what").  The MTP layer took 39 min at load 4-6.
 .PHONY: drafters
 drafters: $(STAMP)
 	$(BIN)/specstudy train-drafter --kind heads --model smollm2-135m --token-conditioned --prompts-per-task 14 \

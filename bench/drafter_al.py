@@ -3,7 +3,8 @@
 Issue 37 measures its EAGLE heads here (EAGLE-3 AL at γ 4 on code and chat, EAGLE-2's dynamic
 tree beside the chain) before a study row carries them.  Rows: ``method:gamma:drafter[:k=v,...]``;
 every row runs the same prompts at greedy, after the paired AR row; AL, α and speedup come from
-:mod:`specstudy.metrics` (one definition), the speedup's interval over prompts.  Prints the
+:mod:`specstudy.metrics` (one definition), their intervals over prompts from the study's own
+(:meth:`specstudy.analysis.row_parts.Acceptance.of`, :func:`specstudy.metrics.paired_speedup`).  Prints the
 machine's load average before and after: a shared machine makes the timings, not the AL, noisy.
 
     PYTHONPATH=. .venv/bin/python bench/drafter_al.py --tasks code,chat --prompts 6 \\
@@ -39,12 +40,18 @@ def parse_row(text: str) -> tuple[str, int | None, str | None, dict[str, Any]]:
 
 
 def summary(ar: Sequence[RequestRecord], recs: Sequence[RequestRecord]) -> dict[str, Any]:
-    acc = metrics.acceptance_summary(recs)
+    from specstudy.analysis.row_parts import Acceptance
+
+    acc = Acceptance.of(recs)
     sp = metrics.paired_speedup(ar, recs)
     same = all(a.output_ids == r.output_ids for a, r in zip(ar, recs))
     return {
-        "alpha": acc["alpha"],
-        "AL": acc["acceptance_length"],
+        "alpha": acc.alpha,
+        "alpha_ci": list(acc.alpha_ci),
+        "AL": acc.acceptance_length,
+        "AL_ci": list(acc.acceptance_length_ci),
+        # where a chain stops: P(draft i accepted | drafts before it accepted), i = 1..γ
+        "per_position_conditional": acc.per_position_conditional,
         "per_prompt_AL": [metrics.acceptance_length(r.accepted_tokens or 0, r.draft_steps or 0) for r in recs],
         "speedup": sp["speedup"],
         "speedup_ci": [sp["ci_low"], sp["ci_high"]],

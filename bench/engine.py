@@ -96,6 +96,8 @@ ROWS = (
     "draft_target+cost",
     "heads",
     "eagle",
+    "eagle3",
+    "mtp",
     "ngram+prefill",
     "ngram+cost+prefill",
     "draft_target+prefill",
@@ -113,6 +115,14 @@ def method_of(label: str) -> str:
 def baseline_of(label: str) -> str:
     """The AR row a row is paired with: the one through the same forward."""
     return "ar" + (TF if label.endswith(TF) else "")
+
+
+def drafter_target(path: str) -> str | None:
+    """The target a committed drafter was trained for: its .json beside the weights, or a folder's
+    specstudy.json (EAGLE-3, MTP); None when there is no such drafter."""
+    p = Path(path)
+    doc = p / "specstudy.json" if p.is_dir() else p
+    return json.loads(doc.read_text()).get("target") if doc.is_file() else None
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -144,6 +154,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default="params/drafters/smollm2-135m-eagle.json",
         help="a trained EAGLE-style drafter for the eagle method ('' to skip)",
     )
+    ap.add_argument(
+        "--eagle3",
+        default="params/drafters/smollm2-135m-eagle3",
+        help="a trained EAGLE-3 head folder for the eagle3 method ('' to skip)",
+    )
+    ap.add_argument(
+        "--mtp",
+        default="params/drafters/smollm2-135m-mtp",
+        help="a trained MTP layer folder (MiMo layout) for the mtp method ('' to skip)",
+    )
     ap.add_argument("--tasks", default="code,summarization")
     ap.add_argument("--prompts", type=int, default=3, help="prompts per task")
     ap.add_argument("--max-new-tokens", type=int, default=64)
@@ -161,12 +181,28 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "own, or both side by side (rows suffixed [tf]: the before/after of one run)",
     )
     ap.add_argument("--skip-hf", action="store_true", help="skip the HF transformers comparison")
+    ap.add_argument(
+        "--clock",
+        choices=("wall", "cpu"),
+        default="wall",
+        help="what the engine's step timers and the T(k) curve read: wall seconds, or the calling thread's "
+        "CPU seconds (needs --threads 1 and --skip-hf: on a shared machine other processes' time slices "
+        "then do not count)",
+    )
     ap.add_argument("--chat", choices=("yes", "no"), default="yes")
     ap.add_argument("--json", default=None, help="also write the results to this JSON file")
     args = ap.parse_args(argv)
     unknown = sorted({m.strip() for m in args.methods.split(",") if m.strip()} - set(ROWS))
+    problems = []
     if unknown:  # before any model is loaded
-        ap.error(f"--methods: unknown row(s) {unknown}; allowed: {list(ROWS)}")
+        problems.append(f"--methods: unknown row(s) {unknown}; allowed: {list(ROWS)}")
+    if args.clock == "cpu" and (args.threads != 1 or not args.skip_hf):
+        problems.append(
+            f"--clock cpu: needs --threads 1 (got {args.threads}) and --skip-hf (got {args.skip_hf}): one "
+            "thread's CPU time is the whole step only at one thread, and HF's rows are timed on the wall clock"
+        )
+    if problems:
+        ap.error("; ".join(problems))
     return args
 
 
@@ -174,6 +210,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
 
     torch.set_num_threads(args.threads)
+    from specstudy.engine.trace import use_thread_clock
+
+    use_thread_clock(args.clock == "cpu")
     from specstudy.backends.reference.reference_backend import ReferenceBackend
     from specstudy.cpu_speed import measure_cpu
     from specstudy.data.model_files import load_model, model_bytes
@@ -206,8 +245,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         dq = {"draft_quantization": args.draft_quantization} if args.draft_quantization != "none" else {}
         methods.append(("draft_target", args.gamma, dq, drafter, args.drafter))
         methods.append(("draft_target+cost", args.gamma, {**dq, "dynamic_gamma": "cost"}, drafter, args.drafter))
-    for name, path in (("heads", args.heads), ("eagle", args.eagle)):  # trained drafters, when there for this model
-        if path and Path(path).exists() and json.loads(Path(path).read_text()).get("target") == args.model:
+    trained = (("heads", args.heads), ("eagle", args.eagle), ("eagle3", args.eagle3), ("mtp", args.mtp))
+    for name, path in trained:  # trained drafters, when there for this model
+        if path and drafter_target(path) == args.model:
             methods.append((name, args.gamma, {}, None, path))
     methods += [
         (name + PREFILL, gamma, {**opts, "draft_in_prefill": "on"}, d, dname)
@@ -260,7 +300,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(
         f"model {args.model}: {n_layers} layers, {model_bytes(model) / 1e6:.0f} MB fp32; prompts: "
         f"{len(requests)} from {source} ({', '.join(tasks)}), {args.max_new_tokens} new tokens, greedy, "
-        f"gamma {args.gamma}, threads {args.threads}, load avg {load0[0]:.2f}"
+        f"gamma {args.gamma}, threads {args.threads}, clock {args.clock}, load avg {load0[0]:.2f}"
     )
 
     ks = sorted({int(k) for k in args.curve.split(",")} | {args.gamma + 1})
@@ -355,8 +395,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     cpu = measure_cpu()
     print_table(results)
+    print_verify_costs(results, records, ratios)
     limits = machine_limits(model, model_bytes(model), ks, args.curve_repeats)
     print_limits(results, ratios, limits, cpu)
+    use_thread_clock(False)  # the engine's default again (a caller in this process times on the wall)
     load1 = os.getloadavg()
     print(f"load average before {load0[0]:.2f}, after {load1[0]:.2f}")
     if args.json:
@@ -461,6 +503,27 @@ def print_table(results: dict[str, dict[str, Any]]) -> None:
                 f"{name}: verification step time / AR step, by tokens drafted: "
                 + "  ".join(f"{k}:{v / t1:.2f}" for k, v in r["verify_s_by_drafted"].items())
             )
+
+
+def print_verify_costs(
+    results: dict[str, dict[str, Any]], records: dict[str, list[RequestRecord]], ratios: dict[str, dict[int, float]]
+) -> None:
+    """Each drafting row's measured step costs in its paired AR's T1 (c and one verification over
+    drafted + 1 tokens, :func:`specstudy.analysis.stats.step_costs`) beside AR's own curve T(γ+1)/T(1)
+    from the same run: a method whose verification costs more than the curve says pays for something
+    besides the target's forward (a feature capture, a copy, a fallback off the lean forward)."""
+    from specstudy.analysis.stats import step_costs
+
+    print("verification cost per step, in units of the paired AR step T1, beside AR's curve T(g+1)/T(1):")
+    print(f"{'method':<27}{'gamma':>6}{'c':>8}{'verify/T1':>11}{'AR curve':>10}{'verify/curve':>14}")
+    for name, r in results.items():
+        base = baseline_of(name)
+        if not r["gamma"] or r["dynamic_gamma"] or base not in records or name not in records:
+            continue
+        c, v = step_costs(records[name], records[base])
+        curve = ratios[TF if name.endswith(TF) else ""].get(r["gamma"] + 1, float("nan"))
+        r["step_c"], r["step_verify_ratio"], r["verify_over_curve"] = c, v, v / curve
+        print(f"{name:<27}{r['gamma']:>6}{fmt(c, 3):>8}{fmt(v):>11}{fmt(curve):>10}{fmt(v / curve):>14}")
 
 
 def machine_limits(model: Any, nbytes: int, ks: Sequence[int], repeats: int) -> dict[str, Any]:

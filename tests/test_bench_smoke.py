@@ -207,6 +207,34 @@ def test_engine_bench_prints_and_writes_every_figure_at_tiny_size(tmp_path, caps
 
 
 @pytest.mark.slow
+def test_engine_bench_sets_eagle3_and_mtp_verification_beside_ar_curve(tmp_path, capsys, keep_torch_threads):
+    out = tmp_path / "engine.json"
+    argv = ["--methods", "ar,eagle3,mtp", "--tasks", "qa", "--prompts", "1", "--max-new-tokens", "6", "--gamma", "2"]
+    argv += ["--curve", "1", "--curve-repeats", "1", "--skip-hf", "--clock", "cpu", "--json", str(out)]
+    assert _script("engine.py").main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "verification cost per step, in units of the paired AR step T1" in printed and "clock cpu" in printed
+    res = json.loads(out.read_text())["results"]
+    ratio = json.loads(out.read_text())["verify_ratio"]["3"]
+    assert set(res) == {"ar", "eagle3", "mtp"}  # the committed head and layer are found by their folders
+    for name in ("eagle3", "mtp"):
+        r = res[name]
+        assert re.search(rf"^{name}\s+2\s", printed, re.M), name
+        assert r["step_c"] > 0 and r["step_verify_ratio"] > 0  # both drafters run a module per draft
+        assert r["verify_over_curve"] == pytest.approx(r["step_verify_ratio"] / ratio)
+        assert r["exact_match_vs_ar"] == 1.0  # greedy: the same tokens as AR
+
+
+def test_engine_bench_refuses_the_cpu_clock_where_one_thread_is_not_the_whole_step(capsys):
+    mod = _script("engine.py")
+    with pytest.raises(SystemExit):
+        mod.parse_args(["--clock", "cpu", "--threads", "2"])  # and HF's rows, timed on the wall
+    err = capsys.readouterr().err
+    assert "--threads 1 (got 2)" in err and "--skip-hf (got False)" in err  # both problems at once
+    assert mod.parse_args(["--clock", "cpu", "--skip-hf"]).clock == "cpu"
+
+
+@pytest.mark.slow
 def test_overhead_bench_reports_each_piece_against_a_decode_step(capsys, keep_torch_threads):
     mod = _script("overhead.py")
     argv = ["--steps", "2", "--timer-repeats", "5", "--emit-repeats", "2", "--record-repeats", "1", "--json"]

@@ -73,3 +73,25 @@ def test_draft_cost_ratio_orders_a_small_draft_below_its_target():
     c = draft_cost_ratio(small, big, [1, 2, 3, 4], repeats=5)
     assert 0 < c < 1  # 1 layer against 8 of the same width
     assert draft_cost_ratio(small, big, [5, 6]) == c  # cached per pair
+
+
+def test_thread_clock_counts_the_work_not_the_time_the_thread_waits():
+    """A step timer on the thread clock (a benchmark on a shared machine) leaves out what the thread
+    did not run; on the wall clock (the default, restored) the same wait counts."""
+    import time
+
+    from specstudy.engine.trace import Timer, use_thread_clock
+
+    assert use_thread_clock(True) is False
+    try:
+        with Timer() as waited:
+            time.sleep(0.05)
+        with Timer() as worked:
+            t0 = time.thread_time()
+            while time.thread_time() - t0 < 0.02:
+                pass
+    finally:
+        assert use_thread_clock(False) is True
+    with Timer() as wall:
+        time.sleep(0.05)
+    assert waited.s < 0.01 and worked.s >= 0.02 and wall.s >= 0.05

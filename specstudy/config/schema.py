@@ -259,6 +259,9 @@ class _Axes(BaseModel):
 
 class SweepSpec(_Axes):
     models: Annotated[list[str], BeforeValidator(_as_list)] | None = None
+    #: a capacity sweep's first rates as factors of the service rate this machine measured in the sweep's
+    #: own closed-loop probe (its batch size, its prompts), not a grid written for another machine
+    rates_from_service: Annotated[list[PositiveFloat], BeforeValidator(_as_list), Field(min_length=1)] | None = None
     methods: (
         Annotated[list[str], BeforeValidator(lambda v: v if v == "all" else _as_list(v))] | Literal["all"] | None
     ) = None

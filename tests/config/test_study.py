@@ -64,6 +64,7 @@ def test_shipped_profiles_validate_and_expand(hw, no_model_work):
         assert {"capacity_llamacpp", "capacity_vllm", "gamma_load", "structured"} <= names, names
         caps = [s for s in cfg.sweeps if s.name.startswith("capacity")]
         assert all(s.repeats >= 5 for s in caps)  # an interval over repeats
+        assert all(s.service_factors and not s.request_rates for s in caps)  # rates from this machine's service
         assert {f for s in caps for f in s.frameworks} >= {"llamacpp", "vllm-server"}
         assert cfg.slo.get("ttft_ms") is not None  # at bounded concurrency TPOT alone cannot break as the queue grows
         gamma_engines = {f for s in cfg.sweeps if len(s.gammas) > 1 and not s.request_rates for f in s.frameworks}

@@ -36,6 +36,7 @@ from ..layout import StudyLayout
 from ..provenance import provenance
 from ..records import Request, RequestRecord
 from ..report.validity_text import finding_text
+from .busy_rerun import rerun_if_busy
 from .capacity_search import why_not_probed
 from .cell import CellResult, CellRun, annotate, run_cell, split_warmup, summarize
 from .conversation_cells import run_turns
@@ -212,6 +213,7 @@ def run_study(
         )
         try:
             ran_now: set[str] = set()
+            by_id = {p.cell_id: p for p in [*(full_plan or ()), *plans]}
 
             def one(plan: CellPlan, pending: Sequence[CellPlan], room: int | None) -> list[CellResult]:
                 """The cell, with the twins it is measured beside in time when it is their baseline."""
@@ -220,7 +222,9 @@ def run_study(
                 ran_now.update([plan.cell_id, *(q.cell_id for q in group)])
                 if group:
                     return _run_in_time(cfg, [plan, *group], layout, pool, loader, state)
-                return [_run_one(cfg, plan, layout, pool, loader, state, progress)]
+                return rerun_if_busy(
+                    cfg, plan, by_id, layout, lambda p: _run_one(cfg, p, layout, pool, loader, state, progress)
+                )
 
             ran = 0
             place = {p.cell_id: k for k, p in enumerate(plans, 1)}

@@ -211,6 +211,21 @@ def precision_doc(
         }
         cells.update({cid: row for cid in s.spec_ids})
     budgets = {
-        s.sweep: {"budget_s": s.target.get("budget_s"), "spent_s": round(spent_s.get(s.sweep, 0.0), 1)} for s in states
+        s.sweep: {
+            "budget_s": s.target.get("budget_s"),
+            "spent_s": round(spent_s.get(s.sweep, 0.0), 3),
+            "last_chunk_s": round(cost_s.get(s.sweep, 0.0), 3),
+        }
+        for s in states
     }
     return {"cells": cells, "sweeps": budgets}
+
+
+def spent_before(doc: Mapping[str, Any]) -> tuple[dict[str, float], dict[str, float]]:
+    """(seconds spent, last chunk's seconds) per sweep from an earlier run's ``precision.json``: a rerun
+    goes on with the same budget, it does not get a fresh one (a finished study's rerun adds nothing)."""
+    sweeps = doc.get("sweeps", {})
+    return (
+        {k: float(v.get("spent_s") or 0.0) for k, v in sweeps.items()},
+        {k: float(v.get("last_chunk_s") or 0.0) for k, v in sweeps.items()},
+    )

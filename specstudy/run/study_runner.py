@@ -44,7 +44,7 @@ from .engine_cost_probe import measure_engine_costs
 from .paired_in_time import SEQUENTIAL, batches_of, link_partners, measure_in_time, rerun_prompts, twins
 from .plan import CellPlan, plan_summary
 from .pool import BackendFactory, BackendPool
-from .precision import next_row, precision_doc, row_states, short_rows
+from .precision import next_row, precision_doc, row_states, short_rows, spent_before
 from .task_checks import check_tasks, parsed_task
 
 RequestLoader = Callable[[str, int, int, Any], list[Request]]
@@ -281,8 +281,8 @@ def _run_extensions(
     (the report counts their records as the plan's), and the end each row's stop."""
     results: list[CellResult] = []
     tried: set[str] = set()  # an extension that failed is not retried in the same run
-    spent: dict[str, float] = {}  # extension seconds per sweep
-    cost: dict[str, float] = {}  # the sweep's last chunk's seconds: what the next one is expected to take
+    # extension seconds per sweep, and its last chunk's (what the next is expected to take), earlier runs' included
+    spent, cost = spent_before(layout.read_precision())
     while True:
         on_disk, states = row_states(cfg, plans, layout)
         if on_disk:

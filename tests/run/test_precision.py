@@ -152,7 +152,7 @@ def test_the_widest_row_is_extended_first_and_the_budget_stops_the_rest(tmp_path
     study = STUDY.replace("tasks: [code]", "tasks: [code, chat]").replace(
         "min_prompts: 5", "min_prompts: 5, budget_s: 0.001"
     )
-    _, plans, res, backend, _ = _run(tmp_path, target=0.01, spread={"code": 0.1, "chat": 0.5}, study=study)
+    cfg, plans, res, backend, kw = _run(tmp_path, target=0.01, spread={"code": 0.1, "chat": 0.5}, study=study)
     ext = [r.cell_id for r in res if r.cell_id not in {p.cell_id for p in plans}]
     assert len(ext) == 2 and all("_chat_" in c for c in ext), ext
     doc = StudyLayout(tmp_path / "out").read_precision()
@@ -160,3 +160,5 @@ def test_the_widest_row_is_extended_first_and_the_budget_stops_the_rest(tmp_path
     assert stops == {"code": "budget", "chat": "budget"}
     assert doc["sweeps"]["hardware"]["budget_s"] == 0.001 and doc["sweeps"]["hardware"]["spent_s"] >= 0
     assert "not met: budget:" in _precision_cell(tmp_path)
+    again = run_study(cfg, plans, StudyLayout(tmp_path / "out"), **kw)  # the same budget, not a fresh one
+    assert [r for r in again if r.status == "done"] == []

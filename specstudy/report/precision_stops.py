@@ -19,7 +19,7 @@ _ORDER = ("budget", "prompts exhausted", "not run")
 def _words(stop: str, row: dict[str, Any], sweeps: dict[str, Any]) -> str:
     if stop == "budget":
         sw = sweeps.get(row["sweep"], {})
-        return f"budget: {sw.get('spent_s', 0):g} s of the sweep's {sw.get('budget_s', 0):g} s of extensions spent"
+        return f"budget: {sw.get('spent_s', 0):.3g} s of the sweep's {sw.get('budget_s', 0):g} s of extensions spent"
     if stop == "prompts exhausted":
         return f"prompts exhausted: {row['max_prompts']} per task, the cap"
     return "not run: a cell limit or a failed extension stopped it"

@@ -184,12 +184,12 @@ def _affordable(state: RowState, spent_s: Mapping[str, float], cost_s: Mapping[s
 
 
 def next_row(
-    states: Sequence[RowState], spent_s: Mapping[str, float], cost_s: Mapping[str, float], tried: set[str]
+    states: Sequence[RowState], spent_s: Mapping[str, float], cost_s: Mapping[str, float], failed: set[str]
 ) -> RowState | None:
     """The widest row short of its target whose sweep can afford one more chunk and whose chunk has
     not failed in this run (None: every row reached, ran out of prompts or of budget)."""
     for s in short_rows(states):
-        if _affordable(s, spent_s, cost_s) and not any(p.cell_id in tried for p in s.pending or ()):
+        if _affordable(s, spent_s, cost_s) and not any(p.cell_id in failed for p in s.pending or ()):
             return s
     return None
 

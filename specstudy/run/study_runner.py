@@ -287,7 +287,7 @@ def _run_extensions(
         on_disk, states = row_states(cfg, plans, layout)
         if on_disk:
             write_plan(layout, cfg, [*(full_plan if full_plan is not None else plans), *on_disk])
-        row = next_row(states, spent, cost, tried)
+        row = next_row(states, spent, cost, {c for c in tried if not layout.is_done(c)})  # failed ones
         if row is None or row.pending is None or (left is not None and len(results) >= left):
             if states:
                 layout.write_precision(precision_doc(states, spent, cost))

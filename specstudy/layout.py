@@ -250,6 +250,19 @@ class StudyLayout:
         """The plan snapshot, or {} for a folder written without one."""
         return json.loads(self.plan_path.read_text()) if self.plan_path.exists() else {}
 
+    @property
+    def precision_path(self) -> Path:
+        """Per targeted row: its precision target, the half-width reached and what stopped it."""
+        return self.root / "precision.json"
+
+    def write_precision(self, doc: Mapping[str, Any]) -> Path:
+        atomic_write_text(self.precision_path, json.dumps(doc, indent=1, default=str))
+        return self.precision_path
+
+    def read_precision(self) -> dict[str, Any]:
+        """The precision stops, or {} for a study without targets (or written before they were kept)."""
+        return json.loads(self.precision_path.read_text()) if self.precision_path.exists() else {}
+
     def save_profile(self, profile: HardwareProfile) -> None:
         atomic_write_text(self.profile_path, json.dumps(dataclasses.asdict(profile), indent=1))
 

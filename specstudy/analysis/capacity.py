@@ -235,6 +235,8 @@ def capacity_frame(study: Study, slo: Slo | None = None) -> pd.DataFrame:
                 "capacity_min_rps": min(caps),
                 "capacity_max_rps": max(caps),
                 "breaks_at_rps": float(np.median(breaks)),
+                # the widest repeat's bracket (first break / capacity): what the search's resolution reached
+                "widest_bracket": max((b / c for b, c in zip(breaks, caps) if c > 0), default=math.inf),
                 "unsteady_probes": int(_doubtful(g).sum()),
                 "lengthened_probes": _replaced(every, key),
                 "rates": sorted(set(g["rate"])),

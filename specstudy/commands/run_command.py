@@ -26,6 +26,7 @@ from ..layout import BUDGET_FILE, StudyLayout
 from ..records import CONTROL_FAMILY
 from ..run.environment import keep_rows, machine_needs, prepare_machine
 from ..run.plan import CellPlan, LoadedStudy, expand, load, plan_summary, uses_cuda
+from ..run.service_grid import with_service_rates
 from ..run.task_checks import check_tasks
 
 #: exit status when the study ran but some cells failed (``specstudy study`` renders the report, then fails)
@@ -490,11 +491,17 @@ def run(args: argparse.Namespace) -> int:
                 full_plan=all_plans,
                 cuda=uses_cuda(cfg),
                 tasks_checked=True,
-                capacity_search=args.refine_capacity > 0,
+                capacity_search=args.refine_capacity > 0 or any(sw.service_factors for sw in cfg.sweeps),
             )
 
         results = run_plans(cfg, plans, all_plans)
         configured = cfg
+        measured = with_service_rates(cfg, layout)  # rates_from_service: the first rates from the probes
+        if measured is not None:
+            cfg, rate_sweeps = measured
+            all_plans = expand(cfg)
+            plans = [p for p in all_plans if set(p.sweeps) & rate_sweeps and p.request_rate is not None]
+            results += run_plans(cfg, plans, all_plans)
         for _ in range(max(0, args.refine_capacity)):
             refined = _refined(cfg, layout, configured)
             if refined is None:

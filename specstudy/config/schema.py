@@ -90,12 +90,16 @@ class PrecisionSpec(BaseModel):
     """A precision target instead of a fixed n: prompts are added to a speculative cell and its
     paired baseline, ``step`` at a time, until the paired speedup's 95 % interval half-width is at
     most ``rel_half_width`` of the speedup or the cell has ``max_prompts`` distinct prompts.  The
-    sweep's ``prompts_per_task`` is the minimum: no cell stops before it (README: coverage)."""
+    sweep's ``prompts_per_task`` is the minimum n, ``min_prompts`` the rule's first look (no row stops
+    on its interval with fewer: the sequential rule's coverage, simulated in tests/run/test_precision_rule.py),
+    and ``budget_s`` the seconds of extension cells the sweep's rows may spend, the widest interval first."""
 
     model_config = _STRICT
     rel_half_width: Annotated[float, Field(gt=0.0, lt=1.0)]
     max_prompts: PositiveInt
     step: PositiveInt = 4
+    min_prompts: PositiveInt = 10
+    budget_s: PositiveFloat | None = None
 
 
 #: named SLOs (``slo: {preset: NAME}``; keys given beside it override the preset's)
@@ -255,6 +259,9 @@ class _Axes(BaseModel):
 
 class SweepSpec(_Axes):
     models: Annotated[list[str], BeforeValidator(_as_list)] | None = None
+    #: a capacity sweep's first rates as factors of the service rate this machine measured in the sweep's
+    #: own closed-loop probe (its batch size, its prompts), not a grid written for another machine
+    rates_from_service: Annotated[list[PositiveFloat], BeforeValidator(_as_list), Field(min_length=1)] | None = None
     methods: (
         Annotated[list[str], BeforeValidator(lambda v: v if v == "all" else _as_list(v))] | Literal["all"] | None
     ) = None

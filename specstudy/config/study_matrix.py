@@ -86,6 +86,9 @@ class Sweep:
     arrivals: tuple[str, ...] = ("poisson",)
     #: the stopping rule (PrecisionSpec's fields), None: a fixed prompts_per_task
     precision: Mapping[str, Any] | None = None
+    #: rates_from_service: the first rates as factors of the sweep's closed-loop probe's served rate
+    #: (specstudy.run.service_grid); () : the rates are request_rates alone
+    service_factors: tuple[float, ...] = ()
     #: the key the sweep's most prompts per task come from (prompts_per_task or precision.max_prompts,
     #: the sweep's own or the top level's): what a task with too few prompts names
     prompts_key: str = "study.prompts_per_task"
@@ -236,6 +239,7 @@ def _resolve_sweep(
         prompts_per_task=ppt,
         description=spec.description,
         precision=precision.model_dump() if precision is not None else None,
+        service_factors=tuple(spec.rates_from_service or ()),
         prompts_key=f"{prec_at}precision.max_prompts"
         if precision is not None and precision.max_prompts > ppt
         else f"{ppt_at}prompts_per_task",

@@ -47,6 +47,9 @@ def capacity_text(row: Mapping[str, Any]) -> str:
         if math.isinf(row["breaks_at_rps"])
         else f"breaks at {row['breaks_at_rps']:g}"
     )
+    widest = row.get("widest_bracket")
+    if widest is not None and widest == widest and not math.isinf(widest):
+        broke += f", widest repeat's bracket {widest:.2f}×"
     unsteady = int(row.get("unsteady_probes") or 0)
     steady = f"; {unsteady} probe(s) with a queue still growing" if unsteady else ""
     lengthened = int(row.get("lengthened_probes") or 0)

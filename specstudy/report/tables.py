@@ -38,6 +38,7 @@ from ..intervals import MIN_PROMPTS_FOR_CI
 from . import wording
 from .format import TASK_TITLES, apart_text, fmt, fmt_ci, sampling_text, seed_row_name, short_model
 from .model_notes import limit_text, note_text
+from .precision_stops import stop_text
 
 Frames = tuple[pd.DataFrame, pd.DataFrame]
 
@@ -91,9 +92,9 @@ def precision_target(study: Study, cell_ids: Sequence[str]) -> dict[str, Any] | 
     return None
 
 
-def precision_note(p: Pooled, target: dict[str, Any] | None = None) -> str:
+def precision_note(p: Pooled, target: dict[str, Any] | None = None, stopped: str | None = None) -> str:
     """The speedup interval's half-width relative to the speedup, and whether the stopping rule met its
-    target or its cap stopped it."""
+    target, or what stopped it (``stopped``: :func:`~specstudy.report.precision_stops.stop_text`)."""
     if p.sample.n_prompts < MIN_PROMPTS_FOR_CI:
         return f"n too small ({p.sample.n_prompts} prompts)"
     if not isnum(p.paired.speedup_precision):
@@ -103,8 +104,9 @@ def precision_note(p: Pooled, target: dict[str, Any] | None = None) -> str:
         return f"{reached} (fixed n)"
     goal = float(target["rel_half_width"])
     if p.paired.speedup_precision <= goal:
-        return f"{reached} (target ±{100 * goal:g} % met)"
-    return f"{reached} (target ±{100 * goal:g} % not met: cap of {target['max_prompts']} prompts per task)"
+        return f"{reached} (target ±{100 * goal:g} % reached)"
+    why = stopped or f"cap of {target['max_prompts']} prompts per task"
+    return f"{reached} (target ±{100 * goal:g} % not met: {why})"
 
 
 def hardware_table(study: Study, sweep: str | None = "hardware", rows: Sequence[HardwareRow] | None = None) -> Frames:
@@ -181,7 +183,11 @@ HEADLINE_COLUMNS: list[Column] = [
     ),
     Column("n (prompts)", lambda study, r: r.pooled.sample.n_prompts),
     Column("repeats", lambda study, r: r.pooled.sample.n_repeats, ar="—"),
-    Column("Precision reached", lambda study, r: precision_note(r.pooled, precision_target(study, r.cells)), ar="—"),
+    Column(
+        "Precision reached",
+        lambda study, r: precision_note(r.pooled, precision_target(study, r.cells), stop_text(study, r.cells)),
+        ar="—",
+    ),
 ]
 
 

@@ -271,12 +271,17 @@ def deployment_plan(cfg: StudyConfig, profile: HardwareProfile | None, refine_st
     slo = Slo.model_validate(dict(cfg.slo))
     rows: list[dict[str, Any]] = []
     for sw in cfg.sweeps:
-        if sw.request_rates:
+        if sw.request_rates or sw.service_factors:
+            rates = (
+                f"rates {', '.join(f'{f:g}' for f in sw.service_factors)} x the rate its closed-loop probe serves here"
+                if sw.service_factors
+                else f"rates {', '.join(f'{r:g}' for r in sw.request_rates)} req/s"
+            )
             rows.append(
                 {
                     "decision": "capacity under the SLO",
                     "sweep": sw.name,
-                    "plan": f"{', '.join(sw.frameworks)}: rates {', '.join(f'{r:g}' for r in sw.request_rates)} req/s, "
+                    "plan": f"{', '.join(sw.frameworks)}: {rates}, "
                     f"{sw.max_prompts} requests per probe, {sw.repeats} repeat(s), {refine_steps} search round(s); "
                     f"SLO {slo.describe_percentile()}",
                 }

@@ -357,6 +357,8 @@ def expand(cfg: StudyConfig) -> list[CellPlan]:
 
     for sw in cfg.sweeps:
         sweep_rates: tuple[float | None, ...] = sw.request_rates or (None,)
+        if sw.service_factors:  # the closed-loop probe the first rates are measured from stays in the plan
+            sweep_rates = (None, *sw.request_rates)
         for model_name, fw, task, batch, pc, rate, smp, label, rep, arrivals in itertools.product(
             sw.models,
             sw.frameworks,
@@ -374,6 +376,8 @@ def expand(cfg: StudyConfig) -> list[CellPlan]:
                 rate = rates[key] if key in rates else rates.setdefault(key, replay_rate(cfg.task(task), key[1]))
             if rate is not None and fw not in server_frameworks():
                 continue  # request-rate sweeps are for servers; offline engines run batches
+            if rate is None and sw.service_factors and rep > 0:
+                continue  # one service-rate probe per search sets every repeat's first rates
             pair = cfg.model(model_name)
             m = cfg.method(label)
             if m.frameworks is not None and fw not in m.frameworks:

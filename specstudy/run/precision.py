@@ -8,12 +8,20 @@ measured from the records on disk: while its paired speedup's 95 % interval half
 and one for its baseline (shared by every method paired with that baseline).  Extensions have
 fixed offsets and ids, so a rerun finds the finished ones on disk and decides again from the same
 records: a study that dies halfway loses nothing.
+
+The rule is sequential: a row stops on its interval only from ``min_prompts`` prompts on (the
+first look), which keeps the reported 95 % interval's coverage near nominal for the per-prompt
+speedup distributions simulated in tests/run/test_precision_rule.py.  Rows short of their target
+are extended one chunk at a time, the widest interval (relative to its target) first, while their
+sweep's ``budget_s`` of extension time lasts; each row's stop (reached, budget, prompts exhausted)
+is recorded beside the records for the report.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Iterator, Sequence
+import math
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from .. import intervals, metrics
@@ -24,10 +32,11 @@ from .plan import CellPlan, extension
 
 
 def target_of(cfg: StudyConfig, plan: CellPlan) -> dict[str, Any] | None:
-    """The first precision target among the sweeps the cell belongs to (None: a fixed n)."""
+    """The first precision target among the sweeps the cell belongs to, with its sweep's name under
+    ``sweep`` (None: a fixed n)."""
     for sw in cfg.sweeps:
         if sw.name in plan.sweeps and sw.precision is not None:
-            return dict(sw.precision)
+            return {**dict(sw.precision), "sweep": sw.name}
     return None
 
 
@@ -35,8 +44,7 @@ def target_met(rel_half_width: float, n_prompts: int, minimum: int, target: floa
     """The stopping rule: at least ``minimum`` prompts and an interval within ``target`` of the estimate.
 
     The minimum guards the rule's coverage: stopping as soon as an interval looks narrow favours
-    samples that are narrow by chance (simulated in tests/test_intervals.py: 0.92 at a minimum of
-    5 prompts, 0.88 at 2).
+    samples that are narrow by chance (simulated in tests/run/test_precision_rule.py).
     """
     return n_prompts >= minimum and rel_half_width == rel_half_width and rel_half_width <= target
 
@@ -89,12 +97,40 @@ def most_extensions(cfg: StudyConfig, plans: Sequence[CellPlan]) -> list[CellPla
     return list(out.values())
 
 
-def extensions(
+#: why a row stopped growing (the report's words come from these keys)
+REACHED, BUDGET, EXHAUSTED, NOT_RUN = "reached", "budget", "prompts exhausted", "not run"
+
+
+@dataclasses.dataclass
+class RowState:
+    """A targeted row as its records on disk leave it: precision, prompts, and the next extension."""
+
+    sweep: str
+    target: dict[str, Any]
+    spec_ids: list[str]
+    half: float
+    n: int
+    minimum: int
+    pending: tuple[CellPlan, CellPlan] | None  # (baseline, speculative) of the next chunk; None: the cap
+
+    @property
+    def met(self) -> bool:
+        return target_met(
+            self.half, self.n, max(self.minimum, int(self.target["min_prompts"])), self.target["rel_half_width"]
+        )
+
+    @property
+    def width(self) -> float:
+        """Half-width relative to the target (no interval yet: the widest of all)."""
+        return self.half / self.target["rel_half_width"] if self.half == self.half else math.inf
+
+
+def row_states(
     cfg: StudyConfig, plans: Sequence[CellPlan], layout: StudyLayout
-) -> tuple[list[CellPlan], list[CellPlan]]:
-    """(the extension cells on disk, the ones the rows short of their target need next, baselines first)."""
-    out: dict[str, CellPlan] = {}
+) -> tuple[list[CellPlan], list[RowState]]:
+    """(the extension cells on disk, every targeted row's state)."""
     done: dict[str, CellPlan] = {}
+    states: list[RowState] = []
     for cells, base, target in _targeted(cfg, plans):
         root = cells[0]
         spec_ids = [p.cell_id for p in cells]
@@ -107,14 +143,89 @@ def extensions(
             spec_ids.append(spec_ext.cell_id)
             base_ids.append(base_ext.cell_id)
             done.update({base_ext.cell_id: base_ext, spec_ext.cell_id: spec_ext})
-        if pending is None:
-            continue  # the cap: max_prompts reached
         half, n = row_precision(layout, spec_ids, base_ids)
-        if target_met(half, n, root.prompts, target["rel_half_width"]):
-            continue
-        for p in pending:
+        states.append(RowState(target["sweep"], target, spec_ids, half, n, root.prompts, pending))
+    return list(done.values()), states
+
+
+def short_rows(states: Iterable[RowState]) -> list[RowState]:
+    """The rows that still need an extension, the widest interval (relative to its target) first."""
+    return sorted((s for s in states if s.pending is not None and not s.met), key=lambda s: -s.width)
+
+
+def extensions(
+    cfg: StudyConfig, plans: Sequence[CellPlan], layout: StudyLayout
+) -> tuple[list[CellPlan], list[CellPlan]]:
+    """(the extension cells on disk, the ones the rows short of their target need next: widest row
+    first, each row's baseline before its speculative cell)."""
+    done, states = row_states(cfg, plans, layout)
+    out: dict[str, CellPlan] = {}
+    for s in short_rows(states):
+        for p in s.pending or ():
             if not layout.is_done(p.cell_id):
                 out.setdefault(p.cell_id, p)
-    loaded = plans[-1].backend_key() if plans else None  # extensions on the loaded engine run first
-    order = sorted(out.values(), key=lambda p: (p.backend_key() != loaded, str(p.backend_key()), not p.is_baseline))
-    return list(done.values()), order
+    return done, list(out.values())
+
+
+def stop_reason(state: RowState, spent_s: Mapping[str, float], cost_s: Mapping[str, float]) -> str:
+    """Why the row stopped: its target reached, its sweep's budget spent, the prompts (cap) exhausted,
+    or not run (a cell limit, a failed extension)."""
+    if state.met:
+        return REACHED
+    if state.pending is None:
+        return EXHAUSTED
+    return NOT_RUN if _affordable(state, spent_s, cost_s) else BUDGET
+
+
+def _affordable(state: RowState, spent_s: Mapping[str, float], cost_s: Mapping[str, float]) -> bool:
+    """Whether the row's sweep has budget left for one more chunk (its last chunk's cost, else 0)."""
+    budget = state.target.get("budget_s")
+    return budget is None or spent_s.get(state.sweep, 0.0) + cost_s.get(state.sweep, 0.0) <= float(budget)
+
+
+def next_row(
+    states: Sequence[RowState], spent_s: Mapping[str, float], cost_s: Mapping[str, float], failed: set[str]
+) -> RowState | None:
+    """The widest row short of its target whose sweep can afford one more chunk and whose chunk has
+    not failed in this run (None: every row reached, ran out of prompts or of budget)."""
+    for s in short_rows(states):
+        if _affordable(s, spent_s, cost_s) and not any(p.cell_id in failed for p in s.pending or ()):
+            return s
+    return None
+
+
+def precision_doc(
+    states: Sequence[RowState], spent_s: Mapping[str, float], cost_s: Mapping[str, float]
+) -> dict[str, Any]:
+    """Per speculative cell of a targeted row (extensions included): the row's target, reached
+    half-width, prompts and stop; per sweep the budget and the seconds spent."""
+    cells: dict[str, Any] = {}
+    for s in states:
+        row = {
+            "sweep": s.sweep,
+            "target": s.target["rel_half_width"],
+            "half_width": s.half if s.half == s.half else None,
+            "n_prompts": s.n,
+            "max_prompts": s.target["max_prompts"],
+            "stopped": stop_reason(s, spent_s, cost_s),
+        }
+        cells.update({cid: row for cid in s.spec_ids})
+    budgets = {
+        s.sweep: {
+            "budget_s": s.target.get("budget_s"),
+            "spent_s": round(spent_s.get(s.sweep, 0.0), 3),
+            "last_chunk_s": round(cost_s.get(s.sweep, 0.0), 3),
+        }
+        for s in states
+    }
+    return {"cells": cells, "sweeps": budgets}
+
+
+def spent_before(doc: Mapping[str, Any]) -> tuple[dict[str, float], dict[str, float]]:
+    """(seconds spent, last chunk's seconds) per sweep from an earlier run's ``precision.json``: a rerun
+    goes on with the same budget, it does not get a fresh one (a finished study's rerun adds nothing)."""
+    sweeps = doc.get("sweeps", {})
+    return (
+        {k: float(v.get("spent_s") or 0.0) for k, v in sweeps.items()},
+        {k: float(v.get("last_chunk_s") or 0.0) for k, v in sweeps.items()},
+    )

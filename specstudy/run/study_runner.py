@@ -36,6 +36,7 @@ from ..layout import StudyLayout
 from ..provenance import provenance
 from ..records import Request, RequestRecord
 from ..report.validity_text import finding_text
+from .busy_rerun import rerun_if_busy
 from .capacity_search import why_not_probed
 from .cell import CellResult, CellRun, annotate, run_cell, split_warmup, summarize
 from .conversation_cells import run_turns
@@ -43,7 +44,7 @@ from .engine_cost_probe import measure_engine_costs
 from .paired_in_time import SEQUENTIAL, batches_of, link_partners, measure_in_time, rerun_prompts, twins
 from .plan import CellPlan, plan_summary
 from .pool import BackendFactory, BackendPool
-from .precision import extensions
+from .precision import next_row, precision_doc, row_states, short_rows, spent_before
 from .task_checks import check_tasks, parsed_task
 
 RequestLoader = Callable[[str, int, int, Any], list[Request]]
@@ -212,6 +213,7 @@ def run_study(
         )
         try:
             ran_now: set[str] = set()
+            by_id = {p.cell_id: p for p in [*(full_plan or ()), *plans]}
 
             def one(plan: CellPlan, pending: Sequence[CellPlan], room: int | None) -> list[CellResult]:
                 """The cell, with the twins it is measured beside in time when it is their baseline."""
@@ -220,7 +222,9 @@ def run_study(
                 ran_now.update([plan.cell_id, *(q.cell_id for q in group)])
                 if group:
                     return _run_in_time(cfg, [plan, *group], layout, pool, loader, state)
-                return [_run_one(cfg, plan, layout, pool, loader, state, progress)]
+                return rerun_if_busy(
+                    cfg, plan, by_id, layout, lambda p: _run_one(cfg, p, layout, pool, loader, state, progress)
+                )
 
             ran = 0
             place = {p.cell_id: k for k, p in enumerate(plans, 1)}
@@ -271,29 +275,41 @@ def _run_extensions(
     say: Callable[[str], None],
     run: Callable[[CellPlan, Sequence[CellPlan], int | None], list[CellResult]],
 ) -> list[CellResult]:
-    """Rounds of the precision targets' extension cells (:mod:`specstudy.run.precision`) until every
-    row met its target or its cap, at most ``left`` cells; each round records the extensions on disk in
-    the plan snapshot, so the report counts their records as the plan's."""
+    """The precision targets' extension cells (:mod:`specstudy.run.precision`), one row's next chunk
+    at a time, the widest interval first, until every row reached its target, its cap or its sweep's
+    budget, at most ``left`` cells; each round records the extensions on disk in the plan snapshot
+    (the report counts their records as the plan's), and the end each row's stop."""
     results: list[CellResult] = []
     tried: set[str] = set()  # an extension that failed is not retried in the same run
+    # extension seconds per sweep, and its last chunk's (what the next is expected to take), earlier runs' included
+    spent, cost = spent_before(layout.read_precision())
     while True:
-        on_disk, wanted = extensions(cfg, plans, layout)
-        more = [p for p in wanted if p.cell_id not in tried]
+        on_disk, states = row_states(cfg, plans, layout)
         if on_disk:
             write_plan(layout, cfg, [*(full_plan if full_plan is not None else plans), *on_disk])
-        if not more or (left is not None and len(results) >= left):
+        row = next_row(states, spent, cost, {c for c in tried if not layout.is_done(c)})  # failed ones
+        if row is None or row.pending is None or (left is not None and len(results) >= left):
+            if states:
+                layout.write_precision(precision_doc(states, spent, cost))
             return results
-        say(f"precision targets: {len(more)} extension cells ({sum(not p.is_baseline for p in more)} rows short)")
-        batch = more[: None if left is None else left - len(results)]
+        base_ext, spec_ext = row.pending
+        say(
+            f"precision targets: {len(short_rows(states))} rows short; the widest (±{100 * row.half:.1f} % against "
+            f"±{100 * row.target['rel_half_width']:g} %, {row.n} prompts) gets the task's prompts "
+            f"{spec_ext.prompt_offset + 1}-{spec_ext.prompt_offset + spec_ext.prompts}"
+        )
+        batch = [p for p in row.pending if not layout.is_done(p.cell_id)]
+        start = time.monotonic()
         for k, plan in enumerate(batch, 1):
             if plan.cell_id in tried:  # measured beside its baseline already
                 continue
             done = run(plan, batch, None if left is None else left - len(results))
             tried.update(r.cell_id for r in done)
             results += done
-            first, last = plan.prompt_offset + 1, plan.prompt_offset + plan.prompts
             for res in done:
-                say(f"extension {res.line(k, len(batch))} (the task's prompts {first}-{last})")
+                say(f"extension {res.line(k, len(batch))}")
+        cost[row.sweep] = time.monotonic() - start
+        spent[row.sweep] = spent.get(row.sweep, 0.0) + cost[row.sweep]
 
 
 def _requests(

@@ -36,17 +36,18 @@ study:
   telemetry_period_s: 0.05
   sweeps:
     hardware:
-      precision: {rel_half_width: TARGET, max_prompts: 13, step: 4}
+      precision: {rel_half_width: TARGET, max_prompts: 13, step: 4, min_prompts: 5}
 """
 
 
 class TimedBackend(Backend):
-    """Latency per prompt from its id: AR 1–2 s, speculative AR / speedup where speedup = 2 × (1 ± spread)."""
+    """Latency per prompt from its id: AR 1–2 s, speculative AR / speedup where speedup = 2 × (1 ± spread)
+    (``spread`` per task when a dict)."""
 
     framework = "reference"
 
-    def __init__(self, spread: float):
-        self.spread, self.tokenizer, self.calls = spread, None, []
+    def __init__(self, spread):
+        self.spreads, self.tokenizer, self.calls = spread, None, []
 
     def run(self, requests, sampling, cell):
         warm = all(r.prompt_id.startswith("warmup") for r in requests)
@@ -54,12 +55,13 @@ class TimedBackend(Backend):
         for r in requests:
             h = zlib.crc32(r.prompt_id.encode()) % 1000 / 1000
             base = 1.0 + h
-            end = base if cell.method == "ar" else base / (2.0 * (1 + self.spread * (2 * h - 1)))
+            spread = self.spreads[cell.task] if isinstance(self.spreads, dict) else self.spreads
+            end = base if cell.method == "ar" else base / (2.0 * (1 + spread * (2 * h - 1)))
             yield cell.new_record(r, sampling, output_tokens=6, first_token_s=0.01, end_s=end, start_epoch=0.0)
 
 
-def _run(tmp_path, target: float, spread: float):
-    cfg = load_study("cpu", write_study(tmp_path, STUDY.replace("TARGET", str(target))))
+def _run(tmp_path, target: float, spread, study: str = STUDY):
+    cfg = load_study("cpu", write_study(tmp_path, study.replace("TARGET", str(target))))
     plans = expand(cfg)
     backend = TimedBackend(spread)
     kw = dict(factory=lambda fw, **o: backend, request_loader=tiny_requests, progress=False, log=lambda m: None)
@@ -82,7 +84,8 @@ def test_a_precise_row_stops_at_the_minimum(tmp_path):
     assert len(res) == len(plans) == 2  # no extension: ±1 % of 2× at n = 5 meets ±10 %
     row = _headline(tmp_path)
     assert row["n_prompts"] == 5 and row["speedup_precision"] <= 0.10
-    assert _precision_cell(tmp_path).endswith("(target ±10 % met)")
+    assert _precision_cell(tmp_path).endswith("(target ±10 % reached)")
+    assert {r["stopped"] for r in StudyLayout(tmp_path / "out").read_precision()["cells"].values()} == {"reached"}
 
 
 def test_a_noisy_row_grows_until_the_cap_and_a_rerun_adds_nothing(tmp_path):
@@ -95,7 +98,7 @@ def test_a_noisy_row_grows_until_the_cap_and_a_rerun_adds_nothing(tmp_path):
     assert sum(m == "ar" for m, _ in measured) == sum(m != "ar" for m, _ in measured) == 5 + 4 + 4
     row = _headline(tmp_path)
     assert row["n_prompts"] == 13 and row["speedup_precision"] > 0.01  # the cap stopped it
-    assert _precision_cell(tmp_path).endswith("(target ±1 % not met: cap of 13 prompts per task)")
+    assert _precision_cell(tmp_path).endswith("(target ±1 % not met: prompts exhausted: 13 per task, the cap)")
     again = run_study(cfg, plans, StudyLayout(tmp_path / "out"), **kw)
     assert all(r.status == "skipped" for r in again if r.cell_id in {p.cell_id for p in plans})
     assert [r for r in again if r.status == "done"] == []
@@ -132,3 +135,30 @@ def test_the_dry_run_sizes_the_most_a_target_can_add(tmp_path):
     rows = {r["sweep"]: r for r in duration_table(cfg, plans, load_hardware_profile("cpu", measure=False))}
     assert rows["precision targets: at most, if none is met (not in TOTAL)"]["requests"] == 16
     assert rows["TOTAL"]["requests"] == 10
+
+
+def test_no_row_stops_on_its_interval_before_the_first_look(tmp_path):
+    """A row precise at 5 prompts still grows to ``min_prompts`` (the sequential rule's coverage), then stops."""
+    study = STUDY.replace("min_prompts: 5", "min_prompts: 9")
+    _, plans, res, _, _ = _run(tmp_path, target=0.10, spread=0.01, study=study)
+    assert len(res) == len(plans) + 2  # one chunk: prompts 6-9
+    assert _headline(tmp_path)["n_prompts"] == 9
+    assert _precision_cell(tmp_path).endswith("(target ±10 % reached)")
+
+
+def test_the_widest_row_is_extended_first_and_the_budget_stops_the_rest(tmp_path):
+    """Two rows short of ±1 %: chat (spread 0.5) is wider than code (0.1), so its chunk runs first; a
+    budget smaller than one chunk then stops both, and the report says so rather than naming the cap."""
+    study = STUDY.replace("tasks: [code]", "tasks: [code, chat]").replace(
+        "min_prompts: 5", "min_prompts: 5, budget_s: 0.001"
+    )
+    cfg, plans, res, backend, kw = _run(tmp_path, target=0.01, spread={"code": 0.1, "chat": 0.5}, study=study)
+    ext = [r.cell_id for r in res if r.cell_id not in {p.cell_id for p in plans}]
+    assert len(ext) == 2 and all("_chat_" in c for c in ext), ext
+    doc = StudyLayout(tmp_path / "out").read_precision()
+    stops = {cid.split("_")[2]: row["stopped"] for cid, row in doc["cells"].items()}
+    assert stops == {"code": "budget", "chat": "budget"}
+    assert doc["sweeps"]["hardware"]["budget_s"] == 0.001 and doc["sweeps"]["hardware"]["spent_s"] >= 0
+    assert "not met: budget:" in _precision_cell(tmp_path)
+    again = run_study(cfg, plans, StudyLayout(tmp_path / "out"), **kw)  # the same budget, not a fresh one
+    assert [r for r in again if r.status == "done"] == []

@@ -1,0 +1,148 @@
+"""The capacity search starts from the service rate this machine measured, not a grid written for another.
+
+A stand-in server with two slots serves each request in a fixed time S (no process): a closed loop of
+two clients is served at 2 / S requests per second, and Poisson arrivals above that queue.  The same
+study file (no request rate in it) runs against a slow server and one four times faster: each
+measures its own service rate, probes around it, and after the refinement rounds every repeat's
+capacity is bracketed within the stated width.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+import pytest
+from support import TINY_STUDY, tiny_requests, write_study
+
+from specstudy.analysis.capacity import capacity_frame, probes
+from specstudy.analysis.study_records import load
+from specstudy.backends.base import ServingBackend
+from specstudy.backends.loadgen import Offer
+from specstudy.backends.server_base import ServedBatch
+from specstudy.backends.watch import WatchResult
+from specstudy.commands.run_command import _refined
+from specstudy.config import load_study
+from specstudy.layout import StudyLayout
+from specstudy.run.plan import expand
+from specstudy.run.service_grid import RESOLUTION, with_service_rates
+from specstudy.run.study_runner import run_study
+
+SLOTS = 2
+
+STUDY = (
+    TINY_STUDY.replace(
+        "frameworks: [reference]", "frameworks: [openai]\n  slo: {ttft_ms: 3000, tpot_ms: null, percentile: 90}"
+    )
+    .replace("    - {method: ngram, label: Prompt lookup, options: {ngram_min: 1, ngram_max: 2}}\n", "")
+    .replace("    - {method: layer_skip, label: Early exit, options: {exit_layer: 1}, max_batch_size: 1}\n", "")
+    .replace("batch_sizes: [1, 2]", "batch_sizes: [2]")
+    .replace("tasks: [code, chat]", "tasks: [code]")
+    .replace("repeats: 1", "repeats: 5")
+    .replace("prompts_per_task: 2", "prompts_per_task: 40")
+    + "  sweeps:\n    capacity: {rates_from_service: [0.7, 1.0, 1.4]}\n"
+)
+
+
+class SlotServer(ServingBackend):
+    """Two slots, each request ``service_s`` long, FIFO; a client cap holds requests at the client."""
+
+    framework = "openai"
+
+    def __init__(self, service_s: float):
+        self.service_s, self.tokenizer = service_s, None
+
+    def ensure_server(self, cell):
+        pass
+
+    def offer_run(self, run, *, gauges=True):
+        free = [0.0] * min(SLOTS, run.concurrency or SLOTS)
+        recs = []
+        for req, arrive in zip(run.requests, run.offsets):
+            start = max(arrive, heapq.heappop(free))
+            heapq.heappush(free, start + self.service_s)
+            rec = run.cell.new_record(req, run.sampling, output_tokens=6, first_token_s=0.05, end_s=self.service_s)
+            rec.start_epoch = 1000.0 + start
+            if run.concurrency is None:  # queued at the server: the wait is in the first token
+                rec.start_epoch, rec.first_token_s, rec.end_s = (
+                    1000.0 + arrive,
+                    start - arrive + 0.05,
+                    start - arrive + self.service_s,
+                )
+            else:
+                rec.extra["queued_s"] = start - arrive
+            recs.append(rec)
+        return ServedBatch(recs, 0.1, None, WatchResult())
+
+    def run(self, requests, sampling, cell):
+        """A closed loop of ``batch_size`` clients: every request there at once, held at the client."""
+        yield from self.offer_run(
+            Offer(list(requests), sampling, cell, [0.0] * len(requests), cell.batch_size, 60.0, 600.0)
+        ).records
+
+    def send(self, request, sampling, cell, timeout_s=None):
+        """One request alone (a warm-up): no queue."""
+        return cell.new_record(
+            request, sampling, output_tokens=6, first_token_s=0.05, end_s=self.service_s, start_epoch=1000.0
+        )
+
+    def close(self):
+        pass
+
+
+def _search(tmp_path, service_s: float, rounds: int = 4):
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    cfg = load_study("cpu", write_study(tmp_path, STUDY))
+    layout = StudyLayout(tmp_path / "out")
+    kw = dict(
+        factory=lambda fw, **o: SlotServer(service_s), request_loader=tiny_requests, progress=False, log=lambda m: None
+    )
+    run_study(cfg, expand(cfg), layout, capacity_search=True, **kw)
+    cfg, changed = with_service_rates(cfg, layout)
+    first = cfg.sweeps[0].request_rates
+    every = expand(cfg)
+    run_study(
+        cfg,
+        [p for p in every if set(p.sweeps) & changed and p.request_rate],
+        layout,
+        full_plan=every,
+        capacity_search=True,
+        **kw,
+    )
+    configured = cfg
+    for _ in range(rounds):
+        refined = _refined(cfg, layout, configured)
+        if refined is None:
+            break
+        cfg, changed = refined
+        every = expand(cfg)
+        run_study(
+            cfg, [p for p in every if set(p.sweeps) & changed], layout, full_plan=every, capacity_search=True, **kw
+        )
+    study = load(layout.root)
+    pr = probes(study)
+    return first, capacity_frame(study).iloc[0], pr
+
+
+@pytest.fixture(scope="module")
+def searches(tmp_path_factory):
+    """The same file's search on the slow and the fast machine, once for the module's tests."""
+    return {s: _search(tmp_path_factory.mktemp(f"s{s}"), s) for s in (2.0, 0.5)}
+
+
+@pytest.mark.parametrize("service_s", [2.0, 0.5], ids=["slow", "fast"])
+def test_the_search_brackets_each_repeats_capacity_from_the_measured_service_rate(searches, service_s):
+    first, row, _ = searches[service_s]
+    served = SLOTS / service_s
+    assert first == pytest.approx(tuple(f * served for f in (0.7, 1.0, 1.4)), rel=0.1)
+    assert row["repeats_never_held"] == 0 and row["repeats_never_broke"] == 0
+    assert row["widest_bracket"] <= RESOLUTION
+    assert 0 < row["capacity_ci_low"] <= row["capacity_rps"] <= row["capacity_ci_high"]
+
+
+def test_a_machine_four_times_faster_finds_a_higher_capacity_from_the_same_file(searches):
+    """The same file, no rate in it: the fast machine's first rates are four times the slow one's and its
+    capacity is higher by more than the slow one's bracket (not the x4 of its service rate: the SLO's
+    TTFT bound is absolute, so the fast machine's queue may grow further in service times)."""
+    (slow_first, slow, _), (fast_first, fast, _) = searches[2.0], searches[0.5]
+    assert fast_first == pytest.approx(tuple(4 * r for r in slow_first), rel=0.01)
+    assert fast["capacity_rps"] > 2 * slow["capacity_rps"]

@@ -457,6 +457,19 @@ def missing_configs(study: dict[str, Any], read: Callable[[str], Any] = read_con
         raise ParamsProblems(problems, "rehearsal stand-ins (each model's own config)")
 
 
+def _stale_standins(study: dict[str, Any], built: Path, recipe: Path) -> str | None:
+    """Why the stand-ins in ``built``'s folder cannot serve ``study`` (another recipe, or other models: a
+    drafter whose config has arrived since), or None."""
+    if not recipe.exists() or recipe.read_text() != STANDIN_RECIPE:
+        return "by another stand-in recipe"
+    have = set(json.loads(built.read_text()))
+    return (
+        None
+        if have == set(hub_ids(study))
+        else f"for other models than the profile's ({sorted(have ^ set(hub_ids(study)))})"
+    )
+
+
 def prepare(gpu: str, outputs: str = "outputs", log: Callable[[str], None] = print) -> Path:
     """Stand-ins, the small study file and the marker in ``<outputs>/<gpu>-rehearsal/``; the hub cache
     pointed at the stand-ins (this process and every engine it starts).  Returns the study file."""
@@ -464,10 +477,10 @@ def prepare(gpu: str, outputs: str = "outputs", log: Callable[[str], None] = pri
     cache = out / "standins" / "hub"
     study, unconfigured = without_unconfigured_drafters(load_yaml(hardware_file(gpu))["study"])
     built, recipe = out / "standins" / "built.json", out / "standins" / "recipe.txt"
-    if built.exists() and (not recipe.exists() or recipe.read_text() != STANDIN_RECIPE):
+    if built.exists() and (stale := _stale_standins(study, built, recipe)):
         import shutil  # stand-ins of an older recipe (6 layers), and the cells run on them, are never reused
 
-        log(f"rehearsal: {out} was built by another stand-in recipe; starting it again (nothing in it is measured)")
+        log(f"rehearsal: {out} was built {stale}; starting it again (nothing in it is measured)")
         shutil.rmtree(out)
     if not built.exists():
         missing_configs(study)

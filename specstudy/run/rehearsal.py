@@ -435,6 +435,42 @@ def without_unconfigured_drafters(
     return s, skipped
 
 
+#: why a suffix row cannot run without Arctic Inference's suffix tree importable by vLLM's Python
+SUFFIX_WHY = (
+    "not rehearsed: vLLM's suffix decoding needs Arctic Inference's suffix tree (arctic_inference.suffix_decoding), "
+    "not importable by the vLLM environment here (make arctic-suffix builds it from the sdist)"
+)
+
+
+def suffix_tree_here() -> bool:
+    """Whether vLLM's CPU Python (with this process's PYTHONPATH) imports Arctic Inference's suffix tree."""
+    import subprocess
+
+    from ..environments.install import ENVIRONMENTS, python_of
+
+    py = python_of(next(e for e in ENVIRONMENTS.values() if e.engine == "vllm" and e.build == "cpu"))
+    probe = [str(py), "-c", "import arctic_inference.suffix_decoding"]
+    return py.exists() and subprocess.run(probe, capture_output=True).returncode == 0
+
+
+def without_rows(study: dict[str, Any], method: str, why: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The rehearsal's study without the rows of ``method`` (and the sweeps' mentions of them), listed with why."""
+    s = json.loads(json.dumps(study))
+    gone = [m for m in s.get("methods", []) if (m.get("method") or m.get("family")) == method]
+    labels = {m["label"] for m in gone}
+    s["methods"] = [m for m in s.get("methods", []) if m["label"] not in labels]
+    for sw in (s.get("sweeps") or {}).values():
+        if sw and isinstance(sw.get("methods"), list):
+            sw["methods"] = [lb for lb in sw["methods"] if lb not in labels]
+    fws = s.get("frameworks") or []
+    rows = [
+        {"framework": f, "label": m["label"], "method": method, "status": why}
+        for m in gone
+        for f in m.get("frameworks") or fws
+    ]
+    return s, rows
+
+
 def missing_configs(study: dict[str, Any], read: Callable[[str], Any] = read_config) -> None:
     """Refuse, before anything is built, a rehearsal whose models' configs are not here: every missing
     one named at once, with the two ways to get them (a stand-in is built from its model's own config,
@@ -490,7 +526,8 @@ def prepare(gpu: str, outputs: str = "outputs", log: Callable[[str], None] = pri
         recipe.write_text(STANDIN_RECIPE)
     small, changes, skipped = rehearsal_study(study, hardware_file(gpu).parent)
     _validate_argvs(gpu, skipped)
-    skipped += unconfigured
+    small, no_suffix = without_rows(small, "suffix", SUFFIX_WHY) if not suffix_tree_here() else (small, [])
+    skipped += unconfigured + no_suffix
     path = out / "rehearsal.yaml"
     import yaml
 

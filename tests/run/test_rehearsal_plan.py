@@ -234,3 +234,21 @@ def test_a_rehearsed_cell_whose_engine_died_fails_the_rehearsal(tmp_path):
     plans = [SimpleNamespace(cell_id=c.id) for c in cells.values()]
     (line,) = _rehearsal_errors(layout, plans)
     assert line.startswith("cell-False: 2 of 2 requests error: EngineDeadError")
+
+
+def test_suffix_rows_without_arctic_inferences_suffix_tree_are_listed_not_run():
+    """vLLM's suffix decoding imports Arctic Inference's suffix tree; where vLLM's Python cannot, the suffix
+    rows leave the rehearsal's study (and every sweep naming them) and are listed with why."""
+    from specstudy.run.rehearsal import SUFFIX_WHY, without_rows
+
+    study, _, _ = rehearsal_study(load_yaml(hardware_file("h100-1"))["study"])
+    assert any(m["method"] == "suffix" for m in study["methods"])
+    left, rows = without_rows(study, "suffix", SUFFIX_WHY)
+    assert not any(m["method"] == "suffix" for m in left["methods"])
+    assert not any("Suffix decoding" in (sw.get("methods") or []) for sw in left["sweeps"].values())
+    assert {(r["framework"], r["label"]) for r in rows} == {
+        ("vllm", "Suffix decoding"),
+        ("vllm-server", "Suffix decoding"),
+    }
+    assert all("make arctic-suffix" in r["status"] for r in rows)
+    assert any(m["method"] == "eagle3" for m in left["methods"])  # the other rows stay

@@ -194,30 +194,13 @@ $(SGLANG_PARSER)/.done: $(STAMP)
 .PHONY: try-sglang-parser
 try-sglang-parser: $(STAMP)
 	@$(MAKE) --no-print-directory sglang-parser || echo "rehearse: SGLang's parser not set up (its rows stay not rehearsed)"
-# vLLM's suffix decoding imports Arctic Inference's suffix tree (arctic_inference.suffix_decoding), published
-# only as an sdist whose other extension is CUDA: its CPU-only suffix tree (C++ and nanobind) is built from
-# the 0.3.0 sdist in place, and the sdist's folder goes on the rehearsal's PYTHONPATH (not installed: no
-# vLLM plugin entry point is registered).  Without it the suffix rows stay not rehearsed.
-ARCTIC := .venv-vllm/arctic-suffix
-ARCTIC_SRC := $(ARCTIC)/arctic_inference-0.3.0
-.PHONY: arctic-suffix try-arctic-suffix
-arctic-suffix: $(ARCTIC)/.done
-$(ARCTIC)/.done: $(STAMP)
-	$(BIN)/python -m specstudy.environments install vllm $(ENGINE_FLAG)
-	rm -rf $(ARCTIC) && mkdir -p $(ARCTIC)
-	$(BIN)/python -m pip download -q --no-deps --no-binary :all: arctic-inference==0.3.0 -d $(ARCTIC)/sdist
-	tar xzf $(ARCTIC)/sdist/arctic_inference-0.3.0.tar.gz -C $(ARCTIC)
-	.venv-vllm/bin/python -m pip install -q --target $(ARCTIC)/tools nanobind==2.9.2
-	PYTHONPATH=$(abspath $(ARCTIC)/tools) cmake -S $(ARCTIC_SRC)/csrc/suffix_decoding -B $(ARCTIC)/build \
-	  -DPython_EXECUTABLE=$(abspath .venv-vllm/bin/python) -DCMAKE_BUILD_TYPE=Release \
-	  -DCMAKE_LIBRARY_OUTPUT_DIRECTORY=$(abspath $(ARCTIC_SRC)/arctic_inference/suffix_decoding)
-	cmake --build $(ARCTIC)/build -j 2
-	PYTHONPATH=$(abspath $(ARCTIC_SRC)) .venv-vllm/bin/python -c "from arctic_inference.suffix_decoding import SuffixDecodingCache"
-	touch $@
-try-arctic-suffix: $(STAMP)
-	@$(MAKE) --no-print-directory arctic-suffix || echo "rehearse: Arctic Inference's suffix tree not built (the suffix rows stay not rehearsed)"
-rehearse: $(STAMP) try-sglang-parser try-arctic-suffix
-	env $$([ -f $(SGLANG_PARSER)/.done ] && echo SPECSTUDY_SGLANG_PYTHON=$(abspath .venv-vllm/bin/python) SPECSTUDY_SGLANG_PATH=$(abspath $(SGLANG_PARSER)/pkg):$(abspath $(SGLANG_PARSER)/deps)) $$([ -f $(ARCTIC)/.done ] && echo PYTHONPATH=$(abspath $(ARCTIC_SRC))) $(if $(MODEL_CONFIGS),SPECSTUDY_MODEL_CONFIGS=$(abspath $(MODEL_CONFIGS))) $(STUDY) --hardware $(GPU) --rehearse $(STUDY_ARGS)
+# vLLM's suffix rows need arctic-inference in the vLLM environment (make arctic-inference, above): tried
+# first; where it cannot be built the rehearsal lists the suffix rows as not rehearsed, with why.
+.PHONY: try-arctic-inference
+try-arctic-inference: $(STAMP)
+	@$(MAKE) --no-print-directory arctic-inference || echo "rehearse: arctic-inference not built (the suffix rows stay not rehearsed)"
+rehearse: $(STAMP) try-sglang-parser try-arctic-inference
+	env $$([ -f $(SGLANG_PARSER)/.done ] && echo SPECSTUDY_SGLANG_PYTHON=$(abspath .venv-vllm/bin/python) SPECSTUDY_SGLANG_PATH=$(abspath $(SGLANG_PARSER)/pkg):$(abspath $(SGLANG_PARSER)/deps)) $(if $(MODEL_CONFIGS),SPECSTUDY_MODEL_CONFIGS=$(abspath $(MODEL_CONFIGS))) $(STUDY) --hardware $(GPU) --rehearse $(STUDY_ARGS)
 
 # The acceptance regression gate (issue 35): the greedy reference-engine rows of a study are deterministic,
 # so their golden is exact.  `make golden` writes params/golden/$(GPU).json from $(OUT) (once, from a study

@@ -438,7 +438,7 @@ def without_unconfigured_drafters(
 #: why a suffix row cannot run without Arctic Inference's suffix tree importable by vLLM's Python
 SUFFIX_WHY = (
     "not rehearsed: vLLM's suffix decoding needs Arctic Inference's suffix tree (arctic_inference.suffix_decoding), "
-    "not importable by the vLLM environment here (make arctic-suffix builds it from the sdist)"
+    "not importable by the vLLM environment here (make arctic-inference builds and installs it)"
 )
 
 

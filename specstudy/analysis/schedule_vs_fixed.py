@@ -22,11 +22,6 @@ from .study_records import Study
 _GROUP = ("framework", "method", "task", "model", "drafter", "sampling")
 
 
-def load_text(batch_size: Any, request_rate: Any) -> str:
-    """A load in words: ``batch 16`` (a closed batch) or ``8 req/s`` (arrivals at a rate)."""
-    return f"batch {int(batch_size)}" if request_rate is None else f"{float(request_rate):g} req/s"
-
-
 def _groups(study: Study) -> dict[tuple[Any, ...], tuple[dict[tuple[str, str], list[str]], list[str]]]:
     """Per (engine, method, task, model, drafter, sampling, batch, rate): the schedule rows' cells by
     (label, schedule) and the fixed-γ cells."""
@@ -44,15 +39,25 @@ def _groups(study: Study) -> dict[tuple[Any, ...], tuple[dict[tuple[str, str], l
     return out
 
 
+#: the verdicts of a row (the report words them)
+SCHEDULE_AHEAD, FIXED_AHEAD, CANNOT_SEPARATE, NO_INTERVAL, NO_FIXED = (
+    "schedule_ahead",
+    "fixed_ahead",
+    "cannot_separate",
+    "no_interval",
+    "no_fixed",
+)
+
+
 def _verdict(sched: dict[str, Any], best: dict[str, Any] | None) -> str:
     if best is None:
-        return "no fixed γ measured at this load"
+        return NO_FIXED
     apart = separated(sched, best)
     if apart is None:
-        return "n too small for an interval"
+        return NO_INTERVAL
     if not apart:
-        return "cannot separate"
-    return "schedule ahead" if sched["speedup"] > best["speedup"] else f"fixed γ {best['gamma']} ahead"
+        return CANNOT_SEPARATE
+    return SCHEDULE_AHEAD if sched["speedup"] > best["speedup"] else FIXED_AHEAD
 
 
 def schedule_vs_fixed(study: Study) -> pd.DataFrame:
@@ -74,7 +79,6 @@ def schedule_vs_fixed(study: Study) -> pd.DataFrame:
                     **dict(zip(_GROUP, key)),
                     "batch_size": key[-2],
                     "request_rate": key[-1],
-                    "load": load_text(key[-2], key[-1]),
                     "label": label,
                     "schedule": option,
                     "schedule_speedup": p.speedup,

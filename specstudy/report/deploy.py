@@ -223,6 +223,26 @@ def _gamma(study: Study, sec: Section) -> list[str]:
     ]
 
 
+def load_text(batch_size: Any, request_rate: Any) -> str:
+    """A load in words: ``batch 16`` (a closed batch) or ``8 req/s`` (arrivals at a rate)."""
+    return (
+        f"batch {int(batch_size)}"
+        if request_rate is None or request_rate != request_rate
+        else f"{float(request_rate):g} req/s"
+    )
+
+
+def schedule_verdict_text(verdict: str, best_gamma: Any) -> str:
+    """A :mod:`specstudy.analysis.schedule_vs_fixed` verdict in words."""
+    return {
+        schedule_vs_fixed.SCHEDULE_AHEAD: "schedule ahead",
+        schedule_vs_fixed.FIXED_AHEAD: f"fixed γ {best_gamma} ahead",
+        schedule_vs_fixed.CANNOT_SEPARATE: "cannot separate",
+        schedule_vs_fixed.NO_INTERVAL: "n too small for an interval",
+        schedule_vs_fixed.NO_FIXED: "no fixed γ measured at this load",
+    }[verdict]
+
+
 def _engine_schedules(study: Study, sec: Section) -> list[str]:
     """The engines' own γ schedules beside the best fixed γ per load (nothing when no row ran one)."""
     frame = schedule_vs_fixed.schedule_vs_fixed(study)
@@ -233,14 +253,17 @@ def _engine_schedules(study: Study, sec: Section) -> list[str]:
             "Framework": frame["framework"],
             "Schedule": frame["label"],
             "Task": frame["task"],
-            "Load": frame["load"],
+            "Load": [load_text(b, r) for b, r in zip(frame["batch_size"], frame["request_rate"])],
             "Schedule's speedup": [
                 fmt_ci(x, ci, suffix="×") for x, ci in zip(frame["schedule_speedup"], frame["schedule_ci"])
             ],
             "Fixed γ measured": frame["fixed_gammas"].map(lambda gs: ", ".join(map(str, gs)) or "—"),
             "Best fixed γ": frame["best_gamma"].map(lambda g: "—" if g is None or g != g else str(int(g))),
             "Its speedup": [fmt_ci(x, ci, suffix="×") for x, ci in zip(frame["best_speedup"], frame["best_ci"])],
-            "Verdict": frame["verdict"],
+            "Verdict": [
+                schedule_verdict_text(v, "—" if g is None or g != g else int(g))
+                for v, g in zip(frame["verdict"], frame["best_gamma"])
+            ],
             "Rests on": frame["rests_on"].map(lambda cs: f"{len(cs)} cells"),
         }
     )

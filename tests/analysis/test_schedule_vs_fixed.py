@@ -68,17 +68,21 @@ def test_each_engine_declares_which_option_is_its_own_schedule():
     assert engine_schedule(DECLARATIONS["trtllm"], dict([SCHEDULE])) is not None
 
 
+def _by_load(frame):
+    return frame.assign(load=[deploy.load_text(b, r) for b, r in zip(frame["batch_size"], frame["request_rate"])])
+
+
 def test_schedule_beside_the_best_fixed_gamma_per_load_with_a_verdict():
-    frame = schedule_vs_fixed.schedule_vs_fixed(_study()).set_index("load")
+    frame = _by_load(schedule_vs_fixed.schedule_vs_fixed(_study())).set_index("load")
     assert sorted(frame.index) == ["8 req/s", "batch 1", "batch 16"]
     one = frame.loc["batch 1"]
     assert one["best_gamma"] == 3 and one["fixed_gammas"] == [1, 3]
-    assert one["verdict"] == "cannot separate"  # 1.62 against 1.60: the intervals overlap
+    assert one["verdict"] == schedule_vs_fixed.CANNOT_SEPARATE  # 1.62 against 1.60: the intervals overlap
     sixteen = frame.loc["batch 16"]
-    assert sixteen["best_gamma"] == 1 and sixteen["verdict"] == "schedule ahead"  # 1.6 against 1.05
+    assert sixteen["best_gamma"] == 1 and sixteen["verdict"] == schedule_vs_fixed.SCHEDULE_AHEAD  # 1.6 against 1.05
     assert sixteen["schedule_ci"][0] > sixteen["best_ci"][1]
     rate = frame.loc["8 req/s"]
-    assert rate["verdict"] == "no fixed γ measured at this load" and math.isnan(rate["best_speedup"])
+    assert rate["verdict"] == schedule_vs_fixed.NO_FIXED and math.isnan(rate["best_speedup"])
     # the schedule's cells, the best fixed γ's and their paired AR
     assert sorted(one["rests_on"]) == ["ar-b1-rNone", "f3-b1", "s-b1"]
 
@@ -90,7 +94,8 @@ def test_fixed_gamma_ahead_of_the_schedule_is_named():
     study = study_of(out)
     study.cells["s"] = _describe("s", study.records["s"], plan)
     frame = schedule_vs_fixed.schedule_vs_fixed(study)
-    assert frame["verdict"].tolist() == ["fixed γ 2 ahead"]
+    assert frame["verdict"].tolist() == [schedule_vs_fixed.FIXED_AHEAD]
+    assert deploy.schedule_verdict_text(frame["verdict"][0], int(frame["best_gamma"][0])) == "fixed γ 2 ahead"
 
 
 def test_the_report_shows_the_table_only_when_a_schedule_ran():

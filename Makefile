@@ -194,7 +194,12 @@ $(SGLANG_PARSER)/.done: $(STAMP)
 .PHONY: try-sglang-parser
 try-sglang-parser: $(STAMP)
 	@$(MAKE) --no-print-directory sglang-parser || echo "rehearse: SGLang's parser not set up (its rows stay not rehearsed)"
-rehearse: $(STAMP) try-sglang-parser
+# vLLM's suffix rows need arctic-inference in the vLLM environment (make arctic-inference, above): tried
+# first; where it cannot be built the rehearsal lists the suffix rows as not rehearsed, with why.
+.PHONY: try-arctic-inference
+try-arctic-inference: $(STAMP)
+	@$(MAKE) --no-print-directory arctic-inference || echo "rehearse: arctic-inference not built (the suffix rows stay not rehearsed)"
+rehearse: $(STAMP) try-sglang-parser try-arctic-inference
 	env $$([ -f $(SGLANG_PARSER)/.done ] && echo SPECSTUDY_SGLANG_PYTHON=$(abspath .venv-vllm/bin/python) SPECSTUDY_SGLANG_PATH=$(abspath $(SGLANG_PARSER)/pkg):$(abspath $(SGLANG_PARSER)/deps)) $(if $(MODEL_CONFIGS),SPECSTUDY_MODEL_CONFIGS=$(abspath $(MODEL_CONFIGS))) $(STUDY) --hardware $(GPU) --rehearse $(STUDY_ARGS)
 
 # The acceptance regression gate (issue 35): the greedy reference-engine rows of a study are deterministic,

@@ -44,7 +44,7 @@ def _repeat_speedups(study: Study, cells: Sequence[str]) -> list[float]:
     return out
 
 
-def _candidates(study: Study, cells: Sequence[str]) -> list[dict[str, Any]]:
+def candidates(study: Study, cells: Sequence[str]) -> list[dict[str, Any]]:
     """Per γ of one bucket: its repeats' speedups, robust score, interval over prompts and prediction."""
     by_gamma: dict[int, list[str]] = {}
     for c in cells:
@@ -68,7 +68,7 @@ def _candidates(study: Study, cells: Sequence[str]) -> list[dict[str, Any]]:
     return out
 
 
-def _separated(a: dict[str, Any], b: dict[str, Any] | None) -> bool | None:
+def separated(a: dict[str, Any], b: dict[str, Any] | None) -> bool | None:
     """Whether two settings' 95 % intervals over prompts are disjoint (None: no interval; AR's is [1, 1])."""
     ci_a = a["speedup_ci"]
     ci_b = (1.0, 1.0) if b is None else b["speedup_ci"]
@@ -83,17 +83,17 @@ def _choose(cands: list[dict[str, Any]]) -> dict[str, Any]:
     scored = sorted((c for c in cands if c["score"] == c["score"]), key=lambda c: -c["score"])
     best = scored[0] if scored and scored[0]["score"] > 1.0 else None
     if best is None:
-        runner_up, separated = (scored[0]["gamma"], _separated(scored[0], None)) if scored else ("—", None)
+        runner_up, apart = (scored[0]["gamma"], separated(scored[0], None)) if scored else ("—", None)
     else:
         runner = next((c for c in scored[1:] if c["score"] > 1.0), None)
-        runner_up, separated = (runner["gamma"] if runner else "off"), _separated(best, runner)
+        runner_up, apart = (runner["gamma"] if runner else "off"), separated(best, runner)
     predictable = [c for c in cands if c["predicted"] == c["predicted"]]
     pred = max(predictable, key=lambda c: c["predicted"]) if predictable else None
     return {
         "chosen": "off" if best is None else best["gamma"],
         "score": 1.0 if best is None else best["score"],
         "runner_up": runner_up,
-        "separated": separated,
+        "separated": apart,
         "predicted_gamma": "off" if pred is None or pred["predicted"] <= 1.0 else pred["gamma"],
         "predicted_speedup": pred["predicted"] if pred else math.nan,
         "rests_on": [cell for c in cands for cell in c["cells"]],
@@ -112,7 +112,7 @@ def gamma_schedule(study: Study) -> pd.DataFrame:
         groups.setdefault((*(m[k] for k in _GROUP), int(m["batch_size"])), []).append(cid)
     rows = []
     for key, cells in sorted(groups.items(), key=lambda kv: str(kv[0])):
-        cands = _candidates(study, cells)
+        cands = candidates(study, cells)
         if len({c["gamma"] for c in cands}) < 2:
             continue  # one γ: nothing to choose between
         row = {**dict(zip((*_GROUP, "batch_size"), key)), **_choose(cands), "gammas": [c["gamma"] for c in cands]}

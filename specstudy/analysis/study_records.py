@@ -18,6 +18,8 @@ from typing import Any
 from ..config import hardware_names, load_hardware_profile
 from ..config.vocab import method_family
 from ..costmodel import HardwareProfile
+from ..frameworks import DECLARATIONS
+from ..frameworks.declaration import engine_schedule
 from ..layout import StudyLayout
 from ..records import CONTROL_FAMILY, RequestRecord
 from . import validity
@@ -74,8 +76,21 @@ def _measured(cell: dict[str, Any], r: RequestRecord) -> dict[str, Any]:
     }
 
 
+def _engine_schedule(framework: str, plan: dict[str, Any] | None) -> str | None:
+    """The engine's own γ schedule the planned cell ran (its declaration's schedule options), or None."""
+    decl = DECLARATIONS.get(framework)
+    opts = dict(((plan or {}).get("cell") or {}).get("options") or [])
+    return engine_schedule(decl, opts) if decl else None
+
+
 def _describe(cell_id: str, recs: list[RequestRecord], plan: dict[str, Any] | None) -> dict[str, Any]:
-    """The cell's fields: its records' columns, else (parts from before the runner stamped them) the plan's."""
+    """The cell's fields: its records' columns, else (parts from before the runner stamped them) the plan's;
+    and the engine's own γ schedule when its plan set one."""
+    described = _describe_cell(cell_id, recs, plan)
+    return {**described, "engine_schedule": _engine_schedule(described["framework"], plan)}
+
+
+def _describe_cell(cell_id: str, recs: list[RequestRecord], plan: dict[str, Any] | None) -> dict[str, Any]:
     r = recs[0]
     if r.label or not plan:
         return _measured(

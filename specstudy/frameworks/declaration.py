@@ -121,6 +121,9 @@ class EngineDeclaration:
     #: methods whose drafter drafts all γ tokens in one forward (DFlash, PARD): the cost model counts
     #: their draft cost per block, not per token
     block_drafting: frozenset[str] = frozenset()
+    #: the cell options that hand γ to the engine's own schedule, each with the value that keeps γ fixed
+    #: (None: any value set is a schedule); the report sets these rows beside the best fixed γ per load
+    schedule_options: Mapping[str, Any] = field(default_factory=dict)
     #: whose loader rules a drafter checkpoint must meet ("vllm", "sglang", "trtllm"); None: the
     #: kit's own loaders (or none), checked by the backend itself
     drafter_format: str | None = None
@@ -274,6 +277,33 @@ def synthetic_rule(options: Mapping[str, Any], gamma: int | None) -> Any:
     rule = parse_synthetic(options["synthetic_acceptance"])
     rule.check_gamma(int(gamma or 0))
     return rule
+
+
+def engine_schedule(decl: EngineDeclaration, options: Mapping[str, Any]) -> str | None:
+    """The engine's own γ schedule a cell runs, as ``option=value`` (None: the cell's γ is fixed)."""
+    for key, fixed in decl.schedule_options.items():
+        value = options.get(key)
+        if value not in (None, False, "", fixed):
+            return f"{key}={value}"
+    return None
+
+
+def gamma_per_batch(text: str, gamma: int) -> list[tuple[int, int, int]]:
+    """The kit's ``gamma_per_batch`` text, ``"1-4:4,5-16:3"`` (batch range: γ), as [(1, 4, 4), (5, 16, 3)]:
+    one schedule of γ by batch size that each engine writes in its own form (vLLM's ranges, TensorRT-LLM's
+    thresholds).  Each γ at most the cell's ``gamma`` (the most the engine drafts)."""
+    out = []
+    for part in str(text).split(","):
+        try:
+            span, k = part.split(":")
+            lo, hi = span.split("-")
+            entry = (int(lo), int(hi), int(k))
+        except ValueError:
+            raise ValueError(f"gamma_per_batch={text!r}: allowed 'start-end:gamma,...' (e.g. '1-4:4,5-64:2')") from None
+        if not 1 <= entry[0] <= entry[1] or not 0 <= entry[2] <= gamma:
+            raise ValueError(f"gamma_per_batch entry {part!r}: allowed 1 <= start <= end and 0 <= gamma <= {gamma}")
+        out.append(entry)
+    return out
 
 
 def pinned_version(requirement: str) -> str:

@@ -26,6 +26,7 @@ HF = EngineDeclaration(
         "tokenizer": None,
     },
     needs_drafter=frozenset({"draft_target"}),
+    schedule_options={"assistant_schedule": "constant"},
     tokenizing=True,
     takes_device=True,
     max_batch=1,

@@ -25,8 +25,8 @@ KIT_TO_SGLANG = {
 SGLANG_METHOD_OPTIONS = {
     "*": ("synthetic_acceptance",),
     "ngram": ("ngram_breadth", "ngram_max_trie_depth"),
-    "eagle": ("topk", "num_draft_tokens"),
-    "eagle3": ("topk", "num_draft_tokens"),
+    "eagle": ("topk", "num_draft_tokens", "adaptive_steps"),
+    "eagle3": ("topk", "num_draft_tokens", "adaptive_steps"),
     "draft_target": ("topk", "num_draft_tokens"),
 }
 
@@ -80,6 +80,7 @@ SGLANG = EngineDeclaration(
     method_families={"eagle": "heads", "eagle3": "heads", "dflash": "heads"},
     needs_drafter=frozenset({"draft_target", "eagle", "eagle3", "dflash"}),
     block_drafting=frozenset({"dflash"}),
+    schedule_options={"adaptive_steps": False},
     drafter_format="sglang",
     server=True,
     http=True,

@@ -16,13 +16,39 @@ from __future__ import annotations
 
 from typing import Any
 
-from .declaration import Binary, EngineDeclaration
+from .declaration import Binary, EngineDeclaration, gamma_per_batch
 
 #: kit method -> TensorRT-LLM decoding_type, per runtime backend
 PYTORCH_DECODING = {"draft_target": "DraftTarget", "ngram": "NGram", "eagle3": "Eagle"}
 ENGINE_DECODING = {"eagle": "Eagle", "medusa": "Medusa"}
 #: the cell options the TensorRT-LLM backends read, per method
-TRTLLM_METHOD_OPTIONS = {"ngram": ("ngram_max",), "medusa": ("medusa_choices",), "eagle": ("eagle_choices",)}
+TRTLLM_METHOD_OPTIONS = {
+    "ngram": ("ngram_max", "gamma_per_batch"),
+    "draft_target": ("gamma_per_batch",),
+    "eagle3": ("gamma_per_batch",),
+    "medusa": ("medusa_choices",),
+    "eagle": ("eagle_choices",),
+}
+#: the engine's own γ schedule (``gamma_per_batch``, the kit's batch ranges) -> the speculative
+#: config's ``draft_len_schedule`` {batch-size threshold: draft length}, which must start at
+#: {1: max_draft_len} (``DecodingBaseConfig`` in ``tensorrt_llm/llmapi/llm_args.py``, read on the main
+#: branch at 0004396; that 1.2 accepts it for each of these decoding types is not confirmed here)
+TRTLLM_GAMMA_SCHEDULE_FIELD = "draft_len_schedule"
+
+
+def trtllm_draft_len_schedule(text: str, gamma: int) -> dict[int, int]:
+    """``"1-4:4,5-16:3"`` as TensorRT-LLM's {1: 4, 5: 3}: thresholds, so the ranges must be contiguous
+    from batch 1, and batch 1 drafts the cell's γ (the engine refuses another)."""
+    entries = gamma_per_batch(text, gamma)
+    starts = [lo for lo, _, _ in entries]
+    contiguous = all(lo == prev_hi + 1 for (lo, _, _), (_, prev_hi, _) in zip(entries[1:], entries))
+    if starts[0] != 1 or not contiguous or entries[0][2] != gamma:
+        raise ValueError(
+            f"gamma_per_batch={text!r} for TensorRT-LLM: allowed contiguous ranges from batch 1 whose first γ is "
+            f"the cell's γ {gamma} (draft_len_schedule is thresholds and must hold {{1: max_draft_len}})"
+        )
+    return {lo: k for lo, _, k in entries}
+
 
 TRTLLM_HINT = (
     "install TensorRT-LLM 1.2 (NVIDIA's container, or pip install tensorrt-llm on a CUDA machine) "
@@ -56,6 +82,7 @@ TRTLLM_STRUCTURED: dict[str, Any] = dict(
 
 _COMMON: dict[str, Any] = dict(
     method_options=TRTLLM_METHOD_OPTIONS,
+    schedule_options={"gamma_per_batch": None},
     engine_options=TRTLLM_OPTIONS,
     method_families={"eagle3": "heads", "eagle": "heads", "medusa": "heads"},
     method_seed_rows={"medusa": "Medusa-2"},

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .declaration import EngineDeclaration, EngineEnv, _unconditional_rates, synthetic_rule
+from .declaration import EngineDeclaration, EngineEnv, _unconditional_rates, gamma_per_batch, synthetic_rule
 
 #: kit method -> vLLM speculative_config["method"]
 KIT_TO_VLLM = {
@@ -49,20 +49,8 @@ VLLM_GAMMA_SCHEDULE_FIELD = "num_speculative_tokens_per_batch_size"
 
 
 def vllm_gamma_schedule(text: str, gamma: int) -> list[tuple[int, int, int]]:
-    """``"1-4:4,5-16:3"`` as vLLM's [(1, 4, 4), (5, 16, 3)]; each γ at most the cell's ``gamma`` (its
-    ``num_speculative_tokens``, the most the engine drafts)."""
-    out = []
-    for part in str(text).split(","):
-        try:
-            span, k = part.split(":")
-            lo, hi = span.split("-")
-            entry = (int(lo), int(hi), int(k))
-        except ValueError:
-            raise ValueError(f"gamma_per_batch={text!r}: allowed 'start-end:gamma,...' (e.g. '1-4:4,5-64:2')") from None
-        if not 1 <= entry[0] <= entry[1] or not 0 <= entry[2] <= gamma:
-            raise ValueError(f"gamma_per_batch entry {part!r}: allowed 1 <= start <= end and 0 <= gamma <= {gamma}")
-        out.append(entry)
-    return out
+    """``"1-4:4,5-16:3"`` as vLLM's [(1, 4, 4), (5, 16, 3)] (its ranges are the kit's own form)."""
+    return gamma_per_batch(text, gamma)
 
 
 #: suffix decoding's cell options (Arctic Inference's SuffixDecodingCache / speculate argument
@@ -192,6 +180,7 @@ _COMMON: dict[str, Any] = dict(
     method_seed_rows={"medusa": "Medusa-2"},
     needs_drafter=frozenset({"draft_target", "eagle", "eagle3", "medusa", "dflash", "pard"}),
     block_drafting=frozenset({"dflash", "pard"}),
+    schedule_options={"gamma_per_batch": None},
     drafter_format="vllm",
     server=True,
     start_s=120.0,

@@ -12,7 +12,7 @@ from typing import Any
 
 import pandas as pd
 
-from ..analysis import capacity, cost, gamma_schedule, rates, structured
+from ..analysis import capacity, cost, gamma_schedule, rates, schedule_vs_fixed, structured
 from ..analysis.study_records import Study
 from ..intervals import MIN_PROMPTS_FOR_CI
 from .format import fmt, fmt_ci, sampling_text
@@ -226,6 +226,61 @@ def _gamma(study: Study, sec: Section) -> list[str]:
     ]
 
 
+def load_text(batch_size: Any, request_rate: Any) -> str:
+    """A load in words: ``batch 16`` (a closed batch) or ``8 req/s`` (arrivals at a rate)."""
+    return (
+        f"batch {int(batch_size)}"
+        if request_rate is None or request_rate != request_rate
+        else f"{float(request_rate):g} req/s"
+    )
+
+
+def schedule_verdict_text(verdict: str, best_gamma: Any) -> str:
+    """A :mod:`specstudy.analysis.schedule_vs_fixed` verdict in words."""
+    return {
+        schedule_vs_fixed.SCHEDULE_AHEAD: "schedule ahead",
+        schedule_vs_fixed.FIXED_AHEAD: f"fixed γ {best_gamma} ahead",
+        schedule_vs_fixed.CANNOT_SEPARATE: "cannot separate",
+        schedule_vs_fixed.NO_INTERVAL: "n too small for an interval",
+        schedule_vs_fixed.NO_FIXED: "no fixed γ measured at this load",
+    }[verdict]
+
+
+def _engine_schedules(study: Study, sec: Section) -> list[str]:
+    """The engines' own γ schedules beside the best fixed γ per load (nothing when no row ran one)."""
+    frame = schedule_vs_fixed.schedule_vs_fixed(study)
+    if frame.empty:
+        return []
+    shown = pd.DataFrame(
+        {
+            "Framework": frame["framework"],
+            "Schedule": frame["label"],
+            "Task": frame["task"],
+            "Load": [load_text(b, r) for b, r in zip(frame["batch_size"], frame["request_rate"])],
+            "Schedule's speedup": [
+                fmt_ci(x, ci, suffix="×") for x, ci in zip(frame["schedule_speedup"], frame["schedule_ci"])
+            ],
+            "Fixed γ measured": frame["fixed_gammas"].map(lambda gs: ", ".join(map(str, gs)) or "—"),
+            "Best fixed γ": frame["best_gamma"].map(lambda g: "—" if g is None or g != g else str(int(g))),
+            "Its speedup": [fmt_ci(x, ci, suffix="×") for x, ci in zip(frame["best_speedup"], frame["best_ci"])],
+            "Verdict": [
+                schedule_verdict_text(v, "—" if g is None or g != g else int(g))
+                for v, g in zip(frame["verdict"], frame["best_gamma"])
+            ],
+            "Rests on": frame["rests_on"].map(lambda cs: f"{len(cs)} cells"),
+        }
+    )
+    sec.tables["deploy_engine_schedule"] = (shown, frame)
+    return [
+        "### The engine's schedule vs the best fixed γ per load\n",
+        "Each engine's own choice of γ (vLLM's γ per batch size, SGLang's adaptive steps, TensorRT-LLM's "
+        "draft_len_schedule, HF's heuristic schedule) beside the best fixed γ measured at the same load, chosen "
+        "by the robust score above; speedups paired against AR with 95 % intervals over prompts. *Cannot "
+        "separate*: the intervals overlap. The cells behind each row are in `tables/deploy_engine_schedule.csv`.\n",
+        markdown_table(shown),
+    ]
+
+
 def _structured(study: Study, sec: Section) -> list[str]:
     raw_engines = structured.engines_table()
     engines = engines_shown(raw_engines)
@@ -302,9 +357,11 @@ def _cost(study: Study, sec: Section) -> list[str]:
 
 
 def deploy_section(study: Study, whole: Study | None = None) -> Section:
-    """Capacity under the SLO, γ per load, structured outputs, cost and energy (what a deployment decides),
+    """Capacity under the SLO, γ per load (and the engines' own schedules beside it), structured outputs,
+    cost and energy (what a deployment decides),
     from ``study``'s cells (the unflagged ones); ``whole`` (every cell) says what was left out."""
     sec = Section("Deployment decisions")
-    parts = _capacity(study, sec) + _gamma(study, sec) + _structured(study, sec) + _cost(study, sec)
+    parts = _capacity(study, sec) + _gamma(study, sec) + _engine_schedules(study, sec)
+    parts += _structured(study, sec) + _cost(study, sec)
     sec.markdown = left_out_note(whole, "every decision below") + "\n".join(parts)
     return sec

@@ -116,6 +116,6 @@ def published_section(study: Study) -> Section | None:
     rehearsal = is_rehearsal(study.out)
     rows = against_published(refs, records, target_of, rehearsal=rehearsal)
     sec = Section(TITLE)
-    sec.markdown = f"## {TITLE}\n\n" + published_markdown(rows, rehearsal)
+    sec.markdown = published_markdown(rows, rehearsal)  # the title is the Section's own (to_markdown)
     sec.tables["against_published"] = (_table(rows), pd.DataFrame([{k: v for k, v in r.items()} for r in rows]))
     return sec

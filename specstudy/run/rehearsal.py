@@ -435,6 +435,42 @@ def without_unconfigured_drafters(
     return s, skipped
 
 
+#: why a suffix row cannot run without Arctic Inference's suffix tree importable by vLLM's Python
+SUFFIX_WHY = (
+    "not rehearsed: vLLM's suffix decoding needs Arctic Inference's suffix tree (arctic_inference.suffix_decoding), "
+    "not importable by the vLLM environment here (make arctic-inference builds and installs it)"
+)
+
+
+def suffix_tree_here() -> bool:
+    """Whether vLLM's CPU Python (with this process's PYTHONPATH) imports Arctic Inference's suffix tree."""
+    import subprocess
+
+    from ..environments.install import ENVIRONMENTS, python_of
+
+    py = python_of(next(e for e in ENVIRONMENTS.values() if e.engine == "vllm" and e.build == "cpu"))
+    probe = [str(py), "-c", "import arctic_inference.suffix_decoding"]
+    return py.exists() and subprocess.run(probe, capture_output=True).returncode == 0
+
+
+def without_rows(study: dict[str, Any], method: str, why: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The rehearsal's study without the rows of ``method`` (and the sweeps' mentions of them), listed with why."""
+    s = json.loads(json.dumps(study))
+    gone = [m for m in s.get("methods", []) if (m.get("method") or m.get("family")) == method]
+    labels = {m["label"] for m in gone}
+    s["methods"] = [m for m in s.get("methods", []) if m["label"] not in labels]
+    for sw in (s.get("sweeps") or {}).values():
+        if sw and isinstance(sw.get("methods"), list):
+            sw["methods"] = [lb for lb in sw["methods"] if lb not in labels]
+    fws = s.get("frameworks") or []
+    rows = [
+        {"framework": f, "label": m["label"], "method": method, "status": why}
+        for m in gone
+        for f in m.get("frameworks") or fws
+    ]
+    return s, rows
+
+
 def missing_configs(study: dict[str, Any], read: Callable[[str], Any] = read_config) -> None:
     """Refuse, before anything is built, a rehearsal whose models' configs are not here: every missing
     one named at once, with the two ways to get them (a stand-in is built from its model's own config,
@@ -457,6 +493,19 @@ def missing_configs(study: dict[str, Any], read: Callable[[str], Any] = read_con
         raise ParamsProblems(problems, "rehearsal stand-ins (each model's own config)")
 
 
+def _stale_standins(study: dict[str, Any], built: Path, recipe: Path) -> str | None:
+    """Why the stand-ins in ``built``'s folder cannot serve ``study`` (another recipe, or other models: a
+    drafter whose config has arrived since), or None."""
+    if not recipe.exists() or recipe.read_text() != STANDIN_RECIPE:
+        return "by another stand-in recipe"
+    have = set(json.loads(built.read_text()))
+    return (
+        None
+        if have == set(hub_ids(study))
+        else f"for other models than the profile's ({sorted(have ^ set(hub_ids(study)))})"
+    )
+
+
 def prepare(gpu: str, outputs: str = "outputs", log: Callable[[str], None] = print) -> Path:
     """Stand-ins, the small study file and the marker in ``<outputs>/<gpu>-rehearsal/``; the hub cache
     pointed at the stand-ins (this process and every engine it starts).  Returns the study file."""
@@ -464,10 +513,10 @@ def prepare(gpu: str, outputs: str = "outputs", log: Callable[[str], None] = pri
     cache = out / "standins" / "hub"
     study, unconfigured = without_unconfigured_drafters(load_yaml(hardware_file(gpu))["study"])
     built, recipe = out / "standins" / "built.json", out / "standins" / "recipe.txt"
-    if built.exists() and (not recipe.exists() or recipe.read_text() != STANDIN_RECIPE):
+    if built.exists() and (stale := _stale_standins(study, built, recipe)):
         import shutil  # stand-ins of an older recipe (6 layers), and the cells run on them, are never reused
 
-        log(f"rehearsal: {out} was built by another stand-in recipe; starting it again (nothing in it is measured)")
+        log(f"rehearsal: {out} was built {stale}; starting it again (nothing in it is measured)")
         shutil.rmtree(out)
     if not built.exists():
         missing_configs(study)
@@ -477,7 +526,8 @@ def prepare(gpu: str, outputs: str = "outputs", log: Callable[[str], None] = pri
         recipe.write_text(STANDIN_RECIPE)
     small, changes, skipped = rehearsal_study(study, hardware_file(gpu).parent)
     _validate_argvs(gpu, skipped)
-    skipped += unconfigured
+    small, no_suffix = without_rows(small, "suffix", SUFFIX_WHY) if not suffix_tree_here() else (small, [])
+    skipped += unconfigured + no_suffix
     path = out / "rehearsal.yaml"
     import yaml
 

@@ -231,3 +231,18 @@ def test_dflash_is_a_block_of_gamma_in_sglangs_own_flags():
     assert "one forward" in describe_sglang("dflash", 7, {})
     with pytest.raises(ValueError, match="needs a drafter"):
         speculative_flags("dflash", 7, None, {})
+
+
+def test_sglangs_own_adaptive_steps_reach_its_parser_and_only_for_a_chain():
+    """``adaptive_steps: true`` is SGLang's --speculative-adaptive (draft steps chosen per batch-size tier
+    from observed acceptance), parsed by SGLang's own argparse; SGLang runs it for EAGLE chains only."""
+    ns = parse(ARGS, speculative_flags("eagle3", 3, "/d", {"adaptive_steps": True}))
+    assert ns.speculative_adaptive is True and (ns.speculative_algorithm, ns.speculative_eagle_topk) == ("EAGLE3", 1)
+    assert not parse(ARGS, speculative_flags("eagle3", 3, "/d", {})).speculative_adaptive  # its default: off
+    assert "adaptive draft steps" in SglangServerBackend.describe("eagle3", 3, {"adaptive_steps": True})
+    with pytest.raises(ValueError, match=r"adaptive_steps=true with method='eagle3', topk=4: allowed only"):
+        SglangServerBackend.check_cell(
+            CellCheck("eagle3", 3, {"adaptive_steps": True, "topk": 4, "num_draft_tokens": 8}, drafter="/d")
+        )
+    with pytest.raises(ValueError, match=r"'adaptive_steps' is read by no code"):
+        SglangServerBackend.check_cell(CellCheck("ngram", 3, {"adaptive_steps": True}, drafter=None))

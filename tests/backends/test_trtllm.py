@@ -191,3 +191,18 @@ def test_stream_and_run_scoped_iteration_stats():
     assert run["accepted_tokens"] == 2 * sum(c["accepted"] for c in steps)
     assert run["acceptance_length"] == pytest.approx(1 + run["accepted_tokens"] / run["draft_steps"])
     assert metrics.acceptance_summary(recs)["alpha"] is None
+
+
+def test_the_kits_gamma_per_batch_is_trtllms_draft_len_schedule():
+    """The kit's batch ranges become TensorRT-LLM's thresholds, which must start at {1: max_draft_len}."""
+    cfg = speculative_config("eagle3", 4, "/e3", {"gamma_per_batch": "1-4:4,5-16:3,17-1024:1"})
+    assert cfg["draft_len_schedule"] == {1: 4, 5: 3, 17: 1} and cfg["max_draft_len"] == 4
+    assert "draft_len_schedule" not in speculative_config("eagle3", 4, "/e3", {})
+    assert "its own draft length by batch size" in TrtllmServerBackend.describe(
+        "eagle3", 4, {"gamma_per_batch": "1-4:4,5-16:3"}
+    )
+    for bad in ("1-4:3,5-16:2", "2-4:4", "1-4:4,6-16:2"):  # batch 1 not at γ; not from 1; a gap
+        with pytest.raises(ValueError, match="contiguous ranges from batch 1 whose first γ is the cell's γ 4"):
+            TrtllmServerBackend.check_cell(CellCheck("eagle3", 4, {"gamma_per_batch": bad}, drafter="/e3"))
+    with pytest.raises(ValueError, match="'gamma_per_batch' is read by no code"):
+        TrtllmEngineServerBackend.check_cell(CellCheck("medusa", 4, {"gamma_per_batch": "1-4:4"}, drafter="/m"))

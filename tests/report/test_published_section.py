@@ -55,3 +55,24 @@ def test_the_report_head_names_the_sweeps_a_budget_cut(tmp_path):
         "**Cut by the budget** (`--budget-min 30`, the profile's sweep order): serving not run; calibration run."
         in (report_head(study))
     )
+
+
+def test_the_section_is_titled_once():
+    """The report printed "## Against published numbers" twice (the section's text repeated its title)."""
+    from pathlib import Path
+
+    from specstudy.analysis.study_records import Study
+    from specstudy.layout import StudyLayout
+    from specstudy.report.published_section import TITLE, published_section
+
+    study = Study(
+        layout=StudyLayout(Path("/nonexistent")),
+        hardware="h100-1",
+        records={},
+        cells={},
+        plan={"config": {"models": [{"name": "llama3.1-8b", "target": "meta-llama/Llama-3.1-8B-Instruct"}]}},
+        provenance={},
+        failed=[],
+    )
+    sec = published_section(study)
+    assert sec is not None and sec.to_markdown().count(TITLE) == 1

@@ -26,7 +26,8 @@ def _read(repo: str, name: str = "config.json"):
 
 def test_a_drafter_without_a_config_is_dropped_with_its_rows():
     study = load_yaml(hardware_file("h100-1"))["study"]
-    small, skipped = without_unconfigured_drafters(study, _read)
+    hidden = lambda repo, name="config.json": None if repo == "amd/PARD-Llama-3.2-1B" else _read(repo, name)  # noqa: E731
+    small, skipped = without_unconfigured_drafters(study, hidden)
     assert "pard" not in small["models"][0]["drafters"] and "PARD" not in {m["label"] for m in small["methods"]}
     assert "pard" not in small["models"][0]["params"] and "pard" not in small["models"][0]["vocab_size"]
     assert all("PARD" not in (sw.get("methods") or []) for sw in small["sweeps"].values())
@@ -34,6 +35,7 @@ def test_a_drafter_without_a_config_is_dropped_with_its_rows():
     assert all("amd/PARD-Llama-3.2-1B has no config.json here" in s["status"] for s in skipped)
     assert heads_of(small, "dflash") == {"z-lab/Qwen3-8B-DFlash-b16": "Qwen/Qwen3-8B"}
     assert "z-lab/Qwen3-8B-DFlash-b16" not in standin_targets(small)
+    assert without_unconfigured_drafters(study, _read)[1] == []  # with its config (the fixture) nothing drops
 
 
 def test_mtp_and_dflash_standins_carry_vllms_tensor_names(tmp_path):

@@ -2,6 +2,7 @@
 framework options on a small scale, every other row is listed as not rehearsed, every change is
 named, and a rehearsal's outputs are marked REHEARSAL on every table and page."""
 
+import json
 import os
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from specstudy.run.rehearsal import (
     KEY_FIELDS,
     configuration_key,
     cpu_build,
+    hub_ids,
     pick,
     rate_regime,
     rehearsal_study,
@@ -173,7 +175,9 @@ def test_stand_ins_of_another_recipe_are_rebuilt_with_the_cells_run_on_them(tmp_
     (old / "records").mkdir()
     (old / "records" / "stale.parquet").write_text("")
     built = []
-    monkeypatch.setattr(rehearsal, "build_standins", lambda study, cache: built.append(cache) or {"m": ["notes"]})
+    monkeypatch.setattr(
+        rehearsal, "build_standins", lambda study, cache: built.append(cache) or dict.fromkeys(hub_ids(study), [])
+    )
     monkeypatch.setattr(rehearsal, "_validate_argvs", lambda gpu, skipped: None)
     rehearsal.prepare("rtx4090", str(tmp_path / "out"), log=lambda m: None)
     assert built and not (old / "records" / "stale.parquet").exists()
@@ -181,6 +185,33 @@ def test_stand_ins_of_another_recipe_are_rebuilt_with_the_cells_run_on_them(tmp_
     built.clear()
     rehearsal.prepare("rtx4090", str(tmp_path / "out"), log=lambda m: None)  # same recipe: reused
     assert not built
+
+
+def test_stand_ins_missing_a_model_of_the_profile_are_rebuilt(tmp_path, monkeypatch):
+    """Stand-ins built while a drafter's config was missing (its rows then not rehearsed) are built again
+    once the config is here, not reused without it (the engine would find no such model in the cache)."""
+    import huggingface_hub.constants
+
+    from specstudy.run import rehearsal
+
+    monkeypatch.setenv("SPECSTUDY_MODEL_CONFIGS", str(FIXTURES))
+    for var in ("HF_HUB_CACHE", "HF_HUB_OFFLINE"):
+        monkeypatch.setenv(var, os.environ.get(var, ""))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", huggingface_hub.constants.HF_HUB_CACHE)
+    built: list[list[str]] = []
+    monkeypatch.setattr(
+        rehearsal, "build_standins", lambda study, cache: built.append(hub_ids(study)) or dict.fromkeys(hub_ids(study))
+    )
+    monkeypatch.setattr(rehearsal, "_validate_argvs", lambda gpu, skipped: None)
+    rehearsal.prepare("h100-1", str(tmp_path / "out"), log=lambda m: None)
+    standins = tmp_path / "out" / "h100-1-rehearsal" / "standins" / "built.json"
+    every = json.loads(standins.read_text())
+    assert "amd/PARD-Llama-3.2-1B" in every
+    standins.write_text(json.dumps({k: v for k, v in every.items() if k != "amd/PARD-Llama-3.2-1B"}))
+    built.clear()
+    said: list[str] = []
+    rehearsal.prepare("h100-1", str(tmp_path / "out"), log=said.append)
+    assert built == [sorted(every)] and any("amd/PARD-Llama-3.2-1B" in m for m in said)
 
 
 def test_a_rehearsed_cell_whose_engine_died_fails_the_rehearsal(tmp_path):
@@ -203,3 +234,21 @@ def test_a_rehearsed_cell_whose_engine_died_fails_the_rehearsal(tmp_path):
     plans = [SimpleNamespace(cell_id=c.id) for c in cells.values()]
     (line,) = _rehearsal_errors(layout, plans)
     assert line.startswith("cell-False: 2 of 2 requests error: EngineDeadError")
+
+
+def test_suffix_rows_without_arctic_inferences_suffix_tree_are_listed_not_run():
+    """vLLM's suffix decoding imports Arctic Inference's suffix tree; where vLLM's Python cannot, the suffix
+    rows leave the rehearsal's study (and every sweep naming them) and are listed with why."""
+    from specstudy.run.rehearsal import SUFFIX_WHY, without_rows
+
+    study, _, _ = rehearsal_study(load_yaml(hardware_file("h100-1"))["study"])
+    assert any(m["method"] == "suffix" for m in study["methods"])
+    left, rows = without_rows(study, "suffix", SUFFIX_WHY)
+    assert not any(m["method"] == "suffix" for m in left["methods"])
+    assert not any("Suffix decoding" in (sw.get("methods") or []) for sw in left["sweeps"].values())
+    assert {(r["framework"], r["label"]) for r in rows} == {
+        ("vllm", "Suffix decoding"),
+        ("vllm-server", "Suffix decoding"),
+    }
+    assert all("make arctic-inference" in r["status"] for r in rows)
+    assert any(m["method"] == "eagle3" for m in left["methods"])  # the other rows stay

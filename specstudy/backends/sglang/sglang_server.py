@@ -109,7 +109,23 @@ def speculative_flags(method: str, gamma: int | None, drafter: str | None, optio
         str(topk),
         "--speculative-draft-model-path",
         resolve_model(drafter),
+        *adaptive_flags(method, topk, options),
     ]
+
+
+def adaptive_flags(method: str, topk: int, options: Mapping[str, Any]) -> list[str]:
+    """SGLang's own schedule of draft steps (``adaptive_steps: true``): ``--speculative-adaptive``, which
+    moves the step count among candidates per batch-size tier by the acceptance it observes (0.5.23's
+    ``speculative/adaptive_spec_params.py``: its built-in tiers 1, 8, 32, 64).  SGLang runs it for an
+    EAGLE/EAGLE-3 chain only (top-k 1), so a tree asking for it is refused here, before the server."""
+    if not options.get("adaptive_steps"):
+        return []
+    if method not in ("eagle", "eagle3") or topk != 1:
+        raise ValueError(
+            f"adaptive_steps=true with method={method!r}, topk={topk}: allowed only for an eagle/eagle3 chain "
+            "(topk 1; SGLang's --speculative-adaptive)"
+        )
+    return ["--speculative-adaptive"]
 
 
 def describe_sglang(method: str, gamma: int | None, options: Mapping[str, Any], flush: bool = True) -> str:
@@ -135,6 +151,11 @@ def describe_sglang(method: str, gamma: int | None, options: Mapping[str, Any], 
     # N3: SGLang gives an EAGLE head the target's context; the kit never sets the override that lets it
     # exceed the head's own (validation refuses that), so the label says which context the head runs at
     head = "; the head runs at the target's context (--context-length)" if method in ("eagle", "eagle3") else ""
+    if topk == 1 and opts.get("adaptive_steps"):
+        return (
+            f"SGLang {SGLANG_VERSION} {name} chain with its own adaptive draft steps (--speculative-adaptive: "
+            f"the step count chosen per batch-size tier from observed acceptance, {gamma} to start){head}"
+        )
     if topk == 1:
         return f"SGLang {SGLANG_VERSION} {name} chain: {gamma} draft steps, top-k 1, {n} tokens verified per step{head}"
     return (
@@ -219,7 +240,8 @@ class SglangServerBackend(ServerBackend):
         (``cell.cuda`` is not read: SGLang has one, CUDA, build)."""
         cell.against(SGLANG, engine=f"SGLang {SGLANG_VERSION}")
         if cell.method not in ("ar", "ngram"):
-            tree_shape(cell.method, int(cell.gamma or 0), dict(cell.options))
+            topk, _ = tree_shape(cell.method, int(cell.gamma or 0), dict(cell.options))
+            adaptive_flags(cell.method, topk, dict(cell.options))
 
     @classmethod
     def check_engine_options(cls, options: dict[str, Any]) -> None:

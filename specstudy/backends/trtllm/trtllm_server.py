@@ -44,7 +44,15 @@ import yaml
 
 from ...data.model_files import resolve_for_engine as resolve_model
 from ...frameworks.declaration import CellCheck, check_choice, check_method
-from ...frameworks.trtllm import ENGINE_DECODING, GUIDED_BACKENDS, PYTORCH_DECODING, TRTLLM, TRTLLM_ENGINE
+from ...frameworks.trtllm import (
+    ENGINE_DECODING,
+    GUIDED_BACKENDS,
+    PYTORCH_DECODING,
+    TRTLLM,
+    TRTLLM_ENGINE,
+    TRTLLM_GAMMA_SCHEDULE_FIELD,
+    trtllm_draft_len_schedule,
+)
 from ...metrics import Counters, acceptance_length
 from ...records import Cell, Request, RequestRecord, Sampling
 from ..lifecycle import http_get
@@ -69,6 +77,8 @@ def speculative_config(
     check_method(decl, method, gamma, options, drafter, engine=f"TensorRT-LLM {TRTLLM_VERSION} ({decl.framework})")
     decoding_type = {**PYTORCH_DECODING, **ENGINE_DECODING}[method]
     cfg: dict[str, Any] = {"decoding_type": decoding_type, "max_draft_len": int(gamma or 0)}
+    if options.get("gamma_per_batch"):  # the engine's own schedule of γ by batch size
+        cfg[TRTLLM_GAMMA_SCHEDULE_FIELD] = trtllm_draft_len_schedule(options["gamma_per_batch"], int(gamma or 0))
     if method == "ngram":  # one pool per request, as prompt lookup: repeats cannot feed each other
         cfg.update(
             max_matching_ngram_size=int(options.get("ngram_max", 4)),
@@ -99,6 +109,8 @@ def describe_trtllm(method: str, gamma: int | None, options: Mapping[str, Any]) 
     head = " with an EAGLE-3 head" if method == "eagle3" else ""
     tree = options.get("medusa_choices") or options.get("eagle_choices")
     shape = f"a tree of {len(tree)} nodes" if tree else f"a chain of {gamma} draft tokens"
+    if options.get("gamma_per_batch"):
+        shape += f", its own draft length by batch size (draft_len_schedule {options['gamma_per_batch']})"
     return f"TensorRT-LLM {TRTLLM_VERSION} {decoding_type}{head} ({backend}): {shape} per step"
 
 
@@ -124,6 +136,8 @@ class TrtllmServerBackend(StreamingServerBackend[list[dict[str, Any]]]):
         """Refuse a method trtllm-serve lacks, a bad γ, a missing drafter or an unread option."""
         decl = TRTLLM_ENGINE if cls.runtime_backend == "tensorrt" else TRTLLM
         cell.against(decl, engine=f"TensorRT-LLM {TRTLLM_VERSION} ({decl.framework})")
+        if cell.options.get("gamma_per_batch"):
+            trtllm_draft_len_schedule(cell.options["gamma_per_batch"], int(cell.gamma or 0))
 
     @classmethod
     def check_engine_options(cls, options: dict[str, Any]) -> None:

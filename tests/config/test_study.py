@@ -98,7 +98,8 @@ def test_cpu_profile_is_sized_for_this_machine():
     that machine (2026-12-03 08:42-08:54, load 0.47 -> 1.61), plus 81 s for a fresh .venv.  EAGLE-2's
     dynamic tree (issue 37) adds one reference cell of 5 code prompts x 24 tokens (120 tokens).  The A/A
     controls of reference and HF (issue 49, 240 tokens) and the MTP row (issue 47, 240 tokens) raise the
-    reference + HF bound from 3,800 to 4,040 (docs/results.md has the whole study's time after them).  The
+    reference + HF bound from 3,800 to 4,040 (docs/results.md has the whole study's time after them); the
+    DFlash row (issue 47, code and chat, 240 tokens) to 4,280.  The
     machine's speed is what this budget cannot see; the README gives it."""
     from specstudy.intervals import MIN_PROMPTS_FOR_CI
     from specstudy.run.precision import most_extensions
@@ -108,7 +109,7 @@ def test_cpu_profile_is_sized_for_this_machine():
     tokens: dict[str, int] = {}
     for p in [*plans, *most_extensions(cfg, plans)]:
         tokens[p.cell.framework] = tokens.get(p.cell.framework, 0) + p.prompts * p.sampling.max_new_tokens
-    assert tokens["reference"] + tokens["hf"] <= 4040 and tokens["llamacpp"] <= 5600
+    assert tokens["reference"] + tokens["hf"] <= 4280 and tokens["llamacpp"] <= 5600
     headline = [sw for sw in cfg.sweeps if sw.name == "hardware" or sw.name.startswith("hardware_")]
     assert headline and all(sw.prompts_per_task * len(sw.tasks) >= 10 for sw in headline)
     assert all(sw.prompts_per_task >= MIN_PROMPTS_FOR_CI for sw in cfg.sweeps)

@@ -160,3 +160,29 @@ def test_a_config_for_another_target_lists_every_mismatch(target, drafter):
         "block_size 1",
     ):
         assert part in str(err.value)
+
+
+def test_vllm_loads_the_folder_itself_as_the_dflash_drafter(tmp_path, drafter):
+    from specstudy.backends.vllm import speculative_config as sc
+
+    folder = str(save_dflash(drafter, tmp_path / "d"))
+    cfg = sc.speculative_config("dflash", 4, folder, {})
+    assert cfg is not None and cfg["method"] == "dflash" and cfg["num_speculative_tokens"] == 4
+    assert cfg["model"] == folder and sc.engine_model("/t", "dflash", folder) == "/t"  # the target as it is
+
+
+@pytest.mark.slow
+def test_the_committed_drafter_reads_back_as_trained_on_smollm2():
+    """The committed folder for the real target: its config fits SmolLM2 and the export check passes
+    against the folder itself (bf16 both sides), and its layer ids written off by one fail it."""
+    from specstudy.data.model_files import load_model
+
+    folder = "params/drafters/smollm2-135m-dflash"
+    model, _ = load_model("smollm2-135m")
+    draft = load_dflash(folder, model.config)
+    assert draft.target_layer_ids == [1, 14, 26] and draft.block_size == 5
+    check_export(draft, folder, model)
+    shifted = DFlashDraft({**draft.arch, "target_layer_ids": [2, 15, 27]})
+    shifted.load_state_dict(draft.state_dict())
+    with pytest.raises(ValueError, match="does not draft as the trained drafter"):
+        check_export(shifted, folder, model)

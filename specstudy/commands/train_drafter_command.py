@@ -1,5 +1,5 @@
 """specstudy train-drafter: distil a small drafter (``--kind``: Medusa heads, a layer-skip adapter, an
-EAGLE-style layer or an EAGLE-3 head) from a target.
+EAGLE-style layer, an EAGLE-3 head, an MTP layer or a DFlash block drafter) from a target.
 
 The target generates greedy continuations of the kit's task prompts (prompts *outside* the
 study's own sample of each task, so the measured acceptance is on unseen prompts), then the

@@ -270,6 +270,14 @@ drafters: $(STAMP)
 	$(BIN)/specstudy train-drafter --kind mtp --model smollm2-135m --out params/drafters/smollm2-135m-mtp \
 	  --prompts-per-task 12 --max-new-tokens 96 --gen-batch 16 --steps 300 --batch-tokens 512 --lr 1e-3 --unroll 2 \
 	  --seed 0 --threads 2 --eval-tasks code,chat --eval-prompts 3 --json
+	# the DFlash block drafter in vLLM's dflash layout (issue 47): the kit's own trainer, since neither library
+	# trains on this CPU (2026-12-07: speculators 0.9.0's DFlash builds here, but its flex attention has no
+	# backward on CPU, its sdpa/eager paths take flex's BlockMask and fail, and its Trainer places the model
+	# on an accelerator: "Cannot access accelerator device"; the dflash 0.1.0 package has no trainer).
+	# Its time (specstudy.json): 32 min on 2026-12-07 at load 3-5 (generation 20 min, training 8 min, eval 3 min)
+	$(BIN)/specstudy train-drafter --kind dflash --model smollm2-135m --out params/drafters/smollm2-135m-dflash \
+	  --prompts-per-task 12 --max-new-tokens 96 --gen-batch 16 --steps 600 --batch-tokens 512 --lr 1e-3 --block-size 5 \
+	  --seed 0 --threads 2 --eval-tasks code,chat --eval-prompts 3 --json
 
 # The other benchmarks: each prints figures and ratios measured side by side (timing: a quiet machine).
 #   bench-llamacpp-costs  llama.cpp's own T(k)/T(1) and draft cost c (BENCH_ARGS=--pair: the Qwen pair too)

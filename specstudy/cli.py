@@ -30,8 +30,8 @@ COMMANDS = {
     ),
     "train-drafter": (
         "train_drafter_command",
-        "distil a small drafter (Medusa heads, a layer-skip adapter, an EAGLE-style layer, an EAGLE-3 head or an "
-        "MTP layer) "
+        "distil a small drafter (Medusa heads, a layer-skip adapter, an EAGLE-style layer, an EAGLE-3 head, an "
+        "MTP layer or a DFlash block drafter) "
         "from the target on its own generations",
     ),
     "serve-bench": (

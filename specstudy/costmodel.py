@@ -153,9 +153,10 @@ class DraftMix:
     out of ``decode_steps`` target forwards after the prompt pass (the others drafted nothing).
     ``gamma`` is the draft cap the row ran with: its measured depth.  Costs are in units of the
     paired AR decode step T1, NaN / empty where the engine did not time its steps: ``c`` per
-    drafted token, ``verify_by_k[k]`` the mean cost of the verification forward of a step that
-    drafted k (T(k+1)/T(1), the convention of :func:`optimal_gamma`), ``no_draft`` the mean cost of
-    a step that drafted nothing (an AR step plus the failed lookup).
+    drafted token (``block``: per draft forward, one per step whatever k — DFlash), ``verify_by_k[k]``
+    the mean cost of the verification forward of a step that drafted k (T(k+1)/T(1), the convention
+    of :func:`optimal_gamma`), ``no_draft`` the mean cost of a step that drafted nothing (an AR step
+    plus the failed lookup).
     """
 
     decode_steps: int
@@ -165,6 +166,7 @@ class DraftMix:
     c: float = math.nan
     verify_by_k: Mapping[int, float] = field(default_factory=dict)
     no_draft: float = math.nan
+    block: bool = False
 
     def __post_init__(self) -> None:
         if self.decode_steps < 1 or self.gamma < 1:
@@ -242,7 +244,7 @@ def mix_speedup(
     share = mix.draft_share
     tokens = 1.0 + (share * (mix.acceptance_length(gamma, beyond) - 1.0) if share else 0.0)
     cost = (1.0 - share) * no_draft
-    cost += sum(n * (c * k + verify(k)) for k, n in mix.steps_drafting(gamma).items()) / mix.steps
+    cost += sum(n * (draft_cost(k, c, mix.block) + verify(k)) for k, n in mix.steps_drafting(gamma).items()) / mix.steps
     return tokens / cost if cost > 0 else math.nan
 
 

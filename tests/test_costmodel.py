@@ -179,3 +179,18 @@ def test_a_block_drafter_pays_one_draft_forward_per_step():
     assert speedup_with_verify_cost(0.8, 1, 0.1, 1.0, block=True) == speedup_with_verify_cost(0.8, 1, 0.1, 1.0)
     chain, block = (speedup_with_verify_cost(0.8, 8, 0.1, 1.2, block=b) for b in (False, True))
     assert block == pytest.approx(chain * (0.8 + 1.2) / (0.1 + 1.2))
+
+
+def test_a_measured_block_drafter_mix_pays_its_draft_forward_once_a_step():
+    """A DFlash row's measured c is one draft forward (stats.step_costs with block): a step drafting k
+    tokens costs c + T(k+1)/T(1), not c·k + T(k+1)/T(1)."""
+    mix = dict(decode_steps=10, drafted_ge=(10, 10, 10, 10), accepted_ge=(6, 3, 1), gamma=4, c=0.3)
+    chain, block = (C.mix_speedup(C.DraftMix(**mix, block=b), 4, 0.3, lambda k: 1.2) for b in (False, True))
+    assert block == pytest.approx(chain * (4 * 0.3 + 1.2) / (0.3 + 1.2))
+
+
+def test_dflash_is_block_drafting_in_every_engine_that_runs_it():
+    from specstudy.frameworks import block_drafting
+
+    assert block_drafting("reference", "dflash") and block_drafting("vllm", "dflash")
+    assert not block_drafting("reference", "mtp") and not block_drafting("reference", "eagle3")

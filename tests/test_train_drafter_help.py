@@ -12,6 +12,7 @@ PHRASES = {
     "eagle": "EAGLE-style layer",
     "eagle3": "EAGLE-3 head",
     "mtp": "MTP layer",
+    "dflash": "DFlash block drafter",
 }
 
 

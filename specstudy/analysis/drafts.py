@@ -28,13 +28,16 @@ BAND = (0.9, 1.1)
 FEW_DRAFT_STEPS = 30
 
 
-def draft_mix(pairs: Iterable[tuple[Sequence[RequestRecord], Sequence[RequestRecord]]]) -> costmodel.DraftMix | None:
+def draft_mix(
+    pairs: Iterable[tuple[Sequence[RequestRecord], Sequence[RequestRecord]]], block: bool = False
+) -> costmodel.DraftMix | None:
     """The draft mix of (speculative, paired AR baseline) record sets, pooled.
 
     Counts come from each ok record's own counters (``target_forwards`` less the prompt pass,
     ``drafts_per_position``, ``accepted_per_position``); costs from its timed decode steps in units
     of its baseline's mean decode step T1 (as :func:`stats.step_costs`: with llama.cpp's whole-step
-    times c is 0 and a step's drafting is inside its verification cost).  None without counters.
+    times c is 0 and a step's drafting is inside its verification cost; ``block``: c per draft
+    forward, one per step, as :func:`stats.step_costs`).  None without counters.
     """
     n, gamma, counted = 0, 0, []
     by_k: dict[int, list[float]] = {}
@@ -63,7 +66,7 @@ def draft_mix(pairs: Iterable[tuple[Sequence[RequestRecord], Sequence[RequestRec
                     continue
                 by_k.setdefault(st.drafted, []).append(t / T1)
                 if not whole and st.draft_s is not None:
-                    draft_s, drafted = draft_s + st.draft_s / T1, drafted + st.drafted
+                    draft_s, drafted = draft_s + st.draft_s / T1, drafted + (1 if block else st.drafted)
     if n < 1 or gamma < 1:
         return None
     tot = metrics.Counters.pooled(counted)
@@ -78,6 +81,7 @@ def draft_mix(pairs: Iterable[tuple[Sequence[RequestRecord], Sequence[RequestRec
             c=c,
             verify_by_k={k: float(np.mean(v)) for k, v in sorted(by_k.items())},
             no_draft=float(np.mean(no_draft)) if no_draft else NAN,
+            block=block,
         )
     except ValueError:  # counters that contradict each other (a backend's bug): no mix rather than a wrong one
         return None
@@ -115,7 +119,7 @@ def model_checks(pairs: Iterable[tuple[Sequence[RequestRecord], Sequence[Request
 def with_draft_mix(p: Pooled, data: Study, cell_ids: Iterable[str]) -> Pooled:
     """``p`` (pooled from ``cell_ids``) with its measured draft mix and model checks set."""
     pairs = [(data.records.get(c, []), data.baseline(c)) for c in cell_ids]
-    p.cost.draft_mix = draft_mix(pairs)
+    p.cost.draft_mix = draft_mix(pairs, p.sample.block)
     p.cost.model_checks = model_checks(pairs)
     return p
 

@@ -286,5 +286,6 @@ class Sample:
     arms_apart_s: float = NAN  # median seconds between the starts of a pair's AR and speculative requests
     arms_order: str = ""  # how the pairs were timed: in time, cell after cell, mixed
     separate_draft: bool = False  # every cell drafts with its own model (draft_target), which also reads the prompt
+    block: bool = False  # every cell drafts its γ tokens in one forward (DFlash): c is per forward, paid once a step
     synthetic: str | None = None  # the synthetic-acceptance rule when the cells used one
     greedy: bool = True

@@ -19,6 +19,7 @@ from typing import Any, TypeGuard
 import numpy as np
 
 from .. import costmodel, metrics
+from ..frameworks import block_drafting
 from ..records import RequestRecord, StepRecord
 from .pairing import arms_apart
 from .row_parts import Acceptance, Cost, Latency, PairedSpeedup, Pairs, Quality, Sample, Throughput
@@ -79,10 +80,13 @@ def _step_times(rec: RequestRecord) -> tuple[list[tuple[StepRecord, float]], boo
     return [], False
 
 
-def step_costs(spec: Sequence[RequestRecord], baseline: Sequence[RequestRecord]) -> tuple[float, float]:
+def step_costs(
+    spec: Sequence[RequestRecord], baseline: Sequence[RequestRecord], block: bool = False
+) -> tuple[float, float]:
     """(c, verify_ratio) from step timings, in units of the baseline's AR decode step T1.
 
-    c = draft time per drafted token / T1 (the c of Leviathan et al. and DESIGN.md); verify_ratio =
+    c = draft time per drafted token / T1 (the c of Leviathan et al. and DESIGN.md), or for a block
+    drafter (``block``: DFlash) per draft forward, one per step whatever γ; verify_ratio =
     time of one verification forward over γ+1 tokens / T1.  T1 is the mean time of the baseline's
     decode steps (the prefill step, which emits the first token, is excluded).  NaN when the engine
     does not time its steps.
@@ -99,7 +103,7 @@ def step_costs(spec: Sequence[RequestRecord], baseline: Sequence[RequestRecord])
         c = 0.0
     else:
         ds = [(st.draft_s, st.drafted) for st, _, _ in steps if st.draft_s is not None]
-        drafted = sum(d for _, d in ds)
+        drafted = sum(1 if block else d for _, d in ds)
         c = (sum(t for t, _ in ds) / drafted) / T1 if ds and drafted else NAN
     v = float(np.mean([t for _, t, _ in steps])) / T1
     return c, v
@@ -113,7 +117,7 @@ def subset(records: Sequence[RequestRecord], keep: Keep | None) -> list[RequestR
     return list(records) if keep is None else [r for r in records if keep(r)]
 
 
-def _collect_pairs(data: Study, cell_ids: Sequence[str], keep: Keep | None = None) -> Pairs:
+def _collect_pairs(data: Study, cell_ids: Sequence[str], keep: Keep | None = None, block: bool = False) -> Pairs:
     acc = Pairs()
     for cid in cell_ids:
         base, spec = subset(data.baseline(cid), keep), subset(data.records.get(cid, []), keep)
@@ -127,10 +131,15 @@ def _collect_pairs(data: Study, cell_ids: Sequence[str], keep: Keep | None = Non
         pk_b = [r.peak_memory_bytes for r in base if r.peak_memory_bytes is not None]
         if pk_s and pk_b:
             acc.mem.append(metrics.memory_overhead(max(pk_s), max(pk_b)))
-        acc.costs.append(step_costs(spec, base))
+        acc.costs.append(step_costs(spec, base, block))
         acc.base_recs += base
         acc.spec_recs += spec
     return acc
+
+
+def is_block(ok: Sequence[RequestRecord]) -> bool:
+    """Every request drafted its γ tokens in one forward (DFlash): c is per forward, paid once a step."""
+    return bool(ok) and all(block_drafting(r.framework, r.method) for r in ok)
 
 
 def _sample(
@@ -143,6 +152,7 @@ def _sample(
         return out
     out.synthetic = next((r.synthetic_acceptance for r in ok if r.synthetic_acceptance), None)
     out.separate_draft = all(r.method == "draft_target" for r in ok)
+    out.block = is_block(ok)
     out.greedy = all(r.temperature == 0.0 for r in ok)
     out.n_prompts = len({metrics.prompt_of(r) for r in ok})  # AR rows; a paired row counts its pairs below
     if pairs.pairs:
@@ -161,7 +171,7 @@ def pooled(data: Study, cell_ids: Iterable[str], keep: Keep | None = None) -> Po
     ok = [r for r in recs if r.status == "ok"]
     if not ok:
         return Pooled(_sample(cell_ids, recs, ok, Pairs()))
-    pairs = _collect_pairs(data, cell_ids, keep)
+    pairs = _collect_pairs(data, cell_ids, keep, is_block(ok))
     sample = _sample(cell_ids, recs, ok, pairs)
     return Pooled(
         sample=sample,
@@ -182,6 +192,7 @@ def predicted_speedup(
     verify_ratio: float,
     prefill: float = 0.0,
     draft_prefill: float = 0.0,
+    block: bool = False,
 ) -> float:
     """Cost-model speedup from *measured* α̂, c and verification cost (NaN when any is unknown).
 
@@ -192,7 +203,7 @@ def predicted_speedup(
     """
     if not isnum(alpha_hat) or not gamma or not isnum(c) or not isnum(verify_ratio):
         return NAN
-    s = costmodel.speedup_with_verify_cost(min(max(float(alpha_hat), 0.0), 1.0), int(gamma), c, verify_ratio)
+    s = costmodel.speedup_with_verify_cost(min(max(float(alpha_hat), 0.0), 1.0), int(gamma), c, verify_ratio, block)
     return request_speedup(s, prefill, draft_prefill)
 
 
@@ -254,7 +265,13 @@ def predicted_for(
         v = p.cost.verify_ratio if verify_ratio is None else verify_ratio
         v = v(int(gamma or 0)) if callable(v) else v
         return predicted_speedup(
-            p.acceptance.alpha_hat, gamma, c, v, p.cost.prefill_share, c if p.sample.separate_draft else 0.0
+            p.acceptance.alpha_hat,
+            gamma,
+            c,
+            v,
+            p.cost.prefill_share,
+            c if p.sample.separate_draft else 0.0,
+            p.sample.block,
         )
     c, curve, no_draft = mix_costs(p, c, verify_ratio)
     if not mix.draft_steps:  # nothing drafted: every step costs a lookup and an AR step, whatever c is

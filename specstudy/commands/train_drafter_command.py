@@ -1,5 +1,5 @@
 """specstudy train-drafter: distil a small drafter (``--kind``: Medusa heads, a layer-skip adapter, an
-EAGLE-style layer or an EAGLE-3 head) from a target.
+EAGLE-style layer, an EAGLE-3 head, an MTP layer or a DFlash block drafter) from a target.
 
 The target generates greedy continuations of the kit's task prompts (prompts *outside* the
 study's own sample of each task, so the measured acceptance is on unseen prompts), then the
@@ -32,7 +32,7 @@ from ..records import Sampling
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--kind", required=True, help="heads | layer_skip_adapter | eagle | eagle3 | mtp")
+    p.add_argument("--kind", required=True, help="heads | layer_skip_adapter | eagle | eagle3 | mtp | dflash")
     p.add_argument("--model", default="smollm2-135m", help="target model (params/models entry or a local path)")
     p.add_argument("--out", default=None, help="output path without suffix (default params/drafters/<model>-<kind>)")
     p.add_argument(
@@ -65,6 +65,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="eagle3: target ids the drafter's LM head covers (the most frequent under the target)",
     )
     p.add_argument("--unroll", type=int, default=2, help="eagle3, mtp: training-time-test steps (own outputs fed back)")
+    p.add_argument("--block-size", type=int, default=5, help="dflash: slots per block (the bonus token + γ masks)")
+    p.add_argument(
+        "--mask-token-id", type=int, default=16, help="dflash: the token in the mask slots (SmolLM2: <empty_output>)"
+    )
     p.add_argument("--steps", type=int, default=600)
     p.add_argument(
         "--snapshot-steps",
@@ -112,6 +116,10 @@ def _check(args: argparse.Namespace) -> None:
     ):
         if getattr(args, name) < 1:
             problems.append(f"--{name.replace('_', '-')}={getattr(args, name)!r}: must be >= 1")
+    if args.block_size < 2:
+        problems.append(f"--block-size={args.block_size!r}: must be >= 2 (the bonus slot and one mask slot)")
+    if args.mask_token_id < 0:
+        problems.append(f"--mask-token-id={args.mask_token_id!r}: must be >= 0")
     if args.token_conditioned and args.kind != "heads":
         problems.append("--token-conditioned applies to --kind heads only")
     try:
@@ -170,7 +178,7 @@ def measure_acceptance(
     from ..engine.methods import DecodeJob, get_method
 
     sampling = Sampling(temperature=0.0, max_new_tokens=max_new_tokens, ignore_eos=True)
-    if kind in ("heads", "eagle", "eagle3", "mtp"):
+    if kind in ("heads", "eagle", "eagle3", "mtp", "dflash"):
         spec = get_method(kind)
         options = spec.check(gamma, 1, str(path), {})
         assert spec.load_drafter is not None  # heads and eagle load their drafter files
@@ -200,6 +208,7 @@ def save(module: Any, out: Path, model: str, info: dict[str, Any], target: Any =
     """The drafter's files: an EAGLE-3 or MTP folder (engine/eagle3_drafter.py, engine/mtp_drafter.py;
     with the loaded ``target``, read back as the engines read it and checked against the trained
     drafter), else ``<out>.safetensors`` + ``.json``."""
+    from ..engine.dflash_drafter import DFlashDraft, check_export, save_dflash
     from ..engine.drafters import save_drafter
     from ..engine.eagle3_drafter import Eagle3Draft, check_round_trip, save_eagle3
     from ..engine.mtp_drafter import MtpDraft, save_mtp
@@ -208,6 +217,11 @@ def save(module: Any, out: Path, model: str, info: dict[str, Any], target: Any =
         folder = save_eagle3(module, out, {"target": model, **info})
         if target is not None:
             check_round_trip(module, folder, target.config)
+        return folder
+    if isinstance(module, DFlashDraft):
+        folder = save_dflash(module, out, {"target": model, **info})
+        if target is not None:
+            check_export(module, folder, target)
         return folder
     if isinstance(module, MtpDraft):
         folder = save_mtp(module, out, {"target": model, **info})
@@ -269,6 +283,8 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         draft_vocab_size=args.draft_vocab_size,
         unroll=args.unroll,
+        block_size=args.block_size,
+        mask_token_id=args.mask_token_id,
         snapshots=tuple(int(x) for x in args.snapshot_steps.split(",") if x.strip()),
     )
     tasks = [t for t in args.tasks.split(",") if t]
@@ -348,6 +364,7 @@ def run(args: argparse.Namespace) -> int:
         t0 = time.perf_counter()
         ev = eval_prompts([t for t in args.eval_tasks.split(",") if t], args.eval_prompts, tokenizer)
         gamma = args.num_heads if args.kind == "heads" else 4  # eagle(3) drafts any length: γ = 4, as the study
+        gamma = min(gamma, args.block_size - 1) if args.kind == "dflash" else gamma
         info["acceptance"] = measure_acceptance(
             model, result.module, args.kind, ev, args.eval_max_new_tokens, gamma, path
         )
@@ -362,7 +379,7 @@ def run(args: argparse.Namespace) -> int:
         "bytes": weights.stat().st_size,
         "json": str(path / "specstudy.json" if path.is_dir() else path.with_suffix(".json")),
         "final_loss": result.log[-1]["loss"] if result.log else None,
-        "heldout_top1": result.eval.get("top1"),
+        "heldout_top1": result.eval.get("top1", result.eval.get("top1_per_slot")),
         "acceptance": info.get("acceptance", {}).get("per_task"),
         "timing_s": info["timing_s"],
     }

@@ -36,7 +36,7 @@ from ..paths import REPO_ROOT  # drafter paths may be given relative to the repo
 from .kv import cache_arg
 
 #: eagle3 and mtp: their own folder layouts (engine/eagle3_drafter.py, engine/mtp_drafter.py)
-KINDS = ("heads", "layer_skip_adapter", "eagle", "eagle3", "mtp")
+KINDS = ("heads", "layer_skip_adapter", "eagle", "eagle3", "mtp", "dflash")
 
 # --------------------------------------------------------------------------------------------
 # architectures

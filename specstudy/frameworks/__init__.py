@@ -146,6 +146,13 @@ def tree_methods() -> tuple[str, ...]:
     return tuple(m for m, h in reference.method_headers().items() if h.tree)
 
 
+def block_drafting(framework: str, method: str) -> bool:
+    """Whether ``method`` drafts its γ tokens in one drafter forward in ``framework`` (DFlash, PARD):
+    its c is then a draft forward's cost, paid once per step whatever γ."""
+    decl = DECLARATIONS.get(framework)
+    return decl is not None and method in decl.block_drafting
+
+
 def eagle_methods() -> tuple[str, ...]:
     """The EAGLE heads: the seed's EAGLE-2 row, a chain or EAGLE-2's dynamic tree."""
     return tuple(m for m, h in reference.method_headers().items() if h.seed_row == "EAGLE-2")

@@ -46,6 +46,7 @@ class MethodHeader:
     title: str = ""  # a family founder's report section title
     seed_row: str = ""  # the seed's hardware-table row it stands for ("": none)
     tree: bool = False  # verifies a token tree (a tree mask), not a chain
+    block: bool = False  # drafts its γ tokens in one drafter forward (DFlash): c counts per forward
     drafts_from: str = ""  # what it drafts from when it loads no drafter model, as the tables say
     extra_weights: bool = False  # a family founder whose members hold weights beside the target's (memory)
     describe: str = ""  # what the engine runs, with {gamma} and the cell's options filled in
@@ -152,6 +153,7 @@ def declaration() -> EngineDeclaration:
         },
         method_families={m: h.family for m, h in headers.items() if h.family != m},
         needs_drafter=frozenset(m for m, h in headers.items() if h.needs_drafter),
+        block_drafting=frozenset(m for m, h in headers.items() if h.block),
         drafter_per_cell=True,
         tokenizing=True,
         takes_device=True,

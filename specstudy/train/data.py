@@ -22,7 +22,7 @@ def target_parts(model: PreTrainedModel) -> tuple[nn.Module, nn.Module, nn.Linea
 
 #: drafters that attend to every position's features, the prompt's included: their features come
 #: from one target pass over each finished sequence
-FEATURE_KINDS = ("eagle", "eagle3", "mtp")
+FEATURE_KINDS = ("eagle", "eagle3", "mtp", "dflash")
 
 
 @dataclass
@@ -55,17 +55,22 @@ def collect_features(
     """Run the target over each sequence once; keep positions from the last prompt token on
     (``eagle``, ``eagle3``, ``mtp``: every position, since their drafters attend to the prompt's
     features too).  ``eagle3``: ``hidden`` holds the streams entering its feature layers,
-    concatenated; ``mtp``: the stream after the last layer, before the final norm."""
+    concatenated; ``dflash``: the streams after its target layers (EAGLE-3's three, the same
+    streams), concatenated; ``mtp``: the stream after the last layer, before the final norm."""
+    from ..engine.dflash_drafter import default_target_layers
     from ..engine.eagle3_drafter import default_aux_layers
 
     base, norm, lm_head = target_parts(model)
-    aux = default_aux_layers(model.config.num_hidden_layers) if kind == "eagle3" else ()
+    n_layers = model.config.num_hidden_layers
+    aux: Sequence[int] = default_aux_layers(n_layers) if kind == "eagle3" else ()
+    if kind == "dflash":
+        aux = [i + 1 for i in default_target_layers(n_layers)]
     hs, fin, lid, lpr, seqs, poss, toks = [], [], [], [], [], [], []
     pre_norm: list[torch.Tensor] = []
     hook = norm.register_forward_pre_hook(lambda m, args: pre_norm.append(args[0])) if kind == "mtp" else None
     for s, (ids, plen) in enumerate(corpus):
         x = torch.tensor([ids])
-        out = base(input_ids=x, output_hidden_states=kind in ("layer_skip_adapter", "eagle3"))
+        out = base(input_ids=x, output_hidden_states=kind in ("layer_skip_adapter", "eagle3", "dflash"))
         last = out.last_hidden_state[0]
         probs = torch.softmax(lm_head(last).float(), dim=-1)
         top = torch.topk(probs, label_top_k, dim=-1)

@@ -13,6 +13,7 @@ if TYPE_CHECKING:
 
 from .data import Features
 from .loop import TrainResult, TrainSettings
+from .train_dflash import train_dflash
 from .train_eagle import train_eagle
 from .train_eagle3 import train_eagle3
 from .train_heads import train_heads
@@ -40,6 +41,8 @@ def train_drafter(
         return train_eagle(model, features, settings, progress, prompt_lengths, snapshot)
     if settings.kind == "eagle3":
         return train_eagle3(model, features, settings, progress, prompt_lengths, snapshot)
+    if settings.kind == "dflash":
+        return train_dflash(model, features, settings, progress, prompt_lengths, snapshot)
     if settings.kind == "mtp":
         return train_mtp(model, features, settings, progress, prompt_lengths, snapshot)
     return train_heads(model, features, settings, progress, snapshot)

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..engine.dflash_drafter import DFlashDraft
 from ..engine.drafters import KINDS, TrainedDrafter
 from ..engine.eagle3_drafter import Eagle3Draft
 from ..engine.mtp_drafter import MtpDraft
@@ -33,6 +34,8 @@ class TrainSettings:
     regression_weight: float = 1.0
     draft_vocab_size: int = 8192  # eagle3: target ids the drafter's LM head covers
     unroll: int = 2  # eagle3, mtp: training-time-test steps (the drafter's own outputs fed back)
+    block_size: int = 5  # dflash: one bonus slot and block_size - 1 mask slots (γ <= block_size - 1)
+    mask_token_id: int = 16  # dflash: the token filling the mask slots (SmolLM2's unused <empty_output>)
     seed: int = 0
     eval_fraction: float = 0.1
     snapshots: tuple[int, ...] = ()  # steps after which the drafter so far is handed to ``snapshot``
@@ -52,6 +55,8 @@ class TrainSettings:
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)!r}: must be >= 1")
+        if self.block_size < 2 or self.mask_token_id < 0:
+            raise ValueError(f"block_size={self.block_size!r} (>= 2), mask_token_id={self.mask_token_id!r} (>= 0)")
         bad = [s for s in self.snapshots if not 1 <= s <= self.steps]
         if bad:
             raise ValueError(f"snapshots={bad!r}: each must lie in [1, steps={self.steps}]")
@@ -61,7 +66,7 @@ class TrainSettings:
 
 @dataclass
 class TrainResult:
-    module: TrainedDrafter | Eagle3Draft | MtpDraft
+    module: TrainedDrafter | Eagle3Draft | MtpDraft | DFlashDraft
     log: list[dict[str, float]] = field(default_factory=list)
     eval: dict[str, Any] = field(default_factory=dict)
 

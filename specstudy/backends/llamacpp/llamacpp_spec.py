@@ -68,7 +68,9 @@ REFUSED_TYPES = {
     "glm_dsa, qwen35, qwen35moe, qwen3next, qwen4exp, mimo2, step35, hy_v3, cohere2moe, bailingmoe3, "
     "nemotron_h_moe; no dense llama or qwen2): the kit's MTP layer for SmolLM2 runs as MiMo (qwen2 layers) "
     "in vLLM and the reference engine, not here",
-    "draft-dflash": "needs a DFlash drafter GGUF; none exists for the kit's models",
+    "draft-dflash": "needs a DFlash drafter GGUF (this build's llama_model_dflash architecture); the kit's "
+    "DFlash drafter for SmolLM2 is in vLLM's layout (runs in vLLM and the reference engine) and the kit has no "
+    "converter to that GGUF",
     "draft-dspark": "needs a DSpark drafter GGUF; none exists for the kit's models",
     "ngram-cache": "ignores the draft n_max (measured: 8-token drafts at n_max 4), so γ would not be γ",
 }

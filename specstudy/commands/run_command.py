@@ -496,7 +496,7 @@ def run(args: argparse.Namespace) -> int:
 
         results = run_plans(cfg, plans, all_plans)
         configured = cfg
-        measured = with_service_rates(cfg, layout)  # rates_from_service: the first rates from the probes
+        measured = with_service_rates(cfg, layout, all_plans)  # rates_from_service: the first rates from the probes
         if measured is not None:
             cfg, rate_sweeps = measured
             all_plans = expand(cfg)

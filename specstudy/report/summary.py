@@ -99,7 +99,8 @@ def _digest(case: str, sentences: list[str], link: str, most: int = 3) -> list[s
     if len(sentences) <= most:
         return [f"- {case}: {s} ({_link(link)})." for s in sentences]
     return [f"- {case}: {s} ({_link(link)})." for s in sentences[:most]] + [
-        f"- {case}: {len(sentences) - most} more rows, each decided from its intervals, in {_link(link)}."
+        f"- {case}: {len(sentences) - most} more row{'s' if len(sentences) - most > 1 else ''}, each decided from "
+        f"its intervals, in {_link(link)}."
     ]
 
 
@@ -110,7 +111,8 @@ def where_it_loses(study: Study) -> list[str]:
         _digest("Batch (FAQ Q4 (1))", fails.batch_claims(study), "fails_batch")
         + _digest("Low α (FAQ Q4 (2))", fails.low_alpha_claims(study, pc), "fails_low_alpha")
         + _digest("Short outputs (FAQ Q4 (3))", fails.short_claims(study), "fails_short")
-        + _digest("Memory (FAQ Q4 (4))", fails.memory_claims(study), "fails_memory")
+        # memory is the one case every row answers: one example in the summary, the rest in its table
+        + _digest("Memory (FAQ Q4 (4))", fails.memory_claims(study), "fails_memory", most=1)
     )
 
 

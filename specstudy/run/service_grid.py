@@ -48,10 +48,14 @@ def service_rates(plans: Sequence[CellPlan], layout: StudyLayout, sweep: str) ->
     return {k: statistics.median(v) for k, v in served.items()}
 
 
-def with_service_rates(cfg: StudyConfig, layout: StudyLayout) -> tuple[StudyConfig, set[str]] | None:
+def with_service_rates(
+    cfg: StudyConfig, layout: StudyLayout, plans: Sequence[CellPlan] | None = None
+) -> tuple[StudyConfig, set[str]] | None:
     """The study with each ``rates_from_service`` sweep's first rates set from its probes on disk, and the
-    sweeps that changed (None: no such sweep, or no probe finished)."""
-    plans = expand(cfg)
+    sweeps that changed (None: no such sweep, or no probe finished); ``plans``: ``cfg``'s, when expanded."""
+    if not any(sw.service_factors for sw in cfg.sweeps):
+        return None
+    plans = expand(cfg) if plans is None else plans
     changed: dict[str, tuple[float, ...]] = {}
     for sw in cfg.sweeps:
         if not sw.service_factors:

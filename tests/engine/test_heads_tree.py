@@ -436,8 +436,8 @@ def test_heads_tree_samples_the_target_distribution(small_vocab, tmp_path):
 
 # EAGLE-3 trains through its own unrolled path (train/eagle3.py), tested in test_eagle3.py
 @pytest.mark.parametrize(
-    "kind", [k for k in D.KINDS if k not in ("eagle3", "mtp")]
-)  # folders: test_eagle3.py, test_mtp.py
+    "kind", [k for k in D.KINDS if k not in ("eagle3", "mtp", "dflash")]
+)  # folders: test_eagle3.py, test_mtp.py, test_dflash.py
 def test_training_lowers_the_loss_and_files_round_trip(kind, tmp_path):
     model = tiny_model(seed=1, dtype="float32", logit_scale=4.0)
     rng = random.Random(0)
@@ -474,7 +474,8 @@ def test_training_lowers_the_loss_and_files_round_trip(kind, tmp_path):
     assert c["acceptance_length"] == 1 + c["accepted"] / c["draft_steps"]
 
 
-@pytest.mark.parametrize("kind", [k for k in D.KINDS if k not in ("eagle", "eagle3", "mtp")])  # theirs are such a pass
+# theirs are such a pass (DFlash reads EAGLE-3's feature layers: test_dflash.py)
+@pytest.mark.parametrize("kind", [k for k in D.KINDS if k not in ("eagle", "eagle3", "mtp", "dflash")])
 def test_features_from_generation_equal_a_teacher_forced_pass(kind):
     """The features read from batched, left-padded generation steps are those of one causal pass
     over each finished sequence (the last token, never fed during generation, excepted)."""

@@ -224,6 +224,23 @@ def one_of(*allowed: Any) -> Callable[[Any], Any]:
 DRAFT_IN_PREFILL = one_of("off", "on")
 
 
+_D = TypeVar("_D", bound=torch.nn.Module)
+
+
+def job_drafter(job: DecodeJob, kind: type[_D], method: str, what: str = "the drafter's", vocab: bool = False) -> _D:
+    """The job's drafter, checked to be a ``kind`` whose hidden size (and ``vocab``: vocabulary) is the
+    target's, on the job's device in the target's dtype: every learned drafter's first step."""
+    draft, cfg = job.drafter, job.target.config
+    if not isinstance(draft, kind):
+        raise ValueError(f"method {method!r} needs a {kind.__name__} as its drafter, got {type(draft).__name__}")
+    sizes = [("hidden_size", cfg.hidden_size)] + ([("vocab_size", cfg.vocab_size)] if vocab else [])
+    if any(getattr(draft, k) != v for k, v in sizes):
+        ours, theirs = (" and ".join(x) for x in zip(*((f"{k} {getattr(draft, k)}", str(v)) for k, v in sizes)))
+        verb = "is" if len(sizes) == 1 else "are"
+        raise ValueError(f"method {method!r}: {what} {ours} {verb} not the target's {theirs}")
+    return draft.to(device=job.device, dtype=next(job.target.parameters()).dtype)
+
+
 def draft_in_prefill(job: DecodeJob) -> bool:
     """The job's ``draft_in_prefill`` option as the flag speculative_decode takes."""
     return bool(job.option("draft_in_prefill", "off") == "on")

@@ -30,7 +30,7 @@ from ..dflash_drafter import DFlashDraft, load_dflash, read_dflash_config
 from ..sampling import probs_for
 from ..speculate import Draft, StaticGamma, speculative_decode
 from ..trace import RowTrace
-from . import SYNTHETIC, DecodeJob, EngineMethod, synthetic_acceptance
+from . import SYNTHETIC, DecodeJob, EngineMethod, job_drafter, synthetic_acceptance
 from .eagle3 import resolve_folder
 from .heads import AuxCapture
 
@@ -156,17 +156,9 @@ def load(name: str, target: Any, device: str = "cpu", dtype: str = "float32") ->
 
 
 def decode(job: DecodeJob) -> list[RowTrace]:
-    draft = job.drafter
-    if not isinstance(draft, DFlashDraft):
-        raise ValueError(f"method 'dflash' needs a DFlashDraft as its drafter, got {type(draft).__name__}")
-    if draft.hidden_size != job.target.config.hidden_size:
-        raise ValueError(
-            f"method 'dflash': the drafter's hidden_size {draft.hidden_size} is not the target's "
-            f"{job.target.config.hidden_size}"
-        )
+    draft = job_drafter(job, DFlashDraft, "dflash")
     if job.draft_length > draft.block_size - 1:
         raise ValueError(f"method 'dflash': gamma={job.draft_length} exceeds the block's {draft.block_size - 1}")
-    draft = draft.to(device=job.device, dtype=next(job.target.parameters()).dtype)
     gen = job.generator()
     with AuxCapture(job.target, draft.aux_streams) as capture:
         drafter = DFlashDrafter(job.target, draft, capture, len(job.prompts), job.draft_length, job.sampling, gen)

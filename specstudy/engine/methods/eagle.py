@@ -44,7 +44,7 @@ from ..sampling import probs_for
 from ..speculate import Draft, StaticGamma, sample_chain, speculative_decode
 from ..tokentree import keep_cache_positions
 from ..trace import RowTrace
-from . import SYNTHETIC, DecodeJob, EngineMethod, positive_int, synthetic_acceptance
+from . import SYNTHETIC, DecodeJob, EngineMethod, job_drafter, positive_int, synthetic_acceptance
 from .heads import AuxCapture, HiddenCapture
 from .tree import check_one_request, tree_decode
 
@@ -265,15 +265,7 @@ def load_eagle(name: str, target: Any, device: str = "cpu", dtype: str = "float3
 
 
 def decode(job: DecodeJob) -> list[RowTrace]:
-    draft = job.drafter
-    if not isinstance(draft, EagleDraft):
-        raise ValueError(f"method 'eagle' needs an EagleDraft as its drafter, got {type(draft).__name__}")
-    if draft.hidden_size != job.target.config.hidden_size:
-        raise ValueError(
-            f"method 'eagle': the drafter's hidden_size {draft.hidden_size} is not the target's "
-            f"{job.target.config.hidden_size}"
-        )
-    draft = draft.to(device=job.device, dtype=next(job.target.parameters()).dtype)
+    draft = job_drafter(job, EagleDraft, "eagle")
     with HiddenCapture(job.target) as capture:
         return decode_with(job, draft, capture)
 

@@ -25,7 +25,7 @@ from typing import Any
 from ...paths import REPO_ROOT
 from ..eagle3_drafter import Eagle3Draft, load_eagle3, read_eagle3_config
 from ..trace import RowTrace
-from . import DecodeJob, EngineMethod
+from . import DecodeJob, EngineMethod, job_drafter
 from .eagle import EAGLE_OPTIONS, check_tree_batch, check_tree_options, decode_with
 from .heads import AuxCapture
 
@@ -62,16 +62,7 @@ def load(name: str, target: Any, device: str = "cpu", dtype: str = "float32") ->
 
 
 def decode(job: DecodeJob) -> list[RowTrace]:
-    draft = job.drafter
-    if not isinstance(draft, Eagle3Draft):
-        raise ValueError(f"method 'eagle3' needs an Eagle3Draft as its drafter, got {type(draft).__name__}")
-    cfg = job.target.config
-    if draft.hidden_size != cfg.hidden_size or draft.vocab_size != cfg.vocab_size:
-        raise ValueError(
-            f"method 'eagle3': the drafter's hidden_size {draft.hidden_size} and vocab_size {draft.vocab_size} "
-            f"are not the target's {cfg.hidden_size} and {cfg.vocab_size}"
-        )
-    draft = draft.to(device=job.device, dtype=next(job.target.parameters()).dtype)
+    draft = job_drafter(job, Eagle3Draft, "eagle3", vocab=True)
     with AuxCapture(job.target, draft.aux_layers) as capture:
         return decode_with(job, draft, capture)
 

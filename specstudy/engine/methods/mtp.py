@@ -25,7 +25,7 @@ from typing import Any
 
 from ..mtp_drafter import MtpDraft, load_mtp, read_mtp_config
 from ..trace import RowTrace
-from . import SYNTHETIC, DecodeJob, EngineMethod
+from . import SYNTHETIC, DecodeJob, EngineMethod, job_drafter
 from .eagle import EAGLE_OPTIONS, decode_with
 from .eagle3 import resolve_folder
 from .heads import HiddenCapture
@@ -50,15 +50,7 @@ def load(name: str, target: Any, device: str = "cpu", dtype: str = "float32") ->
 
 
 def decode(job: DecodeJob) -> list[RowTrace]:
-    draft = job.drafter
-    if not isinstance(draft, MtpDraft):
-        raise ValueError(f"method 'mtp' needs an MtpDraft as its drafter, got {type(draft).__name__}")
-    if draft.hidden_size != job.target.config.hidden_size:
-        raise ValueError(
-            f"method 'mtp': the layer's hidden_size {draft.hidden_size} is not the target's "
-            f"{job.target.config.hidden_size}"
-        )
-    draft = draft.to(device=job.device, dtype=next(job.target.parameters()).dtype)
+    draft = job_drafter(job, MtpDraft, "mtp", what="the layer's")
     with HiddenCapture(job.target, before_norm=True) as capture:
         return decode_with(job, draft, capture)
 

@@ -20,6 +20,9 @@ KIT_TO_SGLANG = {
     # --speculative-dflash-block-size is the verify window, γ + 1 (sglang/srt/arg_groups/fields/spec.py and
     # speculative_hook.py of the 0.5.23 wheel: num_steps and topk forced to 1, the block its draft tokens)
     "dflash": "DFLASH",
+    # the target's own MTP layer(s): NEXTN (an alias of EAGLE, speculative_hook.py) with the target's
+    # checkpoint as the draft, which model_config.py loads as its MTP class (MiMoForCausalLM -> MiMoMTP)
+    "mtp": "NEXTN",
 }
 #: the cell options the SGLang backend reads, per method ("*": every speculative method)
 SGLANG_METHOD_OPTIONS = {
@@ -77,7 +80,7 @@ SGLANG = EngineDeclaration(
     methods=("ar", *KIT_TO_SGLANG),
     method_options=SGLANG_METHOD_OPTIONS,
     engine_options=SGLANG_OPTIONS,
-    method_families={"eagle": "heads", "eagle3": "heads", "dflash": "heads"},
+    method_families={"eagle": "heads", "eagle3": "heads", "dflash": "heads", "mtp": "heads"},
     needs_drafter=frozenset({"draft_target", "eagle", "eagle3", "dflash"}),
     block_drafting=frozenset({"dflash"}),
     schedule_options={"adaptive_steps": False},

@@ -246,3 +246,14 @@ def test_sglangs_own_adaptive_steps_reach_its_parser_and_only_for_a_chain():
         )
     with pytest.raises(ValueError, match=r"'adaptive_steps' is read by no code"):
         SglangServerBackend.check_cell(CellCheck("ngram", 3, {"adaptive_steps": True}, drafter=None))
+
+
+def test_a_targets_own_mtp_layers_are_sglangs_nextn_with_the_target_as_its_draft():
+    """SGLang 0.5.23 runs MiMo's MTP layer as NEXTN (an EAGLE chain) whose draft is the target's own
+    checkpoint: the server's argv names the target twice and no separate drafter."""
+    b = SglangServerBackend("/mimo", python="py", dtype="bfloat16", prefix_cache=False)
+    argv = b.server_argv(Cell("t", "h", "sglang", "mtp", "x", "m", gamma=3))
+    ns = parse(ARGS, argv[argv.index("--speculative-algorithm") :])
+    assert (ns.speculative_algorithm, ns.speculative_num_steps, ns.speculative_eagle_topk) == ("NEXTN", 3, 1)
+    target = argv[argv.index("--model-path") + 1]
+    assert ns.speculative_num_draft_tokens == 4 and ns.speculative_draft_model_path == target

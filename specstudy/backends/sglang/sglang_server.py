@@ -1,4 +1,4 @@
-"""SGLang's server: ``--speculative-algorithm EAGLE|EAGLE3|NGRAM|STANDALONE``, acceptance per request.
+"""SGLang's server: ``--speculative-algorithm EAGLE|EAGLE3|NEXTN|NGRAM|STANDALONE|DFLASH``, acceptance per request.
 
 Requests go to SGLang's native streaming ``/generate`` (``data: {json}`` events, then
 ``data: [DONE]``) because only its ``meta_info`` carries the per-request speculative counters:
@@ -278,8 +278,12 @@ class SglangServerBackend(ServerBackend):
                 argv += [flag, str(self.options[opt])]
         if not self.options.get("prefix_cache"):
             argv.append("--disable-radix-cache")
-        argv += speculative_flags(cell.method, cell.gamma, cell.drafter or self.drafter, dict(cell.options))
+        argv += speculative_flags(cell.method, cell.gamma, self.draft_of(cell), dict(cell.options))
         return argv + self.server_args
+
+    def draft_of(self, cell: Cell) -> str | None:
+        """The cell's drafter; for ``mtp`` the target itself (its MTP layers live in its checkpoint)."""
+        return self.model if cell.method == "mtp" else cell.drafter or self.drafter
 
     def default_python(self) -> str:
         env = ENVIRONMENTS["sglang"]
@@ -315,7 +319,7 @@ class SglangServerBackend(ServerBackend):
         return False
 
     def server_key(self, cell: Cell) -> Any:
-        return tuple(speculative_flags(cell.method, cell.gamma, cell.drafter or self.drafter, dict(cell.options)))
+        return tuple(speculative_flags(cell.method, cell.gamma, self.draft_of(cell), dict(cell.options)))
 
     def version_probe(self, url: str) -> str | None:
         """The server's version from ``/server_info`` (SGLang 0.5.23's endpoint; it logs ``/get_server_info``

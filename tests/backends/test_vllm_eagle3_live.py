@@ -68,6 +68,28 @@ def vllm_backend(framework: str, python: str, model: str, log_dir, env: dict, **
     )
 
 
+def offline_and_reference_verdict(method: str, drafter: str, python: str, model: str, log_dir) -> str:
+    """``method`` with ``drafter`` (γ 4) and AR in vLLM's offline worker and in the reference engine, each
+    lossless; the cross-engine comparison's own verdict on the two engines' accepted tokens."""
+    from specstudy.backends import get_backend
+    from specstudy.report.across_engines import paired_verdict
+
+    def at(framework: str, gamma: int | None = None) -> Cell:
+        m, d = (method, drafter) if gamma else ("ar", None)
+        return Cell("t", "cpu", framework, m, "code", "smollm2-135m", drafter=d, gamma=gamma)
+
+    env = {**CPU_ENV, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    b = vllm_backend("vllm", python, model, log_dir, env, startup_timeout_s=900, run_timeout_s=900)
+    try:
+        v_ar, v_spec = list(b.run(REQS, GREEDY, at("vllm"))), list(b.run(REQS, GREEDY, at("vllm", 4)))
+    finally:
+        b.close()
+    ref = get_backend("reference", model="smollm2-135m")
+    r_ar, r_spec = list(ref.run(REQS, GREEDY, at("reference"))), list(ref.run(REQS, GREEDY, at("reference", 4)))
+    print("vllm", check_lossless(v_ar, v_spec), "reference", check_lossless(r_ar, r_spec))
+    return paired_verdict({"reference": r_spec, "vllm": v_spec}, 4)
+
+
 @pytest.fixture(scope="module")
 def vllm_ar(vllm_python, model_dir, tmp_path_factory):  # noqa: F811
     env = {**CPU_ENV, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}

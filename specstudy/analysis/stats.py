@@ -143,16 +143,21 @@ def is_block(ok: Sequence[RequestRecord]) -> bool:
 
 
 def _sample(
-    cell_ids: Sequence[str], recs: Sequence[RequestRecord], ok: Sequence[RequestRecord], pairs: Pairs
+    cell_ids: Sequence[str],
+    recs: Sequence[RequestRecord],
+    ok: Sequence[RequestRecord],
+    pairs: Pairs,
+    block: bool = False,
 ) -> Sample:
     """What a row pooled: n of requests, cells, errors and prompts (paired prompts where it has pairs),
-    how its pairs were timed, and its conditions (synthetic acceptance, greedy, separate draft)."""
+    how its pairs were timed, and its conditions (synthetic acceptance, greedy, separate draft, ``block``:
+    :func:`is_block` of ``ok``, which the pairs' step costs took too)."""
     out = Sample(n_requests=len(recs), n_cells=len(cell_ids), n_errors=len(recs) - len(ok))
     if not ok:
         return out
     out.synthetic = next((r.synthetic_acceptance for r in ok if r.synthetic_acceptance), None)
     out.separate_draft = all(r.method == "draft_target" for r in ok)
-    out.block = is_block(ok)
+    out.block = block
     out.greedy = all(r.temperature == 0.0 for r in ok)
     out.n_prompts = len({metrics.prompt_of(r) for r in ok})  # AR rows; a paired row counts its pairs below
     if pairs.pairs:
@@ -171,8 +176,9 @@ def pooled(data: Study, cell_ids: Iterable[str], keep: Keep | None = None) -> Po
     ok = [r for r in recs if r.status == "ok"]
     if not ok:
         return Pooled(_sample(cell_ids, recs, ok, Pairs()))
-    pairs = _collect_pairs(data, cell_ids, keep, is_block(ok))
-    sample = _sample(cell_ids, recs, ok, pairs)
+    block = is_block(ok)
+    pairs = _collect_pairs(data, cell_ids, keep, block)
+    sample = _sample(cell_ids, recs, ok, pairs, block)
     return Pooled(
         sample=sample,
         throughput=Throughput.of(ok),

@@ -139,11 +139,11 @@ def _run_order(
     drift = Burners(burners, at=len(reqs) * len(plans) // 2)
     try:
         if order == "in time":
-            runs, _ = measure_in_time(plans, backend, reqs, warm, 0.5, on_record=drift)
+            runs, _ = measure_in_time(plans, [backend] * len(plans), reqs, warm, 0.5, on_record=drift)
             return runs
         out = []
         for plan, w in zip(plans, warm):  # one arm after another: the old order
-            (recs,), _ = measure_in_time([plan], backend, reqs, [w], 0.5, on_record=drift)
+            (recs,), _ = measure_in_time([plan], [backend], reqs, [w], 0.5, on_record=drift)
             out.append(recs)
         return out
     finally:

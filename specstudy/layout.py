@@ -255,13 +255,34 @@ class StudyLayout:
         """Per targeted row: its precision target, the half-width reached and what stopped it."""
         return self.root / "precision.json"
 
-    def write_precision(self, doc: Mapping[str, Any]) -> Path:
-        atomic_write_text(self.precision_path, json.dumps(doc, indent=1, default=str))
-        return self.precision_path
+    def precision_path_of(self, shard: str | None) -> Path:
+        """A local run's ``precision.json``, or one shard's (``jobs/<shard>.precision.json``): shards
+        run at once and each extends only its own rows."""
+        return self.precision_path if shard is None else self.jobs_dir / f"{shard}.precision.json"
 
-    def read_precision(self) -> dict[str, Any]:
-        """The precision stops, or {} for a study without targets (or written before they were kept)."""
-        return json.loads(self.precision_path.read_text()) if self.precision_path.exists() else {}
+    def write_precision(self, doc: Mapping[str, Any], shard: str | None = None) -> Path:
+        path = self.precision_path_of(shard)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, json.dumps(doc, indent=1, default=str))
+        return path
+
+    def read_precision(self, shard: str | None = None) -> dict[str, Any]:
+        """The precision stops, or {} for a study without targets (or written before they were kept).
+        One shard's own (``shard``), or the study's: the local run's and every shard's together (cells
+        joined; per sweep the seconds spent summed, the longest last chunk)."""
+        if shard is not None:
+            path = self.precision_path_of(shard)
+            return json.loads(path.read_text()) if path.exists() else {}
+        paths = [self.precision_path] if self.precision_path.exists() else []
+        paths += sorted(self.jobs_dir.glob("*.precision.json")) if self.jobs_dir.is_dir() else []
+        out: dict[str, Any] = {}
+        for doc in (json.loads(p.read_text()) for p in paths):
+            out.setdefault("cells", {}).update(doc.get("cells", {}))
+            for name, sw in doc.get("sweeps", {}).items():
+                had = out.setdefault("sweeps", {}).setdefault(name, {**sw, "spent_s": 0.0, "last_chunk_s": 0.0})
+                had["spent_s"] = round(had["spent_s"] + float(sw.get("spent_s") or 0.0), 3)
+                had["last_chunk_s"] = max(had["last_chunk_s"], float(sw.get("last_chunk_s") or 0.0))
+        return out
 
     def save_profile(self, profile: HardwareProfile) -> None:
         atomic_write_text(self.profile_path, json.dumps(dataclasses.asdict(profile), indent=1))

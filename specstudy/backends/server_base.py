@@ -15,6 +15,7 @@ acceptance counters are (:meth:`fill_acceptance`, :meth:`run_acceptance`).
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shlex
@@ -48,6 +49,9 @@ if TYPE_CHECKING:
 
 #: what one read of a server's metrics endpoint gives (:meth:`StreamingServerBackend.scrape`)
 SnapshotT = TypeVar("SnapshotT")
+
+
+_SERVER_LOGS = itertools.count(1)  # a number per server this process starts, for its log's name
 
 
 class StreamingServerBackend(ServingBackend, StreamedRequests, Generic[SnapshotT]):
@@ -293,7 +297,11 @@ class StreamingServerBackend(ServingBackend, StreamedRequests, Generic[SnapshotT
         self.stop_server()
         argv = self.server_argv(cell)
         stamp = time.strftime("%Y%m%d-%H%M%S")
-        log = self.log_dir / f"{self.framework}_{cell.method}_g{cell.gamma}_{stamp}_{os.getpid()}.log"
+        # two servers of one configuration may start in the same second (an A/A control's arm beside its baseline's)
+        log = (
+            self.log_dir
+            / f"{self.framework}_{cell.method}_g{cell.gamma}_{stamp}_{os.getpid()}_{next(_SERVER_LOGS)}.log"
+        )
         self.server = ManagedServer(
             argv,
             log_path=log,

@@ -55,6 +55,34 @@ def framework_options(options: Mapping[str, Mapping[str, Any]], file: str | os.P
         raise ParamsProblems(problems, "framework options")
 
 
+def servers_in_time(
+    counts: Mapping[str, int], options: Mapping[str, Mapping[str, Any]], file: str | os.PathLike[str]
+) -> None:
+    """``servers_in_time`` names server frameworks the kit starts itself (an attached ``base_url`` is one
+    server the kit cannot multiply), all problems at once."""
+    starts = [fw for fw in frameworks() if declaration(fw).server and declaration(fw).http]
+    problems = [
+        ParamsError(file, f"study.servers_in_time.{fw}", fw, sorted(starts), "server frameworks the kit starts")
+        for fw in counts
+        if fw not in starts
+    ]
+    problems += [
+        ParamsError(
+            file,
+            f"study.servers_in_time.{fw}",
+            "base_url",
+            "no base_url",
+            "an attached server is one process: its arms cannot alternate across several",
+        )
+        for fw in counts
+        if (options.get(fw) or {}).get("base_url")
+    ]
+    if len(problems) == 1:
+        raise problems[0]
+    if problems:
+        raise ParamsProblems(problems, "servers in time")
+
+
 def known_frameworks() -> list[str]:
     return list(frameworks())
 

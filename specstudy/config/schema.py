@@ -281,6 +281,9 @@ class StudySpec(_Axes):
     #: a group of cells measured in time on a busy machine is measured once more, all arms, when it took
     #: at most this many seconds (0: never); what stays busy is flagged as before
     busy_rerun_budget_s: NonNegativeFloat = 0.0
+    #: per server framework, how many of its servers (one per configuration) may be held at once so that
+    #: an AR cell and its speculative cells alternate prompt by prompt across them (1: cell after cell)
+    servers_in_time: dict[str, PositiveInt] = {}
     slo: Slo = Slo()
     # engines whose own step costs are measured after the cells (llama.cpp: T(k)/T(1) and c)
     engine_costs: Annotated[list[Literal["llamacpp"]], BeforeValidator(_as_list)] = []

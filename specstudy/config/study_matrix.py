@@ -40,6 +40,7 @@ Schema (every key optional except ``models``; sweeps inherit the top-level axes)
       telemetry_period_s: 0.5
       aa_control: false           # true: per framework, an A/A control (AR paired with AR) opens Validity
       busy_rerun_budget_s: 0      # an in-time group measured on a busy machine runs again if it took <= this
+      servers_in_time: {}         # {llamacpp: 5}: up to 5 of its servers at once, AR and speculative arms alternated
       sweeps:                     # named sub-matrices; a cell shared by sweeps runs once
         hardware: {tasks: [code, qa], gammas: [4], batch_sizes: [1]}
 """
@@ -114,6 +115,8 @@ class StudyConfig:
     warm_engine_warmup_tokens: int | None = None
     aa_control: bool = False  # an A/A control cell per framework (:func:`specstudy.run.plan.controls`)
     busy_rerun_budget_s: float = 0.0  # an in-time group measured on a busy machine is rerun when it took at most this
+    #: server framework -> servers it may hold at once to time arms side by side (absent or 1: cell after cell)
+    servers_in_time: Mapping[str, int] = field(default_factory=dict)
     framework_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     notebooks: tuple[str, ...] = NOTEBOOKS
     engine_costs: tuple[str, ...] = ()
@@ -347,6 +350,7 @@ def load_study(
         for p in models
     )
     checks.framework_options(spec.framework_options, file, frameworks)
+    checks.servers_in_time(spec.servers_in_time, spec.framework_options, file)
     raw_sweeps = spec.sweeps or {"default": None}
     sweeps = []
     task_files: dict[str, str] = {}
@@ -372,6 +376,7 @@ def load_study(
         telemetry_period_s=float(spec.telemetry_period_s),
         aa_control=spec.aa_control,
         busy_rerun_budget_s=float(spec.busy_rerun_budget_s),
+        servers_in_time=dict(spec.servers_in_time),
         engine_costs=tuple(spec.engine_costs),
         framework_options={k: dict(v) for k, v in spec.framework_options.items()},
         notebooks=tuple(spec.notebooks),

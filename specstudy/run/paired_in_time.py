@@ -1,9 +1,11 @@
 """Paired in time: an AR baseline and the speculative cells paired with it, measured side by side.
 
-Where one loaded engine serves both arms (the reference engine, HF per call), the runner does not
-time the baseline cell and then, minutes later, each speculative cell: it sends every prompt (a
-batch of them at batch sizes above 1) to each arm in turn, in an order that reverses from one
-prompt to the next (AR, S1, S2 then S2, S1, AR: ABBA for two arms).  A drift that is linear in time
+Where one loaded engine serves both arms (the reference engine, HF per call), or where a server
+whose speculation is fixed at start may run beside itself (the study's ``servers_in_time``: one
+llama.cpp server per arm), the runner does not time the baseline cell and then, minutes later, each
+speculative cell: it sends every prompt (a batch of them at batch sizes above 1) to each arm in
+turn, in an order that reverses from one prompt to the next (AR, S1, S2 then S2, S1, AR: ABBA for
+two arms).  A drift that is linear in time
 (another tenant arriving, a clock that drops) then adds as much to each arm over two prompts, so it
 cancels out of every paired speedup instead of landing in it.  Each speculative record keeps its
 partner (the baseline cell and prompt) and how far apart in time the two were started; a cell run on
@@ -13,7 +15,7 @@ arms were timed, whichever way they ran.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..backends.base import Backend
@@ -35,14 +37,18 @@ def arm_orders(chunks: int, arms: int) -> list[list[int]]:
     return [forward if i % 2 == 0 else forward[::-1] for i in range(chunks)]
 
 
-def twins(baseline: CellPlan, pending: Sequence[CellPlan]) -> list[CellPlan]:
+def twins(baseline: CellPlan, pending: Sequence[CellPlan], servers: Mapping[str, int] | None = None) -> list[CellPlan]:
     """The speculative cells of ``pending`` to measure in time beside ``baseline``: those paired with it
-    on the same loaded in-process engine, offline, with the same prompts and batch size.  A server
-    (llama.cpp, vLLM, SGLang, ...) fixes its speculation at start, so its cells run one after another."""
+    on the same engine, offline, with the same prompts and batch size.  A server (llama.cpp, vLLM,
+    SGLang, ...) fixes its speculation at start: its cells run one after another unless ``servers``
+    (the study's ``servers_in_time``) lets it hold one server per arm, as many arms as that allows."""
     if not baseline.is_baseline or baseline.request_rate is not None:
         return []
+    room = None
     if baseline.cell.framework in server_frameworks():
-        return []
+        room = (servers or {}).get(baseline.cell.framework, 1) - 1
+        if room < 1:
+            return []
     same = (baseline.backend_key(), baseline.prompt_offset, baseline.prompts, baseline.cell.batch_size)
     return [
         p
@@ -50,7 +56,7 @@ def twins(baseline: CellPlan, pending: Sequence[CellPlan]) -> list[CellPlan]:
         if p.baseline_cell_id == baseline.cell_id
         and p.request_rate is None
         and (p.backend_key(), p.prompt_offset, p.prompts, p.cell.batch_size) == same
-    ]
+    ][:room]
 
 
 def link_partners(baseline: Sequence[RequestRecord], spec: Sequence[RequestRecord], pairing: str) -> None:
@@ -80,15 +86,16 @@ def batches_of(requests: Sequence[Request], prompt_ids: set[str], size: int) -> 
 
 def measure_in_time(
     plans: Sequence[CellPlan],
-    backend: Backend,
+    backends: Sequence[Backend],
     requests: Sequence[Request],
     warmups: Sequence[tuple[Sequence[Request], int]],
     telemetry_period_s: float,
     on_record: Callable[[int], Any] = lambda arm: None,
 ) -> tuple[list[list[RequestRecord]], Telemetry]:
     """Each arm's warm-up (untimed), then every chunk of prompts through every arm in :func:`arm_orders`
-    under one telemetry window: per arm (in ``plans``' order, the baseline first) its stamped records."""
-    for plan, (warm, tokens) in zip(plans, warmups):
+    under one telemetry window: per arm (in ``plans``' order, the baseline first) its stamped records.
+    ``backends`` holds each arm's engine (one in-process engine for all, or a server per arm)."""
+    for plan, backend, (warm, tokens) in zip(plans, backends, warmups):
         if warm:
             for _ in backend.run(list(warm), warmup_sampling(plan, tokens), plan.backend_cell()):
                 pass
@@ -99,7 +106,7 @@ def measure_in_time(
     try:
         for i, order in enumerate(arm_orders(len(chunks), len(plans))):
             for slot, a in enumerate(order):
-                for rec in backend.run(chunks[i], plans[a].sampling, plans[a].backend_cell()):
+                for rec in backends[a].run(chunks[i], plans[a].sampling, plans[a].backend_cell()):
                     rec = stamp_request(plans[a], rec, by_id)
                     rec.extra.update(arm_slot=slot, arms=len(plans))
                     out[a].append(rec)
@@ -118,7 +125,7 @@ def measure_in_time(
 
 def rerun_prompts(
     plans: Sequence[CellPlan],
-    backend: Backend,
+    backends: Sequence[Backend],
     runs: list[list[RequestRecord]],
     requests: Sequence[Request],
     prompt_ids: set[str],
@@ -131,7 +138,7 @@ def rerun_prompts(
     again = [r for r in requests if r.prompt_id in prompt_ids]
     if not again:
         return runs
-    fresh, _ = measure_in_time(plans, backend, again, [((), 0)] * len(plans), telemetry_period_s)
+    fresh, _ = measure_in_time(plans, backends, again, [((), 0)] * len(plans), telemetry_period_s)
     place = {q.prompt_id: i for i, q in enumerate(requests)}
     out = []
     for old, new in zip(runs, fresh):

@@ -12,7 +12,7 @@ import contextlib
 import gc
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ from ..backends.base import Backend
 from ..config import StudyConfig
 from ..environments.install import engine_env, python_of
 from ..frameworks import DECLARATIONS, drafter_per_cell, environment_of, server_frameworks, tensor_parallel
+from ..records import CONTROL_FAMILY
 from .plan import CellPlan
 
 BackendFactory = Callable[..., Any]
@@ -58,6 +59,8 @@ class BackendPool:
         #: engines whose close said their memory was not handed back (the study reports each as failed)
         self.unreleased: list[str] = []
         self._last_cell: dict[tuple[Any, ...], str] = {}
+        #: the servers of in-time groups (:meth:`arms`), one per arm, kept across groups (LRU)
+        self.arm_servers: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
 
     def _options(self, plan: CellPlan) -> dict[str, Any]:
         fw = plan.cell.framework
@@ -101,7 +104,47 @@ class BackendPool:
         except Exception:  # a server that is already gone
             pass
 
+    def arms(self, plans: Sequence[CellPlan]) -> list[Any]:
+        """One server per arm of an in-time group on a server framework (its speculation is fixed at
+        start): each configuration, and an A/A control beside its baseline's, gets its own process, so
+        requests alternate between them.  Up to the study's ``servers_in_time`` of them are kept across
+        groups (the least recently used closed first); every other loaded engine is closed first."""
+        fw = plans[0].cell.framework
+        keys = [(*p.engine_config_key(), p.family == CONTROL_FAMILY) for p in plans]
+        while self.loaded:
+            self._evict()
+        for other in [k for k in self.arm_servers if k[0] != fw]:
+            self._close(other, self.arm_servers.pop(other))
+        keep = set(keys)
+        cap = max(self.cfg.servers_in_time.get(fw, 1), len(keep))
+        while len(self.arm_servers.keys() | keep) > cap:  # the least recently used that this group does not need
+            old = next(k for k in self.arm_servers if k not in keep)
+            self._close(old, self.arm_servers.pop(old))
+        out = []
+        for key, plan in zip(keys, plans):
+            if key not in self.arm_servers:
+                self.arm_servers[key] = self.factory(fw, **self._options(plan))
+                self.loads.append(key)
+                self.log(
+                    f"started a {fw} server for the arm {plan.label}"
+                    + (f" γ {plan.cell.gamma}" if plan.cell.gamma else "")
+                )
+            self.arm_servers.move_to_end(key)
+            self._last_cell[key] = plan.cell_id
+            out.append(self.arm_servers[key])
+        return out
+
+    def arms_held(self) -> list[tuple[Any, ...]]:
+        """The in-time arms' servers held now (their keys), least recently used first."""
+        return list(self.arm_servers)
+
+    def _close_arms(self) -> None:
+        while self.arm_servers:
+            key, b = self.arm_servers.popitem(last=False)
+            self._close(key, b)
+
     def _get(self, plan: CellPlan) -> Any:
+        self._close_arms()  # a cell served alone: the in-time groups' servers go first (memory)
         key = plan.backend_key()
         if key in self.loaded:
             self.loaded.move_to_end(key)
@@ -143,6 +186,7 @@ class BackendPool:
         gc.collect()
 
     def close(self) -> None:
+        self._close_arms()
         while self.loaded:
             key, b = self.loaded.popitem()
             self._close(key, b)

@@ -32,6 +32,7 @@ from ..data.conversations import is_conversation
 from ..data.model_files import tokenizer_if_here
 from ..data.tasks import load_requests
 from ..data.traces import needs_target_tokens
+from ..frameworks import server_frameworks
 from ..layout import StudyLayout
 from ..provenance import provenance
 from ..records import Request, RequestRecord
@@ -217,7 +218,8 @@ def run_study(
 
             def one(plan: CellPlan, pending: Sequence[CellPlan], room: int | None) -> list[CellResult]:
                 """The cell, with the twins it is measured beside in time when it is their baseline."""
-                group = twins(plan, [q for q in pending if q.cell_id not in ran_now and not layout.is_done(q.cell_id)])
+                left = [q for q in pending if q.cell_id not in ran_now and not layout.is_done(q.cell_id)]
+                group = twins(plan, left, cfg.servers_in_time)
                 group = group[: None if room is None else max(room - 1, 0)]
                 ran_now.update([plan.cell_id, *(q.cell_id for q in group)])
                 if group:
@@ -248,7 +250,7 @@ def run_study(
                 for res in done:
                     say(res.line(place.get(res.cell_id, i), len(plans)))
             left = None if max_cells is None else max_cells - ran
-            results += _run_extensions(cfg, plans, full_plan, layout, left, say, one)
+            results += _run_extensions(cfg, plans, full_plan, layout, left, say, one, shard)
             pool.close()  # the engine cost timings get the machine to themselves
             for problem in pool.unreleased:  # an engine that kept its memory starves the ones after it
                 results.append(CellResult("engine_release", "engine release", "failed", message=problem))
@@ -274,6 +276,7 @@ def _run_extensions(
     left: int | None,
     say: Callable[[str], None],
     run: Callable[[CellPlan, Sequence[CellPlan], int | None], list[CellResult]],
+    shard: str | None = None,
 ) -> list[CellResult]:
     """The precision targets' extension cells (:mod:`specstudy.run.precision`), one row's next chunk
     at a time, the widest interval first, until every row reached its target, its cap or its sweep's
@@ -282,7 +285,7 @@ def _run_extensions(
     results: list[CellResult] = []
     tried: set[str] = set()  # an extension that failed is not retried in the same run
     # extension seconds per sweep, and its last chunk's (what the next is expected to take), earlier runs' included
-    spent, cost = spent_before(layout.read_precision())
+    spent, cost = spent_before(layout.read_precision(shard))  # a shard's rerun goes on with its own budget
     while True:
         on_disk, states = row_states(cfg, plans, layout)
         if on_disk:
@@ -290,7 +293,7 @@ def _run_extensions(
         row = next_row(states, spent, cost, {c for c in tried if not layout.is_done(c)})  # failed ones
         if row is None or row.pending is None or (left is not None and len(results) >= left):
             if states:
-                layout.write_precision(precision_doc(states, spent, cost))
+                layout.write_precision(precision_doc(states, spent, cost), shard)
             return results
         base_ext, spec_ext = row.pending
         say(
@@ -492,6 +495,17 @@ def _backend_for(plan: CellPlan, pool: BackendPool, state: _RunState) -> Any:
     return backend
 
 
+def _arm_backends(plans: list[CellPlan], pool: BackendPool, state: _RunState) -> list[Any]:
+    """Each arm's engine: the one loaded in-process engine for all, or a server per arm (:meth:`BackendPool.arms`)."""
+    if plans[0].cell.framework not in server_frameworks():
+        return [_backend_for(plans[0], pool, state)] * len(plans)
+    for p in plans:
+        for key, failed in ((p.backend_key(), state.failed_engines), (p.engine_config_key(), state.failed_starts)):
+            if key in failed:
+                raise RuntimeError(f"engine failed earlier: {failed[key]}")
+    return pool.arms(plans)
+
+
 def _run_one(
     cfg: StudyConfig,
     plan: CellPlan,
@@ -537,7 +551,7 @@ def _run_one(
 def _rerun_busy(
     cfg: StudyConfig,
     plans: list[CellPlan],
-    backend: Any,
+    backends: list[Any],
     requests: list[Request],
     layout: StudyLayout,
     measured: tuple[list[list[RequestRecord]], Any],
@@ -552,7 +566,7 @@ def _rerun_busy(
         return measured, ""
     for p, recs in zip(plans, runs):
         layout.write_stalled(p.cell_id, recs)  # kept beside, read by no table
-    runs, tel = measure_in_time(plans, backend, requests, [((), 0)] * len(plans), cfg.telemetry_period_s)
+    runs, tel = measure_in_time(plans, backends, requests, [((), 0)] * len(plans), cfg.telemetry_period_s)
     for r in (r for recs in runs for r in recs):
         r.extra.update(attempt=2, first_attempt_busy=busy)
     still = validity.busy_during(tel.summary())
@@ -573,8 +587,8 @@ def _run_in_time(
     in time; stalled prompts measured again with all their arms.  Conversations, whose turns take
     their history from the baseline's run, and cells whose prompts differ run one after another."""
     try:
-        backend = _backend_for(plans[0], pool, state)
-        loaded = [_requests(cfg, p, loader, getattr(backend, "tokenizer", None), state) for p in plans]
+        backends = _arm_backends(plans, pool, state)
+        loaded = [_requests(cfg, p, loader, getattr(b, "tokenizer", None), state) for p, b in zip(plans, backends)]
         requests = loaded[0][0]
         if not requests:
             raise RuntimeError(f"task {plans[0].cell.task!r} returned no prompts")
@@ -582,18 +596,18 @@ def _run_in_time(
             [r.prompt_id for r in q] != [r.prompt_id for r in requests] for q, _ in loaded
         ):
             return [_run_one(cfg, p, layout, pool, loader, state, False) for p in plans]
-        wus = [plan_warmup(state, backend, p, cfg, warm, requests) for p, (_, warm) in zip(plans, loaded)]
+        wus = [plan_warmup(state, b, p, cfg, warm, requests) for p, b, (_, warm) in zip(plans, backends, loaded)]
         t0 = time.perf_counter()
         runs, tel = measure_in_time(
-            plans, backend, requests, [(w.requests, w.tokens) for w in wus], cfg.telemetry_period_s
+            plans, backends, requests, [(w.requests, w.tokens) for w in wus], cfg.telemetry_period_s
         )
-        (runs, tel), note = _rerun_busy(cfg, plans, backend, requests, layout, (runs, tel), time.perf_counter() - t0)
+        (runs, tel), note = _rerun_busy(cfg, plans, backends, requests, layout, (runs, tel), time.perf_counter() - t0)
         found = [f for recs in runs for f in validity.stalls(recs)]
         stalled = {f.values["prompt_id"] for f in found}
         if stalled:
             for p, recs in zip(plans, runs):
                 layout.write_stalled(p.cell_id, recs)  # kept beside, read by no table
-            runs = rerun_prompts(plans, backend, runs, requests, stalled, cfg.telemetry_period_s)
+            runs = rerun_prompts(plans, backends, runs, requests, stalled, cfg.telemetry_period_s)
             for r in (r for recs in runs for r in recs):
                 r.extra.update(first_attempt_stalls=[f"{f.cell_id}: {finding_text(f)}" for f in found])
             again = {f.values["prompt_id"] for recs in runs for f in validity.stalls(recs)}
@@ -606,10 +620,10 @@ def _run_in_time(
     except Exception:  # one arm that fails must not take the others with it: each cell on its own, as unpaired
         return [_run_one(cfg, p, layout, pool, loader, state, False) for p in plans]
     results = []
-    for p, recs, wu in zip(plans, runs, wus):
+    for p, b, recs, wu in zip(plans, backends, runs, wus):
         try:
             res = _commit(
-                cfg, p, layout, state, backend, (recs, tel, wall), wu, requests, runs[0] if p is not plans[0] else None
+                cfg, p, layout, state, b, (recs, tel, wall), wu, requests, runs[0] if p is not plans[0] else None
             )
             res.note = note.rstrip("; ")
         except Exception as e:

@@ -74,7 +74,7 @@ def test_a_steady_slowdown_biases_the_cell_after_cell_order_and_cancels_in_time(
     total = sum(0.01 * len(r.prompt_ids) for r in requests) * 2
     drift = 0.4 / total
     engine = DriftingEngine(drift)
-    (base, spec), _ = measure_in_time([ar, twin], engine, requests, [((), 0)] * 2, 0.05)
+    (base, spec), _ = measure_in_time([ar, twin], [engine] * 2, requests, [((), 0)] * 2, 0.05)
     paired = metrics.paired_speedup(base, spec)
     assert paired["speedup"] == pytest.approx(1.0, abs=0.005)
     assert paired["ci_low"] <= 1.0 <= paired["ci_high"]

@@ -162,3 +162,31 @@ def test_the_widest_row_is_extended_first_and_the_budget_stops_the_rest(tmp_path
     assert "not met: budget:" in _precision_cell(tmp_path)
     again = run_study(cfg, plans, StudyLayout(tmp_path / "out"), **kw)  # the same budget, not a fresh one
     assert [r for r in again if r.status == "done"] == []
+
+
+def test_shards_extend_their_own_rows_and_the_report_reads_every_shards_stops(tmp_path):
+    """Two shards at once (a cluster run: each job its own rows) keep their stops apart, and the study's
+    precision reads both: the rows of one shard are not lost to the other's file."""
+    cfg = load_study("cpu", write_study(tmp_path, STUDY.replace("TARGET", "0.01").replace("[code]", "[code, chat]")))
+    plans = expand(cfg)
+    backend = TimedBackend(0.5)
+    kw = dict(factory=lambda fw, **o: backend, request_loader=tiny_requests, progress=False, log=lambda m: None)
+    layout = StudyLayout(tmp_path / "out")
+    for shard, task in (("s0", "code"), ("s1", "chat")):
+        mine = [p for p in plans if p.cell.task == task]
+        res = run_study(cfg, mine, layout, full_plan=plans, shard=shard, **kw)
+        assert len(res) == 2 + 4 and {r.status for r in res} == {"done"}  # 2 cells, then 2 extensions of 2
+        records = layout.read_records()
+        assert {records[c][0].task for c in layout.read_precision(shard)["cells"]} == {task}
+    assert not layout.precision_path.exists()  # no shard wrote the study's file
+    doc = layout.read_precision()
+    assert {row["n_prompts"] for row in doc["cells"].values()} == {13} and len(doc["cells"]) == 2 * 3
+    assert doc["sweeps"]["hardware"]["spent_s"] == pytest.approx(
+        sum(layout.read_precision(s)["sweeps"]["hardware"]["spent_s"] for s in ("s0", "s1")), abs=0.01
+    )
+    from specstudy.report.precision_stops import stop_text
+
+    study = load(tmp_path / "out")
+    for task in ("code", "chat"):  # each shard's row reads its own stop through the study's precision
+        cells = [c for c, rs in study.records.items() if rs[0].task == task and rs[0].method != "ar"]
+        assert stop_text(study, cells) == "prompts exhausted: 13 per task, the cap"

@@ -3,10 +3,12 @@
 A sweep with ``rates_from_service: [f1, f2, ...]`` runs its closed-loop probe first (the sweep's
 batch size, its prompts, rate-less: :func:`specstudy.run.plan.expand` keeps it in the plan).  Per
 search (engine, method, task, γ, batch, sampling) the probe's served rate μ (requests completed per
-second, :func:`specstudy.analysis.capacity.served_rate`, the median over repeats) sets that
-search's first rates f·μ; the sweep probes the union (each repeat skips what cannot move its own
-bracket: :mod:`specstudy.run.capacity_search`), and ``--refine-capacity`` rounds then halve each
-bracket to ``RESOLUTION``.  A machine twice as fast gets rates twice as high from the same file.
+second, :func:`specstudy.analysis.capacity.served_rate`, the median over repeats); the sweep's first
+rates are f·μ at the median μ of its searches (:func:`first_rates`: one grid, since every rate of a
+sweep is probed by every search, and AR and prompt lookup served 1.02 and 1.04 req/s here, which as
+two grids made six rates where three do), each repeat skipping what cannot move its own bracket
+(:mod:`specstudy.run.capacity_search`); ``--refine-capacity`` rounds then halve each bracket to
+``RESOLUTION`` and extend a grid that missed a search's capacity.  A machine twice as fast gets rates twice as high from the same file.
 The rates follow from records on disk, so a rerun finds the same ones (and the same cells).
 """
 
@@ -48,6 +50,12 @@ def service_rates(plans: Sequence[CellPlan], layout: StudyLayout, sweep: str) ->
     return {k: statistics.median(v) for k, v in served.items()}
 
 
+def first_rates(served: Sequence[float], factors: Sequence[float]) -> set[float]:
+    """A sweep's first rates: each factor times the median of its searches' served rates."""
+    mu = statistics.median(served)
+    return {_signif(f * mu) for f in factors}
+
+
 def with_service_rates(
     cfg: StudyConfig, layout: StudyLayout, plans: Sequence[CellPlan] | None = None
 ) -> tuple[StudyConfig, set[str]] | None:
@@ -61,7 +69,9 @@ def with_service_rates(
         if not sw.service_factors:
             continue
         mus = service_rates(plans, layout, sw.name)
-        rates = {_signif(f * mu) for mu in mus.values() for f in sw.service_factors}
+        if not mus:
+            continue
+        rates = first_rates(list(mus.values()), sw.service_factors)
         if rates - set(sw.request_rates):
             changed[sw.name] = tuple(sorted(rates | set(sw.request_rates)))
             print(

@@ -146,3 +146,12 @@ def test_a_machine_four_times_faster_finds_a_higher_capacity_from_the_same_file(
     (slow_first, slow, _), (fast_first, fast, _) = searches[2.0], searches[0.5]
     assert fast_first == pytest.approx(tuple(4 * r for r in slow_first), rel=0.01)
     assert fast["capacity_rps"] > 2 * slow["capacity_rps"]
+
+
+def test_a_sweeps_searches_share_one_grid_around_their_median_service_rate():
+    """AR and prompt lookup served 1.02 and 1.04 req/s on llama.cpp (make study-deploy, 2026-12-07): one grid of
+    three rates, not two grids of six rates 2 % apart that every search would probe."""
+    from specstudy.run.service_grid import first_rates
+
+    assert first_rates([1.02, 1.04], [0.7, 1.0, 1.4]) == {0.721, 1.03, 1.44}
+    assert first_rates([0.5, 1.0, 4.0], [1.0]) == {1.0}  # the median, not pulled by the fastest

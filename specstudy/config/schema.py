@@ -278,6 +278,9 @@ class StudySpec(_Axes):
     telemetry_period_s: PositiveFloat = 0.5
     #: an A/A control per framework: its first offline AR cell at batch 1 measured against itself
     aa_control: bool = False
+    #: a precision target for the A/A controls (the measurement's own precision: prompts added to each
+    #: control and its AR baseline like a headline row's, in time beside each other)
+    aa_precision: PrecisionSpec | None = None
     #: a group of cells measured in time on a busy machine is measured once more, all arms, when it took
     #: at most this many seconds (0: never); what stays busy is flagged as before
     busy_rerun_budget_s: NonNegativeFloat = 0.0

@@ -39,6 +39,7 @@ Schema (every key optional except ``models``; sweeps inherit the top-level axes)
       prefix_cache: [false]
       telemetry_period_s: 0.5
       aa_control: false           # true: per framework, an A/A control (AR paired with AR) opens Validity
+      aa_precision: null          # {rel_half_width: 0.03, ...}: the controls grow like a headline row (aa_control: true)
       busy_rerun_budget_s: 0      # an in-time group measured on a busy machine runs again if it took <= this
       servers_in_time: {}         # {llamacpp: 5}: up to 5 of its servers at once, AR and speculative arms alternated
       sweeps:                     # named sub-matrices; a cell shared by sweeps runs once
@@ -114,6 +115,8 @@ class StudyConfig:
     telemetry_period_s: float
     warm_engine_warmup_tokens: int | None = None
     aa_control: bool = False  # an A/A control cell per framework (:func:`specstudy.run.plan.controls`)
+    #: the A/A controls' precision target (a sweep's ``precision`` keys; None: their first prompts only)
+    aa_precision: Mapping[str, Any] | None = None
     busy_rerun_budget_s: float = 0.0  # an in-time group measured on a busy machine is rerun when it took at most this
     #: server framework -> servers it may hold at once to time arms side by side (absent or 1: cell after cell)
     servers_in_time: Mapping[str, int] = field(default_factory=dict)
@@ -350,6 +353,14 @@ def load_study(
         for p in models
     )
     checks.framework_options(spec.framework_options, file, frameworks)
+    if spec.aa_precision is not None and not spec.aa_control:
+        raise ParamsError(
+            file,
+            "study.aa_precision",
+            spec.aa_precision.model_dump(),
+            "aa_control: true",
+            "it targets the A/A controls",
+        )
     checks.servers_in_time(spec.servers_in_time, spec.framework_options, file)
     raw_sweeps = spec.sweeps or {"default": None}
     sweeps = []
@@ -375,6 +386,7 @@ def load_study(
         warm_engine_warmup_tokens=spec.warmup.warm_engine_max_new_tokens,
         telemetry_period_s=float(spec.telemetry_period_s),
         aa_control=spec.aa_control,
+        aa_precision=spec.aa_precision.model_dump() if spec.aa_precision is not None else None,
         busy_rerun_budget_s=float(spec.busy_rerun_budget_s),
         servers_in_time=dict(spec.servers_in_time),
         engine_costs=tuple(spec.engine_costs),

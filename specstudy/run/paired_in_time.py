@@ -29,12 +29,19 @@ IN_TIME, SEQUENTIAL = PAIRED_IN_TIME, PAIRED_CELL_AFTER_CELL
 
 
 def arm_orders(chunks: int, arms: int) -> list[list[int]]:
-    """Per chunk of prompts, the arms in the order they run: forward on even chunks, reversed on odd.
+    """Per chunk of prompts, the arms in the order they run: chunk pair j runs the arms rotated by j,
+    forward then reversed.
 
-    Over any two consecutive chunks every arm sits as often before as after every other, by the same
-    distance: a linear drift adds the same to both arms of every pair."""
-    forward = list(range(arms))
-    return [forward if i % 2 == 0 else forward[::-1] for i in range(chunks)]
+    Within each pair every arm sits as often before as after every other, by the same distance: a
+    linear drift adds the same to both arms of every pair.  The rotation moves each arm through every
+    place in turn (over 2 × arms chunks each holds each place equally often), so no arm is always the
+    first on a new prompt or always in the middle: an A/A control does not sit where its baseline never does."""
+    out = []
+    for i in range(chunks):
+        j = (i // 2) % max(arms, 1)
+        rotated = list(range(j, arms)) + list(range(j))
+        out.append(rotated if i % 2 == 0 else rotated[::-1])
+    return out
 
 
 def twins(baseline: CellPlan, pending: Sequence[CellPlan], servers: Mapping[str, int] | None = None) -> list[CellPlan]:

@@ -27,13 +27,15 @@ from typing import Any
 from .. import intervals, metrics
 from ..config import StudyConfig
 from ..layout import StudyLayout
-from ..records import RequestRecord
+from ..records import CONTROL_FAMILY, RequestRecord
 from .plan import CellPlan, extension
 
 
 def target_of(cfg: StudyConfig, plan: CellPlan) -> dict[str, Any] | None:
     """The first precision target among the sweeps the cell belongs to, with its sweep's name under
-    ``sweep`` (None: a fixed n)."""
+    ``sweep`` (None: a fixed n); an A/A control's is the study's ``aa_precision``."""
+    if plan.family == CONTROL_FAMILY:
+        return {**dict(cfg.aa_precision), "sweep": CONTROL_FAMILY} if cfg.aa_precision else None
     for sw in cfg.sweeps:
         if sw.name in plan.sweeps and sw.precision is not None:
             return {**dict(sw.precision), "sweep": sw.name}

@@ -301,7 +301,10 @@ def _run_extensions(
             f"±{100 * row.target['rel_half_width']:g} %, {row.n} prompts) gets the task's prompts "
             f"{spec_ext.prompt_offset + 1}-{spec_ext.prompt_offset + spec_ext.prompts}"
         )
-        batch = [p for p in row.pending if not layout.is_done(p.cell_id)]
+        # every short row extended from the same baseline chunk (an A/A control beside its headline row) runs
+        # in the same group, in time with it, not after a baseline measured without it
+        also = [s.pending[1] for s in short_rows(states) if s is not row and s.pending and s.pending[0] == base_ext]
+        batch = [p for p in (*row.pending, *also) if not layout.is_done(p.cell_id)]
         start = time.monotonic()
         for k, plan in enumerate(batch, 1):
             if plan.cell_id in tried:  # measured beside its baseline already

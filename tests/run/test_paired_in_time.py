@@ -266,3 +266,28 @@ def test_a_group_measured_on_a_busy_machine_runs_once_more_within_its_budget(tin
     factory = TinyFactory()
     run_tiny_study(cfg, group, tmp_path / "b", factory)  # no budget: measured once
     assert len([w for *_, w in factory.runs if not w]) == 2 * len(group)
+
+
+@pytest.mark.parametrize("arms", [2, 3, 4, 5])
+def test_over_two_chunks_per_arm_every_arm_holds_every_place_equally_often(arms):
+    orders = arm_orders(2 * arms, arms)
+    for a in range(arms):
+        assert sorted(o.index(a) for o in orders) == sorted(list(range(arms)) * 2)
+
+
+def test_a_place_effect_biases_forward_and_back_but_not_the_rotated_order():
+    """A first request on a new prompt 5 % slower (new tensor shapes to allocate, say): with three arms
+    forward and back the middle arm is never first, so an A/A control placed there reads faster than
+    its baseline; rotated, every arm is first as often and the A/A reads 1x."""
+
+    def aa(orders):
+        cost = {0: [], 1: []}
+        for order in orders:
+            for place, arm in enumerate(order):
+                if arm in cost:
+                    cost[arm].append(1.05 if place == 0 else 1.0)
+        return sum(cost[0]) / sum(cost[1])
+
+    old = [[0, 1, 2] if i % 2 == 0 else [2, 1, 0] for i in range(6)]
+    assert aa(old) > 1.01
+    assert aa(arm_orders(6, 3)) == pytest.approx(1.0)

@@ -190,3 +190,44 @@ def test_shards_extend_their_own_rows_and_the_report_reads_every_shards_stops(tm
     for task in ("code", "chat"):  # each shard's row reads its own stop through the study's precision
         cells = [c for c, rs in study.records.items() if rs[0].task == task and rs[0].method != "ar"]
         assert stop_text(study, cells) == "prompts exhausted: 13 per task, the cap"
+
+
+def test_the_aa_control_grows_to_its_own_target_in_time_beside_the_headline_rows_extension(tmp_path):
+    """``aa_precision``: the A/A control is extended like a headline row, and its chunk runs in the same
+    group as the headline row's chunk of the same baseline prompts (one baseline extension, both arms
+    beside it in time), not after it."""
+    from specstudy.records import CONTROL_FAMILY
+    from specstudy.run.paired_in_time import IN_TIME
+
+    study = STUDY.replace("  telemetry_period_s: 0.05\n", "  telemetry_period_s: 0.05\n  aa_control: true\n")
+    study = study.replace(
+        "  sweeps:\n", "  aa_precision: {rel_half_width: 0.03, max_prompts: 9, step: 4, min_prompts: 9}\n  sweeps:\n"
+    )
+    cfg, plans, res, backend, _ = _run(tmp_path, target=0.01, spread=0.5, study=study)
+    assert {r.status for r in res} == {"done"}
+    layout = StudyLayout(tmp_path / "out")
+    doc = layout.read_precision()
+    ctl = {c: row for c, row in doc["cells"].items() if row["sweep"] == CONTROL_FAMILY}
+    assert len(ctl) == 2 and {(row["n_prompts"], row["stopped"]) for row in ctl.values()} == {(9, "reached")}
+    records = layout.read_records()
+    ext = [c for c in records if c not in {p.cell_id for p in plans}]
+    ctl_ext = [c for c in ext if records[c][0].family == CONTROL_FAMILY]
+    head_ext = [c for c in ext if records[c][0].method == "ngram" and records[c][0].prompt_id in
+                {r.prompt_id for r in records[ctl_ext[0]]}]  # fmt: skip
+    assert len(ctl_ext) == 1 and head_ext
+    partner = {r.extra["partner_cell_id"] for c in (ctl_ext[0], head_ext[0]) for r in records[c]}
+    assert len(partner) == 1  # one baseline chunk for both
+    assert all(r.extra["pairing"] == IN_TIME for r in records[ctl_ext[0]])
+    measured = [m for m, n, warm in backend.calls if not warm]
+    assert (
+        measured.count("ar") == 5 + 5 + 4 + 4 + 4
+    )  # AR and the control (5 each), then each AR chunk beside the control's
+
+
+def test_aa_precision_needs_the_aa_control(tmp_path):
+    study = STUDY.replace(
+        "  sweeps:\n", "  aa_precision: {rel_half_width: 0.03, max_prompts: 9, step: 4, min_prompts: 9}\n  sweeps:\n"
+    )
+    with pytest.raises(ParamsError) as e:
+        load_study("cpu", write_study(tmp_path, study.replace("TARGET", "0.1")))
+    assert e.value.key == "study.aa_precision" and "aa_control: true" in str(e.value)

@@ -257,12 +257,17 @@ def beside_ar(frame: pd.DataFrame) -> pd.DataFrame:
     """Each speculative group with its engine's AR capacity on the same task, and their ratio."""
     if frame.empty:
         return frame
-    ar = frame[frame["method"] == "ar"].set_index(["framework", "task", "prefix_cache", "sampling"])["capacity_rps"]
+    ar = frame[frame["method"] == "ar"].set_index(["framework", "task", "prefix_cache", "sampling"])
     spec = frame[frame["method"] != "ar"].copy()
     keys = list(zip(spec["framework"], spec["task"], spec["prefix_cache"], spec["sampling"]))
-    spec["ar_capacity_rps"] = [ar.get(k, math.nan) for k in keys]
+    spec["ar_capacity_rps"] = [ar["capacity_rps"].get(k, math.nan) for k in keys]
+    # AR's capacity may itself be a bound (a repeat that never broke, or never held): said, never compared
+    for col, empty in (("repeats_never_broke", 0), ("repeats_never_held", 0), ("rates", ())):
+        spec[f"ar_{col}"] = [ar[col].get(k, empty) if col in ar else empty for k in keys]
+    bounded = [bool(b or h) for b, h in zip(spec["ar_repeats_never_broke"], spec["ar_repeats_never_held"])]
     spec["capacity_ratio"] = [
-        c / a if a and a == a else math.nan for c, a in zip(spec["capacity_rps"], spec["ar_capacity_rps"])
+        c / a if a and a == a and not bound else math.nan
+        for c, a, bound in zip(spec["capacity_rps"], spec["ar_capacity_rps"], bounded)
     ]
     return spec
 

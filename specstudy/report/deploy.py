@@ -24,10 +24,20 @@ def _has_interval(row: Mapping[str, Any]) -> bool:
     return row.get("capacity_ci_low") == row.get("capacity_ci_low") and "capacity_ci_low" in row
 
 
+def capacity_value(row: Mapping[str, Any], prefix: str = "") -> str:
+    """The capacity as a value or a bound: ``0.827 req/s``, ``≥ 5.3 req/s`` (a repeat never broke),
+    ``< 0.539 req/s`` (a repeat broke at every rate probed: below the lowest). ``prefix``: ``ar_`` reads
+    the AR row's counts that :func:`specstudy.analysis.capacity.beside_ar` carries."""
+    if int(row.get(f"{prefix}repeats_never_broke") or 0):
+        return f"≥ {row[f'{prefix}capacity_rps']:.3g} req/s"
+    if int(row.get(f"{prefix}repeats_never_held") or 0):
+        return f"< {min(row.get(f'{prefix}rates') or [math.nan]):.3g} req/s"
+    return f"{row[f'{prefix}capacity_rps']:.3g} req/s"
+
+
 def capacity_text(row: Mapping[str, Any]) -> str:
     """``2.5 req/s [2.1, 2.9] over 5 repeats; breaks at 3``, or with fewer repeats than an interval needs
     ``2 req/s (not enough repeats for an interval: 3, needs ≥ 5; breaks at 3)``."""
-    cap = f"{row['capacity_rps']:g} req/s"
     n = int(row["repeats"])
     unbroken = int(row.get("repeats_never_broke") or 0)
     never_held = int(row.get("repeats_never_held") or 0)
@@ -40,8 +50,7 @@ def capacity_text(row: Mapping[str, Any]) -> str:
         if never_held
         else f"not enough repeats for an interval: {n}, needs ≥ {MIN_PROMPTS_FOR_CI}"
     )
-    lowest = min(row.get("rates") or [math.nan])
-    cap = f"≥ {cap}" if unbroken else f"< {lowest:g} req/s" if never_held else cap
+    cap = capacity_value(row)
     broke = (
         "never broke up to the highest rate probed"
         if math.isinf(row["breaks_at_rps"])
@@ -170,7 +179,9 @@ def _capacity(study: Study, sec: Section) -> list[str]:
     for r in side.to_dict("records"):
         if r["ar_capacity_rps"] == r["ar_capacity_rps"]:
             verdict = (
-                "a lower bound (it never broke), not comparable with"
+                "not comparable with a bound:"
+                if int(r.get("ar_repeats_never_broke") or 0) or int(r.get("ar_repeats_never_held") or 0)
+                else "a lower bound (it never broke), not comparable with"
                 if int(r.get("repeats_never_broke") or 0)
                 else "an upper bound (a repeat broke at every rate probed), not comparable with"
                 if int(r.get("repeats_never_held") or 0)
@@ -183,8 +194,8 @@ def _capacity(study: Study, sec: Section) -> list[str]:
                 else "not separable from"
             )
             lines.append(
-                f"- {r['framework']} {r['label']} on {r['task']}: capacity {r['capacity_rps']:g} req/s, {verdict} AR's "
-                f"{r['ar_capacity_rps']:g} req/s.\n"
+                f"- {r['framework']} {r['label']} on {r['task']}: capacity {capacity_value(r)}, {verdict} AR's "
+                f"{capacity_value(r, 'ar_')}.\n"
             )
     return lines
 

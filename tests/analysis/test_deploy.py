@@ -155,7 +155,21 @@ def test_capacity_is_the_highest_rate_before_the_first_break_with_its_range_over
     assert "breaks at" in deploy.capacity_text(frame.loc["ar"])
     assert "not enough repeats for an interval: 2, needs ≥ 5" in deploy.capacity_text(frame.loc["ngram"])
     five = {**frame.loc["ngram"].to_dict(), "repeats": 5, "capacity_ci_low": 1.2, "capacity_ci_high": 1.8}
-    assert "1.41421 req/s ([1.2, 1.8] over 5 repeats; breaks at" in deploy.capacity_text(five)
+    assert "1.41 req/s ([1.2, 1.8] over 5 repeats; breaks at" in deploy.capacity_text(five)
+
+
+def test_a_speculative_capacity_is_never_set_against_an_ar_capacity_that_is_a_bound():
+    """make study-deploy, 2026-12-07 12:07: one repeat of llama.cpp's AR broke at every rate probed, its
+    capacity a bound below 0.539 req/s (0 in the frame), and the report said prompt lookup's 0.827 req/s
+    was "more than AR's 0 req/s"."""
+    rates = {0.5: 0.02, 1.0: 0.03, 2.0: 0.06, 4.0: 0.2}
+    spec = {0.5: [0.01, 0.01], 1.0: [0.02, 0.02], 2.0: [0.04, 0.07], 4.0: [0.1, 0.1]}
+    frame = capacity.capacity_frame(_rate_study(rates, spec, repeats=2))
+    ar = frame["method"] == "ar"
+    frame.loc[ar, "repeats_never_held"], frame.loc[ar, "capacity_rps"] = 1, 0.0  # as a never-held repeat leaves it
+    (row,) = capacity.beside_ar(frame).to_dict("records")
+    assert row["capacity_ratio"] != row["capacity_ratio"]  # no ratio to a bound
+    assert deploy.capacity_value(row, "ar_") == "< 0.5 req/s" and deploy.capacity_value(row) == "1.41 req/s"
 
 
 def test_a_capacity_that_never_held_is_an_upper_bound_without_an_interval():

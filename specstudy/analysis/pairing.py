@@ -64,27 +64,35 @@ class ControlRow:
 
 
 def control_rows(study: Study) -> list[ControlRow]:
-    """The study's A/A controls, one per framework that has one, in framework order."""
+    """The study's A/A controls, one per framework that has one, in framework order: a control and its
+    precision extensions (``aa_precision``) pooled into one row, each cell beside its own baseline."""
+    cells: dict[str, list[str]] = {}
+    for cid, recs in study.controls.items():
+        cells.setdefault(recs[0].framework, []).append(cid)
     out = []
-    for cid, recs in sorted(study.controls.items(), key=lambda kv: kv[1][0].framework):
-        base_id = recs[0].baseline_cell_id
-        base: Sequence[RequestRecord] = study.records.get(base_id or "", [])
-        if not base:
+    for fw in sorted(cells):
+        ids = sorted(cells[fw], key=lambda c: min(r.start_epoch or 0.0 for r in study.controls[c]))  # the planned first
+        base_ids = [study.controls[c][0].baseline_cell_id or "" for c in ids]
+        base: Sequence[RequestRecord] = [r for b in base_ids for r in study.records.get(b, [])]
+        recs = [
+            r for c in ids for r in study.controls[c] if study.records.get(study.controls[c][0].baseline_cell_id or "")
+        ]
+        if not base or not recs:
             continue
         sp = metrics.paired_speedup(base, recs)
         ci = (sp["ci_low"], sp["ci_high"])
-        own = [f for f in validity.assess({cid: recs}) if f.flags]
+        own = [f for f in validity.assess({c: study.controls[c] for c in ids}) if f.flags]
         out.append(
             ControlRow(
-                cell_id=cid,
-                framework=recs[0].framework,
+                cell_id=ids[0],
+                framework=fw,
                 task=recs[0].task,
                 speedup=sp["speedup"],
                 ci=ci,
                 half_width=intervals.relative_half_width(sp["speedup"], ci),
                 n_prompts=int(sp["n_prompts"]),
                 apart=arms_apart(metrics.paired_records(base, recs)),
-                flagged=bool(own) or (base_id or "") in study.flags,
+                flagged=bool(own) or any(b in study.flags for b in base_ids),
             )
         )
     return out

@@ -219,9 +219,12 @@ def test_the_aa_control_grows_to_its_own_target_in_time_beside_the_headline_rows
     assert len(partner) == 1  # one baseline chunk for both
     assert all(r.extra["pairing"] == IN_TIME for r in records[ctl_ext[0]])
     measured = [m for m, n, warm in backend.calls if not warm]
-    assert (
-        measured.count("ar") == 5 + 5 + 4 + 4 + 4
-    )  # AR and the control (5 each), then each AR chunk beside the control's
+    # AR and the control (5 each), then each AR chunk beside the control's
+    assert measured.count("ar") == 5 + 5 + 4 + 4 + 4
+    from specstudy.analysis.pairing import control_rows
+
+    (row,) = control_rows(load(tmp_path / "out"))  # the control and its extension: one A/A row, pooled
+    assert row.n_prompts == 9 and row.cell_id in {*ctl_ext, *(p.cell_id for p in plans if p.family == CONTROL_FAMILY)}
 
 
 def test_aa_precision_needs_the_aa_control(tmp_path):

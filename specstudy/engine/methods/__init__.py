@@ -26,6 +26,7 @@ from ...frameworks.reference import BUILTIN_METHODS, MethodHeader, method_header
 from ...records import Sampling
 from ...synthetic import SyntheticAcceptance, parse_synthetic
 from ..sampling import make_generator
+from ..speculate import StaticGamma, speculative_decode
 
 
 @dataclass
@@ -255,6 +256,26 @@ def synthetic_acceptance(job: DecodeJob) -> SyntheticAcceptance | None:
     """The job's synthetic-acceptance rule (parsed here too, for jobs built without ``check``)."""
     value = job.option(SYNTHETIC)
     return None if value is None else parse_synthetic(value)
+
+
+def chain_decode(
+    job: DecodeJob, drafter: Any, generator: torch.Generator, gamma_policy: Any = None, prefill: bool = False
+) -> list[Any]:
+    """The chain loop (:func:`specstudy.engine.speculate.speculative_decode`) over the job's prompts with
+    ``drafter``: γ fixed at the job's unless ``gamma_policy`` says otherwise, the job's synthetic-acceptance
+    rule, and a first draft from the prompt where ``prefill`` (the methods that take ``draft_in_prefill``)."""
+    return speculative_decode(
+        job.target,
+        drafter,
+        job.prompts,
+        job.sampling,
+        gamma_policy if gamma_policy is not None else StaticGamma(job.draft_length),
+        generator,
+        job.eos_token_ids,
+        job.device,
+        prefill,
+        synthetic_acceptance(job),
+    )
 
 
 def synthetic_methods() -> list[str]:

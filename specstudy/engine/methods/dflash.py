@@ -28,9 +28,9 @@ import torch
 from ...synthetic import parse_synthetic
 from ..dflash_drafter import DFlashDraft, load_dflash, read_dflash_config
 from ..sampling import probs_for
-from ..speculate import Draft, StaticGamma, speculative_decode
+from ..speculate import Draft
 from ..trace import RowTrace
-from . import SYNTHETIC, DecodeJob, EngineMethod, job_drafter, synthetic_acceptance
+from . import SYNTHETIC, DecodeJob, EngineMethod, chain_decode, job_drafter
 from .eagle3 import resolve_folder
 from .heads import AuxCapture
 
@@ -162,17 +162,7 @@ def decode(job: DecodeJob) -> list[RowTrace]:
     gen = job.generator()
     with AuxCapture(job.target, draft.aux_streams) as capture:
         drafter = DFlashDrafter(job.target, draft, capture, len(job.prompts), job.draft_length, job.sampling, gen)
-        return speculative_decode(
-            job.target,
-            drafter,
-            job.prompts,
-            job.sampling,
-            StaticGamma(job.draft_length),
-            gen,
-            job.eos_token_ids,
-            job.device,
-            synthetic=synthetic_acceptance(job),
-        )
+        return chain_decode(job, drafter, gen)
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...synthetic import parse_synthetic
-from ..speculate import CostAwareGamma, HeuristicGamma, ModelDrafter, StaticGamma, speculative_decode
+from ..speculate import CostAwareGamma, HeuristicGamma, ModelDrafter, StaticGamma
 from ..stepcost import draft_cost_ratio, verify_ratio
 from ..trace import RowTrace
 from . import (
@@ -31,11 +31,11 @@ from . import (
     SYNTHETIC,
     DecodeJob,
     EngineMethod,
+    chain_decode,
     draft_in_prefill,
     one_of,
     positive_int,
     probability,
-    synthetic_acceptance,
 )
 
 #: what a study is checked against, read as a literal (no import, no torch) by
@@ -94,18 +94,7 @@ def decode(job: DecodeJob) -> list[RowTrace]:
     check_vocab(job.target, job.drafter)
     gen = job.generator()
     drafter = ModelDrafter(job.drafter, len(job.prompts), job.sampling, gen, job.device, confidence(job))
-    return speculative_decode(
-        job.target,
-        drafter,
-        job.prompts,
-        job.sampling,
-        gamma_policy(job),
-        gen,
-        job.eos_token_ids,
-        job.device,
-        draft_in_prefill(job),
-        synthetic_acceptance(job),
-    )
+    return chain_decode(job, drafter, gen, gamma_policy(job), draft_in_prefill(job))
 
 
 OPTIONS = {

@@ -41,10 +41,10 @@ from ..kv import KVState, new_cache, pad_ragged
 from ..mtp_drafter import MtpDraft
 from ..proposals import ProposalTree, accept_proposals
 from ..sampling import probs_for
-from ..speculate import Draft, StaticGamma, sample_chain, speculative_decode
+from ..speculate import Draft, sample_chain
 from ..tokentree import keep_cache_positions
 from ..trace import RowTrace
-from . import SYNTHETIC, DecodeJob, EngineMethod, job_drafter, positive_int, synthetic_acceptance
+from . import SYNTHETIC, DecodeJob, EngineMethod, chain_decode, job_drafter, positive_int
 from .heads import AuxCapture, HiddenCapture
 from .tree import check_one_request, tree_decode
 
@@ -277,17 +277,7 @@ def decode_with(job: DecodeJob, draft: FeatureDraft, capture: HiddenCapture | Au
         return [decode_tree(job, draft, capture)]
     gen = job.generator()
     drafter = EagleDrafter(job.target, draft, capture, len(job.prompts), job.sampling, gen, job.device)
-    return speculative_decode(
-        job.target,
-        drafter,
-        job.prompts,
-        job.sampling,
-        StaticGamma(job.draft_length),
-        gen,
-        job.eos_token_ids,
-        job.device,
-        synthetic=synthetic_acceptance(job),
-    )
+    return chain_decode(job, drafter, gen)
 
 
 def decode_tree(job: DecodeJob, draft: FeatureDraft, capture: HiddenCapture | AuxCapture) -> RowTrace:

@@ -35,10 +35,10 @@ from ...synthetic import parse_synthetic
 from ..drafters import MedusaHeads, drafter_file_metadata, load_drafter
 from ..lean import LEAN_AWARE
 from ..sampling import probs_for
-from ..speculate import Draft, StaticGamma, speculative_decode
+from ..speculate import Draft
 from ..tokentree import TokenTree
 from ..trace import RowTrace
-from . import SYNTHETIC, DecodeJob, EngineMethod, synthetic_acceptance
+from . import SYNTHETIC, DecodeJob, EngineMethod, chain_decode, synthetic_acceptance
 from .tree import parse_branching, pick_children, tree_decode
 
 #: what a study is checked against, read as a literal (no import, no torch) by
@@ -265,17 +265,7 @@ def decode(job: DecodeJob) -> list[RowTrace]:
         ]
     with HiddenCapture(job.target) as capture:
         drafter = HeadsChainDrafter(heads, job.target, capture, job.sampling, gen)
-        return speculative_decode(
-            job.target,
-            drafter,
-            job.prompts,
-            job.sampling,
-            StaticGamma(job.draft_length),
-            gen,
-            job.eos_token_ids,
-            job.device,
-            synthetic=synthetic_acceptance(job),
-        )
+        return chain_decode(job, drafter, gen)
 
 
 def _heads_file(name: str) -> int:

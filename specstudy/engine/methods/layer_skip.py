@@ -23,9 +23,17 @@ import torch
 from ...synthetic import parse_synthetic
 from ..drafters import load_drafter
 from ..kv import cache_arg
-from ..speculate import ModelDrafter, StaticGamma, speculative_decode
+from ..speculate import ModelDrafter
 from ..trace import RowTrace
-from . import DRAFT_IN_PREFILL, SYNTHETIC, DecodeJob, EngineMethod, draft_in_prefill, positive_int, synthetic_acceptance
+from . import (
+    DRAFT_IN_PREFILL,
+    SYNTHETIC,
+    DecodeJob,
+    EngineMethod,
+    chain_decode,
+    draft_in_prefill,
+    positive_int,
+)
 
 #: what a study is checked against, read as a literal (no import, no torch) by
 #: specstudy.frameworks.reference; SPEC below is built from it
@@ -156,18 +164,7 @@ def decode(job: DecodeJob) -> list[RowTrace]:
     draft = early_exit_draft(job.target, dict(job.options), job.device)
     gen = job.generator()
     drafter = ModelDrafter(draft, len(job.prompts), job.sampling, gen, job.device)
-    return speculative_decode(
-        job.target,
-        drafter,
-        job.prompts,
-        job.sampling,
-        StaticGamma(job.draft_length),
-        gen,
-        job.eos_token_ids,
-        job.device,
-        draft_in_prefill(job),
-        synthetic_acceptance(job),
-    )
+    return chain_decode(job, drafter, gen, prefill=draft_in_prefill(job))
 
 
 def _adapter(v: Any) -> Any:

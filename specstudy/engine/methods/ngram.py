@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from ...synthetic import parse_synthetic
-from ..speculate import CostAwareGamma, Draft, StaticGamma, speculative_decode
+from ..speculate import CostAwareGamma, Draft, StaticGamma
 from ..stepcost import verify_ratio
 from ..trace import RowTrace
 from . import (
@@ -32,10 +32,10 @@ from . import (
     SYNTHETIC,
     DecodeJob,
     EngineMethod,
+    chain_decode,
     draft_in_prefill,
     one_of,
     positive_int,
-    synthetic_acceptance,
 )
 
 #: what a study is checked against, read as a literal (no import, no torch) by
@@ -93,18 +93,7 @@ class NgramDrafter:
 
 def decode(job: DecodeJob) -> list[RowTrace]:
     drafter = NgramDrafter(job.option("ngram_min", 1), job.option("ngram_max", 3), job.device)
-    return speculative_decode(
-        job.target,
-        drafter,
-        job.prompts,
-        job.sampling,
-        gamma_policy(job),
-        job.generator(),
-        job.eos_token_ids,
-        job.device,
-        draft_in_prefill(job),
-        synthetic_acceptance(job),
-    )
+    return chain_decode(job, drafter, job.generator(), gamma_policy(job), draft_in_prefill(job))
 
 
 def gamma_policy(job: DecodeJob) -> StaticGamma | CostAwareGamma:

@@ -38,7 +38,7 @@ from ..provenance import provenance
 from ..records import Request, RequestRecord
 from ..report.validity_text import finding_text
 from .busy_rerun import rerun_if_busy
-from .capacity_search import why_not_probed
+from .capacity_search import bisection_order, why_not_probed
 from .cell import CellResult, CellRun, annotate, run_cell, split_warmup, summarize
 from .conversation_cells import run_turns
 from .engine_cost_probe import measure_engine_costs
@@ -207,6 +207,8 @@ def run_study(
                 say(bad)
         pool = BackendPool(cfg, factory, log=say, cuda=cuda, log_dir=layout.servers_dir)
         state = _RunState()
+        if capacity_search:  # each search bisects its grid: the middle rate first
+            plans = bisection_order(plans)
         todo = [p for p in plans if not layout.is_done(p.cell_id)]
         say(
             f"study {cfg.name} on {cfg.hardware}: {len(plans)} cells, {len(plans) - len(todo)} done earlier, "

@@ -489,16 +489,24 @@ def test_a_search_round_runs_only_the_probes_that_can_move_each_repeats_capacity
     kw = dict(factory=lambda fw, **o: GrowingQueueServer(**o), request_loader=tiny_requests, progress=False)
     cfg = load_study("cpu", write_study(tmp_path, first))
     res = run_study(cfg, expand(cfg), layout, log=lines.append, capacity_search=True, **kw)
-    assert [r.status for r in res] == ["done"] * 6, [
-        r.message for r in res
-    ]  # 20 and 40 held, 80 broke, in both repeats
+    # bisection: 40 first; it held in both repeats, its queue growing in repeat 0 (so 20 is probed there)
+    # and steady in repeat 1 (so 20 is not); 80 broke in both
+    assert {(r.cell_id.split("_r")[1][0], r.message or r.status) for r in res} == {
+        ("0", "done"),
+        ("1", "done"),
+        ("1", "not probed: its search held the SLO at 40 req/s with a steady queue"),
+    }, [r.message for r in res]
+    assert sum(r.status == "done" for r in res) == 5
     second = first + "  sweeps:\n    probes: {}\n    longer: {request_rates: [10, 20, 40, 80], prompts_per_task: 12}\n"
     cfg = load_study("cpu", write_study(tmp_path, second))
     every = expand(cfg)
     plans = [p for p in every if p.sweeps == ("longer",)]
     res = run_study(cfg, plans, layout, log=lines.append, capacity_search=True, full_plan=every, **kw)
+    by_id = {r.cell_id: r for r in res}  # the runner orders each search's probes for its bisection
     why = {
-        (p.cell.repeat, p.request_rate): r.message if r.status == "skipped" else r.status for p, r in zip(plans, res)
+        (p.cell.repeat, p.request_rate): r.message if r.status == "skipped" else r.status
+        for p in plans
+        for r in [by_id[p.cell_id]]
     }
     assert why == {
         (0, 10.0): "not probed: its search held the SLO at 20 req/s with a steady queue",

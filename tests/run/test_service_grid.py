@@ -89,9 +89,9 @@ class SlotServer(ServingBackend):
         pass
 
 
-def _search(tmp_path, service_s: float, rounds: int = 4):
+def _search(tmp_path, service_s: float, rounds: int = 4, study: str = STUDY):
     tmp_path.mkdir(parents=True, exist_ok=True)
-    cfg = load_study("cpu", write_study(tmp_path, STUDY))
+    cfg = load_study("cpu", write_study(tmp_path, study))
     layout = StudyLayout(tmp_path / "out")
     kw = dict(
         factory=lambda fw, **o: SlotServer(service_s), request_loader=tiny_requests, progress=False, log=lambda m: None
@@ -155,3 +155,40 @@ def test_a_sweeps_searches_share_one_grid_around_their_median_service_rate():
 
     assert first_rates([1.02, 1.04], [0.7, 1.0, 1.4]) == {0.721, 1.03, 1.44}
     assert first_rates([0.5, 1.0, 4.0], [1.0]) == {1.0}  # the median, not pulled by the fastest
+
+
+BISECTED = STUDY.replace("rates_from_service: [0.7, 1.0, 1.4]", "rates_from_service: [0.72, 0.85, 1.0, 1.18, 1.39]")
+
+
+def test_a_fine_first_grid_is_bisected_to_the_stated_width_in_its_first_round(tmp_path):
+    """Five first rates 1.18x apart: each repeat probes the middle one first and then only the half its
+    verdict points to, so its capacity is bracketed within ``RESOLUTION`` by the first round (no refinement)
+    in at most 3 probes (where no held probe's queue grew), where an ascending scan probes every rate up to its
+    first break."""
+    first, row, pr = _search(tmp_path, 2.0, rounds=0, study=BISECTED)  # its capacity lies inside the grid
+    assert len(first) == 5
+    assert row["repeats_never_held"] == 0 and row["repeats_never_broke"] == 0
+    assert row["widest_bracket"] <= RESOLUTION
+    rated = pr[pr["rate"].notna()]
+    # a rate held while its queue grew settles nothing below it (a longer probe may break there): those
+    # repeats probe lower rates too; the others only their bisection path
+    steady = [r for r, g in rated.groupby("repeat") if (g["stationary"] | ~g["held"]).all()]
+    assert steady, "every repeat held a rate with its queue growing: the test shows nothing"
+    per_repeat = rated.groupby("repeat").size()
+    assert per_repeat[steady].max() <= 3, per_repeat.to_dict()
+
+
+def test_bisection_order_puts_each_searchs_middle_rate_first_and_leaves_other_cells_in_place(tmp_path):
+    from specstudy.run.capacity_search import _bisection_ranks, bisection_order
+
+    assert _bisection_ranks(5) == [3, 1, 0, 4, 2]  # order: r2, r1, r4, r0, r3
+    assert sorted(_bisection_ranks(13)) == list(range(13)) and _bisection_ranks(13)[6] == 0
+    rated = STUDY.replace("rates_from_service: [0.7, 1.0, 1.4]", "request_rates: [1, 2, 3, 4, 5]")
+    cfg = load_study("cpu", write_study(tmp_path, rated))
+    plans = expand(cfg)
+    ordered = bisection_order(plans)
+    assert [p.cell_id for p in ordered if p.request_rate is None] == [
+        p.cell_id for p in plans if p.request_rate is None
+    ]
+    first_repeat = [p.request_rate for p in ordered if p.request_rate is not None and p.cell.repeat == 0]
+    assert first_repeat == [3, 2, 5, 1, 4]

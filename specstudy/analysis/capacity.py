@@ -15,8 +15,8 @@ probe that broke with its queue growing is over capacity, and its break stands) 
 at most :data:`LONGEST_PROBE_GROWTH` times its configured count, for that framework's methods and
 repeats (:func:`unsteady_rates`), and the longest probe of a rate counts.  Each repeat runs only the
 probes that can move its own bracket (``specstudy.run.capacity_search``): none above its first break
-(:func:`broke_below`), none below a rate it held with a steady queue, and no longer rerun of a probe
-that was conclusive.
+(:func:`broke_below`), none below a rate it held (a longer rerun of a held probe whose queue grew runs
+first, and a rate below only if it breaks), and no longer rerun of a probe that was conclusive.
 
 Where a repeat never broke up to the highest rate probed, its capacity is only bounded from below and
 the group's capacity is that lower bound (the least such rate), with no interval; where a repeat broke
@@ -300,12 +300,15 @@ def _grid_step(rates: pd.Series) -> float:
     return finite[1] / finite[0] if len(finite) > 1 else 2.0
 
 
-def refine_rates(study: Study, slo: Slo | None = None, resolution: float = 1.2) -> dict[str, list[float]]:
+def refine_rates(
+    study: Study, slo: Slo | None = None, resolution: float = 1.2, unbracketed_only: bool = False
+) -> dict[str, list[float]]:
     """Per sweep, the next probe of every repeat's search (:func:`next_rate`): the rates that halve
     (geometrically) every bracket wider than ``resolution`` (the break over the capacity), and those that
     extend the grid by its own step where a repeat broke at its lowest rate or never broke, or where its
     capacity is its lowest rate from a probe held with its queue growing (rerun longer in the same round,
-    it may break).  Empty when every bracket is narrow enough."""
+    it may break).  Empty when every bracket is narrow enough.  ``unbracketed_only``: only the repeats that
+    never held or never broke (the follow-up rounds after the refinement: one probe each, not a round)."""
     pr, _ = longest(probes(study, slo))
     if pr.empty:
         return {}
@@ -314,10 +317,12 @@ def refine_rates(study: Study, slo: Slo | None = None, resolution: float = 1.2) 
         step = _grid_step(group["rate"])
         for _, g in group.groupby("repeat"):
             held = dict(zip(g["rate"], g["held"]))
+            cap, broke = bracket(held)
+            if unbracketed_only and cap > 0 and not math.isinf(broke):
+                continue
             lowest = g[g["rate"] == g["rate"].min()]
             rates = {next_rate(held, step, resolution, float(lowest["served_rps"].iloc[0]))}
-            cap, _ = bracket(held)
-            if cap == g["rate"].min() and _doubtful(g[g["rate"] == cap]).any():
+            if not unbracketed_only and cap == g["rate"].min() and _doubtful(g[g["rate"] == cap]).any():
                 rates.add(round(cap / step, 3))  # its longer rerun may break: the rate below is probed beside it
             for sweep in g["sweeps"].iloc[0]:
                 out.setdefault(sweep, set()).update(r for r in rates if r is not None)

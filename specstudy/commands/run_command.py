@@ -33,6 +33,8 @@ from ..run.task_checks import check_tasks
 EXIT_CELLS_FAILED = 3
 #: exit status after Ctrl-C (the shell's 128 + SIGINT)
 EXIT_INTERRUPTED = 130
+#: rounds after ``--refine-capacity``'s for the capacity searches' repeats still without a bracket (one probe each)
+FOLLOW_UP_ROUNDS = 2
 
 
 def resume_command() -> str:
@@ -274,41 +276,44 @@ def _print_dry_run(args: argparse.Namespace, doc: dict[str, Any]) -> None:
 
 
 def _refined(
-    cfg: StudyConfig, layout: StudyLayout, base: StudyConfig | None = None
+    cfg: StudyConfig, layout: StudyLayout, base: StudyConfig | None = None, unbracketed_only: bool = False
 ) -> tuple[StudyConfig, set[str]] | None:
     """The study with the capacity search's next round (None: nothing to refine): the next rates added to
     their sweeps, and the rates whose probes held the SLO with a queue still growing rerun with twice
     their prompts (up to ``LONGEST_PROBE_GROWTH`` times the prompts in ``base``, the study as
     configured, and to what the tasks hold) in a sweep of their own per framework; the longer probe
-    replaces the shorter in the capacity."""
+    replaces the shorter in the capacity.  ``unbracketed_only``: a follow-up round, only the next rate of
+    each repeat that never held or never broke."""
     import dataclasses
 
     from ..analysis.capacity import refine_rates
     from ..analysis.study_records import load
 
     study = load(layout.root)
-    extra = refine_rates(study)
+    names = {sw.name for sw in cfg.sweeps}
+    # a rate a repeat needs may already be in its sweep (another repeat probed it, or this one skipped it
+    # while a rate above held): its sweep runs again, and each repeat's skip rules run only what it needs
+    wanted = {s: rs for s, rs in refine_rates(study, unbracketed_only=unbracketed_only).items() if rs and s in names}
     extra = {
-        s: [r for r in rs if r not in sw.request_rates] for sw in cfg.sweeps for s, rs in extra.items() if s == sw.name
+        s: [r for r in rs if r not in sw.request_rates] for sw in cfg.sweeps for s, rs in wanted.items() if s == sw.name
     }
-    extra = {s: rs for s, rs in extra.items() if rs}
     longer = {
         name: dataclasses.replace(sw, request_rates=tuple(sorted({*sw.request_rates, *extra.get(name, ())})))
-        for name, sw in _longer_sweeps(cfg, study, base or cfg).items()
+        for name, sw in ({} if unbracketed_only else _longer_sweeps(cfg, study, base or cfg)).items()
     }
-    if not extra and not longer:
+    if not wanted and not longer:
         return None
     sweeps = [
         dataclasses.replace(sw, request_rates=tuple(sorted({*sw.request_rates, *extra.get(sw.name, ())})))
         for sw in cfg.sweeps
         if sw.name not in longer
     ]
-    if extra:
-        print(f"capacity search: probing {extra}", flush=True)
+    if wanted:
+        print(f"capacity search: probing {wanted}", flush=True)
     if longer:
         shown = {n: (sw.request_rates, sw.prompts_per_task) for n, sw in longer.items()}
         print(f"capacity search: rerunning unsteady probes longer (rates, prompts per task) {shown}", flush=True)
-    return dataclasses.replace(cfg, sweeps=(*sweeps, *longer.values())), set(extra) | set(longer)
+    return dataclasses.replace(cfg, sweeps=(*sweeps, *longer.values())), set(wanted) | set(longer)
 
 
 #: the sweeps the capacity search adds: ``<sweep>_longer<prompts>_<framework>``
@@ -502,10 +507,13 @@ def run(args: argparse.Namespace) -> int:
             all_plans = expand(cfg)
             plans = [p for p in all_plans if set(p.sweeps) & rate_sweeps and p.request_rate is not None]
             results += run_plans(cfg, plans, all_plans)
-        for _ in range(max(0, args.refine_capacity)):
-            refined = _refined(cfg, layout, configured)
+        # the refinement rounds, then (after any) up to FOLLOW_UP_ROUNDS for the repeats still without a
+        # bracket: one probe each, where a whole round would rerun what is settled
+        rounds = [False] * max(0, args.refine_capacity) + [True] * (FOLLOW_UP_ROUNDS if args.refine_capacity > 0 else 0)
+        for unbracketed_only in rounds:
+            refined = _refined(cfg, layout, configured, unbracketed_only)
             if refined is None:
-                break
+                continue
             cfg, extra_sweeps = refined
             all_plans = expand(cfg)  # the refined config holds new sweeps: its plan is a new one
             plans = [p for p in all_plans if set(p.sweeps) & extra_sweeps]

@@ -7,8 +7,9 @@ grid of n rates costs a repeat about log2(n) + 1 probes, not every rate up to it
 sweeps are the union of what every repeat needs (a midpoint for one repeat, a longer probe at a rate for
 another), so each repeat skips what cannot change its own capacity:
 a probe above its first break (the capacity reads nothing past it), one below a rate it already held
-with a steady queue (the higher rate held too, and a longer probe would not overturn it), and a longer
-rerun of a probe that was conclusive (it broke, or its queue was steady).  Each would cost its minutes
+(the higher rate held too; where its queue was growing, the refinement reruns it longer first, and a
+rate below runs only if that longer probe breaks), and a longer rerun of a probe that was conclusive (it
+broke, or its queue was steady).  Each would cost its minutes
 and change nothing the report states.
 """
 
@@ -45,8 +46,9 @@ def _bisection_ranks(n: int) -> list[int]:
 
 
 def bisection_order(plans: Sequence[CellPlan]) -> list[CellPlan]:
-    """``plans`` with each search's Poisson probes reordered in its own places: rates in bisection order
-    (a longer probe after the shorter one at its rate), everything else where it was.
+    """``plans`` with each search's Poisson probes reordered in its own places: a longer rerun first (its
+    verdict decides whether any rate below it is needed), then the rates in bisection order (a longer probe
+    after the shorter one at its rate), everything else where it was.
 
     The skip rules of :func:`why_not_probed` then make the order a bisection: once the middle rate holds
     with a steady queue, every rate below it is skipped; once it breaks, every rate above it.  A search
@@ -59,7 +61,11 @@ def bisection_order(plans: Sequence[CellPlan]) -> list[CellPlan]:
     for idx in places.values():
         rates = sorted({float(plans[i].request_rate or 0.0) for i in idx})
         rank = dict(zip(rates, _bisection_ranks(len(rates))))
-        ordered = sorted((plans[i] for i in idx), key=lambda p: (rank[float(p.request_rate or 0.0)], p.prompts))
+        shortest = min(plans[i].prompts for i in idx)
+        ordered = sorted(
+            (plans[i] for i in idx),
+            key=lambda p: (p.prompts == shortest, rank[float(p.request_rate or 0.0)], p.prompts),
+        )
         for i, p in zip(idx, ordered):
             out[i] = p
     return out
@@ -90,9 +96,13 @@ def why_not_probed(slo: Slo, plan: CellPlan, plans: Sequence[CellPlan], layout: 
     if (broke := broke_below(rate, held)) is not None:
         return f"not probed: its search broke the SLO at {broke:g} req/s"
     cap, _ = bracket(held)
-    settled = [r for r in held if rate < r <= cap and held[r] and stationary(records[r]) is not False]
-    if settled:  # a rate above held with a steady queue: the capacity is at least that, whatever this one does
-        return f"not probed: its search held the SLO at {max(settled):g} req/s with a steady queue"
+    # a rate above held: the capacity is at least that, whatever this one does.  One that held with its queue
+    # growing settles it too: the refinement reruns that probe longer before any rate below it
+    # (:func:`bisection_order`), and only if the longer probe breaks is this one needed (it then reads broke)
+    settled = [r for r in held if rate < r <= cap and held[r]]
+    if settled:
+        steady = "a steady queue" if stationary(records[max(settled)]) is not False else "its queue growing"
+        return f"not probed: its search held the SLO at {max(settled):g} req/s with {steady}"
     shorter = done.get(rate)
     if shorter is not None and shorter.prompts < plan.prompts:
         if held[rate] is False:

@@ -12,9 +12,11 @@ records: a study that dies halfway loses nothing.
 The rule is sequential: a row stops on its interval only from ``min_prompts`` prompts on (the
 first look), which keeps the reported 95 % interval's coverage near nominal for the per-prompt
 speedup distributions simulated in tests/run/test_precision_rule.py.  Rows short of their target
-are extended one chunk at a time, the widest interval (relative to its target) first, while their
-sweep's ``budget_s`` of extension time lasts; each row's stop (reached, budget, prompts exhausted)
-is recorded beside the records for the report.
+are extended one chunk at a time while their sweep's ``budget_s`` of extension time lasts: first the
+row expected to reach its target soonest within that budget (a half-width shrinks as 1/√n; each
+row's prompts cost what its arms' requests took), else the widest interval (relative to its
+target); each row's stop (reached, budget, prompts exhausted) is recorded beside the records for the
+report.
 """
 
 from __future__ import annotations
@@ -55,10 +57,14 @@ def _records(layout: StudyLayout, ids: Iterable[str]) -> list[RequestRecord]:
     return [r for cid in ids if layout.is_done(cid) for r in layout.read_part(cid)]
 
 
-def row_precision(layout: StudyLayout, spec_ids: Sequence[str], base_ids: Sequence[str]) -> tuple[float, int]:
-    """(relative half-width of the paired speedup interval, distinct prompts) over a row's cells on disk."""
-    sp = metrics.paired_speedup(_records(layout, base_ids), _records(layout, spec_ids))
-    return intervals.relative_half_width(sp["speedup"], (sp["ci_low"], sp["ci_high"])), int(sp["n_prompts"])
+def row_precision(layout: StudyLayout, spec_ids: Sequence[str], base_ids: Sequence[str]) -> tuple[float, int, float]:
+    """(relative half-width of the paired speedup interval, distinct prompts, seconds a prompt costs the
+    row: its baseline and speculative requests' mean E2E) over a row's cells on disk."""
+    base, spec = _records(layout, base_ids), _records(layout, spec_ids)
+    sp = metrics.paired_speedup(base, spec)
+    b, s = metrics.paired_latencies(base, spec)
+    prompt_s = float((b + s).mean()) if b.size else math.nan
+    return intervals.relative_half_width(sp["speedup"], (sp["ci_low"], sp["ci_high"])), int(sp["n_prompts"]), prompt_s
 
 
 def _rows(plans: Sequence[CellPlan]) -> dict[str, list[CellPlan]]:
@@ -114,12 +120,24 @@ class RowState:
     n: int
     minimum: int
     pending: tuple[CellPlan, CellPlan] | None  # (baseline, speculative) of the next chunk; None: the cap
+    prompt_s: float = math.nan  # what one more prompt costs it (its arms' mean E2E per prompt so far)
 
     @property
     def met(self) -> bool:
         return target_met(
             self.half, self.n, max(self.minimum, int(self.target["min_prompts"])), self.target["rel_half_width"]
         )
+
+    @property
+    def seconds_to_target(self) -> float:
+        """The extension seconds it should still need: a half-width shrinks as 1/√n, so about
+        n·((half / target)² − 1) more prompts (and up to its minimum), each at its own cost so far
+        (inf without an interval or a cost)."""
+        if not (self.half == self.half and self.prompt_s == self.prompt_s):
+            return math.inf
+        floor = max(self.minimum, int(self.target["min_prompts"])) - self.n
+        more = max(self.n * ((self.half / self.target["rel_half_width"]) ** 2 - 1.0), floor, 0.0)
+        return more * self.prompt_s
 
     @property
     def width(self) -> float:
@@ -145,8 +163,8 @@ def row_states(
             spec_ids.append(spec_ext.cell_id)
             base_ids.append(base_ext.cell_id)
             done.update({base_ext.cell_id: base_ext, spec_ext.cell_id: spec_ext})
-        half, n = row_precision(layout, spec_ids, base_ids)
-        states.append(RowState(target["sweep"], target, spec_ids, half, n, root.prompts, pending))
+        half, n, prompt_s = row_precision(layout, spec_ids, base_ids)
+        states.append(RowState(target["sweep"], target, spec_ids, half, n, root.prompts, pending, prompt_s))
     return list(done.values()), states
 
 
@@ -185,15 +203,27 @@ def _affordable(state: RowState, spent_s: Mapping[str, float], cost_s: Mapping[s
     return budget is None or spent_s.get(state.sweep, 0.0) + cost_s.get(state.sweep, 0.0) <= float(budget)
 
 
+def _left_s(state: RowState, spent_s: Mapping[str, float]) -> float:
+    budget = state.target.get("budget_s")
+    return math.inf if budget is None else float(budget) - float(spent_s.get(state.sweep, 0.0))
+
+
 def next_row(
     states: Sequence[RowState], spent_s: Mapping[str, float], cost_s: Mapping[str, float], failed: set[str]
 ) -> RowState | None:
-    """The widest row short of its target whose sweep can afford one more chunk and whose chunk has
-    not failed in this run (None: every row reached, ran out of prompts or of budget)."""
-    for s in short_rows(states):
-        if _affordable(s, spent_s, cost_s) and not any(p.cell_id in failed for p in s.pending or ()):
-            return s
-    return None
+    """The row short of its target to extend next, among those whose sweep can afford one more chunk and
+    whose chunk has not failed in this run (None: every row reached, ran out of prompts or of budget):
+    precision where it is cheapest, the row expected to reach its target within what its sweep has left
+    in the fewest seconds; when none is, the widest interval (relative to its target)."""
+    ready = [
+        s
+        for s in short_rows(states)
+        if _affordable(s, spent_s, cost_s) and not any(p.cell_id in failed for p in s.pending or ())
+    ]
+    within = [s for s in ready if s.seconds_to_target <= _left_s(s, spent_s)]
+    if within:
+        return min(within, key=lambda s: s.seconds_to_target)
+    return ready[0] if ready else None
 
 
 def precision_doc(

@@ -13,6 +13,7 @@ any engine loads, so a bad task file fails the run at once, listing every proble
 
 from __future__ import annotations
 
+import math
 import os
 import time
 import traceback
@@ -281,9 +282,10 @@ def _run_extensions(
     shard: str | None = None,
 ) -> list[CellResult]:
     """The precision targets' extension cells (:mod:`specstudy.run.precision`), one row's next chunk
-    at a time, the widest interval first, until every row reached its target, its cap or its sweep's
-    budget, at most ``left`` cells; each round records the extensions on disk in the plan snapshot
-    (the report counts their records as the plan's), and the end each row's stop."""
+    at a time (:func:`~specstudy.run.precision.next_row`: the cheapest to reach its target first), until
+    every row reached its target, its cap or its sweep's budget, at most ``left`` cells; each round
+    records the extensions on disk in the plan snapshot (the report counts their records as the
+    plan's), and the end each row's stop."""
     results: list[CellResult] = []
     tried: set[str] = set()  # an extension that failed is not retried in the same run
     # extension seconds per sweep, and its last chunk's (what the next is expected to take), earlier runs' included
@@ -298,10 +300,11 @@ def _run_extensions(
                 layout.write_precision(precision_doc(states, spent, cost), shard)
             return results
         base_ext, spec_ext = row.pending
+        why = "the widest" if math.isinf(row.seconds_to_target) else f"about {row.seconds_to_target:.0f} s from it"
         say(
-            f"precision targets: {len(short_rows(states))} rows short; the widest (±{100 * row.half:.1f} % against "
-            f"±{100 * row.target['rel_half_width']:g} %, {row.n} prompts) gets the task's prompts "
-            f"{spec_ext.prompt_offset + 1}-{spec_ext.prompt_offset + spec_ext.prompts}"
+            f"precision targets: {len(short_rows(states))} rows short; {row.sweep} row {spec_ext.label} "
+            f"(±{100 * row.half:.1f} % against ±{100 * row.target['rel_half_width']:g} %, {row.n} prompts, {why}) "
+            f"gets the task's prompts {spec_ext.prompt_offset + 1}-{spec_ext.prompt_offset + spec_ext.prompts}"
         )
         # every short row extended from the same baseline chunk (an A/A control beside its headline row) runs
         # in the same group, in time with it, not after a baseline measured without it

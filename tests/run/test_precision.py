@@ -7,6 +7,7 @@ speedup's spread across prompts, and with it the interval, is chosen by the test
 from __future__ import annotations
 
 import zlib
+from types import SimpleNamespace
 
 import pytest
 from support import tiny_requests, write_study
@@ -234,3 +235,23 @@ def test_aa_precision_needs_the_aa_control(tmp_path):
     with pytest.raises(ParamsError) as e:
         load_study("cpu", write_study(tmp_path, study.replace("TARGET", "0.1")))
     assert e.value.key == "study.aa_precision" and "aa_control: true" in str(e.value)
+
+
+def test_precision_goes_where_it_is_cheapest_then_to_the_widest():
+    """Two rows short of ±3 % in one sweep: the cheap one (±5 % at 5 prompts of 1 s: about 9 s from its
+    target) runs before the wider, dearer one (±8 % at 5 prompts of 5 s: about 150 s) whenever it can reach
+    the target within what the sweep has left; when neither can, the widest runs first, as before."""
+    from specstudy.run.precision import RowState, next_row
+
+    def row(name: str, half: float, prompt_s: float, budget: float | None) -> RowState:
+        target = {"rel_half_width": 0.03, "min_prompts": 5, "max_prompts": 50, "step": 5, "budget_s": budget}
+        pending = (SimpleNamespace(cell_id=f"{name}-b"), SimpleNamespace(cell_id=f"{name}-s"))
+        return RowState("aa_control", target, [name], half, 5, 5, pending, prompt_s)  # type: ignore[arg-type]
+
+    cheap, wide = row("cheap", 0.05, 1.0, 60.0), row("wide", 0.08, 5.0, 60.0)
+    assert cheap.seconds_to_target == pytest.approx(5 * ((0.05 / 0.03) ** 2 - 1) * 1.0)
+    assert next_row([wide, cheap], {}, {}, set()) is cheap
+    assert next_row([wide, cheap], {"aa_control": 55.0}, {}, set()) is wide  # 5 s left: neither reaches it
+    dear = row("cheap", 0.05, 20.0, 60.0)  # about 180 s from its target: out of reach, so the widest first
+    assert next_row([dear, wide], {}, {}, set()) is wide
+    assert next_row([row("x", float("nan"), 1.0, None), cheap], {}, {}, set()) is cheap

@@ -472,8 +472,8 @@ class GrowingQueueServer(FakeServer):
 
 def test_a_search_round_runs_only_the_probes_that_can_move_each_repeats_capacity(tmp_path):
     """A round's sweeps hold what any repeat needs; each repeat skips a rate below one it held, a longer rerun
-    of a probe that broke, and one of a probe whose queue was steady, and reruns the probe that held while
-    its queue grew (the one that decides its capacity)."""
+    of a probe that broke, and one of a probe whose queue was steady, and reruns first the probe that held
+    while its queue grew (the one that decides its capacity), the rates below it only if that one breaks."""
     first = (
         TINY_STUDY.replace(
             "frameworks: [reference]", "frameworks: [openai]\n  request_rates: [20, 40, 80]\n  slo: {ttft_ms: 1000}"
@@ -489,14 +489,15 @@ def test_a_search_round_runs_only_the_probes_that_can_move_each_repeats_capacity
     kw = dict(factory=lambda fw, **o: GrowingQueueServer(**o), request_loader=tiny_requests, progress=False)
     cfg = load_study("cpu", write_study(tmp_path, first))
     res = run_study(cfg, expand(cfg), layout, log=lines.append, capacity_search=True, **kw)
-    # bisection: 40 first; it held in both repeats, its queue growing in repeat 0 (so 20 is probed there)
-    # and steady in repeat 1 (so 20 is not); 80 broke in both
+    # bisection: 40 first; it held in both repeats (its queue growing in repeat 0, steady in repeat 1), so 20
+    # is not probed in either (repeat 0's 40 is rerun longer first, next round); 80 broke in both
     assert {(r.cell_id.split("_r")[1][0], r.message or r.status) for r in res} == {
         ("0", "done"),
+        ("0", "not probed: its search held the SLO at 40 req/s with its queue growing"),
         ("1", "done"),
         ("1", "not probed: its search held the SLO at 40 req/s with a steady queue"),
     }, [r.message for r in res]
-    assert sum(r.status == "done" for r in res) == 5
+    assert sum(r.status == "done" for r in res) == 4
     second = first + "  sweeps:\n    probes: {}\n    longer: {request_rates: [10, 20, 40, 80], prompts_per_task: 12}\n"
     cfg = load_study("cpu", write_study(tmp_path, second))
     every = expand(cfg)
@@ -509,8 +510,9 @@ def test_a_search_round_runs_only_the_probes_that_can_move_each_repeats_capacity
         for r in [by_id[p.cell_id]]
     }
     assert why == {
-        (0, 10.0): "not probed: its search held the SLO at 20 req/s with a steady queue",
-        (0, 20.0): "not rerun longer: its 6-request probe was steady",  # 40's queue grew: 20 may decide
+        # 40 rerun longer first: it held again (its queue still growing), so nothing below it is needed
+        (0, 10.0): "not probed: its search held the SLO at 40 req/s with its queue growing",
+        (0, 20.0): "not probed: its search held the SLO at 40 req/s with its queue growing",
         (0, 40.0): "done",
         (0, 80.0): "not rerun longer: its 6-request probe broke the SLO",
         (1, 10.0): "not probed: its search held the SLO at 40 req/s with a steady queue",

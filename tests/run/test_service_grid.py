@@ -192,3 +192,33 @@ def test_bisection_order_puts_each_searchs_middle_rate_first_and_leaves_other_ce
     ]
     first_repeat = [p.request_rate for p in ordered if p.request_rate is not None and p.cell.repeat == 0]
     assert first_repeat == [3, 2, 5, 1, 4]
+
+
+def test_a_follow_up_round_probes_only_the_repeats_still_without_a_bracket(tmp_path):
+    """On the fast machine the first grid holds everywhere for some repeats (never broke): a follow-up round
+    (after ``--refine-capacity``'s) adds one step above those repeats' highest held rate and reruns nothing
+    longer; the repeats already bracketed skip every probe of it."""
+    _search(tmp_path, 0.5, rounds=0, study=BISECTED)
+    layout = StudyLayout(tmp_path / "out")
+    cfg = load_study("cpu", tmp_path / "tiny.yaml")
+    cfg, _ = with_service_rates(cfg, layout)
+    before = load(layout.root)
+    unbracketed = capacity_frame(before).iloc[0]["repeats_never_broke"]
+    assert unbracketed > 0
+    cfg2, sweeps = _refined(cfg, layout, cfg, unbracketed_only=True)
+    assert sweeps == {"capacity"}  # no longer-rerun sweep in a follow-up round
+    (top,) = set(cfg2.sweeps[0].request_rates) - set(cfg.sweeps[0].request_rates)
+    assert top > max(cfg.sweeps[0].request_rates)
+    every = expand(cfg2)
+    res = run_study(
+        cfg2,
+        [p for p in every if "capacity" in p.sweeps and p.request_rate],
+        layout,
+        full_plan=every,
+        capacity_search=True,
+        factory=lambda fw, **o: SlotServer(0.5),
+        request_loader=tiny_requests,
+        progress=False,
+        log=lambda m: None,
+    )
+    assert sum(r.status == "done" for r in res) == unbracketed  # one probe per unbracketed repeat

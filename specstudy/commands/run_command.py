@@ -34,7 +34,7 @@ EXIT_CELLS_FAILED = 3
 #: exit status after Ctrl-C (the shell's 128 + SIGINT)
 EXIT_INTERRUPTED = 130
 #: rounds after ``--refine-capacity``'s for the capacity searches' repeats still without a bracket (one probe each)
-FOLLOW_UP_ROUNDS = 2
+FOLLOW_UP_ROUNDS = 3
 
 
 def resume_command() -> str:

@@ -28,19 +28,32 @@ from .plan import CellPlan
 IN_TIME, SEQUENTIAL = PAIRED_IN_TIME, PAIRED_CELL_AFTER_CELL
 
 
+def williams_rows(arms: int) -> list[list[int]]:
+    """A Williams square: ``arms`` orders in which every arm holds every place once and, with each order's
+    reverse beside it, every two arms are neighbours equally often, each before the other as often (the
+    crossover design that balances first-order carryover).  Row 0 is 0, 1, n-1, 2, n-2, ...; row i adds i."""
+    first, lo, hi = [0], 1, arms - 1
+    while len(first) < arms:
+        first.append(lo if len(first) % 2 else hi)
+        lo, hi = (lo + 1, hi) if len(first) % 2 == 0 else (lo, hi - 1)
+    return [[(x + i) % arms for x in first] for i in range(arms)]
+
+
 def arm_orders(chunks: int, arms: int) -> list[list[int]]:
-    """Per chunk of prompts, the arms in the order they run: chunk pair j runs the arms rotated by j,
-    forward then reversed.
+    """Per chunk of prompts, the arms in the order they run: chunk pair j runs row j of a Williams square
+    (:func:`williams_rows`), forward then reversed.
 
     Within each pair every arm sits as often before as after every other, by the same distance: a
-    linear drift adds the same to both arms of every pair.  The rotation moves each arm through every
-    place in turn (over 2 × arms chunks each holds each place equally often), so no arm is always the
-    first on a new prompt or always in the middle: an A/A control does not sit where its baseline never does."""
+    linear drift adds the same to both arms of every pair.  Over 2 × arms chunks each arm holds each place
+    equally often (no arm is always the first on a new prompt) and every two arms are neighbours equally
+    often: a request slowed by the one just before it (another server's threads still spinning, say)
+    slows no arm more than another.  The rotated order it replaces kept each arm's neighbours fixed (in
+    make study's five-server llama.cpp group the A/A control always ran next to γ 8 and AR)."""
+    rows = williams_rows(max(arms, 1))
     out = []
     for i in range(chunks):
-        j = (i // 2) % max(arms, 1)
-        rotated = list(range(j, arms)) + list(range(j))
-        out.append(rotated if i % 2 == 0 else rotated[::-1])
+        row = rows[(i // 2) % len(rows)]
+        out.append(list(row) if i % 2 == 0 else row[::-1])
     return out
 
 

@@ -61,6 +61,11 @@ class BackendPool:
         self._last_cell: dict[tuple[Any, ...], str] = {}
         #: the servers of in-time groups (:meth:`arms`), one per arm, kept across groups (LRU)
         self.arm_servers: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
+        #: each arm server's start batch: the arms of one group are always servers started together
+        self._generation: dict[tuple[Any, ...], int] = {}
+        self._generations = 0
+        #: per server framework, the arms the study's in-time groups will ask for (:meth:`expect_arms`)
+        self.expected: dict[str, dict[tuple[Any, ...], CellPlan]] = {}
 
     def _options(self, plan: CellPlan) -> dict[str, Any]:
         fw = plan.cell.framework
@@ -104,35 +109,69 @@ class BackendPool:
         except Exception:  # a server that is already gone
             pass
 
+    @staticmethod
+    def arm_key(plan: CellPlan) -> tuple[Any, ...]:
+        """An in-time arm's server: its engine configuration, and whether it is an A/A control (its own)."""
+        return (*plan.engine_config_key(), plan.family == CONTROL_FAMILY)
+
+    def expect_arms(self, plans: Sequence[CellPlan]) -> None:
+        """The arms the study's in-time groups may ask for on each framework with ``servers_in_time`` (its
+        offline single-turn cells): where they all fit that cap, the first group starts them all together,
+        so no later group pairs a server kept from earlier groups with a fresh one.  (In make study such a
+        pair read 1.036x and 1.037x for AR against its A/A control; two servers started together read
+        1.004-1.017x in four runs of 16 prompts: docs/validity.md.)"""
+        self.expected = {}
+        for p in plans:
+            fw = p.cell.framework
+            if fw in self.cfg.servers_in_time and p.request_rate is None and p.turns == 1:
+                self.expected.setdefault(fw, {}).setdefault(self.arm_key(p), p)
+        self.expected = {fw: e for fw, e in self.expected.items() if len(e) <= self.cfg.servers_in_time[fw]}
+
     def arms(self, plans: Sequence[CellPlan]) -> list[Any]:
         """One server per arm of an in-time group on a server framework (its speculation is fixed at
         start): each configuration, and an A/A control beside its baseline's, gets its own process, so
-        requests alternate between them.  Up to the study's ``servers_in_time`` of them are kept across
-        groups (the least recently used closed first); every other loaded engine is closed first."""
+        requests alternate between them.  The arms of a group are always servers started together: a
+        group that needs one not held starts all of its own afresh (with every arm :meth:`expect_arms`
+        expects, where they fit).  Up to the study's ``servers_in_time`` of them are kept across groups
+        (the least recently used closed first); every other loaded engine is closed first."""
         fw = plans[0].cell.framework
-        keys = [(*p.engine_config_key(), p.family == CONTROL_FAMILY) for p in plans]
+        keys = [self.arm_key(p) for p in plans]
         while self.loaded:
             self._evict()
         for other in [k for k in self.arm_servers if k[0] != fw]:
             self._close(other, self.arm_servers.pop(other))
-        keep = set(keys)
-        cap = max(self.cfg.servers_in_time.get(fw, 1), len(keep))
-        while len(self.arm_servers.keys() | keep) > cap:  # the least recently used that this group does not need
-            old = next(k for k in self.arm_servers if k not in keep)
-            self._close(old, self.arm_servers.pop(old))
+        held = {self._generation.get(k) for k in keys if k in self.arm_servers}
+        if any(k not in self.arm_servers for k in keys) or len(held) > 1:
+            self._start_together(fw, dict(zip(keys, plans)))
         out = []
         for key, plan in zip(keys, plans):
-            if key not in self.arm_servers:
-                self.arm_servers[key] = self.factory(fw, **self._options(plan))
-                self.loads.append(key)
-                self.log(
-                    f"started a {fw} server for the arm {plan.label}"
-                    + (f" γ {plan.cell.gamma}" if plan.cell.gamma else "")
-                )
             self.arm_servers.move_to_end(key)
             self._last_cell[key] = plan.cell_id
             out.append(self.arm_servers[key])
         return out
+
+    def _start_together(self, fw: str, arms: dict[tuple[Any, ...], CellPlan]) -> None:
+        """A new batch of ``fw`` arm servers: this group's, with the expected others that fit the cap; any
+        held server of theirs is closed first (no arm runs beside a server older than itself)."""
+        together = {**{k: p for k, p in self.expected.get(fw, {}).items() if k not in arms}, **arms}
+        if len(together) <= self.cfg.servers_in_time.get(fw, 1):
+            arms = together
+        cap = max(self.cfg.servers_in_time.get(fw, 1), len(arms))
+        for key in [k for k in self.arm_servers if k in arms]:
+            self._close(key, self.arm_servers.pop(key))
+        while len(self.arm_servers) + len(arms) > cap:  # the least recently used of other batches
+            old = next(iter(self.arm_servers))
+            self._close(old, self.arm_servers.pop(old))
+        self._generations += 1
+        for key, plan in arms.items():
+            self.arm_servers[key] = backend = self.factory(fw, **self._options(plan))
+            self._generation[key] = self._generations
+            if hasattr(backend, "ensure_server"):  # the processes start now, one after another, not at first use
+                backend.ensure_server(plan.backend_cell())
+            self.loads.append(key)
+            self.log(
+                f"started a {fw} server for the arm {plan.label}" + (f" γ {plan.cell.gamma}" if plan.cell.gamma else "")
+            )
 
     def arms_held(self) -> list[tuple[Any, ...]]:
         """The in-time arms' servers held now (their keys), least recently used first."""

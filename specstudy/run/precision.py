@@ -136,8 +136,15 @@ class RowState:
         if not (self.half == self.half and self.prompt_s == self.prompt_s):
             return math.inf
         floor = max(self.minimum, int(self.target["min_prompts"])) - self.n
-        more = max(self.n * ((self.half / self.target["rel_half_width"]) ** 2 - 1.0), floor, 0.0)
-        return more * self.prompt_s
+        more = max(self.n * ((self.half / float(self.target["rel_half_width"])) ** 2 - 1.0), floor, 0.0)
+        return float(more * self.prompt_s)
+
+    @property
+    def chunk_s(self) -> float:
+        """What its next chunk should cost: its prompts at its own cost per prompt (NaN: no cost yet)."""
+        if self.pending is None:
+            return math.nan
+        return float(self.pending[1].prompts * self.prompt_s)
 
     @property
     def width(self) -> float:
@@ -198,9 +205,14 @@ def stop_reason(state: RowState, spent_s: Mapping[str, float], cost_s: Mapping[s
 
 
 def _affordable(state: RowState, spent_s: Mapping[str, float], cost_s: Mapping[str, float]) -> bool:
-    """Whether the row's sweep has budget left for one more chunk (its last chunk's cost, else 0)."""
+    """Whether the row's sweep has budget left for one more chunk: the row's own chunk at what its prompts
+    cost so far, else its sweep's last chunk's cost (else 0).  A sweep's rows may differ tenfold (an A/A
+    control on llama.cpp and on the reference engine)."""
     budget = state.target.get("budget_s")
-    return budget is None or spent_s.get(state.sweep, 0.0) + cost_s.get(state.sweep, 0.0) <= float(budget)
+    if budget is None:
+        return True
+    chunk = state.chunk_s if state.chunk_s == state.chunk_s else cost_s.get(state.sweep, 0.0)
+    return spent_s.get(state.sweep, 0.0) + chunk <= float(budget)
 
 
 def _left_s(state: RowState, spent_s: Mapping[str, float]) -> float:

@@ -211,6 +211,7 @@ def run_study(
         if capacity_search:  # each search bisects its grid: the middle rate first
             plans = bisection_order(plans)
         todo = [p for p in plans if not layout.is_done(p.cell_id)]
+        pool.expect_arms(todo)  # the in-time arms' servers start together
         say(
             f"study {cfg.name} on {cfg.hardware}: {len(plans)} cells, {len(plans) - len(todo)} done earlier, "
             f"{len(todo)} to run"
@@ -253,6 +254,7 @@ def run_study(
                 for res in done:
                     say(res.line(place.get(res.cell_id, i), len(plans)))
             left = None if max_cells is None else max_cells - ran
+            pool.expect_arms([])  # an extension group starts only its own arms
             results += _run_extensions(cfg, plans, full_plan, layout, left, say, one, shard)
             pool.close()  # the engine cost timings get the machine to themselves
             for problem in pool.unreleased:  # an engine that kept its memory starves the ones after it

@@ -207,3 +207,34 @@ def test_ctrl_c_on_the_submitting_command_leaves_the_jobs_running_and_says_how_t
     finally:
         subprocess.run(["scancel", *ids], check=False)
         _wait_gone(ids, 120)
+
+
+def test_each_shard_keeps_its_own_precision_stops_and_the_report_reads_all_of_them(study):
+    """A precision target in a sharded study (issue 49): each shard's job extends its own rows toward an
+    unreachable ±0.01 % until the prompts run out (3 then 6 prompts), writes ``jobs/<shard>.precision.json``,
+    and the study's precision (what the report reads) holds both shards' rows."""
+    tmp, _ = study
+    yaml = tmp / "cluster-precision.yaml"
+    yaml.write_text(
+        STUDY.replace("name: cluster-test", "name: cluster-precision").replace("gammas: [2, 4]", "gammas: [4]")
+        + "  sweeps:\n    headline:\n      precision: {rel_half_width: 0.0001, max_prompts: 6, step: 3,"
+        " min_prompts: 3, budget_s: 600}\n"
+    )
+    outputs = tmp / "precision"
+    done = _run("run", "--params", str(yaml), "--executor", "slurm", outputs=outputs)
+    layout = StudyLayout(outputs / "cpu")
+    index = json.loads(layout.jobs_index_path.read_text())
+    _wait_gone([index["report"]], 300)
+    shards = sorted(index["shards"])
+    assert len(shards) == 2, done.stdout
+    docs = {s: layout.read_precision(s) for s in shards}
+    assert all(d.get("cells") for d in docs.values()), (docs, done.stdout)
+    frameworks = {s: {cid.split("_")[0] for cid in d["cells"]} for s, d in docs.items()}
+    assert sorted(f for fs in frameworks.values() for f in fs) == ["hf", "reference"]  # one engine per shard
+    merged = layout.read_precision()
+    assert set(merged["cells"]) == {c for d in docs.values() for c in d["cells"]}
+    assert {row["stopped"] for row in merged["cells"].values()} == {"prompts exhausted"}
+    assert {row["n_prompts"] for row in merged["cells"].values()} == {6}
+    spent = sum(d["sweeps"]["headline"]["spent_s"] for d in docs.values())
+    assert merged["sweeps"]["headline"]["spent_s"] == pytest.approx(spent, abs=0.01)
+    print(f"precision through Slurm: {json.dumps(merged['sweeps'])}\n{done.stdout}")

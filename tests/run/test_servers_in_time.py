@@ -86,23 +86,53 @@ def test_each_arm_gets_its_own_server_and_the_requests_alternate_between_them(tm
     assert sorted(servers.closed) == sorted(servers.started)  # every server closed at the end
 
 
-def test_servers_beyond_the_limit_are_closed_least_recently_used_first(tmp_path):
+def test_a_groups_arms_are_always_servers_started_together_and_the_rest_go_least_recently_used_first(tmp_path):
+    """A group whose arm has no server held starts all of its arms afresh, so no arm runs beside a server
+    older than its own (make study's A/A read 1.036x between a kept AR server and its control's fresh one);
+    servers beyond the limit are closed least recently used first."""
     from specstudy.run.pool import BackendPool
 
-    cfg, plans = _study(tmp_path, servers_in_time={"llamacpp": 2})
+    cfg, plans = _study(tmp_path, servers_in_time={"llamacpp": 3})
     servers = StandInServers()
     pool = BackendPool(cfg, servers, log=lambda m: None)
     base = next(p for p in plans if p.is_baseline)
     spec = [p for p in plans if p.baseline_cell_id == base.cell_id and p.family != CONTROL_FAMILY]
     control = next(p for p in plans if p.family == CONTROL_FAMILY)
     a = pool.arms([base, spec[0]])
-    assert pool.arms([base, spec[0]]) == a and len(servers.started) == 2  # kept across groups
-    b = pool.arms([base, spec[1]])
-    assert b[0] is a[0] and servers.closed == [101]  # γ 2's server went; AR's stayed
-    c = pool.arms([base, control])
-    assert c[0] is a[0] and c[1] is not a[0] and servers.closed == [101, 102]  # its own server, γ 4's closed
+    assert pool.arms([base, spec[0]]) == a and servers.started == [100, 101]  # kept across groups
+    b = pool.arms([base, spec[1]])  # γ 4 has none: AR's is started again beside it
+    assert b[0] is not a[0] and servers.closed == [100] and servers.started == [100, 101, 102, 103]
+    c = pool.arms([base, control])  # the control's own, and AR's again; γ 2's (least recently used) goes
+    assert servers.closed == [100, 102, 101] and servers.started[-2:] == [104, 105]
+    assert pool.arms([base, control]) == c  # both held from one start: kept
     pool.get(dataclasses.replace(base, request_rate=1.0))  # a cell served alone: the arms' servers go first
-    assert not pool.arms_held() and sorted(servers.closed) == [100, 101, 102, 103]
+    assert not pool.arms_held() and sorted(servers.closed) == servers.started[:6]  # the 7th serves that cell
+    pool.close()
+
+
+def test_the_arms_a_study_will_need_start_together_at_its_first_group(tmp_path):
+    """With every in-time arm of the study within ``servers_in_time``, the first group starts them all, and
+    the later groups (another γ, the A/A control) find their servers held, all of one start."""
+    from specstudy.run.pool import BackendPool
+
+    cfg, plans = _study(tmp_path, servers_in_time={"llamacpp": 4})
+    servers = StandInServers()
+    pool = BackendPool(cfg, servers, log=lambda m: None)
+    pool.expect_arms(plans)
+    base = next(p for p in plans if p.is_baseline)
+    spec = [p for p in plans if p.baseline_cell_id == base.cell_id and p.family != CONTROL_FAMILY]
+    control = next(p for p in plans if p.family == CONTROL_FAMILY)
+    first = pool.arms([base, spec[0]])
+    assert len(servers.started) == 4  # AR, γ 2, γ 4 and the control's
+    assert pool.arms([base, spec[1]])[0] is first[0] and pool.arms([base, control])[0] is first[0]
+    assert len(servers.started) == 4 and servers.closed == []
+    pool.expect_arms(plans[:0])
+    pool.close()
+    cfg, plans = _study(tmp_path, servers_in_time={"llamacpp": 3})  # four arms do not fit 3: none ahead
+    pool = BackendPool(cfg, servers := StandInServers(), log=lambda m: None)
+    pool.expect_arms(plans)
+    pool.arms([next(p for p in plans if p.is_baseline), next(p for p in plans if not p.is_baseline)])
+    assert len(servers.started) == 2
     pool.close()
 
 

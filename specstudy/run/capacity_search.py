@@ -46,13 +46,13 @@ def _bisection_ranks(n: int) -> list[int]:
 
 
 def bisection_order(plans: Sequence[CellPlan]) -> list[CellPlan]:
-    """``plans`` with each search's Poisson probes reordered in its own places: a longer rerun first (its
-    verdict decides whether any rate below it is needed), then the rates in bisection order (a longer probe
-    after the shorter one at its rate), everything else where it was.
+    """``plans`` with each search's Poisson probes reordered in its own places: its longer reruns first
+    (their verdicts decide whether any rate below them is needed), then its shortest probes, each group by
+    rate in bisection order; everything else where it was.
 
-    The skip rules of :func:`why_not_probed` then make the order a bisection: once the middle rate holds
-    with a steady queue, every rate below it is skipped; once it breaks, every rate above it.  A search
-    runs only the rates on its path (2-3 probes of a 5-rate grid, 4 of 13)."""
+    The skip rules of :func:`why_not_probed` then make the order a bisection: once the middle rate holds,
+    every rate below it is skipped; once it breaks, every rate above it.  A search runs only the rates on
+    its path (2-3 probes of a 5-rate grid, 4 of 13)."""
     places: dict[tuple[Any, ...], list[int]] = {}
     for i, p in enumerate(plans):
         if p.request_rate is not None and p.arrivals == "poisson":

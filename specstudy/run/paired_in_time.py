@@ -33,9 +33,11 @@ def williams_rows(arms: int) -> list[list[int]]:
     reverse beside it, every two arms are neighbours equally often, each before the other as often (the
     crossover design that balances first-order carryover).  Row 0 is 0, 1, n-1, 2, n-2, ...; row i adds i."""
     first, lo, hi = [0], 1, arms - 1
-    while len(first) < arms:
-        first.append(lo if len(first) % 2 else hi)
-        lo, hi = (lo + 1, hi) if len(first) % 2 == 0 else (lo, hi - 1)
+    while lo <= hi:
+        first.append(lo)
+        if lo < hi:
+            first.append(hi)
+        lo, hi = lo + 1, hi - 1
     return [[(x + i) % arms for x in first] for i in range(arms)]
 
 

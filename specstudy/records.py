@@ -21,7 +21,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import pyarrow as pa
 
-STATUSES = ("ok", "oom", "timeout", "error")
+#: ``cut``: a capacity probe's request stopped (in flight) or never sent once the probe had broken its SLO
+#: whatever its other requests did (:class:`specstudy.backends.loadgen.CutRule`)
+STATUSES = ("ok", "oom", "timeout", "error", "cut")
 #: the family and label of an A/A control cell: AR measured against AR through the pairing of a
 #: speculative cell (the measurement's own bias and precision)
 CONTROL_FAMILY = "control"

@@ -114,6 +114,7 @@ def probes(study: Study, slo: Slo | None = None) -> pd.DataFrame:
                 "held": held,
                 "stationary": stationary(study.records[cid]),
                 "served_rps": served_rate(study.records[cid]),
+                "cut": any(r.status == "cut" for r in study.records[cid]),
                 "sweeps": tuple(m["sweeps"]),
                 "cell_id": cid,
             }
@@ -239,6 +240,7 @@ def capacity_frame(study: Study, slo: Slo | None = None) -> pd.DataFrame:
                 "widest_bracket": max((b / c for b, c in zip(breaks, caps) if c > 0), default=math.inf),
                 "unsteady_probes": int(_doubtful(g).sum()),
                 "lengthened_probes": _replaced(every, key),
+                "cut_probes": int(g["cut"].sum()) if "cut" in g else 0,
                 "rates": sorted(set(g["rate"])),
             }
         )

@@ -88,7 +88,10 @@ def rate_frame(study: Study, slo: Slo | None = None) -> pd.DataFrame:
         lat = metrics.latency_summary(recs)
         lag = send_lag(recs)
         base = study.baseline(cid)
-        sp = metrics.paired_speedup(base, recs)["speedup"] if base else metrics.NAN
+        cut = sum(r.status == "cut" for r in recs)
+        # a probe cut short (its SLO broken: run/capacity_search.py) pairs only its first prompts: no speedup
+        whole = base and not cut and not any(r.status == "cut" for r in base)
+        sp = metrics.paired_speedup(base, recs)["speedup"] if whole else metrics.NAN
         peak, source = peak_memory(recs)
         rows.append(
             {
@@ -103,6 +106,7 @@ def rate_frame(study: Study, slo: Slo | None = None) -> pd.DataFrame:
                 "arrivals": m.get("arrivals") or "poisson",
                 "n": len(recs),
                 "ok": sum(r.status == "ok" for r in recs),
+                "cut": cut,
                 "request_throughput_rps": metrics.request_throughput(recs),
                 "output_throughput_tps": metrics.output_throughput(recs),
                 "ttft_p50_s": lat["ttft_s_p50"],

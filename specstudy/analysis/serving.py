@@ -29,7 +29,7 @@ def json_safe(x: Any) -> Any:
 def summarize(records: Sequence[RequestRecord], wall_s: float, slo: Slo) -> dict[str, Any]:
     """Latency percentiles, throughputs, goodput, per-request acceptance and outcome counts."""
     out: dict[str, Any] = {"n_requests": len(records)}
-    for status in ("ok", "timeout", "error", "oom"):
+    for status in ("ok", "timeout", "error", "oom", "cut"):
         out[f"n_{status}"] = sum(1 for r in records if r.status == status)
     out["wall_s"] = wall_s
     out.update(metrics.latency_summary(records))

@@ -29,6 +29,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
+from .. import metrics
 from ..records import Cell, Request, RequestRecord, Sampling
 from .connections import Http, OpenAhead, address
 
@@ -106,6 +107,35 @@ def warm_up(seconds: float) -> None:
         pass
 
 
+#: how often a run with a :class:`CutRule` looks at its requests' waits
+CUT_POLL_S = 0.05
+
+
+@dataclass(frozen=True)
+class CutRule:
+    """Stop a run once ``count`` of its requests are past one of its SLO's limits whatever they do next:
+    waited past ``ttft_s`` from their arrival without a first token, decoded past ``tpot_s`` per token
+    (known early only when every request decodes ``tokens`` new tokens: past its first token, a request
+    in flight has a TPOT of at least its decoding time so far over ``tokens`` − 1), or unfinished past
+    ``e2e_s``.  :func:`specstudy.run.capacity_search.cut_rule` says why ``count``.  The requests still
+    in flight or unsent become ``cut`` records."""
+
+    count: int
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+    e2e_s: float | None = None
+    tokens: int | None = None  # new tokens of every request (ignore_eos): TPOT is watched only then
+
+    def __post_init__(self) -> None:
+        if self.count < 1 or not self.limits():
+            raise ValueError(f"{self}: needs count >= 1 and a TTFT, E2E or (with tokens > 1) TPOT limit")
+
+    def limits(self) -> list[tuple[str, float]]:
+        """The limits watched, by name (the keys of :meth:`Waits.bounds`)."""
+        tpot = self.tpot_s if self.tokens and self.tokens > 1 else None
+        return [(n, v) for n, v in (("TTFT", self.ttft_s), ("TPOT", tpot), ("E2E", self.e2e_s)) if v is not None]
+
+
 @dataclass(frozen=True)
 class Offer:
     """One run handed to the load generator: what is sent, when, and within which limits (the runner's
@@ -118,6 +148,50 @@ class Offer:
     concurrency: int | None  # requests in flight at most (None: no cap)
     request_timeout_s: float
     run_timeout_s: float
+    cut: CutRule | None = None  # stop once the run has broken its SLO whatever the rest do
+
+
+class Waits:
+    """What a run knows, at a moment, of each request's latencies as its SLO counts them: exact once
+    known, a lower bound before (in flight: since its send plus its wait for a slot; unsent behind a
+    full client cap: since its arrival, its slot freeing later still).  The times are perf_counter's."""
+
+    def __init__(
+        self, t_start: float, offsets: Sequence[float], preps: Sequence[Any], done: Sequence[RequestRecord | None]
+    ):
+        self.t_start, self.offsets, self.preps, self.done = t_start, offsets, preps, done
+        self.queued: list[float | None] = [None] * len(offsets)  # set when a request's task starts
+        self.due: list[float | None] = [None] * len(offsets)
+
+    def bounds(self, i: int, now: float, cap_full: bool, tokens: int | None) -> dict[str, float]:
+        """Request i's TTFT and E2E from its arrival and its TPOT (:mod:`specstudy.metrics`' own, plus its
+        wait for a slot): exact once known, else a lower bound; inf for a request that failed."""
+        rec, q = self.done[i], self.queued[i] or 0.0
+        if rec is not None:
+            if rec.status != "ok":
+                return {"TTFT": math.inf, "TPOT": math.inf, "E2E": math.inf}
+            tpot = metrics.tpot(rec)  # a one-token output has none: nothing to exceed
+            return {"TTFT": metrics.ttft(rec) + q, "TPOT": 0.0 if tpot != tpot else tpot, "E2E": metrics.e2e(rec) + q}
+        if self.queued[i] is None:  # not sent: only a request held behind a full cap is known to wait
+            waited = max(now - (self.t_start + self.offsets[i]), 0.0) if cap_full else 0.0
+            return {"TTFT": waited, "TPOT": 0.0, "E2E": waited}
+        live = getattr(self.preps[i], "record", None)
+        sent, first = getattr(live, "sent_s", None), getattr(live, "first_token_s", None)
+        since = now - self.t_start - sent if sent is not None else 0.0  # since its send
+        decoding = since - first if first is not None else 0.0
+        return {
+            "TTFT": q + (first if first is not None else since),
+            "TPOT": decoding / (tokens - 1) if tokens and tokens > 1 else 0.0,
+            "E2E": q + since,
+        }
+
+    def broken(self, rule: CutRule, now: float, cap_full: bool) -> str | None:
+        """Which limit ``rule.count`` requests are already past (None: none yet)."""
+        bounds = [self.bounds(i, now, cap_full, rule.tokens) for i in range(len(self.offsets))]
+        for name, limit in rule.limits():
+            if sum(b[name] > limit for b in bounds) >= rule.count:
+                return f"{rule.count} requests past {name} {limit:g} s" + ("" if name == "TPOT" else " from arrival")
+        return None
 
 
 async def offer_async(sender: AsyncSender, run: Offer) -> tuple[list[RequestRecord], float]:
@@ -166,8 +240,11 @@ async def offer_async(sender: AsyncSender, run: Offer) -> tuple[list[RequestReco
         gc.freeze()
         t_start = time.perf_counter()
         deadline = t_start + run_timeout_s
+        waits = Waits(t_start, offsets, preps, records)
+        opener = ahead
 
         async def one(i: int, due: float, queued: float) -> None:
+            waits.queued[i], waits.due[i] = queued, due
             try:
                 left = deadline - time.perf_counter()  # a request that queued has less of the run left
                 rec = await sender.transmit(http, preps[i], cell, origin=t_start, budget_s=max(left, 1e-3))
@@ -181,39 +258,87 @@ async def offer_async(sender: AsyncSender, run: Offer) -> tuple[list[RequestReco
                 rec.extra["queued_s"] = queued
             records[i] = rec
 
-        for i, off in enumerate(offsets):
-            arrival = t_start + off
-            if arrival >= deadline:
-                records[i] = unsent(requests[i], sampling, cell, f"not sent: run time limit {run_timeout_s:.0f} s")
-                continue
-            await ahead.before_send(i, arrival)
-            await sleep_until(arrival)
-            freed = -math.inf
-            if gate is not None:
-                try:
-                    freed = await asyncio.wait_for(gate.get(), max(0.0, deadline - time.perf_counter()))
-                except asyncio.TimeoutError:
-                    records[i] = unsent(
-                        requests[i], sampling, cell, "not sent: run time limit while waiting for a slot"
-                    )
+        async def send_all() -> None:
+            for i, off in enumerate(offsets):
+                arrival = t_start + off
+                if arrival >= deadline:
+                    records[i] = unsent(requests[i], sampling, cell, f"not sent: run time limit {run_timeout_s:.0f} s")
                     continue
-            if time.perf_counter() >= deadline:
+                await opener.before_send(i, arrival)
+                await sleep_until(arrival)
+                freed = -math.inf
                 if gate is not None:
-                    gate.put_nowait(freed)
-                records[i] = unsent(requests[i], sampling, cell, f"not sent: run time limit {run_timeout_s:.0f} s")
-                continue
-            due = max(arrival, freed)
-            tasks.append(asyncio.create_task(one(i, due - t_start, due - arrival)))
-            ahead.after_send(time.perf_counter() - t_start, offsets[i + 1] if i + 1 < len(offsets) else math.inf)
-        if tasks:
-            await asyncio.wait(tasks)
+                    try:
+                        freed = await asyncio.wait_for(gate.get(), max(0.0, deadline - time.perf_counter()))
+                    except asyncio.TimeoutError:
+                        records[i] = unsent(
+                            requests[i], sampling, cell, "not sent: run time limit while waiting for a slot"
+                        )
+                        continue
+                if time.perf_counter() >= deadline:
+                    if gate is not None:
+                        gate.put_nowait(freed)
+                    records[i] = unsent(requests[i], sampling, cell, f"not sent: run time limit {run_timeout_s:.0f} s")
+                    continue
+                due = max(arrival, freed)
+                tasks.append(asyncio.create_task(one(i, due - t_start, due - arrival)))
+                opener.after_send(time.perf_counter() - t_start, offsets[i + 1] if i + 1 < len(offsets) else math.inf)
+            if tasks:
+                await asyncio.wait(tasks)
+
+        why = await _until_cut(asyncio.ensure_future(send_all()), tasks, run.cut, waits, gate)
         wall = time.perf_counter() - t_start
+        if why is not None:
+            _cut_records(records, waits, run, f"probe stopped at {wall:.1f} s: {why}")
     finally:
         if ahead is not None:
             await ahead.aclose()
         await http.aclose()
         gc.unfreeze()
     return [r for r in records if r is not None], wall
+
+
+async def _until_cut(
+    sending: asyncio.Future[None],
+    tasks: list[asyncio.Task[None]],
+    rule: CutRule | None,
+    waits: Waits,
+    gate: asyncio.Queue[float] | None,
+) -> str | None:
+    """The run to its end, or (with ``rule``) until it has broken its SLO: then sending stops and the
+    requests in flight are cancelled (their connections close, which a server reads as an abort).
+    Returns why it was cut (None: it ran to its end)."""
+    while rule is not None and not sending.done():
+        await asyncio.wait({sending}, timeout=CUT_POLL_S)
+        why = None if sending.done() else waits.broken(rule, time.perf_counter(), gate is not None and gate.empty())
+        if why is not None:
+            for t in (sending, *tasks):
+                t.cancel()
+            await asyncio.gather(sending, *tasks, return_exceptions=True)
+            return why
+    await sending
+    return None
+
+
+def _cut_records(records: list[RequestRecord | None], waits: Waits, run: Offer, why: str) -> None:
+    """Every request a cut left without a record becomes a ``cut`` one (a request in flight keeps what
+    its stream had read and its send times); every record of the run says where it was cut."""
+    for i, rec in enumerate(records):
+        if rec is not None:
+            continue
+        live = getattr(waits.preps[i], "record", None)
+        if waits.due[i] is not None and isinstance(live, RequestRecord):
+            rec, rec.status, rec.error = live, "cut", why
+            rec.scheduled_send_s = waits.due[i]
+            if waits.queued[i]:
+                rec.extra["queued_s"] = waits.queued[i]
+        else:
+            rec = unsent(run.requests[i], run.sampling, run.cell, why, status="cut")
+            rec.scheduled_send_s = run.offsets[i]
+        records[i] = rec
+    for rec in records:
+        if rec is not None:
+            rec.extra["cut"] = why
 
 
 def offer(sender: AsyncSender, run: Offer) -> tuple[list[RequestRecord], float]:

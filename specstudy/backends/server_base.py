@@ -19,6 +19,7 @@ import itertools
 import json
 import os
 import shlex
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -52,6 +53,8 @@ SnapshotT = TypeVar("SnapshotT")
 
 
 _SERVER_LOGS = itertools.count(1)  # a number per server this process starts, for its log's name
+#: how long a run with failed requests waits for the server's process to exit, if it is exiting
+DEATH_GRACE_S = 2.0
 
 
 class StreamingServerBackend(ServingBackend, StreamedRequests, Generic[SnapshotT]):
@@ -395,6 +398,29 @@ class StreamingServerBackend(ServingBackend, StreamedRequests, Generic[SnapshotT
                 rec.extra["prefix_cache_counters"] = prefix
         return ServedBatch(records, wall, acceptance, watch.result)
 
+    #: how long a cut run's server may take to drop the requests whose connections closed (vLLM aborts
+    #: them at once) before the kit stops it, so the next cell starts a fresh, idle one
+    SETTLE_S = 10.0
+
+    def settle(self) -> tuple[str, bool]:
+        """After a cut run: wait until the server's own gauges read nothing running or waiting, at most
+        :attr:`SETTLE_S`; a server the kit started that is still busy then (or reports no gauges) is
+        stopped.  What happened, for the cell's line, and whether the server was stopped (its next cell
+        then starts a cold one and warms it up)."""
+        t0 = time.perf_counter()
+        while True:
+            queue = self.queue_at_start(self.scrape())
+            waited = time.perf_counter() - t0
+            if queue is not None and not any(queue.values()):
+                return f"server idle {waited:.1f} s after", False
+            if queue is None or waited >= self.SETTLE_S:
+                if self.base_url is not None:  # not the kit's to stop
+                    return "server not known idle after (attached, not the kit's)", False
+                self.stop_server()
+                why = "reports no queue" if queue is None else f"still busy after {waited:.1f} s"
+                return f"server stopped ({why}): the next cell starts a fresh one", True
+            time.sleep(0.1)
+
     def queue_at_start(self, samples: SnapshotT | None) -> dict[str, float] | None:
         """Requests the server was running and holding back before the run's first one (its own
         :attr:`GAUGES`): anything but zero means the run did not start on an idle server."""
@@ -417,7 +443,14 @@ class StreamingServerBackend(ServingBackend, StreamedRequests, Generic[SnapshotT
         """Raise :class:`ServerDied` if the kit's server exited during the run (records kept)."""
         server = self.server
         proc = server.proc if server is not None else None
-        if server is None or proc is None or proc.poll() is None:
+        if server is None or proc is None:
+            return
+        if proc.poll() is None and any(r.status == "error" for r in records):
+            try:  # a crash fails its requests a moment before the process is gone (slower on a busy machine)
+                proc.wait(timeout=DEATH_GRACE_S)
+            except subprocess.TimeoutExpired:
+                return
+        if proc.poll() is None:
             return
         tail = server.log_tail(20)
         why = f"server exited with code {proc.returncode} during the run; log {server.log_path}, last lines:\n{tail}"

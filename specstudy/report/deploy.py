@@ -63,6 +63,8 @@ def capacity_text(row: Mapping[str, Any]) -> str:
     steady = f"; {unsteady} probe(s) with a queue still growing" if unsteady else ""
     lengthened = int(row.get("lengthened_probes") or 0)
     steady += f"; {lengthened} probe(s) rerun longer for a steady queue" if lengthened else ""
+    cut = int(row.get("cut_probes") or 0)
+    steady += f"; {cut} probe(s) stopped once broken" if cut else ""
     return f"{cap} ({spread}; {broke}{steady})"
 
 
@@ -169,7 +171,10 @@ def _capacity(study: Study, sec: Section) -> list[str]:
         "stationary: its percentiles depend on how long it ran); where such a probe held the SLO at "
         "its repeat's capacity, each refining round reruns it with twice "
         f"the prompts, up to {capacity.LONGEST_PROBE_GROWTH} times the configured count, the longer probe replacing "
-        "the shorter; the capacity names how many were rerun and how many stayed unsteady. The capacity is "
+        "the shorter; the capacity names how many were rerun and how many stayed unsteady. A probe stops once so "
+        "many of its requests have waited past the TTFT (or E2E) limit that the percentile is broken whatever "
+        "the rest do (p90 of 12 requests: 3); its requests still in flight are cut and count as failed, which "
+        "leaves the verdict where it was. The capacity is "
         "the geometric mean over repeats of the sweep with a 95 % t-interval on the log scale (a rate is positive: "
         "both bounds stay above zero), the repeat being the unit (a capacity is not a "
         f"per-prompt statistic); below {MIN_PROMPTS_FOR_CI} repeats no interval is given, nor where a repeat broke "

@@ -43,7 +43,10 @@ def rate_table(raw: pd.DataFrame) -> pd.DataFrame:
             "Prefix cache": [_cache_text(p) for p in out["prefix_cache"]],
             "Rate (req/s)": [_rate_text(r) for r in out["rate"]],
             "Arrivals": out["arrivals"],
-            "ok / n": [f"{o}/{n}" for o, n in zip(out["ok"], out["n"])],
+            "ok / n": [
+                f"{o}/{n}" + (f" ({c:g} cut)" if c else "")
+                for o, n, c in zip(out["ok"], out["n"], out["cut"] if "cut" in out else [0] * len(out))
+            ],
             "req/s": [fmt(v, 2) for v in out["request_throughput_rps"]],
             "Output tok/s": [fmt(v, 1) for v in out["output_throughput_tps"]],
             "TTFT p50 / p99 ms": [f"{_ms(a)} / {_ms(b)}" for a, b in zip(out["ttft_p50_s"], out["ttft_p99_s"])],

@@ -293,8 +293,9 @@ def serving_section(study: Study) -> Section:
             "Mean running batch: the engine's own gauge (vLLM `vllm:num_requests_running`, llama.cpp "
             "`llamacpp:requests_processing`) averaged over samples taken every 0.5 s while the run lasted. Send "
             "lag: actual − scheduled send time per request (the sender's own delay, not server queueing). Speedup: "
-            "paired AR E2E latency / speculative, same prompts at the same rate. Peak memory: the server process "
-            "tree's RSS (NVML device memory on GPUs).\n",
+            "paired AR E2E latency / speculative, same prompts at the same rate (none for a probe cut short). Peak "
+            "memory: the server process tree's RSS (NVML device memory on GPUs). _cut_: a capacity search's probe "
+            "stopped once its SLO was broken whatever its other requests did; its figures cover what ran until then.\n",
             markdown_table(table),
             "\nWhere speculation stops paying (the lowest offered rate whose paired speedup ≤ 1):\n",
             markdown_table(stop),

@@ -11,17 +11,40 @@ a probe above its first break (the capacity reads nothing past it), one below a 
 rate below runs only if that longer probe breaks), and a longer rerun of a probe that was conclusive (it
 broke, or its queue was steady).  Each would cost its minutes
 and change nothing the report states.
+
+A probe itself stops once its verdict is decided (:func:`cut_rule`): when enough of its requests are past
+a limit (TTFT or E2E from arrival; TPOT where every request decodes the same count) that the percentile is
+broken whatever the rest do, its requests in flight are cancelled and the rest never sent.  A probe that
+breaks costs until it broke, not its full length; one that holds runs to its end.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
 from ..analysis.capacity import bracket, broke_below, probe_held, stationary
+from ..backends.loadgen import CutRule
 from ..config.schema import Slo
 from ..layout import StudyLayout
 from .plan import CellPlan
+
+
+def cut_rule(slo: Slo, n: int, tokens: int | None = None) -> CutRule | None:
+    """When a probe of ``n`` requests has broken ``slo`` whatever its other requests do.  Its verdict
+    (:func:`~specstudy.analysis.capacity.probe_held`) reads the q-th percentile of n latencies by linear
+    interpolation, which is at least the value of rank ⌊q·(n−1)⌋ (from 0, ascending): once
+    n − ⌊q·(n−1)⌋ requests are past a limit, that value is too (p90 of 12: 3 requests; of 24: 4).
+    The requests then cut count as failed, as in the verdict, which stays broken.  TPOT is watched
+    only where every request decodes ``tokens`` new tokens (``ignore_eos``): else a request's TPOT is
+    known only at its end.  None: no limit to watch."""
+    tpot = slo.tpot_s if tokens and tokens > 1 else None
+    if n < 1 or (slo.ttft_s is None and slo.e2e_s is None and tpot is None):
+        return None
+    return CutRule(
+        n - math.floor(slo.percentile / 100 * (n - 1)), slo.ttft_s, tpot, slo.e2e_s, tokens if tpot else None
+    )
 
 
 def _search_group(p: CellPlan) -> tuple[Any, ...]:

@@ -17,6 +17,7 @@ from typing import Any
 
 from .. import metrics
 from ..backends.base import Backend, ServingBackend
+from ..backends.loadgen import CutRule
 from ..records import Request, RequestRecord, Sampling
 from ..telemetry import Telemetry, TelemetrySampler, load_average
 from .plan import CellPlan
@@ -39,6 +40,7 @@ class CellRun:
     warmup_tokens: int = 0  # new tokens of each warm-up request (0: the plan's own)
     telemetry_period_s: float = 0.5
     progress: bool = True
+    cut: CutRule | None = None  # a capacity probe stops once its verdict is decided
 
 
 @dataclass
@@ -179,6 +181,7 @@ def run_at_rate(run: CellRun) -> tuple[list[RequestRecord], Telemetry]:
         telemetry_period_s=run.telemetry_period_s,
         seed=plan.sampling.seed,
         offsets=offsets,
+        cut=run.cut,
     )
     policies = {r.prompt_id: r for r in requests}
     for rec in served.records:

@@ -28,7 +28,7 @@ import numpy as np
 from ..analysis.serving import compare, json_safe, stops_paying, summarize
 from ..backends.base import ServingBackend
 from ..backends.lifecycle import ServerStartError
-from ..backends.loadgen import AsyncSender, Offer, offer
+from ..backends.loadgen import AsyncSender, CutRule, Offer, offer
 from ..backends.server_base import ServerDied
 from ..config.schema import Slo
 from ..records import Cell, Request, RequestRecord, Sampling, write_part
@@ -147,9 +147,11 @@ def serve(
     telemetry_period_s: float,
     seed: int = 0,
     offsets: Sequence[float] | None = None,
+    cut: CutRule | None = None,
 ) -> ServedRun:
     """Start (or attach to) the cell's server, warm it up, then offer ``requests`` at ``load``
-    (or at ``offsets``, seconds from the run's start: a trace's recorded arrivals).
+    (or at ``offsets``, seconds from the run's start: a trace's recorded arrivals); with ``cut``, only
+    until the run has broken its SLO whatever its other requests do.
 
     Raises :class:`~specstudy.backends.server_base.ServerDied` (with the run's records) when the
     server exits during the run.
@@ -162,7 +164,7 @@ def serve(
             list(offsets) if offsets is not None else arrival_offsets(len(requests), load.rate, load.burstiness, seed)
         )
         batch = backend.offer_run(
-            Offer(list(requests), sampling, cell, sends, load.concurrency, request_timeout_s, run_timeout_s)
+            Offer(list(requests), sampling, cell, sends, load.concurrency, request_timeout_s, run_timeout_s, cut)
         )
     finally:
         tel = sampler.stop()

@@ -39,7 +39,7 @@ from ..provenance import provenance
 from ..records import Request, RequestRecord
 from ..report.validity_text import finding_text
 from .busy_rerun import rerun_if_busy
-from .capacity_search import bisection_order, why_not_probed
+from .capacity_search import bisection_order, cut_rule, why_not_probed
 from .cell import CellResult, CellRun, annotate, run_cell, split_warmup, summarize
 from .conversation_cells import run_turns
 from .engine_cost_probe import measure_engine_costs
@@ -97,6 +97,8 @@ class _RunState:
     #: engine configurations that failed to start (a server launch, vLLM's engine build), by
     #: :meth:`CellPlan.engine_config_key`: their later cells fail at once instead of starting again
     failed_starts: dict[tuple[Any, ...], str] = field(default_factory=dict)
+    #: the run is a capacity search: its probes stop once their verdict is decided (:func:`cut_rule`)
+    slo_cut: Slo | None = None
     #: per loaded engine (the backend object: one evicted and loaded again is cold again), the
     #: configurations it has been warmed up for (:func:`plan_warmup`'s key) and the cell that did it
     warmed: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], str]] = field(
@@ -207,7 +209,7 @@ def run_study(
             if bad:
                 say(bad)
         pool = BackendPool(cfg, factory, log=say, cuda=cuda, log_dir=layout.servers_dir)
-        state = _RunState()
+        state = _RunState(slo_cut=Slo.model_validate(dict(cfg.slo)) if capacity_search else None)
         if capacity_search:  # each search bisects its grid: the middle rate first
             plans = bisection_order(plans)
         todo = [p for p in plans if not layout.is_done(p.cell_id)]
@@ -350,9 +352,15 @@ def _measure(
     baseline: list[RequestRecord] | None,
     progress: bool,
     tokenizer: Any,
+    slo_cut: Slo | None = None,
 ) -> tuple[list[RequestRecord], Any, float]:
     """One timed pass over the cell's requests (after its warm-up): records, telemetry, wall time."""
-    run = CellRun(plan, backend, requests, warm, warm_tokens, cfg.telemetry_period_s, progress)
+    probe = slo_cut is not None and plan.request_rate is not None and plan.arrivals == "poisson"
+    # with ignore_eos every request decodes its own count: the longest bounds each one's TPOT from below
+    longest = max((r.sampling_for(plan.sampling).max_new_tokens for r in requests), default=0)
+    tokens = longest if plan.sampling.ignore_eos else None
+    cut = cut_rule(slo_cut, len(requests), tokens) if probe and slo_cut is not None else None
+    run = CellRun(plan, backend, requests, warm, warm_tokens, cfg.telemetry_period_s, progress, cut)
     t0 = time.perf_counter()
     if any(is_conversation(r) for r in requests):
         if plan.baseline_cell_id and baseline is None:
@@ -394,6 +402,18 @@ def _rerun_stalls(
     return (records, run[1], run[2] + redo[2]), f"{len(first)} stalled request(s), rerun once: " + (
         f"{len(again)} stalled again, cell flagged" if again else "clean"
     )
+
+
+def _after_cut(backend: Any, state: _RunState, records: list[RequestRecord]) -> str:
+    """A probe cut once broken (:func:`cut_rule`): its server idle again before the next cell, or stopped
+    (:meth:`settle`), and then no longer counted as warmed up.  What happened, for the cell's line."""
+    why = next((r.extra.get("cut") for r in records if r.status == "cut"), None)
+    if why is None or not hasattr(backend, "settle"):
+        return ""
+    said, stopped = backend.settle()
+    if stopped:
+        state.warmed.pop(backend, None)
+    return f"{why}; {said}"
 
 
 def _engine_instance(backend: Any) -> str:
@@ -541,7 +561,9 @@ def _run_one(
 
         def measure(warm: list[Request], these: list[Request]) -> tuple[list[RequestRecord], Any, float]:
             try:
-                return _measure(cfg, plan, backend, these, warm, wu.tokens, baseline, progress, tokenizer)
+                return _measure(
+                    cfg, plan, backend, these, warm, wu.tokens, baseline, progress, tokenizer, state.slo_cut
+                )
             except (ServerStartError, BackendUnavailable) as e:
                 state.failed_starts[start_key] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
                 raise
@@ -550,7 +572,7 @@ def _run_one(
         if baseline is not None:
             link_partners(baseline, measured[0], SEQUENTIAL)
         res = _commit(cfg, plan, layout, state, backend, measured, wu, requests, baseline)
-        res.note = note
+        res.note = "; ".join(n for n in (note, _after_cut(backend, state, measured[0])) if n)
         return res
     except KeyboardInterrupt:
         raise

@@ -211,6 +211,10 @@ class LlamaCppBackend(ServerBackend):
     metrics_path = "/metrics"
     #: llama.cpp's own gauges (``--metrics``): requests decoding now, requests waiting for a slot
     GAUGES = {"running": "llamacpp:requests_processing", "waiting": "llamacpp:requests_deferred"}
+    #: llama.cpp drops a deferred request whose connection closed only when it reaches it, after its
+    #: prefill (measured here: 10 deferred 200-token prompts took 6.2 s to drain after a cut), and its
+    #: server starts in about a second: a cut run's server is stopped unless idle within 1 s
+    SETTLE_S = 1.0
 
     def __init__(
         self,

@@ -1,7 +1,7 @@
 """A cell measured one after another (a server cell: llama.cpp, vLLM) while the machine was busy is
 measured again with its partner, like a stalled one.
 
-The in-time groups (reference, HF) are rerun in :func:`specstudy.run.study_runner._rerun_busy`.  A cell
+The in-time groups (reference, HF) are rerun in :func:`specstudy.run.in_time_group.run_in_time`.  A cell
 an engine serves alone (one process per configuration) has its partner in another cell: when the
 validity checks would flag it for a busy machine (steal, other processes, clock drop, another GPU
 process: :func:`specstudy.analysis.validity.machine_findings`, the report's own rule) and the cell and

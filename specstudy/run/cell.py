@@ -245,7 +245,8 @@ def summarize(
     errors = sorted({f"{r.status}: {r.error}"[:120] for r in records if r.status != "ok"})
     if errors:
         res.message = "; ".join(errors[:3])
-    if baseline is not None:
+    cut = any(r.status == "cut" for r in (*records, *(baseline or ())))
+    if baseline is not None and not cut:  # a probe cut short paired only its first prompts (the rate table's rule)
         sp = metrics.paired_speedup(baseline, records)
         res.speedup, res.speedup_ci = sp["speedup"], (sp["ci_low"], sp["ci_high"])
     return res

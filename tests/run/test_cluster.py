@@ -93,6 +93,15 @@ def study(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def long_study(tmp_path_factory):
+    """The study with 12 prompts a cell: each shard runs long enough for a cancel to land mid-shard (at 3
+    prompts a reference cell takes about a second, and the shard finished before ``scancel`` did)."""
+    tmp = tmp_path_factory.mktemp("cluster-long")
+    (tmp / "cluster-test.yaml").write_text(STUDY.replace("prompts_per_task: 3", "prompts_per_task: 12"))
+    return tmp, tmp / "cluster-test.yaml"
+
+
+@pytest.fixture(scope="module")
 def local_run(study):
     tmp, yaml = study
     _run("run", "--params", str(yaml), "--no-progress", outputs=tmp / "local")
@@ -120,8 +129,8 @@ def test_a_sharded_slurm_run_matches_a_local_run(study, local_run):
     assert _tables(layout.report_path) == _tables(local_run.report_path)
 
 
-def test_a_cancelled_shard_is_reported_and_a_rerun_runs_only_its_missing_cells(study):
-    tmp, yaml = study
+def test_a_cancelled_shard_is_reported_and_a_rerun_runs_only_its_missing_cells(long_study):
+    tmp, yaml = long_study
     outputs = tmp / "cancel"
     follower, layout, deadline = _submit_and_follow(yaml, outputs)
     index = json.loads(layout.jobs_index_path.read_text())
@@ -146,8 +155,15 @@ def test_a_cancelled_shard_is_reported_and_a_rerun_runs_only_its_missing_cells(s
     assert f"{len(missing)} of 3 cells to run" in submitted[0]
     assert {c: layout.part_path(c).stat().st_mtime_ns for c in kept} == mtimes
     keys = [(r.cell_id, r.prompt_id) for r in layout.read_all()]
-    assert len(keys) == len(set(keys)) == 6 * 3
+    assert len(keys) == len(set(keys)) == 6 * 12
     print(f"cancelled shard {name}: kept {len(kept)} cells, the rerun ran {len(missing)}\n{out}\n{again}")
+
+
+def _ctrl_c_default() -> None:
+    """In the child before it starts: SIGINT at its default, so Python turns it into KeyboardInterrupt.  A
+    test run started in the background (``make test-cluster &``) has SIGINT ignored, which a child keeps:
+    the follower then ignored the test's Ctrl-C and ran to its end (exit 0, 2026-12-07)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _submit_and_follow(yaml: Path, outputs: Path) -> tuple[subprocess.Popen[str], StudyLayout, float]:
@@ -157,7 +173,12 @@ def _submit_and_follow(yaml: Path, outputs: Path) -> tuple[subprocess.Popen[str]
     layout = StudyLayout(outputs / "cpu")
     cmd = [*SPECSTUDY, "run", "--params", str(yaml), "--executor", "slurm", "--outputs", str(outputs)]
     follower = subprocess.Popen(
-        cmd, env={**ENV, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        cmd,
+        env={**ENV, "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=_ctrl_c_default,
     )
     deadline = time.time() + 300
     head = []

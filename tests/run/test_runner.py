@@ -107,7 +107,7 @@ def test_a_warm_engine_warms_a_later_method_up_with_the_shorter_length(tiny, tmp
 
 def test_an_engine_loaded_again_is_warmed_up_again_at_full_length(tiny):
     """Warm-up bookkeeping follows the loaded engine, not its key: one evicted and loaded again is cold."""
-    from specstudy.run.study_runner import _RunState, plan_warmup
+    from specstudy.run.cell_runner import RunState, plan_warmup
 
     class Engine:
         pass
@@ -115,7 +115,7 @@ def test_an_engine_loaded_again_is_warmed_up_again_at_full_length(tiny):
     cfg, plans = tiny
     cfg = dataclasses.replace(cfg, warmup_max_new_tokens=6, warm_engine_warmup_tokens=2)
     ar, other = plans[0], next(p for p in plans if p.cell.method != plans[0].cell.method)
-    state, first, reloaded, reqs = _RunState(), Engine(), Engine(), tiny_requests("code", 1, 0, None)
+    state, first, reloaded, reqs = RunState(), Engine(), Engine(), tiny_requests("code", 1, 0, None)
 
     def warm(engine, plan, measured=reqs):
         w = plan_warmup(state, engine, plan, cfg, reqs, measured)
@@ -130,13 +130,13 @@ def test_an_engine_loaded_again_is_warmed_up_again_at_full_length(tiny):
 def test_every_configuration_an_engine_has_not_served_gets_an_untimed_request_first(tiny):
     """Sampling, output length, prefix cache and input length each change an engine's cost on first
     use; a server that ran its own (greedy) load-time warm-up gets the study's too."""
-    from specstudy.run.study_runner import _RunState, plan_warmup
+    from specstudy.run.cell_runner import RunState, plan_warmup
 
     class Engine:
         warms_itself = True  # llama.cpp's own warm-up at load
 
     cfg, plans = tiny
-    ar, state, engine = plans[0], _RunState(), Engine()
+    ar, state, engine = plans[0], RunState(), Engine()
     reqs = tiny_requests("code", 2, 0, None)
     first = plan_warmup(state, engine, ar, cfg, reqs, reqs)
     assert first.requests == reqs and first.warmed_by == ar.cell_id  # a self-warming server included
@@ -680,7 +680,7 @@ def test_the_machine_rule_separates_the_quiet_and_the_loaded_vm():
 
 def test_the_runner_stamps_where_an_ignore_eos_request_would_have_stopped_and_the_prompt_checks(tiny):
     from specstudy.records import Cell, Request
-    from specstudy.run.study_runner import _stamp_checks
+    from specstudy.run.cell_runner import stamp_checks
 
     class Tok:
         bos_token_id, eos_token_id, chat_template = 1, 2, None
@@ -699,6 +699,6 @@ def test_the_runner_stamps_where_an_ignore_eos_request_would_have_stopped_and_th
         cell.new_record(Request(pid, "p"), plan.sampling, output_ids=ids, output_tokens=len(ids))
         for pid, ids in (("a", [5, 2, 6, 7]), ("b", [5, 6, 7, 2]))
     )
-    _stamp_checks([past, clean], [Request("a", "p"), Request("b", "p")], Tok(), plan)
+    stamp_checks([past, clean], [Request("a", "p"), Request("b", "p")], Tok(), plan)
     assert past.extra["past_eos_at"] == 2 and clean.extra["past_eos_at"] is None  # an EOS last is a natural stop
     assert past.extra["double_bos"] is True and past.extra["chat_template_unused"] is False

@@ -94,10 +94,12 @@ def study(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def long_study(tmp_path_factory):
-    """The study with 12 prompts a cell: each shard runs long enough for a cancel to land mid-shard (at 3
-    prompts a reference cell takes about a second, and the shard finished before ``scancel`` did)."""
+    """The study on two tasks: each shard measures two in-time groups (a group's arms, AR and prompt lookup at
+    γ 2 and 4, are committed together), so a cancel after the first group lands mid-shard.  Slurm's SIGTERM
+    is bypassed by submitit's job (it waits for the USR2 of a time limit); the KillWait of 5 s of
+    scripts/test_cluster.sh then kills it, within the second group's 10-15 s."""
     tmp = tmp_path_factory.mktemp("cluster-long")
-    (tmp / "cluster-test.yaml").write_text(STUDY.replace("prompts_per_task: 3", "prompts_per_task: 12"))
+    (tmp / "cluster-test.yaml").write_text(STUDY.replace("tasks: [code]", "tasks: [code, chat]"))
     return tmp, tmp / "cluster-test.yaml"
 
 
@@ -145,17 +147,17 @@ def test_a_cancelled_shard_is_reported_and_a_rerun_runs_only_its_missing_cells(l
     kept = [c for c in entry["cells"] if layout.is_done(c)]
     missing = [c for c in entry["cells"] if c not in kept]
     assert kept and missing, "the cancel must land mid-shard"
-    assert re.search(rf"{name} \(job {entry['job_id']}\) CANCELLED\S*: {len(missing)} of 3 cells missing", out), out
+    assert re.search(rf"{name} \(job {entry['job_id']}\) CANCELLED\S*: {len(missing)} of 6 cells missing", out), out
     assert all(c in out for c in missing) and "its log" in out
     mtimes = {c: layout.part_path(c).stat().st_mtime_ns for c in kept}
     _wait_gone([e["job_id"] for e in index["shards"].values()], 300)
     again = _run("run", "--params", str(yaml), "--executor", "slurm", outputs=outputs).stdout
     submitted = [line for line in again.splitlines() if re.match(r"s\d{3}-.*: job \d+", line)]
     assert len(submitted) == 1 and submitted[0].startswith(name), again
-    assert f"{len(missing)} of 3 cells to run" in submitted[0]
+    assert f"{len(missing)} of 6 cells to run" in submitted[0]
     assert {c: layout.part_path(c).stat().st_mtime_ns for c in kept} == mtimes
     keys = [(r.cell_id, r.prompt_id) for r in layout.read_all()]
-    assert len(keys) == len(set(keys)) == 6 * 12
+    assert len(keys) == len(set(keys)) == 12 * 3
     print(f"cancelled shard {name}: kept {len(kept)} cells, the rerun ran {len(missing)}\n{out}\n{again}")
 
 

@@ -15,6 +15,8 @@ arms were timed, whichever way they ran.
 
 from __future__ import annotations
 
+import random
+import zlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -41,20 +43,38 @@ def williams_rows(arms: int) -> list[list[int]]:
     return [[(x + i) % arms for x in first] for i in range(arms)]
 
 
-def arm_orders(chunks: int, arms: int) -> list[list[int]]:
-    """Per chunk of prompts, the arms in the order they run: chunk pair j runs row j of a Williams square
-    (:func:`williams_rows`), forward then reversed.
+def arm_orders(chunks: int, arms: int, seed: int | None = None) -> list[list[int]]:
+    """Per chunk of prompts, the arms in the order they run: chunk pair j runs a row of a Williams square
+    (:func:`williams_rows`), forward then reversed; with ``seed`` the square's arms are relabelled at
+    random and each cycle of ``arms`` pairs walks its rows in a shuffled order (seeded: a rerun repeats
+    it), else the square's own rows in their order.
 
     Within each pair every arm sits as often before as after every other, by the same distance: a
     linear drift adds the same to both arms of every pair.  Over 2 × arms chunks each arm holds each place
     equally often (no arm is always the first on a new prompt) and every two arms are neighbours equally
     often: a request slowed by the one just before it (another server's threads still spinning, say)
     slows no arm more than another.  The rotated order it replaces kept each arm's neighbours fixed (in
-    make study's five-server llama.cpp group the A/A control always ran next to γ 8 and AR)."""
+    make study's five-server llama.cpp group the A/A control always ran next to γ 8 and AR).  A group
+    shorter than a cycle (or the boundary between two chunks) is balanced only in expectation, which the
+    relabelling gives, every arm's place in the square being random: walked in the square's own order,
+    every 5-prompt group of three arms had its A/A control follow prompt lookup three times and its
+    baseline once, the same way in every group (make study, 2026-12-07: the reference A/A read below 1 on
+    9 of 10 prompts)."""
     rows = williams_rows(max(arms, 1))
+    shuffle = random.Random(seed) if seed is not None else None
+    if shuffle is not None:  # the arms relabelled at random: a Williams square still, every arm alike in expectation
+        label = list(range(max(arms, 1)))
+        shuffle.shuffle(label)
+        rows = [[label[x] for x in row] for row in rows]
+    cycle: list[list[int]] = []
     out = []
     for i in range(chunks):
-        row = rows[(i // 2) % len(rows)]
+        if i % 2 == 0:
+            if not cycle:
+                cycle = list(rows)
+                if shuffle is not None:
+                    shuffle.shuffle(cycle)
+            row = cycle.pop(0)
         out.append(list(row) if i % 2 == 0 else row[::-1])
     return out
 
@@ -126,7 +146,8 @@ def measure_in_time(
     out: list[list[RequestRecord]] = [[] for _ in plans]
     sampler = TelemetrySampler(telemetry_period_s).start()
     try:
-        for i, order in enumerate(arm_orders(len(chunks), len(plans))):
+        seed = zlib.crc32(" ".join([p.cell_id for p in plans] + [r.prompt_id for r in requests]).encode())
+        for i, order in enumerate(arm_orders(len(chunks), len(plans), seed)):
             for slot, a in enumerate(order):
                 for rec in backends[a].run(chunks[i], plans[a].sampling, plans[a].backend_cell()):
                     rec = stamp_request(plans[a], rec, by_id)

@@ -24,6 +24,13 @@ if TYPE_CHECKING:
 #: ``cut``: a capacity probe's request stopped (in flight) or never sent once the probe had broken its SLO
 #: whatever its other requests did (:class:`specstudy.backends.loadgen.CutRule`)
 STATUSES = ("ok", "oom", "timeout", "error", "cut")
+
+
+def cut_short(records: Sequence[RequestRecord]) -> bool:
+    """Whether a run was a probe cut once broken: it ran only its first prompts, so it pairs for no speedup."""
+    return any(r.status == "cut" for r in records)
+
+
 #: the family and label of an A/A control cell: AR measured against AR through the pairing of a
 #: speculative cell (the measurement's own bias and precision)
 CONTROL_FAMILY = "control"

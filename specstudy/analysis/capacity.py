@@ -46,7 +46,7 @@ import pandas as pd
 from ..config.schema import Slo
 from ..intervals import MIN_PROMPTS_FOR_CI, log_mean_ci
 from ..metrics import e2e, prompt_of, queued, slo_holds, ttft
-from ..records import RequestRecord
+from ..records import RequestRecord, cut_short
 from .rates import study_slo
 from .study_records import Study
 
@@ -114,7 +114,7 @@ def probes(study: Study, slo: Slo | None = None) -> pd.DataFrame:
                 "held": held,
                 "stationary": stationary(study.records[cid]),
                 "served_rps": served_rate(study.records[cid]),
-                "cut": any(r.status == "cut" for r in study.records[cid]),
+                "cut": cut_short(study.records[cid]),
                 "sweeps": tuple(m["sweeps"]),
                 "cell_id": cid,
             }

@@ -20,7 +20,7 @@ import pandas as pd
 
 from .. import metrics
 from ..config.schema import Slo
-from ..records import RequestRecord
+from ..records import RequestRecord, cut_short
 from .study_records import Study
 
 #: the schema's default (the seed's FAQ Q1: TPOT ≤ 50 ms reads as comfortable real-time chat)
@@ -90,7 +90,7 @@ def rate_frame(study: Study, slo: Slo | None = None) -> pd.DataFrame:
         base = study.baseline(cid)
         cut = sum(r.status == "cut" for r in recs)
         # a probe cut short (its SLO broken: run/capacity_search.py) pairs only its first prompts: no speedup
-        whole = base and not cut and not any(r.status == "cut" for r in base)
+        whole = base and not cut_short([*recs, *base])
         sp = metrics.paired_speedup(base, recs)["speedup"] if whole else metrics.NAN
         peak, source = peak_memory(recs)
         rows.append(

@@ -18,7 +18,7 @@ from typing import Any
 from .. import metrics
 from ..backends.base import Backend, ServingBackend
 from ..backends.loadgen import CutRule
-from ..records import Request, RequestRecord, Sampling
+from ..records import Request, RequestRecord, Sampling, cut_short
 from ..telemetry import Telemetry, TelemetrySampler, load_average
 from .plan import CellPlan
 from .serving_driver import Load, serve
@@ -245,8 +245,7 @@ def summarize(
     errors = sorted({f"{r.status}: {r.error}"[:120] for r in records if r.status != "ok"})
     if errors:
         res.message = "; ".join(errors[:3])
-    cut = any(r.status == "cut" for r in (*records, *(baseline or ())))
-    if baseline is not None and not cut:  # a probe cut short paired only its first prompts (the rate table's rule)
+    if baseline is not None and not cut_short([*records, *baseline]):
         sp = metrics.paired_speedup(baseline, records)
         res.speedup, res.speedup_ci = sp["speedup"], (sp["ci_low"], sp["ci_high"])
     return res

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import socket
 import time
@@ -282,6 +283,8 @@ class StudyLayout:
                 had = out.setdefault("sweeps", {}).setdefault(name, {**sw, "spent_s": 0.0, "last_chunk_s": 0.0})
                 had["spent_s"] = round(had["spent_s"] + float(sw.get("spent_s") or 0.0), 3)
                 had["last_chunk_s"] = max(had["last_chunk_s"], float(sw.get("last_chunk_s") or 0.0))
+            if doc.get("study_time_left_s") is not None:  # the cells' budget: the least any run had left
+                out["study_time_left_s"] = min(out.get("study_time_left_s", math.inf), doc["study_time_left_s"])
         return out
 
     def save_profile(self, profile: HardwareProfile) -> None:

@@ -284,6 +284,9 @@ class StudySpec(_Axes):
     #: a group of cells measured in time on a busy machine is measured once more, all arms, when it took
     #: at most this many seconds (0: never); what stays busy is flagged as before
     busy_rerun_budget_s: NonNegativeFloat = 0.0
+    #: the seconds a run's cells may take: the planned cells always run; precision extensions and busy-machine
+    #: reruns start only when expected to end within it, so a slower machine spends less on them (None: no limit)
+    cells_budget_s: PositiveFloat | None = None
     #: per server framework, how many of its servers (one per configuration) may be held at once so that
     #: an AR cell and its speculative cells alternate prompt by prompt across them (1: cell after cell)
     servers_in_time: dict[str, PositiveInt] = {}

@@ -41,6 +41,7 @@ Schema (every key optional except ``models``; sweeps inherit the top-level axes)
       aa_control: false           # true: per framework, an A/A control (AR paired with AR) opens Validity
       aa_precision: null          # {rel_half_width: 0.03, ...}: the controls grow like a headline row (aa_control: true)
       busy_rerun_budget_s: 0      # an in-time group measured on a busy machine runs again if it took <= this
+      cells_budget_s: null        # 570: extensions and busy reruns start only while the cells fit 570 s
       servers_in_time: {}         # {llamacpp: 5}: up to 5 of its servers at once, AR and speculative arms alternated
       sweeps:                     # named sub-matrices; a cell shared by sweeps runs once
         hardware: {tasks: [code, qa], gammas: [4], batch_sizes: [1]}
@@ -118,6 +119,8 @@ class StudyConfig:
     #: the A/A controls' precision target (a sweep's ``precision`` keys; None: their first prompts only)
     aa_precision: Mapping[str, Any] | None = None
     busy_rerun_budget_s: float = 0.0  # an in-time group measured on a busy machine is rerun when it took at most this
+    #: seconds a run's cells may take: extensions and busy reruns start only within it (None: no limit)
+    cells_budget_s: float | None = None
     #: server framework -> servers it may hold at once to time arms side by side (absent or 1: cell after cell)
     servers_in_time: Mapping[str, int] = field(default_factory=dict)
     framework_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
@@ -388,6 +391,7 @@ def load_study(
         aa_control=spec.aa_control,
         aa_precision=spec.aa_precision.model_dump() if spec.aa_precision is not None else None,
         busy_rerun_budget_s=float(spec.busy_rerun_budget_s),
+        cells_budget_s=None if spec.cells_budget_s is None else float(spec.cells_budget_s),
         servers_in_time=dict(spec.servers_in_time),
         engine_costs=tuple(spec.engine_costs),
         framework_options={k: dict(v) for k, v in spec.framework_options.items()},

@@ -5,14 +5,16 @@ The in-time groups (reference, HF) are rerun in :func:`specstudy.run.in_time_gro
 an engine serves alone (one process per configuration) has its partner in another cell: when the
 validity checks would flag it for a busy machine (steal, other processes, clock drop, another GPU
 process: :func:`specstudy.analysis.validity.machine_findings`, the report's own rule) and the cell and
-its paired baseline took at most the study's ``busy_rerun_budget_s`` together, the baseline is measured
-again and then the cell, next to each other (the first attempts kept in ``stalled/``).  A busy
+its paired baseline took at most the study's ``busy_rerun_budget_s`` together (and at most what the
+study's ``cells_budget_s`` has left), the baseline is measured again and then the cell, next to each
+other (the first attempts kept in ``stalled/``).  A busy
 baseline is rerun alone: its speculative cells run after it.  The baseline's new records serve every
 row paired with it.  What is still busy after the rerun stays flagged, and the progress note names it.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 
 from ..analysis import validity
@@ -40,9 +42,11 @@ def rerun_if_busy(
     by_id: Mapping[str, CellPlan],
     layout: StudyLayout,
     run_one: Callable[[CellPlan], CellResult],
+    time_left_s: Callable[[], float] = lambda: math.inf,
 ) -> list[CellResult]:
-    """The cell measured; if busy and within the budget, its baseline (when it has one) and itself once
-    more.  Returns every result, the first attempt's last (its note says what happened)."""
+    """The cell measured; if busy and within the budget and what the cells' budget has left
+    (``time_left_s``), its baseline (when it has one) and itself once more.  Returns every result, the
+    first attempt's last (its note says what happened)."""
     first = run_one(plan)
     if first.status != "done" or cfg.busy_rerun_budget_s <= 0 or not (busy := _busy(layout, plan.cell_id)):
         return [first]
@@ -51,6 +55,11 @@ def rerun_if_busy(
     cost = sum(_wall(layout, p.cell_id) for p in arms)
     if cost > cfg.busy_rerun_budget_s:
         first.note = f"busy machine ({'; '.join(busy)}): not rerun ({cost:.0f} s > budget {cfg.busy_rerun_budget_s:g} s), flagged"
+        return [first]
+    if cost > (left := time_left_s()):
+        first.note = (
+            f"busy machine ({'; '.join(busy)}): not rerun ({max(left, 0.0):.0f} s left of the cells' budget), flagged"
+        )
         return [first]
     for p in arms:
         layout.write_stalled(p.cell_id, layout.read_part(p.cell_id))  # kept beside, read by no table

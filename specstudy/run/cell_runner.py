@@ -9,6 +9,7 @@ engine) is a :class:`RunState`.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 import traceback
@@ -59,6 +60,12 @@ class RunState:
     warmed: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], str]] = field(
         default_factory=weakref.WeakKeyDictionary
     )
+    #: when (``time.monotonic``) the run's cells should end: the study's ``cells_budget_s`` from its start
+    deadline: float = math.inf
+
+    def time_left(self) -> float:
+        """Seconds left before the deadline (inf: no budget): what an extension or a rerun may still take."""
+        return self.deadline - time.monotonic()
 
 
 def warmup_tokens(cfg: StudyConfig, engine_warm: bool) -> int:

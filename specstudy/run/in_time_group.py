@@ -8,6 +8,7 @@ leaves the others to run on their own, unpaired (:func:`~specstudy.run.cell_runn
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -53,14 +54,21 @@ def _rerun_busy(
     layout: StudyLayout,
     measured: tuple[list[list[RequestRecord]], Any],
     wall_s: float,
+    time_left_s: float = math.inf,
 ) -> tuple[tuple[list[list[RequestRecord]], Any], str]:
     """An in-time group measured on a busy machine (:func:`validity.busy_during`) measured once more, every
-    arm, when it took at most the study's ``busy_rerun_budget_s`` (the rerun costs as much again); the first
-    attempt kept in ``stalled/``.  What is still busy stays flagged by the Validity checks, named."""
+    arm, when it took at most the study's ``busy_rerun_budget_s`` and what the cells' budget has left (the
+    rerun costs as much again); the first attempt kept in ``stalled/``.  What is still busy stays flagged by
+    the Validity checks, named."""
     runs, tel = measured
     busy = validity.busy_during(tel.summary())
     if not busy or wall_s > cfg.busy_rerun_budget_s:
         return measured, ""
+    if wall_s > time_left_s:
+        return (
+            measured,
+            f"busy machine ({'; '.join(busy)}): not rerun ({max(time_left_s, 0.0):.0f} s left of the cells' budget), flagged; ",
+        )
     for p, recs in zip(plans, runs):
         layout.write_stalled(p.cell_id, recs)  # kept beside, read by no table
     runs, tel = measure_in_time(plans, backends, requests, [((), 0)] * len(plans), cfg.telemetry_period_s)
@@ -98,7 +106,9 @@ def run_in_time(
         runs, tel = measure_in_time(
             plans, backends, requests, [(w.requests, w.tokens) for w in wus], cfg.telemetry_period_s
         )
-        (runs, tel), note = _rerun_busy(cfg, plans, backends, requests, layout, (runs, tel), time.perf_counter() - t0)
+        (runs, tel), note = _rerun_busy(
+            cfg, plans, backends, requests, layout, (runs, tel), time.perf_counter() - t0, state.time_left()
+        )
         found = [f for recs in runs for f in validity.stalls(recs)]
         stalled = {f.values["prompt_id"] for f in found}
         if stalled:

@@ -12,11 +12,12 @@ records: a study that dies halfway loses nothing.
 The rule is sequential: a row stops on its interval only from ``min_prompts`` prompts on (the
 first look), which keeps the reported 95 % interval's coverage near nominal for the per-prompt
 speedup distributions simulated in tests/run/test_precision_rule.py.  Rows short of their target
-are extended one chunk at a time while their sweep's ``budget_s`` of extension time lasts: first the
+are extended one chunk at a time while their sweep's ``budget_s`` of extension time lasts, and the study's
+``cells_budget_s`` (when set) has room for the chunk: first the
 row expected to reach its target soonest within that budget (a half-width shrinks as 1/√n; each
 row's prompts cost what its arms' requests took), else the widest interval (relative to its
-target); each row's stop (reached, budget, prompts exhausted) is recorded beside the records for the
-report.
+target); each row's stop (reached, budget, the study's time, prompts exhausted) is recorded beside the
+records for the report.
 """
 
 from __future__ import annotations
@@ -107,6 +108,8 @@ def most_extensions(cfg: StudyConfig, plans: Sequence[CellPlan]) -> list[CellPla
 
 #: why a row stopped growing (the report's words come from these keys)
 REACHED, BUDGET, EXHAUSTED, NOT_RUN = "reached", "budget", "prompts exhausted", "not run"
+#: the study's ``cells_budget_s`` had no room left for the row's next chunk
+STUDY_TIME = "study time"
 
 
 @dataclasses.dataclass
@@ -194,14 +197,18 @@ def extensions(
     return done, list(out.values())
 
 
-def stop_reason(state: RowState, spent_s: Mapping[str, float], cost_s: Mapping[str, float]) -> str:
-    """Why the row stopped: its target reached, its sweep's budget spent, the prompts (cap) exhausted,
-    or not run (a cell limit, a failed extension)."""
+def stop_reason(
+    state: RowState, spent_s: Mapping[str, float], cost_s: Mapping[str, float], time_left_s: float = math.inf
+) -> str:
+    """Why the row stopped: its target reached, its sweep's budget spent, no room left in the study's
+    cells budget, the prompts (cap) exhausted, or not run (a cell limit, a failed extension)."""
     if state.met:
         return REACHED
     if state.pending is None:
         return EXHAUSTED
-    return NOT_RUN if _affordable(state, spent_s, cost_s) else BUDGET
+    if not _affordable(state, spent_s, cost_s):
+        return BUDGET
+    return NOT_RUN if _fits(state, cost_s, time_left_s) else STUDY_TIME
 
 
 def _affordable(state: RowState, spent_s: Mapping[str, float], cost_s: Mapping[str, float]) -> bool:
@@ -215,34 +222,50 @@ def _affordable(state: RowState, spent_s: Mapping[str, float], cost_s: Mapping[s
     return spent_s.get(state.sweep, 0.0) + chunk <= float(budget)
 
 
+def _fits(state: RowState, cost_s: Mapping[str, float], time_left_s: float) -> bool:
+    """Whether the row's next chunk (as :func:`_affordable` prices it) ends within the study's time left."""
+    chunk = state.chunk_s if state.chunk_s == state.chunk_s else cost_s.get(state.sweep, 0.0)
+    return chunk <= time_left_s
+
+
 def _left_s(state: RowState, spent_s: Mapping[str, float]) -> float:
     budget = state.target.get("budget_s")
     return math.inf if budget is None else float(budget) - float(spent_s.get(state.sweep, 0.0))
 
 
 def next_row(
-    states: Sequence[RowState], spent_s: Mapping[str, float], cost_s: Mapping[str, float], failed: set[str]
+    states: Sequence[RowState],
+    spent_s: Mapping[str, float],
+    cost_s: Mapping[str, float],
+    failed: set[str],
+    time_left_s: float = math.inf,
 ) -> RowState | None:
-    """The row short of its target to extend next, among those whose sweep can afford one more chunk and
-    whose chunk has not failed in this run (None: every row reached, ran out of prompts or of budget):
+    """The row short of its target to extend next, among those whose sweep can afford one more chunk, whose
+    chunk fits the study's time left and has not failed in this run (None: every row reached, ran out of
+    prompts or of budget):
     precision where it is cheapest, the row expected to reach its target within what its sweep has left
     in the fewest seconds; when none is, the widest interval (relative to its target)."""
     ready = [
         s
         for s in short_rows(states)
-        if _affordable(s, spent_s, cost_s) and not any(p.cell_id in failed for p in s.pending or ())
+        if _affordable(s, spent_s, cost_s)
+        and _fits(s, cost_s, time_left_s)
+        and not any(p.cell_id in failed for p in s.pending or ())
     ]
-    within = [s for s in ready if s.seconds_to_target <= _left_s(s, spent_s)]
+    within = [s for s in ready if s.seconds_to_target <= min(_left_s(s, spent_s), time_left_s)]
     if within:
         return min(within, key=lambda s: s.seconds_to_target)
     return ready[0] if ready else None
 
 
 def precision_doc(
-    states: Sequence[RowState], spent_s: Mapping[str, float], cost_s: Mapping[str, float]
+    states: Sequence[RowState],
+    spent_s: Mapping[str, float],
+    cost_s: Mapping[str, float],
+    time_left_s: float = math.inf,
 ) -> dict[str, Any]:
     """Per speculative cell of a targeted row (extensions included): the row's target, reached
-    half-width, prompts and stop; per sweep the budget and the seconds spent."""
+    half-width, prompts and stop; per sweep the budget and the seconds spent; the study's time left."""
     cells: dict[str, Any] = {}
     for s in states:
         row = {
@@ -251,7 +274,7 @@ def precision_doc(
             "half_width": s.half if s.half == s.half else None,
             "n_prompts": s.n,
             "max_prompts": s.target["max_prompts"],
-            "stopped": stop_reason(s, spent_s, cost_s),
+            "stopped": stop_reason(s, spent_s, cost_s, time_left_s),
         }
         cells.update({cid: row for cid in s.spec_ids})
     budgets = {
@@ -262,7 +285,8 @@ def precision_doc(
         }
         for s in states
     }
-    return {"cells": cells, "sweeps": budgets}
+    left = None if math.isinf(time_left_s) else round(max(time_left_s, 0.0), 1)
+    return {"cells": cells, "sweeps": budgets, "study_time_left_s": left}
 
 
 def spent_before(doc: Mapping[str, Any]) -> tuple[dict[str, float], dict[str, float]]:

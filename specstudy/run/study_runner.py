@@ -121,6 +121,8 @@ def run_study(
                 say(bad)
         pool = BackendPool(cfg, factory, log=say, cuda=cuda, log_dir=layout.servers_dir)
         state = RunState(slo_cut=Slo.model_validate(dict(cfg.slo)) if capacity_search else None)
+        if cfg.cells_budget_s is not None:  # extensions and busy reruns fit what the planned cells leave
+            state.deadline = time.monotonic() + cfg.cells_budget_s
         if capacity_search:  # each search bisects its grid: the middle rate first
             plans = bisection_order(plans)
         todo = [p for p in plans if not layout.is_done(p.cell_id)]
@@ -142,7 +144,12 @@ def run_study(
                 if group:
                     return run_in_time(cfg, [plan, *group], layout, pool, loader, state)
                 return rerun_if_busy(
-                    cfg, plan, by_id, layout, lambda p: run_one(cfg, p, layout, pool, loader, state, progress)
+                    cfg,
+                    plan,
+                    by_id,
+                    layout,
+                    lambda p: run_one(cfg, p, layout, pool, loader, state, progress),
+                    state.time_left,
                 )
 
             ran = 0
@@ -168,7 +175,7 @@ def run_study(
                     say(res.line(place.get(res.cell_id, i), len(plans)))
             left = None if max_cells is None else max_cells - ran
             pool.expect_arms([])  # an extension group starts only its own arms
-            results += _run_extensions(cfg, plans, full_plan, layout, left, say, one, shard)
+            results += _run_extensions(cfg, plans, full_plan, layout, left, say, one, shard, state.time_left)
             pool.close()  # the engine cost timings get the machine to themselves
             for problem in pool.unreleased:  # an engine that kept its memory starves the ones after it
                 results.append(CellResult("engine_release", "engine release", "failed", message=problem))
@@ -195,10 +202,12 @@ def _run_extensions(
     say: Callable[[str], None],
     run: Callable[[CellPlan, Sequence[CellPlan], int | None], list[CellResult]],
     shard: str | None = None,
+    time_left: Callable[[], float] = lambda: math.inf,
 ) -> list[CellResult]:
     """The precision targets' extension cells (:mod:`specstudy.run.precision`), one row's next chunk
     at a time (:func:`~specstudy.run.precision.next_row`: the cheapest to reach its target first), until
-    every row reached its target, its cap or its sweep's budget, at most ``left`` cells; each round
+    every row reached its target, its cap, its sweep's budget or the study's time (``time_left``: a chunk
+    starts only when it should end within it), at most ``left`` cells; each round
     records the extensions on disk in the plan snapshot (the report counts their records as the
     plan's), and the end each row's stop."""
     results: list[CellResult] = []
@@ -209,10 +218,11 @@ def _run_extensions(
         on_disk, states = row_states(cfg, plans, layout)
         if on_disk:
             write_plan(layout, cfg, [*(full_plan if full_plan is not None else plans), *on_disk])
-        row = next_row(states, spent, cost, {c for c in tried if not layout.is_done(c)})  # failed ones
+        now_left = time_left()
+        row = next_row(states, spent, cost, {c for c in tried if not layout.is_done(c)}, now_left)  # failed ones
         if row is None or row.pending is None or (left is not None and len(results) >= left):
             if states:
-                layout.write_precision(precision_doc(states, spent, cost), shard)
+                layout.write_precision(precision_doc(states, spent, cost, now_left), shard)
             return results
         base_ext, spec_ext = row.pending
         why = "the widest" if math.isinf(row.seconds_to_target) else f"about {row.seconds_to_target:.0f} s from it"

@@ -89,3 +89,15 @@ def test_without_a_budget_a_busy_server_cell_is_measured_once_and_stays_flagged(
     log: list[str] = []
     run_tiny_study(cfg, plans, tmp_path / "out", lambda fw, **o: Server(log))
     assert log == ["ar", "ngram"] and reruns_frame(load(tmp_path / "out")).empty
+
+
+def test_a_busy_cell_is_not_rerun_past_the_cells_budget_and_says_so(tmp_path, busy_once):
+    """Within the busy-rerun budget but not within what the study's ``cells_budget_s`` has left (a budget
+    of a millisecond is spent before the first cell ends): measured once, flagged, and the note names why."""
+    cfg, plans = _study(tmp_path, 1e9)
+    cfg = dataclasses.replace(cfg, cells_budget_s=0.001)
+    log: list[str] = []
+    res = run_tiny_study(cfg, plans, tmp_path / "out", lambda fw, **o: Server(log))
+    assert log == ["ar", "ngram"] and reruns_frame(load(tmp_path / "out")).empty
+    last = [r for r in res if r.status == "done"][-1]
+    assert "not rerun (0 s left of the cells' budget), flagged" in last.line(1, 2)

@@ -268,6 +268,13 @@ def test_a_group_measured_on_a_busy_machine_runs_once_more_within_its_budget(tin
     run_tiny_study(cfg, group, tmp_path / "b", factory)  # no budget: measured once
     assert len([w for *_, w in factory.runs if not w]) == 2 * len(group)
 
+    calls.clear()  # within its own budget, but the study's cells budget is spent: measured once, named
+    factory = TinyFactory()
+    spent = dataclasses.replace(cfg, busy_rerun_budget_s=1e9, cells_budget_s=0.001)
+    res = run_tiny_study(spent, group, tmp_path / "c", factory)
+    assert len([w for *_, w in factory.runs if not w]) == 2 * len(group)
+    assert "busy machine (CPU steal 27 %): not rerun (0 s left of the cells' budget), flagged" in res[0].line(1, 3)
+
 
 @pytest.mark.parametrize("arms", [2, 3, 4, 5])
 def test_over_two_chunks_per_arm_every_arm_holds_every_place_equally_often(arms):

@@ -166,6 +166,27 @@ def test_a_budget_smaller_than_a_rows_next_chunk_stops_it_and_the_report_says_so
     assert [r for r in again if r.status == "done"] == []
 
 
+def test_the_cells_budget_stops_extensions_a_slower_machine_cannot_fit_and_the_report_says_so(tmp_path):
+    """``cells_budget_s``: a row whose next chunk would end past the study's budget is not extended (its
+    sweep's own budget unlimited), its stop is "study time" and the report names it; a generous budget
+    extends as before (the same study as the cap test: 4 extension cells)."""
+    for name in ("tight", "roomy"):
+        (tmp_path / name).mkdir()
+    tight = STUDY.replace("  telemetry_period_s: 0.05", "  telemetry_period_s: 0.05\n  cells_budget_s: 0.001")
+    _, plans, res, _, _ = _run(tmp_path / "tight", target=0.01, spread=0.5, study=tight)
+    assert [r for r in res if r.cell_id not in {p.cell_id for p in plans}] == []
+    doc = StudyLayout(tmp_path / "tight" / "out").read_precision()
+    assert {row["stopped"] for row in doc["cells"].values()} == {"study time"}
+    assert doc["study_time_left_s"] == 0.0
+    assert _precision_cell(tmp_path / "tight").endswith(
+        "(target ±1 % not met: study time: 0 s left of the cells' budget, less than the row's next prompts cost)"
+    )
+    roomy = STUDY.replace("  telemetry_period_s: 0.05", "  telemetry_period_s: 0.05\n  cells_budget_s: 3600")
+    _, plans, res, _, _ = _run(tmp_path / "roomy", target=0.01, spread=0.5, study=roomy)
+    assert len([r for r in res if r.cell_id not in {p.cell_id for p in plans}]) == 4
+    assert StudyLayout(tmp_path / "roomy" / "out").read_precision()["study_time_left_s"] > 3000
+
+
 def test_shards_extend_their_own_rows_and_the_report_reads_every_shards_stops(tmp_path):
     """Two shards at once (a cluster run: each job its own rows) keep their stops apart, and the study's
     precision reads both: the rows of one shard are not lost to the other's file."""
@@ -258,3 +279,11 @@ def test_precision_goes_where_it_is_cheapest_then_to_the_widest():
     dear = row("cheap", 0.05, 20.0, 60.0)  # about 180 s from its target: out of reach, so the widest first
     assert next_row([dear, wide], {}, {}, set()) is wide
     assert next_row([row("x", float("nan"), 1.0, None), cheap], {}, {}, set()) is cheap
+    # the study's time left (cells_budget_s) prices the same chunks: 8 s left fits only the cheap row's 5 s,
+    # and reaching a target counts only within it; 4 s fits neither, and each row's stop says so
+    from specstudy.run.precision import STUDY_TIME, stop_reason
+
+    assert next_row([wide, cheap], {}, {}, set(), time_left_s=8.0) is cheap
+    assert next_row([wide, cheap], {}, {}, set(), time_left_s=4.0) is None
+    assert stop_reason(cheap, {}, {}, 4.0) == STUDY_TIME and stop_reason(cheap, {}, {}, 8.0) == "not run"
+    assert stop_reason(wide, {"aa_control": 55.0}, {}, 4.0) == "budget"  # the sweep's own budget first

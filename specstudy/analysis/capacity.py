@@ -50,7 +50,8 @@ from ..records import RequestRecord, cut_short
 from .rates import study_slo
 from .study_records import Study
 
-_GROUP = ("framework", "label", "method", "task", "gamma", "prefix_cache", "sampling")
+#: what makes one capacity: a rate means nothing without the workload (task, output length) and the engine
+_GROUP = ("framework", "label", "method", "task", "max_new_tokens", "gamma", "prefix_cache", "sampling")
 
 
 #: a probe whose last third of requests waited this many times longer for a first token than its first

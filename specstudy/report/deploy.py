@@ -150,6 +150,7 @@ def _capacity(study: Study, sec: Section) -> list[str]:
             "Framework": frame["framework"],
             "Method": frame["label"],
             "Task": frame["task"],
+            "New tokens": frame["max_new_tokens"],
             "γ": frame["gamma"].map(lambda g: "—" if g is None or g != g else f"{g:g}"),
             "Capacity": [capacity_text(r) for r in frame.to_dict("records")],
             "Rates probed (req/s)": frame["rates"].map(

@@ -342,8 +342,10 @@ def failures_section(study: Study) -> Section:
 
 
 def report_head(study: Study) -> str:
-    n_req = sum(len(v) for v in study.records.values())
-    n_ok = sum(r.status == "ok" for r in study.all_records())
+    # the A/A controls are cells of the plan too, kept apart from the rows (Study.controls)
+    measured = [*study.records.values(), *study.controls.values()]
+    n_req = sum(len(v) for v in measured)
+    n_ok = sum(r.status == "ok" for v in measured for r in v)
     stale = (
         f"; {len(study.stale_cells)} record part(s) of cells no longer in the params ignored"
         if study.stale_cells
@@ -361,7 +363,7 @@ def report_head(study: Study) -> str:
         [
             *filter(None, [rehearsal_banner(study.out)]),
             f"# Speculative decoding study — `{study.config.get('name', study.hardware)}` on `{study.hardware}`\n",
-            f"{len(study.records)} of {study.planned_cells} planned cells measured ({n_req} requests, {n_ok} ok); "
+            f"{len(measured)} of {study.planned_cells} planned cells measured ({n_req} requests, {n_ok} ok); "
             f"{len(study.failed)} failed{stale}. Every number is measured on this machine unless labelled "
             "*prediction*; definitions in [Methods](#methods). The body ends at [Appendix](#appendix).\n",
             *filter(None, [cut_line]),

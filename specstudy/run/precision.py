@@ -12,11 +12,10 @@ records: a study that dies halfway loses nothing.
 The rule is sequential: a row stops on its interval only from ``min_prompts`` prompts on (the
 first look), which keeps the reported 95 % interval's coverage near nominal for the per-prompt
 speedup distributions simulated in tests/run/test_precision_rule.py.  Rows short of their target
-are extended one chunk at a time while their sweep's ``budget_s`` of extension time lasts, and the study's
-``cells_budget_s`` (when set) has room for the chunk: first the
-row expected to reach its target soonest within that budget (a half-width shrinks as 1/√n; each
-row's prompts cost what its arms' requests took), else the widest interval (relative to its
-target); each row's stop (reached, budget, the study's time, prompts exhausted) is recorded beside the
+are extended one chunk at a time while their sweep's ``budget_s`` of extension time lasts and the
+study's ``cells_budget_s`` (when set) has room for the chunk: first the row expected to reach its
+target soonest within that budget (a half-width shrinks as 1/√n; each row's prompts cost what its
+arms' requests took), else the widest interval (relative to its target); each row's stop (reached, budget, the study's time, prompts exhausted) is recorded beside the
 records for the report.
 """
 
@@ -212,20 +211,21 @@ def stop_reason(
 
 
 def _affordable(state: RowState, spent_s: Mapping[str, float], cost_s: Mapping[str, float]) -> bool:
-    """Whether the row's sweep has budget left for one more chunk: the row's own chunk at what its prompts
-    cost so far, else its sweep's last chunk's cost (else 0).  A sweep's rows may differ tenfold (an A/A
-    control on llama.cpp and on the reference engine)."""
+    """Whether the row's sweep has budget left for its next chunk (:func:`_next_chunk_s`: a sweep's rows
+    may differ tenfold, an A/A control on llama.cpp and on the reference engine)."""
     budget = state.target.get("budget_s")
-    if budget is None:
-        return True
-    chunk = state.chunk_s if state.chunk_s == state.chunk_s else cost_s.get(state.sweep, 0.0)
-    return spent_s.get(state.sweep, 0.0) + chunk <= float(budget)
+    return budget is None or spent_s.get(state.sweep, 0.0) + _next_chunk_s(state, cost_s) <= float(budget)
+
+
+def _next_chunk_s(state: RowState, cost_s: Mapping[str, float]) -> float:
+    """What the row's next chunk should cost: its own prompts at their cost so far, else its sweep's last
+    chunk's cost (else 0)."""
+    return state.chunk_s if state.chunk_s == state.chunk_s else cost_s.get(state.sweep, 0.0)
 
 
 def _fits(state: RowState, cost_s: Mapping[str, float], time_left_s: float) -> bool:
-    """Whether the row's next chunk (as :func:`_affordable` prices it) ends within the study's time left."""
-    chunk = state.chunk_s if state.chunk_s == state.chunk_s else cost_s.get(state.sweep, 0.0)
-    return chunk <= time_left_s
+    """Whether the row's next chunk should end within the study's time left (``cells_budget_s``)."""
+    return _next_chunk_s(state, cost_s) <= time_left_s
 
 
 def _left_s(state: RowState, spent_s: Mapping[str, float]) -> float:

@@ -158,6 +158,28 @@ def test_capacity_is_the_highest_rate_before_the_first_break_with_its_range_over
     assert "1.41 req/s ([1.2, 1.8] over 5 repeats; breaks at" in deploy.capacity_text(five)
 
 
+def test_a_capacity_is_of_its_output_length_and_the_table_names_it():
+    """A rate is a capacity only for its workload: the same AR probes at 24 and at 32 new tokens (cpu-deploy
+    went from 32 to 24 on 2026-12-07) are two capacities, never one bracket pooled over both, and the
+    capacity table names each one's length."""
+    import dataclasses
+
+    rates = {0.5: 0.02, 1.0: 0.03, 2.0: 0.06}
+    base = _rate_study(rates, {r: [0.01] for r in rates})
+    longer = {f"{c}-32": [dataclasses.replace(r, cell_id=f"{c}-32", max_new_tokens=32, end_s=2 * r.end_s) for r in rs]
+              for c, rs in base.records.items()}
+    short = {c: [dataclasses.replace(r, max_new_tokens=24) for r in rs] for c, rs in base.records.items()}
+    study = study_of([r for rs in (*short.values(), *longer.values()) for r in rs], config=base.plan.get("config"))
+    frame = capacity.capacity_frame(study)
+    assert sorted(frame[frame["method"] == "ar"]["max_new_tokens"]) == [24, 32]
+    from specstudy.report.section_type import Section
+
+    sec = Section("Deploy", "")
+    deploy._capacity(study, sec)
+    shown, _ = sec.tables["deploy_capacity"]
+    assert sorted(shown["New tokens"]) == [24, 24, 32, 32]
+
+
 def test_a_speculative_capacity_is_never_set_against_an_ar_capacity_that_is_a_bound():
     """make study-deploy, 2026-12-07 12:07: one repeat of llama.cpp's AR broke at every rate probed, its
     capacity a bound below 0.539 req/s (0 in the frame), and the report said prompt lookup's 0.827 req/s

@@ -218,6 +218,10 @@ def test_the_aa_control_opens_the_validity_section_and_stays_out_of_the_method_t
     assert md.index("A/A speedup") < md.index("Every cell is checked")
     shown, _ = tables.hardware_table(study, sweep=None)
     assert not shown["Method"].str.contains("A/A").any()
+    from specstudy.report.sections import report_head
+
+    n = len(group)  # the control counts among the measured cells and requests the report's head names
+    assert f"{n} of {study.planned_cells} planned cells measured ({5 * n} requests, {5 * n} ok)" in report_head(study)
 
     ar_s = {r.prompt_id: r.end_s for r in study.records[base.cell_id]}
     slow = {c: [dataclasses.replace(r, end_s=2 * ar_s[r.prompt_id]) for r in rs] for c, rs in study.controls.items()}

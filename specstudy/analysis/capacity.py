@@ -257,12 +257,13 @@ def _replaced(every: pd.DataFrame, key: tuple[Any, ...]) -> int:
 
 
 def beside_ar(frame: pd.DataFrame) -> pd.DataFrame:
-    """Each speculative group with its engine's AR capacity on the same task, and their ratio."""
+    """Each speculative group with its engine's AR capacity on the same task and output length, and their ratio."""
     if frame.empty:
         return frame
-    ar = frame[frame["method"] == "ar"].set_index(["framework", "task", "prefix_cache", "sampling"])
+    same = ["framework", "task", "max_new_tokens", "prefix_cache", "sampling"]
+    ar = frame[frame["method"] == "ar"].set_index(same)
     spec = frame[frame["method"] != "ar"].copy()
-    keys = list(zip(spec["framework"], spec["task"], spec["prefix_cache"], spec["sampling"]))
+    keys = list(zip(*(spec[c] for c in same)))
     spec["ar_capacity_rps"] = [ar["capacity_rps"].get(k, math.nan) for k in keys]
     # AR's capacity may itself be a bound (a repeat that never broke, or never held): said, never compared
     for col, empty in (("repeats_never_broke", 0), ("repeats_never_held", 0), ("rates", ())):

@@ -15,8 +15,8 @@ speedup distributions simulated in tests/run/test_precision_rule.py.  Rows short
 are extended one chunk at a time while their sweep's ``budget_s`` of extension time lasts and the
 study's ``cells_budget_s`` (when set) has room for the chunk: first the row expected to reach its
 target soonest within that budget (a half-width shrinks as 1/√n; each row's prompts cost what its
-arms' requests took), else the widest interval (relative to its target); each row's stop (reached, budget, the study's time, prompts exhausted) is recorded beside the
-records for the report.
+arms' requests took), else the widest interval (relative to its target); each row's stop (reached,
+budget, the study's time, prompts exhausted) is recorded beside the records for the report.
 """
 
 from __future__ import annotations

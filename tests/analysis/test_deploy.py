@@ -166,8 +166,10 @@ def test_a_capacity_is_of_its_output_length_and_the_table_names_it():
 
     rates = {0.5: 0.02, 1.0: 0.03, 2.0: 0.06}
     base = _rate_study(rates, {r: [0.01] for r in rates})
-    longer = {f"{c}-32": [dataclasses.replace(r, cell_id=f"{c}-32", max_new_tokens=32, end_s=2 * r.end_s) for r in rs]
-              for c, rs in base.records.items()}
+    longer = {
+        f"{c}-32": [dataclasses.replace(r, cell_id=f"{c}-32", max_new_tokens=32, end_s=2 * r.end_s) for r in rs]
+        for c, rs in base.records.items()
+    }
     short = {c: [dataclasses.replace(r, max_new_tokens=24) for r in rs] for c, rs in base.records.items()}
     study = study_of([r for rs in (*short.values(), *longer.values()) for r in rs], config=base.plan.get("config"))
     frame = capacity.capacity_frame(study)
@@ -178,6 +180,10 @@ def test_a_capacity_is_of_its_output_length_and_the_table_names_it():
     deploy._capacity(study, sec)
     shown, _ = sec.tables["deploy_capacity"]
     assert sorted(shown["New tokens"]) == [24, 24, 32, 32]
+    side = capacity.beside_ar(frame)  # each speculative row beside the AR capacity of its own length
+    assert sorted(zip(side["max_new_tokens"], side["ar_capacity_rps"])) == sorted(
+        zip(frame[frame["method"] == "ar"]["max_new_tokens"], frame[frame["method"] == "ar"]["capacity_rps"])
+    )
 
 
 def test_a_speculative_capacity_is_never_set_against_an_ar_capacity_that_is_a_bound():

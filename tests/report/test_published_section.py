@@ -46,7 +46,7 @@ def test_the_report_head_names_the_sweeps_a_budget_cut(tmp_path):
     from specstudy.report.sections import report_head
 
     study = SimpleNamespace(
-        records={}, all_records=lambda: [], stale_cells=[], out=tmp_path, config={"name": "h"}, hardware="h100-1"
+        records={}, controls={}, stale_cells=[], out=tmp_path, config={"name": "h"}, hardware="h100-1"
     )
     study.planned_cells, study.failed = 0, []
     assert "Cut by the budget" not in report_head(study)

@@ -30,7 +30,7 @@ help:
 	@echo "make study [GPU=cpu|a100|h100|h200|rtx4090]   run the study matrix and render the report"
 	@echo "make arctic-inference                         build and install arctic-inference (suffix decoding; needs a C++ compiler)"
 	@echo "make study-engines                            vLLM (offline + server), llama.cpp, hf, reference on this CPU (about 30 min on 2 cores, dated timings in docs/results.md)"
-	@echo "make study-deploy [PRICE=USD/h]               capacity under the SLO, gamma per load, structured outputs, cost, energy (32-38 min on 2 cores, dated timings in docs/results.md)"
+	@echo "make study-deploy [PRICE=USD/h]               capacity under the SLO, gamma per load, structured outputs, cost, energy (about 30 min on 2 cores, dated timings in docs/results.md)"
 	@echo "make test                                     lint, then the test suite (fast + model tests)"
 	@echo "make lint                                     ruff (lint + format check) and mypy"
 	@echo "make test-fast                                the fast subset (no model loading)"

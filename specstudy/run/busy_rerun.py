@@ -36,6 +36,11 @@ def _wall(layout: StudyLayout, cell_id: str) -> float:
     return float((recs[0].extra or {}).get("cell_wall_s", 0.0)) if recs else 0.0
 
 
+def out_of_time_note(busy: list[str], left_s: float) -> str:
+    """What a busy cell or group not rerun for lack of the cells' budget says (it stays flagged)."""
+    return f"busy machine ({'; '.join(busy)}): not rerun ({max(left_s, 0.0):.0f} s left of the cells' budget), flagged"
+
+
 def rerun_if_busy(
     cfg: StudyConfig,
     plan: CellPlan,
@@ -57,9 +62,7 @@ def rerun_if_busy(
         first.note = f"busy machine ({'; '.join(busy)}): not rerun ({cost:.0f} s > budget {cfg.busy_rerun_budget_s:g} s), flagged"
         return [first]
     if cost > (left := time_left_s()):
-        first.note = (
-            f"busy machine ({'; '.join(busy)}): not rerun ({max(left, 0.0):.0f} s left of the cells' budget), flagged"
-        )
+        first.note = out_of_time_note(busy, left)
         return [first]
     for p in arms:
         layout.write_stalled(p.cell_id, layout.read_part(p.cell_id))  # kept beside, read by no table

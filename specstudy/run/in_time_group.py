@@ -19,6 +19,7 @@ from ..frameworks import server_frameworks
 from ..layout import StudyLayout
 from ..records import Request, RequestRecord
 from ..report.validity_text import finding_text
+from .busy_rerun import out_of_time_note
 from .cell import CellResult
 from .cell_runner import (
     RequestLoader,
@@ -65,10 +66,7 @@ def _rerun_busy(
     if not busy or wall_s > cfg.busy_rerun_budget_s:
         return measured, ""
     if wall_s > time_left_s:
-        return (
-            measured,
-            f"busy machine ({'; '.join(busy)}): not rerun ({max(time_left_s, 0.0):.0f} s left of the cells' budget), flagged; ",
-        )
+        return measured, out_of_time_note(busy, time_left_s) + "; "
     for p, recs in zip(plans, runs):
         layout.write_stalled(p.cell_id, recs)  # kept beside, read by no table
     runs, tel = measure_in_time(plans, backends, requests, [((), 0)] * len(plans), cfg.telemetry_period_s)

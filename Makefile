@@ -37,7 +37,7 @@ help:
 	@echo "make test-engines                             real vLLM CPU / llama.cpp servers (slow)"
 	@echo "make test-cluster                             a one-node Slurm here (root), the sharded study through it"
 	@echo "make bench-engine   make bench-engine-pair       engine benchmarks beside HF transformers (quiet machine)"
-	@echo "make bench-llamacpp-costs | bench-llamacpp-threads | bench-overhead | bench-send-schedule | bench-dryrun | bench-gpu-check | bench-drafter-al | bench-planted-drift"
+	@echo "make bench-llamacpp-costs | bench-llamacpp-threads | bench-overhead | bench-send-schedule | bench-dryrun | bench-gpu-check | bench-drafter-al | bench-planted-drift | bench-server-sets"
 	@echo "                                              the other benchmarks (BENCH_ARGS=... passes their flags)"
 	@echo "make report GPU=...   make clean-study GPU=...   make lab"
 
@@ -238,7 +238,7 @@ clean-study:
 # a quiet machine.  BENCH_ARGS e.g. "--max-new-tokens 64 --prompts 3 --drafter NAME" (every bench-*
 # target passes BENCH_ARGS to its script; tests/test_bench_smoke.py runs each one at its tiniest size).
 BENCH_ARGS ?=
-.PHONY: bench-engine bench-engine-pair bench-profile-step bench-llamacpp-costs bench-llamacpp-threads bench-overhead bench-send-schedule bench-dryrun bench-gpu-check bench-drafter-al bench-planted-drift
+.PHONY: bench-engine bench-engine-pair bench-profile-step bench-llamacpp-costs bench-llamacpp-threads bench-overhead bench-send-schedule bench-dryrun bench-gpu-check bench-drafter-al bench-planted-drift bench-server-sets
 bench-engine: $(STAMP)
 	$(BIN)/python bench/engine.py $(BENCH_ARGS)
 
@@ -287,6 +287,7 @@ drafters: $(STAMP)
 #   bench-drafter-al      the trained EAGLE heads' AL and paired speedup per task, chain beside EAGLE-2's tree
 #   bench-send-schedule   the load generator's send spread and lag against a stub server (targets 5 ms, 1 ms)
 #   bench-planted-drift   CPU burners from halfway: the A/A and prompt-lookup rows cell after cell vs in time (issue 49)
+#   bench-server-sets     the A/A control on fresh pairs of llama.cpp servers: does a server carry luck of its own?
 #   bench-dryrun          `specstudy run --dry-run` wall time per profile against its 5 s target
 #   bench-gpu-check       bench/gpu_check.py into $(GPU_CHECK_OUT): on a CUDA machine the real shapes; on a CPU
 #                         only BENCH_ARGS=--tiny runs (a lent GPU machine runs `python3 bench/gpu_check.py` itself)
@@ -311,6 +312,9 @@ bench-dryrun: $(STAMP)
 
 bench-planted-drift: $(STAMP)
 	$(BIN)/python bench/planted_drift.py $(BENCH_ARGS)
+
+bench-server-sets: $(STAMP)
+	$(BIN)/python bench/server_sets.py $(BENCH_ARGS)
 
 bench-gpu-check: $(STAMP)
 	$(BIN)/python bench/gpu_check.py --out $(GPU_CHECK_OUT) $(BENCH_ARGS)

@@ -36,6 +36,7 @@ SMOKED = {
     "llamacpp_threads.py": "tests/test_bench_smoke.py",
     "overhead.py": "tests/test_bench_smoke.py",
     "planted_drift.py": "tests/test_bench_smoke.py",
+    "server_sets.py": "tests/test_server_sets_bench.py",
     "profile_step.py": "tests/test_bench_smoke.py",
     "send_schedule.py": "tests/run/test_send_schedule_bench.py",
 }

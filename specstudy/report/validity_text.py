@@ -178,6 +178,13 @@ def _intro(study: Study) -> str:
     )
 
 
+def _reading(r: ControlRow) -> str:
+    """What one control says: biased, unbiased within its interval, or nothing without an interval."""
+    if r.excludes_one:
+        return "biased: its interval excludes 1×"
+    return "1× within its interval" if r.ci[0] == r.ci[0] else "no interval (n too small)"
+
+
 def control_frame(rows: list[ControlRow]) -> pd.DataFrame:
     """The A/A controls as shown: AR against AR through a speculative row's pairing, per framework."""
     return pd.DataFrame(
@@ -189,7 +196,7 @@ def control_frame(rows: list[ControlRow]) -> pd.DataFrame:
                 "± (half-width)": fmt(100 * r.half_width, 1, " %"),
                 "n (prompts)": r.n_prompts,
                 "Arms timed apart (median)": apart_text(r.apart.median_s, r.apart.order),
-                "Reading": "biased: its interval excludes 1×" if r.excludes_one else "1× within its interval",
+                "Reading": _reading(r),
             }
             for r in rows
         ]

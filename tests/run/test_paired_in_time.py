@@ -197,6 +197,34 @@ def test_a_study_asking_for_it_gets_one_aa_control_per_framework_paired_like_a_s
     assert ctl[0] in twins(base, plans)  # measured in time beside its baseline, like any speculative cell
 
 
+def test_the_aa_control_pairs_with_the_ar_cell_of_the_most_prompts_and_says_when_it_has_no_interval(with_control):
+    """A support check's 2-prompt AR cell has no interval: the control pairs with the 8-prompt one whatever
+    the cell-id order (make study-engines at 24 tokens once chose vLLM's 2-prompt cell); a control without an
+    interval reads "no interval", never "1× within its interval"."""
+    import math
+
+    from specstudy.analysis.pairing import ArmsApart, ControlRow
+    from specstudy.records import CONTROL_FAMILY
+    from specstudy.report.validity_text import control_frame
+    from specstudy.run.plan import controls
+
+    _, plans = with_control
+    base = next(p for p in plans if p.is_baseline)
+    (ctl,) = controls([dataclasses.replace(base, prompts=2), dataclasses.replace(base, prompts=8)])
+    assert ctl.family == CONTROL_FAMILY and ctl.prompts == 8
+    apart = ArmsApart(median_s=1.0, order="in_time")
+    rows = [
+        ControlRow("a", "vllm", "code", 0.78, (math.nan, math.nan), math.nan, 2, apart, False),
+        ControlRow("b", "hf", "code", 1.01, (0.97, 1.05), 0.04, 8, apart, False),
+        ControlRow("c", "reference", "code", 1.05, (1.01, 1.10), 0.04, 8, apart, False),
+    ]
+    assert list(control_frame(rows)["Reading"]) == [
+        "no interval (n too small)",
+        "1× within its interval",
+        "biased: its interval excludes 1×",
+    ]
+
+
 def test_the_aa_control_opens_the_validity_section_and_stays_out_of_the_method_tables(with_control, tmp_path):
     from specstudy.analysis import study_records
     from specstudy.analysis.pairing import control_rows

@@ -11,10 +11,13 @@ This starts ``--sets`` fresh pairs of AR servers through the kit's pool (as a st
 does), measures the A/A control on each with :func:`specstudy.run.paired_in_time.measure_in_time` and
 prints, per pair, the speedup with its 95 % interval over prompts; then a two-way analysis of variance
 of the per-prompt log ratios (pairs × prompts: :func:`heterogeneity`): a small p says the pairs differ by
-more than their prompts' noise allows, and the size of a pair's own effect.  Checked by simulation in
-tests/test_server_sets_bench.py (its size, and its power against a 5 % effect).
+more than their prompts' noise allows, and the size of a pair's own effect.  Such a difference may be the
+servers' own or the moment's (the machine slower for a minute): with ``--rounds 2`` or more each pair
+measures the prompts again, one round after another, and :func:`persistence` asks whether the pairs
+differ by more than their own rounds do.  Both checked by simulation in tests/test_server_sets_bench.py
+(their size, and their power against an effect of a few per cent).
 
-    OMP_WAIT_POLICY=PASSIVE .venv/bin/python bench/server_sets.py [--sets 5] [--prompts 8] [--max-new-tokens 24] [--task code] [--json]
+    .venv/bin/python bench/server_sets.py [--sets 5] [--prompts 8] [--rounds 1] [--max-new-tokens 24] [--task code] [--json]
 
 Timing: nothing else should run (its figures are wall-clock); about a minute a pair on 2 cores.
 """
@@ -75,21 +78,31 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prompts", type=int, default=8, help="prompts through both servers of each pair")
     p.add_argument("--max-new-tokens", type=int, default=24)
     p.add_argument("--task", default="code")
+    p.add_argument("--rounds", type=int, default=1, help="times each pair measures the prompts (2+: persistence)")
     p.add_argument("--json", action="store_true")
     return p.parse_args(argv)
 
 
-def measure_set(cfg: Any, plans: list[Any], reqs: list[Any]) -> tuple[dict[str, float], dict[str, float]]:
-    """One fresh pair of AR servers (the kit's pool starts them together): the A/A speedup and interval,
-    and per prompt the log of its E2E ratio (AR over control, as the speedup)."""
+def measure_set(
+    cfg: Any, plans: list[Any], reqs: list[Any], rounds: int = 1
+) -> tuple[dict[str, float], list[dict[str, float]]]:
+    """One fresh pair of AR servers (the kit's pool starts them together) measured ``rounds`` times over
+    the same prompts: the A/A speedup and interval of the first round, and per round, per prompt, the log
+    of its E2E ratio (AR over control, as the speedup)."""
     pool = BackendPool(cfg, log=lambda m: None)
+    out: list[dict[str, float]] = []
+    row: dict[str, float] = {}
     try:
         backends = pool.arms(plans)
-        (base, aa), _ = measure_in_time(plans, backends, reqs, [(reqs[:1], 8)] * 2, 0.5)
+        for r in range(rounds):
+            warm = [(reqs[:1], 8)] * 2 if r == 0 else [((), 0)] * 2
+            (base, aa), _ = measure_in_time(plans, backends, reqs, warm, 0.5)
+            row = row or metrics.paired_speedup(base, aa)
+            pairs = metrics.paired_records(base, aa)
+            out.append({s.prompt_id: math.log(metrics.e2e(b) / metrics.e2e(s)) for b, s in pairs})
     finally:
         pool.close()
-    pairs = metrics.paired_records(base, aa)
-    return metrics.paired_speedup(base, aa), {s.prompt_id: math.log(metrics.e2e(b) / metrics.e2e(s)) for b, s in pairs}
+    return row, out
 
 
 def heterogeneity(log_ratios: list[dict[str, float]]) -> dict[str, Any]:
@@ -121,6 +134,39 @@ def heterogeneity(log_ratios: list[dict[str, float]]) -> dict[str, Any]:
     }
 
 
+def persistence(log_ratios: list[list[dict[str, float]]]) -> dict[str, Any]:
+    """Is a pair's effect the servers' own, or the moment's?  Each pair measured over the same prompts in
+    ``rounds`` rounds one after another: a server's own effect stays with its pair in every round, noise
+    that drifts with time moves from round to round.  A nested analysis of variance of the rounds' means
+    (rounds within pairs): F = the pairs' mean square over the rounds'-within-pairs mean square, on
+    (pairs − 1, pairs × (rounds − 1)) degrees of freedom; a small p says the pairs differ by more than
+    their rounds do.  Also the size of each part on the log scale (0 when negative)."""
+    from scipy import stats as scipy_stats
+
+    prompts = sorted(set.intersection(*(set(r) for rounds in log_ratios for r in rounds)))
+    k, rr, n = len(log_ratios), min(len(rounds) for rounds in log_ratios), len(prompts)
+    if k < 2 or rr < 2 or n < 2:
+        raise ValueError(f"{k} pair(s), {rr} round(s) each, {n} common prompt(s): at least 2 of each")
+    x = np.array([[[r[p] for p in prompts] for r in rounds[:rr]] for rounds in log_ratios])  # pair, round, prompt
+    cell = x.mean(axis=2)
+    pair, grand = cell.mean(axis=1), cell.mean()
+    ms_pair = rr * n * float(((pair - grand) ** 2).sum()) / (k - 1)
+    df_round = k * (rr - 1)
+    ms_round = n * float(((cell - pair[:, None]) ** 2).sum()) / df_round
+    resid = x - cell[:, :, None] - x.mean(axis=(0, 1))[None, None, :] + grand
+    ms_res = float((resid**2).sum()) / ((k * rr - 1) * (n - 1))
+    f = ms_pair / ms_round if ms_round > 0 else math.inf
+    return {
+        "f": f,
+        "df": [k - 1, df_round],
+        "p": float(scipy_stats.f.sf(f, k - 1, df_round)),
+        "server_sd": math.sqrt(max(0.0, (ms_pair - ms_round) / (rr * n))),
+        "round_sd": math.sqrt(max(0.0, (ms_round - ms_res) / n)),
+        "rounds": rr,
+        "prompts": n,
+    }
+
+
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     folder = Path(tempfile.mkdtemp(prefix="server-sets-"))
     path = folder / "study.yaml"
@@ -130,16 +176,19 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     ar = next(p for p in plans if p.is_baseline)
     aa = next(p for p in plans if p.family == CONTROL_FAMILY)
     reqs = study_request_loader(cfg)(args.task, args.prompts, ar.sampling.seed, None)
-    sets = [measure_set(cfg, [ar, aa], reqs) for _ in range(args.sets)]
+    sets = [measure_set(cfg, [ar, aa], reqs, args.rounds) for _ in range(args.sets)]
     rows = [row for row, _ in sets]
+    firsts = [rounds[0] for _, rounds in sets]
     return {
         "sets": args.sets,
         "prompts": args.prompts,
         "max_new_tokens": args.max_new_tokens,
         "task": args.task,
         "rows": rows,
-        "log_ratios": [logs for _, logs in sets],
-        "heterogeneity": heterogeneity([logs for _, logs in sets]),
+        "rounds": args.rounds,
+        "log_ratios": [rounds for _, rounds in sets],
+        "heterogeneity": heterogeneity(firsts),
+        "persistence": persistence([rounds for _, rounds in sets]) if args.rounds > 1 else None,
     }
 
 
@@ -157,12 +206,20 @@ def show(res: dict[str, Any], out: Callable[[str], None] = print) -> None:
         f"pairs × prompts: F {h['f']:.2f} on {h['df'][0]}, {h['df'][1]} df, p = {h['p']:.3f} (small p: the pairs "
         f"differ by more than their prompts' noise allows); a pair's own effect about {100 * h['server_sd']:.1f} %"
     )
+    q = res.get("persistence")
+    if q:
+        out(
+            f"pairs over their {q['rounds']} rounds: F {q['f']:.2f} on {q['df'][0]}, {q['df'][1]} df, p = {q['p']:.3f} "
+            f"(small p: a pair's effect stays with its servers); a pair's own effect about {100 * q['server_sd']:.1f} %, "
+            f"a round's about {100 * q['round_sd']:.1f} %"
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     bad = [f"--sets {args.sets}: at least 2 pairs, to compare them"] * (args.sets < 2)
     bad += [f"--prompts {args.prompts}: at least 5, the fewest with an interval"] * (args.prompts < 5)
+    bad += [f"--rounds {args.rounds}: at least 1"] * (args.rounds < 1)
     if bad:
         raise SystemExit("; ".join(bad))
     res = measure(args)

@@ -65,19 +65,65 @@ def test_heterogeneity_reads_pairs_over_their_common_prompts_and_refuses_too_few
 
 def test_bad_arguments_are_named_together_before_any_server_starts():
     mod = _bench()
-    with pytest.raises(SystemExit, match=r"--sets 1: .*; --prompts 3: "):
-        mod.main(["--sets", "1", "--prompts", "3"])
+    with pytest.raises(SystemExit, match=r"--sets 1: .*; --prompts 3: .*; --rounds 0: "):
+        mod.main(["--sets", "1", "--prompts", "3", "--rounds", "0"])
 
 
 @pytest.mark.slow
 def test_server_sets_bench_on_real_llamacpp_servers(capsys):
-    """Structure only (two fresh pairs of llama.cpp servers, 5 prompts of 4 tokens): a row per pair and
-    the heterogeneity line; how the pairs compare is the benchmark's figure, not asserted here."""
+    """Structure only (two fresh pairs of llama.cpp servers, 5 prompts of 4 tokens, 2 rounds): a row per
+    pair, the heterogeneity and persistence lines; how the pairs compare is the benchmark's figure, not
+    asserted here."""
     mod = _bench()
-    assert mod.main(["--sets", "2", "--prompts", "5", "--max-new-tokens", "4", "--json"]) == 0
+    assert mod.main(["--sets", "2", "--prompts", "5", "--rounds", "2", "--max-new-tokens", "4", "--json"]) == 0
     res = json.loads(capsys.readouterr().out)
     assert len(res["rows"]) == 2 and all(r["n_prompts"] == 5 and r["ci_low"] > 0 for r in res["rows"])
     assert res["heterogeneity"]["df"] == [1, 4] and 0 <= res["heterogeneity"]["p"] <= 1
+    assert [len(r) for r in res["log_ratios"]] == [2, 2] and res["persistence"]["df"] == [1, 2]
     mod.show(res)
     out = capsys.readouterr().out
-    assert "| 2 |" in out and "pairs × prompts: F" in out
+    assert "| 2 |" in out and "pairs × prompts: F" in out and "pairs over their 2 rounds: F" in out
+
+
+def _rounds(
+    rng: np.random.Generator, k: int, rounds: int, n: int, server_sd: float, round_sd: float
+) -> list[list[dict[str, float]]]:
+    """k pairs × ``rounds`` rounds over the same n prompts: as :func:`_sets`, and each round off by a
+    factor of its own, exp(N(0, round_sd)) (the machine slower for a minute), each pair by exp(N(0, server_sd))."""
+    offset = rng.normal(0, 0.03, n)
+    out = []
+    for _ in range(k):
+        own = rng.normal(0, server_sd)
+        out.append(
+            [
+                {
+                    f"p/{j}": float(x)
+                    for j, x in enumerate(offset + rng.normal(0, 0.085, n) + own + rng.normal(0, round_sd))
+                }
+                for _ in range(rounds)
+            ]
+        )
+    return out
+
+
+def test_persistence_tells_a_servers_own_effect_from_the_moments():
+    """Simulated, 2,000 runs of 8 pairs × 3 rounds × 10 prompts (8.5 % per prompt's ratio).  Rounds off by 3 % each and no effect of a
+    pair's own: p < 0.05 in 5 % of runs (within 3.5-6.5 %), where the pairs-by-prompts test of the first
+    rounds, blind to time, finds an effect far more often; a 3 % effect of a pair's own with rounds off by
+    1 %: found in more than half the runs, its size read back within a fifth."""
+    mod, rng = _bench(), np.random.default_rng(1)
+    null = [_rounds(rng, 8, 3, 10, 0.0, 0.03) for _ in range(2000)]
+    assert 0.035 < np.mean([mod.persistence(x)["p"] < 0.05 for x in null]) < 0.065
+    assert np.mean([mod.heterogeneity([r[0] for r in x])["p"] < 0.05 for x in null]) > 0.3
+    found = [mod.persistence(_rounds(rng, 8, 3, 10, 0.03, 0.01)) for _ in range(2000)]
+    assert np.mean([q["p"] < 0.05 for q in found]) > 0.6  # 75 % at 3 rounds (45 % at 2)
+    assert np.median([q["server_sd"] for q in found]) == pytest.approx(0.03, rel=0.2)
+
+
+def test_persistence_needs_two_pairs_of_two_rounds():
+    mod = _bench()
+    one_round = [[{"a": 0.1, "b": 0.0}], [{"a": 0.2, "b": 0.1}]]
+    with pytest.raises(ValueError, match="1 round"):
+        mod.persistence(one_round)
+    q = mod.persistence([[{"a": 0.1, "b": 0.0}, {"a": 0.1, "b": 0.0}], [{"a": 0.3, "b": 0.2}, {"a": 0.3, "b": 0.2}]])
+    assert q["df"] == [1, 2] and q["f"] == float("inf") and q["rounds"] == 2

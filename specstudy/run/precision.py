@@ -15,7 +15,8 @@ speedup distributions simulated in tests/run/test_precision_rule.py.  Rows short
 are extended one chunk at a time while their sweep's ``budget_s`` of extension time lasts and the
 study's ``cells_budget_s`` (when set) has room for the chunk: first the row expected to reach its
 target soonest within that budget (a half-width shrinks as 1/√n; each row's prompts cost what its
-arms' requests took), else the widest interval (relative to its target); each row's stop (reached,
+arms' requests took), else the row whose next chunk narrows its interval (relative to its target) the
+most per second; each row's stop (reached,
 budget, the study's time, prompts exhausted) is recorded beside the records for the report.
 """
 
@@ -35,13 +36,22 @@ from .plan import CellPlan, extension
 
 def target_of(cfg: StudyConfig, plan: CellPlan) -> dict[str, Any] | None:
     """The first precision target among the sweeps the cell belongs to, with its sweep's name under
-    ``sweep`` (None: a fixed n); an A/A control's is the study's ``aa_precision``."""
+    ``sweep`` (None: a fixed n); an A/A control's is the study's ``aa_precision``, with a budget of its
+    own per framework (:func:`control_sweep`)."""
     if plan.family == CONTROL_FAMILY:
-        return {**dict(cfg.aa_precision), "sweep": CONTROL_FAMILY} if cfg.aa_precision else None
+        return {**dict(cfg.aa_precision), "sweep": control_sweep(plan.cell.framework)} if cfg.aa_precision else None
     for sw in cfg.sweeps:
         if sw.name in plan.sweeps and sw.precision is not None:
             return {**dict(sw.precision), "sweep": sw.name}
     return None
+
+
+def control_sweep(framework: str) -> str:
+    """The budget key of a framework's A/A control: each control spends ``aa_precision.budget_s`` of its
+    own, since a prompt costs the reference engine ten times what it costs llama.cpp (one shared budget
+    went to the reference control's first chunk and left llama.cpp's, ±10 % at 5 prompts, unextended:
+    make study of 2026-12-07 23:37)."""
+    return f"{CONTROL_FAMILY} ({framework})"
 
 
 def target_met(rel_half_width: float, n_prompts: int, minimum: int, target: float) -> bool:
@@ -148,6 +158,15 @@ class RowState:
             return math.nan
         return float(self.pending[1].prompts * self.prompt_s)
 
+    def narrowing_per_s(self, chunk_s: float) -> float:
+        """How much its next chunk should narrow its half-width relative to its target, per second of the
+        chunk: width·(1 − √(n / (n + chunk prompts))) / chunk seconds (a half-width shrinks as 1/√n).  No
+        interval yet or no cost known: infinite (it goes first, as the widest did)."""
+        if self.pending is None or not math.isfinite(self.width) or not chunk_s > 0:
+            return math.inf
+        n, more = max(self.n, 1), self.pending[1].prompts
+        return float(self.width * (1.0 - math.sqrt(n / (n + more))) / chunk_s)
+
     @property
     def width(self) -> float:
         """Half-width relative to the target (no interval yet: the widest of all)."""
@@ -244,7 +263,8 @@ def next_row(
     chunk fits the study's time left and has not failed in this run (None: every row reached, ran out of
     prompts or of budget):
     precision where it is cheapest, the row expected to reach its target within what its sweep has left
-    in the fewest seconds; when none is, the widest interval (relative to its target)."""
+    in the fewest seconds; when none is, the row whose next chunk should narrow its interval (relative to
+    its target) the most per second (:meth:`RowState.narrowing_per_s`)."""
     ready = [
         s
         for s in short_rows(states)
@@ -255,7 +275,7 @@ def next_row(
     within = [s for s in ready if s.seconds_to_target <= min(_left_s(s, spent_s), time_left_s)]
     if within:
         return min(within, key=lambda s: s.seconds_to_target)
-    return ready[0] if ready else None
+    return max(ready, key=lambda s: s.narrowing_per_s(_next_chunk_s(s, cost_s))) if ready else None
 
 
 def precision_doc(

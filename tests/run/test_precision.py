@@ -6,6 +6,7 @@ speedup's spread across prompts, and with it the interval, is chosen by the test
 
 from __future__ import annotations
 
+import math
 import zlib
 from types import SimpleNamespace
 
@@ -221,6 +222,7 @@ def test_the_aa_control_grows_to_its_own_target_in_time_beside_the_headline_rows
     beside it in time), not after it."""
     from specstudy.records import CONTROL_FAMILY
     from specstudy.run.paired_in_time import IN_TIME
+    from specstudy.run.precision import control_sweep
 
     study = STUDY.replace("  telemetry_period_s: 0.05\n", "  telemetry_period_s: 0.05\n  aa_control: true\n")
     study = study.replace(
@@ -230,7 +232,9 @@ def test_the_aa_control_grows_to_its_own_target_in_time_beside_the_headline_rows
     assert {r.status for r in res} == {"done"}
     layout = StudyLayout(tmp_path / "out")
     doc = layout.read_precision()
-    ctl = {c: row for c, row in doc["cells"].items() if row["sweep"] == CONTROL_FAMILY}
+    (fw,) = {p.cell.framework for p in plans}
+    ctl = {c: row for c, row in doc["cells"].items() if row["sweep"] == control_sweep(fw)}
+    assert set(doc["sweeps"][control_sweep(fw)]) >= {"budget_s", "spent_s"}  # the control's budget, its own
     assert len(ctl) == 2 and {(row["n_prompts"], row["stopped"]) for row in ctl.values()} == {(9, "reached")}
     records = layout.read_records()
     ext = [c for c in records if c not in {p.cell_id for p in plans}]
@@ -262,8 +266,8 @@ def test_aa_precision_needs_the_aa_control(tmp_path):
 def test_precision_goes_where_it_is_cheapest_then_to_the_widest():
     """Two rows short of ±3 % in one sweep: the cheap one (±5 % at 5 prompts of 1 s: about 9 s from its
     target) runs before the wider, dearer one (±8 % at 5 prompts of 5 s: about 150 s) whenever it can reach
-    the target within what the sweep has left; when neither can, the widest runs first, as before, if its own
-    chunk fits what is left."""
+    the target within what the sweep has left; when neither can, the one whose chunk narrows its interval
+    the most per second (here the widest), if its own chunk fits what is left."""
     from specstudy.run.precision import RowState, next_row
 
     def row(name: str, half: float, prompt_s: float, budget: float | None) -> RowState:
@@ -276,7 +280,7 @@ def test_precision_goes_where_it_is_cheapest_then_to_the_widest():
     assert next_row([wide, cheap], {}, {}, set()) is cheap
     # 5 s left: the wide row's chunk (5 prompts of 5 s) does not fit, the cheap row's (5 of 1 s) does
     assert next_row([wide, cheap], {"aa_control": 55.0}, {}, set()) is cheap
-    dear = row("cheap", 0.05, 20.0, 60.0)  # about 180 s from its target: out of reach, so the widest first
+    dear = row("cheap", 0.05, 20.0, 60.0)  # about 180 s from its target: out of reach; wide narrows more a second
     assert next_row([dear, wide], {}, {}, set()) is wide
     assert next_row([row("x", float("nan"), 1.0, None), cheap], {}, {}, set()) is cheap
     # the study's time left (cells_budget_s) prices the same chunks: 8 s left fits only the cheap row's 5 s,
@@ -287,3 +291,29 @@ def test_precision_goes_where_it_is_cheapest_then_to_the_widest():
     assert next_row([wide, cheap], {}, {}, set(), time_left_s=4.0) is None
     assert stop_reason(cheap, {}, {}, 4.0) == STUDY_TIME and stop_reason(cheap, {}, {}, 8.0) == "not run"
     assert stop_reason(wide, {"aa_control": 55.0}, {}, 4.0) == "budget"  # the sweep's own budget first
+
+
+def test_rows_out_of_reach_go_where_a_second_narrows_most_and_each_control_spends_its_own_budget():
+    """make study of 2026-12-07 23:37: the three A/A controls shared one 20-s budget; the reference
+    control's first chunk (±4.0 % at 5 prompts: about 13 s from ±3 %) spent 19.3 s of it and left
+    llama.cpp's at ±10.3 % over 5 prompts, though a llama.cpp prompt costs 0.6 s.  Now each control has a
+    budget of its own, and among rows that cannot reach their target within it, the chunk that narrows its
+    interval the most per second goes first: llama.cpp's (5 prompts, 3 s), not HF's wider one (20 s)."""
+    from specstudy.run.precision import RowState, control_sweep, next_row
+
+    def control(fw: str, half: float, prompt_s: float) -> RowState:
+        target = {"rel_half_width": 0.03, "min_prompts": 10, "max_prompts": 30, "step": 5, "budget_s": 20.0}
+        pending = (SimpleNamespace(cell_id=f"{fw}-b", prompts=5), SimpleNamespace(cell_id=f"{fw}-s", prompts=5))
+        return RowState(control_sweep(fw), target, [fw], half, 5, 5, pending, prompt_s)  # type: ignore[arg-type]
+
+    llama, hf = control("llamacpp", 0.103, 0.6), control("hf", 0.22, 4.0)
+    assert llama.seconds_to_target > 20.0 and hf.seconds_to_target > 20.0  # neither within its 20 s
+    assert next_row([hf, llama], {}, {}, set()) is llama  # the widest-first rule chose hf
+    assert llama.narrowing_per_s(3.0) == pytest.approx((0.103 / 0.03) * (1 - math.sqrt(0.5)) / 3.0)
+    # the reference control's spend is its own: llama.cpp's budget is whole
+    spent = {control_sweep("reference"): 19.3}
+    assert next_row([llama], spent, {}, set()) is llama
+    assert next_row([llama], {control_sweep("llamacpp"): 19.3}, {}, set()) is None  # its own 0.7 s: no chunk
+    # a row with no interval yet, or no cost known, goes first
+    assert control("x", float("nan"), 1.0).narrowing_per_s(5.0) == math.inf
+    assert llama.narrowing_per_s(0.0) == math.inf

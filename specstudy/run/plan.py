@@ -475,13 +475,17 @@ def expand(cfg: StudyConfig) -> list[CellPlan]:
 
 def controls(plans: Sequence[CellPlan]) -> list[CellPlan]:
     """One A/A control per framework: its first offline AR cell at batch 1 (a headline sweep's first,
-    repeat 0, of the most prompts) measured again as if it were a speculative cell paired with itself,
-    through the same pairing, analysis and report path; it reads 1x within its interval when the
+    repeat 0, greedy, of the most prompts) measured again as if it were a speculative cell paired with
+    itself, through the same pairing, analysis and report path; it reads 1x within its interval when the
     measurement is unbiased.  The most prompts: a support check's 2-prompt AR cell has no interval (in
-    make study-engines at 24 tokens the cell-id order chose it for vLLM, and its control read "n too small")."""
+    make study-engines at 24 tokens the cell-id order chose it for vLLM, and its control read "n too small").
+    Greedy: the headline row's own baseline, whose extension chunks the control shares (in make study the
+    cell-id order chose llama.cpp's T = 0.7 baseline, whose row then pooled the control's extra prompts:
+    AR over 20 prompts beside prompt lookup's 10)."""
 
     def rank(p: CellPlan) -> tuple[Any, ...]:
-        return (not any(s.startswith("hardware") for s in p.sweeps), -p.prompts, p.cell.task, p.cell_id)
+        headline = any(s.startswith("hardware") for s in p.sweeps)
+        return (not headline, p.sampling.temperature > 0, -p.prompts, p.cell.task, p.cell_id)
 
     out = []
     for fw in sorted({p.cell.framework for p in plans}):

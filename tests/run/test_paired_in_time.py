@@ -199,7 +199,8 @@ def test_a_study_asking_for_it_gets_one_aa_control_per_framework_paired_like_a_s
 
 def test_the_aa_control_pairs_with_the_ar_cell_of_the_most_prompts_and_says_when_it_has_no_interval(with_control):
     """A support check's 2-prompt AR cell has no interval: the control pairs with the 8-prompt one whatever
-    the cell-id order (make study-engines at 24 tokens once chose vLLM's 2-prompt cell); a control without an
+    the cell-id order (make study-engines at 24 tokens once chose vLLM's 2-prompt cell), and with a greedy
+    baseline before a sampled one (make study once chose llama.cpp's T = 0.7 baseline); a control without an
     interval reads "no interval", never "1× within its interval"."""
     import math
 
@@ -212,6 +213,14 @@ def test_the_aa_control_pairs_with_the_ar_cell_of_the_most_prompts_and_says_when
     base = next(p for p in plans if p.is_baseline)
     (ctl,) = controls([dataclasses.replace(base, prompts=2), dataclasses.replace(base, prompts=8)])
     assert ctl.family == CONTROL_FAMILY and ctl.prompts == 8
+    # greedy before sampled, whatever the cell ids: the headline row's own baseline, whose chunks it shares
+    sampled = dataclasses.replace(
+        base,
+        cell=dataclasses.replace(base.cell, id="a-first-id"),
+        sampling=dataclasses.replace(base.sampling, temperature=0.7),
+    )
+    greedy = dataclasses.replace(base, cell=dataclasses.replace(base.cell, id="z-last-id"))
+    assert [c.baseline_cell_id for c in controls([sampled, greedy])] == ["z-last-id"]
     apart = ArmsApart(median_s=1.0, order="in_time")
     rows = [
         ControlRow("a", "vllm", "code", 0.78, (math.nan, math.nan), math.nan, 2, apart, False),

@@ -121,6 +121,15 @@ $(ARCTIC_STAMP): $(STAMP)
 	else echo "arctic-inference: no vLLM environment at $$vllm_py (make engine-vllm first for vLLM's method: suffix)"; fi
 	touch $@
 
+# The same wheel in the vLLM environment once that exists (study-engines creates it after the wheel: on a
+# clean machine the recipe above found no .venv-vllm, and vLLM's suffix cell failed "Arctic Inference is
+# required", 2026-12-08 00:50); a no-op when it is there already.
+.PHONY: arctic-inference-vllm
+arctic-inference-vllm: $(ARCTIC_STAMP) engine-vllm
+	@vllm_py="$${SPECSTUDY_ENGINES_ROOT:-.}/.venv-vllm/bin/python"; \
+	"$$vllm_py" -m pip show -q arctic-inference >/dev/null 2>&1 || \
+	  "$$vllm_py" -m pip install --no-deps $(ARCTIC_WHEELS)/arctic_inference-0.3.0-*.whl
+
 engine-sglang: $(STAMP)
 	$(BIN)/python -m specstudy.environments install sglang $(ENGINE_FLAG)
 
@@ -162,11 +171,11 @@ study-pair: $(STAMP)
 # The engines study (issue 13): params/hardware/cpu-engines.yaml on this CPU: vllm (offline worker in
 # .venv-vllm), vllm-server, llama.cpp's server, hf and reference on the embedded SmolLM2; batch sizes
 # 1-8, a request-rate sweep (0.5, 1, 2 req/s, inf) and the prefix cache off/on on a shared-prefix
-# workload.  Installs .venv-vllm first when missing (a stamp makes that a no-op later), then runs the
-# study into outputs/cpu-engines/ and renders its report.  About 50 minutes on 2 cores, install and
-# server starts included (the input-length tiers alone about 22); dated timings in docs/results.md.
+# workload.  Installs .venv-vllm and arctic-inference first when missing (stamps make that a no-op
+# later), then runs the study into outputs/cpu-engines/ and renders its report.  The study itself within
+# about 30 minutes on 2 cores (the install apart); dated timings in docs/results.md.
 .PHONY: study-engines
-study-engines: $(STAMP) $(ARCTIC_STAMP) engine-vllm
+study-engines: $(STAMP) $(ARCTIC_STAMP) engine-vllm arctic-inference-vllm
 	SPECSTUDY_COMMAND="make study-engines" $(STUDY) --hardware cpu-engines $(STUDY_ARGS)
 
 # The rehearsal of a GPU profile on this CPU (issue 38): `make rehearse GPU=a100` builds random-weight

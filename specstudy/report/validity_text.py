@@ -21,6 +21,7 @@ from ..analysis.validity import (
     stalls,
 )
 from .format import apart_text, fmt, fmt_ci, sampling_text
+from .precision_stops import stop_text
 from .section_type import Section
 
 
@@ -185,8 +186,21 @@ def _reading(r: ControlRow) -> str:
     return "1× within its interval" if r.ci[0] == r.ci[0] else "no interval (n too small)"
 
 
-def control_frame(rows: list[ControlRow]) -> pd.DataFrame:
-    """The A/A controls as shown: AR against AR through a speculative row's pairing, per framework."""
+def control_target(study: Study, r: ControlRow) -> str:
+    """The control's precision target (``aa_precision``) and whether it was reached, or what stopped it,
+    from the run's precision record ("fixed n" without a target)."""
+    row = study.layout.read_precision().get("cells", {}).get(r.cell_id)
+    if not row:
+        return "fixed n"
+    goal = f"±{100 * float(row['target']):g} %"
+    if r.half_width == r.half_width and r.half_width <= float(row["target"]):
+        return f"{goal} reached"
+    return f"{goal} not met: {stop_text(study, [r.cell_id]) or row['stopped']}"
+
+
+def control_frame(rows: list[ControlRow], targets: Mapping[str, str] | None = None) -> pd.DataFrame:
+    """The A/A controls as shown: AR against AR through a speculative row's pairing, per framework; with
+    ``targets`` (per control cell id, :func:`control_target`) a column of each one's precision target."""
     return pd.DataFrame(
         [
             {
@@ -197,6 +211,7 @@ def control_frame(rows: list[ControlRow]) -> pd.DataFrame:
                 "n (prompts)": r.n_prompts,
                 "Arms timed apart (median)": apart_text(r.apart.median_s, r.apart.order),
                 "Reading": _reading(r),
+                **({"Precision target": targets.get(r.cell_id, "fixed n")} if targets is not None else {}),
             }
             for r in rows
         ]
@@ -222,7 +237,8 @@ def validity_section(study: Study) -> Section:
     aa = control_rows(study)
     sec = Section("Validity", control_text(aa))
     if aa:
-        sec.add_table("validity_aa_control", control_frame(aa), None, "")
+        targets = {r.cell_id: control_target(study, r) for r in aa}
+        sec.add_table("validity_aa_control", control_frame(aa, targets), None, "")
         sec.markdown += "\n"
     sec.markdown += _intro(study)
     found = findings_frame(study)

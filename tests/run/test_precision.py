@@ -6,6 +6,7 @@ speedup's spread across prompts, and with it the interval, is chosen by the test
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import zlib
 from types import SimpleNamespace
@@ -252,6 +253,15 @@ def test_the_aa_control_grows_to_its_own_target_in_time_beside_the_headline_rows
 
     (row,) = control_rows(load(tmp_path / "out"))  # the control and its extension: one A/A row, pooled
     assert row.n_prompts == 9 and row.cell_id in {*ctl_ext, *(p.cell_id for p in plans if p.family == CONTROL_FAMILY)}
+    # the Validity table states the control's target and whether it was reached (issue 49, item 4)
+    from specstudy.report.validity_text import control_target, validity_section
+
+    study = load(tmp_path / "out")
+    assert control_target(study, row) == "±3 % reached"  # 9 prompts, stopped "reached" (above)
+    md = validity_section(study).markdown
+    assert "Precision target" in md and control_target(study, row) in md
+    short = dataclasses.replace(row, half_width=0.2)  # a control short of ±3 %: what stopped it is named
+    assert control_target(study, short).startswith("±3 % not met: ")
 
 
 def test_aa_precision_needs_the_aa_control(tmp_path):

@@ -38,3 +38,10 @@ def stop_text(study: Study, cell_ids: Sequence[str]) -> str | None:
         if stop in stops:
             return _words(stop, stops[stop], doc)
     return None
+
+
+def target_words(half: float, goal: float, why: str) -> str:
+    """A precision target in words: "±3 % reached" when the half-width is within it, else
+    "±3 % not met: <why>" (a half-width that is not a number is not within it)."""
+    target = f"±{100 * goal:g} %"
+    return f"{target} reached" if half <= goal else f"{target} not met: {why}"

@@ -38,7 +38,7 @@ from ..intervals import MIN_PROMPTS_FOR_CI
 from . import wording
 from .format import TASK_TITLES, apart_text, fmt, fmt_ci, sampling_text, seed_row_name, short_model
 from .model_notes import limit_text, note_text
-from .precision_stops import stop_text
+from .precision_stops import stop_text, target_words
 
 Frames = tuple[pd.DataFrame, pd.DataFrame]
 
@@ -102,11 +102,8 @@ def precision_note(p: Pooled, target: dict[str, Any] | None = None, stopped: str
     reached = f"±{100 * p.paired.speedup_precision:.1f} %"
     if target is None:
         return f"{reached} (fixed n)"
-    goal = float(target["rel_half_width"])
-    if p.paired.speedup_precision <= goal:
-        return f"{reached} (target ±{100 * goal:g} % reached)"
     why = stopped or f"cap of {target['max_prompts']} prompts per task"
-    return f"{reached} (target ±{100 * goal:g} % not met: {why})"
+    return f"{reached} (target {target_words(p.paired.speedup_precision, float(target['rel_half_width']), why)})"
 
 
 def hardware_table(study: Study, sweep: str | None = "hardware", rows: Sequence[HardwareRow] | None = None) -> Frames:

@@ -21,7 +21,7 @@ from ..analysis.validity import (
     stalls,
 )
 from .format import apart_text, fmt, fmt_ci, sampling_text
-from .precision_stops import stop_text
+from .precision_stops import stop_text, target_words
 from .section_type import Section
 
 
@@ -192,10 +192,7 @@ def control_target(study: Study, r: ControlRow) -> str:
     row = study.layout.read_precision().get("cells", {}).get(r.cell_id)
     if not row:
         return "fixed n"
-    goal = f"±{100 * float(row['target']):g} %"
-    if r.half_width == r.half_width and r.half_width <= float(row["target"]):
-        return f"{goal} reached"
-    return f"{goal} not met: {stop_text(study, [r.cell_id]) or row['stopped']}"
+    return target_words(r.half_width, float(row["target"]), stop_text(study, [r.cell_id]) or row["stopped"])
 
 
 def control_frame(rows: list[ControlRow], targets: Mapping[str, str] | None = None) -> pd.DataFrame:
